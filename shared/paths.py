@@ -1,0 +1,24 @@
+"""Where mlx-fleet keeps its data: one directory for results, logs and keys."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import platformdirs
+
+HOME_ENV = "MLX_FLEET_HOME"
+
+
+def data_dir() -> Path:
+    """`$MLX_FLEET_HOME` when set, else the platform's user data dir; created on first use."""
+    configured = os.environ.get(HOME_ENV)
+    path = Path(configured).expanduser() if configured else Path(platformdirs.user_data_dir("mlx-fleet"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def data_subdir(name: str) -> Path:
+    path = data_dir() / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path

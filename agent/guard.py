@@ -1,0 +1,46 @@
+"""The hook through which a benchmark run is gated and annotated per cell.
+
+The benchmark runner knows nothing about sensors or policies: it calls a CellGuard at the
+start of each cell, before each iteration (outside the timed region, so a pause never lands in
+a latency), and at the end of the cell. The thermal guard lives in agent.cooling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass
+class GuardReport:
+    """What the guard observed over one cell."""
+
+    soc_temp_start_c: float | None = None
+    soc_temp_end_c: float | None = None
+    pause_s: float = 0.0
+    flags: list[str] = field(default_factory=list)
+    thermal_source: str | None = None
+
+
+class CellGuard(Protocol):
+    def begin_cell(self) -> None:
+        """Called once before a cell's warm-up."""
+
+    def before_iteration(self, step: int) -> None:
+        """Called before every warm-up and timed iteration; may block (pause) or raise."""
+
+    def end_cell(self) -> GuardReport:
+        """Called once after the cell, also when it failed."""
+
+
+class NullGuard:
+    """No sensor, no policy: temperatures are unknown and nothing is gated."""
+
+    def begin_cell(self) -> None:
+        pass
+
+    def before_iteration(self, step: int) -> None:
+        pass
+
+    def end_cell(self) -> GuardReport:
+        return GuardReport()

@@ -44,3 +44,7 @@ class NullGuard:
 
     def end_cell(self) -> GuardReport:
         return GuardReport()
+
+
+class RunStopped(Exception):
+    """Raised by a guard to end the whole run (e.g. a thermal stop), not just one cell."""

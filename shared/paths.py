@@ -13,7 +13,10 @@ HOME_ENV = "MLX_FLEET_HOME"
 def data_dir() -> Path:
     """`$MLX_FLEET_HOME` when set, else the platform's user data dir; created on first use."""
     configured = os.environ.get(HOME_ENV)
-    path = Path(configured).expanduser() if configured else Path(platformdirs.user_data_dir("mlx-fleet"))
+    if configured:
+        path = Path(configured).expanduser()
+    else:
+        path = Path(platformdirs.user_data_dir("mlx-fleet"))
     path.mkdir(parents=True, exist_ok=True)
     return path
 

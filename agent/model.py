@@ -1,0 +1,209 @@
+"""The built-in benchmark model: a Llama-shaped decoder-only transformer in MLX.
+
+Written in the style of mlx-lm's models/llama.py and called the same way,
+`model(tokens, cache=cache) -> logits`, so one profiler serves it and any mlx-lm model.
+Weights are random (from a fixed seed): a benchmark needs the shapes and the arithmetic,
+not the knowledge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+
+DEFAULT_SEED = 0
+QUANT_GROUP_SIZE = 64
+SUPPORTED_BITS = (4, 8, 16)
+
+
+@dataclass
+class ModelArgs:
+    model_type: str = "llama"
+    hidden_size: int = 3072
+    num_hidden_layers: int = 28
+    intermediate_size: int = 8192
+    num_attention_heads: int = 24
+    num_key_value_heads: int = 8
+    vocab_size: int = 128256
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    tie_word_embeddings: bool = True
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def small(cls) -> ModelArgs:
+        """About 4M parameters: builds instantly, for smoke tests and pipeline debugging."""
+        return cls(
+            hidden_size=256,
+            num_hidden_layers=4,
+            intermediate_size=704,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=4096,
+        )
+
+    @classmethod
+    def full(cls) -> ModelArgs:
+        """Llama-3.2-3B shaped (~3.21B parameters), the size class the seed docs quote."""
+        return cls()
+
+
+BUILTIN_CONFIGS = {"small": ModelArgs.small, "full": ModelArgs.full}
+
+
+class KVCache:
+    """Keys and values of every position seen so far, grown in steps to avoid a copy per token."""
+
+    step = 256
+
+    def __init__(self) -> None:
+        self.keys: mx.array | None = None
+        self.values: mx.array | None = None
+        self.offset = 0
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        previous = self.offset
+        new = keys.shape[2]
+        if self.keys is None or previous + new > self.keys.shape[2]:
+            batch, heads, _, head_dim = keys.shape
+            grow = ((new + self.step - 1) // self.step) * self.step
+            shape = (batch, heads, grow, head_dim)
+            fresh_keys = mx.zeros(shape, keys.dtype)
+            fresh_values = mx.zeros(shape, values.dtype)
+            if self.keys is None:
+                self.keys, self.values = fresh_keys, fresh_values
+            else:
+                self.keys = mx.concatenate([self.keys[..., :previous, :], fresh_keys], axis=2)
+                self.values = mx.concatenate([self.values[..., :previous, :], fresh_values], axis=2)
+        self.offset += new
+        self.keys[..., previous : self.offset, :] = keys
+        self.values[..., previous : self.offset, :] = values
+        return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
+
+    @property
+    def state(self) -> list[mx.array]:
+        """The arrays to evaluate so that the cache holds computed values."""
+        return [a for a in (self.keys, self.values) if a is not None]
+
+
+def causal_mask(length: int, offset: int) -> mx.array | str | None:
+    """Mask for `length` new queries after `offset` cached positions."""
+    if length == 1:
+        return None
+    if offset == 0:
+        return "causal"
+    query_positions = mx.arange(offset, offset + length)[:, None]
+    key_positions = mx.arange(offset + length)[None]
+    return key_positions <= query_positions
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.n_heads = args.num_attention_heads
+        self.n_kv_heads = args.num_key_value_heads
+        self.head_dim = args.head_dim
+        self.scale = self.head_dim**-0.5
+        dim = args.hidden_size
+        self.q_proj = nn.Linear(dim, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, dim, bias=False)
+        self.rope = nn.RoPE(self.head_dim, traditional=False, base=args.rope_theta)
+
+    def __call__(self, x: mx.array, cache: KVCache | None = None) -> mx.array:
+        batch, length, _ = x.shape
+        queries = self.q_proj(x).reshape(batch, length, self.n_heads, -1).transpose(0, 2, 1, 3)
+        keys = self.k_proj(x).reshape(batch, length, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        values = self.v_proj(x).reshape(batch, length, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        offset = cache.offset if cache is not None else 0
+        queries = self.rope(queries, offset=offset)
+        keys = self.rope(keys, offset=offset)
+        if cache is not None:
+            keys, values = cache.update_and_fetch(keys, values)
+        output = mx.fast.scaled_dot_product_attention(
+            queries, keys, values, scale=self.scale, mask=causal_mask(length, offset)
+        )
+        return self.o_proj(output.transpose(0, 2, 1, 3).reshape(batch, length, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward block."""
+
+    def __init__(self, dim: int, hidden_dim: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden_dim, bias=False)
+        self.up_proj = nn.Linear(dim, hidden_dim, bias=False)
+        self.down_proj = nn.Linear(hidden_dim, dim, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.self_attn = Attention(args)
+        self.mlp = MLP(args.hidden_size, args.intermediate_size)
+        self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+
+    def __call__(self, x: mx.array, cache: KVCache | None = None) -> mx.array:
+        h = x + self.self_attn(self.input_layernorm(x), cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = [TransformerBlock(args) for _ in range(args.num_hidden_layers)]
+        self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+
+    def __call__(self, tokens: mx.array, cache: list[KVCache] | None = None) -> mx.array:
+        h = self.embed_tokens(tokens)
+        layer_caches = cache if cache is not None else [None] * len(self.layers)
+        for layer, layer_cache in zip(self.layers, layer_caches, strict=True):
+            h = layer(h, layer_cache)
+        return self.norm(h)
+
+
+class Model(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.model_type = args.model_type
+        self.model = LlamaModel(args)
+        if not args.tie_word_embeddings:
+            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+
+    def __call__(self, tokens: mx.array, cache: list[KVCache] | None = None) -> mx.array:
+        h = self.model(tokens, cache)
+        if self.args.tie_word_embeddings:
+            return self.model.embed_tokens.as_linear(h)
+        return self.lm_head(h)
+
+    @property
+    def layers(self) -> list[TransformerBlock]:
+        return self.model.layers
+
+    def make_cache(self) -> list[KVCache]:
+        return [KVCache() for _ in self.layers]
+
+
+def build_model(args: ModelArgs, bits: int = 16, seed: int = DEFAULT_SEED) -> Model:
+    """A random-weight model in float16 (`bits=16`) or quantized to 4 or 8 bits, evaluated."""
+    if bits not in SUPPORTED_BITS:
+        raise ValueError(f"bits must be one of {SUPPORTED_BITS}, got {bits}")
+    mx.random.seed(seed)
+    model = Model(args)
+    model.set_dtype(mx.float16)
+    if bits != 16:
+        nn.quantize(model, group_size=QUANT_GROUP_SIZE, bits=bits)
+    mx.eval(model.parameters())
+    return model

@@ -1,0 +1,150 @@
+"""Runs a benchmark matrix on this machine, one cell at a time, yielding each record at once.
+
+The model is built once per (model, bits); a cell that fails is recorded with its error and the
+run goes on; a guard (see agent.guard) gates every iteration and annotates every cell.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from agent.guard import CellGuard, NullGuard, RunStopped
+from agent.model import BUILTIN_CONFIGS, QUANT_GROUP_SIZE, build_model
+from agent.profiling.memory import MemoryProfiler
+from agent.profiling.speed import SpeedProfiler
+from shared.matrix import PREFILL, Cell, MatrixSpec, expand, group_by_model, model_label
+from shared.results import cell_record
+
+
+class ModelLoadError(Exception):
+    """A model that cannot be loaded; the message says why and what to do."""
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    info: dict[str, Any]
+
+
+def check_model_dir(path: Path) -> None:
+    """Fail early, before anything runs, for a directory that is not an mlx-lm model."""
+    if not path.is_dir():
+        raise ModelLoadError(f"model directory {path} does not exist")
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path} is not an mlx-lm model directory: no config.json")
+    if not any(path.glob("*.safetensors")):
+        raise ModelLoadError(f"{path} is not an mlx-lm model directory: no *.safetensors")
+
+
+def load_model_dir(path: Path, bits: int | None) -> nn.Module:
+    """An mlx-lm model from a local directory, offline; quantized when `bits` asks for it."""
+    check_model_dir(path)
+    try:
+        from mlx_lm.utils import load_model
+    except ImportError:
+        raise ModelLoadError(
+            "benchmarking a model directory needs mlx-lm: pip install 'mlx-fleet[lm]'"
+        ) from None
+    model, config = load_model(path)
+    stored_bits = (config.get("quantization") or {}).get("bits")
+    if bits is None or bits == stored_bits:
+        return model
+    if stored_bits is not None:
+        raise ModelLoadError(f"{path} is stored quantized at {stored_bits} bits, not {bits}")
+    model.set_dtype(mx.float16)
+    if bits != 16:
+        nn.quantize(model, group_size=QUANT_GROUP_SIZE, bits=bits)
+    mx.eval(model.parameters())
+    return model
+
+
+def load_benchmark_model(
+    name: str, bits: int | None, prebuilt: dict[str, nn.Module] | None = None
+) -> LoadedModel:
+    """A model by name: one of `prebuilt`, a built-in config, or an mlx-lm directory."""
+    if prebuilt and name in prebuilt:
+        model = prebuilt[name]
+        kind = "in-memory"
+    elif name in BUILTIN_CONFIGS:
+        args = BUILTIN_CONFIGS[name]()
+        model = build_model(args, bits=16 if bits is None else bits)
+        kind = "builtin"
+    else:
+        model = load_model_dir(Path(name).expanduser(), bits)
+        kind = "mlx-lm"
+    info = MemoryProfiler().profile_model(model)
+    info.update(
+        model=name,
+        bits=bits,
+        label=model_label(name, bits),
+        kind=kind,
+        model_type=getattr(model, "model_type", type(model).__name__),
+    )
+    return LoadedModel(model, info)
+
+
+def measure_cell(
+    model: nn.Module, cell: Cell, spec: MatrixSpec, guard: CellGuard
+) -> dict[str, Any]:
+    profiler = SpeedProfiler(before_iteration=guard.before_iteration)
+    if cell.mode == PREFILL:
+        return profiler.benchmark_tokens_per_sec(
+            model, seq_len=cell.seq_len, num_warmup=spec.warmup,
+            num_iterations=spec.iterations, batch_size=cell.batch_size,
+        )
+    return profiler.benchmark_autoregressive(
+        model, total_tokens=cell.decode_tokens, context_len=cell.seq_len,
+        num_warmup=spec.warmup, num_iterations=spec.iterations, batch_size=cell.batch_size,
+    )
+
+
+def error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def run_matrix(
+    spec: MatrixSpec,
+    guard: CellGuard | None = None,
+    on_model: Callable[[dict[str, Any]], None] | None = None,
+    models: dict[str, nn.Module] | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Yield one record per cell as it finishes, failed cells included.
+
+    `models` supplies already-built models by name (their bits are whatever they hold).
+
+    A guard's RunStopped ends the run after recording the cell it interrupted; a
+    KeyboardInterrupt propagates, and the records already yielded stay the caller's.
+    """
+    guard = guard or NullGuard()
+    for group in group_by_model(expand(spec)):
+        try:
+            loaded = load_benchmark_model(group.model, group.bits, models)
+        except Exception as exc:  # any load failure fails its cells, not the run
+            for cell in group.cells:
+                yield cell_record(cell, error=f"model load failed: {error_text(exc)}")
+            continue
+        if on_model is not None:
+            on_model(loaded.info)
+        for cell in group.cells:
+            guard.begin_cell()
+            metrics, error, stopped = None, None, None
+            try:
+                metrics = measure_cell(loaded.model, cell, spec, guard)
+            except RunStopped as exc:
+                error, stopped = error_text(exc), exc
+            except Exception as exc:  # out of memory and the like fail one cell
+                error = error_text(exc)
+            report = guard.end_cell()
+            yield cell_record(cell, metrics, error, vars(report))
+            if stopped is not None:
+                raise stopped
+        del loaded
+        gc.collect()
+        mx.clear_cache()

@@ -1,0 +1,134 @@
+"""Speed measurement that times computation, not graph construction.
+
+MLX builds graphs lazily: every timed region here ends in `mx.eval`, warm-up runs first
+(kernels compile on first use), and decoding goes through a real KV cache.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from agent.profiling.memory import random_tokens, to_gb
+from shared.stats import summarize_latencies
+
+State = TypeVar("State")
+IterationGate = Callable[[int], None]
+
+
+def new_cache(model: nn.Module) -> list[Any]:
+    """A fresh KV cache for our model or any mlx-lm model."""
+    if hasattr(model, "make_cache"):
+        return model.make_cache()
+    from mlx_lm.models.cache import make_prompt_cache
+
+    return make_prompt_cache(model)
+
+
+def cache_state(cache: list[Any]) -> list[Any]:
+    return [layer.state for layer in cache]
+
+
+class SpeedProfiler:
+    """The seed's speed profiler. `before_iteration` (e.g. a cooling gate) runs untimed."""
+
+    def __init__(self, before_iteration: IterationGate | None = None):
+        self.before_iteration = before_iteration
+
+    def _measure(
+        self,
+        prepare: Callable[[], State],
+        timed: Callable[[State], mx.array],
+        num_warmup: int,
+        num_iterations: int,
+    ) -> tuple[list[float], float]:
+        """Seconds per timed iteration, and the active bytes at the end of the last one."""
+        if num_iterations < 1:
+            raise ValueError("num_iterations must be at least 1")
+        mx.clear_cache()
+        samples: list[float] = []
+        active = 0
+        for step in range(num_warmup + num_iterations):
+            if self.before_iteration is not None:
+                self.before_iteration(step)
+            if step == num_warmup:
+                mx.reset_peak_memory()
+            state = prepare()
+            start = time.perf_counter()
+            output = timed(state)
+            mx.eval(output)
+            elapsed = time.perf_counter() - start
+            if step >= num_warmup:
+                samples.append(elapsed)
+                active = mx.get_active_memory()
+            del state, output
+        return samples, active
+
+    def _result(self, samples: list[float], tokens: int, active: int) -> dict[str, Any]:
+        result = summarize_latencies(samples, tokens)
+        result["peak_memory_gb"] = to_gb(mx.get_peak_memory())
+        result["active_memory_gb"] = to_gb(active)
+        return result
+
+    def benchmark_tokens_per_sec(
+        self,
+        model: nn.Module,
+        seq_len: int = 1024,
+        num_warmup: int = 2,
+        num_iterations: int = 5,
+        batch_size: int = 1,
+    ) -> dict[str, Any]:
+        """Prefill: the whole prompt in one evaluated forward pass."""
+        tokens = random_tokens(model, batch_size, seq_len)
+        mx.eval(tokens)
+        samples, active = self._measure(
+            lambda: tokens, lambda x: model(x), num_warmup, num_iterations
+        )
+        result = self._result(samples, batch_size * seq_len, active)
+        result.update(seq_len=seq_len, batch_size=batch_size)
+        return result
+
+    def benchmark_autoregressive(
+        self,
+        model: nn.Module,
+        total_tokens: int = 64,
+        context_len: int = 1,
+        num_warmup: int = 2,
+        num_iterations: int = 5,
+        batch_size: int = 1,
+    ) -> dict[str, Any]:
+        """Decode `total_tokens` greedily, one at a time through the KV cache.
+
+        The context of `context_len` tokens is prefilled and evaluated before the clock starts,
+        so the timed region holds decoding alone. Steps are queued with `mx.async_eval` as in
+        mlx-lm's generator; each token depends on the previous one, so the final `mx.eval`
+        waits for all of them.
+        """
+        if total_tokens < 1:
+            raise ValueError("total_tokens must be at least 1")
+        context = random_tokens(model, batch_size, context_len)
+        mx.eval(context)
+
+        def prefill() -> tuple[list[Any], mx.array]:
+            cache = new_cache(model)
+            token = mx.argmax(model(context, cache=cache)[:, -1, :], axis=-1)
+            mx.eval(token, cache_state(cache))
+            return cache, token
+
+        def decode(state: tuple[list[Any], mx.array]) -> mx.array:
+            cache, token = state
+            for _ in range(total_tokens):
+                logits = model(token[:, None], cache=cache)
+                token = mx.argmax(logits[:, -1, :], axis=-1)
+                mx.async_eval(token)
+            return token
+
+        samples, active = self._measure(prefill, decode, num_warmup, num_iterations)
+        result = self._result(samples, batch_size * total_tokens, active)
+        result["mean_per_token_ms"] = result["latency_ms"] / total_tokens
+        result.update(seq_len=context_len, batch_size=batch_size, decode_tokens=total_tokens)
+        return result

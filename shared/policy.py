@@ -1,0 +1,130 @@
+"""The cooling policy as data and one pure decision function.
+
+Pure on purpose: the agent applies it locally, the coordinator ships it to agents (msgpack), and
+tests exercise every state without a sensor, a thread or a clock.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from enum import Enum
+from typing import Any
+
+
+class CoolingState(str, Enum):
+    """What the policy asks for, ordered from harmless to fatal."""
+
+    OK = "ok"
+    REDUCE_BATCH = "reduce_batch"
+    PAUSE = "pause"
+    STOP = "stop"
+
+    @property
+    def severity(self) -> int:
+        return _SEVERITY[self]
+
+
+_SEVERITY = {state: rank for rank, state in enumerate(CoolingState)}
+
+# Sources without degrees (powermetrics' thermal sampler on Apple Silicon, NSProcessInfo) only give
+# a level. powermetrics says Nominal/Moderate/Heavy/Trapping/Sleeping; NSProcessInfo says
+# Nominal/Fair/Serious/Critical. Moderate sits between nominal and heavy, hence reduce_batch.
+PRESSURE_STATES: dict[str, CoolingState] = {
+    "nominal": CoolingState.OK,
+    "fair": CoolingState.OK,
+    "moderate": CoolingState.REDUCE_BATCH,
+    "heavy": CoolingState.PAUSE,
+    "serious": CoolingState.PAUSE,
+    "trapping": CoolingState.STOP,
+    "sleeping": CoolingState.STOP,
+    "critical": CoolingState.STOP,
+}
+
+
+@dataclass(frozen=True)
+class ThermalPolicy:
+    """The seed's thresholds (°C) and pause step (s), plus an optional resume hysteresis (°C).
+
+    Above max_speed_temp the trainer should shrink its batch; at pause_temp it pauses; at stop_temp
+    it stops. A pause ends below pause_temp - hysteresis (0 keeps the seed's behaviour).
+    """
+
+    max_speed_temp: float = 75.0
+    pause_temp: float = 85.0
+    stop_temp: float = 95.0
+    pause_duration: float = 0.5
+    hysteresis: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.max_speed_temp < self.pause_temp < self.stop_temp:
+            raise ValueError(
+                "thresholds out of order: need max_speed_temp < pause_temp < stop_temp, got "
+                f"max_speed_temp={self.max_speed_temp}, pause_temp={self.pause_temp}, "
+                f"stop_temp={self.stop_temp}"
+            )
+        if not (math.isfinite(self.pause_duration) and self.pause_duration > 0):
+            raise ValueError(f"pause_duration must be > 0 seconds, got {self.pause_duration}")
+        if not (math.isfinite(self.hysteresis) and self.hysteresis >= 0):
+            raise ValueError(f"hysteresis must be >= 0 °C, got {self.hysteresis}")
+
+    @property
+    def resume_temp(self) -> float:
+        """Below this a pause ends."""
+        return self.pause_temp - self.hysteresis
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ThermalPolicy:
+        """Missing keys take the defaults; unknown keys are an error, not silently dropped."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown ThermalPolicy keys: {', '.join(unknown)}")
+        return cls(**{key: float(value) for key, value in data.items()})
+
+
+def pressure_state(pressure: str | None) -> CoolingState | None:
+    """The state a pressure level asks for; None when there is no level or it is not one we know."""
+    if pressure is None:
+        return None
+    return PRESSURE_STATES.get(pressure.strip().lower())
+
+
+def temperature_state(
+    policy: ThermalPolicy, celsius: float | None, currently_paused: bool = False
+) -> CoolingState | None:
+    """The state a temperature asks for; None without a temperature."""
+    if celsius is None:
+        return None
+    if celsius >= policy.stop_temp:
+        return CoolingState.STOP
+    if celsius >= policy.pause_temp or (currently_paused and celsius >= policy.resume_temp):
+        return CoolingState.PAUSE
+    if celsius >= policy.max_speed_temp:
+        return CoolingState.REDUCE_BATCH
+    return CoolingState.OK
+
+
+def decide(
+    policy: ThermalPolicy,
+    celsius: float | None,
+    pressure: str | None = None,
+    currently_paused: bool = False,
+) -> CoolingState:
+    """The more severe of what the temperature and the pressure level ask for.
+
+    Nothing known (no degrees, no recognised level) is OK: without a reading the seed does nothing,
+    and inventing a state would be worse.
+    """
+    states = [
+        state
+        for state in (
+            temperature_state(policy, celsius, currently_paused),
+            pressure_state(pressure),
+        )
+        if state is not None
+    ]
+    return max(states, key=lambda state: state.severity, default=CoolingState.OK)

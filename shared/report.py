@@ -1,0 +1,203 @@
+"""Render benchmark reports as a Rich table, Markdown, CSV, JSON or JSON lines.
+
+A report is plain data: `{"machine": ..., "models": [...], "cells": [records], ...}` from one
+agent, or the same per host from the coordinator (records then carry a `host`). Every unknown
+renders as "N/A", never as a number.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from shared.matrix import model_label
+
+FORMATS = ("table", "md", "csv", "json", "jsonl")
+NA = "N/A"
+
+Record = dict[str, Any]
+
+
+def human_count(n: float) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(int(n))
+
+
+def mean_std(record: Record, mean_key: str, std_key: str, digits: int = 2) -> str:
+    if record.get(mean_key) is None:
+        return NA
+    return f"{record[mean_key]:.{digits}f} ± {record.get(std_key) or 0.0:.{digits}f}"
+
+
+def gigabytes(value: float | None) -> str:
+    return NA if value is None else f"{value:.3f}"
+
+
+def celsius(value: float | None) -> str:
+    return NA if value is None else f"{value:.1f}"
+
+
+def soc_temperature(record: Record) -> str:
+    """'start → end' in °C, labelled when the source is not a sensor."""
+    start, end = record.get("soc_temp_start_c"), record.get("soc_temp_end_c")
+    if start is None and end is None:
+        return NA
+    text = celsius(end) if start is None else f"{celsius(start)} → {celsius(end)}"
+    source = record.get("thermal_source")
+    if "simulated" in record.get("flags", []) and source:
+        text += f" ({source})"
+    return text
+
+
+def flags(record: Record) -> str:
+    marks = list(record.get("flags") or [])
+    if record.get("fastest"):
+        marks.insert(0, "fastest")
+    if record.get("status") != "ok":
+        marks.append(f"FAILED: {record.get('error')}")
+    return ", ".join(marks)
+
+
+Column = tuple[str, Callable[[Record], str]]
+
+COLUMNS: list[Column] = [
+    ("model", lambda r: model_label(r["model"], r.get("bits"))),
+    ("test", lambda r: r["test"]),
+    ("batch", lambda r: str(r["batch_size"])),
+    ("tok/s", lambda r: mean_std(r, "tokens_per_sec", "std_tokens_per_sec")),
+    ("latency ms", lambda r: mean_std(r, "latency_ms", "std_latency_ms")),
+    ("peak GB", lambda r: gigabytes(r.get("peak_memory_gb"))),
+    ("active GB", lambda r: gigabytes(r.get("active_memory_gb"))),
+    ("SoC °C", soc_temperature),
+    ("flags", flags),
+]
+HOST_COLUMN: Column = ("host", lambda r: str(r.get("host", "")))
+
+
+def columns_for(records: list[Record]) -> list[Column]:
+    return [HOST_COLUMN, *COLUMNS] if any("host" in r for r in records) else COLUMNS
+
+
+def model_line(info: dict[str, Any]) -> str:
+    return (
+        f"model {info['label']} ({info.get('model_type', '?')}): "
+        f"{human_count(info['param_count'])} params, "
+        f"{info['weight_memory_gb']:.3f} GB weights"
+    )
+
+
+def machine_line(machine: dict[str, Any]) -> str:
+    return (
+        f"{machine.get('hostname', '?')}: {machine.get('device', '?')} "
+        f"({machine.get('backend', '?')}), {machine.get('memory_gb', 0):.1f} GB RAM, "
+        f"{machine.get('os', '?')}, MLX {machine.get('mlx_version', '?')}, "
+        f"mlx-fleet {machine.get('mlx_fleet_version', '?')}"
+    )
+
+
+def header_lines(report: dict[str, Any]) -> list[str]:
+    """Device and model lines: one set per host for a fleet report."""
+    hosts = report.get("hosts") or [report]
+    lines: list[str] = []
+    for host in hosts:
+        if host.get("machine"):
+            lines.append(machine_line(host["machine"]))
+        elif host.get("host"):
+            lines.append(f"{host['host']}: no machine information ({host.get('error') or 'none'})")
+        lines.extend(f"  {model_line(info)}" for info in host.get("models", []))
+        if host.get("error"):
+            lines.append(f"  FAILED: {host['error']}")
+    if report.get("interrupted"):
+        lines.append("interrupted: only the cells finished before the interrupt are shown")
+    return lines
+
+
+def rich_report(report: dict[str, Any]) -> Group:
+    """The header lines (device, versions, models) above the table."""
+    header = Text("\n".join(header_lines(report)), style="dim")
+    return Group(header, rich_table(report))
+
+
+def rich_table(report: dict[str, Any]) -> Table:
+    records = report["cells"]
+    table = Table(title=report.get("title", "mlx-fleet benchmark"))
+    cols = columns_for(records)
+    for name, _ in cols:
+        table.add_column(name, justify="right" if name not in ("host", "model", "test", "flags")
+                         else "left", overflow="fold")
+    for record in records:
+        style = None if record.get("status") == "ok" else "red"
+        table.add_row(*(render(record) for _, render in cols), style=style)
+    return table
+
+
+def to_markdown(report: dict[str, Any]) -> str:
+    records = report["cells"]
+    cols = columns_for(records)
+    lines = [f"<!-- {line.strip()} -->" for line in header_lines(report)]
+    lines.append("| " + " | ".join(name for name, _ in cols) + " |")
+    lines.append("| " + " | ".join("---" for _ in cols) + " |")
+    for record in records:
+        cells = (render(record).replace("|", "\\|") for _, render in cols)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+CSV_FIELDS = [
+    "host", "name", "model", "bits", "mode", "test", "seq_len", "batch_size", "decode_tokens",
+    "status", "tokens_per_sec", "std_tokens_per_sec", "latency_ms", "std_latency_ms",
+    "min_latency_ms", "median_latency_ms", "peak_memory_gb", "active_memory_gb",
+    "soc_temp_start_c", "soc_temp_end_c", "pause_s", "thermal_source", "flags", "error",
+    "samples_ms",
+]
+
+
+def to_csv(report: dict[str, Any]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, extrasaction="ignore")
+    writer.writeheader()
+    for record in report["cells"]:
+        row = dict(record)
+        row["flags"] = ";".join(record.get("flags") or [])
+        row["samples_ms"] = ";".join(f"{s:.4f}" for s in record.get("samples_ms") or [])
+        writer.writerow(row)
+    return out.getvalue()
+
+
+def to_json(report: dict[str, Any]) -> str:
+    return json.dumps(report, indent=2, default=str) + "\n"
+
+
+def to_jsonl(report: dict[str, Any]) -> str:
+    """One line per cell, each carrying the fields that say where it was measured."""
+    machines = {h.get("host"): h.get("machine") or {} for h in report.get("hosts", [])}
+    lines = []
+    for record in report["cells"]:
+        machine = machines.get(record.get("host"), report.get("machine") or {})
+        line = {
+            "hostname": machine.get("hostname"),
+            "device": machine.get("device"),
+            "mlx_version": machine.get("mlx_version"),
+            **record,
+        }
+        lines.append(json.dumps(line, default=str))
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def render_text(report: dict[str, Any], fmt: str, width: int = 160) -> str:
+    """The report in any of FORMATS as text (the table as Rich draws it at `width`)."""
+    if fmt == "table":
+        console = Console(width=width, record=True, file=io.StringIO())
+        console.print(rich_report(report))
+        return console.export_text()
+    renderers = {"md": to_markdown, "csv": to_csv, "json": to_json, "jsonl": to_jsonl}
+    return renderers[fmt](report)

@@ -1,0 +1,43 @@
+"""Result records: one plain dict per cell, the same on the agent, the wire and the coordinator.
+
+Plain dicts (msgpack- and JSON-ready) keep the seed's metric keys: seq_len, tokens_per_sec,
+latency_ms, peak_memory_gb, active_memory_gb, soc_temp_c.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from shared.matrix import Cell
+
+OK = "ok"
+FAILED = "failed"
+PAUSED_FLAG = "paused"
+HOT_FLAG = "hot"
+SIMULATED_FLAG = "simulated"
+
+
+def cell_record(
+    cell: Cell,
+    metrics: dict[str, Any] | None = None,
+    error: str | None = None,
+    thermal: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A finished cell: its coordinates, its metrics or its error, and what the guard saw."""
+    record: dict[str, Any] = cell.to_dict()
+    record["status"] = FAILED if error is not None else OK
+    record["error"] = error
+    record.update(metrics or {})
+    thermal = thermal or {}
+    record["soc_temp_start_c"] = thermal.get("soc_temp_start_c")
+    record["soc_temp_end_c"] = thermal.get("soc_temp_end_c")
+    record["soc_temp_c"] = record["soc_temp_end_c"]
+    record["pause_s"] = thermal.get("pause_s", 0.0)
+    record["flags"] = list(thermal.get("flags", []))
+    record["thermal_source"] = thermal.get("thermal_source")
+    return record
+
+
+def failed_cells(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if r.get("status") != OK]

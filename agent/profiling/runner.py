@@ -43,15 +43,22 @@ def check_model_dir(path: Path) -> None:
         raise ModelLoadError(f"{path} is not an mlx-lm model directory: no *.safetensors")
 
 
+def require_mlx_lm() -> None:
+    try:
+        import mlx_lm  # noqa: F401 - only checking that the `lm` extra is installed
+    except ImportError:
+        raise ModelLoadError(
+            "benchmarking a model directory needs mlx-lm, which is not installed: "
+            "pip install 'mlx-fleet[lm]'"
+        ) from None
+
+
 def load_model_dir(path: Path, bits: int | None) -> nn.Module:
     """An mlx-lm model from a local directory, offline; quantized when `bits` asks for it."""
     check_model_dir(path)
-    try:
-        from mlx_lm.utils import load_model
-    except ImportError:
-        raise ModelLoadError(
-            "benchmarking a model directory needs mlx-lm: pip install 'mlx-fleet[lm]'"
-        ) from None
+    require_mlx_lm()
+    from mlx_lm.utils import load_model
+
     model, config = load_model(path)
     stored_bits = (config.get("quantization") or {}).get("bits")
     if bits is None or bits == stored_bits:

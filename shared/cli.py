@@ -1,0 +1,109 @@
+"""Command-line pieces both `agent` and `coordinator` use: matrix options, output, exit codes.
+
+Exit codes: 0 ok, 1 partial failure (a host or cell failed), 2 usage error, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from shared.matrix import (
+    BUILTIN_DEFAULT_BITS,
+    MatrixError,
+    MatrixSpec,
+    expand,
+    parse_int_list,
+)
+from shared.report import FORMATS, render_text, rich_report
+
+EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+err = Console(stderr=True)
+
+SeqLengths = Annotated[str, typer.Option(
+    "-s", "--seq-lengths", help="Comma list of prompt/context lengths.")]
+BatchSizes = Annotated[str, typer.Option(
+    "-b", "--batch-sizes", "--batch-size", help="Comma list of batch sizes.")]
+Warmup = Annotated[int, typer.Option("-w", "--warmup", help="Untimed iterations per cell.")]
+Iterations = Annotated[int, typer.Option(
+    "-i", "--iterations", help="Timed iterations per cell.")]
+ConfigSmall = Annotated[bool, typer.Option(
+    "--config-small", help="The ~4M-parameter model: instant, for smoke tests.")]
+ConfigName = Annotated[str | None, typer.Option(
+    "--config", help="Built-in model: small, or full (Llama-3.2-3B shaped; the default).")]
+ModelDirs = Annotated[list[Path] | None, typer.Option(
+    "--model", help="An mlx-lm model directory (config.json + safetensors); repeatable.")]
+Bits = Annotated[str | None, typer.Option(
+    "--bits", help="Comma list of 4, 8, 16 (16 = float16). Default: 4 for full, 16 for "
+    "small, the stored weights for --model.")]
+DecodeTokens = Annotated[int, typer.Option(
+    "--decode-tokens", help="Tokens generated per decode cell (tg<N> @ d<seq>); 0 skips decode.")]
+Format = Annotated[str, typer.Option("--format", help=f"One of {', '.join(FORMATS)}.")]
+Output = Annotated[Path | None, typer.Option("--output", help="Write the report to FILE.")]
+
+
+def usage_error(message: str) -> typer.Exit:
+    """Print one line naming the problem; raise the result to exit with code 2."""
+    err.print(f"[red]error:[/red] {message}", highlight=False)
+    return typer.Exit(EXIT_USAGE)
+
+
+def check_format(fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise usage_error(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
+
+
+def matrix_from_options(
+    seq_lengths: str,
+    batch_sizes: str,
+    warmup: int,
+    iterations: int,
+    config_small: bool,
+    config: str | None,
+    model_dirs: list[str],
+    bits: str | None,
+    decode_tokens: int,
+) -> MatrixSpec:
+    """The matrix options as a validated MatrixSpec; raises MatrixError naming the problem."""
+    if config is not None and config not in BUILTIN_DEFAULT_BITS:
+        known = ", ".join(BUILTIN_DEFAULT_BITS)
+        raise MatrixError(f"unknown config {config!r}; known configs: {known}")
+    configs = [config] if config else []
+    if config_small:
+        configs.append("small")
+    if not configs and not model_dirs:
+        configs = ["full"]
+    spec = MatrixSpec(
+        seq_lengths=parse_int_list(seq_lengths, "--seq-lengths"),
+        batch_sizes=parse_int_list(batch_sizes, "--batch-sizes"),
+        models=tuple(configs) + tuple(model_dirs),
+        bits=parse_int_list(bits, "--bits") if bits else (None,),
+        decode_tokens=decode_tokens,
+        warmup=warmup,
+        iterations=iterations,
+    )
+    expand(spec)
+    return spec
+
+
+def show_report(report: dict[str, Any], fmt: str, output: Path | None) -> None:
+    """The report on stdout (a table sized to the terminal) or written to `output`."""
+    if fmt == "table" and output is None:
+        Console(width=None if sys.stdout.isatty() else 200).print(rich_report(report))
+        return
+    text = render_text(report, fmt)
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        output.write_text(text, encoding="utf-8")
+        err.print(f"wrote {output}", highlight=False)
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

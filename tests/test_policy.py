@@ -1,0 +1,133 @@
+"""The pure cooling policy: thresholds, states, hysteresis, pressure levels, round trips."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from shared.policy import PRESSURE_STATES, CoolingState, ThermalPolicy, decide
+
+OK, REDUCE, PAUSE, STOP = (
+    CoolingState.OK,
+    CoolingState.REDUCE_BATCH,
+    CoolingState.PAUSE,
+    CoolingState.STOP,
+)
+
+
+def test_defaults_are_the_seeds() -> None:
+    policy = ThermalPolicy()
+    assert (policy.max_speed_temp, policy.pause_temp, policy.stop_temp) == (75.0, 85.0, 95.0)
+    assert policy.pause_duration == 0.5
+    assert policy.hysteresis == 0.0
+
+
+@pytest.mark.parametrize(
+    ("max_speed", "pause", "stop"),
+    [(85, 85, 95), (90, 85, 95), (75, 95, 95), (75, 96, 95), (float("nan"), 85, 95)],
+)
+def test_thresholds_out_of_order_name_all_three(
+    max_speed: float, pause: float, stop: float
+) -> None:
+    with pytest.raises(ValueError) as excinfo:
+        ThermalPolicy(max_speed_temp=max_speed, pause_temp=pause, stop_temp=stop)
+    message = str(excinfo.value)
+    for name in ("max_speed_temp", "pause_temp", "stop_temp"):
+        assert name in message
+
+
+@pytest.mark.parametrize("field", ["pause_duration", "hysteresis"])
+def test_negative_durations_and_hysteresis_are_refused(field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        ThermalPolicy(**{field: -1.0})
+
+
+@pytest.mark.parametrize(
+    ("celsius", "expected"),
+    [
+        (None, OK),
+        (20.0, OK),
+        (74.99, OK),
+        (75.0, REDUCE),
+        (84.9, REDUCE),
+        (85.0, PAUSE),
+        (94.9, PAUSE),
+        (95.0, STOP),
+        (120.0, STOP),
+    ],
+)
+def test_temperature_bands(celsius: float | None, expected: CoolingState) -> None:
+    assert decide(ThermalPolicy(), celsius) is expected
+
+
+def test_without_hysteresis_a_pause_ends_below_pause_temp() -> None:
+    policy = ThermalPolicy()
+    assert decide(policy, 84.9, currently_paused=True) is REDUCE
+
+
+def test_hysteresis_holds_a_pause_until_below_pause_minus_hysteresis() -> None:
+    policy = ThermalPolicy(hysteresis=3.0)
+    assert policy.resume_temp == 82.0
+    assert decide(policy, 83.0, currently_paused=True) is PAUSE
+    assert decide(policy, 82.0, currently_paused=True) is PAUSE
+    assert decide(policy, 81.9, currently_paused=True) is REDUCE
+    # Hysteresis only delays the end of a pause; it never starts one early.
+    assert decide(policy, 83.0, currently_paused=False) is REDUCE
+    assert decide(policy, 96.0, currently_paused=True) is STOP
+
+
+@pytest.mark.parametrize(
+    ("pressure", "expected"),
+    [
+        ("Nominal", OK),
+        ("fair", OK),
+        ("Moderate", REDUCE),
+        ("Heavy", PAUSE),
+        ("serious", PAUSE),
+        ("Trapping", STOP),
+        ("Sleeping", STOP),
+        ("CRITICAL", STOP),
+        (" heavy ", PAUSE),
+    ],
+)
+def test_pressure_levels_without_degrees(pressure: str, expected: CoolingState) -> None:
+    assert decide(ThermalPolicy(), None, pressure) is expected
+
+
+def test_unknown_pressure_level_is_no_information() -> None:
+    assert decide(ThermalPolicy(), None, "Toasty") is OK
+    assert decide(ThermalPolicy(), 80.0, "Toasty") is REDUCE
+
+
+def test_the_more_severe_of_degrees_and_pressure_wins() -> None:
+    policy = ThermalPolicy()
+    assert decide(policy, 60.0, "Heavy") is PAUSE
+    assert decide(policy, 90.0, "Nominal") is PAUSE  # "Nominal" has been seen at 95-105 °C
+    assert decide(policy, 96.0, "Nominal") is STOP
+    assert decide(policy, 80.0, "Trapping") is STOP
+
+
+def test_every_pressure_level_maps_to_a_state() -> None:
+    assert set(PRESSURE_STATES.values()) <= set(CoolingState)
+    assert {"nominal", "fair", "heavy", "serious", "trapping", "sleeping", "critical"} <= set(
+        PRESSURE_STATES
+    )
+
+
+def test_states_are_ordered_by_severity() -> None:
+    assert [state.severity for state in (OK, REDUCE, PAUSE, STOP)] == [0, 1, 2, 3]
+    assert [state.value for state in CoolingState] == ["ok", "reduce_batch", "pause", "stop"]
+
+
+def test_dict_round_trip_survives_msgpack() -> None:
+    policy = ThermalPolicy(70.0, 80.0, 90.0, pause_duration=2.0, hysteresis=1.5)
+    wire = msgpack.packb(policy.to_dict())
+    assert ThermalPolicy.from_dict(msgpack.unpackb(wire)) == policy
+
+
+def test_from_dict_fills_defaults_and_refuses_unknown_keys() -> None:
+    assert ThermalPolicy.from_dict({"stop_temp": 99}) == ThermalPolicy(stop_temp=99.0)
+    with pytest.raises(ValueError, match="pause_tmp"):
+        ThermalPolicy.from_dict({"pause_tmp": 80})
+    with pytest.raises(ValueError, match="max_speed_temp"):
+        ThermalPolicy.from_dict({"max_speed_temp": 90})

@@ -85,7 +85,7 @@ class MemoryProfiler:
     def device_info(self) -> dict[str, Any]:
         """MLX's description of the device, with the backend and memory counters."""
         info = dict(mx.device_info())
-        info["backend"] = str(mx.default_device())
+        info["backend"] = mx.default_device().type.name
         info["active_memory_gb"] = to_gb(mx.get_active_memory())
         info["peak_memory_gb"] = to_gb(mx.get_peak_memory())
         info["cache_memory_gb"] = to_gb(mx.get_cache_memory())

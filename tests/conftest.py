@@ -1,0 +1,45 @@
+"""Fixtures shared by the whole suite: an isolated data directory and the console scripts."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def fleet_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own MLX_FLEET_HOME, so no test reads or writes the user's data."""
+    home = tmp_path / "fleet-home"
+    monkeypatch.setenv("MLX_FLEET_HOME", str(home))
+    return home
+
+
+def console_script(name: str) -> str:
+    """The installed console script next to this interpreter (the venv's), else on PATH."""
+    candidate = Path(sys.executable).with_name(name)
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which(name)
+    if found is None:
+        pytest.fail(f"console script {name!r} is not installed; run pip install -e .")
+    return found
+
+
+@pytest.fixture
+def agent_cli() -> str:
+    return console_script("agent")
+
+
+@pytest.fixture
+def coordinator_cli() -> str:
+    return console_script("coordinator")
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(extra)
+    return env

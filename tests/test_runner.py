@@ -1,0 +1,94 @@
+"""The matrix runner: one model build per group, failures recorded, the run goes on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.guard import GuardReport, RunStopped
+from agent.model import ModelArgs
+from agent.profiling import BenchmarkSuite
+from agent.profiling.runner import run_matrix
+from shared.matrix import MatrixSpec
+
+
+class FailingGuard:
+    """A guard that breaks one named iteration of one cell, as a sensor error or OOM would."""
+
+    def __init__(self, fail_cell: int, error: Exception):
+        self.cell = -1
+        self.fail_cell = fail_cell
+        self.error = error
+
+    def begin_cell(self) -> None:
+        self.cell += 1
+
+    def before_iteration(self, step: int) -> None:
+        if self.cell == self.fail_cell:
+            raise self.error
+
+    def end_cell(self) -> GuardReport:
+        return GuardReport(soc_temp_start_c=40.0, soc_temp_end_c=41.5, flags=["hot"],
+                           thermal_source="test")
+
+
+def tiny_spec(**changes) -> MatrixSpec:
+    base = dict(seq_lengths=(8, 16), models=("small",), decode_tokens=2, warmup=0, iterations=1)
+    return MatrixSpec(**(base | changes))
+
+
+def test_every_cell_yields_a_record_with_the_seed_keys() -> None:
+    models: list[dict] = []
+    records = list(run_matrix(tiny_spec(), on_model=models.append))
+    assert [r["test"] for r in records] == ["pp8", "pp16", "tg2 @ d8", "tg2 @ d16"]
+    assert len(models) == 1 and models[0]["label"] == "small/f16"
+    for record in records:
+        assert record["status"] == "ok"
+        for key in ("seq_len", "tokens_per_sec", "latency_ms", "peak_memory_gb",
+                    "active_memory_gb", "soc_temp_c", "samples_ms"):
+            assert key in record
+        assert record["soc_temp_c"] is None
+
+
+def test_a_failed_cell_is_recorded_and_the_rest_go_on() -> None:
+    guard = FailingGuard(fail_cell=1, error=MemoryError("out of memory"))
+    records = list(run_matrix(tiny_spec(), guard=guard))
+    assert [r["status"] for r in records] == ["ok", "failed", "ok", "ok"]
+    assert records[1]["error"] == "MemoryError: out of memory"
+    assert records[0]["soc_temp_start_c"] == 40.0 and records[0]["flags"] == ["hot"]
+
+
+def test_a_stopping_guard_ends_the_run_after_recording_the_cell() -> None:
+    guard = FailingGuard(fail_cell=1, error=RunStopped("too hot: 96.0 °C >= stop 95.0 °C"))
+    records = []
+    with pytest.raises(RunStopped):
+        for record in run_matrix(tiny_spec(), guard=guard):
+            records.append(record)
+    assert [r["status"] for r in records] == ["ok", "failed"]
+    assert "too hot" in records[1]["error"]
+
+
+def test_a_model_that_cannot_load_fails_its_cells_only(tmp_path: Path) -> None:
+    missing = str(tmp_path / "no-such-model")
+    records = list(run_matrix(tiny_spec(models=(missing, "small"), decode_tokens=0)))
+    assert [r["status"] for r in records] == ["failed", "failed", "ok", "ok"]
+    assert "does not exist" in records[0]["error"]
+
+
+def test_each_model_is_built_once_per_bits() -> None:
+    models: list[dict] = []
+    list(run_matrix(tiny_spec(bits=(16, 8), seq_lengths=(8,), decode_tokens=0),
+                    on_model=models.append))
+    assert [m["label"] for m in models] == ["small/f16", "small/q8"]
+
+
+def test_benchmark_suite_keeps_the_seed_api() -> None:
+    result = BenchmarkSuite(ModelArgs.small()).benchmark_sequence_lengths(
+        seq_lengths=[8, 16], num_warmup=0, num_iterations=1)
+    assert list(result.results) == ["custom/f16 pp8 b1", "custom/f16 pp16 b1"]
+    first = result.results["custom/f16 pp8 b1"]
+    assert list(first)[:6] == ["seq_len", "tokens_per_sec", "latency_ms", "peak_memory_gb",
+                               "active_memory_gb", "soc_temp_c"]
+    assert first["seq_len"] == 8 and first["tokens_per_sec"] > 0
+    assert result.to_table().row_count == 2

@@ -1,0 +1,195 @@
+"""Which agents to drive: `--hosts mac1,mac2:6000` or a hostfile in TOML or JSON.
+
+Hostfile formats, chosen by suffix (.toml, .json; anything else is tried as JSON, then TOML):
+
+    [[hosts]]                      {"hosts": [{"host": "mac1", "port": 5555, "key": "..."}]}
+    host = "mac1"                  [{"host": "mac1"}, {"host": "mac2:6000"}]
+    port = 5555                    [{"ssh": "mac1", "ips": ["10.0.0.2"]}]   (mlx.launch's)
+    key = "<40 Z85 characters>"
+
+An mlx.launch entry is reached at its first ip, else at its ssh name; its other mlx fields (rdma,
+...) are ignored. `port` and `key` are optional everywhere. Every error names the file, the entry
+(1-based, with its content) and what is wrong.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import struct
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zmq.utils import z85
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+DEFAULT_AGENT_PORT = 5555
+CURVE_KEY_LENGTH = 40
+NATIVE_FIELDS = frozenset({"host", "port", "key"})
+MLX_LAUNCH_FIELDS = frozenset({"ssh", "ips"})
+
+
+class HostfileError(ValueError):
+    """A host list or hostfile that cannot be used; the message names where and why."""
+
+
+@dataclass(frozen=True)
+class HostEntry:
+    """One agent to drive, and the CURVE server key to expect from it when known."""
+
+    host: str
+    port: int
+    key: str | None = None
+
+    @property
+    def address(self) -> str:
+        """host:port, with an IPv6 host in brackets so the port stays unambiguous."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+def split_address(text: str) -> tuple[str, int | None]:
+    """'mac1' -> ('mac1', None); 'mac1:6000', '[::1]:6000' and bare '::1' as expected.
+
+    Raises ValueError saying what is wrong with the text.
+    """
+    text = text.strip()
+    if text.startswith("["):
+        host, bracket, rest = text[1:].partition("]")
+        if not bracket:
+            raise ValueError(f"missing ']' in {text!r}")
+        if rest and not rest.startswith(":"):
+            raise ValueError(f"unexpected {rest!r} after ']' in {text!r}")
+        port_text: str | None = rest[1:] if rest else None
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+    else:
+        host, port_text = text, None
+        if ":" in text:
+            try:
+                ipaddress.IPv6Address(text)
+            except ValueError:
+                raise ValueError(f"bad address {text!r} (write an IPv6 address with a port "
+                                 "as [::1]:5555)") from None
+    if not host or any(ch.isspace() for ch in host):
+        raise ValueError(f"bad host {host!r}" if host else "missing host")
+    return host, None if port_text is None else parse_port(port_text)
+
+
+def parse_port(value: Any) -> int:
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise ValueError(f"bad port {value!r}: expected an integer from 1 to 65535")
+    return value
+
+
+def check_key(key: Any) -> str:
+    """A CURVE public key in Z85 text: 40 characters that decode to 32 bytes."""
+    if not isinstance(key, str) or len(key) != CURVE_KEY_LENGTH:
+        length = f"{len(key)} characters" if isinstance(key, str) else type(key).__name__
+        raise ValueError(f"bad key length ({length}): a CURVE public key is "
+                         f"{CURVE_KEY_LENGTH} Z85 characters")
+    try:
+        z85.decode(key)
+    except (KeyError, struct.error, ValueError) as exc:
+        raise ValueError(f"bad key {key!r}: not Z85 text") from exc
+    return key
+
+
+def _no_duplicates(entries: list[HostEntry], describe: list[str], source: str) -> None:
+    seen: dict[str, int] = {}
+    for index, entry in enumerate(entries):
+        if entry.address in seen:
+            first = seen[entry.address]
+            raise HostfileError(f"{source}: {describe[index]}: duplicate host {entry.address} "
+                                f"(already {describe[first]})")
+        seen[entry.address] = index
+
+
+def parse_hosts(text: str, default_port: int = DEFAULT_AGENT_PORT) -> list[HostEntry]:
+    """The `--hosts` option: 'mac1,mac2:6000,[::1]:5555,127.0.0.1:5556'."""
+    items = text.split(",")
+    entries: list[HostEntry] = []
+    for index, item in enumerate(items, start=1):
+        try:
+            host, port = split_address(item)
+        except ValueError as exc:
+            raise HostfileError(f"--hosts: item {index} {item.strip()!r}: {exc}") from None
+        entries.append(HostEntry(host, default_port if port is None else port))
+    _no_duplicates(entries, [f"item {i} {item.strip()!r}" for i, item in
+                             enumerate(items, start=1)], "--hosts")
+    return entries
+
+
+def _load(path: Path, text: str) -> Any:
+    """The hostfile's data, by suffix; an unknown suffix is tried as JSON, then TOML."""
+    suffix = path.suffix.lower()
+    if suffix == ".toml":
+        return tomllib.loads(text)
+    if suffix == ".json":
+        return json.loads(text)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as json_error:
+        try:
+            return tomllib.loads(text)
+        except tomllib.TOMLDecodeError as toml_error:
+            raise ValueError(f"neither JSON ({json_error}) nor TOML ({toml_error})") from None
+
+
+def _entry(raw: Any, default_port: int) -> HostEntry:
+    """One hostfile entry, native or mlx.launch's; ValueError says what is wrong with it."""
+    if not isinstance(raw, dict):
+        raise ValueError("an entry must be a table/object")
+    if MLX_LAUNCH_FIELDS & raw.keys() and "host" not in raw:
+        ips = raw.get("ips") or []
+        if not isinstance(ips, list) or not all(isinstance(ip, str) for ip in ips):
+            raise ValueError("ips must be a list of addresses")
+        address = ips[0] if ips else raw.get("ssh")
+    else:
+        unknown = sorted(set(raw) - NATIVE_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown field(s) {', '.join(unknown)}; expected host, port, key")
+        address = raw.get("host")
+    if not isinstance(address, str) or not address.strip():
+        raise ValueError("missing host")
+    host, port = split_address(address)
+    if "port" in raw:
+        if port is not None:
+            raise ValueError(f"port given twice: in {address!r} and as port")
+        port = parse_port(raw["port"])
+    key = check_key(raw["key"]) if raw.get("key") is not None else None
+    return HostEntry(host, default_port if port is None else port, key)
+
+
+def parse_hostfile(path: Path, default_port: int = DEFAULT_AGENT_PORT) -> list[HostEntry]:
+    """Every host of a TOML or JSON hostfile (see the module doc), validated."""
+    try:
+        data = _load(path, path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HostfileError(f"{path}: cannot read: {exc}") from None
+    except ValueError as exc:  # JSON and TOML decode errors included
+        raise HostfileError(f"{path}: not a valid hostfile: {exc}") from None
+    raw_entries = data.get("hosts") if isinstance(data, dict) else data
+    if not isinstance(raw_entries, list):
+        raise HostfileError(f"{path}: expected a list of hosts or a 'hosts' list "
+                            "([[hosts]] in TOML)")
+    if not raw_entries:
+        raise HostfileError(f"{path}: no hosts")
+    entries: list[HostEntry] = []
+    described = [f"entry {i} {json.dumps(raw, default=str)}"
+                 for i, raw in enumerate(raw_entries, start=1)]
+    for raw, describe in zip(raw_entries, described, strict=True):
+        try:
+            entries.append(_entry(raw, default_port))
+        except ValueError as exc:
+            raise HostfileError(f"{path}: {describe}: {exc}") from None
+    _no_duplicates(entries, described, str(path))
+    return entries

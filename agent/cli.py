@@ -40,6 +40,7 @@ from shared.cli import (
 )
 from shared.matrix import DEFAULT_DECODE_TOKENS, MatrixError, expand
 from shared.paths import data_subdir
+from shared.report import progress_line
 from shared.results import failed_cells
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)
@@ -116,6 +117,8 @@ def bench(
             for record in run_matrix(spec, on_model=report["models"].append):
                 report["cells"].append(record)
                 done = len(report["cells"])
+                if not err.is_terminal:
+                    err.print(f"[{done}/{len(cells)}] {progress_line(record)}", highlight=False)
                 following = cells[done].name if done < len(cells) else "done"
                 progress.update(task, advance=1, description=f"benchmarking {following}")
     except KeyboardInterrupt:

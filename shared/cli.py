@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from shared.matrix import (
     BUILTIN_DEFAULT_BITS,
@@ -50,7 +51,7 @@ Output = Annotated[Path | None, typer.Option("--output", help="Write the report 
 
 def usage_error(message: str) -> typer.Exit:
     """Print one line naming the problem; raise the result to exit with code 2."""
-    err.print(f"[red]error:[/red] {message}", highlight=False)
+    err.print(Text("error: ", style="red") + Text(message), soft_wrap=True)
     return typer.Exit(EXIT_USAGE)
 
 

@@ -67,6 +67,15 @@ def flags(record: Record) -> str:
     return ", ".join(marks)
 
 
+def progress_line(record: Record) -> str:
+    """One log line for a finished cell (used where no live progress bar can be drawn)."""
+    where = f"{record['host']} " if record.get("host") else ""
+    if record.get("status") != "ok":
+        return f"{where}{record['name']}: FAILED: {record.get('error')}"
+    return (f"{where}{record['name']}: {mean_std(record, 'tokens_per_sec', 'std_tokens_per_sec')}"
+            f" tok/s, {mean_std(record, 'latency_ms', 'std_latency_ms')} ms")
+
+
 Column = tuple[str, Callable[[Record], str]]
 
 COLUMNS: list[Column] = [

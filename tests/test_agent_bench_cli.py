@@ -1,0 +1,116 @@
+"""`agent bench` end to end: the real console script in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import subprocess_env
+
+QUICK = ["--config-small", "-s", "16", "-i", "1", "-w", "0", "--decode-tokens", "2"]
+
+
+def run_agent(agent_cli: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([agent_cli, *args], capture_output=True, text=True, timeout=timeout,
+                          env=subprocess_env(COLUMNS="200"))
+
+
+def test_quick_start_prints_the_table(agent_cli: str, fleet_home: Path) -> None:
+    result = run_agent(agent_cli, "bench", "--config-small", "-s", "32,64", "-i", "2", "-w", "1")
+    assert result.returncode == 0, result.stderr
+    for label in ("pp32", "pp64", "tg64 @ d32", "tg64 @ d64", "tok/s", "SoC °C", "N/A",
+                  "small/f16", "4.00M params", "MLX "):
+        assert label in result.stdout
+    saved = list((fleet_home / "runs").glob("bench-*.json"))
+    assert len(saved) == 1
+    assert len(json.loads(saved[0].read_text())["cells"]) == 4
+
+
+def test_json_carries_samples_and_machine_fields(agent_cli: str) -> None:
+    result = run_agent(agent_cli, "bench", *QUICK, "-i", "2", "-b", "1,2", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    for key in ("hostname", "device", "chip", "memory_gb", "os", "mlx_version",
+                "mlx_fleet_version", "python"):
+        assert report["machine"][key], key
+    assert report["models"][0]["param_count"] == 4_000_000
+    cells = report["cells"]
+    assert [(c["test"], c["batch_size"]) for c in cells] == [
+        ("pp16", 1), ("tg2 @ d16", 1), ("pp16", 2), ("tg2 @ d16", 2)]
+    for cell in cells:
+        assert len(cell["samples_ms"]) == 2
+        assert cell["tokens_per_sec"] > 0 and cell["peak_memory_gb"] > 0
+
+
+@pytest.mark.parametrize("fmt", ["md", "csv", "jsonl"])
+def test_other_formats(agent_cli: str, fmt: str, tmp_path: Path) -> None:
+    out = tmp_path / f"report.{fmt}"
+    result = run_agent(agent_cli, "bench", *QUICK, "--format", fmt, "--output", str(out))
+    assert result.returncode == 0, result.stderr
+    text = out.read_text()
+    if fmt == "md":
+        assert "| small/f16 | pp16 | 1 |" in text
+    elif fmt == "csv":
+        header, first, second = text.strip().splitlines()
+        assert header.startswith("host,name,model,bits,mode,test")
+        assert ",pp16," in first and ",tg2 @ d16," in second
+    else:
+        lines = [json.loads(line) for line in text.strip().splitlines()]
+        assert [line["test"] for line in lines] == ["pp16", "tg2 @ d16"]
+        assert all(line["hostname"] for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--config", "medium"], "unknown config 'medium'"),
+        (["--config-small", "-s", "0"], "sequence length 0"),
+        (["--config-small", "-s", "2000000"], "sequence length 2000000"),
+        (["--config-small", "-b", "0"], "batch size 0"),
+        (["--config-small", "--batch-size", "-1"], "batch size -1"),
+        (["--config-small", "--bits", "2"], "bits 2"),
+        (["--model", "/no/such/model"], "model directory /no/such/model does not exist"),
+        (["--config-small", "--format", "xml"], "unknown format 'xml'"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(agent_cli: str, args: list[str], message: str) -> None:
+    result = run_agent(agent_cli, "bench", *args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert result.stdout == ""
+
+
+def test_ctrl_c_prints_the_cells_finished_so_far(agent_cli: str) -> None:
+    process = subprocess.Popen(
+        [agent_cli, "bench", "--config-small", "-s", "8,4096", "-i", "1", "-w", "0",
+         "--decode-tokens", "0", "--format", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env())
+    assert process.stderr is not None
+    first = process.stderr.readline()
+    assert "[1/2]" in first and "pp8" in first, first
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 130, stderr
+    report = json.loads(stdout)
+    assert report["interrupted"] is True
+    assert [c["test"] for c in report["cells"]] == ["pp8"]
+
+
+def test_help_lists_the_seed_options(agent_cli: str) -> None:
+    result = run_agent(agent_cli, "bench", "--help")
+    for option in ("--seq-lengths", "--warmup", "--iterations", "--config-small",
+                   "--batch-size", "--model", "--bits", "--decode-tokens", "--format",
+                   "--output"):
+        assert option in result.stdout
+
+
+def test_module_runs_without_the_console_script() -> None:
+    result = subprocess.run([sys.executable, "-c", "from agent.cli import app; app()", "--help"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "bench" in result.stdout

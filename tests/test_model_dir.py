@@ -1,0 +1,86 @@
+"""`--model DIR`: a real mlx-lm model directory, built by the test, benchmarked offline."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from mlx.utils import tree_flatten
+
+from tests.conftest import subprocess_env
+
+pytest.importorskip("mlx_lm", reason="the `lm` extra (mlx-lm) is not installed")
+
+TINY_LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-5,
+    "vocab_size": 512,
+    "tie_word_embeddings": True,
+}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """config.json + model.safetensors, as mlx-lm's own conversion writes them."""
+    from mlx_lm.models import llama
+
+    directory = tmp_path_factory.mktemp("tiny-llama")
+    model = llama.Model(llama.ModelArgs.from_dict(TINY_LLAMA))
+    mx.eval(model.parameters())
+    mx.save_safetensors(str(directory / "model.safetensors"),
+                        dict(tree_flatten(model.parameters())))
+    (directory / "config.json").write_text(json.dumps(TINY_LLAMA))
+    return directory
+
+
+def bench(agent_cli: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([agent_cli, "bench", *args], capture_output=True, text=True,
+                          timeout=300, env=subprocess_env())
+
+
+def test_a_model_directory_is_benchmarked(agent_cli: str, model_dir: Path) -> None:
+    result = bench(agent_cli, "--model", str(model_dir), "-s", "8", "-i", "1", "-w", "0",
+                   "--decode-tokens", "2", "--bits", "16,8", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    hidden, vocab, inter = 64, 512, 128
+    layer = 2 * hidden * hidden + 2 * hidden * 32 + 3 * hidden * inter + 2 * hidden
+    expected = vocab * hidden + 2 * layer + hidden
+    assert [m["param_count"] for m in report["models"]] == [expected, expected]
+    assert [m["kind"] for m in report["models"]] == ["mlx-lm", "mlx-lm"]
+    q8, f16 = report["models"][1], report["models"][0]
+    assert q8["weight_memory_bytes"] < f16["weight_memory_bytes"]
+    assert [c["status"] for c in report["cells"]] == ["ok"] * 4
+
+
+def test_stored_weights_are_used_without_bits(agent_cli: str, model_dir: Path) -> None:
+    result = bench(agent_cli, "--model", str(model_dir), "-s", "8", "-i", "1", "-w", "0",
+                   "--decode-tokens", "0", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    cell = json.loads(result.stdout)["cells"][0]
+    assert cell["bits"] is None and cell["name"].endswith("/stored pp8 b1")
+
+
+def test_a_directory_that_is_not_a_model(agent_cli: str, tmp_path: Path) -> None:
+    result = bench(agent_cli, "--model", str(tmp_path))
+    assert result.returncode == 2
+    assert "not an mlx-lm model directory: no config.json" in result.stderr
+
+
+def test_missing_lm_extra_is_named(model_dir: Path) -> None:
+    """With mlx_lm unimportable, the error says which extra to install."""
+    code = ("import sys; sys.modules['mlx_lm'] = None; sys.argv = ['agent', 'bench', '--model',"
+            f" {str(model_dir)!r}]; from agent.cli import main; main()")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, env=subprocess_env())
+    assert result.returncode == 2
+    assert "pip install 'mlx-fleet[lm]'" in result.stderr

@@ -1,0 +1,135 @@
+"""What every thermal source gives: a reading, or None with a reason."""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+
+class SourceUnavailable(RuntimeError):
+    """A source cannot work on this machine (wrong OS, tool missing, no sensors)."""
+
+
+class SourceSpecError(ValueError):
+    """The user asked for a source in a way that cannot work: unknown name, bad parameters, a
+    replay file that cannot be played. Bad input, unlike SourceUnavailable."""
+
+
+@dataclass(frozen=True)
+class ThermalReading:
+    """One observation. `simulated` marks sim/replay values so nobody mistakes them for a sensor."""
+
+    celsius: float | None
+    source: str
+    time: float = field(default_factory=time.time)
+    sensors: Mapping[str, float] = field(default_factory=dict)
+    pressure: str | None = None
+    simulated: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "celsius": self.celsius,
+            "source": self.source,
+            "time": self.time,
+            "sensors": dict(self.sensors),
+            "pressure": self.pressure,
+            "simulated": self.simulated,
+        }
+
+
+class ThermalSource(ABC):
+    """A place temperatures come from. read() never raises for a sensor hiccup: it returns None and
+    says why in `last_error`, so one bad sample cannot take a training run down."""
+
+    name: str = "source"
+    simulated: bool = False
+
+    def __init__(self) -> None:
+        self.last_error: str | None = None
+
+    @abstractmethod
+    def read(self) -> ThermalReading | None:
+        """The current reading, or None (see `last_error`)."""
+
+    def close(self) -> None:  # noqa: B027 - a hook: most sources hold nothing to release
+        """Release processes and handles; safe to call twice."""
+
+    def __enter__(self) -> ThermalSource:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _fail(self, reason: str) -> None:
+        """Record why there is no reading; returns None so `return self._fail(...)` reads well."""
+        self.last_error = reason
+
+    def _reading(
+        self,
+        celsius: float | None,
+        sensors: Mapping[str, float] | None = None,
+        pressure: str | None = None,
+    ) -> ThermalReading:
+        self.last_error = None
+        return ThermalReading(
+            celsius=celsius,
+            source=self.name,
+            sensors=dict(sensors or {}),
+            pressure=pressure,
+            simulated=self.simulated,
+        )
+
+
+class NoneSource(ThermalSource):
+    """No sensor: every read is None, with the reason nothing else worked."""
+
+    name = "none"
+
+    def __init__(self, reason: str = "no thermal source selected") -> None:
+        super().__init__()
+        self.last_error = reason
+
+    def read(self) -> ThermalReading | None:
+        return None
+
+
+class CallableSource(ThermalSource):
+    """Wraps a zero-argument function returning °C or None (the seed's `read_fn` style)."""
+
+    def __init__(self, fn: Callable[[], float | None]) -> None:
+        super().__init__()
+        self._fn = fn
+        self.name = f"callable:{getattr(fn, '__name__', type(fn).__name__)}"
+
+    def read(self) -> ThermalReading | None:
+        celsius = self._fn()
+        if celsius is None:
+            return self._fail(f"{self.name} returned None")
+        return self._reading(float(celsius))
+
+
+class Backoff:
+    """Exponential delays for retrying something that keeps failing; reset after a success."""
+
+    def __init__(self, initial: float = 0.5, maximum: float = 30.0, factor: float = 2.0) -> None:
+        self.initial = initial
+        self.maximum = maximum
+        self.factor = factor
+        self._next = initial
+
+    def next_delay(self) -> float:
+        delay = self._next
+        self._next = min(self._next * self.factor, self.maximum)
+        return delay
+
+    def reset(self) -> None:
+        self._next = self.initial

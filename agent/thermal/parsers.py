@@ -1,0 +1,250 @@
+"""Pure parsing and selection for every thermal source.
+
+Nothing here touches a process, a file or the OS: the sources are thin shells over these
+functions, and the tests feed them captured text.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from agent.thermal.base import SourceSpecError
+
+# Readings outside this range are sensor faults or placeholders, not temperatures.
+PLAUSIBLE_MIN_C = 0.0
+PLAUSIBLE_MAX_C = 150.0
+
+
+def plausible(celsius: float) -> bool:
+    return math.isfinite(celsius) and PLAUSIBLE_MIN_C < celsius <= PLAUSIBLE_MAX_C
+
+
+def hottest(sensors: Mapping[str, float]) -> float | None:
+    """The value to act on: the policy must protect the hottest part of the chip."""
+    return max(sensors.values(), default=None)
+
+
+# --- powermetrics -------------------------------------------------------------------------------
+
+_SAMPLE_HEADER = re.compile(r"^\*\*\* Sampled system activity")
+_DIE_TEMPERATURE = re.compile(r"^(?P<name>.+ die temperature):\s*(?P<value>-?[\d.]+)\s*C\s*$")
+_PRESSURE = re.compile(r"^Current pressure level:\s*(?P<level>\S.*?)\s*$")
+# Some macOS versions spell it "unrecongnized".
+_UNRECOGNIZED_SAMPLER = re.compile(r"unrec\w*ized sampler:?\s*(?P<sampler>\w+)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class PowermetricsSample:
+    """Die temperatures (Intel smc sampler) and/or the pressure level (thermal sampler)."""
+
+    sensors: dict[str, float]
+    pressure: str | None
+
+
+def parse_powermetrics(text: str) -> PowermetricsSample | None:
+    """One sample's text -> its values; None when it holds neither degrees nor a pressure level."""
+    sensors: dict[str, float] = {}
+    pressure: str | None = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        die = _DIE_TEMPERATURE.match(line)
+        if die:
+            value = float(die["value"])
+            if plausible(value):
+                sensors[die["name"]] = value
+            continue
+        level = _PRESSURE.match(line)
+        if level:
+            pressure = level["level"]
+    if not sensors and pressure is None:
+        return None
+    return PowermetricsSample(sensors, pressure)
+
+
+def unrecognized_sampler(line: str) -> str | None:
+    """The sampler powermetrics refused (Apple Silicon has no `smc`), or None."""
+    match = _UNRECOGNIZED_SAMPLER.search(line)
+    return match["sampler"] if match else None
+
+
+class PowermetricsAssembler:
+    """Cuts powermetrics' text stream into samples, as lines arrive.
+
+    A sample starts at `*** Sampled system activity ...`. Waiting for the next header would lag one
+    interval behind, so the sample so far is published whenever a blank line closes a block that
+    changed it (and once more at the next header if its last block had no blank line after it).
+    """
+
+    def __init__(self) -> None:
+        self._lines: list[str] = []
+        self._published: PowermetricsSample | None = None
+
+    def feed(self, line: str) -> PowermetricsSample | None:
+        if _SAMPLE_HEADER.match(line.strip()):
+            sample = self._flush()
+            self._lines = []
+            self._published = None
+            return sample
+        if line.strip():
+            self._lines.append(line)
+            return None
+        return self._flush()
+
+    def _flush(self) -> PowermetricsSample | None:
+        sample = parse_powermetrics("\n".join(self._lines))
+        if sample is None or sample == self._published:
+            return None
+        self._published = sample
+        return sample
+
+
+# --- macmon -------------------------------------------------------------------------------------
+
+
+def parse_macmon_line(line: str) -> dict[str, float]:
+    """One `macmon pipe` JSON line -> plausible `temp` values by key (cpu_temp_avg, gpu_temp_avg).
+
+    Raises ValueError for a line that is not a macmon sample, so the caller can say why.
+    """
+    try:
+        sample = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON ({exc.msg})") from None
+    temps = sample.get("temp") if isinstance(sample, dict) else None
+    if not isinstance(temps, dict):
+        raise ValueError("no 'temp' object")
+    return {
+        key: float(value)
+        for key, value in temps.items()
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and plausible(value)
+    }
+
+
+# --- Linux sysfs --------------------------------------------------------------------------------
+
+_ZONE_TEMP = re.compile(r"^class/thermal/(?P<zone>thermal_zone\d+)/temp$")
+_HWMON_INPUT = re.compile(r"^class/hwmon/(?P<hwmon>hwmon\d+)/(?P<sensor>temp\d+)_input$")
+_CPU_SENSOR = re.compile(
+    r"x86_pkg_temp|coretemp|k10temp|zenpower|cpu|soc|tdie|tctl|package", re.IGNORECASE
+)
+
+
+def _millidegrees(text: str | None) -> float | None:
+    try:
+        value = int((text or "").strip()) / 1000.0
+    except ValueError:
+        return None
+    return value if plausible(value) else None
+
+
+def parse_sysfs(files: Mapping[str, str]) -> dict[str, float]:
+    """Thermal-zone and hwmon files (paths relative to the sysfs root -> contents) -> °C by sensor.
+
+    Keys name where a value came from: `thermal_zone0/x86_pkg_temp`, `hwmon1/coretemp/Core 0`.
+    """
+    sensors: dict[str, float] = {}
+    for path, text in sorted(files.items()):
+        zone = _ZONE_TEMP.match(path)
+        hwmon = _HWMON_INPUT.match(path)
+        if zone:
+            base = path.rsplit("/", 1)[0]
+            label = files.get(f"{base}/type", "").strip() or "unknown"
+            key = f"{zone['zone']}/{label}"
+        elif hwmon:
+            base = path.rsplit("/", 1)[0]
+            chip = files.get(f"{base}/name", "").strip() or "unknown"
+            label = files.get(f"{base}/{hwmon['sensor']}_label", "").strip() or hwmon["sensor"]
+            key = f"{hwmon['hwmon']}/{chip}/{label}"
+        else:
+            continue
+        value = _millidegrees(text)
+        if value is not None:
+            sensors[key] = value
+    return sensors
+
+
+def linux_soc_celsius(sensors: Mapping[str, float]) -> float | None:
+    """The hottest CPU/SoC sensor; the hottest of all when none is recognisably the CPU."""
+    cpu = {key: value for key, value in sensors.items() if _CPU_SENSOR.search(key)}
+    return hottest(cpu or sensors)
+
+
+# --- IOHID (macOS) ------------------------------------------------------------------------------
+
+# PMU tdie* on M1/M5, MTR sensors on M2-M4. Everything else (PMU tcal, a calibration constant,
+# NAND, battery, gas gauge) is not the die.
+_DIE_SENSOR = re.compile(
+    r"^(PMU\d* tdie\d*|[pe]ACC MTR Temp Sensor\d*|GPU MTR Temp Sensor\d*)$", re.IGNORECASE
+)
+
+
+def select_die_sensors(
+    values: Mapping[str, float] | Iterable[tuple[str, float]],
+) -> dict[str, float]:
+    """Die sensors by name from IOHID's (name, °C) pairs; a name that repeats keeps its hottest."""
+    pairs = values.items() if isinstance(values, Mapping) else values
+    dies: dict[str, float] = {}
+    for name, value in pairs:
+        name = name.strip()
+        if _DIE_SENSOR.match(name) and plausible(value):
+            dies[name] = max(value, dies.get(name, value))
+    return dies
+
+
+# --- replay CSV ---------------------------------------------------------------------------------
+
+
+class ReplayFormatError(SourceSpecError):
+    """A replay file that cannot be played; the message names the file and line."""
+
+
+ReplayRows = list[tuple[float, float | None]]
+
+
+def parse_replay_csv(text: str, origin: str) -> ReplayRows:
+    """`seconds,celsius` rows -> [(seconds, °C or None)].
+
+    An optional `seconds,celsius` header, blank lines and `#` comments are allowed; an empty celsius
+    is a gap (no reading). Seconds must start at >= 0 and increase.
+    """
+    rows: ReplayRows = []
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if not rows and line.replace(" ", "").lower() == "seconds,celsius":
+            continue
+        rows.append(_replay_row(line, f"{origin}:{lineno}", rows[-1][0] if rows else None))
+    if not rows:
+        raise ReplayFormatError(f"{origin}: no `seconds,celsius` rows")
+    return rows
+
+
+def _replay_row(line: str, where: str, previous: float | None) -> tuple[float, float | None]:
+    fields = [part.strip() for part in line.split(",")]
+    if len(fields) != 2:
+        raise ReplayFormatError(f"{where}: expected `seconds,celsius`, got {line!r}")
+    try:
+        seconds = float(fields[0])
+        celsius = float(fields[1]) if fields[1] else None
+    except ValueError:
+        raise ReplayFormatError(f"{where}: not a number in {line!r}") from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ReplayFormatError(f"{where}: seconds must be a finite number >= 0, got {line!r}")
+    if previous is not None and seconds <= previous:
+        raise ReplayFormatError(f"{where}: seconds must increase, got {line!r}")
+    if celsius is not None and not math.isfinite(celsius):
+        raise ReplayFormatError(f"{where}: celsius must be finite, got {line!r}")
+    return seconds, celsius
+
+
+def replay_value(rows: ReplayRows, elapsed: float) -> float | None:
+    """The row in force `elapsed` seconds in: each row holds until the next, the last one forever;
+    None before the first row and in gaps."""
+    index = bisect.bisect_right(rows, elapsed, key=lambda row: row[0]) - 1
+    return rows[index][1] if index >= 0 else None

@@ -5,9 +5,23 @@ Exit codes: 0 ok, 1 partial failure (a host or cell failed), 2 usage error, 130 
 
 from __future__ import annotations
 
+import json
+import sys
 from importlib import metadata
+from typing import Annotated, Any
 
 import typer
+from rich.console import Console, RenderableType
+from rich.table import Table
+
+from coordinator.compare import (
+    COMPARE_FORMATS,
+    compare_reports,
+    comparison_text,
+    rich_comparison,
+)
+from coordinator.store import RunStore, StoreError, UnknownRunError
+from shared.cli import Format, Output, check_format, err, show_report, usage_error
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)
 
@@ -24,6 +38,79 @@ def coordinator_options(
                                  help="Print the version and exit."),
 ) -> None:
     """mlx-fleet coordinator: one benchmark across many Macs, one table, every run kept."""
+
+
+RunId = Annotated[str, typer.Argument(
+    help="A run id, or a unique prefix of one (`coordinator runs` lists them).")]
+
+
+def print_rich(renderable: RenderableType) -> None:
+    """Sized to the terminal; a pipe gets a fixed width so columns are not squeezed."""
+    Console(width=None if sys.stdout.isatty() else 200).print(renderable)
+
+
+def load_reports(*run_ids: str) -> list[dict[str, Any]]:
+    """The stored reports; an unknown or ambiguous id is a usage error naming it."""
+    try:
+        with RunStore() as store:
+            return [store.load_report(run_id) for run_id in run_ids]
+    except (UnknownRunError, StoreError) as exc:
+        raise usage_error(str(exc)) from None
+
+
+@app.command()
+def runs(
+    limit: Annotated[int, typer.Option("--limit", min=1, help="Show at most N runs.")] = 50,
+    fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+) -> None:
+    """The stored runs, newest first, with their hosts and ok/failed cell counts."""
+    if fmt not in ("table", "json"):
+        raise usage_error(f"unknown format {fmt!r}; choose from table, json")
+    try:
+        with RunStore() as store:
+            listed = store.list_runs(limit)
+    except StoreError as exc:
+        raise usage_error(str(exc)) from None
+    if fmt == "json":
+        sys.stdout.write(json.dumps(listed, indent=2) + "\n")
+        return
+    if not listed:
+        err.print("no runs stored yet: `coordinator benchmark` records one", highlight=False)
+        return
+    table = Table(title="mlx-fleet runs")
+    for name in ("run", "kind", "started", "finished", "status", "hosts", "ok", "failed"):
+        table.add_column(name, justify="right" if name in ("ok", "failed") else "left",
+                         overflow="fold")
+    for run in listed:
+        status = run["status"] + (" (interrupted)" if run["interrupted"] else "")
+        table.add_row(run["id"], run["kind"], run["started"], run["finished"] or "",
+                      status, ", ".join(run["hosts"]), str(run["ok"]), str(run["failed"]))
+    print_rich(table)
+
+
+@app.command()
+def show(run: RunId, fmt: Format = "table", output: Output = None) -> None:
+    """A stored run's report, as `coordinator benchmark` printed it."""
+    check_format(fmt)
+    show_report(load_reports(run)[0], fmt, output)
+
+
+@app.command()
+def compare(
+    run_a: RunId,
+    run_b: RunId,
+    fmt: Annotated[str, typer.Option(
+        "--format", help=f"One of {', '.join(COMPARE_FORMATS)}.")] = "table",
+) -> None:
+    """Per-cell speed-up of RUN_B over RUN_A (tok/s B / tok/s A)."""
+    if fmt not in COMPARE_FORMATS:
+        raise usage_error(f"unknown format {fmt!r}; choose from {', '.join(COMPARE_FORMATS)}")
+    report_a, report_b = load_reports(run_a, run_b)
+    rows = compare_reports(report_a, report_b)
+    if fmt == "table":
+        print_rich(rich_comparison(rows, report_a["run_id"], report_b["run_id"]))
+    else:
+        sys.stdout.write(comparison_text(rows, report_a["run_id"], report_b["run_id"], fmt))
 
 
 def main() -> None:

@@ -89,9 +89,13 @@ class RunStore:
         self._lock = threading.Lock()
         self._conn = sqlite3.connect(self.path, timeout=30.0, check_same_thread=False)
         self._conn.row_factory = sqlite3.Row
-        self._conn.execute("PRAGMA foreign_keys = ON")
-        self._conn.execute("PRAGMA journal_mode = WAL")
-        self._migrate()
+        try:
+            self._conn.execute("PRAGMA foreign_keys = ON")
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            self._conn.close()
+            raise StoreError(f"{self.path}: not a usable mlx-fleet store: {exc}") from None
 
     def _migrate(self) -> None:
         """Create or check the schema; BEGIN IMMEDIATE so two processes never both create it."""

@@ -1,0 +1,127 @@
+"""Pure aggregation: the fastest host per cell, and the speed-up between two runs."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordinator.compare import (
+    compare_reports,
+    comparison_text,
+    rich_comparison,
+    speedup,
+)
+from coordinator.store import RunStore
+from shared.aggregate import mark_fastest
+from tests.test_store import failed_cell, fill_run, ok_cell
+
+
+def on(host: str, record: dict[str, Any]) -> dict[str, Any]:
+    return {**record, "host": host}
+
+
+def fastest_of(cells: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    return [(c["host"], c["seq_len"]) for c in mark_fastest(cells) if c.get("fastest")]
+
+
+def test_fastest_host_per_cell() -> None:
+    cells = [on("a", ok_cell(32, 10.0)), on("b", ok_cell(32, 30.0)), on("c", ok_cell(32, 20.0)),
+             on("a", ok_cell(64, 9.0)), on("b", ok_cell(64, 8.0))]
+    assert fastest_of(cells) == [("b", 32), ("a", 64)]
+
+
+def test_one_host_is_never_the_fastest() -> None:
+    assert fastest_of([on("a", ok_cell(32, 10.0)), on("a", ok_cell(64, 10.0))]) == []
+    # the same host twice with one cell name is still one host
+    assert fastest_of([on("a", ok_cell(32, 10.0)), on("a", ok_cell(32, 11.0))]) == []
+
+
+def test_failed_and_unmeasured_records_do_not_race() -> None:
+    assert fastest_of([on("a", ok_cell(32, 10.0)), on("b", failed_cell(32, "OOM"))]) == []
+    unmeasured = {**on("b", ok_cell(32, 1.0)), "tokens_per_sec": None}
+    assert fastest_of([on("a", ok_cell(32, 10.0)), unmeasured]) == []
+    assert fastest_of([on("a", ok_cell(32, 10.0)), unmeasured, on("c", ok_cell(32, 5.0))]) == [
+        ("a", 32)]
+
+
+def test_ties_go_to_the_first_and_nothing_is_mutated() -> None:
+    cells = [on("a", ok_cell(32, 10.0)), {**on("b", ok_cell(32, 10.0)), "fastest": True}]
+    marked = mark_fastest(cells)
+    assert [c.get("fastest") for c in marked] == [True, None]  # the stale mark is dropped
+    assert "fastest" not in cells[0] and cells[1]["fastest"] is True
+    assert mark_fastest(marked) == marked
+
+
+def report(speeds: dict[str, dict[int, float | None]], tmp_path: Path) -> dict[str, Any]:
+    """A report as the store gives it back: the tests compare what `coordinator compare` reads."""
+    with RunStore(tmp_path / "runs.sqlite") as store:
+        return store.load_report(fill_run(store, speeds))
+
+
+def test_multi_host_runs_match_by_host_and_cell(tmp_path: Path) -> None:
+    a = report({"mac1:5555": {32: 100.0, 64: 50.0}, "mac2:5555": {32: 200.0}}, tmp_path)
+    b = report({"mac2:5555": {32: 100.0}, "mac1:5555": {32: 150.0, 128: 10.0}}, tmp_path)
+    rows = compare_reports(a, b)
+    assert [(r["host"], r["test"], r["speedup"], r["note"]) for r in rows] == [
+        ("mac1:5555", "pp32", 1.5, ""),
+        ("mac1:5555", "pp64", None, "only in A"),
+        ("mac2:5555", "pp32", 0.5, ""),
+        ("mac1:5555", "pp128", None, "only in B"),
+    ]
+    assert rows[0]["model"] == "small/f16" and rows[0]["batch_size"] == 1
+    assert rows[0]["a"]["tokens_per_sec"] == 100.0 and rows[0]["b"]["tokens_per_sec"] == 150.0
+
+
+def test_single_host_runs_match_by_cell_alone(tmp_path: Path) -> None:
+    a = report({"mac1:5555": {32: 100.0, 64: 40.0}}, tmp_path)
+    b = report({"mac2:5555": {32: 123.0, 64: None}}, tmp_path)
+    rows = compare_reports(a, b)
+    assert [(r["host"], r["test"], r["speedup"], r["note"]) for r in rows] == [
+        ("mac1:5555 → mac2:5555", "pp32", pytest.approx(1.23), ""),
+        ("mac1:5555 → mac2:5555", "pp64", None, "failed in B: boom on mac2:5555"),
+    ]
+
+
+def test_speedup_needs_two_good_measurements() -> None:
+    good, slow = ok_cell(32, 10.0), ok_cell(32, 5.0)
+    assert speedup(good, slow) == 0.5
+    assert speedup(None, good) is None and speedup(good, None) is None
+    assert speedup(failed_cell(32, "x"), good) is None
+    assert speedup({**good, "tokens_per_sec": 0.0}, good) is None
+
+
+def test_formats(tmp_path: Path) -> None:
+    a = report({"mac1:5555": {32: 100.0, 64: 10.0}}, tmp_path)
+    b = report({"mac1:5555": {32: 123.0}}, tmp_path)
+    rows = compare_reports(a, b)
+
+    md = comparison_text(rows, "r-a", "r-b", "md").splitlines()
+    assert md[0] == "<!-- A = r-a, B = r-b; speed-up = B/A tok/s -->"
+    assert md[1] == "| host | model | test | batch | tok/s A | tok/s B | speed-up | note |"
+    assert md[3] == ("| mac1:5555 | small/f16 | pp32 | 1 | 100.00 ± 0.50 | 123.00 ± 0.50 "
+                     "| 1.23x |  |")
+    assert md[4] == "| mac1:5555 | small/f16 | pp64 | 1 | 10.00 ± 0.50 | N/A | N/A | only in A |"
+
+    parsed = list(csv.DictReader(io.StringIO(comparison_text(rows, "r-a", "r-b", "csv"))))
+    assert [(r["test"], r["tokens_per_sec_a"], r["tokens_per_sec_b"], r["speedup"], r["note"])
+            for r in parsed] == [("pp32", "100.0", "123.0", "1.23", ""),
+                                 ("pp64", "10.0", "", "", "only in A")]
+
+    data = json.loads(comparison_text(rows, "r-a", "r-b", "json"))
+    assert (data["a"], data["b"]) == ("r-a", "r-b")
+    assert data["rows"][0]["speedup"] == pytest.approx(1.23)
+    assert data["rows"][1]["b"] is None
+
+    table = rich_comparison(rows, "r-a", "r-b")
+    assert [column.header for column in table.columns][-2:] == ["speed-up", "note"]
+    assert table.row_count == 2 and table.rows[0].style == "green" and table.rows[1].style == "dim"
+
+
+def test_unknown_format() -> None:
+    with pytest.raises(ValueError, match="unknown comparison format 'xml'"):
+        comparison_text([], "a", "b", "xml")

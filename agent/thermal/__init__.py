@@ -1,0 +1,28 @@
+"""Thermal sensing on every Mac (and Linux node): sources, readings and the ThermalMonitor.
+
+`open_source(name)` opens a source by name; ThermalMonitor polls one with the seed's API.
+"""
+
+from agent.thermal.base import (
+    SourceSpecError,
+    SourceUnavailable,
+    ThermalReading,
+    ThermalSource,
+)
+from agent.thermal.monitor import ThermalMonitor, trend_slope
+from agent.thermal.parsers import ReplayFormatError
+from agent.thermal.registry import KNOWN_SOURCES, UnknownSourceError, auto_order, open_source
+
+__all__ = [
+    "KNOWN_SOURCES",
+    "ReplayFormatError",
+    "SourceSpecError",
+    "SourceUnavailable",
+    "ThermalMonitor",
+    "ThermalReading",
+    "ThermalSource",
+    "UnknownSourceError",
+    "auto_order",
+    "open_source",
+    "trend_slope",
+]

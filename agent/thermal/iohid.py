@@ -1,0 +1,166 @@
+"""IOKit HID temperature sensors on macOS: no root, no extra tool (what macmon and Stats read).
+
+A thin ctypes layer: it only lists (sensor name, °C) pairs. Which of them are the die, and which
+one the policy acts on, is decided by the pure functions in agent.thermal.parsers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from ctypes import c_bool, c_char_p, c_double, c_int, c_int32, c_int64, c_long, c_uint32, c_ulong
+from typing import Any
+
+from agent.thermal.base import SourceUnavailable, ThermalReading, ThermalSource
+from agent.thermal.parsers import hottest, select_die_sensors
+
+_CORE_FOUNDATION = "/System/Library/Frameworks/CoreFoundation.framework/CoreFoundation"
+_IOKIT = "/System/Library/Frameworks/IOKit.framework/IOKit"
+_UTF8 = 0x08000100  # kCFStringEncodingUTF8
+_SINT32 = 3  # kCFNumberSInt32Type
+_VENDOR_USAGE_PAGE = 0xFF00
+_TEMPERATURE_USAGE = 5
+_EVENT_TEMPERATURE = 15  # kIOHIDEventTypeTemperature
+_TEMPERATURE_FIELD = _EVENT_TEMPERATURE << 16
+
+_P = ctypes.c_void_p
+
+
+def _bind(lib: ctypes.CDLL, name: str, restype: Any, *argtypes: Any) -> Any:
+    # Every pointer restype must be c_void_p: the default int truncates 64-bit pointers.
+    function = getattr(lib, name)
+    function.restype = restype
+    function.argtypes = list(argtypes)
+    return function
+
+
+class _HIDTemperatures:
+    """The HID event-system client matched to temperature services, and how to read them."""
+
+    def __init__(self) -> None:
+        try:
+            cf = ctypes.CDLL(_CORE_FOUNDATION)
+            iokit = ctypes.CDLL(_IOKIT)
+        except OSError as exc:
+            raise SourceUnavailable(f"iohid: cannot load IOKit: {exc}") from exc
+        self._release = _bind(cf, "CFRelease", None, _P)
+        self._string = _bind(cf, "CFStringCreateWithCString", _P, _P, c_char_p, c_uint32)
+        self._string_value = _bind(cf, "CFStringGetCString", c_bool, _P, c_char_p, c_long, c_uint32)
+        self._type_id = _bind(cf, "CFGetTypeID", c_ulong, _P)
+        self._string_type_id = _bind(cf, "CFStringGetTypeID", c_ulong)()
+        number = _bind(cf, "CFNumberCreate", _P, _P, c_long, _P)
+        dictionary = _bind(
+            cf,
+            "CFDictionaryCreate",
+            _P,
+            _P,
+            ctypes.POINTER(_P),
+            ctypes.POINTER(_P),
+            c_long,
+            _P,
+            _P,
+        )
+        self._count = _bind(cf, "CFArrayGetCount", c_long, _P)
+        self._item = _bind(cf, "CFArrayGetValueAtIndex", _P, _P, c_long)
+        create_client = _bind(iokit, "IOHIDEventSystemClientCreate", _P, _P)
+        set_matching = _bind(iokit, "IOHIDEventSystemClientSetMatching", c_int, _P, _P)
+        copy_services = _bind(iokit, "IOHIDEventSystemClientCopyServices", _P, _P)
+        self._copy_property = _bind(iokit, "IOHIDServiceClientCopyProperty", _P, _P, _P)
+        self._copy_event = _bind(
+            iokit, "IOHIDServiceClientCopyEvent", _P, _P, c_int64, c_int32, c_int64
+        )
+        self._float_value = _bind(iokit, "IOHIDEventGetFloatValue", c_double, _P, c_int32)
+
+        keys = (_P * 2)(self._cfstring("PrimaryUsagePage"), self._cfstring("PrimaryUsage"))
+        page, usage = c_int32(_VENDOR_USAGE_PAGE), c_int32(_TEMPERATURE_USAGE)
+        values = (_P * 2)(
+            number(None, _SINT32, ctypes.addressof(page)),
+            number(None, _SINT32, ctypes.addressof(usage)),
+        )
+        matching = dictionary(
+            None,
+            keys,
+            values,
+            2,
+            ctypes.addressof(_P.in_dll(cf, "kCFTypeDictionaryKeyCallBacks")),
+            ctypes.addressof(_P.in_dll(cf, "kCFTypeDictionaryValueCallBacks")),
+        )
+        self._client = create_client(None)
+        if not self._client:
+            raise SourceUnavailable("iohid: IOHIDEventSystemClientCreate returned NULL")
+        set_matching(self._client, matching)
+        for ref in (*keys, *values, matching):
+            self._release(ref)
+        self._services = copy_services(self._client)
+        product = self._cfstring("Product")
+        self.sensors: list[tuple[int, str]] = []
+        for index in range(self._count(self._services) if self._services else 0):
+            service = self._item(self._services, index)
+            name = self._property_string(service, product)
+            if name:
+                self.sensors.append((service, name))
+        self._release(product)
+
+    def _cfstring(self, text: str) -> int:
+        return self._string(None, text.encode(), _UTF8)
+
+    def _property_string(self, service: int, key: int) -> str | None:
+        ref = self._copy_property(service, key)
+        if not ref:
+            return None
+        try:
+            if self._type_id(ref) != self._string_type_id:
+                return None
+            buffer = ctypes.create_string_buffer(256)
+            ok = self._string_value(ref, buffer, len(buffer), _UTF8)
+            return buffer.value.decode(errors="replace") if ok else None
+        finally:
+            self._release(ref)
+
+    def read(self) -> list[tuple[str, float]]:
+        """(name, °C) for every matched service that answers now; names may repeat."""
+        pairs = []
+        for service, name in self.sensors:
+            event = self._copy_event(service, _EVENT_TEMPERATURE, 0, 0)
+            if not event:
+                continue
+            try:
+                pairs.append((name, self._float_value(event, _TEMPERATURE_FIELD)))
+            finally:
+                self._release(event)
+        return pairs
+
+    def close(self) -> None:
+        for ref in (self._services, self._client):
+            if ref:
+                self._release(ref)
+        self._services = self._client = None
+        self.sensors = []
+
+
+class IOHIDSource(ThermalSource):
+    """Die sensors from IOKit HID; the hottest die is the temperature, every die in the reading."""
+
+    name = "iohid"
+
+    def __init__(self) -> None:
+        super().__init__()
+        if sys.platform != "darwin":
+            raise SourceUnavailable(
+                f"iohid reads IOKit HID sensors and needs macOS; this is {sys.platform}"
+            )
+        self._hid = _HIDTemperatures()
+        if not self._hid.sensors:
+            self._hid.close()
+            raise SourceUnavailable("iohid: no HID temperature services (an Intel Mac has none)")
+
+    def read(self) -> ThermalReading | None:
+        pairs = self._hid.read()
+        dies = select_die_sensors(pairs)
+        if not dies:
+            names = ", ".join(sorted({name for name, _ in pairs})) or "none answered"
+            return self._fail(f"iohid: no plausible die sensor among: {names}")
+        return self._reading(hottest(dies), dies)
+
+    def close(self) -> None:
+        self._hid.close()

@@ -1,0 +1,54 @@
+"""Linux nodes: thermal zones and hwmon under /sys (or a fake tree for tests)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from agent.thermal.base import SourceUnavailable, ThermalReading, ThermalSource
+from agent.thermal.parsers import linux_soc_celsius, parse_sysfs
+
+SYSFS_ROOT_ENV = "MLX_FLEET_SYSFS_ROOT"
+
+_PATTERNS = (
+    "class/thermal/thermal_zone*/type",
+    "class/thermal/thermal_zone*/temp",
+    "class/hwmon/hwmon*/name",
+    "class/hwmon/hwmon*/temp*_input",
+    "class/hwmon/hwmon*/temp*_label",
+)
+
+
+def sysfs_root() -> Path:
+    """`$MLX_FLEET_SYSFS_ROOT` stands in for /sys when set."""
+    return Path(os.environ.get(SYSFS_ROOT_ENV) or "/sys")
+
+
+def collect_sysfs(root: Path) -> dict[str, str]:
+    """The temperature-related files under root, by path relative to it."""
+    files: dict[str, str] = {}
+    for pattern in _PATTERNS:
+        for path in root.glob(pattern):
+            try:
+                files[path.relative_to(root).as_posix()] = path.read_text()
+            except OSError:
+                continue  # some zones refuse reads (EIO) while the others work
+    return files
+
+
+class LinuxSysfsSource(ThermalSource):
+    """The hottest CPU/SoC sensor under /sys; every sensor found is kept in the reading."""
+
+    name = "linux"
+
+    def __init__(self, root: Path | None = None) -> None:
+        super().__init__()
+        self.root = root or sysfs_root()
+        if not parse_sysfs(collect_sysfs(self.root)):
+            raise SourceUnavailable(f"linux: no thermal zone or hwmon reading under {self.root}")
+
+    def read(self) -> ThermalReading | None:
+        sensors = parse_sysfs(collect_sysfs(self.root))
+        if not sensors:
+            return self._fail(f"linux: no readable temperature under {self.root}")
+        return self._reading(linux_soc_celsius(sensors), sensors)

@@ -1,0 +1,193 @@
+"""ThermalMonitor: the seed's polling API over any ThermalSource."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from types import TracebackType
+
+from agent.thermal.base import Backoff, CallableSource, NoneSource, ThermalReading, ThermalSource
+from agent.thermal.registry import open_source
+
+log = logging.getLogger(__name__)
+
+SourceLike = ThermalSource | str | Callable[[], float | None] | None
+
+
+def trend_slope(values: Sequence[float]) -> float | None:
+    """Least-squares slope (°C per sample) of evenly spaced values; None with fewer than two."""
+    n = len(values)
+    if n < 2:
+        return None
+    x_mean = (n - 1) / 2.0
+    y_mean = sum(values) / n
+    numerator = sum((i - x_mean) * (y - y_mean) for i, y in enumerate(values))
+    denominator = sum((i - x_mean) ** 2 for i in range(n))
+    return numerator / denominator
+
+
+class ThermalMonitor:
+    """Polls a thermal source on a daemon thread and keeps a rolling history.
+
+    `source` is a ThermalSource (the caller keeps ownership), a source name such as "auto" or
+    "replay:curve.csv", or a zero-argument callable returning °C or None. The default, "auto",
+    picks the best sensor this machine has and is a no-op when it has none. A source that raises is
+    retried with backoff and reported in `last_error`; it never kills the monitor.
+    """
+
+    def __init__(
+        self, poll_interval: float = 1.0, history_size: int = 60, source: SourceLike = None
+    ) -> None:
+        if not poll_interval > 0:
+            raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval}")
+        if history_size < 1:
+            raise ValueError(f"history_size must be >= 1, got {history_size}")
+        self.poll_interval = poll_interval
+        self.history_size = history_size
+        self._owns_source = not isinstance(source, ThermalSource)
+        if isinstance(source, ThermalSource):
+            self.source = source
+        elif source is None or isinstance(source, str):
+            self.source = open_source(source or "auto", interval_s=poll_interval)
+        else:
+            self.source = CallableSource(source)
+        self._history: deque[ThermalReading] = deque(maxlen=history_size)
+        self._latest: ThermalReading | None = None
+        self._lock = threading.Lock()
+        self._source_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._backoff = Backoff(initial=poll_interval, maximum=max(30.0, poll_interval))
+        self.last_error: str | None = self.source.last_error
+        self.failures = 0
+
+    # --- one-shot -------------------------------------------------------------------------------
+
+    def read(self) -> ThermalReading | None:
+        """One reading straight from the source, not recorded; None when unavailable."""
+        reading, _ = self._read_source()
+        return reading
+
+    def get_soc_temperature(self) -> float | None:
+        """One-shot SoC temperature in °C; None when unavailable."""
+        reading = self.read()
+        return reading.celsius if reading else None
+
+    # --- polling --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Take a first reading now (so `temperature` is set on return), then poll in the
+        background. A no-op thread-wise when there is no sensor; calling it twice is harmless."""
+        if self.running:
+            return
+        self._poll()
+        if isinstance(self.source, NoneSource):
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="thermal-monitor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop polling; idempotent. The source stays open so start() may be called again."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=self.poll_interval + 10.0)
+
+    def close(self) -> None:
+        """Stop, and close the source when the monitor opened it."""
+        self.stop()
+        if self._owns_source:
+            self.source.close()
+
+    def __enter__(self) -> ThermalMonitor:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # --- what has been seen ---------------------------------------------------------------------
+
+    @property
+    def temperature(self) -> float | None:
+        """The latest polled temperature; None when the latest poll had none."""
+        with self._lock:
+            return self._latest.celsius if self._latest else None
+
+    @property
+    def reading(self) -> ThermalReading | None:
+        """The latest polled reading (with its pressure level, sensors and source)."""
+        with self._lock:
+            return self._latest
+
+    def get_history(self) -> list[float]:
+        """The polled temperatures, oldest first (at most history_size)."""
+        with self._lock:
+            return [r.celsius for r in self._history if r.celsius is not None]
+
+    def get_readings(self) -> list[ThermalReading]:
+        """The polled readings, oldest first, including those with only a pressure level."""
+        with self._lock:
+            return list(self._history)
+
+    def is_rising(self, window: int = 5) -> bool:
+        """Whether the least-squares slope of the last `window` temperatures is positive."""
+        if window < 2:
+            return False
+        slope = trend_slope(self.get_history()[-window:])
+        return slope is not None and slope > 0
+
+    def is_above(self, threshold: float) -> bool:
+        """Whether the latest temperature is at or above threshold (False when unknown)."""
+        temperature = self.temperature
+        return temperature is not None and temperature >= threshold
+
+    # --- internals ------------------------------------------------------------------------------
+
+    def _read_source(self) -> tuple[ThermalReading | None, bool]:
+        """(reading, failed): a source that raises is reported, never propagated."""
+        with self._source_lock:
+            try:
+                reading = self.source.read()
+            except Exception as exc:  # a broken sensor must not stop training
+                self.failures += 1
+                self.last_error = f"{self.source.name}: {type(exc).__name__}: {exc}"
+                if self.failures == 1:
+                    log.warning("thermal source failed, retrying with backoff: %s", self.last_error)
+                return None, True
+            if self.failures:
+                log.info(
+                    "thermal source %s recovered after %d failures", self.source.name, self.failures
+                )
+            self.failures = 0
+            self.last_error = None if reading else self.source.last_error
+            return reading, False
+
+    def _poll(self) -> bool:
+        """Read once and record; True when the source failed."""
+        reading, failed = self._read_source()
+        with self._lock:
+            self._latest = reading
+            if reading is not None:
+                self._history.append(reading)
+        return failed
+
+    def _run(self) -> None:
+        delay = self.poll_interval
+        while not self._stop.wait(delay):
+            if self._poll():
+                delay = self._backoff.next_delay()
+            else:
+                self._backoff.reset()
+                delay = self.poll_interval

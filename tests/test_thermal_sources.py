@@ -1,0 +1,158 @@
+"""Sources that need no tool: sim, replay, none, callables; source names and `auto`'s order."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.thermal import (
+    KNOWN_SOURCES,
+    ReplayFormatError,
+    SourceSpecError,
+    SourceUnavailable,
+    UnknownSourceError,
+    auto_order,
+    open_source,
+)
+from agent.thermal.base import CallableSource, NoneSource
+from agent.thermal.synthetic import ReplaySource, SimParams, SimSource, parse_sim_params, sim_step
+
+
+def test_known_sources_are_the_documented_names() -> None:
+    assert KNOWN_SOURCES == (
+        "auto",
+        "none",
+        "iohid",
+        "macmon",
+        "powermetrics",
+        "linux",
+        "sim",
+        "replay:PATH",
+    )
+
+
+@pytest.mark.parametrize("name", ["nvidia", "macmon:fast", "", "auto:x"])
+def test_unknown_source_is_a_value_error_listing_the_known_names(name: str) -> None:
+    with pytest.raises(UnknownSourceError) as excinfo:
+        open_source(name)
+    assert isinstance(excinfo.value, ValueError)
+    for known in KNOWN_SOURCES:
+        assert known in str(excinfo.value)
+
+
+def test_replay_without_a_path_is_bad_input() -> None:
+    with pytest.raises(SourceSpecError, match="replay:PATH"):
+        open_source("replay:")
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="checks the refusal off macOS")
+def test_iohid_off_macos_fails_with_the_reason() -> None:
+    with pytest.raises(SourceUnavailable, match="needs macOS"):
+        open_source("iohid")
+
+
+def test_none_reads_nothing_and_says_why() -> None:
+    with open_source("NONE") as source:
+        assert isinstance(source, NoneSource)
+        assert source.read() is None
+        assert source.last_error
+
+
+def test_auto_order_per_os() -> None:
+    assert auto_order("Darwin") == ("iohid", "macmon", "powermetrics")
+    assert auto_order("Linux") == ("linux",)
+    assert auto_order("Windows") == ()
+
+
+# --- replay -------------------------------------------------------------------------------------
+
+
+def test_replay_plays_in_real_time_from_opening_and_is_labelled(tmp_path: Path) -> None:
+    curve = tmp_path / "curve.csv"
+    curve.write_text("seconds,celsius\n0,70\n0.3,90\n")
+    with open_source(f"replay:{curve}") as source:
+        assert isinstance(source, ReplaySource)
+        first = source.read()
+        assert first is not None
+        assert (first.celsius, first.simulated, first.source) == (70.0, True, f"replay:{curve}")
+        time.sleep(0.35)
+        later = source.read()
+        assert later is not None and later.celsius == 90.0
+
+
+def test_replay_gap_reads_none_with_the_reason(tmp_path: Path) -> None:
+    curve = tmp_path / "gap.csv"
+    curve.write_text("0,\n")
+    source = ReplaySource(curve)
+    assert source.read() is None
+    assert "no value" in (source.last_error or "")
+
+
+def test_replay_bad_row_names_file_and_line(tmp_path: Path) -> None:
+    curve = tmp_path / "bad.csv"
+    curve.write_text("0,70\n1,eighty\n")
+    with pytest.raises(ReplayFormatError, match=rf"{curve}:2:"):
+        open_source(f"replay:{curve}")
+
+
+def test_replay_missing_file_is_bad_input(tmp_path: Path) -> None:
+    with pytest.raises(ReplayFormatError, match="cannot read replay file"):
+        open_source(f"replay:{tmp_path / 'missing.csv'}")
+
+
+# --- sim ----------------------------------------------------------------------------------------
+
+
+def test_sim_model_approaches_the_load_steady_state_with_time_constant_tau() -> None:
+    params = SimParams(ambient_c=25.0, r_c_per_w=2.5, idle_w=4.0, max_w=28.0, tau_s=10.0)
+    assert params.steady_c(0.0) == 35.0
+    assert params.steady_c(1.0) == 95.0
+    assert params.steady_c(7.0) == 95.0  # load is clamped
+    after_tau = sim_step(35.0, 1.0, 10.0, params)
+    assert after_tau == pytest.approx(95.0 - 60.0 / 2.718281828, abs=0.01)
+    assert sim_step(35.0, 1.0, 1e6, params) == pytest.approx(95.0)
+    assert sim_step(80.0, 0.0, 0.0, params) == 80.0
+
+
+def test_sim_params_from_the_source_name() -> None:
+    assert parse_sim_params("") == SimParams()
+    assert parse_sim_params("ambient_c=30, tau_s=5") == SimParams(ambient_c=30.0, tau_s=5.0)
+    for bad, why in [("tau=5", "known"), ("tau_s", "key=value"), ("tau_s=x", "number")]:
+        with pytest.raises(SourceSpecError, match=why):
+            parse_sim_params(bad)
+    with pytest.raises(SourceSpecError, match="tau_s > 0"):
+        open_source("sim:tau_s=0")
+
+
+def test_sim_source_is_labelled_and_driven_by_load() -> None:
+    loads = iter([0.0, 1.0, 1.0])
+    source = SimSource(SimParams(tau_s=0.05, start_c=40.0), load=lambda: next(loads))
+    time.sleep(0.3)
+    reading = source.read()
+    assert reading is not None
+    assert (reading.source, reading.simulated) == ("sim", True)
+    assert reading.celsius == pytest.approx(95.0, abs=0.5)
+
+
+def test_sim_by_name_uses_this_machines_cpu_load() -> None:
+    with open_source("sim:start_c=50") as source:
+        reading = source.read()
+    assert reading is not None and 35.0 <= reading.celsius <= 95.0
+
+
+# --- callables ----------------------------------------------------------------------------------
+
+
+def test_callable_source_wraps_a_function() -> None:
+    def soc() -> float | None:
+        return 61.5
+
+    source = CallableSource(soc)
+    reading = source.read()
+    assert reading is not None
+    assert (reading.celsius, reading.source, reading.simulated) == (61.5, "callable:soc", False)
+    nothing = CallableSource(lambda: None)
+    assert nothing.read() is None and "returned None" in (nothing.last_error or "")

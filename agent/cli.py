@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from agent.machine import machine_info, package_version
 from agent.profiling.runner import ModelLoadError, check_model_dir, require_mlx_lm, run_matrix
+from agent.thermal.cli import temp_command
 from shared.cli import (
     EXIT_INTERRUPTED,
     EXIT_PARTIAL,
@@ -132,6 +133,9 @@ def bench(
         raise typer.Exit(EXIT_INTERRUPTED)
     if failed_cells(report["cells"]):
         raise typer.Exit(EXIT_PARTIAL)
+
+
+app.command("temp")(temp_command)
 
 
 def main() -> None:

@@ -96,6 +96,9 @@ class RunStore:
         except sqlite3.DatabaseError as exc:
             self._conn.close()
             raise StoreError(f"{self.path}: not a usable mlx-fleet store: {exc}") from None
+        except StoreError:
+            self._conn.close()
+            raise
 
     def _migrate(self) -> None:
         """Create or check the schema; BEGIN IMMEDIATE so two processes never both create it."""
@@ -247,8 +250,9 @@ class RunStore:
             cells = self._conn.execute(
                 "SELECT record FROM cells WHERE run_id = ? ORDER BY seq", (full_id,)
             ).fetchall()
+        unfinished = " (not finished: still running, or its coordinator stopped)"
         return {
-            "title": f"mlx-fleet {run['kind']} {full_id}",
+            "title": f"mlx-fleet {run['kind']} {full_id}" + ("" if run["finished"] else unfinished),
             "run_id": full_id,
             "kind": run["kind"],
             "started": run["started"],

@@ -203,6 +203,7 @@ os.kill(os.getpid(), signal.SIGKILL)
     with RunStore(path) as store:
         report = store.load_report(result.stdout.strip())
     assert report["status"] == "running" and report["finished"] is None
+    assert report["title"].endswith("(not finished: still running, or its coordinator stopped)")
     assert [c["seq_len"] for c in report["cells"]] == [32, 64, 128]
 
 

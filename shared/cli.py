@@ -25,7 +25,7 @@ from shared.report import FORMATS, render_text, rich_report
 
 EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # log lines stay whole, never wrapped
 
 SeqLengths = Annotated[str, typer.Option(
     "-s", "--seq-lengths", help="Comma list of prompt/context lengths.")]

@@ -10,14 +10,15 @@ import platformdirs
 HOME_ENV = "MLX_FLEET_HOME"
 
 
-def data_dir() -> Path:
+def data_dir(create: bool = True) -> Path:
     """`$MLX_FLEET_HOME` when set, else the platform's user data dir; created on first use."""
     configured = os.environ.get(HOME_ENV)
     if configured:
         path = Path(configured).expanduser()
     else:
         path = Path(platformdirs.user_data_dir("mlx-fleet"))
-    path.mkdir(parents=True, exist_ok=True)
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
     return path
 
 

@@ -1,0 +1,131 @@
+"""`agent install`, `agent uninstall`, `agent service-status`: the agent as a service."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from agent.service import (
+    LAUNCHD,
+    SYSTEM,
+    SYSTEMD,
+    USER,
+    InstallPlan,
+    ServiceError,
+    default_platform_flavour,
+    definition_text,
+    install,
+    install_commands,
+    serve_program,
+    service_environment,
+    status,
+    uninstall,
+)
+from shared.cli import EXIT_USAGE, err, usage_error
+from shared.paths import data_dir
+
+UserScope = Annotated[bool, typer.Option("--user", help="A per-user service (the default).")]
+SystemScope = Annotated[bool, typer.Option(
+    "--system", help="A system-wide service (root; needed only for powermetrics).")]
+Launchd = Annotated[bool, typer.Option("--launchd", help="Force launchd (macOS default).")]
+Systemd = Annotated[bool, typer.Option("--systemd", help="Force systemd (Linux default).")]
+
+
+def make_plan(user: bool, system: bool, launchd: bool, systemd: bool,
+              bind: str | None = None, thermal_source: str | None = None) -> InstallPlan:
+    if user and system:
+        raise usage_error("choose one of --user and --system")
+    if launchd and systemd:
+        raise usage_error("choose one of --launchd and --systemd")
+    flavour = LAUNCHD if launchd else SYSTEMD if systemd else default_platform_flavour()
+    home = data_dir(create=False)
+    return InstallPlan(
+        flavour=flavour, scope=SYSTEM if system else USER,
+        program=serve_program(bind, thermal_source), data_dir=home, home=Path.home(),
+        uid=os.getuid(), environment=service_environment(home),
+    )
+
+
+def fail(exc: ServiceError) -> typer.Exit:
+    err.print(f"error: {exc}", highlight=False, markup=False, soft_wrap=True)
+    return typer.Exit(EXIT_USAGE if "needs root" in str(exc) else 1)
+
+
+def install_command(
+    user: UserScope = False,
+    system: SystemScope = False,
+    launchd: Launchd = False,
+    systemd: Systemd = False,
+    bind: Annotated[str | None, typer.Option(
+        "--bind", help="HOST:PORT for `agent serve` (its default when omitted).")] = None,
+    thermal_source: Annotated[str | None, typer.Option(
+        "--thermal-source", help="Thermal source for `agent serve` (default auto).")] = None,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Print what would be written and run; change nothing.")] = False,
+) -> None:
+    """Install `agent serve` as a launchd (macOS) or systemd (Linux) service and start it.
+    Installing again replaces the existing service."""
+    plan = make_plan(user, system, launchd, systemd, bind, thermal_source)
+    if dry_run:  # the definition alone on stdout, so it can be piped to a parser
+        err.print(f"would write {plan.definition_path}:", highlight=False, markup=False)
+        print(definition_text(plan), end="")
+        for command in install_commands(plan):
+            err.print(f"would run: {shlex.join(command)}", highlight=False, markup=False)
+        return
+    try:
+        for line in install(plan):
+            err.print(line, highlight=False, markup=False)
+    except ServiceError as exc:
+        raise fail(exc) from None
+    err.print(f"logs: {plan.stdout_log.parent if plan.flavour == LAUNCHD else 'journalctl'}",
+              highlight=False, markup=False)
+
+
+def uninstall_command(
+    user: UserScope = False,
+    system: SystemScope = False,
+    launchd: Launchd = False,
+    systemd: Systemd = False,
+    purge: Annotated[bool, typer.Option(
+        "--purge", help="Also delete the data directory (results, keys, logs).")] = False,
+) -> None:
+    """Stop and remove the agent service; data is kept unless --purge."""
+    plan = make_plan(user, system, launchd, systemd)
+    try:
+        done = uninstall(plan, purge)
+    except ServiceError as exc:
+        raise fail(exc) from None
+    for line in done or ["nothing was installed"]:
+        err.print(line, highlight=False, markup=False)
+
+
+def service_status_command(
+    user: UserScope = False,
+    system: SystemScope = False,
+    launchd: Launchd = False,
+    systemd: Systemd = False,
+    fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+) -> None:
+    """Is the agent service installed and running? Its pid, last exit status and logs."""
+    if fmt not in ("table", "json"):
+        raise usage_error(f"unknown format {fmt!r}; choose from table, json")
+    plan = make_plan(user, system, launchd, systemd)
+    try:
+        report = status(plan)
+    except ServiceError as exc:
+        raise fail(exc) from None
+    if fmt == "json":
+        print(json.dumps(report, indent=2))
+        return
+    table = Table(show_header=False, title="mlx-fleet agent service")
+    for key, value in report.items():
+        shown = ", ".join(value) if isinstance(value, list) else value
+        table.add_row(key, "N/A" if shown is None else str(shown))
+    Console().print(table)

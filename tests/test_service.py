@@ -1,0 +1,222 @@
+"""`agent install / uninstall / service-status` for launchd and systemd.
+
+Generated files are checked on every OS; the launchctl/systemctl process handling runs against
+a small fake service manager on PATH; real systemd is used where it runs.
+"""
+
+from __future__ import annotations
+
+import configparser
+import json
+import os
+import plistlib
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.service import parse_launchctl_print, parse_systemctl_show
+from tests.conftest import subprocess_env
+
+FAKE = Path(__file__).parent / "fakes" / "service_manager.py"
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    path = tmp_path / "home"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def fake_managers(tmp_path: Path) -> Path:
+    """A PATH directory where launchctl and systemctl are the fake; returns its state file."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("launchctl", "systemctl"):
+        (bin_dir / name).symlink_to(FAKE)
+    return bin_dir
+
+
+def agent(agent_cli: str, home: Path, *args: str, path_dir: Path | None = None,
+          **env: str) -> subprocess.CompletedProcess:
+    extra = {"HOME": str(home), **env}
+    if path_dir is not None:
+        extra["PATH"] = f"{path_dir}{os.pathsep}{os.environ['PATH']}"
+        extra["FAKE_SERVICE_STATE"] = str(path_dir.parent / "service-state.json")
+    return subprocess.run([agent_cli, *args], capture_output=True, text=True, timeout=60,
+                          env=subprocess_env(**extra))
+
+
+def calls(path_dir: Path) -> list[list[str]]:
+    log = path_dir.parent / "service-state.log"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_launchd_dry_run_prints_a_plist_and_changes_nothing(agent_cli: str, home: Path,
+                                                            fleet_home: Path) -> None:
+    result = agent(agent_cli, home, "install", "--launchd", "--user", "--dry-run",
+                   "--bind", "0.0.0.0:5555", "--thermal-source", "macmon")
+    assert result.returncode == 0, result.stderr
+    plist = plistlib.loads(result.stdout.encode())
+    assert plist["Label"] == "io.mlx-fleet.agent"
+    program = plist["ProgramArguments"]
+    assert Path(program[0]).is_absolute() and Path(program[0]).exists()
+    assert program[1:] == ["-m", "agent", "serve", "--bind", "0.0.0.0:5555",
+                           "--thermal-source", "macmon"]
+    assert plist["RunAtLoad"] is True and plist["KeepAlive"] is True
+    assert plist["ThrottleInterval"] > 0 and plist["ProcessType"]
+    assert plist["StandardOutPath"].startswith(str(fleet_home))
+    assert plist["StandardErrorPath"].startswith(str(fleet_home))
+    assert plist["EnvironmentVariables"]["MLX_FLEET_HOME"] == str(fleet_home)
+    assert "launchctl bootstrap gui/" in result.stderr
+    assert f"{home}/Library/LaunchAgents/io.mlx-fleet.agent.plist" in result.stderr
+    assert not (home / "Library").exists()
+
+
+def read_unit(text: str) -> configparser.ConfigParser:
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.optionxform = str  # systemd keys are case-sensitive
+    unit.read_string(text)
+    return unit
+
+
+def test_systemd_dry_run_prints_a_valid_unit(agent_cli: str, home: Path) -> None:
+    result = agent(agent_cli, home, "install", "--systemd", "--user", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    unit = read_unit(result.stdout)
+    exec_start = shlex.split(unit["Service"]["ExecStart"])
+    assert Path(exec_start[0]).is_absolute() and Path(exec_start[0]).exists()
+    assert exec_start[1:4] == ["-m", "agent", "serve"]
+    assert unit["Service"]["Restart"] == "on-failure"
+    assert unit["Install"]["WantedBy"] == "default.target"
+    assert "systemctl --user enable --now mlx-fleet-agent.service" in result.stderr
+    assert not (home / ".config").exists()
+    verify = shutil.which("systemd-analyze")
+    if verify:
+        unit_file = home / "mlx-fleet-agent.service"
+        unit_file.write_text(result.stdout)
+        check = subprocess.run([verify, "verify", "--user", str(unit_file)],
+                               capture_output=True, text=True, timeout=60)
+        assert "mlx-fleet-agent.service" not in check.stderr or check.returncode == 0
+
+
+def test_system_scope_points_at_system_folders(agent_cli: str, home: Path) -> None:
+    launchd = agent(agent_cli, home, "install", "--launchd", "--system", "--dry-run")
+    assert "/Library/LaunchDaemons/io.mlx-fleet.agent.plist" in launchd.stderr
+    assert "launchctl bootstrap system " in launchd.stderr
+    systemd = agent(agent_cli, home, "install", "--systemd", "--system", "--dry-run")
+    assert "/etc/systemd/system/mlx-fleet-agent.service" in systemd.stderr
+    assert read_unit(systemd.stdout)["Install"]["WantedBy"] == "multi-user.target"
+
+
+def test_launchd_install_replaces_status_and_uninstall(agent_cli: str, home: Path,
+                                                       fake_managers: Path,
+                                                       fleet_home: Path) -> None:
+    uid = os.getuid()
+    plist = home / "Library/LaunchAgents/io.mlx-fleet.agent.plist"
+    for _ in range(2):  # the second install replaces the first
+        result = agent(agent_cli, home, "install", "--launchd", path_dir=fake_managers)
+        assert result.returncode == 0, result.stderr
+        assert plistlib.loads(plist.read_bytes())["Label"] == "io.mlx-fleet.agent"
+    bootstraps = [c for c in calls(fake_managers) if c[:2] == ["launchctl", "bootstrap"]]
+    assert bootstraps == [["launchctl", "bootstrap", f"gui/{uid}", str(plist)]] * 2
+    state = json.loads((fake_managers.parent / "service-state.json").read_text())
+    assert state["loaded"] == [f"gui/{uid}/io.mlx-fleet.agent"]
+
+    status = agent(agent_cli, home, "service-status", "--launchd", "--format", "json",
+                   path_dir=fake_managers)
+    report = json.loads(status.stdout)
+    assert report["installed"] and report["running"] and report["pid"] == 4242
+    assert report["last_exit"] == "0"
+    assert report["logs"][0].startswith(str(fleet_home))
+
+    removed = agent(agent_cli, home, "uninstall", "--launchd", path_dir=fake_managers)
+    assert removed.returncode == 0, removed.stderr
+    assert not plist.exists() and fleet_home.exists()
+    after = json.loads(agent(agent_cli, home, "service-status", "--launchd", "--format", "json",
+                             path_dir=fake_managers).stdout)
+    assert not after["installed"] and not after["running"]
+
+
+def test_launchd_falls_back_to_the_user_domain_without_a_gui(agent_cli: str, home: Path,
+                                                             fake_managers: Path) -> None:
+    result = agent(agent_cli, home, "install", "--launchd", path_dir=fake_managers,
+                   FAKE_NO_GUI="1")
+    assert result.returncode == 0, result.stderr
+    assert f"launchctl bootstrap user/{os.getuid()}" in result.stderr
+
+
+def test_systemd_install_status_uninstall_purge(agent_cli: str, home: Path,
+                                                fake_managers: Path, fleet_home: Path) -> None:
+    unit = home / ".config/systemd/user/mlx-fleet-agent.service"
+    result = agent(agent_cli, home, "install", "--systemd", path_dir=fake_managers)
+    assert result.returncode == 0, result.stderr
+    assert "ExecStart=" in unit.read_text()
+    assert ["systemctl", "--user", "enable", "--now", "mlx-fleet-agent.service"] in calls(
+        fake_managers)
+    report = json.loads(agent(agent_cli, home, "service-status", "--systemd", "--format",
+                              "json", path_dir=fake_managers).stdout)
+    assert report["running"] and report["pid"] == 4343
+    assert report["logs"] == ["journalctl --user -u mlx-fleet-agent.service"]
+    removed = agent(agent_cli, home, "uninstall", "--systemd", "--purge", path_dir=fake_managers)
+    assert removed.returncode == 0, removed.stderr
+    assert not unit.exists() and not fleet_home.exists()
+
+
+WARM_THEN_DROP_ROOT = """
+import os, sys
+from agent.cli import main
+def run(*args):
+    sys.argv = ['agent', *args]
+    try:
+        main()
+    except SystemExit as exit:
+        return exit.code
+run('install', '--system', '--systemd', '--dry-run')  # imports everything while still root
+os.seteuid(65534)
+sys.exit(run('install', '--system', '--systemd'))
+"""
+
+
+def test_system_scope_needs_root(home: Path) -> None:
+    """A non-root --system exits 2 saying why (the effective uid dropped to `nobody`)."""
+    if os.geteuid() != 0:
+        result = subprocess.run([sys.executable, "-m", "agent", "install", "--system"],
+                                capture_output=True, text=True, timeout=60)
+    else:
+        result = subprocess.run([sys.executable, "-c", WARM_THEN_DROP_ROOT], capture_output=True,
+                                text=True, timeout=60, env=subprocess_env(HOME=str(home)))
+    assert result.returncode == 2, result.stderr
+    assert "needs root" in result.stderr.splitlines()[-1]
+
+
+@pytest.mark.skipif(not Path("/run/systemd/system").is_dir(),
+                    reason="systemd is not running on this machine (no /run/systemd/system)")
+def test_real_systemd_user_install_and_uninstall(agent_cli: str) -> None:
+    installed = subprocess.run([agent_cli, "install", "--systemd", "--user"],
+                               capture_output=True, text=True, timeout=120)
+    try:
+        assert installed.returncode == 0, installed.stderr
+        status = json.loads(subprocess.run(
+            [agent_cli, "service-status", "--systemd", "--format", "json"],
+            capture_output=True, text=True, timeout=60).stdout)
+        assert status["installed"]
+    finally:
+        removed = subprocess.run([agent_cli, "uninstall", "--systemd", "--user"],
+                                 capture_output=True, text=True, timeout=120)
+    assert removed.returncode == 0, removed.stderr
+
+
+def test_parsers_read_the_managers_output() -> None:
+    text = (FAKE.read_text().split('LAUNCHCTL_PRINT = """')[1].split('"""')[0]
+            .format(target="gui/501/io.mlx-fleet.agent", path="/p.plist")
+            .replace("{{", "{").replace("}}", "}"))
+    fields = parse_launchctl_print(text.replace("\\t", "\t"))
+    assert fields == {"path": "/p.plist", "state": "running", "program": "/usr/bin/python3",
+                      "pid": "4242", "last_exit": "0"}
+    assert parse_systemctl_show("ActiveState=active\nMainPID=12\n") == {
+        "ActiveState": "active", "MainPID": "12"}

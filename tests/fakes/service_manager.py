@@ -59,13 +59,13 @@ if name == "launchctl":
         save()
     elif verb == "bootout":
         if args[1] not in state["loaded"]:
-            print(f"Boot-out failed: 3: No such process", file=sys.stderr)
+            print("Boot-out failed: 3: No such process", file=sys.stderr)
             sys.exit(3)
         state["loaded"].remove(args[1])
         save()
     elif verb == "print":
         if args[1] not in state["loaded"]:
-            print(f"Could not find service in domain", file=sys.stderr)
+            print("Could not find service in domain", file=sys.stderr)
             sys.exit(113)
         print(LAUNCHCTL_PRINT.format(target=args[1], path=state["paths"][args[1]]))
     sys.exit(0)

@@ -1,0 +1,198 @@
+"""Acting on temperature: the seed's CoolingScheduler, and the ThermalGuard that gates benchmarks.
+
+The decision itself is shared.policy.decide (pure); this module only applies it to a running
+ThermalMonitor: sleep while the policy says pause, raise when it says stop.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from agent.guard import GuardReport
+from agent.thermal import ThermalMonitor, ThermalReading
+from shared.policy import CoolingState, ThermalPolicy, decide
+
+__all__ = [
+    "CoolingScheduler",
+    "PauseRecord",
+    "ThermalGuard",
+    "ThermalPolicy",
+    "ThermalShutdownError",
+]
+
+
+class ThermalShutdownError(RuntimeError):
+    """The policy said stop: too hot to go on. The message names temperature, threshold and step."""
+
+    def __init__(
+        self, step: int, temperature: float | None, threshold: float, pressure: str | None = None
+    ) -> None:
+        self.step = step
+        self.temperature = temperature
+        self.threshold = threshold
+        self.pressure = pressure
+        shown = "unknown" if temperature is None else f"{temperature:.1f} °C"
+        if temperature is not None and temperature >= threshold:
+            cause = f"SoC temperature {shown} reached the stop threshold {threshold:.1f} °C"
+        else:
+            cause = (
+                f"thermal pressure level {pressure!r} means stop (SoC temperature {shown}, "
+                f"stop threshold {threshold:.1f} °C)"
+            )
+        super().__init__(f"thermal shutdown at step {step}: {cause}")
+
+
+@dataclass(frozen=True)
+class PauseRecord:
+    """One cooling pause: when it began and ended (wall clock) and the hottest reading in it."""
+
+    step: int
+    started_at: float
+    ended_at: float
+    peak_celsius: float | None
+
+    @property
+    def duration_s(self) -> float:
+        return self.ended_at - self.started_at
+
+
+def _celsius_max(a: float | None, b: float | None) -> float | None:
+    values = [v for v in (a, b) if v is not None]
+    return max(values) if values else None
+
+
+class CoolingScheduler:
+    """Gates training steps (or benchmark iterations) on the monitor's latest reading.
+
+    The monitor must be polling (start() it): the scheduler reads `monitor.reading`, never the
+    sensor itself, so a check costs nothing when all is well.
+    """
+
+    def __init__(self, monitor: ThermalMonitor, policy: ThermalPolicy | None = None) -> None:
+        self.monitor = monitor
+        self.policy = policy or ThermalPolicy()
+        self.pauses: list[PauseRecord] = []
+        self.state = CoolingState.OK
+        self._total_pause_time = 0.0
+
+    def _decide(self, reading: ThermalReading | None, paused: bool) -> CoolingState:
+        if reading is None:
+            return CoolingState.OK
+        return decide(self.policy, reading.celsius, reading.pressure, currently_paused=paused)
+
+    def _shutdown(self, step: int, reading: ThermalReading | None) -> ThermalShutdownError:
+        return ThermalShutdownError(
+            step,
+            reading.celsius if reading else None,
+            self.policy.stop_temp,
+            reading.pressure if reading else None,
+        )
+
+    def check_before_step(self, step: int) -> None:
+        """Return at once when cool or without a reading; at pause, sleep pause_duration at a time
+        until the policy resumes (or the reading goes away); at stop, raise ThermalShutdownError.
+        A stop reached during a pause raises too."""
+        reading = self.monitor.reading
+        self.state = self._decide(reading, paused=False)
+        if self.state is CoolingState.STOP:
+            raise self._shutdown(step, reading)
+        if self.state is not CoolingState.PAUSE:
+            return
+        started_at, started = time.time(), time.monotonic()
+        peak = reading.celsius if reading else None
+        try:
+            while self.state is CoolingState.PAUSE:
+                time.sleep(self.policy.pause_duration)
+                reading = self.monitor.reading
+                peak = _celsius_max(peak, reading.celsius if reading else None)
+                self.state = self._decide(reading, paused=True)
+                if self.state is CoolingState.STOP:
+                    raise self._shutdown(step, reading)
+        finally:
+            self._total_pause_time += time.monotonic() - started
+            self.pauses.append(PauseRecord(step, started_at, time.time(), peak))
+
+    def should_reduce_batch(self) -> bool:
+        """Whether the policy asks for a smaller batch now (max_speed_temp <= T < pause_temp)."""
+        return self._decide(self.monitor.reading, paused=False) is CoolingState.REDUCE_BATCH
+
+    @property
+    def total_pause_time(self) -> float:
+        """Seconds spent paused, all pauses together."""
+        return self._total_pause_time
+
+
+class ThermalGuard:
+    """The CellGuard (agent.guard) that puts the cooling policy between benchmark iterations.
+
+    Enabled, each iteration waits out a pause and a stop raises ThermalShutdownError; disabled
+    (`--no-cooling`), it only observes. Either way the cell's report carries the SoC °C at its start
+    and end, the pause time spent in it, its source, and the flags `paused` (a pause happened),
+    `hot` (a reading in the cell made the policy ask for more than ok, i.e. at or above
+    max_speed_temp or a pressure level that asks for action) and `simulated` (sim/replay source).
+    """
+
+    def __init__(
+        self, monitor: ThermalMonitor, policy: ThermalPolicy | None = None, enabled: bool = True
+    ) -> None:
+        self.monitor = monitor
+        self.enabled = enabled
+        self.scheduler = CoolingScheduler(monitor, policy)
+        self._start_c: float | None = None
+        self._pause_before = 0.0
+        self._seen_until = -math.inf
+        self._hot = False
+
+    @property
+    def policy(self) -> ThermalPolicy:
+        return self.scheduler.policy
+
+    def begin_cell(self) -> None:
+        """Note the starting temperature. Starts the monitor if nobody did: a gate that reads a
+        monitor which never polls would silently never fire."""
+        self.monitor.start()
+        latest = self.monitor.reading
+        self._start_c = latest.celsius if latest else None
+        self._pause_before = self.scheduler.total_pause_time
+        self._seen_until = latest.time if latest else -math.inf
+        self._hot = self._is_hot(latest)
+
+    def before_iteration(self, step: int) -> None:
+        self._observe()
+        if self.enabled:
+            self.scheduler.check_before_step(step)
+
+    def end_cell(self) -> GuardReport:
+        self._observe()
+        paused_s = self.scheduler.total_pause_time - self._pause_before
+        flags = [
+            flag
+            for flag, present in (
+                ("paused", paused_s > 0),
+                ("hot", self._hot),
+                ("simulated", self.monitor.source.simulated),
+            )
+            if present
+        ]
+        return GuardReport(
+            soc_temp_start_c=self._start_c,
+            soc_temp_end_c=self.monitor.temperature,
+            pause_s=paused_s,
+            flags=flags,
+            thermal_source=self.monitor.source.name,
+        )
+
+    def _is_hot(self, reading: ThermalReading | None) -> bool:
+        if reading is None:
+            return False
+        return decide(self.policy, reading.celsius, reading.pressure) is not CoolingState.OK
+
+    def _observe(self) -> None:
+        """Look at every reading polled since the last look, so a short spike between two
+        iterations still marks the cell hot."""
+        for reading in self.monitor.get_readings():
+            if reading.time > self._seen_until:
+                self._hot = self._hot or self._is_hot(reading)
+                self._seen_until = reading.time

@@ -270,3 +270,45 @@ def status(plan: InstallPlan) -> dict[str, Any]:
         report.update(running=fields.get("ActiveState") == "active", pid=pid or None,
                       last_exit=fields.get("ExecMainStatus"), state=fields.get("SubState"))
     return report
+
+
+# --- reviewed templates in deploy/ ------------------------------------------------------------
+
+TEMPLATE_PYTHON = "@PYTHON@"
+TEMPLATE_DATA_DIR = "@DATA_DIR@"
+TEMPLATE_HOME = "@HOME@"
+
+
+def template_files() -> dict[str, str]:
+    """deploy/'s templates: the exact definitions `agent install` writes, with placeholders
+    for the interpreter, the data directory and the home folder."""
+    files = {}
+    for flavour, scope, name in (
+        (LAUNCHD, USER, f"{LABEL}.user.plist"),
+        (LAUNCHD, SYSTEM, f"{LABEL}.system.plist"),
+        (SYSTEMD, USER, "mlx-fleet-agent.user.service"),
+        (SYSTEMD, SYSTEM, "mlx-fleet-agent.system.service"),
+    ):
+        data_dir = Path(TEMPLATE_DATA_DIR)
+        environment = {"MLX_FLEET_HOME": TEMPLATE_DATA_DIR, "PYTHONUNBUFFERED": "1",
+                       "PATH": "@PATH@"}
+        plan = InstallPlan(flavour=flavour, scope=scope,
+                           program=[TEMPLATE_PYTHON, "-m", "agent", "serve"],
+                           data_dir=data_dir, home=Path(TEMPLATE_HOME), uid=0,
+                           environment=environment)
+        files[name] = definition_text(plan)
+    return files
+
+
+def write_templates(folder: Path) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in template_files().items():
+        (folder / name).write_text(text, encoding="utf-8")
+        written.append(folder / name)
+    return written
+
+
+if __name__ == "__main__":  # python -m agent.service deploy/  (refresh the templates)
+    for path in write_templates(Path(sys.argv[1] if len(sys.argv) > 1 else "deploy")):
+        print(path)

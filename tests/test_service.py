@@ -220,3 +220,15 @@ def test_parsers_read_the_managers_output() -> None:
                       "pid": "4242", "last_exit": "0"}
     assert parse_systemctl_show("ActiveState=active\nMainPID=12\n") == {
         "ActiveState": "active", "MainPID": "12"}
+
+
+def test_deploy_templates_are_what_install_writes() -> None:
+    """deploy/'s reviewed templates never drift from the generator."""
+    from agent.service import template_files
+
+    deploy = Path(__file__).parent.parent / "deploy"
+    for name, text in template_files().items():
+        assert (deploy / name).read_text() == text, (
+            f"deploy/{name} is stale: run python -m agent.service deploy")
+        if name.endswith(".plist"):
+            assert plistlib.loads(text.encode())["Label"] == "io.mlx-fleet.agent"

@@ -14,6 +14,7 @@ import typer
 from rich.console import Console, RenderableType
 from rich.table import Table
 
+from coordinator.commands import benchmark, keys_app, status
 from coordinator.compare import (
     COMPARE_FORMATS,
     compare_reports,
@@ -111,6 +112,11 @@ def compare(
         print_rich(rich_comparison(rows, report_a["run_id"], report_b["run_id"]))
     else:
         sys.stdout.write(comparison_text(rows, report_a["run_id"], report_b["run_id"], fmt))
+
+
+app.command()(benchmark)
+app.command()(status)
+app.add_typer(keys_app, name="keys")
 
 
 def main() -> None:

@@ -1,0 +1,85 @@
+"""`agent serve` and `agent keys`: the daemon coordinators drive, and whom it obeys."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Annotated
+
+import typer
+
+from agent.keys import TrustError, list_trusted, revoke, trust
+from agent.serve import DEFAULT_BIND, BindError, serve
+from shared.cli import EXIT_PARTIAL, err, usage_error
+from shared.keys import own_keypair
+
+
+def serve_command(
+    bind: Annotated[str, typer.Option(
+        "--bind", help="HOST:PORT of the command socket; port 0 picks a free one.")] = DEFAULT_BIND,
+    thermal_source: Annotated[str, typer.Option(
+        "--thermal-source", help="auto, none, iohid, macmon, powermetrics, linux, sim[:...], "
+        "replay:PATH.")] = "auto",
+    insecure: Annotated[bool, typer.Option(
+        "--insecure", help="Turn CURVE off: anyone who can reach the port may drive this "
+        "Mac. For a trusted lab network only.")] = False,
+) -> None:
+    """Serve coordinators over ZeroMQ until SIGTERM: benchmarks, info, job history.
+
+    Prints `agent serve: listening on tcp://HOST:PORT curve-key=KEY` (or INSECURE) once bound.
+    """
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    if insecure:
+        err.print("[bold red]WARNING: --insecure: CURVE is OFF. Messages travel in clear text "
+                  "and ANY client that reaches this port can run jobs here.[/bold red]",
+                  highlight=False)
+    try:
+        serve(bind, not insecure, thermal_source)
+    except BindError as exc:
+        raise usage_error(str(exc)) from None
+
+
+keys_app = typer.Typer(no_args_is_help=True, add_completion=False,
+                       help="This agent's CURVE key and the coordinator keys it trusts.")
+
+
+@keys_app.command("show")
+def keys_show() -> None:
+    """Print this agent's public key alone (give it to `coordinator keys add`)."""
+    print(own_keypair().public)
+
+
+@keys_app.command("trust")
+def keys_trust(
+    key: Annotated[str, typer.Argument(help="A coordinator's public key "
+                                       "(`coordinator keys show`).")],
+    name: Annotated[str | None, typer.Option("--name", help="A label for the key.")] = None,
+) -> None:
+    """Let the coordinator holding KEY drive this agent (a running agent sees it at once)."""
+    try:
+        entry = trust(key, name)
+    except TrustError as exc:
+        raise usage_error(str(exc)) from None
+    err.print(f"trusted {entry.key} as {entry.name}", highlight=False)
+
+
+@keys_app.command("list")
+def keys_list() -> None:
+    """The trusted coordinator keys: name and key, one per line."""
+    for entry in list_trusted():
+        print(f"{entry.name}\t{entry.key}")
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key: Annotated[str, typer.Argument(help="The key, or the name it was trusted under.")],
+) -> None:
+    """Stop trusting a coordinator key: its next connection is refused (one already open
+    lasts until it reconnects)."""
+    removed = revoke(key)
+    if not removed:
+        err.print(f"no trusted key or name {key!r}", highlight=False)
+        raise typer.Exit(EXIT_PARTIAL)
+    for entry in removed:
+        err.print(f"revoked {entry.name} ({entry.key})", highlight=False)

@@ -1,0 +1,212 @@
+"""One coordinator-side connection to one agent: a DEALER socket, the CURVE handshake with a
+diagnosis when it fails, request/reply by message id, and a job stream kept honest by
+application-level heartbeats (zguide's Paranoid Pirate: ping when quiet, give up after
+HEARTBEAT_LIVENESS silent intervals).
+
+An AgentClient belongs to one thread; a fleet run gives each host its own.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from shared import protocol as p
+from shared.keys import Keypair
+
+HEARTBEAT_INTERVAL_S = 1.0
+HEARTBEAT_LIVENESS = 5
+"""An agent silent for this many intervals (pings unanswered) is declared dead: ~5 s."""
+REQUEST_TIMEOUT_S = 10.0
+CANCEL_WAIT_S = 10.0
+"""After bench.cancel, how long to wait for the job's bench.done before giving up on it."""
+
+
+class HostError(Exception):
+    """A host that cannot be used or stopped answering; the message says why."""
+
+
+class AgentError(HostError):
+    """The agent answered with an error; `code` is the protocol's error code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def handshake_diagnosis(events: list[tuple[int, int]], our_key: str | None) -> str | None:
+    """Why a connection never became usable, from its socket monitor events; None while
+    nothing conclusive happened. Pure, so each case is testable without a network."""
+    kinds = {event for event, _ in events}
+    for event, value in events:
+        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            fix = f"; on that host run: agent keys trust {our_key}" if our_key else ""
+            return f"refused our key (ZAP status {value}): the agent does not trust this " \
+                   f"coordinator's public key{fix}"
+        if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL \
+                and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+            return "security mismatch: one side runs CURVE and the other does not " \
+                   "(agent serve --insecure needs coordinator --insecure, and vice versa)"
+    if zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL in kinds or \
+            zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL in kinds:
+        return "CURVE handshake failed: the server key we hold for this host is not the " \
+               "agent's (run `agent keys show` there, then `coordinator keys add HOST:PORT KEY`)"
+    return None
+
+
+def timeout_diagnosis(events: list[tuple[int, int]], timeout: float) -> str:
+    """What a connect that timed out without a conclusive event most likely met."""
+    kinds = {event for event, _ in events}
+    if zmq.EVENT_HANDSHAKE_SUCCEEDED in kinds:
+        return f"connected, but the agent did not answer within {timeout:g} s"
+    if zmq.EVENT_CONNECTED in kinds:
+        return f"TCP connected but the handshake did not complete within {timeout:g} s"
+    if zmq.EVENT_CONNECT_RETRIED in kinds:
+        return f"connection refused for {timeout:g} s: is `agent serve` running on that " \
+               "host and port?"
+    return f"no answer within {timeout:g} s: host unreachable or the port is filtered"
+
+
+class AgentClient:
+    """A DEALER connected to one agent. `server_key` None means no CURVE (an --insecure agent)."""
+
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        address: str,
+        server_key: str | None,
+        keypair: Keypair | None,
+        connect_timeout: float = 5.0,
+    ) -> None:
+        self.address = address
+        self.connect_timeout = connect_timeout
+        self.keypair = keypair
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.linger = 0
+        self.sock.maxmsgsize = p.MAX_MESSAGE_SIZE
+        self.sock.heartbeat_ivl = 2000
+        self.sock.heartbeat_timeout = 6000
+        if server_key is not None:
+            if keypair is None:
+                raise ValueError("CURVE needs this coordinator's keypair")
+            self.sock.curve_secretkey = keypair.secret.encode("ascii")
+            self.sock.curve_publickey = keypair.public.encode("ascii")
+            self.sock.curve_serverkey = server_key.encode("ascii")
+        self.last_heard = time.monotonic()
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+    def __enter__(self) -> AgentClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def connect(self) -> dict[str, Any]:
+        """Connect and say hello; the hello.ok body, or HostError saying why not, within
+        connect_timeout."""
+        monitor = self.sock.get_monitor_socket()
+        events: list[tuple[int, int]] = []
+        try:
+            self.sock.connect(f"tcp://{self.address}")
+            hello = self.send("hello", {"client": "coordinator"})
+            deadline = time.monotonic() + self.connect_timeout
+            poller = zmq.Poller()
+            poller.register(self.sock, zmq.POLLIN)
+            poller.register(monitor, zmq.POLLIN)
+            while (left := deadline - time.monotonic()) > 0:
+                ready = dict(poller.poll(left * 1000))
+                if ready.get(monitor):
+                    event = recv_monitor_message(monitor)
+                    events.append((event["event"], event["value"]))
+                    why = handshake_diagnosis(events, self.keypair.public
+                                              if self.keypair else None)
+                    if why is not None:
+                        raise HostError(why)
+                if ready.get(self.sock):
+                    reply = self._receive()
+                    if reply is not None and reply.re == hello.id:
+                        return self._body(reply, "hello.ok")
+            raise HostError(timeout_diagnosis(events, self.connect_timeout))
+        except zmq.ZMQError as exc:
+            raise HostError(f"cannot connect to {self.address}: {exc}") from None
+        finally:
+            self.sock.disable_monitor()
+            monitor.close(linger=0)
+
+    def send(self, type_: str, body: dict[str, Any] | None = None) -> p.Message:
+        message = p.make(type_, body)
+        self.sock.send(p.encode(message))
+        return message
+
+    def _receive(self) -> p.Message | None:
+        """One message off the socket; a malformed one is dropped (nothing to answer it with)."""
+        data = self.sock.recv()
+        self.last_heard = time.monotonic()
+        try:
+            return p.decode(data)
+        except p.ProtocolError:
+            return None
+
+    def _body(self, reply: p.Message, expected: str) -> dict[str, Any]:
+        if reply.type == "error":
+            raise AgentError(reply.body["code"], reply.body["message"])
+        if reply.type != expected:
+            raise HostError(f"expected {expected}, got {reply.type}")
+        return reply.body
+
+    def request(self, type_: str, body: dict[str, Any] | None = None,
+                timeout: float = REQUEST_TIMEOUT_S) -> dict[str, Any]:
+        """Send a request and return its reply's body (AgentError for an error reply)."""
+        message = self.send(type_, body)
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            if self.sock.poll(left * 1000):
+                reply = self._receive()
+                if reply is not None and reply.re == message.id:
+                    return self._body(reply, f"{type_}.ok")
+        raise HostError(f"no reply to {type_} within {timeout:g} s")
+
+    def stream(self, start: p.Message, stop: threading.Event | None = None
+               ) -> Iterator[p.Message]:
+        """Every message answering `start` (a bench.start) up to and including bench.done.
+
+        Pings the agent whenever it has been quiet for a heartbeat interval; raises HostError
+        after HEARTBEAT_LIVENESS silent intervals. When `stop` is set the job is cancelled and
+        the stream still runs to the agent's bench.done (or CANCEL_WAIT_S).
+        """
+        job_id: str | None = None
+        cancel_by: float | None = None
+        liveness = HEARTBEAT_LIVENESS
+        while True:
+            if stop is not None and stop.is_set() and job_id and cancel_by is None:
+                self.send("bench.cancel", {"job": job_id})
+                cancel_by = time.monotonic() + CANCEL_WAIT_S
+            if cancel_by is not None and time.monotonic() > cancel_by:
+                raise HostError(f"job {job_id} did not stop within {CANCEL_WAIT_S:g} s of "
+                                "bench.cancel")
+            if not self.sock.poll(HEARTBEAT_INTERVAL_S * 1000):
+                liveness -= 1
+                if liveness == 0:
+                    silent = time.monotonic() - self.last_heard
+                    raise HostError(f"the agent stopped answering (silent for {silent:.0f} s, "
+                                    f"{HEARTBEAT_LIVENESS} pings unanswered)")
+                self.send("ping")
+                continue
+            liveness = HEARTBEAT_LIVENESS
+            message = self._receive()
+            if message is None or message.re != start.id:
+                continue  # a heartbeat reply, a cancel reply, or something stale
+            if message.type == "error":
+                raise AgentError(message.body["code"], message.body["message"])
+            if message.type == "bench.start.ok":
+                job_id = message.body["job"]
+            yield message
+            if message.type == "bench.done":
+                return

@@ -1,0 +1,105 @@
+"""The embedded agent: `coordinator benchmark` without hosts runs a real `agent serve` child on
+127.0.0.1 (an ephemeral port) and drives it like any other host.
+
+The child gets its own data directory, `<coordinator data dir>/embedded-agent`, so its keys, its
+trust list and its job journal never touch a standalone agent's on the same Mac. Keys are trusted
+both ways without the user: this coordinator's public key is written into the child's trust list
+before it starts, and the child's server key is read from its ready line
+(`agent serve: listening on tcp://127.0.0.1:PORT curve-key=KEY`). Its log goes to agent.log there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from agent.keys import trust
+from shared.keys import Keypair
+from shared.paths import HOME_ENV, data_dir
+
+READY = re.compile(r"listening on tcp://(\S+) curve-key=(\S+)")
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 10.0
+
+
+class EmbeddedAgentError(RuntimeError):
+    """The local agent would not start; the message carries the end of its log."""
+
+
+class EmbeddedAgent:
+    """`with EmbeddedAgent(keypair) as agent:` -> agent.address and agent.server_key."""
+
+    def __init__(self, keypair: Keypair, thermal_source: str = "auto") -> None:
+        self.keypair = keypair
+        self.thermal_source = thermal_source
+        self.home = data_dir() / "embedded-agent"
+        self.log_path = self.home / "agent.log"
+        self.process: subprocess.Popen[str] | None = None
+        self.address = ""
+        self.server_key = ""
+
+    def __enter__(self) -> EmbeddedAgent:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        trusted = _private_dir(self.home / "keys" / "trusted")
+        (trusted / "coordinator.key").unlink(missing_ok=True)  # this coordinator's key may be new
+        trust(self.keypair.public, name="coordinator", directory=trusted)
+        env = dict(os.environ, **{HOME_ENV: str(self.home)})
+        with open(self.log_path, "w", encoding="utf-8") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "agent", "serve", "--bind", "127.0.0.1:0",
+                 "--thermal-source", self.thermal_source],
+                stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env, text=True)
+        assert self.process.stdout is not None
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.process.stdout], [], [], 0.2)
+            if ready:
+                line = self.process.stdout.readline()
+                match = READY.search(line)
+                if match:
+                    self.address, self.server_key = match.groups()
+                    return
+                if not line:
+                    break  # the child exited
+            elif self.process.poll() is not None:
+                break
+        self.stop()
+        raise EmbeddedAgentError(f"the local agent did not start; its log "
+                                 f"({self.log_path}) ends with:\n{self._log_tail()}")
+
+    def stop(self) -> None:
+        """SIGTERM (the agent stops its job and flushes), then SIGKILL if it lingers."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+
+    def _log_tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(encoding="utf-8").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+def _private_dir(path: Path) -> Path:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path

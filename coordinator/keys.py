@@ -1,0 +1,51 @@
+"""The agents' CURVE server keys this coordinator expects, by HOST:PORT.
+
+Kept in `data_dir()/keys/hosts.json` (`{"mac1:5555": "<40 Z85 characters>"}`) and written by
+`coordinator keys add`. A hostfile's `key` field takes precedence for its host. Knowing the
+server key is what stops a coordinator from talking to an impostor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from coordinator.hostfile import DEFAULT_AGENT_PORT, HostEntry, check_key, split_address
+from shared.keys import keys_dir
+
+
+def hosts_path() -> Path:
+    return keys_dir() / "hosts.json"
+
+
+def normalize(address: str) -> str:
+    """'mac1' -> 'mac1:5555': the one spelling keys are stored under. ValueError if bad."""
+    host, port = split_address(address)
+    return HostEntry(host, DEFAULT_AGENT_PORT if port is None else port).address
+
+
+def known_hosts() -> dict[str, str]:
+    path = hosts_path()
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object of HOST:PORT -> key")
+    return data
+
+
+def add_host_key(address: str, key: str) -> str:
+    """Remember `key` as the server key of `address`; returns the normalized address."""
+    address = normalize(address)
+    hosts = known_hosts() | {address: check_key(key)}
+    path = hosts_path()
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(hosts, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    temporary.replace(path)
+    return address
+
+
+def server_key(entry: HostEntry) -> str | None:
+    """The key to expect from `entry`: its own (hostfile), else the stored one."""
+    return entry.key or known_hosts().get(entry.address)

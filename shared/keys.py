@@ -1,0 +1,81 @@
+"""This side's CURVE keypair: one per data directory, made on first use, the secret never
+readable by anyone else.
+
+Files are ZeroMQ certificates (the format `zmq.auth.load_certificate` reads) under
+`data_dir()/keys`: `self.key` (public) and `self.key_secret` (mode 0600, written that way from
+the start, never chmod-ed after the fact).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import zmq
+import zmq.auth
+
+from shared.paths import data_dir
+
+SELF_NAME = "self"
+
+
+@dataclass(frozen=True)
+class Keypair:
+    """Z85 text, as `zmq.curve_keypair()` makes and `curve_*key` socket options accept."""
+
+    public: str
+    secret: str
+
+
+def keys_dir() -> Path:
+    """data_dir()/keys, private to this user (0700)."""
+    path = data_dir() / "keys"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+def certificate_text(public: str, secret: str | None = None, name: str | None = None) -> str:
+    kind = "**Secret**" if secret else "Public"
+    lines = [f"#   ****  Generated on {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC by "
+             "mlx-fleet  ****", f"#   ZeroMQ CURVE {kind} Certificate", "", "metadata"]
+    if name:
+        lines.append(f'    name = "{name}"')
+    lines += ["curve", f'    public-key = "{public}"']
+    if secret:
+        lines.append(f'    secret-key = "{secret}"')
+    return "\n".join(lines) + "\n"
+
+
+def write_private(path: Path, text: str) -> None:
+    """Create `path` whole with mode 0600, or raise FileExistsError: written to a private
+    temporary file first and linked into place, so no reader ever sees it half written."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.link(temporary, path)
+    finally:
+        temporary.unlink()
+
+
+def own_keypair(directory: Path | None = None) -> Keypair:
+    """This side's keypair, created on first use. Two processes racing to create it end up
+    with the same one: the secret file is linked into place exclusively; the loser reads it."""
+    directory = directory or keys_dir()
+    secret_path = directory / f"{SELF_NAME}.key_secret"
+    if not secret_path.exists():
+        public, secret = (k.decode("ascii") for k in zmq.curve_keypair())
+        try:
+            write_private(secret_path, certificate_text(public, secret))
+        except FileExistsError:
+            pass
+        else:
+            (directory / f"{SELF_NAME}.key").write_text(certificate_text(public),
+                                                         encoding="utf-8")
+    public_b, secret_b = zmq.auth.load_certificate(secret_path)
+    if secret_b is None:
+        raise ValueError(f"{secret_path} holds no secret key")
+    return Keypair(public_b.decode("ascii"), secret_b.decode("ascii"))

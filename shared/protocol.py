@@ -1,0 +1,200 @@
+"""The coordinator <-> agent wire protocol (docs/protocol.md): pure encode, decode and validation.
+
+Every message is one msgpack map {"v", "id", "type", "re", "body"}. Nothing here touches a
+socket, so the agent, the coordinator and the tests share one definition of what is valid, and
+every refusal is a ProtocolError whose code and message can be sent back as an `error` reply.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+DEFAULT_PORT = 5555
+MAX_MESSAGE_SIZE = 4 * 1024 * 1024
+"""Bytes per message. Sockets drop a peer that sends more; encode() refuses to build more."""
+MAX_ID_LENGTH = 64
+
+# Error codes (the `code` of an error body).
+MALFORMED = "malformed"
+BAD_VERSION = "bad-version"
+UNKNOWN_TYPE = "unknown-type"
+BAD_BODY = "bad-body"
+TOO_LARGE = "too-large"
+NOT_A_REQUEST = "not-a-request"
+BUSY = "busy"
+BAD_MATRIX = "bad-matrix"
+UNKNOWN_JOB = "unknown-job"
+NOT_RUNNING = "not-running"
+INTERNAL = "internal"
+
+# Job and host outcomes carried by bench.done and job.get.ok.
+JOB_RUNNING = "running"
+JOB_OK = "ok"
+JOB_FAILED = "failed"
+JOB_CANCELLED = "cancelled"
+JOB_STATES = (JOB_RUNNING, JOB_OK, JOB_FAILED, JOB_CANCELLED)
+
+NONE = type(None)
+Types = type | tuple[type, ...]
+NUMBER = (int, float)
+
+# type -> {field: (accepted types, required)}; a missing optional field decodes as None.
+SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
+    # requests, coordinator -> agent
+    "hello": {"client": (str, False), "version": (str, False)},
+    "ping": {},
+    "info": {},
+    "bench.start": {"matrix": (dict, True)},
+    "bench.cancel": {"job": (str, True)},
+    "job.get": {"job": (str, True), "offset": (int, False)},
+    # replies and the job stream, agent -> coordinator
+    "hello.ok": {"agent": (str, True), "protocol": (int, True), "hostname": (str, True),
+                 "secure": (bool, True)},
+    "ping.ok": {"job": ((str, NONE), True), "time": (NUMBER, True)},
+    "info.ok": {"agent": (str, True), "protocol": (int, True), "machine": (dict, True),
+                "thermal": (dict, True), "job": ((dict, NONE), True)},
+    "bench.start.ok": {"job": (str, True), "cells": (list, True)},
+    "bench.progress": {"job": (str, True), "done": (int, True), "total": (int, True),
+                       "model": ((dict, NONE), False)},
+    "bench.cell": {"job": (str, True), "index": (int, True), "record": (dict, True)},
+    "bench.done": {"job": (str, True), "status": (str, True), "error": ((str, NONE), True),
+                   "cells": (int, True)},
+    "bench.cancel.ok": {"job": (str, True)},
+    "job.get.ok": {"job": (str, True), "state": (str, True), "error": ((str, NONE), True),
+                   "spec": (dict, True), "models": (list, True), "records": (list, True),
+                   "offset": (int, True), "next": ((int, NONE), True),
+                   "started": (str, True), "finished": ((str, NONE), True)},
+    "error": {"code": (str, True), "message": (str, True)},
+}
+REQUESTS = frozenset({"hello", "ping", "info", "bench.start", "bench.cancel", "job.get"})
+ENVELOPE_KEYS = frozenset({"v", "id", "type", "re", "body"})
+
+
+class ProtocolError(ValueError):
+    """A message that cannot be accepted; `code` is one of the error codes above and `re` the
+    offending message's id when it could be read, so the refusal can be answered."""
+
+    def __init__(self, code: str, message: str, re: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.re = re
+
+
+@dataclass(frozen=True)
+class Message:
+    type: str
+    body: dict[str, Any] = field(default_factory=dict)
+    id: str = field(default_factory=lambda: new_id())
+    re: str | None = None
+    v: int = PROTOCOL_VERSION
+
+
+def new_id() -> str:
+    """16 hex digits: unique enough to correlate replies without a shared counter."""
+    return os.urandom(8).hex()
+
+
+def make(type_: str, body: dict[str, Any] | None = None, re: str | None = None) -> Message:
+    """A message whose body is checked now, so a bug shows where it is made, not at the peer."""
+    body = dict(body or {})
+    check_body(type_, body)
+    return Message(type_, body, re=re)
+
+
+def error(code: str, message: str, re: str | None = None) -> Message:
+    return make("error", {"code": code, "message": message}, re=re)
+
+
+def error_for(exc: ProtocolError) -> Message:
+    return error(exc.code, exc.message, re=exc.re)
+
+
+def encode(message: Message) -> bytes:
+    data = msgpack.packb({"v": message.v, "id": message.id, "type": message.type,
+                          "re": message.re, "body": message.body})
+    if len(data) > MAX_MESSAGE_SIZE:
+        raise ProtocolError(TOO_LARGE, f"{message.type} would be {len(data)} bytes; the "
+                            f"limit is {MAX_MESSAGE_SIZE}", re=message.re)
+    return data
+
+
+def decode(data: bytes) -> Message:
+    """Parse and validate one message; raise ProtocolError naming the first problem."""
+    if len(data) > MAX_MESSAGE_SIZE:
+        raise ProtocolError(TOO_LARGE, f"message of {len(data)} bytes; the limit is "
+                            f"{MAX_MESSAGE_SIZE}")
+    try:
+        raw = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise ProtocolError(MALFORMED, f"not msgpack: {type(exc).__name__}: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ProtocolError(MALFORMED, f"a message is a map, got {type(raw).__name__}")
+    msg_id = raw.get("id")
+    if not isinstance(msg_id, str) or not 0 < len(msg_id) <= MAX_ID_LENGTH:
+        raise ProtocolError(MALFORMED, f"id must be a string of 1 to {MAX_ID_LENGTH} "
+                            f"characters, got {msg_id!r}")
+    version = raw.get("v")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(BAD_VERSION, f"protocol version {version!r} is not spoken here; "
+                            f"this side speaks {PROTOCOL_VERSION}", re=msg_id)
+    unknown = sorted(set(raw) - ENVELOPE_KEYS)
+    missing = sorted({"v", "id", "type", "body"} - set(raw))
+    if unknown or missing:
+        problem = f"unknown key(s) {unknown}" if unknown else f"missing key(s) {missing}"
+        raise ProtocolError(MALFORMED, f"bad envelope: {problem}", re=msg_id)
+    re = raw.get("re")
+    if re is not None and (not isinstance(re, str) or len(re) > MAX_ID_LENGTH):
+        raise ProtocolError(MALFORMED, f"re must be a message id or nil, got {re!r}", re=msg_id)
+    type_, body = raw["type"], raw["body"]
+    if not isinstance(type_, str) or type_ not in SCHEMAS:
+        raise ProtocolError(UNKNOWN_TYPE, f"unknown message type {type_!r}", re=msg_id)
+    if not isinstance(body, dict):
+        raise ProtocolError(BAD_BODY, f"{type_}: body must be a map", re=msg_id)
+    try:
+        check_body(type_, body)
+    except ProtocolError as exc:
+        raise ProtocolError(exc.code, exc.message, re=msg_id) from None
+    return Message(type_, body, id=msg_id, re=re, v=version)
+
+
+def check_body(type_: str, body: dict[str, Any]) -> None:
+    """Every required field present with its type, no unknown field, optional ones filled."""
+    schema = SCHEMAS.get(type_)
+    if schema is None:
+        raise ProtocolError(UNKNOWN_TYPE, f"unknown message type {type_!r}")
+    unknown = sorted(set(body) - set(schema), key=str)
+    if unknown:
+        raise ProtocolError(BAD_BODY, f"{type_}: unknown field(s) {', '.join(map(str, unknown))}")
+    for name, (types, required) in schema.items():
+        if name not in body:
+            if required:
+                raise ProtocolError(BAD_BODY, f"{type_}: missing field {name!r}")
+            body[name] = None
+            continue
+        value = body[name]
+        if value is None and not required:
+            continue
+        if isinstance(value, bool) and bool not in _as_tuple(types):
+            ok = False  # bool is an int in Python, never on the wire
+        else:
+            ok = isinstance(value, types)
+        if not ok:
+            raise ProtocolError(BAD_BODY, f"{type_}: field {name!r} has the wrong type "
+                                f"({type(value).__name__})")
+
+
+def _as_tuple(types: Types) -> tuple[type, ...]:
+    return types if isinstance(types, tuple) else (types,)
+
+
+def require_request(message: Message) -> None:
+    """The agent answers requests only; a reply type sent to it is refused by name."""
+    if message.type not in REQUESTS:
+        raise ProtocolError(NOT_A_REQUEST, f"{message.type} is not a request; requests are "
+                            f"{', '.join(sorted(REQUESTS))}", re=message.id)

@@ -28,8 +28,9 @@ from shared.matrix import MatrixSpec
 from shared.protocol import JOB_CANCELLED, JOB_FAILED, JOB_OK
 
 
-class JobCancelled(Exception):
-    """Raised in the job's main thread by SIGTERM."""
+class JobCancelled(BaseException):
+    """Raised in the job's main thread by SIGTERM. A BaseException, like KeyboardInterrupt, so
+    the runner's per-cell `except Exception` lets it end the whole job."""
 
 
 def _cancel(signum: int, frame: object) -> None:

@@ -2,7 +2,7 @@
 `data_dir()/keys/trusted/<name>.key`, and the ZAP check the daemon runs on every connection.
 
 The directory is the whole truth: `agent keys trust/revoke` edit it from another process and a
-running daemon sees the change on the next handshake (TrustedKeys reloads when it changes).
+running daemon sees the change on the next handshake.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,27 +92,17 @@ def revoke(key_or_name: str) -> list[TrustedKey]:
 
 
 class TrustedKeys:
-    """The ZAP credentials provider: answers "is this client key trusted?" from the directory,
-    reloading it when its modification time changes, and logs every refusal with the key."""
+    """The ZAP credentials provider: is this client key trusted? The directory is read on every
+    handshake (rare, and a few small files), so trust and revocation apply at once without any
+    reload signal; every refusal is logged with the key."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self._lock = threading.Lock()
-        self._stamp: int | None = None
-        self._keys: set[str] = set()
-
-    def _current(self) -> set[str]:
-        stamp = self.directory.stat().st_mtime_ns
-        with self._lock:
-            if stamp != self._stamp:
-                self._keys = {entry.key for entry in list_trusted(self.directory)}
-                self._stamp = stamp
-            return self._keys
 
     def callback(self, domain: str, key: bytes) -> bool:
         client = key.decode("ascii", "replace")
-        if client in self._current():
+        if any(entry.key == client for entry in list_trusted(self.directory)):
             return True
         log.warning("refused a coordinator: key %s is not trusted here (to allow it: "
-                    "agent keys trust %s)", client, client)
+                    "agent keys trust '%s')", client, client)
         return False

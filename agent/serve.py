@@ -30,7 +30,7 @@ from agent.keys import TrustedKeys, trusted_dir
 from agent.machine import machine_info, package_version
 from agent.model import BUILTIN_CONFIGS
 from agent.profiling.runner import ModelLoadError, check_model_dir, require_mlx_lm
-from agent.thermal import ThermalMonitor
+from agent.thermal import SourceSpecError, SourceUnavailable, ThermalMonitor
 from shared import protocol as p
 from shared.keys import own_keypair
 from shared.matrix import MatrixError, MatrixSpec, expand
@@ -46,15 +46,15 @@ JOB_PAGE_BYTES = p.MAX_MESSAGE_SIZE // 2
 """job.get pages hold records up to this many packed bytes, so a reply never hits the limit."""
 
 
-class BindError(ValueError):
-    """A --bind value that cannot be used; the message says why."""
+class ServeError(ValueError):
+    """The daemon cannot start: a bad --bind or --thermal-source; the message says why."""
 
 
 def endpoint_for(bind: str) -> tuple[str, bool]:
     """'HOST:PORT' -> ('tcp://HOST:PORT', is_ipv6); port 0 asks for an ephemeral port."""
     host, sep, port_text = bind.strip().rpartition(":")
     if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
-        raise BindError(f"bad --bind {bind!r}: expected HOST:PORT, e.g. 0.0.0.0:{p.DEFAULT_PORT}"
+        raise ServeError(f"bad --bind {bind!r}: expected HOST:PORT, e.g. 0.0.0.0:{p.DEFAULT_PORT}"
                         " or 127.0.0.1:0 for any free port")
     ipv6 = host.startswith("[")
     port = "*" if int(port_text) == 0 else port_text
@@ -84,7 +84,7 @@ class AgentDaemon:
 
     def __init__(self, bind: str = DEFAULT_BIND, secure: bool = True,
                  thermal_source: str | None = None) -> None:
-        self.bind = bind
+        self.endpoint, self.ipv6 = endpoint_for(bind)
         self.secure = secure
         self.thermal_source = thermal_source
         self.ctx = zmq.Context()
@@ -102,8 +102,12 @@ class AgentDaemon:
 
     def start(self) -> str:
         """Bind the command socket; returns the endpoint actually bound (the port resolved)."""
-        endpoint, ipv6 = endpoint_for(self.bind)
-        self.router.ipv6 = ipv6
+        try:
+            self._start_thermal()
+        except (SourceSpecError, SourceUnavailable) as exc:
+            self.close()
+            raise ServeError(f"thermal source: {exc}") from None
+        self.router.ipv6 = self.ipv6
         self.router.linger = 1000
         self.router.maxmsgsize = p.MAX_MESSAGE_SIZE
         self.router.heartbeat_ivl = 2000
@@ -119,15 +123,14 @@ class AgentDaemon:
             self.router.curve_publickey = keypair.public.encode("ascii")
             self.router.curve_server = True
         try:
-            self.router.bind(endpoint)
+            self.router.bind(self.endpoint)
         except zmq.ZMQError as exc:
             self.close()
-            raise BindError(f"cannot bind {endpoint}: {exc}") from None
+            raise ServeError(f"cannot bind {self.endpoint}: {exc}") from None
         abandoned = self.journal.abandon_running()
         if abandoned:
             log.warning("%d job(s) were running when the agent last stopped: marked failed",
                         abandoned)
-        self._start_thermal()
         return self.router.last_endpoint.decode()
 
     def _start_thermal(self) -> None:
@@ -142,9 +145,17 @@ class AgentDaemon:
         self._stopping = True
 
     def serve_forever(self) -> None:
+        """Serve until stop(); then cancel the job and keep serving (pings, info) until it has
+        flushed its cells and its coordinator got bench.done, or the grace time is over."""
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
-        while not self._stopping:
+        deadline: float | None = None
+        while deadline is None or (self.job is not None and time.monotonic() < deadline):
+            if self._stopping and deadline is None:
+                deadline = time.monotonic() + CANCEL_GRACE_S + 1.0
+                if self.job is not None:
+                    log.info("stopping: cancelling job %s", self.job.id)
+                    self._cancel(self.job)
             job = self.job
             if job is not None:
                 poller.register(job.fd, zmq.POLLIN)
@@ -156,19 +167,6 @@ class AgentDaemon:
             if job is not None and job is self.job and events.get(job.fd):
                 self._read_job(job)
             self._enforce_cancel()
-        self.shutdown()
-
-    def shutdown(self) -> None:
-        """Stop the running job, keep every cell it finished, tell its coordinator, close."""
-        job = self.job
-        if job is not None:
-            log.info("stopping: cancelling job %s", job.id)
-            self._cancel(job)
-            deadline = time.monotonic() + CANCEL_GRACE_S + 1.0
-            while self.job is job and time.monotonic() < deadline:
-                if zmq.select([job.fd], [], [], TICK_MS / 1000)[0]:
-                    self._read_job(job)
-                self._enforce_cancel()
         self.close()
 
     def close(self) -> None:
@@ -256,6 +254,8 @@ class AgentDaemon:
                 "error": self.monitor.last_error}
 
     def _bench_start(self, identity: bytes, message: p.Message) -> None:
+        if self._stopping:
+            raise p.ProtocolError(p.BUSY, "busy: the agent is stopping", re=message.id)
         if self.job is not None:
             job = self.job
             raise p.ProtocolError(p.BUSY, f"busy: job {job.id} is running ({job.done}/"

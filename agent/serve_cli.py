@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from agent.keys import TrustError, list_trusted, revoke, trust
-from agent.serve import DEFAULT_BIND, BindError, serve
+from agent.serve import DEFAULT_BIND, ServeError, serve
 from shared.cli import EXIT_PARTIAL, err, usage_error
 from shared.keys import own_keypair
 
@@ -36,7 +36,7 @@ def serve_command(
                   highlight=False)
     try:
         serve(bind, not insecure, thermal_source)
-    except BindError as exc:
+    except ServeError as exc:
         raise usage_error(str(exc)) from None
 
 

@@ -45,7 +45,7 @@ def handshake_diagnosis(events: list[tuple[int, int]], our_key: str | None) -> s
     kinds = {event for event, _ in events}
     for event, value in events:
         if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-            fix = f"; on that host run: agent keys trust {our_key}" if our_key else ""
+            fix = f"; on that host run: agent keys trust '{our_key}'" if our_key else ""
             return f"refused our key (ZAP status {value}): the agent does not trust this " \
                    f"coordinator's public key{fix}"
         if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL \
@@ -146,12 +146,15 @@ class AgentClient:
         return message
 
     def _receive(self) -> p.Message | None:
-        """One message off the socket; a malformed one is dropped (nothing to answer it with)."""
+        """One message off the socket; a malformed one is dropped (nothing to answer it with),
+        but an agent speaking another protocol version is a HostError saying so."""
         data = self.sock.recv()
         self.last_heard = time.monotonic()
         try:
             return p.decode(data)
-        except p.ProtocolError:
+        except p.ProtocolError as exc:
+            if exc.code == p.BAD_VERSION:
+                raise HostError(f"the agent speaks another protocol: {exc.message}") from None
             return None
 
     def _body(self, reply: p.Message, expected: str) -> dict[str, Any]:

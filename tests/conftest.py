@@ -5,9 +5,14 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.fleet_support import AgentPool
 
 
 @pytest.fixture(autouse=True)
@@ -43,3 +48,13 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(extra)
     return env
+
+
+@pytest.fixture
+def agents(tmp_path: Path) -> Iterator[AgentPool]:
+    """Start real `agent serve` processes with `agents.start(name)`; all are killed after."""
+    from tests.fleet_support import AgentPool
+
+    pool = AgentPool(tmp_path / "agents")
+    yield pool
+    pool.kill_all()

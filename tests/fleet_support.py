@@ -1,0 +1,122 @@
+"""Real `agent serve` processes for tests: each with its own MLX_FLEET_HOME, bound to port 0 on
+loopback (or inside a network namespace), found through its ready line, always killed after."""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import sqlite3
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.conftest import console_script, subprocess_env
+
+READY = re.compile(r"listening on tcp://(\S+) (?:curve-key=(\S+)|INSECURE)")
+QUICK = ["--config-small", "-s", "16", "-i", "1", "-w", "0", "--decode-tokens", "4"]
+"""Two cells that take well under a second on a slow CPU."""
+LONG = ["--config-small", "-s", "16,32,48,64", "-i", "3", "-w", "0", "--decode-tokens", "8"]
+"""Eight cells, a few seconds: long enough to kill, cancel or stop an agent in the middle."""
+
+
+@dataclass
+class AgentProcess:
+    home: Path
+    process: subprocess.Popen[str]
+    address: str
+    key: str | None
+    log: Path
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rsplit(":", 1)[1])
+
+    def log_text(self) -> str:
+        return self.log.read_text(encoding="utf-8", errors="replace")
+
+    def kill(self) -> None:
+        """SIGKILL the agent and its job child (they share the process group we started)."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+    def journal_cells(self) -> int:
+        """Cells this agent has journaled so far (its SQLite file, read-only)."""
+        path = self.home / "agent-jobs.sqlite"
+        if not path.exists():
+            return 0
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as conn:
+            try:
+                return conn.execute("SELECT COUNT(*) FROM cells").fetchone()[0]
+            except sqlite3.OperationalError:
+                return 0  # the schema is not there yet
+
+    def wait_for_cells(self, count: int, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while self.journal_cells() < count:
+            assert time.monotonic() < deadline, f"fewer than {count} cells journaled in time"
+            assert self.process.poll() is None, self.log_text()
+            time.sleep(0.05)
+
+
+class AgentPool:
+    """Starts agents; kill_all() (the fixture's teardown) ends every one of them."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.agents: list[AgentProcess] = []
+
+    def start(self, name: str = "agent", *, insecure: bool = False, thermal: str = "none",
+              bind_host: str = "127.0.0.1", netns: str | None = None) -> AgentProcess:
+        home = self.root / name
+        home.mkdir(parents=True, exist_ok=True)
+        log = home / "serve.log"
+        command = [console_script("agent"), "serve", "--bind", f"{bind_host}:0",
+                   "--thermal-source", thermal, *(["--insecure"] if insecure else [])]
+        if netns is not None:
+            command = ["ip", "netns", "exec", netns, *command]
+        with open(log, "w", encoding="utf-8") as log_file:
+            process = subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=log_file, stdin=subprocess.DEVNULL,
+                text=True, env=subprocess_env(MLX_FLEET_HOME=str(home)),
+                start_new_session=True)
+        agent = AgentProcess(home, process, "", None, log)
+        self.agents.append(agent)
+        assert process.stdout is not None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if select.select([process.stdout], [], [], 0.2)[0]:
+                match = READY.search(process.stdout.readline())
+                if match:
+                    agent.address, agent.key = match.group(1), match.group(2)
+                    return agent
+            assert process.poll() is None, f"agent {name} exited:\n{agent.log_text()}"
+        raise AssertionError(f"agent {name} did not get ready:\n{agent.log_text()}")
+
+    def kill_all(self) -> None:
+        for agent in self.agents:
+            agent.kill()
+
+
+def cli(name: str, *args: str, home: Path | None = None, timeout: float = 120
+        ) -> subprocess.CompletedProcess[str]:
+    """Run a console script; `home` sets its MLX_FLEET_HOME (else the test's own)."""
+    extra = {"COLUMNS": "200"} | ({"MLX_FLEET_HOME": str(home)} if home else {})
+    return subprocess.run([console_script(name), *args], capture_output=True, text=True,
+                          timeout=timeout, env=subprocess_env(**extra))
+
+
+def exchange_keys(agent: AgentProcess) -> None:
+    """Trust this test's coordinator on `agent` and record the agent's key, with the real CLIs."""
+    coordinator_key = cli("coordinator", "keys", "show").stdout.strip()
+    trusted = cli("agent", "keys", "trust", coordinator_key, "--name", "test", home=agent.home)
+    assert trusted.returncode == 0, trusted.stderr
+    agent_key = cli("agent", "keys", "show", home=agent.home).stdout.strip()
+    assert agent_key == agent.key
+    added = cli("coordinator", "keys", "add", agent.address, agent_key)
+    assert added.returncode == 0, added.stderr

@@ -1,0 +1,84 @@
+"""CURVE keys: made on first use with a private secret, and the trust commands of both sides."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import zmq
+import zmq.auth
+
+from agent.keys import TrustedKeys, list_trusted, trust, trusted_dir
+from coordinator.keys import known_hosts
+from shared.keys import own_keypair
+from tests.fleet_support import cli
+
+
+def test_keypair_is_made_once_and_its_secret_is_private(fleet_home: Path) -> None:
+    first = own_keypair()
+    assert own_keypair() == first
+    secret = fleet_home / "keys" / "self.key_secret"
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert stat.S_IMODE((fleet_home / "keys").stat().st_mode) == 0o700
+    public, loaded_secret = zmq.auth.load_certificate(secret)
+    assert (public.decode(), loaded_secret.decode()) == (first.public, first.secret)
+    assert zmq.auth.load_certificate(fleet_home / "keys" / "self.key")[1] is None
+    assert zmq.curve_public(first.secret.encode()).decode() == first.public
+
+
+def test_agent_keys_show_prints_the_public_key_alone() -> None:
+    result = cli("agent", "keys", "show")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == own_keypair().public + "\n"
+
+
+def test_agent_trust_list_revoke(fleet_home: Path) -> None:
+    key = zmq.curve_keypair()[0].decode()
+    assert cli("agent", "keys", "trust", key, "--name", "lab-mac").returncode == 0
+    listed = cli("agent", "keys", "list")
+    assert listed.stdout == f"lab-mac\t{key}\n"
+    certificate = fleet_home / "keys" / "trusted" / "lab-mac.key"
+    assert zmq.auth.load_certificates(certificate.parent) == {key.encode(): True}
+    renamed = cli("agent", "keys", "trust", key, "--name", "renamed")
+    assert renamed.returncode == 0
+    assert [e.name for e in list_trusted()] == ["renamed"]
+    revoked = cli("agent", "keys", "revoke", "renamed")
+    assert revoked.returncode == 0 and key in revoked.stderr
+    assert list_trusted() == []
+    missing = cli("agent", "keys", "revoke", key)
+    assert missing.returncode == 1 and "no trusted key" in missing.stderr
+
+
+def test_bad_keys_and_names_are_usage_errors() -> None:
+    short = cli("agent", "keys", "trust", "tooshort")
+    assert short.returncode == 2 and "40 Z85 characters" in short.stderr
+    key = zmq.curve_keypair()[0].decode()
+    bad_name = cli("agent", "keys", "trust", key, "--name", "../evil")
+    assert bad_name.returncode == 2 and "bad name" in bad_name.stderr
+
+
+def test_a_name_is_not_silently_reused() -> None:
+    trust(zmq.curve_keypair()[0].decode(), "lab")
+    clash = cli("agent", "keys", "trust", zmq.curve_keypair()[0].decode(), "--name", "lab")
+    assert clash.returncode == 2 and "already used" in clash.stderr
+
+
+def test_the_zap_check_sees_trust_and_revocation_at_once() -> None:
+    key = zmq.curve_keypair()[0]
+    check = TrustedKeys(trusted_dir())
+    assert not check.callback("*", key)
+    entry = trust(key.decode())
+    assert check.callback("*", key)
+    entry.path.unlink()
+    assert not check.callback("*", key)
+
+
+def test_coordinator_keys() -> None:
+    shown = cli("coordinator", "keys", "show")
+    assert shown.stdout == own_keypair().public + "\n"
+    key = zmq.curve_keypair()[0].decode()
+    assert cli("coordinator", "keys", "add", "mac1", key).returncode == 0
+    assert cli("coordinator", "keys", "add", "[::1]:6000", key).returncode == 0
+    assert known_hosts() == {"mac1:5555": key, "[::1]:6000": key}
+    bad = cli("coordinator", "keys", "add", "mac1", "nope")
+    assert bad.returncode == 2 and "key" in bad.stderr

@@ -1,0 +1,140 @@
+"""The wire protocol's pure core: envelopes, bodies, refusals, and handshake diagnoses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import pytest
+import zmq
+
+from coordinator.client import handshake_diagnosis, timeout_diagnosis
+from shared import protocol as p
+
+VALID_BODIES: dict[str, dict[str, Any]] = {
+    "hello": {"client": "coordinator"},
+    "ping": {},
+    "info": {},
+    "bench.start": {"matrix": {"seq_lengths": [16], "models": ["small"]}},
+    "bench.cancel": {"job": "j-1"},
+    "job.get": {"job": "j-1", "offset": 3},
+    "hello.ok": {"agent": "0.1.0", "protocol": 1, "hostname": "mac1", "secure": True},
+    "ping.ok": {"job": None, "time": 1.5},
+    "info.ok": {"agent": "0.1.0", "protocol": 1, "machine": {}, "thermal": {}, "job": None},
+    "bench.start.ok": {"job": "j-1", "cells": ["small/f16 pp16 b1"]},
+    "bench.progress": {"job": "j-1", "done": 0, "total": 2, "model": None},
+    "bench.cell": {"job": "j-1", "index": 0, "record": {"name": "x", "tokens_per_sec": 1.0}},
+    "bench.done": {"job": "j-1", "status": "ok", "error": None, "cells": 2},
+    "bench.cancel.ok": {"job": "j-1"},
+    "job.get.ok": {"job": "j-1", "state": "ok", "error": None, "spec": {}, "models": [],
+                   "records": [], "offset": 0, "next": None, "started": "t", "finished": None},
+    "error": {"code": "busy", "message": "busy: job j-1 is running"},
+}
+
+
+def raw(**overrides: Any) -> bytes:
+    envelope = {"v": 1, "id": "abc", "type": "ping", "re": None, "body": {}} | overrides
+    return msgpack.packb({k: v for k, v in envelope.items() if v is not ...})
+
+
+def test_every_type_has_a_valid_example() -> None:
+    assert set(VALID_BODIES) == set(p.SCHEMAS)
+
+
+@pytest.mark.parametrize("type_", sorted(VALID_BODIES))
+def test_round_trip(type_: str) -> None:
+    message = p.make(type_, VALID_BODIES[type_], re="req-1")
+    decoded = p.decode(p.encode(message))
+    assert decoded == message
+    assert decoded.re == "req-1" and len(decoded.id) == 16
+
+
+def test_optional_fields_decode_as_none() -> None:
+    decoded = p.decode(raw(type="job.get", body={"job": "j-1"}))
+    assert decoded.body == {"job": "j-1", "offset": None}
+
+
+@pytest.mark.parametrize(("data", "code", "needle"), [
+    (b"\xc1 not msgpack", p.MALFORMED, "not msgpack"),
+    (msgpack.packb([1, 2]), p.MALFORMED, "a message is a map"),
+    (raw(id=""), p.MALFORMED, "id must be"),
+    (raw(id=7), p.MALFORMED, "id must be"),
+    (raw(v=2), p.BAD_VERSION, "speaks 1"),
+    (raw(v=...), p.BAD_VERSION, "None"),
+    (raw(extra=1), p.MALFORMED, "unknown key(s) ['extra']"),
+    (raw(body=...), p.MALFORMED, "missing key(s) ['body']"),
+    (raw(re=5), p.MALFORMED, "re must be"),
+    (raw(type="teleport"), p.UNKNOWN_TYPE, "'teleport'"),
+    (raw(body=[1]), p.BAD_BODY, "body must be a map"),
+    (raw(type="bench.start", body={}), p.BAD_BODY, "missing field 'matrix'"),
+    (raw(type="bench.start", body={"matrix": "all"}), p.BAD_BODY, "'matrix' has the wrong type"),
+    (raw(type="ping", body={"x": 1}), p.BAD_BODY, "unknown field(s) x"),
+    (raw(type="job.get", body={"job": "j", "offset": True}), p.BAD_BODY, "'offset'"),
+])
+def test_refusals_name_the_problem(data: bytes, code: str, needle: str) -> None:
+    with pytest.raises(p.ProtocolError) as caught:
+        p.decode(data)
+    assert caught.value.code == code
+    assert needle in caught.value.message
+
+
+def test_a_refusal_remembers_the_id_it_can_answer() -> None:
+    with pytest.raises(p.ProtocolError) as caught:
+        p.decode(raw(id="req-9", type="teleport"))
+    reply = p.error_for(caught.value)
+    assert reply.re == "req-9"
+    assert p.decode(p.encode(reply)).body["code"] == p.UNKNOWN_TYPE
+
+
+def test_size_limit_both_ways() -> None:
+    with pytest.raises(p.ProtocolError) as caught:
+        p.decode(b"\x00" * (p.MAX_MESSAGE_SIZE + 1))
+    assert caught.value.code == p.TOO_LARGE
+    huge = p.make("bench.cell", {"job": "j", "index": 0,
+                                 "record": {"blob": "x" * p.MAX_MESSAGE_SIZE}})
+    with pytest.raises(p.ProtocolError, match="limit"):
+        p.encode(huge)
+
+
+def test_make_checks_bodies_where_they_are_built() -> None:
+    with pytest.raises(p.ProtocolError, match="missing field 'job'"):
+        p.make("bench.cancel", {})
+
+
+def test_only_requests_reach_the_agent() -> None:
+    p.require_request(p.make("ping"))
+    with pytest.raises(p.ProtocolError) as caught:
+        p.require_request(p.make("ping.ok", {"job": None, "time": 0.0}))
+    assert caught.value.code == p.NOT_A_REQUEST
+
+
+@pytest.mark.parametrize(("events", "needle"), [
+    ([(zmq.EVENT_CONNECTED, 0), (zmq.EVENT_HANDSHAKE_FAILED_AUTH, 400)],
+     "refused our key (ZAP status 400)"),
+    ([(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)],
+     "--insecure"),
+    ([(zmq.EVENT_CONNECTED, 0), (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 32)],
+     "server key we hold"),
+])
+def test_handshake_diagnosis(events: list[tuple[int, int]], needle: str) -> None:
+    why = handshake_diagnosis(events, "KEY")
+    assert why is not None and needle in why
+
+
+def test_the_fix_for_a_refused_key_is_quoted_for_the_shell() -> None:
+    why = handshake_diagnosis([(zmq.EVENT_HANDSHAKE_FAILED_AUTH, 400)], "a$b")
+    assert why is not None and "agent keys trust 'a$b'" in why
+
+
+def test_nothing_conclusive_yet() -> None:
+    assert handshake_diagnosis([(zmq.EVENT_CONNECT_DELAYED, 0)], "KEY") is None
+
+
+@pytest.mark.parametrize(("events", "needle"), [
+    ([(zmq.EVENT_CONNECT_DELAYED, 0), (zmq.EVENT_CONNECT_RETRIED, 100)], "connection refused"),
+    ([(zmq.EVENT_CONNECT_DELAYED, 0)], "unreachable"),
+    ([(zmq.EVENT_CONNECTED, 0)], "handshake did not complete"),
+    ([(zmq.EVENT_CONNECTED, 0), (zmq.EVENT_HANDSHAKE_SUCCEEDED, 0)], "did not answer"),
+])
+def test_timeout_diagnosis(events: list[tuple[int, int]], needle: str) -> None:
+    assert needle in timeout_diagnosis(events, 5.0)

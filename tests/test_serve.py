@@ -1,0 +1,247 @@
+"""`agent serve` as a real process on loopback, driven by the coordinator's real client and by
+raw sockets for what a well-behaved client never sends."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+import psutil
+import pytest
+import zmq
+
+from agent.keys import trust
+from coordinator.client import AgentClient, AgentError, HostError
+from shared import protocol as p
+from shared.keys import own_keypair
+from tests.fleet_support import AgentPool, AgentProcess
+
+pytestmark = pytest.mark.timeout(60)
+
+QUICK_MATRIX = {"seq_lengths": [16], "models": ["small"], "decode_tokens": 4, "warmup": 0,
+                "iterations": 1}
+LONG_MATRIX = {"seq_lengths": [16, 32, 48, 64], "models": ["small"], "decode_tokens": 8,
+               "warmup": 0, "iterations": 3}
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context]:
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+def trusted_agent(agents: AgentPool, name: str = "agent") -> AgentProcess:
+    agent = agents.start(name)
+    trust(own_keypair().public, "test", directory=agent.home / "keys" / "trusted")
+    return agent
+
+
+def connect(ctx: zmq.Context, agent: AgentProcess, timeout: float = 5.0) -> AgentClient:
+    client = AgentClient(ctx, agent.address, agent.key, own_keypair(), timeout)
+    client.connect()
+    return client
+
+
+def run_job(client: AgentClient, matrix: dict[str, Any]) -> list[p.Message]:
+    return list(client.stream(client.send("bench.start", {"matrix": matrix})))
+
+
+def test_hello_ping_info(ctx: zmq.Context, agents: AgentPool) -> None:
+    agent = trusted_agent(agents)
+    client = AgentClient(ctx, agent.address, agent.key, own_keypair(), 5.0)
+    hello = client.connect()
+    assert hello["protocol"] == p.PROTOCOL_VERSION and hello["secure"] is True
+    assert client.request("ping")["job"] is None
+    info = client.request("info")
+    assert info["machine"]["hostname"] and info["machine"]["mlx_version"]
+    assert info["thermal"]["source"] == "none" and info["thermal"]["reading"] is None
+    assert info["job"] is None
+    client.close()
+
+
+def test_a_job_streams_every_cell_then_job_get_returns_them(
+        ctx: zmq.Context, agents: AgentPool) -> None:
+    client = connect(ctx, trusted_agent(agents))
+    stream = run_job(client, QUICK_MATRIX)
+    types = [m.type for m in stream]
+    assert types[0] == "bench.start.ok" and types[-1] == "bench.done"
+    assert types.count("bench.cell") == 2
+    models = [m.body["model"] for m in stream if m.type == "bench.progress" and m.body["model"]]
+    assert [m["label"] for m in models] == ["small/f16"]
+    job_id = stream[0].body["job"]
+    assert stream[-1].body == {"job": job_id, "status": "ok", "error": None, "cells": 2}
+    cells = [m.body["record"] for m in stream if m.type == "bench.cell"]
+    assert [c["test"] for c in cells] == ["pp16", "tg4 @ d16"]
+    fetched = client.request("job.get", {"job": job_id})
+    assert fetched["state"] == "ok" and fetched["records"] == cells
+    assert fetched["models"] == models and fetched["next"] is None
+    client.close()
+
+
+def test_busy_while_a_job_runs_and_cancel(ctx: zmq.Context, agents: AgentPool) -> None:
+    agent = trusted_agent(agents)
+    client = connect(ctx, agent)
+    other = connect(ctx, agent)
+    stream = client.stream(client.send("bench.start", {"matrix": LONG_MATRIX}))
+    job_id = next(stream).body["job"]
+    with pytest.raises(AgentError) as busy:
+        other.request("bench.start", {"matrix": QUICK_MATRIX})
+    assert busy.value.code == p.BUSY and job_id in str(busy.value)
+    assert other.request("ping")["job"] == job_id
+    assert other.request("info")["job"]["id"] == job_id
+    assert other.request("bench.cancel", {"job": job_id}) == {"job": job_id}
+    rest = list(stream)
+    done = rest[-1].body
+    assert done["status"] == "cancelled"
+    streamed = [m.body["record"] for m in rest if m.type == "bench.cell"]
+    assert done["cells"] == len(streamed) < 8
+    fetched = other.request("job.get", {"job": job_id})
+    assert fetched["state"] == "cancelled" and fetched["records"] == streamed
+    with pytest.raises(AgentError) as not_running:
+        other.request("bench.cancel", {"job": job_id})
+    assert not_running.value.code == p.NOT_RUNNING
+    with pytest.raises(AgentError) as unknown:
+        other.request("job.get", {"job": "j-nope"})
+    assert unknown.value.code == p.UNKNOWN_JOB
+    assert run_job(other, QUICK_MATRIX)[-1].body["status"] == "ok"  # free again
+    client.close()
+    other.close()
+
+
+@pytest.mark.parametrize(("matrix", "needle"), [
+    ({"seq_lengths": [0]}, "sequence length 0"),
+    ({"models": ["/no/such/model"]}, "/no/such/model does not exist"),
+    ({"seq_lengths": [16], "flavour": "x"}, "unknown matrix field(s): flavour"),
+])
+def test_the_agent_rejects_a_bad_matrix_with_its_reason(
+        ctx: zmq.Context, agents: AgentPool, matrix: dict[str, Any], needle: str) -> None:
+    client = connect(ctx, trusted_agent(agents))
+    with pytest.raises(AgentError) as rejected:
+        client.request("bench.start", {"matrix": matrix})
+    assert rejected.value.code == p.BAD_MATRIX and needle in str(rejected.value)
+    client.close()
+
+
+def raw_socket(ctx: zmq.Context, agent: AgentProcess) -> zmq.Socket:
+    keypair = own_keypair()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.curve_secretkey = keypair.secret.encode()
+    sock.curve_publickey = keypair.public.encode()
+    sock.curve_serverkey = (agent.key or "").encode()
+    sock.connect(f"tcp://{agent.address}")
+    return sock
+
+
+def envelope(**overrides: Any) -> bytes:
+    return msgpack.packb({"v": 1, "id": "m1", "type": "ping", "re": None, "body": {}} | overrides)
+
+
+@pytest.mark.parametrize(("frames", "code", "re"), [
+    ([b"\x92\x01"], p.MALFORMED, None),  # a msgpack list
+    ([b"\xc1"], p.MALFORMED, None),
+    ([envelope(), b"second frame"], p.MALFORMED, None),
+    ([envelope(v=9)], p.BAD_VERSION, "m1"),
+    ([envelope(type="explode")], p.UNKNOWN_TYPE, "m1"),
+    ([envelope(type="bench.start", body={"matrix": 5})], p.BAD_BODY, "m1"),
+    ([envelope(type="ping.ok", body={"job": None, "time": 1.0})], p.NOT_A_REQUEST, "m1"),
+])
+def test_malformed_messages_get_error_replies(
+        ctx: zmq.Context, agents: AgentPool, frames: list[bytes], code: str,
+        re: str | None) -> None:
+    sock = raw_socket(ctx, trusted_agent(agents))
+    sock.send_multipart(frames)
+    assert sock.poll(5000), "no reply"
+    reply = p.decode(sock.recv())
+    assert reply.type == "error" and reply.body["code"] == code and reply.re == re
+    sock.send(envelope(id="m2"))  # still serving
+    assert sock.poll(5000)
+    assert p.decode(sock.recv()).type == "ping.ok"
+
+
+def test_sigterm_stops_the_job_keeps_its_cells_and_exits_0(
+        ctx: zmq.Context, agents: AgentPool) -> None:
+    agent = trusted_agent(agents)
+    client = connect(ctx, agent)
+    stream = client.stream(client.send("bench.start", {"matrix": LONG_MATRIX}))
+    job_id = next(stream).body["job"]
+    first = next(m for m in stream if m.type == "bench.cell")
+    agent.process.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    rest = [first, *stream]
+    assert agent.process.wait(timeout=15) == 0
+    assert time.monotonic() - sent < 10
+    assert rest[-1].type == "bench.done" and rest[-1].body["status"] == "cancelled"
+    streamed = [m.body["record"] for m in rest if m.type == "bench.cell"]
+    client.close()
+    # The journal outlives the process: a new agent on the same home serves the job again.
+    again = agents.start("agent")
+    fetched = connect(ctx, again).request("job.get", {"job": job_id})
+    assert fetched["state"] == "cancelled" and fetched["records"] == streamed
+
+
+def test_sigterm_when_idle_exits_at_once(agents: AgentPool) -> None:
+    agent = agents.start()
+    agent.process.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    assert agent.process.wait(timeout=10) == 0
+    assert time.monotonic() - sent < 3
+    assert "stopped" in agent.log_text()
+
+
+def test_a_dead_job_process_fails_the_job_not_the_agent(
+        ctx: zmq.Context, agents: AgentPool) -> None:
+    agent = trusted_agent(agents)
+    client = connect(ctx, agent)
+    stream = client.stream(client.send("bench.start", {"matrix": LONG_MATRIX}))
+    next(stream)
+    next(m for m in stream if m.type == "bench.cell")
+    (child,) = psutil.Process(agent.process.pid).children()
+    child.send_signal(signal.SIGKILL)
+    done = [m for m in stream if m.type == "bench.done"][0].body
+    assert done["status"] == "failed"
+    assert "job process died (killed by SIGKILL)" in done["error"]
+    assert run_job(client, QUICK_MATRIX)[-1].body["status"] == "ok"
+    client.close()
+
+
+def test_an_untrusted_coordinator_is_refused_and_others_served(
+        ctx: zmq.Context, agents: AgentPool) -> None:
+    agent = agents.start()
+    began = time.monotonic()
+    with pytest.raises(HostError, match="refused our key") as refused:
+        connect(ctx, agent)
+    assert time.monotonic() - began < 5
+    assert own_keypair().public in str(refused.value)
+    assert "refused a coordinator: key " + own_keypair().public in agent.log_text()
+    trust(own_keypair().public, directory=agent.home / "keys" / "trusted")
+    assert connect(ctx, agent).request("ping")["job"] is None
+
+
+def test_a_wrong_server_key_or_a_security_mismatch_is_named(
+        ctx: zmq.Context, agents: AgentPool) -> None:
+    agent = trusted_agent(agents)
+    impostor_key = zmq.curve_keypair()[0].decode()
+    with pytest.raises(HostError, match="server key we hold"):
+        AgentClient(ctx, agent.address, impostor_key, own_keypair(), 3.0).connect()
+    insecure = agents.start("insecure", insecure=True)
+    assert "CURVE is OFF" in insecure.log_text()
+    with pytest.raises(HostError, match="security mismatch"):
+        AgentClient(ctx, insecure.address, agent.key, own_keypair(), 3.0).connect()
+    plain = AgentClient(ctx, insecure.address, None, None, 3.0)
+    assert plain.connect()["secure"] is False
+    plain.close()
+
+
+def test_nobody_listening_is_reported_within_the_timeout(ctx: zmq.Context,
+                                                         agents: AgentPool) -> None:
+    agent = agents.start()
+    agent.kill()
+    began = time.monotonic()
+    with pytest.raises(HostError, match="connection refused"):
+        AgentClient(ctx, agent.address, agent.key, own_keypair(), 1.0).connect()
+    assert time.monotonic() - began < 2

@@ -1,0 +1,169 @@
+"""`coordinator benchmark` and `coordinator status` end to end: real agents on loopback, keys
+exchanged with the real commands, the real console scripts."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import console_script, subprocess_env
+from tests.fleet_support import LONG, QUICK, AgentPool, cli, exchange_keys
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def benchmark(*args: str) -> subprocess.CompletedProcess[str]:
+    return cli("coordinator", "benchmark", *args)
+
+
+def cells_of(report: dict, host: str) -> list[dict]:
+    return [c for c in report["cells"] if c["host"] == host]
+
+
+def host_entry(report: dict, host: str) -> dict:
+    return next(h for h in report["hosts"] if h["host"] == host)
+
+
+def test_two_agents_return_every_cell_in_one_report(agents: AgentPool) -> None:
+    first, second = agents.start("mac1"), agents.start("mac2")
+    exchange_keys(first)
+    exchange_keys(second)
+    result = benchmark("--hosts", f"{first.address},{second.address}", *QUICK,
+                       "--format", "json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    for agent in (first, second):
+        host = host_entry(report, agent.address)
+        assert host["status"] == "ok" and host["error"] is None
+        assert host["machine"]["mlx_version"] and host["models"][0]["label"] == "small/f16"
+        cells = cells_of(report, agent.address)
+        assert [c["test"] for c in cells] == ["pp16", "tg4 @ d16"]
+        assert all(c["status"] == "ok" and c["tokens_per_sec"] > 0 for c in cells)
+    fastest = [c for c in report["cells"] if c.get("fastest")]
+    assert sorted(c["test"] for c in fastest) == ["pp16", "tg4 @ d16"]
+    stored = cli("coordinator", "show", report["run_id"], "--format", "json")
+    assert json.loads(stored.stdout)["cells"] == report["cells"]
+
+
+def test_the_embedded_agent_is_the_default(fleet_home: Path) -> None:
+    result = benchmark("--config-small", "-s", "32,64", "-i", "1", "-w", "0")
+    assert result.returncode == 0, result.stderr
+    for text in ("local", "pp32", "pp64", "tg64 @ d32", "tg64 @ d64", "tok/s", "SoC °C"):
+        assert text in result.stdout
+    assert result.stdout.count("\n│ local") == 4
+    log = (fleet_home / "embedded-agent" / "agent.log").read_text()
+    assert "stopped" in log  # the local agent was stopped, not left running
+
+
+def test_an_untrusted_coordinator_is_told_which_host_refused(agents: AgentPool) -> None:
+    trusting, refusing = agents.start("mac1"), agents.start("mac2")
+    exchange_keys(trusting)
+    agent_key = cli("agent", "keys", "show", home=refusing.home).stdout.strip()
+    cli("coordinator", "keys", "add", refusing.address, agent_key)
+    began = time.monotonic()
+    result = benchmark("--hosts", f"{trusting.address},{refusing.address}", *QUICK,
+                       "--format", "json")
+    assert result.returncode == 1
+    assert f"{refusing.address}: refused our key" in result.stderr
+    report = json.loads(result.stdout)
+    assert "does not trust this coordinator" in host_entry(report, refusing.address)["error"]
+    assert len(cells_of(report, trusting.address)) == 2
+    assert cells_of(report, refusing.address) == []
+    assert time.monotonic() - began < 30
+    assert "refused a coordinator" in refusing.log_text()
+
+
+def test_sigkill_mid_run_keeps_the_other_host_and_the_finished_cells(
+        agents: AgentPool) -> None:
+    survivor, victim = agents.start("mac1"), agents.start("mac2")
+    exchange_keys(survivor)
+    exchange_keys(victim)
+    coordinator = subprocess.Popen(
+        [console_script("coordinator"), "benchmark", "--hosts",
+         f"{survivor.address},{victim.address}", *LONG, "--format", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env())
+    try:
+        victim.wait_for_cells(1)
+        victim.kill()
+        out, err = coordinator.communicate(timeout=60)
+    finally:
+        coordinator.kill()
+    assert coordinator.returncode == 1, err
+    report = json.loads(out)
+    survived = cells_of(report, survivor.address)
+    assert len(survived) == 8 and all(c["status"] == "ok" for c in survived)
+    assert host_entry(report, survivor.address)["status"] == "ok"
+    killed = cells_of(report, victim.address)
+    assert 1 <= len(killed) < 8
+    error = host_entry(report, victim.address)["error"]
+    silent = re.search(r"silent for (\d+) s", error)
+    assert silent and int(silent.group(1)) <= 10, error
+
+
+def test_an_unreachable_host_is_reported_and_the_others_go_on(agents: AgentPool) -> None:
+    live, gone = agents.start("mac1"), agents.start("mac2")
+    exchange_keys(live)
+    exchange_keys(gone)
+    gone.kill()
+    began = time.monotonic()
+    result = benchmark("--hosts", f"{live.address},{gone.address}", *QUICK,
+                       "--connect-timeout", "1", "--format", "json")
+    assert result.returncode == 1
+    report = json.loads(result.stdout)
+    assert "connection refused" in host_entry(report, gone.address)["error"]
+    assert len(cells_of(report, live.address)) == 2
+    assert time.monotonic() - began < 30
+
+
+def test_a_hostfile_carries_the_keys(agents: AgentPool, tmp_path: Path) -> None:
+    agent = agents.start("mac1")
+    coordinator_key = cli("coordinator", "keys", "show").stdout.strip()
+    cli("agent", "keys", "trust", coordinator_key, home=agent.home)
+    host, port = agent.address.rsplit(":", 1)
+    hostfile = tmp_path / "hosts.toml"
+    hostfile.write_text(f'[[hosts]]\nhost = "{host}"\nport = {port}\nkey = "{agent.key}"\n')
+    result = benchmark("--hostfile", str(hostfile), *QUICK, "--format", "jsonl")
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 2
+
+
+def test_a_malformed_hostfile_exits_2_naming_file_and_entry(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps([{"host": "mac1"}, {"host": "mac2", "port": "http"}]))
+    result = benchmark("--hostfile", str(hostfile), *QUICK)
+    assert result.returncode == 2
+    assert f"{hostfile}: entry 2 " in result.stderr and "bad port 'http'" in result.stderr
+
+
+def test_the_agents_reason_for_rejecting_a_matrix_reaches_the_user(agents: AgentPool) -> None:
+    agent = agents.start("mac1")
+    exchange_keys(agent)
+    result = benchmark("--hosts", agent.address, "--model", "/models/not-on-this-mac",
+                       "-s", "16", "--format", "json")
+    assert result.returncode == 1
+    error = host_entry(json.loads(result.stdout), agent.address)["error"]
+    assert "/models/not-on-this-mac does not exist" in error
+
+
+def test_status_reports_reachable_and_unreachable_agents(agents: AgentPool) -> None:
+    simulated, gone = agents.start("mac1", thermal="sim"), agents.start("mac2")
+    exchange_keys(simulated)
+    exchange_keys(gone)
+    gone.kill()
+    result = cli("coordinator", "status", "--format", "json", "--connect-timeout", "1")
+    assert result.returncode == 1
+    rows = {row["host"]: row for row in json.loads(result.stdout)}
+    up = rows[simulated.address]
+    assert up["reachable"] and up["agent"] and up["device"] and up["memory_gb"] > 0
+    assert up["thermal_source"] == "sim" and up["simulated"] is True
+    assert isinstance(up["celsius"], float) and up["job"] is None
+    down = rows[gone.address]
+    assert not down["reachable"] and "connection refused" in down["error"]
+    table = cli("coordinator", "status", "--hosts", simulated.address)
+    assert table.returncode == 0, table.stderr
+    assert "(simulated)" in table.stdout and "idle" in table.stdout

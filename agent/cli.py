@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from agent.machine import machine_info, package_version
 from agent.profiling.runner import ModelLoadError, check_model_dir, require_mlx_lm, run_matrix
+from agent.run_cli import run_command
 from agent.serve_cli import keys_app, serve_command
 from agent.thermal.cli import temp_command
 from shared.cli import (
@@ -137,6 +138,7 @@ def bench(
 
 
 app.command("temp")(temp_command)
+app.command("run", context_settings={"allow_interspersed_args": False})(run_command)
 app.command("serve")(serve_command)
 app.add_typer(keys_app, name="keys")
 

@@ -1,0 +1,92 @@
+"""`agent run -- CMD ARGS...`: a command (a fine-tune) supervised by the cooling policy.
+
+This is the self-supervising form: it reads this machine's sensor itself and needs no daemon, no
+coordinator and no network. See agent.supervise for the actions and the reduce_batch state file.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from contextlib import closing
+from typing import Annotated
+
+import typer
+
+from agent.events import Event, EventLog, format_line
+from agent.supervise import LaunchError, LocalFeed, Supervisor
+from agent.thermal import SourceSpecError, SourceUnavailable, ThermalMonitor
+from shared.policy import ThermalPolicy
+
+EXIT_USAGE = 2
+EXIT_SUPERVISOR_FAILED = 125  # as timeout(1) and env(1) say when they, not CMD, failed
+
+
+def _fail(code: int, message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def print_event(event: Event) -> None:
+    print(format_line(event), file=sys.stderr, flush=True)
+
+
+def run_command(
+    command: Annotated[
+        list[str],
+        typer.Argument(metavar="CMD", help="The command and its arguments, after --.",
+                       show_default=False),
+    ],
+    thermal_source: Annotated[
+        str,
+        typer.Option("--thermal-source",
+                     help="auto, none, iohid, macmon, powermetrics, linux, sim, replay:CSV."),
+    ] = "auto",
+    poll_interval: Annotated[
+        float, typer.Option("--poll-interval", help="Seconds between readings.")
+    ] = 1.0,
+    max_speed_temp: Annotated[
+        float, typer.Option("--max-speed-temp", help="°C from which to reduce the batch.")
+    ] = 75.0,
+    pause_temp: Annotated[float, typer.Option("--pause-temp", help="°C to pause from.")] = 85.0,
+    stop_temp: Annotated[float, typer.Option("--stop-temp", help="°C at which to stop.")] = 95.0,
+    hysteresis: Annotated[
+        float, typer.Option("--hysteresis", help="A pause ends below pause-temp minus this.")
+    ] = 0.0,
+    grace: Annotated[
+        float, typer.Option("--grace", help="Seconds from SIGTERM to SIGKILL when stopping.")
+    ] = 30.0,
+) -> None:
+    """Run CMD in its own process group under the cooling policy.
+
+    Pause: SIGSTOP to the group. Resume: SIGCONT. Stop: SIGTERM, then
+    SIGKILL after --grace. reduce_batch: the JSON file named by
+    $MLX_FLEET_COOLING_STATE says so (and SIGUSR1 when CMD runs with
+    MLX_FLEET_COOPERATIVE=1). SIGTERM, SIGINT and SIGHUP to agent run go to
+    the group too. Each action is a line on stderr and a row in events.sqlite.
+
+    Exit codes: CMD's own (128+N if signal N killed it), 75 thermal stop,
+    2 bad usage (thresholds out of order, unknown source), 125 thermal source
+    unusable here, 126 CMD cannot be executed, 127 CMD not found.
+    """
+    if not (math.isfinite(poll_interval) and poll_interval > 0):
+        raise _fail(EXIT_USAGE, f"--poll-interval must be > 0 seconds, got {poll_interval}")
+    if not (math.isfinite(grace) and grace >= 0):
+        raise _fail(EXIT_USAGE, f"--grace must be >= 0 seconds, got {grace}")
+    try:
+        policy = ThermalPolicy(max_speed_temp, pause_temp, stop_temp, hysteresis=hysteresis)
+    except ValueError as exc:
+        raise _fail(EXIT_USAGE, str(exc)) from None
+    with closing(EventLog()) as log:
+        supervisor = Supervisor(command, grace=grace, sinks=[print_event, log.record])
+        try:
+            monitor = ThermalMonitor(poll_interval=poll_interval, source=thermal_source)
+        except SourceSpecError as exc:
+            raise _fail(EXIT_USAGE, str(exc)) from None
+        except SourceUnavailable as exc:
+            raise _fail(EXIT_SUPERVISOR_FAILED, str(exc)) from None
+        try:
+            code = supervisor.run(LocalFeed(monitor, policy))
+        except LaunchError as exc:
+            raise _fail(exc.code, str(exc)) from None
+    raise typer.Exit(code)

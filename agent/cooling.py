@@ -142,6 +142,7 @@ class ThermalGuard:
         self.scheduler = CoolingScheduler(monitor, policy)
         self._start_c: float | None = None
         self._pause_before = 0.0
+        self._pauses_before = 0
         self._seen_until = -math.inf
         self._hot = False
 
@@ -156,6 +157,7 @@ class ThermalGuard:
         latest = self.monitor.reading
         self._start_c = latest.celsius if latest else None
         self._pause_before = self.scheduler.total_pause_time
+        self._pauses_before = len(self.scheduler.pauses)
         self._seen_until = latest.time if latest else -math.inf
         self._hot = self._is_hot(latest)
 
@@ -170,7 +172,7 @@ class ThermalGuard:
         flags = [
             flag
             for flag, present in (
-                ("paused", paused_s > 0),
+                ("paused", len(self.scheduler.pauses) > self._pauses_before),
                 ("hot", self._hot),
                 ("simulated", self.monitor.source.simulated),
             )

@@ -1,0 +1,81 @@
+"""The fleet benchmark across two network namespaces, "mac1" and "mac2", joined by a veth pair.
+
+The /30 below exists only inside the namespaces this test creates: mac1 is .1, mac2 is .2. The
+agents run inside them with `ip netns exec`; the coordinator runs in mac1 and reaches mac2's
+agent over the veth. Needs root and `ip`; skipped with the reason where namespaces cannot be made.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import console_script, subprocess_env
+from tests.fleet_support import QUICK, AgentPool, exchange_keys
+
+pytestmark = pytest.mark.timeout(90)
+
+SUBNET = "10.254.73.{}/30"
+ADDRESSES = {"mac1": "10.254.73.1", "mac2": "10.254.73.2"}
+
+
+def ip(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+
+
+@pytest.fixture
+def namespaces() -> Iterator[dict[str, str]]:
+    """{"mac1": namespace name, "mac2": ...}, wired and up; deleted afterwards."""
+    if shutil.which("ip") is None:
+        pytest.skip("the `ip` command (iproute2) is not installed")
+    tag = f"mlxf{os.getpid()}"
+    names = {role: f"{tag}-{role}" for role in ADDRESSES}
+    veths = {"mac1": f"mf{os.getpid()}a", "mac2": f"mf{os.getpid()}b"}
+    created: list[str] = []
+    try:
+        for name in names.values():
+            made = ip("netns", "add", name)
+            if made.returncode != 0:
+                pytest.skip(f"cannot create a network namespace: {made.stderr.strip()}")
+            created.append(name)
+        steps = [("link", "add", veths["mac1"], "netns", names["mac1"], "type", "veth", "peer",
+                  "name", veths["mac2"], "netns", names["mac2"])]
+        for index, role in enumerate(ADDRESSES, start=1):
+            ns = ("-n", names[role])
+            steps += [(*ns, "addr", "add", SUBNET.format(index), "dev", veths[role]),
+                      (*ns, "link", "set", veths[role], "up"),
+                      (*ns, "link", "set", "lo", "up")]
+        for step in steps:
+            done = ip(*step)
+            if done.returncode != 0:
+                pytest.skip(f"cannot wire the namespaces (ip {' '.join(step)}): "
+                            f"{done.stderr.strip()}")
+        yield names
+    finally:
+        for name in created:
+            ip("netns", "del", name)
+
+
+def test_benchmark_across_two_namespaces(namespaces: dict[str, str], agents: AgentPool) -> None:
+    started = {role: agents.start(role, netns=namespaces[role], bind_host=ADDRESSES[role])
+               for role in ADDRESSES}
+    for agent in started.values():
+        exchange_keys(agent)
+    hosts = ",".join(agent.address for agent in started.values())
+    result = subprocess.run(
+        ["ip", "netns", "exec", namespaces["mac1"], console_script("coordinator"), "benchmark",
+         "--hosts", hosts, *QUICK, "--format", "json"],
+        capture_output=True, text=True, timeout=120, env=subprocess_env())
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    for role, agent in started.items():
+        assert agent.address.startswith(ADDRESSES[role])
+        cells = [c for c in report["cells"] if c["host"] == agent.address]
+        assert [c["status"] for c in cells] == ["ok", "ok"]
+    # The addresses live only in the test's namespaces, not in the one the suite runs in.
+    assert f" {ADDRESSES['mac1']}/" not in ip("-o", "addr", "show").stdout

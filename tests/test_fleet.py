@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -167,3 +168,24 @@ def test_status_reports_reachable_and_unreachable_agents(agents: AgentPool) -> N
     table = cli("coordinator", "status", "--hosts", simulated.address)
     assert table.returncode == 0, table.stderr
     assert "(simulated)" in table.stdout and "idle" in table.stdout
+
+
+def test_ctrl_c_cancels_the_jobs_and_keeps_what_arrived(agents: AgentPool) -> None:
+    agent = agents.start("mac1")
+    exchange_keys(agent)
+    coordinator = subprocess.Popen(
+        [console_script("coordinator"), "benchmark", "--hosts", agent.address, *LONG,
+         "--format", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env())
+    try:
+        agent.wait_for_cells(1)
+        coordinator.send_signal(signal.SIGINT)
+        out, err = coordinator.communicate(timeout=60)
+    finally:
+        coordinator.kill()
+    assert coordinator.returncode == 130, err
+    report = json.loads(out)
+    assert report["interrupted"] is True
+    assert 1 <= len(report["cells"]) < 8
+    assert "cancelled" in host_entry(report, agent.address)["error"]
+    assert "cancelled" in agent.log_text()

@@ -52,7 +52,8 @@ _COLUMNS = ", ".join(f.name for f in fields(Event))
 
 
 def format_line(event: Event) -> str:
-    """`[mlx-fleet] 12:00:01 pause at 86.0 °C job 3f2a pid 4242 (replay:c.csv, simulated)`."""
+    """`[mlx-fleet] 12:00:01 pause at 86.0 °C job 3f2a pid 4242 (replay:c.csv, simulated)`;
+    always one line, even for a command with newlines in it."""
     parts = [PREFIX, time.strftime("%H:%M:%S", time.localtime(event.time)), event.action]
     if event.celsius is not None:
         parts.append(f"at {event.celsius:.1f} °C")
@@ -61,7 +62,7 @@ def format_line(event: Event) -> str:
         parts.append(f"pid {event.pid}")
     if event.detail:
         parts[-1] += ":"
-        parts.append(event.detail)
+        parts.append(event.detail.replace("\r", "\\r").replace("\n", "\\n"))  # one line
     parts.append(f"({event.source}, simulated)" if event.simulated else f"({event.source})")
     return " ".join(parts)
 

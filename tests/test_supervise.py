@@ -112,6 +112,8 @@ def test_every_event_line_says_when_its_source_is_simulated() -> None:
     assert line.endswith("pause at 86.0 °C job job1 pid 42 (replay:curve.csv, simulated)")
     sensor = Event(time.time(), "job1", 42, "exit", "iohid", detail="code 0")
     assert format_line(sensor).endswith("exit job job1 pid 42: code 0 (iohid)")
+    script = Event(time.time(), "job1", 42, "start", "sim", True, detail="sh -c 'a\nb'")
+    assert format_line(script).endswith("start job job1 pid 42: sh -c 'a\\nb' (sim, simulated)")
 
 
 def test_event_log_round_trip_in_order_by_job(tmp_path: Path) -> None:

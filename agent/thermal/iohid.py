@@ -71,6 +71,9 @@ class _HIDTemperatures:
         )
         self._float_value = _bind(iokit, "IOHIDEventGetFloatValue", c_double, _P, c_int32)
 
+        self._client = create_client(None)
+        if not self._client:
+            raise SourceUnavailable("iohid: IOHIDEventSystemClientCreate returned NULL")
         keys = (_P * 2)(self._cfstring("PrimaryUsagePage"), self._cfstring("PrimaryUsage"))
         page, usage = c_int32(_VENDOR_USAGE_PAGE), c_int32(_TEMPERATURE_USAGE)
         values = (_P * 2)(
@@ -85,12 +88,10 @@ class _HIDTemperatures:
             ctypes.addressof(_P.in_dll(cf, "kCFTypeDictionaryKeyCallBacks")),
             ctypes.addressof(_P.in_dll(cf, "kCFTypeDictionaryValueCallBacks")),
         )
-        self._client = create_client(None)
-        if not self._client:
-            raise SourceUnavailable("iohid: IOHIDEventSystemClientCreate returned NULL")
         set_matching(self._client, matching)
         for ref in (*keys, *values, matching):
-            self._release(ref)
+            if ref:
+                self._release(ref)
         self._services = copy_services(self._client)
         product = self._cfstring("Product")
         self.sensors: list[tuple[int, str]] = []

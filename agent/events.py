@@ -35,8 +35,9 @@ CREATE INDEX IF NOT EXISTS events_time ON events (time);
 
 @dataclass(frozen=True)
 class Event:
-    """What happened to a job: `action` is start, pause, resume, reduce_batch, restore_batch, stop,
-    forward, kill or exit; `celsius` is the reading that caused it, when one did."""
+    """What happened to a job: `action` is start, pause, resume, reduce_batch, restore_batch, stop
+    (thermal), forward (a signal to `agent run`), cleanup (what a finished CMD left behind), kill
+    or exit; `celsius` is the reading that caused it, when one did."""
 
     time: float
     job: str

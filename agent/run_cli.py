@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from agent.events import Event, EventLog, format_line
+from agent.events import PREFIX, Event, EventLog, format_line
 from agent.supervise import LaunchError, LocalFeed, Supervisor
 from agent.thermal import SourceSpecError, SourceUnavailable, ThermalMonitor
 from shared.policy import ThermalPolicy
@@ -85,6 +85,9 @@ def run_command(
             raise _fail(EXIT_USAGE, str(exc)) from None
         except SourceUnavailable as exc:
             raise _fail(EXIT_SUPERVISOR_FAILED, str(exc)) from None
+        if monitor.source.name == "none":
+            typer.echo(f"{PREFIX} warning: {monitor.last_error}; CMD runs without thermal "
+                       "enforcement", err=True)
         try:
             code = supervisor.run(LocalFeed(monitor, policy))
         except LaunchError as exc:

@@ -203,6 +203,7 @@ def test_cmds_exit_code_is_agent_runs(agent_cli: str, cmd: list[str], code: int)
     result = subprocess.run([agent_cli, "run", "--thermal-source", "none", *cmd],
                             capture_output=True, text=True, timeout=15)
     assert result.returncode == code, result.stderr
+    assert "no thermal source selected; CMD runs without thermal enforcement" in result.stderr
 
 
 def test_a_command_that_does_not_exist_exits_127_naming_it(agent_cli: str) -> None:

@@ -10,15 +10,18 @@ import json
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from agent.cooling import ThermalGuard, ThermalShutdownError
 from agent.machine import machine_info, package_version
 from agent.profiling.runner import ModelLoadError, check_model_dir, require_mlx_lm, run_matrix
 from agent.run_cli import run_command
 from agent.serve_cli import keys_app, serve_command
+from agent.service_cli import install_command, service_status_command, uninstall_command
+from agent.thermal import SourceSpecError, SourceUnavailable, ThermalMonitor
 from agent.thermal.cli import temp_command
 from shared.cli import (
     EXIT_INTERRUPTED,
@@ -29,15 +32,22 @@ from shared.cli import (
     ConfigSmall,
     DecodeTokens,
     Format,
+    Hysteresis,
     Iterations,
+    MaxSpeedTemp,
     ModelDirs,
     Output,
+    PauseTemp,
+    PollInterval,
     SeqLengths,
+    StopTemp,
+    ThermalSourceName,
     Warmup,
     check_format,
     err,
     matrix_from_options,
     now_iso,
+    policy_from_options,
     show_report,
     usage_error,
 )
@@ -84,10 +94,22 @@ def bench(
     decode_tokens: DecodeTokens = DEFAULT_DECODE_TOKENS,
     fmt: Format = "table",
     output: Output = None,
+    thermal_source: ThermalSourceName = "auto",
+    poll_interval: PollInterval = 1.0,
+    max_speed_temp: MaxSpeedTemp = 75.0,
+    pause_temp: PauseTemp = 85.0,
+    stop_temp: StopTemp = 95.0,
+    hysteresis: Hysteresis = 0.0,
+    no_cooling: Annotated[bool, typer.Option(
+        "--no-cooling", help="Only observe temperatures: never pause or stop.")] = False,
 ) -> None:
     """Benchmark prefill and decode on this machine over a matrix of sequence lengths,
-    batch sizes, models and bit widths."""
+    batch sizes, models and bit widths, gated by the cooling policy.
+
+    Each iteration waits out a thermal pause (kept out of the latencies) and a stop ends the
+    run; cells that paused or ran at or above --max-speed-temp are flagged."""
     check_format(fmt)
+    policy = policy_from_options(max_speed_temp, pause_temp, stop_temp, hysteresis)
     model_dirs = [str(Path(d).expanduser().resolve()) for d in model or []]
     try:
         spec = matrix_from_options(seq_lengths, batch_sizes, warmup, iterations, config_small,
@@ -108,6 +130,15 @@ def bench(
         "started_at": now_iso(),
         "interrupted": False,
     }
+    try:
+        monitor = ThermalMonitor(poll_interval=poll_interval, source=thermal_source)
+    except SourceSpecError as exc:
+        raise usage_error(str(exc)) from None
+    except SourceUnavailable as exc:
+        raise usage_error(f"thermal source {thermal_source!r} unavailable: {exc}") from None
+    guard = ThermalGuard(monitor, policy, enabled=not no_cooling)
+    report["thermal"] = {"source": monitor.source.name, "simulated": monitor.source.simulated,
+                         "policy": policy.to_dict(), "cooling": not no_cooling}
     cells = expand(spec)
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -117,7 +148,7 @@ def bench(
     try:
         with progress:
             task = progress.add_task(f"benchmarking {cells[0].name}", total=len(cells))
-            for record in run_matrix(spec, on_model=report["models"].append):
+            for record in run_matrix(spec, guard=guard, on_model=report["models"].append):
                 report["cells"].append(record)
                 done = len(report["cells"])
                 if not err.is_terminal:
@@ -126,6 +157,10 @@ def bench(
                 progress.update(task, advance=1, description=f"benchmarking {following}")
     except KeyboardInterrupt:
         report["interrupted"] = True
+    except ThermalShutdownError as exc:
+        report["stopped"] = str(exc)
+    finally:
+        monitor.stop()
     report["finished_at"] = now_iso()
     report["wall_s"] = time.monotonic() - started
 
@@ -133,12 +168,17 @@ def bench(
     err.print(f"saved {save_run(report)}", highlight=False)
     if report["interrupted"]:
         raise typer.Exit(EXIT_INTERRUPTED)
+    if "stopped" in report:
+        err.print(f"stopped: {report['stopped']}", highlight=False, markup=False)
     if failed_cells(report["cells"]):
         raise typer.Exit(EXIT_PARTIAL)
 
 
 app.command("temp")(temp_command)
 app.command("run", context_settings={"allow_interspersed_args": False})(run_command)
+app.command("install")(install_command)
+app.command("uninstall")(uninstall_command)
+app.command("service-status")(service_status_command)
 app.command("serve")(serve_command)
 app.add_typer(keys_app, name="keys")
 

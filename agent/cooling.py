@@ -10,7 +10,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from agent.guard import GuardReport
+from agent.guard import GuardReport, RunStopped
 from agent.thermal import ThermalMonitor, ThermalReading
 from shared.policy import CoolingState, ThermalPolicy, decide
 
@@ -23,7 +23,7 @@ __all__ = [
 ]
 
 
-class ThermalShutdownError(RuntimeError):
+class ThermalShutdownError(RunStopped):
     """The policy said stop: too hot to go on. The message names temperature, threshold and step."""
 
     def __init__(

@@ -46,5 +46,5 @@ class NullGuard:
         return GuardReport()
 
 
-class RunStopped(Exception):
+class RunStopped(RuntimeError):
     """Raised by a guard to end the whole run (e.g. a thermal stop), not just one cell."""

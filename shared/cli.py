@@ -21,6 +21,7 @@ from shared.matrix import (
     expand,
     parse_int_list,
 )
+from shared.policy import ThermalPolicy
 from shared.report import FORMATS, render_text, rich_report
 
 EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -46,6 +47,17 @@ Bits = Annotated[str | None, typer.Option(
 DecodeTokens = Annotated[int, typer.Option(
     "--decode-tokens", help="Tokens generated per decode cell (tg<N> @ d<seq>); 0 skips decode.")]
 Format = Annotated[str, typer.Option("--format", help=f"One of {', '.join(FORMATS)}.")]
+ThermalSourceName = Annotated[str, typer.Option(
+    "--thermal-source", help="auto, none, iohid, macmon, powermetrics, linux, sim[:k=v,...], "
+    "replay:CSV (sim and replay are labelled as not a sensor).")]
+PollInterval = Annotated[float, typer.Option(
+    "--poll-interval", help="Seconds between temperature readings.")]
+MaxSpeedTemp = Annotated[float, typer.Option(
+    "--max-speed-temp", help="°C from which the policy asks to reduce the batch.")]
+PauseTemp = Annotated[float, typer.Option("--pause-temp", help="°C from which work pauses.")]
+StopTemp = Annotated[float, typer.Option("--stop-temp", help="°C at which work stops.")]
+Hysteresis = Annotated[float, typer.Option(
+    "--hysteresis", help="A pause ends below pause-temp minus this many °C.")]
 Output = Annotated[Path | None, typer.Option("--output", help="Write the report to FILE.")]
 
 
@@ -53,6 +65,15 @@ def usage_error(message: str) -> typer.Exit:
     """Print one line naming the problem; raise the result to exit with code 2."""
     err.print(Text("error: ", style="red") + Text(message), soft_wrap=True)
     return typer.Exit(EXIT_USAGE)
+
+
+def policy_from_options(max_speed_temp: float, pause_temp: float, stop_temp: float,
+                        hysteresis: float) -> ThermalPolicy:
+    """The thresholds as a ThermalPolicy, or exit 2 naming the ones out of order."""
+    try:
+        return ThermalPolicy(max_speed_temp, pause_temp, stop_temp, hysteresis=hysteresis)
+    except ValueError as exc:
+        raise usage_error(str(exc)) from None
 
 
 def check_format(fmt: str) -> None:

@@ -114,3 +114,64 @@ def test_module_runs_without_the_console_script() -> None:
     result = subprocess.run([sys.executable, "-c", "from agent.cli import app; app()", "--help"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "bench" in result.stdout
+
+
+def thermal_bench(agent_cli: str, curve: Path, *extra: str) -> subprocess.CompletedProcess:
+    return run_agent(agent_cli, "bench", "--config-small", "-s", "8,16", "-i", "2", "-w", "0",
+                     "--decode-tokens", "0", "--thermal-source", f"replay:{curve}",
+                     "--poll-interval", "0.05", "--format", "json", *extra)
+
+
+def test_a_thermal_pause_is_flagged_and_kept_out_of_the_latencies(agent_cli: str,
+                                                                  tmp_path: Path) -> None:
+    curve = tmp_path / "curve.csv"
+    curve.write_text("0,90\n1.5,70\n")  # hot from the start, cool after 1.5 s
+    result = thermal_bench(agent_cli, curve)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    first, second = report["cells"]
+    assert "paused" in first["flags"] and "hot" in first["flags"]
+    assert "simulated" in first["flags"] and first["thermal_source"].startswith("replay:")
+    assert first["pause_s"] > 0.3
+    assert max(first["samples_ms"]) < first["pause_s"] * 1000
+    assert first["soc_temp_end_c"] == 70.0
+    assert second["flags"] == ["simulated"] and second["pause_s"] == 0.0
+    assert report["thermal"]["simulated"] is True
+
+
+def test_a_thermal_stop_ends_the_run_and_keeps_what_was_measured(agent_cli: str,
+                                                                 tmp_path: Path) -> None:
+    curve = tmp_path / "curve.csv"
+    curve.write_text("0,97\n")
+    result = thermal_bench(agent_cli, curve)
+    assert result.returncode == 1
+    report = json.loads(result.stdout)
+    assert [c["status"] for c in report["cells"]] == ["failed"]
+    assert "97.0 °C reached the stop threshold 95.0 °C" in report["cells"][0]["error"]
+    assert "thermal shutdown" in report["stopped"]
+
+
+def test_no_cooling_only_observes(agent_cli: str, tmp_path: Path) -> None:
+    curve = tmp_path / "curve.csv"
+    curve.write_text("0,97\n")
+    result = thermal_bench(agent_cli, curve, "--no-cooling")
+    assert result.returncode == 0, result.stderr
+    cells = json.loads(result.stdout)["cells"]
+    assert all(c["flags"] == ["hot", "simulated"] and c["pause_s"] == 0.0 for c in cells)
+    assert "97.0 (replay:" in subprocess.run(
+        [agent_cli, "bench", "--config-small", "-s", "8", "-i", "1", "-w", "0",
+         "--decode-tokens", "0", "--thermal-source", f"replay:{curve}", "--no-cooling"],
+        capture_output=True, text=True, timeout=300, env=subprocess_env(COLUMNS="250")).stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--pause-temp", "70"], "thresholds out of order"),
+        (["--thermal-source", "bogus"], "unknown thermal source 'bogus'; known: auto"),
+    ],
+)
+def test_bad_thermal_options_exit_2(agent_cli: str, args: list[str], message: str) -> None:
+    result = run_agent(agent_cli, "bench", "--config-small", *args)
+    assert result.returncode == 2
+    assert message in result.stderr

@@ -15,6 +15,7 @@ from rich.text import Text
 
 from agent.thermal.base import SourceSpecError, SourceUnavailable, ThermalReading
 from agent.thermal.monitor import ThermalMonitor, trend_slope
+from shared.cli import Hysteresis, MaxSpeedTemp, PauseTemp, StopTemp, policy_from_options
 from shared.policy import CoolingState, ThermalPolicy, decide
 
 FORMATS = ("table", "json")
@@ -136,24 +137,17 @@ def temp_command(
     count: Annotated[
         int, typer.Option("--count", "-n", help="With --watch: stop after N readings; 0 never.")
     ] = 0,
-    max_speed_temp: Annotated[
-        float, typer.Option("--max-speed-temp", help="°C from which to reduce the batch.")
-    ] = 75.0,
-    pause_temp: Annotated[float, typer.Option("--pause-temp", help="°C to pause from.")] = 85.0,
-    stop_temp: Annotated[float, typer.Option("--stop-temp", help="°C at which to stop.")] = 95.0,
-    hysteresis: Annotated[
-        float, typer.Option("--hysteresis", help="A pause ends below pause-temp minus this.")
-    ] = 0.0,
+    max_speed_temp: MaxSpeedTemp = 75.0,
+    pause_temp: PauseTemp = 85.0,
+    stop_temp: StopTemp = 95.0,
+    hysteresis: Hysteresis = 0.0,
 ) -> None:
     """Show the SoC temperature, its source, the pressure level and the cooling policy's state."""
     if fmt not in FORMATS:
         raise _fail(EXIT_USAGE, f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
     if not interval > 0 or count < 0:
         raise _fail(EXIT_USAGE, "--interval must be > 0 and --count >= 0")
-    try:
-        policy = ThermalPolicy(max_speed_temp, pause_temp, stop_temp, hysteresis=hysteresis)
-    except ValueError as exc:
-        raise _fail(EXIT_USAGE, str(exc)) from None
+    policy = policy_from_options(max_speed_temp, pause_temp, stop_temp, hysteresis)
     try:
         monitor = ThermalMonitor(poll_interval=interval, source=source)
     except SourceSpecError as exc:

@@ -34,6 +34,7 @@ from agent.thermal import SourceSpecError, SourceUnavailable, ThermalMonitor
 from shared import protocol as p
 from shared.keys import own_keypair
 from shared.matrix import MatrixError, MatrixSpec, expand
+from shared.paths import data_subdir
 
 log = logging.getLogger("agent.serve")
 
@@ -71,6 +72,8 @@ class Job:
     total: int
     process: subprocess.Popen[bytes]
     fd: int
+    output: Path
+    """The job process's stdout and stderr: where a crash's traceback lands."""
     unpacker: msgpack.Unpacker = field(default_factory=lambda: msgpack.Unpacker(raw=False))
     done: int = 0
     models: list[dict[str, Any]] = field(default_factory=list)
@@ -284,17 +287,20 @@ class AgentDaemon:
 
     def _spawn(self, identity: bytes, request_id: str, spec: MatrixSpec, total: int) -> Job:
         job_id = f"j-{p.new_id()[:12]}"
+        output = data_subdir("job-logs") / f"{job_id}.log"
         read_fd, write_fd = os.pipe()
-        process = subprocess.Popen(
-            [sys.executable, "-m", "agent.job", "--fd", str(write_fd)],
-            stdin=subprocess.PIPE, pass_fds=(write_fd,), close_fds=True)
+        with open(output, "wb") as log_file:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "agent.job", "--fd", str(write_fd)],
+                stdin=subprocess.PIPE, stdout=log_file, stderr=log_file, pass_fds=(write_fd,),
+                close_fds=True)
         os.close(write_fd)
         assert process.stdin is not None
         process.stdin.write(msgpack.packb({"matrix": spec.to_dict(),
                                            "thermal_source": self.thermal_source}))
         process.stdin.close()
         self.journal.create_job(job_id, spec.to_dict(), total)
-        self.job = Job(job_id, identity, request_id, total, process, read_fd,
+        self.job = Job(job_id, identity, request_id, total, process, read_fd, output,
                        started=now_iso())
         log.info("job %s: %d cells (pid %d)", job_id, total, process.pid)
         return self.job
@@ -381,12 +387,21 @@ class AgentDaemon:
             status, error = p.JOB_CANCELLED, "cancelled (the job process was killed)"
         else:
             status, error = p.JOB_FAILED, f"the job process died ({exit_text(code)}) after " \
-                                          f"{job.done} of {job.total} cells"
+                                          f"{job.done} of {job.total} cells{last_words(job)}"
         self.journal.finish_job(job.id, status, error)
         self._stream(job, "bench.done", {"status": status, "error": error, "cells": job.done})
         log.info("job %s %s: %d/%d cells%s", job.id, status, job.done, job.total,
                  f" ({error})" if error else "")
         self.job = None
+
+
+def last_words(job: Job) -> str:
+    """The last line the job process wrote (a traceback's verdict), and where the rest is."""
+    try:
+        lines = job.output.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return f": {lines[-1]} (log: {job.output})" if lines else ""
 
 
 def exit_text(code: int) -> str:

@@ -39,10 +39,19 @@ class AgentError(HostError):
         self.code = code
 
 
+HANDSHAKE_FAILURES_TO_CONCLUDE = 10
+"""A bare handshake failure is ambiguous: a mechanism mismatch against a freshly started agent
+often shows as a few resets before its own event. Ten in a row (about 1.5 s of retries) mean a
+wrong server key; a connect timeout that comes first says the same."""
+WRONG_KEY = ("CURVE handshake failed: the server key we hold for this host is not the agent's "
+             "(run `agent keys show` there, then `coordinator keys add HOST:PORT KEY`), or the "
+             "agent runs --insecure")
+
+
 def handshake_diagnosis(events: list[tuple[int, int]], our_key: str | None) -> str | None:
     """Why a connection never became usable, from its socket monitor events; None while
     nothing conclusive happened. Pure, so each case is testable without a network."""
-    kinds = {event for event, _ in events}
+    failures = 0
     for event, value in events:
         if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             fix = f"; on that host run: agent keys trust '{our_key}'" if our_key else ""
@@ -52,11 +61,9 @@ def handshake_diagnosis(events: list[tuple[int, int]], our_key: str | None) -> s
                 and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
             return "security mismatch: one side runs CURVE and the other does not " \
                    "(agent serve --insecure needs coordinator --insecure, and vice versa)"
-    if zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL in kinds or \
-            zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL in kinds:
-        return "CURVE handshake failed: the server key we hold for this host is not the " \
-               "agent's (run `agent keys show` there, then `coordinator keys add HOST:PORT KEY`)"
-    return None
+        if event in (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
+            failures += 1
+    return WRONG_KEY if failures >= HANDSHAKE_FAILURES_TO_CONCLUDE else None
 
 
 def timeout_diagnosis(events: list[tuple[int, int]], timeout: float) -> str:
@@ -64,6 +71,8 @@ def timeout_diagnosis(events: list[tuple[int, int]], timeout: float) -> str:
     kinds = {event for event, _ in events}
     if zmq.EVENT_HANDSHAKE_SUCCEEDED in kinds:
         return f"connected, but the agent did not answer within {timeout:g} s"
+    if kinds & {zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL}:
+        return WRONG_KEY
     if zmq.EVENT_CONNECTED in kinds:
         return f"TCP connected but the handshake did not complete within {timeout:g} s"
     if zmq.EVENT_CONNECT_RETRIED in kinds:
@@ -111,7 +120,9 @@ class AgentClient:
     def connect(self) -> dict[str, Any]:
         """Connect and say hello; the hello.ok body, or HostError saying why not, within
         connect_timeout."""
-        monitor = self.sock.get_monitor_socket()
+        # A unique endpoint: the default one is named after the file descriptor, which a socket
+        # closed a moment ago may still be reporting on.
+        monitor = self.sock.get_monitor_socket(addr=f"inproc://monitor.{p.new_id()}")
         events: list[tuple[int, int]] = []
         try:
             self.sock.connect(f"tcp://{self.address}")

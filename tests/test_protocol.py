@@ -113,8 +113,11 @@ def test_only_requests_reach_the_agent() -> None:
      "refused our key (ZAP status 400)"),
     ([(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)],
      "--insecure"),
-    ([(zmq.EVENT_CONNECTED, 0), (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 32)],
+    ([(zmq.EVENT_CONNECTED, 0), (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 32)] * 10,
      "server key we hold"),
+    ([(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 32),
+      (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)],
+     "security mismatch"),
 ])
 def test_handshake_diagnosis(events: list[tuple[int, int]], needle: str) -> None:
     why = handshake_diagnosis(events, "KEY")
@@ -126,14 +129,19 @@ def test_the_fix_for_a_refused_key_is_quoted_for_the_shell() -> None:
     assert why is not None and "agent keys trust 'a$b'" in why
 
 
-def test_nothing_conclusive_yet() -> None:
-    assert handshake_diagnosis([(zmq.EVENT_CONNECT_DELAYED, 0)], "KEY") is None
+@pytest.mark.parametrize("events", [
+    [(zmq.EVENT_CONNECT_DELAYED, 0)],
+    [(zmq.EVENT_CONNECTED, 0), (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 32)] * 9,
+])
+def test_nothing_conclusive_yet(events: list[tuple[int, int]]) -> None:
+    assert handshake_diagnosis(events, "KEY") is None
 
 
 @pytest.mark.parametrize(("events", "needle"), [
     ([(zmq.EVENT_CONNECT_DELAYED, 0), (zmq.EVENT_CONNECT_RETRIED, 100)], "connection refused"),
     ([(zmq.EVENT_CONNECT_DELAYED, 0)], "unreachable"),
     ([(zmq.EVENT_CONNECTED, 0)], "handshake did not complete"),
+    ([(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 32)], "server key we hold"),
     ([(zmq.EVENT_CONNECTED, 0), (zmq.EVENT_HANDSHAKE_SUCCEEDED, 0)], "did not answer"),
 ])
 def test_timeout_diagnosis(events: list[tuple[int, int]], needle: str) -> None:

@@ -74,16 +74,15 @@ class Job:
     fd: int
     output: Path
     """The job process's stdout and stderr: where a crash's traceback lands."""
+    started: str
     unpacker: msgpack.Unpacker = field(default_factory=lambda: msgpack.Unpacker(raw=False))
     done: int = 0
-    models: list[dict[str, Any]] = field(default_factory=list)
     outcome: dict[str, Any] | None = None
     kill_at: float | None = None
-    started: str = ""
 
 
 class AgentDaemon:
-    """Bind, then serve until stop(); one instance per process (it owns signal handlers)."""
+    """start() binds, serve_forever() serves until stop() (safe from a signal handler)."""
 
     def __init__(self, bind: str = DEFAULT_BIND, secure: bool = True,
                  thermal_source: str | None = None) -> None:
@@ -300,8 +299,7 @@ class AgentDaemon:
                                            "thermal_source": self.thermal_source}))
         process.stdin.close()
         self.journal.create_job(job_id, spec.to_dict(), total)
-        self.job = Job(job_id, identity, request_id, total, process, read_fd, output,
-                       started=now_iso())
+        self.job = Job(job_id, identity, request_id, total, process, read_fd, output, now_iso())
         log.info("job %s: %d cells (pid %d)", job_id, total, process.pid)
         return self.job
 
@@ -362,7 +360,6 @@ class AgentDaemon:
         for item in job.unpacker:
             kind = item.get("kind")
             if kind == "model":
-                job.models.append(item["info"])
                 self.journal.add_model(job.id, item["info"])
                 self._stream(job, "bench.progress", {"done": job.done, "total": job.total,
                                                      "model": item["info"]})
@@ -389,6 +386,8 @@ class AgentDaemon:
             status, error = p.JOB_FAILED, f"the job process died ({exit_text(code)}) after " \
                                           f"{job.done} of {job.total} cells{last_words(job)}"
         self.journal.finish_job(job.id, status, error)
+        if job.output.stat().st_size == 0:
+            job.output.unlink()  # only a job process that said something keeps its log
         self._stream(job, "bench.done", {"status": status, "error": error, "cells": job.done})
         log.info("job %s %s: %d/%d cells%s", job.id, status, job.done, job.total,
                  f" ({error})" if error else "")

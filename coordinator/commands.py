@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -100,15 +100,13 @@ class FleetProgress:
                                  MofNCompleteColumn(), console=err, transient=True)
         self.tasks: dict[str, TaskID] = {
             name: self.progress.add_task(f"{name}: connecting", total=None) for name in names}
-        self.cells: dict[str, list[str]] = {}
 
     def __call__(self, event: HostEvent) -> None:
         task = self.tasks[event.host]
         if event.kind == MACHINE:
             self.progress.update(task, description=f"{event.host}: "
-                                 f"{event.data['machine'].get('device', '?')}")
+                                 f"{event.data.get('device', '?')}")
         elif event.kind == STARTED:
-            self.cells[event.host] = event.data["cells"]
             self.progress.update(task, total=len(event.data["cells"]))
         elif event.kind == CELL:
             self.progress.advance(task)
@@ -197,7 +195,8 @@ def host_status(ctx: zmq.Context, target: Target, settings: Settings) -> dict[st
         reachable=True, agent=info["agent"], protocol=info["protocol"],
         hostname=machine.get("hostname"), device=machine.get("device"),
         memory_gb=machine.get("memory_gb"), thermal_source=thermal.get("source"),
-        celsius=reading.get("celsius"), simulated=bool(reading.get("simulated")),
+        celsius=reading.get("celsius"), pressure=reading.get("pressure"),
+        simulated=bool(reading.get("simulated")),
         thermal_error=thermal.get("error"), job=info["job"])
     return row
 
@@ -212,6 +211,8 @@ def status_table(rows: list[dict[str, Any]]) -> Table:
             table.add_row(row["host"], f"no: {row['error']}", style="red")
             continue
         celsius = NA if row["celsius"] is None else f"{row['celsius']:.1f}"
+        if row["pressure"]:
+            celsius += f" ({row['pressure']})"
         if row["celsius"] is not None and row["simulated"]:
             celsius += " (simulated)"
         job = row["job"]
@@ -238,24 +239,17 @@ def status(
         raise usage_error(f"unknown format {fmt!r}; choose from table, json")
     targets = targets_from(hosts, hostfile)
     if targets is None:
-        targets = [Target(address, address, key) for address, key in known_hosts().items()]
+        try:
+            targets = [Target(address, address, key) for address, key in known_hosts().items()]
+        except ValueError as exc:
+            raise usage_error(str(exc)) from None
         if not targets:
             raise usage_error("no hosts: give --hosts or --hostfile, or add keys with "
                               "`coordinator keys add HOST[:PORT] KEY`")
     settings = settings_for(insecure, connect_timeout)
-    rows: list[dict[str, Any]] = [{} for _ in targets]
-
     ctx = zmq.Context()
-
-    def query(index: int) -> None:
-        rows[index] = host_status(ctx, targets[index], settings)
-
-    threads = [threading.Thread(target=query, args=(i,), daemon=True)
-               for i in range(len(targets))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    with ThreadPoolExecutor(len(targets)) as pool:  # all hosts at once: one timeout, not N
+        rows = list(pool.map(lambda target: host_status(ctx, target, settings), targets))
     ctx.destroy(linger=0)
     if fmt == "json":
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")

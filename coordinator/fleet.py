@@ -46,6 +46,9 @@ class Settings:
 
 @dataclass(frozen=True)
 class HostEvent:
+    """What a host thread reports. `data` by kind: MACHINE the agent's machine info, STARTED
+    the bench.start.ok body, MODEL a model's info, CELL a record, DONE {"status", "error"}."""
+
     host: str
     kind: str
     data: dict[str, Any] = field(default_factory=dict)
@@ -84,9 +87,9 @@ def drive_host(ctx: zmq.Context, target: Target, spec: dict[str, Any], settings:
     status, error = HOST_FAILED, None
     try:
         with connect(ctx, target, settings) as client:
-            info = client.request("info")
-            emit(HostEvent(target.name, MACHINE, {"machine": info["machine"],
-                                                  "thermal": info["thermal"]}))
+            emit(HostEvent(target.name, MACHINE, client.request("info")["machine"]))
+            if stop.is_set():
+                raise HostError("interrupted before the job started")
             start = client.send("bench.start", {"matrix": spec})
             for message in client.stream(start, stop):
                 body = message.body
@@ -138,11 +141,13 @@ def run_fleet(targets: list[Target], spec: dict[str, Any], store: RunStore, sett
             except queue.Empty:
                 continue
             state = states[event.host]
-            if event.kind == MACHINE:
-                state.machine = event.data["machine"]
-                store.set_host_info(run_id, event.host, state.machine, [], "running", None)
-            elif event.kind == MODEL:
-                state.models.append(event.data)
+            if event.kind in (MACHINE, MODEL):
+                if event.kind == MACHINE:
+                    state.machine = event.data
+                else:
+                    state.models.append(event.data)
+                store.set_host_info(run_id, event.host, state.machine, state.models, "running",
+                                    None)
             elif event.kind == CELL:
                 store.add_cell(run_id, event.host, event.data)
             elif event.kind == DONE:

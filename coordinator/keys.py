@@ -29,7 +29,10 @@ def known_hosts() -> dict[str, str]:
     path = hosts_path()
     if not path.exists():
         return {}
-    data = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not JSON ({exc}); fix or remove it") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object of HOST:PORT -> key")
     return data

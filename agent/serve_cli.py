@@ -10,16 +10,14 @@ import typer
 
 from agent.keys import TrustError, list_trusted, revoke, trust
 from agent.serve import DEFAULT_BIND, ServeError, serve
-from shared.cli import EXIT_PARTIAL, err, usage_error
+from shared.cli import EXIT_PARTIAL, ThermalSourceName, err, usage_error
 from shared.keys import own_keypair
 
 
 def serve_command(
     bind: Annotated[str, typer.Option(
         "--bind", help="HOST:PORT of the command socket; port 0 picks a free one.")] = DEFAULT_BIND,
-    thermal_source: Annotated[str, typer.Option(
-        "--thermal-source", help="auto, none, iohid, macmon, powermetrics, linux, sim[:...], "
-        "replay:PATH.")] = "auto",
+    thermal_source: ThermalSourceName = "auto",
     insecure: Annotated[bool, typer.Option(
         "--insecure", help="Turn CURVE off: anyone who can reach the port may drive this "
         "Mac. For a trusted lab network only.")] = False,
@@ -67,7 +65,10 @@ def keys_trust(
 @keys_app.command("list")
 def keys_list() -> None:
     """The trusted coordinator keys: name and key, one per line."""
-    for entry in list_trusted():
+    entries = list_trusted()
+    if not entries:
+        err.print("no coordinator key is trusted yet: `agent keys trust KEY`", highlight=False)
+    for entry in entries:
         print(f"{entry.name}\t{entry.key}")
 
 

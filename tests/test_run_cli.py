@@ -9,13 +9,14 @@ them (psutil: "stopped" is state T).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import psutil
@@ -47,8 +48,32 @@ def write_curve(path: Path, rows: Sequence[tuple[float, float]]) -> str:
     return f"replay:{path}"
 
 
-def agent_run(agent_cli: str, *args: str, prefix: Sequence[str] = ()) -> subprocess.Popen[str]:
-    return subprocess.Popen([*prefix, agent_cli, "run", *args], stderr=subprocess.PIPE, text=True)
+Start = Callable[..., "subprocess.Popen[str]"]
+
+
+@pytest.fixture
+def agent_run(agent_cli: str) -> Iterator[Start]:
+    """Starts `agent run ARGS` (after `prefix`, if any). One that a failed test left running gets
+    SIGTERM (forwarded to its group) and then a second one (SIGKILL to the group at once), so a
+    failure never leaves a paused group behind."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(*args: str, prefix: Sequence[str] = ()) -> subprocess.Popen[str]:
+        agent = subprocess.Popen([*prefix, agent_cli, "run", *args], stderr=subprocess.PIPE,
+                                 text=True)
+        started.append(agent)
+        return agent
+
+    yield start
+    for agent in started:
+        if agent.returncode is not None:  # the test saw it finish
+            continue
+        for _ in range(2):
+            if agent.poll() is None:
+                agent.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    agent.wait(timeout=2)
+        agent.communicate(timeout=10)
 
 
 def finish(agent: subprocess.Popen[str], timeout: float = 15.0) -> tuple[int, str]:
@@ -121,7 +146,7 @@ def events(home: Path) -> list[Event]:
 
 
 def test_pause_resume_and_stop_follow_a_replayed_curve_within_the_poll_interval(
-    agent_cli: str, fleet_home: Path, tmp_path: Path
+    agent_run: Start, fleet_home: Path, tmp_path: Path
 ) -> None:
     """Done when: stopped (T) within poll + 100 ms of the pause crossing, running again after the
     fall, gone after the stop crossing; exit code = the thermal-stop code."""
@@ -131,7 +156,7 @@ def test_pause_resume_and_stop_follow_a_replayed_curve_within_the_poll_interval(
     source = write_curve(tmp_path / "curve.csv",
                          [(0, 60.0), (pause_at, 86.0), (resume_at, 70.0), (stop_at, 96.0)])
     pidfile, beats = tmp_path / "pid", tmp_path / "beats"
-    agent = agent_run(agent_cli, "--thermal-source", source, "--poll-interval", str(POLL_S),
+    agent = agent_run("--thermal-source", source, "--poll-interval", str(POLL_S),
                       "--", sys.executable, "-c", HEARTBEAT, str(pidfile), str(beats))
     pid = wait_for_pid(pidfile, agent)
     samples = watch(pid)
@@ -172,13 +197,13 @@ def unshare_net() -> list[str]:
 
 
 def test_enforces_the_policy_with_no_coordinator_no_daemon_and_no_network(
-    agent_cli: str, fleet_home: Path, tmp_path: Path
+    agent_run: Start, fleet_home: Path, tmp_path: Path
 ) -> None:
     """The agent keeps enforcing its policy when the coordinator is unreachable: here nothing is
     reachable at all, not even loopback."""
     source = write_curve(tmp_path / "curve.csv", [(0, 60.0), (0.8, 90.0), (1.2, 97.0)])
     pidfile, beats = tmp_path / "pid", tmp_path / "beats"
-    agent = agent_run(agent_cli, "--thermal-source", source, "--poll-interval", str(POLL_S),
+    agent = agent_run("--thermal-source", source, "--poll-interval", str(POLL_S),
                       "--", sys.executable, "-c", HEARTBEAT, str(pidfile), str(beats),
                       prefix=unshare_net())
     pid = wait_for_pid(pidfile, agent)
@@ -238,14 +263,14 @@ def test_bad_input_exits_2_naming_the_problem_and_runs_nothing(
 
 
 def test_a_job_that_ignores_sigterm_is_killed_after_the_grace(
-    agent_cli: str, fleet_home: Path, tmp_path: Path
+    agent_run: Start, fleet_home: Path, tmp_path: Path
 ) -> None:
     """The thermal stop's SIGTERM is ignored by CMD and by the child it forked (the ignore is
     inherited); SIGKILL after the 0.5 s grace takes both."""
     source = write_curve(tmp_path / "curve.csv", [(0, 60.0), (0.5, 99.0)])
     pidfile = tmp_path / "pid"
     script = f"trap '' TERM; sleep 30 & echo $$ > {pidfile}.tmp; mv {pidfile}.tmp {pidfile}; wait"
-    agent = agent_run(agent_cli, "--thermal-source", source, "--poll-interval", str(POLL_S),
+    agent = agent_run("--thermal-source", source, "--poll-interval", str(POLL_S),
                       "--grace", "0.5", "--", "sh", "-c", script)
     pid = wait_for_pid(pidfile, agent)
     code, stderr = finish(agent)
@@ -273,7 +298,7 @@ def test_what_cmd_forked_does_not_outlive_agent_run(agent_cli: str, tmp_path: Pa
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_signal_to_agent_run_ends_the_paused_group_too(
-    agent_cli: str, tmp_path: Path, signum: signal.Signals
+    agent_run: Start, tmp_path: Path, signum: signal.Signals
 ) -> None:
     """agent run is told to go while its job is paused: SIGCONT, the signal, and nothing is left;
     the exit code is CMD's (killed by that signal: 128 + N). sh's background sleep ignores SIGINT
@@ -281,7 +306,7 @@ def test_a_signal_to_agent_run_ends_the_paused_group_too(
     source = write_curve(tmp_path / "curve.csv", [(0, 60.0), (0.5, 90.0)])
     pidfile = tmp_path / "pid"
     script = f"sleep 30 & echo $$ > {pidfile}.tmp; mv {pidfile}.tmp {pidfile}; wait"
-    agent = agent_run(agent_cli, "--thermal-source", source, "--poll-interval", str(POLL_S),
+    agent = agent_run("--thermal-source", source, "--poll-interval", str(POLL_S),
                       "--grace", "1", "--", "sh", "-c", script)
     pid = wait_for_pid(pidfile, agent)
     deadline = time.monotonic() + 10

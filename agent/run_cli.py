@@ -63,7 +63,8 @@ def run_command(
     SIGKILL after --grace. reduce_batch: the JSON file named by
     $MLX_FLEET_COOLING_STATE says so (and SIGUSR1 when CMD runs with
     MLX_FLEET_COOPERATIVE=1). SIGTERM, SIGINT and SIGHUP to agent run go to
-    the group too. Each action is a line on stderr and a row in events.sqlite.
+    the group too; a second one, SIGKILL at once. Each action is a line on
+    stderr and a row in events.sqlite in the data directory.
 
     Exit codes: CMD's own (128+N if signal N killed it), 75 thermal stop,
     2 bad usage (thresholds out of order, unknown source), 125 thermal source

@@ -318,3 +318,33 @@ def test_a_signal_to_agent_run_ends_the_paused_group_too(
     assert code == 128 + signum, stderr
     assert group_members(pid) == []
     assert "forward job" in stderr and signal.Signals(signum).name in stderr
+
+
+def test_a_second_signal_kills_the_group_without_waiting_for_the_grace(
+    agent_run: Start, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "pid"
+    script = f"trap '' TERM; echo $$ > {pidfile}.tmp; mv {pidfile}.tmp {pidfile}; sleep 30"
+    agent = agent_run("--thermal-source", "none", "--", "sh", "-c", script)  # grace: 30 s
+    pid = wait_for_pid(pidfile, agent)
+    started = time.monotonic()
+    agent.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    assert agent.poll() is None and state(pid) is not None, "SIGTERM is ignored: still there"
+    agent.send_signal(signal.SIGTERM)
+    code, stderr = finish(agent)
+    assert code == 128 + signal.SIGKILL, stderr
+    assert time.monotonic() - started < 5
+    assert group_members(pid) == []
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="iohid works on macOS")
+def test_a_source_this_machine_cannot_read_exits_125_and_runs_nothing(
+    agent_cli: str, tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    result = subprocess.run([agent_cli, "run", "--thermal-source", "iohid", "--", "touch",
+                             str(marker)], capture_output=True, text=True, timeout=15)
+    assert result.returncode == 125
+    assert "iohid" in result.stderr and "macOS" in result.stderr
+    assert not marker.exists()

@@ -16,13 +16,22 @@ import typer
 from agent.events import PREFIX, Event, EventLog, format_line
 from agent.supervise import LaunchError, LocalFeed, Supervisor
 from agent.thermal import SourceSpecError, SourceUnavailable, ThermalMonitor
-from shared.policy import ThermalPolicy
+from shared.cli import (
+    Hysteresis,
+    MaxSpeedTemp,
+    PauseTemp,
+    PollInterval,
+    StopTemp,
+    ThermalSourceName,
+    policy_from_options,
+    usage_error,
+)
 
-EXIT_USAGE = 2
 EXIT_SUPERVISOR_FAILED = 125  # as timeout(1) and env(1) say when they, not CMD, failed
 
 
 def _fail(code: int, message: str) -> typer.Exit:
+    """One plain line on stderr for the failures that are not usage errors (125-127)."""
     typer.echo(f"error: {message}", err=True)
     return typer.Exit(code)
 
@@ -37,22 +46,12 @@ def run_command(
         typer.Argument(metavar="CMD", help="The command and its arguments, after --.",
                        show_default=False),
     ],
-    thermal_source: Annotated[
-        str,
-        typer.Option("--thermal-source",
-                     help="auto, none, iohid, macmon, powermetrics, linux, sim, replay:CSV."),
-    ] = "auto",
-    poll_interval: Annotated[
-        float, typer.Option("--poll-interval", help="Seconds between readings.")
-    ] = 1.0,
-    max_speed_temp: Annotated[
-        float, typer.Option("--max-speed-temp", help="°C from which to reduce the batch.")
-    ] = 75.0,
-    pause_temp: Annotated[float, typer.Option("--pause-temp", help="°C to pause from.")] = 85.0,
-    stop_temp: Annotated[float, typer.Option("--stop-temp", help="°C at which to stop.")] = 95.0,
-    hysteresis: Annotated[
-        float, typer.Option("--hysteresis", help="A pause ends below pause-temp minus this.")
-    ] = 0.0,
+    thermal_source: ThermalSourceName = "auto",
+    poll_interval: PollInterval = 1.0,
+    max_speed_temp: MaxSpeedTemp = 75.0,
+    pause_temp: PauseTemp = 85.0,
+    stop_temp: StopTemp = 95.0,
+    hysteresis: Hysteresis = 0.0,
     grace: Annotated[
         float, typer.Option("--grace", help="Seconds from SIGTERM to SIGKILL when stopping.")
     ] = 30.0,
@@ -71,19 +70,16 @@ def run_command(
     unusable here, 126 CMD cannot be executed, 127 CMD not found.
     """
     if not (math.isfinite(poll_interval) and poll_interval > 0):
-        raise _fail(EXIT_USAGE, f"--poll-interval must be > 0 seconds, got {poll_interval}")
+        raise usage_error(f"--poll-interval must be > 0 seconds, got {poll_interval}")
     if not (math.isfinite(grace) and grace >= 0):
-        raise _fail(EXIT_USAGE, f"--grace must be >= 0 seconds, got {grace}")
-    try:
-        policy = ThermalPolicy(max_speed_temp, pause_temp, stop_temp, hysteresis=hysteresis)
-    except ValueError as exc:
-        raise _fail(EXIT_USAGE, str(exc)) from None
+        raise usage_error(f"--grace must be >= 0 seconds, got {grace}")
+    policy = policy_from_options(max_speed_temp, pause_temp, stop_temp, hysteresis)
     with closing(EventLog()) as log:
         supervisor = Supervisor(command, grace=grace, sinks=[print_event, log.record])
         try:
             monitor = ThermalMonitor(poll_interval=poll_interval, source=thermal_source)
         except SourceSpecError as exc:
-            raise _fail(EXIT_USAGE, str(exc)) from None
+            raise usage_error(str(exc)) from None
         except SourceUnavailable as exc:
             raise _fail(EXIT_SUPERVISOR_FAILED, str(exc)) from None
         if monitor.source.name == "none":

@@ -97,6 +97,7 @@ class AgentClient:
         self.keypair = keypair
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.linger = 0
+        self.sock.ipv6 = address.startswith("[")
         self.sock.maxmsgsize = p.MAX_MESSAGE_SIZE
         self.sock.heartbeat_ivl = 2000
         self.sock.heartbeat_timeout = 6000

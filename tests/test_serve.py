@@ -4,6 +4,7 @@ raw sockets for what a well-behaved client never sends."""
 from __future__ import annotations
 
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -245,3 +246,15 @@ def test_nobody_listening_is_reported_within_the_timeout(ctx: zmq.Context,
     with pytest.raises(HostError, match="connection refused"):
         AgentClient(ctx, agent.address, agent.key, own_keypair(), 1.0).connect()
     assert time.monotonic() - began < 2
+
+
+def test_ipv6_loopback(ctx: zmq.Context, agents: AgentPool) -> None:
+    if not socket.has_ipv6:
+        pytest.skip("this Python has no IPv6")
+    try:
+        agent = agents.start("v6", bind_host="[::1]")
+    except AssertionError as exc:
+        pytest.skip(f"cannot bind [::1]: {exc}")
+    assert agent.address.startswith("[::1]:")
+    trust(own_keypair().public, "test", directory=agent.home / "keys" / "trusted")
+    assert connect(ctx, agent).request("ping")["job"] is None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import sys
+from logging.handlers import RotatingFileHandler
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -13,6 +15,22 @@ from agent.serve import DEFAULT_BIND, ServeError, serve
 from shared.cli import EXIT_PARTIAL, ThermalSourceName, err, usage_error
 from shared.keys import own_keypair
 
+LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s: %(message)s"
+LOG_ROTATE_BYTES = 10 * 1024 * 1024
+LOG_BACKUPS = 5
+
+
+def configure_logging(log_file: Path | None) -> None:
+    """Timestamped lines on stderr, or in a size-rotated file for long-lived services."""
+    if log_file is None:
+        handler: logging.Handler = logging.StreamHandler(sys.stderr)
+    else:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        handler = RotatingFileHandler(log_file, maxBytes=LOG_ROTATE_BYTES,
+                                      backupCount=LOG_BACKUPS, encoding="utf-8")
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+
 
 def serve_command(
     bind: Annotated[str, typer.Option(
@@ -21,13 +39,16 @@ def serve_command(
     insecure: Annotated[bool, typer.Option(
         "--insecure", help="Turn CURVE off: anyone who can reach the port may drive this "
         "Mac. For a trusted lab network only.")] = False,
+    log_file: Annotated[Path | None, typer.Option(
+        "--log-file", help="Log here instead of stderr, rotated at 10 MB (5 files kept).")] = None,
 ) -> None:
     """Serve coordinators over ZeroMQ until SIGTERM: benchmarks, info, job history.
 
-    Prints `agent serve: listening on tcp://HOST:PORT curve-key=KEY` (or INSECURE) once bound.
+    Stays in the foreground (as launchd and systemd want), logs with timestamps, exits 0 on
+    SIGTERM. Prints `agent serve: listening on tcp://HOST:PORT curve-key=KEY` (or INSECURE)
+    once bound; a second instance on the same port is refused.
     """
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    configure_logging(log_file)
     if insecure:
         err.print("[bold red]WARNING: --insecure: CURVE is OFF. Messages travel in clear text "
                   "and ANY client that reaches this port can run jobs here.[/bold red]",

@@ -10,8 +10,10 @@ import configparser
 import json
 import os
 import plistlib
+import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -232,3 +234,30 @@ def test_deploy_templates_are_what_install_writes() -> None:
             f"deploy/{name} is stale: run python -m agent.service deploy")
         if name.endswith(".plist"):
             assert plistlib.loads(text.encode())["Label"] == "io.mlx-fleet.agent"
+
+
+def test_serve_behaves_as_a_service(agent_cli: str, tmp_path: Path) -> None:
+    """Foreground, timestamped log file, a second instance refused, exit 0 on SIGTERM."""
+    log_file = tmp_path / "logs" / "agent.log"
+    first = subprocess.Popen(
+        [agent_cli, "serve", "--bind", "127.0.0.1:0", "--thermal-source", "none",
+         "--log-file", str(log_file)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env())
+    try:
+        assert first.stdout is not None
+        ready = first.stdout.readline()
+        assert ready.startswith("agent serve: listening on tcp://127.0.0.1:"), ready
+        port = ready.split("tcp://127.0.0.1:")[1].split()[0]
+        second = subprocess.run(
+            [agent_cli, "serve", "--bind", f"127.0.0.1:{port}", "--thermal-source", "none"],
+            capture_output=True, text=True, timeout=60, env=subprocess_env())
+        assert second.returncode == 2
+        assert f"cannot bind tcp://127.0.0.1:{port}: Address already in use" in second.stderr
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=15) == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+    lines = log_file.read_text().splitlines()
+    stamp = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} agent\.serve INFO: "
+    assert lines and re.match(stamp, lines[-1]), lines

@@ -16,19 +16,13 @@ from rich.text import Text
 from agent.thermal.base import SourceSpecError, SourceUnavailable, ThermalReading
 from agent.thermal.monitor import ThermalMonitor, trend_slope
 from shared.cli import Hysteresis, MaxSpeedTemp, PauseTemp, StopTemp, policy_from_options
+from shared.display import STATE_STYLES, sparkline, trend_arrow
 from shared.policy import CoolingState, ThermalPolicy, decide
 
 FORMATS = ("table", "json")
 EXIT_UNAVAILABLE, EXIT_USAGE = 1, 2
 HISTORY_SHOWN = 30
 TREND_WINDOW = 5  # the seed's is_rising window
-_SPARKS = "▁▂▃▄▅▆▇█"
-_STATE_STYLES = {
-    CoolingState.OK: "green",
-    CoolingState.REDUCE_BATCH: "yellow",
-    CoolingState.PAUSE: "bold dark_orange",
-    CoolingState.STOP: "bold red",
-}
 
 
 def _fail(code: int, message: str) -> typer.Exit:
@@ -42,19 +36,6 @@ def kind(reading: ThermalReading | None) -> str:
     if reading is None or (reading.celsius is None and reading.pressure is None):
         return "unavailable"
     return "simulated" if reading.simulated else "sensor"
-
-
-def trend_arrow(per_minute: float | None) -> str:
-    """↑/↓ beyond a dead band of ±0.5 °C/min, → inside it, blank without a trend."""
-    if per_minute is None:
-        return ""
-    return "↑" if per_minute > 0.5 else "↓" if per_minute < -0.5 else "→"
-
-
-def sparkline(values: list[float]) -> str:
-    low, high = min(values, default=0.0), max(values, default=0.0)
-    span = (high - low) or 1.0
-    return "".join(_SPARKS[round((v - low) / span * (len(_SPARKS) - 1))] for v in values)
 
 
 def snapshot(
@@ -107,7 +88,7 @@ def render(
     if data["state"] is None:
         table.add_row("Policy", f"no reading, nothing to act on ({thresholds})")
     else:
-        style = _STATE_STYLES[CoolingState(data["state"])]
+        style = STATE_STYLES[CoolingState(data["state"])]
         table.add_row("Policy", f"[{style}]{data['state']}[/] ({thresholds})")
     for name, value in data["sensors"].items():
         table.add_row(f"  {name}", f"{value:.2f}")

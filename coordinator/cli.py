@@ -21,6 +21,7 @@ from coordinator.compare import (
     comparison_text,
     rich_comparison,
 )
+from coordinator.deploy_cli import deploy_command
 from coordinator.store import RunStore, StoreError, UnknownRunError
 from shared.cli import Format, Output, check_format, err, show_report, usage_error
 
@@ -117,6 +118,7 @@ def compare(
 app.command()(benchmark)
 app.command()(status)
 app.add_typer(keys_app, name="keys")
+app.command("deploy")(deploy_command)
 
 
 def main() -> None:

@@ -1,0 +1,121 @@
+"""`coordinator deploy`: set up agents on many Macs over ssh in one command."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import socket
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from coordinator.deploy import (
+    DEFAULT_REMOTE_DIR,
+    DeployError,
+    RemoteLayout,
+    SshSettings,
+    agent_install_args,
+    deploy,
+    host_steps,
+)
+from coordinator.hostfile import HostEntry, HostfileError, parse_hostfile, parse_hosts
+from shared.cli import EXIT_PARTIAL, ThermalSourceName, err, usage_error
+from shared.keys import own_keypair
+
+
+def coordinator_name() -> str:
+    """The name agents file this coordinator's key under: coordinator-<hostname>."""
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:40] or "unknown"
+    return f"coordinator-{host}"
+
+
+def entries_from(hosts: str | None, hostfile: Path | None) -> list[HostEntry]:
+    if bool(hosts) == bool(hostfile):
+        raise usage_error("give the hosts to deploy to: --hosts H1,H2 or --hostfile FILE")
+    try:
+        return parse_hosts(hosts) if hosts else parse_hostfile(hostfile)  # type: ignore[arg-type]
+    except HostfileError as exc:
+        raise usage_error(str(exc)) from None
+
+
+def results_table(results: list[dict[str, object]]) -> Table:
+    table = Table(title="mlx-fleet deploy")
+    for column in ("host", "result", "steps done", "error"):
+        table.add_column(column, overflow="fold")
+    for row in results:
+        table.add_row(str(row["host"]), "ok" if row["ok"] else f"FAILED at {row['failed']}",
+                      ", ".join(row["done"]), str(row["error"] or ""),  # type: ignore[arg-type]
+                      style=None if row["ok"] else "red")
+    return table
+
+
+def deploy_command(
+    hosts: Annotated[str | None, typer.Option(
+        "--hosts", help="H1,H2[:PORT]: ssh host names (PORT is the agent's, default 5555).")]
+        = None,
+    hostfile: Annotated[Path | None, typer.Option("--hostfile", help="TOML or JSON hostfile.")]
+        = None,
+    ssh_user: Annotated[str | None, typer.Option("--ssh-user", help="ssh login name.")] = None,
+    ssh_config: Annotated[Path | None, typer.Option(
+        "--ssh-config", help="An ssh config file (ssh -F).")] = None,
+    identity: Annotated[Path | None, typer.Option(
+        "--identity", help="An ssh private key (ssh -i).")] = None,
+    wheel: Annotated[Path | None, typer.Option(
+        "--wheel", help="The mlx-fleet wheel to ship (default: built from this checkout).")]
+        = None,
+    remote_dir: Annotated[str, typer.Option(
+        "--remote-dir", help="Where the virtual environment and wheel go on each host.")]
+        = DEFAULT_REMOTE_DIR,
+    remote_python: Annotated[str, typer.Option(
+        "--remote-python", help="The Python that creates the remote virtual environment.")]
+        = "python3",
+    system: Annotated[bool, typer.Option(
+        "--system", help="Install system services (root on the hosts; for powermetrics).")]
+        = False,
+    thermal_source: ThermalSourceName = "auto",
+    fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Print the commands for each host; run nothing.")] = False,
+) -> None:
+    """Install agents on many hosts over ssh: virtualenv, package, trust, service, keys.
+
+    Idempotent: run it again to upgrade. Each host reports what succeeded; an unreachable host
+    is reported and the others continue. Exit 0 when every host succeeded, 1 otherwise.
+    """
+    if fmt not in ("table", "json"):
+        raise usage_error(f"unknown format {fmt!r}; choose from table, json")
+    entries = entries_from(hosts, hostfile)
+    layout = RemoteLayout(remote_dir, remote_python)
+    ssh = SshSettings(ssh_user, ssh_config, identity)
+    key, name = own_keypair().public, coordinator_name()
+
+    def install_args(entry: HostEntry) -> list[str]:
+        return agent_install_args("system" if system else "user", f"0.0.0.0:{entry.port}",
+                                  thermal_source)
+
+    if dry_run:
+        shown = wheel or Path("mlx_fleet-<version>-py3-none-any.whl")
+        for entry in entries:
+            print(f"# {entry.address}")
+            for step in host_steps(entry, shown, key, name, layout, ssh, install_args(entry)):
+                print(f"{step.name}: {shlex.join(step.argv)}")
+        return
+    try:
+        results = deploy(entries, wheel, key, name, layout, ssh, install_args,
+                         on_step=lambda host, step: err.print(f"{host}: {step} ok",
+                                                              highlight=False, markup=False))
+    except DeployError as exc:
+        raise usage_error(str(exc)) from None
+    rows = [r.to_dict() for r in results]
+    if fmt == "json":
+        print(json.dumps(rows, indent=2))
+    else:
+        Console().print(results_table(rows))
+    if not all(r.ok for r in results):
+        err.print("some hosts failed: fix them and run the same command again",
+                  highlight=False, markup=False)
+        raise typer.Exit(EXIT_PARTIAL)

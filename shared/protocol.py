@@ -13,8 +13,10 @@ from typing import Any
 
 import msgpack
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 DEFAULT_PORT = 5555
+TELEMETRY_PORT_OFFSET = 1
+"""The telemetry PUB socket binds at the command port + this by default (5556 for 5555)."""
 MAX_MESSAGE_SIZE = 4 * 1024 * 1024
 """Bytes per message. Sockets drop a peer that sends more; encode() refuses to build more."""
 MAX_ID_LENGTH = 64
@@ -30,6 +32,7 @@ BUSY = "busy"
 BAD_MATRIX = "bad-matrix"
 UNKNOWN_JOB = "unknown-job"
 NOT_RUNNING = "not-running"
+BAD_POLICY = "bad-policy"
 INTERNAL = "internal"
 
 # Job and host outcomes carried by bench.done and job.get.ok.
@@ -38,6 +41,19 @@ JOB_OK = "ok"
 JOB_FAILED = "failed"
 JOB_CANCELLED = "cancelled"
 JOB_STATES = (JOB_RUNNING, JOB_OK, JOB_FAILED, JOB_CANCELLED)
+
+# Supervised jobs as telemetry and info list them: their state and what runs them.
+SUPERVISED_RUNNING = "running"
+SUPERVISED_PAUSED = "paused"
+SUPERVISED_STOPPED = "stopped"
+SUPERVISED_EXITED = "exited"
+SUPERVISED_STATES = (SUPERVISED_RUNNING, SUPERVISED_PAUSED, SUPERVISED_STOPPED,
+                     SUPERVISED_EXITED)
+KIND_BENCH = "bench"
+KIND_RUN = "run"
+
+# Telemetry: [topic, envelope] on the agent's PUB socket; the topic names the envelope's type.
+TOPICS: dict[str, bytes] = {"telemetry.sample": b"sample", "telemetry.event": b"event"}
 
 NONE = type(None)
 Types = type | tuple[type, ...]
@@ -52,12 +68,21 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
     "bench.start": {"matrix": (dict, True)},
     "bench.cancel": {"job": (str, True)},
     "job.get": {"job": (str, True), "offset": (int, False)},
+    "history.get": {"since": (NUMBER, True), "limit": (int, False)},
+    "policy.get": {},
+    "policy.set": {"policy": (dict, True)},
+    "job.event": {"job": (str, True), "pid": ((int, NONE), True), "action": (str, True),
+                  "time": (NUMBER, True), "celsius": ((*NUMBER, NONE), True),
+                  "source": (str, True), "simulated": (bool, True),
+                  "detail": ((str, NONE), True)},
     # replies and the job stream, agent -> coordinator
     "hello.ok": {"agent": (str, True), "protocol": (int, True), "hostname": (str, True),
                  "secure": (bool, True)},
     "ping.ok": {"job": ((str, NONE), True), "time": (NUMBER, True)},
     "info.ok": {"agent": (str, True), "protocol": (int, True), "machine": (dict, True),
-                "thermal": (dict, True), "job": ((dict, NONE), True)},
+                "thermal": (dict, True), "job": ((dict, NONE), True),
+                "telemetry_port": (int, True), "poll_interval": (NUMBER, True),
+                "policy": (dict, True), "jobs": (list, True)},
     "bench.start.ok": {"job": (str, True), "cells": (list, True)},
     "bench.progress": {"job": (str, True), "done": (int, True), "total": (int, True),
                        "model": ((dict, NONE), False)},
@@ -69,9 +94,27 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
                    "spec": (dict, True), "models": (list, True), "records": (list, True),
                    "offset": (int, True), "next": ((int, NONE), True),
                    "started": (str, True), "finished": ((str, NONE), True)},
+    "history.get.ok": {"samples": (list, True), "events": (list, True),
+                       "truncated": (bool, True)},
+    "policy.get.ok": {"policy": (dict, True)},
+    "policy.set.ok": {"policy": (dict, True)},
+    "job.event.ok": {"job": (str, True)},
     "error": {"code": (str, True), "message": (str, True)},
+    # telemetry, published by the agent (never requests, never replies)
+    "telemetry.sample": {"host": (str, True), "time": (NUMBER, True),
+                         "celsius": ((*NUMBER, NONE), True), "pressure": ((str, NONE), True),
+                         "source": (str, True), "simulated": (bool, True),
+                         "state": ((str, NONE), True),
+                         "trend_c_per_min": ((*NUMBER, NONE), True),
+                         "pause_s_total": (NUMBER, True), "jobs": (list, True)},
+    "telemetry.event": {"host": (str, True), "time": (NUMBER, True),
+                        "celsius": ((*NUMBER, NONE), True), "action": (str, True),
+                        "pid": ((int, NONE), True), "job": ((str, NONE), True),
+                        "source": (str, True), "simulated": (bool, True),
+                        "detail": ((str, NONE), True)},
 }
-REQUESTS = frozenset({"hello", "ping", "info", "bench.start", "bench.cancel", "job.get"})
+REQUESTS = frozenset({"hello", "ping", "info", "bench.start", "bench.cancel", "job.get",
+                      "history.get", "policy.get", "policy.set", "job.event"})
 ENVELOPE_KEYS = frozenset({"v", "id", "type", "re", "body"})
 
 
@@ -191,6 +234,23 @@ def check_body(type_: str, body: dict[str, Any]) -> None:
 
 def _as_tuple(types: Types) -> tuple[type, ...]:
     return types if isinstance(types, tuple) else (types,)
+
+
+def telemetry_frames(message: Message) -> list[bytes]:
+    """[topic, envelope] for the PUB socket; the topic lets a subscriber filter by type."""
+    return [TOPICS[message.type], encode(message)]
+
+
+def decode_telemetry(frames: list[bytes]) -> Message:
+    """One telemetry message off a SUB socket: two frames whose topic matches the type."""
+    if len(frames) != 2:
+        raise ProtocolError(MALFORMED, f"telemetry is two frames [topic, envelope], got "
+                            f"{len(frames)}")
+    message = decode(frames[1])
+    if TOPICS.get(message.type) != frames[0]:
+        raise ProtocolError(MALFORMED, f"topic {frames[0]!r} does not match type "
+                            f"{message.type}", re=message.id)
+    return message
 
 
 def require_request(message: Message) -> None:

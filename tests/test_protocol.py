@@ -18,9 +18,15 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
     "bench.start": {"matrix": {"seq_lengths": [16], "models": ["small"]}},
     "bench.cancel": {"job": "j-1"},
     "job.get": {"job": "j-1", "offset": 3},
-    "hello.ok": {"agent": "0.1.0", "protocol": 1, "hostname": "mac1", "secure": True},
+    "history.get": {"since": 0, "limit": 100},
+    "policy.get": {},
+    "policy.set": {"policy": {"pause_temp": 80.0}},
+    "job.event": {"job": "3f2a", "pid": 42, "action": "pause", "time": 1.5, "celsius": 86.0,
+                  "source": "sim", "simulated": True, "detail": None},
+    "hello.ok": {"agent": "0.1.0", "protocol": 2, "hostname": "mac1", "secure": True},
     "ping.ok": {"job": None, "time": 1.5},
-    "info.ok": {"agent": "0.1.0", "protocol": 1, "machine": {}, "thermal": {}, "job": None},
+    "info.ok": {"agent": "0.1.0", "protocol": 2, "machine": {}, "thermal": {}, "job": None,
+                "telemetry_port": 5556, "poll_interval": 1.0, "policy": {}, "jobs": []},
     "bench.start.ok": {"job": "j-1", "cells": ["small/f16 pp16 b1"]},
     "bench.progress": {"job": "j-1", "done": 0, "total": 2, "model": None},
     "bench.cell": {"job": "j-1", "index": 0, "record": {"name": "x", "tokens_per_sec": 1.0}},
@@ -28,12 +34,25 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
     "bench.cancel.ok": {"job": "j-1"},
     "job.get.ok": {"job": "j-1", "state": "ok", "error": None, "spec": {}, "models": [],
                    "records": [], "offset": 0, "next": None, "started": "t", "finished": None},
+    "history.get.ok": {"samples": [], "events": [], "truncated": False},
+    "policy.get.ok": {"policy": {"pause_temp": 85.0}},
+    "policy.set.ok": {"policy": {"pause_temp": 85.0}},
+    "job.event.ok": {"job": "3f2a"},
     "error": {"code": "busy", "message": "busy: job j-1 is running"},
+    "telemetry.sample": {"host": "mac1", "time": 1.5, "celsius": 71.5, "pressure": None,
+                         "source": "iohid", "simulated": False, "state": "ok",
+                         "trend_c_per_min": 0.4, "pause_s_total": 0.0,
+                         "jobs": [{"job": "3f2a", "pid": 42, "command": "python train.py",
+                                   "state": "running", "kind": "run"}]},
+    "telemetry.event": {"host": "mac1", "time": 1.5, "celsius": None, "action": "policy",
+                        "pid": None, "job": None, "source": "iohid", "simulated": False,
+                        "detail": "pause_temp=80"},
 }
 
 
 def raw(**overrides: Any) -> bytes:
-    envelope = {"v": 1, "id": "abc", "type": "ping", "re": None, "body": {}} | overrides
+    envelope = {"v": p.PROTOCOL_VERSION, "id": "abc", "type": "ping", "re": None,
+                "body": {}} | overrides
     return msgpack.packb({k: v for k, v in envelope.items() if v is not ...})
 
 
@@ -59,7 +78,7 @@ def test_optional_fields_decode_as_none() -> None:
     (msgpack.packb([1, 2]), p.MALFORMED, "a message is a map"),
     (raw(id=""), p.MALFORMED, "id must be"),
     (raw(id=7), p.MALFORMED, "id must be"),
-    (raw(v=2), p.BAD_VERSION, "speaks 1"),
+    (raw(v=1), p.BAD_VERSION, "speaks 2"),
     (raw(v=...), p.BAD_VERSION, "None"),
     (raw(extra=1), p.MALFORMED, "unknown key(s) ['extra']"),
     (raw(body=...), p.MALFORMED, "missing key(s) ['body']"),
@@ -99,6 +118,24 @@ def test_size_limit_both_ways() -> None:
 def test_make_checks_bodies_where_they_are_built() -> None:
     with pytest.raises(p.ProtocolError, match="missing field 'job'"):
         p.make("bench.cancel", {})
+
+
+def test_telemetry_is_topic_then_envelope_and_the_topic_must_match() -> None:
+    sample = p.make("telemetry.sample", VALID_BODIES["telemetry.sample"])
+    frames = p.telemetry_frames(sample)
+    assert frames[0] == b"sample" and p.decode_telemetry(frames) == sample
+    event = p.make("telemetry.event", VALID_BODIES["telemetry.event"])
+    assert p.telemetry_frames(event)[0] == b"event"
+    with pytest.raises(p.ProtocolError, match="does not match"):
+        p.decode_telemetry([b"event", frames[1]])
+    with pytest.raises(p.ProtocolError, match="two frames"):
+        p.decode_telemetry(frames[1:])
+
+
+def test_telemetry_is_not_a_request() -> None:
+    with pytest.raises(p.ProtocolError) as caught:
+        p.require_request(p.make("telemetry.event", VALID_BODIES["telemetry.event"]))
+    assert caught.value.code == p.NOT_A_REQUEST
 
 
 def test_only_requests_reach_the_agent() -> None:

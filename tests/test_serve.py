@@ -139,7 +139,8 @@ def raw_socket(ctx: zmq.Context, agent: AgentProcess) -> zmq.Socket:
 
 
 def envelope(**overrides: Any) -> bytes:
-    return msgpack.packb({"v": 1, "id": "m1", "type": "ping", "re": None, "body": {}} | overrides)
+    return msgpack.packb({"v": p.PROTOCOL_VERSION, "id": "m1", "type": "ping", "re": None,
+                          "body": {}} | overrides)
 
 
 @pytest.mark.parametrize(("frames", "code", "re"), [

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -177,8 +178,12 @@ def build_wheel(out_dir: Path) -> Path:
     if tree is None:
         raise DeployError("this installation has no source tree to build a wheel from: "
                           "pass --wheel FILE")
+    # Built from a clean copy: an in-tree build/ folder could ship stale modules.
+    copy = out_dir / "source"
+    shutil.copytree(tree, copy, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache"))
     completed = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out_dir), str(tree)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out_dir), str(copy)],
         capture_output=True, text=True, timeout=600)
     wheels = sorted(out_dir.glob("mlx_fleet-*.whl"))
     if completed.returncode != 0 or not wheels:

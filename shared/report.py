@@ -104,9 +104,12 @@ def model_line(info: dict[str, Any]) -> str:
     )
 
 
-def machine_line(machine: dict[str, Any]) -> str:
+def machine_line(machine: dict[str, Any], address: str | None = None) -> str:
+    """`hostname: device ...`, or `address (hostname): ...` for a host of a fleet."""
+    hostname = machine.get("hostname", "?")
+    where = f"{address} ({hostname})" if address and address != hostname else hostname
     return (
-        f"{machine.get('hostname', '?')}: {machine.get('device', '?')} "
+        f"{where}: {machine.get('device', '?')} "
         f"({machine.get('backend', '?')}), {machine.get('memory_gb', 0):.1f} GB RAM, "
         f"{machine.get('os', '?')}, MLX {machine.get('mlx_version', '?')}, "
         f"mlx-fleet {machine.get('mlx_fleet_version', '?')}"
@@ -119,9 +122,9 @@ def header_lines(report: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     for host in hosts:
         if host.get("machine"):
-            lines.append(machine_line(host["machine"]))
+            lines.append(machine_line(host["machine"], host.get("host")))
         elif host.get("host"):
-            lines.append(f"{host['host']}: no machine information ({host.get('error') or 'none'})")
+            lines.append(f"{host['host']}: no machine information")
         lines.extend(f"  {model_line(info)}" for info in host.get("models", []))
         if host.get("error"):
             lines.append(f"  FAILED: {host['error']}")

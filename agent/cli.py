@@ -103,10 +103,10 @@ def bench(
     no_cooling: Annotated[bool, typer.Option(
         "--no-cooling", help="Only observe temperatures: never pause or stop.")] = False,
 ) -> None:
-    """Benchmark prefill and decode on this machine over a matrix of sequence lengths,
-    batch sizes, models and bit widths, gated by the cooling policy.
+    """Benchmark prefill and decode over a matrix of lengths, batches, models and bits.
 
-    Each iteration waits out a thermal pause (kept out of the latencies) and a stop ends the
+    Every list-valued option forms a cross-product; each sequence length N gives a prefill
+    cell pp<N> and a decode cell tg<G> @ d<N>. Each iteration waits out a thermal pause (kept out of the latencies) and a stop ends the
     run; cells that paused or ran at or above --max-speed-temp are flagged."""
     check_format(fmt)
     policy = policy_from_options(max_speed_temp, pause_temp, stop_temp, hysteresis)

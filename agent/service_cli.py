@@ -71,7 +71,9 @@ def install_command(
         "--dry-run", help="Print what would be written and run; change nothing.")] = False,
 ) -> None:
     """Install `agent serve` as a launchd (macOS) or systemd (Linux) service and start it.
-    Installing again replaces the existing service."""
+
+    Installing again replaces the existing service. --dry-run prints the definition on stdout
+    and the commands on stderr."""
     plan = make_plan(user, system, launchd, systemd, bind, thermal_source)
     if dry_run:  # the definition alone on stdout, so it can be piped to a parser
         err.print(f"would write {plan.definition_path}:", highlight=False, markup=False)

@@ -24,6 +24,7 @@ from agent.service_cli import install_command, service_status_command, uninstall
 from agent.thermal import SourceSpecError, SourceUnavailable, ThermalMonitor
 from agent.thermal.cli import temp_command
 from shared.cli import (
+    EXIT_CODES_HELP,
     EXIT_INTERRUPTED,
     EXIT_PARTIAL,
     BatchSizes,
@@ -56,7 +57,8 @@ from shared.paths import data_subdir
 from shared.report import progress_line
 from shared.results import failed_cells
 
-app = typer.Typer(no_args_is_help=True, add_completion=False)
+app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+                  epilog=EXIT_CODES_HELP)
 
 
 def print_version(value: bool) -> None:
@@ -106,8 +108,9 @@ def bench(
     """Benchmark prefill and decode over a matrix of lengths, batches, models and bits.
 
     Every list-valued option forms a cross-product; each sequence length N gives a prefill
-    cell pp<N> and a decode cell tg<G> @ d<N>. Each iteration waits out a thermal pause (kept out of the latencies) and a stop ends the
-    run; cells that paused or ran at or above --max-speed-temp are flagged."""
+    cell pp<N> and a decode cell tg<G> @ d<N>. Each iteration waits out a thermal pause (kept
+    out of the latencies) and a stop ends the run; cells that paused or ran at or above
+    --max-speed-temp are flagged."""
     check_format(fmt)
     policy = policy_from_options(max_speed_temp, pause_temp, stop_temp, hysteresis)
     model_dirs = [str(Path(d).expanduser().resolve()) for d in model or []]

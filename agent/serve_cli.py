@@ -59,7 +59,7 @@ def serve_command(
         raise usage_error(str(exc)) from None
 
 
-keys_app = typer.Typer(no_args_is_help=True, add_completion=False,
+keys_app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
                        help="This agent's CURVE key and the coordinator keys it trusts.")
 
 

@@ -23,9 +23,18 @@ from coordinator.compare import (
 )
 from coordinator.deploy_cli import deploy_command
 from coordinator.store import RunStore, StoreError, UnknownRunError
-from shared.cli import Format, Output, check_format, err, show_report, usage_error
+from shared.cli import (
+    EXIT_CODES_HELP,
+    Format,
+    Output,
+    check_format,
+    err,
+    show_report,
+    usage_error,
+)
 
-app = typer.Typer(no_args_is_help=True, add_completion=False)
+app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+                  epilog=EXIT_CODES_HELP)
 
 
 def print_version(value: bool) -> None:

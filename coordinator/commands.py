@@ -259,7 +259,7 @@ def status(
         raise typer.Exit(EXIT_PARTIAL)
 
 
-keys_app = typer.Typer(no_args_is_help=True, add_completion=False,
+keys_app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
                        help="This coordinator's CURVE key and the agents' keys it expects.")
 
 

@@ -25,6 +25,8 @@ from shared.policy import ThermalPolicy
 from shared.report import FORMATS, render_text, rich_report
 
 EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_CODES_HELP = ("Exit codes: 0 ok, 1 partial failure (a host or cell failed), 2 usage error, "
+                   "130 interrupted. `agent run` passes on its command's code (see its --help).")
 
 err = Console(stderr=True, soft_wrap=True)  # log lines stay whole, never wrapped
 

@@ -78,8 +78,8 @@ def test_show_table(coordinator_cli: str, two_runs: tuple[str, str]) -> None:
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert f"mlx-fleet benchmark {first}" in out
-    assert "mac1: Apple M4 Max (gpu), 64.0 GB RAM" in out
-    assert "mac2: Apple M4 Max (gpu), 64.0 GB RAM" in out
+    assert "mac1:5555 (mac1): Apple M4 Max (gpu), 64.0 GB RAM" in out
+    assert "mac2:5555 (mac2): Apple M4 Max (gpu), 64.0 GB RAM" in out
     rows = [line for line in out.splitlines() if "small/f16" in line]
     assert len(rows) == 4
     assert "mac1:5555" in rows[0] and "100.00 ± 0.50" in rows[0] and "fastest" in rows[0]

@@ -1,0 +1,60 @@
+"""The history plot draws what was recorded: each host's readings (broken at silences), the
+thresholds of the policy in force, the paused stretches; and it writes a real PNG."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from matplotlib.dates import date2num  # noqa: E402
+
+from coordinator.plot import plot_history, write_plot  # noqa: E402
+from coordinator.telemetry_stats import HostHistory  # noqa: E402
+from tests.test_history_stats import POLICY, job, sample  # noqa: E402
+
+T0 = 1_800_000_000.0
+
+
+def histories() -> list[HostHistory]:
+    hot = [sample(T0 + t, c, jobs=[job("paused" if c >= 85 else "running")])
+           for t, c in enumerate([70, 80, 86, 88, 84, 78])]
+    cool = [sample(T0 + t, 50.0 + t, host="mac2") for t in (0, 1, 2, 30, 31, 32)]
+    hotter = {**POLICY, "stop_temp": 99.0}
+    return [HostHistory("mac1:5555", hot, [], [(T0 - 60, POLICY), (T0 + 3, hotter)]),
+            HostHistory("mac2:5555", cool, [], []), HostHistory("idle:5555", [], [], [])]
+
+
+def test_lines_thresholds_and_pauses_match_the_data() -> None:
+    figure = plot_history(histories(), "SoC temperature")
+    (axes,) = figure.axes
+    lines = {line.get_label(): line for line in axes.get_lines()}
+    assert set(lines) == {"mac1:5555", "mac2:5555"}  # a host without samples is left out
+    assert list(lines["mac1:5555"].get_ydata()) == [70, 80, 86, 88, 84, 78]
+    cool = list(lines["mac2:5555"].get_ydata())
+    assert cool[:3] == [50, 51, 52] and math.isnan(cool[3]) and cool[4:] == [80, 81, 82]
+    # thresholds: 75/85/95 until the new policy at T0+3, then 75/85/99, each a dashed segment
+    segments = sorted((round(float(segment[0][1]), 1), segment[0][0], segment[1][0])
+                      for collection in axes.collections for segment in collection.get_segments())
+    when = [date2num(datetime.fromtimestamp(T0 + t)) for t in (0, 3, 5)]
+    assert [s[0] for s in segments] == [75, 75, 85, 85, 95, 99]
+    assert {(s[1], s[2]) for s in segments} == {(when[0], when[1]), (when[1], when[2])}
+    labels = axes.get_legend_handles_labels()[1]
+    assert {"stop ≥ 95 °C", "stop ≥ 99 °C", "pause ≥ 85 °C", "mac1:5555 paused"} <= set(labels)
+    # one shaded stretch: the samples at 86 and 88 (1 s each)
+    (span,) = axes.patches
+    left, width = span.get_x(), span.get_width()
+    assert (left, left + width) == pytest.approx(
+        [date2num(datetime.fromtimestamp(T0 + t)) for t in (2, 4)])
+    assert "simulated or replayed" in axes.get_title()
+
+
+def test_write_plot_makes_a_png(tmp_path: Path) -> None:
+    out = tmp_path / "out.png"
+    write_plot(plot_history(histories(), "SoC temperature"), out)
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000

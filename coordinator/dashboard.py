@@ -1,0 +1,264 @@
+"""What `coordinator monitor` knows about each host, and how it is shown: a pure model.
+
+Fed with plain message bodies (telemetry.sample / telemetry.event, info.ok) and the coordinator's
+clock, never a socket, so every alert and every cell of the dashboard is testable without an agent.
+Silence is judged on the coordinator's clock (when a sample *arrived*), never on the agents': a
+Mac's clock may be off, and a silent Mac cannot say it is silent.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from shared.display import STATE_STYLES, sparkline, trend_arrow
+from shared.policy import CoolingState
+
+CONNECTING, UP, UNREACHABLE = "connecting", "up", "unreachable"
+SPARK_WINDOW_S = 300.0
+SPARK_WIDTH = 30
+"""The sparkline spans the last five minutes in ten-second buckets, whatever the poll rate."""
+SILENT_INTERVALS = 5
+MIN_SILENCE_S = 3.0
+"""A host is silent after this many poll intervals without a sample, and never sooner than
+MIN_SILENCE_S: a 0.1 s poll would otherwise flap on a busy laptop."""
+ALERTS_KEPT, ALERTS_SHOWN = 100, 6
+INFO, WARNING, CRITICAL = "info", "warning", "critical"
+ALERT_STYLES = {INFO: "cyan", WARNING: "bold dark_orange", CRITICAL: "bold red"}
+JOB_STYLES = {"running": "green", "paused": "bold dark_orange", "stopped": "bold red",
+              "exited": "dim"}
+EVENT_ALERTS = {"pause": (WARNING, "paused"), "resume": (INFO, "resumed"),
+                "stop": (CRITICAL, "stopped"), "kill": (CRITICAL, "killed")}
+"""Job events worth a line: the rest (start, exit, reduce_batch, ...) are in the store."""
+NA = "—"
+
+
+def silent_after(poll_interval: float | None) -> float:
+    """Seconds without a sample after which a host counts as silent."""
+    return max(SILENT_INTERVALS * (poll_interval or 1.0), MIN_SILENCE_S)
+
+
+@dataclass(frozen=True)
+class Alert:
+    time: float
+    host: str
+    level: str
+    text: str
+
+
+@dataclass
+class HostView:
+    """One host as last seen. `heard` is the coordinator's time of the last live sample (or of
+    the connection, so a host that never publishes still goes silent)."""
+
+    name: str
+    status: str = CONNECTING
+    error: str | None = None
+    hostname: str | None = None
+    policy: dict[str, Any] | None = None
+    poll_interval: float | None = None
+    sample: dict[str, Any] | None = None
+    info_jobs: list[dict[str, Any]] = field(default_factory=list)
+    series: dict[float, float | None] = field(default_factory=dict)
+    heard: float | None = None
+    silent: bool = False
+
+    @property
+    def jobs(self) -> list[dict[str, Any]]:
+        return self.sample["jobs"] if self.sample is not None else self.info_jobs
+
+    def spark(self) -> list[float | None]:
+        """The last SPARK_WINDOW_S of readings (agent time) as SPARK_WIDTH bucket means."""
+        if self.sample is None:
+            return []
+        return bucket_means(self.series, self.sample["time"], SPARK_WINDOW_S, SPARK_WIDTH)
+
+
+def bucket_means(series: dict[float, float | None], end: float, window: float, width: int
+                 ) -> list[float | None]:
+    """Mean reading per bucket of the `window` seconds up to `end`; None where none fell."""
+    step = window / width
+    sums, counts = [0.0] * width, [0] * width
+    for at, celsius in series.items():
+        index = int((at - (end - window)) // step)
+        if celsius is not None and 0 <= index <= width:
+            index = min(index, width - 1)
+            sums[index] += celsius
+            counts[index] += 1
+    return [s / n if n else None for s, n in zip(sums, counts, strict=True)]
+
+
+class Dashboard:
+    """Every host's view plus the alert lines; mutate with the methods, read the fields."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.hosts = {name: HostView(name) for name in names}
+        self.alerts: deque[Alert] = deque(maxlen=ALERTS_KEPT)
+
+    def _alert(self, at: float, host: str, level: str, text: str) -> None:
+        self.alerts.append(Alert(at, host, level, text))
+
+    def connected(self, name: str, hostname: str | None, info: dict[str, Any],
+                  now: float) -> None:
+        view = self.hosts[name]
+        if view.status == UNREACHABLE:
+            self._alert(now, name, INFO, "reachable again")
+        view.status, view.error, view.hostname = UP, None, hostname
+        view.policy, view.poll_interval = info.get("policy"), info.get("poll_interval")
+        view.info_jobs = list(info.get("jobs") or [])
+        view.heard, view.silent = now, False
+
+    def set_policy(self, name: str, policy: dict[str, Any]) -> None:
+        self.hosts[name].policy = policy
+
+    def unreachable(self, name: str, error: str, now: float) -> None:
+        view = self.hosts[name]
+        if view.status != UNREACHABLE:
+            self._alert(now, name, CRITICAL, f"unreachable: {error}")
+        view.status, view.error = UNREACHABLE, error
+
+    def sample(self, name: str, body: dict[str, Any], now: float, live: bool = True) -> None:
+        """A sample, live (just published) or backfilled (history.get); older ones only fill
+        the sparkline, and only a live one can raise a state alert or end a silence."""
+        view = self.hosts[name]
+        view.series[body["time"]] = body["celsius"]
+        previous = view.sample
+        if previous is None or body["time"] > previous["time"]:
+            view.sample = body
+            for at in [at for at in view.series if at < body["time"] - SPARK_WINDOW_S]:
+                del view.series[at]
+            if live and previous is not None and body["state"] != previous["state"] \
+                    and body["state"] in (CoolingState.PAUSE.value, CoolingState.STOP.value):
+                level = CRITICAL if body["state"] == CoolingState.STOP.value else WARNING
+                self._alert(now, name, level, f"reached {body['state']} at "
+                            f"{_celsius(body['celsius'])}")
+        if live:
+            if view.silent:
+                self._alert(now, name, INFO, "publishing again")
+            view.heard, view.silent = now, False
+
+    def event(self, name: str, body: dict[str, Any]) -> None:
+        """An event never seen before: pauses, resumes, stops, kills and new policies get a
+        line."""
+        if body["action"] == "policy":
+            self._alert(body["time"], name, INFO, f"new policy: {body['detail']}")
+            return
+        if body["action"] not in EVENT_ALERTS:
+            return
+        level, verb = EVENT_ALERTS[body["action"]]
+        pid = f" (pid {body['pid']})" if body["pid"] is not None else ""
+        at = f" at {_celsius(body['celsius'])}" if body["celsius"] is not None else ""
+        detail = f": {body['detail']}" if body["detail"] else ""
+        self._alert(body["time"], name, level, f"{verb} job {body['job']}{pid}{at}{detail}")
+
+    def tick(self, now: float) -> None:
+        """Declare silent every connected host whose samples stopped arriving."""
+        for view in self.hosts.values():
+            if view.status == UP and not view.silent and view.heard is not None \
+                    and now - view.heard > silent_after(view.poll_interval):
+                view.silent = True
+                self._alert(now, view.name, WARNING, f"silent: no sample for "
+                            f"{now - view.heard:.0f} s")
+
+
+def _celsius(value: float | None) -> str:
+    return NA if value is None else f"{value:.1f} °C"
+
+
+def duration(seconds: float) -> str:
+    """42 s, 3m 05s, 1h 02m: short enough for a table cell."""
+    whole = int(round(seconds))
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60}m {whole % 60:02d}s"
+    return f"{whole // 3600}h {whole % 3600 // 60:02d}m"
+
+
+def host_snapshot(view: HostView, now: float) -> dict[str, Any]:
+    """One host for `--once --format json`: what scripts need, with the same meaning as the
+    dashboard's row (reachable, silent, the current reading and whether it is simulated)."""
+    sample = view.sample or {}
+    return {
+        "host": view.name,
+        "hostname": view.hostname,
+        "reachable": view.status == UP,
+        "error": view.error,
+        "silent": view.silent,
+        "time": sample.get("time"),
+        "celsius": sample.get("celsius"),
+        "pressure": sample.get("pressure"),
+        "source": sample.get("source"),
+        "simulated": sample.get("simulated"),
+        "state": sample.get("state"),
+        "trend_c_per_min": sample.get("trend_c_per_min"),
+        "pause_s_total": sample.get("pause_s_total"),
+        "jobs": view.jobs,
+        "policy": view.policy,
+        "poll_interval": view.poll_interval,
+        "age_s": None if not sample else round(now - sample["time"], 3),
+    }
+
+
+def snapshot(dashboard: Dashboard, now: float) -> dict[str, Any]:
+    return {"time": now,
+            "hosts": [host_snapshot(view, now) for view in dashboard.hosts.values()],
+            "alerts": [alert.__dict__ for alert in dashboard.alerts]}
+
+
+def _state_cell(view: HostView, now: float) -> Text:
+    if view.status != UP:
+        return Text(view.status, style="bold red" if view.status == UNREACHABLE else "dim")
+    if view.silent and view.heard is not None:
+        return Text(f"silent {now - view.heard:.0f} s", style="bold red")
+    state = view.sample["state"] if view.sample else None
+    if state is None:
+        return Text(NA)
+    return Text(state, style=STATE_STYLES[CoolingState(state)])
+
+
+def _jobs_cell(jobs: list[dict[str, Any]]) -> Text:
+    if not jobs:
+        return Text(NA, style="dim")
+    cell = Text()
+    for index, job in enumerate(jobs):
+        if index:
+            cell.append("\n")
+        cell.append(f"{job['kind']} {job['job']} ")
+        cell.append(job["state"], style=JOB_STYLES.get(job["state"], ""))
+    return cell
+
+
+def render(dashboard: Dashboard, now: float) -> RenderableType:
+    """The dashboard: one row per host, then the latest alert lines."""
+    table = Table(title="mlx-fleet thermal monitor", title_justify="left")
+    for name in ("host", "SoC °C", "last 5 min", "trend", "pressure", "state", "jobs",
+                 "paused", "source"):
+        table.add_column(name, justify="right" if name in ("SoC °C", "paused") else "left",
+                         overflow="fold")
+    for view in dashboard.hosts.values():
+        sample = view.sample
+        if view.status != UP or sample is None:
+            table.add_row(view.name, NA, "", "", NA, _state_cell(view, now),
+                          _jobs_cell(view.jobs if view.status == UP else []), NA, NA)
+            continue
+        temperature = Text(NA if sample["celsius"] is None else f"{sample['celsius']:.1f}")
+        if sample["simulated"] and sample["celsius"] is not None:
+            temperature.append(" sim", style="bold magenta")
+        trend = sample["trend_c_per_min"]
+        table.add_row(
+            view.name, temperature, sparkline(view.spark()),
+            "" if trend is None else f"{trend_arrow(trend)} {trend:+.1f}/min",
+            sample["pressure"] or NA, _state_cell(view, now), _jobs_cell(view.jobs),
+            duration(sample["pause_s_total"]), sample["source"])
+    lines = [table]
+    for alert in list(dashboard.alerts)[-ALERTS_SHOWN:]:
+        stamp = time.strftime("%H:%M:%S", time.localtime(alert.time))
+        lines.append(Text(f"{stamp} {alert.host}: {alert.text}", style=ALERT_STYLES[alert.level]))
+    return Group(*lines)

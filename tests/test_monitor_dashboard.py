@@ -1,0 +1,147 @@
+"""The monitor's pure dashboard model: rows, sparkline buckets, alerts (pause, stop, silence,
+unreachable, recovery), the JSON snapshot; fed plain message bodies and a fake clock."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from coordinator.dashboard import (
+    CRITICAL,
+    INFO,
+    MIN_SILENCE_S,
+    SPARK_WIDTH,
+    WARNING,
+    Dashboard,
+    bucket_means,
+    duration,
+    render,
+    silent_after,
+    snapshot,
+)
+from tests.test_history_stats import POLICY, event, job, sample
+
+INFO_OK = {"policy": POLICY, "poll_interval": 0.1, "jobs": [job("running")]}
+
+
+def text_of(board: Dashboard, now: float) -> str:
+    console = Console(width=200, record=True, color_system=None)
+    console.print(render(board, now))
+    return console.export_text()
+
+
+def alerts(board: Dashboard) -> list[tuple[str, str]]:
+    return [(alert.level, alert.text) for alert in board.alerts]
+
+
+def test_silence_needs_five_intervals_and_never_less_than_the_minimum() -> None:
+    assert silent_after(0.1) == MIN_SILENCE_S
+    assert silent_after(2.0) == 10.0
+    assert silent_after(None) == 5.0
+
+
+def test_buckets_average_the_window_and_leave_gaps_empty() -> None:
+    series = {0.0: 10.0, 1.0: 20.0, 250.0: None, 299.0: 40.0, 300.0: 60.0, -5.0: 99.0}
+    buckets = bucket_means(series, 300.0, 300.0, 30)
+    assert buckets[0] == 15.0 and buckets[-1] == 50.0
+    assert buckets[1:-1] == [None] * 28
+
+
+def test_durations() -> None:
+    assert [duration(s) for s in (0, 42.4, 185, 3720)] == ["0 s", "42 s", "3m 05s", "1h 02m"]
+
+
+def test_a_row_shows_reading_source_trend_state_jobs_and_pause_time() -> None:
+    board = Dashboard(["mac1:5555", "mac2:5555"])
+    board.connected("mac1:5555", "mac1", INFO_OK, now=100.0)
+    body = sample(1000.0, 86.04, "pause", jobs=[job("paused")], pause_s_total=65.0)
+    body["trend_c_per_min"] = 2.4
+    board.sample("mac1:5555", body, now=100.5)
+    text = text_of(board, 100.6)
+    row = next(line for line in text.splitlines() if "mac1:5555" in line)
+    for part in ("86.0 sim", "↑ +2.4/min", "pause", "run j1 paused", "1m 05s",
+                 "replay:curve.csv"):
+        assert part in row, (part, row)
+    other = next(line for line in text.splitlines() if "mac2:5555" in line)
+    assert "connecting" in other
+
+
+def test_backfill_fills_the_sparkline_but_only_live_samples_alert() -> None:
+    board = Dashboard(["mac1:5555"])
+    board.connected("mac1:5555", "mac1", INFO_OK, now=0.0)
+    board.sample("mac1:5555", sample(1000.0, 70), now=1.0)
+    for t, state in ((970.0, "pause"), (975.0, "stop")):
+        board.sample("mac1:5555", sample(t, 90, state), now=1.0, live=False)
+    view = board.hosts["mac1:5555"]
+    assert view.sample["time"] == 1000.0  # the newest stays current
+    assert view.spark()[-3:] == [90.0, None, 70.0] and len(view.spark()) == SPARK_WIDTH
+    assert sorted(view.series) == [970.0, 975.0, 1000.0]
+    assert alerts(board) == []
+    board.sample("mac1:5555", sample(1001.0, 86.5, "pause"), now=2.0)
+    board.sample("mac1:5555", sample(1002.0, 86.0, "pause"), now=3.0)
+    board.sample("mac1:5555", sample(1003.0, 95.5, "stop"), now=4.0)
+    assert alerts(board) == [(WARNING, "reached pause at 86.5 °C"),
+                             (CRITICAL, "reached stop at 95.5 °C")]
+    board.sample("mac1:5555", sample(1400.0, 60), now=5.0)
+    assert sorted(view.series) == [1400.0]  # older than the window: dropped
+
+
+def test_job_events_alert_with_job_pid_and_temperature() -> None:
+    board = Dashboard(["mac1:5555"])
+    for body in (event(10, "start", detail="python -m mlx_lm lora"), event(11, "pause", 86.0),
+                 event(12, "resume", 82.0), event(13, "stop", 95.2),
+                 event(14, "kill", None, detail="ignored SIGTERM for 30 s"),
+                 event(15, "policy", None, name=None, pid=None, detail="75/85/99")):
+        board.event("mac1:5555", body)
+    assert alerts(board) == [
+        (WARNING, "paused job j1 (pid 4242) at 86.0 °C"),
+        (INFO, "resumed job j1 (pid 4242) at 82.0 °C"),
+        (CRITICAL, "stopped job j1 (pid 4242) at 95.2 °C"),
+        (CRITICAL, "killed job j1 (pid 4242): ignored SIGTERM for 30 s"),
+        (INFO, "new policy: 75/85/99")]
+    assert [alert.time for alert in board.alerts] == [11, 12, 13, 14, 15]
+
+
+def test_silence_unreachability_and_recovery_alert_once_each() -> None:
+    board = Dashboard(["mac1:5555"])
+    board.connected("mac1:5555", "mac1", INFO_OK, now=0.0)
+    board.sample("mac1:5555", sample(1000.0, 70), now=1.0)
+    board.tick(1.0 + MIN_SILENCE_S)
+    assert not board.hosts["mac1:5555"].silent
+    board.tick(1.0 + MIN_SILENCE_S + 0.5)
+    board.tick(20.0)
+    assert board.hosts["mac1:5555"].silent
+    assert "silent 19 s" in text_of(board, 20.0)
+    board.sample("mac1:5555", sample(1020.0, 71), now=21.0)
+    board.unreachable("mac1:5555", "connection refused for 1 s", now=30.0)
+    board.unreachable("mac1:5555", "connection refused for 1 s", now=35.0)
+    assert "unreachable" in text_of(board, 36.0)
+    board.connected("mac1:5555", "mac1", INFO_OK, now=40.0)
+    assert alerts(board) == [(WARNING, "silent: no sample for 4 s"),
+                             (INFO, "publishing again"),
+                             (CRITICAL, "unreachable: connection refused for 1 s"),
+                             (INFO, "reachable again")]
+
+
+def test_a_host_that_never_publishes_goes_silent_after_connecting() -> None:
+    board = Dashboard(["mac1:5555"])
+    board.connected("mac1:5555", "mac1", INFO_OK, now=0.0)
+    board.tick(10.0)
+    assert board.hosts["mac1:5555"].silent
+
+
+def test_snapshot_for_scripts() -> None:
+    board = Dashboard(["mac1:5555", "gone:5555"])
+    board.connected("mac1:5555", "mac1", INFO_OK, now=0.0)
+    board.sample("mac1:5555", sample(1000.0, 72.5, "ok", jobs=[job("running")]), now=1.0)
+    board.unreachable("gone:5555", "connection refused for 1 s", now=1.0)
+    data = snapshot(board, 1001.0)
+    up, down = data["hosts"]
+    assert up == {
+        "host": "mac1:5555", "hostname": "mac1", "reachable": True, "error": None,
+        "silent": False, "time": 1000.0, "celsius": 72.5, "pressure": None,
+        "source": "replay:curve.csv", "simulated": True, "state": "ok",
+        "trend_c_per_min": None, "pause_s_total": 0.0, "jobs": [job("running")],
+        "policy": POLICY, "poll_interval": 0.1, "age_s": 1.0}
+    assert down["reachable"] is False and down["error"] == "connection refused for 1 s"
+    assert down["celsius"] is None and down["jobs"] == []
+    assert data["alerts"][0]["host"] == "gone:5555"

@@ -81,6 +81,25 @@ def timeout_diagnosis(events: list[tuple[int, int]], timeout: float) -> str:
     return f"no answer within {timeout:g} s: host unreachable or the port is filtered"
 
 
+def agent_socket(ctx: zmq.Context, kind: int, address: str, server_key: str | None,
+                 keypair: Keypair | None) -> zmq.Socket:
+    """A socket to reach an agent at `address` (HOST:PORT) with the protocol's settings: the
+    DEALER for requests and the SUB for telemetry both authenticate the same way (§2)."""
+    sock = ctx.socket(kind)
+    sock.linger = 0
+    sock.ipv6 = address.startswith("[")
+    sock.maxmsgsize = p.MAX_MESSAGE_SIZE
+    sock.heartbeat_ivl = 2000
+    sock.heartbeat_timeout = 6000
+    if server_key is not None:
+        if keypair is None:
+            raise ValueError("CURVE needs this coordinator's keypair")
+        sock.curve_secretkey = keypair.secret.encode("ascii")
+        sock.curve_publickey = keypair.public.encode("ascii")
+        sock.curve_serverkey = server_key.encode("ascii")
+    return sock
+
+
 class AgentClient:
     """A DEALER connected to one agent. `server_key` None means no CURVE (an --insecure agent)."""
 
@@ -95,18 +114,8 @@ class AgentClient:
         self.address = address
         self.connect_timeout = connect_timeout
         self.keypair = keypair
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.linger = 0
-        self.sock.ipv6 = address.startswith("[")
-        self.sock.maxmsgsize = p.MAX_MESSAGE_SIZE
-        self.sock.heartbeat_ivl = 2000
-        self.sock.heartbeat_timeout = 6000
-        if server_key is not None:
-            if keypair is None:
-                raise ValueError("CURVE needs this coordinator's keypair")
-            self.sock.curve_secretkey = keypair.secret.encode("ascii")
-            self.sock.curve_publickey = keypair.public.encode("ascii")
-            self.sock.curve_serverkey = server_key.encode("ascii")
+        self.server_key = server_key
+        self.sock = agent_socket(ctx, zmq.DEALER, address, server_key, keypair)
         self.last_heard = time.monotonic()
 
     def close(self) -> None:

@@ -85,6 +85,21 @@ def targets_from(hosts: str | None, hostfile: Path | None) -> list[Target] | Non
         raise usage_error(str(exc)) from None
 
 
+def targets_or_known(hosts: str | None, hostfile: Path | None) -> list[Target]:
+    """The hosts named, else every host with a key from `coordinator keys add`."""
+    targets = targets_from(hosts, hostfile)
+    if targets is not None:
+        return targets
+    try:
+        targets = [Target(address, address, key) for address, key in known_hosts().items()]
+    except ValueError as exc:
+        raise usage_error(str(exc)) from None
+    if not targets:
+        raise usage_error("no hosts: give --hosts or --hostfile, or add keys with "
+                          "`coordinator keys add HOST[:PORT] KEY`")
+    return targets
+
+
 def settings_for(insecure: bool, connect_timeout: float) -> Settings:
     if insecure:
         err.print("[bold red]WARNING: --insecure: CURVE is off; agents are not "
@@ -237,15 +252,7 @@ def status(
     """
     if fmt not in ("table", "json"):
         raise usage_error(f"unknown format {fmt!r}; choose from table, json")
-    targets = targets_from(hosts, hostfile)
-    if targets is None:
-        try:
-            targets = [Target(address, address, key) for address, key in known_hosts().items()]
-        except ValueError as exc:
-            raise usage_error(str(exc)) from None
-        if not targets:
-            raise usage_error("no hosts: give --hosts or --hostfile, or add keys with "
-                              "`coordinator keys add HOST[:PORT] KEY`")
+    targets = targets_or_known(hosts, hostfile)
     settings = settings_for(insecure, connect_timeout)
     ctx = zmq.Context()
     with ThreadPoolExecutor(len(targets)) as pool:  # all hosts at once: one timeout, not N

@@ -22,6 +22,9 @@ from coordinator.compare import (
     rich_comparison,
 )
 from coordinator.deploy_cli import deploy_command
+from coordinator.history import history
+from coordinator.monitor_cli import monitor
+from coordinator.policy_cmd import policy
 from coordinator.store import RunStore, StoreError, UnknownRunError
 from shared.cli import (
     EXIT_CODES_HELP,
@@ -128,6 +131,9 @@ app.command()(benchmark)
 app.command()(status)
 app.add_typer(keys_app, name="keys")
 app.command("deploy")(deploy_command)
+app.command()(monitor)
+app.command()(policy)
+app.command()(history)
 
 
 def main() -> None:

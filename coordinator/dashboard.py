@@ -68,6 +68,8 @@ class HostView:
     series: dict[float, float | None] = field(default_factory=dict)
     heard: float | None = None
     silent: bool = False
+    live: bool = False
+    """A sample arrived live (not backfilled) since the host last connected."""
 
     @property
     def jobs(self) -> list[dict[str, Any]]:
@@ -112,7 +114,7 @@ class Dashboard:
         view.status, view.error, view.hostname = UP, None, hostname
         view.policy, view.poll_interval = info.get("policy"), info.get("poll_interval")
         view.info_jobs = list(info.get("jobs") or [])
-        view.heard, view.silent = now, False
+        view.heard, view.silent, view.live = now, False, False
 
     def set_policy(self, name: str, policy: dict[str, Any]) -> None:
         self.hosts[name].policy = policy
@@ -141,7 +143,7 @@ class Dashboard:
         if live:
             if view.silent:
                 self._alert(now, name, INFO, "publishing again")
-            view.heard, view.silent = now, False
+            view.heard, view.silent, view.live = now, False, True
 
     def event(self, name: str, body: dict[str, Any]) -> None:
         """An event never seen before: pauses, resumes, stops, kills and new policies get a

@@ -1,0 +1,115 @@
+"""`coordinator history`: what the telemetry `coordinator monitor` recorded says about the
+last hours, per host, as a table, JSON or a plot."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from coordinator.dashboard import NA, duration
+from coordinator.hostfile import HostfileError, parse_hosts
+from coordinator.store import StoreError
+from coordinator.telemetry_stats import THRESHOLDS, HostHistory, host_stats, parse_since
+from coordinator.telemetry_store import TelemetryStore
+from shared.cli import EXIT_PARTIAL, err, usage_error
+
+PLOT_EXTRA = "pip install 'mlx-fleet[plot]'"
+
+
+def _stamp(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch).isoformat(sep=" ", timespec="seconds")
+
+
+def load_histories(store: TelemetryStore, since: float, hosts: list[str] | None
+                   ) -> list[HostHistory]:
+    """Every host with samples in the window, in the order asked for (else by name)."""
+    samples = store.samples(since, hosts)
+    events = store.events(since, hosts)
+    policies = store.policies(hosts)
+    names = [h for h in hosts if h in samples] if hosts is not None else sorted(samples)
+    return [HostHistory(name, samples[name], events.get(name, []), policies.get(name, []))
+            for name in names]
+
+
+def stats_table(rows: list[dict[str, Any]], since: float) -> Table:
+    table = Table(title=f"mlx-fleet telemetry since {_stamp(since)}", title_justify="left")
+    for name in ("host", "samples", "from", "to", "min °C", "mean °C", "max °C", "policy",
+                 "≥ reduce", "≥ pause", "≥ stop", "paused", "pauses", "stops"):
+        table.add_column(name, justify="left" if name in ("host", "from", "to", "policy")
+                         else "right", overflow="fold")
+    for row in rows:
+        policy = row["policy"]
+        table.add_row(
+            row["host"] + (" (simulated)" if row["simulated"] else ""), str(row["samples"]),
+            _stamp(row["first"]), _stamp(row["last"]),
+            *(NA if row[key] is None else f"{row[key]:.1f}" for key in ("min_c", "mean_c",
+                                                                       "max_c")),
+            NA if policy is None else "/".join(f"{policy[k]:g}" for k in THRESHOLDS),
+            *(NA if row["seconds_above"][k] is None else duration(row["seconds_above"][k])
+              for k in THRESHOLDS),
+            duration(row["seconds_paused"]), str(row["pauses"]), str(row["stops"]))
+    return table
+
+
+def history(
+    hosts: Annotated[str | None, typer.Option(
+        "--hosts", help="Comma list of HOST[:PORT] as monitored (port 5555 by default); "
+        "default: every host recorded.")] = None,
+    since: Annotated[str, typer.Option(
+        "--since", help="How far back: 30m, 2h, 1d, or an ISO time (local unless it names a "
+        "zone).")] = "2h",
+    fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+    plot: Annotated[Path | None, typer.Option(
+        "--plot", help="Also draw temperature per host over time, thresholds and pauses, "
+        f"into this PNG (needs matplotlib: {PLOT_EXTRA}).")] = None,
+) -> None:
+    """Per host from the recorded telemetry: min / mean / max °C, time at or above each
+    threshold of the policy in force, time paused, pauses and stops.
+
+    `coordinator monitor` records what it hears; this reads only that record.
+    """
+    if fmt not in ("table", "json"):
+        raise usage_error(f"unknown format {fmt!r}; choose from table, json")
+    now = time.time()
+    try:
+        start = parse_since(since, now)
+        names = [entry.address for entry in parse_hosts(hosts)] if hosts else None
+    except (HostfileError, ValueError) as exc:
+        raise usage_error(str(exc)) from None
+    if plot is not None:
+        try:
+            from coordinator.plot import plot_history, write_plot
+        except ImportError as exc:
+            if not (exc.name or "").startswith("matplotlib"):
+                raise
+            raise usage_error(f"--plot needs matplotlib, the `plot` extra: {PLOT_EXTRA}") \
+                from None
+    try:
+        with TelemetryStore() as store:
+            histories = load_histories(store, start, names)
+    except StoreError as exc:
+        raise usage_error(str(exc)) from None
+    rows = [host_stats(h) for h in histories]
+    if fmt == "json":
+        sys.stdout.write(json.dumps({"since": start, "until": now, "hosts": rows}, indent=2)
+                         + "\n")
+    elif rows:
+        Console(width=None if sys.stdout.isatty() else 200).print(stats_table(rows, start))
+    else:
+        err.print(f"no telemetry recorded since {_stamp(start)}: `coordinator monitor` "
+                  "records it", highlight=False)
+    if plot is not None:
+        if not rows:
+            err.print(f"error: nothing to plot: no telemetry recorded since {_stamp(start)}",
+                      highlight=False)
+            raise typer.Exit(EXIT_PARTIAL)
+        write_plot(plot_history(histories, f"SoC temperature since {_stamp(start)}"), plot)
+        err.print(f"wrote {plot}", highlight=False)

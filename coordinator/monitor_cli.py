@@ -1,0 +1,126 @@
+"""`coordinator monitor`: the live dashboard, a one-shot snapshot for scripts, and /metrics."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.live import Live
+
+from coordinator.commands import (
+    ConnectTimeout,
+    Hostfile,
+    Insecure,
+    settings_for,
+    targets_or_known,
+)
+from coordinator.dashboard import UP, render, snapshot
+from coordinator.monitor import Monitor
+from coordinator.store import StoreError
+from coordinator.telemetry_store import TelemetryStore
+from shared.cli import EXIT_PARTIAL, err, usage_error
+from shared.metrics import MetricsServer, TelemetryMetrics, parse_address, serve_metrics
+
+REFRESH_S = 0.25
+JSON_EVERY_S = 1.0
+
+KnownHosts = Annotated[str | None, typer.Option(
+    "--hosts", help="Comma list of HOST[:PORT] running `agent serve` (port 5555 by default). "
+    "Default: every host with a key from `coordinator keys add`.")]
+
+
+def start_exporter(metrics: TelemetryMetrics, address: str) -> MetricsServer:
+    """/metrics at `address`, announced on stderr with the port actually bound."""
+    try:
+        server = serve_metrics(metrics.registry, address)
+    except ValueError as exc:
+        raise usage_error(f"--prometheus: {exc}") from None
+    except OSError as exc:
+        raise usage_error(f"--prometheus {address}: cannot listen: {exc.strerror}") from None
+    host = parse_address(address)[0]
+    shown = f"[{host}]" if ":" in host else host
+    err.print(f"coordinator monitor: metrics on http://{shown}:{server.port}/metrics",
+              highlight=False)
+    return server
+
+
+def monitor(
+    hosts: KnownHosts = None,
+    hostfile: Hostfile = None,
+    once: Annotated[bool, typer.Option(
+        "--once", help="Print one snapshot (every host's current reading, or why there is "
+        "none) and exit: 0 when every host is reachable and publishing, else 1.")] = False,
+    fmt: Annotated[str, typer.Option(
+        "--format", help="table (the dashboard) or json (a snapshot; a line a second without "
+        "--once).")] = "table",
+    prometheus: Annotated[str | None, typer.Option(
+        "--prometheus", help="Also serve every host's metrics at http://HOST:PORT/metrics "
+        "(port 0 picks a free one).")] = None,
+    connect_timeout: ConnectTimeout = 5.0,
+    insecure: Insecure = False,
+) -> None:
+    """Live thermal dashboard of every agent; everything heard is recorded.
+
+    One row per host: SoC °C (marked sim when simulated or replayed), the last five minutes,
+    trend, pressure, policy state, supervised jobs, time paused; alert lines when a host
+    pauses or stops a job, goes silent or becomes unreachable. Hosts are reconnected and their
+    gaps backfilled by themselves. `coordinator history` reads what was recorded. Ctrl-C ends it.
+    """
+    if fmt not in ("table", "json"):
+        raise usage_error(f"unknown format {fmt!r}; choose from table, json")
+    targets = targets_or_known(hosts, hostfile)
+    settings = settings_for(insecure, connect_timeout)
+    metrics = TelemetryMetrics() if prometheus else None
+    server = start_exporter(metrics, prometheus) if metrics and prometheus else None
+    try:
+        with TelemetryStore() as store, Monitor(targets, settings, store, metrics) as running:
+            if once:
+                healthy = show_once(running, fmt)
+            else:
+                watch(running, fmt)
+    except StoreError as exc:
+        raise usage_error(str(exc)) from None
+    finally:
+        if server is not None:
+            server.close()
+    if once and not healthy:
+        raise typer.Exit(EXIT_PARTIAL)
+
+
+def _console() -> Console:
+    return Console(width=None if sys.stdout.isatty() else 200)
+
+
+def show_once(running: Monitor, fmt: str) -> bool:
+    """Wait until every host is heard live, silent or unreachable; print; True if all are up."""
+    while not running.settled():
+        running.step(REFRESH_S)
+    now = time.time()
+    if fmt == "json":
+        sys.stdout.write(json.dumps(snapshot(running.board, now), indent=2) + "\n")
+    else:
+        _console().print(render(running.board, now))
+    return all(view.status == UP and not view.silent for view in running.board.hosts.values())
+
+
+def watch(running: Monitor, fmt: str) -> None:
+    """The Live dashboard (or JSON lines) until Ctrl-C."""
+    try:
+        if fmt == "json":
+            printed = 0.0
+            while True:
+                running.step(REFRESH_S)
+                if time.monotonic() - printed >= JSON_EVERY_S:
+                    print(json.dumps(snapshot(running.board, time.time())), flush=True)
+                    printed = time.monotonic()
+        with Live(render(running.board, time.time()), console=_console(),
+                  auto_refresh=False) as live:
+            while True:
+                running.step(REFRESH_S)
+                live.update(render(running.board, time.time()), refresh=True)
+    except KeyboardInterrupt:
+        return

@@ -1,0 +1,151 @@
+"""`coordinator policy`: show every host's cooling policy, or push new thresholds to all.
+
+Only the thresholds given are sent; each agent keeps its other values (docs/protocol.md §11), so
+`--pause-temp 88` raises the pause threshold everywhere without flattening per-host choices.
+What the command line alone decides (the order of the thresholds it names) is checked here; the
+whole policy is the agent's to accept, and its refusal is reported with its reason.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Annotated, Any
+
+import typer
+import zmq
+from rich.console import Console
+from rich.table import Table
+
+from coordinator.client import AgentError, HostError
+from coordinator.commands import (
+    ConnectTimeout,
+    Hostfile,
+    Insecure,
+    settings_for,
+    targets_or_known,
+)
+from coordinator.dashboard import NA
+from coordinator.fleet import Settings, Target, connect
+from coordinator.monitor_cli import KnownHosts
+from coordinator.store import StoreError
+from coordinator.telemetry_store import TelemetryStore
+from shared.cli import EXIT_PARTIAL, Hysteresis, MaxSpeedTemp, PauseTemp, StopTemp, usage_error
+
+APPLIED, REFUSED, UNREACHABLE, SHOWN = "applied", "refused", "unreachable", "shown"
+ORDERED = (("max_speed_temp", "--max-speed-temp"), ("pause_temp", "--pause-temp"),
+           ("stop_temp", "--stop-temp"))
+COLUMNS = (("max_speed_temp", "reduce ≥ °C"), ("pause_temp", "pause ≥ °C"),
+           ("stop_temp", "stop ≥ °C"), ("hysteresis", "hysteresis °C"),
+           ("pause_duration", "pause step s"))
+
+
+def _unset(option: Any) -> Any:
+    """A shared threshold option that is None when not given: a push sends only those given."""
+    return Annotated[(float | None, *option.__metadata__)]
+
+
+MaxSpeedGiven, PauseGiven = _unset(MaxSpeedTemp), _unset(PauseTemp)
+StopGiven, HysteresisGiven = _unset(StopTemp), _unset(Hysteresis)
+
+
+def check_given(given: dict[str, float]) -> None:
+    """ValueError naming the options when the thresholds given are out of order among
+    themselves, or not finite, or the hysteresis is negative."""
+    for key, value in given.items():
+        if not math.isfinite(value):
+            raise ValueError(f"--{key.replace('_', '-')} must be a finite number, got {value}")
+    named = [(key, flag) for key, flag in ORDERED if key in given]
+    for (low, low_flag), (high, high_flag) in zip(named, named[1:], strict=False):
+        if not given[low] < given[high]:
+            shown = " ".join(f"{flag} {given[key]:g}" for key, flag in named)
+            raise ValueError(f"thresholds out of order: need {low_flag} < {high_flag} "
+                             f"(max speed < pause < stop), got {shown}")
+    if given.get("hysteresis", 0.0) < 0:
+        raise ValueError(f"--hysteresis must be >= 0 °C, got {given['hysteresis']:g}")
+
+
+def apply_to(ctx: zmq.Context, target: Target, settings: Settings,
+             given: dict[str, float]) -> dict[str, Any]:
+    """One host's row: the policy set (or shown, without `given`), or why not."""
+    row: dict[str, Any] = {"host": target.name, "result": UNREACHABLE, "policy": None,
+                           "error": None}
+    try:
+        with connect(ctx, target, settings) as client:
+            if given:
+                row["policy"] = client.request("policy.set", {"policy": given})["policy"]
+            else:
+                row["policy"] = client.request("policy.get")["policy"]
+        row["result"] = APPLIED if given else SHOWN
+    except AgentError as exc:
+        row.update(result=REFUSED, error=str(exc))
+    except HostError as exc:
+        row["error"] = str(exc)
+    return row
+
+
+def policy_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(title="mlx-fleet cooling policy", title_justify="left")
+    table.add_column("host")
+    table.add_column("result")
+    for _, title in COLUMNS:
+        table.add_column(title, justify="right")
+    table.add_column("why", overflow="fold")
+    styles = {APPLIED: "green", SHOWN: "", REFUSED: "bold red", UNREACHABLE: "red"}
+    for row in rows:
+        policy = row["policy"] or {}
+        table.add_row(row["host"], f"[{styles[row['result']]}]{row['result']}[/]",
+                      *(f"{policy[key]:g}" if key in policy else NA for key, _ in COLUMNS),
+                      row["error"] or "")
+    return table
+
+
+def policy(
+    hosts: KnownHosts = None,
+    hostfile: Hostfile = None,
+    max_speed_temp: MaxSpeedGiven = None,
+    pause_temp: PauseGiven = None,
+    stop_temp: StopGiven = None,
+    hysteresis: HysteresisGiven = None,
+    fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+    connect_timeout: ConnectTimeout = 5.0,
+    insecure: Insecure = False,
+) -> None:
+    """Show each host's cooling policy, or push thresholds to every host.
+
+    With thresholds, each agent validates, persists and applies them at once (to its own
+    samples and every supervised job); thresholds not given keep each host's value. Each host
+    is reported applied, refused (with the agent's reason, the old policy kept) or unreachable.
+    Exit 1 when any host did not apply or show its policy.
+    """
+    if fmt not in ("table", "json"):
+        raise usage_error(f"unknown format {fmt!r}; choose from table, json")
+    given = {key: value for key, value in (("max_speed_temp", max_speed_temp),
+                                           ("pause_temp", pause_temp), ("stop_temp", stop_temp),
+                                           ("hysteresis", hysteresis)) if value is not None}
+    try:
+        check_given(given)
+    except ValueError as exc:
+        raise usage_error(str(exc)) from None
+    targets = targets_or_known(hosts, hostfile)
+    settings = settings_for(insecure, connect_timeout)
+    ctx = zmq.Context()
+    with ThreadPoolExecutor(len(targets)) as pool:  # all hosts at once: one timeout, not N
+        rows = list(pool.map(lambda target: apply_to(ctx, target, settings, given), targets))
+    ctx.destroy(linger=0)
+    try:
+        with TelemetryStore() as store:  # what `coordinator history` measures against
+            for row in rows:
+                if row["policy"] is not None:
+                    store.record_policy(row["host"], row["policy"], time.time())
+    except StoreError as exc:
+        raise usage_error(str(exc)) from None
+    if fmt == "json":
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+    else:
+        Console(width=None if sys.stdout.isatty() else 200).print(policy_table(rows))
+    if not all(row["result"] in (APPLIED, SHOWN) for row in rows):
+        raise typer.Exit(EXIT_PARTIAL)

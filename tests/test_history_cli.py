@@ -1,0 +1,108 @@
+"""`coordinator history` on a recorded store (the real console script, real SQLite): statistics
+per host, --hosts and --since windows, the plot, and its errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from coordinator.telemetry_store import TelemetryStore
+from tests.conftest import subprocess_env
+from tests.fleet_support import cli
+from tests.test_history_stats import POLICY, event, job, sample
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def recorded() -> float:
+    """Ten minutes of two hosts, one second apart, recorded as the monitor would: mac1 warms
+    past pause (a job paused for 60 s) and cools; mac2 stays at 50 °C. Returns the start."""
+    start = time.time() - 600
+    with TelemetryStore() as store:
+        store.record_policy("mac1:5555", POLICY, start - 10)
+        store.record_policy("mac2:5555", POLICY, start - 10)
+        rows = []
+        for t in range(600):
+            hot = 300 <= t < 360
+            rows.append(("mac1:5555", sample(start + t, 88.0 if hot else 70.0,
+                                             "pause" if hot else "ok",
+                                             jobs=[job("paused" if hot else "running")])))
+            rows.append(("mac2:5555", sample(start + t, 50.0, source="iohid")))
+        store.add(rows, [("mac1:5555", event(start + 300, "pause", 88.0)),
+                         ("mac1:5555", event(start + 360, "resume", 70.0))])
+    return start
+
+
+def history(*args: str) -> subprocess.CompletedProcess[str]:
+    return cli("coordinator", "history", *args)
+
+
+def test_statistics_per_host_from_the_record(recorded: float) -> None:
+    result = history("--since", "1h", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    hosts = {row["host"]: row for row in json.loads(result.stdout)["hosts"]}
+    assert list(hosts) == ["mac1:5555", "mac2:5555"]
+    hot, cool = hosts["mac1:5555"], hosts["mac2:5555"]
+    assert hot["samples"] == 600 and hot["first"] == pytest.approx(recorded)
+    assert (hot["min_c"], hot["max_c"]) == (70.0, 88.0)
+    assert hot["mean_c"] == pytest.approx(70 + 18 * 60 / 600)
+    assert hot["seconds_above"] == {"max_speed_temp": 60.0, "pause_temp": 60.0,
+                                    "stop_temp": 0.0}
+    assert hot["seconds_paused"] == 60.0 and (hot["pauses"], hot["stops"]) == (1, 0)
+    assert hot["simulated"] and hot["policy"] == POLICY
+    assert cool["max_c"] == 50.0 and cool["seconds_above"]["max_speed_temp"] == 0.0
+    assert not cool["simulated"] and cool["sources"] == ["iohid"]
+    table = history("--since", "1h")
+    assert table.returncode == 0, table.stderr
+    row = next(line for line in table.stdout.splitlines() if "mac1:5555" in line)
+    for part in ("(simulated)", "600", "70.0", "71.8", "88.0", "75/85/95", "1m 00s"):
+        assert part in row, (part, row)
+
+
+def test_hosts_and_since_narrow_the_window(recorded: float) -> None:
+    only = json.loads(history("--hosts", "mac2", "--format", "json").stdout)["hosts"]
+    assert [row["host"] for row in only] == ["mac2:5555"]
+    recent = json.loads(history("--since", "2m", "--format", "json").stdout)["hosts"]
+    assert 110 <= recent[0]["samples"] <= 120 and recent[0]["pauses"] == 0
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(recorded + 590))
+    late = json.loads(history("--since", stamp, "--format", "json").stdout)["hosts"]
+    assert 9 <= late[0]["samples"] <= 10
+
+
+def test_plot_writes_a_png_of_the_record(recorded: float, tmp_path: Path) -> None:
+    out = tmp_path / "out.png"
+    result = history("--since", "1h", "--plot", str(out))
+    assert result.returncode == 0, result.stderr
+    assert f"wrote {out}" in result.stderr
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_nothing_recorded(tmp_path: Path) -> None:
+    empty = history("--since", "1h")
+    assert empty.returncode == 0 and "no telemetry recorded since" in empty.stderr
+    plot = history("--plot", str(tmp_path / "out.png"))
+    assert plot.returncode == 1 and "nothing to plot" in plot.stderr
+    assert not (tmp_path / "out.png").exists()
+
+
+def test_bad_input_exits_2() -> None:
+    assert "expected a duration such as 30m" in history("--since", "soon").stderr
+    assert history("--since", "soon").returncode == 2
+    assert history("--format", "csv").returncode == 2
+
+
+def test_plot_without_matplotlib_names_the_extra(tmp_path: Path) -> None:
+    blocked = ("import sys; sys.modules['matplotlib'] = None; "
+               "sys.argv = ['coordinator', 'history', '--plot', sys.argv[1]]; "
+               "from coordinator.cli import main; main()")
+    result = subprocess.run([sys.executable, "-c", blocked, str(tmp_path / "out.png")],
+                            capture_output=True, text=True, env=subprocess_env(), timeout=60)
+    assert result.returncode == 2
+    assert "pip install 'mlx-fleet[plot]'" in result.stderr

@@ -1,8 +1,8 @@
 """Supervision events: one record per action on a supervised job, kept in SQLite and shown as one
 stderr line.
 
-Kept apart from the supervisor so the daemon can read (and later publish) the same records a
-self-supervising `agent run` wrote, and so every line says when its source is not a sensor.
+Kept apart from the supervisor so the daemon can serve (history.get) the records `agent run`
+wrote in the same file, and so every line says when its source is not a sensor.
 """
 
 from __future__ import annotations
@@ -36,8 +36,10 @@ CREATE INDEX IF NOT EXISTS events_time ON events (time);
 @dataclass(frozen=True)
 class Event:
     """What happened to a job: `action` is start, pause, resume, reduce_batch, restore_batch, stop
-    (thermal), forward (a signal to `agent run`), cleanup (what a finished CMD left behind), kill
-    or exit; `celsius` is the reading that caused it, when one did."""
+    (thermal), forward (a signal to `agent run`), cleanup (what a finished CMD left behind),
+    fallback (`agent run` lost its daemon and reads the sensor itself), kill or exit; or policy,
+    the daemon's own record of a new policy (`job` empty). `celsius` is the reading that caused
+    it, when one did."""
 
     time: float
     job: str
@@ -98,6 +100,19 @@ class EventLog:
             params += (job,)
         rows = self._conn.execute(query + " ORDER BY time, seq", params).fetchall()
         return [_event(row) for row in rows]
+
+    def after(self, start: float, limit: int) -> list[Event]:
+        """At most `limit` events strictly after `start`, oldest first: a page of history."""
+        rows = self._conn.execute(
+            f"SELECT {_COLUMNS} FROM events WHERE time > ? ORDER BY time, seq LIMIT ?",
+            (start, limit),
+        ).fetchall()
+        return [_event(row) for row in rows]
+
+    def prune(self, before: float) -> int:
+        """Forget events older than `before` (the retention); returns how many."""
+        with self._conn:
+            return self._conn.execute("DELETE FROM events WHERE time < ?", (before,)).rowcount
 
     def close(self) -> None:
         self._conn.close()

@@ -1,0 +1,266 @@
+"""What the agent daemon publishes, as pure functions: samples, events, the supervised jobs and
+their pause time, policy changes, history pages and the retention cutoff (docs/protocol.md
+§10-§12).
+
+Nothing here reads a sensor, a socket, a clock or a disk, so every rule is tested directly and the
+daemon (agent/serve.py) stays a thin shell around it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from agent.events import Event
+from agent.supervise import knows_nothing
+from agent.thermal import ThermalReading, trend_slope
+from shared import protocol as p
+from shared.policy import CoolingState, ThermalPolicy, decide
+
+TREND_WINDOW = 5
+"""Temperatures in the trend, as `agent temp --watch` shows it."""
+EXITED_LINGER_S = 30.0
+"""An exited job stays listed this long, so a dashboard sees it end."""
+VANISHED_AFTER_S = 5.0
+"""A `run` job whose process group has been gone this long without an exit event has exited:
+its `agent run` died (its own exit event comes within about 2 s of the group's end)."""
+HISTORY_LIMIT = 1000
+HISTORY_MAX_LIMIT = 10000
+
+STATE_AFTER = {
+    "pause": p.SUPERVISED_PAUSED,
+    "resume": p.SUPERVISED_RUNNING,
+    "stop": p.SUPERVISED_STOPPED,
+    "kill": p.SUPERVISED_STOPPED,
+    "exit": p.SUPERVISED_EXITED,
+}
+"""How an event's action changes its job's state; other actions leave it as it is."""
+
+
+# --- readings and samples ---------------------------------------------------------------------
+
+
+def host_state(policy: ThermalPolicy, reading: ThermalReading | None,
+               previous: CoolingState | None) -> CoolingState | None:
+    """What the policy says about the host now; a pause holds until below the resume temperature,
+    as for a paused job. None without a reading, as the sample's `state` says it."""
+    if reading is None or knows_nothing(reading):
+        return None
+    return decide(policy, reading.celsius, reading.pressure,
+                  currently_paused=previous is CoolingState.PAUSE)
+
+
+def trend_c_per_min(temperatures: list[float], poll_interval: float) -> float | None:
+    """The least-squares slope of the last TREND_WINDOW temperatures, in °C per minute."""
+    slope = trend_slope(temperatures[-TREND_WINDOW:])
+    return None if slope is None else slope * 60.0 / poll_interval
+
+
+def reading_wire(reading: ThermalReading | None) -> dict[str, Any] | None:
+    """The fields of a reading that travel to a job process (sensors stay home: small items)."""
+    if reading is None:
+        return None
+    return {"celsius": reading.celsius, "pressure": reading.pressure, "time": reading.time,
+            "source": reading.source, "simulated": reading.simulated}
+
+
+def reading_from_wire(data: Mapping[str, Any] | None) -> ThermalReading | None:
+    """A reading from reading_wire() or from a telemetry.sample body; None for nil or a sample
+    without degrees or pressure."""
+    if data is None or (data["celsius"] is None and data["pressure"] is None):
+        return None
+    return ThermalReading(celsius=data["celsius"], source=data["source"], time=data["time"],
+                          pressure=data["pressure"], simulated=data["simulated"])
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """Who took the readings: labels every sample and event."""
+
+    name: str
+    simulated: bool
+
+
+def sample_body(host: str, now: float, reading: ThermalReading | None, source: SourceInfo,
+                state: CoolingState | None, trend: float | None, pause_s_total: float,
+                jobs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A telemetry.sample body; `now` stands in for the time when there is no reading."""
+    return {
+        "host": host,
+        "time": reading.time if reading else now,
+        "celsius": reading.celsius if reading else None,
+        "pressure": reading.pressure if reading else None,
+        "source": source.name,
+        "simulated": source.simulated,
+        "state": state.value if state else None,
+        "trend_c_per_min": trend,
+        "pause_s_total": pause_s_total,
+        "jobs": jobs,
+    }
+
+
+def event_body(host: str, event: Event) -> dict[str, Any]:
+    """A telemetry.event body."""
+    return {"host": host, "time": event.time, "celsius": event.celsius, "action": event.action,
+            "pid": event.pid, "job": event.job or None, "source": event.source,
+            "simulated": event.simulated, "detail": event.detail}
+
+
+def job_event_body(event: Event) -> dict[str, Any]:
+    """A job.event request body: the event of a local job, as `agent run` sends it."""
+    return {"job": event.job, "pid": event.pid, "action": event.action, "time": event.time,
+            "celsius": event.celsius, "source": event.source, "simulated": event.simulated,
+            "detail": event.detail}
+
+
+def event_from_body(body: Mapping[str, Any]) -> Event:
+    """The Event a job.event or telemetry.event body describes."""
+    return Event(time=body["time"], job=body["job"] or "", pid=body["pid"],
+                 action=body["action"], source=body["source"], simulated=body["simulated"],
+                 celsius=body["celsius"], detail=body["detail"])
+
+
+# --- the policy -------------------------------------------------------------------------------
+
+
+def policy_text(policy: ThermalPolicy) -> str:
+    """`max_speed_temp=75 pause_temp=85 ...`: the detail of a `policy` event."""
+    return " ".join(f"{key}={value:g}" for key, value in policy.to_dict().items())
+
+
+def updated_policy(current: ThermalPolicy, changes: Mapping[str, Any]) -> ThermalPolicy:
+    """`current` with `changes` applied; ValueError naming the problem (an unknown key, a value
+    that is not a finite number, thresholds out of order), in which case nothing changes."""
+    for key, value in changes.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value):
+            raise ValueError(f"{key} must be a finite number, got {value!r}")
+    return ThermalPolicy.from_dict({**current.to_dict(), **changes})
+
+
+# --- supervised jobs --------------------------------------------------------------------------
+
+
+@dataclass
+class SupervisedJob:
+    job: str
+    pid: int
+    command: str
+    kind: str
+    state: str = p.SUPERVISED_RUNNING
+    paused_since: float | None = None
+    exited_at: float | None = None
+    gone_since: float | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"job": self.job, "pid": self.pid, "command": self.command, "state": self.state,
+                "kind": self.kind}
+
+
+class JobTable:
+    """The supervised jobs, kept by their events, and the seconds they have spent paused."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, SupervisedJob] = {}
+        self._paused_s = 0.0
+
+    def apply(self, event: Event, kind: str) -> None:
+        """`start` lists the job (its detail is the command); the actions in STATE_AFTER move it;
+        a pause's time is counted when it ends, whatever ends it."""
+        if event.action == "start":
+            self.jobs[event.job] = SupervisedJob(event.job, event.pid or 0, event.detail or "",
+                                                 kind)
+            return
+        entry = self.jobs.get(event.job)
+        state = STATE_AFTER.get(event.action)
+        if entry is None or state is None or entry.state == p.SUPERVISED_EXITED:
+            return
+        if entry.paused_since is not None and state != p.SUPERVISED_PAUSED:
+            self._paused_s += max(0.0, event.time - entry.paused_since)
+            entry.paused_since = None
+        elif state == p.SUPERVISED_PAUSED and entry.paused_since is None:
+            entry.paused_since = event.time
+        entry.state = state
+        if state == p.SUPERVISED_EXITED:
+            entry.exited_at = event.time
+
+    def pause_s_total(self, now: float) -> float:
+        """Finished pauses plus the ones going on, every job counted."""
+        ongoing = sum(max(0.0, now - job.paused_since) for job in self.jobs.values()
+                      if job.paused_since is not None)
+        return self._paused_s + ongoing
+
+    def vanished(self, alive: Callable[[int], bool], now: float) -> list[Event]:
+        """Exit events for `run` jobs whose process group (`alive(pgid)`) has been gone for
+        VANISHED_AFTER_S without one (their `agent run` was killed, say): apply them to end
+        their listing."""
+        events = []
+        for job in self.jobs.values():
+            if job.kind != p.KIND_RUN or job.state == p.SUPERVISED_EXITED:
+                continue
+            if alive(job.pid):
+                job.gone_since = None
+            elif job.gone_since is None:
+                job.gone_since = now
+            elif now - job.gone_since >= VANISHED_AFTER_S:
+                events.append(Event(time=now, job=job.job, pid=job.pid, action="exit",
+                                    source="agent", detail=f"process group {job.pid} is gone; "
+                                    "its agent run never said how it ended"))
+        return events
+
+    def expire(self, now: float) -> None:
+        """Drop jobs that exited more than EXITED_LINGER_S ago."""
+        for job in [j for j in self.jobs.values() if j.exited_at is not None
+                    and now - j.exited_at > EXITED_LINGER_S]:
+            del self.jobs[job.job]
+
+    def listed(self) -> list[dict[str, Any]]:
+        return [job.to_wire() for job in self.jobs.values()]
+
+
+# --- history ----------------------------------------------------------------------------------
+
+
+def retention_cutoff(now: float, retention_days: float) -> float:
+    """Samples and events older than this are pruned."""
+    return now - retention_days * 86400.0
+
+
+def history_limit(requested: int | None) -> int:
+    """The page size for history.get's `limit`; ValueError below 1."""
+    if requested is None:
+        return HISTORY_LIMIT
+    if requested < 1:
+        raise ValueError(f"limit must be >= 1, got {requested}")
+    return min(requested, HISTORY_MAX_LIMIT)
+
+
+def page_history(samples: list[dict[str, Any]], events: list[dict[str, Any]], limit: int,
+                 budget: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
+    """One history.get page from samples and events after `since`, each oldest first and holding
+    up to limit + 1 items (one more says that more remain). Both lists are cut at the same time,
+    by `limit` or by `budget` packed bytes, so each holds everything up to it; the next page
+    starts after the latest time returned."""
+    cutoff = math.inf
+    for items in (samples, events):
+        if len(items) > limit:
+            cutoff = min(cutoff, items[limit - 1]["time"])
+    size, previous = 0, -math.inf
+    for item in heapq.merge(samples[:limit], events[:limit], key=lambda item: item["time"]):
+        if item["time"] > cutoff:
+            break
+        size += len(msgpack.packb(item))
+        if size > budget:
+            cutoff = previous
+            break
+        previous = item["time"]
+    return _upto(samples, cutoff), _upto(events, cutoff), cutoff < math.inf
+
+
+def _upto(items: Iterable[dict[str, Any]], cutoff: float) -> list[dict[str, Any]]:
+    return [item for item in items if item["time"] <= cutoff]

@@ -23,6 +23,9 @@ __all__ = [
 ]
 
 
+DEFAULT_POLICY = ThermalPolicy()
+
+
 class ThermalShutdownError(RunStopped):
     """The policy said stop: too hot to go on. The message names temperature, threshold and step."""
 
@@ -68,14 +71,25 @@ class CoolingScheduler:
 
     The monitor must be polling (start() it): the scheduler reads `monitor.reading`, never the
     sensor itself, so a check costs nothing when all is well.
+
+    Without a policy of its own it follows the monitor's `policy` when the monitor has one (a
+    RemoteMonitor carries the agent daemon's, pushed by a coordinator), else the default.
     """
 
     def __init__(self, monitor: ThermalMonitor, policy: ThermalPolicy | None = None) -> None:
         self.monitor = monitor
-        self.policy = policy or ThermalPolicy()
+        self._policy = policy
         self.pauses: list[PauseRecord] = []
         self.state = CoolingState.OK
         self._total_pause_time = 0.0
+
+    @property
+    def policy(self) -> ThermalPolicy:
+        return self._policy or getattr(self.monitor, "policy", None) or DEFAULT_POLICY
+
+    @policy.setter
+    def policy(self, policy: ThermalPolicy) -> None:
+        self._policy = policy
 
     def _decide(self, reading: ThermalReading | None, paused: bool) -> CoolingState:
         if reading is None:

@@ -7,9 +7,9 @@ pause -> SIGSTOP, resume -> SIGCONT, stop -> SIGCONT + SIGTERM, then SIGKILL aft
 
 Two seams keep the shell independent of where readings come from and where events go:
 - a `Feed` yields samples (a reading and the policy to judge it by). `LocalFeed` polls this
-  machine's ThermalMonitor; a feed from the agent daemon (one sensor reader for every job, the
-  policy the coordinator pushed) can replace it without touching the core or the shell.
-- `sinks` receive every Event (SQLite and stderr for `agent run`; the daemon's publisher later).
+  machine's ThermalMonitor; agent.remote.DaemonFeed passes on the agent daemon's (one sensor
+  reader for every job, the policy the coordinator pushed) and falls back to a LocalFeed.
+- `sinks` receive every Event (SQLite and stderr for `agent run`, and the daemon when it runs).
 
 reduce_batch reaches cooperative jobs through a state file, never through a signal a job did not
 ask for: CMD's environment carries MLX_FLEET_COOLING_STATE, the path of a JSON file rewritten
@@ -127,10 +127,12 @@ def shell_code(returncode: int) -> int:
 
 @dataclass(frozen=True)
 class Sample:
-    """One reading (None: the source had none) and the policy in force when it was taken."""
+    """One reading (None: the source had none) and the policy in force when it was taken; `note`
+    says the feed changed where its readings come from (recorded as a `fallback` event)."""
 
     reading: ThermalReading | None
     policy: ThermalPolicy
+    note: str | None = None
 
 
 class Feed(Protocol):
@@ -248,13 +250,13 @@ class Supervisor:
         self._kill_at: float | None = None
         self._killed = False
         self._thermal_stop = False
-        self._source, self._simulated = "none", False
+        self._feed: Feed | None = None
 
     def run(self, feed: Feed) -> int:
         """Run CMD to its end under `feed`; returns `agent run`'s exit code (CMD's, or 75 after a
         thermal stop). Raises LaunchError when CMD cannot start. Whatever the way out, the feed
         is closed and no process of the group is left."""
-        self._source, self._simulated = feed.source, feed.simulated
+        self._feed = feed
         previous = self._install_handlers()
         try:
             self._write_state(None, None)
@@ -311,6 +313,8 @@ class Supervisor:
         return min(limits, default=None)
 
     def _on_sample(self, sample: Sample) -> None:
+        if sample.note:
+            self._emit("fallback", detail=sample.note)
         if self._terminating:
             return
         decision = react(self.supervision, sample.policy, sample.reading)
@@ -390,6 +394,15 @@ class Supervisor:
         self._queue.put(("signal", signum))
 
     # --- what leaves the supervisor ---------------------------------------------------------
+
+    @property
+    def _source(self) -> str:
+        """Asked each time: a feed that falls back changes where its readings come from."""
+        return self._feed.source if self._feed else "none"
+
+    @property
+    def _simulated(self) -> bool:
+        return self._feed.simulated if self._feed else False
 
     def _write_state(self, cooling: CoolingState | None, reading: ThermalReading | None) -> None:
         """The cooperative jobs' view, replaced atomically so a reader never sees half of it."""

@@ -1,0 +1,427 @@
+"""The local agent daemon's monitor, for the processes of this machine: one sensor reader serves
+every job (docs/protocol.md §12).
+
+A running `agent serve` writes `agent-serve.json` in its data directory (find_daemon() reads it).
+Local clients talk to it with the agent's own keypair, which the daemon trusts by itself:
+
+- `RemoteMonitor`: ThermalMonitor's API over the daemon's samples, with the daemon's policy in
+  `policy` (CoolingScheduler uses it); a local monitor when no daemon runs, or once it is gone.
+- `DaemonFeed`: the agent.supervise Feed `agent run` uses when a daemon runs, falling back to a
+  LocalFeed when it goes away; `EventForwarder` sends the job's events to the daemon.
+- `FedSource`: a ThermalSource whose readings someone else hands over (a benchmark job process
+  gets the daemon's on its stdin; RemoteMonitor gets them off the telemetry socket).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import zmq
+
+from agent.events import Event
+from agent.supervise import LocalFeed, Sample
+from agent.telemetry import SourceInfo, job_event_body, reading_from_wire
+from agent.thermal import (
+    SourceSpecError,
+    SourceUnavailable,
+    ThermalMonitor,
+    ThermalReading,
+    ThermalSource,
+    open_source,
+)
+from agent.thermal.base import NoneSource
+from coordinator.client import AgentClient, HostError
+from shared import protocol as p
+from shared.keys import own_keypair
+from shared.paths import data_dir
+from shared.policy import ThermalPolicy
+
+log = logging.getLogger("agent.remote")
+
+STATE_FILE = "agent-serve.json"
+CONNECT_TIMEOUT_S = 2.0
+"""How long a local client waits for the daemon before supervising itself."""
+SLICE_S = 0.1
+"""How often a client waiting for a sample looks whether it was closed or the daemon died."""
+CLOSE_WAIT_S = 2.0
+
+
+# --- finding the daemon -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DaemonAddress:
+    """Where this machine's daemon listens, as its state file says."""
+
+    pid: int
+    endpoint: str
+    telemetry: str
+    public_key: str | None
+
+
+def state_path() -> Path:
+    return data_dir() / STATE_FILE
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether the process lives (a negative pid: whether any of that process group does)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: alive
+    return True
+
+
+def write_state(address: DaemonAddress) -> None:
+    """Publish where the daemon listens (0600, replaced atomically: a stale file from a killed
+    daemon is overwritten)."""
+    path = state_path()
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump({"pid": address.pid, "endpoint": address.endpoint,
+                   "telemetry": address.telemetry, "public_key": address.public_key}, handle)
+    os.replace(partial, path)
+
+
+def remove_state(pid: int) -> None:
+    """Remove the state file if it is still this daemon's."""
+    found = read_state()
+    if found is not None and found.pid == pid:
+        state_path().unlink(missing_ok=True)
+
+
+def read_state() -> DaemonAddress | None:
+    try:
+        data = json.loads(state_path().read_text(encoding="utf-8"))
+        return DaemonAddress(int(data["pid"]), str(data["endpoint"]), str(data["telemetry"]),
+                             data["public_key"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def find_daemon() -> DaemonAddress | None:
+    """This data directory's running daemon; None when there is none (or only a stale file)."""
+    found = read_state()
+    return found if found is not None and pid_alive(found.pid) else None
+
+
+class DaemonUnavailable(RuntimeError):
+    """The daemon's state file is there but the daemon did not answer."""
+
+
+class DaemonLost(RuntimeError):
+    """The daemon stopped publishing or its process is gone; the message says which."""
+
+
+# --- readings handed over -----------------------------------------------------------------------
+
+
+class FedSource(ThermalSource):
+    """Readings that another process took: read() returns the latest one handed over, never
+    touching a sensor. Named after the source that took them."""
+
+    def __init__(self, info: SourceInfo) -> None:
+        super().__init__()
+        self.name = info.name
+        self.simulated = info.simulated
+        self._latest: ThermalReading | None = None
+        self.last_error = "no reading from the agent yet"
+
+    def feed(self, reading: ThermalReading | None) -> None:
+        self._latest = reading
+        self.last_error = None if reading else "the agent has no reading"
+
+    def end(self, why: str) -> None:
+        self._latest = None
+        self.last_error = why
+
+    def read(self) -> ThermalReading | None:
+        return self._latest
+
+
+# --- one connection to the daemon ---------------------------------------------------------------
+
+
+class DaemonSession:
+    """Requests on a DEALER and samples on a SUB, both with this data directory's keypair.
+    Built on one thread, then used by one thread at a time."""
+
+    def __init__(self, address: DaemonAddress, timeout: float = CONNECT_TIMEOUT_S) -> None:
+        self.address = address
+        self.ctx = zmq.Context()
+        keypair = own_keypair() if address.public_key else None
+        self.client = AgentClient(self.ctx, address.endpoint, address.public_key, keypair,
+                                  timeout)
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.linger = 0
+        self.sub.maxmsgsize = p.MAX_MESSAGE_SIZE
+        if keypair is not None and address.public_key:
+            self.sub.curve_secretkey = keypair.secret.encode("ascii")
+            self.sub.curve_publickey = keypair.public.encode("ascii")
+            self.sub.curve_serverkey = address.public_key.encode("ascii")
+        self.sub.subscribe(b"")
+        try:
+            self.sub.connect(f"tcp://{address.telemetry}")
+            self.client.connect()
+            info = self.client.request("info", timeout=timeout)
+        except (HostError, zmq.ZMQError) as exc:
+            self.close()
+            raise DaemonUnavailable(f"agent serve (pid {address.pid}) did not answer: "
+                                    f"{exc}") from None
+        thermal = info["thermal"]
+        self.source = SourceInfo(thermal["source"], thermal["simulated"])
+        self.first = reading_from_wire(thermal["reading"])
+        self.poll_interval: float = info["poll_interval"]
+        self.policy = ThermalPolicy.from_dict(info["policy"])
+        self.silence_s = 3 * self.poll_interval + 1.0
+        self._heard = time.monotonic()
+
+    def next_sample(self, stop: threading.Event) -> Sample | None:
+        """The daemon's next reading with the policy to judge it by (a `policy` event fetches the
+        new one first); None once `stop` is set. Raises DaemonLost."""
+        while not stop.is_set():
+            if self.sub.poll(SLICE_S * 1000):
+                try:
+                    message = p.decode_telemetry(self.sub.recv_multipart())
+                except p.ProtocolError as exc:
+                    log.warning("ignored a telemetry message: %s", exc.message)
+                    continue
+                self._heard = time.monotonic()
+                if message.type == "telemetry.sample":
+                    return Sample(reading_from_wire(message.body), self.policy)
+                if message.body["action"] == "policy":
+                    self._refresh_policy()
+                continue
+            if not pid_alive(self.address.pid):
+                raise DaemonLost(f"agent serve (pid {self.address.pid}) is gone")
+            silent = time.monotonic() - self._heard
+            if silent > self.silence_s:
+                raise DaemonLost(f"agent serve (pid {self.address.pid}) sent nothing for "
+                                 f"{silent:.1f} s")
+        return None
+
+    def _refresh_policy(self) -> None:
+        try:
+            self.policy = ThermalPolicy.from_dict(self.client.request("policy.get")["policy"])
+        except HostError as exc:
+            raise DaemonLost(f"agent serve (pid {self.address.pid}) did not give its new "
+                             f"policy: {exc}") from None
+
+    def close(self) -> None:
+        self.sub.close(linger=0)
+        self.client.close()
+        self.ctx.term()
+
+
+def connect_daemon(timeout: float = CONNECT_TIMEOUT_S) -> DaemonSession | None:
+    """A session with this machine's daemon, or None (none runs, or it does not answer: why is
+    logged)."""
+    address = find_daemon()
+    if address is None:
+        return None
+    try:
+        return DaemonSession(address, timeout)
+    except DaemonUnavailable as exc:
+        log.warning("%s; going on without it", exc)
+        return None
+
+
+def open_fallback(source: ThermalSource | str | None, poll_interval: float) -> ThermalSource:
+    """The source to read once the daemon is gone: a name is opened here (a source that cannot
+    work becomes `none`, with the reason)."""
+    if isinstance(source, ThermalSource):
+        return source
+    try:
+        return open_source(source or "auto", interval_s=poll_interval)
+    except (SourceSpecError, SourceUnavailable) as exc:
+        return NoneSource(f"fallback source: {exc}")
+
+
+# --- agent run ----------------------------------------------------------------------------------
+
+
+class DaemonFeed:
+    """`agent run`'s Feed while a daemon runs: each of its samples, judged by its policy. When it
+    goes away the next sample carries a note saying so, and the feed goes on with a LocalFeed over
+    `fallback` (opened only then) at `poll_interval`, with the daemon's last policy."""
+
+    def __init__(self, session: DaemonSession, fallback: str, poll_interval: float) -> None:
+        self._session = session
+        self._fallback = fallback
+        self._poll_interval = poll_interval
+        self._local: LocalFeed | None = None
+        self._closed = threading.Event()
+        self._released = threading.Event()
+        self._lock = threading.Lock()
+        self._sampling = False
+
+    @property
+    def source(self) -> str:
+        local = self._local
+        return local.source if local else self._session.source.name
+
+    @property
+    def simulated(self) -> bool:
+        local = self._local
+        return local.simulated if local else self._session.source.simulated
+
+    @property
+    def policy(self) -> ThermalPolicy:
+        return self._session.policy
+
+    def next(self) -> Sample | None:
+        if self._local is not None:
+            return self._local.next()
+        with self._lock:
+            self._sampling = True
+        try:
+            sample = self._session.next_sample(self._closed)
+        except DaemonLost as exc:
+            self._release()
+            return self._fall_back(str(exc))
+        if sample is None:
+            self._release()
+        return sample
+
+    def close(self) -> None:
+        self._closed.set()
+        with self._lock:
+            local, sampling = self._local, self._sampling
+        if local is not None:
+            local.close()
+        elif not sampling:
+            self._release()  # no sampler thread ever used the session
+        self._released.wait(CLOSE_WAIT_S)
+
+    def _release(self) -> None:
+        with self._lock:
+            if not self._released.is_set():
+                self._session.close()
+                self._released.set()
+
+    def _fall_back(self, why: str) -> Sample | None:
+        monitor = ThermalMonitor(self._poll_interval,
+                                 source=open_fallback(self._fallback, self._poll_interval))
+        with self._lock:
+            if self._closed.is_set():
+                monitor.close()
+                return None
+            self._local = LocalFeed(monitor, self._session.policy)
+        sample = self._local.next()
+        note = f"{why}; supervising with {monitor.source.name} here"
+        return None if sample is None else replace(sample, note=note)
+
+
+def register(fallback: str, poll_interval: float) -> tuple[DaemonFeed, EventForwarder] | None:
+    """`agent run`'s way in: a feed of the daemon's samples and a sink that lists the job there;
+    None when no daemon runs or it does not answer (then `agent run` supervises itself)."""
+    session = connect_daemon()
+    if session is None:
+        return None
+    try:
+        forwarder = EventForwarder(session.address)
+    except DaemonUnavailable as exc:
+        session.close()
+        log.warning("%s; going on without it", exc)
+        return None
+    return DaemonFeed(session, fallback, poll_interval), forwarder
+
+
+class EventForwarder:
+    """A Supervisor sink: each event of the job goes to the daemon as job.event, which lists the
+    job and publishes the event. Never waits: enforcement must not hang on a socket, and once the
+    daemon is gone events are dropped here (`agent run` records them itself in any case)."""
+
+    def __init__(self, address: DaemonAddress, timeout: float = CONNECT_TIMEOUT_S) -> None:
+        self.ctx = zmq.Context()
+        self.client = AgentClient(self.ctx, address.endpoint, address.public_key,
+                                  own_keypair() if address.public_key else None, timeout)
+        try:
+            self.client.connect()
+        except HostError as exc:
+            self.close()
+            raise DaemonUnavailable(f"agent serve (pid {address.pid}) did not answer: "
+                                    f"{exc}") from None
+        self.client.sock.sndtimeo = 0
+
+    def __call__(self, event: Event) -> None:
+        while self.client.sock.poll(0):
+            self.client.sock.recv()  # job.event.ok: nothing to learn from it
+        # The daemon gone or stuck is not worth a stall: the event is recorded here anyway.
+        with contextlib.suppress(zmq.Again):
+            self.client.send("job.event", job_event_body(event))
+
+    def close(self) -> None:
+        self.client.close()
+        self.ctx.term()
+
+
+# --- cooperative training loops -----------------------------------------------------------------
+
+
+class RemoteMonitor(ThermalMonitor):
+    """The local daemon's monitor with ThermalMonitor's API and semantics: `reading`,
+    `temperature`, `get_history()` and `is_rising()` follow the daemon's samples (its poll
+    interval, its source's name); `read()` / `get_soc_temperature()` give its latest reading;
+    `policy` is the policy the daemon enforces (updated when a coordinator pushes one), which
+    CoolingScheduler uses when given no policy of its own.
+
+    With no daemon running, it is a plain ThermalMonitor over `source` (a name or a
+    ThermalSource; "auto" by default) and `policy` is None. If the daemon goes away while
+    polling, it opens `source` then and goes on locally, keeping the daemon's last policy.
+    """
+
+    def __init__(self, poll_interval: float = 1.0, history_size: int = 60,
+                 source: ThermalSource | str | None = None) -> None:
+        self._fallback = source
+        self._session = connect_daemon()
+        self.policy: ThermalPolicy | None = None
+        if self._session is None:
+            super().__init__(poll_interval, history_size, source)
+            return
+        fed = FedSource(self._session.source)
+        fed.feed(self._session.first)
+        super().__init__(self._session.poll_interval, history_size, fed)
+        self.policy = self._session.policy
+
+    @property
+    def remote(self) -> bool:
+        """Whether readings come from the daemon now."""
+        return self._session is not None
+
+    def close(self) -> None:
+        super().close()
+        session, self._session = self._session, None
+        if session is not None:
+            session.close()
+
+    def _run(self) -> None:
+        session = self._session
+        if session is None:
+            super()._run()
+            return
+        try:
+            while (sample := session.next_sample(self._stop)) is not None:
+                assert isinstance(self.source, FedSource)
+                self.source.feed(sample.reading)
+                self.policy = sample.policy
+                self._poll()
+            return
+        except DaemonLost as exc:
+            log.warning("%s: reading the sensor here", exc)
+        self._session = None
+        session.close()
+        with self._source_lock:
+            self.source = open_fallback(self._fallback, self.poll_interval)
+            self._owns_source = not isinstance(self._fallback, ThermalSource)
+        super()._run()

@@ -3,8 +3,12 @@
 Why a child: a crash or an out-of-memory kill takes the job down, not the daemon; MLX's peak
 memory starts clean for every job; and the daemon stays free to answer ping and info.
 
-The daemon writes one msgpack map {"matrix": MatrixSpec dict, "thermal_source": name or nil} to
-the child's stdin. The child writes a msgpack stream to file descriptor N:
+The daemon writes to the child's stdin one msgpack map {"matrix": MatrixSpec dict, "thermal":
+{"source": name, "simulated": bool, "poll_interval": s}}, then one {"reading": map or nil,
+"policy": ThermalPolicy map} per sample it takes, for as long as the job runs. The child never
+opens a sensor: its ThermalGuard reads a FedSource holding the daemon's latest reading and follows
+the daemon's policy ("one sensor reader serves every job"); its cells name the daemon's source.
+The child writes a msgpack stream to file descriptor N:
 {"kind": "model", "info": ...} per built model, {"kind": "cell", "record": ...} per finished cell,
 and last {"kind": "done", "status": "ok" | "cancelled" | "failed", "error": text or nil}.
 SIGTERM cancels: the cell being measured is dropped and "done" says "cancelled".
@@ -17,14 +21,19 @@ import contextlib
 import os
 import signal
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 import msgpack
 
 from agent.cooling import ThermalGuard
 from agent.profiling.runner import error_text, run_matrix
+from agent.remote import FedSource
+from agent.telemetry import SourceInfo, reading_from_wire
 from agent.thermal import ThermalMonitor
 from shared.matrix import MatrixSpec
+from shared.policy import ThermalPolicy
 from shared.protocol import JOB_CANCELLED, JOB_FAILED, JOB_OK
 
 
@@ -48,17 +57,33 @@ def write(out: BinaryIO, item: dict[str, Any]) -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
-def run(request: dict[str, Any], out: BinaryIO) -> None:
-    """Run the matrix, streaming every model and cell; always ends with one "done"."""
+def items(fd: int) -> Iterator[dict[str, Any]]:
+    """The daemon's msgpack maps as they arrive on `fd`, until it closes its end."""
+    unpacker = msgpack.Unpacker(raw=False)
+    while data := os.read(fd, 65536):
+        unpacker.feed(data)
+        yield from unpacker
 
+
+def follow(updates: Iterator[dict[str, Any]], source: FedSource, guard: ThermalGuard) -> None:
+    """Hand each of the daemon's readings and policies to the guard, until the daemon stops."""
+    for update in updates:
+        source.feed(reading_from_wire(update["reading"]))
+        guard.scheduler.policy = ThermalPolicy.from_dict(update["policy"])
+    source.end("the agent stopped sending readings")
+
+
+def run(request: dict[str, Any], updates: Iterator[dict[str, Any]], out: BinaryIO) -> None:
+    """Run the matrix under the daemon's readings, streaming every model and cell; always ends
+    with one "done"."""
     status, error = JOB_OK, None
-    monitor = None
+    thermal = request["thermal"]
+    source = FedSource(SourceInfo(thermal["source"], thermal["simulated"]))
+    guard = ThermalGuard(ThermalMonitor(thermal["poll_interval"], source=source))
+    threading.Thread(target=follow, args=(updates, source, guard), name="agent-readings",
+                     daemon=True).start()
     try:
         spec = MatrixSpec.from_dict(request["matrix"])
-        guard = None
-        if request.get("thermal_source"):
-            monitor = ThermalMonitor(source=request["thermal_source"])
-            guard = ThermalGuard(monitor)
         records = run_matrix(spec, guard=guard,
                              on_model=lambda info: write(out, {"kind": "model", "info": info}))
         for record in records:
@@ -68,8 +93,7 @@ def run(request: dict[str, Any], out: BinaryIO) -> None:
     except Exception as exc:  # a failed job is reported, never a silent exit
         status, error = JOB_FAILED, error_text(exc)
     finally:
-        if monitor is not None:
-            monitor.close()
+        guard.monitor.close()
     write(out, {"kind": "done", "status": status, "error": error})
 
 
@@ -79,10 +103,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _cancel)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C at the daemon's terminal is its call
-    request = msgpack.unpackb(sys.stdin.buffer.read(), raw=False)
+    stream = items(sys.stdin.fileno())
+    request = next(stream)
     # A broken pipe means the daemon is gone: nobody is left to tell.
     with contextlib.suppress(BrokenPipeError), os.fdopen(args.fd, "wb") as out:
-        run(request, out)
+        run(request, stream, out)
 
 
 if __name__ == "__main__":

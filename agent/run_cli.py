@@ -1,20 +1,25 @@
 """`agent run -- CMD ARGS...`: a command (a fine-tune) supervised by the cooling policy.
 
-This is the self-supervising form: it reads this machine's sensor itself and needs no daemon, no
-coordinator and no network. See agent.supervise for the actions and the reduce_batch state file.
+When this machine's `agent serve` runs (same data directory), the command is registered with it:
+the daemon's readings and policy drive the supervision (no second sensor reader), and the daemon
+lists the job and publishes its events (agent.remote). Otherwise, or once the daemon is gone,
+`agent run` reads the sensor itself and needs no daemon, no coordinator and no network. See
+agent.supervise for the actions and the reduce_batch state file.
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from contextlib import closing
+from contextlib import ExitStack, closing
 from typing import Annotated
 
 import typer
 
 from agent.events import PREFIX, Event, EventLog, format_line
-from agent.supervise import LaunchError, LocalFeed, Supervisor
+from agent.remote import register
+from agent.supervise import Feed, LaunchError, LocalFeed, Supervisor
+from agent.telemetry import policy_text
 from agent.thermal import SourceSpecError, SourceUnavailable, ThermalMonitor
 from shared.cli import (
     Hysteresis,
@@ -65,6 +70,11 @@ def run_command(
     the group too; a second one, SIGKILL at once. Each action is a line on
     stderr and a row in events.sqlite in the data directory.
 
+    With `agent serve` running on this machine, the readings and the policy
+    are the daemon's (the threshold options are not used) and the job shows
+    in its telemetry; --thermal-source and --poll-interval then serve only
+    if the daemon goes away, when agent run supervises by itself.
+
     Exit codes: CMD's own (128+N if signal N killed it), 75 thermal stop,
     2 bad usage (thresholds out of order, unknown source), 125 thermal source
     unusable here, 126 CMD cannot be executed, 127 CMD not found.
@@ -74,19 +84,35 @@ def run_command(
     if not (math.isfinite(grace) and grace >= 0):
         raise usage_error(f"--grace must be >= 0 seconds, got {grace}")
     policy = policy_from_options(max_speed_temp, pause_temp, stop_temp, hysteresis)
-    with closing(EventLog()) as log:
+    with ExitStack() as stack:
+        log = stack.enter_context(closing(EventLog()))
         supervisor = Supervisor(command, grace=grace, sinks=[print_event, log.record])
+        feed: Feed
+        registered = register(thermal_source, poll_interval)
+        if registered is not None:
+            feed, forwarder = registered
+            stack.callback(forwarder.close)  # after the exit event, which it forwards too
+            supervisor.sinks.append(forwarder)
+            typer.echo(f"{PREFIX} registered with agent serve: readings from {feed.source}, "
+                       f"its policy {policy_text(feed.policy)}", err=True)
+        else:
+            feed = LocalFeed(local_monitor(thermal_source, poll_interval), policy)
         try:
-            monitor = ThermalMonitor(poll_interval=poll_interval, source=thermal_source)
-        except SourceSpecError as exc:
-            raise usage_error(str(exc)) from None
-        except SourceUnavailable as exc:
-            raise _fail(EXIT_SUPERVISOR_FAILED, str(exc)) from None
-        if monitor.source.name == "none":
-            typer.echo(f"{PREFIX} warning: {monitor.last_error}; CMD runs without thermal "
-                       "enforcement", err=True)
-        try:
-            code = supervisor.run(LocalFeed(monitor, policy))
+            code = supervisor.run(feed)
         except LaunchError as exc:
             raise _fail(exc.code, str(exc)) from None
     raise typer.Exit(code)
+
+
+def local_monitor(thermal_source: str, poll_interval: float) -> ThermalMonitor:
+    """This machine's sensor, read by agent run itself; exits 2 or 125 when it cannot be."""
+    try:
+        monitor = ThermalMonitor(poll_interval=poll_interval, source=thermal_source)
+    except SourceSpecError as exc:
+        raise usage_error(str(exc)) from None
+    except SourceUnavailable as exc:
+        raise _fail(EXIT_SUPERVISOR_FAILED, str(exc)) from None
+    if monitor.source.name == "none":
+        typer.echo(f"{PREFIX} warning: {monitor.last_error}; CMD runs without thermal "
+                   "enforcement", err=True)
+    return monitor

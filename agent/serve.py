@@ -6,10 +6,18 @@ forwarded at once as bench.cell to the coordinator that asked. The loop never bl
 so ping and info are answered while it runs. One job at a time: a second bench.start gets a
 `busy` error naming the running job. SIGTERM (or SIGINT) stops the job, flushes what it
 finished, tells its coordinator, and exits 0.
+
+The daemon also monitors all the time with ONE ThermalMonitor. Its thread hands every reading to
+the main loop (a queue and a wake-up pipe), which judges it by the policy (persisted, changed by
+policy.set), publishes it on a PUB socket, stores it (agent.history), feeds it to the running
+benchmark job, and supervises that job with the same pure core as `agent run`. `agent run`
+commands on this machine register through job.event (agent.remote). Everything stateful happens
+on the main thread, so nothing here needs a lock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -17,24 +25,55 @@ import socket
 import subprocess
 import sys
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from queue import Empty, SimpleQueue
 from typing import Any
 
 import msgpack
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
+from agent.events import Event, EventLog
+from agent.history import TelemetryHistory, load_policy, save_policy
 from agent.journal import Journal, now_iso
 from agent.keys import TrustedKeys, trusted_dir
 from agent.machine import machine_info, package_version
 from agent.model import BUILTIN_CONFIGS
 from agent.profiling.runner import ModelLoadError, check_model_dir, require_mlx_lm
-from agent.thermal import SourceSpecError, SourceUnavailable, ThermalMonitor
+from agent.remote import DaemonAddress, pid_alive, remove_state, write_state
+from agent.supervise import Supervision, react
+from agent.telemetry import (
+    TREND_WINDOW,
+    JobTable,
+    SourceInfo,
+    event_body,
+    event_from_body,
+    history_limit,
+    host_state,
+    policy_text,
+    reading_wire,
+    retention_cutoff,
+    sample_body,
+    trend_c_per_min,
+    updated_policy,
+)
+from agent.thermal import (
+    SourceSpecError,
+    SourceUnavailable,
+    ThermalMonitor,
+    ThermalReading,
+    ThermalSource,
+    open_source,
+)
 from shared import protocol as p
 from shared.keys import own_keypair
 from shared.matrix import MatrixError, MatrixSpec, expand
+from shared.metrics import MetricsServer, TelemetryMetrics, serve_metrics
 from shared.paths import data_subdir
+from shared.policy import CoolingState
 
 log = logging.getLogger("agent.serve")
 
@@ -44,11 +83,16 @@ TICK_MS = 200
 CANCEL_GRACE_S = 5.0
 """How long a cancelled job may take to finish its current cell before it is killed."""
 JOB_PAGE_BYTES = p.MAX_MESSAGE_SIZE // 2
-"""job.get pages hold records up to this many packed bytes, so a reply never hits the limit."""
+"""job.get and history.get pages hold up to this many packed bytes: a reply never hits the limit."""
+DEFAULT_POLL_S = 1.0
+DEFAULT_RETENTION_DAYS = 7.0
+PRUNE_EVERY_S = 300.0
+"""History is pruned this often, or ten times per retention period when that is shorter."""
 
 
 class ServeError(ValueError):
-    """The daemon cannot start: a bad --bind or --thermal-source; the message says why."""
+    """The daemon cannot start: a bad --bind, --thermal-source or --prometheus, a port in use;
+    the message says why."""
 
 
 def endpoint_for(bind: str) -> tuple[str, bool]:
@@ -60,6 +104,60 @@ def endpoint_for(bind: str) -> tuple[str, bool]:
     ipv6 = host.startswith("[")
     port = "*" if int(port_text) == 0 else port_text
     return f"tcp://{host}:{port}", ipv6
+
+
+def telemetry_endpoint(endpoint: str, port: int | None) -> str:
+    """The PUB socket's endpoint: `port` when given (0: any), else the command port + 1, or any
+    free port when the command port is picked too."""
+    base, _, command_port = endpoint.rpartition(":")
+    if port is None:
+        port = 0 if command_port == "*" else int(command_port) + p.TELEMETRY_PORT_OFFSET
+    return f"{base}:{port or '*'}"
+
+
+def local_address(endpoint: str) -> str:
+    """HOST:PORT to reach a bound `tcp://HOST:PORT` from this machine (loopback for a wildcard)."""
+    host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+    host = {"0.0.0.0": "127.0.0.1", "*": "127.0.0.1", "[::]": "[::1]"}.get(host, host)
+    return f"{host}:{port}"
+
+
+class TappedSource(ThermalSource):
+    """A source that hands every read's outcome (None too) to `on_read`: how the one monitor's
+    thread tells the daemon about each reading as it is taken."""
+
+    def __init__(self, inner: ThermalSource,
+                 on_read: Callable[[ThermalReading | None], None]) -> None:
+        super().__init__()
+        self.inner = inner
+        self.name = inner.name
+        self.simulated = inner.simulated
+        self.last_error = inner.last_error
+        self._on_read = on_read
+
+    def read(self) -> ThermalReading | None:
+        reading = None
+        try:
+            reading = self.inner.read()
+        finally:  # a source that raises still makes a sample: one without a reading
+            self.last_error = self.inner.last_error
+            self._on_read(reading)
+        return reading
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class OwnOrTrustedKeys:
+    """ZAP: the coordinators in keys/trusted, and this agent's own key, which only processes of
+    its user on this machine hold (agent run, RemoteMonitor)."""
+
+    def __init__(self, own: str, trusted: TrustedKeys) -> None:
+        self.own = own
+        self.trusted = trusted
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return key.decode("ascii", "replace") == self.own or self.trusted.callback(domain, key)
 
 
 @dataclass
@@ -79,23 +177,47 @@ class Job:
     done: int = 0
     outcome: dict[str, Any] | None = None
     kill_at: float | None = None
+    supervision: Supervision = field(default_factory=Supervision)
+    """The policy's actions on the job, as the daemon decides them from its samples."""
 
 
 class AgentDaemon:
     """start() binds, serve_forever() serves until stop() (safe from a signal handler)."""
 
     def __init__(self, bind: str = DEFAULT_BIND, secure: bool = True,
-                 thermal_source: str | None = None) -> None:
+                 thermal_source: str = "auto", *, poll_interval: float = DEFAULT_POLL_S,
+                 telemetry_port: int | None = None,
+                 retention_days: float = DEFAULT_RETENTION_DAYS,
+                 prometheus: str | None = None) -> None:
         self.endpoint, self.ipv6 = endpoint_for(bind)
+        self.telemetry = telemetry_endpoint(self.endpoint, telemetry_port)
         self.secure = secure
         self.thermal_source = thermal_source
+        self.poll_interval = poll_interval
+        self.retention_days = retention_days
+        self.prometheus = prometheus
         self.ctx = zmq.Context()
         self.router = self.ctx.socket(zmq.ROUTER)
+        self.publisher = self.ctx.socket(zmq.PUB)
         self.auth: ThreadAuthenticator | None = None
         self.public_key: str | None = None
         self.journal = Journal()
         self.job: Job | None = None
         self.monitor: ThermalMonitor | None = None
+        self.host = socket.gethostname()
+        self.policy = load_policy()
+        self.jobs = JobTable()
+        self.history = TelemetryHistory(self.host, EventLog())
+        self.metrics: TelemetryMetrics | None = None
+        self._metrics_server: MetricsServer | None = None
+        self._source = SourceInfo("none", False)
+        self._readings: SimpleQueue[ThermalReading | None] = SimpleQueue()
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_write, False)
+        self._last_reading: ThermalReading | None = None
+        self._state: CoolingState | None = None
+        self._temperatures: deque[float] = deque(maxlen=TREND_WINDOW)
+        self._next_prune = 0.0
         self._stopping = False
         self._machine = machine_info()
         self._version = package_version("mlx-fleet") or "unknown"
@@ -103,44 +225,69 @@ class AgentDaemon:
     # --- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> str:
-        """Bind the command socket; returns the endpoint actually bound (the port resolved)."""
+        """Bind the command and telemetry sockets, then start monitoring; returns the command
+        endpoint actually bound (the port resolved)."""
         try:
-            self._start_thermal()
+            source = open_source(self.thermal_source, interval_s=self.poll_interval)
         except (SourceSpecError, SourceUnavailable) as exc:
             self.close()
             raise ServeError(f"thermal source: {exc}") from None
-        self.router.ipv6 = self.ipv6
-        self.router.linger = 1000
-        self.router.maxmsgsize = p.MAX_MESSAGE_SIZE
-        self.router.heartbeat_ivl = 2000
-        self.router.heartbeat_timeout = 6000
+        self._source = SourceInfo(source.name, source.simulated)
+        self.monitor = ThermalMonitor(self.poll_interval, source=TappedSource(source,
+                                                                              self._tap))
         if self.secure:
             keypair = own_keypair()
             self.public_key = keypair.public
             self.auth = ThreadAuthenticator(self.ctx, log=logging.getLogger("agent.zap"))
             self.auth.start()
-            self.auth.configure_curve_callback(domain="*",
-                                               credentials_provider=TrustedKeys(trusted_dir()))
-            self.router.curve_secretkey = keypair.secret.encode("ascii")
-            self.router.curve_publickey = keypair.public.encode("ascii")
-            self.router.curve_server = True
-        try:
-            self.router.bind(self.endpoint)
-        except zmq.ZMQError as exc:
-            self.close()
-            raise ServeError(f"cannot bind {self.endpoint}: {exc}") from None
+            self.auth.configure_curve_callback(
+                domain="*", credentials_provider=OwnOrTrustedKeys(keypair.public,
+                                                                  TrustedKeys(trusted_dir())))
+        for sock, endpoint in ((self.router, self.endpoint), (self.publisher, self.telemetry)):
+            sock.ipv6 = self.ipv6
+            sock.linger = 1000
+            sock.maxmsgsize = p.MAX_MESSAGE_SIZE
+            sock.heartbeat_ivl = 2000
+            sock.heartbeat_timeout = 6000
+            if self.secure:
+                sock.curve_secretkey = keypair.secret.encode("ascii")
+                sock.curve_publickey = keypair.public.encode("ascii")
+                sock.curve_server = True
+            try:
+                sock.bind(endpoint)
+            except zmq.ZMQError as exc:
+                self.close()
+                raise ServeError(f"cannot bind {endpoint}: {exc}") from None
+        self.telemetry = self.publisher.last_endpoint.decode()
+        if self.prometheus:
+            self._start_metrics(self.prometheus)
         abandoned = self.journal.abandon_running()
         if abandoned:
             log.warning("%d job(s) were running when the agent last stopped: marked failed",
                         abandoned)
-        return self.router.last_endpoint.decode()
-
-    def _start_thermal(self) -> None:
-        """Poll the thermal source in the background, so info never waits on a sensor."""
-        if not self.thermal_source:
-            return
-        self.monitor = ThermalMonitor(poll_interval=2.0, source=self.thermal_source)
+        endpoint = self.router.last_endpoint.decode()
+        write_state(DaemonAddress(os.getpid(), local_address(endpoint),
+                                  local_address(self.telemetry), self.public_key))
         self.monitor.start()
+        log.info("monitoring %s every %g s; policy %s; telemetry on %s", self._source.name,
+                 self.poll_interval, policy_text(self.policy), self.telemetry)
+        return endpoint
+
+    def _start_metrics(self, address: str) -> None:
+        self.metrics = TelemetryMetrics()
+        try:
+            self._metrics_server = serve_metrics(self.metrics.registry, address)
+        except (ValueError, OSError) as exc:
+            self.close()
+            raise ServeError(f"--prometheus: {exc}") from None
+        host = address.rpartition(":")[0]
+        log.info("metrics on http://%s:%d/metrics", host, self._metrics_server.port)
+
+    def _tap(self, reading: ThermalReading | None) -> None:
+        """On the monitor's thread: hand the reading to the main loop and wake it."""
+        self._readings.put(reading)
+        with contextlib.suppress(BlockingIOError):  # a wake-up is pending already
+            os.write(self._wake_write, b"r")
 
     def stop(self, *_: object) -> None:
         """Ask the loop to end (safe from a signal handler)."""
@@ -151,6 +298,7 @@ class AgentDaemon:
         flushed its cells and its coordinator got bench.done, or the grace time is over."""
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
+        poller.register(self._wake_read, zmq.POLLIN)
         deadline: float | None = None
         while deadline is None or (self.job is not None and time.monotonic() < deadline):
             if self._stopping and deadline is None:
@@ -164,6 +312,8 @@ class AgentDaemon:
             events = dict(poller.poll(TICK_MS))
             if job is not None:
                 poller.unregister(job.fd)
+            if events.get(self._wake_read):
+                self._drain_readings()
             if events.get(self.router):
                 self._drain_router()
             if job is not None and job is self.job and events.get(job.fd):
@@ -172,14 +322,100 @@ class AgentDaemon:
         self.close()
 
     def close(self) -> None:
+        remove_state(os.getpid())
         if self.monitor is not None:
             self.monitor.close()
+            self.monitor.source.close()  # the monitor leaves a source it was given open
+        if self._metrics_server is not None:
+            self._metrics_server.close()
         if self.auth is not None:
             self.auth.stop()
             self.auth = None
         self.router.close(linger=1000)
+        self.publisher.close(linger=0)
         self.ctx.term()
         self.journal.close()
+        self.history.close()
+        self.history.events.close()
+        os.close(self._wake_read)
+        os.close(self._wake_write)
+
+    # --- telemetry ------------------------------------------------------------------------------
+
+    def _drain_readings(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.read(self._wake_read, 4096)
+        while True:
+            try:
+                reading = self._readings.get_nowait()
+            except Empty:
+                return
+            self._on_reading(reading)
+
+    def _on_reading(self, reading: ThermalReading | None) -> None:
+        """One poll: judge, supervise the benchmark job, publish, store, prune."""
+        now = time.time()
+        self._last_reading = reading
+        self._state = host_state(self.policy, reading, self._state)
+        if reading is not None and reading.celsius is not None:
+            self._temperatures.append(reading.celsius)
+        self._supervise_job(reading)
+        self._feed_job()
+        for event in self.jobs.vanished(lambda pgid: pid_alive(-pgid), now):  # any in group
+            self._event(event)
+        self.jobs.expire(now)
+        sample = sample_body(self.host, now, reading, self._source, self._state,
+                             trend_c_per_min(list(self._temperatures), self.poll_interval),
+                             self.jobs.pause_s_total(now), self.jobs.listed())
+        self.history.add_sample(sample)
+        self._publish("telemetry.sample", sample)
+        if self.metrics is not None:
+            self.metrics.observe_sample(sample)
+        if now >= self._next_prune:
+            self.history.prune(retention_cutoff(now, self.retention_days))
+            self._next_prune = now + min(PRUNE_EVERY_S, self.retention_days * 86400.0 / 10)
+
+    def _event(self, event: Event, kind: str = p.KIND_RUN, store: bool = True) -> None:
+        """Keep the job table current (`kind` is what a `start` lists), record (unless `agent
+        run` did) and publish."""
+        self.jobs.apply(event, kind)
+        if store:
+            self.history.add_event(event)
+        body = event_body(self.host, event)
+        self._publish("telemetry.event", body)
+        if self.metrics is not None:
+            self.metrics.observe_event(body)
+
+    def _publish(self, type_: str, body: dict[str, Any]) -> None:
+        self.publisher.send_multipart(p.telemetry_frames(p.make(type_, body)))
+
+    def _job_event(self, job: Job, action: str, celsius: float | None = None,
+                   detail: str | None = None) -> None:
+        self._event(Event(time=time.time(), job=job.id, pid=job.process.pid, action=action,
+                          source=self._source.name, simulated=self._source.simulated,
+                          celsius=celsius, detail=detail), p.KIND_BENCH)
+
+    def _supervise_job(self, reading: ThermalReading | None) -> None:
+        """The benchmark job's pauses and stops as `agent run` would decide them; the job process
+        honours them at its next iteration (it has the same readings and policy)."""
+        job = self.job
+        if job is None:
+            return
+        decision = react(job.supervision, self.policy, reading)
+        job.supervision = decision.state
+        for action in decision.actions:
+            self._job_event(job, action.value, celsius=reading.celsius if reading else None)
+
+    def _feed_job(self) -> None:
+        """The latest reading and the policy to the job process. Never blocks: an update the
+        pipe has no room for is dropped, the next one replaces it."""
+        job = self.job
+        if job is None or job.process.stdin is None:
+            return
+        update = msgpack.packb({"reading": reading_wire(self._last_reading),
+                                "policy": self.policy.to_dict()})
+        with contextlib.suppress(BlockingIOError, BrokenPipeError):
+            os.write(job.process.stdin.fileno(), update)
 
     # --- the command socket ---------------------------------------------------------------------
 
@@ -223,13 +459,17 @@ class AgentDaemon:
             "bench.start": self._bench_start,
             "bench.cancel": self._bench_cancel,
             "job.get": self._job_get,
+            "history.get": self._history_get,
+            "policy.get": self._policy_get,
+            "policy.set": self._policy_set,
+            "job.event": self._job_event_request,
         }
         handlers[message.type](identity, message)
 
     def _hello(self, identity: bytes, message: p.Message) -> None:
         self._reply(identity, message, "hello.ok", {
             "agent": self._version, "protocol": p.PROTOCOL_VERSION,
-            "hostname": socket.gethostname(), "secure": self.secure})
+            "hostname": self.host, "secure": self.secure})
 
     def _ping(self, identity: bytes, message: p.Message) -> None:
         self._reply(identity, message, "ping.ok",
@@ -244,16 +484,53 @@ class AgentDaemon:
             "thermal": self._thermal(),
             "job": None if job is None else {"id": job.id, "done": job.done,
                                              "total": job.total, "started": job.started},
+            "telemetry_port": int(self.telemetry.rpartition(":")[2]),
+            "poll_interval": self.poll_interval,
+            "policy": self.policy.to_dict(),
+            "jobs": self.jobs.listed(),
         })
 
     def _thermal(self) -> dict[str, Any]:
-        """The latest polled reading; source None when serving without one."""
-        if self.monitor is None:
-            return {"source": None, "reading": None, "error": "no thermal source selected"}
-        reading = self.monitor.reading
-        return {"source": self.monitor.source.name,
+        """The latest polled reading, never waiting on the sensor."""
+        reading = self.monitor.reading if self.monitor else None
+        return {"source": self._source.name, "simulated": self._source.simulated,
                 "reading": reading.to_dict() if reading else None,
-                "error": self.monitor.last_error}
+                "error": self.monitor.last_error if self.monitor else None}
+
+    def _history_get(self, identity: bytes, message: p.Message) -> None:
+        try:
+            limit = history_limit(message.body["limit"])
+        except ValueError as exc:
+            raise p.ProtocolError(p.BAD_BODY, f"history.get: {exc}", re=message.id) from None
+        samples, events, truncated = self.history.page(message.body["since"], limit,
+                                                       JOB_PAGE_BYTES)
+        self._reply(identity, message, "history.get.ok",
+                    {"samples": samples, "events": events, "truncated": truncated})
+
+    def _policy_get(self, identity: bytes, message: p.Message) -> None:
+        self._reply(identity, message, "policy.get.ok", {"policy": self.policy.to_dict()})
+
+    def _policy_set(self, identity: bytes, message: p.Message) -> None:
+        """Validate, persist, apply, announce; a refusal leaves the old policy in force."""
+        try:
+            policy = updated_policy(self.policy, message.body["policy"])
+        except ValueError as exc:
+            raise p.ProtocolError(p.BAD_POLICY, f"policy refused: {exc}; the policy in force "
+                                  f"stays {policy_text(self.policy)}", re=message.id) from None
+        if policy != self.policy:
+            save_policy(policy)
+            self.policy = policy
+            log.info("new policy: %s", policy_text(policy))
+            self._event(Event(time=time.time(), job="", pid=None, action="policy",
+                              source=self._source.name, simulated=self._source.simulated,
+                              detail=policy_text(policy)))
+            self._feed_job()
+        self._reply(identity, message, "policy.set.ok", {"policy": policy.to_dict()})
+
+    def _job_event_request(self, identity: bytes, message: p.Message) -> None:
+        """An event of an `agent run` job on this machine: it recorded it, we list and publish."""
+        self._event(event_from_body(message.body), p.KIND_RUN, store=False)
+        self._reply(identity, message, "job.event.ok", {"job": message.body["job"]})
 
     def _bench_start(self, identity: bytes, message: p.Message) -> None:
         if self._stopping:
@@ -295,11 +572,15 @@ class AgentDaemon:
                 close_fds=True)
         os.close(write_fd)
         assert process.stdin is not None
-        process.stdin.write(msgpack.packb({"matrix": spec.to_dict(),
-                                           "thermal_source": self.thermal_source}))
-        process.stdin.close()
+        thermal = {"source": self._source.name, "simulated": self._source.simulated,
+                   "poll_interval": self.poll_interval}
+        process.stdin.write(msgpack.packb({"matrix": spec.to_dict(), "thermal": thermal}))
+        process.stdin.flush()
+        os.set_blocking(process.stdin.fileno(), False)
         self.journal.create_job(job_id, spec.to_dict(), total)
         self.job = Job(job_id, identity, request_id, total, process, read_fd, output, now_iso())
+        self._job_event(self.job, "start", detail=f"benchmark: {total} cells")
+        self._feed_job()
         log.info("job %s: %d cells (pid %d)", job_id, total, process.pid)
         return self.job
 
@@ -386,6 +667,10 @@ class AgentDaemon:
             status, error = p.JOB_FAILED, f"the job process died ({exit_text(code)}) after " \
                                           f"{job.done} of {job.total} cells{last_words(job)}"
         self.journal.finish_job(job.id, status, error)
+        self._job_event(job, "exit", detail=status + (f": {error}" if error else ""))
+        assert job.process.stdin is not None
+        with contextlib.suppress(OSError):
+            job.process.stdin.close()
         if job.output.stat().st_size == 0:
             job.output.unlink()  # only a job process that said something keeps its log
         self._stream(job, "bench.done", {"status": status, "error": error, "cells": job.done})
@@ -412,13 +697,18 @@ def exit_text(code: int) -> str:
     return f"exit code {code}"
 
 
-def serve(bind: str, secure: bool, thermal_source: str | None) -> None:
+def serve(bind: str, secure: bool, thermal_source: str = "auto", *,
+          poll_interval: float = DEFAULT_POLL_S, telemetry_port: int | None = None,
+          retention_days: float = DEFAULT_RETENTION_DAYS, prometheus: str | None = None) -> None:
     """Run the daemon in the foreground until SIGTERM/SIGINT (launchd wants exactly that)."""
-    daemon = AgentDaemon(bind, secure, thermal_source)
+    daemon = AgentDaemon(bind, secure, thermal_source, poll_interval=poll_interval,
+                         telemetry_port=telemetry_port, retention_days=retention_days,
+                         prometheus=prometheus)
     signal.signal(signal.SIGTERM, daemon.stop)
     signal.signal(signal.SIGINT, daemon.stop)
     endpoint = daemon.start()
     security = f"curve-key={daemon.public_key}" if secure else "INSECURE"
-    print(f"agent serve: listening on {endpoint} {security}", flush=True)
+    print(f"agent serve: listening on {endpoint} {security} telemetry={daemon.telemetry}",
+          flush=True)
     daemon.serve_forever()
     log.info("stopped")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
@@ -11,8 +12,8 @@ from typing import Annotated
 import typer
 
 from agent.keys import TrustError, list_trusted, revoke, trust
-from agent.serve import DEFAULT_BIND, ServeError, serve
-from shared.cli import EXIT_PARTIAL, ThermalSourceName, err, usage_error
+from agent.serve import DEFAULT_BIND, DEFAULT_POLL_S, DEFAULT_RETENTION_DAYS, ServeError, serve
+from shared.cli import EXIT_PARTIAL, PollInterval, ThermalSourceName, err, usage_error
 from shared.keys import own_keypair
 
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s: %(message)s"
@@ -41,20 +42,42 @@ def serve_command(
         "Mac. For a trusted lab network only.")] = False,
     log_file: Annotated[Path | None, typer.Option(
         "--log-file", help="Log here instead of stderr, rotated at 10 MB (5 files kept).")] = None,
+    poll_interval: PollInterval = DEFAULT_POLL_S,
+    telemetry_port: Annotated[int | None, typer.Option(
+        "--telemetry-port", help="Port of the telemetry PUB socket (default: the command "
+        "port + 1, 5556; a free one with --bind HOST:0; 0 picks a free one).")] = None,
+    retention_days: Annotated[float, typer.Option(
+        "--retention-days", help="Keep telemetry samples and events this many days.")
+    ] = DEFAULT_RETENTION_DAYS,
+    prometheus: Annotated[str | None, typer.Option(
+        "--prometheus", help="Serve Prometheus metrics at http://HOST:PORT/metrics.")] = None,
 ) -> None:
-    """Serve coordinators over ZeroMQ until SIGTERM: benchmarks, info, job history.
+    """Serve coordinators over ZeroMQ until SIGTERM: benchmarks, info, job history, and
+    thermal telemetry.
 
     Stays in the foreground (as launchd and systemd want), logs with timestamps, exits 0 on
-    SIGTERM. Prints `agent serve: listening on tcp://HOST:PORT curve-key=KEY` (or INSECURE)
-    once bound; a second instance on the same port is refused.
+    SIGTERM. Prints `agent serve: listening on tcp://HOST:PORT curve-key=KEY
+    telemetry=tcp://HOST:PORT` (INSECURE instead of the key) once bound; a second instance on
+    the same port is refused. Monitors the thermal source every --poll-interval seconds all
+    the time, publishes each sample and each policy action, keeps them --retention-days, and
+    enforces the policy a coordinator pushed (kept across restarts) on its benchmark jobs and on
+    the `agent run` commands of this machine.
     """
+    if not (math.isfinite(poll_interval) and poll_interval > 0):
+        raise usage_error(f"--poll-interval must be > 0 seconds, got {poll_interval}")
+    if not (math.isfinite(retention_days) and retention_days > 0):
+        raise usage_error(f"--retention-days must be > 0, got {retention_days}")
+    if telemetry_port is not None and not 0 <= telemetry_port <= 65535:
+        raise usage_error(f"--telemetry-port must be 0 to 65535, got {telemetry_port}")
     configure_logging(log_file)
     if insecure:
         err.print("[bold red]WARNING: --insecure: CURVE is OFF. Messages travel in clear text "
                   "and ANY client that reaches this port can run jobs here.[/bold red]",
                   highlight=False)
     try:
-        serve(bind, not insecure, thermal_source)
+        serve(bind, not insecure, thermal_source, poll_interval=poll_interval,
+              telemetry_port=telemetry_port, retention_days=retention_days,
+              prometheus=prometheus)
     except ServeError as exc:
         raise usage_error(str(exc)) from None
 

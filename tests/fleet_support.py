@@ -10,12 +10,14 @@ import signal
 import sqlite3
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from tests.conftest import console_script, subprocess_env
 
-READY = re.compile(r"listening on tcp://(\S+) (?:curve-key=(\S+)|INSECURE)")
+READY = re.compile(r"listening on tcp://(\S+) (?:curve-key=(\S+)|INSECURE)"
+                   r"(?: telemetry=tcp://(\S+))?")
 QUICK = ["--config-small", "-s", "16", "-i", "1", "-w", "0", "--decode-tokens", "4"]
 """Two cells that take well under a second on a slow CPU."""
 LONG = ["--config-small", "-s", "16,32,48,64", "-i", "3", "-w", "0", "--decode-tokens", "8"]
@@ -29,6 +31,8 @@ class AgentProcess:
     address: str
     key: str | None
     log: Path
+    telemetry: str = ""
+    """HOST:PORT of the telemetry PUB socket."""
 
     @property
     def port(self) -> int:
@@ -72,12 +76,15 @@ class AgentPool:
         self.agents: list[AgentProcess] = []
 
     def start(self, name: str = "agent", *, insecure: bool = False, thermal: str = "none",
-              bind_host: str = "127.0.0.1", netns: str | None = None) -> AgentProcess:
+              bind_host: str = "127.0.0.1", netns: str | None = None,
+              options: Sequence[str] = ()) -> AgentProcess:
+        """`options` are more `agent serve` options (--poll-interval, --prometheus, ...)."""
         home = self.root / name
         home.mkdir(parents=True, exist_ok=True)
         log = home / "serve.log"
         command = [console_script("agent"), "serve", "--bind", f"{bind_host}:0",
-                   "--thermal-source", thermal, *(["--insecure"] if insecure else [])]
+                   "--thermal-source", thermal, *(["--insecure"] if insecure else []),
+                   *options]
         if netns is not None:
             command = ["ip", "netns", "exec", netns, *command]
         with open(log, "w", encoding="utf-8") as log_file:
@@ -94,6 +101,7 @@ class AgentPool:
                 match = READY.search(process.stdout.readline())
                 if match:
                     agent.address, agent.key = match.group(1), match.group(2)
+                    agent.telemetry = match.group(3) or ""
                     return agent
             assert process.poll() is None, f"agent {name} exited:\n{agent.log_text()}"
         raise AssertionError(f"agent {name} did not get ready:\n{agent.log_text()}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,7 +66,8 @@ class HostView:
     poll_interval: float | None = None
     sample: dict[str, Any] | None = None
     info_jobs: list[dict[str, Any]] = field(default_factory=list)
-    series: dict[float, float | None] = field(default_factory=dict)
+    series: deque[tuple[float, float | None]] = field(default_factory=deque)
+    """(agent time, °C) of the sparkline's window, oldest first."""
     heard: float | None = None
     silent: bool = False
     live: bool = False
@@ -82,12 +84,27 @@ class HostView:
         return bucket_means(self.series, self.sample["time"], SPARK_WINDOW_S, SPARK_WIDTH)
 
 
-def bucket_means(series: dict[float, float | None], end: float, window: float, width: int
-                 ) -> list[float | None]:
+def remember(series: deque[tuple[float, float | None]], at: float, celsius: float | None,
+             window: float) -> None:
+    """Keep (at, celsius) in time order, once, and nothing older than `window` before the
+    newest. Live samples append and prune from the left in O(1); only a backfill after a
+    silence inserts, near the right end, where the gap was."""
+    index = len(series)
+    while index and series[index - 1][0] > at:
+        index -= 1
+    if index and series[index - 1][0] == at:
+        return
+    series.insert(index, (at, celsius))
+    while series[0][0] < series[-1][0] - window:
+        series.popleft()
+
+
+def bucket_means(series: Iterable[tuple[float, float | None]], end: float, window: float,
+                 width: int) -> list[float | None]:
     """Mean reading per bucket of the `window` seconds up to `end`; None where none fell."""
     step = window / width
     sums, counts = [0.0] * width, [0] * width
-    for at, celsius in series.items():
+    for at, celsius in series:
         index = int((at - (end - window)) // step)
         if celsius is not None and 0 <= index <= width:
             index = min(index, width - 1)
@@ -129,12 +146,10 @@ class Dashboard:
         """A sample, live (just published) or backfilled (history.get); older ones only fill
         the sparkline, and only a live one can raise a state alert or end a silence."""
         view = self.hosts[name]
-        view.series[body["time"]] = body["celsius"]
+        remember(view.series, body["time"], body["celsius"], SPARK_WINDOW_S)
         previous = view.sample
         if previous is None or body["time"] > previous["time"]:
             view.sample = body
-            for at in [at for at in view.series if at < body["time"] - SPARK_WINDOW_S]:
-                del view.series[at]
             if live and previous is not None and body["state"] != previous["state"] \
                     and body["state"] in (CoolingState.PAUSE.value, CoolingState.STOP.value):
                 level = CRITICAL if body["state"] == CoolingState.STOP.value else WARNING

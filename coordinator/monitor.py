@@ -38,6 +38,9 @@ memory); one recorded before, from its last recorded sample."""
 HISTORY_PAGE = 5000
 DRAIN_MAX = 1000
 """Messages a link takes off its SUB per report, so a flood still reaches the store in batches."""
+QUEUE_MAX = 64
+"""Reports waiting for the main thread. When it falls behind, links wait and their SUBs' high
+water marks drop the excess at the socket, instead of memory filling with decoded samples."""
 
 CONNECTED, LOST, SAMPLES, EVENTS, POLICY = "connected", "lost", "samples", "events", "policy"
 
@@ -77,7 +80,14 @@ class HostLink:
                                        daemon=True)
 
     def report(self, kind: str, data: Any, live: bool = False) -> None:
-        self.reports.put(LinkReport(self.target.name, kind, data, live))
+        """Queue a report, waiting while the queue is full (but not past stop)."""
+        item = LinkReport(self.target.name, kind, data, live)
+        while not self.stop.is_set():
+            try:
+                self.reports.put(item, timeout=POLL_MS / 1000)
+                return
+            except queue.Full:
+                continue
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -163,7 +173,7 @@ class Monitor:
                  metrics: TelemetryMetrics | None = None) -> None:
         self.store, self.metrics = store, metrics
         self.board = Dashboard([t.name for t in targets])
-        self.reports: queue.Queue[LinkReport] = queue.Queue()
+        self.reports: queue.Queue[LinkReport] = queue.Queue(QUEUE_MAX)
         self.stop = threading.Event()
         self.ctx = zmq.Context()
         now = time.time()

@@ -40,7 +40,8 @@ def test_silence_needs_five_intervals_and_never_less_than_the_minimum() -> None:
 
 
 def test_buckets_average_the_window_and_leave_gaps_empty() -> None:
-    series = {0.0: 10.0, 1.0: 20.0, 250.0: None, 299.0: 40.0, 300.0: 60.0, -5.0: 99.0}
+    series = [(-5.0, 99.0), (0.0, 10.0), (1.0, 20.0), (250.0, None), (299.0, 40.0),
+              (300.0, 60.0)]
     buckets = bucket_means(series, 300.0, 300.0, 30)
     assert buckets[0] == 15.0 and buckets[-1] == 50.0
     assert buckets[1:-1] == [None] * 28
@@ -74,7 +75,9 @@ def test_backfill_fills_the_sparkline_but_only_live_samples_alert() -> None:
     view = board.hosts["mac1:5555"]
     assert view.sample["time"] == 1000.0  # the newest stays current
     assert view.spark()[-3:] == [90.0, None, 70.0] and len(view.spark()) == SPARK_WIDTH
-    assert sorted(view.series) == [970.0, 975.0, 1000.0]
+    assert [at for at, _ in view.series] == [970.0, 975.0, 1000.0]
+    board.sample("mac1:5555", sample(975.0, 90, "stop"), now=1.0, live=False)  # again: once
+    assert len(view.series) == 3
     assert alerts(board) == []
     board.sample("mac1:5555", sample(1001.0, 86.5, "pause"), now=2.0)
     board.sample("mac1:5555", sample(1002.0, 86.0, "pause"), now=3.0)
@@ -82,7 +85,7 @@ def test_backfill_fills_the_sparkline_but_only_live_samples_alert() -> None:
     assert alerts(board) == [(WARNING, "reached pause at 86.5 °C"),
                              (CRITICAL, "reached stop at 95.5 °C")]
     board.sample("mac1:5555", sample(1400.0, 60), now=5.0)
-    assert sorted(view.series) == [1400.0]  # older than the window: dropped
+    assert [at for at, _ in view.series] == [1400.0]  # older than the window: dropped
 
 
 def test_job_events_alert_with_job_pid_and_temperature() -> None:

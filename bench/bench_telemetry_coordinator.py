@@ -1,0 +1,185 @@
+"""How many telemetry samples a second does `coordinator monitor` record from many agents, next
+to a bare pyzmq SUB loop?
+
+K publisher processes each speak the agent's side of the protocol (hello, info, history.get,
+ping on a ROUTER; telemetry.sample on a CURVE PUB, one job listed, like a fine-tune's host) and
+publish at a fixed rate. Against the same publishers, one after the other:
+  1. raw: one CURVE SUB per publisher in a poll loop, receive and count, nothing else;
+  2. ours: the monitor's own Monitor (a HostLink thread per host: CURVE SUB, decode and validate
+     each envelope, hand it across a queue; then the main thread writes each drain to the
+     telemetry SQLite in one transaction and updates the dashboard model), counting the samples
+     newly recorded.
+Printed as samples/s and the ratio ours / raw (1.00 = records all a bare SUB receives). The
+default offers more than the coordinator can record on a laptop, so "ours" is its ceiling; a
+lower --rate shows where it still keeps up. An agent publishes one sample a second by default,
+so N samples/s is N agents' worth.
+
+    python bench/bench_telemetry_coordinator.py [--agents 8] [--rate 5000] [--seconds 5]
+
+Publishers run in their own processes (spawn) so they never share the coordinator's GIL;
+everything stays on 127.0.0.1 and in a temporary MLX_FLEET_HOME. Numbers are printed, never
+asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from coordinator.dashboard import UP
+from coordinator.fleet import Settings, Target
+from coordinator.monitor import Monitor
+from coordinator.telemetry_store import TelemetryStore
+from shared import protocol as p
+from shared.keys import own_keypair
+from shared.policy import ThermalPolicy
+
+BURST_S = 0.01
+"""Publishers send their rate in bursts this often: steady, without a sleep per sample."""
+WARMUP_S = 1.0
+
+
+def publisher(ready: mp.Queue[Any], name: str, rate: float) -> None:
+    """One fake agent: answers the requests the monitor makes, publishes `rate` samples/s."""
+    public, secret = zmq.curve_keypair()
+    ctx = zmq.Context()
+    router, pub = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PUB)
+    for sock in (router, pub):
+        sock.curve_server = True
+        sock.curve_publickey, sock.curve_secretkey = public, secret
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    telemetry_port = pub.bind_to_random_port("tcp://127.0.0.1")
+    ready.put((f"127.0.0.1:{port}", public.decode("ascii")))
+    replies = {
+        "hello": ("hello.ok", {"agent": "bench", "protocol": p.PROTOCOL_VERSION,
+                               "hostname": name, "secure": True}),
+        "info": ("info.ok", {"agent": "bench", "protocol": p.PROTOCOL_VERSION,
+                             "machine": {"hostname": name}, "thermal": {}, "job": None,
+                             "telemetry_port": telemetry_port, "poll_interval": 1.0,
+                             "policy": ThermalPolicy().to_dict(), "jobs": []}),
+        "history.get": ("history.get.ok", {"samples": [], "events": [], "truncated": False}),
+    }
+    jobs = [{"job": "j-bench", "pid": 4242, "command": "python -m mlx_lm lora --train",
+             "state": "running", "kind": "run"}]
+    sent, began = 0, time.monotonic()
+    while True:
+        while router.poll(0):
+            identity, data = router.recv_multipart()
+            request = p.decode(data)
+            type_, body = replies.get(request.type, ("ping.ok", {"job": None,
+                                                                 "time": time.time()}))
+            router.send_multipart([identity, p.encode(p.make(type_, body, request.id))])
+        due = int((time.monotonic() - began) * rate)
+        for _ in range(due - sent):
+            # a distinct time per sample: the store keeps one sample per host and time
+            body = {"host": name, "time": began + sent / rate + 1e9, "celsius": 71.5,
+                    "pressure": None, "source": "bench", "simulated": True, "state": "ok",
+                    "trend_c_per_min": 0.4, "pause_s_total": 0.0, "jobs": jobs}
+            pub.send_multipart(p.telemetry_frames(p.make("telemetry.sample", body)))
+            sent += 1
+        time.sleep(BURST_S)
+
+
+def raw_rate(pubs: list[tuple[str, str]], seconds: float) -> float:
+    """Samples/s a bare CURVE SUB loop receives from every publisher's PUB address."""
+    ctx = zmq.Context()
+    public, secret = zmq.curve_keypair()
+    poller = zmq.Poller()
+    for address, key in pubs:
+        sub = ctx.socket(zmq.SUB)
+        sub.curve_publickey, sub.curve_secretkey = public, secret
+        sub.curve_serverkey = key.encode("ascii")
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(f"tcp://{address}")
+        poller.register(sub, zmq.POLLIN)
+    _receive(poller, WARMUP_S)  # past the slow joiner and what queued meanwhile
+    began = time.monotonic()
+    received = _receive(poller, seconds)
+    elapsed = time.monotonic() - began
+    ctx.destroy(linger=0)
+    return received / elapsed
+
+
+def _receive(poller: zmq.Poller, seconds: float) -> int:
+    received, began = 0, time.monotonic()
+    while time.monotonic() - began < seconds:
+        for sock, _ in poller.poll(100):
+            while True:
+                try:
+                    sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                received += 1
+    return received
+
+
+def ours_rate(agents: list[tuple[str, str]], seconds: float, home: Path) -> tuple[float, int]:
+    """Samples/s the monitor records (new rows in its store), and the rows stored in all."""
+    targets = [Target(address, address, key) for address, key in agents]
+    with TelemetryStore(home / "telemetry.sqlite") as store, \
+            Monitor(targets, Settings(own_keypair()), store) as running:
+        while not all(view.status == UP and view.live for view in running.board.hosts.values()):
+            running.step(0.1)
+        warm = time.monotonic()
+        while time.monotonic() - warm < WARMUP_S:  # as for raw: only the steady state counts
+            running.step(0.05)
+        start, began = running.recorded, time.monotonic()
+        while time.monotonic() - began < seconds:
+            running.step(0.05)
+        rate = (running.recorded - start) / (time.monotonic() - began)
+        return rate, running.recorded
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--agents", type=int, default=8)
+    parser.add_argument("--rate", type=float, default=5000.0,
+                        help="samples/s each publisher sends")
+    parser.add_argument("--seconds", type=float, default=5.0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as home:
+        os.environ["MLX_FLEET_HOME"] = home
+        context = mp.get_context("spawn")
+        ready: mp.Queue[Any] = context.Queue()
+        processes = [context.Process(target=publisher, args=(ready, f"pub{i}", args.rate),
+                                     daemon=True) for i in range(args.agents)]
+        for process in processes:
+            process.start()
+        agents = [ready.get(timeout=60) for _ in processes]
+        # the ROUTER's port is not the PUB's: ask each fake agent, as the monitor does
+        ctx = zmq.Context()
+        pubs = []
+        for address, key in agents:
+            dealer = ctx.socket(zmq.DEALER)
+            dealer.curve_publickey, dealer.curve_secretkey = zmq.curve_keypair()
+            dealer.curve_serverkey = key.encode("ascii")
+            dealer.connect(f"tcp://{address}")
+            dealer.send(p.encode(p.make("info")))
+            port = p.decode(dealer.recv()).body["telemetry_port"]
+            pubs.append((f"{address.rsplit(':', 1)[0]}:{port}", key))
+            dealer.close(linger=0)
+        ctx.destroy(linger=0)
+        offered = args.agents * args.rate
+        raw = raw_rate(pubs, args.seconds)
+        ours, stored = ours_rate(agents, args.seconds, Path(home))
+        for process in processes:
+            process.terminate()
+            process.join(10)
+    print(f"telemetry recorded from {args.agents} publishers at {args.rate:g} samples/s each "
+          f"({offered:g}/s offered, {args.seconds:g} s each)")
+    print(f"   {'':52} {'samples/s':>10} {'× raw':>7}")
+    print(f"   {'bare pyzmq SUB loop, receive only':52} {raw:10.0f} {1.0:7.2f}")
+    print(f"   {'coordinator monitor: decode, queue, SQLite, dashboard':52} {ours:10.0f} "
+          f"{ours / raw:7.2f}")
+    print(f"   ({stored} samples stored in all)")
+
+
+if __name__ == "__main__":
+    main()

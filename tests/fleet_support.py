@@ -10,10 +10,16 @@ import signal
 import sqlite3
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import zmq
+
+from agent.keys import trust
+from coordinator.client import AgentClient
+from shared import protocol as p
+from shared.keys import own_keypair
 from tests.conftest import console_script, subprocess_env
 
 READY = re.compile(r"listening on tcp://(\S+) (?:curve-key=(\S+)|INSECURE)"
@@ -128,3 +134,47 @@ def exchange_keys(agent: AgentProcess) -> None:
     assert agent_key == agent.key
     added = cli("coordinator", "keys", "add", agent.address, agent_key)
     assert added.returncode == 0, added.stderr
+
+
+def trusted_agent(agents: AgentPool, name: str = "agent", *, thermal: str = "none",
+                  options: Sequence[str] = ()) -> AgentProcess:
+    """An agent that trusts this test's coordinator key (the test's MLX_FLEET_HOME keypair)."""
+    agent = agents.start(name, thermal=thermal, options=options)
+    trust(own_keypair().public, "test", directory=agent.home / "keys" / "trusted")
+    return agent
+
+
+def connect(ctx: zmq.Context, agent: AgentProcess, timeout: float = 5.0) -> AgentClient:
+    client = AgentClient(ctx, agent.address, agent.key, own_keypair(), timeout)
+    client.connect()
+    return client
+
+
+def subscriber(ctx: zmq.Context, agent: AgentProcess) -> zmq.Socket:
+    """A SUB on the agent's telemetry socket, with this test's key (no CURVE for an insecure
+    agent), subscribed to both topics."""
+    sock = ctx.socket(zmq.SUB)
+    sock.linger = 0
+    if agent.key:
+        keypair = own_keypair()
+        sock.curve_secretkey = keypair.secret.encode()
+        sock.curve_publickey = keypair.public.encode()
+        sock.curve_serverkey = agent.key.encode()
+    sock.subscribe(b"")
+    sock.connect(f"tcp://{agent.telemetry}")
+    return sock
+
+
+def receive(sock: zmq.Socket, wanted: Callable[[p.Message], bool], timeout: float = 10.0,
+            seen: list[p.Message] | None = None) -> p.Message:
+    """The first telemetry message `wanted` accepts (each one received goes to `seen`)."""
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        if sock.poll(left * 1000):
+            message = p.decode_telemetry(sock.recv_multipart())
+            if seen is not None:
+                seen.append(message)
+            if wanted(message):
+                return message
+    raise AssertionError(f"no such telemetry within {timeout} s")
+

@@ -18,7 +18,7 @@ from agent.keys import trust
 from coordinator.client import AgentClient, AgentError, HostError
 from shared import protocol as p
 from shared.keys import own_keypair
-from tests.fleet_support import AgentPool, AgentProcess
+from tests.fleet_support import AgentPool, AgentProcess, connect, trusted_agent
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -33,18 +33,6 @@ def ctx() -> Iterator[zmq.Context]:
     context = zmq.Context()
     yield context
     context.destroy(linger=0)
-
-
-def trusted_agent(agents: AgentPool, name: str = "agent") -> AgentProcess:
-    agent = agents.start(name)
-    trust(own_keypair().public, "test", directory=agent.home / "keys" / "trusted")
-    return agent
-
-
-def connect(ctx: zmq.Context, agent: AgentProcess, timeout: float = 5.0) -> AgentClient:
-    client = AgentClient(ctx, agent.address, agent.key, own_keypair(), timeout)
-    client.connect()
-    return client
 
 
 def run_job(client: AgentClient, matrix: dict[str, Any]) -> list[p.Message]:

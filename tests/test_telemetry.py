@@ -1,0 +1,306 @@
+"""The daemon's telemetry: the pure core (samples, job table, policy updates, history pages),
+and real `agent serve` processes publishing to real CURVE subscribers, backfilling through
+history.get, pruning to a retention, and gating their benchmark jobs with their own readings."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgpack
+import pytest
+import zmq
+
+from agent.events import Event
+from agent.serve import local_address, telemetry_endpoint
+from agent.telemetry import (
+    EXITED_LINGER_S,
+    VANISHED_AFTER_S,
+    JobTable,
+    SourceInfo,
+    host_state,
+    page_history,
+    retention_cutoff,
+    sample_body,
+    trend_c_per_min,
+    updated_policy,
+)
+from agent.thermal import ThermalReading
+from coordinator.client import AgentError
+from shared import protocol as p
+from shared.policy import CoolingState, ThermalPolicy
+from tests.fleet_support import (
+    AgentPool,
+    connect,
+    receive,
+    subscriber,
+    trusted_agent,
+)
+from tests.test_run_cli import write_curve
+
+POLICY = ThermalPolicy()
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context]:
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+# --- the pure core ----------------------------------------------------------------------------
+
+
+def reading(celsius: float | None, pressure: str | None = None) -> ThermalReading:
+    return ThermalReading(celsius=celsius, source="sim", time=100.0, pressure=pressure,
+                          simulated=True)
+
+
+@pytest.mark.parametrize(("celsius", "pressure", "previous", "expected"), [
+    (70.0, None, None, CoolingState.OK),
+    (80.0, None, CoolingState.OK, CoolingState.REDUCE_BATCH),
+    (86.0, None, CoolingState.OK, CoolingState.PAUSE),
+    (84.0, None, CoolingState.PAUSE, CoolingState.REDUCE_BATCH),
+    (None, "heavy", None, CoolingState.PAUSE),
+    (None, None, CoolingState.PAUSE, None),
+    (None, "unheard-of", None, None),
+])
+def test_host_state(celsius: float | None, pressure: str | None,
+                    previous: CoolingState | None, expected: CoolingState | None) -> None:
+    assert host_state(POLICY, reading(celsius, pressure), previous) is expected
+
+
+def test_a_pause_holds_until_below_the_hysteresis() -> None:
+    policy = ThermalPolicy(hysteresis=3.0)
+    assert host_state(policy, reading(83.0), CoolingState.PAUSE) is CoolingState.PAUSE
+    assert host_state(policy, reading(83.0), CoolingState.OK) is CoolingState.REDUCE_BATCH
+    assert host_state(policy, None, CoolingState.PAUSE) is None
+
+
+def test_trend_is_degrees_per_minute_over_the_last_five() -> None:
+    assert trend_c_per_min([50.0, 60.0, 61.0, 62.0, 63.0, 64.0], 1.0) == pytest.approx(60.0)
+    assert trend_c_per_min([70.0, 70.0], 0.5) == 0.0
+    assert trend_c_per_min([70.0], 1.0) is None
+
+
+def test_a_sample_without_a_reading_says_so_and_validates() -> None:
+    source = SourceInfo("none", False)
+    body = sample_body("mac1", 123.0, None, source, None, None, 0.0, [])
+    assert body["time"] == 123.0 and body["celsius"] is None and body["state"] is None
+    p.make("telemetry.sample", body)
+    hot = sample_body("mac1", 123.0, reading(86.0), SourceInfo("sim", True),
+                      CoolingState.PAUSE, 1.5, 2.0, [])
+    assert hot["time"] == 100.0 and hot["state"] == "pause" and hot["simulated"] is True
+    p.make("telemetry.sample", hot)
+
+
+def test_policy_updates_keep_what_is_not_given_and_refuse_what_is_not_a_number() -> None:
+    assert updated_policy(POLICY, {"pause_temp": 80}).to_dict() == {
+        **POLICY.to_dict(), "pause_temp": 80.0}
+    for bad, needle in [({"pause_temp": 99}, "out of order"), ({"pause_temp": True}, "number"),
+                        ({"pause_temp": "hot"}, "number"), ({"pause_temp": math.nan}, "finite"),
+                        ({"pause": 80}, "unknown"), ({"hysteresis": -1}, "hysteresis")]:
+        with pytest.raises(ValueError, match=needle):
+            updated_policy(POLICY, bad)
+
+
+def event(at: float, action: str, job: str = "j1", detail: str | None = None) -> Event:
+    return Event(time=at, job=job, pid=42, action=action, source="sim", detail=detail)
+
+
+def test_the_job_table_follows_events_and_counts_pause_time() -> None:
+    table = JobTable()
+    table.apply(event(0.0, "start", detail="python train.py"), p.KIND_RUN)
+    table.apply(event(1.0, "reduce_batch"), p.KIND_RUN)
+    assert table.listed() == [{"job": "j1", "pid": 42, "command": "python train.py",
+                               "state": "running", "kind": "run"}]
+    table.apply(event(2.0, "pause"), p.KIND_RUN)
+    assert table.listed()[0]["state"] == "paused"
+    assert table.pause_s_total(5.0) == 3.0  # a pause going on counts
+    table.apply(event(6.0, "resume"), p.KIND_RUN)
+    table.apply(event(7.0, "pause"), p.KIND_RUN)
+    table.apply(event(8.0, "stop"), p.KIND_RUN)  # a stop ends the pause
+    assert table.listed()[0]["state"] == "stopped" and table.pause_s_total(100.0) == 5.0
+    table.apply(event(9.0, "exit"), p.KIND_RUN)
+    table.apply(event(9.5, "pause"), p.KIND_RUN)  # nothing moves an exited job
+    assert table.listed()[0]["state"] == "exited"
+    table.expire(9.0 + EXITED_LINGER_S)
+    assert table.listed()
+    table.expire(9.1 + EXITED_LINGER_S)
+    assert table.listed() == [] and table.pause_s_total(200.0) == 5.0
+
+
+def test_a_run_job_whose_group_vanished_exits_after_a_grace() -> None:
+    table = JobTable()
+    table.apply(event(0.0, "start", job="run"), p.KIND_RUN)
+    table.apply(event(0.0, "start", job="bench"), p.KIND_BENCH)
+    alive = {42: True}
+    assert table.vanished(alive.__getitem__, 1.0) == []
+    alive[42] = False
+    assert table.vanished(alive.__getitem__, 2.0) == []  # its agent run may be about to say
+    (gone,) = table.vanished(alive.__getitem__, 2.0 + VANISHED_AFTER_S)
+    assert gone.job == "run" and gone.action == "exit" and "never said" in (gone.detail or "")
+
+
+def stamped(times: list[float]) -> list[dict[str, float]]:
+    return [{"time": float(t)} for t in times]
+
+
+def test_history_pages_cut_both_lists_at_the_same_time() -> None:
+    samples, events = stamped([1, 2, 3, 4]), stamped([1.5, 3.5])
+    assert page_history(samples, events, 10, 10**6) == (samples, events, False)
+    # limit 2: the samples stop at 2, so the events do too; the next page starts after 2
+    assert page_history(samples[:3], events, 2, 10**6) == (stamped([1, 2]), stamped([1.5]),
+                                                           True)
+    # the byte budget cuts too: three items fit
+    budget = 3 * len(msgpack.packb({"time": 1.5}))
+    assert page_history(samples, events, 10, budget) == (stamped([1, 2]), stamped([1.5]), True)
+
+
+@pytest.mark.parametrize(("endpoint", "port", "expected"), [
+    ("tcp://0.0.0.0:5555", None, "tcp://0.0.0.0:5556"),
+    ("tcp://127.0.0.1:*", None, "tcp://127.0.0.1:*"),
+    ("tcp://[::]:7000", 9000, "tcp://[::]:9000"),
+    ("tcp://0.0.0.0:5555", 0, "tcp://0.0.0.0:*"),
+])
+def test_the_telemetry_port_is_the_command_port_plus_one_by_default(
+        endpoint: str, port: int | None, expected: str) -> None:
+    assert telemetry_endpoint(endpoint, port) == expected
+
+
+@pytest.mark.parametrize(("bound", "local"), [
+    ("tcp://0.0.0.0:5555", "127.0.0.1:5555"), ("tcp://[::]:5555", "[::1]:5555"),
+    ("tcp://10.0.0.2:5555", "10.0.0.2:5555")])
+def test_local_clients_reach_a_wildcard_bind_on_loopback(bound: str, local: str) -> None:
+    assert local_address(bound) == local
+
+
+def test_retention_cutoff() -> None:
+    assert retention_cutoff(1_000_000.0, 7) == 1_000_000.0 - 7 * 86400
+
+
+# --- real agents ------------------------------------------------------------------------------
+
+
+def test_samples_reach_a_curve_subscriber_and_history_backfills_in_pages(
+        ctx: zmq.Context, agents: AgentPool, tmp_path: Path) -> None:
+    source = write_curve(tmp_path / "curve.csv", [(0, 60.0), (0.5, 80.0)])
+    agent = trusted_agent(agents, thermal=source, options=["--poll-interval", "0.1"])
+    sub = subscriber(ctx, agent)
+    first = receive(sub, lambda m: m.type == "telemetry.sample")
+    hot = receive(sub, lambda m: m.type == "telemetry.sample" and m.body["celsius"] == 80.0)
+    assert first.re is None and first.body["host"] == socket.gethostname()
+    body = hot.body
+    assert body["source"] == source and body["simulated"] is True
+    assert body["state"] == "reduce_batch" and body["pressure"] is None
+    assert body["pause_s_total"] == 0.0 and body["jobs"] == []
+    assert isinstance(body["trend_c_per_min"], float)
+
+    client = connect(ctx, agent)
+    info = client.request("info")
+    assert agent.telemetry == f"127.0.0.1:{info['telemetry_port']}"
+    assert info["poll_interval"] == 0.1 and info["policy"] == ThermalPolicy().to_dict()
+    assert info["thermal"]["simulated"] is True and info["jobs"] == []
+    everything = client.request("history.get", {"since": 0})
+    assert not everything["truncated"] and everything["events"] == []
+    times = [s["time"] for s in everything["samples"]]
+    assert times == sorted(times) and first.body in everything["samples"]
+    # a late coordinator pages through the same history, three samples at a time
+    paged, since = [], 0.0
+    while True:
+        page = client.request("history.get", {"since": since, "limit": 3})
+        paged += page["samples"]
+        if not page["truncated"]:
+            break
+        since = page["samples"][-1]["time"]
+    assert paged[:len(times)] == everything["samples"]
+    with pytest.raises(AgentError, match="limit must be >= 1"):
+        client.request("history.get", {"since": 0, "limit": 0})
+    client.close()
+
+
+def test_telemetry_refuses_an_untrusted_subscriber_and_is_plain_when_insecure(
+        ctx: zmq.Context, agents: AgentPool) -> None:
+    agent = agents.start("strict", options=["--poll-interval", "0.1"])  # trusts nobody
+    sub = subscriber(ctx, agent)
+    assert not sub.poll(1500), "an untrusted key got telemetry"
+    assert "refused a coordinator" in agent.log_text()
+    plain = agents.start("plain", insecure=True, options=["--poll-interval", "0.1"])
+    sample = receive(subscriber(ctx, plain), lambda m: m.type == "telemetry.sample")
+    assert sample.body["source"] == "none" and sample.body["state"] is None
+
+
+def test_history_is_pruned_to_the_retention(ctx: zmq.Context, agents: AgentPool) -> None:
+    retention_s = 2.0
+    agent = trusted_agent(agents, options=["--poll-interval", "0.1",
+                                           "--retention-days", str(retention_s / 86400)])
+    client = connect(ctx, agent)
+    client.request("policy.set", {"policy": {"pause_temp": 80}})  # an event to prune too
+    started = time.time()
+    assert client.request("history.get", {"since": 0})["events"]
+    time.sleep(retention_s + 1.0)
+    history = client.request("history.get", {"since": 0})
+    oldest = history["samples"][0]["time"]
+    assert started < oldest  # older ones went (the first sample came before the policy)
+    assert oldest >= time.time() - retention_s - 1.0
+    assert history["events"] == []
+    with sqlite3.connect(agent.home / "telemetry.sqlite") as conn:
+        on_disk = conn.execute("SELECT MIN(time) FROM samples").fetchone()[0]
+    assert on_disk > started
+    client.close()
+
+
+def journal_models(home: Path) -> int:
+    """Models the agent's running job has built so far (its journal, read-only)."""
+    with sqlite3.connect(f"file:{home / 'agent-jobs.sqlite'}?mode=ro", uri=True) as conn:
+        row = conn.execute("SELECT models FROM jobs").fetchone()
+    return len(json.loads(row[0])) if row else 0
+
+
+def test_a_benchmark_job_is_gated_by_the_daemons_readings_with_no_coordinator_there(
+        ctx: zmq.Context, agents: AgentPool, tmp_path: Path) -> None:
+    """The agent keeps enforcing its policy when the coordinator is unreachable: the coordinator
+    starts a job and goes; the job pauses at 90 °C (the daemon's replayed reading; the replay
+    file is gone, so the job process cannot have opened a source of its own) and finishes no
+    cell until a coordinator comes back and pushes a policy under which 90 °C is no pause."""
+    curve = tmp_path / "hot.csv"
+    source = write_curve(curve, [(0, 90.0)])
+    agent = trusted_agent(agents, thermal=source, options=["--poll-interval", "0.1"])
+    curve.unlink()
+    coordinator = connect(ctx, agent)
+    started = coordinator.request("bench.start", {"matrix": {
+        "seq_lengths": [16], "models": ["small"], "decode_tokens": 4, "warmup": 0,
+        "iterations": 1}})
+    coordinator.close()  # unreachable from now on
+    deadline = time.monotonic() + 60
+    while journal_models(agent.home) == 0:
+        assert time.monotonic() < deadline, agent.log_text()
+        time.sleep(0.1)
+    time.sleep(2.0)  # the two cells take well under a second each when not paused
+    assert agent.journal_cells() == 0, "a cell finished at 90 °C: the job was not paused"
+
+    returning = connect(ctx, agent)
+    sub = subscriber(ctx, agent)
+    returning.request("policy.set", {"policy": {"pause_temp": 92, "stop_temp": 96}})
+    job_id = started["job"]
+    deadline = time.monotonic() + 60
+    while (job := returning.request("job.get", {"job": job_id}))["state"] == p.JOB_RUNNING:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert job["state"] == p.JOB_OK, job["error"]
+    first_cell = job["records"][0]
+    assert first_cell["thermal_source"] == source
+    assert {"paused", "hot", "simulated"} <= set(first_cell["flags"])
+    assert first_cell["soc_temp_start_c"] == 90.0
+    history = returning.request("history.get", {"since": 0})["events"]
+    assert [e["action"] for e in history if e["job"] == job_id] == [
+        "start", "pause", "resume", "reduce_batch", "exit"]
+    assert [e["action"] for e in history if e["job"] is None] == ["policy"]
+    exited = receive(sub, lambda m: m.type == "telemetry.event" and m.body["action"] == "exit")
+    assert exited.body["job"] == job_id and exited.body["detail"] == "ok"
+    returning.close()

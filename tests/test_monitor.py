@@ -1,0 +1,193 @@
+"""`coordinator monitor` against real agents (replayed curves at a 0.1 s poll, CURVE, real SUB
+sockets, the real console script and SQLite): the --once snapshot, an unreachable host, backfill
+after a late connect, what is recorded, `coordinator history` on that record, and a host that
+dies and comes back on the same port (with a new telemetry port, learned again)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.keys import trust
+from coordinator.dashboard import UNREACHABLE, UP
+from coordinator.fleet import Settings, Target
+from coordinator.keys import add_host_key
+from coordinator.monitor import Monitor
+from coordinator.telemetry_store import TelemetryStore
+from shared.keys import own_keypair
+from tests.conftest import console_script, subprocess_env
+from tests.fleet_support import AgentPool, AgentProcess, cli
+
+pytestmark = pytest.mark.timeout(90)
+POLL = ["--poll-interval", "0.1"]
+
+
+def known_agent(agents: AgentPool, name: str, celsius: float, tmp_path: Path,
+                options: tuple[str, ...] = ()) -> AgentProcess:
+    """An agent replaying a flat curve at `celsius`, trusting this test's coordinator, whose
+    key the coordinator knows (what `agent keys trust` / `coordinator keys add` do)."""
+    curve = tmp_path / f"{name}.csv"
+    curve.write_text(f"seconds,celsius\n0,{celsius}\n3600,{celsius}\n")
+    agent = agents.start(name, thermal=f"replay:{curve}", options=[*POLL, *options])
+    trust(own_keypair().public, "test", directory=agent.home / "keys" / "trusted")
+    add_host_key(agent.address, agent.key)
+    return agent
+
+
+@pytest.fixture
+def supervised() -> Iterator[list[subprocess.Popen[str]]]:
+    """`agent run` processes a test starts; their groups are killed after it."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+
+
+def run_job(supervised: list[subprocess.Popen[str]], agent: AgentProcess) -> None:
+    """`agent run -- sleep 60` on the agent's machine: registered with it, so its telemetry
+    lists the job, paused when the agent's curve is at or above pause."""
+    process = subprocess.Popen(
+        [console_script("agent"), "run", "--", "sleep", "60"], stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env=subprocess_env(MLX_FLEET_HOME=str(agent.home)))
+    supervised.append(process)
+
+
+def monitor_once(*hosts: str, timeout: float = 5.0) -> subprocess.CompletedProcess[str]:
+    return cli("coordinator", "monitor", "--hosts", ",".join(hosts), "--once", "--format",
+               "json", "--connect-timeout", str(timeout))
+
+
+def wait_for_job_state(agent: AgentProcess, state: str) -> None:
+    """Until the agent's telemetry shows a job in `state` (as the monitor itself sees it)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        result = monitor_once(agent.address)
+        hosts = json.loads(result.stdout)["hosts"] if result.stdout else []
+        if hosts and [job["state"] for job in hosts[0]["jobs"]] == [state]:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no {state} job on {agent.address}:\n{agent.log_text()}")
+
+
+def test_once_json_gives_every_hosts_reading_source_state_and_jobs(
+        agents: AgentPool, supervised: list[subprocess.Popen[str]], tmp_path: Path) -> None:
+    hot = known_agent(agents, "hot", 88.0, tmp_path)
+    cool = known_agent(agents, "cool", 60.0, tmp_path)
+    run_job(supervised, hot)
+    wait_for_job_state(hot, "paused")
+    result = monitor_once(hot.address, cool.address)
+    assert result.returncode == 0, result.stderr
+    rows = {row["host"]: row for row in json.loads(result.stdout)["hosts"]}
+    assert list(rows) == [hot.address, cool.address]
+    for agent, celsius, state in ((hot, 88.0, "pause"), (cool, 60.0, "ok")):
+        row = rows[agent.address]
+        assert row["reachable"] and not row["silent"] and row["error"] is None
+        assert row["celsius"] == celsius and row["state"] == state
+        assert row["source"] == f"replay:{tmp_path / agent.home.name}.csv"
+        assert row["simulated"] is True and row["poll_interval"] == 0.1
+        assert row["policy"]["pause_temp"] == 85.0 and 0 <= row["age_s"] < 2
+    (job,) = rows[hot.address]["jobs"]
+    assert job["kind"] == "run" and job["state"] == "paused" and "sleep 60" in job["command"]
+    assert rows[cool.address]["jobs"] == []
+    with TelemetryStore() as store:  # the monitor recorded what it heard, events included
+        samples = store.samples(0)
+        assert {s["celsius"] for s in samples[hot.address]} == {88.0}
+        assert {s["state"] for s in samples[cool.address]} == {"ok"}
+        actions = [e["action"] for e in store.events(0)[hot.address]]
+        assert actions[:2] == ["start", "pause"]
+        assert set(store.policies()) == {hot.address, cool.address}
+    table = cli("coordinator", "monitor", "--hosts", hot.address, "--once")
+    assert table.returncode == 0, table.stderr
+    row = next(line for line in table.stdout.splitlines() if hot.address in line)
+    for part in ("88.0 sim", "pause", "run ", "paused"):
+        assert part in row, (part, row)
+
+
+def test_an_unreachable_host_is_reported_within_the_connect_timeout(
+        agents: AgentPool, tmp_path: Path) -> None:
+    live, gone = known_agent(agents, "live", 60.0, tmp_path), known_agent(agents, "gone", 60.0,
+                                                                          tmp_path)
+    gone.kill()
+    began = time.monotonic()
+    result = monitor_once(live.address, gone.address, timeout=1.0)
+    assert time.monotonic() - began < 15
+    assert result.returncode == 1
+    rows = {row["host"]: row for row in json.loads(result.stdout)["hosts"]}
+    assert rows[live.address]["reachable"] and rows[live.address]["celsius"] == 60.0
+    down = rows[gone.address]
+    assert not down["reachable"] and "connection refused" in down["error"]
+    assert down["celsius"] is None and down["jobs"] == []
+
+
+def test_a_late_monitor_backfills_what_it_missed_and_history_reads_it(
+        agents: AgentPool, supervised: list[subprocess.Popen[str]], tmp_path: Path) -> None:
+    agent = known_agent(agents, "mac1", 88.0, tmp_path)
+    run_job(supervised, agent)
+    time.sleep(2.0)  # twenty samples and the job's pause go by with nobody listening
+    connected = time.time()
+    result = monitor_once(agent.address)
+    assert result.returncode == 0, result.stderr
+    with TelemetryStore() as store:
+        times = [s["time"] for s in store.samples(0)[agent.address]]
+        events = store.events(0)[agent.address]
+    before = [t for t in times if t < connected]
+    assert len(before) >= 15, len(before)
+    assert times == sorted(set(times))
+    assert [e["action"] for e in events if e["time"] < connected][:2] == ["start", "pause"]
+    history = cli("coordinator", "history", "--since", "5m", "--format", "json")
+    (row,) = json.loads(history.stdout)["hosts"]
+    assert row["host"] == agent.address and row["samples"] == len(times)
+    assert row["min_c"] == row["max_c"] == 88.0 and row["pauses"] == 1
+    assert row["seconds_above"]["pause_temp"] > 1.5
+    assert row["seconds_above"]["stop_temp"] == 0.0 and row["seconds_paused"] > 1.0
+    out = tmp_path / "out.png"
+    plot = cli("coordinator", "history", "--since", "5m", "--plot", str(out))
+    assert plot.returncode == 0, plot.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_host_that_dies_and_returns_is_reconnected_and_recorded_again(
+        agents: AgentPool, tmp_path: Path) -> None:
+    port = free_port()
+    fixed = ("--bind", f"127.0.0.1:{port}", "--telemetry-port", "0")  # the last --bind wins
+    agent = known_agent(agents, "mac1", 70.0, tmp_path, fixed)
+    with TelemetryStore() as store, Monitor([Target(agent.address, agent.address, agent.key)],
+                                            Settings(own_keypair(), 1.0), store) as running:
+        view = running.board.hosts[agent.address]
+
+        def until(condition: str, check: Callable[[], bool]) -> None:
+            deadline = time.monotonic() + 30
+            while not check():
+                assert time.monotonic() < deadline, f"never {condition}: {running.board.alerts}"
+                running.step(0.1)
+
+        until("live", lambda: view.status == UP and view.live)
+        agent.kill()
+        until("unreachable", lambda: view.status == UNREACHABLE)
+        died = time.time()
+        # the same home (so the same key and trust), the same command port, a new PUB port
+        back = known_agent(agents, "mac1", 75.0, tmp_path, fixed)
+        assert back.address == agent.address
+        until("back", lambda: view.status == UP and view.live and view.sample["celsius"] == 75.0)
+        texts = [alert.text for alert in running.board.alerts]
+        assert texts[0].startswith("silent") and "reachable again" in texts
+        assert any(text.startswith("unreachable") for text in texts)
+        recorded = store.samples(died)[agent.address]
+        assert recorded and {s["celsius"] for s in recorded} == {75.0}

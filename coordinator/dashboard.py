@@ -262,18 +262,18 @@ def render(dashboard: Dashboard, now: float) -> RenderableType:
     for view in dashboard.hosts.values():
         sample = view.sample
         if view.status != UP or sample is None:
-            table.add_row(view.name, NA, "", "", NA, _state_cell(view, now),
+            table.add_row(Text(view.name), NA, "", "", NA, _state_cell(view, now),
                           _jobs_cell(view.jobs if view.status == UP else []), NA, NA)
             continue
         temperature = Text(NA if sample["celsius"] is None else f"{sample['celsius']:.1f}")
         if sample["simulated"] and sample["celsius"] is not None:
             temperature.append(" sim", style="bold magenta")
         trend = sample["trend_c_per_min"]
-        table.add_row(
-            view.name, temperature, sparkline(view.spark()),
+        table.add_row(  # what an agent sends is Text, never read as markup
+            Text(view.name), temperature, sparkline(view.spark()),
             "" if trend is None else f"{trend_arrow(trend)} {trend:+.1f}/min",
-            sample["pressure"] or NA, _state_cell(view, now), _jobs_cell(view.jobs),
-            duration(sample["pause_s_total"]), sample["source"])
+            Text(sample["pressure"] or NA), _state_cell(view, now), _jobs_cell(view.jobs),
+            duration(sample["pause_s_total"]), Text(sample["source"]))
     lines = [table]
     for alert in list(dashboard.alerts)[-ALERTS_SHOWN:]:
         stamp = time.strftime("%H:%M:%S", time.localtime(alert.time))

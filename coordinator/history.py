@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from coordinator.dashboard import NA, duration
 from coordinator.hostfile import HostfileError, parse_hosts
@@ -48,7 +49,7 @@ def stats_table(rows: list[dict[str, Any]], since: float) -> Table:
     for row in rows:
         policy = row["policy"]
         table.add_row(
-            row["host"] + (" (simulated)" if row["simulated"] else ""), str(row["samples"]),
+            Text(row["host"] + (" (simulated)" if row["simulated"] else "")), str(row["samples"]),
             _stamp(row["first"]), _stamp(row["last"]),
             *(NA if row[key] is None else f"{row[key]:.1f}" for key in ("min_c", "mean_c",
                                                                        "max_c")),

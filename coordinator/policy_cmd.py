@@ -19,6 +19,7 @@ import typer
 import zmq
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from coordinator.client import AgentError, HostError
 from coordinator.commands import (
@@ -97,9 +98,9 @@ def policy_table(rows: list[dict[str, Any]]) -> Table:
     styles = {APPLIED: "green", SHOWN: "", REFUSED: "bold red", UNREACHABLE: "red"}
     for row in rows:
         policy = row["policy"] or {}
-        table.add_row(row["host"], f"[{styles[row['result']]}]{row['result']}[/]",
+        table.add_row(Text(row["host"]), Text(row["result"], style=styles[row["result"]]),
                       *(f"{policy[key]:g}" if key in policy else NA for key, _ in COLUMNS),
-                      row["error"] or "")
+                      Text(row["error"] or ""))  # Text: an agent's words are never markup
     return table
 
 

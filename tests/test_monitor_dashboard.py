@@ -56,11 +56,12 @@ def test_a_row_shows_reading_source_trend_state_jobs_and_pause_time() -> None:
     board.connected("mac1:5555", "mac1", INFO_OK, now=100.0)
     body = sample(1000.0, 86.04, "pause", jobs=[job("paused")], pause_s_total=65.0)
     body["trend_c_per_min"] = 2.4
+    body["source"] = "replay:/lab/[bold]curve.csv"  # an agent's text is shown, never markup
     board.sample("mac1:5555", body, now=100.5)
     text = text_of(board, 100.6)
     row = next(line for line in text.splitlines() if "mac1:5555" in line)
     for part in ("86.0 sim", "↑ +2.4/min", "pause", "run j1 paused", "1m 05s",
-                 "replay:curve.csv"):
+                 "replay:/lab/[bold]curve.csv"):
         assert part in row, (part, row)
     other = next(line for line in text.splitlines() if "mac2:5555" in line)
     assert "connecting" in other

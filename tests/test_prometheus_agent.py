@@ -1,0 +1,105 @@
+"""`agent serve --prometheus`: /metrics scraped over HTTP and parsed with prometheus_client's own
+parser, while a registered `agent run` job is paused and resumed; and the metrics' bookkeeping
+(absent without a reading, a counter that survives an agent restart)."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from shared.metrics import TelemetryMetrics
+from tests.conftest import subprocess_env
+from tests.fleet_support import AgentPool, connect, receive, subscriber, trusted_agent
+from tests.test_run_cli import write_curve
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context]:
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+def parse(text: str) -> Samples:
+    """Every mlx_fleet sample by (name, sorted labels)."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples
+            if s.name.startswith("mlx_fleet_")}
+
+
+def scrape(port: int) -> Samples:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return parse(response.read().decode())
+
+
+def test_metrics_follow_samples_and_policy_actions(
+        ctx: zmq.Context, agents: AgentPool, agent_cli: str, tmp_path: Path) -> None:
+    source = write_curve(tmp_path / "hot.csv", [(0, 90.0)])
+    agent = trusted_agent(agents, thermal=source, options=[
+        "--poll-interval", "0.1", "--prometheus", "127.0.0.1:0"])
+    found = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", agent.log_text())
+    assert found, agent.log_text()
+    port = int(found.group(1))
+    host = (("host", socket.gethostname()),)
+    metrics = scrape(port)
+    assert metrics[("mlx_fleet_soc_temperature_celsius",
+                    tuple(sorted(host + (("source", source),))))] == 90.0
+    assert metrics[("mlx_fleet_cooling_state", host)] == 2.0  # pause
+    assert metrics[("mlx_fleet_agent_up", host)] == 1.0
+    assert ("mlx_fleet_pause_seconds_total", host) not in metrics  # nothing paused yet
+
+    sub = subscriber(ctx, agent)
+    receive(sub, lambda m: m.type == "telemetry.sample")
+    run = subprocess.Popen([agent_cli, "run", "--", "sleep", "0.5"], stderr=subprocess.PIPE,
+                           text=True, env=subprocess_env(MLX_FLEET_HOME=str(agent.home)))
+    receive(sub, lambda m: m.type == "telemetry.event" and m.body["action"] == "pause")
+    receive(sub, lambda m: m.type == "telemetry.sample" and m.body["pause_s_total"] > 0.3)
+    client = connect(ctx, agent)
+    client.request("policy.set", {"policy": {"pause_temp": 92, "stop_temp": 96}})
+    client.close()
+    _, stderr = run.communicate(timeout=20)
+    assert run.returncode == 0, stderr
+    receive(sub, lambda m: m.type == "telemetry.sample" and m.body["state"] == "reduce_batch")
+
+    metrics = scrape(port)
+    actions = {dict(labels)["action"]: value for (name, labels), value in metrics.items()
+               if name == "mlx_fleet_policy_actions_total"}
+    assert actions == {"pause": 1.0, "resume": 1.0, "reduce_batch": 1.0}
+    assert metrics[("mlx_fleet_pause_seconds_total", host)] > 0.3
+    assert metrics[("mlx_fleet_cooling_state", host)] == 1.0
+
+
+def test_no_reading_means_no_temperature_and_no_state_never_nan() -> None:
+    metrics = TelemetryMetrics()
+    sample = {"host": "mac1", "celsius": 70.0, "source": "iohid", "state": "ok",
+              "pause_s_total": 4.0}
+    metrics.observe_sample(sample)
+    metrics.observe_sample({**sample, "celsius": None, "state": None, "pause_s_total": 6.0})
+    text = generate(metrics)
+    assert "mlx_fleet_soc_temperature_celsius{" not in text and "NaN" not in text
+    assert "mlx_fleet_cooling_state{" not in text
+    metrics.observe_sample({**sample, "source": "macmon", "pause_s_total": 1.0})  # restarted
+    values = parse(generate(metrics))
+    assert values[("mlx_fleet_pause_seconds_total", (("host", "mac1"),))] == 7.0
+    assert values[("mlx_fleet_soc_temperature_celsius",
+                   (("host", "mac1"), ("source", "macmon")))] == 70.0
+    metrics.observe_event({"host": "mac1", "action": "exit"})  # not a policy action
+    metrics.set_up("mac1", False)
+    values = parse(generate(metrics))
+    assert values[("mlx_fleet_agent_up", (("host", "mac1"),))] == 0.0
+    assert not [key for key in values if key[0] == "mlx_fleet_policy_actions_total"]
+
+
+def generate(metrics: TelemetryMetrics) -> str:
+    return generate_latest(metrics.registry).decode()

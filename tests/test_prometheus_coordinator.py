@@ -1,0 +1,90 @@
+"""`coordinator monitor --prometheus`: /metrics scraped over HTTP while the real console script
+monitors a real agent (a job its replayed curve pauses meanwhile) and a dead one, parsed with
+prometheus_client's own parser; then Ctrl-C ends it cleanly."""
+
+from __future__ import annotations
+
+import re
+import select
+import signal
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import console_script, subprocess_env
+from tests.fleet_support import AgentPool
+from tests.test_monitor import known_agent, run_job, supervised
+
+pytestmark = pytest.mark.timeout(90)
+__all__ = ["supervised"]  # the fixture, imported for its name
+ANNOUNCED = re.compile(r"metrics on (http://\S+/metrics)")
+
+
+def scrape(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """Every sample of every family, by sample name and sorted labels."""
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    found: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = \
+                sample.value
+    return found
+
+
+@pytest.fixture
+def monitoring() -> Iterator[list[subprocess.Popen[str]]]:
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=10)
+
+
+def test_metrics_of_every_host_parse_and_ctrl_c_ends_the_monitor(
+        agents: AgentPool, supervised: list[subprocess.Popen[str]],
+        monitoring: list[subprocess.Popen[str]], tmp_path: Path) -> None:
+    hot, gone = known_agent(agents, "hot", 88.0, tmp_path), known_agent(agents, "gone", 60.0,
+                                                                        tmp_path)
+    gone.kill()
+    process = subprocess.Popen(
+        [console_script("coordinator"), "monitor", "--hosts", f"{hot.address},{gone.address}",
+         "--connect-timeout", "1", "--prometheus", "127.0.0.1:0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env())
+    monitoring.append(process)
+    assert process.stderr is not None
+    url = None
+    deadline = time.monotonic() + 30
+    while url is None and time.monotonic() < deadline:
+        if select.select([process.stderr], [], [], 0.2)[0]:
+            match = ANNOUNCED.search(process.stderr.readline())
+            url = match.group(1) if match else None
+        assert process.poll() is None
+    assert url is not None
+    run_job(supervised, hot)  # paused at once by the 88 °C curve, while the monitor listens
+    up, down = (("host", hot.address),), (("host", gone.address),)
+    while True:
+        metrics = scrape(url)
+        ready = metrics.get("mlx_fleet_agent_up", {})
+        if ready.get(up) == 1 and ready.get(down) == 0 \
+                and metrics.get("mlx_fleet_policy_actions_total"):
+            break
+        assert time.monotonic() < deadline, metrics
+        time.sleep(0.2)
+    source = f"replay:{tmp_path / 'hot'}.csv"
+    assert metrics["mlx_fleet_soc_temperature_celsius"] == {
+        (("host", hot.address), ("source", source)): 88.0}
+    assert metrics["mlx_fleet_cooling_state"] == {up: 2.0}
+    assert metrics["mlx_fleet_pause_seconds_total"][up] >= 0.0
+    assert metrics["mlx_fleet_policy_actions_total"][(("action", "pause"),
+                                                      ("host", hot.address))] == 1.0
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=15)
+    assert process.returncode == 0, err
+    assert "Traceback" not in err and hot.address in out

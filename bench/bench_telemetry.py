@@ -1,0 +1,134 @@
+"""What publishing telemetry costs the agent, per sample.
+
+A real AgentDaemon (in this process, its sensor `none` and its own poll pushed out of the way)
+takes N readings through its whole per-sample path: judge by the policy, trend, job table, SQLite,
+publish on the CURVE PUB socket to one connected subscriber, and Prometheus. Printed beside its
+pieces and a baseline: a bare PUB send of the same, already encoded, frames without CURVE. The
+last column is the time per sample as a share of a 1 s poll interval.
+
+    .venv/bin/python bench/bench_telemetry.py [--samples 2000] [--insecure]
+
+The coordinator side (samples recorded per second from many agents) is
+bench/bench_telemetry_coordinator.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import zmq
+
+from agent.serve import AgentDaemon
+from agent.telemetry import SourceInfo, sample_body
+from agent.thermal import ThermalReading
+from shared import protocol as p
+from shared.keys import own_keypair
+from shared.paths import HOME_ENV
+from shared.policy import CoolingState
+
+READING = ThermalReading(celsius=71.5, source="bench", pressure=None, simulated=True)
+JOBS = [{"job": "3f2a9c1e", "pid": 4242, "command": "python -m mlx_lm lora --train",
+         "state": "running", "kind": "run"}]
+
+
+def per_call(call: Callable[[], object], count: int) -> float:
+    """Seconds per call, averaged over `count` calls."""
+    started = time.perf_counter()
+    for _ in range(count):
+        call()
+    return (time.perf_counter() - started) / count
+
+
+def drain(sock: zmq.Socket, received: list[int], stop: threading.Event) -> None:
+    while not stop.is_set():
+        if sock.poll(50):
+            while True:
+                try:
+                    sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                received[0] += 1
+
+
+def subscribe(ctx: zmq.Context, endpoint: str, server_key: str | None) -> zmq.Socket:
+    sock = ctx.socket(zmq.SUB)
+    sock.linger = 0
+    if server_key:
+        keypair = own_keypair()  # the daemon's own: trusted by it
+        sock.curve_secretkey = keypair.secret.encode()
+        sock.curve_publickey = keypair.public.encode()
+        sock.curve_serverkey = server_key.encode()
+    sock.subscribe(b"")
+    sock.connect(endpoint)
+    return sock
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=2000)
+    parser.add_argument("--insecure", action="store_true", help="publish without CURVE")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as home:
+        os.environ[HOME_ENV] = home
+        run(args.samples, secure=not args.insecure)
+
+
+def run(count: int, secure: bool) -> None:
+    daemon = AgentDaemon("127.0.0.1:0", secure, "none", poll_interval=3600.0,
+                         prometheus="127.0.0.1:0")
+    daemon.start()
+    ctx = zmq.Context()
+    sub = subscribe(ctx, daemon.telemetry, daemon.public_key)
+    while not sub.poll(100):  # until the subscription has reached the publisher
+        daemon._on_reading(READING)
+    received, stop = [0], threading.Event()
+    draining = threading.Thread(target=drain, args=(sub, received, stop), daemon=True)
+    draining.start()
+
+    def full_path() -> None:
+        daemon._on_reading(replace(READING, time=time.time()))
+
+    source = SourceInfo("bench", True)
+    sample = sample_body("bench-host", time.time(), READING, source, CoolingState.OK, 0.4, 0.0,
+                         JOBS)
+    frames = p.telemetry_frames(p.make("telemetry.sample", sample))
+    bare = ctx.socket(zmq.PUB)
+    bare.bind("tcp://127.0.0.1:*")
+    bare_sub = subscribe(ctx, bare.last_endpoint.decode(), None)
+    time.sleep(0.2)
+    rows = [
+        ("whole per-sample path", per_call(full_path, count)),
+        ("  build the sample", per_call(lambda: sample_body(
+            "bench-host", time.time(), READING, source, CoolingState.OK, 0.4, 0.0, JOBS), count)),
+        ("  encode (validate + msgpack)", per_call(lambda: p.telemetry_frames(
+            p.make("telemetry.sample", sample)), count)),
+        ("  store (SQLite, one commit)", per_call(lambda: daemon.history.add_sample(sample),
+                                                   count)),
+        ("  publish" + (" (CURVE)" if secure else ""),
+         per_call(lambda: daemon.publisher.send_multipart(frames), count)),
+        ("bare PUB send, no CURVE (baseline)", per_call(lambda: bare.send_multipart(frames),
+                                                        count)),
+    ]
+    time.sleep(0.5)
+    stop.set()
+    draining.join()
+    baseline = rows[-1][1]
+    print(f"{count} samples, {len(frames[1])} bytes each; the subscriber received "
+          f"{received[0]} (PUB drops what a slow subscriber cannot take)")
+    print(f"{'':38} {'µs/sample':>10} {'x bare send':>12} {'of a 1 s poll':>14}")
+    for name, seconds in rows:
+        print(f"{name:38} {seconds * 1e6:10.1f} {seconds / baseline:12.1f} {seconds:14.4%}")
+    for sock in (sub, bare, bare_sub):
+        sock.close(linger=0)
+    ctx.term()
+    daemon.close()
+
+
+if __name__ == "__main__":
+    main()

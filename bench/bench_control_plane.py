@@ -50,7 +50,7 @@ def agent_server(ready: mp.Queue[Any], options: dict[str, Any]) -> None:
 
     if options["secure"]:
         trust(options["client_key"], "bench", directory=trusted_dir())
-    daemon = AgentDaemon("127.0.0.1:0", secure=options["secure"], thermal_source=None)
+    daemon = AgentDaemon("127.0.0.1:0", secure=options["secure"], thermal_source="none")
     signal.signal(signal.SIGTERM, daemon.stop)
     endpoint = daemon.start()
     ready.put((endpoint.removeprefix("tcp://"), daemon.public_key))

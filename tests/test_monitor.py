@@ -191,3 +191,24 @@ def test_a_host_that_dies_and_returns_is_reconnected_and_recorded_again(
         assert any(text.startswith("unreachable") for text in texts)
         recorded = store.samples(died)[agent.address]
         assert recorded and {s["celsius"] for s in recorded} == {75.0}
+
+
+def test_json_lines_until_ctrl_c(agents: AgentPool, tmp_path: Path) -> None:
+    agent = known_agent(agents, "mac1", 72.0, tmp_path)
+    process = subprocess.Popen(
+        [console_script("coordinator"), "monitor", "--hosts", agent.address, "--format",
+         "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=subprocess_env())
+    try:
+        assert process.stdout is not None
+        lines = [json.loads(process.stdout.readline())]
+        while lines[-1]["hosts"][0]["celsius"] is None and len(lines) < 20:
+            lines.append(json.loads(process.stdout.readline()))
+        lines.append(json.loads(process.stdout.readline()))
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=15)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    assert lines[-1]["hosts"][0]["celsius"] == 72.0 and lines[-1]["hosts"][0]["reachable"]
+    assert [line["time"] for line in lines] == sorted({line["time"] for line in lines})

@@ -189,10 +189,14 @@ class Monitor:
             link.thread.start()
 
     def close(self) -> None:
+        """Stop the links. One still waiting for an answer (at most its timeout) is left to
+        finish on its own, daemon thread and context with it: closing its sockets under it
+        from here would not be thread-safe."""
         self.stop.set()
         for link in self.links:
-            link.thread.join(timeout=RETRY_S + POLL_MS / 1000 + 1.0)
-        self.ctx.destroy(linger=0)
+            link.thread.join(timeout=POLL_MS / 1000 + 1.0)
+        if not any(link.thread.is_alive() for link in self.links):
+            self.ctx.term()
 
     def __enter__(self) -> Monitor:
         self.start()

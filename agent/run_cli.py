@@ -90,11 +90,16 @@ def run_command(
         feed: Feed
         registered = register(thermal_source, poll_interval)
         if registered is not None:
-            feed, forwarder = registered
+            daemon_feed, forwarder = registered
             stack.callback(forwarder.close)  # after the exit event, which it forwards too
             supervisor.sinks.append(forwarder)
-            typer.echo(f"{PREFIX} registered with agent serve: readings from {feed.source}, "
-                       f"its policy {policy_text(feed.policy)}", err=True)
+            typer.echo(f"{PREFIX} registered with agent serve: readings from "
+                       f"{daemon_feed.source}, its policy {policy_text(daemon_feed.policy)}",
+                       err=True)
+            if daemon_feed.source == "none":
+                typer.echo(f"{PREFIX} warning: agent serve has no thermal source; CMD runs "
+                           "without thermal enforcement", err=True)
+            feed = daemon_feed
         else:
             feed = LocalFeed(local_monitor(thermal_source, poll_interval), policy)
         try:

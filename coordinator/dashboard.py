@@ -133,6 +133,12 @@ class Dashboard:
         view.info_jobs = list(info.get("jobs") or [])
         view.heard, view.silent, view.live = now, False, False
 
+    def seed(self, name: str, samples: list[dict[str, Any]]) -> None:
+        """Recorded samples for the sparkline only: a restarted monitor shows the last minutes
+        at once, but nothing recorded counts as the host's current reading."""
+        for body in samples:
+            remember(self.hosts[name].series, body["time"], body["celsius"], SPARK_WINDOW_S)
+
     def set_policy(self, name: str, policy: dict[str, Any]) -> None:
         self.hosts[name].policy = policy
 
@@ -275,7 +281,8 @@ def render(dashboard: Dashboard, now: float) -> RenderableType:
             Text(sample["pressure"] or NA), _state_cell(view, now), _jobs_cell(view.jobs),
             duration(sample["pause_s_total"]), Text(sample["source"]))
     lines = [table]
-    for alert in list(dashboard.alerts)[-ALERTS_SHOWN:]:
+    # by time, not arrival: a backfill brings older events after newer live ones
+    for alert in sorted(dashboard.alerts, key=lambda alert: alert.time)[-ALERTS_SHOWN:]:
         stamp = time.strftime("%H:%M:%S", time.localtime(alert.time))
         lines.append(Text(f"{stamp} {alert.host}: {alert.text}", style=ALERT_STYLES[alert.level]))
     return Group(*lines)

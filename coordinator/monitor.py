@@ -22,7 +22,7 @@ from typing import Any
 import zmq
 
 from coordinator.client import AgentClient, HostError, agent_socket
-from coordinator.dashboard import UNREACHABLE, UP, Dashboard, silent_after
+from coordinator.dashboard import SPARK_WINDOW_S, UNREACHABLE, UP, Dashboard, silent_after
 from coordinator.fleet import Settings, Target, connect
 from coordinator.telemetry_store import Row, TelemetryStore
 from shared import protocol as p
@@ -180,6 +180,9 @@ class Monitor:
         self.links = [HostLink(self.ctx, t, settings, self.reports, self.stop,
                                store.last_sample_time(t.name) or now - BACKFILL_FIRST_S)
                       for t in targets]
+        recorded = store.samples(now - SPARK_WINDOW_S, [t.name for t in targets])
+        for name, samples in recorded.items():
+            self.board.seed(name, samples)
         self._exported: dict[str, float] = {}
         self.recorded = 0
         """Samples recorded for the first time since start (the benchmark counts them)."""

@@ -149,3 +149,25 @@ def test_snapshot_for_scripts() -> None:
     assert down["reachable"] is False and down["error"] == "connection refused for 1 s"
     assert down["celsius"] is None and down["jobs"] == []
     assert data["alerts"][0]["host"] == "gone:5555"
+
+
+def test_recorded_samples_seed_the_sparkline_but_are_not_a_current_reading() -> None:
+    board = Dashboard(["mac1:5555"])
+    board.seed("mac1:5555", [sample(700.0 + t, 60.0 + t / 10) for t in range(0, 300, 30)])
+    view = board.hosts["mac1:5555"]
+    assert view.sample is None and view.spark() == []
+    assert "connecting" in text_of(board, 0.0)
+    board.connected("mac1:5555", "mac1", INFO_OK, now=0.0)
+    board.sample("mac1:5555", sample(1000.0, 75.0), now=1.0)
+    seeded = [60.0 + t / 10 for t in range(0, 300, 30)]
+    assert [v for v in view.spark() if v is not None] == [*seeded, 75.0]
+
+
+def test_alert_lines_are_shown_in_time_order_whatever_the_arrival() -> None:
+    board = Dashboard(["mac1:5555"])
+    board.event("mac1:5555", event(200.0, "stop", 95.5))
+    board.event("mac1:5555", event(100.0, "pause", 86.0))  # backfilled after the stop
+    lines = text_of(board, 300.0).splitlines()
+    paused = next(i for i, line in enumerate(lines) if "paused job" in line)
+    stopped = next(i for i, line in enumerate(lines) if "stopped job" in line)
+    assert paused < stopped

@@ -229,10 +229,15 @@ def host_snapshot(view: HostView, now: float) -> dict[str, Any]:
     }
 
 
+def in_time_order(alerts: Iterable[Alert]) -> list[Alert]:
+    """By time, not arrival: a backfill brings older events after newer live ones."""
+    return sorted(alerts, key=lambda alert: alert.time)
+
+
 def snapshot(dashboard: Dashboard, now: float) -> dict[str, Any]:
     return {"time": now,
             "hosts": [host_snapshot(view, now) for view in dashboard.hosts.values()],
-            "alerts": [alert.__dict__ for alert in dashboard.alerts]}
+            "alerts": [alert.__dict__ for alert in in_time_order(dashboard.alerts)]}
 
 
 def _state_cell(view: HostView, now: float) -> Text:
@@ -281,8 +286,7 @@ def render(dashboard: Dashboard, now: float) -> RenderableType:
             Text(sample["pressure"] or NA), _state_cell(view, now), _jobs_cell(view.jobs),
             duration(sample["pause_s_total"]), Text(sample["source"]))
     lines = [table]
-    # by time, not arrival: a backfill brings older events after newer live ones
-    for alert in sorted(dashboard.alerts, key=lambda alert: alert.time)[-ALERTS_SHOWN:]:
+    for alert in in_time_order(dashboard.alerts)[-ALERTS_SHOWN:]:
         stamp = time.strftime("%H:%M:%S", time.localtime(alert.time))
         lines.append(Text(f"{stamp} {alert.host}: {alert.text}", style=ALERT_STYLES[alert.level]))
     return Group(*lines)

@@ -74,8 +74,10 @@ def monitor(
         raise usage_error(f"unknown format {fmt!r}; choose from table, json")
     targets = targets_or_known(hosts, hostfile)
     settings = settings_for(insecure, connect_timeout)
-    metrics = TelemetryMetrics() if prometheus else None
-    server = start_exporter(metrics, prometheus) if metrics and prometheus else None
+    metrics, server = None, None
+    if prometheus is not None:
+        metrics = TelemetryMetrics()
+        server = start_exporter(metrics, prometheus)
     try:
         with TelemetryStore() as store, Monitor(targets, settings, store, metrics) as running:
             if once:

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from agent.keys import trust
 from coordinator.dashboard import UNREACHABLE, UP
 from coordinator.fleet import Settings, Target
 from coordinator.keys import add_host_key
@@ -24,7 +23,7 @@ from coordinator.monitor import Monitor
 from coordinator.telemetry_store import TelemetryStore
 from shared.keys import own_keypair
 from tests.conftest import console_script, subprocess_env
-from tests.fleet_support import AgentPool, AgentProcess, cli
+from tests.fleet_support import AgentPool, AgentProcess, cli, trusted_agent
 
 pytestmark = pytest.mark.timeout(90)
 POLL = ["--poll-interval", "0.1"]
@@ -36,8 +35,7 @@ def known_agent(agents: AgentPool, name: str, celsius: float, tmp_path: Path,
     key the coordinator knows (what `agent keys trust` / `coordinator keys add` do)."""
     curve = tmp_path / f"{name}.csv"
     curve.write_text(f"seconds,celsius\n0,{celsius}\n3600,{celsius}\n")
-    agent = agents.start(name, thermal=f"replay:{curve}", options=[*POLL, *options])
-    trust(own_keypair().public, "test", directory=agent.home / "keys" / "trusted")
+    agent = trusted_agent(agents, name, thermal=f"replay:{curve}", options=[*POLL, *options])
     add_host_key(agent.address, agent.key)
     return agent
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import socket
 import subprocess
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,7 +53,10 @@ def test_metrics_follow_samples_and_policy_actions(
     assert found, agent.log_text()
     port = int(found.group(1))
     host = (("host", socket.gethostname()),)
-    metrics = scrape(port)
+    deadline = time.monotonic() + 10
+    while ("mlx_fleet_agent_up", host) not in (metrics := scrape(port)):  # the first sample
+        assert time.monotonic() < deadline, metrics
+        time.sleep(0.05)
     assert metrics[("mlx_fleet_soc_temperature_celsius",
                     tuple(sorted(host + (("source", source),))))] == 90.0
     assert metrics[("mlx_fleet_cooling_state", host)] == 2.0  # pause

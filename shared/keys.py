@@ -61,13 +61,22 @@ def write_private(path: Path, text: str) -> None:
         temporary.unlink()
 
 
+def new_keypair() -> tuple[str, str]:
+    """A fresh CURVE keypair whose public key never starts with '-' (a Z85 character), so it
+    can be passed to `agent keys trust KEY` without being read as an option."""
+    while True:
+        public, secret = (k.decode("ascii") for k in zmq.curve_keypair())
+        if not public.startswith("-"):
+            return public, secret
+
+
 def own_keypair(directory: Path | None = None) -> Keypair:
     """This side's keypair, created on first use. Two processes racing to create it end up
     with the same one: the secret file is linked into place exclusively; the loser reads it."""
     directory = directory or keys_dir()
     secret_path = directory / f"{SELF_NAME}.key_secret"
     if not secret_path.exists():
-        public, secret = (k.decode("ascii") for k in zmq.curve_keypair())
+        public, secret = new_keypair()
         try:
             write_private(secret_path, certificate_text(public, secret))
         except FileExistsError:

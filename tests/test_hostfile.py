@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-import zmq
 
 from coordinator.hostfile import (
     DEFAULT_AGENT_PORT,
@@ -15,8 +14,9 @@ from coordinator.hostfile import (
     parse_hostfile,
     parse_hosts,
 )
+from shared.keys import new_keypair
 
-KEY = zmq.curve_keypair()[0].decode()
+KEY = new_keypair()[0]
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:

@@ -10,7 +10,7 @@ import zmq.auth
 
 from agent.keys import TrustedKeys, list_trusted, trust, trusted_dir
 from coordinator.keys import known_hosts
-from shared.keys import own_keypair
+from shared.keys import new_keypair, own_keypair
 from tests.fleet_support import cli
 
 
@@ -33,7 +33,7 @@ def test_agent_keys_show_prints_the_public_key_alone() -> None:
 
 
 def test_agent_trust_list_revoke(fleet_home: Path) -> None:
-    key = zmq.curve_keypair()[0].decode()
+    key = new_keypair()[0]
     assert cli("agent", "keys", "trust", key, "--name", "lab-mac").returncode == 0
     listed = cli("agent", "keys", "list")
     assert listed.stdout == f"lab-mac\t{key}\n"
@@ -52,14 +52,14 @@ def test_agent_trust_list_revoke(fleet_home: Path) -> None:
 def test_bad_keys_and_names_are_usage_errors() -> None:
     short = cli("agent", "keys", "trust", "tooshort")
     assert short.returncode == 2 and "40 Z85 characters" in short.stderr
-    key = zmq.curve_keypair()[0].decode()
+    key = new_keypair()[0]
     bad_name = cli("agent", "keys", "trust", key, "--name", "../evil")
     assert bad_name.returncode == 2 and "bad name" in bad_name.stderr
 
 
 def test_a_name_is_not_silently_reused() -> None:
-    trust(zmq.curve_keypair()[0].decode(), "lab")
-    clash = cli("agent", "keys", "trust", zmq.curve_keypair()[0].decode(), "--name", "lab")
+    trust(new_keypair()[0], "lab")
+    clash = cli("agent", "keys", "trust", new_keypair()[0], "--name", "lab")
     assert clash.returncode == 2 and "already used" in clash.stderr
 
 
@@ -76,9 +76,14 @@ def test_the_zap_check_sees_trust_and_revocation_at_once() -> None:
 def test_coordinator_keys() -> None:
     shown = cli("coordinator", "keys", "show")
     assert shown.stdout == own_keypair().public + "\n"
-    key = zmq.curve_keypair()[0].decode()
+    key = new_keypair()[0]
     assert cli("coordinator", "keys", "add", "mac1", key).returncode == 0
     assert cli("coordinator", "keys", "add", "[::1]:6000", key).returncode == 0
     assert known_hosts() == {"mac1:5555": key, "[::1]:6000": key}
     bad = cli("coordinator", "keys", "add", "mac1", "nope")
     assert bad.returncode == 2 and "key" in bad.stderr
+
+
+def test_generated_keys_never_start_with_a_dash() -> None:
+    """Z85 has '-', and `agent keys trust -abc...` would read as an option."""
+    assert not any(new_keypair()[0].startswith("-") for _ in range(500))

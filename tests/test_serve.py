@@ -17,7 +17,7 @@ import zmq
 from agent.keys import trust
 from coordinator.client import AgentClient, AgentError, HostError
 from shared import protocol as p
-from shared.keys import own_keypair
+from shared.keys import new_keypair, own_keypair
 from tests.fleet_support import AgentPool, AgentProcess, connect, trusted_agent
 
 pytestmark = pytest.mark.timeout(60)
@@ -215,7 +215,7 @@ def test_an_untrusted_coordinator_is_refused_and_others_served(
 def test_a_wrong_server_key_or_a_security_mismatch_is_named(
         ctx: zmq.Context, agents: AgentPool) -> None:
     agent = trusted_agent(agents)
-    impostor_key = zmq.curve_keypair()[0].decode()
+    impostor_key = new_keypair()[0]
     with pytest.raises(HostError, match="server key we hold"):
         AgentClient(ctx, agent.address, impostor_key, own_keypair(), 3.0).connect()
     insecure = agents.start("insecure", insecure=True)

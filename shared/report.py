@@ -35,7 +35,9 @@ def human_count(n: float) -> str:
 def mean_std(record: Record, mean_key: str, std_key: str, digits: int = 2) -> str:
     if record.get(mean_key) is None:
         return NA
-    return f"{record[mean_key]:.{digits}f} ± {record.get(std_key) or 0.0:.{digits}f}"
+    if record.get(std_key) is None:  # one sample: the spread is unknown, not zero
+        return f"{record[mean_key]:.{digits}f} (n=1)"
+    return f"{record[mean_key]:.{digits}f} ± {record[std_key]:.{digits}f}"
 
 
 def gigabytes(value: float | None) -> str:

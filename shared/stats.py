@@ -6,13 +6,13 @@ import statistics
 from collections.abc import Sequence
 
 
-def spread(values: Sequence[float]) -> dict[str, float]:
-    """Mean, sample standard deviation (0 for one sample), min and median."""
+def spread(values: Sequence[float]) -> dict[str, float | None]:
+    """Mean, sample standard deviation (None for one sample: unknown, not zero), min, median."""
     if not values:
         raise ValueError("no samples to summarize")
     return {
         "mean": statistics.fmean(values),
-        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "std": statistics.stdev(values) if len(values) > 1 else None,
         "min": min(values),
         "median": statistics.median(values),
     }

@@ -6,7 +6,6 @@ ThermalMonitor: sleep while the policy says pause, raise when it says stop.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -154,34 +153,35 @@ class ThermalGuard:
         self.monitor = monitor
         self.enabled = enabled
         self.scheduler = CoolingScheduler(monitor, policy)
-        self._start_c: float | None = None
+        self._start: ThermalReading | None = None
         self._pause_before = 0.0
         self._pauses_before = 0
-        self._seen_until = -math.inf
+        self._in_cell = False
         self._hot = False
+        monitor.add_listener(self._on_reading)
 
     @property
     def policy(self) -> ThermalPolicy:
         return self.scheduler.policy
 
     def begin_cell(self) -> None:
-        """Note the starting temperature. Starts the monitor if nobody did: a gate that reads a
+        """Note the starting reading. Starts the monitor if nobody did: a gate that reads a
         monitor which never polls would silently never fire."""
         self.monitor.start()
-        latest = self.monitor.reading
-        self._start_c = latest.celsius if latest else None
+        self._start = self.monitor.reading
         self._pause_before = self.scheduler.total_pause_time
         self._pauses_before = len(self.scheduler.pauses)
-        self._seen_until = latest.time if latest else -math.inf
-        self._hot = self._is_hot(latest)
+        self._hot = self._is_hot(self._start)
+        self._in_cell = True
 
     def before_iteration(self, step: int) -> None:
-        self._observe()
         if self.enabled:
             self.scheduler.check_before_step(step)
 
     def end_cell(self) -> GuardReport:
-        self._observe()
+        self._in_cell = False
+        end = self.monitor.reading
+        self._hot = self._hot or self._is_hot(end)
         paused_s = self.scheduler.total_pause_time - self._pause_before
         flags = [
             flag
@@ -193,8 +193,10 @@ class ThermalGuard:
             if present
         ]
         return GuardReport(
-            soc_temp_start_c=self._start_c,
-            soc_temp_end_c=self.monitor.temperature,
+            soc_temp_start_c=self._start.celsius if self._start else None,
+            soc_temp_end_c=end.celsius if end else None,
+            pressure_start=self._start.pressure if self._start else None,
+            pressure_end=end.pressure if end else None,
             pause_s=paused_s,
             flags=flags,
             thermal_source=self.monitor.source.name,
@@ -205,10 +207,7 @@ class ThermalGuard:
             return False
         return decide(self.policy, reading.celsius, reading.pressure) is not CoolingState.OK
 
-    def _observe(self) -> None:
-        """Look at every reading polled since the last look, so a short spike between two
-        iterations still marks the cell hot."""
-        for reading in self.monitor.get_readings():
-            if reading.time > self._seen_until:
-                self._hot = self._hot or self._is_hot(reading)
-                self._seen_until = reading.time
+    def _on_reading(self, reading: ThermalReading) -> None:
+        """Every polled reading, even mid-iteration: a short spike still marks the cell hot."""
+        if self._in_cell and self._is_hot(reading):
+            self._hot = True

@@ -17,6 +17,9 @@ class GuardReport:
 
     soc_temp_start_c: float | None = None
     soc_temp_end_c: float | None = None
+    pressure_start: str | None = None
+    pressure_end: str | None = None
+    """Thermal pressure levels, for sources that report one (with or without degrees)."""
     pause_s: float = 0.0
     flags: list[str] = field(default_factory=list)
     thermal_source: str | None = None

@@ -49,11 +49,16 @@ def celsius(value: float | None) -> str:
 
 
 def soc_temperature(record: Record) -> str:
-    """'start → end' in °C, labelled when the source is not a sensor."""
+    """'start → end' in °C (or the pressure level a source gives instead), labelled when the
+    source is not a sensor."""
     start, end = record.get("soc_temp_start_c"), record.get("soc_temp_end_c")
+    pressure = record.get("pressure_end") or record.get("pressure_start")
     if start is None and end is None:
-        return NA
-    text = celsius(end) if start is None else f"{celsius(start)} → {celsius(end)}"
+        if not pressure:
+            return NA
+        text = f"N/A, pressure {pressure}"
+    else:
+        text = celsius(end) if start is None else f"{celsius(start)} → {celsius(end)}"
     source = record.get("thermal_source")
     if "simulated" in record.get("flags", []) and source:
         text += f" ({source})"
@@ -170,8 +175,8 @@ CSV_FIELDS = [
     "host", "name", "model", "bits", "mode", "test", "seq_len", "batch_size", "decode_tokens",
     "status", "tokens_per_sec", "std_tokens_per_sec", "latency_ms", "std_latency_ms",
     "min_latency_ms", "median_latency_ms", "peak_memory_gb", "active_memory_gb",
-    "soc_temp_start_c", "soc_temp_end_c", "pause_s", "thermal_source", "flags", "error",
-    "samples_ms",
+    "soc_temp_start_c", "soc_temp_end_c", "pressure_start", "pressure_end", "pause_s",
+    "thermal_source", "flags", "error", "samples_ms",
 ]
 
 

@@ -33,6 +33,8 @@ def cell_record(
     record["soc_temp_start_c"] = thermal.get("soc_temp_start_c")
     record["soc_temp_end_c"] = thermal.get("soc_temp_end_c")
     record["soc_temp_c"] = record["soc_temp_end_c"]
+    record["pressure_start"] = thermal.get("pressure_start")
+    record["pressure_end"] = thermal.get("pressure_end")
     record["pause_s"] = thermal.get("pause_s", 0.0)
     record["flags"] = list(thermal.get("flags", []))
     record["thermal_source"] = thermal.get("thermal_source")

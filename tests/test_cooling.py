@@ -207,3 +207,28 @@ def test_enabled_guard_raises_at_stop_and_still_reports_the_cell(tmp_path: Path)
         report = guard.end_cell()
     assert report.soc_temp_start_c == 96.0
     assert "hot" in report.flags and "paused" not in report.flags
+
+
+def test_a_spike_inside_one_long_iteration_still_marks_the_cell_hot() -> None:
+    """The monitor keeps only 2 readings, and the spike is hundreds of polls before the cell
+    ends: the guard must see every reading as it is polled, not what history still holds."""
+    source = ScriptedSource([(70.0, None)] * 5 + [(80.0, None)] + [(70.0, None)])
+    with ThermalMonitor(0.005, history_size=2, source=source) as monitor:
+        guard = ThermalGuard(monitor, enabled=False)
+        guard.begin_cell()
+        guard.before_iteration(0)
+        time.sleep(1.0)  # one long iteration: ~200 polls, the 80 °C one long gone from history
+        report = guard.end_cell()
+    assert max(monitor.get_history()) == 70.0
+    assert "hot" in report.flags
+
+
+def test_a_pressure_only_source_is_recorded_per_cell() -> None:
+    source = ScriptedSource([(None, "Nominal")] * 3 + [(None, "Moderate")])
+    with ThermalMonitor(POLL, source=source) as monitor:
+        guard = ThermalGuard(monitor, enabled=False)
+        guard.begin_cell()
+        time.sleep(POLL * 8)
+        report = guard.end_cell()
+    assert report.soc_temp_start_c is None and report.soc_temp_end_c is None
+    assert (report.pressure_start, report.pressure_end) == ("Nominal", "Moderate")

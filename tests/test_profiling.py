@@ -93,3 +93,21 @@ def test_device_info_names_the_device() -> None:
 def test_at_least_one_iteration_is_required(small_model) -> None:
     with pytest.raises(ValueError, match="num_iterations"):
         SpeedProfiler().benchmark_tokens_per_sec(small_model, seq_len=8, num_iterations=0)
+
+
+def test_decode_peak_excludes_the_untimed_prefill(small_model) -> None:
+    """The context's prefill (1024 x vocab logits) happens before the clock: not in the peak."""
+    profiler = SpeedProfiler()
+    prefill = profiler.benchmark_tokens_per_sec(small_model, seq_len=1024, num_warmup=0,
+                                                num_iterations=1)
+    decode = profiler.benchmark_autoregressive(small_model, total_tokens=2, context_len=1024,
+                                               num_warmup=0, num_iterations=1)
+    assert decode["peak_memory_gb"] < prefill["peak_memory_gb"]
+
+
+def test_per_token_time_is_per_sequence_with_a_batch(small_model) -> None:
+    result = SpeedProfiler().benchmark_autoregressive(
+        small_model, total_tokens=4, context_len=8, num_warmup=0, num_iterations=2, batch_size=3)
+    assert result["tokens_per_sec"] == pytest.approx(
+        sum(12000 / s for s in result["samples_ms"]) / 2)
+    assert result["mean_per_token_ms"] == pytest.approx(result["latency_ms"] / 4)

@@ -8,7 +8,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-GB = 1024**3
+GB = 1e9
+"""Decimal gigabytes, as the `*_gb` keys say and mlx-lm reports."""
 QUANTIZATION_ARRAYS = ("scales", "biases")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import mlx.core as mx
@@ -33,6 +34,16 @@ def cache_state(cache: list[Any]) -> list[Any]:
     return [layer.state for layer in cache]
 
 
+@dataclass
+class Measurement:
+    samples: list[float] = field(default_factory=list)
+    """Seconds per timed iteration."""
+    peak_bytes: int = 0
+    """The largest peak over the timed regions alone."""
+    active_bytes: int = 0
+    """What MLX held at the end of the last timed iteration."""
+
+
 class SpeedProfiler:
     """The seed's speed profiler. `before_iteration` (e.g. a cooling gate) runs untimed."""
 
@@ -45,33 +56,33 @@ class SpeedProfiler:
         timed: Callable[[State], mx.array],
         num_warmup: int,
         num_iterations: int,
-    ) -> tuple[list[float], float]:
-        """Seconds per timed iteration, and the active bytes at the end of the last one."""
+    ) -> Measurement:
+        """Time `timed` alone: `prepare` (fresh inputs, a prefilled cache) and the gate run
+        before the clock starts, and the peak is reset after them, so neither counts."""
         if num_iterations < 1:
             raise ValueError("num_iterations must be at least 1")
         mx.clear_cache()
-        samples: list[float] = []
-        active = 0
+        measurement = Measurement()
         for step in range(num_warmup + num_iterations):
             if self.before_iteration is not None:
                 self.before_iteration(step)
-            if step == num_warmup:
-                mx.reset_peak_memory()
             state = prepare()
+            mx.reset_peak_memory()
             start = time.perf_counter()
             output = timed(state)
             mx.eval(output)
             elapsed = time.perf_counter() - start
             if step >= num_warmup:
-                samples.append(elapsed)
-                active = mx.get_active_memory()
+                measurement.samples.append(elapsed)
+                measurement.peak_bytes = max(measurement.peak_bytes, mx.get_peak_memory())
+                measurement.active_bytes = mx.get_active_memory()
             del state, output
-        return samples, active
+        return measurement
 
-    def _result(self, samples: list[float], tokens: int, active: int) -> dict[str, Any]:
-        result = summarize_latencies(samples, tokens)
-        result["peak_memory_gb"] = to_gb(mx.get_peak_memory())
-        result["active_memory_gb"] = to_gb(active)
+    def _result(self, measurement: Measurement, tokens: int) -> dict[str, Any]:
+        result = summarize_latencies(measurement.samples, tokens)
+        result["peak_memory_gb"] = to_gb(measurement.peak_bytes)
+        result["active_memory_gb"] = to_gb(measurement.active_bytes)
         return result
 
     def benchmark_tokens_per_sec(
@@ -85,10 +96,8 @@ class SpeedProfiler:
         """Prefill: the whole prompt in one evaluated forward pass."""
         tokens = random_tokens(model, batch_size, seq_len)
         mx.eval(tokens)
-        samples, active = self._measure(
-            lambda: tokens, lambda x: model(x), num_warmup, num_iterations
-        )
-        result = self._result(samples, batch_size * seq_len, active)
+        measurement = self._measure(lambda: tokens, model, num_warmup, num_iterations)
+        result = self._result(measurement, batch_size * seq_len)
         result.update(seq_len=seq_len, batch_size=batch_size)
         return result
 
@@ -127,8 +136,10 @@ class SpeedProfiler:
                 mx.async_eval(token)
             return token
 
-        samples, active = self._measure(prefill, decode, num_warmup, num_iterations)
-        result = self._result(samples, batch_size * total_tokens, active)
+        measurement = self._measure(prefill, decode, num_warmup, num_iterations)
+        result = self._result(measurement, batch_size * total_tokens)
+        # Time between two tokens of one sequence (a step yields one token per sequence), so
+        # with batch B: tokens_per_sec ~= B * 1000 / mean_per_token_ms.
         result["mean_per_token_ms"] = result["latency_ms"] / total_tokens
         result.update(seq_len=context_len, batch_size=batch_size, decode_tokens=total_tokens)
         return result

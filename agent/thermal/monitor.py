@@ -54,6 +54,7 @@ class ThermalMonitor:
         else:
             self.source = CallableSource(source)
         self._history: deque[ThermalReading] = deque(maxlen=history_size)
+        self._listeners: list[Callable[[ThermalReading], None]] = []
         self._latest: ThermalReading | None = None
         self._lock = threading.Lock()
         self._source_lock = threading.Lock()
@@ -174,6 +175,16 @@ class ThermalMonitor:
             self.last_error = None if reading else self.source.last_error
             return reading, False
 
+    def add_listener(self, listener: Callable[[ThermalReading], None]) -> None:
+        """Call `listener` (on the polling thread) with every reading recorded from now on:
+        unlike the bounded history, it misses none however long the caller looks away."""
+        with self._lock:
+            self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[ThermalReading], None]) -> None:
+        with self._lock:
+            self._listeners.remove(listener)
+
     def _poll(self) -> bool:
         """Read once and record; True when the source failed."""
         reading, failed = self._read_source()
@@ -181,6 +192,10 @@ class ThermalMonitor:
             self._latest = reading
             if reading is not None:
                 self._history.append(reading)
+            listeners = list(self._listeners)
+        if reading is not None:
+            for listener in listeners:
+                listener(reading)
         return failed
 
     def _run(self) -> None:

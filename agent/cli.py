@@ -17,7 +17,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from agent.cooling import ThermalGuard, ThermalShutdownError
 from agent.machine import machine_info, package_version
-from agent.profiling.runner import ModelLoadError, check_model_dir, require_mlx_lm, run_matrix
+from agent.profiling.runner import (
+    ModelLoadError,
+    check_bits_for_dir,
+    check_model_dir,
+    require_mlx_lm,
+    run_matrix,
+)
 from agent.run_cli import run_command
 from agent.serve_cli import keys_app, serve_command
 from agent.service_cli import install_command, service_status_command, uninstall_command
@@ -55,7 +61,7 @@ from shared.cli import (
 from shared.matrix import DEFAULT_DECODE_TOKENS, MatrixError, expand
 from shared.paths import data_subdir
 from shared.report import progress_line
-from shared.results import failed_cells
+from shared.results import failed_cells, not_run
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
                   epilog=EXIT_CODES_HELP)
@@ -111,7 +117,7 @@ def bench(
     cell pp<N> and a decode cell tg<G> @ d<N>. Each iteration waits out a thermal pause (kept
     out of the latencies) and a stop ends the run; cells that paused or ran at or above
     --max-speed-temp are flagged."""
-    check_format(fmt)
+    check_format(fmt, output)
     policy = policy_from_options(max_speed_temp, pause_temp, stop_temp, hysteresis)
     model_dirs = [str(Path(d).expanduser().resolve()) for d in model or []]
     try:
@@ -119,6 +125,7 @@ def bench(
                                    config, model_dirs, bits, decode_tokens)
         for directory in model_dirs:
             check_model_dir(Path(directory))
+            check_bits_for_dir(Path(directory), spec.bits)
         if model_dirs:
             require_mlx_lm()
     except (MatrixError, ModelLoadError) as exc:
@@ -139,6 +146,8 @@ def bench(
         raise usage_error(str(exc)) from None
     except SourceUnavailable as exc:
         raise usage_error(f"thermal source {thermal_source!r} unavailable: {exc}") from None
+    except ValueError as exc:  # --poll-interval
+        raise usage_error(f"--poll-interval: {exc}") from None
     guard = ThermalGuard(monitor, policy, enabled=not no_cooling)
     report["thermal"] = {"source": monitor.source.name, "simulated": monitor.source.simulated,
                          "policy": policy.to_dict(), "cooling": not no_cooling}
@@ -160,15 +169,17 @@ def bench(
                 progress.update(task, advance=1, description=f"benchmarking {following}")
     except KeyboardInterrupt:
         report["interrupted"] = True
+        report["cells"] += not_run(cells[len(report["cells"]):], "interrupted")
     except ThermalShutdownError as exc:
         report["stopped"] = str(exc)
+        report["cells"] += not_run(cells[len(report["cells"]):], "thermal shutdown")
     finally:
-        monitor.stop()
+        monitor.close()
     report["finished_at"] = now_iso()
     report["wall_s"] = time.monotonic() - started
 
+    err.print(f"saved {save_run(report)}", highlight=False)  # kept before anything can fail
     show_report(report, fmt, output)
-    err.print(f"saved {save_run(report)}", highlight=False)
     if report["interrupted"]:
         raise typer.Exit(EXIT_INTERRUPTED)
     if "stopped" in report:

@@ -71,7 +71,7 @@ def format_line(event: Event) -> str:
 
 
 def default_events_path() -> Path:
-    return data_dir() / "events.sqlite"
+    return data_dir() / "agent-events.sqlite"
 
 
 class EventLog:

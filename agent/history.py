@@ -1,6 +1,7 @@
 """What the daemon keeps: its telemetry history (every sample in memory, the latest ones, and in
-SQLite; every event in events.sqlite, shared with `agent run`; both pruned to a retention, served
-in pages) and the policy it enforces (policy.json, so a restart keeps what a coordinator pushed).
+SQLite; every event in agent-events.sqlite, shared with `agent run`; both pruned to a
+retention, served in pages) and the policy it enforces (policy.json, so a restart keeps what
+a coordinator pushed).
 
 Only the daemon's main thread uses it.
 """
@@ -42,7 +43,7 @@ MEMORY_SAMPLES = 3600
 
 
 def default_samples_path() -> Path:
-    return data_dir() / "telemetry.sqlite"
+    return data_dir() / "agent-telemetry.sqlite"
 
 
 def policy_path() -> Path:

@@ -68,7 +68,7 @@ def run_command(
     $MLX_FLEET_COOLING_STATE says so (and SIGUSR1 when CMD runs with
     MLX_FLEET_COOPERATIVE=1). SIGTERM, SIGINT and SIGHUP to agent run go to
     the group too; a second one, SIGKILL at once. Each action is a line on
-    stderr and a row in events.sqlite in the data directory.
+    stderr and a row in agent-events.sqlite in the data directory.
 
     With `agent serve` running on this machine, the readings and the policy
     are the daemon's (the threshold options are not used) and the job shows

@@ -105,7 +105,7 @@ def runs(
 @app.command()
 def show(run: RunId, fmt: Format = "table", output: Output = None) -> None:
     """A stored run's report, as `coordinator benchmark` printed it."""
-    check_format(fmt)
+    check_format(fmt, output)
     show_report(load_reports(run)[0], fmt, output)
 
 

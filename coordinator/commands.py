@@ -153,7 +153,7 @@ def benchmark(
 
     --model paths are directories on each agent's own disk.
     """
-    check_format(fmt)
+    check_format(fmt, output)
     try:
         spec = matrix_from_options(seq_lengths, batch_sizes, warmup, iterations, config_small,
                                    config, [str(d) for d in model or []], bits, decode_tokens)

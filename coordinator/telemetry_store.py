@@ -1,11 +1,12 @@
 """The coordinator's telemetry: every sample and event `coordinator monitor` heard, and each
 policy it learned a host enforces, in SQLite beside the run store.
 
-A sibling file (`telemetry.sqlite`), not more tables in `coordinator.sqlite`: the monitor writes
-several samples a second for hours, and its own file keeps those writes from ever holding the lock
-a benchmark needs to commit a cell, and keeps the two schemas versioned apart. Samples and events
-arrive twice on purpose (live, and again in a backfill after a silence); unique keys make the
-second copy a no-op, and add() says which rows were new so an old event never alerts twice.
+A sibling file (`coordinator-telemetry.sqlite`), not more tables in `coordinator.sqlite`: the
+monitor writes several samples a second for hours, and its own file keeps those writes from
+ever holding the lock a benchmark needs to commit a cell, and keeps the two schemas versioned
+apart. Samples and events arrive twice on purpose (live, and again in a backfill after a
+silence); unique keys make the second copy a no-op, and add() says which rows were new so an old
+event never alerts twice.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ Row = tuple[str, dict[str, Any]]
 
 
 def default_telemetry_path() -> Path:
-    return data_dir() / "telemetry.sqlite"
+    return data_dir() / "coordinator-telemetry.sqlite"
 
 
 class TelemetryStore:

@@ -5,6 +5,7 @@ Exit codes: 0 ok, 1 partial failure (a host or cell failed), 2 usage error, 130 
 
 from __future__ import annotations
 
+import os
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -78,9 +79,18 @@ def policy_from_options(max_speed_temp: float, pause_temp: float, stop_temp: flo
         raise usage_error(str(exc)) from None
 
 
-def check_format(fmt: str) -> None:
+def check_format(fmt: str, output: Path | None = None) -> None:
+    """Refuse a bad --format or an --output that cannot be written before any work starts."""
     if fmt not in FORMATS:
         raise usage_error(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
+    if output is not None:
+        folder = output.parent if str(output.parent) else Path(".")
+        if not folder.is_dir():
+            raise usage_error(f"--output {output}: folder {folder} does not exist")
+        if output.is_dir():
+            raise usage_error(f"--output {output} is a folder, not a file")
+        if not os.access(folder, os.W_OK):
+            raise usage_error(f"--output {output}: folder {folder} is not writable")
 
 
 def matrix_from_options(
@@ -124,9 +134,14 @@ def show_report(report: dict[str, Any], fmt: str, output: Path | None) -> None:
     text = render_text(report, fmt)
     if output is None:
         sys.stdout.write(text)
-    else:
+        return
+    try:
         output.write_text(text, encoding="utf-8")
-        err.print(f"wrote {output}", highlight=False)
+    except OSError as exc:
+        err.print(f"error: cannot write {output}: {exc.strerror or exc}", highlight=False,
+                  markup=False)
+        raise typer.Exit(EXIT_PARTIAL) from None
+    err.print(f"wrote {output}", highlight=False, markup=False)
 
 
 def now_iso() -> str:

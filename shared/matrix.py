@@ -103,7 +103,9 @@ def bits_label(bits: int | None) -> str:
 
 
 def model_label(model: str, bits: int | None) -> str:
-    return f"{model}/{bits_label(bits)}"
+    """'small/q4'; a model directory goes by its folder name: 'Llama-3.2-3B/f16'."""
+    name = model.rstrip("/").rsplit("/", 1)[-1] if "/" in model else model
+    return f"{name}/{bits_label(bits)}"
 
 
 def parse_int_list(text: str, what: str) -> tuple[int, ...]:

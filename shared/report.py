@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from shared.matrix import model_label
+from shared.results import NOT_RUN, OK
 
 FORMATS = ("table", "md", "csv", "json", "jsonl")
 NA = "N/A"
@@ -69,7 +70,9 @@ def flags(record: Record) -> str:
     marks = list(record.get("flags") or [])
     if record.get("fastest"):
         marks.insert(0, "fastest")
-    if record.get("status") != "ok":
+    if record.get("status") == NOT_RUN:
+        marks.append(f"not run: {record.get('error')}")
+    elif record.get("status") != OK:
         marks.append(f"FAILED: {record.get('error')}")
     return ", ".join(marks)
 

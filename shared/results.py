@@ -13,6 +13,7 @@ from shared.matrix import Cell
 
 OK = "ok"
 FAILED = "failed"
+NOT_RUN = "not run"
 PAUSED_FLAG = "paused"
 HOT_FLAG = "hot"
 SIMULATED_FLAG = "simulated"
@@ -39,6 +40,16 @@ def cell_record(
     record["flags"] = list(thermal.get("flags", []))
     record["thermal_source"] = thermal.get("thermal_source")
     return record
+
+
+def not_run(cells: Iterable[Cell], reason: str) -> list[dict[str, Any]]:
+    """Records for cells a run never reached, so every format shows what is missing and why."""
+    records = []
+    for cell in cells:
+        record = cell_record(cell, error=reason)
+        record["status"] = NOT_RUN
+        records.append(record)
+    return records
 
 
 def failed_cells(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -76,6 +76,10 @@ def test_other_formats(agent_cli: str, fmt: str, tmp_path: Path) -> None:
         (["--config-small", "--bits", "2"], "bits 2"),
         (["--model", "/no/such/model"], "model directory /no/such/model does not exist"),
         (["--config-small", "--format", "xml"], "unknown format 'xml'"),
+        (["--config-small", "--output", "/no/such/folder/out.csv"],
+         "folder /no/such/folder does not exist"),
+        (["--config-small", "--poll-interval", "0"], "--poll-interval"),
+        (["--model", "/etc/hostname"], "is a file, not a model directory"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(agent_cli: str, args: list[str], message: str) -> None:
@@ -99,7 +103,9 @@ def test_ctrl_c_prints_the_cells_finished_so_far(agent_cli: str) -> None:
     assert process.returncode == 130, stderr
     report = json.loads(stdout)
     assert report["interrupted"] is True
-    assert [c["test"] for c in report["cells"]] == ["pp8"]
+    assert [(c["test"], c["status"]) for c in report["cells"]] == [
+        ("pp8", "ok"), ("pp4096", "not run")]
+    assert report["cells"][1]["error"] == "interrupted"
 
 
 def test_help_lists_the_seed_options(agent_cli: str) -> None:
@@ -146,7 +152,8 @@ def test_a_thermal_stop_ends_the_run_and_keeps_what_was_measured(agent_cli: str,
     result = thermal_bench(agent_cli, curve)
     assert result.returncode == 1
     report = json.loads(result.stdout)
-    assert [c["status"] for c in report["cells"]] == ["failed"]
+    assert [c["status"] for c in report["cells"]] == ["failed", "not run"]
+    assert report["cells"][1]["error"] == "thermal shutdown"
     assert "97.0 °C reached the stop threshold 95.0 °C" in report["cells"][0]["error"]
     assert "thermal shutdown" in report["stopped"]
 

@@ -67,7 +67,20 @@ def test_stored_weights_are_used_without_bits(agent_cli: str, model_dir: Path) -
                    "--decode-tokens", "0", "--format", "json")
     assert result.returncode == 0, result.stderr
     cell = json.loads(result.stdout)["cells"][0]
-    assert cell["bits"] is None and cell["name"].endswith("/stored pp8 b1")
+    assert cell["bits"] is None and cell["name"] == f"{model_dir.name}/stored pp8 b1"
+    assert json.loads(result.stdout)["models"][0]["label"] == f"{model_dir.name}/stored (f16)"
+
+
+def test_a_quantized_directory_is_not_requantized(agent_cli: str, model_dir: Path,
+                                                  tmp_path: Path) -> None:
+    quantized = tmp_path / "q4"
+    quantized.mkdir()
+    (quantized / "model.safetensors").write_bytes((model_dir / "model.safetensors").read_bytes())
+    config = dict(TINY_LLAMA, quantization={"group_size": 64, "bits": 4})
+    (quantized / "config.json").write_text(json.dumps(config))
+    result = bench(agent_cli, "--model", str(quantized), "--bits", "8")
+    assert result.returncode == 2
+    assert "stored quantized at 4 bits; --bits 8" in result.stderr
 
 
 def test_a_directory_that_is_not_a_model(agent_cli: str, tmp_path: Path) -> None:

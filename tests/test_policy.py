@@ -131,3 +131,9 @@ def test_from_dict_fills_defaults_and_refuses_unknown_keys() -> None:
         ThermalPolicy.from_dict({"pause_tmp": 80})
     with pytest.raises(ValueError, match="max_speed_temp"):
         ThermalPolicy.from_dict({"max_speed_temp": 90})
+
+
+def test_a_hysteresis_that_would_never_end_a_pause_is_refused() -> None:
+    with pytest.raises(ValueError, match="hysteresis 85.0 °C must be below pause_temp 85.0"):
+        ThermalPolicy(hysteresis=85.0)
+    assert ThermalPolicy(hysteresis=84.0).resume_temp == 1.0

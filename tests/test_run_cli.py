@@ -138,7 +138,7 @@ def group_members(pgid: int) -> list[int]:
 
 
 def events(home: Path) -> list[Event]:
-    log = EventLog(home / "events.sqlite")
+    log = EventLog(home / "agent-events.sqlite")
     try:
         return log.since()
     finally:

@@ -83,12 +83,17 @@ def test_each_model_is_built_once_per_bits() -> None:
     assert [m["label"] for m in models] == ["small/f16", "small/q8"]
 
 
-def test_benchmark_suite_keeps_the_seed_api() -> None:
-    result = BenchmarkSuite(ModelArgs.small()).benchmark_sequence_lengths(
-        seq_lengths=[8, 16], num_warmup=0, num_iterations=1)
+def test_benchmark_suite_keeps_the_seed_api(tmp_path: Path) -> None:
+    curve = tmp_path / "curve.csv"
+    curve.write_text("0,61.5\n")
+    suite = BenchmarkSuite(ModelArgs.small(), thermal_source=f"replay:{curve}")
+    result = suite.benchmark_sequence_lengths(seq_lengths=[8, 16], num_warmup=0,
+                                              num_iterations=1)
     assert list(result.results) == ["custom/f16 pp8 b1", "custom/f16 pp16 b1"]
     first = result.results["custom/f16 pp8 b1"]
     assert list(first)[:6] == ["seq_len", "tokens_per_sec", "latency_ms", "peak_memory_gb",
                                "active_memory_gb", "soc_temp_c"]
     assert first["seq_len"] == 8 and first["tokens_per_sec"] > 0
+    assert first["soc_temp_c"] == 61.5 and "simulated" in first["flags"]
+    assert BenchmarkSuite().bits == 4 and suite.bits == 16
     assert result.to_table().row_count == 2

@@ -249,7 +249,7 @@ def test_history_is_pruned_to_the_retention(ctx: zmq.Context, agents: AgentPool)
     assert started < oldest  # older ones went (the first sample came before the policy)
     assert oldest >= time.time() - retention_s - 1.0
     assert history["events"] == []
-    with sqlite3.connect(agent.home / "telemetry.sqlite") as conn:
+    with sqlite3.connect(agent.home / "agent-telemetry.sqlite") as conn:
         on_disk = conn.execute("SELECT MIN(time) FROM samples").fetchone()[0]
     assert on_disk > started
     client.close()

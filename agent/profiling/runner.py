@@ -7,7 +7,8 @@ run goes on; a guard (see agent.guard) gates every iteration and annotates every
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Iterator
+import json
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,15 @@ from agent.guard import CellGuard, NullGuard, RunStopped
 from agent.model import BUILTIN_CONFIGS, QUANT_GROUP_SIZE, build_model
 from agent.profiling.memory import MemoryProfiler
 from agent.profiling.speed import SpeedProfiler
-from shared.matrix import PREFILL, Cell, MatrixSpec, expand, group_by_model, model_label
+from shared.matrix import (
+    PREFILL,
+    Cell,
+    MatrixSpec,
+    bits_label,
+    expand,
+    group_by_model,
+    model_label,
+)
 from shared.results import cell_record
 
 
@@ -35,12 +44,34 @@ class LoadedModel:
 
 def check_model_dir(path: Path) -> None:
     """Fail early, before anything runs, for a directory that is not an mlx-lm model."""
+    if path.exists() and not path.is_dir():
+        raise ModelLoadError(f"--model {path} is a file, not a model directory")
     if not path.is_dir():
         raise ModelLoadError(f"model directory {path} does not exist")
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{path} is not an mlx-lm model directory: no config.json")
     if not any(path.glob("*.safetensors")):
         raise ModelLoadError(f"{path} is not an mlx-lm model directory: no *.safetensors")
+
+
+def stored_bits(path: Path) -> int | None:
+    """The bits a model directory is stored quantized at (config.json), None for float."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"{path}/config.json cannot be read: {exc}") from None
+    quantization = config.get("quantization") or config.get("quantization_config") or {}
+    bits = quantization.get("bits") if isinstance(quantization, dict) else None
+    return int(bits) if bits else None
+
+
+def check_bits_for_dir(path: Path, bits: Iterable[int | None]) -> None:
+    """A quantized directory cannot be re-quantized: refuse other --bits before running."""
+    stored = stored_bits(path)
+    for wanted in bits:
+        if stored is not None and wanted is not None and wanted != stored:
+            raise ModelLoadError(f"{path} is stored quantized at {stored} bits; --bits {wanted} "
+                                 "would need the float weights")
 
 
 def require_mlx_lm() -> None:
@@ -59,12 +90,10 @@ def load_model_dir(path: Path, bits: int | None) -> nn.Module:
     require_mlx_lm()
     from mlx_lm.utils import load_model
 
-    model, config = load_model(path)
-    stored_bits = (config.get("quantization") or {}).get("bits")
-    if bits is None or bits == stored_bits:
+    check_bits_for_dir(path, [bits])
+    model, _ = load_model(path)
+    if bits is None or bits == stored_bits(path):
         return model
-    if stored_bits is not None:
-        raise ModelLoadError(f"{path} is stored quantized at {stored_bits} bits, not {bits}")
     model.set_dtype(mx.float16)
     if bits != 16:
         nn.quantize(model, group_size=QUANT_GROUP_SIZE, bits=bits)
@@ -87,10 +116,13 @@ def load_benchmark_model(
         model = load_model_dir(Path(name).expanduser(), bits)
         kind = "mlx-lm"
     info = MemoryProfiler().profile_model(model)
+    label = model_label(name, bits)
+    if kind == "mlx-lm" and bits is None:
+        label += f" ({bits_label(stored_bits(Path(name).expanduser()) or 16)})"
     info.update(
         model=name,
         bits=bits,
-        label=model_label(name, bits),
+        label=label,
         kind=kind,
         model_type=getattr(model, "model_type", type(model).__name__),
     )

@@ -7,9 +7,11 @@ from typing import Any
 
 from rich.table import Table
 
+from agent.cooling import ThermalGuard
 from agent.model import ModelArgs, build_model
 from agent.profiling.runner import run_matrix
-from shared.matrix import DEFAULT_SEQ_LENGTHS, MatrixSpec
+from agent.thermal import ThermalMonitor
+from shared.matrix import BUILTIN_DEFAULT_BITS, DEFAULT_SEQ_LENGTHS, MatrixSpec
 from shared.report import rich_table
 
 SEED_KEYS = ("seq_len", "tokens_per_sec", "latency_ms", "peak_memory_gb", "active_memory_gb",
@@ -30,11 +32,19 @@ class BenchmarkResult:
 
 
 class BenchmarkSuite:
-    """Benchmarks one in-memory model built from `config` (default: the full config, float16)."""
+    """Benchmarks one in-memory model built from `config` (default: the full config at 4 bits,
+    as `agent bench` runs it; a given config runs in float16 unless `bits` says otherwise).
 
-    def __init__(self, config: ModelArgs | None = None, bits: int = 16):
+    Temperatures come from `thermal_source` and are recorded per cell (soc_temp_c); the suite
+    observes them but never pauses: gating is `agent bench`'s job.
+    """
+
+    def __init__(self, config: ModelArgs | None = None, bits: int | None = None,
+                 thermal_source: str = "auto"):
         self.config = config or ModelArgs.full()
-        self.bits = bits
+        self.bits = bits if bits is not None else BUILTIN_DEFAULT_BITS[
+            "full" if config is None else "small"]
+        self.thermal_source = thermal_source
 
     def benchmark_sequence_lengths(
         self,
@@ -49,8 +59,10 @@ class BenchmarkSuite:
             bits=(self.bits,), decode_tokens=0, warmup=num_warmup, iterations=num_iterations,
         )
         result = BenchmarkResult()
-        for record in run_matrix(spec, on_model=result.model_info.update,
-                                 models={"custom": model}):
-            ordered = {key: record.get(key) for key in SEED_KEYS}
-            result.results[record["name"]] = ordered | record
+        with ThermalMonitor(source=self.thermal_source) as monitor:
+            guard = ThermalGuard(monitor, enabled=False)
+            for record in run_matrix(spec, guard=guard, on_model=result.model_info.update,
+                                     models={"custom": model}):
+                ordered = {key: record.get(key) for key in SEED_KEYS}
+                result.results[record["name"]] = ordered | record
         return result

@@ -16,7 +16,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agent.cooling import ThermalGuard, ThermalShutdownError
-from agent.machine import machine_info, package_version
+from agent.machine import machine_info
 from agent.profiling.runner import (
     ModelLoadError,
     check_bits_for_dir,
@@ -30,7 +30,6 @@ from agent.service_cli import install_command, service_status_command, uninstall
 from agent.thermal import SourceSpecError, SourceUnavailable, ThermalMonitor
 from agent.thermal.cli import temp_command
 from shared.cli import (
-    EXIT_CODES_HELP,
     EXIT_INTERRUPTED,
     EXIT_PARTIAL,
     BatchSizes,
@@ -52,6 +51,7 @@ from shared.cli import (
     Warmup,
     check_format,
     err,
+    fleet_app,
     matrix_from_options,
     now_iso,
     policy_from_options,
@@ -63,22 +63,7 @@ from shared.paths import data_subdir
 from shared.report import progress_line
 from shared.results import failed_cells, not_run
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
-                  epilog=EXIT_CODES_HELP)
-
-
-def print_version(value: bool) -> None:
-    if value:
-        print(f"mlx-fleet agent {package_version('mlx-fleet')}")
-        raise typer.Exit()
-
-
-@app.callback()
-def agent_options(
-    version: bool = typer.Option(False, "--version", callback=print_version, is_eager=True,
-                                 help="Print the version and exit."),
-) -> None:
-    """mlx-fleet agent: true MLX benchmarks and thermal safety on this Mac."""
+app = fleet_app("agent", "mlx-fleet agent: true MLX benchmarks and thermal safety on this Mac.")
 
 
 def save_run(report: dict[str, Any]) -> Path:

@@ -7,13 +7,13 @@ wrote in the same file, and so every line says when its source is not a sensor.
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from shared.paths import data_dir
+from shared.sqlite import open_database
 
 PREFIX = "[mlx-fleet]"
 
@@ -79,9 +79,7 @@ class EventLog:
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or default_events_path()
-        self._conn = sqlite3.connect(self.path)
-        self._conn.execute("PRAGMA journal_mode = WAL")
-        self._conn.execute("PRAGMA synchronous = NORMAL")
+        self._conn = open_database(self.path)
         self._conn.executescript(SCHEMA)
 
     def record(self, event: Event) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sqlite3
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from agent.events import Event, EventLog
 from agent.telemetry import event_body, page_history
 from shared.paths import data_dir
 from shared.policy import ThermalPolicy
+from shared.sqlite import open_database
 
 log = logging.getLogger("agent.history")
 
@@ -77,9 +77,7 @@ class TelemetryHistory:
     def __init__(self, host: str, events: EventLog, path: Path | None = None) -> None:
         self.host = host
         self.events = events
-        self._conn = sqlite3.connect(path or default_samples_path())
-        self._conn.execute("PRAGMA journal_mode = WAL")
-        self._conn.execute("PRAGMA synchronous = NORMAL")
+        self._conn = open_database(path or default_samples_path())
         self._conn.executescript(SCHEMA)
         self._recent: deque[dict[str, Any]] = deque(maxlen=MEMORY_SAMPLES)
         self._complete_since = float("inf")

@@ -7,13 +7,13 @@ Only the daemon's main thread writes it; records are stored whole as JSON text.
 from __future__ import annotations
 
 import json
-import sqlite3
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from shared.paths import data_dir
 from shared.protocol import JOB_FAILED, JOB_RUNNING
+from shared.sqlite import open_database
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -47,8 +47,7 @@ def default_journal_path() -> Path:
 class Journal:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or default_journal_path()
-        self._conn = sqlite3.connect(self.path)
-        self._conn.execute("PRAGMA journal_mode = WAL")
+        self._conn = open_database(self.path)
         self._conn.executescript(SCHEMA)
 
     def close(self) -> None:

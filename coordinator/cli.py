@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import sys
-from importlib import metadata
 from typing import Annotated, Any
 
 import typer
@@ -27,31 +26,17 @@ from coordinator.monitor_cli import monitor
 from coordinator.policy_cmd import policy
 from coordinator.store import RunStore, StoreError, UnknownRunError
 from shared.cli import (
-    EXIT_CODES_HELP,
     Format,
     Output,
     check_format,
     err,
+    fleet_app,
     show_report,
     usage_error,
 )
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
-                  epilog=EXIT_CODES_HELP)
-
-
-def print_version(value: bool) -> None:
-    if value:
-        print(f"mlx-fleet coordinator {metadata.version('mlx-fleet')}")
-        raise typer.Exit()
-
-
-@app.callback()
-def coordinator_options(
-    version: bool = typer.Option(False, "--version", callback=print_version, is_eager=True,
-                                 help="Print the version and exit."),
-) -> None:
-    """mlx-fleet coordinator: one benchmark across many Macs, one table, every run kept."""
+app = fleet_app("coordinator",
+                "mlx-fleet coordinator: one benchmark across many Macs, one table, every run kept.")
 
 
 RunId = Annotated[str, typer.Argument(

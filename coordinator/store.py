@@ -18,6 +18,7 @@ from typing import Any
 
 from shared.aggregate import mark_fastest
 from shared.paths import data_dir
+from shared.sqlite import open_database
 
 SCHEMA_VERSION = 1
 RUNNING = "running"
@@ -85,20 +86,17 @@ class RunStore:
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or default_store_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._conn = sqlite3.connect(self.path, timeout=30.0, check_same_thread=False)
-        self._conn.row_factory = sqlite3.Row
         try:
-            self._conn.execute("PRAGMA foreign_keys = ON")
-            self._conn.execute("PRAGMA journal_mode = WAL")
-            self._migrate()
+            self._conn = open_database(self.path, rows_by_name=True, threads=True)
+            try:
+                self._conn.execute("PRAGMA foreign_keys = ON")
+                self._migrate()
+            except BaseException:
+                self._conn.close()
+                raise
         except sqlite3.DatabaseError as exc:
-            self._conn.close()
             raise StoreError(f"{self.path}: not a usable mlx-fleet store: {exc}") from None
-        except StoreError:
-            self._conn.close()
-            raise
 
     def _migrate(self) -> None:
         """Create or check the schema; BEGIN IMMEDIATE so two processes never both create it."""

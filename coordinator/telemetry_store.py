@@ -19,6 +19,7 @@ from typing import Any
 
 from coordinator.store import StoreError
 from shared.paths import data_dir
+from shared.sqlite import open_database
 
 SCHEMA_VERSION = 1
 SCHEMA = """
@@ -71,20 +72,16 @@ class TelemetryStore:
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or default_telemetry_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(self.path, timeout=30.0)
-        self._conn.row_factory = sqlite3.Row
         try:
-            self._conn.execute("PRAGMA journal_mode = WAL")
-            self._conn.execute("PRAGMA synchronous = NORMAL")
-            self._migrate()
+            self._conn = open_database(self.path, rows_by_name=True)
+            try:
+                self._migrate()
+            except BaseException:
+                self._conn.close()
+                raise
         except sqlite3.DatabaseError as exc:
-            self._conn.close()
             raise StoreError(f"{self.path}: not a usable mlx-fleet telemetry store: "
                              f"{exc}") from None
-        except StoreError:
-            self._conn.close()
-            raise
 
     def _migrate(self) -> None:
         with self._conn:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sys
 from datetime import datetime, timezone
+from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -62,6 +63,26 @@ StopTemp = Annotated[float, typer.Option("--stop-temp", help="°C at which work 
 Hysteresis = Annotated[float, typer.Option(
     "--hysteresis", help="A pause ends below pause-temp minus this many °C.")]
 Output = Annotated[Path | None, typer.Option("--output", help="Write the report to FILE.")]
+
+
+def fleet_app(program: str, summary: str) -> typer.Typer:
+    """A top-level CLI: plain rewrapped --help ending with the exit codes, and --version."""
+    app = typer.Typer(help=summary, no_args_is_help=True, add_completion=False,
+                      rich_markup_mode=None, epilog=EXIT_CODES_HELP)
+
+    def show_version(value: bool) -> None:
+        if value:
+            print(f"mlx-fleet {program} {metadata.version('mlx-fleet')}")
+            raise typer.Exit()
+
+    @app.callback()
+    def options(  # the option's default names a local: it cannot be a string annotation
+        version: bool = typer.Option(False, "--version", callback=show_version, is_eager=True,
+                                     help="Print the version and exit."),
+    ) -> None:
+        pass
+
+    return app
 
 
 def usage_error(message: str) -> typer.Exit:

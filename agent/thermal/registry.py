@@ -40,6 +40,27 @@ def auto_order(system: str) -> tuple[str, ...]:
     }.get(system, ())
 
 
+KNOWN_KINDS = frozenset(known.partition(":")[0] for known in KNOWN_SOURCES)
+
+
+def parse_source_name(name: str) -> tuple[str, str]:
+    """A source name as (kind, argument), checked without opening anything, so an installer can
+    refuse a name `agent serve` would refuse before a service crash-loops on it.
+
+    Raises UnknownSourceError / SourceSpecError for a bad name or spec.
+    """
+    kind, sep, argument = name.strip().partition(":")
+    kind = kind.lower()
+    if kind == "sim":
+        parse_sim_params(argument)
+    elif kind == "replay":
+        if not argument:
+            raise SourceSpecError("replay needs a file: replay:PATH")
+    elif sep or kind not in KNOWN_KINDS:
+        raise UnknownSourceError(name)
+    return kind, argument
+
+
 def open_source(name: str, *, interval_s: float = 1.0) -> ThermalSource:
     """Open a source by name: auto, none, iohid, macmon, powermetrics, linux, sim[:k=v,...],
     replay:PATH. interval_s paces the streaming tools (macmon, powermetrics).
@@ -47,28 +68,17 @@ def open_source(name: str, *, interval_s: float = 1.0) -> ThermalSource:
     Raises UnknownSourceError / SourceSpecError for a bad name or spec, SourceUnavailable when the
     source cannot work on this machine.
     """
-    kind, sep, argument = name.strip().partition(":")
-    kind = kind.lower()
-    if kind == "sim":
-        return SimSource(parse_sim_params(argument))
-    if kind == "replay":
-        if not argument:
-            raise SourceSpecError("replay needs a file: replay:PATH")
-        return ReplaySource(argument)
-    if sep:
-        raise UnknownSourceError(name)
-    if kind == "auto":
-        return _open_auto(interval_s)
-    if kind == "none":
-        return NoneSource()
+    kind, argument = parse_source_name(name)
     openers: dict[str, Callable[[], ThermalSource]] = {
+        "sim": lambda: SimSource(parse_sim_params(argument)),
+        "replay": lambda: ReplaySource(argument),
+        "auto": lambda: _open_auto(interval_s),
+        "none": NoneSource,
         "iohid": IOHIDSource,
         "macmon": lambda: MacmonSource(interval_s=interval_s),
         "powermetrics": lambda: PowermetricsSource(interval_s=interval_s),
         "linux": LinuxSysfsSource,
     }
-    if kind not in openers:
-        raise UnknownSourceError(name)
     return openers[kind]()
 
 

@@ -13,9 +13,12 @@ import shlex
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from xml.parsers.expat import ExpatError
+
+from shared.paths import HOME_ENV
 
 LABEL = "io.mlx-fleet.agent"
 """launchd Label, and the plist's file name (`io.mlx-fleet.agent.plist`)."""
@@ -24,10 +27,30 @@ LAUNCHD, SYSTEMD = "launchd", "systemd"
 USER, SYSTEM = "user", "system"
 THROTTLE_INTERVAL_S = 10
 STOP_TIMEOUT_S = 30
+MANAGER_TIMEOUT_S = 60
+LAUNCHCTL_NOT_FOUND = 113
+"""`launchctl print` of a job that is not loaded (any other failure: launchd not reachable)."""
+SOURCE_CHECK = """\
+import sys
+from agent.thermal.base import SourceSpecError, SourceUnavailable
+from agent.thermal.registry import open_source
+try:
+    open_source(sys.argv[1]).close()
+except (SourceSpecError, SourceUnavailable) as exc:
+    sys.exit(str(exc))
+"""
 
 
 class ServiceError(Exception):
-    """A service operation that cannot go ahead; the message says why."""
+    """A service operation that failed; the message says why."""
+
+    exit_code = 1
+
+
+class ServiceRefused(ServiceError):
+    """A request refused before anything changed (no root, nothing to purge): a usage error."""
+
+    exit_code = 2
 
 
 @dataclass(frozen=True)
@@ -41,6 +64,13 @@ class InstallPlan:
     home: Path
     uid: int
     environment: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def log_file(self) -> Path | None:
+        """`serve --log-file`: the rotated log, when the program has one."""
+        if "--log-file" not in self.program[:-1]:
+            return None
+        return Path(self.program[self.program.index("--log-file") + 1])
 
     @property
     def stdout_log(self) -> Path:
@@ -65,13 +95,22 @@ def default_platform_flavour() -> str:
     return LAUNCHD if sys.platform == "darwin" else SYSTEMD
 
 
-def serve_program(bind: str | None, thermal_source: str | None) -> list[str]:
+def default_log_file(flavour: str, data_dir: Path) -> Path | None:
+    """launchd never rotates StandardOutPath, so its services log to serve's rotated file;
+    systemd's journal rotates by itself."""
+    return data_dir / "logs" / "agent.log" if flavour == LAUNCHD else None
+
+
+def serve_program(python: str, bind: str | None, thermal_source: str | None,
+                  log_file: Path | None) -> list[str]:
     """Absolute interpreter path plus `-m agent serve ...`: valid without any PATH."""
-    program = [sys.executable, "-m", "agent", "serve"]
+    program = [python, "-m", "agent", "serve"]
     if bind:
         program += ["--bind", bind]
     if thermal_source:
         program += ["--thermal-source", thermal_source]
+    if log_file:
+        program += ["--log-file", str(log_file)]
     return program
 
 
@@ -81,7 +120,7 @@ def service_environment(data_dir: Path) -> dict[str, str]:
         str(Path(sys.executable).parent), "/opt/homebrew/bin", "/usr/local/bin",
         "/usr/bin", "/bin", "/usr/sbin", "/sbin",
     ]))
-    return {"MLX_FLEET_HOME": str(data_dir), "PYTHONUNBUFFERED": "1", "PATH": path}
+    return {HOME_ENV: str(data_dir), "PYTHONUNBUFFERED": "1", "PATH": path}
 
 
 def launchd_plist(plan: InstallPlan) -> dict[str, Any]:
@@ -173,99 +212,228 @@ def parse_systemctl_show(text: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
 
+def parse_definition(flavour: str, text: str) -> tuple[list[str], dict[str, str]]:
+    """The program and environment of a definition this module wrote (plist or unit).
+
+    Raises ValueError when the text is not one."""
+    if flavour == LAUNCHD:
+        try:
+            plist = plistlib.loads(text.encode())
+        except ExpatError as exc:
+            raise ValueError(str(exc)) from None
+        return list(plist.get("ProgramArguments", [])), dict(plist.get("EnvironmentVariables", {}))
+    program: list[str] = []
+    environment: dict[str, str] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key == "ExecStart":
+            program = shlex.split(value)
+        elif key == "Environment":
+            environment.update(item.split("=", 1) for item in shlex.split(value) if "=" in item)
+    return program, environment
+
+
+@dataclass(frozen=True)
+class ManagerState:
+    """What launchd / systemd say of the service. `loaded` is None when the manager could not
+    be asked; `reason` says why, so nobody reads "not running" into an unanswered question."""
+
+    loaded: bool | None
+    fields: dict[str, str] = field(default_factory=dict)
+    domain: str | None = None
+    reason: str | None = None
+
+
 # --- the shell: files and service managers ---------------------------------------------------
 
 def run(command: list[str]) -> subprocess.CompletedProcess[str]:
     try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=60)
+        return subprocess.run(command, capture_output=True, text=True, timeout=MANAGER_TIMEOUT_S)
     except FileNotFoundError:
         raise ServiceError(f"{command[0]} not found: is this a {command[0]} system?") from None
+    except subprocess.TimeoutExpired:
+        raise ServiceError(f"{shlex.join(command)} did not answer in {MANAGER_TIMEOUT_S} s"
+                           ) from None
+
+
+def failure(command: list[str], result: subprocess.CompletedProcess[str]) -> str:
+    """The manager's own words for a failed call."""
+    said = (result.stderr or result.stdout).strip()
+    return f"{shlex.join(command)} failed: {said or f'exit code {result.returncode}'}"
+
+
+def check(command: list[str]) -> str:
+    """Run a manager command that must succeed; returns it as a line for the report."""
+    result = run(command)
+    if result.returncode != 0:
+        raise ServiceError(failure(command, result))
+    return shlex.join(command)
 
 
 def require_root_for_system(scope: str) -> None:
     if scope == SYSTEM and os.geteuid() != 0:
-        raise ServiceError("--system installs a system-wide service and needs root: "
-                           "run it with sudo, or use --user")
+        raise ServiceRefused("--system installs a system-wide service and needs root: "
+                             "run it with sudo, or use --user")
+
+
+def source_problem(plan: InstallPlan, source: str) -> str | None:
+    """Why `source` cannot open for the service, or None: asked of the service's interpreter
+    with the service's environment (its PATH finds Homebrew's tools, a login shell's may not)."""
+    result = subprocess.run([plan.program[0], "-c", SOURCE_CHECK, source], capture_output=True,
+                            text=True, timeout=MANAGER_TIMEOUT_S,
+                            env={**os.environ, **plan.environment})
+    lines = result.stderr.strip().splitlines()
+    return None if result.returncode == 0 else lines[-1] if lines else "it failed to open"
+
+
+def probe(plan: InstallPlan) -> ManagerState:
+    """Ask the service manager whether the service is loaded, and its runtime fields."""
+    if plan.flavour == SYSTEMD:
+        command = systemctl(plan, "show", UNIT_NAME,
+                            "-p", "LoadState,ActiveState,SubState,MainPID,ExecMainStatus")
+        try:
+            result = run(command)
+        except ServiceError as exc:
+            return ManagerState(None, reason=str(exc))
+        if result.returncode != 0:
+            return ManagerState(None, reason=failure(command, result))
+        fields = parse_systemctl_show(result.stdout)
+        return ManagerState(fields.get("LoadState") not in ("not-found", None), fields)
+    reasons: list[str] = []
+    answered = False
+    for domain in launchd_domains(plan):
+        command = ["launchctl", "print", f"{domain}/{LABEL}"]
+        try:
+            result = run(command)
+        except ServiceError as exc:
+            return ManagerState(None, reason=str(exc))
+        if result.returncode == 0:
+            return ManagerState(True, parse_launchctl_print(result.stdout), domain)
+        answered = answered or result.returncode == LAUNCHCTL_NOT_FOUND
+        if result.returncode != LAUNCHCTL_NOT_FOUND:
+            reasons.append(failure(command, result))
+    return ManagerState(False) if answered else ManagerState(None, reason="; ".join(reasons))
+
+
+def stop(plan: InstallPlan, state: ManagerState) -> list[str]:
+    """Stop and unload the service where the manager has it loaded. A failure is an error:
+    a service reported removed must not still be running."""
+    if state.loaded is None:
+        raise ServiceError(f"cannot tell whether the service is loaded: {state.reason}")
+    if not state.loaded:
+        return []
+    if plan.flavour == LAUNCHD:
+        return [check(["launchctl", "bootout", f"{state.domain}/{LABEL}"])]
+    return [check(systemctl(plan, "disable", "--now", UNIT_NAME))]
+
+
+def start(plan: InstallPlan) -> list[str]:
+    """Load and start the written definition (launchd: the first domain that takes it)."""
+    if plan.flavour == SYSTEMD:
+        return [check(command) for command in install_commands(plan)]
+    errors = []
+    for domain in launchd_domains(plan):
+        command = ["launchctl", "bootstrap", domain, str(plan.definition_path)]
+        result = run(command)
+        if result.returncode == 0:
+            return [shlex.join(command)]
+        errors.append(failure(command, result))
+    raise ServiceError("; ".join(errors))
 
 
 def install(plan: InstallPlan) -> list[str]:
-    """Write the definition and (re)start the service; returns what was done, line by line."""
+    """Write the definition and (re)start the service; returns what was done, line by line.
+
+    When the manager refuses, the definition written is rolled back (the previous one
+    restored), so an installation is never reported where none runs."""
     require_root_for_system(plan.scope)
+    done = stop(plan, probe(plan)) if plan.flavour == LAUNCHD else []  # never two copies
     plan.stdout_log.parent.mkdir(parents=True, exist_ok=True)
     path = plan.definition_path
     path.parent.mkdir(parents=True, exist_ok=True)
-    done: list[str] = []
-    if plan.flavour == LAUNCHD:
-        domains = launchd_domains(plan)
-        for domain in domains:  # replacing: never two copies of the job
-            run(["launchctl", "bootout", f"{domain}/{LABEL}"])
-        path.write_text(definition_text(plan), encoding="utf-8")
-        done.append(f"wrote {path}")
-        errors = []
-        for domain in domains:
-            result = run(["launchctl", "bootstrap", domain, str(path)])
-            if result.returncode == 0:
-                done.append(f"launchctl bootstrap {domain} {path}")
-                return done
-            errors.append(f"{domain}: {result.stderr.strip() or result.returncode}")
-        raise ServiceError("launchctl bootstrap failed: " + "; ".join(errors))
+    previous = path.read_bytes() if path.exists() else None
     path.write_text(definition_text(plan), encoding="utf-8")
     done.append(f"wrote {path}")
-    for command in install_commands(plan):
-        result = run(command)
-        if result.returncode != 0:
-            raise ServiceError(f"{shlex.join(command)} failed: {result.stderr.strip()}")
-        done.append(shlex.join(command))
-    return done
+    try:
+        return done + start(plan)
+    except ServiceError as exc:
+        if previous is None:
+            path.unlink()
+            undone = f"removed {path}"
+        else:
+            path.write_bytes(previous)
+            undone = f"restored the previous {path}"
+        raise ServiceError(f"{exc} ({undone})") from None
+
+
+def installed_plan(plan: InstallPlan) -> InstallPlan | None:
+    """The plan as it was installed: program, environment and data directory read back from
+    the definition, since this shell's MLX_FLEET_HOME need not be the service's."""
+    path = plan.definition_path
+    try:
+        program, environment = parse_definition(plan.flavour, path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ServiceError(f"cannot read the installed definition {path}: {exc}") from None
+    home = environment.get(HOME_ENV)
+    return replace(plan, program=program or plan.program, environment=environment,
+                   data_dir=Path(home) if home else plan.data_dir)
 
 
 def uninstall(plan: InstallPlan, purge: bool) -> list[str]:
-    """Stop and remove the service; the data directory stays unless `purge`."""
+    """Stop and remove the service; the data directory stays unless `purge`, which removes
+    the one the installed service uses (and refuses to guess when none is installed)."""
     require_root_for_system(plan.scope)
-    path = plan.definition_path
-    done: list[str] = []
-    if plan.flavour == LAUNCHD:
-        for domain in launchd_domains(plan):
-            if run(["launchctl", "bootout", f"{domain}/{LABEL}"]).returncode == 0:
-                done.append(f"launchctl bootout {domain}/{LABEL}")
-    else:
-        if run(systemctl(plan, "disable", "--now", UNIT_NAME)).returncode == 0:
-            done.append(shlex.join(systemctl(plan, "disable", "--now", UNIT_NAME)))
-    if path.exists():
-        path.unlink()
-        done.append(f"removed {path}")
-    if plan.flavour == SYSTEMD:
-        run(systemctl(plan, "daemon-reload"))
-    if purge and plan.data_dir.exists():
-        shutil.rmtree(plan.data_dir)
-        done.append(f"removed data directory {plan.data_dir}")
+    installed = installed_plan(plan)
+    if purge and (installed is None or HOME_ENV not in installed.environment):
+        raise ServiceRefused(f"--purge deletes the data directory named by the installed "
+                             f"service, and {plan.definition_path} "
+                             f"{'names none' if installed else 'is not there'}: nothing was "
+                             "changed (delete a data directory by hand)")
+    state = probe(plan)
+    if state.loaded is None and installed is None:  # nothing here, whatever the manager says
+        return []
+    done = stop(plan, state)
+    if installed is not None:
+        plan.definition_path.unlink()
+        done.append(f"removed {plan.definition_path}")
+        if plan.flavour == SYSTEMD:
+            done.append(check(systemctl(plan, "daemon-reload")))
+    if purge and installed is not None and installed.data_dir.exists():
+        shutil.rmtree(installed.data_dir)
+        done.append(f"removed data directory {installed.data_dir}")
     return done
 
 
+def log_paths(plan: InstallPlan) -> list[str]:
+    """Where the service's output goes: the rotated --log-file, then launchd's files (what
+    was printed before logging started) or the journal."""
+    logs = [str(plan.log_file)] if plan.log_file else []
+    if plan.flavour == LAUNCHD:
+        return [*logs, str(plan.stdout_log), str(plan.stderr_log)]
+    return [*logs, "journalctl" + (" --user" if plan.scope == USER else "") + f" -u {UNIT_NAME}"]
+
+
 def status(plan: InstallPlan) -> dict[str, Any]:
-    """Installed? running? pid, last exit, where the logs are."""
+    """Installed? loaded? running? pid, last exit, where the logs are; "unknown" with the
+    reason when the service manager could not be asked."""
+    installed = installed_plan(plan)
+    state = probe(plan)
     report: dict[str, Any] = {
         "flavour": plan.flavour, "scope": plan.scope,
-        "definition": str(plan.definition_path), "installed": plan.definition_path.exists(),
-        "running": False, "pid": None, "last_exit": None,
+        "definition": str(plan.definition_path), "installed": installed is not None,
+        "loaded": state.loaded, "running": False, "pid": None, "last_exit": None,
+        "logs": log_paths(installed or plan),
     }
-    if plan.flavour == LAUNCHD:
-        report["logs"] = [str(plan.stdout_log), str(plan.stderr_log)]
-        for domain in launchd_domains(plan):
-            result = run(["launchctl", "print", f"{domain}/{LABEL}"])
-            if result.returncode == 0:
-                fields = parse_launchctl_print(result.stdout)
-                report.update(domain=domain, running=fields.get("state") == "running",
-                              pid=int(fields["pid"]) if "pid" in fields else None,
-                              last_exit=fields.get("last_exit"))
-                break
-        return report
-    journal = "journalctl" + (" --user" if plan.scope == USER else "") + f" -u {UNIT_NAME}"
-    report["logs"] = [journal]
-    result = run(systemctl(plan, "show", UNIT_NAME,
-                           "-p", "LoadState,ActiveState,SubState,MainPID,ExecMainStatus"))
-    if result.returncode == 0:
-        fields = parse_systemctl_show(result.stdout)
+    fields = state.fields
+    if state.loaded is None:
+        report.update(loaded="unknown", running="unknown", reason=state.reason)
+    elif plan.flavour == LAUNCHD and state.loaded:
+        report.update(domain=state.domain, running=fields.get("state") == "running",
+                      pid=int(fields["pid"]) if "pid" in fields else None,
+                      last_exit=fields.get("last_exit"))
+    elif plan.flavour == SYSTEMD and state.loaded:
         pid = int(fields.get("MainPID", "0") or 0)
         report.update(running=fields.get("ActiveState") == "active", pid=pid or None,
                       last_exit=fields.get("ExecMainStatus"), state=fields.get("SubState"))
@@ -290,10 +458,10 @@ def template_files() -> dict[str, str]:
         (SYSTEMD, SYSTEM, "mlx-fleet-agent.system.service"),
     ):
         data_dir = Path(TEMPLATE_DATA_DIR)
-        environment = {"MLX_FLEET_HOME": TEMPLATE_DATA_DIR, "PYTHONUNBUFFERED": "1",
-                       "PATH": "@PATH@"}
+        environment = {HOME_ENV: TEMPLATE_DATA_DIR, "PYTHONUNBUFFERED": "1", "PATH": "@PATH@"}
         plan = InstallPlan(flavour=flavour, scope=scope,
-                           program=[TEMPLATE_PYTHON, "-m", "agent", "serve"],
+                           program=serve_program(TEMPLATE_PYTHON, None, None,
+                                                 default_log_file(flavour, data_dir)),
                            data_dir=data_dir, home=Path(TEMPLATE_HOME), uid=0,
                            environment=environment)
         files[name] = definition_text(plan)

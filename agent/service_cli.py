@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -12,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from agent.serve import ServeError, endpoint_for
 from agent.service import (
     LAUNCHD,
     SYSTEM,
@@ -19,16 +21,21 @@ from agent.service import (
     USER,
     InstallPlan,
     ServiceError,
+    default_log_file,
     default_platform_flavour,
     definition_text,
     install,
     install_commands,
+    log_paths,
     serve_program,
     service_environment,
+    source_problem,
     status,
     uninstall,
 )
-from shared.cli import EXIT_USAGE, err, usage_error
+from agent.thermal.base import SourceSpecError
+from agent.thermal.registry import parse_source_name
+from shared.cli import err, usage_error
 from shared.paths import data_dir
 
 UserScope = Annotated[bool, typer.Option("--user", help="A per-user service (the default).")]
@@ -39,23 +46,37 @@ Systemd = Annotated[bool, typer.Option("--systemd", help="Force systemd (Linux d
 
 
 def make_plan(user: bool, system: bool, launchd: bool, systemd: bool,
-              bind: str | None = None, thermal_source: str | None = None) -> InstallPlan:
+              bind: str | None = None, thermal_source: str | None = None,
+              log_file: Path | None = None) -> InstallPlan:
     if user and system:
         raise usage_error("choose one of --user and --system")
     if launchd and systemd:
         raise usage_error("choose one of --launchd and --systemd")
     flavour = LAUNCHD if launchd else SYSTEMD if systemd else default_platform_flavour()
     home = data_dir(create=False)
+    log_file = log_file.absolute() if log_file else default_log_file(flavour, home)
     return InstallPlan(
         flavour=flavour, scope=SYSTEM if system else USER,
-        program=serve_program(bind, thermal_source), data_dir=home, home=Path.home(),
-        uid=os.getuid(), environment=service_environment(home),
+        program=serve_program(sys.executable, bind, thermal_source, log_file), data_dir=home,
+        home=Path.home(), uid=os.getuid(), environment=service_environment(home),
     )
+
+
+def check_serve_options(bind: str | None, thermal_source: str | None) -> None:
+    """Refuse what `agent serve` would refuse, with its own parsers, before a service
+    crash-loops on it."""
+    try:
+        if bind is not None:
+            endpoint_for(bind)
+        if thermal_source is not None:
+            parse_source_name(thermal_source)
+    except (ServeError, SourceSpecError) as exc:
+        raise usage_error(str(exc)) from None
 
 
 def fail(exc: ServiceError) -> typer.Exit:
     err.print(f"error: {exc}", highlight=False, markup=False, soft_wrap=True)
-    return typer.Exit(EXIT_USAGE if "needs root" in str(exc) else 1)
+    return typer.Exit(exc.exit_code)
 
 
 def install_command(
@@ -67,27 +88,36 @@ def install_command(
         "--bind", help="HOST:PORT for `agent serve` (its default when omitted).")] = None,
     thermal_source: Annotated[str | None, typer.Option(
         "--thermal-source", help="Thermal source for `agent serve` (default auto).")] = None,
+    log_file: Annotated[Path | None, typer.Option(
+        "--log-file", help="`agent serve --log-file`: a log rotated at 10 MB (launchd default: "
+        "<data dir>/logs/agent.log; systemd: the journal).")] = None,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Print what would be written and run; change nothing.")] = False,
 ) -> None:
     """Install `agent serve` as a launchd (macOS) or systemd (Linux) service and start it.
 
-    Installing again replaces the existing service. --dry-run prints the definition on stdout
-    and the commands on stderr."""
-    plan = make_plan(user, system, launchd, systemd, bind, thermal_source)
+    Installing again replaces the existing service. --bind and --thermal-source are checked
+    as `agent serve` checks them, and the source must open on this machine (not checked with
+    --dry-run). --dry-run prints the definition on stdout and the commands on stderr."""
+    check_serve_options(bind, thermal_source)
+    plan = make_plan(user, system, launchd, systemd, bind, thermal_source, log_file)
     if dry_run:  # the definition alone on stdout, so it can be piped to a parser
         err.print(f"would write {plan.definition_path}:", highlight=False, markup=False)
         print(definition_text(plan), end="")
         for command in install_commands(plan):
             err.print(f"would run: {shlex.join(command)}", highlight=False, markup=False)
         return
+    problem = source_problem(plan, thermal_source) if thermal_source else None
+    if problem:
+        raise usage_error(f"thermal source {thermal_source!r} cannot open on this machine: "
+                          f"{problem}; the service would fail to start (choose another "
+                          "--thermal-source, or auto)")
     try:
         for line in install(plan):
             err.print(line, highlight=False, markup=False)
     except ServiceError as exc:
         raise fail(exc) from None
-    err.print(f"logs: {plan.stdout_log.parent if plan.flavour == LAUNCHD else 'journalctl'}",
-              highlight=False, markup=False)
+    err.print(f"logs: {', '.join(log_paths(plan))}", highlight=False, markup=False)
 
 
 def uninstall_command(

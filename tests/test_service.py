@@ -68,7 +68,8 @@ def test_launchd_dry_run_prints_a_plist_and_changes_nothing(agent_cli: str, home
     program = plist["ProgramArguments"]
     assert Path(program[0]).is_absolute() and Path(program[0]).exists()
     assert program[1:] == ["-m", "agent", "serve", "--bind", "0.0.0.0:5555",
-                           "--thermal-source", "macmon"]
+                           "--thermal-source", "macmon",
+                           "--log-file", str(fleet_home / "logs" / "agent.log")]
     assert plist["RunAtLoad"] is True and plist["KeepAlive"] is True
     assert plist["ThrottleInterval"] > 0 and plist["ProcessType"]
     assert plist["StandardOutPath"].startswith(str(fleet_home))
@@ -77,6 +78,50 @@ def test_launchd_dry_run_prints_a_plist_and_changes_nothing(agent_cli: str, home
     assert "launchctl bootstrap gui/" in result.stderr
     assert f"{home}/Library/LaunchAgents/io.mlx-fleet.agent.plist" in result.stderr
     assert not (home / "Library").exists()
+
+
+def test_log_file_passes_through_to_serve(agent_cli: str, home: Path, tmp_path: Path) -> None:
+    """launchd never rotates its output files, so serve's rotated --log-file is its default;
+    systemd's journal rotates, so a unit logs there unless asked."""
+    wanted = tmp_path / "var" / "agent.log"
+    plist = agent(agent_cli, home, "install", "--launchd", "--dry-run", "--log-file", str(wanted))
+    assert plistlib.loads(plist.stdout.encode())["ProgramArguments"][-2:] == [
+        "--log-file", str(wanted)]
+    unit = agent(agent_cli, home, "install", "--systemd", "--dry-run", "--log-file", str(wanted))
+    assert read_unit(unit.stdout)["Service"]["ExecStart"].endswith(f" --log-file {wanted}")
+    journal = agent(agent_cli, home, "install", "--systemd", "--dry-run").stdout
+    assert "--log-file" not in read_unit(journal)["Service"]["ExecStart"]
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (["--bind", "nonsense", "--dry-run"], "bad --bind 'nonsense': expected HOST:PORT"),
+    (["--bind", "0.0.0.0:99999"], "bad --bind"),
+    (["--thermal-source", "bogus", "--dry-run"],
+     "unknown thermal source 'bogus'; known: auto, none, iohid, macmon, powermetrics, linux, "
+     "sim, replay:PATH"),
+    (["--thermal-source", "sim:tau=1"], "sim: bad parameter 'tau=1'"),
+])
+def test_install_refuses_what_serve_would_refuse(agent_cli: str, home: Path, fake_managers: Path,
+                                                 options: list[str], message: str) -> None:
+    result = agent(agent_cli, home, "install", "--systemd", *options, path_dir=fake_managers)
+    assert result.returncode == 2, result.stderr
+    assert message in " ".join(result.stderr.split())
+    assert not (home / ".config").exists() and calls(fake_managers) == []
+
+
+def test_install_refuses_a_source_that_cannot_open_here(agent_cli: str, home: Path,
+                                                        fake_managers: Path) -> None:
+    """Checked with the service's own interpreter and PATH; a dry run only checks the name."""
+    assert shutil.which("macmon") is None
+    result = agent(agent_cli, home, "install", "--systemd", "--thermal-source", "macmon",
+                   path_dir=fake_managers)
+    assert result.returncode == 2, result.stderr
+    assert ("thermal source 'macmon' cannot open on this machine: macmon not found on PATH"
+            in " ".join(result.stderr.split()))
+    assert not (home / ".config").exists() and calls(fake_managers) == []
+    installed = agent(agent_cli, home, "install", "--systemd", "--thermal-source", "sim",
+                      path_dir=fake_managers)
+    assert installed.returncode == 0, installed.stderr
 
 
 def read_unit(text: str) -> configparser.ConfigParser:
@@ -167,6 +212,95 @@ def test_systemd_install_status_uninstall_purge(agent_cli: str, home: Path,
     removed = agent(agent_cli, home, "uninstall", "--systemd", "--purge", path_dir=fake_managers)
     assert removed.returncode == 0, removed.stderr
     assert not unit.exists() and not fleet_home.exists()
+
+
+def test_purge_removes_the_installed_services_data_not_this_shells(
+        agent_cli: str, home: Path, fake_managers: Path, tmp_path: Path) -> None:
+    service_home, shell_home = tmp_path / "service-home", tmp_path / "shell-home"
+    shell_home.mkdir()
+    for flavour in ("--launchd", "--systemd"):
+        installed = agent(agent_cli, home, "install", flavour, path_dir=fake_managers,
+                          MLX_FLEET_HOME=str(service_home))
+        assert installed.returncode == 0, installed.stderr
+        assert service_home.is_dir()
+        removed = agent(agent_cli, home, "uninstall", flavour, "--purge",
+                        path_dir=fake_managers, MLX_FLEET_HOME=str(shell_home))
+        assert removed.returncode == 0, removed.stderr
+        assert f"removed data directory {service_home}" in removed.stderr
+        assert not service_home.exists() and shell_home.is_dir()
+
+
+def test_purge_without_an_installed_service_refuses_to_guess(agent_cli: str, home: Path,
+                                                             fake_managers: Path,
+                                                             fleet_home: Path) -> None:
+    fleet_home.mkdir()
+    result = agent(agent_cli, home, "uninstall", "--systemd", "--purge", path_dir=fake_managers)
+    assert result.returncode == 2, result.stderr
+    assert "is not there: nothing was changed" in " ".join(result.stderr.split())
+    assert fleet_home.is_dir() and calls(fake_managers) == []
+
+
+@pytest.mark.parametrize(("flavour", "failing", "definition"), [
+    ("--launchd", "bootstrap", "Library/LaunchAgents/io.mlx-fleet.agent.plist"),
+    ("--systemd", "enable", ".config/systemd/user/mlx-fleet-agent.service"),
+])
+def test_a_refused_install_rolls_the_definition_back(agent_cli: str, home: Path,
+                                                     fake_managers: Path, flavour: str,
+                                                     failing: str, definition: str) -> None:
+    path = home / definition
+    first = agent(agent_cli, home, "install", flavour, path_dir=fake_managers, FAKE_FAIL=failing)
+    assert first.returncode == 1, first.stderr
+    said = " ".join(first.stderr.split())
+    assert ("Operation not permitted" if flavour == "--launchd" else "No medium found") in said
+    assert f"(removed {path})" in said and not path.exists()
+    report = json.loads(agent(agent_cli, home, "service-status", flavour, "--format", "json",
+                              path_dir=fake_managers).stdout)
+    assert report["installed"] is False and report["running"] is False
+
+    assert agent(agent_cli, home, "install", flavour, path_dir=fake_managers).returncode == 0
+    previous = path.read_bytes()
+    again = agent(agent_cli, home, "install", flavour, "--bind", "127.0.0.1:6000",
+                  path_dir=fake_managers, FAKE_FAIL=failing)
+    assert again.returncode == 1, again.stderr
+    assert f"(restored the previous {path})" in " ".join(again.stderr.split())
+    assert path.read_bytes() == previous
+
+
+@pytest.mark.parametrize(("flavour", "stop"), [("--launchd", "bootout"),
+                                                ("--systemd", "disable")])
+def test_uninstall_reports_a_service_it_could_not_stop(agent_cli: str, home: Path,
+                                                       fake_managers: Path, flavour: str,
+                                                       stop: str) -> None:
+    assert agent(agent_cli, home, "install", flavour, path_dir=fake_managers).returncode == 0
+    result = agent(agent_cli, home, "uninstall", flavour, path_dir=fake_managers, FAKE_FAIL=stop)
+    assert result.returncode == 1, result.stderr
+    assert f" {stop} " in result.stderr and "failed" in result.stderr
+    assert "removed" not in result.stderr
+    report = json.loads(agent(agent_cli, home, "service-status", flavour, "--format", "json",
+                              path_dir=fake_managers).stdout)
+    assert report["installed"] and report["running"] is True  # left as it was, visibly
+    assert agent(agent_cli, home, "uninstall", flavour, path_dir=fake_managers).returncode == 0
+
+
+@pytest.mark.parametrize(("flavour", "query"), [("--launchd", "print"), ("--systemd", "show")])
+def test_status_says_unknown_when_the_manager_cannot_be_asked(agent_cli: str, home: Path,
+                                                              fake_managers: Path, flavour: str,
+                                                              query: str) -> None:
+    def report(**env: str) -> dict:
+        result = agent(agent_cli, home, "service-status", flavour, "--format", "json",
+                       path_dir=fake_managers, **env)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+    not_loaded = report()
+    assert not_loaded["loaded"] is False and not_loaded["running"] is False
+    assert "reason" not in not_loaded
+    unknown = report(FAKE_FAIL=query)
+    assert unknown["loaded"] == unknown["running"] == "unknown" and unknown["pid"] is None
+    assert f" {query} " in unknown["reason"] and "failed" in unknown["reason"]
+    table = agent(agent_cli, home, "service-status", flavour, path_dir=fake_managers,
+                  FAKE_FAIL=query)
+    assert "unknown" in table.stdout
 
 
 WARM_THEN_DROP_ROOT = """

@@ -3,6 +3,10 @@
 
 Installed on PATH under both names by tests/test_service.py. State (what is loaded) lives in
 $FAKE_SERVICE_STATE so successive calls agree, as the real service manager's would.
+
+$FAKE_FAIL lists verbs (comma-separated: bootstrap, bootout, print, enable, disable, show, ...)
+that fail as an unreachable or refusing manager does, e.g. `FAKE_FAIL=show` for a systemctl
+that cannot reach the bus, `FAKE_FAIL=bootout` for a launchctl that will not stop the job.
 """
 
 import json
@@ -42,8 +46,15 @@ def save() -> None:
     state_path.write_text(json.dumps(state))
 
 
+verb = next(a for a in args if a != "--user")
+if verb in os.environ.get("FAKE_FAIL", "").split(","):
+    if name == "launchctl":
+        print(f"{verb.capitalize()} failed: 1: Operation not permitted", file=sys.stderr)
+    else:
+        print("Failed to connect to bus: No medium found", file=sys.stderr)
+    sys.exit(1)
+
 if name == "launchctl":
-    verb = args[0]
     if verb == "bootstrap":
         domain, path = args[1], args[2]
         if domain.startswith("gui/") and os.environ.get("FAKE_NO_GUI"):
@@ -71,8 +82,6 @@ if name == "launchctl":
     sys.exit(0)
 
 # systemctl [--user] verb ...
-args = [a for a in args if a != "--user"]
-verb = args[0]
 if verb in ("enable", "restart"):
     if "mlx-fleet-agent.service" not in state["loaded"]:
         state["loaded"].append("mlx-fleet-agent.service")
@@ -83,7 +92,7 @@ elif verb == "disable":
     save()
 elif verb == "show":
     active = "mlx-fleet-agent.service" in state["loaded"]
-    print("LoadState=loaded")
+    print(f"LoadState={'loaded' if active else 'not-found'}")
     print(f"ActiveState={'active' if active else 'inactive'}")
     print(f"SubState={'running' if active else 'dead'}")
     print(f"MainPID={4343 if active else 0}")

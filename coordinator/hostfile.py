@@ -7,9 +7,10 @@ Hostfile formats, chosen by suffix (.toml, .json; anything else is tried as JSON
     port = 5555                    [{"ssh": "mac1", "ips": ["10.0.0.2"]}]   (mlx.launch's)
     key = "<40 Z85 characters>"
 
-An mlx.launch entry is reached at its first ip, else at its ssh name; its other mlx fields (rdma,
-...) are ignored. `port` and `key` are optional everywhere. Every error names the file, the entry
-(1-based, with its content) and what is wrong.
+An mlx.launch entry's agent is reached at its first ip, else at its ssh name, while
+`coordinator deploy` logs in with the ssh name (an alias of the user's ssh config); its other
+mlx fields (rdma, ...) are ignored. `port` and `key` are optional everywhere. Every error names
+the file, the entry (1-based, with its content) and what is wrong.
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ class HostEntry:
     host: str
     port: int
     key: str | None = None
+    ssh: str | None = None
+    """The ssh name deploy logs in with, when not `host` (mlx.launch's `ssh` alias)."""
+
+    @property
+    def ssh_host(self) -> str:
+        return self.ssh or self.host
 
     @property
     def address(self) -> str:
@@ -148,11 +155,16 @@ def _entry(raw: Any, default_port: int) -> HostEntry:
     """One hostfile entry, native or mlx.launch's; ValueError says what is wrong with it."""
     if not isinstance(raw, dict):
         raise ValueError("an entry must be a table/object")
+    ssh = None
     if MLX_LAUNCH_FIELDS & raw.keys() and "host" not in raw:
         ips = raw.get("ips") or []
         if not isinstance(ips, list) or not all(isinstance(ip, str) for ip in ips):
             raise ValueError("ips must be a list of addresses")
-        address = ips[0] if ips else raw.get("ssh")
+        ssh = raw.get("ssh")
+        if ssh is not None and not isinstance(ssh, str):
+            raise ValueError("ssh must be a host name")
+        ssh = ssh.strip() if ssh else None
+        address = ips[0] if ips else ssh
     else:
         unknown = sorted(set(raw) - NATIVE_FIELDS)
         if unknown:
@@ -166,7 +178,7 @@ def _entry(raw: Any, default_port: int) -> HostEntry:
             raise ValueError(f"port given twice: in {address!r} and as port")
         port = parse_port(raw["port"])
     key = check_key(raw["key"]) if raw.get("key") is not None else None
-    return HostEntry(host, default_port if port is None else port, key)
+    return HostEntry(host, default_port if port is None else port, key, ssh)
 
 
 def parse_hostfile(path: Path, default_port: int = DEFAULT_AGENT_PORT) -> list[HostEntry]:

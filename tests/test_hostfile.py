@@ -93,14 +93,19 @@ def test_mlx_launch_hostfile(tmp_path: Path) -> None:
         {"ssh": "mac3"},
         {"ssh": "mac4", "port": 6000, "key": KEY},
     ]))
-    assert parse_hostfile(path) == [
-        HostEntry("10.0.0.2", 5555, None), HostEntry("mac2", 5555, None),
-        HostEntry("mac3", 5555, None), HostEntry("mac4", 6000, KEY)]
+    entries = parse_hostfile(path)
+    assert entries == [
+        HostEntry("10.0.0.2", 5555, None, "mac1"), HostEntry("mac2", 5555, None, "mac2"),
+        HostEntry("mac3", 5555, None, "mac3"), HostEntry("mac4", 6000, KEY, "mac4")]
+    # The agent is driven at its first ip; deploy logs in with the ssh config's alias.
+    assert [(e.address, e.ssh_host) for e in entries[:2]] == [("10.0.0.2:5555", "mac1"),
+                                                             ("mac2:5555", "mac2")]
+    assert HostEntry("mac5", 5555).ssh_host == "mac5"
 
 
 def test_suffixless_files_are_sniffed(tmp_path: Path) -> None:
     assert parse_hostfile(write(tmp_path, "hosts", '[{"ssh": "mac1"}]')) == [
-        HostEntry("mac1", 5555, None)]
+        HostEntry("mac1", 5555, None, "mac1")]
     assert parse_hostfile(write(tmp_path, "fleet", '[[hosts]]\nhost = "mac2"\n')) == [
         HostEntry("mac2", 5555, None)]
 
@@ -115,6 +120,7 @@ def test_suffixless_files_are_sniffed(tmp_path: Path) -> None:
     ("h.json", '[{"host": ""}]', "entry 1 {\"host\": \"\"}: missing host"),
     ("h.json", '[{"ssh": "", "ips": []}]', "missing host"),
     ("h.json", '[{"ssh": "mac1", "ips": "10.0.0.2"}]', "ips must be a list of addresses"),
+    ("h.json", '[{"ssh": 7, "ips": ["10.0.0.2"]}]', "ssh must be a host name"),
     ("h.toml", '[[hosts]]\nhost = "mac1"\n[[hosts]]\nhost = "mac2"\n[[hosts]]\nhost = "mac1"\n',
      'entry 3 {"host": "mac1"}: duplicate host mac1:5555 (already entry 1 {"host": "mac1"})'),
     ("h.json", '[{"ssh": "a", "ips": ["10.0.0.2"]}, {"host": "10.0.0.2:5555"}]',

@@ -4,6 +4,9 @@ Per host: copy this package's wheel, create (or reuse) a virtual environment, in
 trust this coordinator's key, install the agent service, and record the agent's key here. The
 step list is pure data (so a dry run and the tests see exactly what runs); the shell runs it
 with the system's ssh, every host in parallel, and stops a host at its first failure.
+
+A system service (`--system`) runs its service, trust and key steps with `sudo -n -H`, so they
+act on root's data directory, the one the system service uses.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 from coordinator.hostfile import HostEntry
 from coordinator.keys import add_host_key
@@ -27,6 +32,38 @@ from coordinator.keys import add_host_key
 DEFAULT_REMOTE_DIR = "~/.mlx-fleet"
 SSH_TIMEOUT_S = 10
 STEP_TIMEOUT_S = 900
+MIN_REMOTE_PYTHON = "3.10"
+"""pyproject's requires-python: what the remote virtual environment must run."""
+AS_ROOT = ["sudo", "-n", "-H"]
+"""Never prompts (no terminal over BatchMode ssh); -H: root's HOME, so root's data directory."""
+ENSURE_VENV = """\
+import os, shutil, subprocess, sys
+venv, need = sys.argv[1], tuple(int(part) for part in sys.argv[2].split("."))
+made_by = "%s %d.%d" % (sys.executable, sys.version_info[0], sys.version_info[1])
+if sys.version_info[:2] < need:
+    sys.exit("%s is Python %s: mlx-fleet needs Python >= %s; pass --remote-python a newer one "
+             "(on macOS e.g. /opt/homebrew/bin/python3.12)"
+             % (sys.executable, sys.version.split()[0], sys.argv[2]))
+marker = os.path.join(venv, "mlx-fleet-python")
+check = "import sys; sys.exit(sys.version_info[:2] < %r)" % (need,)
+try:
+    with open(marker) as handle:
+        usable = handle.read() == made_by and subprocess.call(
+            [os.path.join(venv, "bin", "python"), "-c", check]) == 0
+except OSError:
+    usable = False
+if not usable:
+    shutil.rmtree(venv, ignore_errors=True)
+    made = subprocess.run([sys.executable, "-m", "venv", venv], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, universal_newlines=True)
+    if made.returncode:
+        sys.exit("%s -m venv failed: %s" % (sys.executable, " ".join(made.stdout.split())))
+    with open(marker, "w") as handle:
+        handle.write(made_by)
+    print("created %s with %s" % (venv, made_by))
+"""
+"""The virtualenv step, run by the requested interpreter (Python 2 still reaches the version
+check): a venv another interpreter made, or one too old, is made again, never kept forever."""
 
 
 class DeployError(Exception):
@@ -78,6 +115,11 @@ class Step:
     stdin: Path | None = None
     """A local file fed to the command (the wheel, streamed through ssh)."""
 
+    def shell(self) -> str:
+        """The step as one shell command line, its stdin redirection included."""
+        line = shlex.join(self.argv)
+        return f"{line} < {shlex.quote(str(self.stdin))}" if self.stdin else line
+
 
 @dataclass
 class HostResult:
@@ -96,42 +138,55 @@ class HostResult:
                 "error": self.error, "agent_key": self.agent_key}
 
 
-def agent_install_args(scope: str, bind: str | None, thermal_source: str | None) -> list[str]:
-    args = ["install", f"--{scope}"]
-    if bind:
-        args += ["--bind", bind]
-    if thermal_source:
-        args += ["--thermal-source", thermal_source]
-    return args
+def venv_command(layout: RemoteLayout, minimum: str = MIN_REMOTE_PYTHON) -> str:
+    """The remote shell command that makes sure the virtual environment is one `layout.python`
+    made, at `minimum` or newer (see ENSURE_VENV)."""
+    return (f"{shlex.quote(layout.python)} -c {shlex.quote(ENSURE_VENV)} "
+            f"{layout.quoted('venv')} {shlex.quote(minimum)}")
 
 
-def host_steps(entry: HostEntry, wheel: Path, coordinator_key: str, coordinator_name: str,
-               layout: RemoteLayout, ssh: SshSettings, install_args: list[str]) -> list[Step]:
-    """The roll-out of one host, in order; every step is safe to run again."""
-    destination = ssh.destination(entry.host)
-    agent = layout.quoted("venv", "bin", "agent")
-    pip = f"{layout.quoted('venv', 'bin', 'python')} -m pip install -q"
-    shipped = layout.quoted("dist", wheel.name)
+@dataclass(frozen=True)
+class Rollout:
+    """What every host gets: this coordinator's key, where things go, how to log in, and the
+    service to install (user or system, with which thermal source)."""
 
-    def remote(name: str, command: str) -> Step:
-        return Step(name, ["ssh", *ssh.options(), destination, command])
+    coordinator_key: str
+    coordinator_name: str
+    layout: RemoteLayout = field(default_factory=RemoteLayout)
+    ssh: SshSettings = field(default_factory=SshSettings)
+    system: bool = False
+    thermal_source: str = "auto"
 
-    return [
-        remote("prepare", f"mkdir -p {layout.quoted('dist')}"),
-        # Streamed through the remote shell rather than scp: `~` means the same as in every
-        # other step, and hosts that disable sftp still work.
-        Step("copy wheel", ["ssh", *ssh.options(), destination, f"cat > {shipped}"], wheel),
-        remote("virtualenv", f"test -x {layout.quoted('venv', 'bin', 'python')} || "
-                             f"{shlex.quote(layout.python)} -m venv {layout.quoted('venv')}"),
-        # Reinstalled even at the same version (a rebuilt wheel), then its dependencies.
-        remote("install package", f"{pip} --force-reinstall --no-deps {shipped} && "
-                                  f"{pip} {shipped}"),
-        remote("trust coordinator",
-               f"{agent} keys trust {shlex.quote(coordinator_key)} "
-               f"--name {shlex.quote(coordinator_name)}"),
-        remote("install service", f"{agent} {shlex.join(install_args)}"),
-        remote("read agent key", f"{agent} keys show"),
-    ]
+    def install_args(self, entry: HostEntry) -> list[str]:
+        return ["install", "--system" if self.system else "--user",
+                "--bind", f"0.0.0.0:{entry.port}", "--thermal-source", self.thermal_source]
+
+    def steps(self, entry: HostEntry, wheel: Path) -> list[Step]:
+        """The roll-out of one host, in order; every step is safe to run again."""
+        layout = self.layout
+        login = ["ssh", *self.ssh.options(), self.ssh.destination(entry.ssh_host)]
+        agent = " ".join([*(AS_ROOT if self.system else []), layout.quoted("venv", "bin", "agent")])
+        pip = f"{layout.quoted('venv', 'bin', 'python')} -m pip install -q"
+        shipped = layout.quoted("dist", wheel.name)
+
+        def remote(name: str, command: str) -> Step:
+            return Step(name, [*login, command])
+
+        return [
+            remote("prepare", f"mkdir -p {layout.quoted('dist')}"),
+            # Streamed through the remote shell rather than scp: `~` means the same as in every
+            # other step, and hosts that disable sftp still work.
+            Step("copy wheel", [*login, f"cat > {shipped}"], wheel),
+            remote("virtualenv", venv_command(layout)),
+            # Reinstalled even at the same version (a rebuilt wheel), then its dependencies.
+            remote("install package", f"{pip} --force-reinstall --no-deps {shipped} && "
+                                      f"{pip} {shipped}"),
+            remote("trust coordinator",
+                   f"{agent} keys trust {shlex.quote(self.coordinator_key)} "
+                   f"--name {shlex.quote(self.coordinator_name)}"),
+            remote("install service", f"{agent} {shlex.join(self.install_args(entry))}"),
+            remote("read agent key", f"{agent} keys show"),
+        ]
 
 
 def run_host(entry: HostEntry, steps: list[Step],
@@ -159,17 +214,21 @@ def run_host(entry: HostEntry, steps: list[Step],
     return result
 
 
+def direct_url_path(direct_url: str) -> Path | None:
+    """The local folder a direct_url.json names (PEP 610), its URL decoded: a checkout in
+    `my projects/` is `file:///.../my%20projects`."""
+    url = urlparse(json.loads(direct_url).get("url", ""))
+    return Path(url2pathname(url.path)) if url.scheme == "file" else None
+
+
 def source_tree() -> Path | None:
     """This installation's project folder when it was installed from a checkout (editable)."""
     try:
         direct = metadata.distribution("mlx-fleet").read_text("direct_url.json")
     except metadata.PackageNotFoundError:
         return None
-    if not direct:
-        return None
-    url = json.loads(direct).get("url", "")
-    path = Path(url.removeprefix("file://"))
-    return path if (path / "pyproject.toml").is_file() else None
+    path = direct_url_path(direct) if direct else None
+    return path if path and (path / "pyproject.toml").is_file() else None
 
 
 def build_wheel(out_dir: Path) -> Path:
@@ -191,9 +250,7 @@ def build_wheel(out_dir: Path) -> Path:
     return wheels[-1]
 
 
-def deploy(entries: list[HostEntry], wheel: Path | None, coordinator_key: str,
-           coordinator_name: str, layout: RemoteLayout, ssh: SshSettings,
-           install_args: Callable[[HostEntry], list[str]],
+def deploy(entries: list[HostEntry], wheel: Path | None, rollout: Rollout,
            on_step: Callable[[str, str], None] | None = None) -> list[HostResult]:
     """Roll out to every host in parallel; results in the order the hosts were given."""
     with tempfile.TemporaryDirectory(prefix="mlx-fleet-wheel-") as scratch:
@@ -201,8 +258,7 @@ def deploy(entries: list[HostEntry], wheel: Path | None, coordinator_key: str,
             wheel = build_wheel(Path(scratch))
         elif not wheel.is_file():
             raise DeployError(f"wheel {wheel} does not exist")
-        plans = [host_steps(entry, wheel, coordinator_key, coordinator_name, layout, ssh,
-                            install_args(entry)) for entry in entries]
+        plans = [rollout.steps(entry, wheel) for entry in entries]
         with ThreadPoolExecutor(max_workers=max(1, min(16, len(entries)))) as pool:
             futures = [pool.submit(run_host, entry, steps, on_step)
                        for entry, steps in zip(entries, plans, strict=True)]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 import socket
 from pathlib import Path
 from typing import Annotated
@@ -13,24 +12,36 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from agent.thermal.base import SourceSpecError
+from agent.thermal.registry import parse_source_name
 from coordinator.deploy import (
     DEFAULT_REMOTE_DIR,
+    MIN_REMOTE_PYTHON,
     DeployError,
     RemoteLayout,
+    Rollout,
     SshSettings,
-    agent_install_args,
     deploy,
-    host_steps,
 )
 from coordinator.hostfile import HostEntry, HostfileError, parse_hostfile, parse_hosts
 from shared.cli import EXIT_PARTIAL, ThermalSourceName, err, usage_error
-from shared.keys import own_keypair
+from shared.keys import SELF_NAME, own_keypair
+from shared.paths import data_dir
+
+KEY_PLACEHOLDER = "<coordinator key, made on the first real run>"
 
 
 def coordinator_name() -> str:
     """The name agents file this coordinator's key under: coordinator-<hostname>."""
     host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:40] or "unknown"
     return f"coordinator-{host}"
+
+
+def existing_public_key() -> str | None:
+    """This coordinator's public key if it has one: a dry run must not create it."""
+    directory = data_dir(create=False) / "keys"
+    exists = (directory / f"{SELF_NAME}.key_secret").exists()
+    return own_keypair(directory).public if exists else None
 
 
 def entries_from(hosts: str | None, hostfile: Path | None) -> list[HostEntry]:
@@ -71,10 +82,12 @@ def deploy_command(
         "--remote-dir", help="Where the virtual environment and wheel go on each host.")]
         = DEFAULT_REMOTE_DIR,
     remote_python: Annotated[str, typer.Option(
-        "--remote-python", help="The Python that creates the remote virtual environment.")]
-        = "python3",
+        "--remote-python", help=f"The Python (>= {MIN_REMOTE_PYTHON}) that creates the remote "
+        "virtual environment; over ssh on macOS `python3` is often Apple's 3.9: give e.g. "
+        "/opt/homebrew/bin/python3.12.")] = "python3",
     system: Annotated[bool, typer.Option(
-        "--system", help="Install system services (root on the hosts; for powermetrics).")]
+        "--system", help="Install system services (for powermetrics): the service, trust and "
+        "key steps run with `sudo -n`, so the login needs passwordless sudo (or is root).")]
         = False,
     thermal_source: ThermalSourceName = "auto",
     fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
@@ -88,24 +101,24 @@ def deploy_command(
     """
     if fmt not in ("table", "json"):
         raise usage_error(f"unknown format {fmt!r}; choose from table, json")
+    try:
+        parse_source_name(thermal_source)  # the hosts' `agent install` would refuse it
+    except SourceSpecError as exc:
+        raise usage_error(str(exc)) from None
     entries = entries_from(hosts, hostfile)
-    layout = RemoteLayout(remote_dir, remote_python)
-    ssh = SshSettings(ssh_user, ssh_config, identity)
-    key, name = own_keypair().public, coordinator_name()
-
-    def install_args(entry: HostEntry) -> list[str]:
-        return agent_install_args("system" if system else "user", f"0.0.0.0:{entry.port}",
-                                  thermal_source)
-
+    key = existing_public_key() if dry_run else own_keypair().public
+    rollout = Rollout(key or KEY_PLACEHOLDER, coordinator_name(),
+                      RemoteLayout(remote_dir, remote_python),
+                      SshSettings(ssh_user, ssh_config, identity), system, thermal_source)
     if dry_run:
         shown = wheel or Path("mlx_fleet-<version>-py3-none-any.whl")
         for entry in entries:
             print(f"# {entry.address}")
-            for step in host_steps(entry, shown, key, name, layout, ssh, install_args(entry)):
-                print(f"{step.name}: {shlex.join(step.argv)}")
+            for step in rollout.steps(entry, shown):
+                print(f"{step.name}: {step.shell()}")
         return
     try:
-        results = deploy(entries, wheel, key, name, layout, ssh, install_args,
+        results = deploy(entries, wheel, rollout,
                          on_step=lambda host, step: err.print(f"{host}: {step} ok",
                                                               highlight=False, markup=False))
     except DeployError as exc:

@@ -394,7 +394,10 @@ def uninstall(plan: InstallPlan, purge: bool) -> list[str]:
     state = probe(plan)
     if state.loaded is None and installed is None:  # nothing here, whatever the manager says
         return []
-    done = stop(plan, state)
+    try:
+        done = stop(plan, state)
+    except ServiceError as exc:
+        raise ServiceError(f"{exc} (nothing was removed: the service may still run)") from None
     if installed is not None:
         plan.definition_path.unlink()
         done.append(f"removed {plan.definition_path}")

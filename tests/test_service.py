@@ -143,12 +143,12 @@ def test_systemd_dry_run_prints_a_valid_unit(agent_cli: str, home: Path) -> None
     assert "systemctl --user enable --now mlx-fleet-agent.service" in result.stderr
     assert not (home / ".config").exists()
     verify = shutil.which("systemd-analyze")
-    if verify:
+    if verify:  # as docs/deploy.md shows it: the file must be named like the unit
         unit_file = home / "mlx-fleet-agent.service"
         unit_file.write_text(result.stdout)
-        check = subprocess.run([verify, "verify", "--user", str(unit_file)],
+        check = subprocess.run([verify, "verify", str(unit_file)],
                                capture_output=True, text=True, timeout=60)
-        assert "mlx-fleet-agent.service" not in check.stderr or check.returncode == 0
+        assert check.returncode == 0, check.stderr
 
 
 def test_system_scope_points_at_system_folders(agent_cli: str, home: Path) -> None:
@@ -274,8 +274,9 @@ def test_uninstall_reports_a_service_it_could_not_stop(agent_cli: str, home: Pat
     assert agent(agent_cli, home, "install", flavour, path_dir=fake_managers).returncode == 0
     result = agent(agent_cli, home, "uninstall", flavour, path_dir=fake_managers, FAKE_FAIL=stop)
     assert result.returncode == 1, result.stderr
-    assert f" {stop} " in result.stderr and "failed" in result.stderr
-    assert "removed" not in result.stderr
+    said = " ".join(result.stderr.split())
+    assert f" {stop} " in said and "failed" in said
+    assert said.endswith("(nothing was removed: the service may still run)")
     report = json.loads(agent(agent_cli, home, "service-status", flavour, "--format", "json",
                               path_dir=fake_managers).stdout)
     assert report["installed"] and report["running"] is True  # left as it was, visibly

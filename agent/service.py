@@ -221,6 +221,8 @@ def parse_definition(flavour: str, text: str) -> tuple[list[str], dict[str, str]
             plist = plistlib.loads(text.encode())
         except ExpatError as exc:
             raise ValueError(str(exc)) from None
+        if not isinstance(plist, dict):
+            raise ValueError("not a launchd job")
         return list(plist.get("ProgramArguments", [])), dict(plist.get("EnvironmentVariables", {}))
     program: list[str] = []
     environment: dict[str, str] = {}
@@ -368,42 +370,43 @@ def install(plan: InstallPlan) -> list[str]:
 
 def installed_plan(plan: InstallPlan) -> InstallPlan | None:
     """The plan as it was installed: program, environment and data directory read back from
-    the definition, since this shell's MLX_FLEET_HOME need not be the service's."""
-    path = plan.definition_path
+    the definition, since this shell's MLX_FLEET_HOME need not be the service's. None when
+    no definition is there, or it is not one this module wrote."""
     try:
-        program, environment = parse_definition(plan.flavour, path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+        program, environment = parse_definition(
+            plan.flavour, plan.definition_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
         return None
-    except (OSError, ValueError) as exc:
-        raise ServiceError(f"cannot read the installed definition {path}: {exc}") from None
-    home = environment.get(HOME_ENV)
-    return replace(plan, program=program or plan.program, environment=environment,
-                   data_dir=Path(home) if home else plan.data_dir)
+    if not program or HOME_ENV not in environment:
+        return None
+    return replace(plan, program=program, environment=environment,
+                   data_dir=Path(environment[HOME_ENV]))
 
 
 def uninstall(plan: InstallPlan, purge: bool) -> list[str]:
     """Stop and remove the service; the data directory stays unless `purge`, which removes
-    the one the installed service uses (and refuses to guess when none is installed)."""
+    the one the installed service uses (and refuses to guess when that cannot be read)."""
     require_root_for_system(plan.scope)
+    path = plan.definition_path
     installed = installed_plan(plan)
-    if purge and (installed is None or HOME_ENV not in installed.environment):
-        raise ServiceRefused(f"--purge deletes the data directory named by the installed "
-                             f"service, and {plan.definition_path} "
-                             f"{'names none' if installed else 'is not there'}: nothing was "
-                             "changed (delete a data directory by hand)")
+    if purge and installed is None:
+        raise ServiceRefused(
+            f"--purge deletes the data directory the installed service names, and {path} "
+            f"{'names none' if path.exists() else 'is not there'}: nothing was changed "
+            "(delete a data directory by hand)")
     state = probe(plan)
-    if state.loaded is None and installed is None:  # nothing here, whatever the manager says
+    if state.loaded is None and not path.exists():  # nothing here, whatever the manager says
         return []
     try:
         done = stop(plan, state)
     except ServiceError as exc:
         raise ServiceError(f"{exc} (nothing was removed: the service may still run)") from None
-    if installed is not None:
-        plan.definition_path.unlink()
-        done.append(f"removed {plan.definition_path}")
+    if path.exists():
+        path.unlink()
+        done.append(f"removed {path}")
         if plan.flavour == SYSTEMD:
             done.append(check(systemctl(plan, "daemon-reload")))
-    if purge and installed is not None and installed.data_dir.exists():
+    if installed is not None and purge and installed.data_dir.exists():
         shutil.rmtree(installed.data_dir)
         done.append(f"removed data directory {installed.data_dir}")
     return done
@@ -421,13 +424,12 @@ def log_paths(plan: InstallPlan) -> list[str]:
 def status(plan: InstallPlan) -> dict[str, Any]:
     """Installed? loaded? running? pid, last exit, where the logs are; "unknown" with the
     reason when the service manager could not be asked."""
-    installed = installed_plan(plan)
     state = probe(plan)
     report: dict[str, Any] = {
         "flavour": plan.flavour, "scope": plan.scope,
-        "definition": str(plan.definition_path), "installed": installed is not None,
+        "definition": str(plan.definition_path), "installed": plan.definition_path.exists(),
         "loaded": state.loaded, "running": False, "pid": None, "last_exit": None,
-        "logs": log_paths(installed or plan),
+        "logs": log_paths(installed_plan(plan) or plan),
     }
     fields = state.fields
     if state.loaded is None:

@@ -239,6 +239,16 @@ def test_purge_without_an_installed_service_refuses_to_guess(agent_cli: str, hom
     assert "is not there: nothing was changed" in " ".join(result.stderr.split())
     assert fleet_home.is_dir() and calls(fake_managers) == []
 
+    plist = home / "Library/LaunchAgents/io.mlx-fleet.agent.plist"
+    plist.parent.mkdir(parents=True)
+    plist.write_text("not a plist")  # unreadable: purge refuses, a plain uninstall removes it
+    refused = agent(agent_cli, home, "uninstall", "--launchd", "--purge", path_dir=fake_managers)
+    assert refused.returncode == 2, refused.stderr
+    assert "names none: nothing was changed" in " ".join(refused.stderr.split())
+    removed = agent(agent_cli, home, "uninstall", "--launchd", path_dir=fake_managers)
+    assert removed.returncode == 0, removed.stderr
+    assert not plist.exists() and fleet_home.is_dir()
+
 
 @pytest.mark.parametrize(("flavour", "failing", "definition"), [
     ("--launchd", "bootstrap", "Library/LaunchAgents/io.mlx-fleet.agent.plist"),

@@ -25,8 +25,7 @@ from coordinator.deploy import (
 )
 from coordinator.hostfile import HostEntry, HostfileError, parse_hostfile, parse_hosts
 from shared.cli import EXIT_PARTIAL, ThermalSourceName, err, usage_error
-from shared.keys import SELF_NAME, own_keypair
-from shared.paths import data_dir
+from shared.keys import existing_keypair, own_keypair
 
 KEY_PLACEHOLDER = "<coordinator key, made on the first real run>"
 
@@ -36,12 +35,6 @@ def coordinator_name() -> str:
     host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:40] or "unknown"
     return f"coordinator-{host}"
 
-
-def existing_public_key() -> str | None:
-    """This coordinator's public key if it has one: a dry run must not create it."""
-    directory = data_dir(create=False) / "keys"
-    exists = (directory / f"{SELF_NAME}.key_secret").exists()
-    return own_keypair(directory).public if exists else None
 
 
 def entries_from(hosts: str | None, hostfile: Path | None) -> list[HostEntry]:
@@ -106,7 +99,8 @@ def deploy_command(
     except SourceSpecError as exc:
         raise usage_error(str(exc)) from None
     entries = entries_from(hosts, hostfile)
-    key = existing_public_key() if dry_run else own_keypair().public
+    existing = existing_keypair() if dry_run else own_keypair()
+    key = existing.public if existing else None
     rollout = Rollout(key or KEY_PLACEHOLDER, coordinator_name(),
                       RemoteLayout(remote_dir, remote_python),
                       SshSettings(ssh_user, ssh_config, identity), system, thermal_source)

@@ -70,6 +70,12 @@ def new_keypair() -> tuple[str, str]:
             return public, secret
 
 
+def existing_keypair() -> Keypair | None:
+    """This side's keypair if one was ever made, without making one (for dry runs)."""
+    directory = data_dir(create=False) / "keys"
+    return own_keypair(directory) if (directory / f"{SELF_NAME}.key_secret").exists() else None
+
+
 def own_keypair(directory: Path | None = None) -> Keypair:
     """This side's keypair, created on first use. Two processes racing to create it end up
     with the same one: the secret file is linked into place exclusively; the loser reads it."""

@@ -220,7 +220,9 @@ def test_a_wrong_server_key_or_a_security_mismatch_is_named(
         AgentClient(ctx, agent.address, impostor_key, own_keypair(), 3.0).connect()
     insecure = agents.start("insecure", insecure=True)
     assert "CURVE is OFF" in insecure.log_text()
-    with pytest.raises(HostError, match="security mismatch"):
+    # libzmq usually reports the mechanism mismatch; under load it can show only as bare
+    # handshake failures, whose diagnosis names --insecure as the other possible cause.
+    with pytest.raises(HostError, match="security mismatch|or the agent runs --insecure"):
         AgentClient(ctx, insecure.address, agent.key, own_keypair(), 3.0).connect()
     plain = AgentClient(ctx, insecure.address, None, None, 3.0)
     assert plain.connect()["secure"] is False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from typing import Annotated
@@ -109,8 +110,14 @@ def show_once(running: Monitor, fmt: str) -> bool:
     return all(view.status == UP and not view.silent for view in running.board.hosts.values())
 
 
+def stop_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM ends the watch like Ctrl-C: the monitor flushes what it recorded and exits 0."""
+    raise KeyboardInterrupt
+
+
 def watch(running: Monitor, fmt: str) -> None:
-    """The Live dashboard (or JSON lines) until Ctrl-C."""
+    """The Live dashboard (or JSON lines) until Ctrl-C or SIGTERM."""
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     try:
         if fmt == "json":
             printed = 0.0

@@ -191,7 +191,9 @@ def test_a_host_that_dies_and_returns_is_reconnected_and_recorded_again(
         assert recorded and {s["celsius"] for s in recorded} == {75.0}
 
 
-def test_json_lines_until_ctrl_c(agents: AgentPool, tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_json_lines_until_ctrl_c_or_sigterm(agents: AgentPool, tmp_path: Path,
+                                            stop: signal.Signals) -> None:
     agent = known_agent(agents, "mac1", 72.0, tmp_path)
     process = subprocess.Popen(
         [console_script("coordinator"), "monitor", "--hosts", agent.address, "--format",
@@ -203,7 +205,7 @@ def test_json_lines_until_ctrl_c(agents: AgentPool, tmp_path: Path) -> None:
         while lines[-1]["hosts"][0]["celsius"] is None and len(lines) < 20:
             lines.append(json.loads(process.stdout.readline()))
         lines.append(json.loads(process.stdout.readline()))
-        process.send_signal(signal.SIGINT)
+        process.send_signal(stop)
         _, err = process.communicate(timeout=15)
     finally:
         process.kill()

@@ -63,6 +63,9 @@ def monitor(
         "(port 0 picks a free one).")] = None,
     connect_timeout: ConnectTimeout = 5.0,
     insecure: Insecure = False,
+    retention_days: Annotated[float, typer.Option(
+        "--retention-days", help="Recorded samples and events older than this are dropped "
+        "when the monitor starts.")] = 30.0,
 ) -> None:
     """Live thermal dashboard of every agent; everything heard is recorded.
 
@@ -73,6 +76,8 @@ def monitor(
     """
     if fmt not in ("table", "json"):
         raise usage_error(f"unknown format {fmt!r}; choose from table, json")
+    if not retention_days > 0:
+        raise usage_error(f"--retention-days must be > 0, got {retention_days}")
     targets = targets_or_known(hosts, hostfile)
     settings = settings_for(insecure, connect_timeout)
     metrics, server = None, None
@@ -80,11 +85,13 @@ def monitor(
         metrics = TelemetryMetrics()
         server = start_exporter(metrics, prometheus)
     try:
-        with TelemetryStore() as store, Monitor(targets, settings, store, metrics) as running:
-            if once:
-                healthy = show_once(running, fmt)
-            else:
-                watch(running, fmt)
+        with TelemetryStore() as store:
+            store.prune(time.time() - retention_days * 86400)
+            with Monitor(targets, settings, store, metrics) as running:
+                if once:
+                    healthy = show_once(running, fmt)
+                else:
+                    watch(running, fmt)
     except StoreError as exc:
         raise usage_error(str(exc)) from None
     finally:

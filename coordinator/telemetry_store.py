@@ -143,6 +143,14 @@ class TelemetryStore:
                 self._conn.execute("INSERT INTO policies (host, time, policy) VALUES (?, ?, ?)",
                                    (host, when, text))
 
+    def prune(self, before: float) -> int:
+        """Drop samples and events older than `before` (policies are tiny and say which
+        thresholds were in force, so they stay); returns how many rows went."""
+        with self._conn:
+            gone = self._conn.execute("DELETE FROM samples WHERE time < ?", (before,)).rowcount
+            gone += self._conn.execute("DELETE FROM events WHERE time < ?", (before,)).rowcount
+        return gone
+
     def last_sample_time(self, host: str) -> float | None:
         """Where a backfill for `host` starts."""
         row = self._conn.execute("SELECT MAX(time) AS t FROM samples WHERE host = ?",

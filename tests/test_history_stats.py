@@ -137,3 +137,14 @@ def test_store_keeps_each_sample_and_event_once(tmp_path: Path) -> None:
         assert [t for t, _ in store.policies()["a:1"]] == [10, 12]
     with TelemetryStore(tmp_path / "t.sqlite") as reopened:
         assert len(reopened.samples(0)["a:1"]) == 3
+
+
+def test_prune_drops_old_samples_and_events_but_keeps_policies(tmp_path: Path) -> None:
+    with TelemetryStore(tmp_path / "t.sqlite") as store:
+        store.add([("a:1", sample(1, 70)), ("a:1", sample(5, 71))],
+                  [("a:1", event(2, "pause", 86)), ("a:1", event(6, "resume", 80))])
+        store.record_policy("a:1", POLICY, 1)
+        assert store.prune(before=4) == 2
+        assert [s["time"] for s in store.samples(0)["a:1"]] == [5]
+        assert [e["action"] for e in store.events(0)["a:1"]] == ["resume"]
+        assert store.policies()["a:1"]

@@ -93,8 +93,9 @@ def bench(
     pause_temp: PauseTemp = 85.0,
     stop_temp: StopTemp = 95.0,
     hysteresis: Hysteresis = 0.0,
-    no_cooling: Annotated[bool, typer.Option(
-        "--no-cooling", help="Only observe temperatures: never pause or stop.")] = False,
+    no_cooling: Annotated[
+        bool, typer.Option("--no-cooling", help="Only observe temperatures: never pause or stop.")
+    ] = False,
 ) -> None:
     """Benchmark prefill and decode over a matrix of lengths, batches, models and bits.
 
@@ -106,8 +107,17 @@ def bench(
     policy = policy_from_options(max_speed_temp, pause_temp, stop_temp, hysteresis)
     model_dirs = [str(Path(d).expanduser().resolve()) for d in model or []]
     try:
-        spec = matrix_from_options(seq_lengths, batch_sizes, warmup, iterations, config_small,
-                                   config, model_dirs, bits, decode_tokens)
+        spec = matrix_from_options(
+            seq_lengths,
+            batch_sizes,
+            warmup,
+            iterations,
+            config_small,
+            config,
+            model_dirs,
+            bits,
+            decode_tokens,
+        )
         for directory in model_dirs:
             check_model_dir(Path(directory))
             check_bits_for_dir(Path(directory), spec.bits)
@@ -134,12 +144,20 @@ def bench(
     except ValueError as exc:  # --poll-interval
         raise usage_error(f"--poll-interval: {exc}") from None
     guard = ThermalGuard(monitor, policy, enabled=not no_cooling)
-    report["thermal"] = {"source": monitor.source.name, "simulated": monitor.source.simulated,
-                         "policy": policy.to_dict(), "cooling": not no_cooling}
+    report["thermal"] = {
+        "source": monitor.source.name,
+        "simulated": monitor.source.simulated,
+        "policy": policy.to_dict(),
+        "cooling": not no_cooling,
+    }
     cells = expand(spec)
     progress = Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=err, transient=True,
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
     )
     started = time.monotonic()
     try:
@@ -154,10 +172,10 @@ def bench(
                 progress.update(task, advance=1, description=f"benchmarking {following}")
     except KeyboardInterrupt:
         report["interrupted"] = True
-        report["cells"] += not_run(cells[len(report["cells"]):], "interrupted")
+        report["cells"] += not_run(cells[len(report["cells"]) :], "interrupted")
     except ThermalShutdownError as exc:
         report["stopped"] = str(exc)
-        report["cells"] += not_run(cells[len(report["cells"]):], "thermal shutdown")
+        report["cells"] += not_run(cells[len(report["cells"]) :], "thermal shutdown")
     finally:
         monitor.close()
     report["finished_at"] = now_iso()

@@ -92,16 +92,27 @@ class TelemetryHistory:
         with self._conn:
             self._conn.execute(
                 "INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (sample["time"], sample["host"], sample["celsius"], sample["pressure"],
-                 sample["source"], int(sample["simulated"]), sample["state"],
-                 sample["trend_c_per_min"], sample["pause_s_total"], json.dumps(sample["jobs"])))
+                (
+                    sample["time"],
+                    sample["host"],
+                    sample["celsius"],
+                    sample["pressure"],
+                    sample["source"],
+                    int(sample["simulated"]),
+                    sample["state"],
+                    sample["trend_c_per_min"],
+                    sample["pause_s_total"],
+                    json.dumps(sample["jobs"]),
+                ),
+            )
 
     def add_event(self, event: Event) -> None:
         """The daemon's own events; `agent run` records its events in the same file itself."""
         self.events.record(event)
 
-    def page(self, since: float, limit: int, budget: int
-             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
+    def page(
+        self, since: float, limit: int, budget: int
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
         """history.get: samples and events strictly after `since` (see page_history)."""
         samples = self._samples_after(since, limit + 1)
         events = [event_body(self.host, e) for e in self.events.after(since, limit + 1)]
@@ -125,12 +136,22 @@ class TelemetryHistory:
         rows = self._conn.execute(
             "SELECT time, host, celsius, pressure, source, simulated, state, trend, "
             "pause_s_total, jobs FROM samples WHERE time > ? ORDER BY time LIMIT ?",
-            (since, count)).fetchall()
+            (since, count),
+        ).fetchall()
         return [_sample(row) for row in rows]
 
 
 def _sample(row: tuple[Any, ...]) -> dict[str, Any]:
     at, host, celsius, pressure, source, simulated, state, trend, pause_total, jobs = row
-    return {"host": host, "time": at, "celsius": celsius, "pressure": pressure, "source": source,
-            "simulated": bool(simulated), "state": state, "trend_c_per_min": trend,
-            "pause_s_total": pause_total, "jobs": json.loads(jobs)}
+    return {
+        "host": host,
+        "time": at,
+        "celsius": celsius,
+        "pressure": pressure,
+        "source": source,
+        "simulated": bool(simulated),
+        "state": state,
+        "trend_c_per_min": trend,
+        "pause_s_total": pause_total,
+        "jobs": json.loads(jobs),
+    }

@@ -80,12 +80,14 @@ def run(request: dict[str, Any], updates: Iterator[dict[str, Any]], out: BinaryI
     thermal = request["thermal"]
     source = FedSource(SourceInfo(thermal["source"], thermal["simulated"]))
     guard = ThermalGuard(ThermalMonitor(thermal["poll_interval"], source=source))
-    threading.Thread(target=follow, args=(updates, source, guard), name="agent-readings",
-                     daemon=True).start()
+    threading.Thread(
+        target=follow, args=(updates, source, guard), name="agent-readings", daemon=True
+    ).start()
     try:
         spec = MatrixSpec.from_dict(request["matrix"])
-        records = run_matrix(spec, guard=guard,
-                             on_model=lambda info: write(out, {"kind": "model", "info": info}))
+        records = run_matrix(
+            spec, guard=guard, on_model=lambda info: write(out, {"kind": "model", "info": info})
+        )
         for record in records:
             write(out, {"kind": "cell", "record": record})
     except JobCancelled:

@@ -58,42 +58,62 @@ class Journal:
         with self._conn:
             cursor = self._conn.execute(
                 "UPDATE jobs SET state = ?, error = ?, finished = ? WHERE state = ?",
-                (JOB_FAILED, ABANDONED, now_iso(), JOB_RUNNING))
+                (JOB_FAILED, ABANDONED, now_iso(), JOB_RUNNING),
+            )
         return cursor.rowcount
 
     def create_job(self, job_id: str, spec: dict[str, Any], total: int) -> None:
         with self._conn:
             self._conn.execute(
                 "INSERT INTO jobs (id, spec, total, state, started) VALUES (?, ?, ?, ?, ?)",
-                (job_id, json.dumps(spec), total, JOB_RUNNING, now_iso()))
+                (job_id, json.dumps(spec), total, JOB_RUNNING, now_iso()),
+            )
 
     def add_model(self, job_id: str, info: dict[str, Any]) -> None:
         with self._conn:
             row = self._conn.execute("SELECT models FROM jobs WHERE id = ?", (job_id,)).fetchone()
             models = [*json.loads(row[0]), info]
-            self._conn.execute("UPDATE jobs SET models = ? WHERE id = ?",
-                               (json.dumps(models, default=str), job_id))
+            self._conn.execute(
+                "UPDATE jobs SET models = ? WHERE id = ?", (json.dumps(models, default=str), job_id)
+            )
 
     def add_cell(self, job_id: str, index: int, record: dict[str, Any]) -> None:
         with self._conn:
-            self._conn.execute("INSERT INTO cells (job_id, idx, record) VALUES (?, ?, ?)",
-                               (job_id, index, json.dumps(record, default=str)))
+            self._conn.execute(
+                "INSERT INTO cells (job_id, idx, record) VALUES (?, ?, ?)",
+                (job_id, index, json.dumps(record, default=str)),
+            )
 
     def finish_job(self, job_id: str, state: str, error: str | None) -> None:
         with self._conn:
-            self._conn.execute("UPDATE jobs SET state = ?, error = ?, finished = ? WHERE id = ?",
-                               (state, error, now_iso(), job_id))
+            self._conn.execute(
+                "UPDATE jobs SET state = ?, error = ?, finished = ? WHERE id = ?",
+                (state, error, now_iso(), job_id),
+            )
 
     def get_job(self, job_id: str) -> dict[str, Any] | None:
         """The job with its models and records in cell order, or None for an unknown id."""
         row = self._conn.execute(
             "SELECT spec, total, state, error, started, finished, models FROM jobs WHERE id = ?",
-            (job_id,)).fetchone()
+            (job_id,),
+        ).fetchone()
         if row is None:
             return None
         spec, total, state, error, started, finished, models = row
-        records = [json.loads(text) for (text,) in self._conn.execute(
-            "SELECT record FROM cells WHERE job_id = ? ORDER BY idx", (job_id,))]
-        return {"job": job_id, "spec": json.loads(spec), "total": total, "state": state,
-                "error": error, "started": started, "finished": finished,
-                "models": json.loads(models), "records": records}
+        records = [
+            json.loads(text)
+            for (text,) in self._conn.execute(
+                "SELECT record FROM cells WHERE job_id = ? ORDER BY idx", (job_id,)
+            )
+        ]
+        return {
+            "job": job_id,
+            "spec": json.loads(spec),
+            "total": total,
+            "state": state,
+            "error": error,
+            "started": started,
+            "finished": finished,
+            "models": json.loads(models),
+            "records": records,
+        }

@@ -67,14 +67,18 @@ def trust(key: str, name: str | None = None, directory: Path | None = None) -> T
         raise TrustError(str(exc)) from None
     name = name or default_name(key)
     if not NAME_PATTERN.fullmatch(name):
-        raise TrustError(f"bad name {name!r}: use letters, digits, '.', '_' and '-' "
-                        "(up to 64, starting with a letter or digit)")
+        raise TrustError(
+            f"bad name {name!r}: use letters, digits, '.', '_' and '-' "
+            "(up to 64, starting with a letter or digit)"
+        )
     directory = directory or trusted_dir()
     existing = list_trusted(directory)
     for entry in existing:
         if entry.name == name and entry.key != key:
-            raise TrustError(f"name {name!r} is already used for key {entry.key}; revoke it "
-                            "first or choose another --name")
+            raise TrustError(
+                f"name {name!r} is already used for key {entry.key}; revoke it "
+                "first or choose another --name"
+            )
     for entry in existing:
         if entry.key == key:
             entry.path.unlink()
@@ -103,6 +107,10 @@ class TrustedKeys:
         client = key.decode("ascii", "replace")
         if any(entry.key == client for entry in list_trusted(self.directory)):
             return True
-        log.warning("refused a coordinator: key %s is not trusted here (to allow it: "
-                    "agent keys trust '%s')", client, client)
+        log.warning(
+            "refused a coordinator: key %s is not trusted here (to allow it: "
+            "agent keys trust '%s')",
+            client,
+            client,
+        )
         return False

@@ -28,7 +28,10 @@ def chip_name() -> str:
         try:
             out = subprocess.run(
                 ["sysctl", "-n", "machdep.cpu.brand_string"],
-                capture_output=True, text=True, timeout=5, check=True,
+                capture_output=True,
+                text=True,
+                timeout=5,
+                check=True,
             )
             return out.stdout.strip()
         except (OSError, subprocess.SubprocessError):

@@ -88,8 +88,15 @@ def write_state(address: DaemonAddress) -> None:
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump({"pid": address.pid, "endpoint": address.endpoint,
-                   "telemetry": address.telemetry, "public_key": address.public_key}, handle)
+        json.dump(
+            {
+                "pid": address.pid,
+                "endpoint": address.endpoint,
+                "telemetry": address.telemetry,
+                "public_key": address.public_key,
+            },
+            handle,
+        )
     os.replace(partial, path)
 
 
@@ -103,8 +110,9 @@ def remove_state(pid: int) -> None:
 def read_state() -> DaemonAddress | None:
     try:
         data = json.loads(state_path().read_text(encoding="utf-8"))
-        return DaemonAddress(int(data["pid"]), str(data["endpoint"]), str(data["telemetry"]),
-                             data["public_key"])
+        return DaemonAddress(
+            int(data["pid"]), str(data["endpoint"]), str(data["telemetry"]), data["public_key"]
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -160,8 +168,7 @@ class DaemonSession:
         self.address = address
         self.ctx = zmq.Context()
         keypair = own_keypair() if address.public_key else None
-        self.client = AgentClient(self.ctx, address.endpoint, address.public_key, keypair,
-                                  timeout)
+        self.client = AgentClient(self.ctx, address.endpoint, address.public_key, keypair, timeout)
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.linger = 0
         self.sub.maxmsgsize = p.MAX_MESSAGE_SIZE
@@ -176,8 +183,9 @@ class DaemonSession:
             info = self.client.request("info", timeout=timeout)
         except (HostError, zmq.ZMQError) as exc:
             self.close()
-            raise DaemonUnavailable(f"agent serve (pid {address.pid}) did not answer: "
-                                    f"{exc}") from None
+            raise DaemonUnavailable(
+                f"agent serve (pid {address.pid}) did not answer: {exc}"
+            ) from None
         thermal = info["thermal"]
         self.source = SourceInfo(thermal["source"], thermal["simulated"])
         self.first = reading_from_wire(thermal["reading"])
@@ -206,16 +214,18 @@ class DaemonSession:
                 raise DaemonLost(f"agent serve (pid {self.address.pid}) is gone")
             silent = time.monotonic() - self._heard
             if silent > self.silence_s:
-                raise DaemonLost(f"agent serve (pid {self.address.pid}) sent nothing for "
-                                 f"{silent:.1f} s")
+                raise DaemonLost(
+                    f"agent serve (pid {self.address.pid}) sent nothing for {silent:.1f} s"
+                )
         return None
 
     def _refresh_policy(self) -> None:
         try:
             self.policy = ThermalPolicy.from_dict(self.client.request("policy.get")["policy"])
         except HostError as exc:
-            raise DaemonLost(f"agent serve (pid {self.address.pid}) did not give its new "
-                             f"policy: {exc}") from None
+            raise DaemonLost(
+                f"agent serve (pid {self.address.pid}) did not give its new policy: {exc}"
+            ) from None
 
     def close(self) -> None:
         self.sub.close(linger=0)
@@ -310,8 +320,9 @@ class DaemonFeed:
                 self._released.set()
 
     def _fall_back(self, why: str) -> Sample | None:
-        monitor = ThermalMonitor(self._poll_interval,
-                                 source=open_fallback(self._fallback, self._poll_interval))
+        monitor = ThermalMonitor(
+            self._poll_interval, source=open_fallback(self._fallback, self._poll_interval)
+        )
         with self._lock:
             if self._closed.is_set():
                 monitor.close()
@@ -344,14 +355,20 @@ class EventForwarder:
 
     def __init__(self, address: DaemonAddress, timeout: float = CONNECT_TIMEOUT_S) -> None:
         self.ctx = zmq.Context()
-        self.client = AgentClient(self.ctx, address.endpoint, address.public_key,
-                                  own_keypair() if address.public_key else None, timeout)
+        self.client = AgentClient(
+            self.ctx,
+            address.endpoint,
+            address.public_key,
+            own_keypair() if address.public_key else None,
+            timeout,
+        )
         try:
             self.client.connect()
         except HostError as exc:
             self.close()
-            raise DaemonUnavailable(f"agent serve (pid {address.pid}) did not answer: "
-                                    f"{exc}") from None
+            raise DaemonUnavailable(
+                f"agent serve (pid {address.pid}) did not answer: {exc}"
+            ) from None
         self.client.sock.sndtimeo = 0
 
     def __call__(self, event: Event) -> None:
@@ -381,8 +398,12 @@ class RemoteMonitor(ThermalMonitor):
     polling, it opens `source` then and goes on locally, keeping the daemon's last policy.
     """
 
-    def __init__(self, poll_interval: float = 1.0, history_size: int = 60,
-                 source: ThermalSource | str | None = None) -> None:
+    def __init__(
+        self,
+        poll_interval: float = 1.0,
+        history_size: int = 60,
+        source: ThermalSource | str | None = None,
+    ) -> None:
         self._fallback = source
         self._session = connect_daemon()
         self.policy: ThermalPolicy | None = None

@@ -48,8 +48,9 @@ def print_event(event: Event) -> None:
 def run_command(
     command: Annotated[
         list[str],
-        typer.Argument(metavar="CMD", help="The command and its arguments, after --.",
-                       show_default=False),
+        typer.Argument(
+            metavar="CMD", help="The command and its arguments, after --.", show_default=False
+        ),
     ],
     thermal_source: ThermalSourceName = "auto",
     poll_interval: PollInterval = 1.0,
@@ -93,12 +94,17 @@ def run_command(
             daemon_feed, forwarder = registered
             stack.callback(forwarder.close)  # after the exit event, which it forwards too
             supervisor.sinks.append(forwarder)
-            typer.echo(f"{PREFIX} registered with agent serve: readings from "
-                       f"{daemon_feed.source}, its policy {policy_text(daemon_feed.policy)}",
-                       err=True)
+            typer.echo(
+                f"{PREFIX} registered with agent serve: readings from "
+                f"{daemon_feed.source}, its policy {policy_text(daemon_feed.policy)}",
+                err=True,
+            )
             if daemon_feed.source == "none":
-                typer.echo(f"{PREFIX} warning: agent serve has no thermal source; CMD runs "
-                           "without thermal enforcement", err=True)
+                typer.echo(
+                    f"{PREFIX} warning: agent serve has no thermal source; CMD runs "
+                    "without thermal enforcement",
+                    err=True,
+                )
             feed = daemon_feed
         else:
             feed = LocalFeed(local_monitor(thermal_source, poll_interval), policy)
@@ -118,6 +124,8 @@ def local_monitor(thermal_source: str, poll_interval: float) -> ThermalMonitor:
     except SourceUnavailable as exc:
         raise _fail(EXIT_SUPERVISOR_FAILED, str(exc)) from None
     if monitor.source.name == "none":
-        typer.echo(f"{PREFIX} warning: {monitor.last_error}; CMD runs without thermal "
-                   "enforcement", err=True)
+        typer.echo(
+            f"{PREFIX} warning: {monitor.last_error}; CMD runs without thermal enforcement",
+            err=True,
+        )
     return monitor

@@ -99,8 +99,10 @@ def endpoint_for(bind: str) -> tuple[str, bool]:
     """'HOST:PORT' -> ('tcp://HOST:PORT', is_ipv6); port 0 asks for an ephemeral port."""
     host, sep, port_text = bind.strip().rpartition(":")
     if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
-        raise ServeError(f"bad --bind {bind!r}: expected HOST:PORT, e.g. 0.0.0.0:{p.DEFAULT_PORT}"
-                        " or 127.0.0.1:0 for any free port")
+        raise ServeError(
+            f"bad --bind {bind!r}: expected HOST:PORT, e.g. 0.0.0.0:{p.DEFAULT_PORT}"
+            " or 127.0.0.1:0 for any free port"
+        )
     ipv6 = host.startswith("[")
     port = "*" if int(port_text) == 0 else port_text
     return f"tcp://{host}:{port}", ipv6
@@ -126,8 +128,9 @@ class TappedSource(ThermalSource):
     """A source that hands every read's outcome (None too) to `on_read`: how the one monitor's
     thread tells the daemon about each reading as it is taken."""
 
-    def __init__(self, inner: ThermalSource,
-                 on_read: Callable[[ThermalReading | None], None]) -> None:
+    def __init__(
+        self, inner: ThermalSource, on_read: Callable[[ThermalReading | None], None]
+    ) -> None:
         super().__init__()
         self.inner = inner
         self.name = inner.name
@@ -184,11 +187,17 @@ class Job:
 class AgentDaemon:
     """start() binds, serve_forever() serves until stop() (safe from a signal handler)."""
 
-    def __init__(self, bind: str = DEFAULT_BIND, secure: bool = True,
-                 thermal_source: str = "auto", *, poll_interval: float = DEFAULT_POLL_S,
-                 telemetry_port: int | None = None,
-                 retention_days: float = DEFAULT_RETENTION_DAYS,
-                 prometheus: str | None = None) -> None:
+    def __init__(
+        self,
+        bind: str = DEFAULT_BIND,
+        secure: bool = True,
+        thermal_source: str = "auto",
+        *,
+        poll_interval: float = DEFAULT_POLL_S,
+        telemetry_port: int | None = None,
+        retention_days: float = DEFAULT_RETENTION_DAYS,
+        prometheus: str | None = None,
+    ) -> None:
         self.endpoint, self.ipv6 = endpoint_for(bind)
         self.telemetry = telemetry_endpoint(self.endpoint, telemetry_port)
         self.secure = secure
@@ -233,16 +242,16 @@ class AgentDaemon:
             self.close()
             raise ServeError(f"thermal source: {exc}") from None
         self._source = SourceInfo(source.name, source.simulated)
-        self.monitor = ThermalMonitor(self.poll_interval, source=TappedSource(source,
-                                                                              self._tap))
+        self.monitor = ThermalMonitor(self.poll_interval, source=TappedSource(source, self._tap))
         if self.secure:
             keypair = own_keypair()
             self.public_key = keypair.public
             self.auth = ThreadAuthenticator(self.ctx, log=logging.getLogger("agent.zap"))
             self.auth.start()
             self.auth.configure_curve_callback(
-                domain="*", credentials_provider=OwnOrTrustedKeys(keypair.public,
-                                                                  TrustedKeys(trusted_dir())))
+                domain="*",
+                credentials_provider=OwnOrTrustedKeys(keypair.public, TrustedKeys(trusted_dir())),
+            )
         for sock, endpoint in ((self.router, self.endpoint), (self.publisher, self.telemetry)):
             sock.ipv6 = self.ipv6
             sock.linger = 1000
@@ -263,14 +272,23 @@ class AgentDaemon:
             self._start_metrics(self.prometheus)
         abandoned = self.journal.abandon_running()
         if abandoned:
-            log.warning("%d job(s) were running when the agent last stopped: marked failed",
-                        abandoned)
+            log.warning(
+                "%d job(s) were running when the agent last stopped: marked failed", abandoned
+            )
         endpoint = self.router.last_endpoint.decode()
-        write_state(DaemonAddress(os.getpid(), local_address(endpoint),
-                                  local_address(self.telemetry), self.public_key))
+        write_state(
+            DaemonAddress(
+                os.getpid(), local_address(endpoint), local_address(self.telemetry), self.public_key
+            )
+        )
         self.monitor.start()
-        log.info("monitoring %s every %g s; policy %s; telemetry on %s", self._source.name,
-                 self.poll_interval, policy_text(self.policy), self.telemetry)
+        log.info(
+            "monitoring %s every %g s; policy %s; telemetry on %s",
+            self._source.name,
+            self.poll_interval,
+            policy_text(self.policy),
+            self.telemetry,
+        )
         return endpoint
 
     def _start_metrics(self, address: str) -> None:
@@ -364,9 +382,16 @@ class AgentDaemon:
         for event in self.jobs.vanished(lambda pgid: pid_alive(-pgid), now):  # any in group
             self._event(event)
         self.jobs.expire(now)
-        sample = sample_body(self.host, now, reading, self._source, self._state,
-                             trend_c_per_min(list(self._temperatures), self.poll_interval),
-                             self.jobs.pause_s_total(now), self.jobs.listed())
+        sample = sample_body(
+            self.host,
+            now,
+            reading,
+            self._source,
+            self._state,
+            trend_c_per_min(list(self._temperatures), self.poll_interval),
+            self.jobs.pause_s_total(now),
+            self.jobs.listed(),
+        )
         self.history.add_sample(sample)
         self._publish("telemetry.sample", sample)
         if self.metrics is not None:
@@ -389,11 +414,22 @@ class AgentDaemon:
     def _publish(self, type_: str, body: dict[str, Any]) -> None:
         self.publisher.send_multipart(p.telemetry_frames(p.make(type_, body)))
 
-    def _job_event(self, job: Job, action: str, celsius: float | None = None,
-                   detail: str | None = None) -> None:
-        self._event(Event(time=time.time(), job=job.id, pid=job.process.pid, action=action,
-                          source=self._source.name, simulated=self._source.simulated,
-                          celsius=celsius, detail=detail), p.KIND_BENCH)
+    def _job_event(
+        self, job: Job, action: str, celsius: float | None = None, detail: str | None = None
+    ) -> None:
+        self._event(
+            Event(
+                time=time.time(),
+                job=job.id,
+                pid=job.process.pid,
+                action=action,
+                source=self._source.name,
+                simulated=self._source.simulated,
+                celsius=celsius,
+                detail=detail,
+            ),
+            p.KIND_BENCH,
+        )
 
     def _supervise_job(self, reading: ThermalReading | None) -> None:
         """The benchmark job's pauses and stops as `agent run` would decide them; the job process
@@ -412,8 +448,9 @@ class AgentDaemon:
         job = self.job
         if job is None or job.process.stdin is None:
             return
-        update = msgpack.packb({"reading": reading_wire(self._last_reading),
-                                "policy": self.policy.to_dict()})
+        update = msgpack.packb(
+            {"reading": reading_wire(self._last_reading), "policy": self.policy.to_dict()}
+        )
         with contextlib.suppress(BlockingIOError, BrokenPipeError):
             os.write(job.process.stdin.fileno(), update)
 
@@ -428,8 +465,10 @@ class AgentDaemon:
             identity, payload = frames[0], frames[1:]
             try:
                 if len(payload) != 1:
-                    raise p.ProtocolError(p.MALFORMED, f"a message is exactly one frame after "
-                                          f"the identity, got {len(payload)}")
+                    raise p.ProtocolError(
+                        p.MALFORMED,
+                        f"a message is exactly one frame after the identity, got {len(payload)}",
+                    )
                 message = p.decode(payload[0])
                 p.require_request(message)
                 self._handle(identity, message)
@@ -447,8 +486,7 @@ class AgentDaemon:
             data = p.encode(p.error_for(exc))
         self.router.send_multipart([identity, data])
 
-    def _reply(self, identity: bytes, request: p.Message, type_: str,
-               body: dict[str, Any]) -> None:
+    def _reply(self, identity: bytes, request: p.Message, type_: str, body: dict[str, Any]) -> None:
         self._send(identity, p.make(type_, body, re=request.id))
 
     def _handle(self, identity: bytes, message: p.Message) -> None:
@@ -467,45 +505,69 @@ class AgentDaemon:
         handlers[message.type](identity, message)
 
     def _hello(self, identity: bytes, message: p.Message) -> None:
-        self._reply(identity, message, "hello.ok", {
-            "agent": self._version, "protocol": p.PROTOCOL_VERSION,
-            "hostname": self.host, "secure": self.secure})
+        self._reply(
+            identity,
+            message,
+            "hello.ok",
+            {
+                "agent": self._version,
+                "protocol": p.PROTOCOL_VERSION,
+                "hostname": self.host,
+                "secure": self.secure,
+            },
+        )
 
     def _ping(self, identity: bytes, message: p.Message) -> None:
-        self._reply(identity, message, "ping.ok",
-                    {"job": self.job.id if self.job else None, "time": time.time()})
+        self._reply(
+            identity,
+            message,
+            "ping.ok",
+            {"job": self.job.id if self.job else None, "time": time.time()},
+        )
 
     def _info(self, identity: bytes, message: p.Message) -> None:
         job = self.job
-        self._reply(identity, message, "info.ok", {
-            "agent": self._version,
-            "protocol": p.PROTOCOL_VERSION,
-            "machine": self._machine,
-            "thermal": self._thermal(),
-            "job": None if job is None else {"id": job.id, "done": job.done,
-                                             "total": job.total, "started": job.started},
-            "telemetry_port": int(self.telemetry.rpartition(":")[2]),
-            "poll_interval": self.poll_interval,
-            "policy": self.policy.to_dict(),
-            "jobs": self.jobs.listed(),
-        })
+        self._reply(
+            identity,
+            message,
+            "info.ok",
+            {
+                "agent": self._version,
+                "protocol": p.PROTOCOL_VERSION,
+                "machine": self._machine,
+                "thermal": self._thermal(),
+                "job": None
+                if job is None
+                else {"id": job.id, "done": job.done, "total": job.total, "started": job.started},
+                "telemetry_port": int(self.telemetry.rpartition(":")[2]),
+                "poll_interval": self.poll_interval,
+                "policy": self.policy.to_dict(),
+                "jobs": self.jobs.listed(),
+            },
+        )
 
     def _thermal(self) -> dict[str, Any]:
         """The latest polled reading, never waiting on the sensor."""
         reading = self.monitor.reading if self.monitor else None
-        return {"source": self._source.name, "simulated": self._source.simulated,
-                "reading": reading.to_dict() if reading else None,
-                "error": self.monitor.last_error if self.monitor else None}
+        return {
+            "source": self._source.name,
+            "simulated": self._source.simulated,
+            "reading": reading.to_dict() if reading else None,
+            "error": self.monitor.last_error if self.monitor else None,
+        }
 
     def _history_get(self, identity: bytes, message: p.Message) -> None:
         try:
             limit = history_limit(message.body["limit"])
         except ValueError as exc:
             raise p.ProtocolError(p.BAD_BODY, f"history.get: {exc}", re=message.id) from None
-        samples, events, truncated = self.history.page(message.body["since"], limit,
-                                                       JOB_PAGE_BYTES)
-        self._reply(identity, message, "history.get.ok",
-                    {"samples": samples, "events": events, "truncated": truncated})
+        samples, events, truncated = self.history.page(message.body["since"], limit, JOB_PAGE_BYTES)
+        self._reply(
+            identity,
+            message,
+            "history.get.ok",
+            {"samples": samples, "events": events, "truncated": truncated},
+        )
 
     def _policy_get(self, identity: bytes, message: p.Message) -> None:
         self._reply(identity, message, "policy.get.ok", {"policy": self.policy.to_dict()})
@@ -515,15 +577,26 @@ class AgentDaemon:
         try:
             policy = updated_policy(self.policy, message.body["policy"])
         except ValueError as exc:
-            raise p.ProtocolError(p.BAD_POLICY, f"policy refused: {exc}; the policy in force "
-                                  f"stays {policy_text(self.policy)}", re=message.id) from None
+            raise p.ProtocolError(
+                p.BAD_POLICY,
+                f"policy refused: {exc}; the policy in force stays {policy_text(self.policy)}",
+                re=message.id,
+            ) from None
         if policy != self.policy:
             save_policy(policy)
             self.policy = policy
             log.info("new policy: %s", policy_text(policy))
-            self._event(Event(time=time.time(), job="", pid=None, action="policy",
-                              source=self._source.name, simulated=self._source.simulated,
-                              detail=policy_text(policy)))
+            self._event(
+                Event(
+                    time=time.time(),
+                    job="",
+                    pid=None,
+                    action="policy",
+                    source=self._source.name,
+                    simulated=self._source.simulated,
+                    detail=policy_text(policy),
+                )
+            )
             self._feed_job()
         self._reply(identity, message, "policy.set.ok", {"policy": policy.to_dict()})
 
@@ -537,9 +610,12 @@ class AgentDaemon:
             raise p.ProtocolError(p.BUSY, "busy: the agent is stopping", re=message.id)
         if self.job is not None:
             job = self.job
-            raise p.ProtocolError(p.BUSY, f"busy: job {job.id} is running ({job.done}/"
-                                  f"{job.total} cells); cancel it or try again later",
-                                  re=message.id)
+            raise p.ProtocolError(
+                p.BUSY,
+                f"busy: job {job.id} is running ({job.done}/"
+                f"{job.total} cells); cancel it or try again later",
+                re=message.id,
+            )
         try:
             spec = self._check_matrix(message.body["matrix"])
         except (MatrixError, ModelLoadError) as exc:
@@ -547,8 +623,10 @@ class AgentDaemon:
         names = [cell.name for cell in expand(spec)]
         job = self._spawn(identity, message.id, spec, len(names))
         self._reply(identity, message, "bench.start.ok", {"job": job.id, "cells": names})
-        self._send(identity, p.make("bench.progress", {"job": job.id, "done": 0,
-                                                       "total": job.total}, re=message.id))
+        self._send(
+            identity,
+            p.make("bench.progress", {"job": job.id, "done": 0, "total": job.total}, re=message.id),
+        )
 
     def _check_matrix(self, matrix: dict[str, Any]) -> MatrixSpec:
         """The matrix as this agent would run it: model directories are paths on THIS machine.
@@ -568,12 +646,19 @@ class AgentDaemon:
         with open(output, "wb") as log_file:
             process = subprocess.Popen(
                 [sys.executable, "-m", "agent.job", "--fd", str(write_fd)],
-                stdin=subprocess.PIPE, stdout=log_file, stderr=log_file, pass_fds=(write_fd,),
-                close_fds=True)
+                stdin=subprocess.PIPE,
+                stdout=log_file,
+                stderr=log_file,
+                pass_fds=(write_fd,),
+                close_fds=True,
+            )
         os.close(write_fd)
         assert process.stdin is not None
-        thermal = {"source": self._source.name, "simulated": self._source.simulated,
-                   "poll_interval": self.poll_interval}
+        thermal = {
+            "source": self._source.name,
+            "simulated": self._source.simulated,
+            "poll_interval": self.poll_interval,
+        }
         process.stdin.write(msgpack.packb({"matrix": spec.to_dict(), "thermal": thermal}))
         process.stdin.flush()
         os.set_blocking(process.stdin.fileno(), False)
@@ -591,8 +676,11 @@ class AgentDaemon:
             known = self.journal.get_job(job_id)
             if known is None:
                 raise p.ProtocolError(p.UNKNOWN_JOB, f"no job {job_id!r} here", re=message.id)
-            raise p.ProtocolError(p.NOT_RUNNING, f"job {job_id} is not running (it is "
-                                  f"{known['state']})", re=message.id)
+            raise p.ProtocolError(
+                p.NOT_RUNNING,
+                f"job {job_id} is not running (it is {known['state']})",
+                re=message.id,
+            )
         self._cancel(job)
         self._reply(identity, message, "bench.cancel.ok", {"job": job_id})
 
@@ -609,11 +697,23 @@ class AgentDaemon:
                 break
             records.append(record)
         following = offset + len(records)
-        self._reply(identity, message, "job.get.ok", {
-            "job": job_id, "state": found["state"], "error": found["error"],
-            "spec": found["spec"], "models": found["models"], "records": records,
-            "offset": offset, "next": following if following < len(found["records"]) else None,
-            "started": found["started"], "finished": found["finished"]})
+        self._reply(
+            identity,
+            message,
+            "job.get.ok",
+            {
+                "job": job_id,
+                "state": found["state"],
+                "error": found["error"],
+                "spec": found["spec"],
+                "models": found["models"],
+                "records": records,
+                "offset": offset,
+                "next": following if following < len(found["records"]) else None,
+                "started": found["started"],
+                "finished": found["finished"],
+            },
+        )
 
     # --- the job --------------------------------------------------------------------------------
 
@@ -642,8 +742,11 @@ class AgentDaemon:
             kind = item.get("kind")
             if kind == "model":
                 self.journal.add_model(job.id, item["info"])
-                self._stream(job, "bench.progress", {"done": job.done, "total": job.total,
-                                                     "model": item["info"]})
+                self._stream(
+                    job,
+                    "bench.progress",
+                    {"done": job.done, "total": job.total, "model": item["info"]},
+                )
             elif kind == "cell":
                 self.journal.add_cell(job.id, job.done, item["record"])
                 self._stream(job, "bench.cell", {"index": job.done, "record": item["record"]})
@@ -664,8 +767,11 @@ class AgentDaemon:
         elif job.kill_at is not None:
             status, error = p.JOB_CANCELLED, "cancelled (the job process was killed)"
         else:
-            status, error = p.JOB_FAILED, f"the job process died ({exit_text(code)}) after " \
-                                          f"{job.done} of {job.total} cells{last_words(job)}"
+            status, error = (
+                p.JOB_FAILED,
+                f"the job process died ({exit_text(code)}) after "
+                f"{job.done} of {job.total} cells{last_words(job)}",
+            )
         self.journal.finish_job(job.id, status, error)
         self._job_event(job, "exit", detail=status + (f": {error}" if error else ""))
         assert job.process.stdin is not None
@@ -674,8 +780,14 @@ class AgentDaemon:
         if job.output.stat().st_size == 0:
             job.output.unlink()  # only a job process that said something keeps its log
         self._stream(job, "bench.done", {"status": status, "error": error, "cells": job.done})
-        log.info("job %s %s: %d/%d cells%s", job.id, status, job.done, job.total,
-                 f" ({error})" if error else "")
+        log.info(
+            "job %s %s: %d/%d cells%s",
+            job.id,
+            status,
+            job.done,
+            job.total,
+            f" ({error})" if error else "",
+        )
         self.job = None
 
 
@@ -697,18 +809,32 @@ def exit_text(code: int) -> str:
     return f"exit code {code}"
 
 
-def serve(bind: str, secure: bool, thermal_source: str = "auto", *,
-          poll_interval: float = DEFAULT_POLL_S, telemetry_port: int | None = None,
-          retention_days: float = DEFAULT_RETENTION_DAYS, prometheus: str | None = None) -> None:
+def serve(
+    bind: str,
+    secure: bool,
+    thermal_source: str = "auto",
+    *,
+    poll_interval: float = DEFAULT_POLL_S,
+    telemetry_port: int | None = None,
+    retention_days: float = DEFAULT_RETENTION_DAYS,
+    prometheus: str | None = None,
+) -> None:
     """Run the daemon in the foreground until SIGTERM/SIGINT (launchd wants exactly that)."""
-    daemon = AgentDaemon(bind, secure, thermal_source, poll_interval=poll_interval,
-                         telemetry_port=telemetry_port, retention_days=retention_days,
-                         prometheus=prometheus)
+    daemon = AgentDaemon(
+        bind,
+        secure,
+        thermal_source,
+        poll_interval=poll_interval,
+        telemetry_port=telemetry_port,
+        retention_days=retention_days,
+        prometheus=prometheus,
+    )
     signal.signal(signal.SIGTERM, daemon.stop)
     signal.signal(signal.SIGINT, daemon.stop)
     endpoint = daemon.start()
     security = f"curve-key={daemon.public_key}" if secure else "INSECURE"
-    print(f"agent serve: listening on {endpoint} {security} telemetry={daemon.telemetry}",
-          flush=True)
+    print(
+        f"agent serve: listening on {endpoint} {security} telemetry={daemon.telemetry}", flush=True
+    )
     daemon.serve_forever()
     log.info("stopped")

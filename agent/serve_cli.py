@@ -27,30 +27,50 @@ def configure_logging(log_file: Path | None) -> None:
         handler: logging.Handler = logging.StreamHandler(sys.stderr)
     else:
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        handler = RotatingFileHandler(log_file, maxBytes=LOG_ROTATE_BYTES,
-                                      backupCount=LOG_BACKUPS, encoding="utf-8")
+        handler = RotatingFileHandler(
+            log_file, maxBytes=LOG_ROTATE_BYTES, backupCount=LOG_BACKUPS, encoding="utf-8"
+        )
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
 
 
 def serve_command(
-    bind: Annotated[str, typer.Option(
-        "--bind", help="HOST:PORT of the command socket; port 0 picks a free one.")] = DEFAULT_BIND,
+    bind: Annotated[
+        str,
+        typer.Option("--bind", help="HOST:PORT of the command socket; port 0 picks a free one."),
+    ] = DEFAULT_BIND,
     thermal_source: ThermalSourceName = "auto",
-    insecure: Annotated[bool, typer.Option(
-        "--insecure", help="Turn CURVE off: anyone who can reach the port may drive this "
-        "Mac. For a trusted lab network only.")] = False,
-    log_file: Annotated[Path | None, typer.Option(
-        "--log-file", help="Log here instead of stderr, rotated at 10 MB (5 files kept).")] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure",
+            help="Turn CURVE off: anyone who can reach the port may drive this "
+            "Mac. For a trusted lab network only.",
+        ),
+    ] = False,
+    log_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--log-file", help="Log here instead of stderr, rotated at 10 MB (5 files kept)."
+        ),
+    ] = None,
     poll_interval: PollInterval = DEFAULT_POLL_S,
-    telemetry_port: Annotated[int | None, typer.Option(
-        "--telemetry-port", help="Port of the telemetry PUB socket (default: the command "
-        "port + 1, 5556; a free one with --bind HOST:0; 0 picks a free one).")] = None,
-    retention_days: Annotated[float, typer.Option(
-        "--retention-days", help="Keep telemetry samples and events this many days.")
+    telemetry_port: Annotated[
+        int | None,
+        typer.Option(
+            "--telemetry-port",
+            help="Port of the telemetry PUB socket (default: the command "
+            "port + 1, 5556; a free one with --bind HOST:0; 0 picks a free one).",
+        ),
+    ] = None,
+    retention_days: Annotated[
+        float,
+        typer.Option("--retention-days", help="Keep telemetry samples and events this many days."),
     ] = DEFAULT_RETENTION_DAYS,
-    prometheus: Annotated[str | None, typer.Option(
-        "--prometheus", help="Serve Prometheus metrics at http://HOST:PORT/metrics.")] = None,
+    prometheus: Annotated[
+        str | None,
+        typer.Option("--prometheus", help="Serve Prometheus metrics at http://HOST:PORT/metrics."),
+    ] = None,
 ) -> None:
     """Serve coordinators over ZeroMQ until SIGTERM: benchmarks, info, job history, and
     thermal telemetry.
@@ -71,19 +91,31 @@ def serve_command(
         raise usage_error(f"--telemetry-port must be 0 to 65535, got {telemetry_port}")
     configure_logging(log_file)
     if insecure:
-        err.print("[bold red]WARNING: --insecure: CURVE is OFF. Messages travel in clear text "
-                  "and ANY client that reaches this port can run jobs here.[/bold red]",
-                  highlight=False)
+        err.print(
+            "[bold red]WARNING: --insecure: CURVE is OFF. Messages travel in clear text "
+            "and ANY client that reaches this port can run jobs here.[/bold red]",
+            highlight=False,
+        )
     try:
-        serve(bind, not insecure, thermal_source, poll_interval=poll_interval,
-              telemetry_port=telemetry_port, retention_days=retention_days,
-              prometheus=prometheus)
+        serve(
+            bind,
+            not insecure,
+            thermal_source,
+            poll_interval=poll_interval,
+            telemetry_port=telemetry_port,
+            retention_days=retention_days,
+            prometheus=prometheus,
+        )
     except ServeError as exc:
         raise usage_error(str(exc)) from None
 
 
-keys_app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
-                       help="This agent's CURVE key and the coordinator keys it trusts.")
+keys_app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    help="This agent's CURVE key and the coordinator keys it trusts.",
+)
 
 
 @keys_app.command("show")
@@ -94,8 +126,9 @@ def keys_show() -> None:
 
 @keys_app.command("trust")
 def keys_trust(
-    key: Annotated[str, typer.Argument(help="A coordinator's public key "
-                                       "(`coordinator keys show`).")],
+    key: Annotated[
+        str, typer.Argument(help="A coordinator's public key (`coordinator keys show`).")
+    ],
     name: Annotated[str | None, typer.Option("--name", help="A label for the key.")] = None,
 ) -> None:
     """Let the coordinator holding KEY drive this agent (a running agent sees it at once)."""

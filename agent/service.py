@@ -83,11 +83,17 @@ class InstallPlan:
     @property
     def definition_path(self) -> Path:
         if self.flavour == LAUNCHD:
-            folder = (self.home / "Library/LaunchAgents" if self.scope == USER
-                      else Path("/Library/LaunchDaemons"))
+            folder = (
+                self.home / "Library/LaunchAgents"
+                if self.scope == USER
+                else Path("/Library/LaunchDaemons")
+            )
             return folder / f"{LABEL}.plist"
-        folder = (self.home / ".config/systemd/user" if self.scope == USER
-                  else Path("/etc/systemd/system"))
+        folder = (
+            self.home / ".config/systemd/user"
+            if self.scope == USER
+            else Path("/etc/systemd/system")
+        )
         return folder / UNIT_NAME
 
 
@@ -101,8 +107,9 @@ def default_log_file(flavour: str, data_dir: Path) -> Path | None:
     return data_dir / "logs" / "agent.log" if flavour == LAUNCHD else None
 
 
-def serve_program(python: str, bind: str | None, thermal_source: str | None,
-                  log_file: Path | None) -> list[str]:
+def serve_program(
+    python: str, bind: str | None, thermal_source: str | None, log_file: Path | None
+) -> list[str]:
     """Absolute interpreter path plus `-m agent serve ...`: valid without any PATH."""
     program = [python, "-m", "agent", "serve"]
     if bind:
@@ -116,10 +123,19 @@ def serve_program(python: str, bind: str | None, thermal_source: str | None,
 
 def service_environment(data_dir: Path) -> dict[str, str]:
     """What `serve` needs: its data directory, unbuffered logs, and a PATH finding macmon."""
-    path = os.pathsep.join(dict.fromkeys([
-        str(Path(sys.executable).parent), "/opt/homebrew/bin", "/usr/local/bin",
-        "/usr/bin", "/bin", "/usr/sbin", "/sbin",
-    ]))
+    path = os.pathsep.join(
+        dict.fromkeys(
+            [
+                str(Path(sys.executable).parent),
+                "/opt/homebrew/bin",
+                "/usr/local/bin",
+                "/usr/bin",
+                "/bin",
+                "/usr/sbin",
+                "/sbin",
+            ]
+        )
+    )
     return {HOME_ENV: str(data_dir), "PYTHONUNBUFFERED": "1", "PATH": path}
 
 
@@ -142,7 +158,8 @@ def launchd_plist(plan: InstallPlan) -> dict[str, Any]:
 
 def systemd_unit(plan: InstallPlan) -> str:
     environment = "\n".join(
-        f"Environment={shlex.quote(f'{key}={value}')}" for key, value in plan.environment.items())
+        f"Environment={shlex.quote(f'{key}={value}')}" for key, value in plan.environment.items()
+    )
     target = "default.target" if plan.scope == USER else "multi-user.target"
     return f"""[Unit]
 Description=mlx-fleet agent (MLX benchmarks and thermal policy)
@@ -185,16 +202,26 @@ def install_commands(plan: InstallPlan) -> list[list[str]]:
     """The commands an installation runs (the first launchd domain shown; others are retries)."""
     if plan.flavour == LAUNCHD:
         domain = launchd_domains(plan)[0]
-        return [["launchctl", "bootout", f"{domain}/{LABEL}"],
-                ["launchctl", "bootstrap", domain, str(plan.definition_path)]]
-    return [systemctl(plan, "daemon-reload"), systemctl(plan, "enable", "--now", UNIT_NAME),
-            systemctl(plan, "restart", UNIT_NAME)]
+        return [
+            ["launchctl", "bootout", f"{domain}/{LABEL}"],
+            ["launchctl", "bootstrap", domain, str(plan.definition_path)],
+        ]
+    return [
+        systemctl(plan, "daemon-reload"),
+        systemctl(plan, "enable", "--now", UNIT_NAME),
+        systemctl(plan, "restart", UNIT_NAME),
+    ]
 
 
 # --- parsing service managers' answers (pure) ------------------------------------------------
 
-LAUNCHCTL_FIELDS = {"state": "state", "pid": "pid", "last exit code": "last_exit",
-                    "path": "path", "program": "program"}
+LAUNCHCTL_FIELDS = {
+    "state": "state",
+    "pid": "pid",
+    "last exit code": "last_exit",
+    "path": "path",
+    "program": "program",
+}
 
 
 def parse_launchctl_print(text: str) -> dict[str, str]:
@@ -248,14 +275,16 @@ class ManagerState:
 
 # --- the shell: files and service managers ---------------------------------------------------
 
+
 def run(command: list[str]) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(command, capture_output=True, text=True, timeout=MANAGER_TIMEOUT_S)
     except FileNotFoundError:
         raise ServiceError(f"{command[0]} not found: is this a {command[0]} system?") from None
     except subprocess.TimeoutExpired:
-        raise ServiceError(f"{shlex.join(command)} did not answer in {MANAGER_TIMEOUT_S} s"
-                           ) from None
+        raise ServiceError(
+            f"{shlex.join(command)} did not answer in {MANAGER_TIMEOUT_S} s"
+        ) from None
 
 
 def failure(command: list[str], result: subprocess.CompletedProcess[str]) -> str:
@@ -274,16 +303,22 @@ def check(command: list[str]) -> str:
 
 def require_root_for_system(scope: str) -> None:
     if scope == SYSTEM and os.geteuid() != 0:
-        raise ServiceRefused("--system installs a system-wide service and needs root: "
-                             "run it with sudo, or use --user")
+        raise ServiceRefused(
+            "--system installs a system-wide service and needs root: "
+            "run it with sudo, or use --user"
+        )
 
 
 def source_problem(plan: InstallPlan, source: str) -> str | None:
     """Why `source` cannot open for the service, or None: asked of the service's interpreter
     with the service's environment (its PATH finds Homebrew's tools, a login shell's may not)."""
-    result = subprocess.run([plan.program[0], "-c", SOURCE_CHECK, source], capture_output=True,
-                            text=True, timeout=MANAGER_TIMEOUT_S,
-                            env={**os.environ, **plan.environment})
+    result = subprocess.run(
+        [plan.program[0], "-c", SOURCE_CHECK, source],
+        capture_output=True,
+        text=True,
+        timeout=MANAGER_TIMEOUT_S,
+        env={**os.environ, **plan.environment},
+    )
     lines = result.stderr.strip().splitlines()
     return None if result.returncode == 0 else lines[-1] if lines else "it failed to open"
 
@@ -291,8 +326,9 @@ def source_problem(plan: InstallPlan, source: str) -> str | None:
 def probe(plan: InstallPlan) -> ManagerState:
     """Ask the service manager whether the service is loaded, and its runtime fields."""
     if plan.flavour == SYSTEMD:
-        command = systemctl(plan, "show", UNIT_NAME,
-                            "-p", "LoadState,ActiveState,SubState,MainPID,ExecMainStatus")
+        command = systemctl(
+            plan, "show", UNIT_NAME, "-p", "LoadState,ActiveState,SubState,MainPID,ExecMainStatus"
+        )
         try:
             result = run(command)
         except ServiceError as exc:
@@ -374,13 +410,15 @@ def installed_plan(plan: InstallPlan) -> InstallPlan | None:
     no definition is there, or it is not one this module wrote."""
     try:
         program, environment = parse_definition(
-            plan.flavour, plan.definition_path.read_text(encoding="utf-8"))
+            plan.flavour, plan.definition_path.read_text(encoding="utf-8")
+        )
     except (OSError, ValueError):
         return None
     if not program or HOME_ENV not in environment:
         return None
-    return replace(plan, program=program, environment=environment,
-                   data_dir=Path(environment[HOME_ENV]))
+    return replace(
+        plan, program=program, environment=environment, data_dir=Path(environment[HOME_ENV])
+    )
 
 
 def uninstall(plan: InstallPlan, purge: bool) -> list[str]:
@@ -393,7 +431,8 @@ def uninstall(plan: InstallPlan, purge: bool) -> list[str]:
         raise ServiceRefused(
             f"--purge deletes the data directory the installed service names, and {path} "
             f"{'names none' if path.exists() else 'is not there'}: nothing was changed "
-            "(delete a data directory by hand)")
+            "(delete a data directory by hand)"
+        )
     state = probe(plan)
     if state.loaded is None and not path.exists():  # nothing here, whatever the manager says
         return []
@@ -426,22 +465,34 @@ def status(plan: InstallPlan) -> dict[str, Any]:
     reason when the service manager could not be asked."""
     state = probe(plan)
     report: dict[str, Any] = {
-        "flavour": plan.flavour, "scope": plan.scope,
-        "definition": str(plan.definition_path), "installed": plan.definition_path.exists(),
-        "loaded": state.loaded, "running": False, "pid": None, "last_exit": None,
+        "flavour": plan.flavour,
+        "scope": plan.scope,
+        "definition": str(plan.definition_path),
+        "installed": plan.definition_path.exists(),
+        "loaded": state.loaded,
+        "running": False,
+        "pid": None,
+        "last_exit": None,
         "logs": log_paths(installed_plan(plan) or plan),
     }
     fields = state.fields
     if state.loaded is None:
         report.update(loaded="unknown", running="unknown", reason=state.reason)
     elif plan.flavour == LAUNCHD and state.loaded:
-        report.update(domain=state.domain, running=fields.get("state") == "running",
-                      pid=int(fields["pid"]) if "pid" in fields else None,
-                      last_exit=fields.get("last_exit"))
+        report.update(
+            domain=state.domain,
+            running=fields.get("state") == "running",
+            pid=int(fields["pid"]) if "pid" in fields else None,
+            last_exit=fields.get("last_exit"),
+        )
     elif plan.flavour == SYSTEMD and state.loaded:
         pid = int(fields.get("MainPID", "0") or 0)
-        report.update(running=fields.get("ActiveState") == "active", pid=pid or None,
-                      last_exit=fields.get("ExecMainStatus"), state=fields.get("SubState"))
+        report.update(
+            running=fields.get("ActiveState") == "active",
+            pid=pid or None,
+            last_exit=fields.get("ExecMainStatus"),
+            state=fields.get("SubState"),
+        )
     return report
 
 
@@ -464,11 +515,15 @@ def template_files() -> dict[str, str]:
     ):
         data_dir = Path(TEMPLATE_DATA_DIR)
         environment = {HOME_ENV: TEMPLATE_DATA_DIR, "PYTHONUNBUFFERED": "1", "PATH": "@PATH@"}
-        plan = InstallPlan(flavour=flavour, scope=scope,
-                           program=serve_program(TEMPLATE_PYTHON, None, None,
-                                                 default_log_file(flavour, data_dir)),
-                           data_dir=data_dir, home=Path(TEMPLATE_HOME), uid=0,
-                           environment=environment)
+        plan = InstallPlan(
+            flavour=flavour,
+            scope=scope,
+            program=serve_program(TEMPLATE_PYTHON, None, None, default_log_file(flavour, data_dir)),
+            data_dir=data_dir,
+            home=Path(TEMPLATE_HOME),
+            uid=0,
+            environment=environment,
+        )
         files[name] = definition_text(plan)
     return files
 

@@ -39,15 +39,23 @@ from shared.cli import err, usage_error
 from shared.paths import data_dir
 
 UserScope = Annotated[bool, typer.Option("--user", help="A per-user service (the default).")]
-SystemScope = Annotated[bool, typer.Option(
-    "--system", help="A system-wide service (root; needed only for powermetrics).")]
+SystemScope = Annotated[
+    bool,
+    typer.Option("--system", help="A system-wide service (root; needed only for powermetrics)."),
+]
 Launchd = Annotated[bool, typer.Option("--launchd", help="Force launchd (macOS default).")]
 Systemd = Annotated[bool, typer.Option("--systemd", help="Force systemd (Linux default).")]
 
 
-def make_plan(user: bool, system: bool, launchd: bool, systemd: bool,
-              bind: str | None = None, thermal_source: str | None = None,
-              log_file: Path | None = None) -> InstallPlan:
+def make_plan(
+    user: bool,
+    system: bool,
+    launchd: bool,
+    systemd: bool,
+    bind: str | None = None,
+    thermal_source: str | None = None,
+    log_file: Path | None = None,
+) -> InstallPlan:
     if user and system:
         raise usage_error("choose one of --user and --system")
     if launchd and systemd:
@@ -56,9 +64,13 @@ def make_plan(user: bool, system: bool, launchd: bool, systemd: bool,
     home = data_dir(create=False)
     log_file = log_file.absolute() if log_file else default_log_file(flavour, home)
     return InstallPlan(
-        flavour=flavour, scope=SYSTEM if system else USER,
-        program=serve_program(sys.executable, bind, thermal_source, log_file), data_dir=home,
-        home=Path.home(), uid=os.getuid(), environment=service_environment(home),
+        flavour=flavour,
+        scope=SYSTEM if system else USER,
+        program=serve_program(sys.executable, bind, thermal_source, log_file),
+        data_dir=home,
+        home=Path.home(),
+        uid=os.getuid(),
+        environment=service_environment(home),
     )
 
 
@@ -84,15 +96,25 @@ def install_command(
     system: SystemScope = False,
     launchd: Launchd = False,
     systemd: Systemd = False,
-    bind: Annotated[str | None, typer.Option(
-        "--bind", help="HOST:PORT for `agent serve` (its default when omitted).")] = None,
-    thermal_source: Annotated[str | None, typer.Option(
-        "--thermal-source", help="Thermal source for `agent serve` (default auto).")] = None,
-    log_file: Annotated[Path | None, typer.Option(
-        "--log-file", help="`agent serve --log-file`: a log rotated at 10 MB (launchd default: "
-        "<data dir>/logs/agent.log; systemd: the journal).")] = None,
-    dry_run: Annotated[bool, typer.Option(
-        "--dry-run", help="Print what would be written and run; change nothing.")] = False,
+    bind: Annotated[
+        str | None,
+        typer.Option("--bind", help="HOST:PORT for `agent serve` (its default when omitted)."),
+    ] = None,
+    thermal_source: Annotated[
+        str | None,
+        typer.Option("--thermal-source", help="Thermal source for `agent serve` (default auto)."),
+    ] = None,
+    log_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--log-file",
+            help="`agent serve --log-file`: a log rotated at 10 MB (launchd default: "
+            "<data dir>/logs/agent.log; systemd: the journal).",
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print what would be written and run; change nothing.")
+    ] = False,
 ) -> None:
     """Install `agent serve` as a launchd (macOS) or systemd (Linux) service and start it.
 
@@ -109,9 +131,11 @@ def install_command(
         return
     problem = source_problem(plan, thermal_source) if thermal_source else None
     if problem:
-        raise usage_error(f"thermal source {thermal_source!r} cannot open on this machine: "
-                          f"{problem}; the service would fail to start (choose another "
-                          "--thermal-source, or auto)")
+        raise usage_error(
+            f"thermal source {thermal_source!r} cannot open on this machine: "
+            f"{problem}; the service would fail to start (choose another "
+            "--thermal-source, or auto)"
+        )
     try:
         for line in install(plan):
             err.print(line, highlight=False, markup=False)
@@ -125,8 +149,9 @@ def uninstall_command(
     system: SystemScope = False,
     launchd: Launchd = False,
     systemd: Systemd = False,
-    purge: Annotated[bool, typer.Option(
-        "--purge", help="Also delete the data directory (results, keys, logs).")] = False,
+    purge: Annotated[
+        bool, typer.Option("--purge", help="Also delete the data directory (results, keys, logs).")
+    ] = False,
 ) -> None:
     """Stop and remove the agent service; data is kept unless --purge."""
     plan = make_plan(user, system, launchd, systemd)

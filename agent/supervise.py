@@ -231,7 +231,11 @@ class Supervisor:
     """
 
     def __init__(
-        self, command: Sequence[str], *, grace: float = 30.0, job: str | None = None,
+        self,
+        command: Sequence[str],
+        *,
+        grace: float = 30.0,
+        job: str | None = None,
         sinks: Sequence[Sink] = (),
     ) -> None:
         if not command:
@@ -264,7 +268,8 @@ class Supervisor:
             self.pid = proc.pid
             self._emit("start", detail=shlex.join(self.command), at=self.started_at)
             threading.Thread(
-                target=lambda: self._queue.put(("exit", proc.wait())), name="supervise-wait",
+                target=lambda: self._queue.put(("exit", proc.wait())),
+                name="supervise-wait",
                 daemon=True,
             ).start()
             threading.Thread(
@@ -423,12 +428,22 @@ class Supervisor:
             _warn(f"cannot write {self.state_file}: {exc}")
 
     def _emit(
-        self, action: str, *, celsius: float | None = None, detail: str | None = None,
+        self,
+        action: str,
+        *,
+        celsius: float | None = None,
+        detail: str | None = None,
         at: float | None = None,
     ) -> None:
         event = Event(
-            time=time.time() if at is None else at, job=self.job, pid=self.pid, action=action,
-            source=self._source, simulated=self._simulated, celsius=celsius, detail=detail,
+            time=time.time() if at is None else at,
+            job=self.job,
+            pid=self.pid,
+            action=action,
+            source=self._source,
+            simulated=self._simulated,
+            celsius=celsius,
+            detail=detail,
         )
         for sink in self.sinks:
             try:

@@ -45,14 +45,16 @@ STATE_AFTER = {
 # --- readings and samples ---------------------------------------------------------------------
 
 
-def host_state(policy: ThermalPolicy, reading: ThermalReading | None,
-               previous: CoolingState | None) -> CoolingState | None:
+def host_state(
+    policy: ThermalPolicy, reading: ThermalReading | None, previous: CoolingState | None
+) -> CoolingState | None:
     """What the policy says about the host now; a pause holds until below the resume temperature,
     as for a paused job. None without a reading, as the sample's `state` says it."""
     if reading is None or knows_nothing(reading):
         return None
-    return decide(policy, reading.celsius, reading.pressure,
-                  currently_paused=previous is CoolingState.PAUSE)
+    return decide(
+        policy, reading.celsius, reading.pressure, currently_paused=previous is CoolingState.PAUSE
+    )
 
 
 def trend_c_per_min(temperatures: list[float], poll_interval: float) -> float | None:
@@ -65,8 +67,13 @@ def reading_wire(reading: ThermalReading | None) -> dict[str, Any] | None:
     """The fields of a reading that travel to a job process (sensors stay home: small items)."""
     if reading is None:
         return None
-    return {"celsius": reading.celsius, "pressure": reading.pressure, "time": reading.time,
-            "source": reading.source, "simulated": reading.simulated}
+    return {
+        "celsius": reading.celsius,
+        "pressure": reading.pressure,
+        "time": reading.time,
+        "source": reading.source,
+        "simulated": reading.simulated,
+    }
 
 
 def reading_from_wire(data: Mapping[str, Any] | None) -> ThermalReading | None:
@@ -74,8 +81,13 @@ def reading_from_wire(data: Mapping[str, Any] | None) -> ThermalReading | None:
     without degrees or pressure."""
     if data is None or (data["celsius"] is None and data["pressure"] is None):
         return None
-    return ThermalReading(celsius=data["celsius"], source=data["source"], time=data["time"],
-                          pressure=data["pressure"], simulated=data["simulated"])
+    return ThermalReading(
+        celsius=data["celsius"],
+        source=data["source"],
+        time=data["time"],
+        pressure=data["pressure"],
+        simulated=data["simulated"],
+    )
 
 
 @dataclass(frozen=True)
@@ -86,9 +98,16 @@ class SourceInfo:
     simulated: bool
 
 
-def sample_body(host: str, now: float, reading: ThermalReading | None, source: SourceInfo,
-                state: CoolingState | None, trend: float | None, pause_s_total: float,
-                jobs: list[dict[str, Any]]) -> dict[str, Any]:
+def sample_body(
+    host: str,
+    now: float,
+    reading: ThermalReading | None,
+    source: SourceInfo,
+    state: CoolingState | None,
+    trend: float | None,
+    pause_s_total: float,
+    jobs: list[dict[str, Any]],
+) -> dict[str, Any]:
     """A telemetry.sample body; `now` stands in for the time when there is no reading."""
     return {
         "host": host,
@@ -106,23 +125,45 @@ def sample_body(host: str, now: float, reading: ThermalReading | None, source: S
 
 def event_body(host: str, event: Event) -> dict[str, Any]:
     """A telemetry.event body."""
-    return {"host": host, "time": event.time, "celsius": event.celsius, "action": event.action,
-            "pid": event.pid, "job": event.job or None, "source": event.source,
-            "simulated": event.simulated, "detail": event.detail}
+    return {
+        "host": host,
+        "time": event.time,
+        "celsius": event.celsius,
+        "action": event.action,
+        "pid": event.pid,
+        "job": event.job or None,
+        "source": event.source,
+        "simulated": event.simulated,
+        "detail": event.detail,
+    }
 
 
 def job_event_body(event: Event) -> dict[str, Any]:
     """A job.event request body: the event of a local job, as `agent run` sends it."""
-    return {"job": event.job, "pid": event.pid, "action": event.action, "time": event.time,
-            "celsius": event.celsius, "source": event.source, "simulated": event.simulated,
-            "detail": event.detail}
+    return {
+        "job": event.job,
+        "pid": event.pid,
+        "action": event.action,
+        "time": event.time,
+        "celsius": event.celsius,
+        "source": event.source,
+        "simulated": event.simulated,
+        "detail": event.detail,
+    }
 
 
 def event_from_body(body: Mapping[str, Any]) -> Event:
     """The Event a job.event or telemetry.event body describes."""
-    return Event(time=body["time"], job=body["job"] or "", pid=body["pid"],
-                 action=body["action"], source=body["source"], simulated=body["simulated"],
-                 celsius=body["celsius"], detail=body["detail"])
+    return Event(
+        time=body["time"],
+        job=body["job"] or "",
+        pid=body["pid"],
+        action=body["action"],
+        source=body["source"],
+        simulated=body["simulated"],
+        celsius=body["celsius"],
+        detail=body["detail"],
+    )
 
 
 # --- the policy -------------------------------------------------------------------------------
@@ -137,8 +178,11 @@ def updated_policy(current: ThermalPolicy, changes: Mapping[str, Any]) -> Therma
     """`current` with `changes` applied; ValueError naming the problem (an unknown key, a value
     that is not a finite number, thresholds out of order), in which case nothing changes."""
     for key, value in changes.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not math.isfinite(value):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+        ):
             raise ValueError(f"{key} must be a finite number, got {value!r}")
     return ThermalPolicy.from_dict({**current.to_dict(), **changes})
 
@@ -158,8 +202,13 @@ class SupervisedJob:
     gone_since: float | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        return {"job": self.job, "pid": self.pid, "command": self.command, "state": self.state,
-                "kind": self.kind}
+        return {
+            "job": self.job,
+            "pid": self.pid,
+            "command": self.command,
+            "state": self.state,
+            "kind": self.kind,
+        }
 
 
 class JobTable:
@@ -173,8 +222,9 @@ class JobTable:
         """`start` lists the job (its detail is the command); the actions in STATE_AFTER move it;
         a pause's time is counted when it ends, whatever ends it."""
         if event.action == "start":
-            self.jobs[event.job] = SupervisedJob(event.job, event.pid or 0, event.detail or "",
-                                                 kind)
+            self.jobs[event.job] = SupervisedJob(
+                event.job, event.pid or 0, event.detail or "", kind
+            )
             return
         entry = self.jobs.get(event.job)
         state = STATE_AFTER.get(event.action)
@@ -191,8 +241,11 @@ class JobTable:
 
     def pause_s_total(self, now: float) -> float:
         """Finished pauses plus the ones going on, every job counted."""
-        ongoing = sum(max(0.0, now - job.paused_since) for job in self.jobs.values()
-                      if job.paused_since is not None)
+        ongoing = sum(
+            max(0.0, now - job.paused_since)
+            for job in self.jobs.values()
+            if job.paused_since is not None
+        )
         return self._paused_s + ongoing
 
     def vanished(self, alive: Callable[[int], bool], now: float) -> list[Event]:
@@ -208,15 +261,26 @@ class JobTable:
             elif job.gone_since is None:
                 job.gone_since = now
             elif now - job.gone_since >= VANISHED_AFTER_S:
-                events.append(Event(time=now, job=job.job, pid=job.pid, action="exit",
-                                    source="agent", detail=f"process group {job.pid} is gone; "
-                                    "its agent run never said how it ended"))
+                events.append(
+                    Event(
+                        time=now,
+                        job=job.job,
+                        pid=job.pid,
+                        action="exit",
+                        source="agent",
+                        detail=f"process group {job.pid} is gone; "
+                        "its agent run never said how it ended",
+                    )
+                )
         return events
 
     def expire(self, now: float) -> None:
         """Drop jobs that exited more than EXITED_LINGER_S ago."""
-        for job in [j for j in self.jobs.values() if j.exited_at is not None
-                    and now - j.exited_at > EXITED_LINGER_S]:
+        for job in [
+            j
+            for j in self.jobs.values()
+            if j.exited_at is not None and now - j.exited_at > EXITED_LINGER_S
+        ]:
             del self.jobs[job.job]
 
     def listed(self) -> list[dict[str, Any]]:
@@ -240,8 +304,9 @@ def history_limit(requested: int | None) -> int:
     return min(requested, HISTORY_MAX_LIMIT)
 
 
-def page_history(samples: list[dict[str, Any]], events: list[dict[str, Any]], limit: int,
-                 budget: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
+def page_history(
+    samples: list[dict[str, Any]], events: list[dict[str, Any]], limit: int, budget: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
     """One history.get page from samples and events after `since`, each oldest first and holding
     up to limit + 1 items (one more says that more remain). Both lists are cut at the same time,
     by `limit` or by `budget` packed bytes, so each holds everything up to it; the next page

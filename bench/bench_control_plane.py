@@ -43,6 +43,7 @@ Server = Callable[["mp.Queue[Any]", dict[str, Any]], None]
 
 # --- servers (each in its own process) ---------------------------------------------------------
 
+
 def agent_server(ready: mp.Queue[Any], options: dict[str, Any]) -> None:
     """A real AgentDaemon, trusting the benchmark's coordinator key when CURVE is on."""
     from agent.keys import trust, trusted_dir
@@ -80,21 +81,46 @@ def replay_agent(ready: mp.Queue[Any], options: dict[str, Any]) -> None:
         request = p.decode(data)
         replies: list[p.Message] = []
         if request.type == "hello":
-            replies = [p.make("hello.ok", {"agent": "replay", "protocol": p.PROTOCOL_VERSION,
-                                           "hostname": "replay", "secure": False}, request.id)]
+            replies = [
+                p.make(
+                    "hello.ok",
+                    {
+                        "agent": "replay",
+                        "protocol": p.PROTOCOL_VERSION,
+                        "hostname": "replay",
+                        "secure": False,
+                    },
+                    request.id,
+                )
+            ]
         elif request.type == "info":
-            replies = [p.make("info.ok", {"agent": "replay", "protocol": p.PROTOCOL_VERSION,
-                                          "machine": {"hostname": "replay"}, "thermal": {},
-                                          "job": None}, request.id)]
+            replies = [
+                p.make(
+                    "info.ok",
+                    {
+                        "agent": "replay",
+                        "protocol": p.PROTOCOL_VERSION,
+                        "machine": {"hostname": "replay"},
+                        "thermal": {},
+                        "job": None,
+                    },
+                    request.id,
+                )
+            ]
         elif request.type == "ping":
             replies = [p.make("ping.ok", {"job": None, "time": time.time()}, request.id)]
         elif request.type == "bench.start":
             job = {"job": "j-replay"}
             replies = [p.make("bench.start.ok", job | {"cells": ["c"] * cells}, request.id)]
-            replies += [p.make("bench.cell", job | {"index": i, "record": record}, request.id)
-                        for i in range(cells)]
-            replies.append(p.make("bench.done", job | {"status": "ok", "error": None,
-                                                       "cells": cells}, request.id))
+            replies += [
+                p.make("bench.cell", job | {"index": i, "record": record}, request.id)
+                for i in range(cells)
+            ]
+            replies.append(
+                p.make(
+                    "bench.done", job | {"status": "ok", "error": None, "cells": cells}, request.id
+                )
+            )
         for reply in replies:
             router.send_multipart([identity, p.encode(reply)])
 
@@ -123,11 +149,14 @@ def start(server: Server, **options: Any) -> tuple[mp.Process, str, str | None]:
 
 # --- 1. round trips ------------------------------------------------------------------------------
 
+
 def percentiles(samples: list[float]) -> tuple[float, float]:
     """(p50, p99) in microseconds."""
     ordered = sorted(samples)
-    return (statistics.median(ordered) * 1e6,
-            ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e6)
+    return (
+        statistics.median(ordered) * 1e6,
+        ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e6,
+    )
 
 
 def ours_rtt(ctx: zmq.Context, address: str, key: str | None, pings: int) -> list[float]:
@@ -171,17 +200,18 @@ def round_trips(pings: int) -> None:
     for _ in range(rounds):
         results["raw"] += raw_rtt(ctx, servers["raw"][1], pings // rounds)
         results["insecure"] += ours_rtt(ctx, servers["insecure"][1], None, pings // rounds)
-        results["curve"] += ours_rtt(ctx, servers["curve"][1], servers["curve"][2],
-                                     pings // rounds)
+        results["curve"] += ours_rtt(ctx, servers["curve"][1], servers["curve"][2], pings // rounds)
     base50, base99 = percentiles(results["raw"])
     print(f"1. ping round trip over loopback, {len(results['raw'])} pings each")
     print(f"   {'':32} {'p50 µs':>9} {'p99 µs':>9} {'p50 ×':>7} {'p99 ×':>7}")
-    labels = {"raw": "bare DEALER/ROUTER echo, NULL", "insecure": "our ping, --insecure",
-              "curve": "our ping, CURVE (default)"}
+    labels = {
+        "raw": "bare DEALER/ROUTER echo, NULL",
+        "insecure": "our ping, --insecure",
+        "curve": "our ping, CURVE (default)",
+    }
     for name, samples in results.items():
         p50, p99 = percentiles(samples)
-        print(f"   {labels[name]:32} {p50:9.1f} {p99:9.1f} {p50 / base50:7.2f} "
-              f"{p99 / base99:7.2f}")
+        print(f"   {labels[name]:32} {p50:9.1f} {p99:9.1f} {p50 / base50:7.2f} {p99 / base99:7.2f}")
     for process, _, _ in servers.values():
         process.terminate()
         process.join(10)
@@ -190,15 +220,26 @@ def round_trips(pings: int) -> None:
 
 # --- 2. coordinator cost per cell ---------------------------------------------------------------
 
+
 def sample_record() -> dict[str, Any]:
     """A cell record as the runner makes it (5 timed iterations)."""
     samples = [41.2, 40.9, 41.5, 40.8, 41.1]
     mean = statistics.fmean(samples)
-    return cell_record(Cell("small", 16, PREFILL, 128, 1), {
-        "tokens_per_sec": 128 / mean * 1000, "std_tokens_per_sec": 12.3, "latency_ms": mean,
-        "std_latency_ms": statistics.stdev(samples), "min_latency_ms": min(samples),
-        "median_latency_ms": statistics.median(samples), "samples_ms": samples,
-        "peak_memory_gb": 0.0123, "active_memory_gb": 0.0101, "activation_memory_gb": 0.002})
+    return cell_record(
+        Cell("small", 16, PREFILL, 128, 1),
+        {
+            "tokens_per_sec": 128 / mean * 1000,
+            "std_tokens_per_sec": 12.3,
+            "latency_ms": mean,
+            "std_latency_ms": statistics.stdev(samples),
+            "min_latency_ms": min(samples),
+            "median_latency_ms": statistics.median(samples),
+            "samples_ms": samples,
+            "peak_memory_gb": 0.0123,
+            "active_memory_gb": 0.0101,
+            "activation_memory_gb": 0.002,
+        },
+    )
 
 
 def raw_receive_s(addresses: list[str], cells: int) -> float:
@@ -251,13 +292,17 @@ def per_cell(agents: int, cells: int, home: Path) -> None:
             store.add_cell(run_id, "h", record)
         store_cost = (time.perf_counter() - began) / total
 
-    print(f"\n2. coordinator cost per cell: {agents} agents x {cells} cells "
-          f"({len(data)} bytes per bench.cell; {stored} stored)")
+    print(
+        f"\n2. coordinator cost per cell: {agents} agents x {cells} cells "
+        f"({len(data)} bytes per bench.cell; {stored} stored)"
+    )
     print(f"   {'':44} {'µs/cell':>9} {'× raw':>7}")
-    for label, cost in (("bare DEALERs, receive only", raw),
-                        ("run_fleet: decode + threads + store", ours),
-                        ("  of which decode + validate", decode),
-                        ("  of which RunStore.add_cell (commit)", store_cost)):
+    for label, cost in (
+        ("bare DEALERs, receive only", raw),
+        ("run_fleet: decode + threads + store", ours),
+        ("  of which decode + validate", decode),
+        ("  of which RunStore.add_cell (commit)", store_cost),
+    ):
         print(f"   {label:44} {cost * 1e6:9.1f} {cost / raw:7.2f}")
     for process, _, _ in replays + blasters:
         process.terminate()
@@ -265,8 +310,9 @@ def per_cell(agents: int, cells: int, home: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--pings", type=int, default=2000)
     parser.add_argument("--agents", type=int, default=8)
     parser.add_argument("--cells", type=int, default=300)

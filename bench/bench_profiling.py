@@ -35,8 +35,9 @@ def bare_prefill_ms(model, tokens: mx.array, warmup: int, iterations: int) -> fl
     return statistics.median(samples) * 1000
 
 
-def bare_decode_ms_per_token(model, context: mx.array, tokens: int, warmup: int,
-                             iterations: int) -> float:
+def bare_decode_ms_per_token(
+    model, context: mx.array, tokens: int, warmup: int, iterations: int
+) -> float:
     samples = []
     for step in range(warmup + iterations):
         cache = new_cache(model)
@@ -55,13 +56,20 @@ def mlx_lm_twin(ours, args: ModelArgs):
     """mlx-lm's llama with our dimensions, holding our very weights."""
     from mlx_lm.models import llama
 
-    twin = llama.Model(llama.ModelArgs(
-        model_type="llama", hidden_size=args.hidden_size,
-        num_hidden_layers=args.num_hidden_layers, intermediate_size=args.intermediate_size,
-        num_attention_heads=args.num_attention_heads, rms_norm_eps=args.rms_norm_eps,
-        vocab_size=args.vocab_size, num_key_value_heads=args.num_key_value_heads,
-        rope_theta=args.rope_theta, tie_word_embeddings=args.tie_word_embeddings,
-    ))
+    twin = llama.Model(
+        llama.ModelArgs(
+            model_type="llama",
+            hidden_size=args.hidden_size,
+            num_hidden_layers=args.num_hidden_layers,
+            intermediate_size=args.intermediate_size,
+            num_attention_heads=args.num_attention_heads,
+            rms_norm_eps=args.rms_norm_eps,
+            vocab_size=args.vocab_size,
+            num_key_value_heads=args.num_key_value_heads,
+            rope_theta=args.rope_theta,
+            tie_word_embeddings=args.tie_word_embeddings,
+        )
+    )
     twin.load_weights(list(tree_flatten(ours.parameters())))
     mx.eval(twin.parameters())
     return twin
@@ -88,20 +96,28 @@ def main() -> None:
     print(f"{opts.config} model, {opts.bits} bits, MLX {mx.__version__} on {mx.default_device()}")
     print(f"{'measurement':<44} {'ours':>10} {'reference':>10} {'unit':<8} {'ratio':>6}")
 
-    ours = profiler.benchmark_tokens_per_sec(model, seq_len=opts.seq_len,
-                                             num_warmup=opts.warmup,
-                                             num_iterations=opts.iterations)
+    ours = profiler.benchmark_tokens_per_sec(
+        model, seq_len=opts.seq_len, num_warmup=opts.warmup, num_iterations=opts.iterations
+    )
     bare = bare_prefill_ms(model, tokens, opts.warmup, opts.iterations)
-    row(f"prefill pp{opts.seq_len} latency vs bare eval loop", ours["median_latency_ms"], bare,
-        "ms")
+    row(
+        f"prefill pp{opts.seq_len} latency vs bare eval loop", ours["median_latency_ms"], bare, "ms"
+    )
 
-    ours = profiler.benchmark_autoregressive(model, total_tokens=opts.decode_tokens,
-                                             context_len=opts.seq_len, num_warmup=opts.warmup,
-                                             num_iterations=opts.iterations)
-    bare = bare_decode_ms_per_token(model, tokens, opts.decode_tokens, opts.warmup,
-                                    opts.iterations)
-    row(f"decode tg{opts.decode_tokens}@d{opts.seq_len} per token vs bare loop",
-        ours["median_latency_ms"] / opts.decode_tokens, bare, "ms/tok")
+    ours = profiler.benchmark_autoregressive(
+        model,
+        total_tokens=opts.decode_tokens,
+        context_len=opts.seq_len,
+        num_warmup=opts.warmup,
+        num_iterations=opts.iterations,
+    )
+    bare = bare_decode_ms_per_token(model, tokens, opts.decode_tokens, opts.warmup, opts.iterations)
+    row(
+        f"decode tg{opts.decode_tokens}@d{opts.seq_len} per token vs bare loop",
+        ours["median_latency_ms"] / opts.decode_tokens,
+        bare,
+        "ms/tok",
+    )
 
     try:
         twin = mlx_lm_twin(model, args)
@@ -112,11 +128,19 @@ def main() -> None:
         print("mlx-lm comparison runs on float16 weights only; rerun with --bits 16")
         return
     drift = mx.abs(twin(tokens) - model(tokens)).max().item()
-    theirs = profiler.benchmark_autoregressive(twin, total_tokens=opts.decode_tokens,
-                                               context_len=opts.seq_len, num_warmup=opts.warmup,
-                                               num_iterations=opts.iterations)
-    row("decode tok/s: our model vs mlx-lm llama", ours["tokens_per_sec"],
-        theirs["tokens_per_sec"], "tok/s")
+    theirs = profiler.benchmark_autoregressive(
+        twin,
+        total_tokens=opts.decode_tokens,
+        context_len=opts.seq_len,
+        num_warmup=opts.warmup,
+        num_iterations=opts.iterations,
+    )
+    row(
+        "decode tok/s: our model vs mlx-lm llama",
+        ours["tokens_per_sec"],
+        theirs["tokens_per_sec"],
+        "tok/s",
+    )
     print(f"(same weights: max |logit difference| between the two models = {drift:.2e})")
 
 

@@ -48,8 +48,13 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> float:
     return time.monotonic()
 
 
-def drive(supervisor: Supervisor, celsius: list[float], crossings: int, interval: float,
-          latencies: list[float]) -> None:
+def drive(
+    supervisor: Supervisor,
+    celsius: list[float],
+    crossings: int,
+    interval: float,
+    latencies: list[float],
+) -> None:
     """Cross pause_temp at random phases, time each SIGSTOP, cool down; then cross stop_temp."""
     try:
         wait_for(lambda: supervisor.pid is not None)
@@ -67,8 +72,9 @@ def drive(supervisor: Supervisor, celsius: list[float], crossings: int, interval
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--poll-interval", type=float, default=0.1)
     parser.add_argument("--crossings", type=int, default=40)
     args = parser.parse_args()
@@ -98,6 +104,7 @@ def main() -> None:
     print(f"poll interval {interval:.3f} s, {len(latencies)} crossings, exit code {code}")
     for label, seconds in rows:
         print(f"{label:<26} {seconds * 1000:7.1f} ms = {seconds / interval:.2f} x poll interval")
+
 
 if __name__ == "__main__":
     main()

@@ -33,8 +33,15 @@ from shared.paths import HOME_ENV
 from shared.policy import CoolingState
 
 READING = ThermalReading(celsius=71.5, source="bench", pressure=None, simulated=True)
-JOBS = [{"job": "3f2a9c1e", "pid": 4242, "command": "python -m mlx_lm lora --train",
-         "state": "running", "kind": "run"}]
+JOBS = [
+    {
+        "job": "3f2a9c1e",
+        "pid": 4242,
+        "command": "python -m mlx_lm lora --train",
+        "state": "running",
+        "kind": "run",
+    }
+]
 
 
 def per_call(call: Callable[[], object], count: int) -> float:
@@ -80,8 +87,9 @@ def main() -> None:
 
 
 def run(count: int, secure: bool) -> None:
-    daemon = AgentDaemon("127.0.0.1:0", secure, "none", poll_interval=3600.0,
-                         prometheus="127.0.0.1:0")
+    daemon = AgentDaemon(
+        "127.0.0.1:0", secure, "none", poll_interval=3600.0, prometheus="127.0.0.1:0"
+    )
     daemon.start()
     ctx = zmq.Context()
     sub = subscribe(ctx, daemon.telemetry, daemon.public_key)
@@ -95,8 +103,9 @@ def run(count: int, secure: bool) -> None:
         daemon._on_reading(replace(READING, time=time.time()))
 
     source = SourceInfo("bench", True)
-    sample = sample_body("bench-host", time.time(), READING, source, CoolingState.OK, 0.4, 0.0,
-                         JOBS)
+    sample = sample_body(
+        "bench-host", time.time(), READING, source, CoolingState.OK, 0.4, 0.0, JOBS
+    )
     frames = p.telemetry_frames(p.make("telemetry.sample", sample))
     bare = ctx.socket(zmq.PUB)
     bare.bind("tcp://127.0.0.1:*")
@@ -104,23 +113,40 @@ def run(count: int, secure: bool) -> None:
     time.sleep(0.2)
     rows = [
         ("whole per-sample path", per_call(full_path, count)),
-        ("  build the sample", per_call(lambda: sample_body(
-            "bench-host", time.time(), READING, source, CoolingState.OK, 0.4, 0.0, JOBS), count)),
-        ("  encode (validate + msgpack)", per_call(lambda: p.telemetry_frames(
-            p.make("telemetry.sample", sample)), count)),
-        ("  store (SQLite, one commit)", per_call(lambda: daemon.history.add_sample(sample),
-                                                   count)),
-        ("  publish" + (" (CURVE)" if secure else ""),
-         per_call(lambda: daemon.publisher.send_multipart(frames), count)),
-        ("bare PUB send, no CURVE (baseline)", per_call(lambda: bare.send_multipart(frames),
-                                                        count)),
+        (
+            "  build the sample",
+            per_call(
+                lambda: sample_body(
+                    "bench-host", time.time(), READING, source, CoolingState.OK, 0.4, 0.0, JOBS
+                ),
+                count,
+            ),
+        ),
+        (
+            "  encode (validate + msgpack)",
+            per_call(lambda: p.telemetry_frames(p.make("telemetry.sample", sample)), count),
+        ),
+        (
+            "  store (SQLite, one commit)",
+            per_call(lambda: daemon.history.add_sample(sample), count),
+        ),
+        (
+            "  publish" + (" (CURVE)" if secure else ""),
+            per_call(lambda: daemon.publisher.send_multipart(frames), count),
+        ),
+        (
+            "bare PUB send, no CURVE (baseline)",
+            per_call(lambda: bare.send_multipart(frames), count),
+        ),
     ]
     time.sleep(0.5)
     stop.set()
     draining.join()
     baseline = rows[-1][1]
-    print(f"{count} samples, {len(frames[1])} bytes each; the subscriber received "
-          f"{received[0]} (PUB drops what a slow subscriber cannot take)")
+    print(
+        f"{count} samples, {len(frames[1])} bytes each; the subscriber received "
+        f"{received[0]} (PUB drops what a slow subscriber cannot take)"
+    )
     print(f"{'':38} {'µs/sample':>10} {'x bare send':>12} {'of a 1 s poll':>14}")
     for name, seconds in rows:
         print(f"{name:38} {seconds * 1e6:10.1f} {seconds / baseline:12.1f} {seconds:14.4%}")

@@ -58,30 +58,57 @@ def publisher(ready: mp.Queue[Any], name: str, rate: float) -> None:
     telemetry_port = pub.bind_to_random_port("tcp://127.0.0.1")
     ready.put((f"127.0.0.1:{port}", public.decode("ascii")))
     replies = {
-        "hello": ("hello.ok", {"agent": "bench", "protocol": p.PROTOCOL_VERSION,
-                               "hostname": name, "secure": True}),
-        "info": ("info.ok", {"agent": "bench", "protocol": p.PROTOCOL_VERSION,
-                             "machine": {"hostname": name}, "thermal": {}, "job": None,
-                             "telemetry_port": telemetry_port, "poll_interval": 1.0,
-                             "policy": ThermalPolicy().to_dict(), "jobs": []}),
+        "hello": (
+            "hello.ok",
+            {"agent": "bench", "protocol": p.PROTOCOL_VERSION, "hostname": name, "secure": True},
+        ),
+        "info": (
+            "info.ok",
+            {
+                "agent": "bench",
+                "protocol": p.PROTOCOL_VERSION,
+                "machine": {"hostname": name},
+                "thermal": {},
+                "job": None,
+                "telemetry_port": telemetry_port,
+                "poll_interval": 1.0,
+                "policy": ThermalPolicy().to_dict(),
+                "jobs": [],
+            },
+        ),
         "history.get": ("history.get.ok", {"samples": [], "events": [], "truncated": False}),
     }
-    jobs = [{"job": "j-bench", "pid": 4242, "command": "python -m mlx_lm lora --train",
-             "state": "running", "kind": "run"}]
+    jobs = [
+        {
+            "job": "j-bench",
+            "pid": 4242,
+            "command": "python -m mlx_lm lora --train",
+            "state": "running",
+            "kind": "run",
+        }
+    ]
     sent, began = 0, time.monotonic()
     while True:
         while router.poll(0):
             identity, data = router.recv_multipart()
             request = p.decode(data)
-            type_, body = replies.get(request.type, ("ping.ok", {"job": None,
-                                                                 "time": time.time()}))
+            type_, body = replies.get(request.type, ("ping.ok", {"job": None, "time": time.time()}))
             router.send_multipart([identity, p.encode(p.make(type_, body, request.id))])
         due = int((time.monotonic() - began) * rate)
         for _ in range(due - sent):
             # a distinct time per sample: the store keeps one sample per host and time
-            body = {"host": name, "time": began + sent / rate + 1e9, "celsius": 71.5,
-                    "pressure": None, "source": "bench", "simulated": True, "state": "ok",
-                    "trend_c_per_min": 0.4, "pause_s_total": 0.0, "jobs": jobs}
+            body = {
+                "host": name,
+                "time": began + sent / rate + 1e9,
+                "celsius": 71.5,
+                "pressure": None,
+                "source": "bench",
+                "simulated": True,
+                "state": "ok",
+                "trend_c_per_min": 0.4,
+                "pause_s_total": 0.0,
+                "jobs": jobs,
+            }
             pub.send_multipart(p.telemetry_frames(p.make("telemetry.sample", body)))
             sent += 1
         time.sleep(BURST_S)
@@ -123,8 +150,10 @@ def _receive(poller: zmq.Poller, seconds: float) -> int:
 def ours_rate(agents: list[tuple[str, str]], seconds: float, home: Path) -> tuple[float, int]:
     """Samples/s the monitor records (new rows in its store), and the rows stored in all."""
     targets = [Target(address, address, key) for address, key in agents]
-    with TelemetryStore(home / "telemetry.sqlite") as store, \
-            Monitor(targets, Settings(own_keypair()), store) as running:
+    with (
+        TelemetryStore(home / "telemetry.sqlite") as store,
+        Monitor(targets, Settings(own_keypair()), store) as running,
+    ):
         while not all(view.status == UP and view.live for view in running.board.hosts.values()):
             running.step(0.1)
         warm = time.monotonic()
@@ -140,16 +169,17 @@ def ours_rate(agents: list[tuple[str, str]], seconds: float, home: Path) -> tupl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--agents", type=int, default=8)
-    parser.add_argument("--rate", type=float, default=5000.0,
-                        help="samples/s each publisher sends")
+    parser.add_argument("--rate", type=float, default=5000.0, help="samples/s each publisher sends")
     parser.add_argument("--seconds", type=float, default=5.0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as home:
         os.environ["MLX_FLEET_HOME"] = home
         context = mp.get_context("spawn")
         ready: mp.Queue[Any] = context.Queue()
-        processes = [context.Process(target=publisher, args=(ready, f"pub{i}", args.rate),
-                                     daemon=True) for i in range(args.agents)]
+        processes = [
+            context.Process(target=publisher, args=(ready, f"pub{i}", args.rate), daemon=True)
+            for i in range(args.agents)
+        ]
         for process in processes:
             process.start()
         agents = [ready.get(timeout=60) for _ in processes]
@@ -172,12 +202,16 @@ def main() -> None:
         for process in processes:
             process.terminate()
             process.join(10)
-    print(f"telemetry recorded from {args.agents} publishers at {args.rate:g} samples/s each "
-          f"({offered:g}/s offered, {args.seconds:g} s each)")
+    print(
+        f"telemetry recorded from {args.agents} publishers at {args.rate:g} samples/s each "
+        f"({offered:g}/s offered, {args.seconds:g} s each)"
+    )
     print(f"   {'':52} {'samples/s':>10} {'× raw':>7}")
     print(f"   {'bare pyzmq SUB loop, receive only':52} {raw:10.0f} {1.0:7.2f}")
-    print(f"   {'coordinator monitor: decode, queue, SQLite, dashboard':52} {ours:10.0f} "
-          f"{ours / raw:7.2f}")
+    print(
+        f"   {'coordinator monitor: decode, queue, SQLite, dashboard':52} {ours:10.0f} "
+        f"{ours / raw:7.2f}"
+    )
     print(f"   ({stored} samples stored in all)")
 
 

@@ -35,12 +35,15 @@ from shared.cli import (
     usage_error,
 )
 
-app = fleet_app("coordinator",
-                "mlx-fleet coordinator: one benchmark across many Macs, one table, every run kept.")
+app = fleet_app(
+    "coordinator",
+    "mlx-fleet coordinator: one benchmark across many Macs, one table, every run kept.",
+)
 
 
-RunId = Annotated[str, typer.Argument(
-    help="A run id, or a unique prefix of one (`coordinator runs` lists them).")]
+RunId = Annotated[
+    str, typer.Argument(help="A run id, or a unique prefix of one (`coordinator runs` lists them).")
+]
 
 
 def print_rich(renderable: RenderableType) -> None:
@@ -78,12 +81,21 @@ def runs(
         return
     table = Table(title="mlx-fleet runs")
     for name in ("run", "kind", "started", "finished", "status", "hosts", "ok", "failed"):
-        table.add_column(name, justify="right" if name in ("ok", "failed") else "left",
-                         overflow="fold")
+        table.add_column(
+            name, justify="right" if name in ("ok", "failed") else "left", overflow="fold"
+        )
     for run in listed:
         status = run["status"] + (" (interrupted)" if run["interrupted"] else "")
-        table.add_row(run["id"], run["kind"], run["started"], run["finished"] or "",
-                      status, ", ".join(run["hosts"]), str(run["ok"]), str(run["failed"]))
+        table.add_row(
+            run["id"],
+            run["kind"],
+            run["started"],
+            run["finished"] or "",
+            status,
+            ", ".join(run["hosts"]),
+            str(run["ok"]),
+            str(run["failed"]),
+        )
     print_rich(table)
 
 
@@ -98,8 +110,9 @@ def show(run: RunId, fmt: Format = "table", output: Output = None) -> None:
 def compare(
     run_a: RunId,
     run_b: RunId,
-    fmt: Annotated[str, typer.Option(
-        "--format", help=f"One of {', '.join(COMPARE_FORMATS)}.")] = "table",
+    fmt: Annotated[
+        str, typer.Option("--format", help=f"One of {', '.join(COMPARE_FORMATS)}.")
+    ] = "table",
 ) -> None:
     """Per-cell speed-up of RUN_B over RUN_A (tok/s B / tok/s A)."""
     if fmt not in COMPARE_FORMATS:

@@ -43,9 +43,11 @@ HANDSHAKE_FAILURES_TO_CONCLUDE = 10
 """A bare handshake failure is ambiguous: a mechanism mismatch against a freshly started agent
 often shows as a few resets before its own event. Ten in a row (about 1.5 s of retries) mean a
 wrong server key; a connect timeout that comes first says the same."""
-WRONG_KEY = ("CURVE handshake failed: the server key we hold for this host is not the agent's "
-             "(run `agent keys show` there, then `coordinator keys add HOST:PORT KEY`), or the "
-             "agent runs --insecure")
+WRONG_KEY = (
+    "CURVE handshake failed: the server key we hold for this host is not the agent's "
+    "(run `agent keys show` there, then `coordinator keys add HOST:PORT KEY`), or the "
+    "agent runs --insecure"
+)
 
 
 def handshake_diagnosis(events: list[tuple[int, int]], our_key: str | None) -> str | None:
@@ -55,12 +57,18 @@ def handshake_diagnosis(events: list[tuple[int, int]], our_key: str | None) -> s
     for event, value in events:
         if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             fix = f"; on that host run: agent keys trust '{our_key}'" if our_key else ""
-            return f"refused our key (ZAP status {value}): the agent does not trust this " \
-                   f"coordinator's public key{fix}"
-        if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL \
-                and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
-            return "security mismatch: one side runs CURVE and the other does not " \
-                   "(agent serve --insecure needs coordinator --insecure, and vice versa)"
+            return (
+                f"refused our key (ZAP status {value}): the agent does not trust this "
+                f"coordinator's public key{fix}"
+            )
+        if (
+            event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+            and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+        ):
+            return (
+                "security mismatch: one side runs CURVE and the other does not "
+                "(agent serve --insecure needs coordinator --insecure, and vice versa)"
+            )
         if event in (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
             failures += 1
     return WRONG_KEY if failures >= HANDSHAKE_FAILURES_TO_CONCLUDE else None
@@ -76,13 +84,15 @@ def timeout_diagnosis(events: list[tuple[int, int]], timeout: float) -> str:
     if zmq.EVENT_CONNECTED in kinds:
         return f"TCP connected but the handshake did not complete within {timeout:g} s"
     if zmq.EVENT_CONNECT_RETRIED in kinds:
-        return f"connection refused for {timeout:g} s: is `agent serve` running on that " \
-               "host and port?"
+        return (
+            f"connection refused for {timeout:g} s: is `agent serve` running on that host and port?"
+        )
     return f"no answer within {timeout:g} s: host unreachable or the port is filtered"
 
 
-def agent_socket(ctx: zmq.Context, kind: int, address: str, server_key: str | None,
-                 keypair: Keypair | None) -> zmq.Socket:
+def agent_socket(
+    ctx: zmq.Context, kind: int, address: str, server_key: str | None, keypair: Keypair | None
+) -> zmq.Socket:
     """A socket to reach an agent at `address` (HOST:PORT) with the protocol's settings: the
     DEALER for requests and the SUB for telemetry both authenticate the same way (§2)."""
     sock = ctx.socket(kind)
@@ -146,8 +156,7 @@ class AgentClient:
                 if ready.get(monitor):
                     event = recv_monitor_message(monitor)
                     events.append((event["event"], event["value"]))
-                    why = handshake_diagnosis(events, self.keypair.public
-                                              if self.keypair else None)
+                    why = handshake_diagnosis(events, self.keypair.public if self.keypair else None)
                     if why is not None:
                         raise HostError(why)
                 if ready.get(self.sock):
@@ -185,8 +194,9 @@ class AgentClient:
             raise HostError(f"expected {expected}, got {reply.type}")
         return reply.body
 
-    def request(self, type_: str, body: dict[str, Any] | None = None,
-                timeout: float = REQUEST_TIMEOUT_S) -> dict[str, Any]:
+    def request(
+        self, type_: str, body: dict[str, Any] | None = None, timeout: float = REQUEST_TIMEOUT_S
+    ) -> dict[str, Any]:
         """Send a request and return its reply's body (AgentError for an error reply)."""
         message = self.send(type_, body)
         deadline = time.monotonic() + timeout
@@ -197,8 +207,7 @@ class AgentClient:
                     return self._body(reply, f"{type_}.ok")
         raise HostError(f"no reply to {type_} within {timeout:g} s")
 
-    def stream(self, start: p.Message, stop: threading.Event | None = None
-               ) -> Iterator[p.Message]:
+    def stream(self, start: p.Message, stop: threading.Event | None = None) -> Iterator[p.Message]:
         """Every message answering `start` (a bench.start) up to and including bench.done.
 
         Pings the agent whenever it has been quiet for a heartbeat interval; raises HostError
@@ -213,14 +222,17 @@ class AgentClient:
                 self.send("bench.cancel", {"job": job_id})
                 cancel_by = time.monotonic() + CANCEL_WAIT_S
             if cancel_by is not None and time.monotonic() > cancel_by:
-                raise HostError(f"job {job_id} did not stop within {CANCEL_WAIT_S:g} s of "
-                                "bench.cancel")
+                raise HostError(
+                    f"job {job_id} did not stop within {CANCEL_WAIT_S:g} s of bench.cancel"
+                )
             if not self.sock.poll(HEARTBEAT_INTERVAL_S * 1000):
                 liveness -= 1
                 if liveness == 0:
                     silent = time.monotonic() - self.last_heard
-                    raise HostError(f"the agent stopped answering (silent for {silent:.0f} s, "
-                                    f"{HEARTBEAT_LIVENESS} pings unanswered)")
+                    raise HostError(
+                        f"the agent stopped answering (silent for {silent:.0f} s, "
+                        f"{HEARTBEAT_LIVENESS} pings unanswered)"
+                    )
                 self.send("ping")
                 continue
             liveness = HEARTBEAT_LIVENESS

@@ -57,16 +57,32 @@ from shared.matrix import DEFAULT_DECODE_TOKENS, MatrixError
 from shared.report import NA
 from shared.results import failed_cells
 
-Hosts = Annotated[str | None, typer.Option(
-    "--hosts", help="Comma list of HOST[:PORT] running `agent serve` (port 5555 by default). "
-    "Without --hosts or --hostfile a local agent is started and stopped for the run.")]
-Hostfile = Annotated[Path | None, typer.Option(
-    "--hostfile", help="TOML or JSON list of hosts (host, port, key); mlx.launch's JSON too.")]
-ConnectTimeout = Annotated[float, typer.Option(
-    "--connect-timeout", min=0.1, help="Seconds a host has to answer before it is reported "
-    "unreachable.")]
-Insecure = Annotated[bool, typer.Option(
-    "--insecure", help="No CURVE: for agents started with `agent serve --insecure`.")]
+Hosts = Annotated[
+    str | None,
+    typer.Option(
+        "--hosts",
+        help="Comma list of HOST[:PORT] running `agent serve` (port 5555 by default). "
+        "Without --hosts or --hostfile a local agent is started and stopped for the run.",
+    ),
+]
+Hostfile = Annotated[
+    Path | None,
+    typer.Option(
+        "--hostfile", help="TOML or JSON list of hosts (host, port, key); mlx.launch's JSON too."
+    ),
+]
+ConnectTimeout = Annotated[
+    float,
+    typer.Option(
+        "--connect-timeout",
+        min=0.1,
+        help="Seconds a host has to answer before it is reported unreachable.",
+    ),
+]
+Insecure = Annotated[
+    bool,
+    typer.Option("--insecure", help="No CURVE: for agents started with `agent serve --insecure`."),
+]
 
 
 def targets_from(hosts: str | None, hostfile: Path | None) -> list[Target] | None:
@@ -95,15 +111,20 @@ def targets_or_known(hosts: str | None, hostfile: Path | None) -> list[Target]:
     except ValueError as exc:
         raise usage_error(str(exc)) from None
     if not targets:
-        raise usage_error("no hosts: give --hosts or --hostfile, or add keys with "
-                          "`coordinator keys add HOST[:PORT] KEY`")
+        raise usage_error(
+            "no hosts: give --hosts or --hostfile, or add keys with "
+            "`coordinator keys add HOST[:PORT] KEY`"
+        )
     return targets
 
 
 def settings_for(insecure: bool, connect_timeout: float) -> Settings:
     if insecure:
-        err.print("[bold red]WARNING: --insecure: CURVE is off; agents are not "
-                  "authenticated and traffic is clear text.[/bold red]", highlight=False)
+        err.print(
+            "[bold red]WARNING: --insecure: CURVE is off; agents are not "
+            "authenticated and traffic is clear text.[/bold red]",
+            highlight=False,
+        )
     return Settings(None if insecure else own_keypair(), connect_timeout)
 
 
@@ -111,16 +132,21 @@ class FleetProgress:
     """One Rich progress bar per host on stderr, fed by the fleet's events."""
 
     def __init__(self, names: list[str]) -> None:
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
-                                 MofNCompleteColumn(), console=err, transient=True)
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            console=err,
+            transient=True,
+        )
         self.tasks: dict[str, TaskID] = {
-            name: self.progress.add_task(f"{name}: connecting", total=None) for name in names}
+            name: self.progress.add_task(f"{name}: connecting", total=None) for name in names
+        }
 
     def __call__(self, event: HostEvent) -> None:
         task = self.tasks[event.host]
         if event.kind == MACHINE:
-            self.progress.update(task, description=f"{event.host}: "
-                                 f"{event.data.get('device', '?')}")
+            self.progress.update(task, description=f"{event.host}: {event.data.get('device', '?')}")
         elif event.kind == STARTED:
             self.progress.update(task, total=len(event.data["cells"]))
         elif event.kind == CELL:
@@ -155,8 +181,17 @@ def benchmark(
     """
     check_format(fmt, output)
     try:
-        spec = matrix_from_options(seq_lengths, batch_sizes, warmup, iterations, config_small,
-                                   config, [str(d) for d in model or []], bits, decode_tokens)
+        spec = matrix_from_options(
+            seq_lengths,
+            batch_sizes,
+            warmup,
+            iterations,
+            config_small,
+            config,
+            [str(d) for d in model or []],
+            bits,
+            decode_tokens,
+        )
     except MatrixError as exc:
         raise usage_error(str(exc)) from None
     targets = targets_from(hosts, hostfile)
@@ -170,25 +205,27 @@ def benchmark(
             try:
                 with EmbeddedAgent(keypair) as local:
                     local_target = Target("local", local.address, local.server_key)
-                    result, report = drive(store, [local_target], spec.to_dict(),
-                                           Settings(keypair, connect_timeout))
+                    result, report = drive(
+                        store, [local_target], spec.to_dict(), Settings(keypair, connect_timeout)
+                    )
             except EmbeddedAgentError as exc:
                 err.print(f"[red]error:[/red] {exc}", highlight=False)
                 raise typer.Exit(EXIT_PARTIAL) from None
         else:
-            result, report = drive(store, targets, spec.to_dict(),
-                                   settings_for(insecure, connect_timeout))
+            result, report = drive(
+                store, targets, spec.to_dict(), settings_for(insecure, connect_timeout)
+            )
     show_report(report, fmt, output)
-    err.print(f"run {result.run_id} stored: `coordinator show {result.run_id}`",
-              highlight=False)
+    err.print(f"run {result.run_id} stored: `coordinator show {result.run_id}`", highlight=False)
     if result.interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)
     if not result.hosts_ok or failed_cells(report["cells"]):
         raise typer.Exit(EXIT_PARTIAL)
 
 
-def drive(store: RunStore, targets: list[Target], spec: dict[str, Any],
-          settings: Settings) -> tuple[FleetResult, dict[str, Any]]:
+def drive(
+    store: RunStore, targets: list[Target], spec: dict[str, Any], settings: Settings
+) -> tuple[FleetResult, dict[str, Any]]:
     progress = FleetProgress([t.name for t in targets])
     with progress.progress:
         result = run_fleet(targets, spec, store, settings, observer=progress)
@@ -207,19 +244,25 @@ def host_status(ctx: zmq.Context, target: Target, settings: Settings) -> dict[st
     machine, thermal = info["machine"], info["thermal"]
     reading = thermal.get("reading") or {}
     row.update(
-        reachable=True, agent=info["agent"], protocol=info["protocol"],
-        hostname=machine.get("hostname"), device=machine.get("device"),
-        memory_gb=machine.get("memory_gb"), thermal_source=thermal.get("source"),
-        celsius=reading.get("celsius"), pressure=reading.get("pressure"),
+        reachable=True,
+        agent=info["agent"],
+        protocol=info["protocol"],
+        hostname=machine.get("hostname"),
+        device=machine.get("device"),
+        memory_gb=machine.get("memory_gb"),
+        thermal_source=thermal.get("source"),
+        celsius=reading.get("celsius"),
+        pressure=reading.get("pressure"),
         simulated=bool(reading.get("simulated")),
-        thermal_error=thermal.get("error"), job=info["job"])
+        thermal_error=thermal.get("error"),
+        job=info["job"],
+    )
     return row
 
 
 def status_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(title="mlx-fleet agents")
-    for name in ("host", "reachable", "agent", "device", "memory GB", "thermal", "SoC °C",
-                 "job"):
+    for name in ("host", "reachable", "agent", "device", "memory GB", "thermal", "SoC °C", "job"):
         table.add_column(name, overflow="fold")
     for row in rows:
         if not row["reachable"]:
@@ -232,10 +275,15 @@ def status_table(rows: list[dict[str, Any]]) -> Table:
             celsius += " (simulated)"
         job = row["job"]
         table.add_row(
-            row["host"], "yes", row["agent"], row["device"] or NA,
+            row["host"],
+            "yes",
+            row["agent"],
+            row["device"] or NA,
             NA if row["memory_gb"] is None else f"{row['memory_gb']:.1f}",
-            row["thermal_source"] or NA, celsius,
-            f"{job['id']} ({job['done']}/{job['total']})" if job else "idle")
+            row["thermal_source"] or NA,
+            celsius,
+            f"{job['id']} ({job['done']}/{job['total']})" if job else "idle",
+        )
     return table
 
 
@@ -266,8 +314,12 @@ def status(
         raise typer.Exit(EXIT_PARTIAL)
 
 
-keys_app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
-                       help="This coordinator's CURVE key and the agents' keys it expects.")
+keys_app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    help="This coordinator's CURVE key and the agents' keys it expects.",
+)
 
 
 @keys_app.command("show")
@@ -278,8 +330,9 @@ def keys_show() -> None:
 
 @keys_app.command("add")
 def keys_add(
-    address: Annotated[str, typer.Argument(help="HOST[:PORT] of the agent (port 5555 by "
-                                           "default).")],
+    address: Annotated[
+        str, typer.Argument(help="HOST[:PORT] of the agent (port 5555 by default).")
+    ],
     key: Annotated[str, typer.Argument(help="The agent's public key (`agent keys show`).")],
 ) -> None:
     """Expect KEY from the agent at HOST[:PORT]: the coordinator refuses any other."""

@@ -50,8 +50,11 @@ def _note(a: Record | None, b: Record | None) -> str:
         return "only in B"
     if b is None:
         return "only in A"
-    return "; ".join(f"failed in {side}: {cell.get('error')}"
-                     for side, cell in (("A", a), ("B", b)) if cell.get("status") != OK)
+    return "; ".join(
+        f"failed in {side}: {cell.get('error')}"
+        for side, cell in (("A", a), ("B", b))
+        if cell.get("status") != OK
+    )
 
 
 def _host(a: Record | None, b: Record | None) -> str:
@@ -67,24 +70,29 @@ def compare_reports(a: dict[str, Any], b: dict[str, Any]) -> list[Record]:
     for key in [*cells_a, *(k for k in cells_b if k not in cells_a)]:
         cell_a, cell_b = cells_a.get(key), cells_b.get(key)
         cell = cell_a or cells_b[key]
-        rows.append({
-            "host": _host(cell_a, cell_b),
-            "name": cell["name"],
-            "model": model_label(cell["model"], cell.get("bits")),
-            "test": cell["test"],
-            "batch_size": cell["batch_size"],
-            "a": cell_a,
-            "b": cell_b,
-            "speedup": speedup(cell_a, cell_b),
-            "note": _note(cell_a, cell_b),
-        })
+        rows.append(
+            {
+                "host": _host(cell_a, cell_b),
+                "name": cell["name"],
+                "model": model_label(cell["model"], cell.get("bits")),
+                "test": cell["test"],
+                "batch_size": cell["batch_size"],
+                "a": cell_a,
+                "b": cell_b,
+                "speedup": speedup(cell_a, cell_b),
+                "note": _note(cell_a, cell_b),
+            }
+        )
     return rows
 
 
 def _speed(side: str) -> Column:
-    return (f"tok/s {side.upper()}",
-            lambda row: NA if row[side] is None else mean_std(row[side], "tokens_per_sec",
-                                                              "std_tokens_per_sec"))
+    return (
+        f"tok/s {side.upper()}",
+        lambda row: (
+            NA if row[side] is None else mean_std(row[side], "tokens_per_sec", "std_tokens_per_sec")
+        ),
+    )
 
 
 COLUMNS: list[Column] = [
@@ -103,8 +111,11 @@ def rich_comparison(rows: list[Record], run_a: str, run_b: str) -> Table:
     """Faster rows in green, slower in red; unmatched or failed cells dimmed."""
     table = Table(title=f"A = {run_a}, B = {run_b}; speed-up = B/A tok/s")
     for name, _ in COLUMNS:
-        table.add_column(name, justify="left" if name in ("host", "model", "test", "note")
-                         else "right", overflow="fold")
+        table.add_column(
+            name,
+            justify="left" if name in ("host", "model", "test", "note") else "right",
+            overflow="fold",
+        )
     for row in rows:
         ratio = row["speedup"]
         style = "dim" if ratio is None else "green" if ratio > 1 else "red" if ratio < 1 else None
@@ -119,19 +130,46 @@ def comparison_text(rows: list[Record], run_a: str, run_b: str, fmt: str) -> str
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.writer(out)
-        writer.writerow(["host", "name", "model", "test", "batch_size", "tokens_per_sec_a",
-                         "tokens_per_sec_b", "speedup", "note"])
+        writer.writerow(
+            [
+                "host",
+                "name",
+                "model",
+                "test",
+                "batch_size",
+                "tokens_per_sec_a",
+                "tokens_per_sec_b",
+                "speedup",
+                "note",
+            ]
+        )
         for row in rows:
-            speeds = [None if row[side] is None else row[side].get("tokens_per_sec")
-                      for side in ("a", "b")]
-            writer.writerow([row["host"], row["name"], row["model"], row["test"],
-                             row["batch_size"], *speeds, row["speedup"], row["note"]])
+            speeds = [
+                None if row[side] is None else row[side].get("tokens_per_sec")
+                for side in ("a", "b")
+            ]
+            writer.writerow(
+                [
+                    row["host"],
+                    row["name"],
+                    row["model"],
+                    row["test"],
+                    row["batch_size"],
+                    *speeds,
+                    row["speedup"],
+                    row["note"],
+                ]
+            )
         return out.getvalue()
     if fmt == "md":
-        lines = [f"<!-- A = {run_a}, B = {run_b}; speed-up = B/A tok/s -->",
-                 "| " + " | ".join(name for name, _ in COLUMNS) + " |",
-                 "| " + " | ".join("---" for _ in COLUMNS) + " |"]
-        lines += ["| " + " | ".join(render(row).replace("|", "\\|") for _, render in COLUMNS)
-                  + " |" for row in rows]
+        lines = [
+            f"<!-- A = {run_a}, B = {run_b}; speed-up = B/A tok/s -->",
+            "| " + " | ".join(name for name, _ in COLUMNS) + " |",
+            "| " + " | ".join("---" for _ in COLUMNS) + " |",
+        ]
+        lines += [
+            "| " + " | ".join(render(row).replace("|", "\\|") for _, render in COLUMNS) + " |"
+            for row in rows
+        ]
         return "\n".join(lines) + "\n"
     raise ValueError(f"unknown comparison format {fmt!r}; choose from {COMPARE_FORMATS}")

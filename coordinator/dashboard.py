@@ -32,10 +32,18 @@ MIN_SILENCE_S: a 0.1 s poll would otherwise flap on a busy laptop."""
 ALERTS_KEPT, ALERTS_SHOWN = 100, 6
 INFO, WARNING, CRITICAL = "info", "warning", "critical"
 ALERT_STYLES = {INFO: "cyan", WARNING: "bold dark_orange", CRITICAL: "bold red"}
-JOB_STYLES = {"running": "green", "paused": "bold dark_orange", "stopped": "bold red",
-              "exited": "dim"}
-EVENT_ALERTS = {"pause": (WARNING, "paused"), "resume": (INFO, "resumed"),
-                "stop": (CRITICAL, "stopped"), "kill": (CRITICAL, "killed")}
+JOB_STYLES = {
+    "running": "green",
+    "paused": "bold dark_orange",
+    "stopped": "bold red",
+    "exited": "dim",
+}
+EVENT_ALERTS = {
+    "pause": (WARNING, "paused"),
+    "resume": (INFO, "resumed"),
+    "stop": (CRITICAL, "stopped"),
+    "kill": (CRITICAL, "killed"),
+}
 """Job events worth a line: the rest (start, exit, reduce_batch, ...) are in the store."""
 NA = "—"
 
@@ -84,8 +92,9 @@ class HostView:
         return bucket_means(self.series, self.sample["time"], SPARK_WINDOW_S, SPARK_WIDTH)
 
 
-def remember(series: deque[tuple[float, float | None]], at: float, celsius: float | None,
-             window: float) -> None:
+def remember(
+    series: deque[tuple[float, float | None]], at: float, celsius: float | None, window: float
+) -> None:
     """Keep (at, celsius) in time order, once, and nothing older than `window` before the
     newest. Live samples append and prune from the left in O(1); only a backfill after a
     silence inserts, near the right end, where the gap was."""
@@ -99,8 +108,9 @@ def remember(series: deque[tuple[float, float | None]], at: float, celsius: floa
         series.popleft()
 
 
-def bucket_means(series: Iterable[tuple[float, float | None]], end: float, window: float,
-                 width: int) -> list[float | None]:
+def bucket_means(
+    series: Iterable[tuple[float, float | None]], end: float, window: float, width: int
+) -> list[float | None]:
     """Mean reading per bucket of the `window` seconds up to `end`; None where none fell."""
     step = window / width
     sums, counts = [0.0] * width, [0] * width
@@ -123,8 +133,7 @@ class Dashboard:
     def _alert(self, at: float, host: str, level: str, text: str) -> None:
         self.alerts.append(Alert(at, host, level, text))
 
-    def connected(self, name: str, hostname: str | None, info: dict[str, Any],
-                  now: float) -> None:
+    def connected(self, name: str, hostname: str | None, info: dict[str, Any], now: float) -> None:
         view = self.hosts[name]
         if view.status == UNREACHABLE:
             self._alert(now, name, INFO, "reachable again")
@@ -156,11 +165,16 @@ class Dashboard:
         previous = view.sample
         if previous is None or body["time"] > previous["time"]:
             view.sample = body
-            if live and previous is not None and body["state"] != previous["state"] \
-                    and body["state"] in (CoolingState.PAUSE.value, CoolingState.STOP.value):
+            if (
+                live
+                and previous is not None
+                and body["state"] != previous["state"]
+                and body["state"] in (CoolingState.PAUSE.value, CoolingState.STOP.value)
+            ):
                 level = CRITICAL if body["state"] == CoolingState.STOP.value else WARNING
-                self._alert(now, name, level, f"reached {body['state']} at "
-                            f"{_celsius(body['celsius'])}")
+                self._alert(
+                    now, name, level, f"reached {body['state']} at {_celsius(body['celsius'])}"
+                )
         if live:
             if view.silent:
                 self._alert(now, name, INFO, "publishing again")
@@ -183,11 +197,16 @@ class Dashboard:
     def tick(self, now: float) -> None:
         """Declare silent every connected host whose samples stopped arriving."""
         for view in self.hosts.values():
-            if view.status == UP and not view.silent and view.heard is not None \
-                    and now - view.heard > silent_after(view.poll_interval):
+            if (
+                view.status == UP
+                and not view.silent
+                and view.heard is not None
+                and now - view.heard > silent_after(view.poll_interval)
+            ):
                 view.silent = True
-                self._alert(now, view.name, WARNING, f"silent: no sample for "
-                            f"{now - view.heard:.0f} s")
+                self._alert(
+                    now, view.name, WARNING, f"silent: no sample for {now - view.heard:.0f} s"
+                )
 
 
 def _celsius(value: float | None) -> str:
@@ -235,9 +254,11 @@ def in_time_order(alerts: Iterable[Alert]) -> list[Alert]:
 
 
 def snapshot(dashboard: Dashboard, now: float) -> dict[str, Any]:
-    return {"time": now,
-            "hosts": [host_snapshot(view, now) for view in dashboard.hosts.values()],
-            "alerts": [alert.__dict__ for alert in in_time_order(dashboard.alerts)]}
+    return {
+        "time": now,
+        "hosts": [host_snapshot(view, now) for view in dashboard.hosts.values()],
+        "alerts": [alert.__dict__ for alert in in_time_order(dashboard.alerts)],
+    }
 
 
 def _state_cell(view: HostView, now: float) -> Text:
@@ -266,25 +287,50 @@ def _jobs_cell(jobs: list[dict[str, Any]]) -> Text:
 def render(dashboard: Dashboard, now: float) -> RenderableType:
     """The dashboard: one row per host, then the latest alert lines."""
     table = Table(title="mlx-fleet thermal monitor", title_justify="left")
-    for name in ("host", "SoC °C", "last 5 min", "trend", "pressure", "state", "jobs",
-                 "paused", "source"):
-        table.add_column(name, justify="right" if name in ("SoC °C", "paused") else "left",
-                         overflow="fold")
+    for name in (
+        "host",
+        "SoC °C",
+        "last 5 min",
+        "trend",
+        "pressure",
+        "state",
+        "jobs",
+        "paused",
+        "source",
+    ):
+        table.add_column(
+            name, justify="right" if name in ("SoC °C", "paused") else "left", overflow="fold"
+        )
     for view in dashboard.hosts.values():
         sample = view.sample
         if view.status != UP or sample is None:
-            table.add_row(Text(view.name), NA, "", "", NA, _state_cell(view, now),
-                          _jobs_cell(view.jobs if view.status == UP else []), NA, NA)
+            table.add_row(
+                Text(view.name),
+                NA,
+                "",
+                "",
+                NA,
+                _state_cell(view, now),
+                _jobs_cell(view.jobs if view.status == UP else []),
+                NA,
+                NA,
+            )
             continue
         temperature = Text(NA if sample["celsius"] is None else f"{sample['celsius']:.1f}")
         if sample["simulated"] and sample["celsius"] is not None:
             temperature.append(" sim", style="bold magenta")
         trend = sample["trend_c_per_min"]
         table.add_row(  # what an agent sends is Text, never read as markup
-            Text(view.name), temperature, sparkline(view.spark()),
+            Text(view.name),
+            temperature,
+            sparkline(view.spark()),
             "" if trend is None else f"{trend_arrow(trend)} {trend:+.1f}/min",
-            Text(sample["pressure"] or NA), _state_cell(view, now), _jobs_cell(view.jobs),
-            duration(sample["pause_s_total"]), Text(sample["source"]))
+            Text(sample["pressure"] or NA),
+            _state_cell(view, now),
+            _jobs_cell(view.jobs),
+            duration(sample["pause_s_total"]),
+            Text(sample["source"]),
+        )
     lines = [table]
     for alert in in_time_order(dashboard.alerts)[-ALERTS_SHOWN:]:
         stamp = time.strftime("%H:%M:%S", time.localtime(alert.time))

@@ -134,15 +134,23 @@ class HostResult:
         return self.failed is None
 
     def to_dict(self) -> dict[str, object]:
-        return {"host": self.host, "ok": self.ok, "done": self.done, "failed": self.failed,
-                "error": self.error, "agent_key": self.agent_key}
+        return {
+            "host": self.host,
+            "ok": self.ok,
+            "done": self.done,
+            "failed": self.failed,
+            "error": self.error,
+            "agent_key": self.agent_key,
+        }
 
 
 def venv_command(layout: RemoteLayout, minimum: str = MIN_REMOTE_PYTHON) -> str:
     """The remote shell command that makes sure the virtual environment is one `layout.python`
     made, at `minimum` or newer (see ENSURE_VENV)."""
-    return (f"{shlex.quote(layout.python)} -c {shlex.quote(ENSURE_VENV)} "
-            f"{layout.quoted('venv')} {shlex.quote(minimum)}")
+    return (
+        f"{shlex.quote(layout.python)} -c {shlex.quote(ENSURE_VENV)} "
+        f"{layout.quoted('venv')} {shlex.quote(minimum)}"
+    )
 
 
 @dataclass(frozen=True)
@@ -158,8 +166,14 @@ class Rollout:
     thermal_source: str = "auto"
 
     def install_args(self, entry: HostEntry) -> list[str]:
-        return ["install", "--system" if self.system else "--user",
-                "--bind", f"0.0.0.0:{entry.port}", "--thermal-source", self.thermal_source]
+        return [
+            "install",
+            "--system" if self.system else "--user",
+            "--bind",
+            f"0.0.0.0:{entry.port}",
+            "--thermal-source",
+            self.thermal_source,
+        ]
 
     def steps(self, entry: HostEntry, wheel: Path) -> list[Step]:
         """The roll-out of one host, in order; every step is safe to run again."""
@@ -179,25 +193,30 @@ class Rollout:
             Step("copy wheel", [*login, f"cat > {shipped}"], wheel),
             remote("virtualenv", venv_command(layout)),
             # Reinstalled even at the same version (a rebuilt wheel), then its dependencies.
-            remote("install package", f"{pip} --force-reinstall --no-deps {shipped} && "
-                                      f"{pip} {shipped}"),
-            remote("trust coordinator",
-                   f"{agent} keys trust {shlex.quote(self.coordinator_key)} "
-                   f"--name {shlex.quote(self.coordinator_name)}"),
+            remote(
+                "install package", f"{pip} --force-reinstall --no-deps {shipped} && {pip} {shipped}"
+            ),
+            remote(
+                "trust coordinator",
+                f"{agent} keys trust {shlex.quote(self.coordinator_key)} "
+                f"--name {shlex.quote(self.coordinator_name)}",
+            ),
             remote("install service", f"{agent} {shlex.join(self.install_args(entry))}"),
             remote("read agent key", f"{agent} keys show"),
         ]
 
 
-def run_host(entry: HostEntry, steps: list[Step],
-             on_step: Callable[[str, str], None] | None = None) -> HostResult:
+def run_host(
+    entry: HostEntry, steps: list[Step], on_step: Callable[[str, str], None] | None = None
+) -> HostResult:
     """Run the steps in order; the first failure ends this host (the others go on)."""
     result = HostResult(entry.address)
     for step in steps:
         try:
-            with (open(step.stdin, "rb") if step.stdin else open(os.devnull, "rb")) as stdin:
-                completed = subprocess.run(step.argv, capture_output=True, text=True,
-                                           timeout=STEP_TIMEOUT_S, stdin=stdin)
+            with open(step.stdin, "rb") if step.stdin else open(os.devnull, "rb") as stdin:
+                completed = subprocess.run(
+                    step.argv, capture_output=True, text=True, timeout=STEP_TIMEOUT_S, stdin=stdin
+                )
         except subprocess.TimeoutExpired:
             result.failed, result.error = step.name, f"timed out after {STEP_TIMEOUT_S} s"
             return result
@@ -235,23 +254,36 @@ def build_wheel(out_dir: Path) -> Path:
     """A wheel of this very package, built from its source tree, to ship to every host."""
     tree = source_tree()
     if tree is None:
-        raise DeployError("this installation has no source tree to build a wheel from: "
-                          "pass --wheel FILE")
+        raise DeployError(
+            "this installation has no source tree to build a wheel from: pass --wheel FILE"
+        )
     # Built from a clean copy: an in-tree build/ folder could ship stale modules.
     copy = out_dir / "source"
-    shutil.copytree(tree, copy, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache"))
+    shutil.copytree(
+        tree,
+        copy,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache"
+        ),
+    )
     completed = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out_dir), str(copy)],
-        capture_output=True, text=True, timeout=600)
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     wheels = sorted(out_dir.glob("mlx_fleet-*.whl"))
     if completed.returncode != 0 or not wheels:
         raise DeployError(f"building the wheel failed: {completed.stderr.strip()[-300:]}")
     return wheels[-1]
 
 
-def deploy(entries: list[HostEntry], wheel: Path | None, rollout: Rollout,
-           on_step: Callable[[str, str], None] | None = None) -> list[HostResult]:
+def deploy(
+    entries: list[HostEntry],
+    wheel: Path | None,
+    rollout: Rollout,
+    on_step: Callable[[str, str], None] | None = None,
+) -> list[HostResult]:
     """Roll out to every host in parallel; results in the order the hosts were given."""
     with tempfile.TemporaryDirectory(prefix="mlx-fleet-wheel-") as scratch:
         if wheel is None:
@@ -260,8 +292,10 @@ def deploy(entries: list[HostEntry], wheel: Path | None, rollout: Rollout,
             raise DeployError(f"wheel {wheel} does not exist")
         plans = [rollout.steps(entry, wheel) for entry in entries]
         with ThreadPoolExecutor(max_workers=max(1, min(16, len(entries)))) as pool:
-            futures = [pool.submit(run_host, entry, steps, on_step)
-                       for entry, steps in zip(entries, plans, strict=True)]
+            futures = [
+                pool.submit(run_host, entry, steps, on_step)
+                for entry, steps in zip(entries, plans, strict=True)
+            ]
             results = [future.result() for future in futures]
     for result in results:  # one writer for the coordinator's key file
         if result.ok and result.agent_key:

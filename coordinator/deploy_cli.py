@@ -36,7 +36,6 @@ def coordinator_name() -> str:
     return f"coordinator-{host}"
 
 
-
 def entries_from(hosts: str | None, hostfile: Path | None) -> list[HostEntry]:
     if bool(hosts) == bool(hostfile):
         raise usage_error("give the hosts to deploy to: --hosts H1,H2 or --hostfile FILE")
@@ -51,41 +50,67 @@ def results_table(results: list[dict[str, object]]) -> Table:
     for column in ("host", "result", "steps done", "error"):
         table.add_column(column, overflow="fold")
     for row in results:
-        table.add_row(str(row["host"]), "ok" if row["ok"] else f"FAILED at {row['failed']}",
-                      ", ".join(row["done"]), str(row["error"] or ""),  # type: ignore[arg-type]
-                      style=None if row["ok"] else "red")
+        table.add_row(
+            str(row["host"]),
+            "ok" if row["ok"] else f"FAILED at {row['failed']}",
+            ", ".join(row["done"]),
+            str(row["error"] or ""),  # type: ignore[arg-type]
+            style=None if row["ok"] else "red",
+        )
     return table
 
 
 def deploy_command(
-    hosts: Annotated[str | None, typer.Option(
-        "--hosts", help="H1,H2[:PORT]: ssh host names (PORT is the agent's, default 5555).")]
-        = None,
-    hostfile: Annotated[Path | None, typer.Option("--hostfile", help="TOML or JSON hostfile.")]
-        = None,
+    hosts: Annotated[
+        str | None,
+        typer.Option(
+            "--hosts", help="H1,H2[:PORT]: ssh host names (PORT is the agent's, default 5555)."
+        ),
+    ] = None,
+    hostfile: Annotated[
+        Path | None, typer.Option("--hostfile", help="TOML or JSON hostfile.")
+    ] = None,
     ssh_user: Annotated[str | None, typer.Option("--ssh-user", help="ssh login name.")] = None,
-    ssh_config: Annotated[Path | None, typer.Option(
-        "--ssh-config", help="An ssh config file (ssh -F).")] = None,
-    identity: Annotated[Path | None, typer.Option(
-        "--identity", help="An ssh private key (ssh -i).")] = None,
-    wheel: Annotated[Path | None, typer.Option(
-        "--wheel", help="The mlx-fleet wheel to ship (default: built from this checkout).")]
-        = None,
-    remote_dir: Annotated[str, typer.Option(
-        "--remote-dir", help="Where the virtual environment and wheel go on each host.")]
-        = DEFAULT_REMOTE_DIR,
-    remote_python: Annotated[str, typer.Option(
-        "--remote-python", help=f"The Python (>= {MIN_REMOTE_PYTHON}) that creates the remote "
-        "virtual environment; over ssh on macOS `python3` is often Apple's 3.9: give e.g. "
-        "/opt/homebrew/bin/python3.12.")] = "python3",
-    system: Annotated[bool, typer.Option(
-        "--system", help="Install system services (for powermetrics): the service, trust and "
-        "key steps run with `sudo -n`, so the login needs passwordless sudo (or is root).")]
-        = False,
+    ssh_config: Annotated[
+        Path | None, typer.Option("--ssh-config", help="An ssh config file (ssh -F).")
+    ] = None,
+    identity: Annotated[
+        Path | None, typer.Option("--identity", help="An ssh private key (ssh -i).")
+    ] = None,
+    wheel: Annotated[
+        Path | None,
+        typer.Option(
+            "--wheel", help="The mlx-fleet wheel to ship (default: built from this checkout)."
+        ),
+    ] = None,
+    remote_dir: Annotated[
+        str,
+        typer.Option(
+            "--remote-dir", help="Where the virtual environment and wheel go on each host."
+        ),
+    ] = DEFAULT_REMOTE_DIR,
+    remote_python: Annotated[
+        str,
+        typer.Option(
+            "--remote-python",
+            help=f"The Python (>= {MIN_REMOTE_PYTHON}) that creates the remote "
+            "virtual environment; over ssh on macOS `python3` is often Apple's 3.9: give e.g. "
+            "/opt/homebrew/bin/python3.12.",
+        ),
+    ] = "python3",
+    system: Annotated[
+        bool,
+        typer.Option(
+            "--system",
+            help="Install system services (for powermetrics): the service, trust and "
+            "key steps run with `sudo -n`, so the login needs passwordless sudo (or is root).",
+        ),
+    ] = False,
     thermal_source: ThermalSourceName = "auto",
     fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
-    dry_run: Annotated[bool, typer.Option(
-        "--dry-run", help="Print the commands for each host; run nothing.")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the commands for each host; run nothing.")
+    ] = False,
 ) -> None:
     """Install agents on many hosts over ssh: virtualenv, package, trust, service, keys.
 
@@ -101,9 +126,14 @@ def deploy_command(
     entries = entries_from(hosts, hostfile)
     existing = existing_keypair() if dry_run else own_keypair()
     key = existing.public if existing else None
-    rollout = Rollout(key or KEY_PLACEHOLDER, coordinator_name(),
-                      RemoteLayout(remote_dir, remote_python),
-                      SshSettings(ssh_user, ssh_config, identity), system, thermal_source)
+    rollout = Rollout(
+        key or KEY_PLACEHOLDER,
+        coordinator_name(),
+        RemoteLayout(remote_dir, remote_python),
+        SshSettings(ssh_user, ssh_config, identity),
+        system,
+        thermal_source,
+    )
     if dry_run:
         shown = wheel or Path("mlx_fleet-<version>-py3-none-any.whl")
         for entry in entries:
@@ -112,9 +142,14 @@ def deploy_command(
                 print(f"{step.name}: {step.shell()}")
         return
     try:
-        results = deploy(entries, wheel, rollout,
-                         on_step=lambda host, step: err.print(f"{host}: {step} ok",
-                                                              highlight=False, markup=False))
+        results = deploy(
+            entries,
+            wheel,
+            rollout,
+            on_step=lambda host, step: err.print(
+                f"{host}: {step} ok", highlight=False, markup=False
+            ),
+        )
     except DeployError as exc:
         raise usage_error(str(exc)) from None
     rows = [r.to_dict() for r in results]
@@ -123,6 +158,9 @@ def deploy_command(
     else:
         Console().print(results_table(rows))
     if not all(r.ok for r in results):
-        err.print("some hosts failed: fix them and run the same command again",
-                  highlight=False, markup=False)
+        err.print(
+            "some hosts failed: fix them and run the same command again",
+            highlight=False,
+            markup=False,
+        )
         raise typer.Exit(EXIT_PARTIAL)

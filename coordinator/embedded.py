@@ -57,9 +57,22 @@ class EmbeddedAgent:
         env = dict(os.environ, **{HOME_ENV: str(self.home)})
         with open(self.log_path, "w", encoding="utf-8") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "agent", "serve", "--bind", "127.0.0.1:0",
-                 "--thermal-source", self.thermal_source],
-                stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env, text=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "agent",
+                    "serve",
+                    "--bind",
+                    "127.0.0.1:0",
+                    "--thermal-source",
+                    self.thermal_source,
+                ],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                text=True,
+            )
         assert self.process.stdout is not None
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -75,8 +88,10 @@ class EmbeddedAgent:
             elif self.process.poll() is not None:
                 break
         self.stop()
-        raise EmbeddedAgentError(f"the local agent did not start; its log "
-                                 f"({self.log_path}) ends with:\n{self._log_tail()}")
+        raise EmbeddedAgentError(
+            f"the local agent did not start; its log "
+            f"({self.log_path}) ends with:\n{self._log_tail()}"
+        )
 
     def stop(self) -> None:
         """SIGTERM (the agent stops its job and flushes), then SIGKILL if it lingers."""

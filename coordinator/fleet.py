@@ -67,12 +67,15 @@ Observer = Callable[[HostEvent], None]
 def connect(ctx: zmq.Context, target: Target, settings: Settings) -> AgentClient:
     """A client whose hello the agent answered; HostError says why there is none."""
     if settings.keypair is not None and target.server_key is None:
-        raise HostError(f"no server key known for {target.address}: run `agent keys show` "
-                        f"there, then `coordinator keys add {target.address} KEY` (or give "
-                        "the key in the hostfile)")
+        raise HostError(
+            f"no server key known for {target.address}: run `agent keys show` "
+            f"there, then `coordinator keys add {target.address} KEY` (or give "
+            "the key in the hostfile)"
+        )
     server_key = target.server_key if settings.keypair is not None else None
-    client = AgentClient(ctx, target.address, server_key, settings.keypair,
-                         settings.connect_timeout)
+    client = AgentClient(
+        ctx, target.address, server_key, settings.keypair, settings.connect_timeout
+    )
     try:
         client.connect()
     except BaseException:
@@ -81,8 +84,14 @@ def connect(ctx: zmq.Context, target: Target, settings: Settings) -> AgentClient
     return client
 
 
-def drive_host(ctx: zmq.Context, target: Target, spec: dict[str, Any], settings: Settings,
-               emit: Callable[[HostEvent], None], stop: threading.Event) -> None:
+def drive_host(
+    ctx: zmq.Context,
+    target: Target,
+    spec: dict[str, Any],
+    settings: Settings,
+    emit: Callable[[HostEvent], None],
+    stop: threading.Event,
+) -> None:
     """Run `spec` on one host, emitting its events; always ends with exactly one DONE."""
     status, error = HOST_FAILED, None
     try:
@@ -116,8 +125,13 @@ class _HostState:
     done: bool = False
 
 
-def run_fleet(targets: list[Target], spec: dict[str, Any], store: RunStore, settings: Settings,
-              observer: Observer | None = None) -> FleetResult:
+def run_fleet(
+    targets: list[Target],
+    spec: dict[str, Any],
+    store: RunStore,
+    settings: Settings,
+    observer: Observer | None = None,
+) -> FleetResult:
     """Drive every target at once until each is done; Ctrl-C cancels the jobs, keeps what
     arrived and marks the run interrupted."""
     run_id = store.create_run(spec, [t.name for t in targets])
@@ -125,9 +139,15 @@ def run_fleet(targets: list[Target], spec: dict[str, Any], store: RunStore, sett
     stop = threading.Event()
     states = {t.name: _HostState() for t in targets}
     ctx = zmq.Context()
-    threads = [threading.Thread(target=drive_host, name=f"host {t.name}", daemon=True,
-                                args=(ctx, t, spec, settings, events.put, stop))
-               for t in targets]
+    threads = [
+        threading.Thread(
+            target=drive_host,
+            name=f"host {t.name}",
+            daemon=True,
+            args=(ctx, t, spec, settings, events.put, stop),
+        )
+        for t in targets
+    ]
     for thread in threads:
         thread.start()
     interrupted, hosts_ok = False, True
@@ -146,15 +166,22 @@ def run_fleet(targets: list[Target], spec: dict[str, Any], store: RunStore, sett
                     state.machine = event.data
                 else:
                     state.models.append(event.data)
-                store.set_host_info(run_id, event.host, state.machine, state.models, "running",
-                                    None)
+                store.set_host_info(
+                    run_id, event.host, state.machine, state.models, "running", None
+                )
             elif event.kind == CELL:
                 store.add_cell(run_id, event.host, event.data)
             elif event.kind == DONE:
                 state.done = True
                 hosts_ok &= event.data["status"] == HOST_OK
-                store.set_host_info(run_id, event.host, state.machine, state.models,
-                                    event.data["status"], event.data["error"])
+                store.set_host_info(
+                    run_id,
+                    event.host,
+                    state.machine,
+                    state.models,
+                    event.data["status"],
+                    event.data["error"],
+                )
             if observer is not None:
                 observer(event)
         except KeyboardInterrupt:
@@ -166,8 +193,14 @@ def run_fleet(targets: list[Target], spec: dict[str, Any], store: RunStore, sett
     for name, state in states.items():
         if not state.done:
             hosts_ok = False
-            store.set_host_info(run_id, name, state.machine, state.models, HOST_FAILED,
-                                "interrupted before the host finished")
+            store.set_host_info(
+                run_id,
+                name,
+                state.machine,
+                state.models,
+                HOST_FAILED,
+                "interrupted before the host finished",
+            )
     store.finish_run(run_id, HOST_OK if hosts_ok else HOST_FAILED, interrupted=interrupted)
     ctx.destroy(linger=0)
     return FleetResult(run_id, interrupted, hosts_ok)

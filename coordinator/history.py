@@ -29,48 +29,91 @@ def _stamp(epoch: float) -> str:
     return datetime.fromtimestamp(epoch).isoformat(sep=" ", timespec="seconds")
 
 
-def load_histories(store: TelemetryStore, since: float, hosts: list[str] | None
-                   ) -> list[HostHistory]:
+def load_histories(
+    store: TelemetryStore, since: float, hosts: list[str] | None
+) -> list[HostHistory]:
     """Every host with samples in the window, in the order asked for (else by name)."""
     samples = store.samples(since, hosts)
     events = store.events(since, hosts)
     policies = store.policies(hosts)
     names = [h for h in hosts if h in samples] if hosts is not None else sorted(samples)
-    return [HostHistory(name, samples[name], events.get(name, []), policies.get(name, []))
-            for name in names]
+    return [
+        HostHistory(name, samples[name], events.get(name, []), policies.get(name, []))
+        for name in names
+    ]
 
 
 def stats_table(rows: list[dict[str, Any]], since: float) -> Table:
     table = Table(title=f"mlx-fleet telemetry since {_stamp(since)}", title_justify="left")
-    for name in ("host", "samples", "from", "to", "min °C", "mean °C", "max °C", "policy",
-                 "≥ reduce", "≥ pause", "≥ stop", "paused", "pauses", "stops"):
-        table.add_column(name, justify="left" if name in ("host", "from", "to", "policy")
-                         else "right", overflow="fold")
+    for name in (
+        "host",
+        "samples",
+        "from",
+        "to",
+        "min °C",
+        "mean °C",
+        "max °C",
+        "policy",
+        "≥ reduce",
+        "≥ pause",
+        "≥ stop",
+        "paused",
+        "pauses",
+        "stops",
+    ):
+        table.add_column(
+            name,
+            justify="left" if name in ("host", "from", "to", "policy") else "right",
+            overflow="fold",
+        )
     for row in rows:
         policy = row["policy"]
         table.add_row(
-            Text(row["host"] + (" (simulated)" if row["simulated"] else "")), str(row["samples"]),
-            _stamp(row["first"]), _stamp(row["last"]),
-            *(NA if row[key] is None else f"{row[key]:.1f}" for key in ("min_c", "mean_c",
-                                                                       "max_c")),
+            Text(row["host"] + (" (simulated)" if row["simulated"] else "")),
+            str(row["samples"]),
+            _stamp(row["first"]),
+            _stamp(row["last"]),
+            *(
+                NA if row[key] is None else f"{row[key]:.1f}"
+                for key in ("min_c", "mean_c", "max_c")
+            ),
             NA if policy is None else "/".join(f"{policy[k]:g}" for k in THRESHOLDS),
-            *(NA if row["seconds_above"][k] is None else duration(row["seconds_above"][k])
-              for k in THRESHOLDS),
-            duration(row["seconds_paused"]), str(row["pauses"]), str(row["stops"]))
+            *(
+                NA if row["seconds_above"][k] is None else duration(row["seconds_above"][k])
+                for k in THRESHOLDS
+            ),
+            duration(row["seconds_paused"]),
+            str(row["pauses"]),
+            str(row["stops"]),
+        )
     return table
 
 
 def history(
-    hosts: Annotated[str | None, typer.Option(
-        "--hosts", help="Comma list of HOST[:PORT] as monitored (port 5555 by default); "
-        "default: every host recorded.")] = None,
-    since: Annotated[str, typer.Option(
-        "--since", help="How far back: 30m, 2h, 1d, or an ISO time (local unless it names a "
-        "zone).")] = "2h",
+    hosts: Annotated[
+        str | None,
+        typer.Option(
+            "--hosts",
+            help="Comma list of HOST[:PORT] as monitored (port 5555 by default); "
+            "default: every host recorded.",
+        ),
+    ] = None,
+    since: Annotated[
+        str,
+        typer.Option(
+            "--since",
+            help="How far back: 30m, 2h, 1d, or an ISO time (local unless it names a zone).",
+        ),
+    ] = "2h",
     fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
-    plot: Annotated[Path | None, typer.Option(
-        "--plot", help="Also draw temperature per host over time, thresholds and pauses, "
-        f"into this PNG (needs matplotlib: {PLOT_EXTRA}).")] = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot",
+            help="Also draw temperature per host over time, thresholds and pauses, "
+            f"into this PNG (needs matplotlib: {PLOT_EXTRA}).",
+        ),
+    ] = None,
 ) -> None:
     """Per host from the recorded telemetry: min / mean / max °C, time at or above each
     threshold of the policy in force, time paused, pauses and stops.
@@ -91,8 +134,7 @@ def history(
         except ImportError as exc:
             if not (exc.name or "").startswith("matplotlib"):
                 raise
-            raise usage_error(f"--plot needs matplotlib, the `plot` extra: {PLOT_EXTRA}") \
-                from None
+            raise usage_error(f"--plot needs matplotlib, the `plot` extra: {PLOT_EXTRA}") from None
     try:
         with TelemetryStore() as store:
             histories = load_histories(store, start, names)
@@ -100,17 +142,20 @@ def history(
         raise usage_error(str(exc)) from None
     rows = [host_stats(h) for h in histories]
     if fmt == "json":
-        sys.stdout.write(json.dumps({"since": start, "until": now, "hosts": rows}, indent=2)
-                         + "\n")
+        sys.stdout.write(json.dumps({"since": start, "until": now, "hosts": rows}, indent=2) + "\n")
     elif rows:
         Console(width=None if sys.stdout.isatty() else 200).print(stats_table(rows, start))
     else:
-        err.print(f"no telemetry recorded since {_stamp(start)}: `coordinator monitor` "
-                  "records it", highlight=False)
+        err.print(
+            f"no telemetry recorded since {_stamp(start)}: `coordinator monitor` records it",
+            highlight=False,
+        )
     if plot is not None:
         if not rows:
-            err.print(f"error: nothing to plot: no telemetry recorded since {_stamp(start)}",
-                      highlight=False)
+            err.print(
+                f"error: nothing to plot: no telemetry recorded since {_stamp(start)}",
+                highlight=False,
+            )
             raise typer.Exit(EXIT_PARTIAL)
         write_plot(plot_history(histories, f"SoC temperature since {_stamp(start)}"), plot)
         err.print(f"wrote {plot}", highlight=False)

@@ -82,8 +82,9 @@ def split_address(text: str) -> tuple[str, int | None]:
             try:
                 ipaddress.IPv6Address(text)
             except ValueError:
-                raise ValueError(f"bad address {text!r} (write an IPv6 address with a port "
-                                 "as [::1]:5555)") from None
+                raise ValueError(
+                    f"bad address {text!r} (write an IPv6 address with a port as [::1]:5555)"
+                ) from None
     if not host or any(ch.isspace() for ch in host):
         raise ValueError(f"bad host {host!r}" if host else "missing host")
     return host, None if port_text is None else parse_port(port_text)
@@ -101,8 +102,9 @@ def check_key(key: Any) -> str:
     """A CURVE public key in Z85 text: 40 characters that decode to 32 bytes."""
     if not isinstance(key, str) or len(key) != CURVE_KEY_LENGTH:
         length = f"{len(key)} characters" if isinstance(key, str) else type(key).__name__
-        raise ValueError(f"bad key length ({length}): a CURVE public key is "
-                         f"{CURVE_KEY_LENGTH} Z85 characters")
+        raise ValueError(
+            f"bad key length ({length}): a CURVE public key is {CURVE_KEY_LENGTH} Z85 characters"
+        )
     try:
         z85.decode(key)
     except (KeyError, struct.error, ValueError) as exc:
@@ -115,8 +117,10 @@ def _no_duplicates(entries: list[HostEntry], describe: list[str], source: str) -
     for index, entry in enumerate(entries):
         if entry.address in seen:
             first = seen[entry.address]
-            raise HostfileError(f"{source}: {describe[index]}: duplicate host {entry.address} "
-                                f"(already {describe[first]})")
+            raise HostfileError(
+                f"{source}: {describe[index]}: duplicate host {entry.address} "
+                f"(already {describe[first]})"
+            )
         seen[entry.address] = index
 
 
@@ -130,8 +134,9 @@ def parse_hosts(text: str, default_port: int = DEFAULT_AGENT_PORT) -> list[HostE
         except ValueError as exc:
             raise HostfileError(f"--hosts: item {index} {item.strip()!r}: {exc}") from None
         entries.append(HostEntry(host, default_port if port is None else port))
-    _no_duplicates(entries, [f"item {i} {item.strip()!r}" for i, item in
-                             enumerate(items, start=1)], "--hosts")
+    _no_duplicates(
+        entries, [f"item {i} {item.strip()!r}" for i, item in enumerate(items, start=1)], "--hosts"
+    )
     return entries
 
 
@@ -191,13 +196,15 @@ def parse_hostfile(path: Path, default_port: int = DEFAULT_AGENT_PORT) -> list[H
         raise HostfileError(f"{path}: not a valid hostfile: {exc}") from None
     raw_entries = data.get("hosts") if isinstance(data, dict) else data
     if not isinstance(raw_entries, list):
-        raise HostfileError(f"{path}: expected a list of hosts or a 'hosts' list "
-                            "([[hosts]] in TOML)")
+        raise HostfileError(
+            f"{path}: expected a list of hosts or a 'hosts' list ([[hosts]] in TOML)"
+        )
     if not raw_entries:
         raise HostfileError(f"{path}: no hosts")
     entries: list[HostEntry] = []
-    described = [f"entry {i} {json.dumps(raw, default=str)}"
-                 for i, raw in enumerate(raw_entries, start=1)]
+    described = [
+        f"entry {i} {json.dumps(raw, default=str)}" for i, raw in enumerate(raw_entries, start=1)
+    ]
     for raw, describe in zip(raw_entries, described, strict=True):
         try:
             entries.append(_entry(raw, default_port))

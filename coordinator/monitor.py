@@ -69,15 +69,20 @@ def telemetry_socket(ctx: zmq.Context, client: AgentClient, port: int) -> zmq.So
 class HostLink:
     """One host's connection, on its own thread, until `stop` is set."""
 
-    def __init__(self, ctx: zmq.Context, target: Target, settings: Settings,
-                 reports: queue.Queue[LinkReport], stop: threading.Event,
-                 since: float) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        target: Target,
+        settings: Settings,
+        reports: queue.Queue[LinkReport],
+        stop: threading.Event,
+        since: float,
+    ) -> None:
         self.ctx, self.target, self.settings = ctx, target, settings
         self.reports, self.stop = reports, stop
         self.since = since
         """The latest sample time this link has seen: where a backfill starts."""
-        self.thread = threading.Thread(target=self.run, name=f"monitor {target.name}",
-                                       daemon=True)
+        self.thread = threading.Thread(target=self.run, name=f"monitor {target.name}", daemon=True)
 
     def report(self, kind: str, data: Any, live: bool = False) -> None:
         """Queue a report, waiting while the queue is full (but not past stop)."""
@@ -169,17 +174,30 @@ def _drain(sub: zmq.Socket) -> list[list[bytes]]:
 class Monitor:
     """The links, the store, the dashboard and the metrics, driven by step() from one thread."""
 
-    def __init__(self, targets: list[Target], settings: Settings, store: TelemetryStore,
-                 metrics: TelemetryMetrics | None = None) -> None:
+    def __init__(
+        self,
+        targets: list[Target],
+        settings: Settings,
+        store: TelemetryStore,
+        metrics: TelemetryMetrics | None = None,
+    ) -> None:
         self.store, self.metrics = store, metrics
         self.board = Dashboard([t.name for t in targets])
         self.reports: queue.Queue[LinkReport] = queue.Queue(QUEUE_MAX)
         self.stop = threading.Event()
         self.ctx = zmq.Context()
         now = time.time()
-        self.links = [HostLink(self.ctx, t, settings, self.reports, self.stop,
-                               store.last_sample_time(t.name) or now - BACKFILL_FIRST_S)
-                      for t in targets]
+        self.links = [
+            HostLink(
+                self.ctx,
+                t,
+                settings,
+                self.reports,
+                self.stop,
+                store.last_sample_time(t.name) or now - BACKFILL_FIRST_S,
+            )
+            for t in targets
+        ]
         recorded = store.samples(now - SPARK_WINDOW_S, [t.name for t in targets])
         for name, samples in recorded.items():
             self.board.seed(name, samples)
@@ -260,5 +278,7 @@ class Monitor:
 
     def settled(self) -> bool:
         """Every host unreachable, silent, or heard live: what --once waits for."""
-        return all(view.status == UNREACHABLE or view.silent or view.live
-                   for view in self.board.hosts.values())
+        return all(
+            view.status == UNREACHABLE or view.silent or view.live
+            for view in self.board.hosts.values()
+        )

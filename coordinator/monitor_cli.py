@@ -29,9 +29,14 @@ from shared.metrics import MetricsServer, TelemetryMetrics, parse_address, serve
 REFRESH_S = 0.25
 JSON_EVERY_S = 1.0
 
-KnownHosts = Annotated[str | None, typer.Option(
-    "--hosts", help="Comma list of HOST[:PORT] running `agent serve` (port 5555 by default). "
-    "Default: every host with a key from `coordinator keys add`.")]
+KnownHosts = Annotated[
+    str | None,
+    typer.Option(
+        "--hosts",
+        help="Comma list of HOST[:PORT] running `agent serve` (port 5555 by default). "
+        "Default: every host with a key from `coordinator keys add`.",
+    ),
+]
 
 
 def start_exporter(metrics: TelemetryMetrics, address: str) -> MetricsServer:
@@ -44,28 +49,47 @@ def start_exporter(metrics: TelemetryMetrics, address: str) -> MetricsServer:
         raise usage_error(f"--prometheus {address}: cannot listen: {exc.strerror}") from None
     host = parse_address(address)[0]
     shown = f"[{host}]" if ":" in host else host
-    err.print(f"coordinator monitor: metrics on http://{shown}:{server.port}/metrics",
-              highlight=False)
+    err.print(
+        f"coordinator monitor: metrics on http://{shown}:{server.port}/metrics", highlight=False
+    )
     return server
 
 
 def monitor(
     hosts: KnownHosts = None,
     hostfile: Hostfile = None,
-    once: Annotated[bool, typer.Option(
-        "--once", help="Print one snapshot (every host's current reading, or why there is "
-        "none) and exit: 0 when every host is reachable and publishing, else 1.")] = False,
-    fmt: Annotated[str, typer.Option(
-        "--format", help="table (the dashboard) or json (a snapshot; a line a second without "
-        "--once).")] = "table",
-    prometheus: Annotated[str | None, typer.Option(
-        "--prometheus", help="Also serve every host's metrics at http://HOST:PORT/metrics "
-        "(port 0 picks a free one).")] = None,
+    once: Annotated[
+        bool,
+        typer.Option(
+            "--once",
+            help="Print one snapshot (every host's current reading, or why there is "
+            "none) and exit: 0 when every host is reachable and publishing, else 1.",
+        ),
+    ] = False,
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="table (the dashboard) or json (a snapshot; a line a second without --once).",
+        ),
+    ] = "table",
+    prometheus: Annotated[
+        str | None,
+        typer.Option(
+            "--prometheus",
+            help="Also serve every host's metrics at http://HOST:PORT/metrics "
+            "(port 0 picks a free one).",
+        ),
+    ] = None,
     connect_timeout: ConnectTimeout = 5.0,
     insecure: Insecure = False,
-    retention_days: Annotated[float, typer.Option(
-        "--retention-days", help="Recorded samples and events older than this are dropped "
-        "when the monitor starts.")] = 30.0,
+    retention_days: Annotated[
+        float,
+        typer.Option(
+            "--retention-days",
+            help="Recorded samples and events older than this are dropped when the monitor starts.",
+        ),
+    ] = 30.0,
 ) -> None:
     """Live thermal dashboard of every agent; everything heard is recorded.
 
@@ -133,8 +157,9 @@ def watch(running: Monitor, fmt: str) -> None:
                 if time.monotonic() - printed >= JSON_EVERY_S:
                     print(json.dumps(snapshot(running.board, time.time())), flush=True)
                     printed = time.monotonic()
-        with Live(render(running.board, time.time()), console=_console(),
-                  auto_refresh=False) as live:
+        with Live(
+            render(running.board, time.time()), console=_console(), auto_refresh=False
+        ) as live:
             while True:
                 running.step(REFRESH_S)
                 live.update(render(running.board, time.time()), refresh=True)

@@ -17,9 +17,11 @@ from matplotlib.figure import Figure
 
 from coordinator.telemetry_stats import THRESHOLDS, HostHistory, paused_intervals
 
-THRESHOLD_STYLES = {"max_speed_temp": ("reduce batch", "tab:olive"),
-                    "pause_temp": ("pause", "darkorange"),
-                    "stop_temp": ("stop", "red")}
+THRESHOLD_STYLES = {
+    "max_speed_temp": ("reduce batch", "tab:olive"),
+    "pause_temp": ("pause", "darkorange"),
+    "stop_temp": ("stop", "red"),
+}
 
 
 def _when(epoch: float) -> datetime:
@@ -69,15 +71,27 @@ def plot_history(histories: list[HostHistory], title: str) -> Figure:
         xs, ys = _line(history)
         (line,) = axes.plot(xs, ys, linewidth=1.4, label=history.host)
         for index, (start, end) in enumerate(paused_intervals(history.samples, history.spans)):
-            axes.axvspan(_when(start), _when(end), color=line.get_color(), alpha=0.18,
-                         linewidth=0, label=f"{history.host} paused" if index == 0 else None)
+            axes.axvspan(
+                _when(start),
+                _when(end),
+                color=line.get_color(),
+                alpha=0.18,
+                linewidth=0,
+                label=f"{history.host} paused" if index == 0 else None,
+            )
         for start, end, policy in _policy_periods(history):
             for name in THRESHOLDS:
                 words, colour = THRESHOLD_STYLES[name]
                 label = f"{words} ≥ {policy[name]:g} °C"
-                axes.hlines(policy[name], _when(start), _when(end), colors=colour,
-                            linestyles="--", linewidth=1,
-                            label=None if label in labelled else label)
+                axes.hlines(
+                    policy[name],
+                    _when(start),
+                    _when(end),
+                    colors=colour,
+                    linestyles="--",
+                    linewidth=1,
+                    label=None if label in labelled else label,
+                )
                 labelled.add(label)
     if any(sample["simulated"] for history in histories for sample in history.samples):
         title += " (simulated or replayed: not a sensor)"

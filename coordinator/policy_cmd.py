@@ -37,11 +37,18 @@ from coordinator.telemetry_store import TelemetryStore
 from shared.cli import EXIT_PARTIAL, Hysteresis, MaxSpeedTemp, PauseTemp, StopTemp, usage_error
 
 APPLIED, REFUSED, UNREACHABLE, SHOWN = "applied", "refused", "unreachable", "shown"
-ORDERED = (("max_speed_temp", "--max-speed-temp"), ("pause_temp", "--pause-temp"),
-           ("stop_temp", "--stop-temp"))
-COLUMNS = (("max_speed_temp", "reduce ≥ °C"), ("pause_temp", "pause ≥ °C"),
-           ("stop_temp", "stop ≥ °C"), ("hysteresis", "hysteresis °C"),
-           ("pause_duration", "pause step s"))
+ORDERED = (
+    ("max_speed_temp", "--max-speed-temp"),
+    ("pause_temp", "--pause-temp"),
+    ("stop_temp", "--stop-temp"),
+)
+COLUMNS = (
+    ("max_speed_temp", "reduce ≥ °C"),
+    ("pause_temp", "pause ≥ °C"),
+    ("stop_temp", "stop ≥ °C"),
+    ("hysteresis", "hysteresis °C"),
+    ("pause_duration", "pause step s"),
+)
 
 
 def _unset(option: Any) -> Any:
@@ -63,17 +70,24 @@ def check_given(given: dict[str, float]) -> None:
     for (low, low_flag), (high, high_flag) in zip(named, named[1:], strict=False):
         if not given[low] < given[high]:
             shown = " ".join(f"{flag} {given[key]:g}" for key, flag in named)
-            raise ValueError(f"thresholds out of order: need {low_flag} < {high_flag} "
-                             f"(max speed < pause < stop), got {shown}")
+            raise ValueError(
+                f"thresholds out of order: need {low_flag} < {high_flag} "
+                f"(max speed < pause < stop), got {shown}"
+            )
     if given.get("hysteresis", 0.0) < 0:
         raise ValueError(f"--hysteresis must be >= 0 °C, got {given['hysteresis']:g}")
 
 
-def apply_to(ctx: zmq.Context, target: Target, settings: Settings,
-             given: dict[str, float]) -> dict[str, Any]:
+def apply_to(
+    ctx: zmq.Context, target: Target, settings: Settings, given: dict[str, float]
+) -> dict[str, Any]:
     """One host's row: the policy set (or shown, without `given`), or why not."""
-    row: dict[str, Any] = {"host": target.name, "result": UNREACHABLE, "policy": None,
-                           "error": None}
+    row: dict[str, Any] = {
+        "host": target.name,
+        "result": UNREACHABLE,
+        "policy": None,
+        "error": None,
+    }
     try:
         with connect(ctx, target, settings) as client:
             if given:
@@ -98,9 +112,12 @@ def policy_table(rows: list[dict[str, Any]]) -> Table:
     styles = {APPLIED: "green", SHOWN: "", REFUSED: "bold red", UNREACHABLE: "red"}
     for row in rows:
         policy = row["policy"] or {}
-        table.add_row(Text(row["host"]), Text(row["result"], style=styles[row["result"]]),
-                      *(f"{policy[key]:g}" if key in policy else NA for key, _ in COLUMNS),
-                      Text(row["error"] or ""))  # Text: an agent's words are never markup
+        table.add_row(
+            Text(row["host"]),
+            Text(row["result"], style=styles[row["result"]]),
+            *(f"{policy[key]:g}" if key in policy else NA for key, _ in COLUMNS),
+            Text(row["error"] or ""),
+        )  # Text: an agent's words are never markup
     return table
 
 
@@ -124,9 +141,16 @@ def policy(
     """
     if fmt not in ("table", "json"):
         raise usage_error(f"unknown format {fmt!r}; choose from table, json")
-    given = {key: value for key, value in (("max_speed_temp", max_speed_temp),
-                                           ("pause_temp", pause_temp), ("stop_temp", stop_temp),
-                                           ("hysteresis", hysteresis)) if value is not None}
+    given = {
+        key: value
+        for key, value in (
+            ("max_speed_temp", max_speed_temp),
+            ("pause_temp", pause_temp),
+            ("stop_temp", stop_temp),
+            ("hysteresis", hysteresis),
+        )
+        if value is not None
+    }
     try:
         check_given(given)
     except ValueError as exc:

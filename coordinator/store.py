@@ -170,8 +170,14 @@ class RunStore:
             self._conn.execute(
                 "UPDATE run_hosts SET machine = ?, models = ?, status = ?, error = ? "
                 "WHERE run_id = ? AND host = ?",
-                (None if machine is None else json.dumps(machine, default=str),
-                 json.dumps(models, default=str), status, error, run_id, host),
+                (
+                    None if machine is None else json.dumps(machine, default=str),
+                    json.dumps(models, default=str),
+                    status,
+                    error,
+                    run_id,
+                    host,
+                ),
             )
 
     def add_cell(self, run_id: str, host: str, record: dict[str, Any]) -> None:
@@ -182,8 +188,13 @@ class RunStore:
             self._ensure_host(run_id, host)
             self._conn.execute(
                 "INSERT INTO cells (run_id, host, name, status, record) VALUES (?, ?, ?, ?, ?)",
-                (run_id, host, str(record.get("name", "")), str(record.get("status", "")),
-                 json.dumps(stored, default=str)),
+                (
+                    run_id,
+                    host,
+                    str(record.get("name", "")),
+                    str(record.get("status", "")),
+                    json.dumps(stored, default=str),
+                ),
             )
 
     def finish_run(self, run_id: str, status: str, interrupted: bool = False) -> None:
@@ -215,7 +226,8 @@ class RunStore:
 
     def _host_names(self, run_id: str) -> list[str]:
         rows = self._conn.execute(
-            "SELECT host FROM run_hosts WHERE run_id = ? ORDER BY position", (run_id,))
+            "SELECT host FROM run_hosts WHERE run_id = ? ORDER BY position", (run_id,)
+        )
         return [row["host"] for row in rows]
 
     def resolve(self, run_id: str) -> str:
@@ -227,9 +239,13 @@ class RunStore:
         if self._conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone():
             return run_id
         escaped = run_id.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        matches = [row["id"] for row in self._conn.execute(
-            "SELECT id FROM runs WHERE id LIKE ? ESCAPE '\\' ORDER BY started LIMIT 6",
-            (escaped + "%",))]
+        matches = [
+            row["id"]
+            for row in self._conn.execute(
+                "SELECT id FROM runs WHERE id LIKE ? ESCAPE '\\' ORDER BY started LIMIT 6",
+                (escaped + "%",),
+            )
+        ]
         if not run_id or not matches:
             raise UnknownRunError(f"unknown run {run_id!r}; `coordinator runs` lists them")
         if len(matches) > 1:

@@ -31,11 +31,14 @@ def parse_since(text: str, now: float) -> float:
     stripped = text.strip()
     try:
         # Python 3.10's fromisoformat does not take a trailing Z.
-        moment = datetime.fromisoformat(stripped[:-1] + "+00:00" if stripped.endswith("Z")
-                                        else stripped)
+        moment = datetime.fromisoformat(
+            stripped[:-1] + "+00:00" if stripped.endswith("Z") else stripped
+        )
     except ValueError:
-        raise ValueError(f"bad --since {text!r}: expected a duration such as 30m, 2h or 1d, or "
-                         "an ISO time such as 2026-05-01T14:00") from None
+        raise ValueError(
+            f"bad --since {text!r}: expected a duration such as 30m, 2h or 1d, or "
+            "an ISO time such as 2026-05-01T14:00"
+        ) from None
     return (moment if moment.tzinfo else moment.astimezone()).timestamp()
 
 
@@ -64,8 +67,9 @@ def _is_paused(sample: dict[str, Any]) -> bool:
     return any(job["state"] == "paused" for job in sample["jobs"])
 
 
-def paused_intervals(samples: list[dict[str, Any]], spans: list[float]
-                     ) -> list[tuple[float, float]]:
+def paused_intervals(
+    samples: list[dict[str, Any]], spans: list[float]
+) -> list[tuple[float, float]]:
     """The stretches when at least one supervised job was paused, from the samples' job states
     (so a pause that began before the window is still drawn from its start)."""
     intervals: list[tuple[float, float]] = []

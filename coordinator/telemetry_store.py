@@ -55,8 +55,17 @@ CREATE TABLE policies (
 );
 CREATE INDEX policies_host ON policies (host, time);
 """
-SAMPLE_COLUMNS = ("time", "celsius", "pressure", "source", "simulated", "state", "trend",
-                  "pause_s_total", "jobs")
+SAMPLE_COLUMNS = (
+    "time",
+    "celsius",
+    "pressure",
+    "source",
+    "simulated",
+    "state",
+    "trend",
+    "pause_s_total",
+    "jobs",
+)
 EVENT_COLUMNS = ("time", "celsius", "action", "pid", "job", "source", "simulated", "detail")
 
 Row = tuple[str, dict[str, Any]]
@@ -80,16 +89,19 @@ class TelemetryStore:
                 self._conn.close()
                 raise
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{self.path}: not a usable mlx-fleet telemetry store: "
-                             f"{exc}") from None
+            raise StoreError(
+                f"{self.path}: not a usable mlx-fleet telemetry store: {exc}"
+            ) from None
 
     def _migrate(self) -> None:
         with self._conn:
             self._conn.execute("BEGIN IMMEDIATE")
             version = self._conn.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
-                raise StoreError(f"{self.path} has schema version {version}; this mlx-fleet "
-                                 f"reads up to {SCHEMA_VERSION}: upgrade mlx-fleet")
+                raise StoreError(
+                    f"{self.path} has schema version {version}; this mlx-fleet "
+                    f"reads up to {SCHEMA_VERSION}: upgrade mlx-fleet"
+                )
             if version == 0:
                 for statement in SCHEMA.split(";"):
                     if statement.strip():
@@ -105,8 +117,9 @@ class TelemetryStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def add(self, samples: Iterable[Row] = (), events: Iterable[Row] = ()
-            ) -> tuple[list[Row], list[Row]]:
+    def add(
+        self, samples: Iterable[Row] = (), events: Iterable[Row] = ()
+    ) -> tuple[list[Row], list[Row]]:
         """Record a batch in one transaction (one fsync for many samples); returns the samples
         and events that were not already recorded."""
         new_samples: list[Row] = []
@@ -117,17 +130,37 @@ class TelemetryStore:
                     "INSERT OR IGNORE INTO samples (host, time, celsius, pressure, source, "
                     "simulated, state, trend, pause_s_total, jobs) VALUES (?, ?, ?, ?, ?, ?, ?, "
                     "?, ?, ?)",
-                    (host, body["time"], body["celsius"], body["pressure"], body["source"],
-                     int(body["simulated"]), body["state"], body["trend_c_per_min"],
-                     body["pause_s_total"], json.dumps(body["jobs"])))
+                    (
+                        host,
+                        body["time"],
+                        body["celsius"],
+                        body["pressure"],
+                        body["source"],
+                        int(body["simulated"]),
+                        body["state"],
+                        body["trend_c_per_min"],
+                        body["pause_s_total"],
+                        json.dumps(body["jobs"]),
+                    ),
+                )
                 if cursor.rowcount:
                     new_samples.append((host, body))
             for host, body in events:
                 cursor = self._conn.execute(
                     "INSERT OR IGNORE INTO events (host, time, celsius, action, pid, job, source, "
                     "simulated, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (host, body["time"], body["celsius"], body["action"], body["pid"],
-                     body["job"], body["source"], int(body["simulated"]), body["detail"]))
+                    (
+                        host,
+                        body["time"],
+                        body["celsius"],
+                        body["action"],
+                        body["pid"],
+                        body["job"],
+                        body["source"],
+                        int(body["simulated"]),
+                        body["detail"],
+                    ),
+                )
                 if cursor.rowcount:
                     new_events.append((host, body))
         return new_samples, new_events
@@ -137,11 +170,13 @@ class TelemetryStore:
         text = json.dumps(policy, sort_keys=True)
         with self._conn:
             last = self._conn.execute(
-                "SELECT policy FROM policies WHERE host = ? ORDER BY time DESC, rowid DESC "
-                "LIMIT 1", (host,)).fetchone()
+                "SELECT policy FROM policies WHERE host = ? ORDER BY time DESC, rowid DESC LIMIT 1",
+                (host,),
+            ).fetchone()
             if last is None or last["policy"] != text:
-                self._conn.execute("INSERT INTO policies (host, time, policy) VALUES (?, ?, ?)",
-                                   (host, when, text))
+                self._conn.execute(
+                    "INSERT INTO policies (host, time, policy) VALUES (?, ?, ?)", (host, when, text)
+                )
 
     def prune(self, before: float) -> int:
         """Drop samples and events older than `before` (policies are tiny and say which
@@ -153,16 +188,21 @@ class TelemetryStore:
 
     def last_sample_time(self, host: str) -> float | None:
         """Where a backfill for `host` starts."""
-        row = self._conn.execute("SELECT MAX(time) AS t FROM samples WHERE host = ?",
-                                 (host,)).fetchone()
+        row = self._conn.execute(
+            "SELECT MAX(time) AS t FROM samples WHERE host = ?", (host,)
+        ).fetchone()
         return row["t"]
 
-    def samples(self, since: float, hosts: list[str] | None = None
-                ) -> dict[str, list[dict[str, Any]]]:
+    def samples(
+        self, since: float, hosts: list[str] | None = None
+    ) -> dict[str, list[dict[str, Any]]]:
         """Per host, oldest first, samples at or after `since`, shaped like a sample body."""
         by_host: dict[str, list[dict[str, Any]]] = {}
-        query, params = _filtered("SELECT host, " + ", ".join(SAMPLE_COLUMNS) +
-                                  " FROM samples WHERE time >= ?", since, hosts)
+        query, params = _filtered(
+            "SELECT host, " + ", ".join(SAMPLE_COLUMNS) + " FROM samples WHERE time >= ?",
+            since,
+            hosts,
+        )
         for row in self._conn.execute(query + " ORDER BY host, time", params):
             sample = dict(row)
             sample["simulated"] = bool(sample["simulated"])
@@ -171,25 +211,31 @@ class TelemetryStore:
             by_host.setdefault(sample.pop("host"), []).append(sample)
         return by_host
 
-    def events(self, since: float, hosts: list[str] | None = None
-               ) -> dict[str, list[dict[str, Any]]]:
+    def events(
+        self, since: float, hosts: list[str] | None = None
+    ) -> dict[str, list[dict[str, Any]]]:
         """Per host, oldest first, events at or after `since`."""
         by_host: dict[str, list[dict[str, Any]]] = {}
-        query, params = _filtered("SELECT host, " + ", ".join(EVENT_COLUMNS) +
-                                  " FROM events WHERE time >= ?", since, hosts)
+        query, params = _filtered(
+            "SELECT host, " + ", ".join(EVENT_COLUMNS) + " FROM events WHERE time >= ?",
+            since,
+            hosts,
+        )
         for row in self._conn.execute(query + " ORDER BY host, time, rowid", params):
             event = dict(row)
             event["simulated"] = bool(event["simulated"])
             by_host.setdefault(event.pop("host"), []).append(event)
         return by_host
 
-    def policies(self, hosts: list[str] | None = None
-                 ) -> dict[str, list[tuple[float, dict[str, Any]]]]:
+    def policies(
+        self, hosts: list[str] | None = None
+    ) -> dict[str, list[tuple[float, dict[str, Any]]]]:
         """Per host, every policy learned, oldest first, with the time it was learned: all of
         them, since the one in force at the start of a window was learned before it."""
         by_host: dict[str, list[tuple[float, dict[str, Any]]]] = {}
-        query, params = _filtered("SELECT host, time, policy FROM policies WHERE time >= ?",
-                                  float("-inf"), hosts)
+        query, params = _filtered(
+            "SELECT host, time, policy FROM policies WHERE time >= ?", float("-inf"), hosts
+        )
         for row in self._conn.execute(query + " ORDER BY host, time, rowid", params):
             by_host.setdefault(row["host"], []).append((row["time"], json.loads(row["policy"])))
         return by_host

@@ -29,5 +29,6 @@ def sparkline(values: Sequence[float | None]) -> str:
     known = [v for v in values if v is not None]
     low, high = min(known, default=0.0), max(known, default=0.0)
     span = (high - low) or 1.0
-    return "".join(" " if v is None else _SPARKS[round((v - low) / span * (len(_SPARKS) - 1))]
-                   for v in values)
+    return "".join(
+        " " if v is None else _SPARKS[round((v - low) / span * (len(_SPARKS) - 1))] for v in values
+    )

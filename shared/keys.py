@@ -38,8 +38,13 @@ def keys_dir() -> Path:
 
 def certificate_text(public: str, secret: str | None = None, name: str | None = None) -> str:
     kind = "**Secret**" if secret else "Public"
-    lines = [f"#   ****  Generated on {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC by "
-             "mlx-fleet  ****", f"#   ZeroMQ CURVE {kind} Certificate", "", "metadata"]
+    lines = [
+        f"#   ****  Generated on {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC by "
+        "mlx-fleet  ****",
+        f"#   ZeroMQ CURVE {kind} Certificate",
+        "",
+        "metadata",
+    ]
     if name:
         lines.append(f'    name = "{name}"')
     lines += ["curve", f'    public-key = "{public}"']
@@ -88,8 +93,7 @@ def own_keypair(directory: Path | None = None) -> Keypair:
         except FileExistsError:
             pass
         else:
-            (directory / f"{SELF_NAME}.key").write_text(certificate_text(public),
-                                                         encoding="utf-8")
+            (directory / f"{SELF_NAME}.key").write_text(certificate_text(public), encoding="utf-8")
     public_b, secret_b = zmq.auth.load_certificate(secret_path)
     if secret_b is None:
         raise ValueError(f"{secret_path} holds no secret key")

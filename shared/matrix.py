@@ -39,8 +39,10 @@ class MatrixSpec:
     iterations: int = 5
 
     def to_dict(self) -> dict[str, Any]:
-        return {key: list(value) if isinstance(value, tuple) else value
-                for key, value in asdict(self).items()}
+        return {
+            key: list(value) if isinstance(value, tuple) else value
+            for key, value in asdict(self).items()
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MatrixSpec:

@@ -48,20 +48,35 @@ class TelemetryMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self.temperature = Gauge(
-            "mlx_fleet_soc_temperature_celsius", "SoC temperature of the host's latest reading.",
-            ["host", "source"], registry=self.registry)
+            "mlx_fleet_soc_temperature_celsius",
+            "SoC temperature of the host's latest reading.",
+            ["host", "source"],
+            registry=self.registry,
+        )
         self.cooling_state = Gauge(
             "mlx_fleet_cooling_state",
             "What the host's policy says now: 0 ok, 1 reduce_batch, 2 pause, 3 stop.",
-            ["host"], registry=self.registry)
+            ["host"],
+            registry=self.registry,
+        )
         self.pause_seconds = Counter(
-            "mlx_fleet_pause_seconds", "Seconds supervised jobs on the host spent paused.",
-            ["host"], registry=self.registry)
+            "mlx_fleet_pause_seconds",
+            "Seconds supervised jobs on the host spent paused.",
+            ["host"],
+            registry=self.registry,
+        )
         self.policy_actions = Counter(
-            "mlx_fleet_policy_actions", "Actions the cooling policy took on the host's jobs.",
-            ["host", "action"], registry=self.registry)
-        self.agent_up = Gauge("mlx_fleet_agent_up", "1 while the host's telemetry arrives.",
-                              ["host"], registry=self.registry)
+            "mlx_fleet_policy_actions",
+            "Actions the cooling policy took on the host's jobs.",
+            ["host", "action"],
+            registry=self.registry,
+        )
+        self.agent_up = Gauge(
+            "mlx_fleet_agent_up",
+            "1 while the host's telemetry arrives.",
+            ["host"],
+            registry=self.registry,
+        )
         self._sources: dict[str, str] = {}
         self._pause_seen: dict[str, float] = {}
         self._states: set[str] = set()
@@ -102,8 +117,10 @@ def parse_address(text: str) -> tuple[str, int]:
     """'HOST:PORT' (IPv6 in brackets) -> (host, port); ValueError naming the expected form."""
     host, sep, port = text.strip().rpartition(":")
     if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"bad address {text!r}: expected HOST:PORT, e.g. 127.0.0.1:9101 "
-                         "(port 0 picks a free one)")
+        raise ValueError(
+            f"bad address {text!r}: expected HOST:PORT, e.g. 127.0.0.1:9101 "
+            "(port 0 picks a free one)"
+        )
     return host.strip("[]"), int(port)
 
 
@@ -144,4 +161,3 @@ def serve_metrics(registry: CollectorRegistry, address: str) -> MetricsServer:
     thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
     thread.start()
     return MetricsServer(server, thread)
-

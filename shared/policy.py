@@ -68,8 +68,10 @@ class ThermalPolicy:
         if not (math.isfinite(self.hysteresis) and self.hysteresis >= 0):
             raise ValueError(f"hysteresis must be >= 0 °C, got {self.hysteresis}")
         if self.hysteresis >= self.pause_temp:
-            raise ValueError(f"hysteresis {self.hysteresis} °C must be below pause_temp "
-                             f"{self.pause_temp} °C, or a pause could never end")
+            raise ValueError(
+                f"hysteresis {self.hysteresis} °C must be below pause_temp "
+                f"{self.pause_temp} °C, or a pause could never end"
+            )
 
     @property
     def resume_temp(self) -> float:

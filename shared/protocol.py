@@ -47,8 +47,7 @@ SUPERVISED_RUNNING = "running"
 SUPERVISED_PAUSED = "paused"
 SUPERVISED_STOPPED = "stopped"
 SUPERVISED_EXITED = "exited"
-SUPERVISED_STATES = (SUPERVISED_RUNNING, SUPERVISED_PAUSED, SUPERVISED_STOPPED,
-                     SUPERVISED_EXITED)
+SUPERVISED_STATES = (SUPERVISED_RUNNING, SUPERVISED_PAUSED, SUPERVISED_STOPPED, SUPERVISED_EXITED)
 KIND_BENCH = "bench"
 KIND_RUN = "run"
 
@@ -71,50 +70,106 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
     "history.get": {"since": (NUMBER, True), "limit": (int, False)},
     "policy.get": {},
     "policy.set": {"policy": (dict, True)},
-    "job.event": {"job": (str, True), "pid": ((int, NONE), True), "action": (str, True),
-                  "time": (NUMBER, True), "celsius": ((*NUMBER, NONE), True),
-                  "source": (str, True), "simulated": (bool, True),
-                  "detail": ((str, NONE), True)},
+    "job.event": {
+        "job": (str, True),
+        "pid": ((int, NONE), True),
+        "action": (str, True),
+        "time": (NUMBER, True),
+        "celsius": ((*NUMBER, NONE), True),
+        "source": (str, True),
+        "simulated": (bool, True),
+        "detail": ((str, NONE), True),
+    },
     # replies and the job stream, agent -> coordinator
-    "hello.ok": {"agent": (str, True), "protocol": (int, True), "hostname": (str, True),
-                 "secure": (bool, True)},
+    "hello.ok": {
+        "agent": (str, True),
+        "protocol": (int, True),
+        "hostname": (str, True),
+        "secure": (bool, True),
+    },
     "ping.ok": {"job": ((str, NONE), True), "time": (NUMBER, True)},
-    "info.ok": {"agent": (str, True), "protocol": (int, True), "machine": (dict, True),
-                "thermal": (dict, True), "job": ((dict, NONE), True),
-                "telemetry_port": (int, True), "poll_interval": (NUMBER, True),
-                "policy": (dict, True), "jobs": (list, True)},
+    "info.ok": {
+        "agent": (str, True),
+        "protocol": (int, True),
+        "machine": (dict, True),
+        "thermal": (dict, True),
+        "job": ((dict, NONE), True),
+        "telemetry_port": (int, True),
+        "poll_interval": (NUMBER, True),
+        "policy": (dict, True),
+        "jobs": (list, True),
+    },
     "bench.start.ok": {"job": (str, True), "cells": (list, True)},
-    "bench.progress": {"job": (str, True), "done": (int, True), "total": (int, True),
-                       "model": ((dict, NONE), False)},
+    "bench.progress": {
+        "job": (str, True),
+        "done": (int, True),
+        "total": (int, True),
+        "model": ((dict, NONE), False),
+    },
     "bench.cell": {"job": (str, True), "index": (int, True), "record": (dict, True)},
-    "bench.done": {"job": (str, True), "status": (str, True), "error": ((str, NONE), True),
-                   "cells": (int, True)},
+    "bench.done": {
+        "job": (str, True),
+        "status": (str, True),
+        "error": ((str, NONE), True),
+        "cells": (int, True),
+    },
     "bench.cancel.ok": {"job": (str, True)},
-    "job.get.ok": {"job": (str, True), "state": (str, True), "error": ((str, NONE), True),
-                   "spec": (dict, True), "models": (list, True), "records": (list, True),
-                   "offset": (int, True), "next": ((int, NONE), True),
-                   "started": (str, True), "finished": ((str, NONE), True)},
-    "history.get.ok": {"samples": (list, True), "events": (list, True),
-                       "truncated": (bool, True)},
+    "job.get.ok": {
+        "job": (str, True),
+        "state": (str, True),
+        "error": ((str, NONE), True),
+        "spec": (dict, True),
+        "models": (list, True),
+        "records": (list, True),
+        "offset": (int, True),
+        "next": ((int, NONE), True),
+        "started": (str, True),
+        "finished": ((str, NONE), True),
+    },
+    "history.get.ok": {"samples": (list, True), "events": (list, True), "truncated": (bool, True)},
     "policy.get.ok": {"policy": (dict, True)},
     "policy.set.ok": {"policy": (dict, True)},
     "job.event.ok": {"job": (str, True)},
     "error": {"code": (str, True), "message": (str, True)},
     # telemetry, published by the agent (never requests, never replies)
-    "telemetry.sample": {"host": (str, True), "time": (NUMBER, True),
-                         "celsius": ((*NUMBER, NONE), True), "pressure": ((str, NONE), True),
-                         "source": (str, True), "simulated": (bool, True),
-                         "state": ((str, NONE), True),
-                         "trend_c_per_min": ((*NUMBER, NONE), True),
-                         "pause_s_total": (NUMBER, True), "jobs": (list, True)},
-    "telemetry.event": {"host": (str, True), "time": (NUMBER, True),
-                        "celsius": ((*NUMBER, NONE), True), "action": (str, True),
-                        "pid": ((int, NONE), True), "job": ((str, NONE), True),
-                        "source": (str, True), "simulated": (bool, True),
-                        "detail": ((str, NONE), True)},
+    "telemetry.sample": {
+        "host": (str, True),
+        "time": (NUMBER, True),
+        "celsius": ((*NUMBER, NONE), True),
+        "pressure": ((str, NONE), True),
+        "source": (str, True),
+        "simulated": (bool, True),
+        "state": ((str, NONE), True),
+        "trend_c_per_min": ((*NUMBER, NONE), True),
+        "pause_s_total": (NUMBER, True),
+        "jobs": (list, True),
+    },
+    "telemetry.event": {
+        "host": (str, True),
+        "time": (NUMBER, True),
+        "celsius": ((*NUMBER, NONE), True),
+        "action": (str, True),
+        "pid": ((int, NONE), True),
+        "job": ((str, NONE), True),
+        "source": (str, True),
+        "simulated": (bool, True),
+        "detail": ((str, NONE), True),
+    },
 }
-REQUESTS = frozenset({"hello", "ping", "info", "bench.start", "bench.cancel", "job.get",
-                      "history.get", "policy.get", "policy.set", "job.event"})
+REQUESTS = frozenset(
+    {
+        "hello",
+        "ping",
+        "info",
+        "bench.start",
+        "bench.cancel",
+        "job.get",
+        "history.get",
+        "policy.get",
+        "policy.set",
+        "job.event",
+    }
+)
 ENVELOPE_KEYS = frozenset({"v", "id", "type", "re", "body"})
 
 
@@ -159,19 +214,30 @@ def error_for(exc: ProtocolError) -> Message:
 
 
 def encode(message: Message) -> bytes:
-    data = msgpack.packb({"v": message.v, "id": message.id, "type": message.type,
-                          "re": message.re, "body": message.body})
+    data = msgpack.packb(
+        {
+            "v": message.v,
+            "id": message.id,
+            "type": message.type,
+            "re": message.re,
+            "body": message.body,
+        }
+    )
     if len(data) > MAX_MESSAGE_SIZE:
-        raise ProtocolError(TOO_LARGE, f"{message.type} would be {len(data)} bytes; the "
-                            f"limit is {MAX_MESSAGE_SIZE}", re=message.re)
+        raise ProtocolError(
+            TOO_LARGE,
+            f"{message.type} would be {len(data)} bytes; the limit is {MAX_MESSAGE_SIZE}",
+            re=message.re,
+        )
     return data
 
 
 def decode(data: bytes) -> Message:
     """Parse and validate one message; raise ProtocolError naming the first problem."""
     if len(data) > MAX_MESSAGE_SIZE:
-        raise ProtocolError(TOO_LARGE, f"message of {len(data)} bytes; the limit is "
-                            f"{MAX_MESSAGE_SIZE}")
+        raise ProtocolError(
+            TOO_LARGE, f"message of {len(data)} bytes; the limit is {MAX_MESSAGE_SIZE}"
+        )
     try:
         raw = msgpack.unpackb(data, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types for bad input
@@ -180,12 +246,16 @@ def decode(data: bytes) -> Message:
         raise ProtocolError(MALFORMED, f"a message is a map, got {type(raw).__name__}")
     msg_id = raw.get("id")
     if not isinstance(msg_id, str) or not 0 < len(msg_id) <= MAX_ID_LENGTH:
-        raise ProtocolError(MALFORMED, f"id must be a string of 1 to {MAX_ID_LENGTH} "
-                            f"characters, got {msg_id!r}")
+        raise ProtocolError(
+            MALFORMED, f"id must be a string of 1 to {MAX_ID_LENGTH} characters, got {msg_id!r}"
+        )
     version = raw.get("v")
     if version != PROTOCOL_VERSION:
-        raise ProtocolError(BAD_VERSION, f"protocol version {version!r} is not spoken here; "
-                            f"this side speaks {PROTOCOL_VERSION}", re=msg_id)
+        raise ProtocolError(
+            BAD_VERSION,
+            f"protocol version {version!r} is not spoken here; this side speaks {PROTOCOL_VERSION}",
+            re=msg_id,
+        )
     unknown = sorted(set(raw) - ENVELOPE_KEYS)
     missing = sorted({"v", "id", "type", "body"} - set(raw))
     if unknown or missing:
@@ -228,8 +298,9 @@ def check_body(type_: str, body: dict[str, Any]) -> None:
         else:
             ok = isinstance(value, types)
         if not ok:
-            raise ProtocolError(BAD_BODY, f"{type_}: field {name!r} has the wrong type "
-                                f"({type(value).__name__})")
+            raise ProtocolError(
+                BAD_BODY, f"{type_}: field {name!r} has the wrong type ({type(value).__name__})"
+            )
 
 
 def _as_tuple(types: Types) -> tuple[type, ...]:
@@ -244,17 +315,22 @@ def telemetry_frames(message: Message) -> list[bytes]:
 def decode_telemetry(frames: list[bytes]) -> Message:
     """One telemetry message off a SUB socket: two frames whose topic matches the type."""
     if len(frames) != 2:
-        raise ProtocolError(MALFORMED, f"telemetry is two frames [topic, envelope], got "
-                            f"{len(frames)}")
+        raise ProtocolError(
+            MALFORMED, f"telemetry is two frames [topic, envelope], got {len(frames)}"
+        )
     message = decode(frames[1])
     if TOPICS.get(message.type) != frames[0]:
-        raise ProtocolError(MALFORMED, f"topic {frames[0]!r} does not match type "
-                            f"{message.type}", re=message.id)
+        raise ProtocolError(
+            MALFORMED, f"topic {frames[0]!r} does not match type {message.type}", re=message.id
+        )
     return message
 
 
 def require_request(message: Message) -> None:
     """The agent answers requests only; a reply type sent to it is refused by name."""
     if message.type not in REQUESTS:
-        raise ProtocolError(NOT_A_REQUEST, f"{message.type} is not a request; requests are "
-                            f"{', '.join(sorted(REQUESTS))}", re=message.id)
+        raise ProtocolError(
+            NOT_A_REQUEST,
+            f"{message.type} is not a request; requests are {', '.join(sorted(REQUESTS))}",
+            re=message.id,
+        )

@@ -82,8 +82,10 @@ def progress_line(record: Record) -> str:
     where = f"{record['host']} " if record.get("host") else ""
     if record.get("status") != "ok":
         return f"{where}{record['name']}: FAILED: {record.get('error')}"
-    return (f"{where}{record['name']}: {mean_std(record, 'tokens_per_sec', 'std_tokens_per_sec')}"
-            f" tok/s, {mean_std(record, 'latency_ms', 'std_latency_ms')} ms")
+    return (
+        f"{where}{record['name']}: {mean_std(record, 'tokens_per_sec', 'std_tokens_per_sec')}"
+        f" tok/s, {mean_std(record, 'latency_ms', 'std_latency_ms')} ms"
+    )
 
 
 Column = tuple[str, Callable[[Record], str]]
@@ -154,8 +156,11 @@ def rich_table(report: dict[str, Any]) -> Table:
     table = Table(title=report.get("title", "mlx-fleet benchmark"))
     cols = columns_for(records)
     for name, _ in cols:
-        table.add_column(name, justify="right" if name not in ("host", "model", "test", "flags")
-                         else "left", overflow="fold")
+        table.add_column(
+            name,
+            justify="right" if name not in ("host", "model", "test", "flags") else "left",
+            overflow="fold",
+        )
     for record in records:
         style = None if record.get("status") == "ok" else "red"
         table.add_row(*(render(record) for _, render in cols), style=style)
@@ -175,11 +180,33 @@ def to_markdown(report: dict[str, Any]) -> str:
 
 
 CSV_FIELDS = [
-    "host", "name", "model", "bits", "mode", "test", "seq_len", "batch_size", "decode_tokens",
-    "status", "tokens_per_sec", "std_tokens_per_sec", "latency_ms", "std_latency_ms",
-    "min_latency_ms", "median_latency_ms", "peak_memory_gb", "active_memory_gb",
-    "soc_temp_start_c", "soc_temp_end_c", "pressure_start", "pressure_end", "pause_s",
-    "thermal_source", "flags", "error", "samples_ms",
+    "host",
+    "name",
+    "model",
+    "bits",
+    "mode",
+    "test",
+    "seq_len",
+    "batch_size",
+    "decode_tokens",
+    "status",
+    "tokens_per_sec",
+    "std_tokens_per_sec",
+    "latency_ms",
+    "std_latency_ms",
+    "min_latency_ms",
+    "median_latency_ms",
+    "peak_memory_gb",
+    "active_memory_gb",
+    "soc_temp_start_c",
+    "soc_temp_end_c",
+    "pressure_start",
+    "pressure_end",
+    "pause_s",
+    "thermal_source",
+    "flags",
+    "error",
+    "samples_ms",
 ]
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 BUSY_TIMEOUT_S = 30.0
 
 
-def open_database(path: Path, *, rows_by_name: bool = False,
-                  threads: bool = False) -> sqlite3.Connection:
+def open_database(
+    path: Path, *, rows_by_name: bool = False, threads: bool = False
+) -> sqlite3.Connection:
     """A connection in WAL mode, so readers never block the writer and several processes (the
     daemon and `agent run`, a monitor and a benchmark) can share the file; a busy file is waited
     for, not failed on. Created, with its folder, on first use. A file that is not a database

@@ -22,8 +22,10 @@ from shared import protocol as p
 from shared.keys import own_keypair
 from tests.conftest import console_script, subprocess_env
 
-READY = re.compile(r"listening on tcp://(\S+) (?:curve-key=(\S+)|INSECURE)"
-                   r"(?: telemetry=tcp://(\S+))?")
+READY = re.compile(
+    r"listening on tcp://(\S+) (?:curve-key=(\S+)|INSECURE)"
+    r"(?: telemetry=tcp://(\S+))?"
+)
 QUICK = ["--config-small", "-s", "16", "-i", "1", "-w", "0", "--decode-tokens", "4"]
 """Two cells that take well under a second on a slow CPU."""
 LONG = ["--config-small", "-s", "16,32,48,64", "-i", "3", "-w", "0", "--decode-tokens", "8"]
@@ -81,23 +83,42 @@ class AgentPool:
         self.root = root
         self.agents: list[AgentProcess] = []
 
-    def start(self, name: str = "agent", *, insecure: bool = False, thermal: str = "none",
-              bind_host: str = "127.0.0.1", netns: str | None = None,
-              options: Sequence[str] = ()) -> AgentProcess:
+    def start(
+        self,
+        name: str = "agent",
+        *,
+        insecure: bool = False,
+        thermal: str = "none",
+        bind_host: str = "127.0.0.1",
+        netns: str | None = None,
+        options: Sequence[str] = (),
+    ) -> AgentProcess:
         """`options` are more `agent serve` options (--poll-interval, --prometheus, ...)."""
         home = self.root / name
         home.mkdir(parents=True, exist_ok=True)
         log = home / "serve.log"
-        command = [console_script("agent"), "serve", "--bind", f"{bind_host}:0",
-                   "--thermal-source", thermal, *(["--insecure"] if insecure else []),
-                   *options]
+        command = [
+            console_script("agent"),
+            "serve",
+            "--bind",
+            f"{bind_host}:0",
+            "--thermal-source",
+            thermal,
+            *(["--insecure"] if insecure else []),
+            *options,
+        ]
         if netns is not None:
             command = ["ip", "netns", "exec", netns, *command]
         with open(log, "w", encoding="utf-8") as log_file:
             process = subprocess.Popen(
-                command, stdout=subprocess.PIPE, stderr=log_file, stdin=subprocess.DEVNULL,
-                text=True, env=subprocess_env(MLX_FLEET_HOME=str(home)),
-                start_new_session=True)
+                command,
+                stdout=subprocess.PIPE,
+                stderr=log_file,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                env=subprocess_env(MLX_FLEET_HOME=str(home)),
+                start_new_session=True,
+            )
         agent = AgentProcess(home, process, "", None, log)
         self.agents.append(agent)
         assert process.stdout is not None
@@ -117,12 +138,18 @@ class AgentPool:
             agent.kill()
 
 
-def cli(name: str, *args: str, home: Path | None = None, timeout: float = 120
-        ) -> subprocess.CompletedProcess[str]:
+def cli(
+    name: str, *args: str, home: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     """Run a console script; `home` sets its MLX_FLEET_HOME (else the test's own)."""
     extra = {"COLUMNS": "200"} | ({"MLX_FLEET_HOME": str(home)} if home else {})
-    return subprocess.run([console_script(name), *args], capture_output=True, text=True,
-                          timeout=timeout, env=subprocess_env(**extra))
+    return subprocess.run(
+        [console_script(name), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=subprocess_env(**extra),
+    )
 
 
 def exchange_keys(agent: AgentProcess) -> None:
@@ -136,8 +163,9 @@ def exchange_keys(agent: AgentProcess) -> None:
     assert added.returncode == 0, added.stderr
 
 
-def trusted_agent(agents: AgentPool, name: str = "agent", *, thermal: str = "none",
-                  options: Sequence[str] = ()) -> AgentProcess:
+def trusted_agent(
+    agents: AgentPool, name: str = "agent", *, thermal: str = "none", options: Sequence[str] = ()
+) -> AgentProcess:
     """An agent that trusts this test's coordinator key (the test's MLX_FLEET_HOME keypair)."""
     agent = agents.start(name, thermal=thermal, options=options)
     trust(own_keypair().public, "test", directory=agent.home / "keys" / "trusted")
@@ -165,8 +193,12 @@ def subscriber(ctx: zmq.Context, agent: AgentProcess) -> zmq.Socket:
     return sock
 
 
-def receive(sock: zmq.Socket, wanted: Callable[[p.Message], bool], timeout: float = 10.0,
-            seen: list[p.Message] | None = None) -> p.Message:
+def receive(
+    sock: zmq.Socket,
+    wanted: Callable[[p.Message], bool],
+    timeout: float = 10.0,
+    seen: list[p.Message] | None = None,
+) -> p.Message:
     """The first telemetry message `wanted` accepts (each one received goes to `seen`)."""
     deadline = time.monotonic() + timeout
     while (left := deadline - time.monotonic()) > 0:
@@ -177,4 +209,3 @@ def receive(sock: zmq.Socket, wanted: Callable[[p.Message], bool], timeout: floa
             if wanted(message):
                 return message
     raise AssertionError(f"no such telemetry within {timeout} s")
-

@@ -16,15 +16,30 @@ QUICK = ["--config-small", "-s", "16", "-i", "1", "-w", "0", "--decode-tokens", 
 
 
 def run_agent(agent_cli: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([agent_cli, *args], capture_output=True, text=True, timeout=timeout,
-                          env=subprocess_env(COLUMNS="200"))
+    return subprocess.run(
+        [agent_cli, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=subprocess_env(COLUMNS="200"),
+    )
 
 
 def test_quick_start_prints_the_table(agent_cli: str, fleet_home: Path) -> None:
     result = run_agent(agent_cli, "bench", "--config-small", "-s", "32,64", "-i", "2", "-w", "1")
     assert result.returncode == 0, result.stderr
-    for label in ("pp32", "pp64", "tg64 @ d32", "tg64 @ d64", "tok/s", "SoC °C", "N/A",
-                  "small/f16", "4.00M params", "MLX "):
+    for label in (
+        "pp32",
+        "pp64",
+        "tg64 @ d32",
+        "tg64 @ d64",
+        "tok/s",
+        "SoC °C",
+        "N/A",
+        "small/f16",
+        "4.00M params",
+        "MLX ",
+    ):
         assert label in result.stdout
     saved = list((fleet_home / "runs").glob("bench-*.json"))
     assert len(saved) == 1
@@ -35,13 +50,25 @@ def test_json_carries_samples_and_machine_fields(agent_cli: str) -> None:
     result = run_agent(agent_cli, "bench", *QUICK, "-i", "2", "-b", "1,2", "--format", "json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    for key in ("hostname", "device", "chip", "memory_gb", "os", "mlx_version",
-                "mlx_fleet_version", "python"):
+    for key in (
+        "hostname",
+        "device",
+        "chip",
+        "memory_gb",
+        "os",
+        "mlx_version",
+        "mlx_fleet_version",
+        "python",
+    ):
         assert report["machine"][key], key
     assert report["models"][0]["param_count"] == 4_000_000
     cells = report["cells"]
     assert [(c["test"], c["batch_size"]) for c in cells] == [
-        ("pp16", 1), ("tg2 @ d16", 1), ("pp16", 2), ("tg2 @ d16", 2)]
+        ("pp16", 1),
+        ("tg2 @ d16", 1),
+        ("pp16", 2),
+        ("tg2 @ d16", 2),
+    ]
     for cell in cells:
         assert len(cell["samples_ms"]) == 2
         assert cell["tokens_per_sec"] > 0 and cell["peak_memory_gb"] > 0
@@ -76,8 +103,10 @@ def test_other_formats(agent_cli: str, fmt: str, tmp_path: Path) -> None:
         (["--config-small", "--bits", "2"], "bits 2"),
         (["--model", "/no/such/model"], "model directory /no/such/model does not exist"),
         (["--config-small", "--format", "xml"], "unknown format 'xml'"),
-        (["--config-small", "--output", "/no/such/folder/out.csv"],
-         "folder /no/such/folder does not exist"),
+        (
+            ["--config-small", "--output", "/no/such/folder/out.csv"],
+            "folder /no/such/folder does not exist",
+        ),
         (["--config-small", "--poll-interval", "0"], "--poll-interval"),
         (["--model", "/etc/hostname"], "is a file, not a model directory"),
     ],
@@ -92,9 +121,26 @@ def test_bad_input_exits_2_with_one_line(agent_cli: str, args: list[str], messag
 
 def test_ctrl_c_prints_the_cells_finished_so_far(agent_cli: str) -> None:
     process = subprocess.Popen(
-        [agent_cli, "bench", "--config-small", "-s", "8,4096", "-i", "1", "-w", "0",
-         "--decode-tokens", "0", "--format", "json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env())
+        [
+            agent_cli,
+            "bench",
+            "--config-small",
+            "-s",
+            "8,4096",
+            "-i",
+            "1",
+            "-w",
+            "0",
+            "--decode-tokens",
+            "0",
+            "--format",
+            "json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+    )
     assert process.stderr is not None
     first = process.stderr.readline()
     assert "[1/2]" in first and "pp8" in first, first
@@ -104,32 +150,65 @@ def test_ctrl_c_prints_the_cells_finished_so_far(agent_cli: str) -> None:
     report = json.loads(stdout)
     assert report["interrupted"] is True
     assert [(c["test"], c["status"]) for c in report["cells"]] == [
-        ("pp8", "ok"), ("pp4096", "not run")]
+        ("pp8", "ok"),
+        ("pp4096", "not run"),
+    ]
     assert report["cells"][1]["error"] == "interrupted"
 
 
 def test_help_lists_the_seed_options(agent_cli: str) -> None:
     result = run_agent(agent_cli, "bench", "--help")
-    for option in ("--seq-lengths", "--warmup", "--iterations", "--config-small",
-                   "--batch-size", "--model", "--bits", "--decode-tokens", "--format",
-                   "--output"):
+    for option in (
+        "--seq-lengths",
+        "--warmup",
+        "--iterations",
+        "--config-small",
+        "--batch-size",
+        "--model",
+        "--bits",
+        "--decode-tokens",
+        "--format",
+        "--output",
+    ):
         assert option in result.stdout
 
 
 def test_module_runs_without_the_console_script() -> None:
-    result = subprocess.run([sys.executable, "-c", "from agent.cli import app; app()", "--help"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", "from agent.cli import app; app()", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0 and "bench" in result.stdout
 
 
 def thermal_bench(agent_cli: str, curve: Path, *extra: str) -> subprocess.CompletedProcess:
-    return run_agent(agent_cli, "bench", "--config-small", "-s", "8,16", "-i", "2", "-w", "0",
-                     "--decode-tokens", "0", "--thermal-source", f"replay:{curve}",
-                     "--poll-interval", "0.05", "--format", "json", *extra)
+    return run_agent(
+        agent_cli,
+        "bench",
+        "--config-small",
+        "-s",
+        "8,16",
+        "-i",
+        "2",
+        "-w",
+        "0",
+        "--decode-tokens",
+        "0",
+        "--thermal-source",
+        f"replay:{curve}",
+        "--poll-interval",
+        "0.05",
+        "--format",
+        "json",
+        *extra,
+    )
 
 
-def test_a_thermal_pause_is_flagged_and_kept_out_of_the_latencies(agent_cli: str,
-                                                                  tmp_path: Path) -> None:
+def test_a_thermal_pause_is_flagged_and_kept_out_of_the_latencies(
+    agent_cli: str, tmp_path: Path
+) -> None:
     curve = tmp_path / "curve.csv"
     curve.write_text("0,90\n1.5,70\n")  # hot from the start, cool after 1.5 s
     result = thermal_bench(agent_cli, curve)
@@ -145,8 +224,9 @@ def test_a_thermal_pause_is_flagged_and_kept_out_of_the_latencies(agent_cli: str
     assert report["thermal"]["simulated"] is True
 
 
-def test_a_thermal_stop_ends_the_run_and_keeps_what_was_measured(agent_cli: str,
-                                                                 tmp_path: Path) -> None:
+def test_a_thermal_stop_ends_the_run_and_keeps_what_was_measured(
+    agent_cli: str, tmp_path: Path
+) -> None:
     curve = tmp_path / "curve.csv"
     curve.write_text("0,97\n")
     result = thermal_bench(agent_cli, curve)
@@ -165,10 +245,31 @@ def test_no_cooling_only_observes(agent_cli: str, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     cells = json.loads(result.stdout)["cells"]
     assert all(c["flags"] == ["hot", "simulated"] and c["pause_s"] == 0.0 for c in cells)
-    assert "97.0 (replay:" in subprocess.run(
-        [agent_cli, "bench", "--config-small", "-s", "8", "-i", "1", "-w", "0",
-         "--decode-tokens", "0", "--thermal-source", f"replay:{curve}", "--no-cooling"],
-        capture_output=True, text=True, timeout=300, env=subprocess_env(COLUMNS="250")).stdout
+    assert (
+        "97.0 (replay:"
+        in subprocess.run(
+            [
+                agent_cli,
+                "bench",
+                "--config-small",
+                "-s",
+                "8",
+                "-i",
+                "1",
+                "-w",
+                "0",
+                "--decode-tokens",
+                "0",
+                "--thermal-source",
+                f"replay:{curve}",
+                "--no-cooling",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=subprocess_env(COLUMNS="250"),
+        ).stdout
+    )
 
 
 @pytest.mark.parametrize(

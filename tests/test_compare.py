@@ -30,8 +30,13 @@ def fastest_of(cells: list[dict[str, Any]]) -> list[tuple[str, int]]:
 
 
 def test_fastest_host_per_cell() -> None:
-    cells = [on("a", ok_cell(32, 10.0)), on("b", ok_cell(32, 30.0)), on("c", ok_cell(32, 20.0)),
-             on("a", ok_cell(64, 9.0)), on("b", ok_cell(64, 8.0))]
+    cells = [
+        on("a", ok_cell(32, 10.0)),
+        on("b", ok_cell(32, 30.0)),
+        on("c", ok_cell(32, 20.0)),
+        on("a", ok_cell(64, 9.0)),
+        on("b", ok_cell(64, 8.0)),
+    ]
     assert fastest_of(cells) == [("b", 32), ("a", 64)]
 
 
@@ -46,7 +51,8 @@ def test_failed_and_unmeasured_records_do_not_race() -> None:
     unmeasured = {**on("b", ok_cell(32, 1.0)), "tokens_per_sec": None}
     assert fastest_of([on("a", ok_cell(32, 10.0)), unmeasured]) == []
     assert fastest_of([on("a", ok_cell(32, 10.0)), unmeasured, on("c", ok_cell(32, 5.0))]) == [
-        ("a", 32)]
+        ("a", 32)
+    ]
 
 
 def test_ties_go_to_the_first_and_nothing_is_mutated() -> None:
@@ -103,14 +109,16 @@ def test_formats(tmp_path: Path) -> None:
     md = comparison_text(rows, "r-a", "r-b", "md").splitlines()
     assert md[0] == "<!-- A = r-a, B = r-b; speed-up = B/A tok/s -->"
     assert md[1] == "| host | model | test | batch | tok/s A | tok/s B | speed-up | note |"
-    assert md[3] == ("| mac1:5555 | small/f16 | pp32 | 1 | 100.00 ± 0.50 | 123.00 ± 0.50 "
-                     "| 1.23x |  |")
+    assert md[3] == (
+        "| mac1:5555 | small/f16 | pp32 | 1 | 100.00 ± 0.50 | 123.00 ± 0.50 | 1.23x |  |"
+    )
     assert md[4] == "| mac1:5555 | small/f16 | pp64 | 1 | 10.00 ± 0.50 | N/A | N/A | only in A |"
 
     parsed = list(csv.DictReader(io.StringIO(comparison_text(rows, "r-a", "r-b", "csv"))))
-    assert [(r["test"], r["tokens_per_sec_a"], r["tokens_per_sec_b"], r["speedup"], r["note"])
-            for r in parsed] == [("pp32", "100.0", "123.0", "1.23", ""),
-                                 ("pp64", "10.0", "", "", "only in A")]
+    assert [
+        (r["test"], r["tokens_per_sec_a"], r["tokens_per_sec_b"], r["speedup"], r["note"])
+        for r in parsed
+    ] == [("pp32", "100.0", "123.0", "1.23", ""), ("pp64", "10.0", "", "", "only in A")]
 
     data = json.loads(comparison_text(rows, "r-a", "r-b", "json"))
     assert (data["a"], data["b"]) == ("r-a", "r-b")

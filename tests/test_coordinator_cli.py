@@ -17,18 +17,27 @@ from tests.test_store import fill_run
 
 
 def run_cli(coordinator_cli: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([coordinator_cli, *args], capture_output=True, text=True, timeout=120,
-                          env=subprocess_env(COLUMNS="200"))
+    return subprocess.run(
+        [coordinator_cli, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=subprocess_env(COLUMNS="200"),
+    )
 
 
 @pytest.fixture
 def two_runs(fleet_home: Path) -> tuple[str, str]:
     """A two-host run with a failed cell, then a rerun on the same hosts where all cells ran."""
     with RunStore() as store:
-        first = fill_run(store, {"mac1:5555": {32: 100.0, 64: 50.0},
-                                 "mac2:5555": {32: 80.0, 64: None}}, status="failed")
-        second = fill_run(store, {"mac1:5555": {32: 150.0, 64: 50.0},
-                                  "mac2:5555": {32: 160.0, 64: 40.0}})
+        first = fill_run(
+            store,
+            {"mac1:5555": {32: 100.0, 64: 50.0}, "mac2:5555": {32: 80.0, 64: None}},
+            status="failed",
+        )
+        second = fill_run(
+            store, {"mac1:5555": {32: 150.0, 64: 50.0}, "mac2:5555": {32: 160.0, 64: 40.0}}
+        )
     return first, second
 
 
@@ -50,10 +59,13 @@ def test_runs_lists_newest_first(coordinator_cli: str, two_runs: tuple[str, str]
     first, second = two_runs
     listed = json.loads(run_cli(coordinator_cli, "runs", "--format", "json").stdout)
     assert [(r["id"], r["status"], r["ok"], r["failed"]) for r in listed] == [
-        (second, "ok", 4, 0), (first, "failed", 3, 1)]
+        (second, "ok", 4, 0),
+        (first, "failed", 3, 1),
+    ]
     assert listed[0]["hosts"] == ["mac1:5555", "mac2:5555"]
-    limited = json.loads(run_cli(coordinator_cli, "runs", "--limit", "1", "--format",
-                                 "json").stdout)
+    limited = json.loads(
+        run_cli(coordinator_cli, "runs", "--limit", "1", "--format", "json").stdout
+    )
     assert [r["id"] for r in limited] == [second]
 
     table = run_cli(coordinator_cli, "runs")
@@ -87,8 +99,9 @@ def test_show_table(coordinator_cli: str, two_runs: tuple[str, str]) -> None:
 
 
 @pytest.mark.parametrize("fmt", ["md", "csv", "jsonl"])
-def test_show_to_a_file(coordinator_cli: str, two_runs: tuple[str, str], tmp_path: Path,
-                        fmt: str) -> None:
+def test_show_to_a_file(
+    coordinator_cli: str, two_runs: tuple[str, str], tmp_path: Path, fmt: str
+) -> None:
     _, second = two_runs
     out = tmp_path / f"report.{fmt}"
     result = run_cli(coordinator_cli, "show", second, "--format", fmt, "--output", str(out))
@@ -100,12 +113,19 @@ def test_show_to_a_file(coordinator_cli: str, two_runs: tuple[str, str], tmp_pat
     elif fmt == "csv":
         rows = list(csv.DictReader(io.StringIO(text)))
         assert [(r["host"], r["test"], r["tokens_per_sec"]) for r in rows] == [
-            ("mac1:5555", "pp32", "150.0"), ("mac1:5555", "pp64", "50.0"),
-            ("mac2:5555", "pp32", "160.0"), ("mac2:5555", "pp64", "40.0")]
+            ("mac1:5555", "pp32", "150.0"),
+            ("mac1:5555", "pp64", "50.0"),
+            ("mac2:5555", "pp32", "160.0"),
+            ("mac2:5555", "pp64", "40.0"),
+        ]
     else:
         lines = [json.loads(line) for line in text.splitlines()]
         assert [(c["hostname"], c["seq_len"], c.get("fastest")) for c in lines] == [
-            ("mac1", 32, None), ("mac1", 64, True), ("mac2", 32, True), ("mac2", 64, None)]
+            ("mac1", 32, None),
+            ("mac1", 64, True),
+            ("mac2", 32, True),
+            ("mac2", 64, None),
+        ]
 
 
 def test_compare(coordinator_cli: str, two_runs: tuple[str, str]) -> None:
@@ -115,9 +135,11 @@ def test_compare(coordinator_cli: str, two_runs: tuple[str, str]) -> None:
     data = json.loads(result.stdout)
     assert (data["a"], data["b"]) == (first, second)
     assert [(r["host"], r["test"], r["speedup"], r["note"]) for r in data["rows"]] == [
-        ("mac1:5555", "pp32", 1.5, ""), ("mac1:5555", "pp64", 1.0, ""),
+        ("mac1:5555", "pp32", 1.5, ""),
+        ("mac1:5555", "pp64", 1.0, ""),
         ("mac2:5555", "pp32", 2.0, ""),
-        ("mac2:5555", "pp64", None, "failed in A: boom on mac2:5555")]
+        ("mac2:5555", "pp64", None, "failed in A: boom on mac2:5555"),
+    ]
 
     table = run_cli(coordinator_cli, "compare", first[:-1], second[:-1])
     assert table.returncode == 0, table.stderr
@@ -133,20 +155,28 @@ def test_compare(coordinator_cli: str, two_runs: tuple[str, str]) -> None:
     assert csv_text.splitlines()[0].startswith("host,name,model,test,batch_size")
 
 
-@pytest.mark.parametrize("args", [
-    ["show", "r-nope"], ["compare", "r-nope", "r-"], ["runs", "--format", "md"],
-    ["show", "r-", "--format", "xml"], ["compare", "r-1", "r-2", "--format", "jsonl"],
-])
-def test_usage_errors_exit_2(coordinator_cli: str, two_runs: tuple[str, str],
-                             args: list[str]) -> None:
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["show", "r-nope"],
+        ["compare", "r-nope", "r-"],
+        ["runs", "--format", "md"],
+        ["show", "r-", "--format", "xml"],
+        ["compare", "r-1", "r-2", "--format", "jsonl"],
+    ],
+)
+def test_usage_errors_exit_2(
+    coordinator_cli: str, two_runs: tuple[str, str], args: list[str]
+) -> None:
     result = run_cli(coordinator_cli, *args)
     assert result.returncode == 2
     assert result.stdout == ""
     assert "error:" in result.stderr
 
 
-def test_unknown_and_ambiguous_runs_are_named(coordinator_cli: str,
-                                              two_runs: tuple[str, str]) -> None:
+def test_unknown_and_ambiguous_runs_are_named(
+    coordinator_cli: str, two_runs: tuple[str, str]
+) -> None:
     unknown = run_cli(coordinator_cli, "show", "r-nope")
     assert "unknown run 'r-nope'" in unknown.stderr
     ambiguous = run_cli(coordinator_cli, "compare", two_runs[0], "r-")

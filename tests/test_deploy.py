@@ -34,9 +34,15 @@ SSHD = "/usr/sbin/sshd"
 FAKE_MANAGER = Path(__file__).parent / "fakes" / "service_manager.py"
 REMOTE_PYTHON = str(Path(sys.base_prefix) / "bin" / "python3")
 
-NO_LAB = ("openssh-server is not installed (apt-get install openssh-server)"
-          if not Path(SSHD).exists() else "no ssh client" if shutil.which("ssh") is None
-          else "the test sshd runs as root" if os.geteuid() != 0 else None)
+NO_LAB = (
+    "openssh-server is not installed (apt-get install openssh-server)"
+    if not Path(SSHD).exists()
+    else "no ssh client"
+    if shutil.which("ssh") is None
+    else "the test sshd runs as root"
+    if os.geteuid() != 0
+    else None
+)
 needs_sshd = pytest.mark.skipif(NO_LAB is not None, reason=str(NO_LAB))
 
 
@@ -63,8 +69,9 @@ class Lab:
         self.root = root
         root.mkdir(parents=True)
         self.client_key = root / "client_key"
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f",
-                        str(self.client_key)], check=True)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.client_key)], check=True
+        )
         self.config = root / "ssh_config"
         self.config.write_text("")
         self.servers: list[subprocess.Popen] = []
@@ -78,8 +85,9 @@ class Lab:
         home = folder / "home"
         home.mkdir(parents=True)
         host_key = folder / "host_key"
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(host_key)],
-                       check=True)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(host_key)], check=True
+        )
         pip_cache = Path.home() / ".cache" / "pip"
         environment = {
             "HOME": str(home),
@@ -98,7 +106,7 @@ class Lab:
 ListenAddress 127.0.0.1
 HostKey {host_key}
 AuthorizedKeysFile {authorized}
-PidFile {folder / 'sshd.pid'}
+PidFile {folder / "sshd.pid"}
 PermitRootLogin yes
 PasswordAuthentication no
 KbdInteractiveAuthentication no
@@ -110,8 +118,9 @@ Subsystem sftp internal-sftp
 LogLevel ERROR
 """)
         Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
-        self.servers.append(subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)],
-                                             stderr=subprocess.DEVNULL))
+        self.servers.append(
+            subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stderr=subprocess.DEVNULL)
+        )
         wait_for_port(port)
         self.add_alias(name, port)
         return home
@@ -148,40 +157,74 @@ def lab(tmp_path: Path) -> Iterator[Lab]:
 def deploy(coordinator_cli: str, lab: Lab, *hosts: str) -> subprocess.CompletedProcess:
     """`coordinator deploy` with `hosts` (--hosts H or --hostfile F) into the lab."""
     return subprocess.run(
-        [coordinator_cli, "deploy", *hosts, "--ssh-config", str(lab.config),
-         "--remote-python", REMOTE_PYTHON, "--thermal-source", "none", "--format", "json"],
-        capture_output=True, text=True, timeout=1200, env=subprocess_env())
+        [
+            coordinator_cli,
+            "deploy",
+            *hosts,
+            "--ssh-config",
+            str(lab.config),
+            "--remote-python",
+            REMOTE_PYTHON,
+            "--thermal-source",
+            "none",
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env=subprocess_env(),
+    )
 
 
 def remote_agent(home: Path, *args: str) -> str:
     agent = home / ".mlx-fleet" / "venv" / "bin" / "agent"
-    return subprocess.run([str(agent), *args], capture_output=True, text=True, check=True,
-                          timeout=120,
-                          env=subprocess_env(HOME=str(home),
-                                             MLX_FLEET_HOME=str(home / "fleet-home"))).stdout
+    return subprocess.run(
+        [str(agent), *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+        env=subprocess_env(HOME=str(home), MLX_FLEET_HOME=str(home / "fleet-home")),
+    ).stdout
 
 
 @needs_sshd
 @pytest.mark.timeout(1500)
 def test_roll_out_to_two_hosts_is_idempotent_and_skips_a_dead_one(
-        coordinator_cli: str, lab: Lab, fleet_home: Path, tmp_path: Path) -> None:
+    coordinator_cli: str, lab: Lab, fleet_home: Path, tmp_path: Path
+) -> None:
     """Run twice: by --hosts, then by an mlx.launch hostfile whose ssh alias is what deploy
     logs in with while the agent is recorded at its ip. mac1 starts with a venv some other
     run made (no record of its interpreter): it is made again, then kept."""
     homes = {name: lab.add_host(name) for name in ("mac1", "mac2")}
     lab.add_alias("mac3", free_port())  # nothing listens there
-    coordinator_key = subprocess.run([coordinator_cli, "keys", "show"], capture_output=True,
-                                     text=True, check=True, env=subprocess_env()).stdout.strip()
+    coordinator_key = subprocess.run(
+        [coordinator_cli, "keys", "show"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=subprocess_env(),
+    ).stdout.strip()
     venv = homes["mac1"] / ".mlx-fleet" / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     (venv / "stale").touch()
     hostfile = tmp_path / "hosts.json"  # mlx.launch's: mac1's ip is 127.0.0.1, not its sshd's
-    hostfile.write_text(json.dumps([{"ssh": "mac1", "ips": ["127.0.0.1"]},
-                                    {"host": "mac2", "port": 6000}, {"host": "mac3"}]))
+    hostfile.write_text(
+        json.dumps(
+            [
+                {"ssh": "mac1", "ips": ["127.0.0.1"]},
+                {"host": "mac2", "port": 6000},
+                {"host": "mac3"},
+            ]
+        )
+    )
 
     made = None
-    for hosts, mac1 in ((["--hosts", "mac1,mac2:6000,mac3"], "mac1:5555"),
-                        (["--hostfile", str(hostfile)], "127.0.0.1:5555")):
+    for hosts, mac1 in (
+        (["--hosts", "mac1,mac2:6000,mac3"], "mac1:5555"),
+        (["--hostfile", str(hostfile)], "127.0.0.1:5555"),
+    ):
         result = deploy(coordinator_cli, lab, *hosts)
         assert result.returncode == 1, result.stderr  # mac3 failed, the others did not
         rows = {row["host"]: row for row in json.loads(result.stdout)}
@@ -191,13 +234,17 @@ def test_roll_out_to_two_hosts_is_idempotent_and_skips_a_dead_one(
             assert rows[host]["done"][-1] == "record agent key"
         assert not (venv / "stale").exists()
         assert (venv / "mlx-fleet-python").read_text() == (
-            f"{REMOTE_PYTHON} {sys.version_info[0]}.{sys.version_info[1]}")
+            f"{REMOTE_PYTHON} {sys.version_info[0]}.{sys.version_info[1]}"
+        )
         made = made or (venv / "pyvenv.cfg").stat().st_mtime_ns
         assert (venv / "pyvenv.cfg").stat().st_mtime_ns == made  # the second run kept it
 
     known = json.loads((fleet_home / "keys" / "hosts.json").read_text())
-    for name, address, port in (("mac1", "mac1:5555", 5555), ("mac1", "127.0.0.1:5555", 5555),
-                                ("mac2", "mac2:6000", 6000)):
+    for name, address, port in (
+        ("mac1", "mac1:5555", 5555),
+        ("mac1", "127.0.0.1:5555", 5555),
+        ("mac2", "mac2:6000", 6000),
+    ):
         home = homes[name]
         assert known[address] == remote_agent(home, "keys", "show").strip()
         trusted = remote_agent(home, "keys", "list")
@@ -210,30 +257,53 @@ def test_roll_out_to_two_hosts_is_idempotent_and_skips_a_dead_one(
 
 
 def coordinator(coordinator_cli: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([coordinator_cli, *args], capture_output=True, text=True, timeout=60,
-                          env=subprocess_env())
+    return subprocess.run(
+        [coordinator_cli, *args], capture_output=True, text=True, timeout=60, env=subprocess_env()
+    )
 
 
 def dry_run_steps(stdout: str) -> dict[str, str]:
     """`name: command` per step (the virtualenv step's script spans lines)."""
-    return dict(match.groups() for line in stdout.splitlines()
-                if (match := re.match(r"([a-z ]+): (ssh .*)", line)))
+    return dict(
+        match.groups()
+        for line in stdout.splitlines()
+        if (match := re.match(r"([a-z ]+): (ssh .*)", line))
+    )
 
 
-def test_dry_run_lists_every_step_and_creates_no_key(coordinator_cli: str,
-                                                     fleet_home: Path, tmp_path: Path) -> None:
+def test_dry_run_lists_every_step_and_creates_no_key(
+    coordinator_cli: str, fleet_home: Path, tmp_path: Path
+) -> None:
     wheel = tmp_path / "dist dir" / "mlx_fleet-9-py3-none-any.whl"
-    result = coordinator(coordinator_cli, "deploy", "--hosts", "mac1", "--dry-run",
-                         "--ssh-user", "lab", "--wheel", str(wheel))
+    result = coordinator(
+        coordinator_cli,
+        "deploy",
+        "--hosts",
+        "mac1",
+        "--dry-run",
+        "--ssh-user",
+        "lab",
+        "--wheel",
+        str(wheel),
+    )
     assert result.returncode == 0, result.stderr
     steps = dry_run_steps(result.stdout)
-    assert list(steps) == ["prepare", "copy wheel", "virtualenv", "install package",
-                           "trust coordinator", "install service", "read agent key"]
+    assert list(steps) == [
+        "prepare",
+        "copy wheel",
+        "virtualenv",
+        "install package",
+        "trust coordinator",
+        "install service",
+        "read agent key",
+    ]
     assert all(" lab@mac1 " in command for command in steps.values())
     # Pasted into a shell, the copy line must feed the wheel, not create an empty file.
     assert steps["copy wheel"].endswith(f" < '{wheel}'")
-    assert "keys trust '\"'\"'<coordinator key, made on the first real run>'\"'\"' " in steps[
-        "trust coordinator"]
+    assert (
+        "keys trust '\"'\"'<coordinator key, made on the first real run>'\"'\"' "
+        in steps["trust coordinator"]
+    )
     assert "sudo" not in result.stdout
     assert not (fleet_home / "keys").exists()  # a dry run runs nothing, writes nothing
 
@@ -254,23 +324,24 @@ def test_system_dry_run_uses_sudo_for_the_service_steps(coordinator_cli: str) ->
         assert "sudo" not in steps[name], name
 
 
-def test_dry_run_logs_in_with_the_mlx_launch_ssh_alias(coordinator_cli: str,
-                                                       tmp_path: Path) -> None:
+def test_dry_run_logs_in_with_the_mlx_launch_ssh_alias(
+    coordinator_cli: str, tmp_path: Path
+) -> None:
     hostfile = tmp_path / "hosts.json"
     hostfile.write_text(json.dumps([{"ssh": "studio-a", "ips": ["10.0.0.2"]}]))
-    result = coordinator(coordinator_cli, "deploy", "--hostfile", str(hostfile), "--dry-run",
-                         "--ssh-user", "lab")
+    result = coordinator(
+        coordinator_cli, "deploy", "--hostfile", str(hostfile), "--dry-run", "--ssh-user", "lab"
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0] == "# 10.0.0.2:5555"
-    assert all(" lab@studio-a " in command
-               for command in dry_run_steps(result.stdout).values())
+    assert all(" lab@studio-a " in command for command in dry_run_steps(result.stdout).values())
     assert "10.0.0.2 " not in result.stdout
 
 
-def test_an_unknown_thermal_source_is_refused_before_any_host(coordinator_cli: str,
-                                                              fleet_home: Path) -> None:
-    result = coordinator(coordinator_cli, "deploy", "--hosts", "mac1", "--thermal-source",
-                         "bogus")
+def test_an_unknown_thermal_source_is_refused_before_any_host(
+    coordinator_cli: str, fleet_home: Path
+) -> None:
+    result = coordinator(coordinator_cli, "deploy", "--hosts", "mac1", "--thermal-source", "bogus")
     assert result.returncode == 2, result.stderr
     assert "unknown thermal source 'bogus'; known: auto, none," in " ".join(result.stderr.split())
     assert not fleet_home.exists()
@@ -279,13 +350,18 @@ def test_an_unknown_thermal_source_is_refused_before_any_host(coordinator_cli: s
 def test_virtualenv_step_names_a_remote_python_that_is_too_old(tmp_path: Path) -> None:
     """The step as the host's shell runs it, with the bar above this interpreter."""
     layout = RemoteLayout(str(tmp_path / "remote"), REMOTE_PYTHON)
-    result = subprocess.run(["sh", "-c", venv_command(layout, minimum="3.99")],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["sh", "-c", venv_command(layout, minimum="3.99")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 1
     version = ".".join(map(str, sys.version_info[:3]))
     assert result.stderr.strip().splitlines()[-1] == (
         f"{REMOTE_PYTHON} is Python {version}: mlx-fleet needs Python >= 3.99; pass "
-        "--remote-python a newer one (on macOS e.g. /opt/homebrew/bin/python3.12)")
+        "--remote-python a newer one (on macOS e.g. /opt/homebrew/bin/python3.12)"
+    )
     assert not (tmp_path / "remote").exists()
 
 

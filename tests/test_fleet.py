@@ -34,8 +34,7 @@ def test_two_agents_return_every_cell_in_one_report(agents: AgentPool) -> None:
     first, second = agents.start("mac1"), agents.start("mac2")
     exchange_keys(first)
     exchange_keys(second)
-    result = benchmark("--hosts", f"{first.address},{second.address}", *QUICK,
-                       "--format", "json")
+    result = benchmark("--hosts", f"{first.address},{second.address}", *QUICK, "--format", "json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     for agent in (first, second):
@@ -67,8 +66,9 @@ def test_an_untrusted_coordinator_is_told_which_host_refused(agents: AgentPool) 
     agent_key = cli("agent", "keys", "show", home=refusing.home).stdout.strip()
     cli("coordinator", "keys", "add", refusing.address, agent_key)
     began = time.monotonic()
-    result = benchmark("--hosts", f"{trusting.address},{refusing.address}", *QUICK,
-                       "--format", "json")
+    result = benchmark(
+        "--hosts", f"{trusting.address},{refusing.address}", *QUICK, "--format", "json"
+    )
     assert result.returncode == 1
     assert f"{refusing.address}: refused our key" in result.stderr
     report = json.loads(result.stdout)
@@ -79,15 +79,25 @@ def test_an_untrusted_coordinator_is_told_which_host_refused(agents: AgentPool) 
     assert "refused a coordinator" in refusing.log_text()
 
 
-def test_sigkill_mid_run_keeps_the_other_host_and_the_finished_cells(
-        agents: AgentPool) -> None:
+def test_sigkill_mid_run_keeps_the_other_host_and_the_finished_cells(agents: AgentPool) -> None:
     survivor, victim = agents.start("mac1"), agents.start("mac2")
     exchange_keys(survivor)
     exchange_keys(victim)
     coordinator = subprocess.Popen(
-        [console_script("coordinator"), "benchmark", "--hosts",
-         f"{survivor.address},{victim.address}", *LONG, "--format", "json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env())
+        [
+            console_script("coordinator"),
+            "benchmark",
+            "--hosts",
+            f"{survivor.address},{victim.address}",
+            *LONG,
+            "--format",
+            "json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+    )
     try:
         victim.wait_for_cells(1)
         victim.kill()
@@ -112,8 +122,15 @@ def test_an_unreachable_host_is_reported_and_the_others_go_on(agents: AgentPool)
     exchange_keys(gone)
     gone.kill()
     began = time.monotonic()
-    result = benchmark("--hosts", f"{live.address},{gone.address}", *QUICK,
-                       "--connect-timeout", "1", "--format", "json")
+    result = benchmark(
+        "--hosts",
+        f"{live.address},{gone.address}",
+        *QUICK,
+        "--connect-timeout",
+        "1",
+        "--format",
+        "json",
+    )
     assert result.returncode == 1
     report = json.loads(result.stdout)
     assert "connection refused" in host_entry(report, gone.address)["error"]
@@ -144,8 +161,16 @@ def test_a_malformed_hostfile_exits_2_naming_file_and_entry(tmp_path: Path) -> N
 def test_the_agents_reason_for_rejecting_a_matrix_reaches_the_user(agents: AgentPool) -> None:
     agent = agents.start("mac1")
     exchange_keys(agent)
-    result = benchmark("--hosts", agent.address, "--model", "/models/not-on-this-mac",
-                       "-s", "16", "--format", "json")
+    result = benchmark(
+        "--hosts",
+        agent.address,
+        "--model",
+        "/models/not-on-this-mac",
+        "-s",
+        "16",
+        "--format",
+        "json",
+    )
     assert result.returncode == 1
     error = host_entry(json.loads(result.stdout), agent.address)["error"]
     assert "/models/not-on-this-mac does not exist" in error
@@ -174,9 +199,20 @@ def test_ctrl_c_cancels_the_jobs_and_keeps_what_arrived(agents: AgentPool) -> No
     agent = agents.start("mac1")
     exchange_keys(agent)
     coordinator = subprocess.Popen(
-        [console_script("coordinator"), "benchmark", "--hosts", agent.address, *LONG,
-         "--format", "json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env())
+        [
+            console_script("coordinator"),
+            "benchmark",
+            "--hosts",
+            agent.address,
+            *LONG,
+            "--format",
+            "json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+    )
     try:
         agent.wait_for_cells(1)
         coordinator.send_signal(signal.SIGINT)

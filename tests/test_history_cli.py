@@ -30,12 +30,25 @@ def recorded() -> float:
         rows = []
         for t in range(600):
             hot = 300 <= t < 360
-            rows.append(("mac1:5555", sample(start + t, 88.0 if hot else 70.0,
-                                             "pause" if hot else "ok",
-                                             jobs=[job("paused" if hot else "running")])))
+            rows.append(
+                (
+                    "mac1:5555",
+                    sample(
+                        start + t,
+                        88.0 if hot else 70.0,
+                        "pause" if hot else "ok",
+                        jobs=[job("paused" if hot else "running")],
+                    ),
+                )
+            )
             rows.append(("mac2:5555", sample(start + t, 50.0, source="iohid")))
-        store.add(rows, [("mac1:5555", event(start + 300, "pause", 88.0)),
-                         ("mac1:5555", event(start + 360, "resume", 70.0))])
+        store.add(
+            rows,
+            [
+                ("mac1:5555", event(start + 300, "pause", 88.0)),
+                ("mac1:5555", event(start + 360, "resume", 70.0)),
+            ],
+        )
     return start
 
 
@@ -52,8 +65,7 @@ def test_statistics_per_host_from_the_record(recorded: float) -> None:
     assert hot["samples"] == 600 and hot["first"] == pytest.approx(recorded)
     assert (hot["min_c"], hot["max_c"]) == (70.0, 88.0)
     assert hot["mean_c"] == pytest.approx(70 + 18 * 60 / 600)
-    assert hot["seconds_above"] == {"max_speed_temp": 60.0, "pause_temp": 60.0,
-                                    "stop_temp": 0.0}
+    assert hot["seconds_above"] == {"max_speed_temp": 60.0, "pause_temp": 60.0, "stop_temp": 0.0}
     assert hot["seconds_paused"] == 60.0 and (hot["pauses"], hot["stops"]) == (1, 0)
     assert hot["simulated"] and hot["policy"] == POLICY
     assert cool["max_c"] == 50.0 and cool["seconds_above"]["max_speed_temp"] == 0.0
@@ -99,10 +111,17 @@ def test_bad_input_exits_2() -> None:
 
 
 def test_plot_without_matplotlib_names_the_extra(tmp_path: Path) -> None:
-    blocked = ("import sys; sys.modules['matplotlib'] = None; "
-               "sys.argv = ['coordinator', 'history', '--plot', sys.argv[1]]; "
-               "from coordinator.cli import main; main()")
-    result = subprocess.run([sys.executable, "-c", blocked, str(tmp_path / "out.png")],
-                            capture_output=True, text=True, env=subprocess_env(), timeout=60)
+    blocked = (
+        "import sys; sys.modules['matplotlib'] = None; "
+        "sys.argv = ['coordinator', 'history', '--plot', sys.argv[1]]; "
+        "from coordinator.cli import main; main()"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", blocked, str(tmp_path / "out.png")],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=60,
+    )
     assert result.returncode == 2
     assert "pip install 'mlx-fleet[plot]'" in result.stderr

@@ -21,12 +21,17 @@ T0 = 1_800_000_000.0
 
 
 def histories() -> list[HostHistory]:
-    hot = [sample(T0 + t, c, jobs=[job("paused" if c >= 85 else "running")])
-           for t, c in enumerate([70, 80, 86, 88, 84, 78])]
+    hot = [
+        sample(T0 + t, c, jobs=[job("paused" if c >= 85 else "running")])
+        for t, c in enumerate([70, 80, 86, 88, 84, 78])
+    ]
     cool = [sample(T0 + t, 50.0 + t, host="mac2") for t in (0, 1, 2, 30, 31, 32)]
     hotter = {**POLICY, "stop_temp": 99.0}
-    return [HostHistory("mac1:5555", hot, [], [(T0 - 60, POLICY), (T0 + 3, hotter)]),
-            HostHistory("mac2:5555", cool, [], []), HostHistory("idle:5555", [], [], [])]
+    return [
+        HostHistory("mac1:5555", hot, [], [(T0 - 60, POLICY), (T0 + 3, hotter)]),
+        HostHistory("mac2:5555", cool, [], []),
+        HostHistory("idle:5555", [], [], []),
+    ]
 
 
 def test_lines_thresholds_and_pauses_match_the_data() -> None:
@@ -38,8 +43,11 @@ def test_lines_thresholds_and_pauses_match_the_data() -> None:
     cool = list(lines["mac2:5555"].get_ydata())
     assert cool[:3] == [50, 51, 52] and math.isnan(cool[3]) and cool[4:] == [80, 81, 82]
     # thresholds: 75/85/95 until the new policy at T0+3, then 75/85/99, each a dashed segment
-    segments = sorted((round(float(segment[0][1]), 1), segment[0][0], segment[1][0])
-                      for collection in axes.collections for segment in collection.get_segments())
+    segments = sorted(
+        (round(float(segment[0][1]), 1), segment[0][0], segment[1][0])
+        for collection in axes.collections
+        for segment in collection.get_segments()
+    )
     when = [date2num(datetime.fromtimestamp(T0 + t)) for t in (0, 3, 5)]
     assert [s[0] for s in segments] == [75, 75, 85, 85, 95, 99]
     assert {(s[1], s[2]) for s in segments} == {(when[0], when[1]), (when[1], when[2])}
@@ -49,7 +57,8 @@ def test_lines_thresholds_and_pauses_match_the_data() -> None:
     (span,) = axes.patches
     left, width = span.get_x(), span.get_width()
     assert (left, left + width) == pytest.approx(
-        [date2num(datetime.fromtimestamp(T0 + t)) for t in (2, 4)])
+        [date2num(datetime.fromtimestamp(T0 + t)) for t in (2, 4)]
+    )
     assert "simulated or replayed" in axes.get_title()
 
 

@@ -19,45 +19,92 @@ from coordinator.telemetry_stats import (
 )
 from coordinator.telemetry_store import TelemetryStore
 
-POLICY = {"max_speed_temp": 75.0, "pause_temp": 85.0, "stop_temp": 95.0, "pause_duration": 0.5,
-          "hysteresis": 0.0}
+POLICY = {
+    "max_speed_temp": 75.0,
+    "pause_temp": 85.0,
+    "stop_temp": 95.0,
+    "pause_duration": 0.5,
+    "hysteresis": 0.0,
+}
 
 
-def sample(at: float, celsius: float | None, state: str | None = "ok", *,
-           jobs: list[dict[str, Any]] | None = None, host: str = "mac1",
-           source: str = "replay:curve.csv", pause_s_total: float = 0.0) -> dict[str, Any]:
+def sample(
+    at: float,
+    celsius: float | None,
+    state: str | None = "ok",
+    *,
+    jobs: list[dict[str, Any]] | None = None,
+    host: str = "mac1",
+    source: str = "replay:curve.csv",
+    pause_s_total: float = 0.0,
+) -> dict[str, Any]:
     """A telemetry.sample body as the agent publishes it."""
-    return {"host": host, "time": at, "celsius": celsius, "pressure": None, "source": source,
-            "simulated": source.startswith(("replay", "sim")), "state": state,
-            "trend_c_per_min": None, "pause_s_total": pause_s_total, "jobs": jobs or []}
+    return {
+        "host": host,
+        "time": at,
+        "celsius": celsius,
+        "pressure": None,
+        "source": source,
+        "simulated": source.startswith(("replay", "sim")),
+        "state": state,
+        "trend_c_per_min": None,
+        "pause_s_total": pause_s_total,
+        "jobs": jobs or [],
+    }
 
 
 def job(state: str, name: str = "j1", pid: int = 4242) -> dict[str, Any]:
-    return {"job": name, "pid": pid, "command": "python -m mlx_lm lora", "state": state,
-            "kind": "run"}
+    return {
+        "job": name,
+        "pid": pid,
+        "command": "python -m mlx_lm lora",
+        "state": state,
+        "kind": "run",
+    }
 
 
-def event(at: float, action: str, celsius: float | None = None, *, name: str | None = "j1",
-          pid: int | None = 4242, detail: str | None = None) -> dict[str, Any]:
+def event(
+    at: float,
+    action: str,
+    celsius: float | None = None,
+    *,
+    name: str | None = "j1",
+    pid: int | None = 4242,
+    detail: str | None = None,
+) -> dict[str, Any]:
     """A telemetry.event body."""
-    return {"host": "mac1", "time": at, "celsius": celsius, "action": action, "pid": pid,
-            "job": name, "source": "replay:curve.csv", "simulated": True, "detail": detail}
+    return {
+        "host": "mac1",
+        "time": at,
+        "celsius": celsius,
+        "action": action,
+        "pid": pid,
+        "job": name,
+        "source": "replay:curve.csv",
+        "simulated": True,
+        "detail": detail,
+    }
 
 
 NOW = 1_800_000_000.0
 
 
-@pytest.mark.parametrize(("text", "ago"), [("30m", 1800), ("2h", 7200), ("1d", 86400),
-                                           ("45s", 45), (" 1.5H ", 5400)])
+@pytest.mark.parametrize(
+    ("text", "ago"), [("30m", 1800), ("2h", 7200), ("1d", 86400), ("45s", 45), (" 1.5H ", 5400)]
+)
 def test_since_durations(text: str, ago: float) -> None:
     assert parse_since(text, NOW) == NOW - ago
 
 
 def test_since_iso_times() -> None:
-    assert parse_since("2027-01-15T08:00:00Z", NOW) == \
-        datetime(2027, 1, 15, 8, tzinfo=timezone.utc).timestamp()
-    assert parse_since("2027-01-15T10:00+02:00", NOW) == \
-        datetime(2027, 1, 15, 8, tzinfo=timezone.utc).timestamp()
+    assert (
+        parse_since("2027-01-15T08:00:00Z", NOW)
+        == datetime(2027, 1, 15, 8, tzinfo=timezone.utc).timestamp()
+    )
+    assert (
+        parse_since("2027-01-15T10:00+02:00", NOW)
+        == datetime(2027, 1, 15, 8, tzinfo=timezone.utc).timestamp()
+    )
     assert parse_since("2027-01-15 08:00", NOW) == datetime(2027, 1, 15, 8).timestamp()
 
 
@@ -83,27 +130,35 @@ def test_the_policy_in_force_is_the_last_learned_before_and_the_first_before_any
 
 
 def test_paused_stretches_follow_job_states_and_merge() -> None:
-    samples = [sample(0, 80), sample(1, 86, "pause", jobs=[job("paused")]),
-               sample(2, 86, "pause", jobs=[job("paused"), job("paused", "j2")]),
-               sample(3, 80, jobs=[job("running")]), sample(4, 87, jobs=[job("paused")])]
-    assert paused_intervals(samples, sample_spans([s["time"] for s in samples])) == \
-        [(1, 3), (4, 5)]
+    samples = [
+        sample(0, 80),
+        sample(1, 86, "pause", jobs=[job("paused")]),
+        sample(2, 86, "pause", jobs=[job("paused"), job("paused", "j2")]),
+        sample(3, 80, jobs=[job("running")]),
+        sample(4, 87, jobs=[job("paused")]),
+    ]
+    assert paused_intervals(samples, sample_spans([s["time"] for s in samples])) == [(1, 3), (4, 5)]
 
 
 def test_host_stats_from_a_curve_that_pauses_then_stops() -> None:
     curves = [70, 76, 86, 90, 80, 96, 50]
-    samples = [sample(float(t), c, jobs=[job("paused" if 86 <= c < 95 else "running")])
-               for t, c in enumerate(curves)]
+    samples = [
+        sample(float(t), c, jobs=[job("paused" if 86 <= c < 95 else "running")])
+        for t, c in enumerate(curves)
+    ]
     samples.insert(4, sample(3.5, None, jobs=[job("paused")]))  # no reading: not counted
-    events = [event(2, "pause", 86), event(4, "resume", 80), event(5, "stop", 96),
-              event(6, "exit", detail="143")]
+    events = [
+        event(2, "pause", 86),
+        event(4, "resume", 80),
+        event(5, "stop", 96),
+        event(6, "exit", detail="143"),
+    ]
     stats = host_stats(HostHistory("mac1:5555", samples, events, [(1000.0, POLICY)]))
     assert stats["samples"] == 8 and stats["first"] == 0 and stats["last"] == 6
     assert stats["min_c"] == 50 and stats["max_c"] == 96
     assert stats["mean_c"] == pytest.approx(sum(curves) / len(curves))
     # each sample stands for 1 s (0.5 s around the gap; the last for the median, 1 s)
-    assert stats["seconds_above"] == {"max_speed_temp": 4.5, "pause_temp": 2.5,
-                                      "stop_temp": 1.0}
+    assert stats["seconds_above"] == {"max_speed_temp": 4.5, "pause_temp": 2.5, "stop_temp": 1.0}
     assert stats["seconds_paused"] == 2.0
     assert (stats["pauses"], stats["stops"]) == (1, 1)
     assert stats["simulated"] and stats["sources"] == ["replay:curve.csv"]
@@ -112,24 +167,25 @@ def test_host_stats_from_a_curve_that_pauses_then_stops() -> None:
 
 def test_without_a_known_policy_time_above_is_unknown_not_zero() -> None:
     stats = host_stats(HostHistory("mac1:5555", [sample(0, 99), sample(1, 99)]))
-    assert stats["seconds_above"] == dict.fromkeys(("max_speed_temp", "pause_temp",
-                                                    "stop_temp"))
+    assert stats["seconds_above"] == dict.fromkeys(("max_speed_temp", "pause_temp", "stop_temp"))
     assert stats["policy"] is None
 
 
 def test_store_keeps_each_sample_and_event_once(tmp_path: Path) -> None:
     with TelemetryStore(tmp_path / "t.sqlite") as store:
         first = [("a:1", sample(1, 70)), ("a:1", sample(2, 71)), ("b:1", sample(1, 60))]
-        events = [("a:1", event(2, "pause", 86)), ("a:1", event(3, "policy", name=None,
-                                                              pid=None, detail="x"))]
+        events = [
+            ("a:1", event(2, "pause", 86)),
+            ("a:1", event(3, "policy", name=None, pid=None, detail="x")),
+        ]
         assert store.add(first, events) == (first, events)
         again = store.add([("a:1", sample(2, 71)), ("a:1", sample(3, 72))], events)
         assert again == ([("a:1", sample(3, 72))], [])
         assert store.last_sample_time("a:1") == 3 and store.last_sample_time("c:1") is None
         by_host = store.samples(2, ["a:1"])
         assert list(by_host) == ["a:1"] and by_host["a:1"] == [
-            {k: v for k, v in sample(t, c).items() if k != "host"} for t, c in ((2, 71),
-                                                                                (3, 72))]
+            {k: v for k, v in sample(t, c).items() if k != "host"} for t, c in ((2, 71), (3, 72))
+        ]
         assert [e["action"] for e in store.events(0)["a:1"]] == ["pause", "policy"]
         store.record_policy("a:1", POLICY, 10)
         store.record_policy("a:1", dict(POLICY), 11)  # the same: not a change
@@ -141,8 +197,10 @@ def test_store_keeps_each_sample_and_event_once(tmp_path: Path) -> None:
 
 def test_prune_drops_old_samples_and_events_but_keeps_policies(tmp_path: Path) -> None:
     with TelemetryStore(tmp_path / "t.sqlite") as store:
-        store.add([("a:1", sample(1, 70)), ("a:1", sample(5, 71))],
-                  [("a:1", event(2, "pause", 86)), ("a:1", event(6, "resume", 80))])
+        store.add(
+            [("a:1", sample(1, 70)), ("a:1", sample(5, 71))],
+            [("a:1", event(2, "pause", 86)), ("a:1", event(6, "resume", 80))],
+        )
         store.record_policy("a:1", POLICY, 1)
         assert store.prune(before=4) == 2
         assert [s["time"] for s in store.samples(0)["a:1"]] == [5]

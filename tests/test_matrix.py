@@ -25,13 +25,22 @@ def test_cells_are_labelled_like_llama_bench() -> None:
 
 
 def test_expansion_is_the_cross_product_grouped_by_model() -> None:
-    spec = MatrixSpec(seq_lengths=(32, 64), batch_sizes=(1, 2), models=("small", "full"),
-                      bits=(4, 16), decode_tokens=8)
+    spec = MatrixSpec(
+        seq_lengths=(32, 64),
+        batch_sizes=(1, 2),
+        models=("small", "full"),
+        bits=(4, 16),
+        decode_tokens=8,
+    )
     cells = expand(spec)
     assert len(cells) == 2 * 2 * 2 * 2 * 2
     groups = group_by_model(cells)
     assert [(g.model, g.bits) for g in groups] == [
-        ("small", 4), ("small", 16), ("full", 4), ("full", 16)]
+        ("small", 4),
+        ("small", 16),
+        ("full", 4),
+        ("full", 16),
+    ]
     first = [c.test for c in groups[0].cells if c.batch_size == 1]
     assert first == ["pp32", "pp64", "tg8 @ d32", "tg8 @ d64"]
 
@@ -44,7 +53,10 @@ def test_zero_decode_tokens_skips_decode() -> None:
 def test_default_bits_follow_the_model() -> None:
     spec = MatrixSpec(seq_lengths=(8,), models=("small", "full", "/models/x"), decode_tokens=0)
     assert [(c.model, c.bits) for c in expand(spec)] == [
-        ("small", 16), ("full", 4), ("/models/x", None)]
+        ("small", 16),
+        ("full", 4),
+        ("/models/x", None),
+    ]
 
 
 def test_duplicates_are_measured_once() -> None:

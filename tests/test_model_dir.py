@@ -36,20 +36,41 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("tiny-llama")
     model = llama.Model(llama.ModelArgs.from_dict(TINY_LLAMA))
     mx.eval(model.parameters())
-    mx.save_safetensors(str(directory / "model.safetensors"),
-                        dict(tree_flatten(model.parameters())))
+    mx.save_safetensors(
+        str(directory / "model.safetensors"), dict(tree_flatten(model.parameters()))
+    )
     (directory / "config.json").write_text(json.dumps(TINY_LLAMA))
     return directory
 
 
 def bench(agent_cli: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([agent_cli, "bench", *args], capture_output=True, text=True,
-                          timeout=300, env=subprocess_env())
+    return subprocess.run(
+        [agent_cli, "bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=subprocess_env(),
+    )
 
 
 def test_a_model_directory_is_benchmarked(agent_cli: str, model_dir: Path) -> None:
-    result = bench(agent_cli, "--model", str(model_dir), "-s", "8", "-i", "1", "-w", "0",
-                   "--decode-tokens", "2", "--bits", "16,8", "--format", "json")
+    result = bench(
+        agent_cli,
+        "--model",
+        str(model_dir),
+        "-s",
+        "8",
+        "-i",
+        "1",
+        "-w",
+        "0",
+        "--decode-tokens",
+        "2",
+        "--bits",
+        "16,8",
+        "--format",
+        "json",
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     hidden, vocab, inter = 64, 512, 128
@@ -63,16 +84,30 @@ def test_a_model_directory_is_benchmarked(agent_cli: str, model_dir: Path) -> No
 
 
 def test_stored_weights_are_used_without_bits(agent_cli: str, model_dir: Path) -> None:
-    result = bench(agent_cli, "--model", str(model_dir), "-s", "8", "-i", "1", "-w", "0",
-                   "--decode-tokens", "0", "--format", "json")
+    result = bench(
+        agent_cli,
+        "--model",
+        str(model_dir),
+        "-s",
+        "8",
+        "-i",
+        "1",
+        "-w",
+        "0",
+        "--decode-tokens",
+        "0",
+        "--format",
+        "json",
+    )
     assert result.returncode == 0, result.stderr
     cell = json.loads(result.stdout)["cells"][0]
     assert cell["bits"] is None and cell["name"] == f"{model_dir.name}/stored pp8 b1"
     assert json.loads(result.stdout)["models"][0]["label"] == f"{model_dir.name}/stored (f16)"
 
 
-def test_a_quantized_directory_is_not_requantized(agent_cli: str, model_dir: Path,
-                                                  tmp_path: Path) -> None:
+def test_a_quantized_directory_is_not_requantized(
+    agent_cli: str, model_dir: Path, tmp_path: Path
+) -> None:
     quantized = tmp_path / "q4"
     quantized.mkdir()
     (quantized / "model.safetensors").write_bytes((model_dir / "model.safetensors").read_bytes())
@@ -91,9 +126,16 @@ def test_a_directory_that_is_not_a_model(agent_cli: str, tmp_path: Path) -> None
 
 def test_missing_lm_extra_is_named(model_dir: Path) -> None:
     """With mlx_lm unimportable, the error says which extra to install."""
-    code = ("import sys; sys.modules['mlx_lm'] = None; sys.argv = ['agent', 'bench', '--model',"
-            f" {str(model_dir)!r}]; from agent.cli import main; main()")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=120, env=subprocess_env())
+    code = (
+        "import sys; sys.modules['mlx_lm'] = None; sys.argv = ['agent', 'bench', '--model',"
+        f" {str(model_dir)!r}]; from agent.cli import main; main()"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=subprocess_env(),
+    )
     assert result.returncode == 2
     assert "pip install 'mlx-fleet[lm]'" in result.stderr

@@ -29,8 +29,9 @@ pytestmark = pytest.mark.timeout(90)
 POLL = ["--poll-interval", "0.1"]
 
 
-def known_agent(agents: AgentPool, name: str, celsius: float, tmp_path: Path,
-                options: tuple[str, ...] = ()) -> AgentProcess:
+def known_agent(
+    agents: AgentPool, name: str, celsius: float, tmp_path: Path, options: tuple[str, ...] = ()
+) -> AgentProcess:
     """An agent replaying a flat curve at `celsius`, trusting this test's coordinator, whose
     key the coordinator knows (what `agent keys trust` / `coordinator keys add` do)."""
     curve = tmp_path / f"{name}.csv"
@@ -55,15 +56,28 @@ def run_job(supervised: list[subprocess.Popen[str]], agent: AgentProcess) -> Non
     """`agent run -- sleep 60` on the agent's machine: registered with it, so its telemetry
     lists the job, paused when the agent's curve is at or above pause."""
     process = subprocess.Popen(
-        [console_script("agent"), "run", "--", "sleep", "60"], stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE, text=True, start_new_session=True,
-        env=subprocess_env(MLX_FLEET_HOME=str(agent.home)))
+        [console_script("agent"), "run", "--", "sleep", "60"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=subprocess_env(MLX_FLEET_HOME=str(agent.home)),
+    )
     supervised.append(process)
 
 
 def monitor_once(*hosts: str, timeout: float = 5.0) -> subprocess.CompletedProcess[str]:
-    return cli("coordinator", "monitor", "--hosts", ",".join(hosts), "--once", "--format",
-               "json", "--connect-timeout", str(timeout))
+    return cli(
+        "coordinator",
+        "monitor",
+        "--hosts",
+        ",".join(hosts),
+        "--once",
+        "--format",
+        "json",
+        "--connect-timeout",
+        str(timeout),
+    )
 
 
 def wait_for_job_state(agent: AgentProcess, state: str) -> None:
@@ -79,7 +93,8 @@ def wait_for_job_state(agent: AgentProcess, state: str) -> None:
 
 
 def test_once_json_gives_every_hosts_reading_source_state_and_jobs(
-        agents: AgentPool, supervised: list[subprocess.Popen[str]], tmp_path: Path) -> None:
+    agents: AgentPool, supervised: list[subprocess.Popen[str]], tmp_path: Path
+) -> None:
     hot = known_agent(agents, "hot", 88.0, tmp_path)
     cool = known_agent(agents, "cool", 60.0, tmp_path)
     run_job(supervised, hot)
@@ -113,9 +128,12 @@ def test_once_json_gives_every_hosts_reading_source_state_and_jobs(
 
 
 def test_an_unreachable_host_is_reported_within_the_connect_timeout(
-        agents: AgentPool, tmp_path: Path) -> None:
-    live, gone = known_agent(agents, "live", 60.0, tmp_path), known_agent(agents, "gone", 60.0,
-                                                                          tmp_path)
+    agents: AgentPool, tmp_path: Path
+) -> None:
+    live, gone = (
+        known_agent(agents, "live", 60.0, tmp_path),
+        known_agent(agents, "gone", 60.0, tmp_path),
+    )
     gone.kill()
     began = time.monotonic()
     result = monitor_once(live.address, gone.address, timeout=1.0)
@@ -129,7 +147,8 @@ def test_an_unreachable_host_is_reported_within_the_connect_timeout(
 
 
 def test_a_late_monitor_backfills_what_it_missed_and_history_reads_it(
-        agents: AgentPool, supervised: list[subprocess.Popen[str]], tmp_path: Path) -> None:
+    agents: AgentPool, supervised: list[subprocess.Popen[str]], tmp_path: Path
+) -> None:
     agent = known_agent(agents, "mac1", 88.0, tmp_path)
     run_job(supervised, agent)
     time.sleep(2.0)  # twenty samples and the job's pause go by with nobody listening
@@ -162,12 +181,17 @@ def free_port() -> int:
 
 
 def test_a_host_that_dies_and_returns_is_reconnected_and_recorded_again(
-        agents: AgentPool, tmp_path: Path) -> None:
+    agents: AgentPool, tmp_path: Path
+) -> None:
     port = free_port()
     fixed = ("--bind", f"127.0.0.1:{port}", "--telemetry-port", "0")  # the last --bind wins
     agent = known_agent(agents, "mac1", 70.0, tmp_path, fixed)
-    with TelemetryStore() as store, Monitor([Target(agent.address, agent.address, agent.key)],
-                                            Settings(own_keypair(), 1.0), store) as running:
+    with (
+        TelemetryStore() as store,
+        Monitor(
+            [Target(agent.address, agent.address, agent.key)], Settings(own_keypair(), 1.0), store
+        ) as running,
+    ):
         view = running.board.hosts[agent.address]
 
         def until(condition: str, check: Callable[[], bool]) -> None:
@@ -192,13 +216,17 @@ def test_a_host_that_dies_and_returns_is_reconnected_and_recorded_again(
 
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
-def test_json_lines_until_ctrl_c_or_sigterm(agents: AgentPool, tmp_path: Path,
-                                            stop: signal.Signals) -> None:
+def test_json_lines_until_ctrl_c_or_sigterm(
+    agents: AgentPool, tmp_path: Path, stop: signal.Signals
+) -> None:
     agent = known_agent(agents, "mac1", 72.0, tmp_path)
     process = subprocess.Popen(
-        [console_script("coordinator"), "monitor", "--hosts", agent.address, "--format",
-         "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=subprocess_env())
+        [console_script("coordinator"), "monitor", "--hosts", agent.address, "--format", "json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+    )
     try:
         assert process.stdout is not None
         lines = [json.loads(process.stdout.readline())]

@@ -40,8 +40,7 @@ def test_silence_needs_five_intervals_and_never_less_than_the_minimum() -> None:
 
 
 def test_buckets_average_the_window_and_leave_gaps_empty() -> None:
-    series = [(-5.0, 99.0), (0.0, 10.0), (1.0, 20.0), (250.0, None), (299.0, 40.0),
-              (300.0, 60.0)]
+    series = [(-5.0, 99.0), (0.0, 10.0), (1.0, 20.0), (250.0, None), (299.0, 40.0), (300.0, 60.0)]
     buckets = bucket_means(series, 300.0, 300.0, 30)
     assert buckets[0] == 15.0 and buckets[-1] == 50.0
     assert buckets[1:-1] == [None] * 28
@@ -60,8 +59,14 @@ def test_a_row_shows_reading_source_trend_state_jobs_and_pause_time() -> None:
     board.sample("mac1:5555", body, now=100.5)
     text = text_of(board, 100.6)
     row = next(line for line in text.splitlines() if "mac1:5555" in line)
-    for part in ("86.0 sim", "↑ +2.4/min", "pause", "run j1 paused", "1m 05s",
-                 "replay:/lab/[bold]curve.csv"):
+    for part in (
+        "86.0 sim",
+        "↑ +2.4/min",
+        "pause",
+        "run j1 paused",
+        "1m 05s",
+        "replay:/lab/[bold]curve.csv",
+    ):
         assert part in row, (part, row)
     other = next(line for line in text.splitlines() if "mac2:5555" in line)
     assert "connecting" in other
@@ -83,25 +88,32 @@ def test_backfill_fills_the_sparkline_but_only_live_samples_alert() -> None:
     board.sample("mac1:5555", sample(1001.0, 86.5, "pause"), now=2.0)
     board.sample("mac1:5555", sample(1002.0, 86.0, "pause"), now=3.0)
     board.sample("mac1:5555", sample(1003.0, 95.5, "stop"), now=4.0)
-    assert alerts(board) == [(WARNING, "reached pause at 86.5 °C"),
-                             (CRITICAL, "reached stop at 95.5 °C")]
+    assert alerts(board) == [
+        (WARNING, "reached pause at 86.5 °C"),
+        (CRITICAL, "reached stop at 95.5 °C"),
+    ]
     board.sample("mac1:5555", sample(1400.0, 60), now=5.0)
     assert [at for at, _ in view.series] == [1400.0]  # older than the window: dropped
 
 
 def test_job_events_alert_with_job_pid_and_temperature() -> None:
     board = Dashboard(["mac1:5555"])
-    for body in (event(10, "start", detail="python -m mlx_lm lora"), event(11, "pause", 86.0),
-                 event(12, "resume", 82.0), event(13, "stop", 95.2),
-                 event(14, "kill", None, detail="ignored SIGTERM for 30 s"),
-                 event(15, "policy", None, name=None, pid=None, detail="75/85/99")):
+    for body in (
+        event(10, "start", detail="python -m mlx_lm lora"),
+        event(11, "pause", 86.0),
+        event(12, "resume", 82.0),
+        event(13, "stop", 95.2),
+        event(14, "kill", None, detail="ignored SIGTERM for 30 s"),
+        event(15, "policy", None, name=None, pid=None, detail="75/85/99"),
+    ):
         board.event("mac1:5555", body)
     assert alerts(board) == [
         (WARNING, "paused job j1 (pid 4242) at 86.0 °C"),
         (INFO, "resumed job j1 (pid 4242) at 82.0 °C"),
         (CRITICAL, "stopped job j1 (pid 4242) at 95.2 °C"),
         (CRITICAL, "killed job j1 (pid 4242): ignored SIGTERM for 30 s"),
-        (INFO, "new policy: 75/85/99")]
+        (INFO, "new policy: 75/85/99"),
+    ]
     assert [alert.time for alert in board.alerts] == [11, 12, 13, 14, 15]
 
 
@@ -120,10 +132,12 @@ def test_silence_unreachability_and_recovery_alert_once_each() -> None:
     board.unreachable("mac1:5555", "connection refused for 1 s", now=35.0)
     assert "unreachable" in text_of(board, 36.0)
     board.connected("mac1:5555", "mac1", INFO_OK, now=40.0)
-    assert alerts(board) == [(WARNING, "silent: no sample for 4 s"),
-                             (INFO, "publishing again"),
-                             (CRITICAL, "unreachable: connection refused for 1 s"),
-                             (INFO, "reachable again")]
+    assert alerts(board) == [
+        (WARNING, "silent: no sample for 4 s"),
+        (INFO, "publishing again"),
+        (CRITICAL, "unreachable: connection refused for 1 s"),
+        (INFO, "reachable again"),
+    ]
 
 
 def test_a_host_that_never_publishes_goes_silent_after_connecting() -> None:
@@ -141,11 +155,24 @@ def test_snapshot_for_scripts() -> None:
     data = snapshot(board, 1001.0)
     up, down = data["hosts"]
     assert up == {
-        "host": "mac1:5555", "hostname": "mac1", "reachable": True, "error": None,
-        "silent": False, "time": 1000.0, "celsius": 72.5, "pressure": None,
-        "source": "replay:curve.csv", "simulated": True, "state": "ok",
-        "trend_c_per_min": None, "pause_s_total": 0.0, "jobs": [job("running")],
-        "policy": POLICY, "poll_interval": 0.1, "age_s": 1.0}
+        "host": "mac1:5555",
+        "hostname": "mac1",
+        "reachable": True,
+        "error": None,
+        "silent": False,
+        "time": 1000.0,
+        "celsius": 72.5,
+        "pressure": None,
+        "source": "replay:curve.csv",
+        "simulated": True,
+        "state": "ok",
+        "trend_c_per_min": None,
+        "pause_s_total": 0.0,
+        "jobs": [job("running")],
+        "policy": POLICY,
+        "poll_interval": 0.1,
+        "age_s": 1.0,
+    }
     assert down["reachable"] is False and down["error"] == "connection refused for 1 s"
     assert down["celsius"] is None and down["jobs"] == []
     assert data["alerts"][0]["host"] == "gone:5555"

@@ -43,18 +43,35 @@ def namespaces() -> Iterator[dict[str, str]]:
             if made.returncode != 0:
                 pytest.skip(f"cannot create a network namespace: {made.stderr.strip()}")
             created.append(name)
-        steps = [("link", "add", veths["mac1"], "netns", names["mac1"], "type", "veth", "peer",
-                  "name", veths["mac2"], "netns", names["mac2"])]
+        steps = [
+            (
+                "link",
+                "add",
+                veths["mac1"],
+                "netns",
+                names["mac1"],
+                "type",
+                "veth",
+                "peer",
+                "name",
+                veths["mac2"],
+                "netns",
+                names["mac2"],
+            )
+        ]
         for index, role in enumerate(ADDRESSES, start=1):
             ns = ("-n", names[role])
-            steps += [(*ns, "addr", "add", SUBNET.format(index), "dev", veths[role]),
-                      (*ns, "link", "set", veths[role], "up"),
-                      (*ns, "link", "set", "lo", "up")]
+            steps += [
+                (*ns, "addr", "add", SUBNET.format(index), "dev", veths[role]),
+                (*ns, "link", "set", veths[role], "up"),
+                (*ns, "link", "set", "lo", "up"),
+            ]
         for step in steps:
             done = ip(*step)
             if done.returncode != 0:
-                pytest.skip(f"cannot wire the namespaces (ip {' '.join(step)}): "
-                            f"{done.stderr.strip()}")
+                pytest.skip(
+                    f"cannot wire the namespaces (ip {' '.join(step)}): {done.stderr.strip()}"
+                )
         yield names
     finally:
         for name in created:
@@ -62,15 +79,32 @@ def namespaces() -> Iterator[dict[str, str]]:
 
 
 def test_benchmark_across_two_namespaces(namespaces: dict[str, str], agents: AgentPool) -> None:
-    started = {role: agents.start(role, netns=namespaces[role], bind_host=ADDRESSES[role])
-               for role in ADDRESSES}
+    started = {
+        role: agents.start(role, netns=namespaces[role], bind_host=ADDRESSES[role])
+        for role in ADDRESSES
+    }
     for agent in started.values():
         exchange_keys(agent)
     hosts = ",".join(agent.address for agent in started.values())
     result = subprocess.run(
-        ["ip", "netns", "exec", namespaces["mac1"], console_script("coordinator"), "benchmark",
-         "--hosts", hosts, *QUICK, "--format", "json"],
-        capture_output=True, text=True, timeout=120, env=subprocess_env())
+        [
+            "ip",
+            "netns",
+            "exec",
+            namespaces["mac1"],
+            console_script("coordinator"),
+            "benchmark",
+            "--hosts",
+            hosts,
+            *QUICK,
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=subprocess_env(),
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     for role, agent in started.items():

@@ -19,22 +19,32 @@ from tests.test_monitor import known_agent
 pytestmark = pytest.mark.timeout(90)
 
 
-@pytest.mark.parametrize("given", [{}, {"pause_temp": 99.0}, {"max_speed_temp": 70.0,
-                                                               "stop_temp": 90.0},
-                                   {"max_speed_temp": 1.0, "pause_temp": 2.0, "stop_temp": 3.0,
-                                    "hysteresis": 0.0}])
+@pytest.mark.parametrize(
+    "given",
+    [
+        {},
+        {"pause_temp": 99.0},
+        {"max_speed_temp": 70.0, "stop_temp": 90.0},
+        {"max_speed_temp": 1.0, "pause_temp": 2.0, "stop_temp": 3.0, "hysteresis": 0.0},
+    ],
+)
 def test_thresholds_in_order_among_those_given_pass(given: dict[str, float]) -> None:
     check_given(given)
 
 
-@pytest.mark.parametrize(("given", "named"), [
-    ({"pause_temp": 90.0, "max_speed_temp": 95.0},
-     "need --max-speed-temp < --pause-temp (max speed < pause < stop), got --max-speed-temp 95 "
-     "--pause-temp 90"),
-    ({"max_speed_temp": 80.0, "stop_temp": 80.0}, "need --max-speed-temp < --stop-temp"),
-    ({"hysteresis": -1.0}, "--hysteresis must be >= 0 °C, got -1"),
-    ({"pause_temp": math.nan}, "--pause-temp must be a finite number"),
-])
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        (
+            {"pause_temp": 90.0, "max_speed_temp": 95.0},
+            "need --max-speed-temp < --pause-temp (max speed < pause < stop), "
+            "got --max-speed-temp 95 --pause-temp 90",
+        ),
+        ({"max_speed_temp": 80.0, "stop_temp": 80.0}, "need --max-speed-temp < --stop-temp"),
+        ({"hysteresis": -1.0}, "--hysteresis must be >= 0 °C, got -1"),
+        ({"pause_temp": math.nan}, "--pause-temp must be a finite number"),
+    ],
+)
 def test_out_of_order_thresholds_are_named(given: dict[str, float], named: str) -> None:
     with pytest.raises(ValueError) as caught:
         check_given(given)
@@ -50,15 +60,21 @@ def by_host(result: subprocess.CompletedProcess[str]) -> dict[str, dict[str, Any
 
 
 def test_a_push_is_applied_shown_refused_with_the_reason_and_recorded(
-        agents: AgentPool, tmp_path: Path) -> None:
+    agents: AgentPool, tmp_path: Path
+) -> None:
     first, second = (known_agent(agents, name, 60.0, tmp_path) for name in ("mac1", "mac2"))
     hosts = f"{first.address},{second.address}"
     pushed = policy("--hosts", hosts, "--pause-temp", "88", "--hysteresis", "2")
     assert pushed.returncode == 0, pushed.stderr
     for row in by_host(pushed).values():
         assert row["result"] == "applied" and row["error"] is None
-        assert row["policy"] == {"max_speed_temp": 75.0, "pause_temp": 88.0, "stop_temp": 95.0,
-                                 "pause_duration": 0.5, "hysteresis": 2.0}
+        assert row["policy"] == {
+            "max_speed_temp": 75.0,
+            "pause_temp": 88.0,
+            "stop_temp": 95.0,
+            "pause_duration": 0.5,
+            "hysteresis": 2.0,
+        }
     refused = policy("--hosts", hosts, "--pause-temp", "99")  # above each host's stop, 95
     assert refused.returncode == 1
     for row in by_host(refused).values():
@@ -78,7 +94,8 @@ def test_a_push_is_applied_shown_refused_with_the_reason_and_recorded(
 
 
 def test_an_unreachable_host_fails_the_push_and_others_apply_it(
-        agents: AgentPool, tmp_path: Path) -> None:
+    agents: AgentPool, tmp_path: Path
+) -> None:
     live, gone = (known_agent(agents, name, 60.0, tmp_path) for name in ("live", "gone"))
     gone.kill()
     result = policy("--hosts", f"{live.address},{gone.address}", "--stop-temp", "97")
@@ -91,7 +108,15 @@ def test_an_unreachable_host_fails_the_push_and_others_apply_it(
 
 
 def test_thresholds_out_of_order_exit_2_before_any_host_is_asked() -> None:
-    result = cli("coordinator", "policy", "--hosts", "127.0.0.1:9", "--pause-temp", "90",
-                 "--max-speed-temp", "95")
+    result = cli(
+        "coordinator",
+        "policy",
+        "--hosts",
+        "127.0.0.1:9",
+        "--pause-temp",
+        "90",
+        "--max-speed-temp",
+        "95",
+    )
     assert result.returncode == 2
     assert "--max-speed-temp < --pause-temp" in result.stderr

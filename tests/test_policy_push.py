@@ -26,16 +26,20 @@ def ctx() -> Iterator[zmq.Context]:
     context.destroy(linger=0)
 
 
-@pytest.mark.parametrize(("policy", "needle"), [
-    ({"max_speed_temp": 90}, "thresholds out of order"),
-    ({"stop_temp": 80}, "stop_temp=80"),
-    ({"pause_temp": True}, "pause_temp must be a finite number"),
-    ({"pause_temp": "hot"}, "pause_temp must be a finite number"),
-    ({"pause_tmp": 80}, "unknown ThermalPolicy keys: pause_tmp"),
-    ({"pause_duration": 0}, "pause_duration must be > 0"),
-])
+@pytest.mark.parametrize(
+    ("policy", "needle"),
+    [
+        ({"max_speed_temp": 90}, "thresholds out of order"),
+        ({"stop_temp": 80}, "stop_temp=80"),
+        ({"pause_temp": True}, "pause_temp must be a finite number"),
+        ({"pause_temp": "hot"}, "pause_temp must be a finite number"),
+        ({"pause_tmp": 80}, "unknown ThermalPolicy keys: pause_tmp"),
+        ({"pause_duration": 0}, "pause_duration must be > 0"),
+    ],
+)
 def test_a_bad_policy_is_refused_with_its_reason_and_the_old_one_stays(
-        ctx: zmq.Context, agents: AgentPool, policy: dict[str, Any], needle: str) -> None:
+    ctx: zmq.Context, agents: AgentPool, policy: dict[str, Any], needle: str
+) -> None:
     client = connect(ctx, trusted_agent(agents))
     with pytest.raises(AgentError) as refused:
         client.request("policy.set", {"policy": policy})
@@ -46,7 +50,8 @@ def test_a_bad_policy_is_refused_with_its_reason_and_the_old_one_stays(
 
 
 def test_a_policy_is_applied_announced_and_kept_across_a_restart(
-        ctx: zmq.Context, agents: AgentPool) -> None:
+    ctx: zmq.Context, agents: AgentPool
+) -> None:
     agent = trusted_agent(agents, options=["--poll-interval", "0.1"])
     client = connect(ctx, agent)
     assert client.request("policy.get") == {"policy": DEFAULT}
@@ -74,7 +79,8 @@ def test_a_policy_is_applied_announced_and_kept_across_a_restart(
 
 
 def test_an_unusable_saved_policy_falls_back_to_the_default_loudly(
-        ctx: zmq.Context, agents: AgentPool) -> None:
+    ctx: zmq.Context, agents: AgentPool
+) -> None:
     agent = trusted_agent(agents)
     agent.kill()
     (agent.home / "policy.json").write_text('{"pause_temp": 99}')

@@ -30,24 +30,35 @@ def bare_latency_ms(model, tokens: mx.array, iterations: int) -> float:
 
 def test_prefill_latency_agrees_with_a_bare_eval_loop(small_model) -> None:
     result = SpeedProfiler().benchmark_tokens_per_sec(
-        small_model, seq_len=64, num_warmup=1, num_iterations=3)
+        small_model, seq_len=64, num_warmup=1, num_iterations=3
+    )
     bare = bare_latency_ms(small_model, random_tokens(small_model, 1, 64), 3)
     # Timing graph construction instead of computation (the seed's bug) is 100x+ off.
     assert 0.5 < result["min_latency_ms"] / bare < 2.0
     assert len(result["samples_ms"]) == 3
     assert result["tokens_per_sec"] == pytest.approx(
-        sum(64000 / s for s in result["samples_ms"]) / 3)
-    for key in ("latency_ms", "std_latency_ms", "min_latency_ms", "median_latency_ms",
-                "peak_memory_gb", "active_memory_gb", "seq_len"):
+        sum(64000 / s for s in result["samples_ms"]) / 3
+    )
+    for key in (
+        "latency_ms",
+        "std_latency_ms",
+        "min_latency_ms",
+        "median_latency_ms",
+        "peak_memory_gb",
+        "active_memory_gb",
+        "seq_len",
+    ):
         assert key in result
 
 
 def test_decode_uses_the_cache_so_per_token_time_grows_slowly(small_model) -> None:
     profiler = SpeedProfiler()
     short = profiler.benchmark_autoregressive(
-        small_model, total_tokens=8, context_len=8, num_warmup=1, num_iterations=2)
+        small_model, total_tokens=8, context_len=8, num_warmup=1, num_iterations=2
+    )
     long = profiler.benchmark_autoregressive(
-        small_model, total_tokens=8, context_len=512, num_warmup=1, num_iterations=2)
+        small_model, total_tokens=8, context_len=512, num_warmup=1, num_iterations=2
+    )
     # Without a cache each step would reprocess the context: ~64x the work at d512.
     assert long["min_latency_ms"] < 3 * short["min_latency_ms"]
     assert short["mean_per_token_ms"] == pytest.approx(short["latency_ms"] / 8)
@@ -62,17 +73,20 @@ def test_iteration_gate_runs_untimed(small_model) -> None:
         time.sleep(0.3)
 
     result = SpeedProfiler(before_iteration=slow_gate).benchmark_tokens_per_sec(
-        small_model, seq_len=8, num_warmup=1, num_iterations=2)
+        small_model, seq_len=8, num_warmup=1, num_iterations=2
+    )
     assert steps == [0, 1, 2]
     assert max(result["samples_ms"]) < 300
 
 
 def test_peak_memory_is_reset_per_measurement(small_model) -> None:
     profiler = SpeedProfiler()
-    big = profiler.benchmark_tokens_per_sec(small_model, seq_len=512, num_warmup=0,
-                                            num_iterations=1, batch_size=2)
-    small = profiler.benchmark_tokens_per_sec(small_model, seq_len=8, num_warmup=0,
-                                              num_iterations=1)
+    big = profiler.benchmark_tokens_per_sec(
+        small_model, seq_len=512, num_warmup=0, num_iterations=1, batch_size=2
+    )
+    small = profiler.benchmark_tokens_per_sec(
+        small_model, seq_len=8, num_warmup=0, num_iterations=1
+    )
     assert small["peak_memory_gb"] < big["peak_memory_gb"]
 
 
@@ -98,16 +112,20 @@ def test_at_least_one_iteration_is_required(small_model) -> None:
 def test_decode_peak_excludes_the_untimed_prefill(small_model) -> None:
     """The context's prefill (1024 x vocab logits) happens before the clock: not in the peak."""
     profiler = SpeedProfiler()
-    prefill = profiler.benchmark_tokens_per_sec(small_model, seq_len=1024, num_warmup=0,
-                                                num_iterations=1)
-    decode = profiler.benchmark_autoregressive(small_model, total_tokens=2, context_len=1024,
-                                               num_warmup=0, num_iterations=1)
+    prefill = profiler.benchmark_tokens_per_sec(
+        small_model, seq_len=1024, num_warmup=0, num_iterations=1
+    )
+    decode = profiler.benchmark_autoregressive(
+        small_model, total_tokens=2, context_len=1024, num_warmup=0, num_iterations=1
+    )
     assert decode["peak_memory_gb"] < prefill["peak_memory_gb"]
 
 
 def test_per_token_time_is_per_sequence_with_a_batch(small_model) -> None:
     result = SpeedProfiler().benchmark_autoregressive(
-        small_model, total_tokens=4, context_len=8, num_warmup=0, num_iterations=2, batch_size=3)
+        small_model, total_tokens=4, context_len=8, num_warmup=0, num_iterations=2, batch_size=3
+    )
     assert result["tokens_per_sec"] == pytest.approx(
-        sum(12000 / s for s in result["samples_ms"]) / 2)
+        sum(12000 / s for s in result["samples_ms"]) / 2
+    )
     assert result["mean_per_token_ms"] == pytest.approx(result["latency_ms"] / 4)

@@ -34,9 +34,12 @@ def ctx() -> Iterator[zmq.Context]:
 
 def parse(text: str) -> Samples:
     """Every mlx_fleet sample by (name, sorted labels)."""
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples
-            if s.name.startswith("mlx_fleet_")}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith("mlx_fleet_")
+    }
 
 
 def scrape(port: int) -> Samples:
@@ -45,10 +48,12 @@ def scrape(port: int) -> Samples:
 
 
 def test_metrics_follow_samples_and_policy_actions(
-        ctx: zmq.Context, agents: AgentPool, agent_cli: str, tmp_path: Path) -> None:
+    ctx: zmq.Context, agents: AgentPool, agent_cli: str, tmp_path: Path
+) -> None:
     source = write_curve(tmp_path / "hot.csv", [(0, 90.0)])
-    agent = trusted_agent(agents, thermal=source, options=[
-        "--poll-interval", "0.1", "--prometheus", "127.0.0.1:0"])
+    agent = trusted_agent(
+        agents, thermal=source, options=["--poll-interval", "0.1", "--prometheus", "127.0.0.1:0"]
+    )
     found = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", agent.log_text())
     assert found, agent.log_text()
     port = int(found.group(1))
@@ -57,16 +62,22 @@ def test_metrics_follow_samples_and_policy_actions(
     while ("mlx_fleet_agent_up", host) not in (metrics := scrape(port)):  # the first sample
         assert time.monotonic() < deadline, metrics
         time.sleep(0.05)
-    assert metrics[("mlx_fleet_soc_temperature_celsius",
-                    tuple(sorted(host + (("source", source),))))] == 90.0
+    assert (
+        metrics[("mlx_fleet_soc_temperature_celsius", tuple(sorted(host + (("source", source),))))]
+        == 90.0
+    )
     assert metrics[("mlx_fleet_cooling_state", host)] == 2.0  # pause
     assert metrics[("mlx_fleet_agent_up", host)] == 1.0
     assert ("mlx_fleet_pause_seconds_total", host) not in metrics  # nothing paused yet
 
     sub = subscriber(ctx, agent)
     receive(sub, lambda m: m.type == "telemetry.sample")
-    run = subprocess.Popen([agent_cli, "run", "--", "sleep", "0.5"], stderr=subprocess.PIPE,
-                           text=True, env=subprocess_env(MLX_FLEET_HOME=str(agent.home)))
+    run = subprocess.Popen(
+        [agent_cli, "run", "--", "sleep", "0.5"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(MLX_FLEET_HOME=str(agent.home)),
+    )
     receive(sub, lambda m: m.type == "telemetry.event" and m.body["action"] == "pause")
     receive(sub, lambda m: m.type == "telemetry.sample" and m.body["pause_s_total"] > 0.3)
     client = connect(ctx, agent)
@@ -77,8 +88,11 @@ def test_metrics_follow_samples_and_policy_actions(
     receive(sub, lambda m: m.type == "telemetry.sample" and m.body["state"] == "reduce_batch")
 
     metrics = scrape(port)
-    actions = {dict(labels)["action"]: value for (name, labels), value in metrics.items()
-               if name == "mlx_fleet_policy_actions_total"}
+    actions = {
+        dict(labels)["action"]: value
+        for (name, labels), value in metrics.items()
+        if name == "mlx_fleet_policy_actions_total"
+    }
     assert actions == {"pause": 1.0, "resume": 1.0, "reduce_batch": 1.0}
     assert metrics[("mlx_fleet_pause_seconds_total", host)] > 0.3
     assert metrics[("mlx_fleet_cooling_state", host)] == 1.0
@@ -86,8 +100,13 @@ def test_metrics_follow_samples_and_policy_actions(
 
 def test_no_reading_means_no_temperature_and_no_state_never_nan() -> None:
     metrics = TelemetryMetrics()
-    sample = {"host": "mac1", "celsius": 70.0, "source": "iohid", "state": "ok",
-              "pause_s_total": 4.0}
+    sample = {
+        "host": "mac1",
+        "celsius": 70.0,
+        "source": "iohid",
+        "state": "ok",
+        "pause_s_total": 4.0,
+    }
     metrics.observe_sample(sample)
     metrics.observe_sample({**sample, "celsius": None, "state": None, "pause_s_total": 6.0})
     text = generate(metrics)
@@ -96,8 +115,10 @@ def test_no_reading_means_no_temperature_and_no_state_never_nan() -> None:
     metrics.observe_sample({**sample, "source": "macmon", "pause_s_total": 1.0})  # restarted
     values = parse(generate(metrics))
     assert values[("mlx_fleet_pause_seconds_total", (("host", "mac1"),))] == 7.0
-    assert values[("mlx_fleet_soc_temperature_celsius",
-                   (("host", "mac1"), ("source", "macmon")))] == 70.0
+    assert (
+        values[("mlx_fleet_soc_temperature_celsius", (("host", "mac1"), ("source", "macmon")))]
+        == 70.0
+    )
     metrics.observe_event({"host": "mac1", "action": "exit"})  # not a policy action
     metrics.set_up("mac1", False)
     values = parse(generate(metrics))

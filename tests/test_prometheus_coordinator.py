@@ -32,8 +32,7 @@ def scrape(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
     found: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            found.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = \
-                sample.value
+            found.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
     return found
 
 
@@ -48,15 +47,32 @@ def monitoring() -> Iterator[list[subprocess.Popen[str]]]:
 
 
 def test_metrics_of_every_host_parse_and_ctrl_c_ends_the_monitor(
-        agents: AgentPool, supervised: list[subprocess.Popen[str]],
-        monitoring: list[subprocess.Popen[str]], tmp_path: Path) -> None:
-    hot, gone = known_agent(agents, "hot", 88.0, tmp_path), known_agent(agents, "gone", 60.0,
-                                                                        tmp_path)
+    agents: AgentPool,
+    supervised: list[subprocess.Popen[str]],
+    monitoring: list[subprocess.Popen[str]],
+    tmp_path: Path,
+) -> None:
+    hot, gone = (
+        known_agent(agents, "hot", 88.0, tmp_path),
+        known_agent(agents, "gone", 60.0, tmp_path),
+    )
     gone.kill()
     process = subprocess.Popen(
-        [console_script("coordinator"), "monitor", "--hosts", f"{hot.address},{gone.address}",
-         "--connect-timeout", "1", "--prometheus", "127.0.0.1:0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env())
+        [
+            console_script("coordinator"),
+            "monitor",
+            "--hosts",
+            f"{hot.address},{gone.address}",
+            "--connect-timeout",
+            "1",
+            "--prometheus",
+            "127.0.0.1:0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+    )
     monitoring.append(process)
     assert process.stderr is not None
     url = None
@@ -72,18 +88,24 @@ def test_metrics_of_every_host_parse_and_ctrl_c_ends_the_monitor(
     while True:
         metrics = scrape(url)
         ready = metrics.get("mlx_fleet_agent_up", {})
-        if ready.get(up) == 1 and ready.get(down) == 0 \
-                and metrics.get("mlx_fleet_policy_actions_total") \
-                and metrics.get("mlx_fleet_pause_seconds_total", {}).get(up, 0) > 0:
+        if (
+            ready.get(up) == 1
+            and ready.get(down) == 0
+            and metrics.get("mlx_fleet_policy_actions_total")
+            and metrics.get("mlx_fleet_pause_seconds_total", {}).get(up, 0) > 0
+        ):
             break
         assert time.monotonic() < deadline, metrics
         time.sleep(0.2)
     source = f"replay:{tmp_path / 'hot'}.csv"
     assert metrics["mlx_fleet_soc_temperature_celsius"] == {
-        (("host", hot.address), ("source", source)): 88.0}
+        (("host", hot.address), ("source", source)): 88.0
+    }
     assert metrics["mlx_fleet_cooling_state"] == {up: 2.0}
-    assert metrics["mlx_fleet_policy_actions_total"][(("action", "pause"),
-                                                      ("host", hot.address))] == 1.0
+    assert (
+        metrics["mlx_fleet_policy_actions_total"][(("action", "pause"), ("host", hot.address))]
+        == 1.0
+    )
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=15)
     assert process.returncode == 0, err

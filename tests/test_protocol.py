@@ -21,38 +21,93 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
     "history.get": {"since": 0, "limit": 100},
     "policy.get": {},
     "policy.set": {"policy": {"pause_temp": 80.0}},
-    "job.event": {"job": "3f2a", "pid": 42, "action": "pause", "time": 1.5, "celsius": 86.0,
-                  "source": "sim", "simulated": True, "detail": None},
+    "job.event": {
+        "job": "3f2a",
+        "pid": 42,
+        "action": "pause",
+        "time": 1.5,
+        "celsius": 86.0,
+        "source": "sim",
+        "simulated": True,
+        "detail": None,
+    },
     "hello.ok": {"agent": "0.1.0", "protocol": 2, "hostname": "mac1", "secure": True},
     "ping.ok": {"job": None, "time": 1.5},
-    "info.ok": {"agent": "0.1.0", "protocol": 2, "machine": {}, "thermal": {}, "job": None,
-                "telemetry_port": 5556, "poll_interval": 1.0, "policy": {}, "jobs": []},
+    "info.ok": {
+        "agent": "0.1.0",
+        "protocol": 2,
+        "machine": {},
+        "thermal": {},
+        "job": None,
+        "telemetry_port": 5556,
+        "poll_interval": 1.0,
+        "policy": {},
+        "jobs": [],
+    },
     "bench.start.ok": {"job": "j-1", "cells": ["small/f16 pp16 b1"]},
     "bench.progress": {"job": "j-1", "done": 0, "total": 2, "model": None},
     "bench.cell": {"job": "j-1", "index": 0, "record": {"name": "x", "tokens_per_sec": 1.0}},
     "bench.done": {"job": "j-1", "status": "ok", "error": None, "cells": 2},
     "bench.cancel.ok": {"job": "j-1"},
-    "job.get.ok": {"job": "j-1", "state": "ok", "error": None, "spec": {}, "models": [],
-                   "records": [], "offset": 0, "next": None, "started": "t", "finished": None},
+    "job.get.ok": {
+        "job": "j-1",
+        "state": "ok",
+        "error": None,
+        "spec": {},
+        "models": [],
+        "records": [],
+        "offset": 0,
+        "next": None,
+        "started": "t",
+        "finished": None,
+    },
     "history.get.ok": {"samples": [], "events": [], "truncated": False},
     "policy.get.ok": {"policy": {"pause_temp": 85.0}},
     "policy.set.ok": {"policy": {"pause_temp": 85.0}},
     "job.event.ok": {"job": "3f2a"},
     "error": {"code": "busy", "message": "busy: job j-1 is running"},
-    "telemetry.sample": {"host": "mac1", "time": 1.5, "celsius": 71.5, "pressure": None,
-                         "source": "iohid", "simulated": False, "state": "ok",
-                         "trend_c_per_min": 0.4, "pause_s_total": 0.0,
-                         "jobs": [{"job": "3f2a", "pid": 42, "command": "python train.py",
-                                   "state": "running", "kind": "run"}]},
-    "telemetry.event": {"host": "mac1", "time": 1.5, "celsius": None, "action": "policy",
-                        "pid": None, "job": None, "source": "iohid", "simulated": False,
-                        "detail": "pause_temp=80"},
+    "telemetry.sample": {
+        "host": "mac1",
+        "time": 1.5,
+        "celsius": 71.5,
+        "pressure": None,
+        "source": "iohid",
+        "simulated": False,
+        "state": "ok",
+        "trend_c_per_min": 0.4,
+        "pause_s_total": 0.0,
+        "jobs": [
+            {
+                "job": "3f2a",
+                "pid": 42,
+                "command": "python train.py",
+                "state": "running",
+                "kind": "run",
+            }
+        ],
+    },
+    "telemetry.event": {
+        "host": "mac1",
+        "time": 1.5,
+        "celsius": None,
+        "action": "policy",
+        "pid": None,
+        "job": None,
+        "source": "iohid",
+        "simulated": False,
+        "detail": "pause_temp=80",
+    },
 }
 
 
 def raw(**overrides: Any) -> bytes:
-    envelope = {"v": p.PROTOCOL_VERSION, "id": "abc", "type": "ping", "re": None,
-                "body": {}} | overrides
+    envelope = {
+        "v": p.PROTOCOL_VERSION,
+        "id": "abc",
+        "type": "ping",
+        "re": None,
+        "body": {},
+    } | overrides
     return msgpack.packb({k: v for k, v in envelope.items() if v is not ...})
 
 
@@ -73,23 +128,30 @@ def test_optional_fields_decode_as_none() -> None:
     assert decoded.body == {"job": "j-1", "offset": None}
 
 
-@pytest.mark.parametrize(("data", "code", "needle"), [
-    (b"\xc1 not msgpack", p.MALFORMED, "not msgpack"),
-    (msgpack.packb([1, 2]), p.MALFORMED, "a message is a map"),
-    (raw(id=""), p.MALFORMED, "id must be"),
-    (raw(id=7), p.MALFORMED, "id must be"),
-    (raw(v=1), p.BAD_VERSION, "speaks 2"),
-    (raw(v=...), p.BAD_VERSION, "None"),
-    (raw(extra=1), p.MALFORMED, "unknown key(s) ['extra']"),
-    (raw(body=...), p.MALFORMED, "missing key(s) ['body']"),
-    (raw(re=5), p.MALFORMED, "re must be"),
-    (raw(type="teleport"), p.UNKNOWN_TYPE, "'teleport'"),
-    (raw(body=[1]), p.BAD_BODY, "body must be a map"),
-    (raw(type="bench.start", body={}), p.BAD_BODY, "missing field 'matrix'"),
-    (raw(type="bench.start", body={"matrix": "all"}), p.BAD_BODY, "'matrix' has the wrong type"),
-    (raw(type="ping", body={"x": 1}), p.BAD_BODY, "unknown field(s) x"),
-    (raw(type="job.get", body={"job": "j", "offset": True}), p.BAD_BODY, "'offset'"),
-])
+@pytest.mark.parametrize(
+    ("data", "code", "needle"),
+    [
+        (b"\xc1 not msgpack", p.MALFORMED, "not msgpack"),
+        (msgpack.packb([1, 2]), p.MALFORMED, "a message is a map"),
+        (raw(id=""), p.MALFORMED, "id must be"),
+        (raw(id=7), p.MALFORMED, "id must be"),
+        (raw(v=1), p.BAD_VERSION, "speaks 2"),
+        (raw(v=...), p.BAD_VERSION, "None"),
+        (raw(extra=1), p.MALFORMED, "unknown key(s) ['extra']"),
+        (raw(body=...), p.MALFORMED, "missing key(s) ['body']"),
+        (raw(re=5), p.MALFORMED, "re must be"),
+        (raw(type="teleport"), p.UNKNOWN_TYPE, "'teleport'"),
+        (raw(body=[1]), p.BAD_BODY, "body must be a map"),
+        (raw(type="bench.start", body={}), p.BAD_BODY, "missing field 'matrix'"),
+        (
+            raw(type="bench.start", body={"matrix": "all"}),
+            p.BAD_BODY,
+            "'matrix' has the wrong type",
+        ),
+        (raw(type="ping", body={"x": 1}), p.BAD_BODY, "unknown field(s) x"),
+        (raw(type="job.get", body={"job": "j", "offset": True}), p.BAD_BODY, "'offset'"),
+    ],
+)
 def test_refusals_name_the_problem(data: bytes, code: str, needle: str) -> None:
     with pytest.raises(p.ProtocolError) as caught:
         p.decode(data)
@@ -109,8 +171,9 @@ def test_size_limit_both_ways() -> None:
     with pytest.raises(p.ProtocolError) as caught:
         p.decode(b"\x00" * (p.MAX_MESSAGE_SIZE + 1))
     assert caught.value.code == p.TOO_LARGE
-    huge = p.make("bench.cell", {"job": "j", "index": 0,
-                                 "record": {"blob": "x" * p.MAX_MESSAGE_SIZE}})
+    huge = p.make(
+        "bench.cell", {"job": "j", "index": 0, "record": {"blob": "x" * p.MAX_MESSAGE_SIZE}}
+    )
     with pytest.raises(p.ProtocolError, match="limit"):
         p.encode(huge)
 
@@ -145,17 +208,30 @@ def test_only_requests_reach_the_agent() -> None:
     assert caught.value.code == p.NOT_A_REQUEST
 
 
-@pytest.mark.parametrize(("events", "needle"), [
-    ([(zmq.EVENT_CONNECTED, 0), (zmq.EVENT_HANDSHAKE_FAILED_AUTH, 400)],
-     "refused our key (ZAP status 400)"),
-    ([(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)],
-     "--insecure"),
-    ([(zmq.EVENT_CONNECTED, 0), (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 32)] * 10,
-     "server key we hold"),
-    ([(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 32),
-      (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)],
-     "security mismatch"),
-])
+@pytest.mark.parametrize(
+    ("events", "needle"),
+    [
+        (
+            [(zmq.EVENT_CONNECTED, 0), (zmq.EVENT_HANDSHAKE_FAILED_AUTH, 400)],
+            "refused our key (ZAP status 400)",
+        ),
+        (
+            [(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)],
+            "--insecure",
+        ),
+        (
+            [(zmq.EVENT_CONNECTED, 0), (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 32)] * 10,
+            "server key we hold",
+        ),
+        (
+            [
+                (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 32),
+                (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH),
+            ],
+            "security mismatch",
+        ),
+    ],
+)
 def test_handshake_diagnosis(events: list[tuple[int, int]], needle: str) -> None:
     why = handshake_diagnosis(events, "KEY")
     assert why is not None and needle in why
@@ -166,20 +242,26 @@ def test_the_fix_for_a_refused_key_is_quoted_for_the_shell() -> None:
     assert why is not None and "agent keys trust 'a$b'" in why
 
 
-@pytest.mark.parametrize("events", [
-    [(zmq.EVENT_CONNECT_DELAYED, 0)],
-    [(zmq.EVENT_CONNECTED, 0), (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 32)] * 9,
-])
+@pytest.mark.parametrize(
+    "events",
+    [
+        [(zmq.EVENT_CONNECT_DELAYED, 0)],
+        [(zmq.EVENT_CONNECTED, 0), (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 32)] * 9,
+    ],
+)
 def test_nothing_conclusive_yet(events: list[tuple[int, int]]) -> None:
     assert handshake_diagnosis(events, "KEY") is None
 
 
-@pytest.mark.parametrize(("events", "needle"), [
-    ([(zmq.EVENT_CONNECT_DELAYED, 0), (zmq.EVENT_CONNECT_RETRIED, 100)], "connection refused"),
-    ([(zmq.EVENT_CONNECT_DELAYED, 0)], "unreachable"),
-    ([(zmq.EVENT_CONNECTED, 0)], "handshake did not complete"),
-    ([(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 32)], "server key we hold"),
-    ([(zmq.EVENT_CONNECTED, 0), (zmq.EVENT_HANDSHAKE_SUCCEEDED, 0)], "did not answer"),
-])
+@pytest.mark.parametrize(
+    ("events", "needle"),
+    [
+        ([(zmq.EVENT_CONNECT_DELAYED, 0), (zmq.EVENT_CONNECT_RETRIED, 100)], "connection refused"),
+        ([(zmq.EVENT_CONNECT_DELAYED, 0)], "unreachable"),
+        ([(zmq.EVENT_CONNECTED, 0)], "handshake did not complete"),
+        ([(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 32)], "server key we hold"),
+        ([(zmq.EVENT_CONNECTED, 0), (zmq.EVENT_HANDSHAKE_SUCCEEDED, 0)], "did not answer"),
+    ],
+)
 def test_timeout_diagnosis(events: list[tuple[int, int]], needle: str) -> None:
     assert needle in timeout_diagnosis(events, 5.0)

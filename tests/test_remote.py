@@ -49,18 +49,37 @@ def is_event(action: str) -> Callable[[p.Message], bool]:
 
 
 def test_agent_run_uses_the_daemons_readings_and_policy_and_goes_on_alone_when_it_dies(
-        ctx: zmq.Context, agents: AgentPool, agent_cli: str, tmp_path: Path) -> None:
-    agent = trusted_agent(agents, thermal=write_curve(tmp_path / "cool.csv", [(0, 60.0)]),
-                          options=["--poll-interval", "0.1"])
+    ctx: zmq.Context, agents: AgentPool, agent_cli: str, tmp_path: Path
+) -> None:
+    agent = trusted_agent(
+        agents,
+        thermal=write_curve(tmp_path / "cool.csv", [(0, 60.0)]),
+        options=["--poll-interval", "0.1"],
+    )
     sub = subscriber(ctx, agent)
     receive(sub, lambda m: m.type == "telemetry.sample")
     # agent run's own source would pause at once: it is opened only if the daemon goes away
     own = write_curve(tmp_path / "hot.csv", [(0, 90.0), (1.0, 97.0)])
     pidfile, beats = tmp_path / "pid", tmp_path / "beats"
     run = subprocess.Popen(
-        [agent_cli, "run", "--thermal-source", own, "--poll-interval", "0.1", "--",
-         sys.executable, "-c", HEARTBEAT, str(pidfile), str(beats)],
-        stderr=subprocess.PIPE, text=True, env=subprocess_env(MLX_FLEET_HOME=str(agent.home)))
+        [
+            agent_cli,
+            "run",
+            "--thermal-source",
+            own,
+            "--poll-interval",
+            "0.1",
+            "--",
+            sys.executable,
+            "-c",
+            HEARTBEAT,
+            str(pidfile),
+            str(beats),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(MLX_FLEET_HOME=str(agent.home)),
+    )
     try:
         pid = wait_for_pid(pidfile, run)
         started = receive(sub, is_event("start"))
@@ -68,8 +87,15 @@ def test_agent_run_uses_the_daemons_readings_and_policy_and_goes_on_alone_when_i
         assert started.body["pid"] == pid and "-c" in started.body["detail"]
         client = connect(ctx, agent)
         listed = client.request("info")["jobs"]
-        assert listed == [{"job": job, "pid": pid, "command": started.body["detail"],
-                           "state": "running", "kind": "run"}]
+        assert listed == [
+            {
+                "job": job,
+                "pid": pid,
+                "command": started.body["detail"],
+                "state": "running",
+                "kind": "run",
+            }
+        ]
         time.sleep(0.5)
         assert state(pid) != psutil.STATUS_STOPPED, "paused on a reading not the daemon's"
 
@@ -78,8 +104,9 @@ def test_agent_run_uses_the_daemons_readings_and_policy_and_goes_on_alone_when_i
         wait_until(lambda: state(pid) == psutil.STATUS_STOPPED, what="SIGSTOP")
         client.request("policy.set", {"policy": {"max_speed_temp": 75, "pause_temp": 85}})
         assert receive(sub, is_event("resume")).body["celsius"] == 60.0
-        sample = receive(sub, lambda m: m.type == "telemetry.sample"
-                         and m.body["jobs"][0]["state"] == "running")
+        sample = receive(
+            sub, lambda m: m.type == "telemetry.sample" and m.body["jobs"][0]["state"] == "running"
+        )
         assert sample.body["pause_s_total"] > 0
         stored = client.request("history.get", {"since": 0})["events"]
         assert [e["action"] for e in stored if e["job"] == job] == ["start", "pause", "resume"]
@@ -93,8 +120,15 @@ def test_agent_run_uses_the_daemons_readings_and_policy_and_goes_on_alone_when_i
     assert run.returncode == EXIT_THERMAL_STOP, stderr
     assert "registered with agent serve" in stderr
     mine = [e for e in events(agent.home) if e.job == job]
-    assert [e.action for e in mine] == ["start", "pause", "resume", "fallback", "pause", "stop",
-                                        "exit"]
+    assert [e.action for e in mine] == [
+        "start",
+        "pause",
+        "resume",
+        "fallback",
+        "pause",
+        "stop",
+        "exit",
+    ]
     fallback = mine[3]
     assert "is gone" in (fallback.detail or "") and own in (fallback.detail or "")
     assert all(e.source == own for e in mine[3:]) and mine[4].celsius == 90.0
@@ -102,8 +136,8 @@ def test_agent_run_uses_the_daemons_readings_and_policy_and_goes_on_alone_when_i
 
 
 def test_a_cooling_scheduler_on_a_remote_monitor_follows_the_daemon(
-        ctx: zmq.Context, agents: AgentPool, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx: zmq.Context, agents: AgentPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The daemon replays a curve rising 1 °C/s from 60 °C; pushed policies put the scheduler in
     reduce, then pause, then stop, relative to the temperature at the time."""
     rising = write_curve(tmp_path / "rising.csv", [(i / 20, 60 + i / 20) for i in range(1200)])
@@ -124,12 +158,18 @@ def test_a_cooling_scheduler_on_a_remote_monitor_follows_the_daemon(
 
         def push(**changes: float) -> None:
             client.request("policy.set", {"policy": changes})
-            wait_until(lambda: all(getattr(monitor.policy, k) == v for k, v in changes.items()),
-                       what=f"policy {changes}")
+            wait_until(
+                lambda: all(getattr(monitor.policy, k) == v for k, v in changes.items()),
+                what=f"policy {changes}",
+            )
 
         celsius = monitor.temperature or 0.0
-        push(max_speed_temp=celsius - 5, pause_temp=celsius + 100, stop_temp=celsius + 200,
-             pause_duration=0.1)
+        push(
+            max_speed_temp=celsius - 5,
+            pause_temp=celsius + 100,
+            stop_temp=celsius + 200,
+            pause_duration=0.1,
+        )
         assert scheduler.should_reduce_batch() and scheduler.policy is monitor.policy
         scheduler.check_before_step(0)  # reduce_batch never waits
 
@@ -163,15 +203,23 @@ def _step(scheduler: CoolingScheduler, step: int) -> list[BaseException]:
 
 
 def test_without_a_daemon_a_remote_monitor_reads_the_sensor_itself(
-        fleet_home: Path, tmp_path: Path) -> None:
+    fleet_home: Path, tmp_path: Path
+) -> None:
     """No daemon at all, then only the state file of a dead one: a plain local monitor."""
     source = write_curve(tmp_path / "curve.csv", [(0, 71.0)])
     gone = psutil.Popen(["true"])
     gone.wait()
     fleet_home.mkdir(parents=True, exist_ok=True)
-    (fleet_home / STATE_FILE).write_text(json.dumps(
-        {"pid": gone.pid, "endpoint": "127.0.0.1:9", "telemetry": "127.0.0.1:10",
-         "public_key": None}))
+    (fleet_home / STATE_FILE).write_text(
+        json.dumps(
+            {
+                "pid": gone.pid,
+                "endpoint": "127.0.0.1:9",
+                "telemetry": "127.0.0.1:10",
+                "public_key": None,
+            }
+        )
+    )
     began = time.monotonic()
     monitor = RemoteMonitor(poll_interval=0.1, source=source)
     with monitor:

@@ -59,8 +59,9 @@ def agent_run(agent_cli: str) -> Iterator[Start]:
     started: list[subprocess.Popen[str]] = []
 
     def start(*args: str, prefix: Sequence[str] = ()) -> subprocess.Popen[str]:
-        agent = subprocess.Popen([*prefix, agent_cli, "run", *args], stderr=subprocess.PIPE,
-                                 text=True)
+        agent = subprocess.Popen(
+            [*prefix, agent_cli, "run", *args], stderr=subprocess.PIPE, text=True
+        )
         started.append(agent)
         return agent
 
@@ -153,11 +154,22 @@ def test_pause_resume_and_stop_follow_a_replayed_curve_within_the_poll_interval(
     # The sampler ticks every 0.1 s from about when the replay opens: 10 ms past a tick is close
     # to the worst phase, where a crossing waits almost a whole interval for its sample.
     pause_at, resume_at, stop_at = 0.81, 1.61, 2.41
-    source = write_curve(tmp_path / "curve.csv",
-                         [(0, 60.0), (pause_at, 86.0), (resume_at, 70.0), (stop_at, 96.0)])
+    source = write_curve(
+        tmp_path / "curve.csv", [(0, 60.0), (pause_at, 86.0), (resume_at, 70.0), (stop_at, 96.0)]
+    )
     pidfile, beats = tmp_path / "pid", tmp_path / "beats"
-    agent = agent_run("--thermal-source", source, "--poll-interval", str(POLL_S),
-                      "--", sys.executable, "-c", HEARTBEAT, str(pidfile), str(beats))
+    agent = agent_run(
+        "--thermal-source",
+        source,
+        "--poll-interval",
+        str(POLL_S),
+        "--",
+        sys.executable,
+        "-c",
+        HEARTBEAT,
+        str(pidfile),
+        str(beats),
+    )
     pid = wait_for_pid(pidfile, agent)
     samples = watch(pid)
     code, stderr = finish(agent)
@@ -169,9 +181,11 @@ def test_pause_resume_and_stop_follow_a_replayed_curve_within_the_poll_interval(
     paused = first(samples, origin, stopped=True)
     resumed = first(samples, samples[paused][0], stopped=False)
     # Latencies run to the end of the read that saw the change: never shorter than the real ones.
-    latencies = {"pause": samples[paused][1] - (origin + pause_at),
-                 "resume": samples[resumed][1] - (origin + resume_at),
-                 "stop": samples[-1][1] - (origin + stop_at)}
+    latencies = {
+        "pause": samples[paused][1] - (origin + pause_at),
+        "resume": samples[resumed][1] - (origin + resume_at),
+        "stop": samples[-1][1] - (origin + stop_at),
+    }
     for name, latency in latencies.items():
         assert 0 <= latency <= BOUND_S, f"{name} took {latency:.3f} s: {latencies}"
 
@@ -203,9 +217,19 @@ def test_enforces_the_policy_with_no_coordinator_no_daemon_and_no_network(
     reachable at all, not even loopback."""
     source = write_curve(tmp_path / "curve.csv", [(0, 60.0), (0.8, 90.0), (1.2, 97.0)])
     pidfile, beats = tmp_path / "pid", tmp_path / "beats"
-    agent = agent_run("--thermal-source", source, "--poll-interval", str(POLL_S),
-                      "--", sys.executable, "-c", HEARTBEAT, str(pidfile), str(beats),
-                      prefix=unshare_net())
+    agent = agent_run(
+        "--thermal-source",
+        source,
+        "--poll-interval",
+        str(POLL_S),
+        "--",
+        sys.executable,
+        "-c",
+        HEARTBEAT,
+        str(pidfile),
+        str(beats),
+        prefix=unshare_net(),
+    )
     pid = wait_for_pid(pidfile, agent)
     samples = watch(pid)
     code, stderr = finish(agent)
@@ -225,16 +249,23 @@ def test_enforces_the_policy_with_no_coordinator_no_daemon_and_no_network(
 )
 def test_cmds_exit_code_is_agent_runs(agent_cli: str, cmd: list[str], code: int) -> None:
     """With or without --, and whatever options follow CMD (they are CMD's, not ours)."""
-    result = subprocess.run([agent_cli, "run", "--thermal-source", "none", *cmd],
-                            capture_output=True, text=True, timeout=15)
+    result = subprocess.run(
+        [agent_cli, "run", "--thermal-source", "none", *cmd],
+        capture_output=True,
+        text=True,
+        timeout=15,
+    )
     assert result.returncode == code, result.stderr
     assert "no thermal source selected; CMD runs without thermal enforcement" in result.stderr
 
 
 def test_a_command_that_does_not_exist_exits_127_naming_it(agent_cli: str) -> None:
-    result = subprocess.run([agent_cli, "run", "--thermal-source", "none", "--",
-                             "no-such-trainer-xyz", "--lr", "1e-4"],
-                            capture_output=True, text=True, timeout=15)
+    result = subprocess.run(
+        [agent_cli, "run", "--thermal-source", "none", "--", "no-such-trainer-xyz", "--lr", "1e-4"],
+        capture_output=True,
+        text=True,
+        timeout=15,
+    )
     assert result.returncode == 127
     assert "no-such-trainer-xyz" in result.stderr
 
@@ -254,8 +285,12 @@ def test_bad_input_exits_2_naming_the_problem_and_runs_nothing(
     agent_cli: str, tmp_path: Path, options: list[str], named: list[str]
 ) -> None:
     marker = tmp_path / "ran"
-    result = subprocess.run([agent_cli, "run", *options, "--", "touch", str(marker)],
-                            capture_output=True, text=True, timeout=15)
+    result = subprocess.run(
+        [agent_cli, "run", *options, "--", "touch", str(marker)],
+        capture_output=True,
+        text=True,
+        timeout=15,
+    )
     assert result.returncode == 2
     for text in named:
         assert text in result.stderr
@@ -270,8 +305,18 @@ def test_a_job_that_ignores_sigterm_is_killed_after_the_grace(
     source = write_curve(tmp_path / "curve.csv", [(0, 60.0), (0.5, 99.0)])
     pidfile = tmp_path / "pid"
     script = f"trap '' TERM; sleep 30 & echo $$ > {pidfile}.tmp; mv {pidfile}.tmp {pidfile}; wait"
-    agent = agent_run("--thermal-source", source, "--poll-interval", str(POLL_S),
-                      "--grace", "0.5", "--", "sh", "-c", script)
+    agent = agent_run(
+        "--thermal-source",
+        source,
+        "--poll-interval",
+        str(POLL_S),
+        "--grace",
+        "0.5",
+        "--",
+        "sh",
+        "-c",
+        script,
+    )
     pid = wait_for_pid(pidfile, agent)
     code, stderr = finish(agent)
     assert code == EXIT_THERMAL_STOP, stderr
@@ -288,8 +333,12 @@ def test_what_cmd_forked_does_not_outlive_agent_run(agent_cli: str, tmp_path: Pa
     grandchild = tmp_path / "grandchild"
     script = f"sleep 30 & echo $! > {grandchild}; exit 3"
     started = time.monotonic()
-    result = subprocess.run([agent_cli, "run", "--thermal-source", "none", "--", "sh", "-c",
-                             script], capture_output=True, text=True, timeout=15)
+    result = subprocess.run(
+        [agent_cli, "run", "--thermal-source", "none", "--", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=15,
+    )
     assert result.returncode == 3, result.stderr
     assert time.monotonic() - started < 10
     assert state(int(grandchild.read_text())) is None
@@ -306,8 +355,18 @@ def test_a_signal_to_agent_run_ends_the_paused_group_too(
     source = write_curve(tmp_path / "curve.csv", [(0, 60.0), (0.5, 90.0)])
     pidfile = tmp_path / "pid"
     script = f"sleep 30 & echo $$ > {pidfile}.tmp; mv {pidfile}.tmp {pidfile}; wait"
-    agent = agent_run("--thermal-source", source, "--poll-interval", str(POLL_S),
-                      "--grace", "1", "--", "sh", "-c", script)
+    agent = agent_run(
+        "--thermal-source",
+        source,
+        "--poll-interval",
+        str(POLL_S),
+        "--grace",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        script,
+    )
     pid = wait_for_pid(pidfile, agent)
     deadline = time.monotonic() + 10
     while state(pid) != psutil.STATUS_STOPPED:
@@ -343,8 +402,12 @@ def test_a_source_this_machine_cannot_read_exits_125_and_runs_nothing(
     agent_cli: str, tmp_path: Path
 ) -> None:
     marker = tmp_path / "ran"
-    result = subprocess.run([agent_cli, "run", "--thermal-source", "iohid", "--", "touch",
-                             str(marker)], capture_output=True, text=True, timeout=15)
+    result = subprocess.run(
+        [agent_cli, "run", "--thermal-source", "iohid", "--", "touch", str(marker)],
+        capture_output=True,
+        text=True,
+        timeout=15,
+    )
     assert result.returncode == 125
     assert "iohid" in result.stderr and "macOS" in result.stderr
     assert not marker.exists()

@@ -29,8 +29,9 @@ class FailingGuard:
             raise self.error
 
     def end_cell(self) -> GuardReport:
-        return GuardReport(soc_temp_start_c=40.0, soc_temp_end_c=41.5, flags=["hot"],
-                           thermal_source="test")
+        return GuardReport(
+            soc_temp_start_c=40.0, soc_temp_end_c=41.5, flags=["hot"], thermal_source="test"
+        )
 
 
 def tiny_spec(**changes) -> MatrixSpec:
@@ -45,8 +46,15 @@ def test_every_cell_yields_a_record_with_the_seed_keys() -> None:
     assert len(models) == 1 and models[0]["label"] == "small/f16"
     for record in records:
         assert record["status"] == "ok"
-        for key in ("seq_len", "tokens_per_sec", "latency_ms", "peak_memory_gb",
-                    "active_memory_gb", "soc_temp_c", "samples_ms"):
+        for key in (
+            "seq_len",
+            "tokens_per_sec",
+            "latency_ms",
+            "peak_memory_gb",
+            "active_memory_gb",
+            "soc_temp_c",
+            "samples_ms",
+        ):
             assert key in record
         assert record["soc_temp_c"] is None
 
@@ -78,8 +86,11 @@ def test_a_model_that_cannot_load_fails_its_cells_only(tmp_path: Path) -> None:
 
 def test_each_model_is_built_once_per_bits() -> None:
     models: list[dict] = []
-    list(run_matrix(tiny_spec(bits=(16, 8), seq_lengths=(8,), decode_tokens=0),
-                    on_model=models.append))
+    list(
+        run_matrix(
+            tiny_spec(bits=(16, 8), seq_lengths=(8,), decode_tokens=0), on_model=models.append
+        )
+    )
     assert [m["label"] for m in models] == ["small/f16", "small/q8"]
 
 
@@ -87,12 +98,17 @@ def test_benchmark_suite_keeps_the_seed_api(tmp_path: Path) -> None:
     curve = tmp_path / "curve.csv"
     curve.write_text("0,61.5\n")
     suite = BenchmarkSuite(ModelArgs.small(), thermal_source=f"replay:{curve}")
-    result = suite.benchmark_sequence_lengths(seq_lengths=[8, 16], num_warmup=0,
-                                              num_iterations=1)
+    result = suite.benchmark_sequence_lengths(seq_lengths=[8, 16], num_warmup=0, num_iterations=1)
     assert list(result.results) == ["custom/f16 pp8 b1", "custom/f16 pp16 b1"]
     first = result.results["custom/f16 pp8 b1"]
-    assert list(first)[:6] == ["seq_len", "tokens_per_sec", "latency_ms", "peak_memory_gb",
-                               "active_memory_gb", "soc_temp_c"]
+    assert list(first)[:6] == [
+        "seq_len",
+        "tokens_per_sec",
+        "latency_ms",
+        "peak_memory_gb",
+        "active_memory_gb",
+        "soc_temp_c",
+    ]
     assert first["seq_len"] == 8 and first["tokens_per_sec"] > 0
     assert first["soc_temp_c"] == 61.5 and "simulated" in first["flags"]
     assert BenchmarkSuite().bits == 4 and suite.bits == 16

@@ -22,10 +22,20 @@ from tests.fleet_support import AgentPool, AgentProcess, connect, trusted_agent
 
 pytestmark = pytest.mark.timeout(60)
 
-QUICK_MATRIX = {"seq_lengths": [16], "models": ["small"], "decode_tokens": 4, "warmup": 0,
-                "iterations": 1}
-LONG_MATRIX = {"seq_lengths": [16, 32, 48, 64], "models": ["small"], "decode_tokens": 8,
-               "warmup": 0, "iterations": 3}
+QUICK_MATRIX = {
+    "seq_lengths": [16],
+    "models": ["small"],
+    "decode_tokens": 4,
+    "warmup": 0,
+    "iterations": 1,
+}
+LONG_MATRIX = {
+    "seq_lengths": [16, 32, 48, 64],
+    "models": ["small"],
+    "decode_tokens": 8,
+    "warmup": 0,
+    "iterations": 3,
+}
 
 
 @pytest.fixture
@@ -53,7 +63,8 @@ def test_hello_ping_info(ctx: zmq.Context, agents: AgentPool) -> None:
 
 
 def test_a_job_streams_every_cell_then_job_get_returns_them(
-        ctx: zmq.Context, agents: AgentPool) -> None:
+    ctx: zmq.Context, agents: AgentPool
+) -> None:
     client = connect(ctx, trusted_agent(agents))
     stream = run_job(client, QUICK_MATRIX)
     types = [m.type for m in stream]
@@ -101,13 +112,17 @@ def test_busy_while_a_job_runs_and_cancel(ctx: zmq.Context, agents: AgentPool) -
     other.close()
 
 
-@pytest.mark.parametrize(("matrix", "needle"), [
-    ({"seq_lengths": [0]}, "sequence length 0"),
-    ({"models": ["/no/such/model"]}, "/no/such/model does not exist"),
-    ({"seq_lengths": [16], "flavour": "x"}, "unknown matrix field(s): flavour"),
-])
+@pytest.mark.parametrize(
+    ("matrix", "needle"),
+    [
+        ({"seq_lengths": [0]}, "sequence length 0"),
+        ({"models": ["/no/such/model"]}, "/no/such/model does not exist"),
+        ({"seq_lengths": [16], "flavour": "x"}, "unknown matrix field(s): flavour"),
+    ],
+)
 def test_the_agent_rejects_a_bad_matrix_with_its_reason(
-        ctx: zmq.Context, agents: AgentPool, matrix: dict[str, Any], needle: str) -> None:
+    ctx: zmq.Context, agents: AgentPool, matrix: dict[str, Any], needle: str
+) -> None:
     client = connect(ctx, trusted_agent(agents))
     with pytest.raises(AgentError) as rejected:
         client.request("bench.start", {"matrix": matrix})
@@ -127,22 +142,26 @@ def raw_socket(ctx: zmq.Context, agent: AgentProcess) -> zmq.Socket:
 
 
 def envelope(**overrides: Any) -> bytes:
-    return msgpack.packb({"v": p.PROTOCOL_VERSION, "id": "m1", "type": "ping", "re": None,
-                          "body": {}} | overrides)
+    return msgpack.packb(
+        {"v": p.PROTOCOL_VERSION, "id": "m1", "type": "ping", "re": None, "body": {}} | overrides
+    )
 
 
-@pytest.mark.parametrize(("frames", "code", "re"), [
-    ([b"\x92\x01"], p.MALFORMED, None),  # a msgpack list
-    ([b"\xc1"], p.MALFORMED, None),
-    ([envelope(), b"second frame"], p.MALFORMED, None),
-    ([envelope(v=9)], p.BAD_VERSION, "m1"),
-    ([envelope(type="explode")], p.UNKNOWN_TYPE, "m1"),
-    ([envelope(type="bench.start", body={"matrix": 5})], p.BAD_BODY, "m1"),
-    ([envelope(type="ping.ok", body={"job": None, "time": 1.0})], p.NOT_A_REQUEST, "m1"),
-])
+@pytest.mark.parametrize(
+    ("frames", "code", "re"),
+    [
+        ([b"\x92\x01"], p.MALFORMED, None),  # a msgpack list
+        ([b"\xc1"], p.MALFORMED, None),
+        ([envelope(), b"second frame"], p.MALFORMED, None),
+        ([envelope(v=9)], p.BAD_VERSION, "m1"),
+        ([envelope(type="explode")], p.UNKNOWN_TYPE, "m1"),
+        ([envelope(type="bench.start", body={"matrix": 5})], p.BAD_BODY, "m1"),
+        ([envelope(type="ping.ok", body={"job": None, "time": 1.0})], p.NOT_A_REQUEST, "m1"),
+    ],
+)
 def test_malformed_messages_get_error_replies(
-        ctx: zmq.Context, agents: AgentPool, frames: list[bytes], code: str,
-        re: str | None) -> None:
+    ctx: zmq.Context, agents: AgentPool, frames: list[bytes], code: str, re: str | None
+) -> None:
     sock = raw_socket(ctx, trusted_agent(agents))
     sock.send_multipart(frames)
     assert sock.poll(5000), "no reply"
@@ -154,7 +173,8 @@ def test_malformed_messages_get_error_replies(
 
 
 def test_sigterm_stops_the_job_keeps_its_cells_and_exits_0(
-        ctx: zmq.Context, agents: AgentPool) -> None:
+    ctx: zmq.Context, agents: AgentPool
+) -> None:
     agent = trusted_agent(agents)
     client = connect(ctx, agent)
     stream = client.stream(client.send("bench.start", {"matrix": LONG_MATRIX}))
@@ -184,7 +204,8 @@ def test_sigterm_when_idle_exits_at_once(agents: AgentPool) -> None:
 
 
 def test_a_dead_job_process_fails_the_job_not_the_agent(
-        ctx: zmq.Context, agents: AgentPool) -> None:
+    ctx: zmq.Context, agents: AgentPool
+) -> None:
     agent = trusted_agent(agents)
     client = connect(ctx, agent)
     stream = client.stream(client.send("bench.start", {"matrix": LONG_MATRIX}))
@@ -200,7 +221,8 @@ def test_a_dead_job_process_fails_the_job_not_the_agent(
 
 
 def test_an_untrusted_coordinator_is_refused_and_others_served(
-        ctx: zmq.Context, agents: AgentPool) -> None:
+    ctx: zmq.Context, agents: AgentPool
+) -> None:
     agent = agents.start()
     began = time.monotonic()
     with pytest.raises(HostError, match="refused our key") as refused:
@@ -213,7 +235,8 @@ def test_an_untrusted_coordinator_is_refused_and_others_served(
 
 
 def test_a_wrong_server_key_or_a_security_mismatch_is_named(
-        ctx: zmq.Context, agents: AgentPool) -> None:
+    ctx: zmq.Context, agents: AgentPool
+) -> None:
     agent = trusted_agent(agents)
     impostor_key = new_keypair()[0]
     with pytest.raises(HostError, match="server key we hold"):
@@ -229,8 +252,9 @@ def test_a_wrong_server_key_or_a_security_mismatch_is_named(
     plain.close()
 
 
-def test_nobody_listening_is_reported_within_the_timeout(ctx: zmq.Context,
-                                                         agents: AgentPool) -> None:
+def test_nobody_listening_is_reported_within_the_timeout(
+    ctx: zmq.Context, agents: AgentPool
+) -> None:
     agent = agents.start()
     agent.kill()
     began = time.monotonic()

@@ -43,14 +43,16 @@ def fake_managers(tmp_path: Path) -> Path:
     return bin_dir
 
 
-def agent(agent_cli: str, home: Path, *args: str, path_dir: Path | None = None,
-          **env: str) -> subprocess.CompletedProcess:
+def agent(
+    agent_cli: str, home: Path, *args: str, path_dir: Path | None = None, **env: str
+) -> subprocess.CompletedProcess:
     extra = {"HOME": str(home), **env}
     if path_dir is not None:
         extra["PATH"] = f"{path_dir}{os.pathsep}{os.environ['PATH']}"
         extra["FAKE_SERVICE_STATE"] = str(path_dir.parent / "service-state.json")
-    return subprocess.run([agent_cli, *args], capture_output=True, text=True, timeout=60,
-                          env=subprocess_env(**extra))
+    return subprocess.run(
+        [agent_cli, *args], capture_output=True, text=True, timeout=60, env=subprocess_env(**extra)
+    )
 
 
 def calls(path_dir: Path) -> list[list[str]]:
@@ -58,18 +60,37 @@ def calls(path_dir: Path) -> list[list[str]]:
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
-def test_launchd_dry_run_prints_a_plist_and_changes_nothing(agent_cli: str, home: Path,
-                                                            fleet_home: Path) -> None:
-    result = agent(agent_cli, home, "install", "--launchd", "--user", "--dry-run",
-                   "--bind", "0.0.0.0:5555", "--thermal-source", "macmon")
+def test_launchd_dry_run_prints_a_plist_and_changes_nothing(
+    agent_cli: str, home: Path, fleet_home: Path
+) -> None:
+    result = agent(
+        agent_cli,
+        home,
+        "install",
+        "--launchd",
+        "--user",
+        "--dry-run",
+        "--bind",
+        "0.0.0.0:5555",
+        "--thermal-source",
+        "macmon",
+    )
     assert result.returncode == 0, result.stderr
     plist = plistlib.loads(result.stdout.encode())
     assert plist["Label"] == "io.mlx-fleet.agent"
     program = plist["ProgramArguments"]
     assert Path(program[0]).is_absolute() and Path(program[0]).exists()
-    assert program[1:] == ["-m", "agent", "serve", "--bind", "0.0.0.0:5555",
-                           "--thermal-source", "macmon",
-                           "--log-file", str(fleet_home / "logs" / "agent.log")]
+    assert program[1:] == [
+        "-m",
+        "agent",
+        "serve",
+        "--bind",
+        "0.0.0.0:5555",
+        "--thermal-source",
+        "macmon",
+        "--log-file",
+        str(fleet_home / "logs" / "agent.log"),
+    ]
     assert plist["RunAtLoad"] is True and plist["KeepAlive"] is True
     assert plist["ThrottleInterval"] > 0 and plist["ProcessType"]
     assert plist["StandardOutPath"].startswith(str(fleet_home))
@@ -86,41 +107,60 @@ def test_log_file_passes_through_to_serve(agent_cli: str, home: Path, tmp_path: 
     wanted = tmp_path / "var" / "agent.log"
     plist = agent(agent_cli, home, "install", "--launchd", "--dry-run", "--log-file", str(wanted))
     assert plistlib.loads(plist.stdout.encode())["ProgramArguments"][-2:] == [
-        "--log-file", str(wanted)]
+        "--log-file",
+        str(wanted),
+    ]
     unit = agent(agent_cli, home, "install", "--systemd", "--dry-run", "--log-file", str(wanted))
     assert read_unit(unit.stdout)["Service"]["ExecStart"].endswith(f" --log-file {wanted}")
     journal = agent(agent_cli, home, "install", "--systemd", "--dry-run").stdout
     assert "--log-file" not in read_unit(journal)["Service"]["ExecStart"]
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    (["--bind", "nonsense", "--dry-run"], "bad --bind 'nonsense': expected HOST:PORT"),
-    (["--bind", "0.0.0.0:99999"], "bad --bind"),
-    (["--thermal-source", "bogus", "--dry-run"],
-     "unknown thermal source 'bogus'; known: auto, none, iohid, macmon, powermetrics, linux, "
-     "sim, replay:PATH"),
-    (["--thermal-source", "sim:tau=1"], "sim: bad parameter 'tau=1'"),
-])
-def test_install_refuses_what_serve_would_refuse(agent_cli: str, home: Path, fake_managers: Path,
-                                                 options: list[str], message: str) -> None:
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--bind", "nonsense", "--dry-run"], "bad --bind 'nonsense': expected HOST:PORT"),
+        (["--bind", "0.0.0.0:99999"], "bad --bind"),
+        (
+            ["--thermal-source", "bogus", "--dry-run"],
+            "unknown thermal source 'bogus'; known: auto, none, iohid, macmon, powermetrics, "
+            "linux, sim, replay:PATH",
+        ),
+        (["--thermal-source", "sim:tau=1"], "sim: bad parameter 'tau=1'"),
+    ],
+)
+def test_install_refuses_what_serve_would_refuse(
+    agent_cli: str, home: Path, fake_managers: Path, options: list[str], message: str
+) -> None:
     result = agent(agent_cli, home, "install", "--systemd", *options, path_dir=fake_managers)
     assert result.returncode == 2, result.stderr
     assert message in " ".join(result.stderr.split())
     assert not (home / ".config").exists() and calls(fake_managers) == []
 
 
-def test_install_refuses_a_source_that_cannot_open_here(agent_cli: str, home: Path,
-                                                        fake_managers: Path) -> None:
+def test_install_refuses_a_source_that_cannot_open_here(
+    agent_cli: str, home: Path, fake_managers: Path
+) -> None:
     """Checked with the service's own interpreter and PATH; a dry run only checks the name."""
     assert shutil.which("macmon") is None
-    result = agent(agent_cli, home, "install", "--systemd", "--thermal-source", "macmon",
-                   path_dir=fake_managers)
+    result = agent(
+        agent_cli,
+        home,
+        "install",
+        "--systemd",
+        "--thermal-source",
+        "macmon",
+        path_dir=fake_managers,
+    )
     assert result.returncode == 2, result.stderr
-    assert ("thermal source 'macmon' cannot open on this machine: macmon not found on PATH"
-            in " ".join(result.stderr.split()))
+    assert (
+        "thermal source 'macmon' cannot open on this machine: macmon not found on PATH"
+        in " ".join(result.stderr.split())
+    )
     assert not (home / ".config").exists() and calls(fake_managers) == []
-    installed = agent(agent_cli, home, "install", "--systemd", "--thermal-source", "sim",
-                      path_dir=fake_managers)
+    installed = agent(
+        agent_cli, home, "install", "--systemd", "--thermal-source", "sim", path_dir=fake_managers
+    )
     assert installed.returncode == 0, installed.stderr
 
 
@@ -146,8 +186,9 @@ def test_systemd_dry_run_prints_a_valid_unit(agent_cli: str, home: Path) -> None
     if verify:  # as docs/deploy.md shows it: the file must be named like the unit
         unit_file = home / "mlx-fleet-agent.service"
         unit_file.write_text(result.stdout)
-        check = subprocess.run([verify, "verify", str(unit_file)],
-                               capture_output=True, text=True, timeout=60)
+        check = subprocess.run(
+            [verify, "verify", str(unit_file)], capture_output=True, text=True, timeout=60
+        )
         assert check.returncode == 0, check.stderr
 
 
@@ -160,9 +201,9 @@ def test_system_scope_points_at_system_folders(agent_cli: str, home: Path) -> No
     assert read_unit(systemd.stdout)["Install"]["WantedBy"] == "multi-user.target"
 
 
-def test_launchd_install_replaces_status_and_uninstall(agent_cli: str, home: Path,
-                                                       fake_managers: Path,
-                                                       fleet_home: Path) -> None:
+def test_launchd_install_replaces_status_and_uninstall(
+    agent_cli: str, home: Path, fake_managers: Path, fleet_home: Path
+) -> None:
     uid = os.getuid()
     plist = home / "Library/LaunchAgents/io.mlx-fleet.agent.plist"
     for _ in range(2):  # the second install replaces the first
@@ -174,8 +215,9 @@ def test_launchd_install_replaces_status_and_uninstall(agent_cli: str, home: Pat
     state = json.loads((fake_managers.parent / "service-state.json").read_text())
     assert state["loaded"] == [f"gui/{uid}/io.mlx-fleet.agent"]
 
-    status = agent(agent_cli, home, "service-status", "--launchd", "--format", "json",
-                   path_dir=fake_managers)
+    status = agent(
+        agent_cli, home, "service-status", "--launchd", "--format", "json", path_dir=fake_managers
+    )
     report = json.loads(status.stdout)
     assert report["installed"] and report["running"] and report["pid"] == 4242
     assert report["last_exit"] == "0"
@@ -184,29 +226,49 @@ def test_launchd_install_replaces_status_and_uninstall(agent_cli: str, home: Pat
     removed = agent(agent_cli, home, "uninstall", "--launchd", path_dir=fake_managers)
     assert removed.returncode == 0, removed.stderr
     assert not plist.exists() and fleet_home.exists()
-    after = json.loads(agent(agent_cli, home, "service-status", "--launchd", "--format", "json",
-                             path_dir=fake_managers).stdout)
+    after = json.loads(
+        agent(
+            agent_cli,
+            home,
+            "service-status",
+            "--launchd",
+            "--format",
+            "json",
+            path_dir=fake_managers,
+        ).stdout
+    )
     assert not after["installed"] and not after["running"]
 
 
-def test_launchd_falls_back_to_the_user_domain_without_a_gui(agent_cli: str, home: Path,
-                                                             fake_managers: Path) -> None:
-    result = agent(agent_cli, home, "install", "--launchd", path_dir=fake_managers,
-                   FAKE_NO_GUI="1")
+def test_launchd_falls_back_to_the_user_domain_without_a_gui(
+    agent_cli: str, home: Path, fake_managers: Path
+) -> None:
+    result = agent(agent_cli, home, "install", "--launchd", path_dir=fake_managers, FAKE_NO_GUI="1")
     assert result.returncode == 0, result.stderr
     assert f"launchctl bootstrap user/{os.getuid()}" in result.stderr
 
 
-def test_systemd_install_status_uninstall_purge(agent_cli: str, home: Path,
-                                                fake_managers: Path, fleet_home: Path) -> None:
+def test_systemd_install_status_uninstall_purge(
+    agent_cli: str, home: Path, fake_managers: Path, fleet_home: Path
+) -> None:
     unit = home / ".config/systemd/user/mlx-fleet-agent.service"
     result = agent(agent_cli, home, "install", "--systemd", path_dir=fake_managers)
     assert result.returncode == 0, result.stderr
     assert "ExecStart=" in unit.read_text()
     assert ["systemctl", "--user", "enable", "--now", "mlx-fleet-agent.service"] in calls(
-        fake_managers)
-    report = json.loads(agent(agent_cli, home, "service-status", "--systemd", "--format",
-                              "json", path_dir=fake_managers).stdout)
+        fake_managers
+    )
+    report = json.loads(
+        agent(
+            agent_cli,
+            home,
+            "service-status",
+            "--systemd",
+            "--format",
+            "json",
+            path_dir=fake_managers,
+        ).stdout
+    )
     assert report["running"] and report["pid"] == 4343
     assert report["logs"] == ["journalctl --user -u mlx-fleet-agent.service"]
     removed = agent(agent_cli, home, "uninstall", "--systemd", "--purge", path_dir=fake_managers)
@@ -215,24 +277,38 @@ def test_systemd_install_status_uninstall_purge(agent_cli: str, home: Path,
 
 
 def test_purge_removes_the_installed_services_data_not_this_shells(
-        agent_cli: str, home: Path, fake_managers: Path, tmp_path: Path) -> None:
+    agent_cli: str, home: Path, fake_managers: Path, tmp_path: Path
+) -> None:
     service_home, shell_home = tmp_path / "service-home", tmp_path / "shell-home"
     shell_home.mkdir()
     for flavour in ("--launchd", "--systemd"):
-        installed = agent(agent_cli, home, "install", flavour, path_dir=fake_managers,
-                          MLX_FLEET_HOME=str(service_home))
+        installed = agent(
+            agent_cli,
+            home,
+            "install",
+            flavour,
+            path_dir=fake_managers,
+            MLX_FLEET_HOME=str(service_home),
+        )
         assert installed.returncode == 0, installed.stderr
         assert service_home.is_dir()
-        removed = agent(agent_cli, home, "uninstall", flavour, "--purge",
-                        path_dir=fake_managers, MLX_FLEET_HOME=str(shell_home))
+        removed = agent(
+            agent_cli,
+            home,
+            "uninstall",
+            flavour,
+            "--purge",
+            path_dir=fake_managers,
+            MLX_FLEET_HOME=str(shell_home),
+        )
         assert removed.returncode == 0, removed.stderr
         assert f"removed data directory {service_home}" in removed.stderr
         assert not service_home.exists() and shell_home.is_dir()
 
 
-def test_purge_without_an_installed_service_refuses_to_guess(agent_cli: str, home: Path,
-                                                             fake_managers: Path,
-                                                             fleet_home: Path) -> None:
+def test_purge_without_an_installed_service_refuses_to_guess(
+    agent_cli: str, home: Path, fake_managers: Path, fleet_home: Path
+) -> None:
     fleet_home.mkdir()
     result = agent(agent_cli, home, "uninstall", "--systemd", "--purge", path_dir=fake_managers)
     assert result.returncode == 2, result.stderr
@@ -250,56 +326,80 @@ def test_purge_without_an_installed_service_refuses_to_guess(agent_cli: str, hom
     assert not plist.exists() and fleet_home.is_dir()
 
 
-@pytest.mark.parametrize(("flavour", "failing", "definition"), [
-    ("--launchd", "bootstrap", "Library/LaunchAgents/io.mlx-fleet.agent.plist"),
-    ("--systemd", "enable", ".config/systemd/user/mlx-fleet-agent.service"),
-])
-def test_a_refused_install_rolls_the_definition_back(agent_cli: str, home: Path,
-                                                     fake_managers: Path, flavour: str,
-                                                     failing: str, definition: str) -> None:
+@pytest.mark.parametrize(
+    ("flavour", "failing", "definition"),
+    [
+        ("--launchd", "bootstrap", "Library/LaunchAgents/io.mlx-fleet.agent.plist"),
+        ("--systemd", "enable", ".config/systemd/user/mlx-fleet-agent.service"),
+    ],
+)
+def test_a_refused_install_rolls_the_definition_back(
+    agent_cli: str, home: Path, fake_managers: Path, flavour: str, failing: str, definition: str
+) -> None:
     path = home / definition
     first = agent(agent_cli, home, "install", flavour, path_dir=fake_managers, FAKE_FAIL=failing)
     assert first.returncode == 1, first.stderr
     said = " ".join(first.stderr.split())
     assert ("Operation not permitted" if flavour == "--launchd" else "No medium found") in said
     assert f"(removed {path})" in said and not path.exists()
-    report = json.loads(agent(agent_cli, home, "service-status", flavour, "--format", "json",
-                              path_dir=fake_managers).stdout)
+    report = json.loads(
+        agent(
+            agent_cli, home, "service-status", flavour, "--format", "json", path_dir=fake_managers
+        ).stdout
+    )
     assert report["installed"] is False and report["running"] is False
 
     assert agent(agent_cli, home, "install", flavour, path_dir=fake_managers).returncode == 0
     previous = path.read_bytes()
-    again = agent(agent_cli, home, "install", flavour, "--bind", "127.0.0.1:6000",
-                  path_dir=fake_managers, FAKE_FAIL=failing)
+    again = agent(
+        agent_cli,
+        home,
+        "install",
+        flavour,
+        "--bind",
+        "127.0.0.1:6000",
+        path_dir=fake_managers,
+        FAKE_FAIL=failing,
+    )
     assert again.returncode == 1, again.stderr
     assert f"(restored the previous {path})" in " ".join(again.stderr.split())
     assert path.read_bytes() == previous
 
 
-@pytest.mark.parametrize(("flavour", "stop"), [("--launchd", "bootout"),
-                                                ("--systemd", "disable")])
-def test_uninstall_reports_a_service_it_could_not_stop(agent_cli: str, home: Path,
-                                                       fake_managers: Path, flavour: str,
-                                                       stop: str) -> None:
+@pytest.mark.parametrize(("flavour", "stop"), [("--launchd", "bootout"), ("--systemd", "disable")])
+def test_uninstall_reports_a_service_it_could_not_stop(
+    agent_cli: str, home: Path, fake_managers: Path, flavour: str, stop: str
+) -> None:
     assert agent(agent_cli, home, "install", flavour, path_dir=fake_managers).returncode == 0
     result = agent(agent_cli, home, "uninstall", flavour, path_dir=fake_managers, FAKE_FAIL=stop)
     assert result.returncode == 1, result.stderr
     said = " ".join(result.stderr.split())
     assert f" {stop} " in said and "failed" in said
     assert said.endswith("(nothing was removed: the service may still run)")
-    report = json.loads(agent(agent_cli, home, "service-status", flavour, "--format", "json",
-                              path_dir=fake_managers).stdout)
+    report = json.loads(
+        agent(
+            agent_cli, home, "service-status", flavour, "--format", "json", path_dir=fake_managers
+        ).stdout
+    )
     assert report["installed"] and report["running"] is True  # left as it was, visibly
     assert agent(agent_cli, home, "uninstall", flavour, path_dir=fake_managers).returncode == 0
 
 
 @pytest.mark.parametrize(("flavour", "query"), [("--launchd", "print"), ("--systemd", "show")])
-def test_status_says_unknown_when_the_manager_cannot_be_asked(agent_cli: str, home: Path,
-                                                              fake_managers: Path, flavour: str,
-                                                              query: str) -> None:
+def test_status_says_unknown_when_the_manager_cannot_be_asked(
+    agent_cli: str, home: Path, fake_managers: Path, flavour: str, query: str
+) -> None:
     def report(**env: str) -> dict:
-        result = agent(agent_cli, home, "service-status", flavour, "--format", "json",
-                       path_dir=fake_managers, **env)
+        result = agent(
+            agent_cli,
+            home,
+            "service-status",
+            flavour,
+            "--format",
+            "json",
+            path_dir=fake_managers,
+            **env,
+        )
         assert result.returncode == 0, result.stderr
         return json.loads(result.stdout)
 
@@ -309,8 +409,9 @@ def test_status_says_unknown_when_the_manager_cannot_be_asked(agent_cli: str, ho
     unknown = report(FAKE_FAIL=query)
     assert unknown["loaded"] == unknown["running"] == "unknown" and unknown["pid"] is None
     assert f" {query} " in unknown["reason"] and "failed" in unknown["reason"]
-    table = agent(agent_cli, home, "service-status", flavour, path_dir=fake_managers,
-                  FAKE_FAIL=query)
+    table = agent(
+        agent_cli, home, "service-status", flavour, path_dir=fake_managers, FAKE_FAIL=query
+    )
     assert "unknown" in table.stdout
 
 
@@ -332,41 +433,74 @@ sys.exit(run('install', '--system', '--systemd'))
 def test_system_scope_needs_root(home: Path) -> None:
     """A non-root --system exits 2 saying why (the effective uid dropped to `nobody`)."""
     if os.geteuid() != 0:
-        result = subprocess.run([sys.executable, "-m", "agent", "install", "--system"],
-                                capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            [sys.executable, "-m", "agent", "install", "--system"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     else:
-        result = subprocess.run([sys.executable, "-c", WARM_THEN_DROP_ROOT], capture_output=True,
-                                text=True, timeout=60, env=subprocess_env(HOME=str(home)))
+        result = subprocess.run(
+            [sys.executable, "-c", WARM_THEN_DROP_ROOT],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=subprocess_env(HOME=str(home)),
+        )
     assert result.returncode == 2, result.stderr
     assert "needs root" in result.stderr.splitlines()[-1]
 
 
-@pytest.mark.skipif(not Path("/run/systemd/system").is_dir(),
-                    reason="systemd is not running on this machine (no /run/systemd/system)")
+@pytest.mark.skipif(
+    not Path("/run/systemd/system").is_dir(),
+    reason="systemd is not running on this machine (no /run/systemd/system)",
+)
 def test_real_systemd_user_install_and_uninstall(agent_cli: str) -> None:
-    installed = subprocess.run([agent_cli, "install", "--systemd", "--user"],
-                               capture_output=True, text=True, timeout=120)
+    installed = subprocess.run(
+        [agent_cli, "install", "--systemd", "--user"], capture_output=True, text=True, timeout=120
+    )
     try:
         assert installed.returncode == 0, installed.stderr
-        status = json.loads(subprocess.run(
-            [agent_cli, "service-status", "--systemd", "--format", "json"],
-            capture_output=True, text=True, timeout=60).stdout)
+        status = json.loads(
+            subprocess.run(
+                [agent_cli, "service-status", "--systemd", "--format", "json"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            ).stdout
+        )
         assert status["installed"]
     finally:
-        removed = subprocess.run([agent_cli, "uninstall", "--systemd", "--user"],
-                                 capture_output=True, text=True, timeout=120)
+        removed = subprocess.run(
+            [agent_cli, "uninstall", "--systemd", "--user"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert removed.returncode == 0, removed.stderr
 
 
 def test_parsers_read_the_managers_output() -> None:
-    text = (FAKE.read_text().split('LAUNCHCTL_PRINT = """')[1].split('"""')[0]
-            .format(target="gui/501/io.mlx-fleet.agent", path="/p.plist")
-            .replace("{{", "{").replace("}}", "}"))
+    text = (
+        FAKE.read_text()
+        .split('LAUNCHCTL_PRINT = """')[1]
+        .split('"""')[0]
+        .format(target="gui/501/io.mlx-fleet.agent", path="/p.plist")
+        .replace("{{", "{")
+        .replace("}}", "}")
+    )
     fields = parse_launchctl_print(text.replace("\\t", "\t"))
-    assert fields == {"path": "/p.plist", "state": "running", "program": "/usr/bin/python3",
-                      "pid": "4242", "last_exit": "0"}
+    assert fields == {
+        "path": "/p.plist",
+        "state": "running",
+        "program": "/usr/bin/python3",
+        "pid": "4242",
+        "last_exit": "0",
+    }
     assert parse_systemctl_show("ActiveState=active\nMainPID=12\n") == {
-        "ActiveState": "active", "MainPID": "12"}
+        "ActiveState": "active",
+        "MainPID": "12",
+    }
 
 
 def test_deploy_templates_are_what_install_writes() -> None:
@@ -376,7 +510,8 @@ def test_deploy_templates_are_what_install_writes() -> None:
     deploy = Path(__file__).parent.parent / "deploy"
     for name, text in template_files().items():
         assert (deploy / name).read_text() == text, (
-            f"deploy/{name} is stale: run python -m agent.service deploy")
+            f"deploy/{name} is stale: run python -m agent.service deploy"
+        )
         if name.endswith(".plist"):
             assert plistlib.loads(text.encode())["Label"] == "io.mlx-fleet.agent"
 
@@ -385,9 +520,21 @@ def test_serve_behaves_as_a_service(agent_cli: str, tmp_path: Path) -> None:
     """Foreground, timestamped log file, a second instance refused, exit 0 on SIGTERM."""
     log_file = tmp_path / "logs" / "agent.log"
     first = subprocess.Popen(
-        [agent_cli, "serve", "--bind", "127.0.0.1:0", "--thermal-source", "none",
-         "--log-file", str(log_file)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env())
+        [
+            agent_cli,
+            "serve",
+            "--bind",
+            "127.0.0.1:0",
+            "--thermal-source",
+            "none",
+            "--log-file",
+            str(log_file),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+    )
     try:
         assert first.stdout is not None
         ready = first.stdout.readline()
@@ -395,7 +542,11 @@ def test_serve_behaves_as_a_service(agent_cli: str, tmp_path: Path) -> None:
         port = ready.split("tcp://127.0.0.1:")[1].split()[0]
         second = subprocess.run(
             [agent_cli, "serve", "--bind", f"127.0.0.1:{port}", "--thermal-source", "none"],
-            capture_output=True, text=True, timeout=60, env=subprocess_env())
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=subprocess_env(),
+        )
         assert second.returncode == 2
         assert f"cannot bind tcp://127.0.0.1:{port}: Address already in use" in second.stderr
         first.send_signal(signal.SIGTERM)

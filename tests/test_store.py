@@ -19,32 +19,52 @@ from shared.matrix import PREFILL, Cell
 from shared.report import render_text
 from shared.results import cell_record
 
-MACHINE = {"hostname": "mac1", "device": "Apple M4 Max", "backend": "gpu", "memory_gb": 64.0,
-           "os": "macOS 15.1", "mlx_version": "0.21.0", "mlx_fleet_version": "0.1.0"}
+MACHINE = {
+    "hostname": "mac1",
+    "device": "Apple M4 Max",
+    "backend": "gpu",
+    "memory_gb": 64.0,
+    "os": "macOS 15.1",
+    "mlx_version": "0.21.0",
+    "mlx_fleet_version": "0.1.0",
+}
 
 
 def ok_cell(seq_len: int, tokens_per_sec: float, batch_size: int = 1) -> dict[str, Any]:
     """A prefill cell of the small model as the agent reports it."""
-    return cell_record(Cell("small", 16, PREFILL, seq_len, batch_size),
-                       {"tokens_per_sec": tokens_per_sec, "std_tokens_per_sec": 0.5,
-                        "latency_ms": 1000.0 * seq_len * batch_size / tokens_per_sec,
-                        "std_latency_ms": 0.1, "peak_memory_gb": 0.25})
+    return cell_record(
+        Cell("small", 16, PREFILL, seq_len, batch_size),
+        {
+            "tokens_per_sec": tokens_per_sec,
+            "std_tokens_per_sec": 0.5,
+            "latency_ms": 1000.0 * seq_len * batch_size / tokens_per_sec,
+            "std_latency_ms": 0.1,
+            "peak_memory_gb": 0.25,
+        },
+    )
 
 
 def failed_cell(seq_len: int, error: str) -> dict[str, Any]:
     return cell_record(Cell("small", 16, PREFILL, seq_len, 1), error=error)
 
 
-def fill_run(store: RunStore, speeds: dict[str, dict[int, float | None]],
-             status: str = "ok") -> str:
+def fill_run(
+    store: RunStore, speeds: dict[str, dict[int, float | None]], status: str = "ok"
+) -> str:
     """A finished run: per host, per sequence length, tok/s (None: the cell failed)."""
     run_id = store.create_run({"seq_lengths": [32, 64]}, list(speeds))
     for host, cells in speeds.items():
-        store.set_host_info(run_id, host, {**MACHINE, "hostname": host.split(":")[0]},
-                            [], "ok", None)
+        store.set_host_info(
+            run_id, host, {**MACHINE, "hostname": host.split(":")[0]}, [], "ok", None
+        )
         for seq_len, speed in cells.items():
-            store.add_cell(run_id, host, ok_cell(seq_len, speed) if speed is not None
-                           else failed_cell(seq_len, f"boom on {host}"))
+            store.add_cell(
+                run_id,
+                host,
+                ok_cell(seq_len, speed)
+                if speed is not None
+                else failed_cell(seq_len, f"boom on {host}"),
+            )
     store.finish_run(run_id, status)
     return run_id
 
@@ -84,13 +104,26 @@ def test_report_round_trip(store: RunStore) -> None:
     assert report["spec"] == spec and report["status"] == "failed"
     assert report["interrupted"] is True and report["finished"] is not None
     assert report["hosts"] == [
-        {"host": "mac1:5555", "machine": MACHINE, "models": [{"label": "small/f16"}],
-         "status": "ok", "error": None},
-        {"host": "mac2:5555", "machine": None, "models": [], "status": "failed",
-         "error": "connection lost"},
+        {
+            "host": "mac1:5555",
+            "machine": MACHINE,
+            "models": [{"label": "small/f16"}],
+            "status": "ok",
+            "error": None,
+        },
+        {
+            "host": "mac2:5555",
+            "machine": None,
+            "models": [],
+            "status": "failed",
+            "error": "connection lost",
+        },
     ]
-    assert report["cells"] == [{**first, "host": "mac2:5555"}, {**second, "host": "mac1:5555"},
-                               {**third, "host": "mac2:5555"}]
+    assert report["cells"] == [
+        {**first, "host": "mac2:5555"},
+        {**second, "host": "mac1:5555"},
+        {**third, "host": "mac2:5555"},
+    ]
     assert "host" not in first  # add_cell stores a copy
 
 
@@ -100,14 +133,20 @@ def test_hosts_first_named_later_are_appended(store: RunStore) -> None:
     store.set_host_info(run_id, "c:1", None, [], "failed", "refused")
     hosts = store.load_report(run_id)["hosts"]
     assert [(h["host"], h["status"]) for h in hosts] == [
-        ("b:1", "pending"), ("a:1", "pending"), ("c:1", "failed")]
+        ("b:1", "pending"),
+        ("a:1", "pending"),
+        ("c:1", "failed"),
+    ]
 
 
 def test_fastest_host_is_marked_on_load(store: RunStore) -> None:
     run_id = fill_run(store, {"mac1:5555": {32: 100.0, 64: 50.0}, "mac2:5555": {32: 120.0}})
     cells = store.load_report(run_id)["cells"]
     assert [(c["host"], c["seq_len"], c.get("fastest")) for c in cells] == [
-        ("mac1:5555", 32, None), ("mac1:5555", 64, None), ("mac2:5555", 32, True)]
+        ("mac1:5555", 32, None),
+        ("mac1:5555", 64, None),
+        ("mac2:5555", 32, True),
+    ]
     text = render_text(store.load_report(run_id), "md")
     assert "| mac2:5555 | small/f16 | pp32 | 1 | 120.00 ± 0.50 |" in text
     assert "fastest" in text
@@ -120,8 +159,12 @@ def test_list_runs_newest_first_with_counts(store: RunStore) -> None:
     runs = store.list_runs()
     assert [r["id"] for r in runs] == [unfinished, newer, older]
     assert {k: runs[1][k] for k in ("status", "ok", "failed", "hosts", "interrupted")} == {
-        "status": "ok", "ok": 3, "failed": 0, "hosts": ["mac1:5555", "mac2:5555"],
-        "interrupted": False}
+        "status": "ok",
+        "ok": 3,
+        "failed": 0,
+        "hosts": ["mac1:5555", "mac2:5555"],
+        "interrupted": False,
+    }
     assert (runs[2]["status"], runs[2]["ok"], runs[2]["failed"]) == ("failed", 1, 1)
     assert (runs[0]["status"], runs[0]["finished"], runs[0]["ok"]) == ("running", None, 0)
     assert [r["id"] for r in store.list_runs(limit=2)] == [unfinished, newer]
@@ -143,9 +186,11 @@ def test_prefix_lookup_and_unknown_ids(store: RunStore) -> None:
     # LIKE wildcards in a prefix are taken literally
     with pytest.raises(UnknownRunError, match="unknown run"):
         store.load_report("%")
-    for write in (lambda: store.add_cell("r-x", "h:1", ok_cell(32, 1.0)),
-                  lambda: store.set_host_info("r-x", "h:1", None, [], "ok", None),
-                  lambda: store.finish_run("r-x", "ok")):
+    for write in (
+        lambda: store.add_cell("r-x", "h:1", ok_cell(32, 1.0)),
+        lambda: store.set_host_info("r-x", "h:1", None, [], "ok", None),
+        lambda: store.finish_run("r-x", "ok"),
+    ):
         with pytest.raises(UnknownRunError):
             write()
 
@@ -197,8 +242,9 @@ for seq_len in (32, 64, 128):
 print(run_id, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == -9, result.stderr
     with RunStore(path) as store:
         report = store.load_report(result.stdout.strip())
@@ -231,8 +277,11 @@ def test_records_are_json_text(store: RunStore) -> None:
     """Stored as JSON with indexed columns beside it; another reader can query them."""
     run_id = fill_run(store, {"mac1:5555": {32: 10.0, 64: None}})
     with sqlite3.connect(store.path) as raw:
-        rows = raw.execute("SELECT host, name, status, record FROM cells WHERE run_id = ? "
-                           "ORDER BY seq", (run_id,)).fetchall()
+        rows = raw.execute(
+            "SELECT host, name, status, record FROM cells WHERE run_id = ? ORDER BY seq", (run_id,)
+        ).fetchall()
     assert [(h, n, s) for h, n, s, _ in rows] == [
-        ("mac1:5555", "small/f16 pp32 b1", "ok"), ("mac1:5555", "small/f16 pp64 b1", "failed")]
+        ("mac1:5555", "small/f16 pp32 b1", "ok"),
+        ("mac1:5555", "small/f16 pp64 b1", "failed"),
+    ]
     assert json.loads(rows[1][3])["error"] == "boom on mac1:5555"

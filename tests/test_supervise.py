@@ -66,8 +66,12 @@ def reading(celsius: float | None, pressure: str | None = None) -> ThermalReadin
     ],
 )
 def test_react_takes_the_job_where_the_policy_asks(
-    job: JobState, reduced: bool, celsius: float, expected_job: JobState,
-    expected_reduced: bool, actions: tuple[Action, ...],
+    job: JobState,
+    reduced: bool,
+    celsius: float,
+    expected_job: JobState,
+    expected_reduced: bool,
+    actions: tuple[Action, ...],
 ) -> None:
     decision = react(Supervision(job, reduced), POLICY, reading(celsius))
     assert decision.state == Supervision(expected_job, expected_reduced)
@@ -200,8 +204,9 @@ def after_ready(ready: Path, values: Sequence[float]) -> Callable[[], float]:
 def supervise(tmp_path: Path, values: Sequence[float]) -> tuple[int, list[Event], Path]:
     ready, seen = tmp_path / "ready", tmp_path / "seen"
     events: list[Event] = []
-    supervisor = Supervisor([sys.executable, "-c", JOB, str(seen), str(ready)], grace=2.0,
-                            sinks=[events.append])
+    supervisor = Supervisor(
+        [sys.executable, "-c", JOB, str(seen), str(ready)], grace=2.0, sinks=[events.append]
+    )
     feed = LocalFeed(ThermalMonitor(poll_interval=0.05, source=after_ready(ready, values)), POLICY)
     before = signal.getsignal(signal.SIGTERM)
     code = supervisor.run(feed)

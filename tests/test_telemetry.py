@@ -57,21 +57,29 @@ def ctx() -> Iterator[zmq.Context]:
 
 
 def reading(celsius: float | None, pressure: str | None = None) -> ThermalReading:
-    return ThermalReading(celsius=celsius, source="sim", time=100.0, pressure=pressure,
-                          simulated=True)
+    return ThermalReading(
+        celsius=celsius, source="sim", time=100.0, pressure=pressure, simulated=True
+    )
 
 
-@pytest.mark.parametrize(("celsius", "pressure", "previous", "expected"), [
-    (70.0, None, None, CoolingState.OK),
-    (80.0, None, CoolingState.OK, CoolingState.REDUCE_BATCH),
-    (86.0, None, CoolingState.OK, CoolingState.PAUSE),
-    (84.0, None, CoolingState.PAUSE, CoolingState.REDUCE_BATCH),
-    (None, "heavy", None, CoolingState.PAUSE),
-    (None, None, CoolingState.PAUSE, None),
-    (None, "unheard-of", None, None),
-])
-def test_host_state(celsius: float | None, pressure: str | None,
-                    previous: CoolingState | None, expected: CoolingState | None) -> None:
+@pytest.mark.parametrize(
+    ("celsius", "pressure", "previous", "expected"),
+    [
+        (70.0, None, None, CoolingState.OK),
+        (80.0, None, CoolingState.OK, CoolingState.REDUCE_BATCH),
+        (86.0, None, CoolingState.OK, CoolingState.PAUSE),
+        (84.0, None, CoolingState.PAUSE, CoolingState.REDUCE_BATCH),
+        (None, "heavy", None, CoolingState.PAUSE),
+        (None, None, CoolingState.PAUSE, None),
+        (None, "unheard-of", None, None),
+    ],
+)
+def test_host_state(
+    celsius: float | None,
+    pressure: str | None,
+    previous: CoolingState | None,
+    expected: CoolingState | None,
+) -> None:
     assert host_state(POLICY, reading(celsius, pressure), previous) is expected
 
 
@@ -93,18 +101,26 @@ def test_a_sample_without_a_reading_says_so_and_validates() -> None:
     body = sample_body("mac1", 123.0, None, source, None, None, 0.0, [])
     assert body["time"] == 123.0 and body["celsius"] is None and body["state"] is None
     p.make("telemetry.sample", body)
-    hot = sample_body("mac1", 123.0, reading(86.0), SourceInfo("sim", True),
-                      CoolingState.PAUSE, 1.5, 2.0, [])
+    hot = sample_body(
+        "mac1", 123.0, reading(86.0), SourceInfo("sim", True), CoolingState.PAUSE, 1.5, 2.0, []
+    )
     assert hot["time"] == 100.0 and hot["state"] == "pause" and hot["simulated"] is True
     p.make("telemetry.sample", hot)
 
 
 def test_policy_updates_keep_what_is_not_given_and_refuse_what_is_not_a_number() -> None:
     assert updated_policy(POLICY, {"pause_temp": 80}).to_dict() == {
-        **POLICY.to_dict(), "pause_temp": 80.0}
-    for bad, needle in [({"pause_temp": 99}, "out of order"), ({"pause_temp": True}, "number"),
-                        ({"pause_temp": "hot"}, "number"), ({"pause_temp": math.nan}, "finite"),
-                        ({"pause": 80}, "unknown"), ({"hysteresis": -1}, "hysteresis")]:
+        **POLICY.to_dict(),
+        "pause_temp": 80.0,
+    }
+    for bad, needle in [
+        ({"pause_temp": 99}, "out of order"),
+        ({"pause_temp": True}, "number"),
+        ({"pause_temp": "hot"}, "number"),
+        ({"pause_temp": math.nan}, "finite"),
+        ({"pause": 80}, "unknown"),
+        ({"hysteresis": -1}, "hysteresis"),
+    ]:
         with pytest.raises(ValueError, match=needle):
             updated_policy(POLICY, bad)
 
@@ -117,8 +133,9 @@ def test_the_job_table_follows_events_and_counts_pause_time() -> None:
     table = JobTable()
     table.apply(event(0.0, "start", detail="python train.py"), p.KIND_RUN)
     table.apply(event(1.0, "reduce_batch"), p.KIND_RUN)
-    assert table.listed() == [{"job": "j1", "pid": 42, "command": "python train.py",
-                               "state": "running", "kind": "run"}]
+    assert table.listed() == [
+        {"job": "j1", "pid": 42, "command": "python train.py", "state": "running", "kind": "run"}
+    ]
     table.apply(event(2.0, "pause"), p.KIND_RUN)
     assert table.listed()[0]["state"] == "paused"
     assert table.pause_s_total(5.0) == 3.0  # a pause going on counts
@@ -155,27 +172,35 @@ def test_history_pages_cut_both_lists_at_the_same_time() -> None:
     samples, events = stamped([1, 2, 3, 4]), stamped([1.5, 3.5])
     assert page_history(samples, events, 10, 10**6) == (samples, events, False)
     # limit 2: the samples stop at 2, so the events do too; the next page starts after 2
-    assert page_history(samples[:3], events, 2, 10**6) == (stamped([1, 2]), stamped([1.5]),
-                                                           True)
+    assert page_history(samples[:3], events, 2, 10**6) == (stamped([1, 2]), stamped([1.5]), True)
     # the byte budget cuts too: three items fit
     budget = 3 * len(msgpack.packb({"time": 1.5}))
     assert page_history(samples, events, 10, budget) == (stamped([1, 2]), stamped([1.5]), True)
 
 
-@pytest.mark.parametrize(("endpoint", "port", "expected"), [
-    ("tcp://0.0.0.0:5555", None, "tcp://0.0.0.0:5556"),
-    ("tcp://127.0.0.1:*", None, "tcp://127.0.0.1:*"),
-    ("tcp://[::]:7000", 9000, "tcp://[::]:9000"),
-    ("tcp://0.0.0.0:5555", 0, "tcp://0.0.0.0:*"),
-])
+@pytest.mark.parametrize(
+    ("endpoint", "port", "expected"),
+    [
+        ("tcp://0.0.0.0:5555", None, "tcp://0.0.0.0:5556"),
+        ("tcp://127.0.0.1:*", None, "tcp://127.0.0.1:*"),
+        ("tcp://[::]:7000", 9000, "tcp://[::]:9000"),
+        ("tcp://0.0.0.0:5555", 0, "tcp://0.0.0.0:*"),
+    ],
+)
 def test_the_telemetry_port_is_the_command_port_plus_one_by_default(
-        endpoint: str, port: int | None, expected: str) -> None:
+    endpoint: str, port: int | None, expected: str
+) -> None:
     assert telemetry_endpoint(endpoint, port) == expected
 
 
-@pytest.mark.parametrize(("bound", "local"), [
-    ("tcp://0.0.0.0:5555", "127.0.0.1:5555"), ("tcp://[::]:5555", "[::1]:5555"),
-    ("tcp://10.0.0.2:5555", "10.0.0.2:5555")])
+@pytest.mark.parametrize(
+    ("bound", "local"),
+    [
+        ("tcp://0.0.0.0:5555", "127.0.0.1:5555"),
+        ("tcp://[::]:5555", "[::1]:5555"),
+        ("tcp://10.0.0.2:5555", "10.0.0.2:5555"),
+    ],
+)
 def test_local_clients_reach_a_wildcard_bind_on_loopback(bound: str, local: str) -> None:
     assert local_address(bound) == local
 
@@ -188,7 +213,8 @@ def test_retention_cutoff() -> None:
 
 
 def test_samples_reach_a_curve_subscriber_and_history_backfills_in_pages(
-        ctx: zmq.Context, agents: AgentPool, tmp_path: Path) -> None:
+    ctx: zmq.Context, agents: AgentPool, tmp_path: Path
+) -> None:
     source = write_curve(tmp_path / "curve.csv", [(0, 60.0), (0.5, 80.0)])
     agent = trusted_agent(agents, thermal=source, options=["--poll-interval", "0.1"])
     sub = subscriber(ctx, agent)
@@ -218,14 +244,15 @@ def test_samples_reach_a_curve_subscriber_and_history_backfills_in_pages(
         if not page["truncated"]:
             break
         since = page["samples"][-1]["time"]
-    assert paged[:len(times)] == everything["samples"]
+    assert paged[: len(times)] == everything["samples"]
     with pytest.raises(AgentError, match="limit must be >= 1"):
         client.request("history.get", {"since": 0, "limit": 0})
     client.close()
 
 
 def test_telemetry_refuses_an_untrusted_subscriber_and_is_plain_when_insecure(
-        ctx: zmq.Context, agents: AgentPool) -> None:
+    ctx: zmq.Context, agents: AgentPool
+) -> None:
     agent = agents.start("strict", options=["--poll-interval", "0.1"])  # trusts nobody
     sub = subscriber(ctx, agent)
     assert not sub.poll(1500), "an untrusted key got telemetry"
@@ -237,8 +264,9 @@ def test_telemetry_refuses_an_untrusted_subscriber_and_is_plain_when_insecure(
 
 def test_history_is_pruned_to_the_retention(ctx: zmq.Context, agents: AgentPool) -> None:
     retention_s = 2.0
-    agent = trusted_agent(agents, options=["--poll-interval", "0.1",
-                                           "--retention-days", str(retention_s / 86400)])
+    agent = trusted_agent(
+        agents, options=["--poll-interval", "0.1", "--retention-days", str(retention_s / 86400)]
+    )
     client = connect(ctx, agent)
     client.request("policy.set", {"policy": {"pause_temp": 80}})  # an event to prune too
     started = time.time()
@@ -263,7 +291,8 @@ def journal_models(home: Path) -> int:
 
 
 def test_a_benchmark_job_is_gated_by_the_daemons_readings_with_no_coordinator_there(
-        ctx: zmq.Context, agents: AgentPool, tmp_path: Path) -> None:
+    ctx: zmq.Context, agents: AgentPool, tmp_path: Path
+) -> None:
     """The agent keeps enforcing its policy when the coordinator is unreachable: the coordinator
     starts a job and goes; the job pauses at 90 °C (the daemon's replayed reading; the replay
     file is gone, so the job process cannot have opened a source of its own) and finishes no
@@ -273,9 +302,18 @@ def test_a_benchmark_job_is_gated_by_the_daemons_readings_with_no_coordinator_th
     agent = trusted_agent(agents, thermal=source, options=["--poll-interval", "0.1"])
     curve.unlink()
     coordinator = connect(ctx, agent)
-    started = coordinator.request("bench.start", {"matrix": {
-        "seq_lengths": [16], "models": ["small"], "decode_tokens": 4, "warmup": 0,
-        "iterations": 1}})
+    started = coordinator.request(
+        "bench.start",
+        {
+            "matrix": {
+                "seq_lengths": [16],
+                "models": ["small"],
+                "decode_tokens": 4,
+                "warmup": 0,
+                "iterations": 1,
+            }
+        },
+    )
     coordinator.close()  # unreachable from now on
     deadline = time.monotonic() + 60
     while journal_models(agent.home) == 0:
@@ -299,7 +337,12 @@ def test_a_benchmark_job_is_gated_by_the_daemons_readings_with_no_coordinator_th
     assert first_cell["soc_temp_start_c"] == 90.0
     history = returning.request("history.get", {"since": 0})["events"]
     assert [e["action"] for e in history if e["job"] == job_id] == [
-        "start", "pause", "resume", "reduce_batch", "exit"]
+        "start",
+        "pause",
+        "resume",
+        "reduce_batch",
+        "exit",
+    ]
     assert [e["action"] for e in history if e["job"] is None] == ["policy"]
     exited = receive(sub, lambda m: m.type == "telemetry.event" and m.body["action"] == "exit")
     assert exited.body["job"] == job_id and exited.body["detail"] == "ok"

@@ -70,8 +70,10 @@ def check_bits_for_dir(path: Path, bits: Iterable[int | None]) -> None:
     stored = stored_bits(path)
     for wanted in bits:
         if stored is not None and wanted is not None and wanted != stored:
-            raise ModelLoadError(f"{path} is stored quantized at {stored} bits; --bits {wanted} "
-                                 "would need the float weights")
+            raise ModelLoadError(
+                f"{path} is stored quantized at {stored} bits; --bits {wanted} "
+                "would need the float weights"
+            )
 
 
 def require_mlx_lm() -> None:
@@ -135,12 +137,19 @@ def measure_cell(
     profiler = SpeedProfiler(before_iteration=guard.before_iteration)
     if cell.mode == PREFILL:
         return profiler.benchmark_tokens_per_sec(
-            model, seq_len=cell.seq_len, num_warmup=spec.warmup,
-            num_iterations=spec.iterations, batch_size=cell.batch_size,
+            model,
+            seq_len=cell.seq_len,
+            num_warmup=spec.warmup,
+            num_iterations=spec.iterations,
+            batch_size=cell.batch_size,
         )
     return profiler.benchmark_autoregressive(
-        model, total_tokens=cell.decode_tokens, context_len=cell.seq_len,
-        num_warmup=spec.warmup, num_iterations=spec.iterations, batch_size=cell.batch_size,
+        model,
+        total_tokens=cell.decode_tokens,
+        context_len=cell.seq_len,
+        num_warmup=spec.warmup,
+        num_iterations=spec.iterations,
+        batch_size=cell.batch_size,
     )
 
 

@@ -14,8 +14,14 @@ from agent.thermal import ThermalMonitor
 from shared.matrix import BUILTIN_DEFAULT_BITS, DEFAULT_SEQ_LENGTHS, MatrixSpec
 from shared.report import rich_table
 
-SEED_KEYS = ("seq_len", "tokens_per_sec", "latency_ms", "peak_memory_gb", "active_memory_gb",
-             "soc_temp_c")
+SEED_KEYS = (
+    "seq_len",
+    "tokens_per_sec",
+    "latency_ms",
+    "peak_memory_gb",
+    "active_memory_gb",
+    "soc_temp_c",
+)
 
 
 @dataclass
@@ -26,8 +32,11 @@ class BenchmarkResult:
     model_info: dict[str, Any] = field(default_factory=dict)
 
     def to_table(self) -> Table:
-        report = {"title": "BenchmarkSuite", "cells": list(self.results.values()),
-                  "models": [self.model_info] if self.model_info else []}
+        report = {
+            "title": "BenchmarkSuite",
+            "cells": list(self.results.values()),
+            "models": [self.model_info] if self.model_info else [],
+        }
         return rich_table(report)
 
 
@@ -39,11 +48,15 @@ class BenchmarkSuite:
     observes them but never pauses: gating is `agent bench`'s job.
     """
 
-    def __init__(self, config: ModelArgs | None = None, bits: int | None = None,
-                 thermal_source: str = "auto"):
+    def __init__(
+        self, config: ModelArgs | None = None, bits: int | None = None, thermal_source: str = "auto"
+    ):
         self.config = config or ModelArgs.full()
-        self.bits = bits if bits is not None else BUILTIN_DEFAULT_BITS[
-            "full" if config is None else "small"]
+        self.bits = (
+            bits
+            if bits is not None
+            else BUILTIN_DEFAULT_BITS["full" if config is None else "small"]
+        )
         self.thermal_source = thermal_source
 
     def benchmark_sequence_lengths(
@@ -55,14 +68,20 @@ class BenchmarkSuite:
     ) -> BenchmarkResult:
         model = build_model(self.config, bits=self.bits)
         spec = MatrixSpec(
-            seq_lengths=tuple(seq_lengths), batch_sizes=(batch_size,), models=("custom",),
-            bits=(self.bits,), decode_tokens=0, warmup=num_warmup, iterations=num_iterations,
+            seq_lengths=tuple(seq_lengths),
+            batch_sizes=(batch_size,),
+            models=("custom",),
+            bits=(self.bits,),
+            decode_tokens=0,
+            warmup=num_warmup,
+            iterations=num_iterations,
         )
         result = BenchmarkResult()
         with ThermalMonitor(source=self.thermal_source) as monitor:
             guard = ThermalGuard(monitor, enabled=False)
-            for record in run_matrix(spec, guard=guard, on_model=result.model_info.update,
-                                     models={"custom": model}):
+            for record in run_matrix(
+                spec, guard=guard, on_model=result.model_info.update, models={"custom": model}
+            ):
                 ordered = {key: record.get(key) for key in SEED_KEYS}
                 result.results[record["name"]] = ordered | record
         return result

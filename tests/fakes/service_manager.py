@@ -58,8 +58,9 @@ if name == "launchctl":
     if verb == "bootstrap":
         domain, path = args[1], args[2]
         if domain.startswith("gui/") and os.environ.get("FAKE_NO_GUI"):
-            print("Bootstrap failed: 125: Domain does not support specified action",
-                  file=sys.stderr)
+            print(
+                "Bootstrap failed: 125: Domain does not support specified action", file=sys.stderr
+            )
             sys.exit(125)
         target = f"{domain}/io.mlx-fleet.agent"
         if target in state["loaded"]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -29,7 +28,8 @@ from agent.serve_cli import keys_app, serve_command
 from agent.service_cli import install_command, service_status_command, uninstall_command
 from agent.thermal import SourceSpecError, SourceUnavailable, ThermalMonitor
 from agent.thermal.cli import temp_command
-from shared.cli import (
+from shared.clock import now_iso, utc_now
+from shared.io.cli import (
     EXIT_INTERRUPTED,
     EXIT_PARTIAL,
     BatchSizes,
@@ -53,13 +53,12 @@ from shared.cli import (
     err,
     fleet_app,
     matrix_from_options,
-    now_iso,
     policy_from_options,
     show_report,
     usage_error,
 )
+from shared.io.paths import data_subdir
 from shared.matrix import DEFAULT_DECODE_TOKENS, MatrixError, expand
-from shared.paths import data_subdir
 from shared.report import progress_line
 from shared.results import failed_cells, not_run
 
@@ -68,7 +67,7 @@ app = fleet_app("agent", "mlx-fleet agent: true MLX benchmarks and thermal safet
 
 def save_run(report: dict[str, Any]) -> Path:
     """Every run is kept under the data directory, whatever was printed."""
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    stamp = utc_now().strftime("%Y%m%dT%H%M%S%fZ")
     path = data_subdir("runs") / f"bench-{stamp}.json"
     path.write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
     return path

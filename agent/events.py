@@ -12,8 +12,8 @@ from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from shared.paths import data_dir
-from shared.sqlite import open_database
+from shared.io.paths import data_dir
+from shared.io.sqlite import open_database
 
 PREFIX = "[mlx-fleet]"
 

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections import deque
 from pathlib import Path
 from typing import Any
 
 from agent.events import Event, EventLog
 from agent.telemetry import event_body, page_history
-from shared.paths import data_dir
+from shared.io.files import replace_atomically
+from shared.io.paths import data_dir
+from shared.io.sqlite import open_database
 from shared.policy import ThermalPolicy
-from shared.sqlite import open_database
 
 log = logging.getLogger("agent.history")
 
@@ -65,10 +65,7 @@ def load_policy(path: Path | None = None) -> ThermalPolicy:
 
 def save_policy(policy: ThermalPolicy, path: Path | None = None) -> None:
     """Replace the saved policy atomically; raises OSError."""
-    path = path or policy_path()
-    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    partial.write_text(json.dumps(policy.to_dict()), encoding="utf-8")
-    os.replace(partial, path)
+    replace_atomically(path or policy_path(), json.dumps(policy.to_dict()))
 
 
 class TelemetryHistory:

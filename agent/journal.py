@@ -7,13 +7,13 @@ Only the daemon's main thread writes it; records are stored whole as JSON text.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from shared.paths import data_dir
+from shared.clock import now_iso
+from shared.io.paths import data_dir
+from shared.io.sqlite import open_database
 from shared.protocol import JOB_FAILED, JOB_RUNNING
-from shared.sqlite import open_database
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -34,10 +34,6 @@ CREATE TABLE IF NOT EXISTS cells (
 );
 """
 ABANDONED = "the agent stopped while this job ran"
-
-
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def default_journal_path() -> Path:

@@ -1,104 +1,24 @@
-"""Which coordinators this agent obeys: one public certificate per trusted key in
-`data_dir()/keys/trusted/<name>.key`, and the ZAP check the daemon runs on every connection.
+"""The ZAP check `agent serve` runs on every CURVE handshake: whom this agent obeys.
 
-The directory is the whole truth: `agent keys trust/revoke` edit it from another process and a
-running daemon sees the change on the next handshake.
+Trusted coordinators are the certificates in keys/trusted (shared.io.trust), read on every
+handshake (rare, and a few small files), so `agent keys trust/revoke` apply at once without any
+reload signal. The agent's own key is trusted too: only processes of its user on this machine
+hold it (`agent run`, RemoteMonitor).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import re
-from dataclasses import dataclass
 from pathlib import Path
 
-import zmq.auth
-
-from coordinator.hostfile import check_key
-from shared.keys import certificate_text, keys_dir, write_private
+from shared.io.trust import list_trusted
 
 log = logging.getLogger("agent.keys")
-NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-
-
-class TrustError(ValueError):
-    """A key or name that cannot be trusted or revoked; the message says why."""
-
-
-@dataclass(frozen=True)
-class TrustedKey:
-    name: str
-    key: str
-    path: Path
-
-
-def trusted_dir() -> Path:
-    path = keys_dir() / "trusted"
-    path.mkdir(mode=0o700, exist_ok=True)
-    return path
-
-
-def default_name(key: str) -> str:
-    """A stable file name for a key given without --name (Z85 has '/' and '.' in it)."""
-    return "coordinator-" + hashlib.sha256(key.encode("ascii")).hexdigest()[:10]
-
-
-def list_trusted(directory: Path | None = None) -> list[TrustedKey]:
-    """Every trusted key by name; a certificate that cannot be read is logged and skipped."""
-    directory = directory or trusted_dir()
-    keys = []
-    for path in sorted(directory.glob("*.key")):
-        try:
-            public, _ = zmq.auth.load_certificate(path)
-        except (OSError, ValueError) as exc:
-            log.warning("ignoring unreadable certificate %s: %s", path, exc)
-            continue
-        keys.append(TrustedKey(path.stem, public.decode("ascii", "replace"), path))
-    return keys
-
-
-def trust(key: str, name: str | None = None, directory: Path | None = None) -> TrustedKey:
-    """Trust `key` under `name` (in `directory`, by default this agent's); trusting a key
-    again renames it. Raises TrustError."""
-    try:
-        check_key(key)
-    except ValueError as exc:
-        raise TrustError(str(exc)) from None
-    name = name or default_name(key)
-    if not NAME_PATTERN.fullmatch(name):
-        raise TrustError(
-            f"bad name {name!r}: use letters, digits, '.', '_' and '-' "
-            "(up to 64, starting with a letter or digit)"
-        )
-    directory = directory or trusted_dir()
-    existing = list_trusted(directory)
-    for entry in existing:
-        if entry.name == name and entry.key != key:
-            raise TrustError(
-                f"name {name!r} is already used for key {entry.key}; revoke it "
-                "first or choose another --name"
-            )
-    for entry in existing:
-        if entry.key == key:
-            entry.path.unlink()
-    path = directory / f"{name}.key"
-    write_private(path, certificate_text(key, name=name))
-    return TrustedKey(name, key, path)
-
-
-def revoke(key_or_name: str) -> list[TrustedKey]:
-    """Stop trusting a key (given as the key or its name); returns what was removed."""
-    removed = [entry for entry in list_trusted() if key_or_name in (entry.key, entry.name)]
-    for entry in removed:
-        entry.path.unlink()
-    return removed
 
 
 class TrustedKeys:
-    """The ZAP credentials provider: is this client key trusted? The directory is read on every
-    handshake (rare, and a few small files), so trust and revocation apply at once without any
-    reload signal; every refusal is logged with the key."""
+    """The ZAP credentials provider: is this client key trusted? Every refusal is logged with
+    the key."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -114,3 +34,14 @@ class TrustedKeys:
             client,
         )
         return False
+
+
+class OwnOrTrustedKeys:
+    """ZAP: the coordinators in keys/trusted, and this agent's own key."""
+
+    def __init__(self, own: str, trusted: TrustedKeys) -> None:
+        self.own = own
+        self.trusted = trusted
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return key.decode("ascii", "replace") == self.own or self.trusted.callback(domain, key)

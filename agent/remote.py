@@ -37,10 +37,11 @@ from agent.thermal import (
     open_source,
 )
 from agent.thermal.base import NoneSource
-from coordinator.client import AgentClient, HostError
 from shared import protocol as p
-from shared.keys import own_keypair
-from shared.paths import data_dir
+from shared.io.files import replace_atomically
+from shared.io.keys import own_keypair
+from shared.io.paths import data_dir
+from shared.io.transport import AgentClient, HostError
 from shared.policy import ThermalPolicy
 
 log = logging.getLogger("agent.remote")
@@ -84,20 +85,17 @@ def pid_alive(pid: int) -> bool:
 def write_state(address: DaemonAddress) -> None:
     """Publish where the daemon listens (0600, replaced atomically: a stale file from a killed
     daemon is overwritten)."""
-    path = state_path()
-    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(
+    replace_atomically(
+        state_path(),
+        json.dumps(
             {
                 "pid": address.pid,
                 "endpoint": address.endpoint,
                 "telemetry": address.telemetry,
                 "public_key": address.public_key,
-            },
-            handle,
-        )
-    os.replace(partial, path)
+            }
+        ),
+    )
 
 
 def remove_state(pid: int) -> None:

@@ -21,7 +21,7 @@ from agent.remote import register
 from agent.supervise import Feed, LaunchError, LocalFeed, Supervisor
 from agent.telemetry import policy_text
 from agent.thermal import SourceSpecError, SourceUnavailable, ThermalMonitor
-from shared.cli import (
+from shared.io.cli import (
     Hysteresis,
     MaxSpeedTemp,
     PauseTemp,

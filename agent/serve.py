@@ -38,8 +38,8 @@ from zmq.auth.thread import ThreadAuthenticator
 
 from agent.events import Event, EventLog
 from agent.history import TelemetryHistory, load_policy, save_policy
-from agent.journal import Journal, now_iso
-from agent.keys import TrustedKeys, trusted_dir
+from agent.journal import Journal
+from agent.keys import OwnOrTrustedKeys, TrustedKeys
 from agent.machine import machine_info, package_version
 from agent.model import BUILTIN_CONFIGS
 from agent.profiling.runner import ModelLoadError, check_model_dir, require_mlx_lm
@@ -69,10 +69,12 @@ from agent.thermal import (
     open_source,
 )
 from shared import protocol as p
-from shared.keys import own_keypair
+from shared.clock import now_iso
+from shared.io.keys import own_keypair
+from shared.io.metrics import MetricsServer, TelemetryMetrics, serve_metrics
+from shared.io.paths import data_subdir
+from shared.io.trust import trusted_dir
 from shared.matrix import MatrixError, MatrixSpec, expand
-from shared.metrics import MetricsServer, TelemetryMetrics, serve_metrics
-from shared.paths import data_subdir
 from shared.policy import CoolingState
 
 log = logging.getLogger("agent.serve")
@@ -149,18 +151,6 @@ class TappedSource(ThermalSource):
 
     def close(self) -> None:
         self.inner.close()
-
-
-class OwnOrTrustedKeys:
-    """ZAP: the coordinators in keys/trusted, and this agent's own key, which only processes of
-    its user on this machine hold (agent run, RemoteMonitor)."""
-
-    def __init__(self, own: str, trusted: TrustedKeys) -> None:
-        self.own = own
-        self.trusted = trusted
-
-    def callback(self, domain: str, key: bytes) -> bool:
-        return key.decode("ascii", "replace") == self.own or self.trusted.callback(domain, key)
 
 
 @dataclass

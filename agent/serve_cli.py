@@ -11,10 +11,10 @@ from typing import Annotated
 
 import typer
 
-from agent.keys import TrustError, list_trusted, revoke, trust
 from agent.serve import DEFAULT_BIND, DEFAULT_POLL_S, DEFAULT_RETENTION_DAYS, ServeError, serve
-from shared.cli import EXIT_PARTIAL, PollInterval, ThermalSourceName, err, usage_error
-from shared.keys import own_keypair
+from shared.io.cli import EXIT_PARTIAL, PollInterval, ThermalSourceName, err, usage_error
+from shared.io.keys import own_keypair
+from shared.io.trust import TrustError, list_trusted, revoke, trust
 
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s: %(message)s"
 LOG_ROTATE_BYTES = 10 * 1024 * 1024

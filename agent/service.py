@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from xml.parsers.expat import ExpatError
 
-from shared.paths import HOME_ENV
+from shared.io.paths import HOME_ENV
 
 LABEL = "io.mlx-fleet.agent"
 """launchd Label, and the plist's file name (`io.mlx-fleet.agent.plist`)."""
@@ -32,8 +32,7 @@ LAUNCHCTL_NOT_FOUND = 113
 """`launchctl print` of a job that is not loaded (any other failure: launchd not reachable)."""
 SOURCE_CHECK = """\
 import sys
-from agent.thermal.base import SourceSpecError, SourceUnavailable
-from agent.thermal.registry import open_source
+from agent.thermal import SourceSpecError, SourceUnavailable, open_source
 try:
     open_source(sys.argv[1]).close()
 except (SourceSpecError, SourceUnavailable) as exc:

@@ -33,10 +33,9 @@ from agent.service import (
     status,
     uninstall,
 )
-from agent.thermal.base import SourceSpecError
-from agent.thermal.registry import parse_source_name
-from shared.cli import err, usage_error
-from shared.paths import data_dir
+from shared.io.cli import err, usage_error
+from shared.io.paths import data_dir
+from shared.source_names import SourceSpecError, parse_source_name
 
 UserScope = Annotated[bool, typer.Option("--user", help="A per-user service (the default).")]
 SystemScope = Annotated[

@@ -41,7 +41,8 @@ import psutil
 
 from agent.events import PREFIX, Event
 from agent.thermal import ThermalMonitor, ThermalReading
-from shared.paths import data_subdir
+from shared.io.files import replace_atomically
+from shared.io.paths import data_subdir
 from shared.policy import CoolingState, ThermalPolicy, decide, pressure_state
 
 EXIT_THERMAL_STOP = 75  # EX_TEMPFAIL from sysexits.h: a temporary condition, try again later
@@ -420,10 +421,8 @@ class Supervisor:
             "simulated": self._simulated,
             "time": time.time(),
         }
-        partial = self.state_file.with_suffix(".partial")
         try:
-            partial.write_text(json.dumps(data), encoding="utf-8")
-            os.replace(partial, self.state_file)
+            replace_atomically(self.state_file, json.dumps(data))
         except OSError as exc:  # enforcement must not depend on the disk
             _warn(f"cannot write {self.state_file}: {exc}")
 

@@ -30,11 +30,11 @@ from typing import Any
 
 import zmq
 
-from coordinator.client import AgentClient
 from coordinator.fleet import Settings, Target, run_fleet
 from coordinator.store import RunStore
 from shared import protocol as p
-from shared.keys import own_keypair
+from shared.io.keys import own_keypair
+from shared.io.transport import AgentClient
 from shared.matrix import PREFILL, Cell
 from shared.results import cell_record
 
@@ -46,8 +46,8 @@ Server = Callable[["mp.Queue[Any]", dict[str, Any]], None]
 
 def agent_server(ready: mp.Queue[Any], options: dict[str, Any]) -> None:
     """A real AgentDaemon, trusting the benchmark's coordinator key when CURVE is on."""
-    from agent.keys import trust, trusted_dir
     from agent.serve import AgentDaemon
+    from shared.io.trust import trust, trusted_dir
 
     if options["secure"]:
         trust(options["client_key"], "bench", directory=trusted_dir())

@@ -27,7 +27,7 @@ import psutil
 from agent.events import EventLog
 from agent.supervise import LocalFeed, Supervisor
 from agent.thermal import ThermalMonitor
-from shared.paths import HOME_ENV
+from shared.io.paths import HOME_ENV
 from shared.policy import ThermalPolicy
 
 COOL, HOT, STOP = 60.0, 90.0, 99.0

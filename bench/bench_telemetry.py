@@ -28,8 +28,8 @@ from agent.serve import AgentDaemon
 from agent.telemetry import SourceInfo, sample_body
 from agent.thermal import ThermalReading
 from shared import protocol as p
-from shared.keys import own_keypair
-from shared.paths import HOME_ENV
+from shared.io.keys import own_keypair
+from shared.io.paths import HOME_ENV
 from shared.policy import CoolingState
 
 READING = ThermalReading(celsius=71.5, source="bench", pressure=None, simulated=True)

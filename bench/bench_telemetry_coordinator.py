@@ -38,7 +38,7 @@ from coordinator.fleet import Settings, Target
 from coordinator.monitor import Monitor
 from coordinator.telemetry_store import TelemetryStore
 from shared import protocol as p
-from shared.keys import own_keypair
+from shared.io.keys import own_keypair
 from shared.policy import ThermalPolicy
 
 BURST_S = 0.01

@@ -25,7 +25,7 @@ from coordinator.history import history
 from coordinator.monitor_cli import monitor
 from coordinator.policy_cmd import policy
 from coordinator.store import RunStore, StoreError, UnknownRunError
-from shared.cli import (
+from shared.io.cli import (
     Format,
     Output,
     check_format,

@@ -14,7 +14,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 
-from coordinator.client import HostError
 from coordinator.embedded import EmbeddedAgent, EmbeddedAgentError
 from coordinator.fleet import (
     CELL,
@@ -32,7 +31,7 @@ from coordinator.fleet import (
 from coordinator.hostfile import HostfileError, parse_hostfile, parse_hosts
 from coordinator.keys import add_host_key, known_hosts, server_key
 from coordinator.store import RunStore, StoreError
-from shared.cli import (
+from shared.io.cli import (
     EXIT_INTERRUPTED,
     EXIT_PARTIAL,
     BatchSizes,
@@ -52,7 +51,8 @@ from shared.cli import (
     show_report,
     usage_error,
 )
-from shared.keys import own_keypair
+from shared.io.keys import own_keypair
+from shared.io.transport import HostError
 from shared.matrix import DEFAULT_DECODE_TOKENS, MatrixError
 from shared.report import NA
 from shared.results import failed_cells

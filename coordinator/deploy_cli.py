@@ -12,8 +12,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from agent.thermal.base import SourceSpecError
-from agent.thermal.registry import parse_source_name
 from coordinator.deploy import (
     DEFAULT_REMOTE_DIR,
     MIN_REMOTE_PYTHON,
@@ -24,8 +22,9 @@ from coordinator.deploy import (
     deploy,
 )
 from coordinator.hostfile import HostEntry, HostfileError, parse_hostfile, parse_hosts
-from shared.cli import EXIT_PARTIAL, ThermalSourceName, err, usage_error
-from shared.keys import existing_keypair, own_keypair
+from shared.io.cli import EXIT_PARTIAL, ThermalSourceName, err, usage_error
+from shared.io.keys import existing_keypair, own_keypair
+from shared.source_names import SourceSpecError, parse_source_name
 
 KEY_PLACEHOLDER = "<coordinator key, made on the first real run>"
 

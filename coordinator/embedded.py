@@ -18,9 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-from agent.keys import trust
-from shared.keys import Keypair
-from shared.paths import HOME_ENV, data_dir
+from shared.io.keys import Keypair
+from shared.io.paths import HOME_ENV, data_dir
+from shared.io.trust import trust
 
 READY = re.compile(r"listening on tcp://(\S+) curve-key=(\S+)")
 START_TIMEOUT_S = 60.0

@@ -18,9 +18,9 @@ from typing import Any
 
 import zmq
 
-from coordinator.client import CANCEL_WAIT_S, AgentClient, HostError
 from coordinator.store import RunStore
-from shared.keys import Keypair
+from shared.io.keys import Keypair
+from shared.io.transport import CANCEL_WAIT_S, AgentClient, HostError
 from shared.protocol import JOB_OK
 
 HOST_OK, HOST_FAILED = "ok", "failed"

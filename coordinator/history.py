@@ -20,7 +20,7 @@ from coordinator.hostfile import HostfileError, parse_hosts
 from coordinator.store import StoreError
 from coordinator.telemetry_stats import THRESHOLDS, HostHistory, host_stats, parse_since
 from coordinator.telemetry_store import TelemetryStore
-from shared.cli import EXIT_PARTIAL, err, usage_error
+from shared.io.cli import EXIT_PARTIAL, err, usage_error
 
 PLOT_EXTRA = "pip install 'mlx-fleet[plot]'"
 

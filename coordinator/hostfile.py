@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zmq.utils import z85
+from shared.io.keys import check_key
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -31,7 +30,6 @@ else:
     import tomli as tomllib
 
 DEFAULT_AGENT_PORT = 5555
-CURVE_KEY_LENGTH = 40
 NATIVE_FIELDS = frozenset({"host", "port", "key"})
 MLX_LAUNCH_FIELDS = frozenset({"ssh", "ips"})
 
@@ -96,20 +94,6 @@ def parse_port(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
         raise ValueError(f"bad port {value!r}: expected an integer from 1 to 65535")
     return value
-
-
-def check_key(key: Any) -> str:
-    """A CURVE public key in Z85 text: 40 characters that decode to 32 bytes."""
-    if not isinstance(key, str) or len(key) != CURVE_KEY_LENGTH:
-        length = f"{len(key)} characters" if isinstance(key, str) else type(key).__name__
-        raise ValueError(
-            f"bad key length ({length}): a CURVE public key is {CURVE_KEY_LENGTH} Z85 characters"
-        )
-    try:
-        z85.decode(key)
-    except (KeyError, struct.error, ValueError) as exc:
-        raise ValueError(f"bad key {key!r}: not Z85 text") from exc
-    return key
 
 
 def _no_duplicates(entries: list[HostEntry], describe: list[str], source: str) -> None:

@@ -8,11 +8,11 @@ server key is what stops a coordinator from talking to an impostor.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-from coordinator.hostfile import DEFAULT_AGENT_PORT, HostEntry, check_key, split_address
-from shared.keys import keys_dir
+from coordinator.hostfile import DEFAULT_AGENT_PORT, HostEntry, split_address
+from shared.io.files import replace_atomically
+from shared.io.keys import check_key, keys_dir
 
 
 def hosts_path() -> Path:
@@ -42,10 +42,7 @@ def add_host_key(address: str, key: str) -> str:
     """Remember `key` as the server key of `address`; returns the normalized address."""
     address = normalize(address)
     hosts = known_hosts() | {address: check_key(key)}
-    path = hosts_path()
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(hosts, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    temporary.replace(path)
+    replace_atomically(hosts_path(), json.dumps(hosts, indent=2, sort_keys=True) + "\n")
     return address
 
 

@@ -21,12 +21,12 @@ from typing import Any
 
 import zmq
 
-from coordinator.client import AgentClient, HostError, agent_socket
 from coordinator.dashboard import SPARK_WINDOW_S, UNREACHABLE, UP, Dashboard, silent_after
 from coordinator.fleet import Settings, Target, connect
 from coordinator.telemetry_store import Row, TelemetryStore
 from shared import protocol as p
-from shared.metrics import TelemetryMetrics
+from shared.io.metrics import TelemetryMetrics
+from shared.io.transport import AgentClient, HostError, agent_socket
 
 RETRY_S = 2.0
 """Between attempts to reach a host that is down."""

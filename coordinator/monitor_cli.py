@@ -23,8 +23,8 @@ from coordinator.dashboard import UP, render, snapshot
 from coordinator.monitor import Monitor
 from coordinator.store import StoreError
 from coordinator.telemetry_store import TelemetryStore
-from shared.cli import EXIT_PARTIAL, err, usage_error
-from shared.metrics import MetricsServer, TelemetryMetrics, parse_address, serve_metrics
+from shared.io.cli import EXIT_PARTIAL, err, usage_error
+from shared.io.metrics import MetricsServer, TelemetryMetrics, parse_address, serve_metrics
 
 REFRESH_S = 0.25
 JSON_EVERY_S = 1.0

@@ -21,7 +21,6 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from coordinator.client import AgentError, HostError
 from coordinator.commands import (
     ConnectTimeout,
     Hostfile,
@@ -34,7 +33,8 @@ from coordinator.fleet import Settings, Target, connect
 from coordinator.monitor_cli import KnownHosts
 from coordinator.store import StoreError
 from coordinator.telemetry_store import TelemetryStore
-from shared.cli import EXIT_PARTIAL, Hysteresis, MaxSpeedTemp, PauseTemp, StopTemp, usage_error
+from shared.io.cli import EXIT_PARTIAL, Hysteresis, MaxSpeedTemp, PauseTemp, StopTemp, usage_error
+from shared.io.transport import AgentError, HostError
 
 APPLIED, REFUSED, UNREACHABLE, SHOWN = "applied", "refused", "unreachable", "shown"
 ORDERED = (

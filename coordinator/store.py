@@ -12,13 +12,13 @@ import json
 import secrets
 import sqlite3
 import threading
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from shared.aggregate import mark_fastest
-from shared.paths import data_dir
-from shared.sqlite import open_database
+from shared.clock import iso, utc_now
+from shared.io.paths import data_dir
+from shared.io.sqlite import open_database
 
 SCHEMA_VERSION = 1
 RUNNING = "running"
@@ -73,14 +73,6 @@ def default_store_path() -> Path:
     return data_dir() / "coordinator.sqlite"
 
 
-def _utc_now() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def _iso(moment: datetime) -> str:
-    return moment.isoformat(timespec="seconds")
-
-
 class RunStore:
     """Runs, their hosts and their cells, in the order they arrived."""
 
@@ -126,14 +118,14 @@ class RunStore:
 
     def create_run(self, spec: dict[str, Any], hosts: list[str], kind: str = "benchmark") -> str:
         """Record a new run before any host answers; returns its id, e.g. r-20261129-1842-3f2a."""
-        started = _utc_now()
+        started = utc_now()
         with self._lock, self._conn:
             while True:
                 run_id = f"r-{started:%Y%m%d-%H%M}-{secrets.token_hex(2)}"
                 try:
                     self._conn.execute(
                         "INSERT INTO runs (id, kind, started, status, spec) VALUES (?, ?, ?, ?, ?)",
-                        (run_id, kind, _iso(started), RUNNING, json.dumps(spec, default=str)),
+                        (run_id, kind, iso(started), RUNNING, json.dumps(spec, default=str)),
                     )
                     break
                 except sqlite3.IntegrityError:
@@ -203,7 +195,7 @@ class RunStore:
             self._require_run(run_id)
             self._conn.execute(
                 "UPDATE runs SET finished = ?, status = ?, interrupted = ? WHERE id = ?",
-                (_iso(_utc_now()), status, int(interrupted), run_id),
+                (iso(utc_now()), status, int(interrupted), run_id),
             )
 
     def list_runs(self, limit: int = 50) -> list[dict[str, Any]]:

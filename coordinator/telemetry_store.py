@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.store import StoreError
-from shared.paths import data_dir
-from shared.sqlite import open_database
+from shared.io.paths import data_dir
+from shared.io.sqlite import open_database
 
 SCHEMA_VERSION = 1
 SCHEMA = """

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import zmq
 
-from agent.keys import trust
-from coordinator.client import AgentClient
 from shared import protocol as p
-from shared.keys import own_keypair
+from shared.io.keys import own_keypair
+from shared.io.transport import AgentClient
+from shared.io.trust import trust
 from tests.conftest import console_script, subprocess_env
 
 READY = re.compile(

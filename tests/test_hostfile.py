@@ -14,7 +14,7 @@ from coordinator.hostfile import (
     parse_hostfile,
     parse_hosts,
 )
-from shared.keys import new_keypair
+from shared.io.keys import new_keypair
 
 KEY = new_keypair()[0]
 

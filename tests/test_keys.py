@@ -8,9 +8,10 @@ from pathlib import Path
 import zmq
 import zmq.auth
 
-from agent.keys import TrustedKeys, list_trusted, trust, trusted_dir
+from agent.keys import TrustedKeys
 from coordinator.keys import known_hosts
-from shared.keys import new_keypair, own_keypair
+from shared.io.keys import new_keypair, own_keypair
+from shared.io.trust import list_trusted, trust, trusted_dir
 from tests.fleet_support import cli
 
 

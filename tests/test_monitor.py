@@ -21,7 +21,7 @@ from coordinator.fleet import Settings, Target
 from coordinator.keys import add_host_key
 from coordinator.monitor import Monitor
 from coordinator.telemetry_store import TelemetryStore
-from shared.keys import own_keypair
+from shared.io.keys import own_keypair
 from tests.conftest import console_script, subprocess_env
 from tests.fleet_support import AgentPool, AgentProcess, cli, trusted_agent
 

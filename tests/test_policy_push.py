@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import zmq
 
-from coordinator.client import AgentError
 from shared import protocol as p
+from shared.io.transport import AgentError
 from shared.policy import ThermalPolicy
 from tests.fleet_support import AgentPool, connect, receive, subscriber, trusted_agent
 

@@ -17,7 +17,7 @@ import zmq
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared.metrics import TelemetryMetrics
+from shared.io.metrics import TelemetryMetrics
 from tests.conftest import subprocess_env
 from tests.fleet_support import AgentPool, connect, receive, subscriber, trusted_agent
 from tests.test_run_cli import write_curve

@@ -8,8 +8,8 @@ import msgpack
 import pytest
 import zmq
 
-from coordinator.client import handshake_diagnosis, timeout_diagnosis
 from shared import protocol as p
+from shared.io.transport import handshake_diagnosis, timeout_diagnosis
 
 VALID_BODIES: dict[str, dict[str, Any]] = {
     "hello": {"client": "coordinator"},

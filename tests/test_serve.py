@@ -14,10 +14,10 @@ import psutil
 import pytest
 import zmq
 
-from agent.keys import trust
-from coordinator.client import AgentClient, AgentError, HostError
 from shared import protocol as p
-from shared.keys import new_keypair, own_keypair
+from shared.io.keys import new_keypair, own_keypair
+from shared.io.transport import AgentClient, AgentError, HostError
+from shared.io.trust import trust
 from tests.fleet_support import AgentPool, AgentProcess, connect, trusted_agent
 
 pytestmark = pytest.mark.timeout(60)

@@ -31,8 +31,8 @@ from agent.telemetry import (
     updated_policy,
 )
 from agent.thermal import ThermalReading
-from coordinator.client import AgentError
 from shared import protocol as p
+from shared.io.transport import AgentError
 from shared.policy import CoolingState, ThermalPolicy
 from tests.fleet_support import (
     AgentPool,

@@ -18,7 +18,8 @@ from agent.thermal import (
     open_source,
 )
 from agent.thermal.base import CallableSource, NoneSource
-from agent.thermal.synthetic import ReplaySource, SimParams, SimSource, parse_sim_params, sim_step
+from agent.thermal.synthetic import ReplaySource, SimSource, sim_step
+from shared.source_names import SimParams, parse_sim_params
 
 
 def test_known_sources_are_the_documented_names() -> None:

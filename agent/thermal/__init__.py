@@ -4,14 +4,14 @@
 """
 
 from agent.thermal.base import (
-    SourceSpecError,
     SourceUnavailable,
     ThermalReading,
     ThermalSource,
 )
 from agent.thermal.monitor import ThermalMonitor, trend_slope
 from agent.thermal.parsers import ReplayFormatError
-from agent.thermal.registry import KNOWN_SOURCES, UnknownSourceError, auto_order, open_source
+from agent.thermal.registry import open_source
+from shared.source_names import KNOWN_SOURCES, SourceSpecError, UnknownSourceError, auto_order
 
 __all__ = [
     "KNOWN_SOURCES",

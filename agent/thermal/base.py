@@ -14,11 +14,6 @@ class SourceUnavailable(RuntimeError):
     """A source cannot work on this machine (wrong OS, tool missing, no sensors)."""
 
 
-class SourceSpecError(ValueError):
-    """The user asked for a source in a way that cannot work: unknown name, bad parameters, a
-    replay file that cannot be played. Bad input, unlike SourceUnavailable."""
-
-
 @dataclass(frozen=True)
 class ThermalReading:
     """One observation. `simulated` marks sim/replay values so nobody mistakes them for a sensor."""

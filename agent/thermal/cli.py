@@ -13,11 +13,12 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from agent.thermal.base import SourceSpecError, SourceUnavailable, ThermalReading
+from agent.thermal.base import SourceUnavailable, ThermalReading
 from agent.thermal.monitor import ThermalMonitor, trend_slope
-from shared.cli import Hysteresis, MaxSpeedTemp, PauseTemp, StopTemp, policy_from_options
 from shared.display import STATE_STYLES, sparkline, trend_arrow
+from shared.io.cli import Hysteresis, MaxSpeedTemp, PauseTemp, StopTemp, policy_from_options
 from shared.policy import CoolingState, ThermalPolicy, decide
+from shared.source_names import SourceSpecError
 
 FORMATS = ("table", "json")
 EXIT_UNAVAILABLE, EXIT_USAGE = 1, 2

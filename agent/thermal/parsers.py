@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from agent.thermal.base import SourceSpecError
+from shared.source_names import SourceSpecError
 
 # Readings outside this range are sensor faults or placeholders, not temperatures.
 PLAUSIBLE_MIN_C = 0.0

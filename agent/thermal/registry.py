@@ -1,64 +1,16 @@
-"""Source names -> sources, and how `auto` picks one per OS."""
+"""Source names -> open sources, and `auto`'s pick (the names themselves: shared.source_names)."""
 
 from __future__ import annotations
 
 import platform
 from collections.abc import Callable
 
-from agent.thermal.base import NoneSource, SourceSpecError, SourceUnavailable, ThermalSource
+from agent.thermal.base import NoneSource, SourceUnavailable, ThermalSource
 from agent.thermal.iohid import IOHIDSource
 from agent.thermal.linux import LinuxSysfsSource
 from agent.thermal.process import MacmonSource, PowermetricsSource
-from agent.thermal.synthetic import ReplaySource, SimSource, parse_sim_params
-
-KNOWN_SOURCES: tuple[str, ...] = (
-    "auto",
-    "none",
-    "iohid",
-    "macmon",
-    "powermetrics",
-    "linux",
-    "sim",
-    "replay:PATH",
-)
-
-
-class UnknownSourceError(SourceSpecError):
-    """A source name we do not know; the message lists the ones we do."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"unknown thermal source {name!r}; known: {', '.join(KNOWN_SOURCES)}")
-        self.source_name = name
-
-
-def auto_order(system: str) -> tuple[str, ...]:
-    """What `auto` tries, best first. macOS: in-process and rootless before a helper tool, root
-    last; Linux: sysfs. Anything else has no sensor we can read."""
-    return {
-        "Darwin": ("iohid", "macmon", "powermetrics"),
-        "Linux": ("linux",),
-    }.get(system, ())
-
-
-KNOWN_KINDS = frozenset(known.partition(":")[0] for known in KNOWN_SOURCES)
-
-
-def parse_source_name(name: str) -> tuple[str, str]:
-    """A source name as (kind, argument), checked without opening anything, so an installer can
-    refuse a name `agent serve` would refuse before a service crash-loops on it.
-
-    Raises UnknownSourceError / SourceSpecError for a bad name or spec.
-    """
-    kind, sep, argument = name.strip().partition(":")
-    kind = kind.lower()
-    if kind == "sim":
-        parse_sim_params(argument)
-    elif kind == "replay":
-        if not argument:
-            raise SourceSpecError("replay needs a file: replay:PATH")
-    elif sep or kind not in KNOWN_KINDS:
-        raise UnknownSourceError(name)
-    return kind, argument
+from agent.thermal.synthetic import ReplaySource, SimSource
+from shared.source_names import auto_order, parse_sim_params, parse_source_name
 
 
 def open_source(name: str, *, interval_s: float = 1.0) -> ThermalSource:

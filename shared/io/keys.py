@@ -8,17 +8,20 @@ the start, never chmod-ed after the fact).
 
 from __future__ import annotations
 
-import os
+import struct
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 import zmq
 import zmq.auth
+from zmq.utils import z85
 
-from shared.paths import data_dir
+from shared.io.files import write_private
+from shared.io.paths import data_dir
 
 SELF_NAME = "self"
+CURVE_KEY_LENGTH = 40
 
 
 @dataclass(frozen=True)
@@ -53,19 +56,6 @@ def certificate_text(public: str, secret: str | None = None, name: str | None = 
     return "\n".join(lines) + "\n"
 
 
-def write_private(path: Path, text: str) -> None:
-    """Create `path` whole with mode 0600, or raise FileExistsError: written to a private
-    temporary file first and linked into place, so no reader ever sees it half written."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.link(temporary, path)
-    finally:
-        temporary.unlink()
-
-
 def new_keypair() -> tuple[str, str]:
     """A fresh CURVE keypair whose public key never starts with '-' (a Z85 character), so it
     can be passed to `agent keys trust KEY` without being read as an option."""
@@ -98,3 +88,18 @@ def own_keypair(directory: Path | None = None) -> Keypair:
     if secret_b is None:
         raise ValueError(f"{secret_path} holds no secret key")
     return Keypair(public_b.decode("ascii"), secret_b.decode("ascii"))
+
+
+def check_key(key: object) -> str:
+    """A CURVE public key in Z85 text: 40 characters that decode to 32 bytes; ValueError
+    saying what is wrong otherwise."""
+    if not isinstance(key, str) or len(key) != CURVE_KEY_LENGTH:
+        length = f"{len(key)} characters" if isinstance(key, str) else type(key).__name__
+        raise ValueError(
+            f"bad key length ({length}): a CURVE public key is {CURVE_KEY_LENGTH} Z85 characters"
+        )
+    try:
+        z85.decode(key)
+    except (KeyError, struct.error, ValueError) as exc:
+        raise ValueError(f"bad key {key!r}: not Z85 text") from exc
+    return key

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import sys
-from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Any
@@ -205,7 +204,3 @@ def show_report(report: dict[str, Any], fmt: str, output: Path | None) -> None:
         )
         raise typer.Exit(EXIT_PARTIAL) from None
     err.print(f"wrote {output}", highlight=False, markup=False)
-
-
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")

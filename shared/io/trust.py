@@ -1,0 +1,96 @@
+"""Which coordinators an agent obeys: one public certificate per trusted key in
+`data_dir()/keys/trusted/<name>.key`.
+
+The directory is the whole truth: `agent keys trust/revoke` edit it from another process and a
+running daemon reads it on every handshake (agent.keys). Shared because the coordinator writes
+its own key into the embedded agent's trust list before starting it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq.auth
+
+from shared.io.files import write_private
+from shared.io.keys import certificate_text, check_key, keys_dir
+
+log = logging.getLogger("mlx_fleet.trust")
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+class TrustError(ValueError):
+    """A key or name that cannot be trusted or revoked; the message says why."""
+
+
+@dataclass(frozen=True)
+class TrustedKey:
+    name: str
+    key: str
+    path: Path
+
+
+def trusted_dir() -> Path:
+    path = keys_dir() / "trusted"
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
+def default_name(key: str) -> str:
+    """A stable file name for a key given without --name (Z85 has '/' and '.' in it)."""
+    return "coordinator-" + hashlib.sha256(key.encode("ascii")).hexdigest()[:10]
+
+
+def list_trusted(directory: Path | None = None) -> list[TrustedKey]:
+    """Every trusted key by name; a certificate that cannot be read is logged and skipped."""
+    directory = directory or trusted_dir()
+    keys = []
+    for path in sorted(directory.glob("*.key")):
+        try:
+            public, _ = zmq.auth.load_certificate(path)
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring unreadable certificate %s: %s", path, exc)
+            continue
+        keys.append(TrustedKey(path.stem, public.decode("ascii", "replace"), path))
+    return keys
+
+
+def trust(key: str, name: str | None = None, directory: Path | None = None) -> TrustedKey:
+    """Trust `key` under `name` (in `directory`, by default this agent's); trusting a key
+    again renames it. Raises TrustError."""
+    try:
+        check_key(key)
+    except ValueError as exc:
+        raise TrustError(str(exc)) from None
+    name = name or default_name(key)
+    if not NAME_PATTERN.fullmatch(name):
+        raise TrustError(
+            f"bad name {name!r}: use letters, digits, '.', '_' and '-' "
+            "(up to 64, starting with a letter or digit)"
+        )
+    directory = directory or trusted_dir()
+    existing = list_trusted(directory)
+    for entry in existing:
+        if entry.name == name and entry.key != key:
+            raise TrustError(
+                f"name {name!r} is already used for key {entry.key}; revoke it "
+                "first or choose another --name"
+            )
+    for entry in existing:
+        if entry.key == key:
+            entry.path.unlink()
+    path = directory / f"{name}.key"
+    write_private(path, certificate_text(key, name=name))
+    return TrustedKey(name, key, path)
+
+
+def revoke(key_or_name: str) -> list[TrustedKey]:
+    """Stop trusting a key (given as the key or its name); returns what was removed."""
+    removed = [entry for entry in list_trusted() if key_or_name in (entry.key, entry.name)]
+    for entry in removed:
+        entry.path.unlink()
+    return removed

@@ -1,0 +1,117 @@
+"""Thermal source names and their parser: what `--thermal-source` accepts, checked without
+opening anything. Pure, so the agent (which opens sources), the coordinator (which ships a name
+to a host's installer) and every option's help text share one definition.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+
+
+class SourceSpecError(ValueError):
+    """The user asked for a source in a way that cannot work: unknown name, bad parameters, a
+    replay file that cannot be played. Bad input, unlike the agent's SourceUnavailable."""
+
+
+KNOWN_SOURCES: tuple[str, ...] = (
+    "auto",
+    "none",
+    "iohid",
+    "macmon",
+    "powermetrics",
+    "linux",
+    "sim",
+    "replay:PATH",
+)
+"""Every source name; one that takes an argument shows its placeholder."""
+KNOWN_KINDS = frozenset(name.partition(":")[0] for name in KNOWN_SOURCES)
+SOURCE_HELP = (
+    ", ".join(KNOWN_SOURCES).replace("sim,", "sim[:k=v,...],")
+    + " (sim and replay are labelled as not a sensor)."
+)
+"""The help of every --thermal-source option, derived from KNOWN_SOURCES."""
+
+
+class UnknownSourceError(SourceSpecError):
+    """A source name we do not know; the message lists the ones we do."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"unknown thermal source {name!r}; known: {', '.join(KNOWN_SOURCES)}")
+        self.source_name = name
+
+
+def auto_order(system: str) -> tuple[str, ...]:
+    """What `auto` tries, best first, for platform.system()'s answer. macOS: in-process and
+    rootless before a helper tool, root last; Linux: sysfs. Anything else has no sensor we read."""
+    return {
+        "Darwin": ("iohid", "macmon", "powermetrics"),
+        "Linux": ("linux",),
+    }.get(system, ())
+
+
+@dataclass(frozen=True)
+class SimParams:
+    """A first-order model: dT/dt = (ambient + R * P(load) - T) / tau, P linear in CPU load.
+
+    The defaults put an idle chip at 35 °C and a fully loaded one near 95 °C, the bands the seed
+    docs quote for a fanless MacBook Air.
+    """
+
+    ambient_c: float = 25.0
+    r_c_per_w: float = 2.5
+    idle_w: float = 4.0
+    max_w: float = 28.0
+    tau_s: float = 30.0
+    start_c: float | None = None  # None: the idle steady state
+
+    def __post_init__(self) -> None:
+        if not (self.tau_s > 0 and self.r_c_per_w > 0 and 0 <= self.idle_w <= self.max_w):
+            raise SourceSpecError(
+                "sim: need tau_s > 0, r_c_per_w > 0 and 0 <= idle_w <= max_w, got "
+                f"tau_s={self.tau_s}, r_c_per_w={self.r_c_per_w}, idle_w={self.idle_w}, "
+                f"max_w={self.max_w}"
+            )
+
+    def steady_c(self, load: float) -> float:
+        """Where the temperature settles if `load` (0..1) is held."""
+        load = min(max(load, 0.0), 1.0)
+        return self.ambient_c + self.r_c_per_w * (self.idle_w + (self.max_w - self.idle_w) * load)
+
+
+def parse_sim_params(spec: str) -> SimParams:
+    """`ambient_c=30,tau_s=5` (the text after `sim:`) -> SimParams; empty gives the defaults."""
+    known = {f.name for f in fields(SimParams)}
+    values: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        key, sep, value = (piece.strip() for piece in item.partition("="))
+        if not sep or key not in known:
+            raise SourceSpecError(
+                f"sim: bad parameter {item!r}; known: {', '.join(sorted(known))} (as key=value)"
+            )
+        try:
+            number = float(value)
+        except ValueError:
+            raise SourceSpecError(f"sim: {key} must be a number, got {value!r}") from None
+        if not math.isfinite(number):
+            raise SourceSpecError(f"sim: {key} must be a finite number, got {value!r}")
+        values[key] = number
+    return replace(SimParams(), **values)
+
+
+def parse_source_name(name: str) -> tuple[str, str]:
+    """A source name as (kind, argument), checked without opening anything, so an installer can
+    refuse a name `agent serve` would refuse before a service crash-loops on it.
+
+    Raises UnknownSourceError / SourceSpecError for a bad name or spec.
+    """
+    kind, sep, argument = name.strip().partition(":")
+    kind = kind.lower()
+    if kind == "sim":
+        parse_sim_params(argument)
+    elif kind == "replay":
+        if not argument:
+            raise SourceSpecError("replay needs a file: replay:PATH")
+    elif sep or kind not in KNOWN_KINDS:
+        raise UnknownSourceError(name)
+    return kind, argument

@@ -11,7 +11,8 @@ from typing import Annotated
 
 import typer
 
-from agent.serve import DEFAULT_BIND, DEFAULT_POLL_S, DEFAULT_RETENTION_DAYS, ServeError, serve
+from agent.endpoints import DEFAULT_BIND, ServeError
+from agent.serve import DEFAULT_POLL_S, DEFAULT_RETENTION_DAYS, serve
 from shared.io.cli import EXIT_PARTIAL, PollInterval, ThermalSourceName, err, usage_error
 from shared.io.keys import own_keypair
 from shared.io.trust import TrustError, list_trusted, revoke, trust

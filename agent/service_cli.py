@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from agent.serve import ServeError, endpoint_for
+from agent.endpoints import ServeError, endpoint_for
 from agent.service import (
     LAUNCHD,
     SYSTEM,

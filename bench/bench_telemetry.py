@@ -94,13 +94,13 @@ def run(count: int, secure: bool) -> None:
     ctx = zmq.Context()
     sub = subscribe(ctx, daemon.telemetry, daemon.public_key)
     while not sub.poll(100):  # until the subscription has reached the publisher
-        daemon._on_reading(READING)
+        daemon.hub._on_reading(READING)
     received, stop = [0], threading.Event()
     draining = threading.Thread(target=drain, args=(sub, received, stop), daemon=True)
     draining.start()
 
     def full_path() -> None:
-        daemon._on_reading(replace(READING, time=time.time()))
+        daemon.hub._on_reading(replace(READING, time=time.time()))
 
     source = SourceInfo("bench", True)
     sample = sample_body(
@@ -128,11 +128,11 @@ def run(count: int, secure: bool) -> None:
         ),
         (
             "  store (SQLite, one commit)",
-            per_call(lambda: daemon.history.add_sample(sample), count),
+            per_call(lambda: daemon.hub.history.add_sample(sample), count),
         ),
         (
             "  publish" + (" (CURVE)" if secure else ""),
-            per_call(lambda: daemon.publisher.send_multipart(frames), count),
+            per_call(lambda: daemon.sockets.publisher.send_multipart(frames), count),
         ),
         (
             "bare PUB send, no CURVE (baseline)",

@@ -16,8 +16,8 @@ import msgpack
 import pytest
 import zmq
 
+from agent.endpoints import local_address, telemetry_endpoint
 from agent.events import Event
-from agent.serve import local_address, telemetry_endpoint
 from agent.telemetry import (
     EXITED_LINGER_S,
     VANISHED_AFTER_S,

@@ -1,0 +1,144 @@
+"""The daemon's two sockets (docs/protocol.md §2-§3): a ROUTER answering every coordinator and a
+PUB publishing telemetry, both CURVE servers behind one ZAP check, or both plain (--insecure).
+
+Only the daemon's main thread uses them; the ZAP authenticator runs on its own thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import zmq
+from zmq.auth.thread import ThreadAuthenticator
+
+from agent.keys import OwnOrTrustedKeys, TrustedKeys
+from shared import protocol as p
+from shared.io.keys import own_keypair
+from shared.io.trust import trusted_dir
+
+DEFAULT_BIND = f"0.0.0.0:{p.DEFAULT_PORT}"
+
+
+class ServeError(ValueError):
+    """The daemon cannot start: a bad --bind, --thermal-source or --prometheus, a port in use;
+    the message says why."""
+
+
+def endpoint_for(bind: str) -> tuple[str, bool]:
+    """'HOST:PORT' -> ('tcp://HOST:PORT', is_ipv6); port 0 asks for an ephemeral port."""
+    host, sep, port_text = bind.strip().rpartition(":")
+    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise ServeError(
+            f"bad --bind {bind!r}: expected HOST:PORT, e.g. 0.0.0.0:{p.DEFAULT_PORT}"
+            " or 127.0.0.1:0 for any free port"
+        )
+    ipv6 = host.startswith("[")
+    port = "*" if int(port_text) == 0 else port_text
+    return f"tcp://{host}:{port}", ipv6
+
+
+def telemetry_endpoint(endpoint: str, port: int | None) -> str:
+    """The PUB socket's endpoint: `port` when given (0: any), else the command port + 1, or any
+    free port when the command port is picked too."""
+    base, _, command_port = endpoint.rpartition(":")
+    if port is None:
+        port = 0 if command_port == "*" else int(command_port) + p.TELEMETRY_PORT_OFFSET
+    return f"{base}:{port or '*'}"
+
+
+def local_address(endpoint: str) -> str:
+    """HOST:PORT to reach a bound `tcp://HOST:PORT` from this machine (loopback for a wildcard)."""
+    host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+    host = {"0.0.0.0": "127.0.0.1", "*": "127.0.0.1", "[::]": "[::1]"}.get(host, host)
+    return f"{host}:{port}"
+
+
+class AgentSockets:
+    """bind() once; then receive() requests, send() replies and stream messages, publish()
+    telemetry; close() when done."""
+
+    def __init__(self, bind: str, secure: bool, telemetry_port: int | None) -> None:
+        self.endpoint, self.ipv6 = endpoint_for(bind)
+        self.telemetry = telemetry_endpoint(self.endpoint, telemetry_port)
+        self.secure = secure
+        self.public_key: str | None = None
+        self.ctx = zmq.Context()
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.publisher = self.ctx.socket(zmq.PUB)
+        self._auth: ThreadAuthenticator | None = None
+
+    def bind(self) -> str:
+        """Bind both sockets; returns the command endpoint actually bound (the port resolved).
+        Raises ServeError naming the endpoint that could not be bound."""
+        keypair = own_keypair() if self.secure else None
+        if keypair is not None:
+            self.public_key = keypair.public
+            self._auth = ThreadAuthenticator(self.ctx, log=logging.getLogger("agent.zap"))
+            self._auth.start()
+            self._auth.configure_curve_callback(
+                domain="*",
+                credentials_provider=OwnOrTrustedKeys(keypair.public, TrustedKeys(trusted_dir())),
+            )
+        for sock, endpoint in ((self.router, self.endpoint), (self.publisher, self.telemetry)):
+            sock.ipv6 = self.ipv6
+            sock.linger = 1000
+            sock.maxmsgsize = p.MAX_MESSAGE_SIZE
+            sock.heartbeat_ivl = 2000
+            sock.heartbeat_timeout = 6000
+            if keypair is not None:
+                sock.curve_secretkey = keypair.secret.encode("ascii")
+                sock.curve_publickey = keypair.public.encode("ascii")
+                sock.curve_server = True
+            try:
+                sock.bind(endpoint)
+            except zmq.ZMQError as exc:
+                raise ServeError(f"cannot bind {endpoint}: {exc}") from None
+        self.telemetry = self.publisher.last_endpoint.decode()
+        return self.router.last_endpoint.decode()
+
+    @property
+    def telemetry_port(self) -> int:
+        return int(self.telemetry.rpartition(":")[2])
+
+    def receive(self) -> Iterator[tuple[bytes, p.Message | p.ProtocolError]]:
+        """Every message waiting on the command socket, decoded, as (identity, request) or
+        (identity, the refusal to send back); never blocks."""
+        while True:
+            try:
+                frames = self.router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            identity, payload = frames[0], frames[1:]
+            try:
+                if len(payload) != 1:
+                    raise p.ProtocolError(
+                        p.MALFORMED,
+                        f"a message is exactly one frame after the identity, got {len(payload)}",
+                    )
+                message = p.decode(payload[0])
+                p.require_request(message)
+            except p.ProtocolError as exc:
+                yield identity, exc
+            else:
+                yield identity, message
+
+    def send(self, identity: bytes, message: p.Message) -> None:
+        """To one coordinator; a message too large to encode goes as its `too-large` error."""
+        try:
+            data = p.encode(message)
+        except p.ProtocolError as exc:
+            data = p.encode(p.error_for(exc))
+        self.router.send_multipart([identity, data])
+
+    def publish(self, type_: str, body: dict[str, Any]) -> None:
+        self.publisher.send_multipart(p.telemetry_frames(p.make(type_, body)))
+
+    def close(self) -> None:
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+        self.router.close(linger=1000)
+        self.publisher.close(linger=0)
+        self.ctx.term()

@@ -1,0 +1,221 @@
+"""The daemon's telemetry hub: ONE ThermalMonitor read all the time, each reading judged by the
+policy in force, published, stored and counted; the supervised jobs' events likewise; and the
+policy itself (persisted, changed by policy.set). docs/protocol.md §10-§12.
+
+The monitor's thread only hands readings over (a queue and a wake-up pipe the daemon's loop
+polls); everything stateful happens on the daemon's main thread, so nothing here needs a lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections import deque
+from collections.abc import Callable
+from queue import Empty, SimpleQueue
+from typing import Any
+
+from agent.events import Event, EventLog
+from agent.history import TelemetryHistory, load_policy, save_policy
+from agent.remote import pid_alive
+from agent.telemetry import (
+    TREND_WINDOW,
+    JobTable,
+    SourceInfo,
+    event_body,
+    host_state,
+    policy_text,
+    retention_cutoff,
+    sample_body,
+    trend_c_per_min,
+    updated_policy,
+)
+from agent.thermal import ThermalMonitor, ThermalReading, ThermalSource
+from shared import protocol as p
+from shared.io.metrics import MetricsServer, TelemetryMetrics, serve_metrics
+from shared.policy import CoolingState, ThermalPolicy
+
+log = logging.getLogger("agent.hub")
+
+PRUNE_EVERY_S = 300.0
+"""History is pruned this often, or ten times per retention period when that is shorter."""
+
+Publish = Callable[[str, dict[str, Any]], None]
+
+
+class TappedSource(ThermalSource):
+    """A source that hands every read's outcome (None too) to `on_read`: how the one monitor's
+    thread tells the daemon about each reading as it is taken."""
+
+    def __init__(
+        self, inner: ThermalSource, on_read: Callable[[ThermalReading | None], None]
+    ) -> None:
+        super().__init__()
+        self.inner = inner
+        self.name = inner.name
+        self.simulated = inner.simulated
+        self.last_error = inner.last_error
+        self._on_read = on_read
+
+    def read(self) -> ThermalReading | None:
+        reading = None
+        try:
+            reading = self.inner.read()
+        finally:  # a source that raises still makes a sample: one without a reading
+            self.last_error = self.inner.last_error
+            self._on_read(reading)
+        return reading
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class TelemetryHub:
+    """start(source) begins monitoring; the daemon's loop calls drain() when `wake_fd` is
+    readable; every sample and event goes to `publish`."""
+
+    def __init__(self, publish: Publish, poll_interval: float, retention_days: float) -> None:
+        self.publish_message = publish
+        self.poll_interval = poll_interval
+        self.retention_days = retention_days
+        self.host = socket.gethostname()
+        self.policy = load_policy()
+        self.jobs = JobTable()
+        self.history = TelemetryHistory(self.host, EventLog())
+        self.source = SourceInfo("none", False)
+        self.monitor: ThermalMonitor | None = None
+        self.metrics: TelemetryMetrics | None = None
+        self.last_reading: ThermalReading | None = None
+        self._metrics_server: MetricsServer | None = None
+        self._readings: SimpleQueue[ThermalReading | None] = SimpleQueue()
+        self.wake_fd, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_write, False)
+        self._state: CoolingState | None = None
+        self._temperatures: deque[float] = deque(maxlen=TREND_WINDOW)
+        self._next_prune = 0.0
+
+    def start(self, source: ThermalSource) -> None:
+        """Poll `source` (the hub owns it from now on) every poll interval, in the background."""
+        self.source = SourceInfo(source.name, source.simulated)
+        self.monitor = ThermalMonitor(self.poll_interval, source=TappedSource(source, self._tap))
+        self.monitor.start()
+        log.info(
+            "monitoring %s every %g s; policy %s",
+            self.source.name,
+            self.poll_interval,
+            policy_text(self.policy),
+        )
+
+    def serve_metrics(self, address: str) -> int:
+        """Prometheus /metrics at HOST:PORT; returns the bound port. Raises ValueError or
+        OSError."""
+        self.metrics = TelemetryMetrics()
+        self._metrics_server = serve_metrics(self.metrics.registry, address)
+        return self._metrics_server.port
+
+    def close(self) -> None:
+        if self.monitor is not None:
+            self.monitor.close()
+            self.monitor.source.close()  # the monitor leaves a source it was given open
+        if self._metrics_server is not None:
+            self._metrics_server.close()
+        self.history.close()
+        self.history.events.close()
+        os.close(self.wake_fd)
+        os.close(self._wake_write)
+
+    def thermal(self) -> dict[str, Any]:
+        """info.ok's `thermal`: the latest polled reading, never waiting on the sensor."""
+        reading = self.monitor.reading if self.monitor else None
+        return {
+            "source": self.source.name,
+            "simulated": self.source.simulated,
+            "reading": reading.to_dict() if reading else None,
+            "error": self.monitor.last_error if self.monitor else None,
+        }
+
+    # --- readings -------------------------------------------------------------------------------
+
+    def _tap(self, reading: ThermalReading | None) -> None:
+        """On the monitor's thread: hand the reading to the main loop and wake it."""
+        self._readings.put(reading)
+        with contextlib.suppress(BlockingIOError):  # a wake-up is pending already
+            os.write(self._wake_write, b"r")
+
+    def drain(self) -> list[ThermalReading | None]:
+        """Every reading taken since the last drain, each published and stored, oldest first."""
+        with contextlib.suppress(BlockingIOError):
+            os.read(self.wake_fd, 4096)
+        readings = []
+        while True:
+            try:
+                reading = self._readings.get_nowait()
+            except Empty:
+                return readings
+            self._on_reading(reading)
+            readings.append(reading)
+
+    def _on_reading(self, reading: ThermalReading | None) -> None:
+        """One poll: judge, publish, store, prune."""
+        now = time.time()
+        self.last_reading = reading
+        self._state = host_state(self.policy, reading, self._state)
+        if reading is not None and reading.celsius is not None:
+            self._temperatures.append(reading.celsius)
+        for event in self.jobs.vanished(lambda pgid: pid_alive(-pgid), now):  # any in group
+            self.event(event)
+        self.jobs.expire(now)
+        sample = sample_body(
+            self.host,
+            now,
+            reading,
+            self.source,
+            self._state,
+            trend_c_per_min(list(self._temperatures), self.poll_interval),
+            self.jobs.pause_s_total(now),
+            self.jobs.listed(),
+        )
+        self.history.add_sample(sample)
+        self.publish_message("telemetry.sample", sample)
+        if self.metrics is not None:
+            self.metrics.observe_sample(sample)
+        if now >= self._next_prune:
+            self.history.prune(retention_cutoff(now, self.retention_days))
+            self._next_prune = now + min(PRUNE_EVERY_S, self.retention_days * 86400.0 / 10)
+
+    # --- events and the policy ------------------------------------------------------------------
+
+    def event(self, event: Event, kind: str = p.KIND_RUN, store: bool = True) -> None:
+        """Keep the job table current (`kind` is what a `start` lists), record (unless `agent
+        run` did) and publish."""
+        self.jobs.apply(event, kind)
+        if store:
+            self.history.add_event(event)
+        body = event_body(self.host, event)
+        self.publish_message("telemetry.event", body)
+        if self.metrics is not None:
+            self.metrics.observe_event(body)
+
+    def set_policy(self, changes: dict[str, Any]) -> ThermalPolicy:
+        """Validate, persist, apply, announce; returns the policy in force. ValueError naming
+        the problem leaves the old policy in force."""
+        policy = updated_policy(self.policy, changes)
+        if policy != self.policy:
+            save_policy(policy)
+            self.policy = policy
+            log.info("new policy: %s", policy_text(policy))
+            self.event(
+                Event(
+                    time=time.time(),
+                    job="",
+                    pid=None,
+                    action="policy",
+                    source=self.source.name,
+                    simulated=self.source.simulated,
+                    detail=policy_text(policy),
+                )
+            )
+        return self.policy

@@ -1,0 +1,178 @@
+"""What the daemon answers (docs/protocol.md §5): one method per request type, and HANDLERS, the
+table built from them that is the single list of the requests this agent serves (a test holds
+it equal to shared.protocol.REQUESTS).
+
+A handler returns its Reply, or raises ProtocolError, which goes back as an `error` reply. The
+daemon's parts it reads and changes are given at construction.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from agent.bench_jobs import JOB_PAGE_BYTES, BenchJobs
+from agent.endpoints import AgentSockets
+from agent.hub import TelemetryHub
+from agent.telemetry import event_from_body, history_limit, policy_text
+from shared import protocol as p
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The reply's type and body, and the stream messages that follow it at once (same `re`)."""
+
+    type: str
+    body: dict[str, Any]
+    then: tuple[tuple[str, dict[str, Any]], ...] = ()
+
+
+@dataclass(frozen=True)
+class Request:
+    identity: bytes
+    message: p.Message
+
+    @property
+    def body(self) -> dict[str, Any]:
+        return self.message.body
+
+
+Handler = Callable[["Requests", Request], Reply]
+HANDLERS: dict[str, Handler] = {}
+
+
+def handles(type_: str) -> Callable[[Handler], Handler]:
+    """Register the decorated method as the handler of request `type_`."""
+
+    def register(handler: Handler) -> Handler:
+        if type_ in HANDLERS:
+            raise ValueError(f"two handlers for {type_}")
+        HANDLERS[type_] = handler
+        return handler
+
+    return register
+
+
+class Requests:
+    """The handlers, over the daemon's sockets, telemetry hub and benchmark jobs."""
+
+    def __init__(
+        self,
+        sockets: AgentSockets,
+        hub: TelemetryHub,
+        jobs: BenchJobs,
+        machine: dict[str, Any],
+        version: str,
+        stopping: Callable[[], bool],
+    ) -> None:
+        self.sockets = sockets
+        self.hub = hub
+        self.jobs = jobs
+        self.machine = machine
+        self.version = version
+        self.stopping = stopping
+
+    def answer(self, identity: bytes, message: p.Message) -> None:
+        """Reply to one request: its handler's reply, or an `error`."""
+        reply = HANDLERS[message.type](self, Request(identity, message))
+        for type_, body in ((reply.type, reply.body), *reply.then):
+            self.sockets.send(identity, p.make(type_, body, re=message.id))
+
+    @handles("hello")
+    def hello(self, request: Request) -> Reply:
+        return Reply(
+            "hello.ok",
+            {
+                "agent": self.version,
+                "protocol": p.PROTOCOL_VERSION,
+                "hostname": self.hub.host,
+                "secure": self.sockets.secure,
+            },
+        )
+
+    @handles("ping")
+    def ping(self, request: Request) -> Reply:
+        job = self.jobs.running
+        return Reply("ping.ok", {"job": job.id if job else None, "time": time.time()})
+
+    @handles("info")
+    def info(self, request: Request) -> Reply:
+        job = self.jobs.running
+        return Reply(
+            "info.ok",
+            {
+                "agent": self.version,
+                "protocol": p.PROTOCOL_VERSION,
+                "machine": self.machine,
+                "thermal": self.hub.thermal(),
+                "job": None if job is None else job.summary(),
+                "telemetry_port": self.sockets.telemetry_port,
+                "poll_interval": self.hub.poll_interval,
+                "policy": self.hub.policy.to_dict(),
+                "jobs": self.hub.jobs.listed(),
+            },
+        )
+
+    @handles("bench.start")
+    def bench_start(self, request: Request) -> Reply:
+        if self.stopping():
+            raise p.ProtocolError(p.BUSY, "busy: the agent is stopping", re=request.message.id)
+        job, names = self.jobs.start(request.identity, request.message, self.hub.poll_interval)
+        self.jobs.feed(self.hub.last_reading, self.hub.policy)
+        progress = {"job": job.id, "done": 0, "total": job.total}
+        return Reply(
+            "bench.start.ok", {"job": job.id, "cells": names}, then=(("bench.progress", progress),)
+        )
+
+    @handles("bench.cancel")
+    def bench_cancel(self, request: Request) -> Reply:
+        self.jobs.cancel_by_id(request.body["job"], request.message)
+        return Reply("bench.cancel.ok", {"job": request.body["job"]})
+
+    @handles("job.get")
+    def job_get(self, request: Request) -> Reply:
+        offset = request.body["offset"] or 0
+        return Reply("job.get.ok", self.jobs.page(request.body["job"], offset, request.message))
+
+    @handles("history.get")
+    def history_get(self, request: Request) -> Reply:
+        try:
+            limit = history_limit(request.body["limit"])
+        except ValueError as exc:
+            raise p.ProtocolError(
+                p.BAD_BODY, f"history.get: {exc}", re=request.message.id
+            ) from None
+        samples, events, truncated = self.hub.history.page(
+            request.body["since"], limit, JOB_PAGE_BYTES
+        )
+        return Reply(
+            "history.get.ok", {"samples": samples, "events": events, "truncated": truncated}
+        )
+
+    @handles("policy.get")
+    def policy_get(self, request: Request) -> Reply:
+        return Reply("policy.get.ok", {"policy": self.hub.policy.to_dict()})
+
+    @handles("policy.set")
+    def policy_set(self, request: Request) -> Reply:
+        """A refusal leaves the old policy in force; a change reaches the running job at once."""
+        before = self.hub.policy
+        try:
+            policy = self.hub.set_policy(request.body["policy"])
+        except ValueError as exc:
+            raise p.ProtocolError(
+                p.BAD_POLICY,
+                f"policy refused: {exc}; the policy in force stays {policy_text(before)}",
+                re=request.message.id,
+            ) from None
+        if policy != before:
+            self.jobs.feed(self.hub.last_reading, policy)
+        return Reply("policy.set.ok", {"policy": policy.to_dict()})
+
+    @handles("job.event")
+    def job_event(self, request: Request) -> Reply:
+        """An event of an `agent run` job on this machine: it recorded it, we list and publish."""
+        self.hub.event(event_from_body(request.body), p.KIND_RUN, store=False)
+        return Reply("job.event.ok", {"job": request.body["job"]})

@@ -21,7 +21,6 @@ from typing import Any
 
 import msgpack
 
-from agent.events import Event
 from agent.journal import Journal
 from agent.model import BUILTIN_CONFIGS
 from agent.profiling.runner import ModelLoadError, check_model_dir, require_mlx_lm
@@ -33,6 +32,7 @@ from shared.clock import now_iso
 from shared.io.paths import data_subdir
 from shared.matrix import MatrixError, MatrixSpec, expand
 from shared.policy import ThermalPolicy
+from shared.telemetry import Event
 
 log = logging.getLogger("agent.jobs")
 

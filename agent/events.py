@@ -1,5 +1,4 @@
-"""Supervision events: one record per action on a supervised job, kept in SQLite and shown as one
-stderr line.
+"""Supervision events (shared.telemetry.Event): kept in SQLite and shown as one stderr line.
 
 Kept apart from the supervisor so the daemon can serve (history.get) the records `agent run`
 wrote in the same file, and so every line says when its source is not a sensor.
@@ -8,16 +7,17 @@ wrote in the same file, and so every line says when its source is not a sensor.
 from __future__ import annotations
 
 import time
-from dataclasses import astuple, dataclass, fields
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from shared.io.paths import data_dir
-from shared.io.sqlite import open_database
+from shared.io.sqlite import open_store, store_id
+from shared.telemetry import Event
 
 PREFIX = "[mlx-fleet]"
 
-SCHEMA = """
+MIGRATIONS = (
+    """
 CREATE TABLE IF NOT EXISTS events (
     seq       INTEGER PRIMARY KEY,
     time      REAL NOT NULL,
@@ -29,29 +29,35 @@ CREATE TABLE IF NOT EXISTS events (
     simulated INTEGER NOT NULL,
     detail    TEXT
 );
-CREATE INDEX IF NOT EXISTS events_time ON events (time);
-"""
-
-
-@dataclass(frozen=True)
-class Event:
-    """What happened to a job: `action` is start, pause, resume, reduce_batch, restore_batch, stop
-    (thermal), forward (a signal to `agent run`), cleanup (what a finished CMD left behind),
-    fallback (`agent run` lost its daemon and reads the sensor itself), kill or exit; or policy,
-    the daemon's own record of a new policy (`job` empty). `celsius` is the reading that caused
-    it, when one did."""
-
-    time: float
-    job: str
-    pid: int | None
-    action: str
-    source: str
-    simulated: bool = False
-    celsius: float | None = None
-    detail: str | None = None
-
-
-_COLUMNS = ", ".join(f.name for f in fields(Event))
+CREATE INDEX IF NOT EXISTS events_time ON events (time)
+""",
+    """
+CREATE TABLE events_2 (
+    seq       INTEGER PRIMARY KEY AUTOINCREMENT,
+    time      REAL NOT NULL,
+    job       TEXT,
+    pid       INTEGER,
+    action    TEXT NOT NULL,
+    source    TEXT NOT NULL,
+    simulated INTEGER NOT NULL,
+    celsius   REAL,
+    detail    TEXT,
+    policy    TEXT
+);
+INSERT INTO events_2 (seq, time, job, pid, action, source, simulated, celsius, detail)
+    SELECT seq, time, NULLIF(job, ''), pid, action, source, simulated, celsius, detail
+    FROM events;
+DROP TABLE events;
+ALTER TABLE events_2 RENAME TO events;
+CREATE INDEX events_time ON events (time)
+""",
+)
+"""The schema, version by version (shared.io.sqlite.open_store). Version 1 is the file earlier
+releases made without a version; version 2 numbers events with AUTOINCREMENT, so a `seq` is never
+given twice even after pruning (it is the history cursor, docs/protocol.md §10), and stores the
+columns of shared.telemetry.Event."""
+_COLUMNS = ", ".join(Event.columns())
+_INSERT = f"INSERT INTO events ({_COLUMNS}) VALUES ({', '.join('?' * len(Event.columns()))})"
 
 
 def format_line(event: Event) -> str:
@@ -60,7 +66,8 @@ def format_line(event: Event) -> str:
     parts = [PREFIX, time.strftime("%H:%M:%S", time.localtime(event.time)), event.action]
     if event.celsius is not None:
         parts.append(f"at {event.celsius:.1f} °C")
-    parts.append(f"job {event.job}")
+    if event.job:
+        parts.append(f"job {event.job}")
     if event.pid is not None:
         parts.append(f"pid {event.pid}")
     if event.detail:
@@ -79,33 +86,36 @@ class EventLog:
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or default_events_path()
-        self._conn = open_database(self.path)
-        self._conn.executescript(SCHEMA)
+        self._conn = open_store(self.path, MIGRATIONS, what="event log")
 
-    def record(self, event: Event) -> None:
+    @property
+    def id(self) -> str:
+        return store_id(self._conn)
+
+    def record(self, event: Event) -> Event:
+        """Store `event`; returns it with the `seq` the store gave it."""
         with self._conn:
-            self._conn.execute(
-                f"INSERT INTO events ({_COLUMNS}) VALUES ({', '.join('?' * len(fields(Event)))})",
-                astuple(event),
-            )
+            seq = self._conn.execute(_INSERT, event.row()).lastrowid
+        return replace(event, seq=seq)
 
     def since(self, start: float = 0.0, job: str | None = None) -> list[Event]:
         """Events at or after `start` (epoch seconds), oldest first; one job's when `job` is set."""
-        query = f"SELECT {_COLUMNS} FROM events WHERE time >= ?"
+        query = f"SELECT seq, {_COLUMNS} FROM events WHERE time >= ?"
         params: tuple[object, ...] = (start,)
         if job is not None:
             query += " AND job = ?"
             params += (job,)
         rows = self._conn.execute(query + " ORDER BY time, seq", params).fetchall()
-        return [_event(row) for row in rows]
+        return [Event.from_row(row[1:], seq=row[0]) for row in rows]
 
-    def after(self, start: float, limit: int) -> list[Event]:
-        """At most `limit` events strictly after `start`, oldest first: a page of history."""
+    def after(self, seq: int, since: float, limit: int) -> list[Event]:
+        """At most `limit` events numbered after `seq` and stamped after `since`, in `seq`
+        order: a page of history."""
         rows = self._conn.execute(
-            f"SELECT {_COLUMNS} FROM events WHERE time > ? ORDER BY time, seq LIMIT ?",
-            (start, limit),
+            f"SELECT seq, {_COLUMNS} FROM events WHERE seq > ? AND time > ? ORDER BY seq LIMIT ?",
+            (seq, since, limit),
         ).fetchall()
-        return [_event(row) for row in rows]
+        return [Event.from_row(row[1:], seq=row[0]) for row in rows]
 
     def prune(self, before: float) -> int:
         """Forget events older than `before` (the retention); returns how many."""
@@ -114,8 +124,3 @@ class EventLog:
 
     def close(self) -> None:
         self._conn.close()
-
-
-def _event(row: tuple[Any, ...]) -> Event:
-    at, job, pid, action, source, simulated, celsius, detail = row
-    return Event(at, job, pid, action, source, bool(simulated), celsius, detail)

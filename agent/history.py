@@ -1,7 +1,7 @@
-"""What the daemon keeps: its telemetry history (every sample in memory, the latest ones, and in
-SQLite; every event in agent-events.sqlite, shared with `agent run`; both pruned to a
-retention, served in pages) and the policy it enforces (policy.json, so a restart keeps what
-a coordinator pushed).
+"""What the daemon keeps: its telemetry history (every sample numbered and kept in memory, the
+latest ones, and in SQLite; every event in agent-events.sqlite, shared with `agent run`; both
+pruned to a retention, served in pages after a cursor) and the policy it enforces (policy.json,
+so a restart keeps what a coordinator pushed).
 
 Only the daemon's main thread uses it.
 """
@@ -11,19 +11,22 @@ from __future__ import annotations
 import json
 import logging
 from collections import deque
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from agent.events import Event, EventLog
-from agent.telemetry import event_body, page_history
+from agent.events import EventLog
+from agent.telemetry import page_history
 from shared.io.files import replace_atomically
 from shared.io.paths import data_dir
-from shared.io.sqlite import open_database
+from shared.io.sqlite import open_store, store_id
 from shared.policy import ThermalPolicy
+from shared.telemetry import Event, Sample
 
 log = logging.getLogger("agent.history")
 
-SCHEMA = """
+MIGRATIONS = (
+    """
 CREATE TABLE IF NOT EXISTS samples (
     time     REAL NOT NULL,
     host     TEXT NOT NULL,
@@ -36,10 +39,41 @@ CREATE TABLE IF NOT EXISTS samples (
     pause_s_total REAL NOT NULL,
     jobs     TEXT NOT NULL
 );
-CREATE INDEX IF NOT EXISTS samples_time ON samples (time);
-"""
+CREATE INDEX IF NOT EXISTS samples_time ON samples (time)
+""",
+    """
+CREATE TABLE samples_2 (
+    seq             INTEGER PRIMARY KEY AUTOINCREMENT,
+    time            REAL NOT NULL,
+    celsius         REAL,
+    pressure        TEXT,
+    source          TEXT NOT NULL,
+    simulated       INTEGER NOT NULL,
+    state           TEXT,
+    trend_c_per_min REAL,
+    pause_s_total   REAL NOT NULL,
+    jobs            TEXT NOT NULL
+);
+INSERT INTO samples_2 (time, celsius, pressure, source, simulated, state, trend_c_per_min,
+                       pause_s_total, jobs)
+    SELECT time, celsius, pressure, source, simulated, state, trend, pause_s_total, jobs
+    FROM samples ORDER BY time;
+DROP TABLE samples;
+ALTER TABLE samples_2 RENAME TO samples;
+CREATE INDEX samples_time ON samples (time)
+""",
+)
+"""The schema, version by version (shared.io.sqlite.open_store). Version 1 is the file earlier
+releases made without a version; version 2 numbers samples (the history cursor, never given
+twice: AUTOINCREMENT) and stores the columns of shared.telemetry.Sample."""
+_COLUMNS = ", ".join(("seq", *Sample.columns()))
+_INSERT = (
+    f"INSERT INTO samples ({_COLUMNS}) VALUES ({', '.join('?' * (len(Sample.columns()) + 1))})"
+)
 MEMORY_SAMPLES = 3600
 """Samples kept in memory: an hour at 1 Hz, so a coordinator's usual backfill never reads disk."""
+
+Page = tuple[list[dict[str, Any]], list[dict[str, Any]], bool]
 
 
 def default_samples_path() -> Path:
@@ -69,57 +103,46 @@ def save_policy(policy: ThermalPolicy, path: Path | None = None) -> None:
 
 
 class TelemetryHistory:
-    """Samples and events since the retention cutoff. `host` labels the events it serves."""
+    """Samples and events since the retention cutoff. `host` labels what it serves; `id` names
+    this history (both files), so a cursor into another one is never taken for one into it."""
 
     def __init__(self, host: str, events: EventLog, path: Path | None = None) -> None:
         self.host = host
         self.events = events
-        self._conn = open_database(path or default_samples_path())
-        self._conn.executescript(SCHEMA)
-        self._recent: deque[dict[str, Any]] = deque(maxlen=MEMORY_SAMPLES)
-        self._complete_since = float("inf")
-        """Memory holds every sample after this time (none yet: nothing is complete)."""
+        self._conn = open_store(path or default_samples_path(), MIGRATIONS, what="history")
+        self.id = f"{store_id(self._conn)}.{events.id}"
+        row = self._conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'samples'")
+        self._next_seq = (row.fetchone() or (0,))[0] + 1
+        self._recent: deque[Sample] = deque(maxlen=MEMORY_SAMPLES)
+        """The latest samples, every one since the first it holds."""
 
-    def add_sample(self, sample: dict[str, Any]) -> None:
-        if not self._recent:
-            self._complete_since = sample["time"]
-        elif len(self._recent) == self._recent.maxlen:
-            self._complete_since = self._recent[0]["time"]  # about to be dropped
+    def add_sample(self, sample: Sample) -> Sample:
+        """Number `sample` (the next `seq`) and keep it; returns it numbered."""
+        sample = replace(sample, seq=self._next_seq)
+        self._next_seq += 1
         self._recent.append(sample)
         with self._conn:
-            self._conn.execute(
-                "INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    sample["time"],
-                    sample["host"],
-                    sample["celsius"],
-                    sample["pressure"],
-                    sample["source"],
-                    int(sample["simulated"]),
-                    sample["state"],
-                    sample["trend_c_per_min"],
-                    sample["pause_s_total"],
-                    json.dumps(sample["jobs"]),
-                ),
-            )
+            self._conn.execute(_INSERT, (sample.seq, *sample.row()))
+        return sample
 
-    def add_event(self, event: Event) -> None:
-        """The daemon's own events; `agent run` records its events in the same file itself."""
-        self.events.record(event)
+    def add_event(self, event: Event) -> Event:
+        """The daemon's own events (`agent run` records its events in the same file itself);
+        returns it numbered."""
+        return self.events.record(event)
 
     def page(
-        self, since: float, limit: int, budget: int
-    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
-        """history.get: samples and events strictly after `since` (see page_history)."""
-        samples = self._samples_after(since, limit + 1)
-        events = [event_body(self.host, e) for e in self.events.after(since, limit + 1)]
+        self, samples_after: int, events_after: int, since: float, limit: int, budget: int
+    ) -> Page:
+        """history.get: samples and events numbered after their cursors and stamped after
+        `since` (see page_history), as bodies."""
+        samples = [s.body(self.host) for s in self._samples_after(samples_after, since, limit + 1)]
+        events = [e.body(self.host) for e in self.events.after(events_after, since, limit + 1)]
         return page_history(samples, events, limit, budget)
 
     def prune(self, cutoff: float) -> None:
         """Forget what is older than `cutoff`, in memory and on disk."""
-        while self._recent and self._recent[0]["time"] < cutoff:
+        while self._recent and self._recent[0].time < cutoff:
             self._recent.popleft()
-        self._complete_since = max(self._complete_since, cutoff)
         with self._conn:
             self._conn.execute("DELETE FROM samples WHERE time < ?", (cutoff,))
         self.events.prune(cutoff)
@@ -127,28 +150,11 @@ class TelemetryHistory:
     def close(self) -> None:
         self._conn.close()
 
-    def _samples_after(self, since: float, count: int) -> list[dict[str, Any]]:
-        if since >= self._complete_since:
-            return [s for s in self._recent if s["time"] > since][:count]
+    def _samples_after(self, seq: int, since: float, count: int) -> list[Sample]:
+        if self._recent and seq >= (self._recent[0].seq or 0) - 1:
+            return [s for s in self._recent if (s.seq or 0) > seq and s.time > since][:count]
         rows = self._conn.execute(
-            "SELECT time, host, celsius, pressure, source, simulated, state, trend, "
-            "pause_s_total, jobs FROM samples WHERE time > ? ORDER BY time LIMIT ?",
-            (since, count),
+            f"SELECT {_COLUMNS} FROM samples WHERE seq > ? AND time > ? ORDER BY seq LIMIT ?",
+            (seq, since, count),
         ).fetchall()
-        return [_sample(row) for row in rows]
-
-
-def _sample(row: tuple[Any, ...]) -> dict[str, Any]:
-    at, host, celsius, pressure, source, simulated, state, trend, pause_total, jobs = row
-    return {
-        "host": host,
-        "time": at,
-        "celsius": celsius,
-        "pressure": pressure,
-        "source": source,
-        "simulated": bool(simulated),
-        "state": state,
-        "trend_c_per_min": trend,
-        "pause_s_total": pause_total,
-        "jobs": json.loads(jobs),
-    }
+        return [Sample.from_row(row[1:], seq=row[0]) for row in rows]

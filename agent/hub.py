@@ -18,18 +18,17 @@ from collections.abc import Callable
 from queue import Empty, SimpleQueue
 from typing import Any
 
-from agent.events import Event, EventLog
+from agent.events import EventLog
 from agent.history import TelemetryHistory, load_policy, save_policy
 from agent.remote import pid_alive
 from agent.telemetry import (
     TREND_WINDOW,
     JobTable,
     SourceInfo,
-    event_body,
     host_state,
     policy_text,
     retention_cutoff,
-    sample_body,
+    sample,
     trend_c_per_min,
     updated_policy,
 )
@@ -37,6 +36,7 @@ from agent.thermal import ThermalMonitor, ThermalReading, ThermalSource
 from shared import protocol as p
 from shared.io.metrics import MetricsServer, TelemetryMetrics, serve_metrics
 from shared.policy import CoolingState, ThermalPolicy
+from shared.telemetry import Event
 
 log = logging.getLogger("agent.hub")
 
@@ -168,8 +168,7 @@ class TelemetryHub:
         for event in self.jobs.vanished(lambda pgid: pid_alive(-pgid), now):  # any in group
             self.event(event)
         self.jobs.expire(now)
-        sample = sample_body(
-            self.host,
+        taken = sample(
             now,
             reading,
             self.source,
@@ -178,23 +177,23 @@ class TelemetryHub:
             self.jobs.pause_s_total(now),
             self.jobs.listed(),
         )
-        self.history.add_sample(sample)
-        self.publish_message("telemetry.sample", sample)
+        body = self.history.add_sample(taken).body(self.host)
+        self.publish_message("telemetry.sample", body)
         if self.metrics is not None:
-            self.metrics.observe_sample(sample)
+            self.metrics.observe_sample(body)
         if now >= self._next_prune:
             self.history.prune(retention_cutoff(now, self.retention_days))
             self._next_prune = now + min(PRUNE_EVERY_S, self.retention_days * 86400.0 / 10)
 
     # --- events and the policy ------------------------------------------------------------------
 
-    def event(self, event: Event, kind: str = p.KIND_RUN, store: bool = True) -> None:
-        """Keep the job table current (`kind` is what a `start` lists), record (unless `agent
-        run` did) and publish."""
+    def event(self, event: Event, kind: str = p.KIND_RUN) -> None:
+        """Keep the job table current (`kind` is what a `start` lists), record it unless it
+        comes numbered (`agent run` recorded it), and publish."""
         self.jobs.apply(event, kind)
-        if store:
-            self.history.add_event(event)
-        body = event_body(self.host, event)
+        if event.seq is None:
+            event = self.history.add_event(event)
+        body = event.body(self.host)
         self.publish_message("telemetry.event", body)
         if self.metrics is not None:
             self.metrics.observe_event(body)
@@ -210,12 +209,13 @@ class TelemetryHub:
             self.event(
                 Event(
                     time=time.time(),
-                    job="",
+                    job=None,
                     pid=None,
                     action="policy",
                     source=self.source.name,
                     simulated=self.source.simulated,
                     detail=policy_text(policy),
+                    policy=policy.to_dict(),
                 )
             )
         return self.policy

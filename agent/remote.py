@@ -25,9 +25,8 @@ from pathlib import Path
 
 import zmq
 
-from agent.events import Event
-from agent.supervise import LocalFeed, Sample
-from agent.telemetry import SourceInfo, job_event_body, reading_from_wire
+from agent.supervise import LocalFeed, Observation
+from agent.telemetry import SourceInfo, reading_from_wire
 from agent.thermal import (
     SourceSpecError,
     SourceUnavailable,
@@ -43,6 +42,7 @@ from shared.io.keys import own_keypair
 from shared.io.paths import data_dir
 from shared.io.transport import AgentClient, HostError
 from shared.policy import ThermalPolicy
+from shared.telemetry import Event
 
 log = logging.getLogger("agent.remote")
 
@@ -192,9 +192,9 @@ class DaemonSession:
         self.silence_s = 3 * self.poll_interval + 1.0
         self._heard = time.monotonic()
 
-    def next_sample(self, stop: threading.Event) -> Sample | None:
-        """The daemon's next reading with the policy to judge it by (a `policy` event fetches the
-        new one first); None once `stop` is set. Raises DaemonLost."""
+    def next_sample(self, stop: threading.Event) -> Observation | None:
+        """The daemon's next reading with the policy to judge it by (a `policy` event carries the
+        new one); None once `stop` is set. Raises DaemonLost."""
         while not stop.is_set():
             if self.sub.poll(SLICE_S * 1000):
                 try:
@@ -204,9 +204,9 @@ class DaemonSession:
                     continue
                 self._heard = time.monotonic()
                 if message.type == "telemetry.sample":
-                    return Sample(reading_from_wire(message.body), self.policy)
-                if message.body["action"] == "policy":
-                    self._refresh_policy()
+                    return Observation(reading_from_wire(message.body), self.policy)
+                if message.body["policy"] is not None:
+                    self.policy = ThermalPolicy.from_dict(message.body["policy"])
                 continue
             if not pid_alive(self.address.pid):
                 raise DaemonLost(f"agent serve (pid {self.address.pid}) is gone")
@@ -216,14 +216,6 @@ class DaemonSession:
                     f"agent serve (pid {self.address.pid}) sent nothing for {silent:.1f} s"
                 )
         return None
-
-    def _refresh_policy(self) -> None:
-        try:
-            self.policy = ThermalPolicy.from_dict(self.client.request("policy.get")["policy"])
-        except HostError as exc:
-            raise DaemonLost(
-                f"agent serve (pid {self.address.pid}) did not give its new policy: {exc}"
-            ) from None
 
     def close(self) -> None:
         self.sub.close(linger=0)
@@ -287,7 +279,7 @@ class DaemonFeed:
     def policy(self) -> ThermalPolicy:
         return self._session.policy
 
-    def next(self) -> Sample | None:
+    def next(self) -> Observation | None:
         if self._local is not None:
             return self._local.next()
         with self._lock:
@@ -317,7 +309,7 @@ class DaemonFeed:
                 self._session.close()
                 self._released.set()
 
-    def _fall_back(self, why: str) -> Sample | None:
+    def _fall_back(self, why: str) -> Observation | None:
         monitor = ThermalMonitor(
             self._poll_interval, source=open_fallback(self._fallback, self._poll_interval)
         )
@@ -374,7 +366,7 @@ class EventForwarder:
             self.client.sock.recv()  # job.event.ok: nothing to learn from it
         # The daemon gone or stuck is not worth a stall: the event is recorded here anyway.
         with contextlib.suppress(zmq.Again):
-            self.client.send("job.event", job_event_body(event))
+            self.client.send("job.event", event.job_body())
 
     def close(self) -> None:
         self.client.close()

@@ -16,8 +16,9 @@ from typing import Any
 from agent.bench_jobs import JOB_PAGE_BYTES, BenchJobs
 from agent.endpoints import AgentSockets
 from agent.hub import TelemetryHub
-from agent.telemetry import event_from_body, history_limit, policy_text
+from agent.telemetry import history_limit, policy_text
 from shared import protocol as p
+from shared.telemetry import Event
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,7 @@ class Requests:
                 "poll_interval": self.hub.poll_interval,
                 "policy": self.hub.policy.to_dict(),
                 "jobs": self.hub.jobs.listed(),
+                "history": self.hub.history.id,
             },
         )
 
@@ -144,11 +146,18 @@ class Requests:
             raise p.ProtocolError(
                 p.BAD_BODY, f"history.get: {exc}", re=request.message.id
             ) from None
+        body = request.body
         samples, events, truncated = self.hub.history.page(
-            request.body["since"], limit, JOB_PAGE_BYTES
+            body["samples_after"], body["events_after"], body["since"] or 0.0, limit, JOB_PAGE_BYTES
         )
         return Reply(
-            "history.get.ok", {"samples": samples, "events": events, "truncated": truncated}
+            "history.get.ok",
+            {
+                "history": self.hub.history.id,
+                "samples": samples,
+                "events": events,
+                "truncated": truncated,
+            },
         )
 
     @handles("policy.get")
@@ -173,6 +182,7 @@ class Requests:
 
     @handles("job.event")
     def job_event(self, request: Request) -> Reply:
-        """An event of an `agent run` job on this machine: it recorded it, we list and publish."""
-        self.hub.event(event_from_body(request.body), p.KIND_RUN, store=False)
+        """An event of an `agent run` job on this machine: we list and publish it (and record
+        it when `agent run` could not)."""
+        self.hub.event(Event.from_body(request.body), p.KIND_RUN)
         return Reply("job.event.ok", {"job": request.body["job"]})

@@ -10,15 +10,16 @@ agent.supervise for the actions and the reduce_batch state file.
 from __future__ import annotations
 
 import math
+import sqlite3
 import sys
 from contextlib import ExitStack, closing
 from typing import Annotated
 
 import typer
 
-from agent.events import PREFIX, Event, EventLog, format_line
+from agent.events import PREFIX, EventLog, format_line
 from agent.remote import register
-from agent.supervise import Feed, LaunchError, LocalFeed, Supervisor
+from agent.supervise import Feed, LaunchError, LocalFeed, Sink, Supervisor
 from agent.telemetry import policy_text
 from agent.thermal import SourceSpecError, SourceUnavailable, ThermalMonitor
 from shared.io.cli import (
@@ -31,6 +32,7 @@ from shared.io.cli import (
     policy_from_options,
     usage_error,
 )
+from shared.telemetry import Event
 
 EXIT_SUPERVISOR_FAILED = 125  # as timeout(1) and env(1) say when they, not CMD, failed
 
@@ -43,6 +45,23 @@ def _fail(code: int, message: str) -> typer.Exit:
 
 def print_event(event: Event) -> None:
     print(format_line(event), file=sys.stderr, flush=True)
+
+
+def recorder(log: EventLog, then: list[Sink]) -> Sink:
+    """The sink that records each event in the event log and hands it on, numbered, to `then`
+    (the daemon, once registered): the daemon publishes what was recorded without recording it
+    again. An event the log could not take is still handed on, unnumbered, and the daemon
+    records it."""
+
+    def record(event: Event) -> None:
+        try:
+            event = log.record(event)
+        except sqlite3.Error as exc:  # enforcement must not depend on the disk
+            print(f"{PREFIX} warning: event {event.action} not recorded: {exc}", file=sys.stderr)
+        for sink in then:
+            sink(event)
+
+    return record
 
 
 def run_command(
@@ -87,13 +106,14 @@ def run_command(
     policy = policy_from_options(max_speed_temp, pause_temp, stop_temp, hysteresis)
     with ExitStack() as stack:
         log = stack.enter_context(closing(EventLog()))
-        supervisor = Supervisor(command, grace=grace, sinks=[print_event, log.record])
+        forwards: list[Sink] = []
+        supervisor = Supervisor(command, grace=grace, sinks=[print_event, recorder(log, forwards)])
         feed: Feed
         registered = register(thermal_source, poll_interval)
         if registered is not None:
             daemon_feed, forwarder = registered
             stack.callback(forwarder.close)  # after the exit event, which it forwards too
-            supervisor.sinks.append(forwarder)
+            forwards.append(forwarder)
             typer.echo(
                 f"{PREFIX} registered with agent serve: readings from "
                 f"{daemon_feed.source}, its policy {policy_text(daemon_feed.policy)}",

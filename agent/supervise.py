@@ -39,11 +39,12 @@ from typing import Any, Protocol
 
 import psutil
 
-from agent.events import PREFIX, Event
+from agent.events import PREFIX
 from agent.thermal import ThermalMonitor, ThermalReading
 from shared.io.files import replace_atomically
 from shared.io.paths import data_subdir
 from shared.policy import CoolingState, ThermalPolicy, decide, pressure_state
+from shared.telemetry import Event
 
 EXIT_THERMAL_STOP = 75  # EX_TEMPFAIL from sysexits.h: a temporary condition, try again later
 EXIT_CANNOT_EXECUTE = 126  # as shells say for a command that exists but cannot run
@@ -127,7 +128,7 @@ def shell_code(returncode: int) -> int:
 
 
 @dataclass(frozen=True)
-class Sample:
+class Observation:
     """One reading (None: the source had none) and the policy in force when it was taken; `note`
     says the feed changed where its readings come from (recorded as a `fallback` event)."""
 
@@ -145,7 +146,7 @@ class Feed(Protocol):
     @property
     def simulated(self) -> bool: ...
 
-    def next(self) -> Sample | None:
+    def next(self) -> Observation | None:
         """Block until the next sample is due; None once closed."""
 
     def close(self) -> None:
@@ -171,14 +172,14 @@ class LocalFeed:
     def simulated(self) -> bool:
         return self.monitor.source.simulated
 
-    def next(self) -> Sample | None:
+    def next(self) -> Observation | None:
         if self._closed.wait(max(0.0, self._due - time.monotonic())):
             return None
         self._due = max(self._due + self.monitor.poll_interval, time.monotonic())
         with self._lock:
             if self._closed.is_set():
                 return None
-            return Sample(self.monitor.read(), self.policy)
+            return Observation(self.monitor.read(), self.policy)
 
     def close(self) -> None:
         self._closed.set()
@@ -318,7 +319,7 @@ class Supervisor:
             limits.append(max(0.0, self._kill_at - time.monotonic()))
         return min(limits, default=None)
 
-    def _on_sample(self, sample: Sample) -> None:
+    def _on_sample(self, sample: Observation) -> None:
         if sample.note:
             self._emit("fallback", detail=sample.note)
         if self._terminating:

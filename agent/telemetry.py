@@ -8,19 +8,18 @@ daemon (agent/serve.py) stays a thin shell around it.
 
 from __future__ import annotations
 
-import heapq
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
-from agent.events import Event
 from agent.supervise import knows_nothing
 from agent.thermal import ThermalReading, trend_slope
 from shared import protocol as p
 from shared.policy import CoolingState, ThermalPolicy, decide
+from shared.telemetry import Event, Sample
 
 TREND_WINDOW = 5
 """Temperatures in the trend, as `agent temp --watch` shows it."""
@@ -98,8 +97,7 @@ class SourceInfo:
     simulated: bool
 
 
-def sample_body(
-    host: str,
+def sample(
     now: float,
     reading: ThermalReading | None,
     source: SourceInfo,
@@ -107,62 +105,19 @@ def sample_body(
     trend: float | None,
     pause_s_total: float,
     jobs: list[dict[str, Any]],
-) -> dict[str, Any]:
-    """A telemetry.sample body; `now` stands in for the time when there is no reading."""
-    return {
-        "host": host,
-        "time": reading.time if reading else now,
-        "celsius": reading.celsius if reading else None,
-        "pressure": reading.pressure if reading else None,
-        "source": source.name,
-        "simulated": source.simulated,
-        "state": state.value if state else None,
-        "trend_c_per_min": trend,
-        "pause_s_total": pause_s_total,
-        "jobs": jobs,
-    }
-
-
-def event_body(host: str, event: Event) -> dict[str, Any]:
-    """A telemetry.event body."""
-    return {
-        "host": host,
-        "time": event.time,
-        "celsius": event.celsius,
-        "action": event.action,
-        "pid": event.pid,
-        "job": event.job or None,
-        "source": event.source,
-        "simulated": event.simulated,
-        "detail": event.detail,
-    }
-
-
-def job_event_body(event: Event) -> dict[str, Any]:
-    """A job.event request body: the event of a local job, as `agent run` sends it."""
-    return {
-        "job": event.job,
-        "pid": event.pid,
-        "action": event.action,
-        "time": event.time,
-        "celsius": event.celsius,
-        "source": event.source,
-        "simulated": event.simulated,
-        "detail": event.detail,
-    }
-
-
-def event_from_body(body: Mapping[str, Any]) -> Event:
-    """The Event a job.event or telemetry.event body describes."""
-    return Event(
-        time=body["time"],
-        job=body["job"] or "",
-        pid=body["pid"],
-        action=body["action"],
-        source=body["source"],
-        simulated=body["simulated"],
-        celsius=body["celsius"],
-        detail=body["detail"],
+) -> Sample:
+    """The sample of one poll (not yet numbered); `now` stands in for the time when there is no
+    reading."""
+    return Sample(
+        time=reading.time if reading else now,
+        celsius=reading.celsius if reading else None,
+        pressure=reading.pressure if reading else None,
+        source=source.name,
+        simulated=source.simulated,
+        state=state.value if state else None,
+        trend_c_per_min=trend,
+        pause_s_total=pause_s_total,
+        jobs=jobs,
     )
 
 
@@ -307,25 +262,21 @@ def history_limit(requested: int | None) -> int:
 def page_history(
     samples: list[dict[str, Any]], events: list[dict[str, Any]], limit: int, budget: int
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
-    """One history.get page from samples and events after `since`, each oldest first and holding
-    up to limit + 1 items (one more says that more remain). Both lists are cut at the same time,
-    by `limit` or by `budget` packed bytes, so each holds everything up to it; the next page
-    starts after the latest time returned."""
-    cutoff = math.inf
-    for items in (samples, events):
-        if len(items) > limit:
-            cutoff = min(cutoff, items[limit - 1]["time"])
-    size, previous = 0, -math.inf
-    for item in heapq.merge(samples[:limit], events[:limit], key=lambda item: item["time"]):
-        if item["time"] > cutoff:
-            break
+    """One history.get page from the sample and event bodies after their cursors, each in `seq`
+    order and holding up to limit + 1 items (one more says that more remain): each list is cut at
+    `limit` items or at half of `budget` packed bytes, whichever comes first; True when either
+    was cut. Each list is complete up to its last item, so its cursor moves there."""
+    kept_samples, more_samples = _cut(samples, limit, budget // 2)
+    kept_events, more_events = _cut(events, limit, budget // 2)
+    return kept_samples, kept_events, more_samples or more_events
+
+
+def _cut(items: list[dict[str, Any]], limit: int, budget: int) -> tuple[list[dict[str, Any]], bool]:
+    kept: list[dict[str, Any]] = []
+    size = 0
+    for item in items[:limit]:
         size += len(msgpack.packb(item))
-        if size > budget:
-            cutoff = previous
-            break
-        previous = item["time"]
-    return _upto(samples, cutoff), _upto(events, cutoff), cutoff < math.inf
-
-
-def _upto(items: Iterable[dict[str, Any]], cutoff: float) -> list[dict[str, Any]]:
-    return [item for item in items if item["time"] <= cutoff]
+        if kept and size > budget:
+            return kept, True
+        kept.append(item)
+    return kept, len(items) > len(kept)

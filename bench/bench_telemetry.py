@@ -25,7 +25,7 @@ from dataclasses import replace
 import zmq
 
 from agent.serve import AgentDaemon
-from agent.telemetry import SourceInfo, sample_body
+from agent.telemetry import SourceInfo, sample
 from agent.thermal import ThermalReading
 from shared import protocol as p
 from shared.io.keys import own_keypair
@@ -103,10 +103,9 @@ def run(count: int, secure: bool) -> None:
         daemon.hub._on_reading(replace(READING, time=time.time()))
 
     source = SourceInfo("bench", True)
-    sample = sample_body(
-        "bench-host", time.time(), READING, source, CoolingState.OK, 0.4, 0.0, JOBS
-    )
-    frames = p.telemetry_frames(p.make("telemetry.sample", sample))
+    taken = sample(time.time(), READING, source, CoolingState.OK, 0.4, 0.0, JOBS)
+    body = replace(taken, seq=1).body("bench-host")
+    frames = p.telemetry_frames(p.make("telemetry.sample", body))
     bare = ctx.socket(zmq.PUB)
     bare.bind("tcp://127.0.0.1:*")
     bare_sub = subscribe(ctx, bare.last_endpoint.decode(), None)
@@ -116,19 +115,19 @@ def run(count: int, secure: bool) -> None:
         (
             "  build the sample",
             per_call(
-                lambda: sample_body(
-                    "bench-host", time.time(), READING, source, CoolingState.OK, 0.4, 0.0, JOBS
+                lambda: sample(time.time(), READING, source, CoolingState.OK, 0.4, 0.0, JOBS).body(
+                    "bench-host"
                 ),
                 count,
             ),
         ),
         (
             "  encode (validate + msgpack)",
-            per_call(lambda: p.telemetry_frames(p.make("telemetry.sample", sample)), count),
+            per_call(lambda: p.telemetry_frames(p.make("telemetry.sample", body)), count),
         ),
         (
             "  store (SQLite, one commit)",
-            per_call(lambda: daemon.hub.history.add_sample(sample), count),
+            per_call(lambda: daemon.hub.history.add_sample(taken), count),
         ),
         (
             "  publish" + (" (CURVE)" if secure else ""),

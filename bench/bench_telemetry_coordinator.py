@@ -74,9 +74,13 @@ def publisher(ready: mp.Queue[Any], name: str, rate: float) -> None:
                 "poll_interval": 1.0,
                 "policy": ThermalPolicy().to_dict(),
                 "jobs": [],
+                "history": f"bench-{name}",
             },
         ),
-        "history.get": ("history.get.ok", {"samples": [], "events": [], "truncated": False}),
+        "history.get": (
+            "history.get.ok",
+            {"history": f"bench-{name}", "samples": [], "events": [], "truncated": False},
+        ),
     }
     jobs = [
         {
@@ -108,6 +112,7 @@ def publisher(ready: mp.Queue[Any], name: str, rate: float) -> None:
                 "trend_c_per_min": 0.4,
                 "pause_s_total": 0.0,
                 "jobs": jobs,
+                "seq": sent + 1,
             }
             pub.send_multipart(p.telemetry_frames(p.make("telemetry.sample", body)))
             sent += 1

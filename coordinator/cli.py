@@ -24,7 +24,7 @@ from coordinator.deploy_cli import deploy_command
 from coordinator.history import history
 from coordinator.monitor_cli import monitor
 from coordinator.policy_cmd import policy
-from coordinator.store import RunStore, StoreError, UnknownRunError
+from coordinator.store import RunStore, UnknownRunError
 from shared.io.cli import (
     Format,
     Output,
@@ -34,6 +34,7 @@ from shared.io.cli import (
     show_report,
     usage_error,
 )
+from shared.io.sqlite import StoreError
 
 app = fleet_app(
     "coordinator",

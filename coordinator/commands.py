@@ -30,7 +30,7 @@ from coordinator.fleet import (
 )
 from coordinator.hostfile import HostfileError, parse_hostfile, parse_hosts
 from coordinator.keys import add_host_key, known_hosts, server_key
-from coordinator.store import RunStore, StoreError
+from coordinator.store import RunStore
 from shared.io.cli import (
     EXIT_INTERRUPTED,
     EXIT_PARTIAL,
@@ -52,6 +52,7 @@ from shared.io.cli import (
     usage_error,
 )
 from shared.io.keys import own_keypair
+from shared.io.sqlite import StoreError
 from shared.io.transport import HostError
 from shared.matrix import DEFAULT_DECODE_TOKENS, MatrixError
 from shared.report import NA

@@ -17,10 +17,10 @@ from rich.text import Text
 
 from coordinator.dashboard import NA, duration
 from coordinator.hostfile import HostfileError, parse_hosts
-from coordinator.store import StoreError
 from coordinator.telemetry_stats import THRESHOLDS, HostHistory, host_stats, parse_since
 from coordinator.telemetry_store import TelemetryStore
 from shared.io.cli import EXIT_PARTIAL, err, usage_error
+from shared.io.sqlite import StoreError
 
 PLOT_EXTRA = "pip install 'mlx-fleet[plot]'"
 

@@ -1,14 +1,15 @@
 """`coordinator monitor`: every agent's telemetry live in one place, recorded as it arrives.
 
-Each host gets a HostLink thread that owns its two sockets (a DEALER for info, history.get and
-policy.get; a SUB on the agent's telemetry socket) and only reports on a queue, as a fleet run's
+Each host gets a HostLink thread that owns its two sockets (a DEALER for info and history.get;
+a SUB on the agent's telemetry socket) and only reports on a queue, as a fleet run's
 host threads do. The calling thread alone touches the store, the dashboard and the metrics, so
 none of them needs a lock, and a whole queue drain is written in one transaction.
 
-A link backfills with history.get when it connects (from the last sample recorded for that host)
-and again when samples resume after a silence, so PUB's dropped messages are filled in. When a
-host goes silent its link pings it; no answer ends the session and it reconnects from scratch
-every RETRY_S (info again: a restarted agent may publish elsewhere).
+A link backfills with history.get when it connects, from the cursor recorded for that host (the
+last sample and event numbers held with nothing missing before them, docs/protocol.md §10), and
+again whenever a live sample or event skips a number, so what PUB dropped is filled in however
+old its time stamp. When a host goes silent its link pings it; no answer ends the session and it
+reconnects from scratch every RETRY_S (info again: a restarted agent may publish elsewhere).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from coordinator.telemetry_store import Row, TelemetryStore
 from shared import protocol as p
 from shared.io.metrics import TelemetryMetrics
 from shared.io.transport import AgentClient, HostError, agent_socket
+from shared.telemetry import Cursor
 
 RETRY_S = 2.0
 """Between attempts to reach a host that is down."""
@@ -34,7 +36,8 @@ POLL_MS = 200
 """How often a link looks at its stop flag while nothing arrives."""
 BACKFILL_FIRST_S = 3600.0
 """A host never recorded before is backfilled with its last hour (what the agent keeps in
-memory); one recorded before, from its last recorded sample."""
+memory); one recorded before, from its cursor; one whose history is new (reinstalled, its data
+wiped), with all of it."""
 HISTORY_PAGE = 5000
 DRAIN_MAX = 1000
 """Messages a link takes off its SUB per report, so a flood still reaches the store in batches."""
@@ -42,14 +45,21 @@ QUEUE_MAX = 64
 """Reports waiting for the main thread. When it falls behind, links wait and their SUBs' high
 water marks drop the excess at the socket, instead of memory filling with decoded samples."""
 
-CONNECTED, LOST, SAMPLES, EVENTS, POLICY = "connected", "lost", "samples", "events", "policy"
+CONNECTED, LOST, SAMPLES, EVENTS, POLICY, CURSOR = (
+    "connected",
+    "lost",
+    "samples",
+    "events",
+    "policy",
+    "cursor",
+)
 
 
 @dataclass(frozen=True)
 class LinkReport:
     """What a link tells the main thread. `data` by kind: CONNECTED the info.ok body, LOST the
     error, SAMPLES / EVENTS a list of bodies (`live`: off the SUB, not a backfill), POLICY a
-    policy map."""
+    policy map, CURSOR the Cursor that what was reported so far reaches."""
 
     host: str
     kind: str
@@ -76,12 +86,12 @@ class HostLink:
         settings: Settings,
         reports: queue.Queue[LinkReport],
         stop: threading.Event,
-        since: float,
+        cursor: Cursor | None,
     ) -> None:
         self.ctx, self.target, self.settings = ctx, target, settings
         self.reports, self.stop = reports, stop
-        self.since = since
-        """The latest sample time this link has seen: where a backfill starts."""
+        self.cursor = cursor
+        """Where the record of this host's history stands (None: nothing recorded yet)."""
         self.thread = threading.Thread(target=self.run, name=f"monitor {target.name}", daemon=True)
 
     def report(self, kind: str, data: Any, live: bool = False) -> None:
@@ -110,42 +120,70 @@ class HostLink:
             sub = telemetry_socket(self.ctx, client, info["telemetry_port"])
             try:
                 self.report(CONNECTED, info)
-                self._backfill(client)
+                since = None
+                if self.cursor is None or self.cursor.history != info["history"]:
+                    since = time.time() - BACKFILL_FIRST_S if self.cursor is None else None
+                    self.cursor = Cursor(info["history"])
+                self._backfill(client, since)
                 self._pump(client, sub, info["poll_interval"])
             finally:
                 sub.close(linger=0)
 
-    def _backfill(self, client: AgentClient) -> None:
-        """Everything after self.since, page by page (docs/protocol.md §10)."""
+    def _backfill(self, client: AgentClient, since: float | None = None) -> None:
+        """Everything after the cursor (stamped after `since`, when given), page by page."""
+        assert self.cursor is not None
         while True:
-            page = client.request("history.get", {"since": self.since, "limit": HISTORY_PAGE})
-            self._samples(page["samples"], live=False)
-            if page["events"]:
-                self.report(EVENTS, page["events"])
-            latest = max((m["time"] for m in page["samples"] + page["events"]), default=None)
-            if not page["truncated"] or latest is None:
+            page = client.request(
+                "history.get",
+                {
+                    "samples_after": self.cursor.samples,
+                    "events_after": self.cursor.events,
+                    "since": since,
+                    "limit": HISTORY_PAGE,
+                },
+            )
+            if page["history"] != self.cursor.history:
+                raise HostError("the agent's history changed (restarted on new data): reconnecting")
+            self._relay(page["samples"], page["events"], live=False)
+            self._move_cursor(page["samples"], page["events"], contiguous=False)
+            if not page["truncated"]:
                 return
-            self.since = max(self.since, latest)
 
-    def _samples(self, samples: list[dict[str, Any]], live: bool) -> None:
+    def _relay(
+        self, samples: list[dict[str, Any]], events: list[dict[str, Any]], live: bool
+    ) -> None:
         if samples:
-            self.since = max(self.since, max(s["time"] for s in samples))
             self.report(SAMPLES, samples, live)
+        if events:
+            self.report(EVENTS, events, live)
+
+    def _move_cursor(
+        self, samples: list[dict[str, Any]], events: list[dict[str, Any]], contiguous: bool
+    ) -> bool:
+        """Advance the cursor over what was just relayed: a backfill page is complete up to its
+        last item; live messages only as far as their numbers follow on. True when a live one
+        skipped a number (a gap to backfill). Reports the new cursor."""
+        assert self.cursor is not None
+        moved_samples, gap_samples = _advance(self.cursor.samples, samples, contiguous)
+        moved_events, gap_events = _advance(self.cursor.events, events, contiguous)
+        cursor = Cursor(self.cursor.history, moved_samples, moved_events)
+        if cursor != self.cursor:
+            self.cursor = cursor
+            self.report(CURSOR, cursor)
+        return gap_samples or gap_events
 
     def _pump(self, client: AgentClient, sub: zmq.Socket, poll_interval: float) -> None:
-        """Relay telemetry until stop; after a silence, backfill what PUB dropped; when the
-        agent stops answering, return (HostError) so run() reconnects."""
+        """Relay telemetry until stop; when a number is skipped, backfill what PUB dropped; when
+        the agent stops answering, return (HostError) so run() reconnects."""
         quiet_after = silent_after(poll_interval)
-        heard = check_at = time.monotonic()
+        check_at = time.monotonic()
         while not self.stop.is_set():
             if not sub.poll(POLL_MS):
                 if time.monotonic() - check_at > quiet_after:
                     client.request("ping", timeout=self.settings.connect_timeout)
                     check_at = time.monotonic()
                 continue
-            if time.monotonic() - heard > quiet_after:
-                self._backfill(client)  # before the new samples move self.since past the gap
-            heard = check_at = time.monotonic()
+            check_at = time.monotonic()
             samples, events = [], []
             for frames in _drain(sub):
                 try:
@@ -153,11 +191,45 @@ class HostLink:
                 except p.ProtocolError:
                     continue  # nothing to answer on a SUB; a bad message is dropped
                 (samples if message.type == "telemetry.sample" else events).append(message.body)
-            self._samples(samples, live=True)
-            if events:
-                self.report(EVENTS, events, live=True)
-            if any(event["action"] == "policy" for event in events):
-                self.report(POLICY, client.request("policy.get")["policy"])
+            self._relay(samples, events, live=True)
+            if self._move_cursor(samples, events, contiguous=True):
+                self._close_gap(client, samples, events)
+            policies = [event["policy"] for event in events if event["policy"] is not None]
+            if policies:
+                self.report(POLICY, policies[-1])
+
+    def _close_gap(
+        self, client: AgentClient, samples: list[dict[str, Any]], events: list[dict[str, Any]]
+    ) -> None:
+        """Backfill what was skipped; whatever the agent no longer has is gone for good, so the
+        cursor then passes the live messages that showed the gap."""
+        self._backfill(client)
+        assert self.cursor is not None
+        latest = Cursor(
+            self.cursor.history,
+            max([self.cursor.samples, *_numbers(samples)]),
+            max([self.cursor.events, *_numbers(events)]),
+        )
+        if latest != self.cursor:
+            self.cursor = latest
+            self.report(CURSOR, latest)
+
+
+def _numbers(items: list[dict[str, Any]]) -> list[int]:
+    return [item["seq"] for item in items if item["seq"] is not None]
+
+
+def _advance(cursor: int, items: list[dict[str, Any]], contiguous: bool) -> tuple[int, bool]:
+    """(the new cursor, whether a number was skipped) after `items` arrived."""
+    numbers = sorted(set(_numbers(items)))
+    if not contiguous:
+        return max([cursor, *numbers]), False
+    for number in numbers:
+        if number == cursor + 1:
+            cursor = number
+        elif number > cursor + 1:
+            return cursor, True
+    return cursor, False
 
 
 def _drain(sub: zmq.Socket) -> list[list[bytes]]:
@@ -188,14 +260,7 @@ class Monitor:
         self.ctx = zmq.Context()
         now = time.time()
         self.links = [
-            HostLink(
-                self.ctx,
-                t,
-                settings,
-                self.reports,
-                self.stop,
-                store.last_sample_time(t.name) or now - BACKFILL_FIRST_S,
-            )
+            HostLink(self.ctx, t, settings, self.reports, self.stop, store.cursor(t.name))
             for t in targets
         ]
         recorded = store.samples(now - SPARK_WINDOW_S, [t.name for t in targets])
@@ -240,6 +305,7 @@ class Monitor:
     def apply(self, batch: list[LinkReport], now: float) -> None:
         samples: list[tuple[Row, bool]] = []
         events: list[Row] = []
+        cursors: dict[str, Cursor] = {}
         for report in batch:
             if report.kind == CONNECTED:
                 info = report.data
@@ -254,7 +320,9 @@ class Monitor:
                 samples += [((report.host, body), report.live) for body in report.data]
             elif report.kind == EVENTS:
                 events += [(report.host, body) for body in report.data]
-        new_samples, new_events = self.store.add([row for row, _ in samples], events)
+            elif report.kind == CURSOR:
+                cursors[report.host] = report.data
+        new_samples, new_events = self.store.add([row for row, _ in samples], events, cursors)
         self.recorded += len(new_samples)
         for (host, body), live in samples:
             self.board.sample(host, body, now, live)

@@ -21,10 +21,10 @@ from coordinator.commands import (
 )
 from coordinator.dashboard import UP, render, snapshot
 from coordinator.monitor import Monitor
-from coordinator.store import StoreError
 from coordinator.telemetry_store import TelemetryStore
 from shared.io.cli import EXIT_PARTIAL, err, usage_error
 from shared.io.metrics import MetricsServer, TelemetryMetrics, parse_address, serve_metrics
+from shared.io.sqlite import StoreError
 
 REFRESH_S = 0.25
 JSON_EVERY_S = 1.0

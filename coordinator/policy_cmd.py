@@ -31,9 +31,9 @@ from coordinator.commands import (
 from coordinator.dashboard import NA
 from coordinator.fleet import Settings, Target, connect
 from coordinator.monitor_cli import KnownHosts
-from coordinator.store import StoreError
 from coordinator.telemetry_store import TelemetryStore
 from shared.io.cli import EXIT_PARTIAL, Hysteresis, MaxSpeedTemp, PauseTemp, StopTemp, usage_error
+from shared.io.sqlite import StoreError
 from shared.io.transport import AgentError, HostError
 
 APPLIED, REFUSED, UNREACHABLE, SHOWN = "applied", "refused", "unreachable", "shown"

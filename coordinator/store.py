@@ -18,13 +18,13 @@ from typing import Any
 from shared.aggregate import mark_fastest
 from shared.clock import iso, utc_now
 from shared.io.paths import data_dir
-from shared.io.sqlite import open_database
+from shared.io.sqlite import open_store
 
-SCHEMA_VERSION = 1
 RUNNING = "running"
 PENDING = "pending"
 
-SCHEMA = """
+MIGRATIONS = (
+    """
 CREATE TABLE runs (
     id          TEXT PRIMARY KEY,
     kind        TEXT NOT NULL,
@@ -54,11 +54,9 @@ CREATE TABLE cells (
     record  TEXT NOT NULL
 );
 CREATE INDEX cells_run ON cells (run_id, seq);
-"""
-
-
-class StoreError(RuntimeError):
-    """The store file cannot be used (e.g. written by a newer mlx-fleet)."""
+""",
+)
+"""The schema, version by version (shared.io.sqlite.open_store)."""
 
 
 class UnknownRunError(KeyError):
@@ -79,32 +77,10 @@ class RunStore:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or default_store_path()
         self._lock = threading.Lock()
-        try:
-            self._conn = open_database(self.path, rows_by_name=True, threads=True)
-            try:
-                self._conn.execute("PRAGMA foreign_keys = ON")
-                self._migrate()
-            except BaseException:
-                self._conn.close()
-                raise
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{self.path}: not a usable mlx-fleet store: {exc}") from None
-
-    def _migrate(self) -> None:
-        """Create or check the schema; BEGIN IMMEDIATE so two processes never both create it."""
-        with self._lock, self._conn:
-            self._conn.execute("BEGIN IMMEDIATE")
-            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise StoreError(
-                    f"{self.path} has schema version {version}; this mlx-fleet reads up to "
-                    f"{SCHEMA_VERSION}: upgrade mlx-fleet or use another MLX_FLEET_HOME"
-                )
-            if version == 0:
-                for statement in SCHEMA.split(";"):
-                    if statement.strip():
-                        self._conn.execute(statement)
-                self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        self._conn = open_store(
+            self.path, MIGRATIONS, what="store", rows_by_name=True, threads=True
+        )
+        self._conn.execute("PRAGMA foreign_keys = ON")
 
     def close(self) -> None:
         with self._lock:

@@ -12,17 +12,17 @@ event never alerts twice.
 from __future__ import annotations
 
 import json
-import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from coordinator.store import StoreError
 from shared.io.paths import data_dir
-from shared.io.sqlite import open_database
+from shared.io.sqlite import open_store
+from shared.telemetry import Cursor, Event, Sample
 
-SCHEMA_VERSION = 1
-SCHEMA = """
+MIGRATIONS = (
+    """
 CREATE TABLE samples (
     host          TEXT NOT NULL,
     time          REAL NOT NULL,
@@ -53,20 +53,23 @@ CREATE TABLE policies (
     time   REAL NOT NULL,
     policy TEXT NOT NULL
 );
-CREATE INDEX policies_host ON policies (host, time);
-"""
-SAMPLE_COLUMNS = (
-    "time",
-    "celsius",
-    "pressure",
-    "source",
-    "simulated",
-    "state",
-    "trend",
-    "pause_s_total",
-    "jobs",
+CREATE INDEX policies_host ON policies (host, time)
+""",
+    """
+ALTER TABLE samples RENAME COLUMN trend TO trend_c_per_min;
+ALTER TABLE samples ADD COLUMN seq INTEGER;
+ALTER TABLE events ADD COLUMN policy TEXT;
+ALTER TABLE events ADD COLUMN seq INTEGER;
+CREATE TABLE cursors (
+    host    TEXT PRIMARY KEY,
+    history TEXT NOT NULL,
+    samples INTEGER NOT NULL,
+    events  INTEGER NOT NULL
 )
-EVENT_COLUMNS = ("time", "celsius", "action", "pid", "job", "source", "simulated", "detail")
+""",
+)
+"""The schema, version by version (shared.io.sqlite.open_store): version 2 names the columns as
+shared.telemetry does, keeps each row's `seq` as the agent numbered it, and each host's cursor."""
 
 Row = tuple[str, dict[str, Any]]
 """(host, body): the host as the coordinator names it (HOST:PORT), the message body as sent."""
@@ -81,32 +84,7 @@ class TelemetryStore:
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or default_telemetry_path()
-        try:
-            self._conn = open_database(self.path, rows_by_name=True)
-            try:
-                self._migrate()
-            except BaseException:
-                self._conn.close()
-                raise
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(
-                f"{self.path}: not a usable mlx-fleet telemetry store: {exc}"
-            ) from None
-
-    def _migrate(self) -> None:
-        with self._conn:
-            self._conn.execute("BEGIN IMMEDIATE")
-            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise StoreError(
-                    f"{self.path} has schema version {version}; this mlx-fleet "
-                    f"reads up to {SCHEMA_VERSION}: upgrade mlx-fleet"
-                )
-            if version == 0:
-                for statement in SCHEMA.split(";"):
-                    if statement.strip():
-                        self._conn.execute(statement)
-                self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        self._conn = open_store(self.path, MIGRATIONS, what="telemetry store", rows_by_name=True)
 
     def close(self) -> None:
         self._conn.close()
@@ -118,52 +96,39 @@ class TelemetryStore:
         self.close()
 
     def add(
-        self, samples: Iterable[Row] = (), events: Iterable[Row] = ()
+        self,
+        samples: Iterable[Row] = (),
+        events: Iterable[Row] = (),
+        cursors: Mapping[str, Cursor] | None = None,
     ) -> tuple[list[Row], list[Row]]:
-        """Record a batch in one transaction (one fsync for many samples); returns the samples
-        and events that were not already recorded."""
+        """Record a batch, and where each host's history now stands, in one transaction (one
+        fsync for many samples; a cursor is never saved without what it covers); returns the
+        samples and events that were not already recorded."""
+        sample_sql = _insert("samples", (*Sample.columns(), "seq"))
+        event_sql = _insert("events", (*Event.columns(), "seq"))
         new_samples: list[Row] = []
         new_events: list[Row] = []
         with self._conn:
             for host, body in samples:
-                cursor = self._conn.execute(
-                    "INSERT OR IGNORE INTO samples (host, time, celsius, pressure, source, "
-                    "simulated, state, trend, pause_s_total, jobs) VALUES (?, ?, ?, ?, ?, ?, ?, "
-                    "?, ?, ?)",
-                    (
-                        host,
-                        body["time"],
-                        body["celsius"],
-                        body["pressure"],
-                        body["source"],
-                        int(body["simulated"]),
-                        body["state"],
-                        body["trend_c_per_min"],
-                        body["pause_s_total"],
-                        json.dumps(body["jobs"]),
-                    ),
-                )
-                if cursor.rowcount:
+                if self._conn.execute(sample_sql, (host, *_row(Sample.from_body(body)))).rowcount:
                     new_samples.append((host, body))
             for host, body in events:
-                cursor = self._conn.execute(
-                    "INSERT OR IGNORE INTO events (host, time, celsius, action, pid, job, source, "
-                    "simulated, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        host,
-                        body["time"],
-                        body["celsius"],
-                        body["action"],
-                        body["pid"],
-                        body["job"],
-                        body["source"],
-                        int(body["simulated"]),
-                        body["detail"],
-                    ),
-                )
-                if cursor.rowcount:
+                if self._conn.execute(event_sql, (host, *_row(Event.from_body(body)))).rowcount:
                     new_events.append((host, body))
+            for host, cursor in (cursors or {}).items():
+                self._conn.execute(
+                    "INSERT OR REPLACE INTO cursors (host, history, samples, events) "
+                    "VALUES (?, ?, ?, ?)",
+                    (host, cursor.history, cursor.samples, cursor.events),
+                )
         return new_samples, new_events
+
+    def cursor(self, host: str) -> Cursor | None:
+        """Where the record of `host`'s history stands; None for a host never recorded."""
+        row = self._conn.execute(
+            "SELECT history, samples, events FROM cursors WHERE host = ?", (host,)
+        ).fetchone()
+        return None if row is None else Cursor(row["history"], row["samples"], row["events"])
 
     def record_policy(self, host: str, policy: dict[str, Any], when: float) -> None:
         """Note that `host` enforces `policy` from `when` on (nothing when it already did)."""
@@ -186,45 +151,32 @@ class TelemetryStore:
             gone += self._conn.execute("DELETE FROM events WHERE time < ?", (before,)).rowcount
         return gone
 
-    def last_sample_time(self, host: str) -> float | None:
-        """Where a backfill for `host` starts."""
-        row = self._conn.execute(
-            "SELECT MAX(time) AS t FROM samples WHERE host = ?", (host,)
-        ).fetchone()
-        return row["t"]
-
     def samples(
         self, since: float, hosts: list[str] | None = None
     ) -> dict[str, list[dict[str, Any]]]:
-        """Per host, oldest first, samples at or after `since`, shaped like a sample body."""
-        by_host: dict[str, list[dict[str, Any]]] = {}
-        query, params = _filtered(
-            "SELECT host, " + ", ".join(SAMPLE_COLUMNS) + " FROM samples WHERE time >= ?",
-            since,
-            hosts,
-        )
-        for row in self._conn.execute(query + " ORDER BY host, time", params):
-            sample = dict(row)
-            sample["simulated"] = bool(sample["simulated"])
-            sample["trend_c_per_min"] = sample.pop("trend")
-            sample["jobs"] = json.loads(sample["jobs"])
-            by_host.setdefault(sample.pop("host"), []).append(sample)
-        return by_host
+        """Per host, oldest first, samples at or after `since`, shaped like a sample body
+        (without `host`)."""
+        return self._bodies(Sample, "ORDER BY host, time", since, hosts)
 
     def events(
         self, since: float, hosts: list[str] | None = None
     ) -> dict[str, list[dict[str, Any]]]:
-        """Per host, oldest first, events at or after `since`."""
-        by_host: dict[str, list[dict[str, Any]]] = {}
+        """Per host, oldest first, events at or after `since`, shaped like an event body (without
+        `host`)."""
+        return self._bodies(Event, "ORDER BY host, time, rowid", since, hosts)
+
+    def _bodies(
+        self, kind: type[Sample] | type[Event], order: str, since: float, hosts: list[str] | None
+    ) -> dict[str, list[dict[str, Any]]]:
+        table = "samples" if kind is Sample else "events"
+        columns = ", ".join((*kind.columns(), "seq"))
         query, params = _filtered(
-            "SELECT host, " + ", ".join(EVENT_COLUMNS) + " FROM events WHERE time >= ?",
-            since,
-            hosts,
+            f"SELECT host, {columns} FROM {table} WHERE time >= ?", since, hosts
         )
-        for row in self._conn.execute(query + " ORDER BY host, time, rowid", params):
-            event = dict(row)
-            event["simulated"] = bool(event["simulated"])
-            by_host.setdefault(event.pop("host"), []).append(event)
+        by_host: dict[str, list[dict[str, Any]]] = {}
+        for row in self._conn.execute(f"{query} {order}", params):
+            host, *values, seq = tuple(row)
+            by_host.setdefault(host, []).append(asdict(kind.from_row(values, seq=seq)))
         return by_host
 
     def policies(
@@ -239,6 +191,17 @@ class TelemetryStore:
         for row in self._conn.execute(query + " ORDER BY host, time, rowid", params):
             by_host.setdefault(row["host"], []).append((row["time"], json.loads(row["policy"])))
         return by_host
+
+
+def _row(record: Sample | Event) -> tuple[Any, ...]:
+    return (*record.row(), record.seq)
+
+
+def _insert(table: str, columns: tuple[str, ...]) -> str:
+    """INSERT OR IGNORE of (host, *columns): a row heard twice (live, then in a backfill) is
+    recorded once."""
+    names = ", ".join(("host", *columns))
+    return f"INSERT OR IGNORE INTO {table} ({names}) VALUES ({', '.join('?' * (len(columns) + 1))})"
 
 
 def _filtered(query: str, since: float, hosts: list[str] | None) -> tuple[str, list[Any]]:

@@ -13,7 +13,9 @@ from typing import Any
 
 import msgpack
 
-PROTOCOL_VERSION = 2
+from shared.telemetry import Event, Sample
+
+PROTOCOL_VERSION = 3
 DEFAULT_PORT = 5555
 TELEMETRY_PORT_OFFSET = 1
 """The telemetry PUB socket binds at the command port + this by default (5556 for 5555)."""
@@ -67,19 +69,15 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
     "bench.start": {"matrix": (dict, True)},
     "bench.cancel": {"job": (str, True)},
     "job.get": {"job": (str, True), "offset": (int, False)},
-    "history.get": {"since": (NUMBER, True), "limit": (int, False)},
+    "history.get": {
+        "samples_after": (int, True),
+        "events_after": (int, True),
+        "since": (NUMBER, False),
+        "limit": (int, False),
+    },
     "policy.get": {},
     "policy.set": {"policy": (dict, True)},
-    "job.event": {
-        "job": (str, True),
-        "pid": ((int, NONE), True),
-        "action": (str, True),
-        "time": (NUMBER, True),
-        "celsius": ((*NUMBER, NONE), True),
-        "source": (str, True),
-        "simulated": (bool, True),
-        "detail": ((str, NONE), True),
-    },
+    "job.event": Event.job_schema(),
     # replies and the job stream, agent -> coordinator
     "hello.ok": {
         "agent": (str, True),
@@ -98,6 +96,7 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
         "poll_interval": (NUMBER, True),
         "policy": (dict, True),
         "jobs": (list, True),
+        "history": (str, True),
     },
     "bench.start.ok": {"job": (str, True), "cells": (list, True)},
     "bench.progress": {
@@ -126,35 +125,19 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
         "started": (str, True),
         "finished": ((str, NONE), True),
     },
-    "history.get.ok": {"samples": (list, True), "events": (list, True), "truncated": (bool, True)},
+    "history.get.ok": {
+        "history": (str, True),
+        "samples": (list, True),
+        "events": (list, True),
+        "truncated": (bool, True),
+    },
     "policy.get.ok": {"policy": (dict, True)},
     "policy.set.ok": {"policy": (dict, True)},
     "job.event.ok": {"job": (str, True)},
     "error": {"code": (str, True), "message": (str, True)},
     # telemetry, published by the agent (never requests, never replies)
-    "telemetry.sample": {
-        "host": (str, True),
-        "time": (NUMBER, True),
-        "celsius": ((*NUMBER, NONE), True),
-        "pressure": ((str, NONE), True),
-        "source": (str, True),
-        "simulated": (bool, True),
-        "state": ((str, NONE), True),
-        "trend_c_per_min": ((*NUMBER, NONE), True),
-        "pause_s_total": (NUMBER, True),
-        "jobs": (list, True),
-    },
-    "telemetry.event": {
-        "host": (str, True),
-        "time": (NUMBER, True),
-        "celsius": ((*NUMBER, NONE), True),
-        "action": (str, True),
-        "pid": ((int, NONE), True),
-        "job": ((str, NONE), True),
-        "source": (str, True),
-        "simulated": (bool, True),
-        "detail": ((str, NONE), True),
-    },
+    "telemetry.sample": Sample.schema(),
+    "telemetry.event": Event.schema(),
 }
 REQUESTS = frozenset(
     {

@@ -18,6 +18,7 @@ from coordinator.telemetry_stats import (
     sample_spans,
 )
 from coordinator.telemetry_store import TelemetryStore
+from shared.telemetry import Cursor
 
 POLICY = {
     "max_speed_temp": 75.0,
@@ -50,6 +51,7 @@ def sample(
         "trend_c_per_min": None,
         "pause_s_total": pause_s_total,
         "jobs": jobs or [],
+        "seq": int(at),
     }
 
 
@@ -83,6 +85,8 @@ def event(
         "source": "replay:curve.csv",
         "simulated": True,
         "detail": detail,
+        "policy": None,
+        "seq": None,
     }
 
 
@@ -181,7 +185,9 @@ def test_store_keeps_each_sample_and_event_once(tmp_path: Path) -> None:
         assert store.add(first, events) == (first, events)
         again = store.add([("a:1", sample(2, 71)), ("a:1", sample(3, 72))], events)
         assert again == ([("a:1", sample(3, 72))], [])
-        assert store.last_sample_time("a:1") == 3 and store.last_sample_time("c:1") is None
+        assert store.cursor("a:1") is None
+        store.add(cursors={"a:1": Cursor("h1", 3, 0)})
+        assert store.cursor("a:1") == Cursor("h1", 3, 0) and store.cursor("b:1") is None
         by_host = store.samples(2, ["a:1"])
         assert list(by_host) == ["a:1"] and by_host["a:1"] == [
             {k: v for k, v in sample(t, c).items() if k != "host"} for t, c in ((2, 71), (3, 72))

@@ -16,12 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from agent.events import EventLog
 from coordinator.dashboard import UNREACHABLE, UP
 from coordinator.fleet import Settings, Target
 from coordinator.keys import add_host_key
 from coordinator.monitor import Monitor
 from coordinator.telemetry_store import TelemetryStore
 from shared.io.keys import own_keypair
+from shared.telemetry import Event
 from tests.conftest import console_script, subprocess_env
 from tests.fleet_support import AgentPool, AgentProcess, cli, trusted_agent
 
@@ -240,3 +242,58 @@ def test_json_lines_until_ctrl_c_or_sigterm(
     assert process.returncode == 0, err
     assert lines[-1]["hosts"][0]["celsius"] == 72.0 and lines[-1]["hosts"][0]["reachable"]
     assert [line["time"] for line in lines] == sorted({line["time"] for line in lines})
+
+
+def late_event(agent: AgentProcess, at: float) -> int:
+    """Record an `agent run` job's start in the agent's event log as `agent run` itself does,
+    stamped `at` (before samples the coordinator already holds): an event delivered late.
+    Returns its number."""
+    log = EventLog(agent.home / "agent-events.sqlite")
+    try:
+        event = Event(time=at, job="late", pid=4242, action="start", source="none", detail="sleep")
+        seq = log.record(event).seq
+    finally:
+        log.close()
+    assert seq is not None
+    return seq
+
+
+def recorded_jobs(address: str) -> list[str | None]:
+    with TelemetryStore() as store:
+        return [e["job"] for e in store.events(0).get(address, [])]
+
+
+def test_an_event_stamped_before_the_newest_recorded_sample_is_still_backfilled(
+    agents: AgentPool, tmp_path: Path
+) -> None:
+    """The backfill follows the agent's numbers, not the clock: an event stamped earlier than
+    samples the coordinator already recorded, but recorded by the agent after them, reaches
+    the coordinator's record, at its next connect and, while it watches, at the next live event
+    (whose number shows the gap)."""
+    agent = known_agent(agents, "mac1", 70.0, tmp_path)
+    first = monitor_once(agent.address)
+    assert first.returncode == 0, first.stderr
+    with TelemetryStore() as store:
+        newest = max(s["time"] for s in store.samples(0)[agent.address])
+    late_event(agent, newest - 5.0)
+    again = monitor_once(agent.address)
+    assert again.returncode == 0, again.stderr
+    assert recorded_jobs(agent.address) == ["late"]
+
+    target = Target(agent.address, agent.address, agent.key)
+    with (
+        TelemetryStore() as store,
+        Monitor([target], Settings(own_keypair(), 5.0), store) as running,
+    ):
+        view = running.board.hosts[agent.address]
+        deadline = time.monotonic() + 30
+        while not view.live:
+            assert time.monotonic() < deadline, running.board.alerts
+            running.step(0.1)
+        late_event(agent, newest - 4.0)
+        policy = cli("coordinator", "policy", "--hosts", agent.address, "--pause-temp", "84")
+        assert policy.returncode == 0, policy.stderr  # a live `policy` event, numbered after it
+        deadline = time.monotonic() + 30
+        while recorded_jobs(agent.address) != ["late", "late", None]:
+            assert time.monotonic() < deadline, recorded_jobs(agent.address)
+            running.step(0.1)

@@ -63,10 +63,11 @@ def test_a_policy_is_applied_announced_and_kept_across_a_restart(
     announced = receive(sub, lambda m: m.type == "telemetry.event")
     assert announced.body["action"] == "policy" and announced.body["job"] is None
     assert "pause_temp=80 " in announced.body["detail"]
+    assert announced.body["policy"] == expected  # the whole map: no policy.get needed
     client.request("policy.set", {"policy": {"pause_temp": 80}})  # no change: no event
     assert client.request("info")["policy"] == expected
     assert json.loads((agent.home / "policy.json").read_text()) == expected
-    events = client.request("history.get", {"since": 0})["events"]
+    events = client.request("history.get", {"samples_after": 0, "events_after": 0})["events"]
     assert [e["action"] for e in events] == ["policy"]
     client.close()
 

@@ -18,7 +18,7 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
     "bench.start": {"matrix": {"seq_lengths": [16], "models": ["small"]}},
     "bench.cancel": {"job": "j-1"},
     "job.get": {"job": "j-1", "offset": 3},
-    "history.get": {"since": 0, "limit": 100},
+    "history.get": {"samples_after": 0, "events_after": 12, "since": 0, "limit": 100},
     "policy.get": {},
     "policy.set": {"policy": {"pause_temp": 80.0}},
     "job.event": {
@@ -30,12 +30,14 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
         "source": "sim",
         "simulated": True,
         "detail": None,
+        "policy": None,
+        "seq": 7,
     },
-    "hello.ok": {"agent": "0.1.0", "protocol": 2, "hostname": "mac1", "secure": True},
+    "hello.ok": {"agent": "0.1.0", "protocol": 3, "hostname": "mac1", "secure": True},
     "ping.ok": {"job": None, "time": 1.5},
     "info.ok": {
         "agent": "0.1.0",
-        "protocol": 2,
+        "protocol": 3,
         "machine": {},
         "thermal": {},
         "job": None,
@@ -43,6 +45,7 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
         "poll_interval": 1.0,
         "policy": {},
         "jobs": [],
+        "history": "3f2a9c1d04e5b6a7.0b1c2d3e4f5a6b7c",
     },
     "bench.start.ok": {"job": "j-1", "cells": ["small/f16 pp16 b1"]},
     "bench.progress": {"job": "j-1", "done": 0, "total": 2, "model": None},
@@ -61,7 +64,7 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
         "started": "t",
         "finished": None,
     },
-    "history.get.ok": {"samples": [], "events": [], "truncated": False},
+    "history.get.ok": {"history": "h", "samples": [], "events": [], "truncated": False},
     "policy.get.ok": {"policy": {"pause_temp": 85.0}},
     "policy.set.ok": {"policy": {"pause_temp": 85.0}},
     "job.event.ok": {"job": "3f2a"},
@@ -76,6 +79,7 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
         "state": "ok",
         "trend_c_per_min": 0.4,
         "pause_s_total": 0.0,
+        "seq": 41,
         "jobs": [
             {
                 "job": "3f2a",
@@ -96,6 +100,8 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
         "source": "iohid",
         "simulated": False,
         "detail": "pause_temp=80",
+        "policy": {"pause_temp": 80.0},
+        "seq": 12,
     },
 }
 
@@ -135,7 +141,7 @@ def test_optional_fields_decode_as_none() -> None:
         (msgpack.packb([1, 2]), p.MALFORMED, "a message is a map"),
         (raw(id=""), p.MALFORMED, "id must be"),
         (raw(id=7), p.MALFORMED, "id must be"),
-        (raw(v=1), p.BAD_VERSION, "speaks 2"),
+        (raw(v=1), p.BAD_VERSION, "speaks 3"),
         (raw(v=...), p.BAD_VERSION, "None"),
         (raw(extra=1), p.MALFORMED, "unknown key(s) ['extra']"),
         (raw(body=...), p.MALFORMED, "missing key(s) ['body']"),

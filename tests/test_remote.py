@@ -108,7 +108,7 @@ def test_agent_run_uses_the_daemons_readings_and_policy_and_goes_on_alone_when_i
             sub, lambda m: m.type == "telemetry.sample" and m.body["jobs"][0]["state"] == "running"
         )
         assert sample.body["pause_s_total"] > 0
-        stored = client.request("history.get", {"since": 0})["events"]
+        stored = client.request("history.get", {"samples_after": 0, "events_after": 0})["events"]
         assert [e["action"] for e in stored if e["job"] == job] == ["start", "pause", "resume"]
         client.close()
 

@@ -22,8 +22,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent.events import Event, EventLog
+from agent.events import EventLog
 from agent.supervise import EXIT_THERMAL_STOP
+from shared.telemetry import Event
 
 POLL_S = 0.1
 # The Done-when bound is poll interval + 100 ms. This slow shared 2-core machine gets this much

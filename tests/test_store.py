@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from coordinator.store import SCHEMA_VERSION, RunStore, StoreError, UnknownRunError
+from coordinator.store import MIGRATIONS, RunStore, UnknownRunError
+from shared.io.sqlite import StoreError
 from shared.matrix import PREFILL, Cell
 from shared.report import render_text
 from shared.results import cell_record
@@ -198,7 +199,7 @@ def test_prefix_lookup_and_unknown_ids(store: RunStore) -> None:
 def test_file_is_wal_and_versioned(store: RunStore) -> None:
     with sqlite3.connect(store.path) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 1
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 1
 
 
 def test_newer_schema_is_refused(tmp_path: Path) -> None:

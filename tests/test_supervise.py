@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.events import Event, EventLog, format_line
+from agent.events import EventLog, format_line
 from agent.supervise import (
     COOPERATIVE_ENV,
     EXIT_NOT_FOUND,
@@ -33,6 +33,7 @@ from agent.supervise import (
 )
 from agent.thermal import ThermalMonitor, ThermalReading
 from shared.policy import CoolingState, ThermalPolicy
+from shared.telemetry import Event
 
 POLICY = ThermalPolicy(max_speed_temp=75, pause_temp=85, stop_temp=95)
 RUNNING, PAUSED, STOPPING = JobState.RUNNING, JobState.PAUSED, JobState.STOPPING
@@ -125,11 +126,12 @@ def test_event_log_round_trip_in_order_by_job(tmp_path: Path) -> None:
     first = Event(100.0, "a", 1, "start", "sim", True, detail="sleep 1")
     second = Event(101.0, "b", 2, "pause", "linux", False, 86.5)
     third = Event(102.0, "a", 1, "stop", "sim", True, 96.0)
-    for event in (third, first, second):
-        log.record(event)
+    third, first, second = (log.record(event) for event in (third, first, second))
+    assert (third.seq, first.seq, second.seq) == (1, 2, 3)  # numbered as recorded
     assert log.since() == [first, second, third]
     assert log.since(101.0) == [second, third]
     assert log.since(job="a") == [first, third]
+    assert log.after(1, 0.0, 10) == [first, second]  # a page after a cursor, in number order
     log.close()
 
 

@@ -10,6 +10,7 @@ import socket
 import sqlite3
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import msgpack
@@ -17,7 +18,6 @@ import pytest
 import zmq
 
 from agent.endpoints import local_address, telemetry_endpoint
-from agent.events import Event
 from agent.telemetry import (
     EXITED_LINGER_S,
     VANISHED_AFTER_S,
@@ -26,7 +26,7 @@ from agent.telemetry import (
     host_state,
     page_history,
     retention_cutoff,
-    sample_body,
+    sample,
     trend_c_per_min,
     updated_policy,
 )
@@ -34,6 +34,7 @@ from agent.thermal import ThermalReading
 from shared import protocol as p
 from shared.io.transport import AgentError
 from shared.policy import CoolingState, ThermalPolicy
+from shared.telemetry import Event
 from tests.fleet_support import (
     AgentPool,
     connect,
@@ -44,6 +45,8 @@ from tests.fleet_support import (
 from tests.test_run_cli import write_curve
 
 POLICY = ThermalPolicy()
+EVERYTHING = {"samples_after": 0, "events_after": 0}
+"""A history.get body asking for all the agent keeps."""
 
 
 @pytest.fixture
@@ -98,14 +101,19 @@ def test_trend_is_degrees_per_minute_over_the_last_five() -> None:
 
 def test_a_sample_without_a_reading_says_so_and_validates() -> None:
     source = SourceInfo("none", False)
-    body = sample_body("mac1", 123.0, None, source, None, None, 0.0, [])
+    body = replace(sample(123.0, None, source, None, None, 0.0, []), seq=1).body("mac1")
     assert body["time"] == 123.0 and body["celsius"] is None and body["state"] is None
     p.make("telemetry.sample", body)
-    hot = sample_body(
-        "mac1", 123.0, reading(86.0), SourceInfo("sim", True), CoolingState.PAUSE, 1.5, 2.0, []
-    )
-    assert hot["time"] == 100.0 and hot["state"] == "pause" and hot["simulated"] is True
-    p.make("telemetry.sample", hot)
+    hot = sample(123.0, reading(86.0), SourceInfo("sim", True), CoolingState.PAUSE, 1.5, 2.0, [])
+    body = replace(hot, seq=2).body("mac1")
+    assert body["time"] == 100.0 and body["state"] == "pause" and body["simulated"] is True
+    p.make("telemetry.sample", body)
+
+
+def test_a_sample_goes_on_the_wire_only_numbered() -> None:
+    unnumbered = sample(1.0, None, SourceInfo("none", False), None, None, 0.0, []).body("mac1")
+    with pytest.raises(p.ProtocolError, match="seq"):
+        p.make("telemetry.sample", unnumbered)
 
 
 def test_policy_updates_keep_what_is_not_given_and_refuse_what_is_not_a_number() -> None:
@@ -164,18 +172,19 @@ def test_a_run_job_whose_group_vanished_exits_after_a_grace() -> None:
     assert gone.job == "run" and gone.action == "exit" and "never said" in (gone.detail or "")
 
 
-def stamped(times: list[float]) -> list[dict[str, float]]:
-    return [{"time": float(t)} for t in times]
+def numbered(first: int, count: int) -> list[dict[str, int]]:
+    return [{"seq": seq} for seq in range(first, first + count)]
 
 
-def test_history_pages_cut_both_lists_at_the_same_time() -> None:
-    samples, events = stamped([1, 2, 3, 4]), stamped([1.5, 3.5])
+def test_history_pages_cut_each_list_by_its_limit_and_its_half_of_the_budget() -> None:
+    samples, events = numbered(1, 4), numbered(1, 2)
     assert page_history(samples, events, 10, 10**6) == (samples, events, False)
-    # limit 2: the samples stop at 2, so the events do too; the next page starts after 2
-    assert page_history(samples[:3], events, 2, 10**6) == (stamped([1, 2]), stamped([1.5]), True)
-    # the byte budget cuts too: three items fit
-    budget = 3 * len(msgpack.packb({"time": 1.5}))
-    assert page_history(samples, events, 10, budget) == (stamped([1, 2]), stamped([1.5]), True)
+    # limit 2: the samples stop at 2 and say more remain; the events fit
+    assert page_history(samples[:3], events, 2, 10**6) == (numbered(1, 2), events, True)
+    # the byte budget: half for each list, and each keeps at least one item
+    budget = 2 * 2 * len(msgpack.packb({"seq": 1}))
+    assert page_history(samples, events, 10, budget) == (numbered(1, 2), events, True)
+    assert page_history(samples, events, 10, 2) == (numbered(1, 1), numbered(1, 1), True)
 
 
 @pytest.mark.parametrize(
@@ -232,21 +241,26 @@ def test_samples_reach_a_curve_subscriber_and_history_backfills_in_pages(
     assert agent.telemetry == f"127.0.0.1:{info['telemetry_port']}"
     assert info["poll_interval"] == 0.1 and info["policy"] == ThermalPolicy().to_dict()
     assert info["thermal"]["simulated"] is True and info["jobs"] == []
-    everything = client.request("history.get", {"since": 0})
+    everything = client.request("history.get", EVERYTHING)
     assert not everything["truncated"] and everything["events"] == []
-    times = [s["time"] for s in everything["samples"]]
-    assert times == sorted(times) and first.body in everything["samples"]
+    assert everything["history"] == info["history"]
+    numbers = [s["seq"] for s in everything["samples"]]
+    assert numbers == list(range(1, len(numbers) + 1)) and first.body in everything["samples"]
     # a late coordinator pages through the same history, three samples at a time
-    paged, since = [], 0.0
+    paged, after = [], 0
     while True:
-        page = client.request("history.get", {"since": since, "limit": 3})
+        page = client.request(
+            "history.get", {"samples_after": after, "events_after": 0, "limit": 3}
+        )
         paged += page["samples"]
         if not page["truncated"]:
             break
-        since = page["samples"][-1]["time"]
-    assert paged[: len(times)] == everything["samples"]
+        after = page["samples"][-1]["seq"]
+    assert paged[: len(numbers)] == everything["samples"]
+    recent = client.request("history.get", {**EVERYTHING, "since": hot.body["time"] - 1e-6})
+    assert recent["samples"][0] == hot.body  # `since` keeps what was stamped after it
     with pytest.raises(AgentError, match="limit must be >= 1"):
-        client.request("history.get", {"since": 0, "limit": 0})
+        client.request("history.get", {**EVERYTHING, "limit": 0})
     client.close()
 
 
@@ -270,9 +284,9 @@ def test_history_is_pruned_to_the_retention(ctx: zmq.Context, agents: AgentPool)
     client = connect(ctx, agent)
     client.request("policy.set", {"policy": {"pause_temp": 80}})  # an event to prune too
     started = time.time()
-    assert client.request("history.get", {"since": 0})["events"]
+    assert client.request("history.get", EVERYTHING)["events"]
     time.sleep(retention_s + 1.0)
-    history = client.request("history.get", {"since": 0})
+    history = client.request("history.get", EVERYTHING)
     oldest = history["samples"][0]["time"]
     assert started < oldest  # older ones went (the first sample came before the policy)
     assert oldest >= time.time() - retention_s - 1.0
@@ -335,7 +349,7 @@ def test_a_benchmark_job_is_gated_by_the_daemons_readings_with_no_coordinator_th
     assert first_cell["thermal_source"] == source
     assert {"paused", "hot", "simulated"} <= set(first_cell["flags"])
     assert first_cell["soc_temp_start_c"] == 90.0
-    history = returning.request("history.get", {"since": 0})["events"]
+    history = returning.request("history.get", EVERYTHING)["events"]
     assert [e["action"] for e in history if e["job"] == job_id] == [
         "start",
         "pause",

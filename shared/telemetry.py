@@ -1,0 +1,144 @@
+"""Telemetry as data: one Sample and one Event type, each with its wire body (docs/protocol.md
+§10) and its SQL row, so the agent's stores, the wire and the coordinator's store cannot
+disagree on a field.
+
+`seq` is the agent's cursor for each (docs/protocol.md §10, History): a number that only grows,
+given by the agent's own store, which a subscriber keeps to ask for everything after it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any, ClassVar
+
+_NIL = type(None)
+_NUMBER = (int, float)
+Types = type | tuple[type, ...]
+
+
+def _spec(wire: Types, sql: str, stored: str = "plain", default: Any = MISSING) -> Any:
+    """A field's wire types, its SQL column type, and how it is stored: plain, "bool" (0/1) or
+    "json" (text)."""
+    return field(default=default, metadata={"wire": wire, "sql": sql, "stored": stored})
+
+
+class _Record:
+    """What Sample and Event share: the wire schema, the body and the row, from the fields."""
+
+    STORED_NOT: ClassVar[frozenset[str]] = frozenset({"seq"})
+    """Fields that are not columns of the shared row (each store keys `seq` its own way)."""
+
+    @classmethod
+    def schema(cls) -> dict[str, tuple[Types, bool]]:
+        """The body's fields as shared.protocol.SCHEMAS spells them: `host` and every field,
+        all required (nil where the types allow it)."""
+        return {"host": (str, True)} | {f.name: (f.metadata["wire"], True) for f in fields(cls)}
+
+    @classmethod
+    def columns(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls) if f.name not in cls.STORED_NOT)
+
+    @classmethod
+    def column_types(cls) -> dict[str, str]:
+        return {f.name: f.metadata["sql"] for f in fields(cls) if f.name not in cls.STORED_NOT}
+
+    def body(self, host: str) -> dict[str, Any]:
+        return {"host": host, **asdict(self)}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Any:
+        """From a validated body (a wire message's, or body() output); `host` is not kept."""
+        return cls(**{f.name: body[f.name] for f in fields(cls)})
+
+    def row(self) -> tuple[Any, ...]:
+        """The values of columns(), as stored."""
+        return tuple(
+            _store(f.metadata["stored"], getattr(self, f.name))
+            for f in fields(self)
+            if f.name not in self.STORED_NOT
+        )
+
+    @classmethod
+    def from_row(cls, row: Any, seq: int | None = None) -> Any:
+        """From the values of columns() (a tuple or sqlite3.Row in that order)."""
+        stored = [f for f in fields(cls) if f.name not in cls.STORED_NOT]
+        values = {
+            f.name: _load(f.metadata["stored"], value) for f, value in zip(stored, row, strict=True)
+        }
+        return cls(**values, seq=seq)
+
+
+def _store(kind: str, value: Any) -> Any:
+    if kind == "bool":
+        return int(value)
+    if kind == "json":
+        return None if value is None else json.dumps(value)
+    return value
+
+
+def _load(kind: str, value: Any) -> Any:
+    if kind == "bool":
+        return bool(value)
+    if kind == "json":
+        return None if value is None else json.loads(value)
+    return value
+
+
+@dataclass(frozen=True)
+class Sample(_Record):
+    """One poll of the agent's thermal source: what it read and what the policy says of it."""
+
+    time: float = _spec(_NUMBER, "REAL NOT NULL")
+    """When the reading was taken (epoch s); the poll's time when there was none."""
+    celsius: float | None = _spec((*_NUMBER, _NIL), "REAL")
+    pressure: str | None = _spec((str, _NIL), "TEXT")
+    source: str = _spec(str, "TEXT NOT NULL")
+    simulated: bool = _spec(bool, "INTEGER NOT NULL", "bool")
+    state: str | None = _spec((str, _NIL), "TEXT")
+    trend_c_per_min: float | None = _spec((*_NUMBER, _NIL), "REAL")
+    pause_s_total: float = _spec(_NUMBER, "REAL NOT NULL")
+    jobs: list[dict[str, Any]] = _spec(list, "TEXT NOT NULL", "json")
+    seq: int | None = _spec(int, "INTEGER", default=None)
+    """None until the agent's store numbers it; always a number on the wire."""
+
+
+@dataclass(frozen=True)
+class Event(_Record):
+    """What happened to a supervised job: `action` is start, pause, resume, reduce_batch,
+    restore_batch, stop (thermal), forward (a signal to `agent run`), cleanup (what a finished
+    CMD left behind), fallback (`agent run` lost its daemon and reads the sensor itself), kill or
+    exit; or policy, the daemon's own record of a new policy (`job` None, `policy` the map).
+    `celsius` is the reading that caused it, when one did."""
+
+    time: float = _spec(_NUMBER, "REAL NOT NULL")
+    job: str | None = _spec((str, _NIL), "TEXT")
+    pid: int | None = _spec((int, _NIL), "INTEGER")
+    action: str = _spec(str, "TEXT NOT NULL")
+    source: str = _spec(str, "TEXT NOT NULL")
+    simulated: bool = _spec(bool, "INTEGER NOT NULL", "bool", default=False)
+    celsius: float | None = _spec((*_NUMBER, _NIL), "REAL", default=None)
+    detail: str | None = _spec((str, _NIL), "TEXT", default=None)
+    policy: dict[str, float] | None = _spec((dict, _NIL), "TEXT", "json", default=None)
+    seq: int | None = _spec((int, _NIL), "INTEGER", default=None)
+
+    @classmethod
+    def job_schema(cls) -> dict[str, tuple[Types, bool]]:
+        """shared.protocol's `job.event` body: an event of a local job (no host; a job id)."""
+        schema = cls.schema()
+        del schema["host"]
+        return schema | {"job": (str, True)}
+
+    def job_body(self) -> dict[str, Any]:
+        """The job.event request body for this event."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """Where a subscriber is in one agent's history: the agent's `history` id (info.ok) and the
+    last sample and event `seq` it holds with nothing missing before them."""
+
+    history: str
+    samples: int = 0
+    events: int = 0

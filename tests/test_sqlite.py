@@ -1,0 +1,137 @@
+"""The versioned-schema helper every store opens with (real SQLite files), the upgrade of files
+earlier releases wrote, and every telemetry table holding exactly shared.telemetry's columns."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from agent.events import EventLog
+from agent.history import TelemetryHistory
+from coordinator.telemetry_store import TelemetryStore
+from shared.io.sqlite import StoreError, open_store, store_id
+from shared.telemetry import Event, Sample
+
+STEPS = ("CREATE TABLE a (x INTEGER)", "ALTER TABLE a ADD COLUMN y TEXT; CREATE TABLE b (z REAL)")
+
+
+def columns(path: Path, table: str) -> list[str]:
+    with sqlite3.connect(path) as conn:
+        return [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
+
+
+def test_a_new_file_takes_every_step_and_gets_an_id(tmp_path: Path) -> None:
+    path = tmp_path / "s.sqlite"
+    conn = open_store(path, STEPS, what="test store")
+    first = store_id(conn)
+    conn.close()
+    assert columns(path, "a") == ["x", "y"] and columns(path, "b") == ["z"]
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    again = open_store(path, STEPS, what="test store")  # nothing left to do: nothing done
+    assert store_id(again) == first and len(first) == 16
+    again.close()
+
+
+def test_an_older_file_takes_only_the_steps_it_lacks(tmp_path: Path) -> None:
+    path = tmp_path / "s.sqlite"
+    open_store(path, STEPS[:1], what="test store").close()
+    with sqlite3.connect(path) as raw:
+        raw.execute("INSERT INTO a (x) VALUES (7)")
+    open_store(path, STEPS, what="test store").close()
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("SELECT x, y FROM a").fetchall() == [(7, None)]
+
+
+def test_a_failed_step_changes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "s.sqlite"
+    open_store(path, STEPS[:1], what="test store").close()
+    with pytest.raises(StoreError, match="test store"):
+        open_store(
+            path,
+            (*STEPS[:1], "ALTER TABLE a ADD COLUMN y TEXT; ALTER TABLE nope X"),
+            what="test store",
+        )
+    assert columns(path, "a") == ["x"]
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == 1
+
+
+def test_a_newer_file_and_garbage_are_refused_by_name(tmp_path: Path) -> None:
+    future = tmp_path / "future.sqlite"
+    with sqlite3.connect(future) as raw:
+        raw.execute("PRAGMA user_version = 9")
+    with pytest.raises(StoreError, match="schema version 9; this mlx-fleet reads up to 2"):
+        open_store(future, STEPS, what="test store")
+    garbage = tmp_path / "garbage.sqlite"
+    garbage.write_bytes(b"not sqlite " * 200)
+    with pytest.raises(StoreError, match="garbage.sqlite: not a usable mlx-fleet test store"):
+        open_store(garbage, STEPS, what="test store")
+
+
+def test_every_telemetry_table_holds_the_shared_types_columns(tmp_path: Path) -> None:
+    history = TelemetryHistory("mac1", EventLog(tmp_path / "events.sqlite"), tmp_path / "t.sqlite")
+    history.close()
+    history.events.close()
+    TelemetryStore(tmp_path / "coordinator.sqlite").close()
+    assert columns(tmp_path / "t.sqlite", "samples") == ["seq", *Sample.columns()]
+    assert sorted(columns(tmp_path / "events.sqlite", "events")) == sorted(
+        ["seq", *Event.columns()]
+    )
+    coordinator = tmp_path / "coordinator.sqlite"
+    assert sorted(columns(coordinator, "samples")) == sorted(["host", "seq", *Sample.columns()])
+    assert sorted(columns(coordinator, "events")) == sorted(["host", "seq", *Event.columns()])
+
+
+def test_files_of_the_unversioned_release_are_upgraded_with_their_rows(tmp_path: Path) -> None:
+    """What agent serve and agent run wrote before stores had versions: every row is kept,
+    numbered, with the columns renamed as shared.telemetry names them."""
+    events, samples = tmp_path / "agent-events.sqlite", tmp_path / "agent-telemetry.sqlite"
+    with sqlite3.connect(events) as raw:
+        raw.executescript(
+            "CREATE TABLE events (seq INTEGER PRIMARY KEY, time REAL NOT NULL, job TEXT NOT NULL,"
+            " pid INTEGER, action TEXT NOT NULL, celsius REAL, source TEXT NOT NULL,"
+            " simulated INTEGER NOT NULL, detail TEXT);"
+            "INSERT INTO events VALUES (1, 10.0, 'j1', 42, 'pause', 86.0, 'sim', 1, NULL);"
+            "INSERT INTO events VALUES (2, 11.0, '', NULL, 'policy', NULL, 'sim', 1, 'x=1');"
+        )
+    with sqlite3.connect(samples) as raw:
+        raw.executescript(
+            "CREATE TABLE samples (time REAL NOT NULL, host TEXT NOT NULL, celsius REAL,"
+            " pressure TEXT, source TEXT NOT NULL, simulated INTEGER NOT NULL, state TEXT,"
+            " trend REAL, pause_s_total REAL NOT NULL, jobs TEXT NOT NULL);"
+            "INSERT INTO samples VALUES (2.0, 'mac1', 71.0, NULL, 'sim', 1, 'ok', 0.5, 0, '[]');"
+            "INSERT INTO samples VALUES (1.0, 'mac1', 70.0, NULL, 'sim', 1, 'ok', NULL, 0, '[]');"
+        )
+    log = EventLog(events)
+    history = TelemetryHistory("mac1", log, samples)
+    upgraded = log.after(0, 0.0, 10)
+    assert [(e.seq, e.job, e.action) for e in upgraded] == [(1, "j1", "pause"), (2, None, "policy")]
+    page, _, _ = history.page(0, 0, 0.0, 10, 10**6)
+    assert [(s["seq"], s["time"], s["trend_c_per_min"]) for s in page] == [
+        (1, 1.0, None),
+        (2, 2.0, 0.5),
+    ]
+    added = history.add_sample(Sample(3.0, 72.0, None, "sim", True, "ok", None, 0.0, []))
+    assert added.seq == 3 and log.record(upgraded[0]).seq == 3
+    history.close()
+    log.close()
+
+
+def test_numbers_are_never_given_twice_after_pruning(tmp_path: Path) -> None:
+    """A cursor stays meaningful: pruning every row does not start the numbers again."""
+    log = EventLog(tmp_path / "events.sqlite")
+    history = TelemetryHistory("mac1", log, tmp_path / "t.sqlite")
+    for at in (1.0, 2.0):
+        history.add_sample(Sample(at, 70.0, None, "sim", True, "ok", None, 0.0, []))
+        log.record(Event(at, "j", 1, "pause", "sim"))
+    history.prune(cutoff=10.0)
+    history.close()
+    reopened = TelemetryHistory("mac1", log, tmp_path / "t.sqlite")
+    assert reopened.add_sample(Sample(11.0, 70.0, None, "sim", True, "ok", None, 0.0, [])).seq == 3
+    assert log.record(Event(11.0, "j", 1, "resume", "sim")).seq == 3
+    reopened.close()
+    log.close()

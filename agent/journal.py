@@ -12,10 +12,11 @@ from typing import Any
 
 from shared.clock import now_iso
 from shared.io.paths import data_dir
-from shared.io.sqlite import open_database
+from shared.io.sqlite import open_store
 from shared.protocol import JOB_FAILED, JOB_RUNNING
 
-SCHEMA = """
+MIGRATIONS = (
+    """
 CREATE TABLE IF NOT EXISTS jobs (
     id       TEXT PRIMARY KEY,
     spec     TEXT NOT NULL,
@@ -31,8 +32,11 @@ CREATE TABLE IF NOT EXISTS cells (
     idx    INTEGER NOT NULL,
     record TEXT NOT NULL,
     PRIMARY KEY (job_id, idx)
-);
-"""
+)
+""",
+)
+"""The schema, version by version (shared.io.sqlite.open_store); version 1 is the file earlier
+releases made without a version."""
 ABANDONED = "the agent stopped while this job ran"
 
 
@@ -43,8 +47,7 @@ def default_journal_path() -> Path:
 class Journal:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or default_journal_path()
-        self._conn = open_database(self.path)
-        self._conn.executescript(SCHEMA)
+        self._conn = open_store(self.path, MIGRATIONS, what="job journal")
 
     def close(self) -> None:
         self._conn.close()

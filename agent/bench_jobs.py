@@ -24,7 +24,6 @@ import msgpack
 from agent.journal import Journal
 from agent.model import BUILTIN_CONFIGS
 from agent.profiling.runner import ModelLoadError, check_model_dir, require_mlx_lm
-from agent.supervise import Supervision, react
 from agent.telemetry import SourceInfo, reading_wire
 from agent.thermal import ThermalReading
 from shared import protocol as p
@@ -62,8 +61,6 @@ class Job:
     done: int = 0
     outcome: dict[str, Any] | None = None
     kill_at: float | None = None
-    supervision: Supervision = field(default_factory=Supervision)
-    """The policy's actions on the job, as the daemon decides them from its samples."""
 
     def summary(self) -> dict[str, Any]:
         """info.ok's `job`."""
@@ -185,28 +182,23 @@ class BenchJobs:
         log.info("job %s: %d cells (pid %d)", job_id, total, process.pid)
         return self.running
 
-    def observe(self, reading: ThermalReading | None, policy: ThermalPolicy) -> None:
-        """One of the daemon's readings: the running job's pauses and stops as `agent run`
-        would decide them (events), then the reading and policy to the job process, which
-        honours them at its next iteration."""
-        job = self.running
-        if job is None:
-            return
-        decision = react(job.supervision, policy, reading)
-        job.supervision = decision.state
-        for action in decision.actions:
-            self._event(job, action.value, celsius=reading.celsius if reading else None)
-        self.feed(reading, policy)
-
     def feed(self, reading: ThermalReading | None, policy: ThermalPolicy) -> None:
-        """The latest reading and the policy to the job process. Never blocks: an update the
-        pipe has no room for is dropped, the next one replaces it."""
+        """One of the daemon's polls (None: no reading) and the policy in force, to the job
+        process, whose cooling gate decides on it (docs/protocol.md §13)."""
+        self._send_job({"reading": reading_wire(reading), "policy": policy.to_dict()})
+
+    def feed_policy(self, policy: ThermalPolicy) -> None:
+        """A new policy, for the job's gate to judge its next polls by."""
+        self._send_job({"policy": policy.to_dict()})
+
+    def _send_job(self, update: dict[str, Any]) -> None:
+        """Never blocks: an update the pipe has no room for (a job process that stopped
+        reading it) is dropped."""
         job = self.running
         if job is None or job.process.stdin is None:
             return
-        update = msgpack.packb({"reading": reading_wire(reading), "policy": policy.to_dict()})
         with contextlib.suppress(BlockingIOError, BrokenPipeError):
-            os.write(job.process.stdin.fileno(), update)
+            os.write(job.process.stdin.fileno(), msgpack.packb(update))
 
     def cancel(self, job: Job) -> None:
         if job.kill_at is None and job.process.poll() is None:
@@ -241,6 +233,8 @@ class BenchJobs:
                 self.journal.add_cell(job.id, job.done, item["record"])
                 self._stream(job, "bench.cell", {"index": job.done, "record": item["record"]})
                 job.done += 1
+            elif kind == "event":  # the job's gate acted: its pauses as the job lives them
+                self._event(job, item["action"], item["celsius"], item["detail"], at=item["time"])
             elif kind == "done":
                 job.outcome = item
 
@@ -248,11 +242,16 @@ class BenchJobs:
         self.send(job.requester, p.make(type_, {"job": job.id, **body}, re=job.request_id))
 
     def _event(
-        self, job: Job, action: str, celsius: float | None = None, detail: str | None = None
+        self,
+        job: Job,
+        action: str,
+        celsius: float | None = None,
+        detail: str | None = None,
+        at: float | None = None,
     ) -> None:
         source = self.source()
         event = Event(
-            time=time.time(),
+            time=time.time() if at is None else at,
             job=job.id,
             pid=job.process.pid,
             action=action,

@@ -1,17 +1,19 @@
 """Acting on temperature: the seed's CoolingScheduler, and the ThermalGuard that gates benchmarks.
 
-The decision itself is shared.policy.decide (pure); this module only applies it to a running
-ThermalMonitor: sleep while the policy says pause, raise when it says stop.
+The rule itself is shared.policy's CoolingGate (pure, the same `agent run` applies); this module
+only applies it to a polling ThermalMonitor: wait while it says pause, raise when it says stop.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from agent.guard import GuardReport, RunStopped
 from agent.thermal import ThermalMonitor, ThermalReading
-from shared.policy import CoolingState, ThermalPolicy, decide
+from shared.policy import Action, CoolingGate, CoolingState, JobState, ThermalPolicy, decide
 
 __all__ = [
     "CoolingScheduler",
@@ -65,22 +67,40 @@ def _celsius_max(a: float | None, b: float | None) -> float | None:
     return max(values) if values else None
 
 
+ActionSink = Callable[[Action, ThermalReading | None, str | None], None]
+"""Told each action of the rule as it is decided: the action, the poll's reading, and why when
+the reading did not say (a pause ended without a sensor)."""
+
+
 class CoolingScheduler:
-    """Gates training steps (or benchmark iterations) on the monitor's latest reading.
+    """Gates training steps (or benchmark iterations) by the one cooling rule (shared.policy's
+    CoolingGate, as `agent run` applies it), fed every poll of the monitor: start() the monitor
+    (or hand it readings). A check costs nothing when all is well.
 
-    The monitor must be polling (start() it): the scheduler reads `monitor.reading`, never the
-    sensor itself, so a check costs nothing when all is well.
-
-    Without a policy of its own it follows the monitor's `policy` when the monitor has one (a
-    RemoteMonitor carries the agent daemon's, pushed by a coordinator), else the default.
+    A missing reading holds a pause for up to MISSING_POLLS_TO_RESUME polls, then resumes; a
+    stop is final. Without a policy of its own it follows the monitor's `policy` when the monitor
+    has one (a RemoteMonitor carries the agent daemon's, pushed by a coordinator), else the
+    default. `on_action` hears every action as the rule decides it.
     """
 
-    def __init__(self, monitor: ThermalMonitor, policy: ThermalPolicy | None = None) -> None:
+    def __init__(
+        self,
+        monitor: ThermalMonitor,
+        policy: ThermalPolicy | None = None,
+        on_action: ActionSink | None = None,
+    ) -> None:
         self.monitor = monitor
         self._policy = policy
+        self.on_action = on_action
         self.pauses: list[PauseRecord] = []
-        self.state = CoolingState.OK
+        self.gate = CoolingGate()
+        self._changed = threading.Condition()
+        self._peak: float | None = None
+        self._stopped_by: ThermalReading | None = None
         self._total_pause_time = 0.0
+        if monitor.reading is not None:  # what the monitor read before we listened
+            self.observe(monitor.reading)
+        monitor.add_listener(self.observe)
 
     @property
     def policy(self) -> ThermalPolicy:
@@ -90,12 +110,31 @@ class CoolingScheduler:
     def policy(self, policy: ThermalPolicy) -> None:
         self._policy = policy
 
-    def _decide(self, reading: ThermalReading | None, paused: bool) -> CoolingState:
-        if reading is None:
-            return CoolingState.OK
-        return decide(self.policy, reading.celsius, reading.pressure, currently_paused=paused)
+    @property
+    def state(self) -> CoolingState:
+        """What the gated work lives under now: ok, reduce_batch, pause or stop."""
+        return self.gate.state
 
-    def _shutdown(self, step: int, reading: ThermalReading | None) -> ThermalShutdownError:
+    def observe(self, reading: ThermalReading | None) -> None:
+        """One poll (None: no reading), on whatever thread polls: the rule decides, a waiting
+        step wakes."""
+        with self._changed:
+            decision = self.gate.observe(self.policy, reading)
+            celsius = reading.celsius if reading else None
+            if Action.PAUSE in decision.actions:
+                self._peak = celsius
+            elif self.gate.supervision.job is JobState.PAUSED:
+                self._peak = _celsius_max(self._peak, celsius)
+            if Action.STOP in decision.actions:
+                self._stopped_by = reading
+                self._peak = _celsius_max(self._peak, celsius)
+            self._changed.notify_all()
+        if self.on_action is not None:
+            for action in decision.actions:
+                self.on_action(action, reading, decision.reason)
+
+    def _shutdown(self, step: int) -> ThermalShutdownError:
+        reading = self._stopped_by
         return ThermalShutdownError(
             step,
             reading.celsius if reading else None,
@@ -104,32 +143,28 @@ class CoolingScheduler:
         )
 
     def check_before_step(self, step: int) -> None:
-        """Return at once when cool or without a reading; at pause, sleep pause_duration at a time
-        until the policy resumes (or the reading goes away); at stop, raise ThermalShutdownError.
-        A stop reached during a pause raises too."""
-        reading = self.monitor.reading
-        self.state = self._decide(reading, paused=False)
-        if self.state is CoolingState.STOP:
-            raise self._shutdown(step, reading)
-        if self.state is not CoolingState.PAUSE:
-            return
-        started_at, started = time.time(), time.monotonic()
-        peak = reading.celsius if reading else None
-        try:
-            while self.state is CoolingState.PAUSE:
-                time.sleep(self.policy.pause_duration)
-                reading = self.monitor.reading
-                peak = _celsius_max(peak, reading.celsius if reading else None)
-                self.state = self._decide(reading, paused=True)
-                if self.state is CoolingState.STOP:
-                    raise self._shutdown(step, reading)
-        finally:
-            self._total_pause_time += time.monotonic() - started
-            self.pauses.append(PauseRecord(step, started_at, time.time(), peak))
+        """Return at once unless paused or stopped; while paused, wait (waking at every poll,
+        and every pause_duration at most) until the rule resumes; at stop, raise
+        ThermalShutdownError. A stop reached during a pause raises too."""
+        with self._changed:
+            if self.gate.supervision.job is JobState.STOPPING:
+                raise self._shutdown(step)
+            if self.gate.supervision.job is not JobState.PAUSED:
+                return
+            started_at, started = time.time(), time.monotonic()
+            try:
+                while self.gate.supervision.job is JobState.PAUSED:
+                    self._changed.wait(self.policy.pause_duration)
+                if self.gate.supervision.job is JobState.STOPPING:
+                    raise self._shutdown(step)
+            finally:
+                self._total_pause_time += time.monotonic() - started
+                self.pauses.append(PauseRecord(step, started_at, time.time(), self._peak))
 
     def should_reduce_batch(self) -> bool:
-        """Whether the policy asks for a smaller batch now (max_speed_temp <= T < pause_temp)."""
-        return self._decide(self.monitor.reading, paused=False) is CoolingState.REDUCE_BATCH
+        """Whether the rule asks for a smaller batch now (max_speed_temp <= T < pause_temp
+        when it was last known)."""
+        return self.gate.supervision.reduced
 
     @property
     def total_pause_time(self) -> float:
@@ -148,11 +183,15 @@ class ThermalGuard:
     """
 
     def __init__(
-        self, monitor: ThermalMonitor, policy: ThermalPolicy | None = None, enabled: bool = True
+        self,
+        monitor: ThermalMonitor,
+        policy: ThermalPolicy | None = None,
+        enabled: bool = True,
+        on_action: ActionSink | None = None,
     ) -> None:
         self.monitor = monitor
         self.enabled = enabled
-        self.scheduler = CoolingScheduler(monitor, policy)
+        self.scheduler = CoolingScheduler(monitor, policy, on_action)
         self._start: ThermalReading | None = None
         self._pause_before = 0.0
         self._pauses_before = 0
@@ -207,7 +246,7 @@ class ThermalGuard:
             return False
         return decide(self.policy, reading.celsius, reading.pressure) is not CoolingState.OK
 
-    def _on_reading(self, reading: ThermalReading) -> None:
-        """Every polled reading, even mid-iteration: a short spike still marks the cell hot."""
+    def _on_reading(self, reading: ThermalReading | None) -> None:
+        """Every poll, even mid-iteration: a short spike still marks the cell hot."""
         if self._in_cell and self._is_hot(reading):
             self._hot = True

@@ -5,13 +5,16 @@ memory starts clean for every job; and the daemon stays free to answer ping and 
 
 The daemon writes to the child's stdin one msgpack map {"matrix": MatrixSpec dict, "thermal":
 {"source": name, "simulated": bool, "poll_interval": s}}, then one {"reading": map or nil,
-"policy": ThermalPolicy map} per sample it takes, for as long as the job runs. The child never
-opens a sensor: its ThermalGuard reads a FedSource holding the daemon's latest reading and follows
-the daemon's policy ("one sensor reader serves every job"); its cells name the daemon's source.
+"policy": ThermalPolicy map} per poll it takes, and {"policy": map} when a coordinator pushes a
+new one, for as long as the job runs. The child never opens a sensor ("one sensor reader serves
+every job"): each poll goes to its ThermalGuard's monitor, whose cooling gate (the one rule,
+shared.policy.CoolingGate, as `agent run` applies it) decides; its cells name the daemon's source.
 The child writes a msgpack stream to file descriptor N:
 {"kind": "model", "info": ...} per built model, {"kind": "cell", "record": ...} per finished cell,
-and last {"kind": "done", "status": "ok" | "cancelled" | "failed", "error": text or nil}.
-SIGTERM cancels: the cell being measured is dropped and "done" says "cancelled".
+{"kind": "event", "action", "celsius", "time", "detail"} per action of its gate (the daemon
+publishes them: its view of the job is the job's own), and last {"kind": "done", "status": "ok" |
+"cancelled" | "failed", "error": text or nil}. SIGTERM cancels: the cell being measured is
+dropped and "done" says "cancelled".
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
@@ -31,9 +35,9 @@ from agent.cooling import ThermalGuard
 from agent.profiling.runner import error_text, run_matrix
 from agent.remote import FedSource
 from agent.telemetry import SourceInfo, reading_from_wire
-from agent.thermal import ThermalMonitor
+from agent.thermal import ThermalMonitor, ThermalReading
 from shared.matrix import MatrixSpec
-from shared.policy import ThermalPolicy
+from shared.policy import Action, ThermalPolicy
 from shared.protocol import JOB_CANCELLED, JOB_FAILED, JOB_OK
 
 
@@ -46,15 +50,21 @@ def _cancel(signum: int, frame: object) -> None:
     raise JobCancelled()
 
 
+_writing = threading.Lock()
+"""Cells come from the main thread and gate events from the readings' thread: one item at a
+time."""
+
+
 def write(out: BinaryIO, item: dict[str, Any]) -> None:
     """One whole item: SIGTERM is held off meanwhile so it never cuts an item in half."""
     data = msgpack.packb(item, default=str)
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    try:
-        out.write(data)
-        out.flush()
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    with _writing:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            out.write(data)
+            out.flush()
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def items(fd: int) -> Iterator[dict[str, Any]]:
@@ -66,10 +76,13 @@ def items(fd: int) -> Iterator[dict[str, Any]]:
 
 
 def follow(updates: Iterator[dict[str, Any]], source: FedSource, guard: ThermalGuard) -> None:
-    """Hand each of the daemon's readings and policies to the guard, until the daemon stops."""
+    """Hand each of the daemon's polls and policies to the guard, until the daemon stops."""
     for update in updates:
-        source.feed(reading_from_wire(update["reading"]))
         guard.scheduler.policy = ThermalPolicy.from_dict(update["policy"])
+        if "reading" in update:
+            reading = reading_from_wire(update["reading"])
+            source.feed(reading)
+            guard.monitor.record(reading)
     source.end("the agent stopped sending readings")
 
 
@@ -79,7 +92,15 @@ def run(request: dict[str, Any], updates: Iterator[dict[str, Any]], out: BinaryI
     status, error = JOB_OK, None
     thermal = request["thermal"]
     source = FedSource(SourceInfo(thermal["source"], thermal["simulated"]))
-    guard = ThermalGuard(ThermalMonitor(thermal["poll_interval"], source=source))
+
+    def report(action: Action, reading: ThermalReading | None, reason: str | None) -> None:
+        when = reading.time if reading else time.time()
+        celsius = reading.celsius if reading else None
+        event = {"action": action.value, "celsius": celsius, "time": when, "detail": reason}
+        write(out, {"kind": "event", **event})
+
+    monitor = ThermalMonitor(thermal["poll_interval"], source=source)
+    guard = ThermalGuard(monitor, on_action=report)
     threading.Thread(
         target=follow, args=(updates, source, guard), name="agent-readings", daemon=True
     ).start()

@@ -134,7 +134,10 @@ class DaemonLost(RuntimeError):
 
 class FedSource(ThermalSource):
     """Readings that another process took: read() returns the latest one handed over, never
-    touching a sensor. Named after the source that took them."""
+    touching a sensor. Named after the source that took them. `pushed`: the monitor over it
+    records each as it is handed over, and polls nothing itself."""
+
+    pushed = True
 
     def __init__(self, info: SourceInfo) -> None:
         super().__init__()
@@ -404,6 +407,14 @@ class RemoteMonitor(ThermalMonitor):
         fed.feed(self._session.first)
         super().__init__(self._session.poll_interval, history_size, fed)
         self.policy = self._session.policy
+
+    def start(self) -> None:
+        """With a daemon: take its latest reading now, then follow its samples on a thread."""
+        if self._session is None or self.running:
+            super().start()
+            return
+        self._poll()
+        self._start_thread()
 
     @property
     def remote(self) -> bool:

@@ -122,7 +122,7 @@ class Requests:
         if self.stopping():
             raise p.ProtocolError(p.BUSY, "busy: the agent is stopping", re=request.message.id)
         job, names = self.jobs.start(request.identity, request.message, self.hub.poll_interval)
-        self.jobs.feed(self.hub.last_reading, self.hub.policy)
+        self.jobs.feed(self.hub.last_reading, self.hub.policy)  # what the daemon read last
         progress = {"job": job.id, "done": 0, "total": job.total}
         return Reply(
             "bench.start.ok", {"job": job.id, "cells": names}, then=(("bench.progress", progress),)
@@ -177,7 +177,7 @@ class Requests:
                 re=request.message.id,
             ) from None
         if policy != before:
-            self.jobs.feed(self.hub.last_reading, policy)
+            self.jobs.feed_policy(policy)
         return Reply("policy.set.ok", {"policy": policy.to_dict()})
 
     @handles("job.event")

@@ -132,7 +132,7 @@ class AgentDaemon:
                 poller.unregister(job.fd)
             if ready.get(self.hub.wake_fd):
                 for reading in self.hub.drain():
-                    self.jobs.observe(reading, self.hub.policy)
+                    self.jobs.feed(reading, self.hub.policy)
             if ready.get(self.sockets.router):
                 self._answer_all()
             if job is not None and job is self.jobs.running and ready.get(job.fd):

@@ -1,9 +1,10 @@
 """Supervising a command under the cooling policy: what `agent run -- CMD ARGS...` does.
 
-A pure core, `react`, turns the supervision so far and one reading into actions through
-shared.policy.decide. A thin shell, `Supervisor`, runs CMD in its own process group and applies the
-actions with signals to the whole group, so a trainer's worker processes pause and stop with it:
-pause -> SIGSTOP, resume -> SIGCONT, stop -> SIGCONT + SIGTERM, then SIGKILL after the grace.
+The pure core, shared.policy's CoolingGate (the one cooling rule, which benchmark jobs follow
+too), turns each poll into actions. A thin shell, `Supervisor`, runs CMD in its own process
+group and applies the actions with signals to the whole group, so a trainer's worker processes
+pause and stop with it: pause -> SIGSTOP, resume -> SIGCONT, stop -> SIGCONT + SIGTERM, then
+SIGKILL after the grace.
 
 Two seams keep the shell independent of where readings come from and where events go:
 - a `Feed` yields samples (a reading and the policy to judge it by). `LocalFeed` polls this
@@ -31,8 +32,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from enum import Enum
+from dataclasses import dataclass
 from queue import Empty, SimpleQueue
 from types import FrameType
 from typing import Any, Protocol
@@ -43,7 +43,7 @@ from agent.events import PREFIX
 from agent.thermal import ThermalMonitor, ThermalReading
 from shared.io.files import replace_atomically
 from shared.io.paths import data_subdir
-from shared.policy import CoolingState, ThermalPolicy, decide, pressure_state
+from shared.policy import Action, CoolingGate, CoolingState, ThermalPolicy
 from shared.telemetry import Event
 
 EXIT_THERMAL_STOP = 75  # EX_TEMPFAIL from sysexits.h: a temporary condition, try again later
@@ -56,67 +56,6 @@ COOPERATIVE_ENV = "MLX_FLEET_COOPERATIVE"
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 LEFTOVER_POLL_S = 0.05  # how often to look for what a finished CMD left in its group
-
-
-# --- pure core --------------------------------------------------------------------------------
-
-
-class JobState(str, Enum):
-    RUNNING = "running"
-    PAUSED = "paused"
-    STOPPING = "stopping"
-
-
-class Action(str, Enum):
-    PAUSE = "pause"
-    RESUME = "resume"
-    STOP = "stop"
-    REDUCE_BATCH = "reduce_batch"
-    RESTORE_BATCH = "restore_batch"
-
-
-@dataclass(frozen=True)
-class Supervision:
-    """What has been done to the job so far: its state, and whether it was told to reduce."""
-
-    job: JobState = JobState.RUNNING
-    reduced: bool = False
-
-
-@dataclass(frozen=True)
-class Decision:
-    """The supervision after one reading, what the policy asked for (None: no reading, nothing
-    decided) and the actions that take the job there."""
-
-    state: Supervision
-    cooling: CoolingState | None
-    actions: tuple[Action, ...] = ()
-
-
-def knows_nothing(reading: ThermalReading) -> bool:
-    """No degrees and no pressure level we know. decide() calls that OK, which would resume a
-    paused job the moment its sensor fails; a supervisor holds its course instead."""
-    return reading.celsius is None and pressure_state(reading.pressure) is None
-
-
-def react(current: Supervision, policy: ThermalPolicy, reading: ThermalReading | None) -> Decision:
-    """The next supervision and its actions. A stop is final; a pause ends only when decide() (with
-    the hysteresis of a paused job) asks for less; reduce/restore are told once per change."""
-    if current.job is JobState.STOPPING or reading is None or knows_nothing(reading):
-        return Decision(current, None)
-    paused = current.job is JobState.PAUSED
-    cooling = decide(policy, reading.celsius, reading.pressure, currently_paused=paused)
-    if cooling is CoolingState.STOP:
-        return Decision(replace(current, job=JobState.STOPPING), cooling, (Action.STOP,))
-    if cooling is CoolingState.PAUSE:
-        if paused:
-            return Decision(current, cooling)
-        return Decision(replace(current, job=JobState.PAUSED), cooling, (Action.PAUSE,))
-    actions = [Action.RESUME] if paused else []
-    reduce = cooling is CoolingState.REDUCE_BATCH
-    if reduce != current.reduced:
-        actions.append(Action.REDUCE_BATCH if reduce else Action.RESTORE_BATCH)
-    return Decision(Supervision(JobState.RUNNING, reduce), cooling, tuple(actions))
 
 
 def shell_code(returncode: int) -> int:
@@ -250,7 +189,7 @@ class Supervisor:
         self.started_at = time.time()
         self.cooperative = os.environ.get(COOPERATIVE_ENV) == "1"
         self.state_file = data_subdir("jobs") / f"{self.job}.cooling.json"
-        self.supervision = Supervision()
+        self.gate = CoolingGate()
         self.pid: int | None = None
         self._queue: SimpleQueue[tuple[str, Any]] = SimpleQueue()
         self._kill_at: float | None = None
@@ -324,8 +263,8 @@ class Supervisor:
             self._emit("fallback", detail=sample.note)
         if self._terminating:
             return
-        decision = react(self.supervision, sample.policy, sample.reading)
-        self.supervision = decision.state
+        reading = sample.reading
+        decision = self.gate.observe(sample.policy, reading)
         if not decision.actions:
             return
         for action in decision.actions:  # signals first: they are what must be prompt
@@ -339,9 +278,9 @@ class Supervisor:
         self._write_state(decision.cooling, sample.reading)
         if self.cooperative and {Action.REDUCE_BATCH, Action.RESTORE_BATCH} & set(decision.actions):
             self._signal(signal.SIGUSR1)
-        celsius = sample.reading.celsius if sample.reading else None
+        celsius = reading.celsius if reading else None
         for action in decision.actions:
-            self._emit(action.value, celsius=celsius)
+            self._emit(action.value, celsius=celsius, detail=decision.reason)
 
     def _on_signal(self, signum: int) -> None:
         """Forward what `agent run` got; a second one (or one during a stop) kills at once."""
@@ -416,7 +355,7 @@ class Supervisor:
         data = {
             "job": self.job,
             "state": cooling.value if cooling else None,
-            "reduce_batch": self.supervision.reduced,
+            "reduce_batch": self.gate.supervision.reduced,
             "celsius": reading.celsius if reading else None,
             "source": self._source,
             "simulated": self._simulated,

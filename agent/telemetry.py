@@ -15,10 +15,9 @@ from typing import Any
 
 import msgpack
 
-from agent.supervise import knows_nothing
 from agent.thermal import ThermalReading, trend_slope
 from shared import protocol as p
-from shared.policy import CoolingState, ThermalPolicy, decide
+from shared.policy import CoolingState, ThermalPolicy, decide, knows_nothing
 from shared.telemetry import Event, Sample
 
 TREND_WINDOW = 5
@@ -49,7 +48,7 @@ def host_state(
 ) -> CoolingState | None:
     """What the policy says about the host now; a pause holds until below the resume temperature,
     as for a paused job. None without a reading, as the sample's `state` says it."""
-    if reading is None or knows_nothing(reading):
+    if reading is None or knows_nothing(reading.celsius, reading.pressure):
         return None
     return decide(
         policy, reading.celsius, reading.pressure, currently_paused=previous is CoolingState.PAUSE

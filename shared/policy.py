@@ -7,9 +7,9 @@ tests exercise every state without a sensor, a thread or a clock.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 
 class CoolingState(str, Enum):
@@ -133,3 +133,122 @@ def decide(
         if state is not None
     ]
     return max(states, key=lambda state: state.severity, default=CoolingState.OK)
+
+
+# --- the one cooling rule for a supervised job ------------------------------------------------
+
+MISSING_POLLS_TO_RESUME = 10
+"""Consecutive polls without a reading after which a paused job resumes (10 s at the default
+1 s poll). A missing reading holds a pause until then, so a sensor hiccup never lets a hot job
+run; a sensor that stays dead never parks a job for ever, and the resume says why. Outside a
+pause a missing reading changes nothing."""
+
+
+class JobState(str, Enum):
+    RUNNING = "running"
+    PAUSED = "paused"
+    STOPPING = "stopping"
+
+
+class Action(str, Enum):
+    PAUSE = "pause"
+    RESUME = "resume"
+    STOP = "stop"
+    REDUCE_BATCH = "reduce_batch"
+    RESTORE_BATCH = "restore_batch"
+
+
+@dataclass(frozen=True)
+class Supervision:
+    """What has been done to a job so far: its state, whether it was told to reduce, and how
+    many polls in a row have had no reading."""
+
+    job: JobState = JobState.RUNNING
+    reduced: bool = False
+    missing: int = 0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The supervision after one poll, what the policy asked for (None: no reading, nothing
+    decided), the actions that take the job there, and why when a reading did not say."""
+
+    state: Supervision
+    cooling: CoolingState | None
+    actions: tuple[Action, ...] = ()
+    reason: str | None = None
+
+
+def knows_nothing(celsius: float | None, pressure: str | None) -> bool:
+    """No degrees and no pressure level we know: decide() would call that OK."""
+    return celsius is None and pressure_state(pressure) is None
+
+
+def react(
+    current: Supervision,
+    policy: ThermalPolicy,
+    celsius: float | None,
+    pressure: str | None = None,
+) -> Decision:
+    """The next supervision after one poll (`celsius` and `pressure` both None: no reading), and
+    its actions. A stop is final; a pause ends when decide() (with the hysteresis of a paused
+    job) asks for less, or after MISSING_POLLS_TO_RESUME polls without a reading;
+    reduce/restore are told once per change."""
+    if current.job is JobState.STOPPING:
+        return Decision(current, None)
+    paused = current.job is JobState.PAUSED
+    if knows_nothing(celsius, pressure):
+        missing = current.missing + 1
+        if paused and missing >= MISSING_POLLS_TO_RESUME:
+            reason = f"no reading for {missing} polls: resuming without a sensor"
+            return Decision(
+                replace(current, job=JobState.RUNNING, missing=0), None, (Action.RESUME,), reason
+            )
+        return Decision(replace(current, missing=missing), None)
+    cooling = decide(policy, celsius, pressure, currently_paused=paused)
+    if cooling is CoolingState.STOP:
+        return Decision(Supervision(JobState.STOPPING, current.reduced), cooling, (Action.STOP,))
+    if cooling is CoolingState.PAUSE:
+        if paused:
+            return Decision(Supervision(JobState.PAUSED, current.reduced), cooling)
+        return Decision(Supervision(JobState.PAUSED, current.reduced), cooling, (Action.PAUSE,))
+    actions = [Action.RESUME] if paused else []
+    reduce = cooling is CoolingState.REDUCE_BATCH
+    if reduce != current.reduced:
+        actions.append(Action.REDUCE_BATCH if reduce else Action.RESTORE_BATCH)
+    return Decision(Supervision(JobState.RUNNING, reduce), cooling, tuple(actions))
+
+
+class Reading(Protocol):
+    """What the rule reads of a poll (the agent's ThermalReading has it)."""
+
+    @property
+    def celsius(self) -> float | None: ...
+
+    @property
+    def pressure(self) -> str | None: ...
+
+
+class CoolingGate:
+    """The rule applied poll after poll: one per supervised job, fed every poll (None when the
+    poll had no reading). Not thread-safe by itself; its users lock around it where threads
+    share it."""
+
+    def __init__(self) -> None:
+        self.supervision = Supervision()
+
+    def observe(self, policy: ThermalPolicy, reading: Reading | None) -> Decision:
+        celsius, pressure = (reading.celsius, reading.pressure) if reading else (None, None)
+        decision = react(self.supervision, policy, celsius, pressure)
+        self.supervision = decision.state
+        return decision
+
+    @property
+    def state(self) -> CoolingState:
+        """What the job lives under now: stop, pause, reduce_batch or ok."""
+        job = self.supervision.job
+        if job is JobState.STOPPING:
+            return CoolingState.STOP
+        if job is JobState.PAUSED:
+            return CoolingState.PAUSE
+        return CoolingState.REDUCE_BATCH if self.supervision.reduced else CoolingState.OK

@@ -10,7 +10,7 @@ import pytest
 from agent.cooling import CoolingScheduler, ThermalGuard, ThermalShutdownError
 from agent.guard import CellGuard
 from agent.thermal import ThermalMonitor, ThermalReading, ThermalSource
-from shared.policy import CoolingState, ThermalPolicy
+from shared.policy import MISSING_POLLS_TO_RESUME, Action, CoolingState, ThermalPolicy
 
 POLL = 0.02
 FAST_POLICY = ThermalPolicy(pause_duration=POLL)
@@ -79,13 +79,23 @@ def test_a_stop_reached_during_a_pause_raises(tmp_path: Path) -> None:
     assert scheduler.total_pause_time > 0
 
 
-def test_a_pause_ends_when_the_reading_goes_away(tmp_path: Path) -> None:
+def test_a_pause_holds_without_a_reading_then_resumes_after_the_missing_polls(
+    tmp_path: Path,
+) -> None:
+    """The one cooling rule (shared.policy.react), as `agent run` applies it."""
+    actions: list[tuple[Action, ThermalReading | None, str | None]] = []
     with ThermalMonitor(POLL, source=replay(tmp_path, "0,90\n0.1,\n")) as monitor:
         monitor.start()
-        scheduler = CoolingScheduler(monitor, FAST_POLICY)
+        scheduler = CoolingScheduler(
+            monitor, FAST_POLICY, on_action=lambda *heard: actions.append(heard)
+        )
         scheduler.check_before_step(0)
         assert monitor.temperature is None
     assert len(scheduler.pauses) == 1
+    (pause, hot, _), (resume, missing, why) = actions
+    assert (pause, hot.celsius if hot else None) == (Action.PAUSE, 90.0)
+    assert (resume, missing) == (Action.RESUME, None)
+    assert why == f"no reading for {MISSING_POLLS_TO_RESUME} polls: resuming without a sensor"
 
 
 @pytest.mark.parametrize(("hysteresis", "resumed_at"), [(0.0, 83.0), (5.0, 79.0)])

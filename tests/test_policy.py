@@ -5,7 +5,19 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from shared.policy import PRESSURE_STATES, CoolingState, ThermalPolicy, decide
+from agent.thermal import ThermalReading
+from shared.policy import (
+    MISSING_POLLS_TO_RESUME,
+    PRESSURE_STATES,
+    Action,
+    CoolingGate,
+    CoolingState,
+    JobState,
+    Supervision,
+    ThermalPolicy,
+    decide,
+    react,
+)
 
 OK, REDUCE, PAUSE, STOP = (
     CoolingState.OK,
@@ -137,3 +149,92 @@ def test_a_hysteresis_that_would_never_end_a_pause_is_refused() -> None:
     with pytest.raises(ValueError, match="hysteresis 85.0 °C must be below pause_temp 85.0"):
         ThermalPolicy(hysteresis=85.0)
     assert ThermalPolicy(hysteresis=84.0).resume_temp == 1.0
+
+
+POLICY = ThermalPolicy(max_speed_temp=75, pause_temp=85, stop_temp=95)
+RUNNING, PAUSED, STOPPING = JobState.RUNNING, JobState.PAUSED, JobState.STOPPING
+
+
+# --- the one cooling rule for a supervised job -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("job", "reduced", "celsius", "expected_job", "expected_reduced", "actions"),
+    [
+        (RUNNING, False, 60.0, RUNNING, False, ()),
+        (RUNNING, False, 80.0, RUNNING, True, (Action.REDUCE_BATCH,)),
+        (RUNNING, True, 80.0, RUNNING, True, ()),
+        (RUNNING, True, 60.0, RUNNING, False, (Action.RESTORE_BATCH,)),
+        (RUNNING, False, 86.0, PAUSED, False, (Action.PAUSE,)),
+        (RUNNING, True, 86.0, PAUSED, True, (Action.PAUSE,)),
+        (PAUSED, False, 90.0, PAUSED, False, ()),
+        (PAUSED, False, 70.0, RUNNING, False, (Action.RESUME,)),
+        (PAUSED, False, 80.0, RUNNING, True, (Action.RESUME, Action.REDUCE_BATCH)),
+        (PAUSED, True, 60.0, RUNNING, False, (Action.RESUME, Action.RESTORE_BATCH)),
+        (RUNNING, False, 95.0, STOPPING, False, (Action.STOP,)),
+        (PAUSED, True, 99.0, STOPPING, True, (Action.STOP,)),
+        (STOPPING, False, 20.0, STOPPING, False, ()),
+    ],
+)
+def test_react_takes_the_job_where_the_policy_asks(
+    job: JobState,
+    reduced: bool,
+    celsius: float,
+    expected_job: JobState,
+    expected_reduced: bool,
+    actions: tuple[Action, ...],
+) -> None:
+    decision = react(Supervision(job, reduced), POLICY, celsius)
+    assert decision.state == Supervision(expected_job, expected_reduced)
+    assert decision.actions == actions
+
+
+def test_a_pause_lasts_until_below_pause_temp_minus_the_hysteresis() -> None:
+    policy = ThermalPolicy(max_speed_temp=75, pause_temp=85, stop_temp=95, hysteresis=3)
+    paused = react(Supervision(), policy, 85.0).state
+    assert react(paused, policy, 82.5).actions == ()
+    assert react(paused, policy, 81.9).actions == (Action.RESUME, Action.REDUCE_BATCH)
+    # a running job below pause_temp is not paused by the hysteresis band
+    assert react(Supervision(), policy, 84.0).actions == (Action.REDUCE_BATCH,)
+
+
+@pytest.mark.parametrize("pressure", [None, "unheard-of"])
+def test_without_a_reading_a_pause_holds_then_resumes_after_the_missing_polls(
+    pressure: str | None,
+) -> None:
+    """decide() calls 'nothing known' OK; resuming on a sensor hiccup would be the wrong default,
+    and parking the job for ever on a dead one too."""
+    state = Supervision(PAUSED, True)
+    for missing in range(1, MISSING_POLLS_TO_RESUME):
+        decision = react(state, POLICY, None, pressure)
+        assert (decision.cooling, decision.actions) == (None, ())
+        state = decision.state
+        assert state == Supervision(PAUSED, True, missing)
+    last = react(state, POLICY, None, pressure)
+    assert last.actions == (Action.RESUME,) and last.state == Supervision(RUNNING, True, 0)
+    assert f"no reading for {MISSING_POLLS_TO_RESUME} polls" in (last.reason or "")
+
+
+def test_a_reading_ends_the_count_of_missing_polls() -> None:
+    state = react(react(Supervision(PAUSED), POLICY, None).state, POLICY, 90.0).state
+    assert state == Supervision(PAUSED, False, 0)
+    running = react(Supervision(RUNNING, True), POLICY, None)
+    assert running.actions == () and running.state == Supervision(RUNNING, True, 1)
+
+
+def test_the_gate_applies_the_rule_poll_after_poll() -> None:
+    gate = CoolingGate()
+    hot = ThermalReading(celsius=90.0, source="test")
+    assert gate.observe(POLICY, hot).actions == (Action.PAUSE,) and gate.state is CoolingState.PAUSE
+    assert gate.observe(POLICY, None).actions == ()
+    assert gate.state is CoolingState.PAUSE
+    assert gate.observe(POLICY, ThermalReading(celsius=96.0, source="test")).actions == (
+        Action.STOP,
+    )
+    assert gate.state is CoolingState.STOP
+
+
+def test_a_pressure_level_alone_drives_the_job() -> None:
+    decision = react(Supervision(), POLICY, None, "Heavy")
+    assert (decision.cooling, decision.actions) == (CoolingState.PAUSE, (Action.PAUSE,))
+    assert react(decision.state, POLICY, None, "Nominal").actions == (Action.RESUME,)

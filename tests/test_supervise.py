@@ -1,4 +1,4 @@
-"""Supervision: the pure react() core over every transition, the event record and log, the local
+"""Supervision: the event record and log, the local
 feed's pacing, and the Supervisor shell in-process with real child processes and real signals
 (the reduce_batch state file and its opt-in SIGUSR1). The console script is in test_run_cli.py."""
 
@@ -20,86 +20,22 @@ from agent.supervise import (
     COOPERATIVE_ENV,
     EXIT_NOT_FOUND,
     EXIT_THERMAL_STOP,
-    Action,
-    JobState,
     LaunchError,
     LocalFeed,
-    Supervision,
     Supervisor,
     group_alive,
-    react,
     shell_code,
     signal_group,
 )
 from agent.thermal import ThermalMonitor, ThermalReading
-from shared.policy import CoolingState, ThermalPolicy
+from shared.policy import ThermalPolicy
 from shared.telemetry import Event
 
 POLICY = ThermalPolicy(max_speed_temp=75, pause_temp=85, stop_temp=95)
-RUNNING, PAUSED, STOPPING = JobState.RUNNING, JobState.PAUSED, JobState.STOPPING
-PAUSE, RESUME, STOP = Action.PAUSE, Action.RESUME, Action.STOP
-REDUCE, RESTORE = Action.REDUCE_BATCH, Action.RESTORE_BATCH
 
 
 def reading(celsius: float | None, pressure: str | None = None) -> ThermalReading:
     return ThermalReading(celsius=celsius, source="test", pressure=pressure)
-
-
-# --- the pure core ----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("job", "reduced", "celsius", "expected_job", "expected_reduced", "actions"),
-    [
-        (RUNNING, False, 60.0, RUNNING, False, ()),
-        (RUNNING, False, 80.0, RUNNING, True, (REDUCE,)),
-        (RUNNING, True, 80.0, RUNNING, True, ()),
-        (RUNNING, True, 60.0, RUNNING, False, (RESTORE,)),
-        (RUNNING, False, 86.0, PAUSED, False, (PAUSE,)),
-        (RUNNING, True, 86.0, PAUSED, True, (PAUSE,)),
-        (PAUSED, False, 90.0, PAUSED, False, ()),
-        (PAUSED, False, 70.0, RUNNING, False, (RESUME,)),
-        (PAUSED, False, 80.0, RUNNING, True, (RESUME, REDUCE)),
-        (PAUSED, True, 60.0, RUNNING, False, (RESUME, RESTORE)),
-        (RUNNING, False, 95.0, STOPPING, False, (STOP,)),
-        (PAUSED, True, 99.0, STOPPING, True, (STOP,)),
-        (STOPPING, False, 20.0, STOPPING, False, ()),
-    ],
-)
-def test_react_takes_the_job_where_the_policy_asks(
-    job: JobState,
-    reduced: bool,
-    celsius: float,
-    expected_job: JobState,
-    expected_reduced: bool,
-    actions: tuple[Action, ...],
-) -> None:
-    decision = react(Supervision(job, reduced), POLICY, reading(celsius))
-    assert decision.state == Supervision(expected_job, expected_reduced)
-    assert decision.actions == actions
-
-
-def test_a_pause_lasts_until_below_pause_temp_minus_the_hysteresis() -> None:
-    policy = ThermalPolicy(max_speed_temp=75, pause_temp=85, stop_temp=95, hysteresis=3)
-    paused = react(Supervision(), policy, reading(85.0)).state
-    assert react(paused, policy, reading(82.5)).actions == ()
-    assert react(paused, policy, reading(81.9)).actions == (RESUME, REDUCE)
-    # a running job below pause_temp is not paused by the hysteresis band
-    assert react(Supervision(), policy, reading(84.0)).actions == (REDUCE,)
-
-
-@pytest.mark.parametrize("sample", [None, reading(None), reading(None, "unheard-of")])
-def test_without_a_reading_a_paused_job_stays_paused(sample: ThermalReading | None) -> None:
-    """decide() calls 'nothing known' OK; resuming on a dead sensor would be the wrong default."""
-    paused = Supervision(PAUSED, True)
-    decision = react(paused, POLICY, sample)
-    assert (decision.state, decision.cooling, decision.actions) == (paused, None, ())
-
-
-def test_a_pressure_level_alone_drives_the_job() -> None:
-    decision = react(Supervision(), POLICY, reading(None, "Heavy"))
-    assert (decision.cooling, decision.actions) == (CoolingState.PAUSE, (PAUSE,))
-    assert react(decision.state, POLICY, reading(None, "Nominal")).actions == (RESUME,)
 
 
 @pytest.mark.parametrize(("returncode", "code"), [(0, 0), (3, 3), (-9, 137), (-15, 143)])

@@ -33,7 +33,7 @@ from agent.telemetry import (
 from agent.thermal import ThermalReading
 from shared import protocol as p
 from shared.io.transport import AgentError
-from shared.policy import CoolingState, ThermalPolicy
+from shared.policy import MISSING_POLLS_TO_RESUME, CoolingState, ThermalPolicy
 from shared.telemetry import Event
 from tests.fleet_support import (
     AgentPool,
@@ -361,3 +361,47 @@ def test_a_benchmark_job_is_gated_by_the_daemons_readings_with_no_coordinator_th
     exited = receive(sub, lambda m: m.type == "telemetry.event" and m.body["action"] == "exit")
     assert exited.body["job"] == job_id and exited.body["detail"] == "ok"
     returning.close()
+
+
+def test_the_daemons_view_of_a_benchmark_job_is_the_jobs_own_gate(
+    ctx: zmq.Context, agents: AgentPool, tmp_path: Path
+) -> None:
+    """One cooling rule: the job's gate decides on every poll the daemon takes (queued in its
+    pipe from its first moment, so its start-up time does not matter), and the daemon publishes
+    exactly those actions. Through a pause, a few missing readings (the pause holds), many
+    missing readings (it resumes, saying why), a second pause and a resume. The job starts well
+    within the curve's first 3 s at 90 °C."""
+    curve = tmp_path / "gaps.csv"
+    curve.write_text(  # empty: no reading; 0.4 s is 4 polls, 2 s is 20
+        "seconds,celsius\n0,90\n3.0,\n3.4,90\n4.0,\n6.0,70\n7.0,90\n8.0,70\n"
+    )
+    agent = trusted_agent(agents, thermal=f"replay:{curve}", options=["--poll-interval", "0.1"])
+    client = connect(ctx, agent)
+    matrix = {
+        "seq_lengths": [16, 32, 48, 64],
+        "models": ["small"],
+        "decode_tokens": 8,
+        "warmup": 0,
+        "iterations": 3,
+    }
+    job_id = client.request("bench.start", {"matrix": matrix})["job"]
+    deadline = time.monotonic() + 120
+    while (job := client.request("job.get", {"job": job_id}))["state"] == p.JOB_RUNNING:
+        assert time.monotonic() < deadline, agent.log_text()
+        time.sleep(0.2)
+    assert job["state"] == p.JOB_OK, job["error"]
+    events = [e for e in client.request("history.get", EVERYTHING)["events"] if e["job"] == job_id]
+    actions = [e["action"] for e in events]
+    assert actions[:3] == ["start", "pause", "resume"], actions
+    blind = events[2]
+    assert blind["celsius"] is None
+    # the first resume is the one for the long gap: the short one held the pause
+    assert f"no reading for {MISSING_POLLS_TO_RESUME} polls" in blind["detail"]
+    assert actions[-1] == "exit" and actions.count("pause") == actions.count("resume")
+    # the job lived the same pauses: its first cell waited them out and says so
+    first = job["records"][0]
+    assert "paused" in first["flags"] and first["soc_temp_start_c"] == 90.0
+    paused_s = sum(r["pause_s"] for r in job["records"])
+    pauses = list(zip(events[1::2], events[2::2], strict=False))
+    assert 0 < paused_s <= sum(end["time"] - begin["time"] for begin, end in pauses) + 0.5
+    client.close()

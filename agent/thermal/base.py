@@ -42,6 +42,9 @@ class ThermalSource(ABC):
 
     name: str = "source"
     simulated: bool = False
+    pushed: bool = False
+    """Its readings are handed to the monitor (ThermalMonitor.record) as they arrive, never
+    polled: the monitor starts no thread of its own for it."""
 
     def __init__(self) -> None:
         self.last_error: str | None = None

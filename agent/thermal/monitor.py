@@ -54,7 +54,7 @@ class ThermalMonitor:
         else:
             self.source = CallableSource(source)
         self._history: deque[ThermalReading] = deque(maxlen=history_size)
-        self._listeners: list[Callable[[ThermalReading], None]] = []
+        self._listeners: list[Callable[[ThermalReading | None], None]] = []
         self._latest: ThermalReading | None = None
         self._lock = threading.Lock()
         self._source_lock = threading.Lock()
@@ -80,12 +80,15 @@ class ThermalMonitor:
 
     def start(self) -> None:
         """Take a first reading now (so `temperature` is set on return), then poll in the
-        background. A no-op thread-wise when there is no sensor; calling it twice is harmless."""
-        if self.running:
+        background. A no-op thread-wise when there is no sensor, and altogether for a source
+        whose readings are handed over (`pushed`); calling it twice is harmless."""
+        if self.running or self.source.pushed:
             return
         self._poll()
-        if isinstance(self.source, NoneSource):
-            return
+        if not isinstance(self.source, NoneSource):
+            self._start_thread()
+
+    def _start_thread(self) -> None:
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="thermal-monitor", daemon=True)
         self._thread.start()
@@ -175,28 +178,33 @@ class ThermalMonitor:
             self.last_error = None if reading else self.source.last_error
             return reading, False
 
-    def add_listener(self, listener: Callable[[ThermalReading], None]) -> None:
-        """Call `listener` (on the polling thread) with every reading recorded from now on:
-        unlike the bounded history, it misses none however long the caller looks away."""
+    def add_listener(self, listener: Callable[[ThermalReading | None], None]) -> None:
+        """Call `listener` (on the polling thread) with every poll's outcome from now on, None
+        for a poll without a reading: unlike the bounded history, it misses none however long
+        the caller looks away."""
         with self._lock:
             self._listeners.append(listener)
 
-    def remove_listener(self, listener: Callable[[ThermalReading], None]) -> None:
+    def remove_listener(self, listener: Callable[[ThermalReading | None], None]) -> None:
         with self._lock:
             self._listeners.remove(listener)
 
     def _poll(self) -> bool:
         """Read once and record; True when the source failed."""
         reading, failed = self._read_source()
+        self.record(reading)
+        return failed
+
+    def record(self, reading: ThermalReading | None) -> None:
+        """One poll's outcome, as the latest reading, in the history and to every listener:
+        what polling does, and how a `pushed` source's readings arrive."""
         with self._lock:
             self._latest = reading
             if reading is not None:
                 self._history.append(reading)
             listeners = list(self._listeners)
-        if reading is not None:
-            for listener in listeners:
-                listener(reading)
-        return failed
+        for listener in listeners:
+            listener(reading)
 
     def _run(self) -> None:
         delay = self.poll_interval

@@ -21,26 +21,12 @@ from agent.events import PREFIX, EventLog, format_line
 from agent.remote import register
 from agent.supervise import Feed, LaunchError, LocalFeed, Sink, Supervisor
 from agent.telemetry import policy_text
-from agent.thermal import SourceSpecError, SourceUnavailable, ThermalMonitor
-from shared.io.cli import (
-    Hysteresis,
-    MaxSpeedTemp,
-    PauseTemp,
-    PollInterval,
-    StopTemp,
-    ThermalSourceName,
-    policy_from_options,
-    usage_error,
-)
+from agent.thermal import ThermalMonitor
+from agent.thermal.cli import open_monitor
+from shared.exit_codes import EXIT_SUPERVISOR_FAILED
+from shared.io.cli import fail, usage_error
+from shared.io.options import PolicyOptions, ThermalOptions, with_options
 from shared.telemetry import Event
-
-EXIT_SUPERVISOR_FAILED = 125  # as timeout(1) and env(1) say when they, not CMD, failed
-
-
-def _fail(code: int, message: str) -> typer.Exit:
-    """One plain line on stderr for the failures that are not usage errors (125-127)."""
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code)
 
 
 def print_event(event: Event) -> None:
@@ -64,6 +50,7 @@ def recorder(log: EventLog, then: list[Sink]) -> Sink:
     return record
 
 
+@with_options
 def run_command(
     command: Annotated[
         list[str],
@@ -71,12 +58,8 @@ def run_command(
             metavar="CMD", help="The command and its arguments, after --.", show_default=False
         ),
     ],
-    thermal_source: ThermalSourceName = "auto",
-    poll_interval: PollInterval = 1.0,
-    max_speed_temp: MaxSpeedTemp = 75.0,
-    pause_temp: PauseTemp = 85.0,
-    stop_temp: StopTemp = 95.0,
-    hysteresis: Hysteresis = 0.0,
+    thermal: ThermalOptions,
+    limits: PolicyOptions,
     grace: Annotated[
         float, typer.Option("--grace", help="Seconds from SIGTERM to SIGKILL when stopping.")
     ] = 30.0,
@@ -99,17 +82,15 @@ def run_command(
     2 bad usage (thresholds out of order, unknown source), 125 thermal source
     unusable here, 126 CMD cannot be executed, 127 CMD not found.
     """
-    if not (math.isfinite(poll_interval) and poll_interval > 0):
-        raise usage_error(f"--poll-interval must be > 0 seconds, got {poll_interval}")
     if not (math.isfinite(grace) and grace >= 0):
         raise usage_error(f"--grace must be >= 0 seconds, got {grace}")
-    policy = policy_from_options(max_speed_temp, pause_temp, stop_temp, hysteresis)
+    policy = limits.policy()
     with ExitStack() as stack:
         log = stack.enter_context(closing(EventLog()))
         forwards: list[Sink] = []
         supervisor = Supervisor(command, grace=grace, sinks=[print_event, recorder(log, forwards)])
         feed: Feed
-        registered = register(thermal_source, poll_interval)
+        registered = register(thermal.thermal_source, thermal.poll_interval)
         if registered is not None:
             daemon_feed, forwarder = registered
             stack.callback(forwarder.close)  # after the exit event, which it forwards too
@@ -127,22 +108,17 @@ def run_command(
                 )
             feed = daemon_feed
         else:
-            feed = LocalFeed(local_monitor(thermal_source, poll_interval), policy)
+            feed = LocalFeed(local_monitor(thermal), policy)
         try:
             code = supervisor.run(feed)
         except LaunchError as exc:
-            raise _fail(exc.code, str(exc)) from None
+            raise fail(str(exc), exc.code) from None
     raise typer.Exit(code)
 
 
-def local_monitor(thermal_source: str, poll_interval: float) -> ThermalMonitor:
+def local_monitor(thermal: ThermalOptions) -> ThermalMonitor:
     """This machine's sensor, read by agent run itself; exits 2 or 125 when it cannot be."""
-    try:
-        monitor = ThermalMonitor(poll_interval=poll_interval, source=thermal_source)
-    except SourceSpecError as exc:
-        raise usage_error(str(exc)) from None
-    except SourceUnavailable as exc:
-        raise _fail(EXIT_SUPERVISOR_FAILED, str(exc)) from None
+    monitor = open_monitor(thermal, EXIT_SUPERVISOR_FAILED)
     if monitor.source.name == "none":
         typer.echo(
             f"{PREFIX} warning: {monitor.last_error}; CMD runs without thermal enforcement",

@@ -25,12 +25,12 @@ from agent.remote import DaemonAddress, remove_state, write_state
 from agent.requests import Requests
 from agent.thermal import SourceSpecError, SourceUnavailable, open_source
 from shared import protocol as p
+from shared.source_names import DEFAULT_POLL_INTERVAL_S
 
 log = logging.getLogger("agent.serve")
 
 TICK_MS = 200
 """The loop wakes at least this often: how promptly SIGTERM and a stuck cancel are noticed."""
-DEFAULT_POLL_S = 1.0
 DEFAULT_RETENTION_DAYS = 7.0
 
 
@@ -43,7 +43,7 @@ class AgentDaemon:
         secure: bool = True,
         thermal_source: str = "auto",
         *,
-        poll_interval: float = DEFAULT_POLL_S,
+        poll_interval: float = DEFAULT_POLL_INTERVAL_S,
         telemetry_port: int | None = None,
         retention_days: float = DEFAULT_RETENTION_DAYS,
         prometheus: str | None = None,
@@ -165,7 +165,7 @@ def serve(
     secure: bool,
     thermal_source: str = "auto",
     *,
-    poll_interval: float = DEFAULT_POLL_S,
+    poll_interval: float = DEFAULT_POLL_INTERVAL_S,
     telemetry_port: int | None = None,
     retention_days: float = DEFAULT_RETENTION_DAYS,
     prometheus: str | None = None,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import sys
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
@@ -12,9 +11,11 @@ from typing import Annotated
 import typer
 
 from agent.endpoints import DEFAULT_BIND, ServeError
-from agent.serve import DEFAULT_POLL_S, DEFAULT_RETENTION_DAYS, serve
-from shared.io.cli import EXIT_PARTIAL, PollInterval, ThermalSourceName, err, usage_error
+from agent.serve import DEFAULT_RETENTION_DAYS, serve
+from shared.exit_codes import EXIT_PARTIAL
+from shared.io.cli import err, usage_error
 from shared.io.keys import own_keypair
+from shared.io.options import PrometheusAddress, RetentionDays, ThermalOptions, with_options
 from shared.io.trust import TrustError, list_trusted, revoke, trust
 
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s: %(message)s"
@@ -35,12 +36,13 @@ def configure_logging(log_file: Path | None) -> None:
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
 
 
+@with_options
 def serve_command(
+    thermal: ThermalOptions,
     bind: Annotated[
         str,
         typer.Option("--bind", help="HOST:PORT of the command socket; port 0 picks a free one."),
     ] = DEFAULT_BIND,
-    thermal_source: ThermalSourceName = "auto",
     insecure: Annotated[
         bool,
         typer.Option(
@@ -55,7 +57,6 @@ def serve_command(
             "--log-file", help="Log here instead of stderr, rotated at 10 MB (5 files kept)."
         ),
     ] = None,
-    poll_interval: PollInterval = DEFAULT_POLL_S,
     telemetry_port: Annotated[
         int | None,
         typer.Option(
@@ -64,14 +65,8 @@ def serve_command(
             "port + 1, 5556; a free one with --bind HOST:0; 0 picks a free one).",
         ),
     ] = None,
-    retention_days: Annotated[
-        float,
-        typer.Option("--retention-days", help="Keep telemetry samples and events this many days."),
-    ] = DEFAULT_RETENTION_DAYS,
-    prometheus: Annotated[
-        str | None,
-        typer.Option("--prometheus", help="Serve Prometheus metrics at http://HOST:PORT/metrics."),
-    ] = None,
+    retention_days: RetentionDays = DEFAULT_RETENTION_DAYS,
+    prometheus: PrometheusAddress = None,
 ) -> None:
     """Serve coordinators over ZeroMQ until SIGTERM: benchmarks, info, job history, and
     thermal telemetry.
@@ -84,10 +79,6 @@ def serve_command(
     enforces the policy a coordinator pushed (kept across restarts) on its benchmark jobs and on
     the `agent run` commands of this machine.
     """
-    if not (math.isfinite(poll_interval) and poll_interval > 0):
-        raise usage_error(f"--poll-interval must be > 0 seconds, got {poll_interval}")
-    if not (math.isfinite(retention_days) and retention_days > 0):
-        raise usage_error(f"--retention-days must be > 0, got {retention_days}")
     if telemetry_port is not None and not 0 <= telemetry_port <= 65535:
         raise usage_error(f"--telemetry-port must be 0 to 65535, got {telemetry_port}")
     configure_logging(log_file)
@@ -101,8 +92,8 @@ def serve_command(
         serve(
             bind,
             not insecure,
-            thermal_source,
-            poll_interval=poll_interval,
+            thermal.thermal_source,
+            poll_interval=thermal.poll_interval,
             telemetry_port=telemetry_port,
             retention_days=retention_days,
             prometheus=prometheus,

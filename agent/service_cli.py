@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from agent.endpoints import ServeError, endpoint_for
@@ -33,7 +31,8 @@ from agent.service import (
     status,
     uninstall,
 )
-from shared.io.cli import err, usage_error
+from shared.io.cli import emit, err, fail, usage_error
+from shared.io.options import TableFormat
 from shared.io.paths import data_dir
 from shared.source_names import SourceSpecError, parse_source_name
 
@@ -85,11 +84,6 @@ def check_serve_options(bind: str | None, thermal_source: str | None) -> None:
         raise usage_error(str(exc)) from None
 
 
-def fail(exc: ServiceError) -> typer.Exit:
-    err.print(f"error: {exc}", highlight=False, markup=False, soft_wrap=True)
-    return typer.Exit(exc.exit_code)
-
-
 def install_command(
     user: UserScope = False,
     system: SystemScope = False,
@@ -139,7 +133,7 @@ def install_command(
         for line in install(plan):
             err.print(line, highlight=False, markup=False)
     except ServiceError as exc:
-        raise fail(exc) from None
+        raise fail(str(exc), exc.exit_code) from None
     err.print(f"logs: {', '.join(log_paths(plan))}", highlight=False, markup=False)
 
 
@@ -157,7 +151,7 @@ def uninstall_command(
     try:
         done = uninstall(plan, purge)
     except ServiceError as exc:
-        raise fail(exc) from None
+        raise fail(str(exc), exc.exit_code) from None
     for line in done or ["nothing was installed"]:
         err.print(line, highlight=False, markup=False)
 
@@ -167,21 +161,20 @@ def service_status_command(
     system: SystemScope = False,
     launchd: Launchd = False,
     systemd: Systemd = False,
-    fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+    fmt: TableFormat = "table",
 ) -> None:
     """Is the agent service installed and running? Its pid, last exit status and logs."""
-    if fmt not in ("table", "json"):
-        raise usage_error(f"unknown format {fmt!r}; choose from table, json")
     plan = make_plan(user, system, launchd, systemd)
     try:
         report = status(plan)
     except ServiceError as exc:
-        raise fail(exc) from None
-    if fmt == "json":
-        print(json.dumps(report, indent=2))
-        return
+        raise fail(str(exc), exc.exit_code) from None
+    emit(report, fmt, status_table)
+
+
+def status_table(report: dict[str, Any]) -> Table:
     table = Table(show_header=False, title="mlx-fleet agent service")
     for key, value in report.items():
         shown = ", ".join(value) if isinstance(value, list) else value
         table.add_row(key, "N/A" if shown is None else str(shown))
-    Console().print(table)
+    return table

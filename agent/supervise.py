@@ -41,14 +41,11 @@ import psutil
 
 from agent.events import PREFIX
 from agent.thermal import ThermalMonitor, ThermalReading
+from shared.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_THERMAL_STOP
 from shared.io.files import replace_atomically
 from shared.io.paths import data_subdir
 from shared.policy import Action, CoolingGate, CoolingState, ThermalPolicy
 from shared.telemetry import Event
-
-EXIT_THERMAL_STOP = 75  # EX_TEMPFAIL from sysexits.h: a temporary condition, try again later
-EXIT_CANNOT_EXECUTE = 126  # as shells say for a command that exists but cannot run
-EXIT_NOT_FOUND = 127  # as shells say for a command that does not exist
 
 JOB_ENV = "MLX_FLEET_JOB"
 STATE_FILE_ENV = "MLX_FLEET_COOLING_STATE"

@@ -5,12 +5,10 @@ Exit codes: 0 ok, 1 partial failure (a host or cell failed), 2 usage error, 130 
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console, RenderableType
 from rich.table import Table
 
 from coordinator.commands import benchmark, keys_app, status
@@ -25,15 +23,8 @@ from coordinator.history import history
 from coordinator.monitor_cli import monitor
 from coordinator.policy_cmd import policy
 from coordinator.store import RunStore, UnknownRunError
-from shared.io.cli import (
-    Format,
-    Output,
-    check_format,
-    err,
-    fleet_app,
-    show_report,
-    usage_error,
-)
+from shared.io.cli import check_output, emit, err, fleet_app, print_rich, show_report, usage_error
+from shared.io.options import Output, ReportFormat, TableFormat, one_of
 from shared.io.sqlite import StoreError
 
 app = fleet_app(
@@ -45,11 +36,6 @@ app = fleet_app(
 RunId = Annotated[
     str, typer.Argument(help="A run id, or a unique prefix of one (`coordinator runs` lists them).")
 ]
-
-
-def print_rich(renderable: RenderableType) -> None:
-    """Sized to the terminal; a pipe gets a fixed width so columns are not squeezed."""
-    Console(width=None if sys.stdout.isatty() else 200).print(renderable)
 
 
 def load_reports(*run_ids: str) -> list[dict[str, Any]]:
@@ -64,22 +50,21 @@ def load_reports(*run_ids: str) -> list[dict[str, Any]]:
 @app.command()
 def runs(
     limit: Annotated[int, typer.Option("--limit", min=1, help="Show at most N runs.")] = 50,
-    fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+    fmt: TableFormat = "table",
 ) -> None:
     """The stored runs, newest first, with their hosts and ok/failed cell counts."""
-    if fmt not in ("table", "json"):
-        raise usage_error(f"unknown format {fmt!r}; choose from table, json")
     try:
         with RunStore() as store:
             listed = store.list_runs(limit)
     except StoreError as exc:
         raise usage_error(str(exc)) from None
-    if fmt == "json":
-        sys.stdout.write(json.dumps(listed, indent=2) + "\n")
-        return
-    if not listed:
+    if not listed and fmt == "table":
         err.print("no runs stored yet: `coordinator benchmark` records one", highlight=False)
         return
+    emit(listed, fmt, runs_table)
+
+
+def runs_table(listed: list[dict[str, Any]]) -> Table:
     table = Table(title="mlx-fleet runs")
     for name in ("run", "kind", "started", "finished", "status", "hosts", "ok", "failed"):
         table.add_column(
@@ -97,13 +82,13 @@ def runs(
             str(run["ok"]),
             str(run["failed"]),
         )
-    print_rich(table)
+    return table
 
 
 @app.command()
-def show(run: RunId, fmt: Format = "table", output: Output = None) -> None:
+def show(run: RunId, fmt: ReportFormat = "table", output: Output = None) -> None:
     """A stored run's report, as `coordinator benchmark` printed it."""
-    check_format(fmt, output)
+    check_output(output)
     show_report(load_reports(run)[0], fmt, output)
 
 
@@ -112,12 +97,15 @@ def compare(
     run_a: RunId,
     run_b: RunId,
     fmt: Annotated[
-        str, typer.Option("--format", help=f"One of {', '.join(COMPARE_FORMATS)}.")
+        str,
+        typer.Option(
+            "--format",
+            help=f"One of {', '.join(COMPARE_FORMATS)}.",
+            callback=one_of(COMPARE_FORMATS),
+        ),
     ] = "table",
 ) -> None:
     """Per-cell speed-up of RUN_B over RUN_A (tok/s B / tok/s A)."""
-    if fmt not in COMPARE_FORMATS:
-        raise usage_error(f"unknown format {fmt!r}; choose from {', '.join(COMPARE_FORMATS)}")
     report_a, report_b = load_reports(run_a, run_b)
     rows = compare_reports(report_a, report_b)
     if fmt == "table":

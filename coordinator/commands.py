@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 import zmq
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 
@@ -31,30 +28,19 @@ from coordinator.fleet import (
 from coordinator.hostfile import HostfileError, parse_hostfile, parse_hosts
 from coordinator.keys import add_host_key, known_hosts, server_key
 from coordinator.store import RunStore
-from shared.io.cli import (
-    EXIT_INTERRUPTED,
-    EXIT_PARTIAL,
-    BatchSizes,
-    Bits,
-    ConfigName,
-    ConfigSmall,
-    DecodeTokens,
-    Format,
-    Iterations,
-    ModelDirs,
-    Output,
-    SeqLengths,
-    Warmup,
-    check_format,
-    err,
-    matrix_from_options,
-    show_report,
-    usage_error,
-)
+from shared.exit_codes import EXIT_INTERRUPTED, EXIT_PARTIAL
+from shared.io.cli import check_output, emit, err, fail, show_report, usage_error
 from shared.io.keys import own_keypair
+from shared.io.options import (
+    MatrixOptions,
+    Output,
+    ReportFormat,
+    TableFormat,
+    with_options,
+)
 from shared.io.sqlite import StoreError
 from shared.io.transport import HostError
-from shared.matrix import DEFAULT_DECODE_TOKENS, MatrixError
+from shared.matrix import MatrixError
 from shared.report import NA
 from shared.results import failed_cells
 
@@ -159,17 +145,10 @@ class FleetProgress:
                 err.print(f"{event.host}: {event.data['error']}", highlight=False)
 
 
+@with_options
 def benchmark(
-    seq_lengths: SeqLengths = "128,512,1024,2048",
-    batch_sizes: BatchSizes = "1",
-    warmup: Warmup = 2,
-    iterations: Iterations = 5,
-    config_small: ConfigSmall = False,
-    config: ConfigName = None,
-    model: ModelDirs = None,
-    bits: Bits = None,
-    decode_tokens: DecodeTokens = DEFAULT_DECODE_TOKENS,
-    fmt: Format = "table",
+    matrix: MatrixOptions,
+    fmt: ReportFormat = "table",
     output: Output = None,
     hosts: Hosts = None,
     hostfile: Hostfile = None,
@@ -180,19 +159,9 @@ def benchmark(
 
     --model paths are directories on each agent's own disk.
     """
-    check_format(fmt, output)
+    check_output(output)
     try:
-        spec = matrix_from_options(
-            seq_lengths,
-            batch_sizes,
-            warmup,
-            iterations,
-            config_small,
-            config,
-            [str(d) for d in model or []],
-            bits,
-            decode_tokens,
-        )
+        spec = matrix.spec()
     except MatrixError as exc:
         raise usage_error(str(exc)) from None
     targets = targets_from(hosts, hostfile)
@@ -210,8 +179,7 @@ def benchmark(
                         store, [local_target], spec.to_dict(), Settings(keypair, connect_timeout)
                     )
             except EmbeddedAgentError as exc:
-                err.print(f"[red]error:[/red] {exc}", highlight=False)
-                raise typer.Exit(EXIT_PARTIAL) from None
+                raise fail(str(exc), EXIT_PARTIAL) from None
         else:
             result, report = drive(
                 store, targets, spec.to_dict(), settings_for(insecure, connect_timeout)
@@ -291,7 +259,7 @@ def status_table(rows: list[dict[str, Any]]) -> Table:
 def status(
     hosts: Hosts = None,
     hostfile: Hostfile = None,
-    fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+    fmt: TableFormat = "table",
     connect_timeout: ConnectTimeout = 5.0,
     insecure: Insecure = False,
 ) -> None:
@@ -299,18 +267,13 @@ def status(
 
     Without --hosts or --hostfile: every host with a key from `coordinator keys add`.
     """
-    if fmt not in ("table", "json"):
-        raise usage_error(f"unknown format {fmt!r}; choose from table, json")
     targets = targets_or_known(hosts, hostfile)
     settings = settings_for(insecure, connect_timeout)
     ctx = zmq.Context()
     with ThreadPoolExecutor(len(targets)) as pool:  # all hosts at once: one timeout, not N
         rows = list(pool.map(lambda target: host_status(ctx, target, settings), targets))
     ctx.destroy(linger=0)
-    if fmt == "json":
-        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
-    else:
-        Console(width=None if sys.stdout.isatty() else 200).print(status_table(rows))
+    emit(rows, fmt, status_table)
     if not all(row["reachable"] for row in rows):
         raise typer.Exit(EXIT_PARTIAL)
 

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import re
 import socket
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from coordinator.deploy import (
@@ -22,8 +20,10 @@ from coordinator.deploy import (
     deploy,
 )
 from coordinator.hostfile import HostEntry, HostfileError, parse_hostfile, parse_hosts
-from shared.io.cli import EXIT_PARTIAL, ThermalSourceName, err, usage_error
+from shared.exit_codes import EXIT_PARTIAL
+from shared.io.cli import emit, err, usage_error
 from shared.io.keys import existing_keypair, own_keypair
+from shared.io.options import TableFormat, ThermalSourceName
 from shared.source_names import SourceSpecError, parse_source_name
 
 KEY_PLACEHOLDER = "<coordinator key, made on the first real run>"
@@ -106,7 +106,7 @@ def deploy_command(
         ),
     ] = False,
     thermal_source: ThermalSourceName = "auto",
-    fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+    fmt: TableFormat = "table",
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the commands for each host; run nothing.")
     ] = False,
@@ -116,8 +116,6 @@ def deploy_command(
     Idempotent: run it again to upgrade. Each host reports what succeeded; an unreachable host
     is reported and the others continue. Exit 0 when every host succeeded, 1 otherwise.
     """
-    if fmt not in ("table", "json"):
-        raise usage_error(f"unknown format {fmt!r}; choose from table, json")
     try:
         parse_source_name(thermal_source)  # the hosts' `agent install` would refuse it
     except SourceSpecError as exc:
@@ -152,10 +150,7 @@ def deploy_command(
     except DeployError as exc:
         raise usage_error(str(exc)) from None
     rows = [r.to_dict() for r in results]
-    if fmt == "json":
-        print(json.dumps(rows, indent=2))
-    else:
-        Console().print(results_table(rows))
+    emit(rows, fmt, results_table)
     if not all(r.ok for r in results):
         err.print(
             "some hosts failed: fix them and run the same command again",

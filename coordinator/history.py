@@ -3,15 +3,12 @@ last hours, per host, as a table, JSON or a plot."""
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -19,7 +16,9 @@ from coordinator.dashboard import NA, duration
 from coordinator.hostfile import HostfileError, parse_hosts
 from coordinator.telemetry_stats import THRESHOLDS, HostHistory, host_stats, parse_since
 from coordinator.telemetry_store import TelemetryStore
-from shared.io.cli import EXIT_PARTIAL, err, usage_error
+from shared.exit_codes import EXIT_PARTIAL
+from shared.io.cli import emit, err, fail, usage_error
+from shared.io.options import TableFormat
 from shared.io.sqlite import StoreError
 
 PLOT_EXTRA = "pip install 'mlx-fleet[plot]'"
@@ -105,7 +104,7 @@ def history(
             help="How far back: 30m, 2h, 1d, or an ISO time (local unless it names a zone).",
         ),
     ] = "2h",
-    fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+    fmt: TableFormat = "table",
     plot: Annotated[
         Path | None,
         typer.Option(
@@ -120,8 +119,6 @@ def history(
 
     `coordinator monitor` records what it hears; this reads only that record.
     """
-    if fmt not in ("table", "json"):
-        raise usage_error(f"unknown format {fmt!r}; choose from table, json")
     now = time.time()
     try:
         start = parse_since(since, now)
@@ -141,10 +138,9 @@ def history(
     except StoreError as exc:
         raise usage_error(str(exc)) from None
     rows = [host_stats(h) for h in histories]
-    if fmt == "json":
-        sys.stdout.write(json.dumps({"since": start, "until": now, "hosts": rows}, indent=2) + "\n")
-    elif rows:
-        Console(width=None if sys.stdout.isatty() else 200).print(stats_table(rows, start))
+    if rows or fmt == "json":
+        summary = {"since": start, "until": now, "hosts": rows}
+        emit(summary, fmt, lambda data: stats_table(data["hosts"], start))
     else:
         err.print(
             f"no telemetry recorded since {_stamp(start)}: `coordinator monitor` records it",
@@ -152,10 +148,8 @@ def history(
         )
     if plot is not None:
         if not rows:
-            err.print(
-                f"error: nothing to plot: no telemetry recorded since {_stamp(start)}",
-                highlight=False,
+            raise fail(
+                f"nothing to plot: no telemetry recorded since {_stamp(start)}", EXIT_PARTIAL
             )
-            raise typer.Exit(EXIT_PARTIAL)
         write_plot(plot_history(histories, f"SoC temperature since {_stamp(start)}"), plot)
         err.print(f"wrote {plot}", highlight=False)

@@ -22,8 +22,10 @@ from coordinator.commands import (
 from coordinator.dashboard import UP, render, snapshot
 from coordinator.monitor import Monitor
 from coordinator.telemetry_store import TelemetryStore
-from shared.io.cli import EXIT_PARTIAL, err, usage_error
+from shared.exit_codes import EXIT_PARTIAL
+from shared.io.cli import emit, err, usage_error
 from shared.io.metrics import MetricsServer, TelemetryMetrics, parse_address, serve_metrics
+from shared.io.options import RetentionDays
 from shared.io.sqlite import StoreError
 
 REFRESH_S = 0.25
@@ -83,13 +85,7 @@ def monitor(
     ] = None,
     connect_timeout: ConnectTimeout = 5.0,
     insecure: Insecure = False,
-    retention_days: Annotated[
-        float,
-        typer.Option(
-            "--retention-days",
-            help="Recorded samples and events older than this are dropped when the monitor starts.",
-        ),
-    ] = 30.0,
+    retention_days: RetentionDays = 30.0,
 ) -> None:
     """Live thermal dashboard of every agent; everything heard is recorded.
 
@@ -98,10 +94,6 @@ def monitor(
     pauses or stops a job, goes silent or becomes unreachable. Hosts are reconnected and their
     gaps backfilled by themselves. `coordinator history` reads what was recorded. Ctrl-C ends it.
     """
-    if fmt not in ("table", "json"):
-        raise usage_error(f"unknown format {fmt!r}; choose from table, json")
-    if not retention_days > 0:
-        raise usage_error(f"--retention-days must be > 0, got {retention_days}")
     targets = targets_or_known(hosts, hostfile)
     settings = settings_for(insecure, connect_timeout)
     metrics, server = None, None
@@ -134,10 +126,7 @@ def show_once(running: Monitor, fmt: str) -> bool:
     while not running.settled():
         running.step(REFRESH_S)
     now = time.time()
-    if fmt == "json":
-        sys.stdout.write(json.dumps(snapshot(running.board, now), indent=2) + "\n")
-    else:
-        _console().print(render(running.board, now))
+    emit(snapshot(running.board, now), fmt, lambda _: render(running.board, now))
     return all(view.status == UP and not view.silent for view in running.board.hosts.values())
 
 

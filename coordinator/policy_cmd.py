@@ -8,16 +8,13 @@ whole policy is the agent's to accept, and its refusal is reported with its reas
 
 from __future__ import annotations
 
-import json
 import math
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 import zmq
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -32,7 +29,9 @@ from coordinator.dashboard import NA
 from coordinator.fleet import Settings, Target, connect
 from coordinator.monitor_cli import KnownHosts
 from coordinator.telemetry_store import TelemetryStore
-from shared.io.cli import EXIT_PARTIAL, Hysteresis, MaxSpeedTemp, PauseTemp, StopTemp, usage_error
+from shared.exit_codes import EXIT_PARTIAL
+from shared.io.cli import emit, usage_error
+from shared.io.options import PolicyChanges, TableFormat, with_options
 from shared.io.sqlite import StoreError
 from shared.io.transport import AgentError, HostError
 
@@ -49,15 +48,6 @@ COLUMNS = (
     ("hysteresis", "hysteresis °C"),
     ("pause_duration", "pause step s"),
 )
-
-
-def _unset(option: Any) -> Any:
-    """A shared threshold option that is None when not given: a push sends only those given."""
-    return Annotated[(float | None, *option.__metadata__)]
-
-
-MaxSpeedGiven, PauseGiven = _unset(MaxSpeedTemp), _unset(PauseTemp)
-StopGiven, HysteresisGiven = _unset(StopTemp), _unset(Hysteresis)
 
 
 def check_given(given: dict[str, float]) -> None:
@@ -121,14 +111,12 @@ def policy_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
+@with_options
 def policy(
+    changes: PolicyChanges,
     hosts: KnownHosts = None,
     hostfile: Hostfile = None,
-    max_speed_temp: MaxSpeedGiven = None,
-    pause_temp: PauseGiven = None,
-    stop_temp: StopGiven = None,
-    hysteresis: HysteresisGiven = None,
-    fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+    fmt: TableFormat = "table",
     connect_timeout: ConnectTimeout = 5.0,
     insecure: Insecure = False,
 ) -> None:
@@ -139,18 +127,7 @@ def policy(
     is reported applied, refused (with the agent's reason, the old policy kept) or unreachable.
     Exit 1 when any host did not apply or show its policy.
     """
-    if fmt not in ("table", "json"):
-        raise usage_error(f"unknown format {fmt!r}; choose from table, json")
-    given = {
-        key: value
-        for key, value in (
-            ("max_speed_temp", max_speed_temp),
-            ("pause_temp", pause_temp),
-            ("stop_temp", stop_temp),
-            ("hysteresis", hysteresis),
-        )
-        if value is not None
-    }
+    given = changes.given()
     try:
         check_given(given)
     except ValueError as exc:
@@ -168,9 +145,6 @@ def policy(
                     store.record_policy(row["host"], row["policy"], time.time())
     except StoreError as exc:
         raise usage_error(str(exc)) from None
-    if fmt == "json":
-        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
-    else:
-        Console(width=None if sys.stdout.isatty() else 200).print(policy_table(rows))
+    emit(rows, fmt, policy_table)
     if not all(row["result"] in (APPLIED, SHOWN) for row in rows):
         raise typer.Exit(EXIT_PARTIAL)

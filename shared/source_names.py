@@ -33,6 +33,10 @@ SOURCE_HELP = (
 """The help of every --thermal-source option, derived from KNOWN_SOURCES."""
 
 
+DEFAULT_POLL_INTERVAL_S = 1.0
+"""Seconds between two readings of a source, unless an option says otherwise."""
+
+
 class UnknownSourceError(SourceSpecError):
     """A source name we do not know; the message lists the ones we do."""
 

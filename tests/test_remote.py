@@ -20,8 +20,8 @@ import zmq
 from agent import RemoteMonitor
 from agent.cooling import CoolingScheduler, ThermalShutdownError
 from agent.remote import STATE_FILE
-from agent.supervise import EXIT_THERMAL_STOP
 from shared import protocol as p
+from shared.exit_codes import EXIT_THERMAL_STOP
 from shared.policy import ThermalPolicy
 from tests.conftest import subprocess_env
 from tests.fleet_support import AgentPool, connect, receive, subscriber, trusted_agent

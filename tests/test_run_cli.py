@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from agent.events import EventLog
-from agent.supervise import EXIT_THERMAL_STOP
+from shared.exit_codes import EXIT_THERMAL_STOP
 from shared.telemetry import Event
 
 POLL_S = 0.1

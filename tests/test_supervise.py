@@ -18,8 +18,6 @@ import pytest
 from agent.events import EventLog, format_line
 from agent.supervise import (
     COOPERATIVE_ENV,
-    EXIT_NOT_FOUND,
-    EXIT_THERMAL_STOP,
     LaunchError,
     LocalFeed,
     Supervisor,
@@ -28,6 +26,7 @@ from agent.supervise import (
     signal_group,
 )
 from agent.thermal import ThermalMonitor, ThermalReading
+from shared.exit_codes import EXIT_NOT_FOUND, EXIT_THERMAL_STOP
 from shared.policy import ThermalPolicy
 from shared.telemetry import Event
 

@@ -16,20 +16,14 @@ from rich.text import Text
 from agent.thermal.base import SourceUnavailable, ThermalReading
 from agent.thermal.monitor import ThermalMonitor, trend_slope
 from shared.display import STATE_STYLES, sparkline, trend_arrow
-from shared.io.cli import Hysteresis, MaxSpeedTemp, PauseTemp, StopTemp, policy_from_options
+from shared.exit_codes import EXIT_PARTIAL
+from shared.io.cli import fail, print_rich, usage_error
+from shared.io.options import PolicyOptions, TableFormat, ThermalOptions, with_options
 from shared.policy import CoolingState, ThermalPolicy, decide
 from shared.source_names import SourceSpecError
 
-FORMATS = ("table", "json")
-EXIT_UNAVAILABLE, EXIT_USAGE = 1, 2
 HISTORY_SHOWN = 30
 TREND_WINDOW = 5  # the seed's is_rising window
-
-
-def _fail(code: int, message: str) -> typer.Exit:
-    """One plain line on stderr (Rich would wrap it at 80 columns when piped)."""
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code)
 
 
 def kind(reading: ThermalReading | None) -> str:
@@ -100,43 +94,38 @@ def render(
     return table
 
 
+def open_monitor(thermal: ThermalOptions, unavailable: int) -> ThermalMonitor:
+    """A monitor over the source `thermal` names; exit 2 for a name that cannot work anywhere,
+    `unavailable` (each command documents its code) for one that cannot work on this machine."""
+    try:
+        return ThermalMonitor(poll_interval=thermal.poll_interval, source=thermal.thermal_source)
+    except SourceSpecError as exc:
+        raise usage_error(str(exc)) from None
+    except SourceUnavailable as exc:
+        raise fail(str(exc), unavailable) from None
+
+
+@with_options
 def temp_command(
-    source: Annotated[
-        str,
-        typer.Option(
-            "--source",
-            "-s",
-            help="auto, none, iohid, macmon, powermetrics, linux, sim, replay:CSV.",
-        ),
-    ] = "auto",
+    thermal: ThermalOptions,
+    limits: PolicyOptions,
     watch: Annotated[
         bool, typer.Option("--watch", "-w", help="Keep reading: a live view.")
     ] = False,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="table or json.")] = "table",
-    interval: Annotated[
-        float, typer.Option("--interval", help="Seconds between readings (and tool samples).")
-    ] = 1.0,
+    fmt: TableFormat = "table",
     count: Annotated[
-        int, typer.Option("--count", "-n", help="With --watch: stop after N readings; 0 never.")
+        int,
+        typer.Option("--count", "-n", help="With --watch: stop after N readings; 0 never."),
     ] = 0,
-    max_speed_temp: MaxSpeedTemp = 75.0,
-    pause_temp: PauseTemp = 85.0,
-    stop_temp: StopTemp = 95.0,
-    hysteresis: Hysteresis = 0.0,
 ) -> None:
-    """Show the SoC temperature, its source, the pressure level and the cooling policy's state."""
-    if fmt not in FORMATS:
-        raise _fail(EXIT_USAGE, f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
-    if not interval > 0 or count < 0:
-        raise _fail(EXIT_USAGE, "--interval must be > 0 and --count >= 0")
-    policy = policy_from_options(max_speed_temp, pause_temp, stop_temp, hysteresis)
-    try:
-        monitor = ThermalMonitor(poll_interval=interval, source=source)
-    except SourceSpecError as exc:
-        raise _fail(EXIT_USAGE, str(exc)) from None
-    except SourceUnavailable as exc:
-        raise _fail(EXIT_UNAVAILABLE, str(exc)) from None
-    with monitor:
+    """Show the SoC temperature, its source, the pressure level and the cooling policy's state.
+
+    Exit codes: 0 a reading was shown (or none, with why), 1 the source cannot work on this
+    machine, 2 bad usage."""
+    if count < 0:
+        raise usage_error(f"--count must be >= 0, got {count}")
+    policy = limits.policy()
+    with open_monitor(thermal, EXIT_PARTIAL) as monitor:
         if watch:
             _watch(monitor, policy, fmt, count)
         else:
@@ -146,10 +135,11 @@ def temp_command(
 
 
 def _emit(data: dict[str, Any], fmt: str) -> None:
+    """One observation: a JSON line (a stream of them with --watch), or the table."""
     if fmt == "json":
         print(json.dumps(data), flush=True)
     else:
-        Console().print(render(data))
+        print_rich(render(data))
 
 
 def _watch(monitor: ThermalMonitor, policy: ThermalPolicy, fmt: str, count: int) -> None:

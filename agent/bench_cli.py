@@ -1,0 +1,154 @@
+"""`agent bench`: the benchmark matrix on this Mac, gated by the cooling policy, one report."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from agent.cooling import ThermalGuard, ThermalShutdownError
+from agent.machine import machine_info
+from agent.profiling.runner import (
+    ModelLoadError,
+    check_bits_for_dir,
+    check_model_dir,
+    require_mlx_lm,
+    run_matrix,
+)
+from agent.thermal import ThermalMonitor
+from agent.thermal.cli import open_monitor
+from shared.clock import now_iso, utc_now
+from shared.exit_codes import EXIT_INTERRUPTED, EXIT_PARTIAL, EXIT_USAGE
+from shared.io.cli import check_output, err, show_report, usage_error
+from shared.io.options import (
+    MatrixOptions,
+    Output,
+    PolicyOptions,
+    ReportFormat,
+    ThermalOptions,
+    with_options,
+)
+from shared.io.paths import data_subdir
+from shared.matrix import MatrixError, MatrixSpec, expand
+from shared.policy import ThermalPolicy
+from shared.report import progress_line
+from shared.results import failed_cells, not_run
+
+NoCooling = Annotated[
+    bool, typer.Option("--no-cooling", help="Only observe temperatures: never pause or stop.")
+]
+
+
+@with_options
+def bench(
+    matrix: MatrixOptions,
+    thermal: ThermalOptions,
+    limits: PolicyOptions,
+    fmt: ReportFormat = "table",
+    output: Output = None,
+    no_cooling: NoCooling = False,
+) -> None:
+    """Benchmark prefill and decode over a matrix of lengths, batches, models and bits.
+
+    Every list-valued option forms a cross-product; each sequence length N gives a prefill
+    cell pp<N> and a decode cell tg<G> @ d<N>. Each iteration waits out a thermal pause (kept
+    out of the latencies) and a stop ends the run; cells that paused or ran at or above
+    --max-speed-temp are flagged."""
+    check_output(output)
+    policy = limits.policy()
+    spec = local_spec(matrix)
+    monitor = open_monitor(thermal, EXIT_USAGE)
+    guard = ThermalGuard(monitor, policy, enabled=not no_cooling)
+    report = new_report(spec, monitor, policy, cooling=not no_cooling)
+    try:
+        measure(report, spec, guard)
+    finally:
+        monitor.close()
+    err.print(f"saved {save_run(report)}", highlight=False)  # kept before anything can fail
+    show_report(report, fmt, output)
+    if report["interrupted"]:
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if "stopped" in report:
+        err.print(f"stopped: {report['stopped']}", highlight=False, markup=False)
+    if failed_cells(report["cells"]):
+        raise typer.Exit(EXIT_PARTIAL)
+
+
+def local_spec(matrix: MatrixOptions) -> MatrixSpec:
+    """The matrix with its --model directories resolved and checked on this machine; exit 2
+    naming the problem."""
+    model_dirs = [str(Path(d).expanduser().resolve()) for d in matrix.model or []]
+    try:
+        spec = matrix.spec(model_dirs)
+        for directory in model_dirs:
+            check_model_dir(Path(directory))
+            check_bits_for_dir(Path(directory), spec.bits)
+        if model_dirs:
+            require_mlx_lm()
+    except (MatrixError, ModelLoadError) as exc:
+        raise usage_error(str(exc)) from None
+    return spec
+
+
+def new_report(
+    spec: MatrixSpec, monitor: ThermalMonitor, policy: ThermalPolicy, cooling: bool
+) -> dict[str, Any]:
+    return {
+        "kind": "agent-bench",
+        "machine": machine_info(),
+        "spec": spec.to_dict(),
+        "models": [],
+        "cells": [],
+        "started_at": now_iso(),
+        "interrupted": False,
+        "thermal": {
+            "source": monitor.source.name,
+            "simulated": monitor.source.simulated,
+            "policy": policy.to_dict(),
+            "cooling": cooling,
+        },
+    }
+
+
+def measure(report: dict[str, Any], spec: MatrixSpec, guard: ThermalGuard) -> None:
+    """Every cell into the report, with a progress bar (a log line per cell when stderr is
+    not a terminal). Ctrl-C and a thermal stop keep what finished and list what did not run."""
+    cells = expand(spec)
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    )
+    started = time.monotonic()
+    try:
+        with progress:
+            task = progress.add_task(f"benchmarking {cells[0].name}", total=len(cells))
+            for record in run_matrix(spec, guard=guard, on_model=report["models"].append):
+                report["cells"].append(record)
+                done = len(report["cells"])
+                if not err.is_terminal:
+                    err.print(f"[{done}/{len(cells)}] {progress_line(record)}", highlight=False)
+                following = cells[done].name if done < len(cells) else "done"
+                progress.update(task, advance=1, description=f"benchmarking {following}")
+    except KeyboardInterrupt:
+        report["interrupted"] = True
+        report["cells"] += not_run(cells[len(report["cells"]) :], "interrupted")
+    except ThermalShutdownError as exc:
+        report["stopped"] = str(exc)
+        report["cells"] += not_run(cells[len(report["cells"]) :], "thermal shutdown")
+    report["finished_at"] = now_iso()
+    report["wall_s"] = time.monotonic() - started
+
+
+def save_run(report: dict[str, Any]) -> Path:
+    """Every run is kept under the data directory, whatever was printed."""
+    path = data_subdir("runs") / f"bench-{utc_now():%Y%m%dT%H%M%S%fZ}.json"
+    path.write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
+    return path

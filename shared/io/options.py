@@ -1,0 +1,284 @@
+"""Every command-line option of `agent` and `coordinator`, declared once: its flags, its help,
+its default and the check of its value. Commands take related options whole, as an option group
+(a frozen dataclass of options) expanded by `with_options`, so `agent bench` and `coordinator
+benchmark` cannot drift apart on the matrix, nor `agent bench`, `agent run`, `agent temp` and
+`agent serve` on the thermal source and the policy.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, fields, is_dataclass
+from pathlib import Path
+from typing import Annotated, Any, TypeVar, get_type_hints
+
+import typer
+
+from shared.io.cli import usage_error
+from shared.matrix import (
+    BUILTIN_DEFAULT_BITS,
+    DEFAULT_SEQ_LENGTHS,
+    MatrixError,
+    MatrixSpec,
+    expand,
+    parse_int_list,
+)
+from shared.policy import ThermalPolicy
+from shared.report import FORMATS
+from shared.source_names import DEFAULT_POLL_INTERVAL_S, SOURCE_HELP
+
+TABLE_OR_JSON = ("table", "json")
+DEFAULT_POLICY = ThermalPolicy()
+DEFAULT_MATRIX = MatrixSpec()
+
+
+def one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
+    """An option callback refusing anything but `choices`, as one line, exit 2."""
+
+    def check(value: str) -> str:
+        if value not in choices:
+            raise usage_error(f"unknown format {value!r}; choose from {', '.join(choices)}")
+        return value
+
+    return check
+
+
+def positive(flag: str, unit: str = "") -> Callable[[float], float]:
+    """An option callback refusing a number that is not finite and > 0."""
+    shown = f" {unit}" if unit else ""
+
+    def check(value: float) -> float:
+        if not (math.isfinite(value) and value > 0):
+            raise usage_error(f"{flag} must be > 0{shown}, got {value}")
+        return value
+
+    return check
+
+
+# --- single options -----------------------------------------------------------------------------
+
+SeqLengths = Annotated[
+    str, typer.Option("-s", "--seq-lengths", help="Comma list of prompt/context lengths.")
+]
+BatchSizes = Annotated[
+    str, typer.Option("-b", "--batch-sizes", "--batch-size", help="Comma list of batch sizes.")
+]
+Warmup = Annotated[int, typer.Option("-w", "--warmup", help="Untimed iterations per cell.")]
+Iterations = Annotated[int, typer.Option("-i", "--iterations", help="Timed iterations per cell.")]
+ConfigSmall = Annotated[
+    bool, typer.Option("--config-small", help="The ~4M-parameter model: instant, for smoke tests.")
+]
+ConfigName = Annotated[
+    str | None,
+    typer.Option(
+        "--config", help="Built-in model: small, or full (Llama-3.2-3B shaped; the default)."
+    ),
+]
+ModelDirs = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--model", help="An mlx-lm model directory (config.json + safetensors); repeatable."
+    ),
+]
+Bits = Annotated[
+    str | None,
+    typer.Option(
+        "--bits",
+        help="Comma list of 4, 8, 16 (16 = float16). Default: 4 for full, 16 for "
+        "small, the stored weights for --model.",
+    ),
+]
+DecodeTokens = Annotated[
+    int,
+    typer.Option(
+        "--decode-tokens", help="Tokens generated per decode cell (tg<N> @ d<seq>); 0 skips decode."
+    ),
+]
+ThermalSourceName = Annotated[
+    str,
+    typer.Option(
+        "--thermal-source", "--source", help=f"Where temperatures come from: {SOURCE_HELP}"
+    ),
+]
+PollInterval = Annotated[
+    float,
+    typer.Option(
+        "--poll-interval",
+        "--interval",
+        help="Seconds between temperature readings.",
+        callback=positive("--poll-interval", "seconds"),
+    ),
+]
+MaxSpeedTemp = Annotated[
+    float,
+    typer.Option("--max-speed-temp", help="°C from which the policy asks to reduce the batch."),
+]
+PauseTemp = Annotated[float, typer.Option("--pause-temp", help="°C from which work pauses.")]
+StopTemp = Annotated[float, typer.Option("--stop-temp", help="°C at which work stops.")]
+Hysteresis = Annotated[
+    float, typer.Option("--hysteresis", help="A pause ends below pause-temp minus this many °C.")
+]
+
+
+def unset(option: Any) -> Any:
+    """`option` for a float that is None when not given."""
+    return Annotated[(float | None, *option.__metadata__)]
+
+
+MaxSpeedGiven, PauseGiven = unset(MaxSpeedTemp), unset(PauseTemp)
+StopGiven, HysteresisGiven = unset(StopTemp), unset(Hysteresis)
+ReportFormat = Annotated[
+    str, typer.Option("--format", help=f"One of {', '.join(FORMATS)}.", callback=one_of(FORMATS))
+]
+"""A benchmark report's format (shared.report)."""
+TableFormat = Annotated[
+    str, typer.Option("--format", "-f", help="table or json.", callback=one_of(TABLE_OR_JSON))
+]
+"""Every other command's: a Rich table for people, JSON for scripts (shared.io.cli.emit)."""
+Output = Annotated[Path | None, typer.Option("--output", help="Write the report to FILE.")]
+RetentionDays = Annotated[
+    float,
+    typer.Option(
+        "--retention-days",
+        help="Telemetry samples and events older than this many days are dropped.",
+        callback=positive("--retention-days"),
+    ),
+]
+PrometheusAddress = Annotated[
+    str | None,
+    typer.Option(
+        "--prometheus",
+        help="Also serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks a free one).",
+    ),
+]
+
+
+# --- option groups ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MatrixOptions:
+    """What to benchmark (shared.matrix): `agent bench` and `coordinator benchmark` alike."""
+
+    seq_lengths: SeqLengths = ",".join(map(str, DEFAULT_SEQ_LENGTHS))
+    batch_sizes: BatchSizes = ",".join(map(str, DEFAULT_MATRIX.batch_sizes))
+    warmup: Warmup = DEFAULT_MATRIX.warmup
+    iterations: Iterations = DEFAULT_MATRIX.iterations
+    config_small: ConfigSmall = False
+    config: ConfigName = None
+    model: ModelDirs = None
+    bits: Bits = None
+    decode_tokens: DecodeTokens = DEFAULT_MATRIX.decode_tokens
+
+    def spec(self, model_dirs: list[str] | None = None) -> MatrixSpec:
+        """The options as a validated MatrixSpec, with `model_dirs` for --model (as the caller
+        resolved them; the paths given, by default). Raises MatrixError naming the problem."""
+        if self.config is not None and self.config not in BUILTIN_DEFAULT_BITS:
+            known = ", ".join(BUILTIN_DEFAULT_BITS)
+            raise MatrixError(f"unknown config {self.config!r}; known configs: {known}")
+        if model_dirs is None:
+            model_dirs = [str(path) for path in self.model or []]
+        configs = [self.config] if self.config else []
+        if self.config_small:
+            configs.append("small")
+        if not configs and not model_dirs:
+            configs = ["full"]
+        spec = MatrixSpec(
+            seq_lengths=parse_int_list(self.seq_lengths, "--seq-lengths"),
+            batch_sizes=parse_int_list(self.batch_sizes, "--batch-sizes"),
+            models=(*configs, *model_dirs),
+            bits=parse_int_list(self.bits, "--bits") if self.bits else (None,),
+            decode_tokens=self.decode_tokens,
+            warmup=self.warmup,
+            iterations=self.iterations,
+        )
+        expand(spec)
+        return spec
+
+
+@dataclass(frozen=True)
+class ThermalOptions:
+    """Where temperatures come from and how often they are read."""
+
+    thermal_source: ThermalSourceName = "auto"
+    poll_interval: PollInterval = DEFAULT_POLL_INTERVAL_S
+
+
+@dataclass(frozen=True)
+class PolicyOptions:
+    """The cooling policy's thresholds, defaulting to ThermalPolicy()'s."""
+
+    max_speed_temp: MaxSpeedTemp = DEFAULT_POLICY.max_speed_temp
+    pause_temp: PauseTemp = DEFAULT_POLICY.pause_temp
+    stop_temp: StopTemp = DEFAULT_POLICY.stop_temp
+    hysteresis: Hysteresis = DEFAULT_POLICY.hysteresis
+
+    def policy(self) -> ThermalPolicy:
+        """The thresholds as a ThermalPolicy, or exit 2 naming the ones out of order."""
+        try:
+            return ThermalPolicy(
+                self.max_speed_temp, self.pause_temp, self.stop_temp, hysteresis=self.hysteresis
+            )
+        except ValueError as exc:
+            raise usage_error(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class PolicyChanges:
+    """The same thresholds, each None unless given: what `coordinator policy` pushes."""
+
+    max_speed_temp: MaxSpeedGiven = None
+    pause_temp: PauseGiven = None
+    stop_temp: StopGiven = None
+    hysteresis: HysteresisGiven = None
+
+    def given(self) -> dict[str, float]:
+        return {f.name: value for f in fields(self) if (value := getattr(self, f.name)) is not None}
+
+
+# --- taking groups whole ------------------------------------------------------------------------
+
+F = TypeVar("F", bound=Callable[..., Any])
+GROUPS = (MatrixOptions, ThermalOptions, PolicyOptions, PolicyChanges)
+
+
+def with_options(command: F) -> F:
+    """Let `command` take option groups: each parameter annotated with a group becomes the
+    group's options on the command line, and the command is called with the group built."""
+    hints = get_type_hints(command, include_extras=True)
+    parameters: list[inspect.Parameter] = []
+    groups: dict[str, tuple[type, list[str]]] = {}
+    for parameter in inspect.signature(command).parameters.values():
+        hint = hints.get(parameter.name, parameter.annotation)
+        if not (isinstance(hint, type) and hint in GROUPS):
+            parameters.append(parameter.replace(annotation=hint))
+            continue
+        assert is_dataclass(hint)
+        group_hints = get_type_hints(hint, include_extras=True)
+        names = [f.name for f in fields(hint)]
+        groups[parameter.name] = (hint, names)
+        parameters += [
+            inspect.Parameter(
+                f.name,
+                parameter.kind,
+                default=f.default,
+                annotation=group_hints[f.name],
+            )
+            for f in fields(hint)
+        ]
+    seen = [p.name for p in parameters]
+    if len(seen) != len(set(seen)):
+        raise TypeError(f"{command.__name__}: an option of a group is declared twice")
+
+    @functools.wraps(command)
+    def expanded(*args: Any, **options: Any) -> Any:
+        for name, (group, names) in groups.items():
+            options[name] = group(**{key: options.pop(key) for key in names})
+        return command(*args, **options)
+
+    expanded.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    expanded.__annotations__ = {p.name: p.annotation for p in parameters}
+    return expanded  # type: ignore[return-value]

@@ -1,0 +1,75 @@
+"""One CLI kit: an option is declared once (shared.io.options) and every command that takes it
+gets the same flags, help, default and check."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+import pytest
+import typer
+import typer.testing
+
+from agent.cli import app as agent_app
+from coordinator.cli import app as coordinator_app
+from shared.io.options import MatrixOptions, PolicyOptions, ThermalOptions, with_options
+from shared.policy import ThermalPolicy
+
+
+def command(app: typer.Typer, name: str) -> Any:
+    """The Click command Typer builds for `name`."""
+    return typer.main.get_command(app).commands[name]  # type: ignore[attr-defined]
+
+
+def options_of(cmd: Any, group: type) -> dict[str, tuple[Any, ...]]:
+    """The group's options as the command exposes them: flags, default, help."""
+    names = {f.name for f in fields(group)}
+    return {
+        p.name: (tuple(p.opts), p.default, getattr(p, "help", None))
+        for p in cmd.params
+        if p.name in names
+    }
+
+
+def test_agent_bench_and_coordinator_benchmark_take_the_same_matrix() -> None:
+    bench = options_of(command(agent_app, "bench"), MatrixOptions)
+    benchmark = options_of(command(coordinator_app, "benchmark"), MatrixOptions)
+    assert bench == benchmark and len(bench) == len(fields(MatrixOptions))
+    assert bench["seq_lengths"][:2] == (("-s", "--seq-lengths"), "128,512,1024,2048")
+
+
+@pytest.mark.parametrize("name", ["bench", "run", "temp", "serve"])
+def test_every_agent_command_takes_the_thermal_options_alike(name: str) -> None:
+    thermal = options_of(command(agent_app, name), ThermalOptions)
+    assert thermal == options_of(command(agent_app, "bench"), ThermalOptions)
+    assert thermal["thermal_source"][:2] == (("--thermal-source", "--source"), "auto")
+
+
+@pytest.mark.parametrize("name", ["bench", "run", "temp"])
+def test_the_policy_options_default_to_the_policys_own_defaults(name: str) -> None:
+    defaults = ThermalPolicy()
+    exposed = options_of(command(agent_app, name), PolicyOptions)
+    assert {key: value[1] for key, value in exposed.items()} == {
+        "max_speed_temp": defaults.max_speed_temp,
+        "pause_temp": defaults.pause_temp,
+        "stop_temp": defaults.stop_temp,
+        "hysteresis": defaults.hysteresis,
+    }
+
+
+def test_with_options_builds_each_group_for_the_command() -> None:
+    heard: list[Any] = []
+
+    @with_options
+    def probe(first: str, thermal: ThermalOptions, limits: PolicyOptions, last: int = 3) -> None:
+        heard.append((first, thermal, limits, last))
+
+    app = typer.Typer()
+    app.command()(probe)
+    result = typer.testing.CliRunner().invoke(
+        app, ["x", "--thermal-source", "none", "--pause-temp", "80", "--last", "4"]
+    )
+    assert result.exit_code == 0, result.output
+    assert heard == [("x", ThermalOptions("none", 1.0), PolicyOptions(pause_temp=80.0), 4)]
+    refused = typer.testing.CliRunner().invoke(app, ["x", "--poll-interval", "0"])
+    assert refused.exit_code == 2

@@ -1,4 +1,6 @@
-"""The cooling policy as data and one pure decision function.
+"""The cooling policy as data, one pure decision function (`decide`: what a reading asks for),
+and the one rule for a supervised job (`react`, applied poll after poll by `CoolingGate`: what
+is done about it, a missing reading included).
 
 Pure on purpose: the agent applies it locally, the coordinator ships it to agents (msgpack), and
 tests exercise every state without a sensor, a thread or a clock.

@@ -160,30 +160,12 @@ class AgentDaemon:
         self.jobs.close()
 
 
-def serve(
-    bind: str,
-    secure: bool,
-    thermal_source: str = "auto",
-    *,
-    poll_interval: float = DEFAULT_POLL_INTERVAL_S,
-    telemetry_port: int | None = None,
-    retention_days: float = DEFAULT_RETENTION_DAYS,
-    prometheus: str | None = None,
-) -> None:
-    """Run the daemon in the foreground until SIGTERM/SIGINT (launchd wants exactly that)."""
-    daemon = AgentDaemon(
-        bind,
-        secure,
-        thermal_source,
-        poll_interval=poll_interval,
-        telemetry_port=telemetry_port,
-        retention_days=retention_days,
-        prometheus=prometheus,
-    )
+def serve(daemon: AgentDaemon) -> None:
+    """Run `daemon` in the foreground until SIGTERM/SIGINT (launchd wants exactly that)."""
     signal.signal(signal.SIGTERM, daemon.stop)
     signal.signal(signal.SIGINT, daemon.stop)
     endpoint = daemon.start()
-    security = f"curve-key={daemon.public_key}" if secure else "INSECURE"
+    security = f"curve-key={daemon.public_key}" if daemon.sockets.secure else "INSECURE"
     print(
         f"agent serve: listening on {endpoint} {security} telemetry={daemon.telemetry}", flush=True
     )

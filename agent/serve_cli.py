@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from agent.endpoints import DEFAULT_BIND, ServeError
-from agent.serve import DEFAULT_RETENTION_DAYS, serve
+from agent.serve import DEFAULT_RETENTION_DAYS, AgentDaemon, serve
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import err, usage_error
 from shared.io.keys import own_keypair
@@ -89,7 +89,7 @@ def serve_command(
             highlight=False,
         )
     try:
-        serve(
+        daemon = AgentDaemon(
             bind,
             not insecure,
             thermal.thermal_source,
@@ -98,6 +98,7 @@ def serve_command(
             retention_days=retention_days,
             prometheus=prometheus,
         )
+        serve(daemon)
     except ServeError as exc:
         raise usage_error(str(exc)) from None
 

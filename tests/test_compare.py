@@ -46,8 +46,11 @@ def test_one_host_is_never_the_fastest() -> None:
     assert fastest_of([on("a", ok_cell(32, 10.0)), on("a", ok_cell(32, 11.0))]) == []
 
 
-def test_failed_and_unmeasured_records_do_not_race() -> None:
+def test_failed_records_do_not_race() -> None:
     assert fastest_of([on("a", ok_cell(32, 10.0)), on("b", failed_cell(32, "OOM"))]) == []
+
+
+def test_unmeasured_records_do_not_race() -> None:
     unmeasured = {**on("b", ok_cell(32, 1.0)), "tokens_per_sec": None}
     assert fastest_of([on("a", ok_cell(32, 10.0)), unmeasured]) == []
     assert fastest_of([on("a", ok_cell(32, 10.0)), unmeasured, on("c", ok_cell(32, 5.0))]) == [
@@ -55,11 +58,24 @@ def test_failed_and_unmeasured_records_do_not_race() -> None:
     ]
 
 
-def test_ties_go_to_the_first_and_nothing_is_mutated() -> None:
-    cells = [on("a", ok_cell(32, 10.0)), {**on("b", ok_cell(32, 10.0)), "fastest": True}]
-    marked = mark_fastest(cells)
+def tied_cells() -> list[dict[str, Any]]:
+    """Two hosts at the same speed, the second carrying a stale mark."""
+    return [on("a", ok_cell(32, 10.0)), {**on("b", ok_cell(32, 10.0)), "fastest": True}]
+
+
+def test_a_tie_goes_to_the_first() -> None:
+    marked = mark_fastest(tied_cells())
     assert [c.get("fastest") for c in marked] == [True, None]  # the stale mark is dropped
+
+
+def test_marking_leaves_the_given_cells_unchanged() -> None:
+    cells = tied_cells()
+    mark_fastest(cells)
     assert "fastest" not in cells[0] and cells[1]["fastest"] is True
+
+
+def test_marking_marked_cells_again_changes_nothing() -> None:
+    marked = mark_fastest(tied_cells())
     assert mark_fastest(marked) == marked
 
 

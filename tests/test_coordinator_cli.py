@@ -174,11 +174,14 @@ def test_usage_errors_exit_2(
     assert "error:" in result.stderr
 
 
-def test_unknown_and_ambiguous_runs_are_named(
-    coordinator_cli: str, two_runs: tuple[str, str]
-) -> None:
+def test_an_unknown_run_is_named(coordinator_cli: str, two_runs: tuple[str, str]) -> None:
     unknown = run_cli(coordinator_cli, "show", "r-nope")
     assert "unknown run 'r-nope'" in unknown.stderr
+
+
+def test_an_ambiguous_run_id_is_named_with_every_run_it_matches(
+    coordinator_cli: str, two_runs: tuple[str, str]
+) -> None:
     ambiguous = run_cli(coordinator_cli, "compare", two_runs[0], "r-")
     assert ambiguous.returncode == 2
     assert "run id 'r-' is ambiguous" in ambiguous.stderr

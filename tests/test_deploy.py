@@ -271,10 +271,9 @@ def dry_run_steps(stdout: str) -> dict[str, str]:
     )
 
 
-def test_dry_run_lists_every_step_and_creates_no_key(
-    coordinator_cli: str, fleet_home: Path, tmp_path: Path
-) -> None:
-    wheel = tmp_path / "dist dir" / "mlx_fleet-9-py3-none-any.whl"
+def dry_run_with_a_wheel(
+    coordinator_cli: str, wheel: Path
+) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
     result = coordinator(
         coordinator_cli,
         "deploy",
@@ -287,7 +286,12 @@ def test_dry_run_lists_every_step_and_creates_no_key(
         str(wheel),
     )
     assert result.returncode == 0, result.stderr
-    steps = dry_run_steps(result.stdout)
+    return result, dry_run_steps(result.stdout)
+
+
+def test_dry_run_lists_every_step(coordinator_cli: str, tmp_path: Path) -> None:
+    wheel = tmp_path / "dist dir" / "mlx_fleet-9-py3-none-any.whl"
+    result, steps = dry_run_with_a_wheel(coordinator_cli, wheel)
     assert list(steps) == [
         "prepare",
         "copy wheel",
@@ -300,13 +304,22 @@ def test_dry_run_lists_every_step_and_creates_no_key(
     assert all(" lab@mac1 " in command for command in steps.values())
     # Pasted into a shell, the copy line must feed the wheel, not create an empty file.
     assert steps["copy wheel"].endswith(f" < '{wheel}'")
+    assert "sudo" not in result.stdout
+
+
+def test_dry_run_creates_no_key(coordinator_cli: str, fleet_home: Path, tmp_path: Path) -> None:
+    wheel = tmp_path / "dist dir" / "mlx_fleet-9-py3-none-any.whl"
+    _, steps = dry_run_with_a_wheel(coordinator_cli, wheel)
     assert (
         "keys trust '\"'\"'<coordinator key, made on the first real run>'\"'\"' "
         in steps["trust coordinator"]
     )
-    assert "sudo" not in result.stdout
     assert not (fleet_home / "keys").exists()  # a dry run runs nothing, writes nothing
 
+
+def test_dry_run_trusts_the_coordinator_key_once_one_exists(
+    coordinator_cli: str, fleet_home: Path
+) -> None:
     key = coordinator(coordinator_cli, "keys", "show").stdout.strip()
     again = coordinator(coordinator_cli, "deploy", "--hosts", "mac1", "--dry-run")
     assert key in dry_run_steps(again.stdout)["trust coordinator"]

@@ -77,9 +77,12 @@ def test_statistics_per_host_from_the_record(recorded: float) -> None:
         assert part in row, (part, row)
 
 
-def test_hosts_and_since_narrow_the_window(recorded: float) -> None:
+def test_hosts_narrow_the_window(recorded: float) -> None:
     only = json.loads(history("--hosts", "mac2", "--format", "json").stdout)["hosts"]
     assert [row["host"] for row in only] == ["mac2:5555"]
+
+
+def test_since_narrows_the_window(recorded: float) -> None:
     recent = json.loads(history("--since", "2m", "--format", "json").stdout)["hosts"]
     assert 110 <= recent[0]["samples"] <= 120 and recent[0]["pauses"] == 0
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(recorded + 590))

@@ -11,6 +11,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
+from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.dates import date2num  # noqa: E402
 
 from coordinator.plot import plot_history, write_plot  # noqa: E402
@@ -34,14 +35,22 @@ def histories() -> list[HostHistory]:
     ]
 
 
-def test_lines_thresholds_and_pauses_match_the_data() -> None:
+def plotted() -> Axes:
     figure = plot_history(histories(), "SoC temperature")
     (axes,) = figure.axes
-    lines = {line.get_label(): line for line in axes.get_lines()}
+    return axes
+
+
+def test_each_host_with_samples_is_a_line_broken_at_silences() -> None:
+    lines = {line.get_label(): line for line in plotted().get_lines()}
     assert set(lines) == {"mac1:5555", "mac2:5555"}  # a host without samples is left out
     assert list(lines["mac1:5555"].get_ydata()) == [70, 80, 86, 88, 84, 78]
     cool = list(lines["mac2:5555"].get_ydata())
     assert cool[:3] == [50, 51, 52] and math.isnan(cool[3]) and cool[4:] == [80, 81, 82]
+
+
+def test_thresholds_follow_the_policy_in_force() -> None:
+    axes = plotted()
     # thresholds: 75/85/95 until the new policy at T0+3, then 75/85/99, each a dashed segment
     segments = sorted(
         (round(float(segment[0][1]), 1), segment[0][0], segment[1][0])
@@ -52,14 +61,22 @@ def test_lines_thresholds_and_pauses_match_the_data() -> None:
     assert [s[0] for s in segments] == [75, 75, 85, 85, 95, 99]
     assert {(s[1], s[2]) for s in segments} == {(when[0], when[1]), (when[1], when[2])}
     labels = axes.get_legend_handles_labels()[1]
-    assert {"stop ≥ 95 °C", "stop ≥ 99 °C", "pause ≥ 85 °C", "mac1:5555 paused"} <= set(labels)
+    assert {"stop ≥ 95 °C", "stop ≥ 99 °C", "pause ≥ 85 °C"} <= set(labels)
+
+
+def test_paused_stretches_are_shaded() -> None:
+    axes = plotted()
+    assert "mac1:5555 paused" in axes.get_legend_handles_labels()[1]
     # one shaded stretch: the samples at 86 and 88 (1 s each)
     (span,) = axes.patches
     left, width = span.get_x(), span.get_width()
     assert (left, left + width) == pytest.approx(
         [date2num(datetime.fromtimestamp(T0 + t)) for t in (2, 4)]
     )
-    assert "simulated or replayed" in axes.get_title()
+
+
+def test_the_title_says_the_data_is_simulated() -> None:
+    assert "simulated or replayed" in plotted().get_title()
 
 
 def test_write_plot_makes_a_png(tmp_path: Path) -> None:

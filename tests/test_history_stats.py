@@ -124,12 +124,20 @@ def test_spans_cap_a_silence_at_three_usual_intervals() -> None:
     assert sample_spans([0, 1, 2, 60, 61]) == [1, 1, 3, 1, 1]
 
 
-def test_the_policy_in_force_is_the_last_learned_before_and_the_first_before_any() -> None:
-    hotter = {**POLICY, "pause_temp": 88.0}
-    policies = [(100.0, POLICY), (200.0, hotter)]
-    assert policy_at(policies, 50.0) is POLICY
-    assert policy_at(policies, 150.0) is POLICY
-    assert policy_at(policies, 200.0) is hotter
+HOTTER = {**POLICY, "pause_temp": 88.0}
+LEARNED = [(100.0, POLICY), (200.0, HOTTER)]
+
+
+def test_the_policy_in_force_is_the_last_learned_before() -> None:
+    assert policy_at(LEARNED, 150.0) is POLICY
+    assert policy_at(LEARNED, 200.0) is HOTTER
+
+
+def test_before_any_policy_was_learned_the_first_is_in_force() -> None:
+    assert policy_at(LEARNED, 50.0) is POLICY
+
+
+def test_without_a_learned_policy_none_is_in_force() -> None:
     assert policy_at([], 1.0) is None
 
 
@@ -185,30 +193,49 @@ def test_store_keeps_each_sample_and_event_once(tmp_path: Path) -> None:
         assert store.add(first, events) == (first, events)
         again = store.add([("a:1", sample(2, 71)), ("a:1", sample(3, 72))], events)
         assert again == ([("a:1", sample(3, 72))], [])
-        assert store.cursor("a:1") is None
-        store.add(cursors={"a:1": Cursor("h1", 3, 0)})
-        assert store.cursor("a:1") == Cursor("h1", 3, 0) and store.cursor("b:1") is None
         by_host = store.samples(2, ["a:1"])
         assert list(by_host) == ["a:1"] and by_host["a:1"] == [
             {k: v for k, v in sample(t, c).items() if k != "host"} for t, c in ((2, 71), (3, 72))
         ]
         assert [e["action"] for e in store.events(0)["a:1"]] == ["pause", "policy"]
-        store.record_policy("a:1", POLICY, 10)
-        store.record_policy("a:1", dict(POLICY), 11)  # the same: not a change
-        store.record_policy("a:1", {**POLICY, "stop_temp": 99.0}, 12)
-        assert [t for t, _ in store.policies()["a:1"]] == [10, 12]
     with TelemetryStore(tmp_path / "t.sqlite") as reopened:
         assert len(reopened.samples(0)["a:1"]) == 3
 
 
-def test_prune_drops_old_samples_and_events_but_keeps_policies(tmp_path: Path) -> None:
+def test_store_keeps_the_cursor_it_is_given_per_host(tmp_path: Path) -> None:
     with TelemetryStore(tmp_path / "t.sqlite") as store:
-        store.add(
-            [("a:1", sample(1, 70)), ("a:1", sample(5, 71))],
-            [("a:1", event(2, "pause", 86)), ("a:1", event(6, "resume", 80))],
-        )
-        store.record_policy("a:1", POLICY, 1)
+        store.add([("a:1", sample(1, 70)), ("b:1", sample(1, 60))], [])
+        assert store.cursor("a:1") is None
+        store.add(cursors={"a:1": Cursor("h1", 3, 0)})
+        assert store.cursor("a:1") == Cursor("h1", 3, 0) and store.cursor("b:1") is None
+
+
+def test_store_records_a_policy_only_when_it_changes(tmp_path: Path) -> None:
+    with TelemetryStore(tmp_path / "t.sqlite") as store:
+        store.record_policy("a:1", POLICY, 10)
+        store.record_policy("a:1", dict(POLICY), 11)  # the same: not a change
+        store.record_policy("a:1", {**POLICY, "stop_temp": 99.0}, 12)
+        assert [t for t, _ in store.policies()["a:1"]] == [10, 12]
+
+
+def fill_for_pruning(store: TelemetryStore) -> None:
+    store.add(
+        [("a:1", sample(1, 70)), ("a:1", sample(5, 71))],
+        [("a:1", event(2, "pause", 86)), ("a:1", event(6, "resume", 80))],
+    )
+    store.record_policy("a:1", POLICY, 1)
+
+
+def test_prune_drops_telemetry_older_than_the_cutoff(tmp_path: Path) -> None:
+    with TelemetryStore(tmp_path / "t.sqlite") as store:
+        fill_for_pruning(store)
         assert store.prune(before=4) == 2
         assert [s["time"] for s in store.samples(0)["a:1"]] == [5]
         assert [e["action"] for e in store.events(0)["a:1"]] == ["resume"]
+
+
+def test_prune_keeps_policies(tmp_path: Path) -> None:
+    with TelemetryStore(tmp_path / "t.sqlite") as store:
+        fill_for_pruning(store)
+        store.prune(before=4)
         assert store.policies()["a:1"]

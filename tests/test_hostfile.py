@@ -103,11 +103,17 @@ host = "[::1]:5556"
     ]
 
 
-def test_json_object_and_list(tmp_path: Path) -> None:
-    hosts = [{"host": "10.0.0.2", "port": 5555, "key": KEY}, {"host": "mac2:6001"}]
-    expected = [HostEntry("10.0.0.2", 5555, KEY), HostEntry("mac2", 6001, None)]
-    assert parse_hostfile(write(tmp_path, "a.json", json.dumps({"hosts": hosts}))) == expected
-    assert parse_hostfile(write(tmp_path, "b.json", json.dumps(hosts))) == expected
+JSON_HOSTS = [{"host": "10.0.0.2", "port": 5555, "key": KEY}, {"host": "mac2:6001"}]
+JSON_ENTRIES = [HostEntry("10.0.0.2", 5555, KEY), HostEntry("mac2", 6001, None)]
+
+
+def test_json_object_with_a_hosts_list(tmp_path: Path) -> None:
+    path = write(tmp_path, "a.json", json.dumps({"hosts": JSON_HOSTS}))
+    assert parse_hostfile(path) == JSON_ENTRIES
+
+
+def test_json_list_of_hosts(tmp_path: Path) -> None:
+    assert parse_hostfile(write(tmp_path, "b.json", json.dumps(JSON_HOSTS))) == JSON_ENTRIES
 
 
 def test_mlx_launch_hostfile(tmp_path: Path) -> None:

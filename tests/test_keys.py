@@ -15,16 +15,21 @@ from shared.io.trust import list_trusted, trust, trusted_dir
 from tests.fleet_support import cli
 
 
-def test_keypair_is_made_once_and_its_secret_is_private(fleet_home: Path) -> None:
+def test_keypair_is_made_once(fleet_home: Path) -> None:
     first = own_keypair()
     assert own_keypair() == first
     secret = fleet_home / "keys" / "self.key_secret"
-    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
-    assert stat.S_IMODE((fleet_home / "keys").stat().st_mode) == 0o700
     public, loaded_secret = zmq.auth.load_certificate(secret)
     assert (public.decode(), loaded_secret.decode()) == (first.public, first.secret)
-    assert zmq.auth.load_certificate(fleet_home / "keys" / "self.key")[1] is None
     assert zmq.curve_public(first.secret.encode()).decode() == first.public
+
+
+def test_the_secret_is_private(fleet_home: Path) -> None:
+    own_keypair()
+    secret = fleet_home / "keys" / "self.key_secret"
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert stat.S_IMODE((fleet_home / "keys").stat().st_mode) == 0o700
+    assert zmq.auth.load_certificate(fleet_home / "keys" / "self.key")[1] is None
 
 
 def test_agent_keys_show_prints_the_public_key_alone() -> None:
@@ -50,9 +55,12 @@ def test_agent_trust_list_revoke(fleet_home: Path) -> None:
     assert missing.returncode == 1 and "no trusted key" in missing.stderr
 
 
-def test_bad_keys_and_names_are_usage_errors() -> None:
+def test_a_bad_key_is_a_usage_error() -> None:
     short = cli("agent", "keys", "trust", "tooshort")
     assert short.returncode == 2 and "40 Z85 characters" in short.stderr
+
+
+def test_a_bad_name_is_a_usage_error() -> None:
     key = new_keypair()[0]
     bad_name = cli("agent", "keys", "trust", key, "--name", "../evil")
     assert bad_name.returncode == 2 and "bad name" in bad_name.stderr
@@ -64,10 +72,17 @@ def test_a_name_is_not_silently_reused() -> None:
     assert clash.returncode == 2 and "already used" in clash.stderr
 
 
-def test_the_zap_check_sees_trust_and_revocation_at_once() -> None:
+def test_the_zap_check_sees_a_new_trust_at_once() -> None:
     key = zmq.curve_keypair()[0]
     check = TrustedKeys(trusted_dir())
     assert not check.callback("*", key)
+    trust(key.decode())
+    assert check.callback("*", key)
+
+
+def test_the_zap_check_sees_a_revocation_at_once() -> None:
+    key = zmq.curve_keypair()[0]
+    check = TrustedKeys(trusted_dir())
     entry = trust(key.decode())
     assert check.callback("*", key)
     entry.path.unlink()

@@ -90,11 +90,17 @@ def test_round_trip_through_plain_data() -> None:
     assert MatrixSpec.from_dict(spec.to_dict()) == spec
 
 
-def test_from_dict_rejects_unknown_fields_and_wrong_types() -> None:
+def test_from_dict_rejects_unknown_fields() -> None:
     with pytest.raises(MatrixError, match="unknown matrix field"):
         MatrixSpec.from_dict({"seq_lengths": [8], "turbo": True})
+
+
+def test_from_dict_rejects_a_field_of_the_wrong_type() -> None:
     with pytest.raises(MatrixError, match="seq_lengths must be a list"):
         MatrixSpec.from_dict({"seq_lengths": 8})
+
+
+def test_from_dict_validates_the_spec_it_builds() -> None:
     with pytest.raises(MatrixError, match="batch size"):
         MatrixSpec.from_dict({"batch_sizes": [0]})
 

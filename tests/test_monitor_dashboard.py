@@ -33,32 +33,47 @@ def alerts(board: Dashboard) -> list[tuple[str, str]]:
     return [(alert.level, alert.text) for alert in board.alerts]
 
 
-def test_silence_needs_five_intervals_and_never_less_than_the_minimum() -> None:
-    assert silent_after(0.1) == MIN_SILENCE_S
+def test_silence_needs_five_intervals() -> None:
     assert silent_after(2.0) == 10.0
-    assert silent_after(None) == 5.0
+    assert silent_after(None) == 5.0  # an unknown interval counts as 1 s
 
 
-def test_buckets_average_the_window_and_leave_gaps_empty() -> None:
+def test_silence_never_needs_less_than_the_minimum() -> None:
+    assert silent_after(0.1) == MIN_SILENCE_S
+
+
+def window_buckets() -> list[float | None]:
+    """30 buckets over the last 300 s: a reading before the window, two in the first bucket,
+    a sample without a reading, two in the last bucket."""
     series = [(-5.0, 99.0), (0.0, 10.0), (1.0, 20.0), (250.0, None), (299.0, 40.0), (300.0, 60.0)]
-    buckets = bucket_means(series, 300.0, 300.0, 30)
+    return bucket_means(series, 300.0, 300.0, 30)
+
+
+def test_buckets_average_their_part_of_the_window() -> None:
+    buckets = window_buckets()
     assert buckets[0] == 15.0 and buckets[-1] == 50.0
-    assert buckets[1:-1] == [None] * 28
+
+
+def test_buckets_without_a_reading_are_empty() -> None:
+    assert window_buckets()[1:-1] == [None] * 28
 
 
 def test_durations() -> None:
     assert [duration(s) for s in (0, 42.4, 185, 3720)] == ["0 s", "42 s", "3m 05s", "1h 02m"]
 
 
-def test_a_row_shows_reading_source_trend_state_jobs_and_pause_time() -> None:
+def rows_of_mac1_sampled_mac2_not_connected() -> list[str]:
     board = Dashboard(["mac1:5555", "mac2:5555"])
     board.connected("mac1:5555", "mac1", INFO_OK, now=100.0)
     body = sample(1000.0, 86.04, "pause", jobs=[job("paused")], pause_s_total=65.0)
     body["trend_c_per_min"] = 2.4
     body["source"] = "replay:/lab/[bold]curve.csv"  # an agent's text is shown, never markup
     board.sample("mac1:5555", body, now=100.5)
-    text = text_of(board, 100.6)
-    row = next(line for line in text.splitlines() if "mac1:5555" in line)
+    return text_of(board, 100.6).splitlines()
+
+
+def test_a_row_shows_the_latest_sample_of_its_host() -> None:
+    row = next(line for line in rows_of_mac1_sampled_mac2_not_connected() if "mac1:5555" in line)
     for part in (
         "86.0 sim",
         "↑ +2.4/min",
@@ -68,7 +83,10 @@ def test_a_row_shows_reading_source_trend_state_jobs_and_pause_time() -> None:
         "replay:/lab/[bold]curve.csv",
     ):
         assert part in row, (part, row)
-    other = next(line for line in text.splitlines() if "mac2:5555" in line)
+
+
+def test_a_host_not_yet_connected_shows_connecting() -> None:
+    other = next(line for line in rows_of_mac1_sampled_mac2_not_connected() if "mac2:5555" in line)
     assert "connecting" in other
 
 
@@ -117,7 +135,7 @@ def test_job_events_alert_with_job_pid_and_temperature() -> None:
     assert [alert.time for alert in board.alerts] == [11, 12, 13, 14, 15]
 
 
-def test_silence_unreachability_and_recovery_alert_once_each() -> None:
+def test_a_silence_alerts_once_as_it_begins_once_as_it_ends() -> None:
     board = Dashboard(["mac1:5555"])
     board.connected("mac1:5555", "mac1", INFO_OK, now=0.0)
     board.sample("mac1:5555", sample(1000.0, 70), now=1.0)
@@ -128,13 +146,21 @@ def test_silence_unreachability_and_recovery_alert_once_each() -> None:
     assert board.hosts["mac1:5555"].silent
     assert "silent 19 s" in text_of(board, 20.0)
     board.sample("mac1:5555", sample(1020.0, 71), now=21.0)
+    assert alerts(board) == [
+        (WARNING, "silent: no sample for 4 s"),
+        (INFO, "publishing again"),
+    ]
+
+
+def test_unreachability_alerts_once_as_it_begins_once_as_it_ends() -> None:
+    board = Dashboard(["mac1:5555"])
+    board.connected("mac1:5555", "mac1", INFO_OK, now=0.0)
+    board.sample("mac1:5555", sample(1000.0, 70), now=1.0)
     board.unreachable("mac1:5555", "connection refused for 1 s", now=30.0)
     board.unreachable("mac1:5555", "connection refused for 1 s", now=35.0)
     assert "unreachable" in text_of(board, 36.0)
     board.connected("mac1:5555", "mac1", INFO_OK, now=40.0)
     assert alerts(board) == [
-        (WARNING, "silent: no sample for 4 s"),
-        (INFO, "publishing again"),
         (CRITICAL, "unreachable: connection refused for 1 s"),
         (INFO, "reachable again"),
     ]

@@ -49,7 +49,7 @@ def test_thresholds_out_of_order_name_all_three(
 
 
 @pytest.mark.parametrize("field", ["pause_duration", "hysteresis"])
-def test_negative_durations_and_hysteresis_are_refused(field: str) -> None:
+def test_a_negative_pause_duration_or_hysteresis_is_refused(field: str) -> None:
     with pytest.raises(ValueError, match=field):
         ThermalPolicy(**{field: -1.0})
 
@@ -137,12 +137,18 @@ def test_dict_round_trip_survives_msgpack() -> None:
     assert ThermalPolicy.from_dict(msgpack.unpackb(wire)) == policy
 
 
-def test_from_dict_fills_defaults_and_refuses_unknown_keys() -> None:
+def test_from_dict_fills_defaults() -> None:
     assert ThermalPolicy.from_dict({"stop_temp": 99}) == ThermalPolicy(stop_temp=99.0)
+
+
+def test_from_dict_refuses_unknown_keys() -> None:
     with pytest.raises(ValueError, match="pause_tmp"):
         ThermalPolicy.from_dict({"pause_tmp": 80})
+
+
+def test_from_dict_checks_the_thresholds_against_the_defaults() -> None:
     with pytest.raises(ValueError, match="max_speed_temp"):
-        ThermalPolicy.from_dict({"max_speed_temp": 90})
+        ThermalPolicy.from_dict({"max_speed_temp": 90})  # above the default pause_temp, 85
 
 
 def test_a_hysteresis_that_would_never_end_a_pause_is_refused() -> None:

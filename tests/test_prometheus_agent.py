@@ -98,31 +98,60 @@ def test_metrics_follow_samples_and_policy_actions(
     assert metrics[("mlx_fleet_cooling_state", host)] == 1.0
 
 
-def test_no_reading_means_no_temperature_and_no_state_never_nan() -> None:
+SAMPLE = {
+    "host": "mac1",
+    "celsius": 70.0,
+    "source": "iohid",
+    "state": "ok",
+    "pause_s_total": 4.0,
+}
+
+
+def without_a_reading() -> TelemetryMetrics:
+    """A sample with a reading, then one without."""
     metrics = TelemetryMetrics()
-    sample = {
-        "host": "mac1",
-        "celsius": 70.0,
-        "source": "iohid",
-        "state": "ok",
-        "pause_s_total": 4.0,
-    }
-    metrics.observe_sample(sample)
-    metrics.observe_sample({**sample, "celsius": None, "state": None, "pause_s_total": 6.0})
-    text = generate(metrics)
+    metrics.observe_sample(SAMPLE)
+    metrics.observe_sample({**SAMPLE, "celsius": None, "state": None, "pause_s_total": 6.0})
+    return metrics
+
+
+def after_a_restart() -> TelemetryMetrics:
+    """Then the agent restarts, on another source, its pause total counting from 0 again."""
+    metrics = without_a_reading()
+    metrics.observe_sample({**SAMPLE, "source": "macmon", "pause_s_total": 1.0})
+    return metrics
+
+
+def test_no_reading_exports_no_temperature_no_state_never_nan() -> None:
+    text = generate(without_a_reading())
     assert "mlx_fleet_soc_temperature_celsius{" not in text and "NaN" not in text
     assert "mlx_fleet_cooling_state{" not in text
-    metrics.observe_sample({**sample, "source": "macmon", "pause_s_total": 1.0})  # restarted
-    values = parse(generate(metrics))
+
+
+def test_the_pause_counter_survives_an_agent_restart() -> None:
+    values = parse(generate(after_a_restart()))
     assert values[("mlx_fleet_pause_seconds_total", (("host", "mac1"),))] == 7.0
+
+
+def test_the_temperature_is_labelled_with_the_new_source_after_a_restart() -> None:
+    values = parse(generate(after_a_restart()))
     assert (
         values[("mlx_fleet_soc_temperature_celsius", (("host", "mac1"), ("source", "macmon")))]
         == 70.0
     )
-    metrics.observe_event({"host": "mac1", "action": "exit"})  # not a policy action
+
+
+def test_a_host_set_down_reads_0() -> None:
+    metrics = after_a_restart()
     metrics.set_up("mac1", False)
     values = parse(generate(metrics))
     assert values[("mlx_fleet_agent_up", (("host", "mac1"),))] == 0.0
+
+
+def test_an_exit_event_is_not_a_policy_action() -> None:
+    metrics = after_a_restart()
+    metrics.observe_event({"host": "mac1", "action": "exit"})
+    values = parse(generate(metrics))
     assert not [key for key in values if key[0] == "mlx_fleet_policy_actions_total"]
 
 

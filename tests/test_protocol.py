@@ -189,16 +189,26 @@ def test_make_checks_bodies_where_they_are_built() -> None:
         p.make("bench.cancel", {})
 
 
-def test_telemetry_is_topic_then_envelope_and_the_topic_must_match() -> None:
+def sample_frames() -> list[bytes]:
+    return p.telemetry_frames(p.make("telemetry.sample", VALID_BODIES["telemetry.sample"]))
+
+
+def test_telemetry_is_topic_then_envelope() -> None:
     sample = p.make("telemetry.sample", VALID_BODIES["telemetry.sample"])
     frames = p.telemetry_frames(sample)
     assert frames[0] == b"sample" and p.decode_telemetry(frames) == sample
     event = p.make("telemetry.event", VALID_BODIES["telemetry.event"])
     assert p.telemetry_frames(event)[0] == b"event"
+
+
+def test_the_telemetry_topic_must_match_the_envelope() -> None:
     with pytest.raises(p.ProtocolError, match="does not match"):
-        p.decode_telemetry([b"event", frames[1]])
+        p.decode_telemetry([b"event", sample_frames()[1]])
+
+
+def test_telemetry_needs_two_frames() -> None:
     with pytest.raises(p.ProtocolError, match="two frames"):
-        p.decode_telemetry(frames[1:])
+        p.decode_telemetry(sample_frames()[1:])
 
 
 def test_telemetry_is_not_a_request() -> None:

@@ -211,7 +211,7 @@ def unshare_net() -> list[str]:
     pytest.skip("cannot create a network namespace here (needs unshare and privileges)")
 
 
-def test_enforces_the_policy_with_no_coordinator_no_daemon_and_no_network(
+def test_enforces_the_policy_with_nothing_reachable(
     agent_run: Start, fleet_home: Path, tmp_path: Path
 ) -> None:
     """The agent keeps enforcing its policy when the coordinator is unreachable: here nothing is

@@ -82,7 +82,9 @@ def test_a_job_streams_every_cell_then_job_get_returns_them(
     client.close()
 
 
-def test_busy_while_a_job_runs_and_cancel(ctx: zmq.Context, agents: AgentPool) -> None:
+def test_a_running_job_keeps_others_out_until_it_is_cancelled(
+    ctx: zmq.Context, agents: AgentPool
+) -> None:
     agent = trusted_agent(agents)
     client = connect(ctx, agent)
     other = connect(ctx, agent)

@@ -60,9 +60,7 @@ def calls(path_dir: Path) -> list[list[str]]:
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
-def test_launchd_dry_run_prints_a_plist_and_changes_nothing(
-    agent_cli: str, home: Path, fleet_home: Path
-) -> None:
+def launchd_dry_run(agent_cli: str, home: Path) -> subprocess.CompletedProcess:
     result = agent(
         agent_cli,
         home,
@@ -76,6 +74,11 @@ def test_launchd_dry_run_prints_a_plist_and_changes_nothing(
         "macmon",
     )
     assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_launchd_dry_run_prints_a_plist(agent_cli: str, home: Path, fleet_home: Path) -> None:
+    result = launchd_dry_run(agent_cli, home)
     plist = plistlib.loads(result.stdout.encode())
     assert plist["Label"] == "io.mlx-fleet.agent"
     program = plist["ProgramArguments"]
@@ -96,6 +99,10 @@ def test_launchd_dry_run_prints_a_plist_and_changes_nothing(
     assert plist["StandardOutPath"].startswith(str(fleet_home))
     assert plist["StandardErrorPath"].startswith(str(fleet_home))
     assert plist["EnvironmentVariables"]["MLX_FLEET_HOME"] == str(fleet_home)
+
+
+def test_launchd_dry_run_only_says_what_it_would_do(agent_cli: str, home: Path) -> None:
+    result = launchd_dry_run(agent_cli, home)
     assert "launchctl bootstrap gui/" in result.stderr
     assert f"{home}/Library/LaunchAgents/io.mlx-fleet.agent.plist" in result.stderr
     assert not (home / "Library").exists()
@@ -201,42 +208,52 @@ def test_system_scope_points_at_system_folders(agent_cli: str, home: Path) -> No
     assert read_unit(systemd.stdout)["Install"]["WantedBy"] == "multi-user.target"
 
 
-def test_launchd_install_replaces_status_and_uninstall(
-    agent_cli: str, home: Path, fake_managers: Path, fleet_home: Path
+def install_launchd(agent_cli: str, home: Path, fake_managers: Path) -> Path:
+    """`agent install --launchd` through the fake launchctl; returns the plist it wrote."""
+    plist = home / "Library/LaunchAgents/io.mlx-fleet.agent.plist"
+    result = agent(agent_cli, home, "install", "--launchd", path_dir=fake_managers)
+    assert result.returncode == 0, result.stderr
+    assert plistlib.loads(plist.read_bytes())["Label"] == "io.mlx-fleet.agent"
+    return plist
+
+
+def launchd_status(agent_cli: str, home: Path, fake_managers: Path) -> dict:
+    status = agent(
+        agent_cli, home, "service-status", "--launchd", "--format", "json", path_dir=fake_managers
+    )
+    return json.loads(status.stdout)
+
+
+def test_launchd_install_replaces_an_earlier_install(
+    agent_cli: str, home: Path, fake_managers: Path
 ) -> None:
     uid = os.getuid()
-    plist = home / "Library/LaunchAgents/io.mlx-fleet.agent.plist"
-    for _ in range(2):  # the second install replaces the first
-        result = agent(agent_cli, home, "install", "--launchd", path_dir=fake_managers)
-        assert result.returncode == 0, result.stderr
-        assert plistlib.loads(plist.read_bytes())["Label"] == "io.mlx-fleet.agent"
+    install_launchd(agent_cli, home, fake_managers)
+    plist = install_launchd(agent_cli, home, fake_managers)
     bootstraps = [c for c in calls(fake_managers) if c[:2] == ["launchctl", "bootstrap"]]
     assert bootstraps == [["launchctl", "bootstrap", f"gui/{uid}", str(plist)]] * 2
     state = json.loads((fake_managers.parent / "service-state.json").read_text())
     assert state["loaded"] == [f"gui/{uid}/io.mlx-fleet.agent"]
 
-    status = agent(
-        agent_cli, home, "service-status", "--launchd", "--format", "json", path_dir=fake_managers
-    )
-    report = json.loads(status.stdout)
+
+def test_launchd_status_reports_the_installed_agent(
+    agent_cli: str, home: Path, fake_managers: Path, fleet_home: Path
+) -> None:
+    install_launchd(agent_cli, home, fake_managers)
+    report = launchd_status(agent_cli, home, fake_managers)
     assert report["installed"] and report["running"] and report["pid"] == 4242
     assert report["last_exit"] == "0"
     assert report["logs"][0].startswith(str(fleet_home))
 
+
+def test_launchd_uninstall_removes_the_service_but_keeps_the_data(
+    agent_cli: str, home: Path, fake_managers: Path, fleet_home: Path
+) -> None:
+    plist = install_launchd(agent_cli, home, fake_managers)
     removed = agent(agent_cli, home, "uninstall", "--launchd", path_dir=fake_managers)
     assert removed.returncode == 0, removed.stderr
     assert not plist.exists() and fleet_home.exists()
-    after = json.loads(
-        agent(
-            agent_cli,
-            home,
-            "service-status",
-            "--launchd",
-            "--format",
-            "json",
-            path_dir=fake_managers,
-        ).stdout
-    )
+    after = launchd_status(agent_cli, home, fake_managers)
     assert not after["installed"] and not after["running"]
 
 

@@ -22,15 +22,32 @@ def columns(path: Path, table: str) -> list[str]:
         return [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
 
 
-def test_a_new_file_takes_every_step_and_gets_an_id(tmp_path: Path) -> None:
-    path = tmp_path / "s.sqlite"
+def new_store(path: Path) -> str:
+    """Open a new file with every step and close it; returns its id."""
     conn = open_store(path, STEPS, what="test store")
-    first = store_id(conn)
+    made = store_id(conn)
     conn.close()
+    return made
+
+
+def test_a_new_file_takes_every_step(tmp_path: Path) -> None:
+    path = tmp_path / "s.sqlite"
+    new_store(path)
     assert columns(path, "a") == ["x", "y"] and columns(path, "b") == ["z"]
     with sqlite3.connect(path) as raw:
         assert raw.execute("PRAGMA user_version").fetchone()[0] == 2
+
+
+def test_a_new_file_is_in_wal_mode(tmp_path: Path) -> None:
+    path = tmp_path / "s.sqlite"
+    new_store(path)
+    with sqlite3.connect(path) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_a_new_file_gets_an_id_it_keeps(tmp_path: Path) -> None:
+    path = tmp_path / "s.sqlite"
+    first = new_store(path)
     again = open_store(path, STEPS, what="test store")  # nothing left to do: nothing done
     assert store_id(again) == first and len(first) == 16
     again.close()
@@ -60,12 +77,15 @@ def test_a_failed_step_changes_nothing(tmp_path: Path) -> None:
         assert raw.execute("PRAGMA user_version").fetchone()[0] == 1
 
 
-def test_a_newer_file_and_garbage_are_refused_by_name(tmp_path: Path) -> None:
+def test_a_newer_file_is_refused_by_name(tmp_path: Path) -> None:
     future = tmp_path / "future.sqlite"
     with sqlite3.connect(future) as raw:
         raw.execute("PRAGMA user_version = 9")
     with pytest.raises(StoreError, match="schema version 9; this mlx-fleet reads up to 2"):
         open_store(future, STEPS, what="test store")
+
+
+def test_garbage_is_refused_by_name(tmp_path: Path) -> None:
     garbage = tmp_path / "garbage.sqlite"
     garbage.write_bytes(b"not sqlite " * 200)
     with pytest.raises(StoreError, match="garbage.sqlite: not a usable mlx-fleet test store"):

@@ -82,10 +82,16 @@ def test_default_path_is_under_the_data_dir(fleet_home: Path) -> None:
     assert store.path.is_file()
 
 
-def test_ids_are_readable_and_unique(store: RunStore) -> None:
-    ids = [store.create_run({}, ["mac1:5555"]) for _ in range(300)]
-    assert len(set(ids)) == 300
-    for run_id in ids:
+def three_hundred_ids(store: RunStore) -> list[str]:
+    return [store.create_run({}, ["mac1:5555"]) for _ in range(300)]
+
+
+def test_ids_are_unique(store: RunStore) -> None:
+    assert len(set(three_hundred_ids(store))) == 300
+
+
+def test_ids_are_readable(store: RunStore) -> None:
+    for run_id in three_hundred_ids(store):
         assert re.fullmatch(r"r-\d{8}-\d{4}-[0-9a-f]{4}", run_id), run_id
 
 
@@ -171,22 +177,40 @@ def test_list_runs_newest_first_with_counts(store: RunStore) -> None:
     assert [r["id"] for r in store.list_runs(limit=2)] == [unfinished, newer]
 
 
-def test_prefix_lookup_and_unknown_ids(store: RunStore) -> None:
+def test_a_unique_prefix_finds_its_run(store: RunStore) -> None:
     run_id = store.create_run({}, ["mac1:5555"])
     assert store.load_report(run_id[:-1])["run_id"] == run_id
     assert store.resolve(run_id) == run_id
+
+
+def test_an_unknown_id_is_a_key_error_that_names_it(store: RunStore) -> None:
+    store.create_run({}, ["mac1:5555"])
     with pytest.raises(UnknownRunError, match="unknown run 'r-nope'") as caught:
         store.load_report("r-nope")
     assert isinstance(caught.value, KeyError)
     assert str(caught.value) == "unknown run 'r-nope'; `coordinator runs` lists them"
+
+
+def test_a_prefix_of_two_runs_is_ambiguous(store: RunStore) -> None:
+    store.create_run({}, ["mac1:5555"])
     store.create_run({}, ["mac1:5555"])
     with pytest.raises(UnknownRunError, match="ambiguous"):
         store.load_report("r-")
+
+
+def test_an_empty_id_is_unknown(store: RunStore) -> None:
+    store.create_run({}, ["mac1:5555"])  # the one run every prefix matches: still not found
     with pytest.raises(UnknownRunError):
         store.load_report("")
-    # LIKE wildcards in a prefix are taken literally
+
+
+def test_like_wildcards_in_a_prefix_are_taken_literally(store: RunStore) -> None:
+    store.create_run({}, ["mac1:5555"])
     with pytest.raises(UnknownRunError, match="unknown run"):
         store.load_report("%")
+
+
+def test_writes_to_an_unknown_run_are_refused(store: RunStore) -> None:
     for write in (
         lambda: store.add_cell("r-x", "h:1", ok_cell(32, 1.0)),
         lambda: store.set_host_info("r-x", "h:1", None, [], "ok", None),
@@ -196,9 +220,13 @@ def test_prefix_lookup_and_unknown_ids(store: RunStore) -> None:
             write()
 
 
-def test_file_is_wal_and_versioned(store: RunStore) -> None:
+def test_the_file_is_in_wal_mode(store: RunStore) -> None:
     with sqlite3.connect(store.path) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_the_file_is_versioned_by_its_migrations(store: RunStore) -> None:
+    with sqlite3.connect(store.path) as raw:
         assert raw.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 1
 
 

@@ -177,12 +177,21 @@ def test_a_job_that_did_not_opt_in_gets_no_signal_that_would_kill_it(
     assert [event.action for event in events][1:3] == ["reduce_batch", "restore_batch"]
 
 
-def test_a_missing_command_is_a_launch_error_with_code_127_and_leaves_nothing() -> None:
+def launch_a_missing_command() -> tuple[Supervisor, LocalFeed, LaunchError]:
     supervisor = Supervisor(["no-such-command-mlx-fleet"])
     feed = LocalFeed(ThermalMonitor(poll_interval=0.05, source=lambda: 60.0), POLICY)
     with pytest.raises(LaunchError, match="no-such-command-mlx-fleet") as excinfo:
         supervisor.run(feed)
-    assert excinfo.value.code == EXIT_NOT_FOUND
+    return supervisor, feed, excinfo.value
+
+
+def test_a_missing_command_is_a_launch_error_with_code_127() -> None:
+    _, _, error = launch_a_missing_command()
+    assert error.code == EXIT_NOT_FOUND
+
+
+def test_a_missing_command_leaves_nothing() -> None:
+    supervisor, feed, _ = launch_a_missing_command()
     assert feed.next() is None  # closed
     assert not supervisor.state_file.exists()
 

@@ -99,11 +99,14 @@ def test_trend_is_degrees_per_minute_over_the_last_five() -> None:
     assert trend_c_per_min([70.0], 1.0) is None
 
 
-def test_a_sample_without_a_reading_says_so_and_validates() -> None:
+def test_a_sample_without_a_reading_says_so() -> None:
     source = SourceInfo("none", False)
     body = replace(sample(123.0, None, source, None, None, 0.0, []), seq=1).body("mac1")
     assert body["time"] == 123.0 and body["celsius"] is None and body["state"] is None
-    p.make("telemetry.sample", body)
+    p.make("telemetry.sample", body)  # and is a valid telemetry.sample
+
+
+def test_a_sample_with_a_reading_is_stamped_with_the_readings_time() -> None:
     hot = sample(123.0, reading(86.0), SourceInfo("sim", True), CoolingState.PAUSE, 1.5, 2.0, [])
     body = replace(hot, seq=2).body("mac1")
     assert body["time"] == 100.0 and body["state"] == "pause" and body["simulated"] is True
@@ -116,48 +119,74 @@ def test_a_sample_goes_on_the_wire_only_numbered() -> None:
         p.make("telemetry.sample", unnumbered)
 
 
-def test_policy_updates_keep_what_is_not_given_and_refuse_what_is_not_a_number() -> None:
+def test_a_policy_update_keeps_what_is_not_given() -> None:
     assert updated_policy(POLICY, {"pause_temp": 80}).to_dict() == {
         **POLICY.to_dict(),
         "pause_temp": 80.0,
     }
-    for bad, needle in [
+
+
+@pytest.mark.parametrize(
+    ("bad", "needle"),
+    [
         ({"pause_temp": 99}, "out of order"),
         ({"pause_temp": True}, "number"),
         ({"pause_temp": "hot"}, "number"),
         ({"pause_temp": math.nan}, "finite"),
         ({"pause": 80}, "unknown"),
         ({"hysteresis": -1}, "hysteresis"),
-    ]:
-        with pytest.raises(ValueError, match=needle):
-            updated_policy(POLICY, bad)
+    ],
+)
+def test_a_policy_update_refuses_a_bad_value(bad: dict[str, object], needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        updated_policy(POLICY, bad)
 
 
 def event(at: float, action: str, job: str = "j1", detail: str | None = None) -> Event:
     return Event(time=at, job=job, pid=42, action=action, source="sim", detail=detail)
 
 
-def test_the_job_table_follows_events_and_counts_pause_time() -> None:
+JOB_EVENTS = [
+    event(0.0, "start", detail="python train.py"),
+    event(1.0, "reduce_batch"),
+    event(2.0, "pause"),
+    event(6.0, "resume"),
+    event(7.0, "pause"),
+    event(8.0, "stop"),  # a stop ends the pause
+    event(9.0, "exit"),
+    event(9.5, "pause"),  # nothing moves an exited job
+]
+
+
+def job_table_until(until: float) -> JobTable:
+    """A table fed JOB_EVENTS up to `until`."""
     table = JobTable()
-    table.apply(event(0.0, "start", detail="python train.py"), p.KIND_RUN)
-    table.apply(event(1.0, "reduce_batch"), p.KIND_RUN)
-    assert table.listed() == [
+    for body in JOB_EVENTS:
+        if body.time <= until:
+            table.apply(body, p.KIND_RUN)
+    return table
+
+
+def test_the_job_table_follows_events() -> None:
+    assert job_table_until(1.0).listed() == [
         {"job": "j1", "pid": 42, "command": "python train.py", "state": "running", "kind": "run"}
     ]
-    table.apply(event(2.0, "pause"), p.KIND_RUN)
-    assert table.listed()[0]["state"] == "paused"
-    assert table.pause_s_total(5.0) == 3.0  # a pause going on counts
-    table.apply(event(6.0, "resume"), p.KIND_RUN)
-    table.apply(event(7.0, "pause"), p.KIND_RUN)
-    table.apply(event(8.0, "stop"), p.KIND_RUN)  # a stop ends the pause
-    assert table.listed()[0]["state"] == "stopped" and table.pause_s_total(100.0) == 5.0
-    table.apply(event(9.0, "exit"), p.KIND_RUN)
-    table.apply(event(9.5, "pause"), p.KIND_RUN)  # nothing moves an exited job
+    assert job_table_until(2.0).listed()[0]["state"] == "paused"
+    assert job_table_until(8.0).listed()[0]["state"] == "stopped"
+    table = job_table_until(9.5)
     assert table.listed()[0]["state"] == "exited"
     table.expire(9.0 + EXITED_LINGER_S)
     assert table.listed()
     table.expire(9.1 + EXITED_LINGER_S)
-    assert table.listed() == [] and table.pause_s_total(200.0) == 5.0
+    assert table.listed() == []
+
+
+def test_the_job_table_counts_pause_time() -> None:
+    assert job_table_until(2.0).pause_s_total(5.0) == 3.0  # a pause going on counts
+    assert job_table_until(8.0).pause_s_total(100.0) == 5.0
+    table = job_table_until(9.5)
+    table.expire(9.1 + EXITED_LINGER_S)
+    assert table.pause_s_total(200.0) == 5.0  # an expired job's pauses still count
 
 
 def test_a_run_job_whose_group_vanished_exits_after_a_grace() -> None:
@@ -176,11 +205,15 @@ def numbered(first: int, count: int) -> list[dict[str, int]]:
     return [{"seq": seq} for seq in range(first, first + count)]
 
 
-def test_history_pages_cut_each_list_by_its_limit_and_its_half_of_the_budget() -> None:
+def test_history_pages_cut_each_list_by_its_limit() -> None:
     samples, events = numbered(1, 4), numbered(1, 2)
     assert page_history(samples, events, 10, 10**6) == (samples, events, False)
     # limit 2: the samples stop at 2 and say more remain; the events fit
     assert page_history(samples[:3], events, 2, 10**6) == (numbered(1, 2), events, True)
+
+
+def test_history_pages_cut_each_list_by_its_half_of_the_byte_budget() -> None:
+    samples, events = numbered(1, 4), numbered(1, 2)
     # the byte budget: half for each list, and each keeps at least one item
     budget = 2 * 2 * len(msgpack.packb({"seq": 1}))
     assert page_history(samples, events, 10, budget) == (numbered(1, 2), events, True)
@@ -264,13 +297,14 @@ def test_samples_reach_a_curve_subscriber_and_history_backfills_in_pages(
     client.close()
 
 
-def test_telemetry_refuses_an_untrusted_subscriber_and_is_plain_when_insecure(
-    ctx: zmq.Context, agents: AgentPool
-) -> None:
+def test_telemetry_refuses_an_untrusted_subscriber(ctx: zmq.Context, agents: AgentPool) -> None:
     agent = agents.start("strict", options=["--poll-interval", "0.1"])  # trusts nobody
     sub = subscriber(ctx, agent)
     assert not sub.poll(1500), "an untrusted key got telemetry"
     assert "refused a coordinator" in agent.log_text()
+
+
+def test_telemetry_is_plain_when_insecure(ctx: zmq.Context, agents: AgentPool) -> None:
     plain = agents.start("plain", insecure=True, options=["--poll-interval", "0.1"])
     sample = receive(subscriber(ctx, plain), lambda m: m.type == "telemetry.sample")
     assert sample.body["source"] == "none" and sample.body["state"] is None

@@ -50,13 +50,22 @@ def test_bad_arguments_are_refused() -> None:
         ThermalMonitor(history_size=0, source="none")
 
 
-def test_get_soc_temperature_is_one_shot_and_not_recorded() -> None:
+def test_get_soc_temperature_is_one_shot() -> None:
     monitor = ThermalMonitor(source=Counter())
     assert monitor.get_soc_temperature() == 50.0
     assert monitor.get_soc_temperature() == 51.0
+
+
+def test_get_soc_temperature_is_not_recorded() -> None:
+    monitor = ThermalMonitor(source=Counter())
+    monitor.get_soc_temperature()
+    monitor.get_soc_temperature()
     assert monitor.temperature is None
     assert monitor.get_history() == []
-    assert monitor.source.name == "callable:Counter"
+
+
+def test_a_callable_source_is_named_after_its_class() -> None:
+    assert ThermalMonitor(source=Counter()).source.name == "callable:Counter"
 
 
 def test_polling_thread_fills_a_bounded_history() -> None:
@@ -73,24 +82,32 @@ def test_polling_thread_fills_a_bounded_history() -> None:
     assert [r.celsius for r in monitor.get_readings()] == monitor.get_history()
 
 
-def test_stop_is_idempotent_and_start_again_works() -> None:
+def test_stop_is_idempotent() -> None:
     counter = Counter()
     monitor = ThermalMonitor(poll_interval=0.01, source=counter)
-    monitor.stop()
+    monitor.stop()  # before any start
     monitor.start()
     monitor.start()
-    assert monitor.running
     monitor.stop()
     monitor.stop()
     assert not monitor.running
     calls = counter.calls
     time.sleep(0.05)
     assert counter.calls == calls
-    monitor.start()
-    assert monitor.running
     monitor.close()
     monitor.close()
     assert not monitor.running
+
+
+def test_start_again_works() -> None:
+    monitor = ThermalMonitor(poll_interval=0.01, source=Counter())
+    monitor.start()
+    monitor.start()
+    assert monitor.running
+    monitor.stop()
+    monitor.start()
+    assert monitor.running
+    monitor.close()
 
 
 def test_is_rising_uses_the_least_squares_slope_of_the_last_window() -> None:
@@ -116,9 +133,13 @@ def test_is_rising_when_warming(tmp_path: Path) -> None:
         assert monitor.is_rising()
 
 
-def test_is_above_means_at_or_above_and_false_when_unknown() -> None:
+def test_is_above_is_false_when_unknown() -> None:
     with ThermalMonitor(source=lambda: 85.0) as monitor:
         assert not monitor.is_above(85.0)  # nothing polled yet
+
+
+def test_is_above_means_at_or_above() -> None:
+    with ThermalMonitor(source=lambda: 85.0) as monitor:
         monitor.start()
         assert monitor.is_above(85.0)
         assert not monitor.is_above(85.1)

@@ -244,11 +244,19 @@ def test_empty_replay_is_an_error() -> None:
         parse_replay_csv("seconds,celsius\n# nothing\n", "empty.csv")
 
 
-def test_replay_rows_hold_until_the_next_and_the_last_forever() -> None:
-    rows = [(0.5, 70.0), (1.0, 90.0), (2.0, None), (3.0, 96.0)]
-    assert replay_value(rows, 0.0) is None
-    assert replay_value(rows, 0.5) == 70.0
-    assert replay_value(rows, 0.99) == 70.0
-    assert replay_value(rows, 1.0) == 90.0
-    assert replay_value(rows, 2.5) is None
-    assert replay_value(rows, 1e6) == 96.0
+REPLAY_ROWS = [(0.5, 70.0), (1.0, 90.0), (2.0, None), (3.0, 96.0)]
+
+
+def test_before_the_first_replay_row_there_is_no_value() -> None:
+    assert replay_value(REPLAY_ROWS, 0.0) is None
+
+
+def test_a_replay_row_holds_until_the_next() -> None:
+    assert replay_value(REPLAY_ROWS, 0.5) == 70.0
+    assert replay_value(REPLAY_ROWS, 0.99) == 70.0
+    assert replay_value(REPLAY_ROWS, 1.0) == 90.0
+    assert replay_value(REPLAY_ROWS, 2.5) is None
+
+
+def test_the_last_replay_row_holds_forever() -> None:
+    assert replay_value(REPLAY_ROWS, 1e6) == 96.0

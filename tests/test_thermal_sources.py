@@ -71,14 +71,26 @@ def test_auto_order_per_os() -> None:
 # --- replay -------------------------------------------------------------------------------------
 
 
-def test_replay_plays_in_real_time_from_opening_and_is_labelled(tmp_path: Path) -> None:
+def write_replay(tmp_path: Path) -> Path:
     curve = tmp_path / "curve.csv"
     curve.write_text("seconds,celsius\n0,70\n0.3,90\n")
+    return curve
+
+
+def test_replay_is_labelled_simulated_with_its_file(tmp_path: Path) -> None:
+    curve = write_replay(tmp_path)
     with open_source(f"replay:{curve}") as source:
         assert isinstance(source, ReplaySource)
         first = source.read()
         assert first is not None
-        assert (first.celsius, first.simulated, first.source) == (70.0, True, f"replay:{curve}")
+        assert (first.simulated, first.source) == (True, f"replay:{curve}")
+
+
+def test_replay_plays_in_real_time_from_opening(tmp_path: Path) -> None:
+    with open_source(f"replay:{write_replay(tmp_path)}") as source:
+        assert isinstance(source, ReplaySource)
+        first = source.read()
+        assert first is not None and first.celsius == 70.0
         time.sleep(0.35)
         later = source.read()
         assert later is not None and later.celsius == 90.0
@@ -128,13 +140,23 @@ def test_sim_params_from_the_source_name() -> None:
         open_source("sim:tau_s=0")
 
 
-def test_sim_source_is_labelled_and_driven_by_load() -> None:
+def loaded_sim() -> SimSource:
+    """Idle while it starts, then fully loaded."""
     loads = iter([0.0, 1.0, 1.0])
-    source = SimSource(SimParams(tau_s=0.05, start_c=40.0), load=lambda: next(loads))
+    return SimSource(SimParams(tau_s=0.05, start_c=40.0), load=lambda: next(loads))
+
+
+def test_sim_source_is_labelled_simulated() -> None:
+    reading = loaded_sim().read()
+    assert reading is not None
+    assert (reading.source, reading.simulated) == ("sim", True)
+
+
+def test_sim_source_is_driven_by_load() -> None:
+    source = loaded_sim()
     time.sleep(0.3)
     reading = source.read()
     assert reading is not None
-    assert (reading.source, reading.simulated) == ("sim", True)
     assert reading.celsius == pytest.approx(95.0, abs=0.5)
 
 

@@ -147,9 +147,12 @@ def test_missing_tool_is_unavailable_with_a_hint(
 # --- powermetrics -------------------------------------------------------------------------------
 
 
-def test_powermetrics_samplers_and_command() -> None:
+def test_powermetrics_samplers_follow_the_architecture() -> None:
     assert powermetrics_samplers("arm64") == ("thermal",)
     assert powermetrics_samplers("x86_64") == ("smc", "thermal")
+
+
+def test_powermetrics_command_runs_the_sampler_at_the_interval() -> None:
     assert powermetrics_command("/usr/bin/powermetrics", "smc", 1000, None) == [
         "/usr/bin/powermetrics",
         "--samplers",
@@ -157,6 +160,9 @@ def test_powermetrics_samplers_and_command() -> None:
         "-i",
         "1000",
     ]
+
+
+def test_powermetrics_command_runs_under_sudo_without_a_prompt() -> None:
     assert powermetrics_command("/usr/bin/powermetrics", "thermal", 500, "/usr/bin/sudo")[:3] == [
         "/usr/bin/sudo",
         "-n",

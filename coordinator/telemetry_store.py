@@ -67,9 +67,13 @@ CREATE TABLE cursors (
     events  INTEGER NOT NULL
 )
 """,
+    """
+ALTER TABLE samples ADD COLUMN storage_error TEXT
+""",
 )
 """The schema, version by version (shared.io.sqlite.open_store): version 2 names the columns as
-shared.telemetry does, keeps each row's `seq` as the agent numbered it, and each host's cursor."""
+shared.telemetry does, keeps each row's `seq` as the agent numbered it, and each host's cursor;
+version 3 keeps what the agent could not write when it took the sample (storage_error)."""
 
 Row = tuple[str, dict[str, Any]]
 """(host, body): the host as the coordinator names it (HOST:PORT), the message body as sent."""

@@ -99,6 +99,9 @@ class Sample(_Record):
     trend_c_per_min: float | None = _spec((*_NUMBER, _NIL), "REAL")
     pause_s_total: float = _spec(_NUMBER, "REAL NOT NULL")
     jobs: list[dict[str, Any]] = _spec(list, "TEXT NOT NULL", "json")
+    storage_error: str | None = _spec((str, _NIL), "TEXT", default=None)
+    """What the agent cannot write now (a full disk, say: agent.storage); None when all is
+    written."""
     seq: int | None = _spec(int, "INTEGER", default=None)
     """None until the agent's store numbers it; always a number on the wire."""
 

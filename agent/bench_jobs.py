@@ -29,7 +29,7 @@ from agent.thermal import ThermalReading
 from shared import protocol as p
 from shared.clock import now_iso
 from shared.io.paths import data_subdir
-from shared.matrix import MatrixError, MatrixSpec, expand
+from shared.matrix import Cell, MatrixError, MatrixSpec, expand
 from shared.policy import ThermalPolicy
 from shared.telemetry import Event
 
@@ -37,8 +37,8 @@ log = logging.getLogger("agent.jobs")
 
 CANCEL_GRACE_S = 5.0
 """How long a cancelled job may take to finish its current cell before it is killed."""
-JOB_PAGE_BYTES = p.MAX_MESSAGE_SIZE // 2
-"""job.get and history.get pages hold up to this many packed bytes: a reply never hits the limit."""
+PAGE_ROOM = 1024
+"""Bytes a job.get.ok page keeps free for its envelope (v, id, type, re) and list headers."""
 
 Send = Callable[[bytes, p.Message], None]
 Record = Callable[[Event, str], None]
@@ -90,11 +90,9 @@ class BenchJobs:
 
     # --- requests -------------------------------------------------------------------------------
 
-    def start(
-        self, identity: bytes, request: p.Message, poll_interval: float
-    ) -> tuple[Job, list[str]]:
-        """A new job for `request` (a bench.start), and its cell names. ProtocolError `busy`
-        while one runs, `bad-matrix` for a matrix this agent cannot run."""
+    def plan(self, request: p.Message) -> JobPlan:
+        """What `request` (a bench.start) would run, starting nothing. ProtocolError `busy`
+        while a job runs, `bad-matrix` for a matrix this agent cannot run."""
         if self.running is not None:
             job = self.running
             raise p.ProtocolError(
@@ -107,8 +105,12 @@ class BenchJobs:
             spec = check_matrix(request.body["matrix"])
         except (MatrixError, ModelLoadError) as exc:
             raise p.ProtocolError(p.BAD_MATRIX, f"matrix rejected: {exc}", re=request.id) from None
-        names = [cell.name for cell in expand(spec)]
-        return self._spawn(identity, request.id, spec, len(names), poll_interval), names
+        return JobPlan(f"j-{p.new_id()[:12]}", spec, expand(spec))
+
+    def start(self, identity: bytes, request_id: str, plan: JobPlan, poll_interval: float) -> Job:
+        """Run `plan` (from plan(), with nothing started since) for the coordinator at
+        `identity`."""
+        return self._spawn(identity, request_id, plan, poll_interval)
 
     def cancel_by_id(self, job_id: str, request: p.Message) -> None:
         """bench.cancel: ProtocolError `unknown-job` or `not-running` when it cannot be."""
@@ -128,32 +130,12 @@ class BenchJobs:
         found = self.journal.get_job(job_id)
         if found is None:
             raise p.ProtocolError(p.UNKNOWN_JOB, f"no job {job_id!r} here", re=request.id)
-        records, size = [], 0
-        for record in found["records"][offset:]:
-            size += len(msgpack.packb(record))
-            if records and size > JOB_PAGE_BYTES:
-                break
-            records.append(record)
-        following = offset + len(records)
-        return {
-            "job": job_id,
-            "state": found["state"],
-            "error": found["error"],
-            "spec": found["spec"],
-            "models": found["models"],
-            "records": records,
-            "offset": offset,
-            "next": following if following < len(found["records"]) else None,
-            "started": found["started"],
-            "finished": found["finished"],
-        }
+        return job_page(found, offset)
 
     # --- the job process ------------------------------------------------------------------------
 
-    def _spawn(
-        self, identity: bytes, request_id: str, spec: MatrixSpec, total: int, poll_interval: float
-    ) -> Job:
-        job_id = f"j-{p.new_id()[:12]}"
+    def _spawn(self, identity: bytes, request_id: str, plan: JobPlan, poll_interval: float) -> Job:
+        job_id, spec, total = plan.id, plan.spec, len(plan.cells)
         output = data_subdir("job-logs") / f"{job_id}.log"
         read_fd, write_fd = os.pipe()
         with open(output, "wb") as log_file:
@@ -299,13 +281,60 @@ class BenchJobs:
         self.running = None
 
 
+@dataclass(frozen=True)
+class JobPlan:
+    """A job about to start: its id, its spec and its cells in run order."""
+
+    id: str
+    spec: MatrixSpec
+    cells: list[Cell]
+
+
+def job_page(found: dict[str, Any], offset: int) -> dict[str, Any]:
+    """job.get.ok's body: the journaled job (Journal.get_job) with as many of its records from
+    `offset` as fit in one message beside everything else it echoes (the spec, the models)."""
+    page: dict[str, Any] = {
+        "job": found["job"],
+        "state": found["state"],
+        "error": found["error"],
+        "spec": found["spec"],
+        "models": found["models"],
+        "records": [],
+        "offset": offset,
+        "next": None,
+        "started": found["started"],
+        "finished": found["finished"],
+    }
+    budget = p.MAX_ENVELOPE_SIZE - PAGE_ROOM - len(msgpack.packb(page))
+    size = 0
+    for record in found["records"][offset:]:
+        size += len(msgpack.packb(record))
+        if page["records"] and size > budget:
+            break
+        page["records"].append(record)
+    following = offset + len(page["records"])
+    if following < len(found["records"]):
+        page["next"] = following
+    return page
+
+
 def check_matrix(matrix: dict[str, Any]) -> MatrixSpec:
-    """The matrix as this agent would run it: model directories are paths on THIS machine.
-    Raises MatrixError or ModelLoadError naming the problem."""
+    """The matrix as this agent would run it: the models named (a bench.start never falls back
+    to the default model), model directories are paths on THIS machine. Raises MatrixError or
+    ModelLoadError naming the problem."""
+    if "models" not in matrix:
+        raise MatrixError(
+            "models is required: name the models to run (a config such as small or full, or "
+            "a model directory on the agent)"
+        )
     spec = MatrixSpec.from_dict(matrix)
     directories = [m for m in spec.models if m not in BUILTIN_CONFIGS]
     for directory in directories:
-        check_model_dir(Path(directory).expanduser())
+        try:
+            path = Path(directory).expanduser()
+        except RuntimeError as exc:  # ~user for a user this machine does not have
+            raise ModelLoadError(f"model directory {directory}: {exc}") from None
+        check_model_dir(path)
     if directories:
         require_mlx_lm()
     return spec

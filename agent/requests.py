@@ -13,12 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agent.bench_jobs import JOB_PAGE_BYTES, BenchJobs
-from agent.endpoints import AgentSockets
+from agent.bench_jobs import BenchJobs
+from agent.endpoints import AgentSockets, Received
 from agent.hub import TelemetryHub
-from agent.telemetry import history_limit, policy_text
+from agent.telemetry import HISTORY_PAGE_BYTES, history_limit, policy_text, run_event
 from shared import protocol as p
-from shared.telemetry import Event
 
 
 @dataclass(frozen=True)
@@ -34,10 +33,16 @@ class Reply:
 class Request:
     identity: bytes
     message: p.Message
+    peer_key: str | None = None
+    """The sender's CURVE public key (None without CURVE)."""
 
     @property
     def body(self) -> dict[str, Any]:
         return self.message.body
+
+    def refuse(self, code: str, message: str) -> p.ProtocolError:
+        """The error answering this request."""
+        return p.ProtocolError(code, message, re=self.message.id)
 
 
 Handler = Callable[["Requests", Request], Reply]
@@ -75,11 +80,14 @@ class Requests:
         self.version = version
         self.stopping = stopping
 
-    def answer(self, identity: bytes, message: p.Message) -> None:
+    def answer(self, received: Received) -> None:
         """Reply to one request: its handler's reply, or an `error`."""
-        reply = HANDLERS[message.type](self, Request(identity, message))
+        message = received.message
+        assert isinstance(message, p.Message)
+        request = Request(received.identity, message, received.peer_key)
+        reply = HANDLERS[message.type](self, request)
         for type_, body in ((reply.type, reply.body), *reply.then):
-            self.sockets.send(identity, p.make(type_, body, re=message.id))
+            self.sockets.send(received.identity, p.make(type_, body, re=message.id))
 
     @handles("hello")
     def hello(self, request: Request) -> Reply:
@@ -119,14 +127,21 @@ class Requests:
 
     @handles("bench.start")
     def bench_start(self, request: Request) -> Reply:
+        """Every refusal (busy, bad-matrix, too-large) comes before the job process starts: an
+        error reply never leaves a job behind."""
         if self.stopping():
-            raise p.ProtocolError(p.BUSY, "busy: the agent is stopping", re=request.message.id)
-        job, names = self.jobs.start(request.identity, request.message, self.hub.poll_interval)
-        self.jobs.feed(self.hub.last_reading, self.hub.policy)  # what the daemon read last
-        progress = {"job": job.id, "done": 0, "total": job.total}
-        return Reply(
-            "bench.start.ok", {"job": job.id, "cells": names}, then=(("bench.progress", progress),)
+            raise request.refuse(p.BUSY, "busy: the agent is stopping")
+        plan = self.jobs.plan(request.message)
+        progress = {"job": plan.id, "done": 0, "total": len(plan.cells)}
+        reply = Reply(
+            "bench.start.ok",
+            {"job": plan.id, "cells": [cell.name for cell in plan.cells]},
+            then=(("bench.progress", progress),),
         )
+        p.encode(p.make(reply.type, reply.body, re=request.message.id))  # too-large: refused
+        self.jobs.start(request.identity, request.message.id, plan, self.hub.poll_interval)
+        self.jobs.feed(self.hub.last_reading, self.hub.policy)  # what the daemon read last
+        return reply
 
     @handles("bench.cancel")
     def bench_cancel(self, request: Request) -> Reply:
@@ -136,6 +151,7 @@ class Requests:
     @handles("job.get")
     def job_get(self, request: Request) -> Reply:
         offset = request.body["offset"] or 0
+        check_cursor(request, "offset")
         return Reply("job.get.ok", self.jobs.page(request.body["job"], offset, request.message))
 
     @handles("history.get")
@@ -143,12 +159,16 @@ class Requests:
         try:
             limit = history_limit(request.body["limit"])
         except ValueError as exc:
-            raise p.ProtocolError(
-                p.BAD_BODY, f"history.get: {exc}", re=request.message.id
-            ) from None
+            raise request.refuse(p.BAD_BODY, f"history.get: {exc}") from None
+        check_cursor(request, "samples_after")
+        check_cursor(request, "events_after")
         body = request.body
         samples, events, truncated = self.hub.history.page(
-            body["samples_after"], body["events_after"], body["since"] or 0.0, limit, JOB_PAGE_BYTES
+            body["samples_after"],
+            body["events_after"],
+            body["since"] or 0.0,
+            limit,
+            HISTORY_PAGE_BYTES,
         )
         return Reply(
             "history.get.ok",
@@ -183,6 +203,28 @@ class Requests:
     @handles("job.event")
     def job_event(self, request: Request) -> Reply:
         """An event of an `agent run` job on this machine: we list and publish it (and record
-        it when `agent run` could not)."""
-        self.hub.event(Event.from_body(request.body), p.KIND_RUN)
+        it when `agent run` could not). Only a process holding the agent's own key (its user,
+        on this machine) may send one: a coordinator cannot make up local jobs."""
+        own = self.sockets.public_key
+        if own is not None and request.peer_key != own:
+            raise request.refuse(
+                p.FORBIDDEN,
+                "job.event is accepted only from this agent's own key (agent run on its "
+                "machine), not from a coordinator",
+            )
+        try:
+            event = run_event(request.body)
+        except ValueError as exc:
+            raise request.refuse(p.BAD_BODY, f"job.event: {exc}") from None
+        self.hub.event(event, p.KIND_RUN)
         return Reply("job.event.ok", {"job": request.body["job"]})
+
+
+def check_cursor(request: Request, name: str) -> None:
+    """An offset or a cursor: 0 to MAX_WIRE_INT; `bad-body` naming the field otherwise."""
+    value = request.body[name]
+    if value is not None and not 0 <= value <= p.MAX_WIRE_INT:
+        raise request.refuse(
+            p.BAD_BODY,
+            f"{request.message.type}: {name} must be 0 to {p.MAX_WIRE_INT}, got {value}",
+        )

@@ -24,6 +24,7 @@ from agent.machine import machine_info, package_version
 from agent.remote import DaemonAddress, remove_state, write_state
 from agent.requests import Requests
 from agent.thermal import SourceSpecError, SourceUnavailable, open_source
+from agent.throttle import LogThrottle
 from shared import protocol as p
 from shared.source_names import DEFAULT_POLL_INTERVAL_S
 
@@ -48,7 +49,9 @@ class AgentDaemon:
         retention_days: float = DEFAULT_RETENTION_DAYS,
         prometheus: str | None = None,
     ) -> None:
-        self.sockets = AgentSockets(bind, secure, telemetry_port)
+        self.throttle = LogThrottle(log)
+        """Every log line a peer or a fault could repeat without end goes through it."""
+        self.sockets = AgentSockets(bind, secure, telemetry_port, self.throttle)
         self.thermal_source = thermal_source
         self.prometheus = prometheus
         self.hub = TelemetryHub(self.sockets.publish, poll_interval, retention_days)
@@ -138,20 +141,31 @@ class AgentDaemon:
             if job is not None and job is self.jobs.running and ready.get(job.fd):
                 self.jobs.read(job)
             self.jobs.enforce_cancel()
+            self.throttle.flush()
         self.close()
 
     def _answer_all(self) -> None:
-        for identity, request in self.sockets.receive():
+        for received in self.sockets.receive():
+            identity = received.identity
             try:
-                if isinstance(request, p.ProtocolError):
-                    raise request
-                self.requests.answer(identity, request)
+                if isinstance(received.message, p.ProtocolError):
+                    raise received.message
+                self.requests.answer(received)
             except p.ProtocolError as exc:
-                log.info("refused a message: %s: %s", exc.code, exc.message)
+                self.throttle.log(
+                    f"refused messages ({exc.code})",
+                    logging.INFO,
+                    "refused a message: %s: %s",
+                    exc.code,
+                    exc.message.replace("\r", "\\r").replace("\n", "\\n"),  # one line
+                )
                 self.sockets.send(identity, p.error_for(exc))
             except Exception as exc:  # a bug answers one request with an error, never kills us
                 log.exception("internal error")
-                self.sockets.send(identity, p.error(p.INTERNAL, f"{type(exc).__name__}: {exc}"))
+                re = received.message.id if isinstance(received.message, p.Message) else None
+                self.sockets.send(
+                    identity, p.error(p.INTERNAL, f"{type(exc).__name__}: {exc}", re=re)
+                )
 
     def close(self) -> None:
         remove_state(os.getpid())

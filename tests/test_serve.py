@@ -117,9 +117,13 @@ def test_a_running_job_keeps_others_out_until_it_is_cancelled(
 @pytest.mark.parametrize(
     ("matrix", "needle"),
     [
-        ({"seq_lengths": [0]}, "sequence length 0"),
+        ({"seq_lengths": [0], "models": ["small"]}, "sequence length 0"),
         ({"models": ["/no/such/model"]}, "/no/such/model does not exist"),
-        ({"seq_lengths": [16], "flavour": "x"}, "unknown matrix field(s): flavour"),
+        ({"seq_lengths": [16], "flavour": "x", "models": ["small"]}, "unknown matrix field(s)"),
+        ({"seq_lengths": [16]}, "models is required"),
+        ({"models": ["/" + "x" * 4999]}, "5000 characters; the limit is 1024"),
+        ({"models": ["/" + "x" * 300]}, "cannot be read"),
+        ({"models": ["small"], "batch_sizes": [1_000_000]}, "above the limit of 1024"),
     ],
 )
 def test_the_agent_rejects_a_bad_matrix_with_its_reason(

@@ -44,6 +44,13 @@ class LoadedModel:
 
 def check_model_dir(path: Path) -> None:
     """Fail early, before anything runs, for a directory that is not an mlx-lm model."""
+    try:
+        _check_model_dir(path)
+    except OSError as exc:  # a name too long, a folder we may not read, ...
+        raise ModelLoadError(f"model directory {path} cannot be read: {exc.strerror}") from None
+
+
+def _check_model_dir(path: Path) -> None:
     if path.exists() and not path.is_dir():
         raise ModelLoadError(f"--model {path} is a file, not a model directory")
     if not path.is_dir():

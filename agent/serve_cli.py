@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
@@ -14,6 +15,7 @@ from agent.endpoints import DEFAULT_BIND, ServeError
 from agent.serve import DEFAULT_RETENTION_DAYS, AgentDaemon, serve
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import err, usage_error
+from shared.io.files import make_private
 from shared.io.keys import own_keypair
 from shared.io.options import PrometheusAddress, RetentionDays, ThermalOptions, with_options
 from shared.io.trust import TrustError, list_trusted, revoke, trust
@@ -24,11 +26,13 @@ LOG_BACKUPS = 5
 
 
 def configure_logging(log_file: Path | None) -> None:
-    """Timestamped lines on stderr, or in a size-rotated file for long-lived services."""
+    """Timestamped lines on stderr, or in a size-rotated file for long-lived services, private
+    to this user (0600, every rotated file too: the daemon runs with umask 077)."""
     if log_file is None:
         handler: logging.Handler = logging.StreamHandler(sys.stderr)
     else:
-        log_file.parent.mkdir(parents=True, exist_ok=True)
+        log_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_private(log_file)
         handler = RotatingFileHandler(
             log_file, maxBytes=LOG_ROTATE_BYTES, backupCount=LOG_BACKUPS, encoding="utf-8"
         )
@@ -81,7 +85,11 @@ def serve_command(
     """
     if telemetry_port is not None and not 0 <= telemetry_port <= 65535:
         raise usage_error(f"--telemetry-port must be 0 to 65535, got {telemetry_port}")
-    configure_logging(log_file)
+    os.umask(0o077)  # every file the daemon and its jobs make is this user's alone
+    try:
+        configure_logging(log_file)
+    except OSError as exc:
+        raise usage_error(f"--log-file {log_file}: {exc.strerror}") from None
     if insecure:
         err.print(
             "[bold red]WARNING: --insecure: CURVE is OFF. Messages travel in clear text "

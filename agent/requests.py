@@ -122,6 +122,7 @@ class Requests:
                 "policy": self.hub.policy.to_dict(),
                 "jobs": self.hub.jobs.listed(),
                 "history": self.hub.history.id,
+                "storage": self.hub.storage.report(),
             },
         )
 
@@ -139,7 +140,7 @@ class Requests:
             then=(("bench.progress", progress),),
         )
         p.encode(p.make(reply.type, reply.body, re=request.message.id))  # too-large: refused
-        self.jobs.start(request.identity, request.message.id, plan, self.hub.poll_interval)
+        self.jobs.start(request.identity, request.message.id, plan)
         self.jobs.feed(self.hub.last_reading, self.hub.policy)  # what the daemon read last
         return reply
 

@@ -10,9 +10,11 @@ SIGTERM (or SIGINT) stops the job, flushes what it finished, tells its coordinat
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+import sqlite3
 import time
 
 import zmq
@@ -21,11 +23,19 @@ from agent.bench_jobs import CANCEL_GRACE_S, BenchJobs
 from agent.endpoints import DEFAULT_BIND, AgentSockets, ServeError, local_address
 from agent.hub import TelemetryHub
 from agent.machine import machine_info, package_version
-from agent.remote import DaemonAddress, remove_state, write_state
+from agent.remote import DaemonAddress, remove_state, state_path, write_state
 from agent.requests import Requests
+from agent.storage import (
+    STATE,
+    DataDirUnusable,
+    StorageHealth,
+    describe,
+    usable_data_dir,
+)
 from agent.thermal import SourceSpecError, SourceUnavailable, open_source
 from agent.throttle import LogThrottle
 from shared import protocol as p
+from shared.io.sqlite import StoreError
 from shared.source_names import DEFAULT_POLL_INTERVAL_S
 
 log = logging.getLogger("agent.serve")
@@ -49,13 +59,19 @@ class AgentDaemon:
         retention_days: float = DEFAULT_RETENTION_DAYS,
         prometheus: str | None = None,
     ) -> None:
+        """Raises ServeError for a bad --bind or a data directory it cannot use."""
         self.throttle = LogThrottle(log)
         """Every log line a peer or a fault could repeat without end goes through it."""
+        self.storage = StorageHealth(self.throttle)
         self.sockets = AgentSockets(bind, secure, telemetry_port, self.throttle)
         self.thermal_source = thermal_source
         self.prometheus = prometheus
-        self.hub = TelemetryHub(self.sockets.publish, poll_interval, retention_days)
-        self.jobs = BenchJobs(self.sockets.send, self.hub.event, lambda: self.hub.source)
+        self._unwritten_state: DaemonAddress | None = None
+        try:
+            self.hub, self.jobs = self._open_stores(poll_interval, retention_days)
+        except ServeError:
+            self.sockets.close()
+            raise
         self.requests = Requests(
             self.sockets,
             self.hub,
@@ -65,6 +81,27 @@ class AgentDaemon:
             lambda: self._stopping,
         )
         self._stopping = False
+
+    def _open_stores(
+        self, poll_interval: float, retention_days: float
+    ) -> tuple[TelemetryHub, BenchJobs]:
+        """The hub (history, events, policy) and the jobs (journal) over the data directory;
+        ServeError naming the directory or the file and the problem when they cannot be."""
+        try:
+            usable_data_dir()
+            hub = TelemetryHub(self.sockets.publish, poll_interval, retention_days, self.storage)
+        except DataDirUnusable as exc:
+            raise ServeError(str(exc)) from None
+        except (StoreError, OSError) as exc:
+            raise ServeError(f"cannot open the agent's data: {describe(exc)}") from None
+        try:
+            jobs = BenchJobs(
+                self.sockets.send, hub.event, lambda: hub.source, self.storage, poll_interval
+            )
+        except (StoreError, OSError) as exc:
+            hub.close()
+            raise ServeError(f"cannot open the agent's data: {describe(exc)}") from None
+        return hub, jobs
 
     @property
     def public_key(self) -> str | None:
@@ -90,15 +127,19 @@ class AgentDaemon:
             source.close()
             self.close()
             raise
-        self.jobs.recover()  # bound: no other daemon runs on this data directory's jobs
-        write_state(
-            DaemonAddress(
-                os.getpid(),
-                local_address(endpoint),
-                local_address(self.sockets.telemetry),
-                self.sockets.public_key,
-            )
+        try:
+            self.jobs.recover()  # bound: no other daemon runs on this data directory's jobs
+        except sqlite3.Error as exc:
+            source.close()
+            self.close()
+            raise ServeError(f"cannot update the job journal: {describe(exc)}") from None
+        self._unwritten_state = DaemonAddress(
+            os.getpid(),
+            local_address(endpoint),
+            local_address(self.sockets.telemetry),
+            self.sockets.public_key,
         )
+        self._retry_writes()
         self.hub.start(source)
         log.info("telemetry on %s", self.sockets.telemetry)
         return endpoint
@@ -136,6 +177,7 @@ class AgentDaemon:
             if ready.get(self.hub.wake_fd):
                 for reading in self.hub.drain():
                     self.jobs.feed(reading, self.hub.policy)
+                self._retry_writes()
             if ready.get(self.sockets.router):
                 self._answer_all()
             if job is not None and job is self.jobs.running and ready.get(job.fd):
@@ -167,8 +209,22 @@ class AgentDaemon:
                     identity, p.error(p.INTERNAL, f"{type(exc).__name__}: {exc}", re=re)
                 )
 
+    def _retry_writes(self) -> None:
+        """Write what the disk refused before: once per poll (the hub retries its own stores
+        with every sample)."""
+        self.jobs.retry_writes()
+        if self._unwritten_state is not None:
+            try:
+                write_state(self._unwritten_state)
+            except OSError as exc:
+                self.storage.failed(STATE, state_path(), exc)
+                return
+            self._unwritten_state = None
+            self.storage.written(STATE)
+
     def close(self) -> None:
-        remove_state(os.getpid())
+        with contextlib.suppress(OSError):
+            remove_state(os.getpid())
         self.hub.close()
         self.sockets.close()
         self.jobs.close()

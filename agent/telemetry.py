@@ -128,6 +128,7 @@ def sample(
     trend: float | None,
     pause_s_total: float,
     jobs: list[dict[str, Any]],
+    storage_error: str | None = None,
 ) -> Sample:
     """The sample of one poll (not yet numbered); `now` stands in for the time when there is no
     reading."""
@@ -141,6 +142,7 @@ def sample(
         trend_c_per_min=trend,
         pause_s_total=pause_s_total,
         jobs=jobs,
+        storage_error=storage_error,
     )
 
 

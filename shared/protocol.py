@@ -106,6 +106,7 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
         "policy": (dict, True),
         "jobs": (list, True),
         "history": (str, True),
+        "storage": (dict, True),
     },
     "bench.start.ok": {"job": (str, True), "cells": (list, True)},
     "bench.progress": {

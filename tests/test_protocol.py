@@ -46,6 +46,7 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
         "policy": {},
         "jobs": [],
         "history": "3f2a9c1d04e5b6a7.0b1c2d3e4f5a6b7c",
+        "storage": {"ok": True, "failing": []},
     },
     "bench.start.ok": {"job": "j-1", "cells": ["small/f16 pp16 b1"]},
     "bench.progress": {"job": "j-1", "done": 0, "total": 2, "model": None},

@@ -15,9 +15,11 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import psutil
 
 from agent.guard import CellGuard, NullGuard, RunStopped
 from agent.model import BUILTIN_CONFIGS, QUANT_GROUP_SIZE, build_model
+from agent.profiling.footprint import cell_footprint, model_shape, refusal
 from agent.profiling.memory import MemoryProfiler
 from agent.profiling.speed import SpeedProfiler
 from shared.matrix import (
@@ -169,25 +171,52 @@ def run_matrix(
     guard: CellGuard | None = None,
     on_model: Callable[[dict[str, Any]], None] | None = None,
     models: dict[str, nn.Module] | None = None,
+    *,
+    first: int = 0,
+    on_begin: Callable[[int], None] | None = None,
+    memory_bytes: int | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Yield one record per cell as it finishes, failed cells included.
 
-    `models` supplies already-built models by name (their bits are whatever they hold).
+    `models` supplies already-built models by name (their bits are whatever they hold). Cells
+    before index `first` (in expand(spec) order) are skipped, their models not built;
+    `on_begin(index)` is called as each cell starts. A cell whose estimated memory
+    (agent.profiling.footprint) exceeds `memory_bytes` (by default this machine's) is not run:
+    its record says why, and the run goes on.
 
     A guard's RunStopped ends the run after recording the cell it interrupted; a
     KeyboardInterrupt propagates, and the records already yielded stay the caller's.
     """
     guard = guard or NullGuard()
+    memory = machine_memory() if memory_bytes is None else memory_bytes
+    scores_materialized = mx.default_device().type == mx.DeviceType.cpu  # no fused attention
+    index = 0
     for group in group_by_model(expand(spec)):
+        indices = range(index, index + len(group.cells))
+        index += len(group.cells)
+        if indices[-1] < first:
+            continue
+        cells = [(i, cell) for i, cell in zip(indices, group.cells, strict=True) if i >= first]
         try:
             loaded = load_benchmark_model(group.model, group.bits, models)
         except Exception as exc:  # any load failure fails its cells, not the run
-            for cell in group.cells:
+            for _, cell in cells:
                 yield cell_record(cell, error=f"model load failed: {error_text(exc)}")
             continue
         if on_model is not None:
             on_model(loaded.info)
-        for cell in group.cells:
+        shape = model_shape(loaded.model)
+        for i, cell in cells:
+            if on_begin is not None:
+                on_begin(i)
+            if shape is not None:
+                footprint = cell_footprint(
+                    shape, loaded.info["weight_memory_bytes"], cell, scores_materialized
+                )
+                why = refusal(footprint, memory)
+                if why is not None:
+                    yield cell_record(cell, error=why)
+                    continue
             guard.begin_cell()
             metrics, error, stopped = None, None, None
             try:
@@ -203,3 +232,8 @@ def run_matrix(
         del loaded
         gc.collect()
         mx.clear_cache()
+
+
+def machine_memory() -> int:
+    """This machine's memory in bytes: what a cell may need at most."""
+    return int(psutil.virtual_memory().total)

@@ -43,6 +43,7 @@ RUN_ACTIONS = frozenset(
         "forward",
         "cleanup",
         "fallback",
+        "rejoin",
         "exit",
     }
 )

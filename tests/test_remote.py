@@ -286,3 +286,31 @@ def test_agent_run_shows_up_again_under_a_restarted_daemon(
     mine = [e.action for e in events(agent.home) if e.job == job["job"]]
     assert mine[:3] == ["start", "fallback", "rejoin"], mine
     assert re.search(r" rejoin job \S+ pid \d+: agent serve \(pid \d+\) answers", stderr)
+
+
+def test_agent_run_started_before_its_daemon_joins_it(
+    agents: AgentPool, agent_cli: str, tmp_path: Path
+) -> None:
+    home = agents.root / "agent"
+    home.mkdir(parents=True)
+    run = subprocess.Popen(
+        [agent_cli, "run", "--thermal-source", "none", "--grace", "1", "--", "sleep", "300"],
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=subprocess_env(MLX_FLEET_HOME=str(home)),
+    )
+    try:
+        wait_until(lambda: [e for e in events(home) if e.action == "start"], timeout=30)
+        agent = agents.start("agent", options=["--poll-interval", "0.1"])
+        exchange_keys(agent)
+        wait_until(lambda: monitored_jobs(agent), timeout=60, what="the job under the daemon")
+        assert monitored_jobs(agent)[0]["pid"] == run_child_pid(run)
+    finally:
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait(timeout=10)
+
+
+def run_child_pid(run: subprocess.Popen[str]) -> int:
+    (cmd,) = [c for c in psutil.Process(run.pid).children() if c.cmdline()[0] == "sleep"]
+    return cmd.pid

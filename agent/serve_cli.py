@@ -17,7 +17,13 @@ from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import err, usage_error
 from shared.io.files import make_private
 from shared.io.keys import own_keypair
-from shared.io.options import PrometheusAddress, RetentionDays, ThermalOptions, with_options
+from shared.io.options import (
+    TAKES_A_KEY,
+    PrometheusAddress,
+    RetentionDays,
+    ThermalOptions,
+    with_options,
+)
 from shared.io.trust import TrustError, list_trusted, revoke, trust
 
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s: %(message)s"
@@ -125,7 +131,7 @@ def keys_show() -> None:
     print(own_keypair().public)
 
 
-@keys_app.command("trust")
+@keys_app.command("trust", context_settings=TAKES_A_KEY)
 def keys_trust(
     key: Annotated[
         str, typer.Argument(help="A coordinator's public key (`coordinator keys show`).")
@@ -150,7 +156,7 @@ def keys_list() -> None:
         print(f"{entry.name}\t{entry.key}")
 
 
-@keys_app.command("revoke")
+@keys_app.command("revoke", context_settings=TAKES_A_KEY)
 def keys_revoke(
     key: Annotated[str, typer.Argument(help="The key, or the name it was trusted under.")],
 ) -> None:

@@ -32,6 +32,7 @@ from shared.exit_codes import EXIT_INTERRUPTED, EXIT_PARTIAL
 from shared.io.cli import check_output, emit, err, fail, show_report, usage_error
 from shared.io.keys import own_keypair
 from shared.io.options import (
+    TAKES_A_KEY,
     MatrixOptions,
     Output,
     ReportFormat,
@@ -292,7 +293,7 @@ def keys_show() -> None:
     print(own_keypair().public)
 
 
-@keys_app.command("add")
+@keys_app.command("add", context_settings=TAKES_A_KEY)
 def keys_add(
     address: Annotated[
         str, typer.Argument(help="HOST[:PORT] of the agent (port 5555 by default).")

@@ -111,8 +111,9 @@ class Event(_Record):
     """What happened to a supervised job: `action` is start, pause, resume, reduce_batch,
     restore_batch, stop (thermal), forward (a signal to `agent run`), cleanup (what a finished
     CMD left behind), fallback (`agent run` lost its daemon and reads the sensor itself), rejoin
-    (a daemon answers `agent run` again and its readings drive the job), kill or exit; or policy, the daemon's own record of a new policy (`job` None, `policy` the map).
-    `celsius` is the reading that caused it, when one did."""
+    (a daemon answers `agent run` again and its readings drive the job), kill or exit; or
+    policy, the daemon's own record of a new policy (`job` None, `policy` the map). `celsius` is
+    the reading that caused it, when one did."""
 
     time: float = _spec(_NUMBER, "REAL NOT NULL")
     job: str | None = _spec((str, _NIL), "TEXT")

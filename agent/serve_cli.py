@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
 from typing import Annotated
@@ -31,6 +32,29 @@ LOG_ROTATE_BYTES = 10 * 1024 * 1024
 LOG_BACKUPS = 5
 
 
+class LogFile(RotatingFileHandler):
+    """The daemon's --log-file. A line the disk refuses is lost (the daemon goes on), and costs
+    one line on stderr a minute at most, never logging's traceback for every record."""
+
+    quiet_s = 60.0
+    _lost = 0
+    _quiet_until = 0.0
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        self._lost += 1
+        now = time.monotonic()
+        if now < self._quiet_until:
+            return
+        self._quiet_until = now + self.quiet_s
+        error = sys.exc_info()[1]
+        print(
+            f"agent serve: cannot write {self.baseFilename}: {error}; "
+            f"{self._lost} log line(s) lost so far",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def configure_logging(log_file: Path | None) -> None:
     """Timestamped lines on stderr, or in a size-rotated file for long-lived services, private
     to this user (0600, every rotated file too: the daemon runs with umask 077)."""
@@ -39,7 +63,7 @@ def configure_logging(log_file: Path | None) -> None:
     else:
         log_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         make_private(log_file)
-        handler = RotatingFileHandler(
+        handler = LogFile(
             log_file, maxBytes=LOG_ROTATE_BYTES, backupCount=LOG_BACKUPS, encoding="utf-8"
         )
     handler.setFormatter(logging.Formatter(LOG_FORMAT))

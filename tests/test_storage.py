@@ -20,6 +20,7 @@ import pytest
 import zmq
 
 from agent.journal import Journal
+from agent.serve_cli import LogFile
 from agent.storage import JOURNAL, StorageHealth
 from agent.throttle import LogThrottle
 from shared.io.keys import own_keypair
@@ -186,3 +187,22 @@ def test_the_data_dir_and_its_files_are_private(agents: AgentPool, tmp_path: Pat
     for name in ("agent-telemetry.sqlite", "agent-events.sqlite", "agent-jobs.sqlite"):
         assert (agent.home / name).stat().st_mode & 0o077 == 0, name
     assert log.stat().st_mode & 0o077 == 0
+
+
+def test_a_log_file_on_a_full_disk_costs_one_line_on_stderr(
+    tmpfs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    handler = LogFile(tmpfs / "agent.log", maxBytes=10**9, backupCount=1, encoding="utf-8")
+    logger = logging.getLogger("test.full-disk-log")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        filler = fill(tmpfs)
+        for index in range(2000):
+            logger.error("line %d %s", index, "x" * 100)
+        filler.unlink()
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "cannot write" in lines[0] and "log line(s) lost" in lines[0]

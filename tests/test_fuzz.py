@@ -180,7 +180,14 @@ def bad_matrix(rng: random.Random) -> Case:
 
 def bad_policy(rng: random.Random) -> Case:
     policy = rng.choice(
-        [{"pause_temp": 200.0}, {"hysteresis": -1.0}, {"turbo": 1}, {"stop_temp": True}]
+        [
+            {"pause_temp": 200.0},
+            {"hysteresis": -1.0},
+            {"turbo": 1},
+            {"stop_temp": True},
+            {b"pause_temp": 80.0},
+            {"pause_temp": float("nan")},
+        ]
     )
     data, message_id = envelope(rng, type="policy.set", body={"policy": policy})
     return [data], p.BAD_POLICY, message_id

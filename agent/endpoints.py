@@ -159,7 +159,16 @@ class AgentSockets:
         self.router.send_multipart([identity, data])
 
     def publish(self, type_: str, body: dict[str, Any]) -> None:
-        self.publisher.send_multipart(p.telemetry_frames(p.make(type_, body)))
+        """A sample or event to every subscriber; one too large to send (thousands of local
+        jobs listed, say) is dropped and logged, never the end of the daemon."""
+        try:
+            frames = p.telemetry_frames(p.make(type_, body))
+        except p.ProtocolError as exc:
+            self.throttle.log(
+                f"unpublished {type_}", logging.ERROR, "cannot publish %s: %s", type_, exc.message
+            )
+            return
+        self.publisher.send_multipart(frames)
 
     def close(self) -> None:
         if self._auth is not None:

@@ -9,7 +9,6 @@ import re
 import shutil
 import signal
 import time
-from collections.abc import Iterator
 
 import psutil
 import pytest
@@ -31,13 +30,6 @@ uses about 60 MB, a job process some 200 MB), far below what the crashing cell a
 CRASHING = Cell("small", 16, PREFILL, 8192, 4)
 """About 4.6 GB estimated (attention scores on MLX's CPU backend): allowed on this machine, an
 allocation past the limit: MLX dies of SIGSEGV when an allocation fails."""
-
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
 
 def small_shape_footprint(cell: Cell) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -222,13 +222,6 @@ CLASSES: list[Callable[[random.Random], Case]] = [
     unknown_job,
     forbidden,
 ]
-
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
 
 def dealer(ctx: zmq.Context, agent: AgentProcess) -> zmq.Socket:

@@ -3,7 +3,6 @@ stay under it, and the requests the agent refuses from whom (docs/protocol.md §
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import msgpack
@@ -18,13 +17,6 @@ from shared.matrix import MAX_CELLS, MAX_MODEL_LENGTH
 from tests.fleet_support import AgentPool, AgentProcess, connect, trusted_agent
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
 
 def curve_pair(ctx: zmq.Context) -> tuple[zmq.Socket, zmq.Socket]:

@@ -34,13 +34,6 @@ QUICK = {"models": ["small"], "seq_lengths": [16], "decode_tokens": 4, "warmup":
 
 
 @pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
-
-
-@pytest.fixture
 def tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs, mounted for the test (root only), unmounted after."""
     mount = tmp_path / "small-disk"

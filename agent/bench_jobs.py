@@ -292,16 +292,10 @@ class BenchJobs:
         a model, that model's cells), then run the cells left in a new process."""
         died = f"the job process died ({exit_text(code)})"
         tail = job.process.last_lines()
-        cell = job.cells[job.done]
-        group = (cell.model, cell.bits)
-        if job.begun == job.done or group in job.built:
-            failed = [(cell, f"{died} while measuring this cell{tail}")]
-        else:
-            failed = [(c, f"{died} while building its model{tail}") for c in job.cells[job.done :]]
-            failed = [(c, why) for c, why in failed if (c.model, c.bits) == group]
+        failed = crashed_cells(job.cells[job.done :], job.begun == job.done, job.built, died, tail)
         log.warning("job %s: %s; %d cell(s) failed", job.id, died, len(failed))
-        for failed_cell, why in failed:
-            self._cell(job, cell_record(failed_cell, error=why))
+        for record in failed:
+            self._cell(job, record)
         if job.done >= job.total:
             self._finish(job, p.JOB_OK, None)
             return
@@ -335,6 +329,23 @@ class BenchJobs:
             f" ({error})" if error else "",
         )
         self.running = None
+
+
+def crashed_cells(
+    left: list[Cell], begun: bool, built: set[tuple[str, int | None]], died: str, tail: str
+) -> list[dict[str, Any]]:
+    """The records of what a dead job process was doing, from the cells it `left`: the first,
+    when it had `begun` it or had `built` its model; else (it died building that model) every
+    cell of that model."""
+    cell = left[0]
+    group = (cell.model, cell.bits)
+    if begun or group in built:
+        return [cell_record(cell, error=f"{died} while measuring this cell{tail}")]
+    return [
+        cell_record(c, error=f"{died} while building its model{tail}")
+        for c in left
+        if (c.model, c.bits) == group
+    ]
 
 
 @dataclass(frozen=True)

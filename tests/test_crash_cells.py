@@ -14,12 +14,13 @@ import psutil
 import pytest
 import zmq
 
+from agent.bench_jobs import crashed_cells
 from agent.model import ModelArgs, build_model
 from agent.profiling.footprint import cell_footprint, model_shape, refusal
 from agent.profiling.runner import machine_memory, run_matrix
 from shared.io.keys import own_keypair
 from shared.io.trust import trust
-from shared.matrix import DECODE, PREFILL, Cell, MatrixSpec
+from shared.matrix import DECODE, PREFILL, Cell, MatrixSpec, expand
 from tests.fleet_support import AgentPool, connect, trusted_agent
 
 pytestmark = pytest.mark.timeout(300)
@@ -122,3 +123,16 @@ def test_a_job_process_dies_with_its_agent(ctx: zmq.Context, agents: AgentPool) 
     gone, _ = psutil.wait_procs([child], timeout=30)
     assert gone, "the job process outlived its agent"
     client.close()
+
+
+def test_a_process_that_died_building_a_model_fails_that_models_cells() -> None:
+    spec = MatrixSpec(seq_lengths=(8, 16), models=("small", "full"), decode_tokens=0)
+    left = expand(spec)[1:]  # small pp8 was measured; small pp16, full pp8, full pp16 are left
+    died = "the job process died (killed by SIGKILL)"
+    measuring = crashed_cells(left, begun=True, built={("small", 16)}, died=died, tail="")
+    assert [(r["name"], r["error"]) for r in measuring] == [
+        ("small/f16 pp16 b1", f"{died} while measuring this cell")
+    ]
+    building = crashed_cells(left[1:], begun=False, built=set(), died=died, tail=": oom")
+    assert [r["name"] for r in building] == ["full/q4 pp8 b1", "full/q4 pp16 b1"]
+    assert all(r["error"] == f"{died} while building its model: oom" for r in building)

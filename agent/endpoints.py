@@ -86,8 +86,12 @@ class AgentSockets:
 
     def bind(self) -> str:
         """Bind both sockets; returns the command endpoint actually bound (the port resolved).
-        Raises ServeError naming the endpoint that could not be bound."""
-        keypair = own_keypair() if self.secure else None
+        Raises ServeError naming the endpoint that could not be bound, or the keys that could
+        not be read or made."""
+        try:
+            keypair = own_keypair() if self.secure else None
+        except (OSError, ValueError) as exc:
+            raise ServeError(f"this agent's CURVE keypair: {exc}") from None
         if keypair is not None:
             self.public_key = keypair.public
             self._auth = ThreadAuthenticator(self.ctx, log=logging.getLogger("agent.zap"))

@@ -176,7 +176,7 @@ class BenchJobs:
         process.stdin.write(msgpack.packb({"matrix": spec.to_dict(), "thermal": thermal}))
         process.stdin.flush()
         os.set_blocking(process.stdin.fileno(), False)
-        self.journal.create_job(job_id, spec.to_dict(), total)
+        self.journal.create_job(job_id, spec.to_dict(), total, request_id)
         self.running = Job(job_id, identity, request_id, total, process, read_fd, output, now_iso())
         self._event(self.running, "start", detail=f"benchmark: {total} cells")
         log.info("job %s: %d cells (pid %d)", job_id, total, process.pid)

@@ -34,9 +34,15 @@ CREATE TABLE IF NOT EXISTS cells (
     PRIMARY KEY (job_id, idx)
 )
 """,
+    """
+ALTER TABLE jobs ADD COLUMN request TEXT;
+CREATE INDEX jobs_started ON jobs (started)
+""",
 )
 """The schema, version by version (shared.io.sqlite.open_store); version 1 is the file earlier
-releases made without a version."""
+releases made without a version; version 2 keeps the id of the bench.start that made each job,
+so a coordinator that lost the reply finds its job (job.list)."""
+JOB_LIST_MAX = 100
 ABANDONED = "the agent stopped while this job ran"
 
 
@@ -61,12 +67,26 @@ class Journal:
             )
         return cursor.rowcount
 
-    def create_job(self, job_id: str, spec: dict[str, Any], total: int) -> None:
+    def create_job(
+        self, job_id: str, spec: dict[str, Any], total: int, request: str | None = None
+    ) -> None:
         with self._conn:
             self._conn.execute(
-                "INSERT INTO jobs (id, spec, total, state, started) VALUES (?, ?, ?, ?, ?)",
-                (job_id, json.dumps(spec), total, JOB_RUNNING, now_iso()),
+                "INSERT INTO jobs (id, spec, total, state, started, request) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (job_id, json.dumps(spec), total, JOB_RUNNING, now_iso(), request),
             )
+
+    def list_jobs(self, limit: int) -> list[dict[str, Any]]:
+        """The newest jobs first (at most `limit`): what job.list answers."""
+        rows = self._conn.execute(
+            "SELECT id, request, state, total, error, started, finished, "
+            "(SELECT COUNT(*) FROM cells WHERE job_id = jobs.id) FROM jobs "
+            "ORDER BY started DESC, rowid DESC LIMIT ?",
+            (limit,),
+        ).fetchall()
+        keys = ("job", "request", "state", "total", "error", "started", "finished", "done")
+        return [dict(zip(keys, row, strict=True)) for row in rows]
 
     def add_model(self, job_id: str, info: dict[str, Any]) -> None:
         with self._conn:

@@ -16,6 +16,7 @@ from typing import Any
 from agent.bench_jobs import JOB_PAGE_BYTES, BenchJobs
 from agent.endpoints import AgentSockets
 from agent.hub import TelemetryHub
+from agent.journal import JOB_LIST_MAX
 from agent.telemetry import history_limit, policy_text
 from shared import protocol as p
 from shared.telemetry import Event
@@ -137,6 +138,16 @@ class Requests:
     def job_get(self, request: Request) -> Reply:
         offset = request.body["offset"] or 0
         return Reply("job.get.ok", self.jobs.page(request.body["job"], offset, request.message))
+
+    @handles("job.list")
+    def job_list(self, request: Request) -> Reply:
+        limit = request.body["limit"]
+        if limit is not None and limit < 1:
+            raise p.ProtocolError(
+                p.BAD_BODY, f"job.list: limit must be >= 1, got {limit}", re=request.message.id
+            )
+        jobs = self.jobs.journal.list_jobs(min(limit or JOB_LIST_MAX, JOB_LIST_MAX))
+        return Reply("job.list.ok", {"jobs": jobs})
 
     @handles("history.get")
     def history_get(self, request: Request) -> Reply:

@@ -47,8 +47,11 @@ class AgentDaemon:
         telemetry_port: int | None = None,
         retention_days: float = DEFAULT_RETENTION_DAYS,
         prometheus: str | None = None,
+        parent_pid: int | None = None,
     ) -> None:
         self.sockets = AgentSockets(bind, secure, telemetry_port)
+        self.parent_pid = parent_pid
+        """Stop when this process (the coordinator that started us) is gone."""
         self.thermal_source = thermal_source
         self.prometheus = prometheus
         self.hub = TelemetryHub(self.sockets.publish, poll_interval, retention_days)
@@ -119,6 +122,8 @@ class AgentDaemon:
         poller.register(self.hub.wake_fd, zmq.POLLIN)
         deadline: float | None = None
         while deadline is None or (self.jobs.running is not None and time.monotonic() < deadline):
+            if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                self._stopping = True  # our coordinator died: an embedded agent goes with it
             if self._stopping and deadline is None:
                 deadline = time.monotonic() + CANCEL_GRACE_S + 1.0
                 if self.jobs.running is not None:

@@ -18,16 +18,16 @@ import zmq
 from rich.table import Table
 from rich.text import Text
 
-from coordinator.commands import (
+from coordinator.dashboard import NA
+from coordinator.fleet import Settings, Target, connect
+from coordinator.hosts_cli import (
     ConnectTimeout,
     Hostfile,
     Insecure,
+    KnownHosts,
     settings_for,
     targets_or_known,
 )
-from coordinator.dashboard import NA
-from coordinator.fleet import Settings, Target, connect
-from coordinator.monitor_cli import KnownHosts
 from coordinator.telemetry_store import TelemetryStore
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import emit, usage_error

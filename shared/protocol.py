@@ -69,6 +69,7 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
     "bench.start": {"matrix": (dict, True)},
     "bench.cancel": {"job": (str, True)},
     "job.get": {"job": (str, True), "offset": (int, False)},
+    "job.list": {"limit": (int, False)},
     "history.get": {
         "samples_after": (int, True),
         "events_after": (int, True),
@@ -134,6 +135,7 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
     "policy.get.ok": {"policy": (dict, True)},
     "policy.set.ok": {"policy": (dict, True)},
     "job.event.ok": {"job": (str, True)},
+    "job.list.ok": {"jobs": (list, True)},
     "error": {"code": (str, True), "message": (str, True)},
     # telemetry, published by the agent (never requests, never replies)
     "telemetry.sample": Sample.schema(),
@@ -147,6 +149,7 @@ REQUESTS = frozenset(
         "bench.start",
         "bench.cancel",
         "job.get",
+        "job.list",
         "history.get",
         "policy.get",
         "policy.set",

@@ -41,7 +41,7 @@ from shared.io.options import (
 from shared.io.sqlite import StoreError
 from shared.io.transport import HostError
 from shared.matrix import MatrixError
-from shared.report import NA
+from shared.report import NA, hardware_details, memory_text
 from shared.results import failed_cells
 
 Hosts = Annotated[
@@ -218,7 +218,9 @@ def host_status(ctx: zmq.Context, target: Target, settings: Settings) -> dict[st
         protocol=info["protocol"],
         hostname=machine.get("hostname"),
         device=machine.get("device"),
+        hardware=", ".join(hardware_details(machine)) or None,
         memory_gb=machine.get("memory_gb"),
+        memory_gib=machine.get("memory_gib"),
         thermal_source=thermal.get("source"),
         celsius=reading.get("celsius"),
         pressure=reading.get("pressure"),
@@ -231,7 +233,7 @@ def host_status(ctx: zmq.Context, target: Target, settings: Settings) -> dict[st
 
 def status_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(title="mlx-fleet agents")
-    for name in ("host", "reachable", "agent", "device", "memory GB", "thermal", "SoC °C", "job"):
+    for name in ("host", "reachable", "agent", "device", "memory", "thermal", "SoC °C", "job"):
         table.add_column(name, overflow="fold")
     for row in rows:
         if not row["reachable"]:
@@ -247,8 +249,8 @@ def status_table(rows: list[dict[str, Any]]) -> Table:
             row["host"],
             "yes",
             row["agent"],
-            row["device"] or NA,
-            NA if row["memory_gb"] is None else f"{row['memory_gb']:.1f}",
+            ", ".join(filter(None, [row["device"] or NA, row["hardware"]])),
+            NA if row["memory_gb"] is None else memory_text(row),
             row["thermal_source"] or NA,
             celsius,
             f"{job['id']} ({job['done']}/{job['total']})" if job else "idle",

@@ -139,15 +139,13 @@ if name == "launchctl":
         if target in state["loaded"] or (lingering(target) and not hidden):
             print(LAUNCHCTL_PRINT.format(target=target, path=state["paths"][target]))
         else:
-            fail(113, f"Could not find service \"io.mlx-fleet.agent\" in domain for {target}")
-    elif verb == "enable":
-        if args[1] in state["disabled"]:
-            state["disabled"].remove(args[1])
-            save()
-    elif verb == "disable":
-        if args[1] not in state["disabled"]:
-            state["disabled"].append(args[1])
-            save()
+            fail(113, f'Could not find service "io.mlx-fleet.agent" in domain for {target}')
+    elif verb == "enable" and args[1] in state["disabled"]:
+        state["disabled"].remove(args[1])
+        save()
+    elif verb == "disable" and args[1] not in state["disabled"]:
+        state["disabled"].append(args[1])
+        save()
     sys.exit(0)
 
 # systemctl [--user] verb ...

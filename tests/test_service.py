@@ -177,8 +177,8 @@ def test_log_file_passes_through_to_serve(agent_cli: str, home: Path, tmp_path: 
         (["--bind", "0.0.0.0:99999"], "bad --bind"),
         (
             ["--thermal-source", "bogus", "--dry-run"],
-            "unknown thermal source 'bogus'; known: auto, none, iohid, macmon, powermetrics, "
-            "linux, sim, replay:PATH",
+            "unknown thermal source 'bogus'; known: auto, none, smc, iohid, macmon, "
+            "powermetrics, linux, sim, replay:PATH",
         ),
         (["--thermal-source", "sim:tau=1"], "sim: bad parameter 'tau=1'"),
     ],

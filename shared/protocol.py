@@ -78,6 +78,7 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
     "policy.get": {},
     "policy.set": {"policy": (dict, True)},
     "job.event": Event.job_schema(),
+    "doctor": {},
     # replies and the job stream, agent -> coordinator
     "hello.ok": {
         "agent": (str, True),
@@ -134,6 +135,7 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
     "policy.get.ok": {"policy": (dict, True)},
     "policy.set.ok": {"policy": (dict, True)},
     "job.event.ok": {"job": (str, True)},
+    "doctor.ok": {"report": (dict, True)},
     "error": {"code": (str, True), "message": (str, True)},
     # telemetry, published by the agent (never requests, never replies)
     "telemetry.sample": Sample.schema(),
@@ -151,6 +153,7 @@ REQUESTS = frozenset(
         "policy.get",
         "policy.set",
         "job.event",
+        "doctor",
     }
 )
 ENVELOPE_KEYS = frozenset({"v", "id", "type", "re", "body"})

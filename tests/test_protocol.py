@@ -68,6 +68,8 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
     "policy.get.ok": {"policy": {"pause_temp": 85.0}},
     "policy.set.ok": {"policy": {"pause_temp": 85.0}},
     "job.event.ok": {"job": "3f2a"},
+    "doctor": {},
+    "doctor.ok": {"report": {"host": "mac1", "ok": True, "checks": [], "machine": None}},
     "error": {"code": "busy", "message": "busy: job j-1 is running"},
     "telemetry.sample": {
         "host": "mac1",

@@ -13,7 +13,8 @@ unsigned 16-bit big-endian / 4, `ioft` unsigned 64-bit little-endian / 65536 (48
 Which key is the die: `TCMz` (die maximum) and `TCMb` (die average) exist on every Apple Silicon
 chip in the iSMC data set and stay live at idle, where per-core keys park at placeholder values
 such as 6.7 or 4.633 °C (oshi/oshi#3535 on an M2 Max; macmon#12 saw 9.8). Without them, the
-hottest plausible per-cluster key: `Tp*` (P-cores), `Te*` (E-cores), `Tg*` (GPU).
+hottest plausible (>= 20 °C, oshi#3531) per-cluster key: `Tp*` (P-cores), `Te*` (E-cores),
+`Tg*` (GPU).
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ KEY_COUNT = "#KEY"
 
 DIE_MAX, DIE_AVERAGE = "TCMz", "TCMb"
 CLUSTER_PREFIXES = ("Tp", "Te", "Tg")
-SMC_MIN_C = 10.0
-"""Below this an SMC temperature key is a parked placeholder (6.7, 4.633, 9.8 °C seen), not a
-die: no running Apple Silicon die is this cold."""
+SMC_MIN_C = 20.0
+"""Below this an SMC temperature key is a parked placeholder, not a die: across iSMC's dumps of
+13 machines (M1 to M5, A18) every Tp*/Tg* reading was either <= 5.2 (sentinels -4, 0, 2.5, 4,
+5.2) or >= 21.0 (oshi/oshi#3531, which set this floor); an idle M2 Max parks keys at 6.7 and
+4.633 (oshi#3535), macmon#12 saw 9.8."""
 SMC_MAX_C = 150.0
 
 

@@ -218,9 +218,10 @@ def install_command(
         user, system, launchd, systemd, bind, thermal_source, log_file, run_as, data_dir_option
     )
     if plan.system and os.geteuid() != 0 and (sudo or auto) and not dry_run:
-        raise typer.Exit(
-            through_sudo(plan, run_as, bind, thermal_source, log_file, launchd, systemd)
-        )
+        code = through_sudo(plan, run_as, bind, thermal_source, log_file, launchd, systemd)
+        if code == 0 and auto:
+            retire_user_service(launchd, systemd)
+        raise typer.Exit(code)
     if dry_run:  # the definition alone on stdout, so it can be piped to a parser
         say(f"would write {plan.definition_path}:")
         print(definition_text(plan), end="")
@@ -245,6 +246,21 @@ def install_command(
     except ServiceError as exc:
         raise fail(str(exc), exc.exit_code) from None
     say(f"logs: {', '.join(log_paths(plan))}")
+    if auto and plan.system:
+        retire_user_service(launchd, systemd)
+
+
+def retire_user_service(launchd: bool, systemd: bool) -> None:
+    """After --auto installed the system service: this user's service gives way (never two
+    copies on one port). Removed only now, so a failed system install leaves it running."""
+    try:
+        for line in uninstall(make_plan(True, False, launchd, systemd), purge=False):
+            say(line)
+    except ServiceError as exc:
+        say(
+            f"warning: the user service could not be removed ({exc}): remove it "
+            "(agent uninstall --user), or the system service cannot bind its port"
+        )
 
 
 def choose_scope(launchd: bool, systemd: bool, dry_run: bool) -> bool:
@@ -256,9 +272,6 @@ def choose_scope(launchd: bool, systemd: bool, dry_run: bool) -> bool:
         say(f"service: user ({choice.fallback})")
         return False
     say(f"service: {'system' if choice.system else 'user'} ({choice.why})")
-    if choice.system and not dry_run:  # never two copies: the user service gives way
-        for line in uninstall(make_plan(True, False, launchd, systemd), purge=False):
-            say(line)
     return choice.system
 
 

@@ -102,6 +102,10 @@ class AgentSockets:
     def telemetry_port(self) -> int:
         return int(self.telemetry.rpartition(":")[2])
 
+    @property
+    def command_port(self) -> int:
+        return int(self.router.last_endpoint.decode().rpartition(":")[2])
+
     def receive(self) -> Iterator[tuple[bytes, p.Message | p.ProtocolError]]:
         """Every message waiting on the command socket, decoded, as (identity, request) or
         (identity, the refusal to send back); never blocks."""

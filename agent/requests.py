@@ -2,8 +2,9 @@
 table built from them that is the single list of the requests this agent serves (a test holds
 it equal to shared.protocol.REQUESTS).
 
-A handler returns its Reply, or raises ProtocolError, which goes back as an `error` reply. The
-daemon's parts it reads and changes are given at construction.
+A handler returns its Reply, or raises ProtocolError, which goes back as an `error` reply, or
+returns None when its reply is deferred (computed on a worker thread and sent by the daemon's loop
+through send_finished()). The daemon's parts it reads and changes are given at construction.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.bench_jobs import JOB_PAGE_BYTES, BenchJobs
+from agent.deferred import DeferredReplies
+from agent.doctor import report as doctor_report
 from agent.endpoints import AgentSockets
 from agent.hub import TelemetryHub
 from agent.journal import JOB_LIST_MAX
@@ -41,7 +44,7 @@ class Request:
         return self.message.body
 
 
-Handler = Callable[["Requests", Request], Reply]
+Handler = Callable[["Requests", Request], Reply | None]
 HANDLERS: dict[str, Handler] = {}
 
 
@@ -75,12 +78,24 @@ class Requests:
         self.machine = machine
         self.version = version
         self.stopping = stopping
+        self.deferred = DeferredReplies()
 
     def answer(self, identity: bytes, message: p.Message) -> None:
-        """Reply to one request: its handler's reply, or an `error`."""
+        """Reply to one request: its handler's reply, or an `error` (a deferred reply later)."""
         reply = HANDLERS[message.type](self, Request(identity, message))
+        if reply is None:
+            return
         for type_, body in ((reply.type, reply.body), *reply.then):
             self.sockets.send(identity, p.make(type_, body, re=message.id))
+
+    def send_finished(self) -> None:
+        """Send every deferred reply whose work is done (its failure as an `internal` error)."""
+        for pending in self.deferred.finished():
+            try:
+                message = p.make(pending.type, pending.future.result(), re=pending.re)
+            except Exception as exc:  # a bug answers one request, never kills the daemon
+                message = p.error(p.INTERNAL, f"{type(exc).__name__}: {exc}", re=pending.re)
+            self.sockets.send(pending.identity, message)
 
     @handles("hello")
     def hello(self, request: Request) -> Reply:
@@ -197,3 +212,18 @@ class Requests:
         it when `agent run` could not)."""
         self.hub.event(Event.from_body(request.body), p.KIND_RUN)
         return Reply("job.event.ok", {"job": request.body["job"]})
+
+    @handles("doctor")
+    def doctor(self, request: Request) -> None:
+        """This agent's `agent doctor` report, as its service sees the machine. It takes
+        seconds (a 1 s benchmark, every sensor), so it is deferred; the benchmark is skipped
+        while a job runs, which it would disturb."""
+        job = self.jobs.running
+        skip = f"benchmark job {job.id} is running" if job else None
+        ports = (self.sockets.command_port, self.sockets.telemetry_port)
+        self.deferred.submit(
+            request.identity,
+            request.message.id,
+            "doctor.ok",
+            lambda: {"report": doctor_report(ports, serving=True, skip_bench=skip)},
+        )

@@ -140,6 +140,7 @@ class AgentDaemon:
                     self.jobs.feed(reading, self.hub.policy)
             if ready.get(self.sockets.router):
                 self._answer_all()
+            self.requests.send_finished()
             if job is not None and job is self.jobs.running and ready.get(job.fd):
                 self.jobs.read(job)
             self.jobs.enforce_cancel()
@@ -160,6 +161,7 @@ class AgentDaemon:
 
     def close(self) -> None:
         remove_state(os.getpid())
+        self.requests.deferred.close()
         self.hub.close()
         self.sockets.close()
         self.jobs.close()

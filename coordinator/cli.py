@@ -20,6 +20,7 @@ from coordinator.compare import (
     rich_comparison,
 )
 from coordinator.deploy_cli import deploy_command
+from coordinator.doctor_cli import doctor_command
 from coordinator.history import history
 from coordinator.monitor_cli import monitor
 from coordinator.policy_cmd import policy
@@ -117,6 +118,7 @@ app.command()(cancel)
 app.command()(status)
 app.add_typer(keys_app, name="keys")
 app.command("deploy")(deploy_command)
+app.command("doctor")(doctor_command)
 app.command()(monitor)
 app.command()(policy)
 app.command()(history)

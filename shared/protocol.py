@@ -79,6 +79,7 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
     "policy.get": {},
     "policy.set": {"policy": (dict, True)},
     "job.event": Event.job_schema(),
+    "doctor": {},
     # replies and the job stream, agent -> coordinator
     "hello.ok": {
         "agent": (str, True),
@@ -136,6 +137,7 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
     "policy.set.ok": {"policy": (dict, True)},
     "job.event.ok": {"job": (str, True)},
     "job.list.ok": {"jobs": (list, True)},
+    "doctor.ok": {"report": (dict, True)},
     "error": {"code": (str, True), "message": (str, True)},
     # telemetry, published by the agent (never requests, never replies)
     "telemetry.sample": Sample.schema(),
@@ -154,6 +156,7 @@ REQUESTS = frozenset(
         "policy.get",
         "policy.set",
         "job.event",
+        "doctor",
     }
 )
 ENVELOPE_KEYS = frozenset({"v", "id", "type", "re", "body"})

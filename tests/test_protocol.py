@@ -83,6 +83,8 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
             }
         ]
     },
+    "doctor": {},
+    "doctor.ok": {"report": {"host": "mac1", "ok": True, "checks": [], "machine": None}},
     "error": {"code": "busy", "message": "busy: job j-1 is running"},
     "telemetry.sample": {
         "host": "mac1",

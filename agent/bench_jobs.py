@@ -135,7 +135,7 @@ class BenchJobs:
         """Run `plan` (from plan(), with nothing started since) for the coordinator at
         `identity`. Raises OSError when no job process can be started."""
         process = self._process(plan.id, plan.spec, 0)
-        self.journal.create_job(plan.id, plan.spec.to_dict(), len(plan.cells))
+        self.journal.create_job(plan.id, plan.spec.to_dict(), len(plan.cells), request_id)
         job = Job(plan.id, identity, request_id, plan.spec, plan.cells, process, now_iso())
         self.running = job
         self._event(job, "start", detail=f"benchmark: {job.total} cells")

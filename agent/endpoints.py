@@ -123,6 +123,10 @@ class AgentSockets:
     def telemetry_port(self) -> int:
         return int(self.telemetry.rpartition(":")[2])
 
+    @property
+    def command_port(self) -> int:
+        return int(self.router.last_endpoint.decode().rpartition(":")[2])
+
     def receive(self) -> Iterator[Received]:
         """Every message waiting on the command socket, decoded, with who sent it; never
         blocks."""

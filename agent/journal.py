@@ -40,9 +40,17 @@ CREATE TABLE IF NOT EXISTS cells (
     PRIMARY KEY (job_id, idx)
 )
 """,
+    """
+ALTER TABLE jobs ADD COLUMN request TEXT;
+CREATE INDEX jobs_started ON jobs (started)
+""",
 )
 """The schema, version by version (shared.io.sqlite.open_store); version 1 is the file earlier
-releases made without a version."""
+releases made without a version; version 2 keeps the id of the bench.start that made each job,
+so a coordinator that lost the reply finds its job (job.list)."""
+JOB_LIST_MAX = 100
+LISTED = ("job", "request", "state", "total", "error", "started", "finished", "done")
+"""A job as job.list lists it."""
 ABANDONED = "the agent stopped while this job ran"
 
 log = logging.getLogger("agent.journal")
@@ -60,6 +68,7 @@ class JournaledJob:
     spec: dict[str, Any]
     total: int
     started: str
+    request: str | None = None
     state: str = JOB_RUNNING
     error: str | None = None
     finished: str | None = None
@@ -71,6 +80,19 @@ class JournaledJob:
     @property
     def written(self) -> bool:
         return self.row_written and self.cells_written == len(self.records)
+
+    def listed(self) -> dict[str, Any]:
+        """As list_jobs() lists it."""
+        return {
+            "job": self.id,
+            "request": self.request,
+            "state": self.state,
+            "total": self.total,
+            "error": self.error,
+            "started": self.started,
+            "finished": self.finished,
+            "done": len(self.records),
+        }
 
     def to_dict(self) -> dict[str, Any]:
         """As get_job() returns it."""
@@ -110,9 +132,26 @@ class Journal:
             )
         return cursor.rowcount
 
-    def create_job(self, job_id: str, spec: dict[str, Any], total: int) -> None:
-        self._held[job_id] = JournaledJob(job_id, spec, total, now_iso())
+    def create_job(
+        self, job_id: str, spec: dict[str, Any], total: int, request: str | None = None
+    ) -> None:
+        """`request`: the id of the bench.start that made the job (job.list finds it by it)."""
+        self._held[job_id] = JournaledJob(job_id, spec, total, now_iso(), request)
         self._write(self._held[job_id])
+
+    def list_jobs(self, limit: int) -> list[dict[str, Any]]:
+        """The newest jobs first (at most `limit`): what job.list answers, the jobs held in
+        memory (not yet written whole) as they are there."""
+        rows = self._conn.execute(
+            "SELECT id, request, state, total, error, started, finished, "
+            "(SELECT COUNT(*) FROM cells WHERE job_id = jobs.id) FROM jobs "
+            "ORDER BY started DESC, rowid DESC LIMIT ?",
+            (limit,),
+        ).fetchall()
+        listed = {row[0]: dict(zip(LISTED, row, strict=True)) for row in rows}
+        for job in self._held.values():
+            listed[job.id] = job.listed()
+        return sorted(listed.values(), key=lambda job: job["started"], reverse=True)[:limit]
 
     def add_model(self, job_id: str, info: dict[str, Any]) -> None:
         job = self._held[job_id]
@@ -192,8 +231,8 @@ class Journal:
 
 
 _UPSERT_JOB = """
-INSERT INTO jobs (id, spec, total, state, error, started, finished, models)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+INSERT INTO jobs (id, spec, total, state, error, started, finished, models, request)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (id) DO UPDATE SET
     state = excluded.state, error = excluded.error, finished = excluded.finished,
     models = excluded.models
@@ -210,4 +249,5 @@ def _job_row(job: JournaledJob) -> tuple[Any, ...]:
         job.started,
         job.finished,
         json.dumps(job.models, default=str),
+        job.request,
     )

@@ -2,8 +2,9 @@
 table built from them that is the single list of the requests this agent serves (a test holds
 it equal to shared.protocol.REQUESTS).
 
-A handler returns its Reply, or raises ProtocolError, which goes back as an `error` reply. The
-daemon's parts it reads and changes are given at construction.
+A handler returns its Reply, or raises ProtocolError, which goes back as an `error` reply, or
+returns None when its reply is deferred (computed on a worker thread and sent by the daemon's loop
+through send_finished()). The daemon's parts it reads and changes are given at construction.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.bench_jobs import BenchJobs
+from agent.deferred import DeferredReplies
+from agent.doctor import report as doctor_report
 from agent.endpoints import AgentSockets, Received
 from agent.hub import TelemetryHub
+from agent.journal import JOB_LIST_MAX
 from agent.telemetry import HISTORY_PAGE_BYTES, history_limit, policy_text, run_event
 from shared import protocol as p
 
@@ -45,7 +49,7 @@ class Request:
         return p.ProtocolError(code, message, re=self.message.id)
 
 
-Handler = Callable[["Requests", Request], Reply]
+Handler = Callable[["Requests", Request], Reply | None]
 HANDLERS: dict[str, Handler] = {}
 
 
@@ -79,15 +83,27 @@ class Requests:
         self.machine = machine
         self.version = version
         self.stopping = stopping
+        self.deferred = DeferredReplies()
 
     def answer(self, received: Received) -> None:
-        """Reply to one request: its handler's reply, or an `error`."""
+        """Reply to one request: its handler's reply, or an `error` (a deferred reply later)."""
         message = received.message
         assert isinstance(message, p.Message)
         request = Request(received.identity, message, received.peer_key)
         reply = HANDLERS[message.type](self, request)
+        if reply is None:
+            return
         for type_, body in ((reply.type, reply.body), *reply.then):
             self.sockets.send(received.identity, p.make(type_, body, re=message.id))
+
+    def send_finished(self) -> None:
+        """Send every deferred reply whose work is done (its failure as an `internal` error)."""
+        for pending in self.deferred.finished():
+            try:
+                message = p.make(pending.type, pending.future.result(), re=pending.re)
+            except Exception as exc:  # a bug answers one request, never kills the daemon
+                message = p.error(p.INTERNAL, f"{type(exc).__name__}: {exc}", re=pending.re)
+            self.sockets.send(pending.identity, message)
 
     @handles("hello")
     def hello(self, request: Request) -> Reply:
@@ -155,6 +171,16 @@ class Requests:
         check_cursor(request, "offset")
         return Reply("job.get.ok", self.jobs.page(request.body["job"], offset, request.message))
 
+    @handles("job.list")
+    def job_list(self, request: Request) -> Reply:
+        limit = request.body["limit"]
+        if limit is not None and limit < 1:
+            raise p.ProtocolError(
+                p.BAD_BODY, f"job.list: limit must be >= 1, got {limit}", re=request.message.id
+            )
+        jobs = self.jobs.journal.list_jobs(min(limit or JOB_LIST_MAX, JOB_LIST_MAX))
+        return Reply("job.list.ok", {"jobs": jobs})
+
     @handles("history.get")
     def history_get(self, request: Request) -> Reply:
         try:
@@ -219,6 +245,21 @@ class Requests:
             raise request.refuse(p.BAD_BODY, f"job.event: {exc}") from None
         self.hub.event(event, p.KIND_RUN)
         return Reply("job.event.ok", {"job": request.body["job"]})
+
+    @handles("doctor")
+    def doctor(self, request: Request) -> None:
+        """This agent's `agent doctor` report, as its service sees the machine. It takes
+        seconds (a 1 s benchmark, every sensor), so it is deferred; the benchmark is skipped
+        while a job runs, which it would disturb."""
+        job = self.jobs.running
+        skip = f"benchmark job {job.id} is running" if job else None
+        ports = (self.sockets.command_port, self.sockets.telemetry_port)
+        self.deferred.submit(
+            request.identity,
+            request.message.id,
+            "doctor.ok",
+            lambda: {"report": doctor_report(ports, serving=True, skip_bench=skip)},
+        )
 
 
 def check_cursor(request: Request, name: str) -> None:

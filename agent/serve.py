@@ -58,12 +58,15 @@ class AgentDaemon:
         telemetry_port: int | None = None,
         retention_days: float = DEFAULT_RETENTION_DAYS,
         prometheus: str | None = None,
+        parent_pid: int | None = None,
     ) -> None:
         """Raises ServeError for a bad --bind or a data directory it cannot use."""
         self.throttle = LogThrottle(log)
         """Every log line a peer or a fault could repeat without end goes through it."""
         self.storage = StorageHealth(self.throttle)
         self.sockets = AgentSockets(bind, secure, telemetry_port, self.throttle)
+        self.parent_pid = parent_pid
+        """Stop when this process (the coordinator that started us) is gone."""
         self.thermal_source = thermal_source
         self.prometheus = prometheus
         self._unwritten_state: DaemonAddress | None = None
@@ -163,6 +166,8 @@ class AgentDaemon:
         poller.register(self.hub.wake_fd, zmq.POLLIN)
         deadline: float | None = None
         while deadline is None or (self.jobs.running is not None and time.monotonic() < deadline):
+            if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                self._stopping = True  # our coordinator died: an embedded agent goes with it
             if self._stopping and deadline is None:
                 deadline = time.monotonic() + CANCEL_GRACE_S + 1.0
                 if self.jobs.running is not None:
@@ -180,6 +185,7 @@ class AgentDaemon:
                 self._retry_writes()
             if ready.get(self.sockets.router):
                 self._answer_all()
+            self.requests.send_finished()
             if job is not None and job is self.jobs.running and ready.get(job.fd):
                 self.jobs.read(job)
             self.jobs.enforce_cancel()
@@ -225,6 +231,7 @@ class AgentDaemon:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             remove_state(os.getpid())
+        self.requests.deferred.close()
         self.hub.close()
         self.sockets.close()
         self.jobs.close()

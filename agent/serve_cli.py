@@ -101,6 +101,14 @@ def serve_command(
     ] = None,
     retention_days: RetentionDays = DEFAULT_RETENTION_DAYS,
     prometheus: PrometheusAddress = None,
+    parent_pid: Annotated[
+        int | None,
+        typer.Option(
+            "--parent-pid",
+            help="Stop, as on SIGTERM, when process PID (which started this agent) ends: how "
+            "`coordinator benchmark`'s local agent never outlives it.",
+        ),
+    ] = None,
 ) -> None:
     """Serve coordinators over ZeroMQ until SIGTERM: benchmarks, info, job history, and
     thermal telemetry.
@@ -135,6 +143,7 @@ def serve_command(
             telemetry_port=telemetry_port,
             retention_days=retention_days,
             prometheus=prometheus,
+            parent_pid=parent_pid,
         )
         serve(daemon)
     except ServeError as exc:

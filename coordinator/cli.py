@@ -11,7 +11,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from coordinator.commands import benchmark, keys_app, status
+from coordinator.benchmark_cli import RunId, benchmark, cancel, resume
+from coordinator.commands import keys_app, status
 from coordinator.compare import (
     COMPARE_FORMATS,
     compare_reports,
@@ -19,6 +20,7 @@ from coordinator.compare import (
     rich_comparison,
 )
 from coordinator.deploy_cli import deploy_command
+from coordinator.doctor_cli import doctor_command
 from coordinator.history import history
 from coordinator.monitor_cli import monitor
 from coordinator.policy_cmd import policy
@@ -31,11 +33,6 @@ app = fleet_app(
     "coordinator",
     "mlx-fleet coordinator: one benchmark across many Macs, one table, every run kept.",
 )
-
-
-RunId = Annotated[
-    str, typer.Argument(help="A run id, or a unique prefix of one (`coordinator runs` lists them).")
-]
 
 
 def load_reports(*run_ids: str) -> list[dict[str, Any]]:
@@ -71,7 +68,8 @@ def runs_table(listed: list[dict[str, Any]]) -> Table:
             name, justify="right" if name in ("ok", "failed") else "left", overflow="fold"
         )
     for run in listed:
-        status = run["status"] + (" (interrupted)" if run["interrupted"] else "")
+        interrupted = run["interrupted"] and run["status"] != "interrupted"
+        status = run["status"] + (" (interrupted)" if interrupted else "")
         table.add_row(
             run["id"],
             run["kind"],
@@ -115,9 +113,12 @@ def compare(
 
 
 app.command()(benchmark)
+app.command()(resume)
+app.command()(cancel)
 app.command()(status)
 app.add_typer(keys_app, name="keys")
 app.command("deploy")(deploy_command)
+app.command("doctor")(doctor_command)
 app.command()(monitor)
 app.command()(policy)
 app.command()(history)

@@ -66,6 +66,8 @@ class EmbeddedAgent:
                     "127.0.0.1:0",
                     "--thermal-source",
                     self.thermal_source,
+                    "--parent-pid",
+                    str(os.getpid()),
                 ],
                 stdout=subprocess.PIPE,
                 stderr=log,

@@ -1,10 +1,15 @@
 """A fleet run: the same matrix on every host at once, every cell kept as it arrives.
 
-Each host is driven by its own thread with its own AgentClient; the threads only report
-HostEvents on a queue. The calling thread alone touches the RunStore and the observer (the
+Each host is driven by its own thread (a HostDriver with its own AgentClient); the threads only
+report HostEvents on a queue. The calling thread alone touches the RunStore and the observer (the
 progress display), so neither needs to be thread-safe and a cell is stored the moment it lands.
-A host that fails (unreachable, refused, dead mid-run, rejected matrix) ends with its error; the
-others go on.
+
+A host that goes silent is `unreachable`, not failed, while its job may still run: its driver
+reconnects until --host-timeout, then follows the job with job.get from the first cell it lacks,
+so a link cut loses nothing. Cells are keyed by (job, index): never twice, never lost. A host
+that fails for good (refused, rejected matrix, gone past the timeout) ends with its error; the
+others go on. A run whose coordinator died is finished later by `coordinator resume`, which drives
+the same HostDrivers over the jobs the run recorded.
 """
 
 from __future__ import annotations
@@ -19,12 +24,31 @@ from typing import Any
 import zmq
 
 from coordinator.store import RunStore
+from shared import protocol as p
 from shared.io.keys import Keypair
-from shared.io.transport import CANCEL_WAIT_S, AgentClient, HostError
-from shared.protocol import JOB_OK
+from shared.io.transport import CANCEL_WAIT_S, AgentClient, AgentError, HostError
+from shared.matrix import MatrixSpec, expand
 
-HOST_OK, HOST_FAILED = "ok", "failed"
-MACHINE, STARTED, MODEL, CELL, DONE = "machine", "started", "model", "cell", "done"
+HOST_OK, HOST_FAILED, HOST_RUNNING, HOST_UNREACHABLE = "ok", "failed", "running", "unreachable"
+MACHINE, STARTED, MODEL, CELL, UNREACHABLE, RECONNECTED, DONE = (
+    "machine",
+    "started",
+    "model",
+    "cell",
+    "unreachable",
+    "reconnected",
+    "done",
+)
+DEFAULT_HOST_TIMEOUT_S = 120.0
+"""How long a silent host is given to come back before it is failed (its job may still run)."""
+RETRY_S = 1.0
+"""Between two attempts to reach a silent host."""
+FOLLOW_EVERY_S = 0.5
+"""How often a job followed by job.get (after a link cut, or resumed) is asked for news."""
+
+
+class JobNeverStarted(HostError):
+    """bench.start went out but the agent has no job for it."""
 
 
 @dataclass(frozen=True)
@@ -42,12 +66,15 @@ class Settings:
 
     keypair: Keypair | None
     connect_timeout: float = 5.0
+    host_timeout: float = DEFAULT_HOST_TIMEOUT_S
 
 
 @dataclass(frozen=True)
 class HostEvent:
     """What a host thread reports. `data` by kind: MACHINE the agent's machine info, STARTED
-    the bench.start.ok body, MODEL a model's info, CELL a record, DONE {"status", "error"}."""
+    {"job", "cells"}, MODEL a model's info, CELL {"index", "record"}, UNREACHABLE {"error"} (each
+    attempt that failed), RECONNECTED {} (heard again after UNREACHABLE), DONE {"status",
+    "error"}."""
 
     host: str
     kind: str
@@ -55,10 +82,28 @@ class HostEvent:
 
 
 @dataclass
+class HostJob:
+    """A host's job as this coordinator knows it: its id once the agent named it, the cell
+    indexes received, the models reported."""
+
+    id: str | None = None
+    received: set[int] = field(default_factory=set)
+    models: int = 0
+
+    def first_missing(self) -> int:
+        index = 0
+        while index in self.received:
+            index += 1
+        return index
+
+
+@dataclass
 class FleetResult:
     run_id: str
     interrupted: bool
     hosts_ok: bool
+    resumable: bool
+    """Some host's job may hold cells this run lacks: `coordinator resume` can fetch them."""
 
 
 Observer = Callable[[HostEvent], None]
@@ -84,45 +129,162 @@ def connect(ctx: zmq.Context, target: Target, settings: Settings) -> AgentClient
     return client
 
 
-def drive_host(
-    ctx: zmq.Context,
-    target: Target,
-    spec: dict[str, Any],
-    settings: Settings,
-    emit: Callable[[HostEvent], None],
-    stop: threading.Event,
-) -> None:
-    """Run `spec` on one host, emitting its events; always ends with exactly one DONE."""
-    status, error = HOST_FAILED, None
-    try:
-        with connect(ctx, target, settings) as client:
-            emit(HostEvent(target.name, MACHINE, client.request("info")["machine"]))
-            if stop.is_set():
-                raise HostError("interrupted before the job started")
-            start = client.send("bench.start", {"matrix": spec})
-            for message in client.stream(start, stop):
-                body = message.body
-                if message.type == "bench.start.ok":
-                    emit(HostEvent(target.name, STARTED, body))
-                elif message.type == "bench.progress" and body["model"] is not None:
-                    emit(HostEvent(target.name, MODEL, body["model"]))
-                elif message.type == "bench.cell":
-                    emit(HostEvent(target.name, CELL, body["record"]))
-                elif message.type == "bench.done":
-                    status = HOST_OK if body["status"] == JOB_OK else HOST_FAILED
-                    error = body["error"] if status == HOST_FAILED else None
-    except HostError as exc:
-        error = str(exc)
-    except Exception as exc:  # a bug fails one host, visibly, not the run
-        error = f"coordinator error: {type(exc).__name__}: {exc}"
-    emit(HostEvent(target.name, DONE, {"status": status, "error": error}))
+class HostDriver:
+    """Runs `spec` on one host (or, given a job, follows it) until the job ends, reporting
+    every event through `emit`; run() always ends with exactly one DONE."""
+
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        target: Target,
+        spec: dict[str, Any],
+        settings: Settings,
+        emit: Callable[[HostEvent], None],
+        stop: threading.Event,
+        job: HostJob | None = None,
+    ) -> None:
+        self.ctx, self.target, self.spec, self.settings = ctx, target, spec, settings
+        self.emit, self.stop = emit, stop
+        self.job = job or HostJob()
+        self._start_id: str | None = None
+        """The id of the bench.start sent, to find the job by (job.list) if its reply was lost."""
+        self._machine_known = False
+        self._cancelled = False
+
+    def run(self) -> None:
+        status, error = HOST_FAILED, None
+        try:
+            status, error = self._drive()
+        except HostError as exc:
+            error = str(exc)
+        except Exception as exc:  # a bug fails one host, visibly, not the run
+            error = f"coordinator error: {type(exc).__name__}: {exc}"
+        self._report(DONE, {"status": status, "error": error})
+
+    def _report(self, kind: str, data: dict[str, Any]) -> None:
+        self.emit(HostEvent(self.target.name, kind, data))
+
+    def _drive(self) -> tuple[str, str | None]:
+        """Connect, start or follow; while a job exists, a lost link is retried until the host
+        has been silent for host_timeout."""
+        heard = time.monotonic()
+        lost = False
+        while True:
+            client: AgentClient | None = None
+            try:
+                with connect(self.ctx, self.target, self.settings) as client:
+                    if lost:
+                        lost = False
+                        self._report(RECONNECTED, {})
+                    return self._session(client)
+            except (AgentError, JobNeverStarted):
+                raise  # the agent answered: nothing a retry changes
+            except HostError as exc:
+                if client is not None:
+                    heard = max(heard, client.last_heard)
+                if self.job.id is None and self._start_id is None:
+                    raise  # no job was started: nothing runs there to come back to
+                silent = time.monotonic() - heard
+                if silent > self.settings.host_timeout or self.stop.is_set():
+                    raise HostError(
+                        f"unreachable for {silent:.0f} s ({exc}); its job may still run: "
+                        "`coordinator resume` fetches what it measured"
+                    ) from None
+                lost = True
+                self._report(UNREACHABLE, {"error": str(exc)})
+                self.stop.wait(RETRY_S)
+
+    def _session(self, client: AgentClient) -> tuple[str, str | None]:
+        if not self._machine_known:
+            self._report(MACHINE, client.request("info")["machine"])
+            self._machine_known = True
+        if self.job.id is None and self._start_id is not None:
+            self._find_job(client)
+        if self.job.id is not None:
+            return self._follow(client)
+        if self.stop.is_set():
+            raise HostError("interrupted before the job started")
+        return self._start(client)
+
+    def _start(self, client: AgentClient) -> tuple[str, str | None]:
+        """bench.start, then the job's stream as the agent sends it."""
+        start = client.send("bench.start", {"matrix": self.spec})
+        self._start_id = start.id
+        for message in client.stream(start, self.stop):
+            body = message.body
+            if message.type == "bench.start.ok":
+                self._started(body["job"], body["cells"])
+            elif message.type == "bench.progress" and body["model"] is not None:
+                self.job.models += 1
+                self._report(MODEL, body["model"])
+            elif message.type == "bench.cell":
+                self._cell(body["index"], body["record"])
+            elif message.type == "bench.done":
+                return _outcome(body["status"], body["error"])
+        raise HostError("the job stream ended without bench.done")
+
+    def _started(self, job_id: str, cells: list[str]) -> None:
+        self.job.id = job_id
+        self._report(STARTED, {"job": job_id, "cells": cells})
+
+    def _cell(self, index: int, record: dict[str, Any]) -> None:
+        if index not in self.job.received:
+            self.job.received.add(index)
+            self._report(CELL, {"index": index, "record": record})
+
+    def _find_job(self, client: AgentClient) -> None:
+        """The link was lost before bench.start.ok came: the agent's job list says whether our
+        bench.start started a job."""
+        for listed in client.request("job.list", {})["jobs"]:
+            if listed["request"] == self._start_id:
+                spec = client.request("job.get", {"job": listed["job"], "offset": 0})["spec"]
+                names = [cell.name for cell in expand(MatrixSpec.from_dict(spec))]
+                self._started(listed["job"], names)
+                return
+        raise JobNeverStarted(
+            "the link was lost before the agent started the job; nothing of it ran there"
+        )
+
+    def _follow(self, client: AgentClient) -> tuple[str, str | None]:
+        """The job through job.get pages, from the first cell this run lacks, until it ends;
+        a cancel asked for (Ctrl-C) is sent once."""
+        assert self.job.id is not None
+        while True:
+            offset = self.job.first_missing()
+            page = client.request("job.get", {"job": self.job.id, "offset": offset})
+            for info in page["models"][self.job.models :]:
+                self.job.models += 1
+                self._report(MODEL, info)
+            for index, record in enumerate(page["records"], start=offset):
+                self._cell(index, record)
+            if page["next"] is not None:
+                continue
+            if page["state"] != p.JOB_RUNNING:
+                return _outcome(page["state"], page["error"])
+            if self.stop.is_set() and not self._cancelled:
+                self._cancelled = True
+                try:
+                    client.request("bench.cancel", {"job": self.job.id})
+                except AgentError as exc:
+                    if exc.code != p.NOT_RUNNING:
+                        raise
+            if self.stop.is_set():
+                time.sleep(FOLLOW_EVERY_S)  # cancelled: wait for the job to say it ended
+            else:
+                self.stop.wait(FOLLOW_EVERY_S)
+
+
+def _outcome(state: str, error: str | None) -> tuple[str, str | None]:
+    return (HOST_OK, None) if state == p.JOB_OK else (HOST_FAILED, error or state)
 
 
 @dataclass
 class _HostState:
     machine: dict[str, Any] | None = None
     models: list[dict[str, Any]] = field(default_factory=list)
+    job: str | None = None
     done: bool = False
+    status: str = HOST_RUNNING
 
 
 def run_fleet(
@@ -134,23 +296,55 @@ def run_fleet(
 ) -> FleetResult:
     """Drive every target at once until each is done; Ctrl-C cancels the jobs, keeps what
     arrived and marks the run interrupted."""
-    run_id = store.create_run(spec, [t.name for t in targets])
+    reach = {t.name: (t.address, t.server_key) for t in targets}
+    run_id = store.create_run(spec, [t.name for t in targets], reach=reach)
+    return _drive(
+        run_id, {t.name: (t, HostJob()) for t in targets}, spec, store, settings, observer
+    )
+
+
+def resume_fleet(
+    run_id: str, store: RunStore, settings: Settings, observer: Observer | None = None
+) -> FleetResult:
+    """Finish a run whose coordinator stopped: follow every host's recorded job to its end and
+    fetch each cell the run lacks. Hosts whose job never started cannot be resumed and say so."""
+    run = store.resumable(run_id)
+    drivers: dict[str, tuple[Target, HostJob]] = {}
+    for host in run.hosts:
+        if host.job is None:
+            continue
+        job = HostJob(host.job, set(host.indexes), len(host.models))
+        drivers[host.name] = (Target(host.name, host.address, host.server_key), job)
+    store.take_over(run_id)
+    return _drive(run_id, drivers, run.spec, store, settings, observer)
+
+
+def _drive(
+    run_id: str,
+    hosts: dict[str, tuple[Target, HostJob]],
+    spec: dict[str, Any],
+    store: RunStore,
+    settings: Settings,
+    observer: Observer | None,
+) -> FleetResult:
     events: queue.Queue[HostEvent] = queue.Queue()
     stop = threading.Event()
-    states = {t.name: _HostState() for t in targets}
+    states = {
+        name: _HostState(job=job.id, models=store.host_models(run_id, name))
+        for name, (_, job) in hosts.items()
+    }
     ctx = zmq.Context()
     threads = [
         threading.Thread(
-            target=drive_host,
-            name=f"host {t.name}",
+            target=HostDriver(ctx, target, spec, settings, events.put, stop, job).run,
+            name=f"host {name}",
             daemon=True,
-            args=(ctx, t, spec, settings, events.put, stop),
         )
-        for t in targets
+        for name, (target, job) in hosts.items()
     ]
     for thread in threads:
         thread.start()
-    interrupted, hosts_ok = False, True
+    interrupted = False
     deadline: float | None = None
     while not all(state.done for state in states.values()):
         try:
@@ -160,28 +354,7 @@ def run_fleet(
                 event = events.get(timeout=0.2)
             except queue.Empty:
                 continue
-            state = states[event.host]
-            if event.kind in (MACHINE, MODEL):
-                if event.kind == MACHINE:
-                    state.machine = event.data
-                else:
-                    state.models.append(event.data)
-                store.set_host_info(
-                    run_id, event.host, state.machine, state.models, "running", None
-                )
-            elif event.kind == CELL:
-                store.add_cell(run_id, event.host, event.data)
-            elif event.kind == DONE:
-                state.done = True
-                hosts_ok &= event.data["status"] == HOST_OK
-                store.set_host_info(
-                    run_id,
-                    event.host,
-                    state.machine,
-                    state.models,
-                    event.data["status"],
-                    event.data["error"],
-                )
+            _record(store, run_id, states[event.host], event)
             if observer is not None:
                 observer(event)
         except KeyboardInterrupt:
@@ -192,7 +365,7 @@ def run_fleet(
             deadline = time.monotonic() + CANCEL_WAIT_S + 2.0
     for name, state in states.items():
         if not state.done:
-            hosts_ok = False
+            state.status = HOST_FAILED
             store.set_host_info(
                 run_id,
                 name,
@@ -201,6 +374,32 @@ def run_fleet(
                 HOST_FAILED,
                 "interrupted before the host finished",
             )
+    hosts_ok = all(state.status == HOST_OK for state in states.values())
     store.finish_run(run_id, HOST_OK if hosts_ok else HOST_FAILED, interrupted=interrupted)
     ctx.destroy(linger=0)
-    return FleetResult(run_id, interrupted, hosts_ok)
+    resumable = any(state.job is not None and state.status != HOST_OK for state in states.values())
+    return FleetResult(run_id, interrupted, hosts_ok, resumable)
+
+
+def _record(store: RunStore, run_id: str, state: _HostState, event: HostEvent) -> None:
+    """One host event into the store, the moment it arrives."""
+    host = event.host
+    if event.kind == RECONNECTED:
+        state.status = HOST_RUNNING
+    elif event.kind == MACHINE:
+        state.machine = event.data
+    elif event.kind == MODEL:
+        state.models.append(event.data)
+    elif event.kind == STARTED:
+        state.job = event.data["job"]
+        store.set_host_job(run_id, host, event.data["job"])
+    elif event.kind == CELL:
+        store.add_cell(run_id, host, event.data["record"], event.data["index"])
+        return
+    elif event.kind == UNREACHABLE:
+        state.status = HOST_UNREACHABLE
+    elif event.kind == DONE:
+        state.done = True
+        state.status = event.data["status"]
+    error = event.data.get("error") if event.kind in (UNREACHABLE, DONE) else None
+    store.set_host_info(run_id, host, state.machine, state.models, state.status, error)

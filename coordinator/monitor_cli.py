@@ -12,14 +12,15 @@ import typer
 from rich.console import Console
 from rich.live import Live
 
-from coordinator.commands import (
+from coordinator.dashboard import UP, render, snapshot
+from coordinator.hosts_cli import (
     ConnectTimeout,
     Hostfile,
     Insecure,
+    KnownHosts,
     settings_for,
     targets_or_known,
 )
-from coordinator.dashboard import UP, render, snapshot
 from coordinator.monitor import Monitor
 from coordinator.telemetry_store import TelemetryStore
 from shared.exit_codes import EXIT_PARTIAL
@@ -30,15 +31,6 @@ from shared.io.sqlite import StoreError
 
 REFRESH_S = 0.25
 JSON_EVERY_S = 1.0
-
-KnownHosts = Annotated[
-    str | None,
-    typer.Option(
-        "--hosts",
-        help="Comma list of HOST[:PORT] running `agent serve` (port 5555 by default). "
-        "Default: every host with a key from `coordinator keys add`.",
-    ),
-]
 
 
 def start_exporter(metrics: TelemetryMetrics, address: str) -> MetricsServer:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import typer
@@ -18,16 +17,17 @@ import zmq
 from rich.table import Table
 from rich.text import Text
 
-from coordinator.commands import (
+from coordinator.dashboard import NA
+from coordinator.fleet import Settings, Target, connect
+from coordinator.hosts_cli import (
     ConnectTimeout,
     Hostfile,
     Insecure,
+    KnownHosts,
+    on_every_host,
     settings_for,
     targets_or_known,
 )
-from coordinator.dashboard import NA
-from coordinator.fleet import Settings, Target, connect
-from coordinator.monitor_cli import KnownHosts
 from coordinator.telemetry_store import TelemetryStore
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import emit, usage_error
@@ -134,10 +134,7 @@ def policy(
         raise usage_error(str(exc)) from None
     targets = targets_or_known(hosts, hostfile)
     settings = settings_for(insecure, connect_timeout)
-    ctx = zmq.Context()
-    with ThreadPoolExecutor(len(targets)) as pool:  # all hosts at once: one timeout, not N
-        rows = list(pool.map(lambda target: apply_to(ctx, target, settings, given), targets))
-    ctx.destroy(linger=0)
+    rows = on_every_host(targets, lambda ctx, target: apply_to(ctx, target, settings, given))
     try:
         with TelemetryStore() as store:  # what `coordinator history` measures against
             for row in rows:

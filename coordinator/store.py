@@ -9,19 +9,24 @@ and a busy timeout let a second process (another coordinator, `coordinator runs`
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import socket
 import sqlite3
 import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shared.aggregate import mark_fastest
+from coordinator.run_report import INTERRUPTED, RUNNING, fleet_report
 from shared.clock import iso, utc_now
 from shared.io.paths import data_dir
 from shared.io.sqlite import open_store
 
-RUNNING = "running"
 PENDING = "pending"
+OWNER = f"{socket.gethostname()}:{os.getpid()}"
+"""This coordinator process, as the runs it drives record it."""
 
 MIGRATIONS = (
     """
@@ -55,8 +60,19 @@ CREATE TABLE cells (
 );
 CREATE INDEX cells_run ON cells (run_id, seq);
 """,
+    """
+ALTER TABLE runs ADD COLUMN owner TEXT;
+ALTER TABLE run_hosts ADD COLUMN address TEXT;
+ALTER TABLE run_hosts ADD COLUMN server_key TEXT;
+ALTER TABLE run_hosts ADD COLUMN job TEXT;
+ALTER TABLE cells ADD COLUMN idx INTEGER;
+CREATE UNIQUE INDEX cells_index ON cells (run_id, host, idx)
+""",
 )
-"""The schema, version by version (shared.io.sqlite.open_store)."""
+"""The schema, version by version (shared.io.sqlite.open_store). Version 2 makes runs resumable:
+the coordinator process that drives a run (`owner`, HOSTNAME:PID), how each host is reached, its
+job id once the agent named it, and each cell's index in its job (one row per index: a cell
+fetched twice is kept once)."""
 
 
 class UnknownRunError(KeyError):
@@ -65,6 +81,51 @@ class UnknownRunError(KeyError):
     def __str__(self) -> str:
         # KeyError would print the message with quotes around it.
         return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class RunHost:
+    """One host of a stored run, as `coordinator resume` takes it up."""
+
+    name: str
+    address: str
+    server_key: str | None
+    job: str | None
+    status: str
+    indexes: list[int]
+    models: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class ResumableRun:
+    id: str
+    spec: dict[str, Any]
+    hosts: list[RunHost]
+
+
+def owner_alive(owner: str | None) -> bool | None:
+    """Whether the coordinator process `owner` (HOSTNAME:PID) still runs; None when it runs on
+    another machine (nobody here can tell)."""
+    if not owner:
+        return None
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return None
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def shown_status(status: str, owner: str | None) -> str:
+    """A run marked running whose coordinator is gone is `interrupted`: it will not finish by
+    itself (`coordinator resume` finishes it)."""
+    if status == RUNNING and owner_alive(owner) is False:
+        return INTERRUPTED
+    return status
 
 
 def default_store_path() -> Path:
@@ -92,22 +153,37 @@ class RunStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def create_run(self, spec: dict[str, Any], hosts: list[str], kind: str = "benchmark") -> str:
-        """Record a new run before any host answers; returns its id, e.g. r-20261129-1842-3f2a."""
+    def create_run(
+        self,
+        spec: dict[str, Any],
+        hosts: list[str],
+        kind: str = "benchmark",
+        reach: Mapping[str, tuple[str, str | None]] | None = None,
+    ) -> str:
+        """Record a new run, owned by this process, before any host answers; `reach` says how
+        each host is reached (HOST:PORT, server key), for `coordinator resume`. Returns its id,
+        e.g. r-20261129-1842-3f2a."""
         started = utc_now()
         with self._lock, self._conn:
             while True:
                 run_id = f"r-{started:%Y%m%d-%H%M}-{secrets.token_hex(2)}"
                 try:
                     self._conn.execute(
-                        "INSERT INTO runs (id, kind, started, status, spec) VALUES (?, ?, ?, ?, ?)",
-                        (run_id, kind, iso(started), RUNNING, json.dumps(spec, default=str)),
+                        "INSERT INTO runs (id, kind, started, status, spec, owner) "
+                        "VALUES (?, ?, ?, ?, ?, ?)",
+                        (run_id, kind, iso(started), RUNNING, json.dumps(spec, default=str), OWNER),
                     )
                     break
                 except sqlite3.IntegrityError:
                     continue  # the same minute and random suffix: draw again
             for host in hosts:
                 self._ensure_host(run_id, host)
+            for host, (address, server_key) in (reach or {}).items():
+                self._conn.execute(
+                    "UPDATE run_hosts SET address = ?, server_key = ? "
+                    "WHERE run_id = ? AND host = ?",
+                    (address, server_key, run_id, host),
+                )
         return run_id
 
     def _ensure_host(self, run_id: str, host: str) -> None:
@@ -148,20 +224,82 @@ class RunStore:
                 ),
             )
 
-    def add_cell(self, run_id: str, host: str, record: dict[str, Any]) -> None:
-        """Keep one finished cell, committed at once; the stored record carries its host."""
+    def set_host_job(self, run_id: str, host: str, job: str) -> None:
+        """The agent's job for this host, recorded the moment the agent names it, so a run
+        whose coordinator dies can be resumed."""
+        with self._lock, self._conn:
+            self._require_run(run_id)
+            self._conn.execute(
+                "UPDATE run_hosts SET job = ? WHERE run_id = ? AND host = ?", (job, run_id, host)
+            )
+
+    def host_models(self, run_id: str, host: str) -> list[dict[str, Any]]:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT models FROM run_hosts WHERE run_id = ? AND host = ?", (run_id, host)
+            ).fetchone()
+        return [] if row is None else json.loads(row["models"])
+
+    def resumable(self, run_id: str) -> ResumableRun:
+        """What `coordinator resume` needs of a run (id or unique prefix): its spec, and per
+        host how to reach it, its job and the cell indexes already kept."""
+        with self._lock:
+            full_id = self._resolve(run_id)
+            spec = json.loads(
+                self._conn.execute("SELECT spec FROM runs WHERE id = ?", (full_id,)).fetchone()[0]
+            )
+            hosts = []
+            for row in self._conn.execute(
+                "SELECT * FROM run_hosts WHERE run_id = ? ORDER BY position", (full_id,)
+            ).fetchall():
+                indexes = [
+                    index
+                    for (index,) in self._conn.execute(
+                        "SELECT idx FROM cells WHERE run_id = ? AND host = ? AND idx IS NOT NULL",
+                        (full_id, row["host"]),
+                    )
+                ]
+                hosts.append(
+                    RunHost(
+                        row["host"],
+                        row["address"] or row["host"],
+                        row["server_key"],
+                        row["job"],
+                        row["status"],
+                        indexes,
+                        json.loads(row["models"]),
+                    )
+                )
+        return ResumableRun(full_id, spec, hosts)
+
+    def take_over(self, run_id: str) -> None:
+        """This process drives the run from now on (`coordinator resume`)."""
+        with self._lock, self._conn:
+            self._conn.execute(
+                "UPDATE runs SET owner = ?, status = ?, finished = NULL, interrupted = 0 "
+                "WHERE id = ?",
+                (OWNER, RUNNING, run_id),
+            )
+
+    def add_cell(
+        self, run_id: str, host: str, record: dict[str, Any], index: int | None = None
+    ) -> None:
+        """Keep one finished cell, committed at once; the stored record carries its host. A cell
+        whose `index` in its job is already kept is not kept twice."""
         stored = {**record, "host": host}
         with self._lock, self._conn:
             self._require_run(run_id)
             self._ensure_host(run_id, host)
             self._conn.execute(
-                "INSERT INTO cells (run_id, host, name, status, record) VALUES (?, ?, ?, ?, ?)",
+                "INSERT OR IGNORE INTO cells (run_id, host, name, status, record, idx) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
                 (
                     run_id,
                     host,
                     str(record.get("name", "")),
                     str(record.get("status", "")),
                     json.dumps(stored, default=str),
+                    index,
                 ),
             )
 
@@ -178,7 +316,7 @@ class RunStore:
         """The newest runs first, each with its hosts and its ok/failed cell counts."""
         with self._lock:
             rows = self._conn.execute(
-                "SELECT r.id, r.kind, r.started, r.finished, r.status, r.interrupted, "
+                "SELECT r.id, r.kind, r.started, r.finished, r.status, r.interrupted, r.owner, "
                 "(SELECT COUNT(*) FROM cells c WHERE c.run_id = r.id AND c.status = 'ok') AS ok, "
                 "(SELECT COUNT(*) FROM cells c WHERE c.run_id = r.id AND c.status != 'ok') "
                 "AS failed FROM runs r ORDER BY r.started DESC, r.rowid DESC LIMIT ?",
@@ -187,7 +325,8 @@ class RunStore:
             runs = []
             for row in rows:
                 run = dict(row)
-                run["interrupted"] = bool(run["interrupted"])
+                run["status"] = shown_status(run["status"], run.pop("owner"))
+                run["interrupted"] = bool(run["interrupted"]) or run["status"] == INTERRUPTED
                 run["hosts"] = self._host_names(run["id"])
                 runs.append(run)
         return runs
@@ -230,27 +369,6 @@ class RunStore:
                 "SELECT * FROM run_hosts WHERE run_id = ? ORDER BY position", (full_id,)
             ).fetchall()
             cells = self._conn.execute(
-                "SELECT record FROM cells WHERE run_id = ? ORDER BY seq", (full_id,)
+                "SELECT host, idx, record FROM cells WHERE run_id = ? ORDER BY seq", (full_id,)
             ).fetchall()
-        unfinished = " (not finished: still running, or its coordinator stopped)"
-        return {
-            "title": f"mlx-fleet {run['kind']} {full_id}" + ("" if run["finished"] else unfinished),
-            "run_id": full_id,
-            "kind": run["kind"],
-            "started": run["started"],
-            "finished": run["finished"],
-            "status": run["status"],
-            "spec": json.loads(run["spec"]),
-            "hosts": [
-                {
-                    "host": host["host"],
-                    "machine": None if host["machine"] is None else json.loads(host["machine"]),
-                    "models": json.loads(host["models"]),
-                    "status": host["status"],
-                    "error": host["error"],
-                }
-                for host in hosts
-            ],
-            "cells": mark_fastest([json.loads(cell["record"]) for cell in cells]),
-            "interrupted": bool(run["interrupted"]),
-        }
+        return fleet_report(run, shown_status(run["status"], run["owner"]), hosts, cells)

@@ -78,6 +78,7 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
     "bench.start": {"matrix": (dict, True)},
     "bench.cancel": {"job": (str, True)},
     "job.get": {"job": (str, True), "offset": (int, False)},
+    "job.list": {"limit": (int, False)},
     "history.get": {
         "samples_after": (int, True),
         "events_after": (int, True),
@@ -87,6 +88,7 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
     "policy.get": {},
     "policy.set": {"policy": (dict, True)},
     "job.event": Event.job_schema(),
+    "doctor": {},
     # replies and the job stream, agent -> coordinator
     "hello.ok": {
         "agent": (str, True),
@@ -144,6 +146,8 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
     "policy.get.ok": {"policy": (dict, True)},
     "policy.set.ok": {"policy": (dict, True)},
     "job.event.ok": {"job": (str, True)},
+    "job.list.ok": {"jobs": (list, True)},
+    "doctor.ok": {"report": (dict, True)},
     "error": {"code": (str, True), "message": (str, True)},
     # telemetry, published by the agent (never requests, never replies)
     "telemetry.sample": Sample.schema(),
@@ -157,10 +161,12 @@ REQUESTS = frozenset(
         "bench.start",
         "bench.cancel",
         "job.get",
+        "job.list",
         "history.get",
         "policy.get",
         "policy.set",
         "job.event",
+        "doctor",
     }
 )
 ENVELOPE_KEYS = frozenset({"v", "id", "type", "re", "body"})

@@ -11,17 +11,19 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 
 import pytest
 
 from tests.conftest import console_script, subprocess_env
-from tests.fleet_support import QUICK, AgentPool, exchange_keys
+from tests.fleet_support import LONG, QUICK, AgentPool, exchange_keys
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = pytest.mark.timeout(240)
 
 SUBNET = "10.254.73.{}/30"
 ADDRESSES = {"mac1": "10.254.73.1", "mac2": "10.254.73.2"}
+VETHS = {"mac1": f"mf{os.getpid()}a", "mac2": f"mf{os.getpid()}b"}
 
 
 def ip(*args: str) -> subprocess.CompletedProcess[str]:
@@ -35,7 +37,7 @@ def namespaces() -> Iterator[dict[str, str]]:
         pytest.skip("the `ip` command (iproute2) is not installed")
     tag = f"mlxf{os.getpid()}"
     names = {role: f"{tag}-{role}" for role in ADDRESSES}
-    veths = {"mac1": f"mf{os.getpid()}a", "mac2": f"mf{os.getpid()}b"}
+    veths = VETHS
     created: list[str] = []
     try:
         for name in names.values():
@@ -113,3 +115,46 @@ def test_benchmark_across_two_namespaces(namespaces: dict[str, str], agents: Age
         assert [c["status"] for c in cells] == ["ok", "ok"]
     # The addresses live only in the test's namespaces, not in the one the suite runs in.
     assert f" {ADDRESSES['mac1']}/" not in ip("-o", "addr", "show").stdout
+
+
+def test_a_link_cut_for_15_s_mid_run_loses_no_cell(
+    namespaces: dict[str, str], agents: AgentPool
+) -> None:
+    """mac2's agent measures on while its link is down; the coordinator (in mac1) calls the
+    host unreachable, reconnects when the link is back and fetches every cell it missed."""
+    agent = agents.start("mac2", netns=namespaces["mac2"], bind_host=ADDRESSES["mac2"])
+    exchange_keys(agent)
+    coordinator = subprocess.Popen(
+        [
+            "ip",
+            "netns",
+            "exec",
+            namespaces["mac1"],
+            console_script("coordinator"),
+            "benchmark",
+            "--hosts",
+            agent.address,
+            *LONG,
+            "--format",
+            "json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+    )
+    veth = VETHS["mac1"]
+    try:
+        agent.wait_for_cells(1)
+        assert ip("-n", namespaces["mac1"], "link", "set", veth, "down").returncode == 0
+        time.sleep(15.0)  # the fault under test is a 15 s cut: its length is the point
+        assert ip("-n", namespaces["mac1"], "link", "set", veth, "up").returncode == 0
+        out, err = coordinator.communicate(timeout=150)
+    finally:
+        ip("-n", namespaces["mac1"], "link", "set", veth, "up")
+        coordinator.kill()
+    assert coordinator.returncode == 0, err
+    assert "unreachable" in err and "reconnected" in err  # reported silent, not failed
+    cells = json.loads(out)["cells"]
+    assert len(cells) == 8 and all(c["status"] == "ok" for c in cells)
+    assert len({c["name"] for c in cells}) == 8

@@ -18,6 +18,7 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
     "bench.start": {"matrix": {"seq_lengths": [16], "models": ["small"]}},
     "bench.cancel": {"job": "j-1"},
     "job.get": {"job": "j-1", "offset": 3},
+    "job.list": {"limit": 5},
     "history.get": {"samples_after": 0, "events_after": 12, "since": 0, "limit": 100},
     "policy.get": {},
     "policy.set": {"policy": {"pause_temp": 80.0}},
@@ -69,6 +70,22 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
     "policy.get.ok": {"policy": {"pause_temp": 85.0}},
     "policy.set.ok": {"policy": {"pause_temp": 85.0}},
     "job.event.ok": {"job": "3f2a"},
+    "job.list.ok": {
+        "jobs": [
+            {
+                "job": "j-1",
+                "request": "0f1e2d3c4b5a6978",
+                "state": "running",
+                "total": 4,
+                "done": 1,
+                "error": None,
+                "started": "2026-11-30T20:06:00+00:00",
+                "finished": None,
+            }
+        ]
+    },
+    "doctor": {},
+    "doctor.ok": {"report": {"host": "mac1", "ok": True, "checks": [], "machine": None}},
     "error": {"code": "busy", "message": "busy: job j-1 is running"},
     "telemetry.sample": {
         "host": "mac1",

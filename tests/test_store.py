@@ -227,7 +227,7 @@ def test_the_file_is_in_wal_mode(store: RunStore) -> None:
 
 def test_the_file_is_versioned_by_its_migrations(store: RunStore) -> None:
     with sqlite3.connect(store.path) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 1
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 2
 
 
 def test_newer_schema_is_refused(tmp_path: Path) -> None:
@@ -277,8 +277,10 @@ os.kill(os.getpid(), signal.SIGKILL)
     assert result.returncode == -9, result.stderr
     with RunStore(path) as store:
         report = store.load_report(result.stdout.strip())
-    assert report["status"] == "running" and report["finished"] is None
-    assert report["title"].endswith("(not finished: still running, or its coordinator stopped)")
+    # its coordinator is gone: the run will not finish by itself
+    assert report["status"] == "interrupted" and report["finished"] is None
+    assert report["interrupted"] is True
+    assert "`coordinator resume` finishes it" in report["title"]
     assert [c["seq_len"] for c in report["cells"]] == [32, 64, 128]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import json
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -162,6 +163,31 @@ def measure_cell(
     )
 
 
+@contextmanager
+def recommended_wired_limit() -> Iterator[int | None]:
+    """Metal's recommended working set wired for the run, the old limit restored after: what
+    mlx-lm does around every generation (mlx_lm/generate.py `wired_limit`, utils.py
+    `maybe_set_recommended_wired_limit`), so large-model figures compare with mlx-lm's.
+    Yields the limit set (bytes), None where there is no Metal or it could not be set."""
+    size = (
+        mx.device_info().get("max_recommended_working_set_size")
+        if mx.metal.is_available()
+        else None
+    )
+    try:
+        previous = mx.set_wired_limit(size) if size else None
+    except (RuntimeError, ValueError):  # above the system's wired limit (iogpu.wired_limit_mb)
+        previous = None
+    if previous is None:
+        yield None
+        return
+    try:
+        yield size
+    finally:
+        mx.synchronize()
+        mx.set_wired_limit(previous)
+
+
 def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
@@ -185,10 +211,26 @@ def run_matrix(
     its record says why, and the run goes on.
 
     A guard's RunStopped ends the run after recording the cell it interrupted; a
-    KeyboardInterrupt propagates, and the records already yielded stay the caller's.
+    KeyboardInterrupt propagates, and the records already yielded stay the caller's. On Metal
+    the run is wired as mlx-lm wires generation; every record says so (`wired_limit_bytes`).
     """
     guard = guard or NullGuard()
     memory = machine_memory() if memory_bytes is None else memory_bytes
+    with recommended_wired_limit() as wired:
+        for record in _run_groups(spec, guard, on_model, models, first, on_begin, memory):
+            record["wired_limit_bytes"] = wired
+            yield record
+
+
+def _run_groups(
+    spec: MatrixSpec,
+    guard: CellGuard,
+    on_model: Callable[[dict[str, Any]], None] | None,
+    models: dict[str, nn.Module] | None,
+    first: int,
+    on_begin: Callable[[int], None] | None,
+    memory: int,
+) -> Iterator[dict[str, Any]]:
     scores_materialized = mx.default_device().type == mx.DeviceType.cpu  # no fused attention
     index = 0
     for group in group_by_model(expand(spec)):

@@ -1,0 +1,296 @@
+"""`coordinator benchmark`, `coordinator resume` and `coordinator cancel`: one matrix on every
+host, a run finished after its coordinator stopped, and jobs stopped from here."""
+
+from __future__ import annotations
+
+import signal
+from typing import Annotated, Any
+
+import typer
+import zmq
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
+from rich.table import Table
+
+from coordinator.embedded import EmbeddedAgent, EmbeddedAgentError
+from coordinator.fleet import (
+    CELL,
+    DEFAULT_HOST_TIMEOUT_S,
+    DONE,
+    HOST_OK,
+    MACHINE,
+    RECONNECTED,
+    STARTED,
+    UNREACHABLE,
+    FleetResult,
+    HostEvent,
+    Settings,
+    Target,
+    connect,
+    resume_fleet,
+    run_fleet,
+)
+from coordinator.hosts_cli import (
+    ConnectTimeout,
+    Hostfile,
+    Hosts,
+    HostTimeout,
+    Insecure,
+    KnownHosts,
+    on_every_host,
+    settings_for,
+    targets_from,
+    targets_or_known,
+)
+from coordinator.store import RunStore, UnknownRunError
+from shared import protocol as p
+from shared.exit_codes import EXIT_INTERRUPTED, EXIT_PARTIAL
+from shared.io.cli import check_output, emit, err, fail, show_report, usage_error
+from shared.io.keys import own_keypair
+from shared.io.options import MatrixOptions, Output, ReportFormat, TableFormat, with_options
+from shared.io.sqlite import StoreError
+from shared.io.transport import AgentError, HostError
+from shared.matrix import MatrixError
+from shared.results import failed_cells
+
+RunId = Annotated[
+    str, typer.Argument(help="A run id, or a unique prefix of one (`coordinator runs` lists them).")
+]
+
+
+class FleetProgress:
+    """One Rich progress bar per host on stderr, fed by the fleet's events."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.unreachable: set[str] = set()
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            console=err,
+            transient=True,
+        )
+        self.tasks: dict[str, TaskID] = {
+            name: self.progress.add_task(f"{name}: connecting", total=None) for name in names
+        }
+
+    def __call__(self, event: HostEvent) -> None:
+        task = self.tasks[event.host]
+        if event.kind == MACHINE:
+            self.progress.update(task, description=f"{event.host}: {event.data.get('device', '?')}")
+        elif event.kind == STARTED:
+            self.progress.update(task, total=len(event.data["cells"]))
+        elif event.kind == CELL:
+            self.progress.advance(task)
+        elif event.kind == UNREACHABLE:
+            self.progress.update(task, description=f"{event.host}: unreachable, reconnecting")
+            if event.host not in self.unreachable:  # a line per loss, not per attempt
+                self.unreachable.add(event.host)
+                err.print(
+                    f"{event.host}: unreachable ({event.data['error']}); reconnecting",
+                    highlight=False,
+                    markup=False,
+                )
+        elif event.kind == RECONNECTED:
+            self.unreachable.discard(event.host)
+            self.progress.update(task, description=f"{event.host}: reconnected")
+            err.print(f"{event.host}: reconnected", highlight=False, markup=False)
+        elif event.kind == DONE:
+            outcome = event.data["status"] if event.data["status"] == HOST_OK else "FAILED"
+            self.progress.update(task, description=f"{event.host}: {outcome}")
+            if event.data["error"]:
+                err.print(f"{event.host}: {event.data['error']}", highlight=False, markup=False)
+
+
+def interrupt_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM ends a run like Ctrl-C: the jobs are cancelled and what arrived is kept."""
+    raise KeyboardInterrupt
+
+
+@with_options
+def benchmark(
+    matrix: MatrixOptions,
+    fmt: ReportFormat = "table",
+    output: Output = None,
+    hosts: Hosts = None,
+    hostfile: Hostfile = None,
+    connect_timeout: ConnectTimeout = 5.0,
+    host_timeout: HostTimeout = DEFAULT_HOST_TIMEOUT_S,
+    insecure: Insecure = False,
+) -> None:
+    """Run one benchmark matrix on every host at once; one table, the fastest host marked.
+
+    --model paths are directories on each agent's own disk. A host that goes silent mid-run
+    is reconnected for --host-timeout seconds; a run cut short (Ctrl-C, SIGTERM, a host lost)
+    prints the `coordinator resume` command that completes it from the agents' journals.
+    """
+    check_output(output)
+    try:
+        spec = matrix.spec().to_dict()
+    except MatrixError as exc:
+        raise usage_error(str(exc)) from None
+    targets = targets_from(hosts, hostfile)
+    with open_store() as store:
+        if targets is None:
+            keypair = own_keypair()
+            try:
+                with EmbeddedAgent(keypair) as local:
+                    local_target = Target("local", local.address, local.server_key)
+                    settings = Settings(keypair, connect_timeout, host_timeout)
+                    result = drive(
+                        [local_target.name],
+                        lambda watch: run_fleet([local_target], spec, store, settings, watch),
+                    )
+            except EmbeddedAgentError as exc:
+                raise fail(str(exc), EXIT_PARTIAL) from None
+        else:
+            settings = settings_for(insecure, connect_timeout, host_timeout)
+            result = drive(
+                [t.name for t in targets],
+                lambda watch: run_fleet(targets, spec, store, settings, watch),
+            )
+        report = store.load_report(result.run_id)
+    finish(result, report, fmt, output, resumable=targets is not None)
+
+
+@with_options
+def resume(
+    run: RunId,
+    fmt: ReportFormat = "table",
+    output: Output = None,
+    connect_timeout: ConnectTimeout = 5.0,
+    host_timeout: HostTimeout = DEFAULT_HOST_TIMEOUT_S,
+    insecure: Insecure = False,
+) -> None:
+    """Finish a run whose coordinator stopped (killed, asleep, Ctrl-C): reconnect to every
+    host whose job it recorded, fetch every cell the run lacks from the agent's journal, follow
+    a job still running to its end, and print the completed table. No cell is kept twice.
+
+    A host whose job never started cannot be resumed; the embedded local agent of a run
+    without --hosts is gone with its coordinator."""
+    check_output(output)
+    settings = settings_for(insecure, connect_timeout, host_timeout)
+    with open_store() as store:
+        try:
+            stored = store.resumable(run)
+        except UnknownRunError as exc:
+            raise usage_error(str(exc)) from None
+        names = [host.name for host in stored.hosts if host.job is not None]
+        if not names:
+            raise usage_error(f"run {stored.id}: no host's job started, nothing to resume")
+        result = drive(names, lambda watch: resume_fleet(stored.id, store, settings, watch))
+        report = store.load_report(result.run_id)
+    finish(result, report, fmt, output, resumable=True)
+
+
+def open_store() -> RunStore:
+    try:
+        return RunStore()
+    except StoreError as exc:
+        raise usage_error(str(exc)) from None
+
+
+def drive(names: list[str], run: Any) -> FleetResult:
+    """`run(observer)` with a progress bar per host, SIGTERM taken as Ctrl-C."""
+    previous = signal.signal(signal.SIGTERM, interrupt_on_sigterm)
+    progress = FleetProgress(names)
+    try:
+        with progress.progress:
+            return run(progress)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def finish(
+    result: FleetResult, report: dict[str, Any], fmt: str, output: Any, resumable: bool
+) -> None:
+    """The report, where it is kept, how to finish it if it can be, and the exit code."""
+    show_report(report, fmt, output)
+    err.print(f"run {result.run_id} stored: `coordinator show {result.run_id}`", highlight=False)
+    if resumable and result.resumable:
+        err.print(
+            f"some cells may still be on the agents: `coordinator resume {result.run_id}` "
+            f"fetches them (`coordinator cancel {result.run_id}` stops the jobs)",
+            highlight=False,
+            markup=False,
+        )
+    if result.interrupted:
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if not result.hosts_ok or failed_cells(report["cells"]):
+        raise typer.Exit(EXIT_PARTIAL)
+
+
+# --- cancel -------------------------------------------------------------------------------------
+
+CANCELLED, NOT_RUNNING, UNREACHABLE_HOST, NO_JOB = "cancelled", "not running", "unreachable", "none"
+
+
+def cancel(
+    run: Annotated[
+        str | None,
+        typer.Argument(help="A run id or unique prefix: cancel its hosts' jobs."),
+    ] = None,
+    hosts: KnownHosts = None,
+    hostfile: Hostfile = None,
+    fmt: TableFormat = "table",
+    connect_timeout: ConnectTimeout = 5.0,
+    insecure: Insecure = False,
+) -> None:
+    """Cancel benchmark jobs: those of RUN on each of its hosts, or whatever job runs on
+    --hosts. Each host is reported cancelled, not running (the job had ended), none (no job
+    ran) or unreachable. The cells finished so far stay in the agents' journals.
+
+    Exit 0 when every host answered, 1 otherwise."""
+    if (run is None) == (hosts is None and hostfile is None):
+        raise usage_error("give a run id, or --hosts / --hostfile, to cancel")
+    settings = settings_for(insecure, connect_timeout)
+    if run is not None:
+        with open_store() as store:
+            try:
+                stored = store.resumable(run)
+            except UnknownRunError as exc:
+                raise usage_error(str(exc)) from None
+        jobs = [(Target(h.name, h.address, h.server_key), h.job) for h in stored.hosts if h.job]
+        if not jobs:
+            raise usage_error(f"run {stored.id}: no host's job started, nothing to cancel")
+    else:
+        jobs = [(target, None) for target in targets_or_known(hosts, hostfile)]
+    rows = on_every_host(jobs, lambda ctx, job: cancel_on(ctx, job[0], job[1], settings))
+    emit(rows, fmt, cancel_table)
+    if any(row["result"] == UNREACHABLE_HOST for row in rows):
+        raise typer.Exit(EXIT_PARTIAL)
+
+
+def cancel_on(
+    ctx: zmq.Context, target: Target, job: str | None, settings: Settings
+) -> dict[str, Any]:
+    """Cancel `job` on `target` (its running job when None); the row that says how it went."""
+    row: dict[str, Any] = {
+        "host": target.name,
+        "job": job,
+        "result": UNREACHABLE_HOST,
+        "error": None,
+    }
+    try:
+        with connect(ctx, target, settings) as client:
+            if job is None:
+                job = row["job"] = client.request("ping")["job"]
+            if job is None:
+                row["result"] = NO_JOB
+                return row
+            client.request("bench.cancel", {"job": job})
+            row["result"] = CANCELLED
+    except AgentError as exc:
+        row.update(result=NOT_RUNNING if exc.code == p.NOT_RUNNING else "refused", error=str(exc))
+    except HostError as exc:
+        row["error"] = str(exc)
+    return row
+
+
+def cancel_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(title="mlx-fleet cancel", title_justify="left")
+    for name in ("host", "job", "result", "why"):
+        table.add_column(name, overflow="fold")
+    for row in rows:
+        style = "red" if row["result"] in (UNREACHABLE_HOST, "refused") else None
+        table.add_row(row["host"], row["job"] or "", row["result"], row["error"] or "", style=style)
+    return table

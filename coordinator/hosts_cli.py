@@ -1,0 +1,122 @@
+"""Which agents a coordinator command drives and how it reaches them: the host options every
+command declares once, and the Settings they make."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+import zmq
+
+from coordinator.fleet import DEFAULT_HOST_TIMEOUT_S, Settings, Target
+from coordinator.hostfile import HostfileError, parse_hostfile, parse_hosts
+from coordinator.keys import known_hosts, server_key
+from shared.io.cli import err, usage_error
+from shared.io.keys import own_keypair
+
+Hosts = Annotated[
+    str | None,
+    typer.Option(
+        "--hosts",
+        help="Comma list of HOST[:PORT] running `agent serve` (port 5555 by default). "
+        "Without --hosts or --hostfile a local agent is started and stopped for the run.",
+    ),
+]
+KnownHosts = Annotated[
+    str | None,
+    typer.Option(
+        "--hosts",
+        help="Comma list of HOST[:PORT] running `agent serve` (port 5555 by default). "
+        "Default: every host with a key from `coordinator keys add`.",
+    ),
+]
+Hostfile = Annotated[
+    Path | None,
+    typer.Option(
+        "--hostfile", help="TOML or JSON list of hosts (host, port, key); mlx.launch's JSON too."
+    ),
+]
+ConnectTimeout = Annotated[
+    float,
+    typer.Option(
+        "--connect-timeout",
+        min=0.1,
+        help="Seconds a host has to answer before it is reported unreachable.",
+    ),
+]
+HostTimeout = Annotated[
+    float,
+    typer.Option(
+        "--host-timeout",
+        min=0.0,
+        help="Seconds a host that went silent mid-run is given to come back (reconnecting all "
+        "the while) before it is failed; its job may still run, and `coordinator resume` "
+        "fetches what it measured.",
+    ),
+]
+Insecure = Annotated[
+    bool,
+    typer.Option("--insecure", help="No CURVE: for agents started with `agent serve --insecure`."),
+]
+
+
+def targets_from(hosts: str | None, hostfile: Path | None) -> list[Target] | None:
+    """The hosts named by --hosts / --hostfile, or None when neither was given."""
+    if hosts and hostfile:
+        raise usage_error("give --hosts or --hostfile, not both")
+    try:
+        if hosts:
+            entries = parse_hosts(hosts)
+        elif hostfile:
+            entries = parse_hostfile(hostfile)
+        else:
+            return None
+        return [Target(e.address, e.address, server_key(e)) for e in entries]
+    except (HostfileError, ValueError) as exc:
+        raise usage_error(str(exc)) from None
+
+
+def targets_or_known(hosts: str | None, hostfile: Path | None) -> list[Target]:
+    """The hosts named, else every host with a key from `coordinator keys add`."""
+    targets = targets_from(hosts, hostfile)
+    if targets is not None:
+        return targets
+    try:
+        targets = [Target(address, address, key) for address, key in known_hosts().items()]
+    except ValueError as exc:
+        raise usage_error(str(exc)) from None
+    if not targets:
+        raise usage_error(
+            "no hosts: give --hosts or --hostfile, or add keys with "
+            "`coordinator keys add HOST[:PORT] KEY`"
+        )
+    return targets
+
+
+def settings_for(
+    insecure: bool, connect_timeout: float, host_timeout: float = DEFAULT_HOST_TIMEOUT_S
+) -> Settings:
+    if insecure:
+        err.print(
+            "[bold red]WARNING: --insecure: CURVE is off; agents are not "
+            "authenticated and traffic is clear text.[/bold red]",
+            highlight=False,
+        )
+    return Settings(None if insecure else own_keypair(), connect_timeout, host_timeout)
+
+
+Row = TypeVar("Row")
+
+
+def on_every_host(targets: list[Any], ask: Callable[[zmq.Context, Any], Row]) -> list[Row]:
+    """`ask(ctx, target)` for every target at once (one timeout for all, not one per host), in
+    the targets' order."""
+    ctx = zmq.Context()
+    try:
+        with ThreadPoolExecutor(len(targets)) as pool:
+            return list(pool.map(lambda target: ask(ctx, target), targets))
+    finally:
+        ctx.destroy(linger=0)

@@ -1,0 +1,75 @@
+"""A stored run as one fleet report: pure assembly of what the run store holds, with every cell a
+host's job never delivered listed as `not run` (and why), so no format hides what is missing."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from shared.aggregate import mark_fastest
+from shared.matrix import MatrixSpec, expand
+from shared.results import not_run
+
+RUNNING, INTERRUPTED = "running", "interrupted"
+
+
+def fleet_report(
+    run: Mapping[str, Any],
+    status: str,
+    hosts: list[Mapping[str, Any]],
+    cells: list[Mapping[str, Any]],
+) -> dict[str, Any]:
+    """The report of one run: `run` its row, `status` as it is to be shown (a run whose
+    coordinator is gone shows `interrupted`), `hosts` and `cells` their rows in order."""
+    spec = json.loads(run["spec"])
+    records = [json.loads(cell["record"]) for cell in cells]
+    if status != RUNNING:
+        records += missing_cells(spec, hosts, cells)
+    unfinished = {
+        RUNNING: " (running)",
+        INTERRUPTED: " (interrupted: its coordinator stopped; `coordinator resume` finishes it)",
+    }.get(status, "")
+    return {
+        "title": f"mlx-fleet {run['kind']} {run['id']}{unfinished}",
+        "run_id": run["id"],
+        "kind": run["kind"],
+        "started": run["started"],
+        "finished": run["finished"],
+        "status": status,
+        "spec": spec,
+        "hosts": [
+            {
+                "host": host["host"],
+                "machine": None if host["machine"] is None else json.loads(host["machine"]),
+                "models": json.loads(host["models"]),
+                "status": host["status"],
+                "error": host["error"],
+            }
+            for host in hosts
+        ],
+        "cells": mark_fastest(records),
+        "interrupted": bool(run["interrupted"]) or status == INTERRUPTED,
+    }
+
+
+def missing_cells(
+    spec: dict[str, Any], hosts: list[Mapping[str, Any]], cells: list[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """`not run` records for the cells of each started job that never arrived, with the host's
+    error as the reason. Hosts whose job never started have no cells to list: their error says
+    why."""
+    planned = expand(MatrixSpec.from_dict(spec))
+    kept: dict[str, set[int]] = {}
+    for cell in cells:
+        if cell["idx"] is not None:
+            kept.setdefault(cell["host"], set()).add(cell["idx"])
+    records = []
+    for host in hosts:
+        if host["job"] is None:
+            continue
+        have = kept.get(host["host"], set())
+        lacking = [cell for index, cell in enumerate(planned) if index not in have]
+        reason = host["error"] or "never received"
+        records += [{**record, "host": host["host"]} for record in not_run(lacking, reason)]
+    return records

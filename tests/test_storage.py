@@ -98,6 +98,8 @@ def test_an_agent_on_a_full_disk_keeps_serving_and_records_again_when_space_retu
     wait_for(lambda: client.request("job.get", {"job": job_id})["state"] != "running", "the job")
     fetched = client.request("job.get", {"job": job_id})
     assert fetched["state"] == "ok" and len(fetched["records"]) == 2
+    listed = {job["job"]: job for job in client.request("job.list")["jobs"]}
+    assert listed[job_id]["state"] == "ok" and listed[job_id]["done"] == 2
     policy = client.request("policy.set", {"policy": {"pause_temp": 84.0}})["policy"]
     assert policy["pause_temp"] == 84.0  # enforced though it cannot be saved yet
     filler.unlink()

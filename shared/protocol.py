@@ -15,7 +15,7 @@ import msgpack
 
 from shared.telemetry import Event, Sample
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 DEFAULT_PORT = 5555
 TELEMETRY_PORT_OFFSET = 1
 """The telemetry PUB socket binds at the command port + this by default (5556 for 5555)."""

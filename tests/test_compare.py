@@ -26,7 +26,7 @@ def on(host: str, record: dict[str, Any]) -> dict[str, Any]:
 
 
 def fastest_of(cells: list[dict[str, Any]]) -> list[tuple[str, int]]:
-    return [(c["host"], c["seq_len"]) for c in mark_fastest(cells) if c.get("fastest")]
+    return [(c["host"], c["n_prompt"]) for c in mark_fastest(cells) if c.get("fastest")]
 
 
 def test_fastest_host_per_cell() -> None:

@@ -112,7 +112,7 @@ def test_show_to_a_file(
         assert "| mac2:5555 | small/f16 | pp32 | 1 | 160.00 ± 0.50 |" in text
     elif fmt == "csv":
         rows = list(csv.DictReader(io.StringIO(text)))
-        assert [(r["host"], r["test"], r["tokens_per_sec"]) for r in rows] == [
+        assert [(r["host"], r["test"], r["avg_ts"]) for r in rows] == [
             ("mac1:5555", "pp32", "150.0"),
             ("mac1:5555", "pp64", "50.0"),
             ("mac2:5555", "pp32", "160.0"),
@@ -120,11 +120,11 @@ def test_show_to_a_file(
         ]
     else:
         lines = [json.loads(line) for line in text.splitlines()]
-        assert [(c["hostname"], c["seq_len"], c.get("fastest")) for c in lines] == [
-            ("mac1", 32, None),
-            ("mac1", 64, True),
-            ("mac2", 32, True),
-            ("mac2", 64, None),
+        assert [(c["hostname"], c["n_prompt"], c["flags"]) for c in lines] == [
+            ("mac1", 32, ""),
+            ("mac1", 64, "fastest"),
+            ("mac2", 32, "fastest"),
+            ("mac2", 64, ""),
         ]
 
 

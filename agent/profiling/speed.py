@@ -2,6 +2,13 @@
 
 MLX builds graphs lazily: every timed region here ends in `mx.eval`, warm-up runs first
 (kernels compile on first use), and decoding goes through a real KV cache.
+
+Prompt processing is what mlx-lm and llama-bench call it: the prompt goes into a KV cache in
+steps of `prefill_step_size` tokens, evaluating only the cache (mlx_lm/generate.py
+`generate_step`: `model(chunk, cache=...)`, `mx.eval([c.state for c in cache])`,
+`mx.clear_cache()`), so no prompt position but the last is projected onto the vocabulary; the
+last token's logits give the first generated token, as mlx-lm's prompt time and llama-bench's
+pp (logits of the batch's last token only) include it.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from agent.profiling.memory import random_tokens, to_gb
+from shared.matrix import DEFAULT_PREFILL_STEP
 from shared.stats import summarize_latencies
 
 State = TypeVar("State")
@@ -32,6 +40,40 @@ def new_cache(model: nn.Module) -> list[Any]:
 
 def cache_state(cache: list[Any]) -> list[Any]:
     return [layer.state for layer in cache]
+
+
+def prefill(model: nn.Module, cache: list[Any], tokens: mx.array, step: int) -> mx.array:
+    """Put `tokens` (batch x length) into `cache` as mlx-lm's generate_step does: all but the
+    last token in steps of `step`, each step evaluating the cache alone; then the last token,
+    whose next token (greedy) is returned unevaluated."""
+    length = tokens.shape[1]
+    start = 0
+    while length - start > 1:
+        size = min(step, length - 1 - start)
+        model(tokens[:, start : start + size], cache=cache)
+        mx.eval(cache_state(cache))
+        start += size
+        mx.clear_cache()
+    return mx.argmax(model(tokens[:, start:], cache=cache)[:, -1, :], axis=-1)
+
+
+def filled_cache(model: nn.Module, context: mx.array | None, step: int) -> list[Any]:
+    """A new cache holding `context` (None or no tokens: empty), evaluated."""
+    cache = new_cache(model)
+    if context is not None and context.shape[1]:
+        prefill(model, cache, context, step)
+        mx.eval(cache_state(cache))
+    return cache
+
+
+def first_token(
+    model: nn.Module, cache: list[Any], context: mx.array, batch_size: int, step: int
+) -> mx.array:
+    """The token decoding starts from: the greedy next token after `context`, or a random one
+    when there is no context (llama-bench's tg at depth 0 starts from one token too)."""
+    if context.shape[1]:
+        return prefill(model, cache, context, step)
+    return random_tokens(model, batch_size, 1, seed=1)[:, 0]
 
 
 @dataclass
@@ -92,13 +134,70 @@ class SpeedProfiler:
         num_warmup: int = 2,
         num_iterations: int = 5,
         batch_size: int = 1,
+        *,
+        depth: int = 0,
+        prefill_step_size: int = DEFAULT_PREFILL_STEP,
     ) -> dict[str, Any]:
-        """Prefill: the whole prompt in one evaluated forward pass."""
-        tokens = random_tokens(model, batch_size, seq_len)
+        """Prompt processing (pp<seq_len>): the prompt into a KV cache already holding `depth`
+        tokens (filled before the clock starts), in steps of `prefill_step_size` (see
+        prefill)."""
+        tokens = random_tokens(model, batch_size, depth + seq_len)
         mx.eval(tokens)
-        measurement = self._measure(lambda: tokens, model, num_warmup, num_iterations)
+        context, prompt = tokens[:, :depth], tokens[:, depth:]
+
+        def prepare() -> list[Any]:
+            return filled_cache(model, context, prefill_step_size)
+
+        measurement = self._measure(
+            prepare,
+            lambda cache: prefill(model, cache, prompt, prefill_step_size),
+            num_warmup,
+            num_iterations,
+        )
         result = self._result(measurement, batch_size * seq_len)
-        result.update(seq_len=seq_len, batch_size=batch_size)
+        result.update(
+            seq_len=seq_len,
+            batch_size=batch_size,
+            n_depth=depth,
+            prefill_step_size=prefill_step_size,
+        )
+        return result
+
+    def benchmark_prompt_gen(
+        self,
+        model: nn.Module,
+        prompt_len: int,
+        gen_tokens: int,
+        num_warmup: int = 2,
+        num_iterations: int = 5,
+        batch_size: int = 1,
+        *,
+        depth: int = 0,
+        prefill_step_size: int = DEFAULT_PREFILL_STEP,
+    ) -> dict[str, Any]:
+        """pp<prompt_len>+tg<gen_tokens>: the prompt processed and `gen_tokens` generated,
+        timed as one figure (llama-bench's -pg: t/s counts both), after `depth` tokens."""
+        tokens = random_tokens(model, batch_size, depth + prompt_len)
+        mx.eval(tokens)
+        context, prompt = tokens[:, :depth], tokens[:, depth:]
+
+        def prepare() -> list[Any]:
+            return filled_cache(model, context, prefill_step_size)
+
+        def timed(cache: list[Any]) -> mx.array:
+            return decode(
+                model, cache, prefill(model, cache, prompt, prefill_step_size), gen_tokens
+            )
+
+        measurement = self._measure(prepare, timed, num_warmup, num_iterations)
+        result = self._result(measurement, batch_size * (prompt_len + gen_tokens))
+        result.update(
+            seq_len=prompt_len,
+            batch_size=batch_size,
+            decode_tokens=gen_tokens,
+            n_depth=depth,
+            prefill_step_size=prefill_step_size,
+        )
         return result
 
     def benchmark_autoregressive(
@@ -109,37 +208,44 @@ class SpeedProfiler:
         num_warmup: int = 2,
         num_iterations: int = 5,
         batch_size: int = 1,
+        *,
+        prefill_step_size: int = DEFAULT_PREFILL_STEP,
     ) -> dict[str, Any]:
         """Decode `total_tokens` greedily, one at a time through the KV cache.
 
-        The context of `context_len` tokens is prefilled and evaluated before the clock starts,
-        so the timed region holds decoding alone. Steps are queued with `mx.async_eval` as in
-        mlx-lm's generator; each token depends on the previous one, so the final `mx.eval`
-        waits for all of them.
+        The context of `context_len` tokens (the depth; 0 starts from one random token) is
+        prefilled and evaluated before the clock starts, so the timed region holds decoding
+        alone.
         """
         if total_tokens < 1:
             raise ValueError("total_tokens must be at least 1")
         context = random_tokens(model, batch_size, context_len)
         mx.eval(context)
 
-        def prefill() -> tuple[list[Any], mx.array]:
+        def prepare() -> tuple[list[Any], mx.array]:
             cache = new_cache(model)
-            token = mx.argmax(model(context, cache=cache)[:, -1, :], axis=-1)
+            token = first_token(model, cache, context, batch_size, prefill_step_size)
             mx.eval(token, cache_state(cache))
             return cache, token
 
-        def decode(state: tuple[list[Any], mx.array]) -> mx.array:
-            cache, token = state
-            for _ in range(total_tokens):
-                logits = model(token[:, None], cache=cache)
-                token = mx.argmax(logits[:, -1, :], axis=-1)
-                mx.async_eval(token)
-            return token
-
-        measurement = self._measure(prefill, decode, num_warmup, num_iterations)
+        measurement = self._measure(
+            prepare, lambda state: decode(model, *state, total_tokens), num_warmup, num_iterations
+        )
         result = self._result(measurement, batch_size * total_tokens)
         # Time between two tokens of one sequence (a step yields one token per sequence), so
         # with batch B: tokens_per_sec ~= B * 1000 / mean_per_token_ms.
         result["mean_per_token_ms"] = result["latency_ms"] / total_tokens
         result.update(seq_len=context_len, batch_size=batch_size, decode_tokens=total_tokens)
+        result.update(n_depth=context_len, prefill_step_size=prefill_step_size)
         return result
+
+
+def decode(model: nn.Module, cache: list[Any], token: mx.array, count: int) -> mx.array:
+    """`count` tokens generated greedily after `token`, the last returned unevaluated. Steps
+    are queued with `mx.async_eval` as in mlx-lm's generator; each token depends on the
+    previous one, so evaluating the last waits for all of them."""
+    for _ in range(count):
+        logits = model(token[:, None], cache=cache)
+        token = mx.argmax(logits[:, -1, :], axis=-1)
+        mx.async_eval(token)
+    return token

@@ -5,7 +5,9 @@ Exit codes: 0 ok, 1 partial failure (a host or cell failed), 2 usage error, 130 
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -14,9 +16,13 @@ from rich.table import Table
 from coordinator.benchmark_cli import RunId, benchmark, cancel, resume
 from coordinator.commands import keys_app, status
 from coordinator.compare import (
+    BY_COLUMNS,
     COMPARE_FORMATS,
+    ReportError,
+    as_fleet_report,
     compare_reports,
     comparison_text,
+    parse_by,
     rich_comparison,
 )
 from coordinator.deploy_cli import deploy_command
@@ -90,10 +96,44 @@ def show(run: RunId, fmt: ReportFormat = "table", output: Output = None) -> None
     show_report(load_reports(run)[0], fmt, output)
 
 
+Compared = Annotated[
+    str,
+    typer.Argument(
+        help="A run id (or a unique prefix), or an `agent bench` / `coordinator show` JSON file."
+    ),
+]
+
+
+def load_compared(reference: str) -> tuple[dict[str, Any], str]:
+    """(the report, its name) for a run id or a JSON report file; exit 2 naming what is
+    wrong with it."""
+    path = Path(reference)
+    if not (path.is_file() or reference.endswith(".json")):
+        report = load_reports(reference)[0]
+        return report, report["run_id"]
+    try:
+        return as_fleet_report(json.loads(path.read_text(encoding="utf-8")), path.name), path.name
+    except OSError as exc:
+        raise usage_error(f"cannot read {reference}: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise usage_error(f"{reference} is not JSON: {exc}") from None
+    except ReportError as exc:
+        raise usage_error(str(exc)) from None
+
+
 @app.command()
 def compare(
-    run_a: RunId,
-    run_b: RunId,
+    run_a: Compared,
+    run_b: Compared,
+    by: Annotated[
+        str | None,
+        typer.Option(
+            "--by",
+            help=f"Comma list of what matches cells besides the test: {', '.join(BY_COLUMNS)} "
+            "(default: model,batch, and host when a side has several hosts); cells that share "
+            "them are averaged, as llama.cpp's compare-llama-bench.py --show does.",
+        ),
+    ] = None,
     fmt: Annotated[
         str,
         typer.Option(
@@ -103,13 +143,17 @@ def compare(
         ),
     ] = "table",
 ) -> None:
-    """Per-cell speed-up of RUN_B over RUN_A (tok/s B / tok/s A)."""
-    report_a, report_b = load_reports(run_a, run_b)
-    rows = compare_reports(report_a, report_b)
+    """Per-test speed-up of B over A (tok/s B / tok/s A): runs or `agent bench` JSON files."""
+    try:
+        columns = parse_by(by) if by is not None else None
+    except ValueError as exc:
+        raise usage_error(str(exc)) from None
+    (report_a, name_a), (report_b, name_b) = load_compared(run_a), load_compared(run_b)
+    rows = compare_reports(report_a, report_b, columns)
     if fmt == "table":
-        print_rich(rich_comparison(rows, report_a["run_id"], report_b["run_id"]))
+        print_rich(rich_comparison(rows, name_a, name_b))
     else:
-        sys.stdout.write(comparison_text(rows, report_a["run_id"], report_b["run_id"], fmt))
+        sys.stdout.write(comparison_text(rows, name_a, name_b, fmt))
 
 
 app.command()(benchmark)

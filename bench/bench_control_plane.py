@@ -100,6 +100,7 @@ def replay_agent(ready: mp.Queue[Any], options: dict[str, Any]) -> None:
                     {
                         "agent": "replay",
                         "protocol": p.PROTOCOL_VERSION,
+                        "name": "replay",
                         "machine": {"hostname": "replay"},
                         "thermal": {},
                         "job": None,

@@ -90,7 +90,7 @@ def monitor(
     settings = settings_for(insecure, connect_timeout)
     metrics, server = None, None
     if prometheus is not None:
-        metrics = TelemetryMetrics()
+        metrics = TelemetryMetrics(instance=True)
         server = start_exporter(metrics, prometheus)
     try:
         with TelemetryStore() as store:

@@ -100,6 +100,7 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
     "info.ok": {
         "agent": (str, True),
         "protocol": (int, True),
+        "name": (str, True),
         "machine": (dict, True),
         "thermal": (dict, True),
         "job": ((dict, NONE), True),

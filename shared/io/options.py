@@ -212,6 +212,14 @@ RetentionDays = Annotated[
         callback=positive("--retention-days"),
     ),
 ]
+AgentName = Annotated[
+    str | None,
+    typer.Option(
+        "--name",
+        help="This agent's name: the `host` of its telemetry and of every Prometheus series "
+        "(default: the hostname).",
+    ),
+]
 PrometheusAddress = Annotated[
     str | None,
     typer.Option(

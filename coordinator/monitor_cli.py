@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
@@ -118,8 +119,21 @@ def show_once(running: Monitor, fmt: str) -> bool:
     while not running.settled():
         running.step(REFRESH_S)
     now = time.time()
-    emit(snapshot(running.board, now), fmt, lambda _: render(running.board, now))
+    width = _console().width
+    emit(snapshot(running.board, now), fmt, lambda _: render(running.board, now, width))
     return all(view.status == UP and not view.silent for view in running.board.hosts.values())
+
+
+def terminal_size(console: Console) -> tuple[int, int]:
+    """The terminal's size now, whatever COLUMNS and LINES say (a shell may export them, and
+    Rich takes them as fixed: a resize would then go unnoticed)."""
+    if not console.is_terminal:
+        return console.size.width, console.size.height
+    try:
+        columns, lines = os.get_terminal_size(sys.stdout.fileno())
+    except OSError:
+        return console.size.width, console.size.height
+    return columns, lines
 
 
 def stop_on_sigterm(signum: int, frame: object) -> None:
@@ -138,11 +152,18 @@ def watch(running: Monitor, fmt: str) -> None:
                 if time.monotonic() - printed >= JSON_EVERY_S:
                     print(json.dumps(snapshot(running.board, time.time())), flush=True)
                     printed = time.monotonic()
+        console = _console()
+        size = console.size = terminal_size(console)
         with Live(
-            render(running.board, time.time()), console=_console(), auto_refresh=False
+            render(running.board, time.time(), console.width),
+            console=console,
+            auto_refresh=False,
         ) as live:
             while True:
                 running.step(REFRESH_S)
-                live.update(render(running.board, time.time()), refresh=True)
+                if terminal_size(console) != size:  # resized: what the terminal rewrapped goes
+                    size = console.size = terminal_size(console)
+                    console.clear()
+                live.update(render(running.board, time.time(), console.width), refresh=True)
     except KeyboardInterrupt:
         return

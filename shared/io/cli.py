@@ -17,6 +17,7 @@ from typing import Any
 import typer
 from rich.console import Console, RenderableType
 from rich.text import Text
+from typer.core import TyperGroup
 
 from shared.exit_codes import EXIT_PARTIAL, EXIT_USAGE, SUMMARY
 from shared.report import render_text, rich_report
@@ -24,9 +25,45 @@ from shared.report import render_text, rich_report
 err = Console(stderr=True, soft_wrap=True)  # log lines stay whole, never wrapped
 
 
+UsageError: type[Exception] = typer.BadParameter.__bases__[0]
+"""Click's UsageError as the installed Typer raises it (Typer 0.2x carries its own Click)."""
+NoArgsIsHelp = getattr(sys.modules[UsageError.__module__], "NoArgsIsHelpError", ())
+"""The "error" a group given no command raises to show its help: kept as it is."""
+
+
+class OneLineUsageErrors(TyperGroup):
+    """A command group whose usage errors (an unknown option, a missing or bad value), its own
+    and every subcommand's, are one line naming the option, exit 2, as every other bad input
+    is: Click's own are a usage line, a hint and the message."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().make_context(*args, **kwargs)
+        except UsageError as exc:
+            raise one_line(exc) from None
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UsageError as exc:
+            raise one_line(exc) from None
+
+
+def one_line(exc: Any) -> Exception:
+    """`error: MESSAGE (COMMAND --help lists them)` on stderr, and the exit to raise; the help
+    a command shows when given nothing goes through as it is."""
+    if isinstance(exc, NoArgsIsHelp):
+        return exc
+    where = f" (`{exc.ctx.command_path} --help` lists them)" if exc.ctx is not None else ""
+    message = " ".join(exc.format_message().split())
+    return usage_error(f"{message}{where}")
+
+
 def fleet_app(program: str, summary: str) -> typer.Typer:
-    """A top-level CLI: plain rewrapped --help ending with the exit codes, and --version."""
+    """A top-level CLI: plain rewrapped --help ending with the exit codes, --version, and
+    usage errors on one line."""
     app = typer.Typer(
+        cls=OneLineUsageErrors,
         help=summary,
         no_args_is_help=True,
         add_completion=False,
@@ -80,17 +117,17 @@ def emit(data: Any, fmt: str, table: Callable[[Any], RenderableType]) -> None:
         print_rich(table(data))
 
 
-def check_output(output: Path | None) -> None:
-    """Refuse an --output that cannot be written before any work starts."""
+def check_output(output: Path | None, flag: str = "--output") -> None:
+    """Refuse an output file (`flag`'s) that cannot be written before any work starts."""
     if output is None:
         return
     folder = output.parent if str(output.parent) else Path(".")
     if not folder.is_dir():
-        raise usage_error(f"--output {output}: folder {folder} does not exist")
+        raise usage_error(f"{flag} {output}: folder {folder} does not exist")
     if output.is_dir():
-        raise usage_error(f"--output {output} is a folder, not a file")
+        raise usage_error(f"{flag} {output} is a folder, not a file")
     if not os.access(folder, os.W_OK):
-        raise usage_error(f"--output {output}: folder {folder} is not writable")
+        raise usage_error(f"{flag} {output}: folder {folder} is not writable")
 
 
 def show_report(report: dict[str, Any], fmt: str, output: Path | None) -> None:

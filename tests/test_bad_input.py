@@ -88,9 +88,11 @@ def test_a_name_dns_cannot_resolve_says_so() -> None:
     assert (resolve_error("no-such-host.invalid:5555") or "").startswith(
         "cannot resolve host no-such-host.invalid: "
     )
-    result = run(
-        "coordinator", "status", "--hosts", "no-such-host.invalid:5555", "--insecure", "-f", "json"
-    )
-    assert result.returncode == 1  # documented: a host failed
-    assert "cannot resolve host no-such-host.invalid" in result.stdout
-    assert "connection refused" not in result.stdout
+    for security in (["--insecure"], []):  # with CURVE, before asking for a key it lacks
+        result = run(
+            "coordinator", "status", "--hosts", "no-such-host.invalid:5555", *security, "-f", "json"
+        )
+        assert result.returncode == 1  # documented: a host failed
+        assert "cannot resolve host no-such-host.invalid" in result.stdout
+        assert "connection refused" not in result.stdout
+        assert "no server key" not in result.stdout

@@ -18,7 +18,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -26,9 +26,11 @@ from coordinator.dashboard import SPARK_WINDOW_S, UNREACHABLE, UP, Dashboard, si
 from coordinator.fleet import Settings, Target, connect
 from coordinator.telemetry_store import Row, TelemetryStore
 from shared import protocol as p
-from shared.io.metrics import TelemetryMetrics
 from shared.io.transport import AgentClient, HostError, agent_socket
 from shared.telemetry import Cursor
+
+if TYPE_CHECKING:
+    from shared.io.metrics import TelemetryMetrics
 
 RETRY_S = 2.0
 """Between attempts to reach a host that is down."""

@@ -6,7 +6,7 @@ import json
 import signal
 import sys
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -25,9 +25,11 @@ from coordinator.monitor import Monitor
 from coordinator.telemetry_store import TelemetryStore
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import emit, err, usage_error
-from shared.io.metrics import MetricsServer, TelemetryMetrics, parse_address, serve_metrics
 from shared.io.options import RetentionDays
 from shared.io.sqlite import StoreError
+
+if TYPE_CHECKING:
+    from shared.io.metrics import MetricsServer, TelemetryMetrics
 
 REFRESH_S = 0.25
 JSON_EVERY_S = 1.0
@@ -35,6 +37,8 @@ JSON_EVERY_S = 1.0
 
 def start_exporter(metrics: TelemetryMetrics, address: str) -> MetricsServer:
     """/metrics at `address`, announced on stderr with the port actually bound."""
+    from shared.io.metrics import parse_address, serve_metrics
+
     try:
         server = serve_metrics(metrics.registry, address)
     except ValueError as exc:
@@ -90,6 +94,8 @@ def monitor(
     settings = settings_for(insecure, connect_timeout)
     metrics, server = None, None
     if prometheus is not None:
+        from shared.io.metrics import TelemetryMetrics  # prometheus_client only when asked
+
         metrics = TelemetryMetrics()
         server = start_exporter(metrics, prometheus)
     try:

@@ -142,11 +142,11 @@ class Dashboard:
         view.info_jobs = list(info.get("jobs") or [])
         view.heard, view.silent, view.live = now, False, False
 
-    def seed(self, name: str, samples: list[dict[str, Any]]) -> None:
-        """Recorded samples for the sparkline only: a restarted monitor shows the last minutes
-        at once, but nothing recorded counts as the host's current reading."""
-        for body in samples:
-            remember(self.hosts[name].series, body["time"], body["celsius"], SPARK_WINDOW_S)
+    def seed(self, name: str, readings: list[tuple[float, float | None]]) -> None:
+        """Recorded (time, °C) for the sparkline only: a restarted monitor shows the last
+        minutes at once, but nothing recorded counts as the host's current reading."""
+        for at, celsius in readings:
+            remember(self.hosts[name].series, at, celsius, SPARK_WINDOW_S)
 
     def set_policy(self, name: str, policy: dict[str, Any]) -> None:
         self.hosts[name].policy = policy

@@ -265,9 +265,9 @@ class Monitor:
             HostLink(self.ctx, t, settings, self.reports, self.stop, store.cursor(t.name))
             for t in targets
         ]
-        recorded = store.samples(now - SPARK_WINDOW_S, [t.name for t in targets])
-        for name, samples in recorded.items():
-            self.board.seed(name, samples)
+        recorded = store.readings(now - SPARK_WINDOW_S, [t.name for t in targets])
+        for name, readings in recorded.items():
+            self.board.seed(name, readings)
         self._exported: dict[str, float] = {}
         self.recorded = 0
         """Samples recorded for the first time since start (the benchmark counts them)."""

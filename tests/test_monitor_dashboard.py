@@ -206,7 +206,7 @@ def test_snapshot_for_scripts() -> None:
 
 def test_recorded_samples_seed_the_sparkline_but_are_not_a_current_reading() -> None:
     board = Dashboard(["mac1:5555"])
-    board.seed("mac1:5555", [sample(700.0 + t, 60.0 + t / 10) for t in range(0, 300, 30)])
+    board.seed("mac1:5555", [(700.0 + t, 60.0 + t / 10) for t in range(0, 300, 30)])
     view = board.hosts["mac1:5555"]
     assert view.sample is None and view.spark() == []
     assert "connecting" in text_of(board, 0.0)

@@ -14,6 +14,7 @@ reconnects from scratch every RETRY_S (info again: a restarted agent may publish
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 RETRY_S = 2.0
 """Between attempts to reach a host that is down."""
 POLL_MS = 200
-"""How often a link looks at its stop flag while nothing arrives."""
+"""How often a link waiting for room on the report queue looks at its stop flag."""
 BACKFILL_FIRST_S = 3600.0
 """A host never recorded before is backfilled with its last hour (what the agent keeps in
 memory); one recorded before, from its cursor; one whose history is new (reinstalled, its data
@@ -43,6 +44,8 @@ wiped), with all of it."""
 HISTORY_PAGE = 5000
 DRAIN_MAX = 1000
 """Messages a link takes off its SUB per report, so a flood still reaches the store in batches."""
+PRUNE_EVERY_S = 300.0
+"""While it runs, the monitor drops what is older than the retention this often."""
 QUEUE_MAX = 64
 """Reports waiting for the main thread. When it falls behind, links wait and their SUBs' high
 water marks drop the excess at the socket, instead of memory filling with decoded samples."""
@@ -89,9 +92,12 @@ class HostLink:
         reports: queue.Queue[LinkReport],
         stop: threading.Event,
         cursor: Cursor | None,
+        wake_fd: int,
     ) -> None:
         self.ctx, self.target, self.settings = ctx, target, settings
         self.reports, self.stop = reports, stop
+        self.wake_fd = wake_fd
+        """Readable once `stop` is set: a link waits on it and its SUB, never on a timer."""
         self.cursor = cursor
         """Where the record of this host's history stands (None: nothing recorded yet)."""
         self.thread = threading.Thread(target=self.run, name=f"monitor {target.name}", daemon=True)
@@ -179,11 +185,16 @@ class HostLink:
         the agent stops answering, return (HostError) so run() reconnects."""
         quiet_after = silent_after(poll_interval)
         check_at = time.monotonic()
+        poller = zmq.Poller()
+        poller.register(sub, zmq.POLLIN)
+        poller.register(self.wake_fd, zmq.POLLIN)
         while not self.stop.is_set():
-            if not sub.poll(POLL_MS):
-                if time.monotonic() - check_at > quiet_after:
-                    client.request("ping", timeout=self.settings.connect_timeout)
-                    check_at = time.monotonic()
+            quiet = time.monotonic() - check_at
+            if quiet > quiet_after:
+                client.request("ping", timeout=self.settings.connect_timeout)
+                check_at = time.monotonic()
+                continue
+            if sub not in dict(poller.poll((quiet_after - quiet) * 1000 + 1)):
                 continue
             check_at = time.monotonic()
             samples, events = [], []
@@ -254,17 +265,24 @@ class Monitor:
         settings: Settings,
         store: TelemetryStore,
         metrics: TelemetryMetrics | None = None,
+        retention_s: float | None = None,
     ) -> None:
         self.store, self.metrics = store, metrics
+        self.retention_s = retention_s
+        """Telemetry older than this is dropped at start and every PRUNE_EVERY_S after."""
+        self._next_prune = 0.0
+        self._wake_read, self._wake_write = os.pipe()
         self.board = Dashboard([t.name for t in targets])
         self.reports: queue.Queue[LinkReport] = queue.Queue(QUEUE_MAX)
         self.stop = threading.Event()
         self.ctx = zmq.Context()
         now = time.time()
+        wake = self._wake_read
         self.links = [
-            HostLink(self.ctx, t, settings, self.reports, self.stop, store.cursor(t.name))
+            HostLink(self.ctx, t, settings, self.reports, self.stop, store.cursor(t.name), wake)
             for t in targets
         ]
+        self._prune(now)
         recorded = store.readings(now - SPARK_WINDOW_S, [t.name for t in targets])
         for name, readings in recorded.items():
             self.board.seed(name, readings)
@@ -281,10 +299,13 @@ class Monitor:
         finish on its own, daemon thread and context with it: closing its sockets under it
         from here would not be thread-safe."""
         self.stop.set()
+        os.write(self._wake_write, b"x")  # never read: readable for every link from now on
         for link in self.links:
             link.thread.join(timeout=POLL_MS / 1000 + 1.0)
         if not any(link.thread.is_alive() for link in self.links):
             self.ctx.term()
+            os.close(self._wake_read)
+        os.close(self._wake_write)
 
     def __enter__(self) -> Monitor:
         self.start()
@@ -335,6 +356,12 @@ class Monitor:
         self.board.tick(now)
         if self.metrics is not None:
             self._export()
+        self._prune(now)
+
+    def _prune(self, now: float) -> None:
+        if self.retention_s is not None and now >= self._next_prune:
+            self.store.prune(now - self.retention_s)
+            self._next_prune = now + PRUNE_EVERY_S
 
     def _export(self) -> None:
         """Metrics labelled by HOST:PORT as monitored (two agents may share a hostname), fed

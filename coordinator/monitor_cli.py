@@ -32,7 +32,10 @@ if TYPE_CHECKING:
     from shared.io.metrics import MetricsServer, TelemetryMetrics
 
 REFRESH_S = 0.25
-JSON_EVERY_S = 1.0
+"""How long a step waits for reports: what arrived is recorded within this."""
+DRAW_EVERY_S = 1.0
+"""The dashboard is drawn (or a JSON line printed) this often: agents publish once a second by
+default, and drawing a lab's table is the monitor's largest cost (docs/performance.md)."""
 
 
 def start_exporter(metrics: TelemetryMetrics, address: str) -> MetricsServer:
@@ -99,13 +102,14 @@ def monitor(
         metrics = TelemetryMetrics()
         server = start_exporter(metrics, prometheus)
     try:
-        with TelemetryStore() as store:
-            store.prune(time.time() - retention_days * 86400)
-            with Monitor(targets, settings, store, metrics) as running:
-                if once:
-                    healthy = show_once(running, fmt)
-                else:
-                    watch(running, fmt)
+        with (
+            TelemetryStore() as store,
+            Monitor(targets, settings, store, metrics, retention_days * 86400) as running,
+        ):
+            if once:
+                healthy = show_once(running, fmt)
+            else:
+                watch(running, fmt)
     except StoreError as exc:
         raise usage_error(str(exc)) from None
     finally:
@@ -141,14 +145,17 @@ def watch(running: Monitor, fmt: str) -> None:
             printed = 0.0
             while True:
                 running.step(REFRESH_S)
-                if time.monotonic() - printed >= JSON_EVERY_S:
+                if time.monotonic() - printed >= DRAW_EVERY_S:
                     print(json.dumps(snapshot(running.board, time.time())), flush=True)
                     printed = time.monotonic()
-        with Live(
-            render(running.board, time.time()), console=_console(), auto_refresh=False
-        ) as live:
+        console = _console()
+        with Live(console=console, auto_refresh=False) as live:
+            drawn = 0.0
             while True:
+                if time.monotonic() - drawn >= DRAW_EVERY_S:
+                    board = render(running.board, time.time(), console.size.height)
+                    live.update(board, refresh=True)
+                    drawn = time.monotonic()
                 running.step(REFRESH_S)
-                live.update(render(running.board, time.time()), refresh=True)
     except KeyboardInterrupt:
         return

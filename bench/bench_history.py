@@ -115,7 +115,7 @@ def main() -> None:
             f"{repeats} interleaved rounds"
         )
         print(f"machine: {machine()}")
-        memory: dict[str, list[float]] = {"history": [], "plain": []}
+        memory: dict[str, list[int | None]] = {"history": [], "plain": []}
 
         def history(since: str, key: str | None) -> float:
             command = [str(BIN / "coordinator"), "history", "--since", since, "--format", "json"]

@@ -126,17 +126,36 @@ def cpu_seconds(pid: int) -> float:
     return times.user + times.system
 
 
-def child_usage(command: Sequence[str], env: dict[str, str] | None = None) -> tuple[float, int]:
-    """(wall seconds, peak RSS in bytes) of `command`, from its own rusage (os.wait4)."""
+def child_usage(
+    command: Sequence[str], env: dict[str, str] | None = None
+) -> tuple[float, int | None]:
+    """(wall seconds, peak RSS in bytes) of `command`. The peak is the kernel's high water mark
+    of the command's own memory (Linux's VmHWM), read every 10 ms while it runs (rusage's
+    ru_maxrss would also count this process's memory, which a child holds until its exec);
+    None where there is no /proc."""
     began = time.perf_counter()
     process = subprocess.Popen(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True
     )
-    _, status, usage = os.wait4(process.pid, 0)
+    peak = 0
+    while process.poll() is None:
+        peak = max(peak, _high_water(process.pid))
+        time.sleep(0.01)
     elapsed = time.perf_counter() - began
-    process.returncode = os.waitstatus_to_exitcode(status)
     if process.returncode != 0:
         stderr = process.stderr.read() if process.stderr else ""
-        raise BenchError(f"{' '.join(command[:4])} ... exited {process.returncode}: {stderr}")
-    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
-    return elapsed, usage.ru_maxrss * scale
+        raise BenchError(
+            f"{' '.join(command[:4])} ... exited {process.returncode}: {stderr[-500:]}"
+        )
+    return elapsed, peak or None
+
+
+def _high_water(pid: int) -> int:
+    """VmHWM of `pid` in bytes (0 once it has gone, or where /proc has none)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0

@@ -351,7 +351,7 @@ class Monitor:
             elif report.kind == CURSOR:
                 cursors[report.host] = report.data
         new_samples, new_events = self.store.add([row for row, _ in samples], events, cursors)
-        self.recorded += len(new_samples)
+        self.recorded += new_samples
         for (host, body), live in samples:
             self.board.sample(host, body, now, live)
         for host, body in new_events:

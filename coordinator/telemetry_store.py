@@ -108,20 +108,17 @@ class TelemetryStore:
         samples: Iterable[Row] = (),
         events: Iterable[Row] = (),
         cursors: Mapping[str, Cursor] | None = None,
-    ) -> tuple[list[Row], list[Row]]:
+    ) -> tuple[int, list[Row]]:
         """Record a batch, and where each host's history now stands, in one transaction (one
-        fsync for many samples; a cursor is never saved without what it covers); returns the
-        samples and events that were not already recorded."""
+        fsync for many samples; a cursor is never saved without what it covers); returns how
+        many samples and which events were not already recorded (an event alerts once)."""
         sample_sql = _insert("samples", (*Sample.columns(), "seq", "job_paused"))
         event_sql = _insert("events", (*Event.columns(), "seq"))
-        new_samples: list[Row] = []
         new_events: list[Row] = []
         with self.conn:
-            for host, body in samples:
-                paused = any(job["state"] == "paused" for job in body["jobs"])
-                row = (host, *_row(Sample.from_body(body)), paused)
-                if self.conn.execute(sample_sql, row).rowcount:
-                    new_samples.append((host, body))
+            before = self.conn.total_changes
+            self.conn.executemany(sample_sql, (_sample_row(host, body) for host, body in samples))
+            new_samples = self.conn.total_changes - before
             for host, body in events:
                 if self.conn.execute(event_sql, (host, *_row(Event.from_body(body)))).rowcount:
                     new_events.append((host, body))
@@ -233,6 +230,12 @@ def recorded_hosts(conn: sqlite3.Connection, table: str) -> list[str]:
             "WHERE h.host IS NOT NULL) SELECT host FROM h WHERE host IS NOT NULL"
         )
     ]
+
+
+def _sample_row(host: str, body: dict[str, Any]) -> tuple[Any, ...]:
+    """A validated sample body as its row: (host, *columns, seq, job_paused)."""
+    paused = any(job["state"] == "paused" for job in body["jobs"])
+    return (host, *Sample.body_row(body), body["seq"], paused)
 
 
 def _row(record: Sample | Event) -> tuple[Any, ...]:

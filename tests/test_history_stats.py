@@ -316,9 +316,9 @@ def test_store_keeps_each_sample_and_event_once(tmp_path: Path) -> None:
             ("a:1", event(2, "pause", 86)),
             ("a:1", event(3, "policy", name=None, pid=None, detail="x")),
         ]
-        assert store.add(first, events) == (first, events)
+        assert store.add(first, events) == (3, events)
         again = store.add([("a:1", sample(2, 71)), ("a:1", sample(3, 72))], events)
-        assert again == ([("a:1", sample(3, 72))], [])
+        assert again == (1, [])  # only the sample at 3 is new
         by_host = store.samples(2, ["a:1"])
         assert list(by_host) == ["a:1"] and by_host["a:1"] == [
             {k: v for k, v in sample(t, c).items() if k != "host"} for t, c in ((2, 71), (3, 72))

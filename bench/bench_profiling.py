@@ -7,9 +7,11 @@ figures are median (min–max) over the rounds, ratios taken round by round (1.0
      `mx.async_eval` as mlx-lm's generator does;
   3. our model's decode tok/s vs mlx-lm's llama with identical dimensions and weights, both
      timed by our profiler (when the `lm` extra is installed, float16 only);
-  4. a whole matrix through the runner (`agent bench`'s path, imports done): its wall time
-     against the sum of the iterations it times plus one model build, with no warm-up
-     iterations (-w 0), so that all the rest is the harness's own cost.
+  4. a whole matrix through the runner (`agent bench`'s path, imports done; pp and tg64 cells
+     at the sequence length and twice it, -i 5): its wall time against the sum of the
+     iterations it times plus one model build, with no warm-up iterations (-w 0, so that every
+     iteration is timed and all the rest is the harness's own cost: token generation, a decode
+     cell's one prefill and its cache copies, clearing MLX's cache).
 
     .venv/bin/python bench/bench_profiling.py [--config small|full] [--bits 16] [--seq-len 128]
         [--decode-tokens 32] [--repeats 5] [--quick]
@@ -135,7 +137,9 @@ def main() -> None:
     twin = mlx_lm_twin(model, config) if opts.bits == 16 else None
     if twin is not None:
         sides["decode mlx-lm"] = lambda: ours_decode(twin)
-    spec = MatrixSpec((n, 2 * n), (1,), (opts.config,), (opts.bits,), g, 0, max(1, i // 2))
+    # agent bench's defaults (-i 5, --decode-tokens 64) but -w 0: then every iteration is timed
+    matrix_tokens = g if opts.quick else 64
+    spec = MatrixSpec((n, 2 * n), (1,), (opts.config,), (opts.bits,), matrix_tokens, 0, i)
     sides["matrix"] = lambda: matrix_overhead(opts.config, opts.bits, spec)
     rounds = interleave(sides, repeats)
     values = rounds.values

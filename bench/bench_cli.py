@@ -1,6 +1,7 @@
 """How long `coordinator --help` and `agent --help` take to start, next to `python -c pass` (the
-floor every command pays) and `import mlx.core` (what a command that needs MLX adds), each in
-a fresh process, in interleaved rounds; a round's figure for a side is the median of `--runs`
+floor every command pays), a bare two-command Typer app's --help (the floor of any Typer
+command line) and `import mlx.core` (what a command that needs MLX adds), each in a fresh
+process, in interleaved rounds; a round's figure for a side is the median of `--runs`
 starts. Every command's start-up is its --help's plus what it imports to run.
 
     .venv/bin/python bench/bench_cli.py [--repeats 5] [--runs 9] [--quick]
@@ -18,8 +19,21 @@ from pathlib import Path
 from support import interleave, machine, parser, run, spread, wall_s
 
 BIN = Path(sys.executable).parent
+BARE_TYPER = """
+import typer
+app = typer.Typer(help="x", add_completion=False, rich_markup_mode=None)
+@app.command()
+def one() -> None:
+    \"\"\"One.\"\"\"
+@app.command()
+def two() -> None:
+    \"\"\"Two.\"\"\"
+app()
+"""
+"""The floor of any Typer command line's --help: two commands, nothing imported."""
 SIDES = {
     "python -c pass": [sys.executable, "-c", "pass"],
+    "a bare Typer app's --help": [sys.executable, "-c", BARE_TYPER, "--help"],
     "python -c 'import mlx.core'": [sys.executable, "-c", "import mlx.core"],
     "coordinator --help": [str(BIN / "coordinator"), "--help"],
     "agent --help": [str(BIN / "agent"), "--help"],

@@ -28,13 +28,6 @@ from pathlib import Path
 from support import BenchError, child_usage, interleave, machine, parser, run, spread
 
 BIN = Path(sys.executable).parent
-POLICY = {
-    "max_speed_temp": 75.0,
-    "pause_temp": 85.0,
-    "stop_temp": 95.0,
-    "pause_duration": 0.5,
-    "hysteresis": 0.0,
-}
 PLAIN = (
     "import json, sqlite3, sys; conn = sqlite3.connect(sys.argv[1]); print(json.dumps("
     "conn.execute('SELECT host, COUNT(*), MIN(celsius), AVG(celsius), MAX(celsius) FROM "
@@ -46,13 +39,14 @@ PLAIN = (
 def fill(path: Path, hosts: int, seconds: int, end: float) -> None:
     """`hosts` x `seconds` samples at 1 Hz ending at `end`, through TelemetryStore.add."""
     from coordinator.telemetry_store import TelemetryStore
+    from shared.policy import ThermalPolicy
 
     rng = random.Random(1)
     start = end - seconds
     job = {"job": "j1", "pid": 4242, "command": "python -m mlx_lm lora --train", "kind": "run"}
     with TelemetryStore(path) as store:
         for index in range(hosts):
-            store.record_policy(f"mac{index:02d}:5555", POLICY, start - 60)
+            store.record_policy(f"mac{index:02d}:5555", ThermalPolicy().to_dict(), start - 60)
         for hour in range(0, seconds, 3600):
             rows, events = [], []
             for index in range(hosts):

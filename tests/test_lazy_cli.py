@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import typer
+import typer.testing
 
 from agent.cli import COMMANDS as AGENT_COMMANDS
 from agent.cli import app as agent_app
@@ -86,3 +87,9 @@ def test_each_listed_summary_is_its_commands_docstring(
     loaded = typer.main.get_command(app).get_command(None, entry.name)  # type: ignore[attr-defined]
     first_paragraph = (loaded.help or "").split("\n\n")[0]
     assert " ".join(entry.summary.split()) == " ".join(first_paragraph.split())
+
+
+def test_a_mistyped_command_is_answered_with_the_closest_ones() -> None:
+    result = typer.testing.CliRunner().invoke(coordinator_app, ["statu"])
+    assert result.exit_code == 2
+    assert "No such command 'statu'. Did you mean 'status'?" in result.output

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
+from difflib import get_close_matches
 from typing import Any, ClassVar
 
 import typer
@@ -54,6 +55,15 @@ class LazyGroup(TyperGroup):
         if cmd_name not in self.commands and cmd_name in self.lazy:
             self.commands[cmd_name] = self.lazy[cmd_name].load()
         return self.commands.get(cmd_name)
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        """As Typer does, with its "Did you mean" among every command, loaded or not."""
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            matches = get_close_matches(name, self.list_commands(ctx))
+            hint = f". Did you mean {', '.join(map(repr, matches))}?" if matches else "."
+            ctx.fail(f"No such command {name!r}{hint}")
+        return super().resolve_command(ctx, args)
 
     def format_commands(self, ctx: Any, formatter: Any) -> None:
         """The command list from the summaries, importing nothing."""

@@ -1,18 +1,17 @@
 """The daemon's benchmark jobs (docs/protocol.md §5, The job stream and Jobs): one at a time, each
-in a child process (`python -m agent.job`) whose records come back over a pipe; every model and
-cell is journaled in SQLite and streamed at once to the coordinator that asked.
+in a child process (`python -m agent.job`, agent.job_process) whose records come back over a pipe;
+every model and cell is journaled and streamed at once to the coordinator that asked.
+
+A job process that dies mid-job (a signal, an exit code) fails the cell it was measuring, named
+with how it died and its last lines, and a new process runs the cells left: one cell that
+crashes (out of memory, say) never costs the others.
 
 Only the daemon's main thread uses this; the loop polls `running.fd` and calls read().
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,24 +20,27 @@ from typing import Any
 
 import msgpack
 
+from agent.job_process import JobProcess, exit_text
 from agent.journal import Journal
 from agent.model import BUILTIN_CONFIGS
 from agent.profiling.runner import ModelLoadError, check_model_dir, require_mlx_lm
+from agent.storage import JOB_LOGS, StorageHealth
 from agent.telemetry import SourceInfo, reading_wire
 from agent.thermal import ThermalReading
 from shared import protocol as p
 from shared.clock import now_iso
-from shared.io.paths import data_subdir
-from shared.matrix import MatrixError, MatrixSpec, expand
+from shared.io.paths import data_dir, data_subdir
+from shared.matrix import Cell, MatrixError, MatrixSpec, expand
 from shared.policy import ThermalPolicy
+from shared.results import cell_record
 from shared.telemetry import Event
 
 log = logging.getLogger("agent.jobs")
 
 CANCEL_GRACE_S = 5.0
 """How long a cancelled job may take to finish its current cell before it is killed."""
-JOB_PAGE_BYTES = p.MAX_MESSAGE_SIZE // 2
-"""job.get and history.get pages hold up to this many packed bytes: a reply never hits the limit."""
+PAGE_ROOM = 1024
+"""Bytes a job.get.ok page keeps free for its envelope (v, id, type, re) and list headers."""
 
 Send = Callable[[bytes, p.Message], None]
 Record = Callable[[Event, str], None]
@@ -51,16 +53,27 @@ class Job:
     id: str
     requester: bytes
     request_id: str
-    total: int
-    process: subprocess.Popen[bytes]
-    fd: int
-    output: Path
-    """The job process's stdout and stderr: where a crash's traceback lands."""
+    spec: MatrixSpec
+    cells: list[Cell]
+    process: JobProcess
+    """The job process now running its cells (a new one after a crash)."""
     started: str
-    unpacker: msgpack.Unpacker = field(default_factory=lambda: msgpack.Unpacker(raw=False))
     done: int = 0
+    begun: int | None = None
+    """The index of the cell the process said it is measuring."""
+    built: set[tuple[str, int | None]] = field(default_factory=set)
+    """The (model, bits) the current process has built."""
+    journaled_models: set[tuple[str, int | None]] = field(default_factory=set)
     outcome: dict[str, Any] | None = None
     kill_at: float | None = None
+
+    @property
+    def total(self) -> int:
+        return len(self.cells)
+
+    @property
+    def fd(self) -> int:
+        return self.process.fd
 
     def summary(self) -> dict[str, Any]:
         """info.ok's `job`."""
@@ -68,13 +81,24 @@ class Job:
 
 
 class BenchJobs:
-    """`send` reaches a coordinator; `record` publishes a job's event (agent.hub)."""
+    """`send` reaches a coordinator; `record` publishes a job's event (agent.hub); `storage`
+    hears of every write the disk refuses."""
 
-    def __init__(self, send: Send, record: Record, source: Callable[[], SourceInfo]) -> None:
+    def __init__(
+        self,
+        send: Send,
+        record: Record,
+        source: Callable[[], SourceInfo],
+        storage: StorageHealth,
+        poll_interval: float,
+    ) -> None:
+        """Opens the journal: raises StoreError or OSError when it cannot be."""
         self.send = send
         self.record = record
         self.source = source
-        self.journal = Journal()
+        self.storage = storage
+        self.poll_interval = poll_interval
+        self.journal = Journal(storage=storage)
         self.running: Job | None = None
 
     def recover(self) -> None:
@@ -90,11 +114,9 @@ class BenchJobs:
 
     # --- requests -------------------------------------------------------------------------------
 
-    def start(
-        self, identity: bytes, request: p.Message, poll_interval: float
-    ) -> tuple[Job, list[str]]:
-        """A new job for `request` (a bench.start), and its cell names. ProtocolError `busy`
-        while one runs, `bad-matrix` for a matrix this agent cannot run."""
+    def plan(self, request: p.Message) -> JobPlan:
+        """What `request` (a bench.start) would run, starting nothing. ProtocolError `busy`
+        while a job runs, `bad-matrix` for a matrix this agent cannot run."""
         if self.running is not None:
             job = self.running
             raise p.ProtocolError(
@@ -107,8 +129,18 @@ class BenchJobs:
             spec = check_matrix(request.body["matrix"])
         except (MatrixError, ModelLoadError) as exc:
             raise p.ProtocolError(p.BAD_MATRIX, f"matrix rejected: {exc}", re=request.id) from None
-        names = [cell.name for cell in expand(spec)]
-        return self._spawn(identity, request.id, spec, len(names), poll_interval), names
+        return JobPlan(f"j-{p.new_id()[:12]}", spec, expand(spec))
+
+    def start(self, identity: bytes, request_id: str, plan: JobPlan) -> Job:
+        """Run `plan` (from plan(), with nothing started since) for the coordinator at
+        `identity`. Raises OSError when no job process can be started."""
+        process = self._process(plan.id, plan.spec, 0)
+        self.journal.create_job(plan.id, plan.spec.to_dict(), len(plan.cells), request_id)
+        job = Job(plan.id, identity, request_id, plan.spec, plan.cells, process, now_iso())
+        self.running = job
+        self._event(job, "start", detail=f"benchmark: {job.total} cells")
+        log.info("job %s: %d cells (pid %d)", job.id, job.total, process.pid)
+        return job
 
     def cancel_by_id(self, job_id: str, request: p.Message) -> None:
         """bench.cancel: ProtocolError `unknown-job` or `not-running` when it cannot be."""
@@ -128,81 +160,49 @@ class BenchJobs:
         found = self.journal.get_job(job_id)
         if found is None:
             raise p.ProtocolError(p.UNKNOWN_JOB, f"no job {job_id!r} here", re=request.id)
-        records, size = [], 0
-        for record in found["records"][offset:]:
-            size += len(msgpack.packb(record))
-            if records and size > JOB_PAGE_BYTES:
-                break
-            records.append(record)
-        following = offset + len(records)
-        return {
-            "job": job_id,
-            "state": found["state"],
-            "error": found["error"],
-            "spec": found["spec"],
-            "models": found["models"],
-            "records": records,
-            "offset": offset,
-            "next": following if following < len(found["records"]) else None,
-            "started": found["started"],
-            "finished": found["finished"],
-        }
+        return job_page(found, offset)
 
     # --- the job process ------------------------------------------------------------------------
 
-    def _spawn(
-        self, identity: bytes, request_id: str, spec: MatrixSpec, total: int, poll_interval: float
-    ) -> Job:
-        job_id = f"j-{p.new_id()[:12]}"
-        output = data_subdir("job-logs") / f"{job_id}.log"
-        read_fd, write_fd = os.pipe()
-        with open(output, "wb") as log_file:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "agent.job", "--fd", str(write_fd)],
-                stdin=subprocess.PIPE,
-                stdout=log_file,
-                stderr=log_file,
-                pass_fds=(write_fd,),
-                close_fds=True,
-            )
-        os.close(write_fd)
-        assert process.stdin is not None
+    def _process(self, job_id: str, spec: MatrixSpec, first: int) -> JobProcess:
+        """A job process for the cells of `spec` from index `first`. Raises OSError."""
         source = self.source()
         thermal = {
             "source": source.name,
             "simulated": source.simulated,
-            "poll_interval": poll_interval,
+            "poll_interval": self.poll_interval,
         }
-        process.stdin.write(msgpack.packb({"matrix": spec.to_dict(), "thermal": thermal}))
-        process.stdin.flush()
-        os.set_blocking(process.stdin.fileno(), False)
-        self.journal.create_job(job_id, spec.to_dict(), total, request_id)
-        self.running = Job(job_id, identity, request_id, total, process, read_fd, output, now_iso())
-        self._event(self.running, "start", detail=f"benchmark: {total} cells")
-        log.info("job %s: %d cells (pid %d)", job_id, total, process.pid)
-        return self.running
+        request = {"matrix": spec.to_dict(), "thermal": thermal, "first": first}
+        return JobProcess.spawn(request, self._log_path(job_id))
+
+    def _log_path(self, job_id: str) -> Path | None:
+        """Where the job's output goes; None (nowhere) when the disk refuses the folder."""
+        try:
+            folder = data_subdir("job-logs")
+            path = folder / f"{job_id}.log"
+            path.touch(mode=0o600)
+        except OSError as exc:
+            self.storage.failed(JOB_LOGS, data_dir(create=False) / "job-logs", exc)
+            return None
+        self.storage.written(JOB_LOGS)
+        return path
 
     def feed(self, reading: ThermalReading | None, policy: ThermalPolicy) -> None:
         """One of the daemon's polls (None: no reading) and the policy in force, to the job
         process, whose cooling gate decides on it (docs/protocol.md §13)."""
-        self._send_job({"reading": reading_wire(reading), "policy": policy.to_dict()})
+        if self.running is not None:
+            self.running.process.send(
+                {"reading": reading_wire(reading), "policy": policy.to_dict()}
+            )
 
     def feed_policy(self, policy: ThermalPolicy) -> None:
         """A new policy, for the job's gate to judge its next polls by."""
-        self._send_job({"policy": policy.to_dict()})
-
-    def _send_job(self, update: dict[str, Any]) -> None:
-        """Never blocks: an update the pipe has no room for (a job process that stopped
-        reading it) is dropped."""
-        job = self.running
-        if job is None or job.process.stdin is None:
-            return
-        with contextlib.suppress(BlockingIOError, BrokenPipeError):
-            os.write(job.process.stdin.fileno(), msgpack.packb(update))
+        if self.running is not None:
+            self.running.process.send({"policy": policy.to_dict()})
 
     def cancel(self, job: Job) -> None:
-        if job.kill_at is None and job.process.poll() is None:
-            job.process.send_signal(signal.SIGTERM)
+        if job.kill_at is None:
+            job.process.terminate()
             job.kill_at = time.monotonic() + CANCEL_GRACE_S
 
     def enforce_cancel(self) -> None:
@@ -213,30 +213,41 @@ class BenchJobs:
             job.process.kill()
             job.kill_at = float("inf")
 
+    def retry_writes(self) -> None:
+        self.journal.retry()
+
     def read(self, job: Job) -> None:
         """What the job process wrote since the last read: journal and stream each item."""
-        data = os.read(job.fd, 65536)
-        if not data:
-            self._finish(job)
+        items = job.process.read()
+        if items is None:
+            self._ended(job)
             return
-        job.unpacker.feed(data)
-        for item in job.unpacker:
+        for item in items:
             kind = item.get("kind")
             if kind == "model":
-                self.journal.add_model(job.id, item["info"])
-                self._stream(
-                    job,
-                    "bench.progress",
-                    {"done": job.done, "total": job.total, "model": item["info"]},
-                )
+                self._model(job, item["info"])
+            elif kind == "begin":
+                job.begun = item["index"]
             elif kind == "cell":
-                self.journal.add_cell(job.id, job.done, item["record"])
-                self._stream(job, "bench.cell", {"index": job.done, "record": item["record"]})
-                job.done += 1
+                self._cell(job, item["record"])
             elif kind == "event":  # the job's gate acted: its pauses as the job lives them
                 self._event(job, item["action"], item["celsius"], item["detail"], at=item["time"])
             elif kind == "done":
                 job.outcome = item
+
+    def _model(self, job: Job, info: dict[str, Any]) -> None:
+        key = (info["model"], info["bits"])
+        job.built.add(key)
+        if key in job.journaled_models:
+            return  # built again by a new process after a crash
+        job.journaled_models.add(key)
+        self.journal.add_model(job.id, info)
+        self._stream(job, "bench.progress", {"done": job.done, "total": job.total, "model": info})
+
+    def _cell(self, job: Job, record: dict[str, Any]) -> None:
+        self.journal.add_cell(job.id, job.done, record)
+        self._stream(job, "bench.cell", {"index": job.done, "record": record})
+        job.done += 1
 
     def _stream(self, job: Job, type_: str, body: dict[str, Any]) -> None:
         self.send(job.requester, p.make(type_, {"job": job.id, **body}, re=job.request_id))
@@ -262,31 +273,52 @@ class BenchJobs:
         )
         self.record(event, p.KIND_BENCH)
 
-    def _finish(self, job: Job) -> None:
-        """The child closed its end: it is done, cancelled, or dead. Say which, once."""
-        os.close(job.fd)
-        try:
-            code = job.process.wait(timeout=CANCEL_GRACE_S)
-        except subprocess.TimeoutExpired:
-            job.process.kill()
-            code = job.process.wait()
+    def _ended(self, job: Job) -> None:
+        """The process closed its end: the job is done or cancelled; or the process died, and
+        the cells left go to a new one."""
+        code = job.process.reap(CANCEL_GRACE_S)
         if job.outcome is not None:
-            status, error = job.outcome["status"], job.outcome["error"]
+            self._finish(job, job.outcome["status"], job.outcome["error"])
         elif job.kill_at is not None:
-            status, error = p.JOB_CANCELLED, "cancelled (the job process was killed)"
+            self._finish(job, p.JOB_CANCELLED, "cancelled (the job process was killed)")
+        elif job.done >= job.total:
+            log.warning("job %s: its process died (%s) after its last cell", job.id, code)
+            self._finish(job, p.JOB_OK, None)
         else:
-            status, error = (
-                p.JOB_FAILED,
-                f"the job process died ({exit_text(code)}) after "
-                f"{job.done} of {job.total} cells{last_words(job)}",
-            )
+            self._crashed(job, code)
+
+    def _crashed(self, job: Job, code: int) -> None:
+        """Fail what the dead process was doing (the cell it measured; or, when it died building
+        a model, that model's cells), then run the cells left in a new process."""
+        died = f"the job process died ({exit_text(code)})"
+        tail = job.process.last_lines()
+        failed = crashed_cells(job.cells[job.done :], job.begun == job.done, job.built, died, tail)
+        log.warning("job %s: %s; %d cell(s) failed", job.id, died, len(failed))
+        for record in failed:
+            self._cell(job, record)
+        if job.done >= job.total:
+            self._finish(job, p.JOB_OK, None)
+            return
+        try:
+            job.process = self._process(job.id, job.spec, job.done)
+        except OSError as exc:
+            self._finish(job, p.JOB_FAILED, f"{died}; no new job process: {exc}")
+            return
+        job.begun, job.built = None, set()
+        self._event(
+            job,
+            "start",
+            detail=f"benchmark: {job.total - job.done} cells left, in a new job process "
+            f"after {exit_text(code)}",
+        )
+
+    def _finish(self, job: Job, status: str, error: str | None) -> None:
+        """Say how the job ended, once."""
         self.journal.finish_job(job.id, status, error)
         self._event(job, "exit", detail=status + (f": {error}" if error else ""))
-        assert job.process.stdin is not None
-        with contextlib.suppress(OSError):
-            job.process.stdin.close()
-        if job.output.stat().st_size == 0:
-            job.output.unlink()  # only a job process that said something keeps its log
+        log_path = job.process.log
+        if log_path is not None and log_path.exists() and log_path.stat().st_size == 0:
+            log_path.unlink()  # only a job process that said something keeps its log
         self._stream(job, "bench.done", {"status": status, "error": error, "cells": job.done})
         log.info(
             "job %s %s: %d/%d cells%s",
@@ -299,31 +331,77 @@ class BenchJobs:
         self.running = None
 
 
+def crashed_cells(
+    left: list[Cell], begun: bool, built: set[tuple[str, int | None]], died: str, tail: str
+) -> list[dict[str, Any]]:
+    """The records of what a dead job process was doing, from the cells it `left`: the first,
+    when it had `begun` it or had `built` its model; else (it died building that model) every
+    cell of that model."""
+    cell = left[0]
+    group = (cell.model, cell.bits)
+    if begun or group in built:
+        return [cell_record(cell, error=f"{died} while measuring this cell{tail}")]
+    return [
+        cell_record(c, error=f"{died} while building its model{tail}")
+        for c in left
+        if (c.model, c.bits) == group
+    ]
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """A job about to start: its id, its spec and its cells in run order."""
+
+    id: str
+    spec: MatrixSpec
+    cells: list[Cell]
+
+
+def job_page(found: dict[str, Any], offset: int) -> dict[str, Any]:
+    """job.get.ok's body: the journaled job (Journal.get_job) with as many of its records from
+    `offset` as fit in one message beside everything else it echoes (the spec, the models)."""
+    page: dict[str, Any] = {
+        "job": found["job"],
+        "state": found["state"],
+        "error": found["error"],
+        "spec": found["spec"],
+        "models": found["models"],
+        "records": [],
+        "offset": offset,
+        "next": None,
+        "started": found["started"],
+        "finished": found["finished"],
+    }
+    budget = p.MAX_ENVELOPE_SIZE - PAGE_ROOM - len(msgpack.packb(page))
+    size = 0
+    for record in found["records"][offset:]:
+        size += len(msgpack.packb(record))
+        if page["records"] and size > budget:
+            break
+        page["records"].append(record)
+    following = offset + len(page["records"])
+    if following < len(found["records"]):
+        page["next"] = following
+    return page
+
+
 def check_matrix(matrix: dict[str, Any]) -> MatrixSpec:
-    """The matrix as this agent would run it: model directories are paths on THIS machine.
-    Raises MatrixError or ModelLoadError naming the problem."""
+    """The matrix as this agent would run it: the models named (a bench.start never falls back
+    to the default model), model directories are paths on THIS machine. Raises MatrixError or
+    ModelLoadError naming the problem."""
+    if "models" not in matrix:
+        raise MatrixError(
+            "models is required: name the models to run (a config such as small or full, or "
+            "a model directory on the agent)"
+        )
     spec = MatrixSpec.from_dict(matrix)
     directories = [m for m in spec.models if m not in BUILTIN_CONFIGS]
     for directory in directories:
-        check_model_dir(Path(directory).expanduser())
+        try:
+            path = Path(directory).expanduser()
+        except RuntimeError as exc:  # ~user for a user this machine does not have
+            raise ModelLoadError(f"model directory {directory}: {exc}") from None
+        check_model_dir(path)
     if directories:
         require_mlx_lm()
     return spec
-
-
-def last_words(job: Job) -> str:
-    """The last line the job process wrote (a traceback's verdict), and where the rest is."""
-    try:
-        lines = job.output.read_text(encoding="utf-8", errors="replace").strip().splitlines()
-    except OSError:
-        return ""
-    return f": {lines[-1]} (log: {job.output})" if lines else ""
-
-
-def exit_text(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"

@@ -30,12 +30,18 @@ COMMANDS = [
     LazyCommand(
         "uninstall",
         "agent.service_cli:uninstall_command",
-        "Stop and remove the agent service; data is kept unless --purge.",
+        "Stop and remove the agent service (every loaded copy); data is kept unless --purge.",
     ),
     LazyCommand(
         "service-status",
         "agent.service_cli:service_status_command",
         "Is the agent service installed and running? Its pid, last exit status and logs.",
+    ),
+    LazyCommand(
+        "doctor",
+        "agent.doctor_cli:doctor_command",
+        "Python, MLX and its device, a 1-second benchmark, every thermal source side by side, "
+        "thermal pressure, the data directory and keys, the ports, the service, the firewall.",
     ),
     LazyCommand(
         "serve",

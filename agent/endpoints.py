@@ -8,17 +8,29 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from agent.keys import OwnOrTrustedKeys, TrustedKeys
+from agent.throttle import LogThrottle
 from shared import protocol as p
 from shared.io.keys import own_keypair
 from shared.io.trust import trusted_dir
 
 DEFAULT_BIND = f"0.0.0.0:{p.DEFAULT_PORT}"
+
+
+@dataclass(frozen=True)
+class Received:
+    """One message off the command socket: the ROUTER identity to answer, the decoded request
+    (or the refusal to send back), and the sender's public key (None without CURVE)."""
+
+    identity: bytes
+    message: p.Message | p.ProtocolError
+    peer_key: str | None
 
 
 class ServeError(ValueError):
@@ -59,8 +71,11 @@ class AgentSockets:
     """bind() once; then receive() requests, send() replies and stream messages, publish()
     telemetry; close() when done."""
 
-    def __init__(self, bind: str, secure: bool, telemetry_port: int | None) -> None:
+    def __init__(
+        self, bind: str, secure: bool, telemetry_port: int | None, throttle: LogThrottle
+    ) -> None:
         self.endpoint, self.ipv6 = endpoint_for(bind)
+        self.throttle = throttle
         self.telemetry = telemetry_endpoint(self.endpoint, telemetry_port)
         self.secure = secure
         self.public_key: str | None = None
@@ -71,15 +86,21 @@ class AgentSockets:
 
     def bind(self) -> str:
         """Bind both sockets; returns the command endpoint actually bound (the port resolved).
-        Raises ServeError naming the endpoint that could not be bound."""
-        keypair = own_keypair() if self.secure else None
+        Raises ServeError naming the endpoint that could not be bound, or the keys that could
+        not be read or made."""
+        try:
+            keypair = own_keypair() if self.secure else None
+        except (OSError, ValueError) as exc:
+            raise ServeError(f"this agent's CURVE keypair: {exc}") from None
         if keypair is not None:
             self.public_key = keypair.public
             self._auth = ThreadAuthenticator(self.ctx, log=logging.getLogger("agent.zap"))
             self._auth.start()
             self._auth.configure_curve_callback(
                 domain="*",
-                credentials_provider=OwnOrTrustedKeys(keypair.public, TrustedKeys(trusted_dir())),
+                credentials_provider=OwnOrTrustedKeys(
+                    keypair.public, TrustedKeys(trusted_dir(), self.throttle)
+                ),
             )
         for sock, endpoint in ((self.router, self.endpoint), (self.publisher, self.telemetry)):
             sock.ipv6 = self.ipv6
@@ -102,27 +123,40 @@ class AgentSockets:
     def telemetry_port(self) -> int:
         return int(self.telemetry.rpartition(":")[2])
 
-    def receive(self) -> Iterator[tuple[bytes, p.Message | p.ProtocolError]]:
-        """Every message waiting on the command socket, decoded, as (identity, request) or
-        (identity, the refusal to send back); never blocks."""
+    @property
+    def command_port(self) -> int:
+        return int(self.router.last_endpoint.decode().rpartition(":")[2])
+
+    def receive(self) -> Iterator[Received]:
+        """Every message waiting on the command socket, decoded, with who sent it; never
+        blocks."""
         while True:
             try:
-                frames = self.router.recv_multipart(zmq.NOBLOCK)
+                frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            identity, payload = frames[0], frames[1:]
+            identity, payload = frames[0].bytes, frames[1:]
             try:
                 if len(payload) != 1:
                     raise p.ProtocolError(
                         p.MALFORMED,
                         f"a message is exactly one frame after the identity, got {len(payload)}",
                     )
-                message = p.decode(payload[0])
+                message: p.Message | p.ProtocolError = p.decode(payload[0].bytes)
                 p.require_request(message)
             except p.ProtocolError as exc:
-                yield identity, exc
-            else:
-                yield identity, message
+                message = exc
+            yield Received(identity, message, self._peer_key(frames[-1]))
+
+    def _peer_key(self, frame: zmq.Frame) -> str | None:
+        """The sender's CURVE public key: the User-Id ZAP gave its connection (pyzmq's
+        authenticator makes it the key's Z85 text); None without CURVE."""
+        if self._auth is None:
+            return None
+        try:
+            return frame.get("User-Id")
+        except zmq.ZMQError:
+            return None
 
     def send(self, identity: bytes, message: p.Message) -> None:
         """To one coordinator; a message too large to encode goes as its `too-large` error."""
@@ -133,7 +167,16 @@ class AgentSockets:
         self.router.send_multipart([identity, data])
 
     def publish(self, type_: str, body: dict[str, Any]) -> None:
-        self.publisher.send_multipart(p.telemetry_frames(p.make(type_, body)))
+        """A sample or event to every subscriber; one too large to send (thousands of local
+        jobs listed, say) is dropped and logged, never the end of the daemon."""
+        try:
+            frames = p.telemetry_frames(p.make(type_, body))
+        except p.ProtocolError as exc:
+            self.throttle.log(
+                f"unpublished {type_}", logging.ERROR, "cannot publish %s: %s", type_, exc.message
+            )
+            return
+        self.publisher.send_multipart(frames)
 
     def close(self) -> None:
         if self._auth is not None:

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 from collections import deque
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from agent.events import EventLog
+from agent.storage import EVENTS, HISTORY, POLICY, StorageHealth
 from agent.telemetry import page_history
+from agent.throttle import LogThrottle
 from shared.io.files import replace_atomically
 from shared.io.paths import data_dir
 from shared.io.sqlite import open_store, store_id
@@ -62,16 +65,23 @@ DROP TABLE samples;
 ALTER TABLE samples_2 RENAME TO samples;
 CREATE INDEX samples_time ON samples (time)
 """,
+    """
+ALTER TABLE samples ADD COLUMN storage_error TEXT
+""",
 )
 """The schema, version by version (shared.io.sqlite.open_store). Version 1 is the file earlier
 releases made without a version; version 2 numbers samples (the history cursor, never given
-twice: AUTOINCREMENT) and stores the columns of shared.telemetry.Sample."""
+twice: AUTOINCREMENT) and stores the columns of shared.telemetry.Sample; version 3 adds what the
+agent could not write when it took the sample (storage_error)."""
 _COLUMNS = ", ".join(("seq", *Sample.columns()))
 _INSERT = (
     f"INSERT INTO samples ({_COLUMNS}) VALUES ({', '.join('?' * (len(Sample.columns()) + 1))})"
 )
 MEMORY_SAMPLES = 3600
-"""Samples kept in memory: an hour at 1 Hz, so a coordinator's usual backfill never reads disk."""
+"""Samples kept in memory: an hour at 1 Hz, so a coordinator's usual backfill never reads disk;
+as many wait in memory while the disk refuses them."""
+MEMORY_EVENTS = 10000
+"""Events that wait in memory while the disk refuses them."""
 
 Page = tuple[list[dict[str, Any]], list[dict[str, Any]], bool]
 
@@ -102,33 +112,123 @@ def save_policy(policy: ThermalPolicy, path: Path | None = None) -> None:
     replace_atomically(path or policy_path(), json.dumps(policy.to_dict()))
 
 
+class SavedPolicy:
+    """policy.json, written whenever the policy changes; one the disk refused is reported and
+    written again at the next retry(): the policy is enforced all the same."""
+
+    def __init__(self, storage: StorageHealth, path: Path | None = None) -> None:
+        self.storage = storage
+        self.path = path or policy_path()
+        self._unsaved: ThermalPolicy | None = None
+
+    def save(self, policy: ThermalPolicy) -> None:
+        self._unsaved = policy
+        self.retry()
+
+    def retry(self) -> None:
+        if self._unsaved is None:
+            return
+        try:
+            save_policy(self._unsaved, self.path)
+        except OSError as exc:
+            self.storage.failed(POLICY, self.path, exc)
+            return
+        self._unsaved = None
+        self.storage.written(POLICY)
+
+
 class TelemetryHistory:
     """Samples and events since the retention cutoff. `host` labels what it serves; `id` names
-    this history (both files), so a cursor into another one is never taken for one into it."""
+    this history (both files), so a cursor into another one is never taken for one into it.
 
-    def __init__(self, host: str, events: EventLog, path: Path | None = None) -> None:
+    A write the disk refuses is reported to `storage` and kept: flush() (every add_sample, and
+    the daemon's loop) writes what is pending, oldest first, once the disk takes it again. The
+    samples meanwhile are served from memory; an event is published unnumbered (seq nil) and
+    numbered when it is written."""
+
+    def __init__(
+        self,
+        host: str,
+        events: EventLog,
+        path: Path | None = None,
+        storage: StorageHealth | None = None,
+    ) -> None:
         self.host = host
         self.events = events
-        self._conn = open_store(path or default_samples_path(), MIGRATIONS, what="history")
+        self.path = path or default_samples_path()
+        self.storage = storage or StorageHealth(LogThrottle(log))
+        self._conn = open_store(self.path, MIGRATIONS, what="history")
         self.id = f"{store_id(self._conn)}.{events.id}"
         row = self._conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'samples'")
         self._next_seq = (row.fetchone() or (0,))[0] + 1
         self._recent: deque[Sample] = deque(maxlen=MEMORY_SAMPLES)
         """The latest samples, every one since the first it holds."""
+        self._unwritten: deque[Sample] = deque(maxlen=MEMORY_SAMPLES)
+        self._unrecorded: deque[Event] = deque(maxlen=MEMORY_EVENTS)
 
     def add_sample(self, sample: Sample) -> Sample:
         """Number `sample` (the next `seq`) and keep it; returns it numbered."""
         sample = replace(sample, seq=self._next_seq)
         self._next_seq += 1
         self._recent.append(sample)
-        with self._conn:
-            self._conn.execute(_INSERT, (sample.seq, *sample.row()))
+        if len(self._unwritten) == self._unwritten.maxlen:
+            self._dropping("samples", MEMORY_SAMPLES)
+        self._unwritten.append(sample)
+        self._write_samples()
         return sample
 
     def add_event(self, event: Event) -> Event:
         """The daemon's own events (`agent run` records its events in the same file itself);
-        returns it numbered."""
-        return self.events.record(event)
+        returns it numbered, or unnumbered when the disk refused it (it is kept and retried)."""
+        if not self._unrecorded:
+            try:
+                return self._record(event)
+            except sqlite3.Error:
+                pass
+        if len(self._unrecorded) == self._unrecorded.maxlen:
+            self._dropping("events", MEMORY_EVENTS)
+        self._unrecorded.append(event)
+        return event
+
+    def flush(self) -> None:
+        """Write what the disk refused so far, oldest first."""
+        if self._unwritten:
+            self._write_samples()
+        while self._unrecorded:
+            try:
+                self._record(self._unrecorded[0])
+            except sqlite3.Error:
+                return
+            self._unrecorded.popleft()
+
+    def _write_samples(self) -> None:
+        rows = [(s.seq, *s.row()) for s in self._unwritten]
+        try:
+            with self._conn:
+                self._conn.executemany(_INSERT, rows)
+        except sqlite3.Error as exc:
+            self.storage.failed(HISTORY, self.path, exc)
+            return
+        self._unwritten.clear()
+        self.storage.written(HISTORY)
+
+    def _record(self, event: Event) -> Event:
+        try:
+            recorded = self.events.record(event)
+        except sqlite3.Error as exc:
+            self.storage.failed(EVENTS, self.events.path, exc)
+            raise
+        self.storage.written(EVENTS)
+        return recorded
+
+    def _dropping(self, what: str, kept: int) -> None:
+        self.storage.throttle.log(
+            f"{what} dropped unwritten",
+            logging.ERROR,
+            "the disk refused the last %d %s: the oldest is dropped unwritten",
+            kept,
+            what,
+        )
 
     def page(
         self, samples_after: int, events_after: int, since: float, limit: int, budget: int
@@ -140,12 +240,16 @@ class TelemetryHistory:
         return page_history(samples, events, limit, budget)
 
     def prune(self, cutoff: float) -> None:
-        """Forget what is older than `cutoff`, in memory and on disk."""
+        """Forget what is older than `cutoff`, in memory and on disk (a disk that refuses is
+        reported, and asked again at the next prune)."""
         while self._recent and self._recent[0].time < cutoff:
             self._recent.popleft()
-        with self._conn:
-            self._conn.execute("DELETE FROM samples WHERE time < ?", (cutoff,))
-        self.events.prune(cutoff)
+        try:
+            with self._conn:
+                self._conn.execute("DELETE FROM samples WHERE time < ?", (cutoff,))
+            self.events.prune(cutoff)
+        except sqlite3.Error as exc:
+            self.storage.failed(HISTORY, self.path, exc)
 
     def close(self) -> None:
         self._conn.close()

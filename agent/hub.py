@@ -19,8 +19,9 @@ from queue import Empty, SimpleQueue
 from typing import TYPE_CHECKING, Any
 
 from agent.events import EventLog
-from agent.history import TelemetryHistory, load_policy, save_policy
+from agent.history import SavedPolicy, TelemetryHistory, load_policy
 from agent.remote import pid_alive
+from agent.storage import StorageHealth
 from agent.telemetry import (
     TREND_WINDOW,
     JobTable,
@@ -79,14 +80,25 @@ class TelemetryHub:
     """start(source) begins monitoring; the daemon's loop calls drain() when `wake_fd` is
     readable; every sample and event goes to `publish`."""
 
-    def __init__(self, publish: Publish, poll_interval: float, retention_days: float) -> None:
+    def __init__(
+        self, publish: Publish, poll_interval: float, retention_days: float, storage: StorageHealth
+    ) -> None:
+        """Opens the history and event stores: raises StoreError or OSError when they cannot
+        be (the daemon does not start)."""
         self.publish_message = publish
         self.poll_interval = poll_interval
         self.retention_days = retention_days
+        self.storage = storage
         self.host = socket.gethostname()
         self.policy = load_policy()
+        self.saved_policy = SavedPolicy(storage)
         self.jobs = JobTable()
-        self.history = TelemetryHistory(self.host, EventLog())
+        events = EventLog()
+        try:
+            self.history = TelemetryHistory(self.host, events, storage=storage)
+        except BaseException:
+            events.close()
+            raise
         self.source = SourceInfo("none", False)
         self.monitor: ThermalMonitor | None = None
         self.metrics: TelemetryMetrics | None = None
@@ -162,9 +174,15 @@ class TelemetryHub:
             self._on_reading(reading)
             readings.append(reading)
 
+    def retry_writes(self) -> None:
+        """Write what the disk refused before (samples, events, the policy)."""
+        self.history.flush()
+        self.saved_policy.retry()
+
     def _on_reading(self, reading: ThermalReading | None) -> None:
         """One poll: judge, publish, store, prune."""
         now = time.time()
+        self.retry_writes()
         self.last_reading = reading
         self._state = host_state(self.policy, reading, self._state)
         if reading is not None and reading.celsius is not None:
@@ -180,6 +198,7 @@ class TelemetryHub:
             trend_c_per_min(list(self._temperatures), self.poll_interval),
             self.jobs.pause_s_total(now),
             self.jobs.listed(),
+            self.storage.error,
         )
         body = self.history.add_sample(taken).body(self.host)
         self.publish_message("telemetry.sample", body)
@@ -207,7 +226,7 @@ class TelemetryHub:
         the problem leaves the old policy in force."""
         policy = updated_policy(self.policy, changes)
         if policy != self.policy:
-            save_policy(policy)
+            self.saved_policy.save(policy)  # enforced even when the disk refuses it
             self.policy = policy
             log.info("new policy: %s", policy_text(policy))
             self.event(

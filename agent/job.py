@@ -4,23 +4,28 @@ Why a child: a crash or an out-of-memory kill takes the job down, not the daemon
 memory starts clean for every job; and the daemon stays free to answer ping and info.
 
 The daemon writes to the child's stdin one msgpack map {"matrix": MatrixSpec dict, "thermal":
-{"source": name, "simulated": bool, "poll_interval": s}}, then one {"reading": map or nil,
+{"source": name, "simulated": bool, "poll_interval": s}, "first": the index of the first cell to
+run (a new process after a crash runs the cells left)}, then one {"reading": map or nil,
 "policy": ThermalPolicy map} per poll it takes, and {"policy": map} when a coordinator pushes a
 new one, for as long as the job runs. The child never opens a sensor ("one sensor reader serves
 every job"): each poll goes to its ThermalGuard's monitor, whose cooling gate (the one rule,
 shared.policy.CoolingGate, as `agent run` applies it) decides; its cells name the daemon's source.
 The child writes a msgpack stream to file descriptor N:
-{"kind": "model", "info": ...} per built model, {"kind": "cell", "record": ...} per finished cell,
+{"kind": "model", "info": ...} per built model, {"kind": "begin", "index": i} as cell i starts
+(so a crash is pinned on its cell), {"kind": "cell", "record": ...} per finished cell,
 {"kind": "event", "action", "celsius", "time", "detail"} per action of its gate (the daemon
 publishes them: its view of the job is the job's own), and last {"kind": "done", "status": "ok" |
 "cancelled" | "failed", "error": text or nil}. SIGTERM cancels: the cell being measured is
-dropped and "done" says "cancelled".
+dropped and "done" says "cancelled". The child dies with the daemon: SIGKILL from the kernel on
+Linux (PR_SET_PDEATHSIG), and on any system as soon as its stdin reaches its end.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import faulthandler
 import os
 import signal
 import sys
@@ -39,6 +44,11 @@ from agent.thermal import ThermalMonitor, ThermalReading
 from shared.matrix import MatrixSpec
 from shared.policy import Action, ThermalPolicy
 from shared.protocol import JOB_CANCELLED, JOB_FAILED, JOB_OK
+
+PR_SET_PDEATHSIG = 1
+"""From <linux/prctl.h>."""
+EXIT_ORPHANED = 1
+"""Our exit code when the daemon died under us (nobody reads it)."""
 
 
 class JobCancelled(BaseException):
@@ -76,7 +86,9 @@ def items(fd: int) -> Iterator[dict[str, Any]]:
 
 
 def follow(updates: Iterator[dict[str, Any]], source: FedSource, guard: ThermalGuard) -> None:
-    """Hand each of the daemon's polls and policies to the guard, until the daemon stops."""
+    """Hand each of the daemon's polls and policies to the guard until the daemon closes our
+    stdin, which it does only after we ended: before that, it means the daemon died, and
+    nobody is left to take our cells, so we go at once (no orphan)."""
     for update in updates:
         guard.scheduler.policy = ThermalPolicy.from_dict(update["policy"])
         if "reading" in update:
@@ -84,6 +96,19 @@ def follow(updates: Iterator[dict[str, Any]], source: FedSource, guard: ThermalG
             source.feed(reading)
             guard.monitor.record(reading)
     source.end("the agent stopped sending readings")
+    os._exit(EXIT_ORPHANED)
+
+
+def die_with(parent: int) -> None:
+    """Linux: the kernel SIGKILLs us the moment `parent` (the daemon) dies (PR_SET_PDEATHSIG,
+    prctl(2)); then exit if it is already gone. Elsewhere (macOS has no such call) stdin's end
+    of file does it (follow)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(EXIT_ORPHANED)
 
 
 def run(request: dict[str, Any], updates: Iterator[dict[str, Any]], out: BinaryIO) -> None:
@@ -107,7 +132,11 @@ def run(request: dict[str, Any], updates: Iterator[dict[str, Any]], out: BinaryI
     try:
         spec = MatrixSpec.from_dict(request["matrix"])
         records = run_matrix(
-            spec, guard=guard, on_model=lambda info: write(out, {"kind": "model", "info": info})
+            spec,
+            guard=guard,
+            on_model=lambda info: write(out, {"kind": "model", "info": info}),
+            first=request.get("first", 0),
+            on_begin=lambda index: write(out, {"kind": "begin", "index": index}),
         )
         for record in records:
             write(out, {"kind": "cell", "record": record})
@@ -123,7 +152,11 @@ def run(request: dict[str, Any], updates: Iterator[dict[str, Any]], out: BinaryI
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m agent.job", description=__doc__)
     parser.add_argument("--fd", type=int, required=True, help="where to write the stream")
+    parser.add_argument("--parent", type=int, help="the daemon's pid: we die with it")
     args = parser.parse_args(argv)
+    if args.parent is not None:
+        die_with(args.parent)
+    faulthandler.enable()  # a crash leaves its Python stacks in the log the daemon quotes
     signal.signal(signal.SIGTERM, _cancel)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C at the daemon's terminal is its call
     stream = items(sys.stdin.fileno())

@@ -11,23 +11,28 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from agent.throttle import LogThrottle
 from shared.io.trust import list_trusted
 
 log = logging.getLogger("agent.keys")
 
 
 class TrustedKeys:
-    """The ZAP credentials provider: is this client key trusted? Every refusal is logged with
-    the key."""
+    """The ZAP credentials provider: is this client key trusted? Refusals are logged through
+    `throttle`: the first one of a minute with its key, then a count (a scanner cycling keys
+    must not flood the log)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, throttle: LogThrottle | None = None) -> None:
         self.directory = directory
+        self.throttle = throttle or LogThrottle(log)
 
     def callback(self, domain: str, key: bytes) -> bool:
         client = key.decode("ascii", "replace")
         if any(entry.key == client for entry in list_trusted(self.directory)):
             return True
-        log.warning(
+        self.throttle.log(
+            "refused handshakes",
+            logging.WARNING,
             "refused a coordinator: key %s is not trusted here (to allow it: "
             "agent keys trust '%s')",
             client,

@@ -9,6 +9,7 @@ import typer
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import err, usage_error
 from shared.io.keys import own_keypair
+from shared.io.options import TAKES_A_KEY
 from shared.io.trust import TrustError, list_trusted, revoke, trust
 
 keys_app = typer.Typer(
@@ -25,7 +26,7 @@ def keys_show() -> None:
     print(own_keypair().public)
 
 
-@keys_app.command("trust")
+@keys_app.command("trust", context_settings=TAKES_A_KEY)
 def keys_trust(
     key: Annotated[
         str, typer.Argument(help="A coordinator's public key (`coordinator keys show`).")
@@ -50,7 +51,7 @@ def keys_list() -> None:
         print(f"{entry.name}\t{entry.key}")
 
 
-@keys_app.command("revoke")
+@keys_app.command("revoke", context_settings=TAKES_A_KEY)
 def keys_revoke(
     key: Annotated[str, typer.Argument(help="The key, or the name it was trusted under.")],
 ) -> None:

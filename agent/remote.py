@@ -6,8 +6,9 @@ Local clients talk to it with the agent's own keypair, which the daemon trusts b
 
 - `RemoteMonitor`: ThermalMonitor's API over the daemon's samples, with the daemon's policy in
   `policy` (CoolingScheduler uses it); a local monitor when no daemon runs, or once it is gone.
-- `DaemonFeed`: the agent.supervise Feed `agent run` uses when a daemon runs, falling back to a
-  LocalFeed when it goes away; `EventForwarder` sends the job's events to the daemon.
+- `DaemonFeed`: the agent.supervise Feed `agent run` uses: the daemon's samples while one
+  answers, a LocalFeed over this machine's own source while none does, and back to a daemon as
+  soon as one answers again; `EventForwarder` sends the job's events to the daemon.
 - `FedSource`: a ThermalSource whose readings someone else hands over (a benchmark job process
   gets the daemon's on its stdin; RemoteMonitor gets them off the telemetry socket).
 """
@@ -20,13 +21,14 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import zmq
 
 from agent.supervise import LocalFeed, Observation
-from agent.telemetry import SourceInfo, reading_from_wire
+from agent.telemetry import SourceInfo, policy_text, reading_from_wire
 from agent.thermal import (
     SourceSpecError,
     SourceUnavailable,
@@ -52,6 +54,10 @@ CONNECT_TIMEOUT_S = 2.0
 SLICE_S = 0.1
 """How often a client waiting for a sample looks whether it was closed or the daemon died."""
 CLOSE_WAIT_S = 2.0
+REJOIN_EVERY_S = 1.0
+"""How often `agent run`, supervising by itself, looks whether a daemon answers (again)."""
+STATE_ACTIONS = frozenset({"pause", "resume", "stop", "kill"})
+"""The events that set a job's state: the latest is replayed to a daemon that answers again."""
 
 
 # --- finding the daemon -----------------------------------------------------------------------
@@ -226,16 +232,17 @@ class DaemonSession:
         self.ctx.term()
 
 
-def connect_daemon(timeout: float = CONNECT_TIMEOUT_S) -> DaemonSession | None:
+def connect_daemon(timeout: float = CONNECT_TIMEOUT_S, warn: bool = True) -> DaemonSession | None:
     """A session with this machine's daemon, or None (none runs, or it does not answer: why is
-    logged)."""
+    logged when `warn`)."""
     address = find_daemon()
     if address is None:
         return None
     try:
         return DaemonSession(address, timeout)
     except DaemonUnavailable as exc:
-        log.warning("%s; going on without it", exc)
+        if warn:
+            log.warning("%s; going on without it", exc)
         return None
 
 
@@ -254,47 +261,79 @@ def open_fallback(source: ThermalSource | str | None, poll_interval: float) -> T
 
 
 class DaemonFeed:
-    """`agent run`'s Feed while a daemon runs: each of its samples, judged by its policy. When it
-    goes away the next sample carries a note saying so, and the feed goes on with a LocalFeed over
-    `fallback` (opened only then) at `poll_interval`, with the daemon's last policy."""
+    """`agent run`'s Feed: the daemon's samples, judged by its policy, while one answers; this
+    machine's own source (`fallback`, `auto` by default, opened only then) at `poll_interval`
+    with the last policy while none does, looking for one again every REJOIN_EVERY_S. Each
+    change comes with a note on its sample: `fallback` when the daemon went away, `rejoin` when
+    one answers again (a restarted `agent serve`).
 
-    def __init__(self, session: DaemonSession, fallback: str, poll_interval: float) -> None:
+    next() runs on the supervisor's sampler thread, which alone uses the daemon session;
+    close() may come from any thread."""
+
+    def __init__(
+        self,
+        session: DaemonSession | None,
+        fallback: str,
+        poll_interval: float,
+        policy: ThermalPolicy,
+        local: ThermalMonitor | None = None,
+    ) -> None:
+        """Without a `session`, `local` is the monitor to start on."""
         self._session = session
         self._fallback = fallback
         self._poll_interval = poll_interval
+        self._policy = session.policy if session else policy
         self._local: LocalFeed | None = None
+        if session is None:
+            self._local = LocalFeed(local or self._open_local(), policy)
+        self._look_at = time.monotonic() + REJOIN_EVERY_S
         self._closed = threading.Event()
-        self._released = threading.Event()
+        self._finished = threading.Event()
         self._lock = threading.Lock()
         self._sampling = False
 
     @property
+    def remote(self) -> bool:
+        """Whether the readings come from the daemon now."""
+        return self._session is not None
+
+    @property
     def source(self) -> str:
-        local = self._local
-        return local.source if local else self._session.source.name
+        session, local = self._session, self._local
+        return session.source.name if session else local.source if local else "none"
 
     @property
     def simulated(self) -> bool:
-        local = self._local
-        return local.simulated if local else self._session.source.simulated
+        session, local = self._session, self._local
+        return session.source.simulated if session else bool(local and local.simulated)
 
     @property
     def policy(self) -> ThermalPolicy:
-        return self._session.policy
+        session = self._session
+        return session.policy if session else self._policy
 
     def next(self) -> Observation | None:
-        if self._local is not None:
-            return self._local.next()
         with self._lock:
             self._sampling = True
-        try:
-            sample = self._session.next_sample(self._closed)
-        except DaemonLost as exc:
-            self._release()
-            return self._fall_back(str(exc))
-        if sample is None:
-            self._release()
-        return sample
+        while not self._closed.is_set():
+            session, local = self._session, self._local
+            if session is not None:
+                try:
+                    sample = session.next_sample(self._closed)
+                except DaemonLost as exc:
+                    sample = self._fall_back(session, str(exc))
+                if sample is not None:
+                    return sample
+                continue
+            assert local is not None
+            sample = local.next()
+            if sample is not None and time.monotonic() >= self._look_at:
+                self._look_at = time.monotonic() + REJOIN_EVERY_S
+                sample = self._rejoin(local) or sample
+            if sample is not None:
+                return sample
+        self._release()
+        return None
 
     def close(self) -> None:
         self._closed.set()
@@ -302,77 +341,134 @@ class DaemonFeed:
             local, sampling = self._local, self._sampling
         if local is not None:
             local.close()
-        elif not sampling:
+        if sampling:
+            self._finished.wait(CLOSE_WAIT_S)
+        else:
             self._release()  # no sampler thread ever used the session
-        self._released.wait(CLOSE_WAIT_S)
 
     def _release(self) -> None:
         with self._lock:
-            if not self._released.is_set():
-                self._session.close()
-                self._released.set()
+            session, self._session = self._session, None
+        if session is not None:
+            session.close()
+        self._finished.set()
 
-    def _fall_back(self, why: str) -> Observation | None:
-        monitor = ThermalMonitor(
-            self._poll_interval, source=open_fallback(self._fallback, self._poll_interval)
-        )
+    def _open_local(self) -> ThermalMonitor:
+        source = open_fallback(self._fallback, self._poll_interval)
+        return ThermalMonitor(self._poll_interval, source=source)
+
+    def _fall_back(self, session: DaemonSession, why: str) -> Observation | None:
+        self._policy = session.policy
+        session.close()
+        monitor = self._open_local()
         with self._lock:
+            self._session = None
             if self._closed.is_set():
                 monitor.close()
                 return None
-            self._local = LocalFeed(monitor, self._session.policy)
+            self._local = LocalFeed(monitor, self._policy)
+            self._look_at = time.monotonic() + REJOIN_EVERY_S
         sample = self._local.next()
         note = f"{why}; supervising with {monitor.source.name} here"
         return None if sample is None else replace(sample, note=note)
 
+    def _rejoin(self, local: LocalFeed) -> Observation | None:
+        """The daemon's first sample when one answers now (our own source is closed)."""
+        session = connect_daemon(warn=False)
+        if session is None:
+            return None
+        with self._lock:
+            if self._closed.is_set():
+                session.close()
+                return None
+            self._local, self._session = None, session
+        local.close()
+        note = (
+            f"agent serve (pid {session.address.pid}) answers: readings from "
+            f"{session.source.name} there again, its policy {policy_text(session.policy)}"
+        )
+        return Observation(session.first, session.policy, note=note, note_action="rejoin")
 
-def register(fallback: str, poll_interval: float) -> tuple[DaemonFeed, EventForwarder] | None:
-    """`agent run`'s way in: a feed of the daemon's samples and a sink that lists the job there;
-    None when no daemon runs or it does not answer (then `agent run` supervises itself)."""
+
+def register(
+    fallback: str, poll_interval: float, policy: ThermalPolicy, local: Callable[[], ThermalMonitor]
+) -> tuple[DaemonFeed, EventForwarder]:
+    """`agent run`'s way in: a feed of the daemon's samples and a sink that lists the job there
+    when a daemon answers; else a feed over `local()` (this machine's sensor, judged by
+    `policy`) that joins a daemon once one answers, and a sink that waits for it."""
     session = connect_daemon()
     if session is None:
-        return None
-    try:
-        forwarder = EventForwarder(session.address)
-    except DaemonUnavailable as exc:
-        session.close()
-        log.warning("%s; going on without it", exc)
-        return None
-    return DaemonFeed(session, fallback, poll_interval), forwarder
+        return DaemonFeed(None, fallback, poll_interval, policy, local()), EventForwarder(None)
+    return DaemonFeed(session, fallback, poll_interval, policy), EventForwarder(session.address)
 
 
 class EventForwarder:
     """A Supervisor sink: each event of the job goes to the daemon as job.event, which lists the
-    job and publishes the event. Never waits: enforcement must not hang on a socket, and once the
-    daemon is gone events are dropped here (`agent run` records them itself in any case)."""
+    job and publishes the event. Never waits on the daemon: enforcement must not hang on a
+    socket, and while no daemon answers events are only kept here (`agent run` records them
+    itself in any case). A `rejoin` event connects to the daemon that answers now and replays
+    the job's `start` and its latest state first, so the new daemon lists the job as it is."""
 
-    def __init__(self, address: DaemonAddress, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    def __init__(self, address: DaemonAddress | None, timeout: float = CONNECT_TIMEOUT_S) -> None:
+        self.timeout = timeout
         self.ctx = zmq.Context()
-        self.client = AgentClient(
+        self.client: AgentClient | None = None
+        self._start: Event | None = None
+        self._state: Event | None = None
+        if address is not None:
+            self._connect(address)
+
+    def __call__(self, event: Event) -> None:
+        if event.action == "start":
+            self._start = event
+        elif event.action in STATE_ACTIONS:
+            self._state = event
+        if event.action == "rejoin":
+            self._reconnect()
+        self._send(event)
+
+    def _connect(self, address: DaemonAddress) -> bool:
+        client = AgentClient(
             self.ctx,
             address.endpoint,
             address.public_key,
             own_keypair() if address.public_key else None,
-            timeout,
+            self.timeout,
         )
         try:
-            self.client.connect()
+            client.connect()
         except HostError as exc:
-            self.close()
-            raise DaemonUnavailable(
-                f"agent serve (pid {address.pid}) did not answer: {exc}"
-            ) from None
-        self.client.sock.sndtimeo = 0
+            client.close()
+            log.warning("agent serve (pid %d) did not answer: %s", address.pid, exc)
+            return False
+        client.sock.sndtimeo = 0
+        self.client = client
+        return True
 
-    def __call__(self, event: Event) -> None:
-        while self.client.sock.poll(0):
-            self.client.sock.recv()  # job.event.ok: nothing to learn from it
+    def _reconnect(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        address = find_daemon()
+        if address is None or not self._connect(address):
+            return
+        for replayed in (self._start, self._state):
+            if replayed is not None:
+                self._send(replayed)
+
+    def _send(self, event: Event) -> None:
+        client = self.client
+        if client is None:
+            return
+        while client.sock.poll(0):
+            client.sock.recv()  # job.event.ok: nothing to learn from it
         # The daemon gone or stuck is not worth a stall: the event is recorded here anyway.
         with contextlib.suppress(zmq.Again):
-            self.client.send("job.event", event.job_body())
+            client.send("job.event", event.job_body())
 
     def close(self) -> None:
-        self.client.close()
+        if self.client is not None:
+            self.client.close()
         self.ctx.term()
 
 

@@ -2,8 +2,9 @@
 table built from them that is the single list of the requests this agent serves (a test holds
 it equal to shared.protocol.REQUESTS).
 
-A handler returns its Reply, or raises ProtocolError, which goes back as an `error` reply. The
-daemon's parts it reads and changes are given at construction.
+A handler returns its Reply, or raises ProtocolError, which goes back as an `error` reply, or
+returns None when its reply is deferred (computed on a worker thread and sent by the daemon's loop
+through send_finished()). The daemon's parts it reads and changes are given at construction.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agent.bench_jobs import JOB_PAGE_BYTES, BenchJobs
-from agent.endpoints import AgentSockets
+from agent.bench_jobs import BenchJobs
+from agent.deferred import DeferredReplies
+from agent.doctor import report as doctor_report
+from agent.endpoints import AgentSockets, Received
 from agent.hub import TelemetryHub
 from agent.journal import JOB_LIST_MAX
-from agent.telemetry import history_limit, policy_text
+from agent.telemetry import HISTORY_PAGE_BYTES, history_limit, policy_text, run_event
 from shared import protocol as p
-from shared.telemetry import Event
 
 
 @dataclass(frozen=True)
@@ -35,13 +37,19 @@ class Reply:
 class Request:
     identity: bytes
     message: p.Message
+    peer_key: str | None = None
+    """The sender's CURVE public key (None without CURVE)."""
 
     @property
     def body(self) -> dict[str, Any]:
         return self.message.body
 
+    def refuse(self, code: str, message: str) -> p.ProtocolError:
+        """The error answering this request."""
+        return p.ProtocolError(code, message, re=self.message.id)
 
-Handler = Callable[["Requests", Request], Reply]
+
+Handler = Callable[["Requests", Request], Reply | None]
 HANDLERS: dict[str, Handler] = {}
 
 
@@ -75,12 +83,27 @@ class Requests:
         self.machine = machine
         self.version = version
         self.stopping = stopping
+        self.deferred = DeferredReplies()
 
-    def answer(self, identity: bytes, message: p.Message) -> None:
-        """Reply to one request: its handler's reply, or an `error`."""
-        reply = HANDLERS[message.type](self, Request(identity, message))
+    def answer(self, received: Received) -> None:
+        """Reply to one request: its handler's reply, or an `error` (a deferred reply later)."""
+        message = received.message
+        assert isinstance(message, p.Message)
+        request = Request(received.identity, message, received.peer_key)
+        reply = HANDLERS[message.type](self, request)
+        if reply is None:
+            return
         for type_, body in ((reply.type, reply.body), *reply.then):
-            self.sockets.send(identity, p.make(type_, body, re=message.id))
+            self.sockets.send(received.identity, p.make(type_, body, re=message.id))
+
+    def send_finished(self) -> None:
+        """Send every deferred reply whose work is done (its failure as an `internal` error)."""
+        for pending in self.deferred.finished():
+            try:
+                message = p.make(pending.type, pending.future.result(), re=pending.re)
+            except Exception as exc:  # a bug answers one request, never kills the daemon
+                message = p.error(p.INTERNAL, f"{type(exc).__name__}: {exc}", re=pending.re)
+            self.sockets.send(pending.identity, message)
 
     @handles("hello")
     def hello(self, request: Request) -> Reply:
@@ -115,19 +138,27 @@ class Requests:
                 "policy": self.hub.policy.to_dict(),
                 "jobs": self.hub.jobs.listed(),
                 "history": self.hub.history.id,
+                "storage": self.hub.storage.report(),
             },
         )
 
     @handles("bench.start")
     def bench_start(self, request: Request) -> Reply:
+        """Every refusal (busy, bad-matrix, too-large) comes before the job process starts: an
+        error reply never leaves a job behind."""
         if self.stopping():
-            raise p.ProtocolError(p.BUSY, "busy: the agent is stopping", re=request.message.id)
-        job, names = self.jobs.start(request.identity, request.message, self.hub.poll_interval)
-        self.jobs.feed(self.hub.last_reading, self.hub.policy)  # what the daemon read last
-        progress = {"job": job.id, "done": 0, "total": job.total}
-        return Reply(
-            "bench.start.ok", {"job": job.id, "cells": names}, then=(("bench.progress", progress),)
+            raise request.refuse(p.BUSY, "busy: the agent is stopping")
+        plan = self.jobs.plan(request.message)
+        progress = {"job": plan.id, "done": 0, "total": len(plan.cells)}
+        reply = Reply(
+            "bench.start.ok",
+            {"job": plan.id, "cells": [cell.name for cell in plan.cells]},
+            then=(("bench.progress", progress),),
         )
+        p.encode(p.make(reply.type, reply.body, re=request.message.id))  # too-large: refused
+        self.jobs.start(request.identity, request.message.id, plan)
+        self.jobs.feed(self.hub.last_reading, self.hub.policy)  # what the daemon read last
+        return reply
 
     @handles("bench.cancel")
     def bench_cancel(self, request: Request) -> Reply:
@@ -137,6 +168,7 @@ class Requests:
     @handles("job.get")
     def job_get(self, request: Request) -> Reply:
         offset = request.body["offset"] or 0
+        check_cursor(request, "offset")
         return Reply("job.get.ok", self.jobs.page(request.body["job"], offset, request.message))
 
     @handles("job.list")
@@ -154,12 +186,16 @@ class Requests:
         try:
             limit = history_limit(request.body["limit"])
         except ValueError as exc:
-            raise p.ProtocolError(
-                p.BAD_BODY, f"history.get: {exc}", re=request.message.id
-            ) from None
+            raise request.refuse(p.BAD_BODY, f"history.get: {exc}") from None
+        check_cursor(request, "samples_after")
+        check_cursor(request, "events_after")
         body = request.body
         samples, events, truncated = self.hub.history.page(
-            body["samples_after"], body["events_after"], body["since"] or 0.0, limit, JOB_PAGE_BYTES
+            body["samples_after"],
+            body["events_after"],
+            body["since"] or 0.0,
+            limit,
+            HISTORY_PAGE_BYTES,
         )
         return Reply(
             "history.get.ok",
@@ -194,6 +230,43 @@ class Requests:
     @handles("job.event")
     def job_event(self, request: Request) -> Reply:
         """An event of an `agent run` job on this machine: we list and publish it (and record
-        it when `agent run` could not)."""
-        self.hub.event(Event.from_body(request.body), p.KIND_RUN)
+        it when `agent run` could not). Only a process holding the agent's own key (its user,
+        on this machine) may send one: a coordinator cannot make up local jobs."""
+        own = self.sockets.public_key
+        if own is not None and request.peer_key != own:
+            raise request.refuse(
+                p.FORBIDDEN,
+                "job.event is accepted only from this agent's own key (agent run on its "
+                "machine), not from a coordinator",
+            )
+        try:
+            event = run_event(request.body)
+        except ValueError as exc:
+            raise request.refuse(p.BAD_BODY, f"job.event: {exc}") from None
+        self.hub.event(event, p.KIND_RUN)
         return Reply("job.event.ok", {"job": request.body["job"]})
+
+    @handles("doctor")
+    def doctor(self, request: Request) -> None:
+        """This agent's `agent doctor` report, as its service sees the machine. It takes
+        seconds (a 1 s benchmark, every sensor), so it is deferred; the benchmark is skipped
+        while a job runs, which it would disturb."""
+        job = self.jobs.running
+        skip = f"benchmark job {job.id} is running" if job else None
+        ports = (self.sockets.command_port, self.sockets.telemetry_port)
+        self.deferred.submit(
+            request.identity,
+            request.message.id,
+            "doctor.ok",
+            lambda: {"report": doctor_report(ports, serving=True, skip_bench=skip)},
+        )
+
+
+def check_cursor(request: Request, name: str) -> None:
+    """An offset or a cursor: 0 to MAX_WIRE_INT; `bad-body` naming the field otherwise."""
+    value = request.body[name]
+    if value is not None and not 0 <= value <= p.MAX_WIRE_INT:
+        raise request.refuse(
+            p.BAD_BODY,
+            f"{request.message.type}: {name} must be 0 to {p.MAX_WIRE_INT}, got {value}",
+        )

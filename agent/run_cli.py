@@ -19,7 +19,7 @@ import typer
 
 from agent.events import PREFIX, EventLog, format_line
 from agent.remote import register
-from agent.supervise import Feed, LaunchError, LocalFeed, Sink, Supervisor
+from agent.supervise import LaunchError, Sink, Supervisor
 from agent.telemetry import policy_text
 from agent.thermal import ThermalMonitor
 from agent.thermal.cli import open_monitor
@@ -76,7 +76,10 @@ def run_command(
     With `agent serve` running on this machine, the readings and the policy
     are the daemon's (the threshold options are not used) and the job shows
     in its telemetry; --thermal-source and --poll-interval then serve only
-    if the daemon goes away, when agent run supervises by itself.
+    while no daemon answers, when agent run supervises by itself (and joins
+    a daemon again as soon as one answers). CMD never outlives agent run: a
+    guardian process ends CMD's group if agent run is killed, even with
+    SIGKILL.
 
     Exit codes: CMD's own (128+N if signal N killed it), 75 thermal stop,
     2 bad usage (thresholds out of order, unknown source), 125 thermal source
@@ -89,26 +92,23 @@ def run_command(
         log = stack.enter_context(closing(EventLog()))
         forwards: list[Sink] = []
         supervisor = Supervisor(command, grace=grace, sinks=[print_event, recorder(log, forwards)])
-        feed: Feed
-        registered = register(thermal.thermal_source, thermal.poll_interval)
-        if registered is not None:
-            daemon_feed, forwarder = registered
-            stack.callback(forwarder.close)  # after the exit event, which it forwards too
-            forwards.append(forwarder)
+        feed, forwarder = register(
+            thermal.thermal_source, thermal.poll_interval, policy, lambda: local_monitor(thermal)
+        )
+        stack.callback(forwarder.close)  # after the exit event, which it forwards too
+        forwards.append(forwarder)
+        if feed.remote:
             typer.echo(
                 f"{PREFIX} registered with agent serve: readings from "
-                f"{daemon_feed.source}, its policy {policy_text(daemon_feed.policy)}",
+                f"{feed.source}, its policy {policy_text(feed.policy)}",
                 err=True,
             )
-            if daemon_feed.source == "none":
+            if feed.source == "none":
                 typer.echo(
                     f"{PREFIX} warning: agent serve has no thermal source; CMD runs "
                     "without thermal enforcement",
                     err=True,
                 )
-            feed = daemon_feed
-        else:
-            feed = LocalFeed(local_monitor(thermal), policy)
         try:
             code = supervisor.run(feed)
         except LaunchError as exc:

@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import signal
+import sqlite3
 import time
 
 import zmq
@@ -23,10 +24,19 @@ from agent.bench_jobs import CANCEL_GRACE_S, BenchJobs
 from agent.endpoints import DEFAULT_BIND, AgentSockets, ServeError, local_address
 from agent.hub import TelemetryHub
 from agent.machine import machine_info, package_version
-from agent.remote import DaemonAddress, remove_state, write_state
+from agent.remote import DaemonAddress, remove_state, state_path, write_state
 from agent.requests import Requests
+from agent.storage import (
+    STATE,
+    DataDirUnusable,
+    StorageHealth,
+    describe,
+    usable_data_dir,
+)
 from agent.thermal import SourceSpecError, SourceUnavailable, open_source
+from agent.throttle import LogThrottle
 from shared import protocol as p
+from shared.io.sqlite import StoreError
 from shared.source_names import DEFAULT_POLL_INTERVAL_S
 
 log = logging.getLogger("agent.serve")
@@ -52,13 +62,21 @@ class AgentDaemon:
         prometheus: str | None = None,
         parent_pid: int | None = None,
     ) -> None:
-        self.sockets = AgentSockets(bind, secure, telemetry_port)
+        """Raises ServeError for a bad --bind or a data directory it cannot use."""
+        self.throttle = LogThrottle(log)
+        """Every log line a peer or a fault could repeat without end goes through it."""
+        self.storage = StorageHealth(self.throttle)
+        self.sockets = AgentSockets(bind, secure, telemetry_port, self.throttle)
         self.parent_pid = parent_pid
         """Stop when this process (the coordinator that started us) is gone."""
         self.thermal_source = thermal_source
         self.prometheus = prometheus
-        self.hub = TelemetryHub(self.sockets.publish, poll_interval, retention_days)
-        self.jobs = BenchJobs(self.sockets.send, self.hub.event, lambda: self.hub.source)
+        self._unwritten_state: DaemonAddress | None = None
+        try:
+            self.hub, self.jobs = self._open_stores(poll_interval, retention_days)
+        except ServeError:
+            self.sockets.close()
+            raise
         self.requests = Requests(
             self.sockets,
             self.hub,
@@ -70,6 +88,27 @@ class AgentDaemon:
         self._stopping = False
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_write, False)
+
+    def _open_stores(
+        self, poll_interval: float, retention_days: float
+    ) -> tuple[TelemetryHub, BenchJobs]:
+        """The hub (history, events, policy) and the jobs (journal) over the data directory;
+        ServeError naming the directory or the file and the problem when they cannot be."""
+        try:
+            usable_data_dir()
+            hub = TelemetryHub(self.sockets.publish, poll_interval, retention_days, self.storage)
+        except DataDirUnusable as exc:
+            raise ServeError(str(exc)) from None
+        except (StoreError, OSError) as exc:
+            raise ServeError(f"cannot open the agent's data: {describe(exc)}") from None
+        try:
+            jobs = BenchJobs(
+                self.sockets.send, hub.event, lambda: hub.source, self.storage, poll_interval
+            )
+        except (StoreError, OSError) as exc:
+            hub.close()
+            raise ServeError(f"cannot open the agent's data: {describe(exc)}") from None
+        return hub, jobs
 
     @property
     def public_key(self) -> str | None:
@@ -95,15 +134,19 @@ class AgentDaemon:
             source.close()
             self.close()
             raise
-        self.jobs.recover()  # bound: no other daemon runs on this data directory's jobs
-        write_state(
-            DaemonAddress(
-                os.getpid(),
-                local_address(endpoint),
-                local_address(self.sockets.telemetry),
-                self.sockets.public_key,
-            )
+        try:
+            self.jobs.recover()  # bound: no other daemon runs on this data directory's jobs
+        except sqlite3.Error as exc:
+            source.close()
+            self.close()
+            raise ServeError(f"cannot update the job journal: {describe(exc)}") from None
+        self._unwritten_state = DaemonAddress(
+            os.getpid(),
+            local_address(endpoint),
+            local_address(self.sockets.telemetry),
+            self.sockets.public_key,
         )
+        self._retry_writes()
         self.hub.start(source)
         log.info("telemetry on %s", self.sockets.telemetry)
         return endpoint
@@ -149,11 +192,14 @@ class AgentDaemon:
             if ready.get(self.hub.wake_fd):
                 for reading in self.hub.drain():
                     self.jobs.feed(reading, self.hub.policy)
+                self._retry_writes()
             if ready.get(self.sockets.router):
                 self._answer_all()
+            self.requests.send_finished()
             if job is not None and job is self.jobs.running and ready.get(job.fd):
                 self.jobs.read(job)
             self.jobs.enforce_cancel()
+            self.throttle.flush()
         self.close()
 
     def _sleep_ms(self, deadline: float | None) -> float | None:
@@ -170,20 +216,45 @@ class AgentDaemon:
         return max(0.0, min(due) - time.monotonic()) * 1000 + 1
 
     def _answer_all(self) -> None:
-        for identity, request in self.sockets.receive():
+        for received in self.sockets.receive():
+            identity = received.identity
             try:
-                if isinstance(request, p.ProtocolError):
-                    raise request
-                self.requests.answer(identity, request)
+                if isinstance(received.message, p.ProtocolError):
+                    raise received.message
+                self.requests.answer(received)
             except p.ProtocolError as exc:
-                log.info("refused a message: %s: %s", exc.code, exc.message)
+                self.throttle.log(
+                    f"refused messages ({exc.code})",
+                    logging.INFO,
+                    "refused a message: %s: %s",
+                    exc.code,
+                    exc.message.replace("\r", "\\r").replace("\n", "\\n"),  # one line
+                )
                 self.sockets.send(identity, p.error_for(exc))
             except Exception as exc:  # a bug answers one request with an error, never kills us
                 log.exception("internal error")
-                self.sockets.send(identity, p.error(p.INTERNAL, f"{type(exc).__name__}: {exc}"))
+                re = received.message.id if isinstance(received.message, p.Message) else None
+                self.sockets.send(
+                    identity, p.error(p.INTERNAL, f"{type(exc).__name__}: {exc}", re=re)
+                )
+
+    def _retry_writes(self) -> None:
+        """Write what the disk refused before: once per poll (the hub retries its own stores
+        with every sample)."""
+        self.jobs.retry_writes()
+        if self._unwritten_state is not None:
+            try:
+                write_state(self._unwritten_state)
+            except OSError as exc:
+                self.storage.failed(STATE, state_path(), exc)
+                return
+            self._unwritten_state = None
+            self.storage.written(STATE)
 
     def close(self) -> None:
-        remove_state(os.getpid())
+        with contextlib.suppress(OSError):
+            remove_state(os.getpid())
+        self.requests.deferred.close()
         self.hub.close()
         self.sockets.close()
         self.jobs.close()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import time
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
 from typing import Annotated
@@ -13,20 +15,51 @@ import typer
 from agent.endpoints import DEFAULT_BIND, ServeError
 from agent.serve import DEFAULT_RETENTION_DAYS, AgentDaemon, serve
 from shared.io.cli import err, usage_error
-from shared.io.options import PrometheusAddress, RetentionDays, ThermalOptions, with_options
+from shared.io.files import make_private
+from shared.io.options import (
+    PrometheusAddress,
+    RetentionDays,
+    ThermalOptions,
+    with_options,
+)
 
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s: %(message)s"
 LOG_ROTATE_BYTES = 10 * 1024 * 1024
 LOG_BACKUPS = 5
 
 
+class LogFile(RotatingFileHandler):
+    """The daemon's --log-file. A line the disk refuses is lost (the daemon goes on), and costs
+    one line on stderr a minute at most, never logging's traceback for every record."""
+
+    quiet_s = 60.0
+    _lost = 0
+    _quiet_until = 0.0
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        self._lost += 1
+        now = time.monotonic()
+        if now < self._quiet_until:
+            return
+        self._quiet_until = now + self.quiet_s
+        error = sys.exc_info()[1]
+        print(
+            f"agent serve: cannot write {self.baseFilename}: {error}; "
+            f"{self._lost} log line(s) lost so far",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def configure_logging(log_file: Path | None) -> None:
-    """Timestamped lines on stderr, or in a size-rotated file for long-lived services."""
+    """Timestamped lines on stderr, or in a size-rotated file for long-lived services, private
+    to this user (0600, every rotated file too: the daemon runs with umask 077)."""
     if log_file is None:
         handler: logging.Handler = logging.StreamHandler(sys.stderr)
     else:
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        handler = RotatingFileHandler(
+        log_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_private(log_file)
+        handler = LogFile(
             log_file, maxBytes=LOG_ROTATE_BYTES, backupCount=LOG_BACKUPS, encoding="utf-8"
         )
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
@@ -86,7 +119,11 @@ def serve_command(
     """
     if telemetry_port is not None and not 0 <= telemetry_port <= 65535:
         raise usage_error(f"--telemetry-port must be 0 to 65535, got {telemetry_port}")
-    configure_logging(log_file)
+    os.umask(0o077)  # every file the daemon and its jobs make is this user's alone
+    try:
+        configure_logging(log_file)
+    except OSError as exc:
+        raise usage_error(f"--log-file {log_file}: {exc.strerror}") from None
     if insecure:
         err.print(
             "[bold red]WARNING: --insecure: CURVE is OFF. Messages travel in clear text "

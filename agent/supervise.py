@@ -22,6 +22,7 @@ that did not opt in, hence the opt-in.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -33,6 +34,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from queue import Empty, SimpleQueue
 from types import FrameType
 from typing import Any, Protocol
@@ -53,6 +55,7 @@ COOPERATIVE_ENV = "MLX_FLEET_COOPERATIVE"
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 LEFTOVER_POLL_S = 0.05  # how often to look for what a finished CMD left in its group
+CLOSE_WAIT_S = 2.0
 
 
 def shell_code(returncode: int) -> int:
@@ -66,11 +69,13 @@ def shell_code(returncode: int) -> int:
 @dataclass(frozen=True)
 class Observation:
     """One reading (None: the source had none) and the policy in force when it was taken; `note`
-    says the feed changed where its readings come from (recorded as a `fallback` event)."""
+    says the feed changed where its readings come from, recorded as a `note_action` event
+    (`fallback`: the daemon went away; `rejoin`: a daemon answers again)."""
 
     reading: ThermalReading | None
     policy: ThermalPolicy
     note: str | None = None
+    note_action: str = "fallback"
 
 
 class Feed(Protocol):
@@ -124,6 +129,49 @@ class LocalFeed:
 
 
 # --- the process group ------------------------------------------------------------------------
+
+
+class Guardian:
+    """agent/guardian.py, watching CMD's group for as long as `agent run` lives: if `agent run`
+    is killed (SIGKILL included) the guardian ends the group. release() once the group is
+    ended here."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self.process = process
+
+    @classmethod
+    def start(cls, grace: float) -> Guardian | None:
+        """None, with a warning, when it cannot be started: supervision goes on without it."""
+        script = Path(__file__).with_name("guardian.py")
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-I", str(script), repr(grace)],
+                stdin=subprocess.PIPE,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            _warn(f"no guardian for CMD ({exc}): if agent run is killed, CMD runs on")
+            return None
+        return cls(process)
+
+    def watch(self, pgid: int) -> None:
+        self._tell(f"{pgid}\n")
+
+    def release(self) -> None:
+        self._tell("release\n")
+        if self.process.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=CLOSE_WAIT_S)
+
+    def _tell(self, line: str) -> None:
+        if self.process.stdin is None:
+            return
+        with contextlib.suppress(OSError):
+            self.process.stdin.write(line.encode("ascii"))
+            self.process.stdin.flush()
 
 
 def signal_group(pgid: int, signum: int) -> bool:
@@ -200,10 +248,13 @@ class Supervisor:
         is closed and no process of the group is left."""
         self._feed = feed
         previous = self._install_handlers()
+        guardian = Guardian.start(self.grace)
         try:
             self._write_state(None, None)
             proc = self._spawn()
             self.pid = proc.pid
+            if guardian is not None:
+                guardian.watch(proc.pid)
             self._emit("start", detail=shlex.join(self.command), at=self.started_at)
             threading.Thread(
                 target=lambda: self._queue.put(("exit", proc.wait())),
@@ -219,6 +270,8 @@ class Supervisor:
             if self.pid is not None and group_alive(self.pid):  # only on an unexpected way out
                 self._signal(signal.SIGCONT)
                 self._signal(signal.SIGKILL)
+            if guardian is not None:
+                guardian.release()
             self.state_file.unlink(missing_ok=True)
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
@@ -257,7 +310,7 @@ class Supervisor:
 
     def _on_sample(self, sample: Observation) -> None:
         if sample.note:
-            self._emit("fallback", detail=sample.note)
+            self._emit(sample.note_action, detail=sample.note)
         if self._terminating:
             return
         reading = sample.reading

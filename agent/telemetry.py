@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgpack
@@ -29,6 +29,31 @@ VANISHED_AFTER_S = 5.0
 its `agent run` died (its own exit event comes within about 2 s of the group's end)."""
 HISTORY_LIMIT = 1000
 HISTORY_MAX_LIMIT = 10000
+HISTORY_PAGE_BYTES = p.MAX_ENVELOPE_SIZE // 2
+"""A history.get page's samples and events hold up to this many packed bytes, half each."""
+RUN_ACTIONS = frozenset(
+    {
+        "start",
+        "pause",
+        "resume",
+        "reduce_batch",
+        "restore_batch",
+        "stop",
+        "kill",
+        "forward",
+        "cleanup",
+        "fallback",
+        "rejoin",
+        "exit",
+    }
+)
+"""The actions of an `agent run` job (shared.telemetry.Event): what job.event may carry."""
+MAX_JOB_ID_LENGTH = 64
+MAX_SOURCE_LENGTH = 256
+MAX_DETAIL_LENGTH = 16384
+"""A command line as `start` names it, or a reason: longer ones are cut (every sample lists
+the jobs' command lines, and must stay well within a message)."""
+MAX_PID = 2**31 - 1
 
 STATE_AFTER = {
     "pause": p.SUPERVISED_PAUSED,
@@ -104,6 +129,7 @@ def sample(
     trend: float | None,
     pause_s_total: float,
     jobs: list[dict[str, Any]],
+    storage_error: str | None = None,
 ) -> Sample:
     """The sample of one poll (not yet numbered); `now` stands in for the time when there is no
     reading."""
@@ -117,6 +143,7 @@ def sample(
         trend_c_per_min=trend,
         pause_s_total=pause_s_total,
         jobs=jobs,
+        storage_error=storage_error,
     )
 
 
@@ -142,6 +169,34 @@ def updated_policy(current: ThermalPolicy, changes: Mapping[str, Any]) -> Therma
 
 
 # --- supervised jobs --------------------------------------------------------------------------
+
+
+def run_event(body: Mapping[str, Any]) -> Event:
+    """The event of a job.event body (its types already checked); ValueError naming what an
+    `agent run` never sends: an unknown action, a policy, a pid, time or text out of range."""
+    event = Event.from_body(body)
+    if event.action not in RUN_ACTIONS:
+        known = ", ".join(sorted(RUN_ACTIONS))
+        raise ValueError(f"unknown action {event.action!r}; an agent run job's are {known}")
+    if event.policy is not None:
+        raise ValueError("policy must be nil: only the agent announces a policy")
+    if not event.job or len(event.job) > MAX_JOB_ID_LENGTH:
+        raise ValueError(f"job must be 1 to {MAX_JOB_ID_LENGTH} characters")
+    if event.pid is None and event.action == "start":
+        raise ValueError("a start needs the pid of the job's process group")
+    if event.pid is not None and not 0 < event.pid <= MAX_PID:
+        raise ValueError(f"pid {event.pid} is not a process id")
+    if not math.isfinite(event.time) or event.time < 0:
+        raise ValueError(f"time {event.time!r} is not a time")
+    if event.celsius is not None and not math.isfinite(event.celsius):
+        raise ValueError(f"celsius {event.celsius!r} is not a temperature")
+    if not 0 < len(event.source) <= MAX_SOURCE_LENGTH:
+        raise ValueError(f"source must be 1 to {MAX_SOURCE_LENGTH} characters")
+    if event.seq is not None and not 0 < event.seq <= p.MAX_WIRE_INT:
+        raise ValueError(f"seq {event.seq} is out of range")
+    if event.detail is not None and len(event.detail) > MAX_DETAIL_LENGTH:
+        event = replace(event, detail=event.detail[: MAX_DETAIL_LENGTH - 1] + "…")
+    return event
 
 
 @dataclass

@@ -67,6 +67,7 @@ def fill(path: Path, hosts: int, seconds: int, end: float) -> None:
                         "pause_s_total": 0.0,
                         "jobs": [job | {"state": "paused" if paused else "running"}],
                         "seq": t + 1,
+                        "storage_error": None,
                     }
                     rows.append((name, body))
                     if t % 5400 == 0:

@@ -76,6 +76,7 @@ def publisher(ready: mp.Queue[Any], name: str, rate: float) -> None:
                 "policy": ThermalPolicy().to_dict(),
                 "jobs": [],
                 "history": f"bench-{name}",
+                "storage": {"ok": True, "failing": []},
             },
         ),
         "history.get": (
@@ -113,6 +114,7 @@ def publisher(ready: mp.Queue[Any], name: str, rate: float) -> None:
                 "trend_c_per_min": 0.4,
                 "pause_s_total": 0.0,
                 "jobs": jobs,
+                "storage_error": None,
                 "seq": sent + 1,
             }
             pub.send_multipart(p.telemetry_frames(p.make("telemetry.sample", body)))

@@ -78,6 +78,7 @@ def _info(name: str) -> dict[str, Any]:
         "policy": {},
         "jobs": [],
         "history": f"replay-{name}",
+        "storage": {"ok": True, "failing": []},
     }
 
 

@@ -4,7 +4,6 @@ host, a run finished after its coordinator stopped, and jobs stopped from here."
 from __future__ import annotations
 
 import signal
-from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any
 
 import typer
@@ -37,6 +36,7 @@ from coordinator.hosts_cli import (
     HostTimeout,
     Insecure,
     KnownHosts,
+    on_every_host,
     settings_for,
     targets_from,
     targets_or_known,
@@ -257,10 +257,7 @@ def cancel(
             raise usage_error(f"run {stored.id}: no host's job started, nothing to cancel")
     else:
         jobs = [(target, None) for target in targets_or_known(hosts, hostfile)]
-    ctx = zmq.Context()
-    with ThreadPoolExecutor(len(jobs)) as pool:
-        rows = list(pool.map(lambda job: cancel_on(ctx, job[0], job[1], settings), jobs))
-    ctx.destroy(linger=0)
+    rows = on_every_host(jobs, lambda ctx, job: cancel_on(ctx, job[0], job[1], settings))
     emit(rows, fmt, cancel_table)
     if any(row["result"] == UNREACHABLE_HOST for row in rows):
         raise typer.Exit(EXIT_PARTIAL)

@@ -55,6 +55,12 @@ COMMANDS = [
         "Install agents on many hosts over ssh: virtualenv, package, trust, service, keys.",
     ),
     LazyCommand(
+        "doctor",
+        "coordinator.doctor_cli:doctor_command",
+        "Each agent's `agent doctor` (Python, MLX, a 1 s benchmark, every thermal source, ports, "
+        "service, firewall...), as its service sees its Mac, in one table.",
+    ),
+    LazyCommand(
         "monitor",
         "coordinator.monitor_cli:monitor",
         "Live thermal dashboard of every agent; everything heard is recorded.",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any
 
 import typer
@@ -15,6 +14,7 @@ from coordinator.hosts_cli import (
     Hostfile,
     Insecure,
     KnownHosts,
+    on_every_host,
     settings_for,
     targets_or_known,
 )
@@ -22,9 +22,9 @@ from coordinator.keys import add_host_key
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import emit, err, usage_error
 from shared.io.keys import own_keypair
-from shared.io.options import TableFormat
+from shared.io.options import TAKES_A_KEY, TableFormat
 from shared.io.transport import HostError
-from shared.report import NA
+from shared.report import NA, hardware_details, memory_text
 
 
 def host_status(ctx: zmq.Context, target: Target, settings: Settings) -> dict[str, Any]:
@@ -44,7 +44,9 @@ def host_status(ctx: zmq.Context, target: Target, settings: Settings) -> dict[st
         protocol=info["protocol"],
         hostname=machine.get("hostname"),
         device=machine.get("device"),
+        hardware=", ".join(hardware_details(machine)) or None,
         memory_gb=machine.get("memory_gb"),
+        memory_gib=machine.get("memory_gib"),
         thermal_source=thermal.get("source"),
         celsius=reading.get("celsius"),
         pressure=reading.get("pressure"),
@@ -57,7 +59,7 @@ def host_status(ctx: zmq.Context, target: Target, settings: Settings) -> dict[st
 
 def status_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(title="mlx-fleet agents")
-    for name in ("host", "reachable", "agent", "device", "memory GB", "thermal", "SoC °C", "job"):
+    for name in ("host", "reachable", "agent", "device", "memory", "thermal", "SoC °C", "job"):
         table.add_column(name, overflow="fold")
     for row in rows:
         if not row["reachable"]:
@@ -73,8 +75,8 @@ def status_table(rows: list[dict[str, Any]]) -> Table:
             row["host"],
             "yes",
             row["agent"],
-            row["device"] or NA,
-            NA if row["memory_gb"] is None else f"{row['memory_gb']:.1f}",
+            ", ".join(filter(None, [row["device"] or NA, row["hardware"]])),
+            NA if row["memory_gb"] is None else memory_text(row),
             row["thermal_source"] or NA,
             celsius,
             f"{job['id']} ({job['done']}/{job['total']})" if job else "idle",
@@ -95,10 +97,7 @@ def status(
     """
     targets = targets_or_known(hosts, hostfile)
     settings = settings_for(insecure, connect_timeout)
-    ctx = zmq.Context()
-    with ThreadPoolExecutor(len(targets)) as pool:  # all hosts at once: one timeout, not N
-        rows = list(pool.map(lambda target: host_status(ctx, target, settings), targets))
-    ctx.destroy(linger=0)
+    rows = on_every_host(targets, lambda ctx, target: host_status(ctx, target, settings))
     emit(rows, fmt, status_table)
     if not all(row["reachable"] for row in rows):
         raise typer.Exit(EXIT_PARTIAL)
@@ -118,7 +117,7 @@ def keys_show() -> None:
     print(own_keypair().public)
 
 
-@keys_app.command("add")
+@keys_app.command("add", context_settings=TAKES_A_KEY)
 def keys_add(
     address: Annotated[
         str, typer.Argument(help="HOST[:PORT] of the agent (port 5555 by default).")

@@ -5,8 +5,10 @@ trust this coordinator's key, install the agent service, and record the agent's 
 step list is pure data (so a dry run and the tests see exactly what runs); the shell runs it
 with the system's ssh, every host in parallel, and stops a host at its first failure.
 
-A system service (`--system`) runs its service, trust and key steps with `sudo -n -H`, so they
-act on root's data directory, the one the system service uses.
+Every step runs as the login user: the service runs as that user too (a LaunchDaemon with
+`UserName` where it is a system service), so trust and keys live in that user's data directory.
+`agent install --auto` picks the system service itself on a Mac nobody is logged in to at the
+screen (and says so), getting root through `sudo -n`; `--system` asks for it on every host.
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ SSH_TIMEOUT_S = 10
 STEP_TIMEOUT_S = 900
 MIN_REMOTE_PYTHON = "3.10"
 """pyproject's requires-python: what the remote virtual environment must run."""
-AS_ROOT = ["sudo", "-n", "-H"]
-"""Never prompts (no terminal over BatchMode ssh); -H: root's HOME, so root's data directory."""
+MIN_MACOS = 14
+"""MLX needs macOS 14 or newer and a native arm64 Python (mac-desk-check.md, MLX)."""
+SERVICE_LINE = "service: "
+"""How `agent install --auto` says which service it chose (reported per host)."""
 ENSURE_VENV = """\
 import os, shutil, subprocess, sys
 venv, need = sys.argv[1], tuple(int(part) for part in sys.argv[2].split("."))
@@ -44,6 +48,23 @@ if sys.version_info[:2] < need:
     sys.exit("%s is Python %s: mlx-fleet needs Python >= %s; pass --remote-python a newer one "
              "(on macOS e.g. /opt/homebrew/bin/python3.12)"
              % (sys.executable, sys.version.split()[0], sys.argv[2]))
+def ask(*command):
+    try:
+        return subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              universal_newlines=True).stdout.strip()
+    except OSError:
+        return None
+release = ask("sw_vers", "-productVersion")
+if release is not None:  # a Mac: sysctl answers for this very process, Rosetta included
+    if int(release.split(".")[0] or 0) < @MIN_MACOS@:
+        sys.exit("macOS %s is too old for MLX (it needs macOS >= @MIN_MACOS@): update macOS on "
+                 "this host" % release)
+    if ask("sysctl", "-n", "hw.optional.arm64") != "1":
+        sys.exit("an Intel Mac: MLX needs Apple Silicon (arm64); leave this host out")
+    if ask("sysctl", "-n", "sysctl.proc_translated") == "1":
+        sys.exit("%s runs under Rosetta (x86_64): MLX needs a native arm64 Python; pass "
+                 "--remote-python an arm64 one (e.g. /opt/homebrew/bin/python3.12)"
+                 % sys.executable)
 marker = os.path.join(venv, "mlx-fleet-python")
 check = "import sys; sys.exit(sys.version_info[:2] < %r)" % (need,)
 try:
@@ -61,9 +82,11 @@ if not usable:
     with open(marker, "w") as handle:
         handle.write(made_by)
     print("created %s with %s" % (venv, made_by))
-"""
+""".replace("@MIN_MACOS@", str(MIN_MACOS))
 """The virtualenv step, run by the requested interpreter (Python 2 still reaches the version
-check): a venv another interpreter made, or one too old, is made again, never kept forever."""
+check): the host must be able to run MLX (macOS >= 14, Apple Silicon, a native arm64 Python:
+refused with one line naming the fix), and a venv another interpreter made, or one too old, is
+made again, never kept forever."""
 
 
 class DeployError(Exception):
@@ -128,6 +151,8 @@ class HostResult:
     failed: str | None = None
     error: str | None = None
     agent_key: str | None = None
+    service: str | None = None
+    """Which service `agent install` chose, and why."""
 
     @property
     def ok(self) -> bool:
@@ -141,6 +166,7 @@ class HostResult:
             "failed": self.failed,
             "error": self.error,
             "agent_key": self.agent_key,
+            "service": self.service,
         }
 
 
@@ -166,9 +192,11 @@ class Rollout:
     thermal_source: str = "auto"
 
     def install_args(self, entry: HostEntry) -> list[str]:
+        """`--auto`: a LaunchDaemon as the login user where nobody is at the screen (reported),
+        else a user service; `--system --sudo`: the system service on every host."""
         return [
             "install",
-            "--system" if self.system else "--user",
+            *(["--system", "--sudo"] if self.system else ["--auto"]),
             "--bind",
             f"0.0.0.0:{entry.port}",
             "--thermal-source",
@@ -179,7 +207,7 @@ class Rollout:
         """The roll-out of one host, in order; every step is safe to run again."""
         layout = self.layout
         login = ["ssh", *self.ssh.options(), self.ssh.destination(entry.ssh_host)]
-        agent = " ".join([*(AS_ROOT if self.system else []), layout.quoted("venv", "bin", "agent")])
+        agent = layout.quoted("venv", "bin", "agent")
         pip = f"{layout.quoted('venv', 'bin', 'python')} -m pip install -q"
         shipped = layout.quoted("dist", wheel.name)
 
@@ -230,6 +258,9 @@ def run_host(
             on_step(entry.address, step.name)
         if step.name == "read agent key":
             result.agent_key = completed.stdout.strip()
+        said = (completed.stderr + completed.stdout).splitlines()
+        chosen = [line[len(SERVICE_LINE) :] for line in said if line.startswith(SERVICE_LINE)]
+        result.service = chosen[-1] if chosen else result.service
     return result
 
 

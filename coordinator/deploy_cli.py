@@ -46,14 +46,15 @@ def entries_from(hosts: str | None, hostfile: Path | None) -> list[HostEntry]:
 
 def results_table(results: list[dict[str, object]]) -> Table:
     table = Table(title="mlx-fleet deploy")
-    for column in ("host", "result", "steps done", "error"):
+    for column in ("host", "result", "steps done", "service", "error"):
         table.add_column(column, overflow="fold")
     for row in results:
         table.add_row(
             str(row["host"]),
             "ok" if row["ok"] else f"FAILED at {row['failed']}",
-            ", ".join(row["done"]),
-            str(row["error"] or ""),  # type: ignore[arg-type]
+            ", ".join(row["done"]),  # type: ignore[arg-type]
+            str(row.get("service") or ""),
+            str(row["error"] or ""),
             style=None if row["ok"] else "red",
         )
     return table
@@ -101,8 +102,10 @@ def deploy_command(
         bool,
         typer.Option(
             "--system",
-            help="Install system services (for powermetrics): the service, trust and "
-            "key steps run with `sudo -n`, so the login needs passwordless sudo (or is root).",
+            help="A system service on every host (a LaunchDaemon running as the login user, "
+            "up at boot): `agent install --system --sudo`, so the login needs passwordless "
+            "sudo for the agent. Without it each Mac gets `agent install --auto`: the system "
+            "service where nobody is logged in at the screen, a user service elsewhere.",
         ),
     ] = False,
     thermal_source: ThermalSourceName = "auto",

@@ -47,6 +47,10 @@ FOLLOW_EVERY_S = 0.5
 """How often a job followed by job.get (after a link cut, or resumed) is asked for news."""
 
 
+class JobNeverStarted(HostError):
+    """bench.start went out but the agent has no job for it."""
+
+
 @dataclass(frozen=True)
 class Target:
     """A host to drive: `name` labels it in reports, `address` (HOST:PORT) reaches it."""
@@ -166,16 +170,18 @@ class HostDriver:
         heard = time.monotonic()
         lost = False
         while True:
+            client: AgentClient | None = None
             try:
                 with connect(self.ctx, self.target, self.settings) as client:
-                    heard = time.monotonic()
                     if lost:
                         lost = False
                         self._report(RECONNECTED, {})
                     return self._session(client)
-            except AgentError:
+            except (AgentError, JobNeverStarted):
                 raise  # the agent answered: nothing a retry changes
             except HostError as exc:
+                if client is not None:
+                    heard = max(heard, client.last_heard)
                 if self.job.id is None and self._start_id is None:
                     raise  # no job was started: nothing runs there to come back to
                 silent = time.monotonic() - heard
@@ -235,7 +241,9 @@ class HostDriver:
                 names = [cell.name for cell in expand(MatrixSpec.from_dict(spec))]
                 self._started(listed["job"], names)
                 return
-        raise HostError("the link was lost before the agent started the job")
+        raise JobNeverStarted(
+            "the link was lost before the agent started the job; nothing of it ran there"
+        )
 
     def _follow(self, client: AgentClient) -> tuple[str, str | None]:
         """The job through job.get pages, from the first cell this run lacks, until it ends;

@@ -3,10 +3,13 @@ command declares once, and the Settings they make."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, TypeVar
 
 import typer
+import zmq
 
 from coordinator.fleet import DEFAULT_HOST_TIMEOUT_S, Settings, Target
 from coordinator.hostfile import HostfileError, parse_hostfile, parse_hosts
@@ -103,3 +106,17 @@ def settings_for(
             highlight=False,
         )
     return Settings(None if insecure else own_keypair(), connect_timeout, host_timeout)
+
+
+Row = TypeVar("Row")
+
+
+def on_every_host(targets: list[Any], ask: Callable[[zmq.Context, Any], Row]) -> list[Row]:
+    """`ask(ctx, target)` for every target at once (one timeout for all, not one per host), in
+    the targets' order."""
+    ctx = zmq.Context()
+    try:
+        with ThreadPoolExecutor(len(targets)) as pool:
+            return list(pool.map(lambda target: ask(ctx, target), targets))
+    finally:
+        ctx.destroy(linger=0)

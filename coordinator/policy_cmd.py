@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import typer
@@ -25,6 +24,7 @@ from coordinator.hosts_cli import (
     Hostfile,
     Insecure,
     KnownHosts,
+    on_every_host,
     settings_for,
     targets_or_known,
 )
@@ -134,10 +134,7 @@ def policy(
         raise usage_error(str(exc)) from None
     targets = targets_or_known(hosts, hostfile)
     settings = settings_for(insecure, connect_timeout)
-    ctx = zmq.Context()
-    with ThreadPoolExecutor(len(targets)) as pool:  # all hosts at once: one timeout, not N
-        rows = list(pool.map(lambda target: apply_to(ctx, target, settings, given), targets))
-    ctx.destroy(linger=0)
+    rows = on_every_host(targets, lambda ctx, target: apply_to(ctx, target, settings, given))
     try:
         with TelemetryStore() as store:  # what `coordinator history` measures against
             for row in rows:

@@ -69,12 +69,16 @@ CREATE TABLE cursors (
 )
 """,
     """
+ALTER TABLE samples ADD COLUMN storage_error TEXT
+""",
+    """
 ALTER TABLE samples ADD COLUMN job_paused INTEGER
 """,
 )
 """The schema, version by version (shared.io.sqlite.open_store): version 2 names the columns as
 shared.telemetry does, keeps each row's `seq` as the agent numbered it, and each host's cursor;
-version 3 keeps whether a sample lists a paused job (`coordinator history` counts them without
+version 3 keeps what the agent could not write when it took the sample (storage_error);
+version 4 keeps whether a sample lists a paused job (`coordinator history` counts them without
 parsing `jobs`; NULL in rows recorded before, where it reads `jobs`). Every query filters by
 host and time, which the samples' primary key and the events' unique key index."""
 

@@ -11,7 +11,20 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+# Limits per spec (docs/protocol.md §5, Limits): what one job may ask for. They keep a job, its
+# bench.start.ok (every cell's name) and a job.get page that echoes the spec within one message,
+# and refuse a request before it can make the agent do absurd work.
+MAX_CELLS = 1024
+"""Cells per job, after duplicates are dropped; also the most entries in any of the lists."""
 MAX_SEQ_LEN = 1_048_576
+MAX_BATCH_SIZE = 1024
+MAX_CELL_TOKENS = 4_194_304
+"""Tokens one iteration of a cell holds: batch x sequence length (+ decode tokens)."""
+MAX_ITERATIONS = 1000
+MAX_WARMUP = 100
+MAX_DECODE_TOKENS = 8192
+MAX_MODEL_LENGTH = 1024
+"""Characters of a model's name or directory path (macOS's PATH_MAX)."""
 SUPPORTED_BITS = (4, 8, 16)
 BUILTIN_DEFAULT_BITS = {"small": 16, "full": 4}
 """Bits used when none are asked for: the seed docs quote Q4 figures for the full model; the
@@ -50,7 +63,7 @@ class MatrixSpec:
         if not isinstance(data, dict):
             raise MatrixError("a matrix must be a mapping")
         known = {f for f in cls.__dataclass_fields__}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(map(str, set(data) - known))  # a key may be anything on the wire
         if unknown:
             raise MatrixError(f"unknown matrix field(s): {', '.join(unknown)}")
         values: dict[str, Any] = {}
@@ -90,6 +103,12 @@ class Cell:
         return per_row * self.batch_size
 
     @property
+    def held_tokens(self) -> int:
+        """Tokens the model holds at once: the context and, decoding, what it generates."""
+        per_row = self.seq_len + (self.decode_tokens if self.mode == DECODE else 0)
+        return per_row * self.batch_size
+
+    @property
     def name(self) -> str:
         """A unique, readable key within a run."""
         return f"{model_label(self.model, self.bits)} {self.test} b{self.batch_size}"
@@ -126,33 +145,74 @@ def _is_int(value: Any) -> bool:
 
 
 def validate(spec: MatrixSpec) -> None:
-    """Raise MatrixError naming the first problem; return quietly for a runnable matrix."""
-    if not spec.seq_lengths:
-        raise MatrixError("at least one sequence length is needed")
+    """Raise MatrixError naming the first problem; return quietly for a runnable matrix within
+    the limits above."""
+    lists = (
+        ("sequence length", spec.seq_lengths),
+        ("batch size", spec.batch_sizes),
+        ("model", spec.models),
+        ("bit width", spec.bits),
+    )
+    for what, values in lists:
+        if not values:
+            raise MatrixError(f"at least one {what} is needed")
+        if len(values) > MAX_CELLS:
+            raise MatrixError(f"{len(values)} {what}s given; at most {MAX_CELLS}")
     for n in spec.seq_lengths:
         if not _is_int(n) or not 0 < n <= MAX_SEQ_LEN:
             raise MatrixError(f"sequence length {n!r} is outside 1..{MAX_SEQ_LEN}")
-    if not spec.batch_sizes:
-        raise MatrixError("at least one batch size is needed")
     for b in spec.batch_sizes:
         if not _is_int(b) or b <= 0:
             raise MatrixError(f"batch size {b!r} must be a positive integer")
-    if not spec.models:
-        raise MatrixError("at least one model is needed")
+        if b > MAX_BATCH_SIZE:
+            raise MatrixError(f"batch size {b} is above the limit of {MAX_BATCH_SIZE}")
     for model in spec.models:
-        if not isinstance(model, str) or not model:
-            raise MatrixError(f"model {model!r} must be a config name or a directory")
-    if not spec.bits:
-        raise MatrixError("at least one bit width is needed")
+        check_model_name(model)
     for bits in spec.bits:
-        if bits is not None and bits not in SUPPORTED_BITS:
+        if bits is not None and (not _is_int(bits) or bits not in SUPPORTED_BITS):
             raise MatrixError(f"bits {bits!r} not supported; choose from 4, 8, 16")
-    if not _is_int(spec.decode_tokens) or spec.decode_tokens < 0:
-        raise MatrixError(f"decode tokens {spec.decode_tokens!r} must be 0 or more")
-    if not _is_int(spec.warmup) or spec.warmup < 0:
-        raise MatrixError(f"warmup {spec.warmup!r} must be 0 or more")
-    if not _is_int(spec.iterations) or spec.iterations < 1:
-        raise MatrixError(f"iterations {spec.iterations!r} must be at least 1")
+    _check_count("decode tokens", spec.decode_tokens, 0, MAX_DECODE_TOKENS)
+    _check_count("warmup", spec.warmup, 0, MAX_WARMUP)
+    _check_count("iterations", spec.iterations, 1, MAX_ITERATIONS)
+    largest = max(spec.batch_sizes) * (max(spec.seq_lengths) + spec.decode_tokens)
+    if largest > MAX_CELL_TOKENS:
+        raise MatrixError(
+            f"a cell would hold {largest} tokens (batch x (sequence length + decode tokens)); "
+            f"the limit is {MAX_CELL_TOKENS} per cell"
+        )
+    cells = count_cells(spec)
+    if cells > MAX_CELLS:
+        raise MatrixError(f"the matrix has {cells} cells; the limit is {MAX_CELLS} per job")
+
+
+def check_model_name(model: Any) -> None:
+    """A config name or a directory path: text of 1 to MAX_MODEL_LENGTH characters, no NUL."""
+    if not isinstance(model, str) or not model:
+        raise MatrixError(f"model {model!r} must be a config name or a directory")
+    if len(model) > MAX_MODEL_LENGTH:
+        raise MatrixError(
+            f"model {model[:40]!r}... is {len(model)} characters; the limit is {MAX_MODEL_LENGTH}"
+        )
+    if "\x00" in model:
+        raise MatrixError(f"model {model!r} has a NUL character")
+
+
+def _check_count(what: str, value: Any, least: int, most: int) -> None:
+    if not _is_int(value) or value < least:
+        floor = "0 or more" if least == 0 else f"at least {least}"
+        raise MatrixError(f"{what} {value!r} must be {floor}")
+    if value > most:
+        raise MatrixError(f"{what} {value} is above the limit of {most}")
+
+
+def count_cells(spec: MatrixSpec) -> int:
+    """len(expand(spec)), without building the cells."""
+    modes = 2 if spec.decode_tokens else 1
+    per_bits = len(set(spec.batch_sizes)) * len(set(spec.seq_lengths)) * modes
+    return sum(
+        len({resolve_bits(model, b) for b in spec.bits}) * per_bits
+        for model in dict.fromkeys(spec.models)
+    )
 
 
 def _unique(values: Iterable[Any]) -> list[Any]:

@@ -87,7 +87,7 @@ class ThermalPolicy:
     def from_dict(cls, data: dict[str, Any]) -> ThermalPolicy:
         """Missing keys take the defaults; unknown keys are an error, not silently dropped."""
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(map(str, set(data) - known))  # a key may be anything on the wire
         if unknown:
             raise ValueError(f"unknown ThermalPolicy keys: {', '.join(unknown)}")
         return cls(**{key: float(value) for key, value in data.items()})

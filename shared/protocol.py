@@ -20,8 +20,16 @@ DEFAULT_PORT = 5555
 TELEMETRY_PORT_OFFSET = 1
 """The telemetry PUB socket binds at the command port + this by default (5556 for 5555)."""
 MAX_MESSAGE_SIZE = 4 * 1024 * 1024
-"""Bytes per message. Sockets drop a peer that sends more; encode() refuses to build more."""
+"""Every socket's `maxmsgsize`: ZeroMQ drops a peer whose message is larger on the wire."""
+CURVE_MESSAGE_OVERHEAD = 33
+"""Bytes CURVE adds to each message on the wire (its MESSAGE command: name, nonce, MAC, flags),
+which count against `maxmsgsize`: tests/test_protocol_limits.py measures it."""
+MAX_ENVELOPE_SIZE = MAX_MESSAGE_SIZE - CURVE_MESSAGE_OVERHEAD
+"""Bytes per encoded envelope: the largest message that arrives under CURVE (4 MiB - 33).
+encode() refuses to build more, decode() refuses more."""
 MAX_ID_LENGTH = 64
+MAX_WIRE_INT = 2**63 - 1
+"""Offsets and cursors are at most this: what SQLite and a C int64 hold."""
 
 # Error codes (the `code` of an error body).
 MALFORMED = "malformed"
@@ -35,6 +43,7 @@ BAD_MATRIX = "bad-matrix"
 UNKNOWN_JOB = "unknown-job"
 NOT_RUNNING = "not-running"
 BAD_POLICY = "bad-policy"
+FORBIDDEN = "forbidden"
 INTERNAL = "internal"
 
 # Job and host outcomes carried by bench.done and job.get.ok.
@@ -79,6 +88,7 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
     "policy.get": {},
     "policy.set": {"policy": (dict, True)},
     "job.event": Event.job_schema(),
+    "doctor": {},
     # replies and the job stream, agent -> coordinator
     "hello.ok": {
         "agent": (str, True),
@@ -98,6 +108,7 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
         "policy": (dict, True),
         "jobs": (list, True),
         "history": (str, True),
+        "storage": (dict, True),
     },
     "bench.start.ok": {"job": (str, True), "cells": (list, True)},
     "bench.progress": {
@@ -136,6 +147,7 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
     "policy.set.ok": {"policy": (dict, True)},
     "job.event.ok": {"job": (str, True)},
     "job.list.ok": {"jobs": (list, True)},
+    "doctor.ok": {"report": (dict, True)},
     "error": {"code": (str, True), "message": (str, True)},
     # telemetry, published by the agent (never requests, never replies)
     "telemetry.sample": Sample.schema(),
@@ -154,6 +166,7 @@ REQUESTS = frozenset(
         "policy.get",
         "policy.set",
         "job.event",
+        "doctor",
     }
 )
 ENVELOPE_KEYS = frozenset({"v", "id", "type", "re", "body"})
@@ -209,20 +222,22 @@ def encode(message: Message) -> bytes:
             "body": message.body,
         }
     )
-    if len(data) > MAX_MESSAGE_SIZE:
+    if len(data) > MAX_ENVELOPE_SIZE:
         raise ProtocolError(
             TOO_LARGE,
-            f"{message.type} would be {len(data)} bytes; the limit is {MAX_MESSAGE_SIZE}",
+            f"{message.type} would be {len(data)} bytes; the limit is {MAX_ENVELOPE_SIZE}",
             re=message.re,
         )
     return data
 
 
 def decode(data: bytes) -> Message:
-    """Parse and validate one message; raise ProtocolError naming the first problem."""
-    if len(data) > MAX_MESSAGE_SIZE:
+    """Parse and validate one message; raise ProtocolError naming the first problem, checked in
+    the order docs/protocol.md §4 gives: size, msgpack, a map, `id`, `v`, the envelope's keys,
+    `re`, `type`, `body`."""
+    if len(data) > MAX_ENVELOPE_SIZE:
         raise ProtocolError(
-            TOO_LARGE, f"message of {len(data)} bytes; the limit is {MAX_MESSAGE_SIZE}"
+            TOO_LARGE, f"message of {len(data)} bytes; the limit is {MAX_ENVELOPE_SIZE}"
         )
     try:
         raw = msgpack.unpackb(data, raw=False, strict_map_key=True)
@@ -236,20 +251,24 @@ def decode(data: bytes) -> Message:
             MALFORMED, f"id must be a string of 1 to {MAX_ID_LENGTH} characters, got {msg_id!r}"
         )
     version = raw.get("v")
-    if version != PROTOCOL_VERSION:
+    if type(version) is not int or version != PROTOCOL_VERSION:  # 3.0 and True are not 3
         raise ProtocolError(
             BAD_VERSION,
             f"protocol version {version!r} is not spoken here; this side speaks {PROTOCOL_VERSION}",
             re=msg_id,
         )
-    unknown = sorted(set(raw) - ENVELOPE_KEYS)
-    missing = sorted({"v", "id", "type", "body"} - set(raw))
+    unknown = sorted(set(raw) - ENVELOPE_KEYS, key=repr)  # keys may be str or bytes
+    missing = sorted(ENVELOPE_KEYS - set(raw))
     if unknown or missing:
         problem = f"unknown key(s) {unknown}" if unknown else f"missing key(s) {missing}"
         raise ProtocolError(MALFORMED, f"bad envelope: {problem}", re=msg_id)
     re = raw.get("re")
-    if re is not None and (not isinstance(re, str) or len(re) > MAX_ID_LENGTH):
-        raise ProtocolError(MALFORMED, f"re must be a message id or nil, got {re!r}", re=msg_id)
+    if re is not None and (not isinstance(re, str) or not 0 < len(re) <= MAX_ID_LENGTH):
+        raise ProtocolError(
+            MALFORMED,
+            f"re must be nil or a message id of 1 to {MAX_ID_LENGTH} characters, got {re!r}",
+            re=msg_id,
+        )
     type_, body = raw["type"], raw["body"]
     if not isinstance(type_, str) or type_ not in SCHEMAS:
         raise ProtocolError(UNKNOWN_TYPE, f"unknown message type {type_!r}", re=msg_id)

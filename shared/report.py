@@ -116,16 +116,51 @@ def model_line(info: dict[str, Any]) -> str:
     )
 
 
+def cpu_split(levels: dict[str, int] | None) -> str | None:
+    """`8P+4E`, or the level names macOS gives (an M5 Max: `6 Super+12 Performance`)."""
+    if not levels:
+        return None
+    if set(levels) <= {"Performance", "Efficiency"}:
+        return "+".join(f"{count}{name[0]}" for name, count in levels.items())
+    return "+".join(f"{count} {name}" for name, count in levels.items())
+
+
+def hardware_details(machine: dict[str, Any]) -> list[str]:
+    """What tells two Macs of one name apart: model, GPU cores, CPU split, Metal's working
+    set, and a Python translated by Rosetta (its numbers are not the Mac's)."""
+    details = [machine.get("hw_model")]
+    if machine.get("gpu_cores"):
+        details.append(f"{machine['gpu_cores']}-core GPU")
+    details.append(cpu_split(machine.get("cpu_levels")))
+    if machine.get("metal_working_set_bytes"):
+        details.append(f"Metal working set {machine['metal_working_set_bytes'] / 2**30:.1f} GiB")
+    if machine.get("rosetta"):
+        details.append("PYTHON UNDER ROSETTA (x86_64)")
+    return [detail for detail in details if detail]
+
+
+def memory_text(machine: dict[str, Any]) -> str:
+    """GiB as macOS shows it (a 16 GB Mac: 16); reports stored before show decimal GB."""
+    if machine.get("memory_gib") is not None:
+        return f"{machine['memory_gib']:g} GiB RAM"
+    return f"{machine.get('memory_gb', 0):.1f} GB RAM"
+
+
 def machine_line(machine: dict[str, Any], address: str | None = None) -> str:
     """`hostname: device ...`, or `address (hostname): ...` for a host of a fleet."""
     hostname = machine.get("hostname", "?")
     where = f"{address} ({hostname})" if address and address != hostname else hostname
-    return (
+    os_name = machine.get("os", "?")
+    if machine.get("macos_version"):
+        os_name = f"macOS {machine['macos_version']}"
+    line = (
         f"{where}: {machine.get('device', '?')} "
-        f"({machine.get('backend', '?')}), {machine.get('memory_gb', 0):.1f} GB RAM, "
-        f"{machine.get('os', '?')}, MLX {machine.get('mlx_version', '?')}, "
+        f"({machine.get('backend', '?')}), {memory_text(machine)}, "
+        f"{os_name}, MLX {machine.get('mlx_version', '?')}, "
         f"mlx-fleet {machine.get('mlx_fleet_version', '?')}"
     )
+    details = hardware_details(machine)
+    return f"{line}; {', '.join(details)}" if details else line
 
 
 def header_lines(report: dict[str, Any]) -> list[str]:

@@ -17,6 +17,7 @@ class SourceSpecError(ValueError):
 KNOWN_SOURCES: tuple[str, ...] = (
     "auto",
     "none",
+    "smc",
     "iohid",
     "macmon",
     "powermetrics",
@@ -46,12 +47,19 @@ class UnknownSourceError(SourceSpecError):
 
 
 def auto_order(system: str) -> tuple[str, ...]:
-    """What `auto` tries, best first, for platform.system()'s answer. macOS: in-process and
-    rootless before a helper tool, root last; Linux: sysfs. Anything else has no sensor we read."""
+    """What `auto` tries, best first, for platform.system()'s answer. macOS: the SMC die
+    temperature the policy's defaults are set for, then HID (reads ~8-30 °C lower), both
+    in-process and rootless, then a helper tool, root last; Linux: sysfs. Anything else has no
+    sensor we read."""
     return {
-        "Darwin": ("iohid", "macmon", "powermetrics"),
+        "Darwin": ("smc", "iohid", "macmon", "powermetrics"),
         "Linux": ("linux",),
     }.get(system, ())
+
+
+def offered_sources(system: str) -> tuple[str, ...]:
+    """The names that can work on this OS (what a refusal lists)."""
+    return ("auto", "none", *auto_order(system), "sim", "replay:PATH")
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,9 @@ class Sample(_Record):
     trend_c_per_min: float | None = _spec((*_NUMBER, _NIL), "REAL")
     pause_s_total: float = _spec(_NUMBER, "REAL NOT NULL")
     jobs: list[dict[str, Any]] = _spec(list, "TEXT NOT NULL", "json")
+    storage_error: str | None = _spec((str, _NIL), "TEXT", default=None)
+    """What the agent cannot write now (a full disk, say: agent.storage); None when all is
+    written."""
     seq: int | None = _spec(int, "INTEGER", default=None)
     """None until the agent's store numbers it; always a number on the wire."""
 
@@ -117,9 +120,10 @@ class Sample(_Record):
 class Event(_Record):
     """What happened to a supervised job: `action` is start, pause, resume, reduce_batch,
     restore_batch, stop (thermal), forward (a signal to `agent run`), cleanup (what a finished
-    CMD left behind), fallback (`agent run` lost its daemon and reads the sensor itself), kill or
-    exit; or policy, the daemon's own record of a new policy (`job` None, `policy` the map).
-    `celsius` is the reading that caused it, when one did."""
+    CMD left behind), fallback (`agent run` lost its daemon and reads the sensor itself), rejoin
+    (a daemon answers `agent run` again and its readings drive the job), kill or exit; or
+    policy, the daemon's own record of a new policy (`job` None, `policy` the map). `celsius` is
+    the reading that caused it, when one did."""
 
     time: float = _spec(_NUMBER, "REAL NOT NULL")
     job: str | None = _spec((str, _NIL), "TEXT")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+import zmq
 
 if TYPE_CHECKING:
     from tests.fleet_support import AgentPool
@@ -48,6 +49,14 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(extra)
     return env
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context]:
+    """A ZeroMQ context for the test's sockets, destroyed after it."""
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
 
 
 @pytest.fixture

@@ -92,11 +92,16 @@ class AgentPool:
         bind_host: str = "127.0.0.1",
         netns: str | None = None,
         options: Sequence[str] = (),
+        wrapper: Sequence[str] = (),
+        home: Path | None = None,
     ) -> AgentProcess:
-        """`options` are more `agent serve` options (--poll-interval, --prometheus, ...)."""
-        home = self.root / name
-        home.mkdir(parents=True, exist_ok=True)
-        log = home / "serve.log"
+        """`options` are more `agent serve` options (--poll-interval, --prometheus, ...);
+        `wrapper` a command that runs it (prlimit ..., say); `home` its MLX_FLEET_HOME when not
+        its own folder under the pool's."""
+        logs = self.root / name
+        logs.mkdir(parents=True, exist_ok=True)
+        home = home or logs
+        log = logs / "serve.log"
         command = [
             console_script("agent"),
             "serve",
@@ -107,6 +112,7 @@ class AgentPool:
             *(["--insecure"] if insecure else []),
             *options,
         ]
+        command = [*wrapper, *command]
         if netns is not None:
             command = ["ip", "netns", "exec", netns, *command]
         with open(log, "w", encoding="utf-8") as log_file:

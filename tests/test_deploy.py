@@ -232,6 +232,7 @@ def test_roll_out_to_two_hosts_is_idempotent_and_skips_a_dead_one(
         for host in (mac1, "mac2:6000"):
             assert rows[host]["ok"], (hosts, rows[host]["error"])
             assert rows[host]["done"][-1] == "record agent key"
+            assert rows[host]["service"].startswith("user (a systemd user service")
         assert not (venv / "stale").exists()
         assert (venv / "mlx-fleet-python").read_text() == (
             f"{REMOTE_PYTHON} {sys.version_info[0]}.{sys.version_info[1]}"
@@ -325,16 +326,18 @@ def test_dry_run_trusts_the_coordinator_key_once_one_exists(
     assert key in dry_run_steps(again.stdout)["trust coordinator"]
 
 
-def test_system_dry_run_uses_sudo_for_the_service_steps(coordinator_cli: str) -> None:
-    """A system service's data directory is root's: trust and key steps must act there."""
+def test_system_dry_run_runs_every_step_as_the_login_user(coordinator_cli: str) -> None:
+    """The system service runs as the login user (UserName), so trust and keys stay in that
+    user's data directory; only `agent install` itself gets root, through `sudo -n`."""
     result = coordinator(coordinator_cli, "deploy", "--hosts", "mac1", "--dry-run", "--system")
     assert result.returncode == 0, result.stderr
     steps = dry_run_steps(result.stdout)
-    for name in ("trust coordinator", "install service", "read agent key"):
-        assert "sudo -n -H ~/" in steps[name], name
-    assert "install --system --bind 0.0.0.0:5555" in steps["install service"]
-    for name in ("prepare", "copy wheel", "virtualenv", "install package"):
-        assert "sudo" not in steps[name], name
+    assert "install --system --sudo --bind 0.0.0.0:5555" in steps["install service"]
+    assert all("sudo -n" not in command for command in steps.values())
+    default = dry_run_steps(
+        coordinator(coordinator_cli, "deploy", "--hosts", "mac1", "--dry-run").stdout
+    )
+    assert "install --auto --bind 0.0.0.0:5555" in default["install service"]
 
 
 def test_dry_run_logs_in_with_the_mlx_launch_ssh_alias(
@@ -376,6 +379,55 @@ def test_virtualenv_step_names_a_remote_python_that_is_too_old(tmp_path: Path) -
         "--remote-python a newer one (on macOS e.g. /opt/homebrew/bin/python3.12)"
     )
     assert not (tmp_path / "remote").exists()
+
+
+MAC_TOOLS = Path(__file__).parent / "fakes" / "mac_tools.py"
+
+
+@pytest.mark.parametrize(
+    ("mac", "changed", "refusal"),
+    [
+        (
+            "m4",
+            "kern.osproductversion=13.6.7",
+            "macOS 13.6.7 is too old for MLX (it needs macOS >= 14): update macOS on this host",
+        ),
+        (
+            "m4",
+            "sysctl.proc_translated=1",
+            f"{REMOTE_PYTHON} runs under Rosetta (x86_64): MLX needs a native arm64 Python; "
+            "pass --remote-python an arm64 one (e.g. /opt/homebrew/bin/python3.12)",
+        ),
+        ("m2-max", "hw.optional.arm64=0", "an Intel Mac: MLX needs Apple Silicon (arm64)"),
+    ],
+)
+def test_virtualenv_step_refuses_a_mac_mlx_cannot_run_on(
+    tmp_path: Path, mac: str, changed: str, refusal: str
+) -> None:
+    """One line naming the fix, before anything is made; the Mac's answers are captures."""
+    tools = tmp_path / "mac-bin"
+    tools.mkdir()
+    for tool in ("sw_vers", "sysctl"):
+        (tools / tool).symlink_to(MAC_TOOLS)
+    layout = RemoteLayout(str(tmp_path / "remote"), REMOTE_PYTHON)
+    env = subprocess_env(
+        PATH=f"{tools}{os.pathsep}{os.environ['PATH']}", FAKE_MAC=mac, FAKE_SYSCTL=changed
+    )
+    result = subprocess.run(
+        ["sh", "-c", venv_command(layout)], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith(refusal)
+    assert not (tmp_path / "remote").exists()
+    fine = subprocess.run(
+        ["sh", "-c", venv_command(layout)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**env, "FAKE_SYSCTL": ""},
+    )
+    assert fine.returncode == 0, fine.stderr
+    assert (tmp_path / "remote" / "venv" / "mlx-fleet-python").exists()
 
 
 def test_min_remote_python_is_the_packages() -> None:

@@ -60,6 +60,7 @@ def sample(
         "trend_c_per_min": None,
         "pause_s_total": pause_s_total,
         "jobs": jobs or [],
+        "storage_error": None,
         "seq": int(at),
     }
 

@@ -103,3 +103,29 @@ def test_coordinator_keys() -> None:
 def test_generated_keys_never_start_with_a_dash() -> None:
     """Z85 has '-', and `agent keys trust -abc...` would read as an option."""
     assert not any(new_keypair()[0].startswith("-") for _ in range(500))
+
+
+def dash_key() -> str:
+    """A valid public key that starts with '-' (one in 85 does)."""
+    while True:
+        public = zmq.curve_keypair()[0].decode()
+        if public.startswith("-"):
+            return public
+
+
+def test_a_key_that_starts_with_a_dash_is_taken_everywhere_a_key_is(fleet_home: Path) -> None:
+    key = dash_key()
+    trusted = cli("agent", "keys", "trust", key, "--name", "dashing")
+    assert trusted.returncode == 0, trusted.stderr
+    assert [(e.name, e.key) for e in list_trusted()] == [("dashing", key)]
+    added = cli("coordinator", "keys", "add", "127.0.0.1:5555", key)
+    assert added.returncode == 0, added.stderr
+    assert known_hosts()["127.0.0.1:5555"] == key
+    revoked = cli("agent", "keys", "revoke", key)
+    assert revoked.returncode == 0, revoked.stderr
+    assert list_trusted() == []
+
+
+def test_an_unknown_option_is_still_a_bad_key_not_accepted() -> None:
+    result = cli("agent", "keys", "trust", "--nmae", "x")
+    assert result.returncode == 2

@@ -10,6 +10,7 @@ from shared.matrix import (
     Cell,
     MatrixError,
     MatrixSpec,
+    count_cells,
     expand,
     group_by_model,
     parse_int_list,
@@ -111,3 +112,42 @@ def test_parse_int_list() -> None:
         parse_int_list("1,,2", "-s")
     with pytest.raises(MatrixError, match="not a list of integers"):
         parse_int_list("1,x", "-s")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"batch_sizes": (1_000_000,)}, "batch size 1000000 is above the limit of 1024"),
+        ({"iterations": 10**9}, "iterations 1000000000 is above the limit of 1000"),
+        ({"warmup": 101}, "warmup 101 is above the limit of 100"),
+        ({"decode_tokens": 8193}, "decode tokens 8193 is above the limit of 8192"),
+        (
+            {"seq_lengths": (1_048_576,), "batch_sizes": (8,), "decode_tokens": 0},
+            "would hold 8388608 tokens",
+        ),
+        ({"seq_lengths": tuple(range(1, 1026))}, "1025 sequence lengths given; at most 1024"),
+        ({"seq_lengths": tuple(range(1, 600))}, "1198 cells; the limit is 1024 per job"),
+        ({"models": ("/m/" + "x" * 5000,)}, "5003 characters; the limit is 1024"),
+        ({"models": ("/m/a\x00b",)}, "NUL"),
+        ({"bits": (4.0,)}, "bits 4.0 not supported"),
+    ],
+)
+def test_a_matrix_beyond_a_limit_names_the_limit(change: dict, message: str) -> None:
+    with pytest.raises(MatrixError, match=message):
+        expand(MatrixSpec(**({"models": ("small",)} | change)))
+
+
+def test_the_largest_matrix_within_the_limits_runs() -> None:
+    spec = MatrixSpec(seq_lengths=tuple(range(1, 513)), models=("small",), decode_tokens=4)
+    assert len(expand(spec)) == 1024
+
+
+def test_count_cells_is_the_expansion_without_building_it() -> None:
+    spec = MatrixSpec(
+        seq_lengths=(8, 8, 16),
+        batch_sizes=(1, 2),
+        models=("small", "full", "small", "/models/x"),
+        bits=(None, 4, 16),
+        decode_tokens=2,
+    )
+    assert count_cells(spec) == len(expand(spec))

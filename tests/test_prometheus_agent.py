@@ -104,6 +104,7 @@ SAMPLE = {
     "source": "iohid",
     "state": "ok",
     "pause_s_total": 4.0,
+    "storage_error": None,
 }
 
 
@@ -146,6 +147,14 @@ def test_a_host_set_down_reads_0() -> None:
     metrics.set_up("mac1", False)
     values = parse(generate(metrics))
     assert values[("mlx_fleet_agent_up", (("host", "mac1"),))] == 0.0
+
+
+def test_a_write_the_disk_refuses_reads_storage_ok_0_until_it_takes_it() -> None:
+    metrics = TelemetryMetrics()
+    metrics.observe_sample({**SAMPLE, "storage_error": "history: database or disk is full"})
+    assert parse(generate(metrics))[("mlx_fleet_storage_ok", (("host", "mac1"),))] == 0.0
+    metrics.observe_sample(SAMPLE)
+    assert parse(generate(metrics))[("mlx_fleet_storage_ok", (("host", "mac1"),))] == 1.0
 
 
 def test_an_exit_event_is_not_a_policy_action() -> None:

@@ -47,6 +47,7 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
         "policy": {},
         "jobs": [],
         "history": "3f2a9c1d04e5b6a7.0b1c2d3e4f5a6b7c",
+        "storage": {"ok": True, "failing": []},
     },
     "bench.start.ok": {"job": "j-1", "cells": ["small/f16 pp16 b1"]},
     "bench.progress": {"job": "j-1", "done": 0, "total": 2, "model": None},
@@ -83,6 +84,8 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
             }
         ]
     },
+    "doctor": {},
+    "doctor.ok": {"report": {"host": "mac1", "ok": True, "checks": [], "machine": None}},
     "error": {"code": "busy", "message": "busy: job j-1 is running"},
     "telemetry.sample": {
         "host": "mac1",
@@ -94,6 +97,7 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
         "state": "ok",
         "trend_c_per_min": 0.4,
         "pause_s_total": 0.0,
+        "storage_error": None,
         "seq": 41,
         "jobs": [
             {
@@ -161,6 +165,13 @@ def test_optional_fields_decode_as_none() -> None:
         (raw(extra=1), p.MALFORMED, "unknown key(s) ['extra']"),
         (raw(body=...), p.MALFORMED, "missing key(s) ['body']"),
         (raw(re=5), p.MALFORMED, "re must be"),
+        (raw(re=""), p.MALFORMED, "re must be nil or a message id of 1 to 64"),
+        (raw(re="r" * 65), p.MALFORMED, "re must be"),
+        (raw(re=...), p.MALFORMED, "missing key(s) ['re']"),
+        (raw(v=3.0), p.BAD_VERSION, "3.0"),
+        (raw(v=True), p.BAD_VERSION, "True"),
+        (raw(v="3"), p.BAD_VERSION, "'3'"),
+        (msgpack.packb({"v": 3, "id": "a", b"x": 1, "y": 2}), p.MALFORMED, "unknown key(s)"),
         (raw(type="teleport"), p.UNKNOWN_TYPE, "'teleport'"),
         (raw(body=[1]), p.BAD_BODY, "body must be a map"),
         (raw(type="bench.start", body={}), p.BAD_BODY, "missing field 'matrix'"),
@@ -191,6 +202,9 @@ def test_a_refusal_remembers_the_id_it_can_answer() -> None:
 def test_size_limit_both_ways() -> None:
     with pytest.raises(p.ProtocolError) as caught:
         p.decode(b"\x00" * (p.MAX_MESSAGE_SIZE + 1))
+    assert caught.value.code == p.TOO_LARGE
+    with pytest.raises(p.ProtocolError) as caught:
+        p.decode(b"\x00" * (p.MAX_ENVELOPE_SIZE + 1))
     assert caught.value.code == p.TOO_LARGE
     huge = p.make(
         "bench.cell", {"job": "j", "index": 0, "record": {"blob": "x" * p.MAX_MESSAGE_SIZE}}
@@ -305,3 +319,26 @@ def test_the_agent_handles_exactly_the_protocols_requests() -> None:
     from agent.requests import HANDLERS
 
     assert set(HANDLERS) == p.REQUESTS
+
+
+def cell_with_blob(length: int) -> p.Message:
+    return p.make("bench.cell", {"job": "j", "index": 0, "record": {"blob": "x" * length}}, re="r")
+
+
+def padded(size: int) -> p.Message:
+    """A valid bench.cell whose envelope encodes to exactly `size` bytes (its blob is long
+    enough for msgpack's 5-byte str header, where the empty one has a 1-byte header)."""
+    message = cell_with_blob(size - len(p.encode(cell_with_blob(0))) - 4)
+    assert len(p.encode(message)) == size
+    return message
+
+
+def test_encode_builds_exactly_up_to_the_usable_size() -> None:
+    """The largest envelope is the largest message that arrives under CURVE (measured by
+    tests/test_protocol_limits.py): 4 MiB - 33."""
+    assert p.MAX_ENVELOPE_SIZE == 4 * 1024 * 1024 - 33
+    largest = padded(p.MAX_ENVELOPE_SIZE)
+    assert p.decode(p.encode(largest)) == largest
+    with pytest.raises(p.ProtocolError) as caught:
+        p.encode(cell_with_blob(len(largest.body["record"]["blob"]) + 1))
+    assert caught.value.code == p.TOO_LARGE

@@ -6,6 +6,9 @@ pushed policies. Real processes, real sockets, real signals."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
 import threading
@@ -24,7 +27,16 @@ from shared import protocol as p
 from shared.exit_codes import EXIT_THERMAL_STOP
 from shared.policy import ThermalPolicy
 from tests.conftest import subprocess_env
-from tests.fleet_support import AgentPool, connect, receive, subscriber, trusted_agent
+from tests.fleet_support import (
+    AgentPool,
+    AgentProcess,
+    connect,
+    exchange_keys,
+    receive,
+    subscriber,
+    trusted_agent,
+)
+from tests.test_monitor import monitor_once
 from tests.test_run_cli import HEARTBEAT, events, group_members, state, wait_for_pid, write_curve
 
 pytestmark = pytest.mark.timeout(90)
@@ -228,3 +240,77 @@ def test_without_a_daemon_a_remote_monitor_reads_the_sensor_itself(
         monitor.start()
         assert monitor.temperature == 71.0 and monitor.source.name == source
         assert CoolingScheduler(monitor).policy == ThermalPolicy()
+
+
+def monitored_jobs(agent: AgentProcess) -> list[dict[str, object]]:
+    """The jobs `coordinator monitor --once --format json` shows on `agent`."""
+    result = monitor_once(agent.address)
+    hosts = json.loads(result.stdout)["hosts"] if result.stdout else []
+    return list(hosts[0]["jobs"]) if hosts else []
+
+
+def test_agent_run_shows_up_again_under_a_restarted_daemon(
+    ctx: zmq.Context, agents: AgentPool, agent_cli: str, tmp_path: Path
+) -> None:
+    """The daemon is SIGKILLed: agent run supervises with its own source, then joins the new
+    daemon on the same data directory, which lists the job again (as the monitor shows it)."""
+    agent = agents.start("agent", options=["--poll-interval", "0.1"])
+    exchange_keys(agent)
+    run = subprocess.Popen(
+        [agent_cli, "run", "--thermal-source", "none", "--grace", "1", "--", "sleep", "300"],
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=subprocess_env(MLX_FLEET_HOME=str(agent.home)),
+    )
+    try:
+        wait_until(lambda: monitored_jobs(agent), timeout=30, what="the job in the monitor")
+        (job,) = monitored_jobs(agent)
+        agent.kill()
+        again = agents.start("agent", options=["--poll-interval", "0.1"])
+        exchange_keys(again)
+        restarted = time.monotonic()
+        wait_until(lambda: monitored_jobs(again), timeout=60, what="the job under the new daemon")
+        print(f"listed again {time.monotonic() - restarted:.1f} s after the restart")
+        (listed,) = monitored_jobs(again)
+        assert (listed["job"], listed["pid"], listed["state"]) == (
+            job["job"],
+            job["pid"],
+            "running",
+        )
+        run.send_signal(signal.SIGTERM)
+        _, stderr = run.communicate(timeout=30)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    mine = [e.action for e in events(agent.home) if e.job == job["job"]]
+    assert mine[:3] == ["start", "fallback", "rejoin"], mine
+    assert re.search(r" rejoin job \S+ pid \d+: agent serve \(pid \d+\) answers", stderr)
+
+
+def test_agent_run_started_before_its_daemon_joins_it(
+    agents: AgentPool, agent_cli: str, tmp_path: Path
+) -> None:
+    home = agents.root / "agent"
+    home.mkdir(parents=True)
+    run = subprocess.Popen(
+        [agent_cli, "run", "--thermal-source", "none", "--grace", "1", "--", "sleep", "300"],
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=subprocess_env(MLX_FLEET_HOME=str(home)),
+    )
+    try:
+        wait_until(lambda: [e for e in events(home) if e.action == "start"], timeout=30)
+        agent = agents.start("agent", options=["--poll-interval", "0.1"])
+        exchange_keys(agent)
+        wait_until(lambda: monitored_jobs(agent), timeout=60, what="the job under the daemon")
+        assert monitored_jobs(agent)[0]["pid"] == run_child_pid(run)
+    finally:
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait(timeout=10)
+
+
+def run_child_pid(run: subprocess.Popen[str]) -> int:
+    (cmd,) = [c for c in psutil.Process(run.pid).children() if c.cmdline()[0] == "sleep"]
+    return cmd.pid

@@ -412,3 +412,33 @@ def test_a_source_this_machine_cannot_read_exits_125_and_runs_nothing(
     assert result.returncode == 125
     assert "iohid" in result.stderr and "macOS" in result.stderr
     assert not marker.exists()
+
+
+def test_a_sigkilled_agent_run_leaves_no_process_of_its_command(
+    agent_cli: str, tmp_path: Path
+) -> None:
+    """Its guardian ends CMD's group: CMD and what it forked, even when CMD ignores SIGTERM
+    (SIGKILL after the grace)."""
+    children = tmp_path / "children"
+    script = f"trap '' TERM; sleep 300 & echo $! > {children}; sleep 300 & wait"
+    run = subprocess.Popen(
+        [agent_cli, "run", "--thermal-source", "none", "--grace", "1", "--", "sh", "-c", script],
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 30
+    while not children.exists() or not children.read_text().strip():
+        assert time.monotonic() < deadline and run.poll() is None, "CMD did not start"
+        time.sleep(0.05)
+    (cmd,) = [c for c in psutil.Process(run.pid).children() if c.cmdline()[0] == "sh"]
+    pgid = os.getpgid(cmd.pid)
+    assert len(group_members(pgid)) >= 2
+    run.kill()
+    run.wait(timeout=10)
+    deadline = time.monotonic() + 60
+    while group_members(pgid):
+        assert time.monotonic() < deadline, f"left running: {group_members(pgid)}"
+        time.sleep(0.1)
+    assert run.stderr is not None
+    assert "agent run is gone: ending its command" in run.stderr.read()

@@ -57,6 +57,9 @@ def test_every_cell_yields_a_record_with_the_seed_keys() -> None:
         ):
             assert key in record
         assert record["soc_temp_c"] is None
+        # No Metal here: nothing was wired, and the record says so (on Metal: the recommended
+        # working set, as mlx-lm wires generation).
+        assert record["wired_limit_bytes"] is None
 
 
 def test_a_failed_cell_is_recorded_and_the_rest_go_on() -> None:

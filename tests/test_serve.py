@@ -117,9 +117,13 @@ def test_a_running_job_keeps_others_out_until_it_is_cancelled(
 @pytest.mark.parametrize(
     ("matrix", "needle"),
     [
-        ({"seq_lengths": [0]}, "sequence length 0"),
+        ({"seq_lengths": [0], "models": ["small"]}, "sequence length 0"),
         ({"models": ["/no/such/model"]}, "/no/such/model does not exist"),
-        ({"seq_lengths": [16], "flavour": "x"}, "unknown matrix field(s): flavour"),
+        ({"seq_lengths": [16], "flavour": "x", "models": ["small"]}, "unknown matrix field(s)"),
+        ({"seq_lengths": [16]}, "models is required"),
+        ({"models": ["/" + "x" * 4999]}, "5000 characters; the limit is 1024"),
+        ({"models": ["/" + "x" * 300]}, "cannot be read"),
+        ({"models": ["small"], "batch_sizes": [1_000_000]}, "above the limit of 1024"),
     ],
 )
 def test_the_agent_rejects_a_bad_matrix_with_its_reason(
@@ -205,19 +209,24 @@ def test_sigterm_when_idle_exits_at_once(agents: AgentPool) -> None:
     assert "stopped" in agent.log_text()
 
 
-def test_a_dead_job_process_fails_the_job_not_the_agent(
+def test_a_killed_job_process_fails_its_cell_and_a_new_one_runs_the_rest(
     ctx: zmq.Context, agents: AgentPool
 ) -> None:
     agent = trusted_agent(agents)
     client = connect(ctx, agent)
     stream = client.stream(client.send("bench.start", {"matrix": LONG_MATRIX}))
-    next(stream)
+    job_id = next(stream).body["job"]
     next(m for m in stream if m.type == "bench.cell")
     (child,) = psutil.Process(agent.process.pid).children()
     child.send_signal(signal.SIGKILL)
-    done = [m for m in stream if m.type == "bench.done"][0].body
-    assert done["status"] == "failed"
-    assert "job process died (killed by SIGKILL)" in done["error"]
+    rest = list(stream)
+    done = rest[-1].body
+    assert done["status"] == "ok" and done["cells"] == 8
+    records = client.request("job.get", {"job": job_id})["records"]
+    failed = [r for r in records if r["status"] != "ok"]
+    assert len(records) == 8 and len(failed) == 1
+    assert "the job process died (killed by SIGKILL)" in failed[0]["error"]
+    assert records[-1]["status"] == "ok"
     assert run_job(client, QUICK_MATRIX)[-1].body["status"] == "ok"
     client.close()
 

@@ -16,14 +16,19 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from agent.service import parse_launchctl_print, parse_systemctl_show
+from agent.launchd import Session
+from agent.run_as import editable_by_others
+from agent.service_files import parse_launchctl_print, parse_systemctl_show
+from agent.service_scope import auto_scope
 from tests.conftest import subprocess_env
 
 FAKE = Path(__file__).parent / "fakes" / "service_manager.py"
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.fixture
@@ -43,16 +48,58 @@ def fake_managers(tmp_path: Path) -> Path:
     return bin_dir
 
 
+SESSION_VARIABLES = ("SSH_TTY", "SSH_CONNECTION", "SUDO_USER")
+
+
 def agent(
     agent_cli: str, home: Path, *args: str, path_dir: Path | None = None, **env: str
 ) -> subprocess.CompletedProcess:
-    extra = {"HOME": str(home), **env}
+    """`agent ARGS` as a user logged in at the screen, unless `env` says otherwise (its
+    /dev/console: a file it owns; no ssh, no sudo)."""
+    console = home.parent / "console"
+    console.touch()
+    extra = {"HOME": str(home), "MLX_FLEET_CONSOLE_DEVICE": str(console), **env}
     if path_dir is not None:
         extra["PATH"] = f"{path_dir}{os.pathsep}{os.environ['PATH']}"
         extra["FAKE_SERVICE_STATE"] = str(path_dir.parent / "service-state.json")
+    environment = subprocess_env(**extra)
+    for name in SESSION_VARIABLES:
+        if name not in env:
+            environment.pop(name, None)
     return subprocess.run(
-        [agent_cli, *args], capture_output=True, text=True, timeout=60, env=subprocess_env(**extra)
+        [agent_cli, *args], capture_output=True, text=True, timeout=120, env=environment
     )
+
+
+def over_ssh_nobody_at_the_screen(tmp_path: Path) -> dict[str, str]:
+    """The session `coordinator deploy` has on a headless Mac: ssh, and /dev/console owned by
+    someone else (root, at the login window)."""
+    console = tmp_path / "login-window-console"
+    console.touch()
+    if os.geteuid() == 0:
+        os.chown(console, 65534, 65534)
+    else:
+        console = Path("/")  # owned by root, not by us
+    return {
+        "SSH_CONNECTION": "10.0.0.1 50000 10.0.0.2 22",
+        "MLX_FLEET_CONSOLE_DEVICE": str(console),
+        "FAKE_NO_GUI": "1",
+    }
+
+
+def launchctl(fake_managers: Path, *args: str) -> subprocess.CompletedProcess:
+    """The fake launchctl itself, as another program (or the user) would call it."""
+    return subprocess.run(
+        [str(fake_managers / "launchctl"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=subprocess_env(FAKE_SERVICE_STATE=str(fake_managers.parent / "service-state.json")),
+    )
+
+
+def fake_state(fake_managers: Path) -> dict:
+    return json.loads((fake_managers.parent / "service-state.json").read_text())
 
 
 def calls(path_dir: Path) -> list[list[str]]:
@@ -130,8 +177,8 @@ def test_log_file_passes_through_to_serve(agent_cli: str, home: Path, tmp_path: 
         (["--bind", "0.0.0.0:99999"], "bad --bind"),
         (
             ["--thermal-source", "bogus", "--dry-run"],
-            "unknown thermal source 'bogus'; known: auto, none, iohid, macmon, powermetrics, "
-            "linux, sim, replay:PATH",
+            "unknown thermal source 'bogus'; known: auto, none, smc, iohid, macmon, "
+            "powermetrics, linux, sim, replay:PATH",
         ),
         (["--thermal-source", "sim:tau=1"], "sim: bad parameter 'tau=1'"),
     ],
@@ -574,3 +621,197 @@ def test_serve_behaves_as_a_service(agent_cli: str, tmp_path: Path) -> None:
     lines = log_file.read_text().splitlines()
     stamp = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} agent\.serve INFO: "
     assert lines and re.match(stamp, lines[-1]), lines
+
+
+# --- launchd as Homebrew drives it, against a launchctl that fails as the real one does ------
+
+
+def test_install_over_ssh_with_nobody_at_the_screen_succeeds(
+    agent_cli: str, home: Path, fake_managers: Path, tmp_path: Path
+) -> None:
+    """Homebrew's domain_target: ssh without /dev/console goes straight to user/<uid>, and the
+    plist's LimitLoadToSessionType lets it load there (no gui/ attempt that would exit 125)."""
+    uid = os.getuid()
+    headless = over_ssh_nobody_at_the_screen(tmp_path)
+    result = agent(agent_cli, home, "install", "--launchd", path_dir=fake_managers, **headless)
+    assert result.returncode == 0, result.stderr
+    bootstraps = [c for c in calls(fake_managers) if c[:2] == ["launchctl", "bootstrap"]]
+    assert [c[2] for c in bootstraps] == [f"user/{uid}"]
+    assert fake_state(fake_managers)["loaded"] == [f"user/{uid}/io.mlx-fleet.agent"]
+    plist = plistlib.loads((home / "Library/LaunchAgents/io.mlx-fleet.agent.plist").read_bytes())
+    assert plist["LimitLoadToSessionType"] == [
+        "Aqua",
+        "Background",
+        "LoginWindow",
+        "StandardIO",
+        "System",
+    ]
+
+
+def test_the_fake_refuses_a_plist_without_session_types_in_the_user_domain(
+    fake_managers: Path, tmp_path: Path
+) -> None:
+    """Why the key is written: without it a job is Aqua-only (duh17/oppi#31)."""
+    old = tmp_path / "old.plist"
+    old.write_bytes(plistlib.dumps({"Label": "io.mlx-fleet.agent", "ProgramArguments": ["x"]}))
+    refused = launchctl(fake_managers, "bootstrap", f"user/{os.getuid()}", str(old))
+    assert refused.returncode == 5
+    assert "Service cannot load in requested session" in refused.stderr
+
+
+def test_enable_comes_before_bootstrap_so_a_disabled_label_loads(
+    agent_cli: str, home: Path, fake_managers: Path
+) -> None:
+    uid = os.getuid()
+    assert launchctl(fake_managers, "disable", f"gui/{uid}/io.mlx-fleet.agent").returncode == 0
+    install_launchd(agent_cli, home, fake_managers)
+    verbs = [c[1] for c in calls(fake_managers) if c[0] == "launchctl" and c[1] != "print"]
+    assert verbs[verbs.index("enable") + 1] == "bootstrap"
+    assert fake_state(fake_managers)["loaded"] == [f"gui/{uid}/io.mlx-fleet.agent"]
+
+
+@pytest.mark.parametrize(
+    "linger",
+    [
+        {},  # print lists the label until it is freed: the bootout is waited for
+        {"FAKE_LINGER_HIDDEN": "1", "FAKE_LINGER_CODE": "37"},  # bootstrap retried on 37
+        {"FAKE_LINGER_HIDDEN": "1", "FAKE_LINGER_CODE": "5"},  # ... and on 5
+    ],
+)
+def test_installing_twice_in_a_row_ends_loaded(
+    agent_cli: str, home: Path, fake_managers: Path, linger: dict[str, str]
+) -> None:
+    """The upgrade path: the label lingers ~3 s after bootout; bootstrap must not lose it."""
+    uid = os.getuid()
+    for _ in range(2):
+        result = agent(agent_cli, home, "install", "--launchd", path_dir=fake_managers, **linger)
+        assert result.returncode == 0, result.stderr
+    assert fake_state(fake_managers)["loaded"] == [f"gui/{uid}/io.mlx-fleet.agent"]
+    report = launchd_status(agent_cli, home, fake_managers)
+    assert report["running"] and report["domains"] == [f"gui/{uid}"]
+
+
+def test_uninstall_removes_every_loaded_copy_and_waits_for_them(
+    agent_cli: str, home: Path, fake_managers: Path, tmp_path: Path
+) -> None:
+    """One copy loaded at the desk (gui/), one over ssh (user/): both go, and launchd has
+    forgotten both when uninstall returns."""
+    uid = os.getuid()
+    plist = install_launchd(agent_cli, home, fake_managers)
+    assert launchctl(fake_managers, "bootstrap", f"user/{uid}", str(plist)).returncode == 0
+    removed = agent(agent_cli, home, "uninstall", "--launchd", path_dir=fake_managers)
+    assert removed.returncode == 0, removed.stderr
+    for domain in (f"gui/{uid}", f"user/{uid}"):
+        assert f"launchctl bootout {domain}/io.mlx-fleet.agent" in removed.stderr
+        assert launchctl(fake_managers, "print", f"{domain}/io.mlx-fleet.agent").returncode == 113
+    assert fake_state(fake_managers)["loaded"] == [] and not plist.exists()
+
+
+def test_a_launchctl_failure_names_the_command_its_code_and_the_rollback(
+    agent_cli: str, home: Path, fake_managers: Path
+) -> None:
+    uid = os.getuid()
+    plist = install_launchd(agent_cli, home, fake_managers)
+    again = agent(
+        agent_cli,
+        home,
+        "install",
+        "--launchd",
+        "--bind",
+        "127.0.0.1:6000",
+        path_dir=fake_managers,
+        FAKE_FAIL="bootstrap",
+    )
+    assert again.returncode == 1
+    said = " ".join(again.stderr.split())
+    assert (
+        f"launchctl bootstrap gui/{uid} {plist} failed (exit code 1): "
+        "Bootstrap failed: 1: Operation not permitted"
+    ) in said
+    assert f"(restored the previous {plist}); the previous service, stopped for this" in said
+
+
+def test_auto_picks_a_launch_daemon_where_nobody_is_at_the_screen() -> None:
+    at_desk = Session(uid=501, euid=501, console_uid=501, ssh=True, sudo=False)
+    headless = Session(uid=501, euid=501, console_uid=0, ssh=True, sudo=False)
+    assert not auto_scope("launchd", at_desk, system_installed=False).system
+    choice = auto_scope("launchd", headless, system_installed=False)
+    assert choice.system and "not logged in at the screen" in choice.why
+    assert "does not bring back after a reboot" in choice.fallback
+    assert auto_scope("launchd", at_desk, system_installed=True).system
+    assert not auto_scope("systemd", headless, system_installed=False).system
+
+
+def test_auto_dry_run_says_what_it_chose(
+    agent_cli: str, home: Path, fake_managers: Path, tmp_path: Path
+) -> None:
+    headless = over_ssh_nobody_at_the_screen(tmp_path)
+    chosen = agent(agent_cli, home, "install", "--auto", "--launchd", "--dry-run", **headless)
+    assert chosen.returncode == 0, chosen.stderr
+    assert "service: system (" in chosen.stderr
+    assert "/Library/LaunchDaemons/io.mlx-fleet.agent.plist" in chosen.stderr
+    linux = agent(agent_cli, home, "install", "--auto", "--systemd", "--dry-run", **headless)
+    assert "service: user (a systemd user service" in linux.stderr
+
+
+def test_a_system_service_runs_as_the_user_who_asked(agent_cli: str, home: Path) -> None:
+    """`sudo agent install --system`: UserName is sudo's caller, unless --run-as says."""
+    plist = agent(
+        agent_cli, home, "install", "--system", "--launchd", "--dry-run", SUDO_USER="nobody"
+    )
+    assert plistlib.loads(plist.stdout.encode())["UserName"] == "nobody"
+    unit = agent(
+        agent_cli, home, "install", "--system", "--systemd", "--dry-run", "--run-as", "nobody"
+    )
+    assert read_unit(unit.stdout)["Service"]["User"] == "nobody"
+    as_root = agent(
+        agent_cli, home, "install", "--system", "--launchd", "--dry-run", "--run-as", "root"
+    )
+    assert "UserName" not in plistlib.loads(as_root.stdout.encode())
+    refused = agent(agent_cli, home, "install", "--user", "--run-as", "nobody", "--dry-run")
+    assert refused.returncode == 2 and "--run-as is for --system" in refused.stderr
+
+
+def test_root_runs_only_what_root_alone_can_change(tmp_path: Path) -> None:
+    """A venv its user can edit must not be run by a root service (mac-desk-check.md: Homebrew
+    chowns what root services run)."""
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    python = venv / "python"
+    python.touch()
+    if os.geteuid() == 0:
+        os.chown(venv.parent, 501, 20)
+        assert editable_by_others([python]) == f"{venv.parent} is owned by uid 501, not root"
+        os.chown(venv.parent, 0, 0)
+        venv.parent.chmod(0o777)
+        assert editable_by_others([python]) == f"{venv.parent} is writable by every user"
+    else:
+        assert f"is owned by uid {os.getuid()}, not root" in str(editable_by_others([python]))
+    assert editable_by_others([Path("/usr/bin")]) is None
+
+
+def test_sudo_that_wants_a_password_is_refused_with_the_fix(home: Path) -> None:
+    """`agent install --system --sudo` as a user sudo will not serve without a password."""
+    folder = Path(tempfile.mkdtemp(prefix="fake-sudo-"))
+    folder.chmod(0o755)
+    sudo = folder / "sudo"
+    sudo.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FIXTURES / "fake_tool.py"}" sudo "$@"\n')
+    sudo.chmod(0o755)
+    script = WARM_THEN_DROP_ROOT.replace("'--systemd')", "'--systemd', '--sudo')")
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", script]
+            if os.geteuid() == 0
+            else [sys.executable, "-m", "agent", "install", "--system", "--systemd", "--sudo"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=subprocess_env(
+                HOME=str(home), PATH=f"{folder}:{os.environ['PATH']}", FAKE_SUDO_DENY="1"
+            ),
+        )
+    finally:
+        shutil.rmtree(folder)
+    assert result.returncode == 2, result.stderr
+    last = " ".join(result.stderr.split())
+    assert "needs root: `sudo -n` refused: sudo: a password is required" in last

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from agent.thermal.parsers import (
+    EmptyStreak,
     PowermetricsAssembler,
     PowermetricsSample,
     ReplayFormatError,
@@ -168,22 +169,60 @@ def test_sysfs_skips_unreadable_and_implausible_values() -> None:
 # --- IOHID selection ----------------------------------------------------------------------------
 
 
-def test_m1_keeps_pmu_tdie_and_drops_tcal_nand_and_battery() -> None:
+def hid_capture(name: str) -> list[tuple[str, float]]:
+    """`name | °C` lines of a per-generation HID capture (tests/fixtures/iohid/README.md)."""
+    pairs = []
+    for line in capture(f"iohid/{name}").splitlines():
+        sensor, _, value = line.rpartition("|")
+        pairs.append((sensor.strip(), float(value)))
+    return pairs
+
+
+def test_base_m1_keeps_tdie_soc_die_and_gpu_mtr_and_drops_the_calibration_values() -> None:
+    """stats#210: PMU tcal and PMU2 TR0Z (51.9, constants) would otherwise be the hottest."""
+    dies = select_die_sensors(hid_capture("m1-mac-mini.txt"))
+    assert dies == {
+        "GPU MTR Temp Sensor1": 27.0,
+        "GPU MTR Temp Sensor4": 27.6,
+        "PMGR SOC Die Temp Sensor0": 29.0,
+        "PMGR SOC Die Temp Sensor1": 28.7,
+        "PMGR SOC Die Temp Sensor2": 28.5,
+        "PMU tdie1": 37.3,
+        "PMU tdie2": 34.3,
+        "PMU tdie4": 36.5,
+        "PMU tdie5": 36.2,
+        "PMU tdie6": 36.0,
+        "PMU tdie7": 35.9,
+        "PMU tdie8": 34.4,
+    }
+    assert hottest(dies) == 37.3
+
+
+def test_m3_pro_keeps_tdie_and_drops_tcal_battery_nand_and_noname() -> None:
+    """oshi#3534: no TP* and no MTR names on an M3 Pro; tcal (51.9) must not win."""
+    dies = select_die_sensors(hid_capture("m3-pro.txt"))
+    assert dies == {"PMU tdie1": 40.0, "PMU tdie10": 41.7}
+
+
+def test_the_gpu_sensor_is_kept_when_it_is_the_hottest() -> None:
+    """M2 Max names (oshi#3534): PMU TP*g are the GPU, the hottest part under MLX's GPU work."""
     values = {
-        "PMU tdie1": 41.2,
-        "PMU tdie3": 44.8,
-        "PMU2 tdie2": 43.0,
-        "PMU tcal": 51.8,
-        "NAND CH0 temp": 38.0,
-        "gas gauge battery": 30.1,
-        "PMU tdev1": 35.0,
+        "PMU tdie0": 52.0,
+        "PMU tdie10": 55.1,
+        "PMU TP0s": 50.0,
+        "PMU TP1g": 63.4,
+        "PMU TP1s": 51.0,
+        "PMU TP2g": 61.8,
+        "PMU TP3g": 60.2,
+        "PMU tdev3": 40.0,
+        "PMU tcal": 51.9,
     }
     dies = select_die_sensors(values)
-    assert dies == {"PMU tdie1": 41.2, "PMU tdie3": 44.8, "PMU2 tdie2": 43.0}
-    assert hottest(dies) == 44.8
+    assert set(dies) == {"PMU tdie0", "PMU tdie10", "PMU TP1g", "PMU TP2g", "PMU TP3g"}
+    assert hottest(dies) == 63.4
 
 
-def test_m2_to_m4_keep_mtr_sensors_and_discard_faulty_values() -> None:
+def test_mtr_sensors_are_kept_and_faulty_values_discarded() -> None:
     values = {
         "pACC MTR Temp Sensor2": 58.4,
         "eACC MTR Temp Sensor0": 49.9,
@@ -191,12 +230,21 @@ def test_m2_to_m4_keep_mtr_sensors_and_discard_faulty_values() -> None:
         "pACC MTR Temp Sensor5": -1.0,
         "GPU MTR Temp Sensor4": 180.0,
         "SOC MTR Temp Sensor0": 70.0,
+        "ANE MTR Temp Sensor1": 30.0,
     }
     assert select_die_sensors(values) == {
         "pACC MTR Temp Sensor2": 58.4,
         "eACC MTR Temp Sensor0": 49.9,
         "GPU MTR Temp Sensor1": 61.7,
+        "SOC MTR Temp Sensor0": 70.0,
     }
+
+
+def test_the_hid_client_is_rebuilt_after_reads_where_nothing_answered() -> None:
+    streak = EmptyStreak(limit=3)
+    assert [streak.rebuild_after(n) for n in (5, 0, 0, 4, 0, 0)] == [False] * 6
+    assert streak.rebuild_after(0) is True  # the third empty read in a row
+    assert streak.rebuild_after(0) is False  # counting starts again with the new client
 
 
 def test_repeated_names_keep_the_hottest() -> None:

@@ -26,6 +26,7 @@ def test_known_sources_are_the_documented_names() -> None:
     assert KNOWN_SOURCES == (
         "auto",
         "none",
+        "smc",
         "iohid",
         "macmon",
         "powermetrics",
@@ -50,9 +51,13 @@ def test_replay_without_a_path_is_bad_input() -> None:
 
 
 @pytest.mark.skipif(sys.platform == "darwin", reason="checks the refusal off macOS")
-def test_iohid_off_macos_fails_with_the_reason() -> None:
-    with pytest.raises(SourceUnavailable, match="needs macOS"):
-        open_source("iohid")
+@pytest.mark.parametrize("name", ["iohid", "smc"])
+def test_mac_sources_off_macos_fail_with_the_reason_and_what_this_machine_offers(
+    name: str,
+) -> None:
+    with pytest.raises(SourceUnavailable, match="needs macOS") as refused:
+        open_source(name)
+    assert str(refused.value).endswith("; this machine offers: auto, none, linux, sim, replay:PATH")
 
 
 def test_none_reads_nothing_and_says_why() -> None:
@@ -63,7 +68,7 @@ def test_none_reads_nothing_and_says_why() -> None:
 
 
 def test_auto_order_per_os() -> None:
-    assert auto_order("Darwin") == ("iohid", "macmon", "powermetrics")
+    assert auto_order("Darwin") == ("smc", "iohid", "macmon", "powermetrics")
     assert auto_order("Linux") == ("linux",)
     assert auto_order("Windows") == ()
 

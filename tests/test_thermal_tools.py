@@ -89,7 +89,17 @@ def test_macmon_streams_from_one_long_lived_process(tool_log: Path) -> None:
     assert first is not None
     assert first.sensors == {"cpu_temp_avg": 43.73614, "gpu_temp_avg": 36.95167}
     assert (first.source, first.simulated, first.pressure) == ("macmon", False, None)
-    assert [start[1:] for start in starts(tool_log)] == [["macmon", "pipe", "-i", "50"]]
+    assert [start[1:] for start in starts(tool_log)] == [["macmon", "-i", "50", "pipe"]]
+
+
+def test_the_macmon_command_works_on_macmon_0_4(
+    tool_log: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`macmon pipe -i MS` fails on macmon <= 0.4.2; `macmon -i MS pipe` works everywhere."""
+    monkeypatch.setenv("FAKE_MACMON_OLD", "1")
+    with MacmonSource(**FAST) as source:
+        reading, _ = read_until(source, lambda r: r is not None)
+    assert reading is not None and reading.sensor == "cpu_temp_avg"
 
 
 def test_a_dying_macmon_is_restarted_with_backoff(
@@ -159,6 +169,8 @@ def test_powermetrics_command_runs_the_sampler_at_the_interval() -> None:
         "smc",
         "-i",
         "1000",
+        "-b",
+        "1",
     ]
 
 
@@ -178,7 +190,7 @@ def test_powermetrics_on_intel_gives_die_degrees(tool_log: Path) -> None:
     assert reading.sensors == {"CPU die temperature": 47.42, "GPU die temperature": 41.0}
     assert reading.pressure is None
     assert [start[1:] for start in starts(tool_log)] == [
-        ["powermetrics", "--samplers", "smc", "-i", "50"]
+        ["powermetrics", "--samplers", "smc", "-i", "50", "-b", "1"]
     ]
 
 
@@ -210,7 +222,7 @@ def test_powermetrics_runs_through_sudo_n_when_not_root(tool_log: Path) -> None:
     assert reading is not None and reading.celsius == 47.42
     sudo, tool = starts(tool_log)
     assert sudo[1:3] == ["sudo", "-n"] and sudo[3].endswith("/powermetrics")
-    assert tool[1:] == ["powermetrics", "--samplers", "smc", "-i", "50"]
+    assert tool[1:] == ["powermetrics", "--samplers", "smc", "-i", "50", "-b", "1"]
 
 
 def test_sudo_without_sudoers_entry_reads_none_with_the_reason(
@@ -361,7 +373,7 @@ def test_agent_temp_without_a_sensor_says_unavailable(
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--source", "nvidia-smi"], "known: auto, none, iohid, macmon, powermetrics, linux"),
+        (["--source", "nvidia-smi"], "known: auto, none, smc, iohid, macmon, powermetrics, linux"),
         (["--pause-temp", "70"], "max_speed_temp"),
         (["--stop-temp", "80", "--pause-temp", "85"], "stop_temp"),
         (["--format", "xml"], "table, json"),
@@ -385,11 +397,13 @@ def test_agent_temp_bad_replay_row_names_file_and_line(tmp_path: Path, agent_cli
     assert f"{curve}:2:" in result.stderr
 
 
-@pytest.mark.skipif(sys.platform == "darwin", reason="iohid exists on macOS")
-def test_agent_temp_unavailable_source_exits_1_with_the_reason(agent_cli: str) -> None:
-    result = agent_temp(agent_cli, "--source", "iohid")
+@pytest.mark.skipif(sys.platform == "darwin", reason="iohid and smc exist on macOS")
+@pytest.mark.parametrize("source", ["iohid", "smc"])
+def test_agent_temp_unavailable_source_exits_1_with_the_reason(agent_cli: str, source: str) -> None:
+    result = agent_temp(agent_cli, "--source", source)
     assert result.returncode == 1
-    assert "needs macOS" in result.stderr
+    assert len(result.stderr.splitlines()) == 1
+    assert "needs macOS" in result.stderr and "this machine offers: auto, none" in result.stderr
 
 
 def test_agent_temp_watch_json_streams_one_object_per_reading(

@@ -9,15 +9,18 @@ from __future__ import annotations
 import gc
 import json
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import psutil
 
 from agent.guard import CellGuard, NullGuard, RunStopped
 from agent.model import BUILTIN_CONFIGS, QUANT_GROUP_SIZE, build_model
+from agent.profiling.footprint import cell_footprint, model_shape, refusal
 from agent.profiling.memory import MemoryProfiler
 from agent.profiling.speed import SpeedProfiler
 from shared.matrix import (
@@ -44,6 +47,13 @@ class LoadedModel:
 
 def check_model_dir(path: Path) -> None:
     """Fail early, before anything runs, for a directory that is not an mlx-lm model."""
+    try:
+        _check_model_dir(path)
+    except OSError as exc:  # a name too long, a folder we may not read, ...
+        raise ModelLoadError(f"model directory {path} cannot be read: {exc.strerror}") from None
+
+
+def _check_model_dir(path: Path) -> None:
     if path.exists() and not path.is_dir():
         raise ModelLoadError(f"--model {path} is a file, not a model directory")
     if not path.is_dir():
@@ -153,6 +163,31 @@ def measure_cell(
     )
 
 
+@contextmanager
+def recommended_wired_limit() -> Iterator[int | None]:
+    """Metal's recommended working set wired for the run, the old limit restored after: what
+    mlx-lm does around every generation (mlx_lm/generate.py `wired_limit`, utils.py
+    `maybe_set_recommended_wired_limit`), so large-model figures compare with mlx-lm's.
+    Yields the limit set (bytes), None where there is no Metal or it could not be set."""
+    size = (
+        mx.device_info().get("max_recommended_working_set_size")
+        if mx.metal.is_available()
+        else None
+    )
+    try:
+        previous = mx.set_wired_limit(size) if size else None
+    except (RuntimeError, ValueError):  # above the system's wired limit (iogpu.wired_limit_mb)
+        previous = None
+    if previous is None:
+        yield None
+        return
+    try:
+        yield size
+    finally:
+        mx.synchronize()
+        mx.set_wired_limit(previous)
+
+
 def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
@@ -162,25 +197,68 @@ def run_matrix(
     guard: CellGuard | None = None,
     on_model: Callable[[dict[str, Any]], None] | None = None,
     models: dict[str, nn.Module] | None = None,
+    *,
+    first: int = 0,
+    on_begin: Callable[[int], None] | None = None,
+    memory_bytes: int | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Yield one record per cell as it finishes, failed cells included.
 
-    `models` supplies already-built models by name (their bits are whatever they hold).
+    `models` supplies already-built models by name (their bits are whatever they hold). Cells
+    before index `first` (in expand(spec) order) are skipped, their models not built;
+    `on_begin(index)` is called as each cell starts. A cell whose estimated memory
+    (agent.profiling.footprint) exceeds `memory_bytes` (by default this machine's) is not run:
+    its record says why, and the run goes on.
 
     A guard's RunStopped ends the run after recording the cell it interrupted; a
-    KeyboardInterrupt propagates, and the records already yielded stay the caller's.
+    KeyboardInterrupt propagates, and the records already yielded stay the caller's. On Metal
+    the run is wired as mlx-lm wires generation; every record says so (`wired_limit_bytes`).
     """
     guard = guard or NullGuard()
+    memory = machine_memory() if memory_bytes is None else memory_bytes
+    with recommended_wired_limit() as wired:
+        for record in _run_groups(spec, guard, on_model, models, first, on_begin, memory):
+            record["wired_limit_bytes"] = wired
+            yield record
+
+
+def _run_groups(
+    spec: MatrixSpec,
+    guard: CellGuard,
+    on_model: Callable[[dict[str, Any]], None] | None,
+    models: dict[str, nn.Module] | None,
+    first: int,
+    on_begin: Callable[[int], None] | None,
+    memory: int,
+) -> Iterator[dict[str, Any]]:
+    scores_materialized = mx.default_device().type == mx.DeviceType.cpu  # no fused attention
+    index = 0
     for group in group_by_model(expand(spec)):
+        indices = range(index, index + len(group.cells))
+        index += len(group.cells)
+        if indices[-1] < first:
+            continue
+        cells = [(i, cell) for i, cell in zip(indices, group.cells, strict=True) if i >= first]
         try:
             loaded = load_benchmark_model(group.model, group.bits, models)
         except Exception as exc:  # any load failure fails its cells, not the run
-            for cell in group.cells:
+            for _, cell in cells:
                 yield cell_record(cell, error=f"model load failed: {error_text(exc)}")
             continue
         if on_model is not None:
             on_model(loaded.info)
-        for cell in group.cells:
+        shape = model_shape(loaded.model)
+        for i, cell in cells:
+            if on_begin is not None:
+                on_begin(i)
+            if shape is not None:
+                footprint = cell_footprint(
+                    shape, loaded.info["weight_memory_bytes"], cell, scores_materialized
+                )
+                why = refusal(footprint, memory)
+                if why is not None:
+                    yield cell_record(cell, error=why)
+                    continue
             guard.begin_cell()
             metrics, error, stopped = None, None, None
             try:
@@ -196,3 +274,8 @@ def run_matrix(
         del loaded
         gc.collect()
         mx.clear_cache()
+
+
+def machine_memory() -> int:
+    """This machine's memory in bytes: what a cell may need at most."""
+    return int(psutil.virtual_memory().total)

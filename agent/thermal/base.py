@@ -16,7 +16,9 @@ class SourceUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class ThermalReading:
-    """One observation. `simulated` marks sim/replay values so nobody mistakes them for a sensor."""
+    """One observation. `simulated` marks sim/replay values so nobody mistakes them for a sensor;
+    `sensor` names the one `celsius` is (`TCMz`, `PMU TP1g`, `cpu_temp_avg`, ...): readings of
+    different sources or sensors differ by up to tens of °C and must never be mixed unsaid."""
 
     celsius: float | None
     source: str
@@ -24,11 +26,13 @@ class ThermalReading:
     sensors: Mapping[str, float] = field(default_factory=dict)
     pressure: str | None = None
     simulated: bool = False
+    sensor: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "celsius": self.celsius,
             "source": self.source,
+            "sensor": self.sensor,
             "time": self.time,
             "sensors": dict(self.sensors),
             "pressure": self.pressure,
@@ -76,14 +80,20 @@ class ThermalSource(ABC):
         celsius: float | None,
         sensors: Mapping[str, float] | None = None,
         pressure: str | None = None,
+        sensor: str | None = None,
     ) -> ThermalReading:
+        """A reading; its `sensor` is the one given, else the sensor whose value `celsius` is."""
         self.last_error = None
+        sensors = dict(sensors or {})
+        if sensor is None and celsius is not None:
+            sensor = next((name for name, value in sensors.items() if value == celsius), None)
         return ThermalReading(
             celsius=celsius,
             source=self.name,
-            sensors=dict(sensors or {}),
+            sensors=sensors,
             pressure=pressure,
             simulated=self.simulated,
+            sensor=sensor,
         )
 
 

@@ -46,6 +46,7 @@ def snapshot(
         "kind": kind(reading),
         "simulated": bool(reading and reading.simulated),
         "celsius": reading.celsius if reading else None,
+        "sensor": reading.sensor if reading else None,
         "pressure": reading.pressure if reading else None,
         "sensors": dict(reading.sensors) if reading else {},
         "time": (
@@ -70,6 +71,8 @@ def render(
     table.add_row("Source", f"{data['source']}{label.get(data['kind'], '')}")
     celsius = data["celsius"]
     table.add_row("SoC °C", f"{celsius:.1f}" if celsius is not None else "[red]unavailable[/]")
+    if data["sensor"]:
+        table.add_row("Sensor", Text(data["sensor"]))
     if history is not None:
         arrow = trend_arrow(per_minute)
         table.add_row("Trend", f"{arrow} {per_minute:+.1f} °C/min" if arrow else "—")

@@ -9,13 +9,11 @@ from __future__ import annotations
 import ctypes
 import sys
 from ctypes import c_bool, c_char_p, c_double, c_int, c_int32, c_int64, c_long, c_uint32, c_ulong
-from typing import Any
 
 from agent.thermal.base import SourceUnavailable, ThermalReading, ThermalSource
-from agent.thermal.parsers import hottest, select_die_sensors
+from agent.thermal.macos_libs import CORE_FOUNDATION, IOKIT, bind, load
+from agent.thermal.parsers import EmptyStreak, hottest, select_die_sensors
 
-_CORE_FOUNDATION = "/System/Library/Frameworks/CoreFoundation.framework/CoreFoundation"
-_IOKIT = "/System/Library/Frameworks/IOKit.framework/IOKit"
 _UTF8 = 0x08000100  # kCFStringEncodingUTF8
 _SINT32 = 3  # kCFNumberSInt32Type
 _VENDOR_USAGE_PAGE = 0xFF00
@@ -26,30 +24,18 @@ _TEMPERATURE_FIELD = _EVENT_TEMPERATURE << 16
 _P = ctypes.c_void_p
 
 
-def _bind(lib: ctypes.CDLL, name: str, restype: Any, *argtypes: Any) -> Any:
-    # Every pointer restype must be c_void_p: the default int truncates 64-bit pointers.
-    function = getattr(lib, name)
-    function.restype = restype
-    function.argtypes = list(argtypes)
-    return function
-
-
 class _HIDTemperatures:
     """The HID event-system client matched to temperature services, and how to read them."""
 
     def __init__(self) -> None:
-        try:
-            cf = ctypes.CDLL(_CORE_FOUNDATION)
-            iokit = ctypes.CDLL(_IOKIT)
-        except OSError as exc:
-            raise SourceUnavailable(f"iohid: cannot load IOKit: {exc}") from exc
-        self._release = _bind(cf, "CFRelease", None, _P)
-        self._string = _bind(cf, "CFStringCreateWithCString", _P, _P, c_char_p, c_uint32)
-        self._string_value = _bind(cf, "CFStringGetCString", c_bool, _P, c_char_p, c_long, c_uint32)
-        self._type_id = _bind(cf, "CFGetTypeID", c_ulong, _P)
-        self._string_type_id = _bind(cf, "CFStringGetTypeID", c_ulong)()
-        number = _bind(cf, "CFNumberCreate", _P, _P, c_long, _P)
-        dictionary = _bind(
+        cf, iokit = load(CORE_FOUNDATION, "iohid"), load(IOKIT, "iohid")
+        self._release = bind(cf, "CFRelease", None, _P)
+        self._string = bind(cf, "CFStringCreateWithCString", _P, _P, c_char_p, c_uint32)
+        self._string_value = bind(cf, "CFStringGetCString", c_bool, _P, c_char_p, c_long, c_uint32)
+        self._type_id = bind(cf, "CFGetTypeID", c_ulong, _P)
+        self._string_type_id = bind(cf, "CFStringGetTypeID", c_ulong)()
+        number = bind(cf, "CFNumberCreate", _P, _P, c_long, _P)
+        dictionary = bind(
             cf,
             "CFDictionaryCreate",
             _P,
@@ -60,16 +46,16 @@ class _HIDTemperatures:
             _P,
             _P,
         )
-        self._count = _bind(cf, "CFArrayGetCount", c_long, _P)
-        self._item = _bind(cf, "CFArrayGetValueAtIndex", _P, _P, c_long)
-        create_client = _bind(iokit, "IOHIDEventSystemClientCreate", _P, _P)
-        set_matching = _bind(iokit, "IOHIDEventSystemClientSetMatching", c_int, _P, _P)
-        copy_services = _bind(iokit, "IOHIDEventSystemClientCopyServices", _P, _P)
-        self._copy_property = _bind(iokit, "IOHIDServiceClientCopyProperty", _P, _P, _P)
-        self._copy_event = _bind(
+        self._count = bind(cf, "CFArrayGetCount", c_long, _P)
+        self._item = bind(cf, "CFArrayGetValueAtIndex", _P, _P, c_long)
+        create_client = bind(iokit, "IOHIDEventSystemClientCreate", _P, _P)
+        set_matching = bind(iokit, "IOHIDEventSystemClientSetMatching", c_int, _P, _P)
+        copy_services = bind(iokit, "IOHIDEventSystemClientCopyServices", _P, _P)
+        self._copy_property = bind(iokit, "IOHIDServiceClientCopyProperty", _P, _P, _P)
+        self._copy_event = bind(
             iokit, "IOHIDServiceClientCopyEvent", _P, _P, c_int64, c_int32, c_int64
         )
-        self._float_value = _bind(iokit, "IOHIDEventGetFloatValue", c_double, _P, c_int32)
+        self._float_value = bind(iokit, "IOHIDEventGetFloatValue", c_double, _P, c_int32)
 
         self._client = create_client(None)
         if not self._client:
@@ -140,7 +126,9 @@ class _HIDTemperatures:
 
 
 class IOHIDSource(ThermalSource):
-    """Die sensors from IOKit HID; the hottest die is the temperature, every die in the reading."""
+    """Die sensors from IOKit HID; the hottest die is the temperature, every die in the reading.
+    The client is made again after reads where no service answered (macmon and Stats make one
+    per read: services are re-created across sleep)."""
 
     name = "iohid"
 
@@ -151,12 +139,17 @@ class IOHIDSource(ThermalSource):
                 f"iohid reads IOKit HID sensors and needs macOS; this is {sys.platform}"
             )
         self._hid = _HIDTemperatures()
+        self._empty = EmptyStreak()
         if not self._hid.sensors:
             self._hid.close()
             raise SourceUnavailable("iohid: no HID temperature services (an Intel Mac has none)")
 
     def read(self) -> ThermalReading | None:
         pairs = self._hid.read()
+        if self._empty.rebuild_after(len(pairs)):
+            self._hid.close()
+            self._hid = _HIDTemperatures()
+            pairs = self._hid.read()
         dies = select_die_sensors(pairs)
         if not dies:
             names = ", ".join(sorted({name for name, _ in pairs})) or "none answered"

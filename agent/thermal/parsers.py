@@ -176,10 +176,19 @@ def linux_soc_celsius(sensors: Mapping[str, float]) -> float | None:
 
 # --- IOHID (macOS) ------------------------------------------------------------------------------
 
-# PMU tdie* on M1/M5, MTR sensors on M2-M4. Everything else (PMU tcal, a calibration constant,
-# NAND, battery, gas gauge) is not the die.
+# Die sensors by generation (captures: exelban/stats#210 base M1, oshi/oshi#3534 M2 Max and M3 Pro,
+# aristocratos/btop#1601 M2 Pro): `PMU tdie*` on every generation seen; `PMU TP*g` on M2 Max/Pro
+# (g = GPU: the hottest part under MLX's GPU work, btop#1601 reads them as the GPU); `PMGR SOC Die
+# Temp Sensor*` and pACC/eACC/GPU/SOC `MTR Temp Sensor*` where present (base M1 and others).
+# Not the die: `PMU tcal` (~51.9, a calibration constant: macmade/Hot#29, angristan/MacThrottle#38),
+# `PMU2 TR0Z` (the same constant, Hot#90), `PMU tdev*` (device sensors, some stuck at -21.5),
+# `PMU2 TR*`, NAND, battery / gas gauge, `noname` (0.0).
 _DIE_SENSOR = re.compile(
-    r"^(PMU\d* tdie\d*|[pe]ACC MTR Temp Sensor\d*|GPU MTR Temp Sensor\d*)$", re.IGNORECASE
+    r"^(PMU\d* tdie\d*"
+    r"|PMU\d* TP\d+g"
+    r"|PMGR SOC Die Temp Sensor\d*"
+    r"|(pACC|eACC|GPU|SOC) MTR Temp Sensor\d*)$",
+    re.IGNORECASE,
 )
 
 
@@ -194,6 +203,23 @@ def select_die_sensors(
         if _DIE_SENSOR.match(name) and plausible(value):
             dies[name] = max(value, dies.get(name, value))
     return dies
+
+
+class EmptyStreak:
+    """Counts reads in a row where no HID service answered: services are re-created across
+    sleep (mac-desk-check.md), so after `limit` of them the client is made again."""
+
+    def __init__(self, limit: int = 3) -> None:
+        self.limit = limit
+        self.count = 0
+
+    def rebuild_after(self, answered: int) -> bool:
+        """Note one read that got `answered` values; True when the client must be rebuilt."""
+        self.count = 0 if answered else self.count + 1
+        if self.count < self.limit:
+            return False
+        self.count = 0
+        return True
 
 
 # --- replay CSV ---------------------------------------------------------------------------------

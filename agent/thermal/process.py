@@ -202,7 +202,9 @@ class MacmonSource(StreamingSource):
     install_hint = "brew install macmon"
 
     def command(self) -> list[str]:
-        return [self.executable, "pipe", "-i", str(self.interval_ms)]
+        # `-i` before the subcommand: global since macmon 0.5.0, and `macmon pipe -i MS` fails
+        # on 0.4.2 and older, so this form works on every version (mac-desk-check.md, macmon).
+        return [self.executable, "-i", str(self.interval_ms), "pipe"]
 
     def _parse_line(self, line: str) -> ThermalReading | None:
         line = line.strip()
@@ -227,8 +229,9 @@ def powermetrics_command(
     executable: str, sampler: str, interval_ms: int, sudo: str | None
 ) -> list[str]:
     """The streaming argv; `sudo -n` fails at once instead of prompting when there is no sudoers
-    entry, so a user agent never hangs on a password."""
-    argv = [executable, "--samplers", sampler, "-i", str(interval_ms)]
+    entry, so a user agent never hangs on a password. `-b 1` line-buffers its output: into a
+    pipe powermetrics otherwise buffers whole samples (mac-desk-check.md, powermetrics)."""
+    argv = [executable, "--samplers", sampler, "-i", str(interval_ms), "-b", "1"]
     return [sudo, "-n", *argv] if sudo else argv
 
 

@@ -1,4 +1,8 @@
-"""Source names -> open sources, and `auto`'s pick (the names themselves: shared.source_names)."""
+"""Source names -> open sources, and `auto`'s pick (the names themselves: shared.source_names).
+
+On macOS every hardware source's readings also carry the thermal pressure level from the notify
+API (agent.thermal.pressure), whatever gives the degrees.
+"""
 
 from __future__ import annotations
 
@@ -8,30 +12,44 @@ from collections.abc import Callable
 from agent.thermal.base import NoneSource, SourceUnavailable, ThermalSource
 from agent.thermal.iohid import IOHIDSource
 from agent.thermal.linux import LinuxSysfsSource
+from agent.thermal.pressure import with_pressure
 from agent.thermal.process import MacmonSource, PowermetricsSource
+from agent.thermal.smc import SMCSource
 from agent.thermal.synthetic import ReplaySource, SimSource
-from shared.source_names import auto_order, parse_sim_params, parse_source_name
+from shared.source_names import auto_order, offered_sources, parse_sim_params, parse_source_name
+
+MAC_SOURCES = frozenset({"smc", "iohid", "macmon", "powermetrics"})
 
 
 def open_source(name: str, *, interval_s: float = 1.0) -> ThermalSource:
-    """Open a source by name: auto, none, iohid, macmon, powermetrics, linux, sim[:k=v,...],
-    replay:PATH. interval_s paces the streaming tools (macmon, powermetrics).
+    """Open a source by name: auto, none, smc, iohid, macmon, powermetrics, linux,
+    sim[:k=v,...], replay:PATH. interval_s paces the streaming tools (macmon, powermetrics).
 
     Raises UnknownSourceError / SourceSpecError for a bad name or spec, SourceUnavailable when the
-    source cannot work on this machine.
+    source cannot work on this machine (its message lists what this machine offers).
     """
+    try:
+        return _open(name, interval_s)
+    except SourceUnavailable as exc:
+        offered = ", ".join(offered_sources(platform.system()))
+        raise SourceUnavailable(f"{exc}; this machine offers: {offered}") from exc
+
+
+def _open(name: str, interval_s: float) -> ThermalSource:
     kind, argument = parse_source_name(name)
     openers: dict[str, Callable[[], ThermalSource]] = {
         "sim": lambda: SimSource(parse_sim_params(argument)),
         "replay": lambda: ReplaySource(argument),
         "auto": lambda: _open_auto(interval_s),
         "none": NoneSource,
+        "smc": SMCSource,
         "iohid": IOHIDSource,
         "macmon": lambda: MacmonSource(interval_s=interval_s),
         "powermetrics": lambda: PowermetricsSource(interval_s=interval_s),
         "linux": LinuxSysfsSource,
     }
-    return openers[kind]()
+    source = openers[kind]()
+    return with_pressure(source) if kind in MAC_SOURCES else source
 
 
 def _open_auto(interval_s: float) -> ThermalSource:
@@ -39,7 +57,7 @@ def _open_auto(interval_s: float) -> ThermalSource:
     reasons: list[str] = []
     for candidate in auto_order(platform.system()):
         try:
-            source = open_source(candidate, interval_s=interval_s)
+            source = _open(candidate, interval_s)
         except SourceUnavailable as exc:
             reasons.append(str(exc))
             continue

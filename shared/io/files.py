@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -37,3 +38,14 @@ def replace_atomically(path: Path, text: str, mode: int = 0o600) -> None:
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
+
+
+def make_private(path: Path) -> None:
+    """Create `path` empty with mode 0600, or take group and other access off the file that is
+    there (one an earlier release made 0644); a file of another user's is left as it is."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        with contextlib.suppress(OSError):
+            if path.stat().st_mode & 0o077:
+                path.chmod(0o600)

@@ -19,6 +19,8 @@ Metrics, all labelled by `host` (the sample's hostname):
 - mlx_fleet_policy_actions_total{host,action}: counter of the actions the policy took on jobs
   (pause, resume, reduce_batch, restore_batch, stop).
 - mlx_fleet_agent_up{host}: gauge, 1 while the host's telemetry arrives.
+- mlx_fleet_storage_ok{host}: gauge, 1 while the host's agent writes everything it keeps, 0
+  while its disk refuses a write (the samples' storage_error says which; it retries).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ POLICY_ACTIONS = frozenset({"pause", "resume", "reduce_batch", "restore_batch", 
 
 
 class TelemetryMetrics:
-    """The five metrics in a registry of their own, updated from telemetry bodies. Not
+    """The six metrics in a registry of their own, updated from telemetry bodies. Not
     thread-safe on its own bookkeeping: feed it from one thread."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -77,6 +79,12 @@ class TelemetryMetrics:
             ["host"],
             registry=self.registry,
         )
+        self.storage_ok = Gauge(
+            "mlx_fleet_storage_ok",
+            "1 while the host's agent writes all it keeps, 0 while its disk refuses a write.",
+            ["host"],
+            registry=self.registry,
+        )
         self._sources: dict[str, str] = {}
         self._pause_seen: dict[str, float] = {}
         self._states: set[str] = set()
@@ -104,6 +112,7 @@ class TelemetryMetrics:
             self.pause_seconds.labels(host).inc(added)
         self._pause_seen[host] = total
         self.agent_up.labels(host).set(1)
+        self.storage_ok.labels(host).set(0 if sample["storage_error"] else 1)
 
     def observe_event(self, event: Mapping[str, Any]) -> None:
         if event["action"] in POLICY_ACTIONS:

@@ -58,6 +58,12 @@ def positive(flag: str, unit: str = "") -> Callable[[float], float]:
     return check
 
 
+TAKES_A_KEY: dict[str, Any] = {"ignore_unknown_options": True}
+"""context_settings of a command with a CURVE key argument: a Z85 key may start with '-' (or
+'--'), which Click would otherwise take for an unknown option. The command has no short options,
+so Click hands such an argument on whole."""
+
+
 # --- single options -----------------------------------------------------------------------------
 
 SeqLengths = Annotated[

@@ -8,6 +8,8 @@ import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 
+from shared.io.files import make_private
+
 BUSY_TIMEOUT_S = 30.0
 META = "CREATE TABLE IF NOT EXISTS mlx_fleet_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
 
@@ -23,8 +25,10 @@ def open_database(
     """A connection in WAL mode, so readers never block the writer and several processes (the
     daemon and `agent run`, a monitor and a benchmark) can share the file; a busy file is waited
     for, not failed on. Created, with its folder, on first use. A file that is not a database
-    raises sqlite3.DatabaseError, with the connection closed."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    raises sqlite3.DatabaseError, with the connection closed. The file is private (0600), and so
+    are its -wal and -shm files, which SQLite creates with the database's mode."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private(path)
     conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, check_same_thread=not threads)
     if rows_by_name:
         conn.row_factory = sqlite3.Row

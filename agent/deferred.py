@@ -1,0 +1,39 @@
+"""Replies that take seconds (the `doctor` report): computed on one worker thread, sent by the
+daemon's loop when ready, so the loop keeps answering pings and feeding the job meanwhile (the
+sockets belong to the loop's thread alone)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Pending:
+    identity: bytes
+    re: str
+    type: str
+    future: Future[dict[str, Any]]
+
+
+class DeferredReplies:
+    """submit() work for a reply; finished() hands back, once, every reply whose work is done."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deferred-reply")
+        self._pending: list[Pending] = []
+
+    def submit(
+        self, identity: bytes, re: str, type_: str, work: Callable[[], dict[str, Any]]
+    ) -> None:
+        self._pending.append(Pending(identity, re, type_, self._pool.submit(work)))
+
+    def finished(self) -> Iterator[Pending]:
+        done = [pending for pending in self._pending if pending.future.done()]
+        self._pending = [pending for pending in self._pending if not pending.future.done()]
+        yield from done
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,121 @@
+"""How much memory a cell will need, estimated before it runs, so a cell the machine cannot hold
+is refused with the estimate instead of taking the job process down (an allocation MLX cannot
+make kills the process: SIGSEGV, or the kernel's out-of-memory SIGKILL).
+
+Pure arithmetic over the model's shape (its config: ours or mlx-lm's `args`). For one forward
+pass over L tokens in a batch of B, in float16 (2 bytes) unless said otherwise:
+
+- weights: the bytes the model's arrays hold (measured, agent.profiling.memory);
+- KV cache (decode cells): layers x 2 x B x kv_heads x head_dim x (context + generated, rounded
+  up to the cache's 256-position steps);
+- activations: the residual stream and one layer's intermediates, B x L x (4 hidden + q/k/v +
+  3 intermediate); plus, where attention is not a fused kernel (MLX's CPU backend), the
+  attention scores of one layer, B x heads x L x L in float32. Checked against MLX 0.32's peak
+  on its CPU backend with the built-in small model (the estimate errs high): pp2048 b1 107 MB
+  estimated, 92 MB measured; pp2048 b4 403 MB for 329 MB; pp4096 b1 340 MB for 252 MB;
+- logits: B x L x vocab (the whole context's logits, which a decode cell's prefill makes too).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from shared.matrix import DECODE, Cell
+
+HALF = 2
+SCORE_BYTES = 4
+CACHE_STEP = 256
+"""agent.model.KVCache grows in steps of this many positions."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+
+def model_shape(model: Any) -> ModelShape | None:
+    """The shape from the model's `args` (agent.model.ModelArgs, or an mlx-lm ModelArgs);
+    None when the model does not say (its cells then run unestimated)."""
+    args = getattr(model, "args", None)
+    try:
+        heads = int(args.num_attention_heads)
+        hidden = int(args.hidden_size)
+        return ModelShape(
+            layers=int(args.num_hidden_layers),
+            hidden=hidden,
+            intermediate=int(args.intermediate_size),
+            heads=heads,
+            kv_heads=int(getattr(args, "num_key_value_heads", None) or heads),
+            head_dim=int(getattr(args, "head_dim", None) or hidden // heads),
+            vocab=int(args.vocab_size),
+        )
+    except (AttributeError, TypeError, ValueError, ZeroDivisionError):
+        return None
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Estimated bytes, by what holds them."""
+
+    weights: int
+    kv_cache: int
+    activations: int
+    logits: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.activations + self.logits
+
+    def text(self) -> str:
+        """'about 12.3 GB (weights 1.8 + KV cache 0.5 + activations 9.0 + logits 1.0)'."""
+        parts = (
+            ("weights", self.weights),
+            ("KV cache", self.kv_cache),
+            ("activations", self.activations),
+            ("logits", self.logits),
+        )
+        detail = " + ".join(f"{name} {_gb(size)}" for name, size in parts)
+        return f"about {_gb(self.total)} GB ({detail})"
+
+
+def _gb(size: int) -> str:
+    return f"{size / 1e9:.1f}"
+
+
+def cell_footprint(
+    shape: ModelShape, weight_bytes: int, cell: Cell, scores_materialized: bool
+) -> Footprint:
+    """What `cell` needs with a model of `shape` holding `weight_bytes`; `scores_materialized`
+    when attention builds its score matrix (no fused kernel)."""
+    batch, length = cell.batch_size, cell.seq_len
+    kv_cache = 0
+    if cell.mode == DECODE:
+        positions = -(-(cell.seq_len + cell.decode_tokens) // CACHE_STEP) * CACHE_STEP
+        kv_cache = shape.layers * 2 * batch * shape.kv_heads * shape.head_dim * positions * HALF
+    per_token = (
+        4 * shape.hidden
+        + (shape.heads + 2 * shape.kv_heads) * shape.head_dim
+        + 3 * shape.intermediate
+    )
+    activations = batch * length * per_token * HALF
+    if scores_materialized:
+        activations += batch * shape.heads * length * length * SCORE_BYTES
+    logits = batch * length * shape.vocab * HALF
+    return Footprint(weight_bytes, kv_cache, activations, logits)
+
+
+def refusal(footprint: Footprint, memory_bytes: int) -> str | None:
+    """Why a cell is not run (it needs more than the machine's memory), or None to run it."""
+    if footprint.total <= memory_bytes:
+        return None
+    return (
+        f"not run: it would need {footprint.text()} of memory; this machine has "
+        f"{_gb(memory_bytes)} GB"
+    )

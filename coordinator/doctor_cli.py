@@ -1,0 +1,68 @@
+"""`coordinator doctor`: every agent's `agent doctor` report, collected over the protocol (the
+`doctor` request, docs/protocol.md §5), in one table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+import zmq
+
+from coordinator.fleet import Settings, Target, connect
+from coordinator.hosts_cli import (
+    ConnectTimeout,
+    Hostfile,
+    Insecure,
+    KnownHosts,
+    on_every_host,
+    settings_for,
+    targets_or_known,
+)
+from shared import protocol as p
+from shared.doctor import doctor_table
+from shared.exit_codes import EXIT_PARTIAL
+from shared.io.cli import emit
+from shared.io.options import TableFormat
+from shared.io.transport import AgentError, HostError
+
+DOCTOR_TIMEOUT_S = 120.0
+"""An agent's report takes seconds: a 1 s benchmark and a first reading of every sensor."""
+
+
+def host_doctor(ctx: zmq.Context, target: Target, settings: Settings) -> dict[str, Any]:
+    """One agent's report, or why there is none."""
+    row: dict[str, Any] = {"host": target.name, "reachable": False, "error": None, "report": None}
+    try:
+        with connect(ctx, target, settings) as client:
+            row["reachable"] = True
+            row["report"] = client.request("doctor", timeout=DOCTOR_TIMEOUT_S)["report"]
+    except AgentError as exc:
+        row["error"] = (
+            "this agent predates the `doctor` request: upgrade it (coordinator deploy), or run "
+            "`agent doctor` on that host"
+            if exc.code == p.UNKNOWN_TYPE
+            else str(exc)
+        )
+    except HostError as exc:
+        row["error"] = str(exc)
+    return row
+
+
+def doctor_command(
+    hosts: KnownHosts = None,
+    hostfile: Hostfile = None,
+    fmt: TableFormat = "table",
+    connect_timeout: ConnectTimeout = 5.0,
+    insecure: Insecure = False,
+) -> None:
+    """Each agent's `agent doctor` (Python, MLX, a 1 s benchmark, every thermal source, ports,
+    service, firewall...), as its service sees its Mac, in one table.
+
+    Without --hosts or --hostfile: every host with a key from `coordinator keys add`.
+    Exit codes: 0 when every agent answered and can run, 1 otherwise, 2 bad usage."""
+    targets = targets_or_known(hosts, hostfile)
+    settings = settings_for(insecure, connect_timeout)
+    rows = on_every_host(targets, lambda ctx, target: host_doctor(ctx, target, settings))
+    emit(rows, fmt, doctor_table)
+    if not all(row["report"] and row["report"]["ok"] for row in rows):
+        raise typer.Exit(EXIT_PARTIAL)

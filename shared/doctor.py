@@ -1,0 +1,40 @@
+"""`agent doctor` / `coordinator doctor` reports as one table: a row per check, ✓ or ✗, what
+was found and the fix. Pure: the checks themselves run on the agent (agent.doctor)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+PASS, FAIL = "✓", "✗"
+
+
+def result_mark(check: dict[str, Any]) -> str:
+    mark = PASS if check["ok"] else FAIL
+    return f"{mark} (required)" if check["required"] and not check["ok"] else mark
+
+
+def doctor_table(hosts: list[dict[str, Any]]) -> Table:
+    """One row per check of every host; a host that sent no report is one row saying why.
+    `hosts`: {"host", "report" (or None), "error"} per host."""
+    several = len(hosts) > 1
+    table = Table(title="mlx-fleet doctor")
+    for name in (["host"] if several else []) + ["check", "", "found", "fix"]:
+        table.add_column(name, overflow="fold")
+    for host in hosts:
+        where = [host["host"]] if several else []
+        report = host.get("report")
+        if report is None:
+            table.add_row(*where, "agent", FAIL, str(host.get("error")), "", style="red")
+            continue
+        for check in report["checks"]:
+            table.add_row(
+                *where,
+                check["name"],
+                result_mark(check),
+                check["detail"],
+                check["fix"] or "",
+                style=None if check["ok"] else "red" if check["required"] else "yellow",
+            )
+    return table

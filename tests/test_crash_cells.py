@@ -1,0 +1,138 @@
+"""Crash-isolated cells: a cell that kills its job process fails alone and a new process runs the
+cells after it; a cell the machine cannot hold is refused with its estimate before it runs; and
+a job process does not outlive its agent (real agents, real MLX, real signals)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import time
+
+import psutil
+import pytest
+import zmq
+
+from agent.bench_jobs import crashed_cells
+from agent.model import ModelArgs, build_model
+from agent.profiling.footprint import cell_footprint, model_shape, refusal
+from agent.profiling.runner import machine_memory, run_matrix
+from shared.io.keys import own_keypair
+from shared.io.trust import trust
+from shared.matrix import DECODE, PREFILL, Cell, MatrixSpec, expand
+from tests.fleet_support import AgentPool, connect, trusted_agent
+
+pytestmark = pytest.mark.timeout(300)
+
+DATA_LIMIT = 768 * 2**20
+"""RLIMIT_DATA for the agent and its job processes: far above what small cells take (the agent
+uses about 60 MB, a job process some 200 MB), far below what the crashing cell asks for."""
+CRASHING = Cell("small", 16, PREFILL, 8192, 4)
+"""About 4.6 GB estimated (attention scores on MLX's CPU backend): allowed on this machine, an
+allocation past the limit: MLX dies of SIGSEGV when an allocation fails."""
+
+
+def small_shape_footprint(cell: Cell) -> int:
+    model = build_model(ModelArgs.small())
+    shape = model_shape(model)
+    assert shape is not None
+    return cell_footprint(shape, 8_000_000, cell, scores_materialized=True).total
+
+
+def test_a_cell_that_kills_its_job_process_fails_alone(ctx: zmq.Context, agents: AgentPool) -> None:
+    if shutil.which("prlimit") is None:
+        pytest.skip("needs prlimit(1) (util-linux) to give the agent a memory limit")
+    if small_shape_footprint(CRASHING) > machine_memory():
+        pytest.skip("this machine is too small: the agent would refuse the crashing cell")
+    agent = agents.start(wrapper=["prlimit", f"--data={DATA_LIMIT}"])
+    trust(own_keypair().public, "test", directory=agent.home / "keys" / "trusted")
+    client = connect(ctx, agent)
+    matrix = {
+        "models": ["small"],
+        "seq_lengths": [16, CRASHING.seq_len, 32],
+        "batch_sizes": [CRASHING.batch_size],
+        "decode_tokens": 0,
+        "warmup": 0,
+        "iterations": 1,
+    }
+    stream = list(client.stream(client.send("bench.start", {"matrix": matrix})))
+    cells = [m.body["record"] for m in stream if m.type == "bench.cell"]
+    assert [c["test"] for c in cells] == ["pp16", "pp8192", "pp32"]
+    assert cells[0]["status"] == "ok" and cells[2]["status"] == "ok"
+    crashed = cells[1]
+    assert crashed["status"] == "failed"
+    assert re.search(
+        r"the job process died \(killed by SIG[A-Z]+\) while measuring", crashed["error"]
+    )
+    assert stream[-1].body["status"] == "ok" and stream[-1].body["cells"] == 3
+    models = [m for m in stream if m.type == "bench.progress" and m.body["model"]]
+    assert len(models) == 1  # built again in the new process, announced once
+    assert client.request("ping")["job"] is None
+    client.close()
+
+
+def test_a_cell_above_the_machines_memory_is_refused_with_its_estimate() -> None:
+    """Refused before anything is allocated; the cells before and after it are measured."""
+    spec = MatrixSpec(
+        seq_lengths=(16, 1_048_576, 32), models=("small",), decode_tokens=0, warmup=0, iterations=1
+    )
+    records = list(run_matrix(spec))
+    assert [r["status"] for r in records] == ["ok", "failed", "ok"]
+    error = records[1]["error"]
+    assert error.startswith("not run: it would need about ")
+    assert "(weights 0.0 + KV cache 0.0 + activations " in error
+    assert f"this machine has {machine_memory() / 1e9:.1f} GB" in error
+
+
+def test_the_estimate_counts_what_a_cell_holds() -> None:
+    shape = model_shape(build_model(ModelArgs.small()))
+    assert shape is not None and shape.vocab == 4096 and shape.kv_heads == 2
+    prefill = cell_footprint(shape, 1000, Cell("small", 16, PREFILL, 1024, 2), True)
+    assert prefill.kv_cache == 0 and prefill.logits == 2 * 1024 * 4096 * 2
+    decode = cell_footprint(shape, 1000, Cell("small", 16, DECODE, 1000, 2, 24), True)
+    assert decode.kv_cache == 4 * 2 * 2 * 2 * 64 * 1024 * 2  # 1000 + 24 positions, one step
+    fused = cell_footprint(shape, 1000, Cell("small", 16, PREFILL, 1024, 2), False)
+    assert fused.activations < prefill.activations
+    assert refusal(prefill, prefill.total) is None
+    assert "this machine has 0.1 GB" in (refusal(prefill, prefill.total - 1) or "")
+
+
+def test_a_model_without_a_config_is_not_estimated() -> None:
+    assert model_shape(object()) is None
+
+
+def test_a_job_process_dies_with_its_agent(ctx: zmq.Context, agents: AgentPool) -> None:
+    agent = trusted_agent(agents)
+    client = connect(ctx, agent)
+    matrix = {
+        "models": ["small"],
+        "seq_lengths": [16, 32, 48, 64],
+        "decode_tokens": 8,
+        "warmup": 0,
+        "iterations": 50,
+    }
+    client.request("bench.start", {"matrix": matrix})
+    deadline = time.monotonic() + 60
+    while not (children := psutil.Process(agent.process.pid).children()):
+        assert time.monotonic() < deadline, "no job process"
+        time.sleep(0.05)
+    (child,) = children
+    os.kill(agent.process.pid, signal.SIGKILL)  # the agent alone, not its process group
+    agent.process.wait(timeout=10)
+    gone, _ = psutil.wait_procs([child], timeout=30)
+    assert gone, "the job process outlived its agent"
+    client.close()
+
+
+def test_a_process_that_died_building_a_model_fails_that_models_cells() -> None:
+    spec = MatrixSpec(seq_lengths=(8, 16), models=("small", "full"), decode_tokens=0)
+    left = expand(spec)[1:]  # small pp8 was measured; small pp16, full pp8, full pp16 are left
+    died = "the job process died (killed by SIGKILL)"
+    measuring = crashed_cells(left, begun=True, built={("small", 16)}, died=died, tail="")
+    assert [(r["name"], r["error"]) for r in measuring] == [
+        ("small/f16 pp16 b1", f"{died} while measuring this cell")
+    ]
+    building = crashed_cells(left[1:], begun=False, built=set(), died=died, tail=": oom")
+    assert [r["name"] for r in building] == ["full/q4 pp8 b1", "full/q4 pp16 b1"]
+    assert all(r["error"] == f"{died} while building its model: oom" for r in building)

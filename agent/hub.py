@@ -16,7 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from queue import Empty, SimpleQueue
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.events import EventLog
 from agent.history import SavedPolicy, TelemetryHistory, load_policy
@@ -35,9 +35,11 @@ from agent.telemetry import (
 )
 from agent.thermal import ThermalMonitor, ThermalReading, ThermalSource
 from shared import protocol as p
-from shared.io.metrics import MetricsServer, TelemetryMetrics, serve_metrics
 from shared.policy import CoolingState, ThermalPolicy
 from shared.telemetry import Event
+
+if TYPE_CHECKING:
+    from shared.io.metrics import MetricsServer, TelemetryMetrics
 
 log = logging.getLogger("agent.hub")
 
@@ -142,6 +144,8 @@ class TelemetryHub:
     def serve_metrics(self, address: str, version: str, machine: dict[str, Any]) -> int:
         """Prometheus /metrics at HOST:PORT, every series of this host there from the start;
         returns the bound port. Raises ValueError or OSError."""
+        from shared.io.metrics import TelemetryMetrics, serve_metrics  # only with --prometheus
+
         metrics = TelemetryMetrics()
         self._metrics_server = serve_metrics(metrics.registry, address)
         metrics.host_up(self.host, version=version, machine=machine, policy=self.policy.to_dict())

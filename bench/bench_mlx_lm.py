@@ -1,7 +1,7 @@
 """Do our pp and tg agree with `mlx_lm benchmark` on the same model directory?
 
-Each round runs, in an order that rotates from round to round (so drift in the machine's speed
-and a neighbour's load hit both alike):
+Each round runs both tools, in an order that rotates from round to round (bench/support.py: so
+drift in the machine's speed and a neighbour's load hit both alike):
   - `python -m mlx_lm benchmark --model DIR -p P -g G -n T` (its prompt_tps and generation_tps,
     which mlx_lm/benchmark.py averages over T trials after one warm-up), and
   - `agent bench --model DIR -p P -n 0 -r T -w 1` (pp<P>) and `agent bench --model DIR -p 0
@@ -18,23 +18,23 @@ With no --model, a Llama-shaped model with random float16 weights and a word-lev
 is written to a temporary directory (mlx-lm's own llama, saved as its conversion saves it).
 Needs the `lm` extra (pip install -e '.[lm]').
 
-    .venv/bin/python bench/bench_mlx_lm.py [--model DIR] [-p 512] [-g 128] [--rounds 5]
+    .venv/bin/python bench/bench_mlx_lm.py [--model DIR] [-p 512] [-g 128] [--repeats 5]
         [--trials 3] [--quick]
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
+
+from support import BenchError, interleave, machine, parser, run, spread
 
 AVERAGES = re.compile(r"Averages: prompt_tps=([\d.]+), generation_tps=([\d.]+)")
 LLAMA = {
@@ -60,10 +60,6 @@ QUICK_LLAMA = LLAMA | {
     "vocab_size": 1000,
 }
 """--quick: seconds, only checking that both tools still run and print their figures."""
-
-
-class BenchError(RuntimeError):
-    """A side that could not be measured; the message says why."""
 
 
 def write_model(directory: Path, config: dict) -> None:
@@ -122,43 +118,33 @@ def agent_bench(model: Path, matrix: list[str], trials: int, home: Path) -> floa
     return cell["tokens_per_sec"]
 
 
-def spread(values: Sequence[float], digits: int = 1) -> str:
-    """`median (min-max)`."""
-    low, mid, high = min(values), statistics.median(values), max(values)
-    return f"{mid:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
-
-
-def machine() -> str:
-    """The chip, cores, memory and versions the figures come from (agent bench's own facts)."""
+def chip() -> str:
+    """The chip, memory and mlx-lm version the figures come from (agent bench's own facts)."""
     from agent.machine import machine_info
 
     facts = machine_info()
     return (
-        f"{facts['chip']} ({facts['backend']}), {facts['cpu_count']} cores, "
-        f"{facts['memory_gib']} GiB, {facts['os']}, Python {facts['python']}, "
-        f"MLX {facts['mlx_version']}, mlx-lm {facts['mlx_lm_version']}"
+        f"{facts['chip']} ({facts['backend']}), {facts['memory_gib']} GiB, "
+        f"mlx-lm {facts['mlx_lm_version']}"
     )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--model", type=Path, help="an mlx-lm model directory (with tokenizer)")
-    parser.add_argument("-p", "--prompt-tokens", type=int, default=512)
-    parser.add_argument("-g", "--generation-tokens", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--trials", type=int, default=3, help="timed runs per tool per round")
-    parser.add_argument("--quick", action="store_true", help="seconds: checks the script runs")
-    opts = parser.parse_args()
+    args = parser(__doc__.splitlines()[0])
+    args.add_argument("--model", type=Path, help="an mlx-lm model directory (with tokenizer)")
+    args.add_argument("-p", "--prompt-tokens", type=int, default=512)
+    args.add_argument("-g", "--generation-tokens", type=int, default=128)
+    args.add_argument("--trials", type=int, default=3, help="timed runs per tool per round")
+    opts = args.parse_args()
     if importlib.util.find_spec("mlx_lm") is None:
         raise BenchError("mlx-lm is not installed: pip install -e '.[lm]'")
     config = LLAMA
     if opts.quick:
-        config, opts.prompt_tokens, opts.generation_tokens = QUICK_LLAMA, 16, 4
-        opts.rounds, opts.trials = 1, 1
+        config, opts.prompt_tokens, opts.generation_tokens, opts.trials = QUICK_LLAMA, 16, 4, 1
+    repeats = opts.repeats or (1 if opts.quick else 5)
     p, g = opts.prompt_tokens, opts.generation_tokens
     print(f"machine: {machine()}")
+    print(f"chip: {chip()}")
     with tempfile.TemporaryDirectory(prefix="bench-mlx-lm-") as scratch:
         model = opts.model
         if model is None:
@@ -168,43 +154,29 @@ def main() -> None:
             print(f"model: mlx-lm llama, random float16 weights, {json.dumps(config)}")
         else:
             print(f"model: {model}")
-        print(
-            f"pp{p} and tg{g} @ d{p}; {opts.rounds} rounds of {opts.trials} trials per tool",
-            flush=True,
-        )
+        print(f"pp{p} and tg{g} @ d{p}; {repeats} interleaved rounds, {opts.trials} trials each")
         home = Path(scratch) / "home"
-        sides: dict[str, Callable[[], tuple[float, ...]]] = {
-            "mlx-lm": lambda: mlx_lm(model, p, g, opts.trials),
-            "ours": lambda: (
-                agent_bench(model, ["-p", str(p), "-n", "0"], opts.trials, home),
-                agent_bench(model, ["-p", "0", "-n", str(g), "-d", str(p)], opts.trials, home),
-            ),
-        }
-        figures: dict[str, list[tuple[float, ...]]] = {name: [] for name in sides}
-        for index in range(opts.rounds):
-            names = list(sides)[index % 2 :] + list(sides)[: index % 2]
-            for name in names:
-                figures[name].append(sides[name]())
-            (pp, tg), (lm_pp, lm_tg) = figures["ours"][-1], figures["mlx-lm"][-1]
-            print(
-                f"round {index + 1} ({' first, '.join(names)} second): pp {pp:.1f} vs "
-                f"{lm_pp:.1f}, tg {tg:.1f} vs {lm_tg:.1f} tok/s",
-                flush=True,
-            )
+        rounds = interleave(
+            {
+                "ours": lambda: (
+                    agent_bench(model, ["-p", str(p), "-n", "0"], opts.trials, home),
+                    agent_bench(model, ["-p", "0", "-n", str(g), "-d", str(p)], opts.trials, home),
+                ),
+                "mlx-lm": lambda: mlx_lm(model, p, g, opts.trials),
+            },
+            repeats,
+        )
     print(f"{'test':<14} {'ours tok/s':>22} {'mlx-lm tok/s':>22} {'ours / mlx-lm':>22}")
-    for column, test in ((0, f"pp{p}"), (1, f"tg{g} @ d{p}")):
-        ours = [values[column] for values in figures["ours"]]
-        theirs = [values[column] for values in figures["mlx-lm"]]
-        ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
-        print(f"{test:<14} {spread(ours):>22} {spread(theirs):>22} {spread(ratios, 3):>22}")
+    for index, test in enumerate((f"pp{p}", f"tg{g} @ d{p}")):
+        ours, theirs = rounds.figures("ours", index), rounds.figures("mlx-lm", index)
+        ratios = rounds.ratios("ours", "mlx-lm", index)
+        figures = (spread(ours, 1, 1), spread(theirs, 1, 1), spread(ratios, 1, 3))
+        print(f"{test:<14}" + "".join(f" {figure:>22}" for figure in figures))
     print(
         f"target 0.95-1.05; tg from mlx-lm's counting alone (G-1)/G = {(g - 1) / g:.3f}; "
-        "ratios median (min-max) over rounds"
+        "median (min-max) over the rounds, ratios round by round"
     )
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BenchError as exc:
-        sys.exit(f"bench failed: {exc}")
+    run(main)

@@ -46,15 +46,18 @@ from shared import protocol as p
 from shared.exit_codes import EXIT_INTERRUPTED, EXIT_PARTIAL
 from shared.io.cli import check_output, emit, err, fail, show_report, usage_error
 from shared.io.keys import own_keypair
-from shared.io.options import MatrixOptions, Output, ReportFormat, TableFormat, with_options
+from shared.io.options import (
+    MatrixOptions,
+    Output,
+    ReportFormat,
+    RunId,
+    TableFormat,
+    with_options,
+)
 from shared.io.sqlite import StoreError
 from shared.io.transport import AgentError, HostError
 from shared.matrix import MatrixError
 from shared.results import failed_cells
-
-RunId = Annotated[
-    str, typer.Argument(help="A run id, or a unique prefix of one (`coordinator runs` lists them).")
-]
 
 
 class FleetProgress:

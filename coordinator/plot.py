@@ -17,7 +17,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 from matplotlib.figure import Figure
 
-from coordinator.telemetry_stats import THRESHOLDS, HostHistory, paused_intervals
+from coordinator.telemetry_stats import THRESHOLDS, HostSeries
 
 THRESHOLD_STYLES = {
     "max_speed_temp": ("reduce batch", "goldenrod"),
@@ -39,55 +39,48 @@ HOST_COLOURS = (
 """Host lines, in turn: matplotlib's default cycle without its orange, red and olive, which
 read as thresholds."""
 STOP_COLOUR = THRESHOLD_STYLES["stop_temp"][1]
+Period = tuple[float, float, dict[str, float]]
 
 
 def _when(epoch: float) -> datetime:
     return datetime.fromtimestamp(epoch)
 
 
-def _line(history: HostHistory) -> tuple[list[datetime], list[float]]:
-    """The host's readings, with a NaN after each sample followed by a silence so the line
+def _line(series: HostSeries) -> tuple[list[datetime], list[float]]:
+    """The host's points, with a NaN between two further apart than a silence, so the line
     breaks where nothing was heard instead of bridging it."""
     xs: list[datetime] = []
     ys: list[float] = []
-    samples = history.samples
-    for index, (sample, span) in enumerate(zip(samples, history.spans, strict=True)):
-        xs.append(_when(sample["time"]))
-        ys.append(math.nan if sample["celsius"] is None else sample["celsius"])
-        following = samples[index + 1]["time"] if index + 1 < len(samples) else None
-        if following is not None and following - sample["time"] > span:
-            xs.append(_when(sample["time"] + span))
+    previous: float | None = None
+    for at, celsius in series.points:
+        if previous is not None and at - previous > series.silence:
+            xs.append(_when(previous + series.silence))
             ys.append(math.nan)
+        xs.append(_when(at))
+        ys.append(math.nan if celsius is None else celsius)
+        previous = at
     return xs, ys
 
 
-def _policy_periods(history: HostHistory) -> list[tuple[float, float, dict[str, float]]]:
-    """(start, end, policy) over the host's samples: each policy from when it was learned (the
-    first one from the first sample, as telemetry_stats.policy_at assumes) to the next."""
-    if not history.samples or not history.policies:
+def _policy_periods(series: HostSeries) -> list[Period]:
+    """(start, end, policy) over the host's points: each policy from when it was learned (the
+    first one from the first point, as telemetry_stats.policy_at assumes) to the next."""
+    if not series.policies:
         return []
-    first, last = history.samples[0]["time"], history.samples[-1]["time"]
+    first, last = series.first, series.last
     periods = []
-    for index, (learned, policy) in enumerate(history.policies):
+    for index, (learned, policy) in enumerate(series.policies):
         start = first if index == 0 else max(learned, first)
-        end = history.policies[index + 1][0] if index + 1 < len(history.policies) else last
+        end = series.policies[index + 1][0] if index + 1 < len(series.policies) else last
         if min(end, last) > start:
             periods.append((start, min(end, last), policy))
     return periods
 
 
-def _stops(history: HostHistory) -> list[tuple[float, float | None]]:
-    """(time, °C or None) of every job the policy stopped on the host."""
-    return [(e["time"], e["celsius"]) for e in history.events if e["action"] == "stop"]
-
-
-Period = tuple[float, float, dict[str, float]]
-
-
-def _threshold_sets(histories: list[HostHistory]) -> list[tuple[str | None, list[Period]]]:
-    """(host, its policy periods) per host with samples; a single (None, whole window) set
-    when every host ran under one and the same policy all along."""
-    sets = [(h.host, _policy_periods(h)) for h in histories if h.samples]
+def _threshold_sets(drawn: list[HostSeries]) -> list[tuple[str | None, list[Period]]]:
+    """(host, its policy periods) per host; a single (None, whole window) set when every host
+    ran under one and the same policy all along."""
+    sets = [(series.host, _policy_periods(series)) for series in drawn]
     policies = {tuple(sorted(p.items())) for _, periods in sets for _, _, p in periods}
     if len(policies) == 1 and all(periods for _, periods in sets):
         start = min(periods[0][0] for _, periods in sets)
@@ -96,27 +89,27 @@ def _threshold_sets(histories: list[HostHistory]) -> list[tuple[str | None, list
     return [(host, periods) for host, periods in sets if periods]
 
 
-def plot_history(histories: list[HostHistory], title: str) -> Figure:
-    """The figure; hosts without samples are left out."""
+def plot_history(hosts: list[HostSeries], title: str) -> Figure:
+    """The figure; hosts without points are left out."""
     figure = Figure(figsize=(10, 4.8), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
-    drawn = [history for history in histories if history.samples]
-    for index, history in enumerate(drawn):
+    drawn = [series for series in hosts if series.points]
+    for index, series in enumerate(drawn):
         colour = HOST_COLOURS[index % len(HOST_COLOURS)]
-        xs, ys = _line(history)
-        axes.plot(xs, ys, linewidth=1.4, color=colour, label=history.host)
-        for number, (start, end) in enumerate(paused_intervals(history.samples, history.spans)):
+        xs, ys = _line(series)
+        axes.plot(xs, ys, linewidth=1.4, color=colour, label=series.host)
+        for number, (start, end) in enumerate(series.paused):
             axes.axvspan(
                 _when(start),
                 _when(end),
                 color=colour,
                 alpha=0.18,
                 linewidth=0,
-                label=f"{history.host} paused" if number == 0 else None,
+                label=f"{series.host} paused" if number == 0 else None,
             )
-        for number, (at, celsius) in enumerate(_stops(history)):
-            label = f"{history.host}: job stopped" if number == 0 else None
+        for number, (at, celsius) in enumerate(series.stops):
+            label = f"{series.host}: job stopped" if number == 0 else None
             if celsius is None:
                 axes.axvline(_when(at), color=STOP_COLOUR, linestyle=":", label=label)
             else:
@@ -138,7 +131,7 @@ def plot_history(histories: list[HostHistory], title: str) -> Figure:
                     label=None if label in labelled else label,
                 )
                 labelled.add(label)
-    if any(sample["simulated"] for history in histories for sample in history.samples):
+    if any(series.simulated for series in hosts):
         title += " (simulated or replayed: not a sensor)"
     axes.set_title(title)
     axes.set_ylabel("SoC °C")

@@ -215,7 +215,7 @@ def test_snapshot_for_scripts() -> None:
 
 def test_recorded_samples_seed_the_sparkline_but_are_not_a_current_reading() -> None:
     board = Dashboard(["mac1:5555"])
-    board.seed("mac1:5555", [sample(700.0 + t, 60.0 + t / 10) for t in range(0, 300, 30)])
+    board.seed("mac1:5555", [(700.0 + t, 60.0 + t / 10) for t in range(0, 300, 30)])
     view = board.hosts["mac1:5555"]
     assert view.sample is None and view.spark() == []
     assert "connecting" in text_of(board, 0.0)
@@ -306,3 +306,18 @@ def test_a_narrow_terminal_narrows_the_sparkline_then_drops_columns() -> None:
     assert fit_columns(widths, 20)[0] == ["host", "SoC °C"]
     header = drawn(lab(), 100)[1:4]
     assert any("last 5 min" in line for line in header)  # never cut to "last 5 …"
+
+
+def test_a_terminal_too_short_for_every_host_draws_the_rows_that_fit_and_says_so() -> None:
+    names = [f"mac{i:02d}:5555" for i in range(40)]
+    board = Dashboard(names)
+    for name in names:
+        board.connected(name, name, INFO_OK, now=100.0)  # one job each: one line a row
+    console = Console(width=200, height=20, record=True, color_system=None)
+    console.print(render(board, 100.5, 200, console.size.height))
+    lines = console.export_text().splitlines()
+    shown = [name for name in names if any(name in line for line in lines)]
+    assert shown == names[: len(shown)] and 0 < len(shown) < len(names)
+    assert len(lines) <= 20
+    assert f"{len(names) - len(shown)} more hosts below" in lines[-1]
+    assert "more hosts" not in text_of(board, 100.5)  # no height given: every host

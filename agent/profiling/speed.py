@@ -9,23 +9,31 @@ steps of `prefill_step_size` tokens, evaluating only the cache (mlx_lm/generate.
 `mx.clear_cache()`), so no prompt position but the last is projected onto the vocabulary; the
 last token's logits give the first generated token, as mlx-lm's prompt time and llama-bench's
 pp (logits of the batch's last token only) include it.
+
+A depth (tokens already in the KV cache) is filled the same way once per cell, before any
+iteration; each iteration, warm-up included, starts from its own evaluated copy of that cache
+(copy_cache), made before the clock starts, so every timed region holds the same work and the
+depth is paid for once, not once per iteration. The filled original stays in memory meanwhile:
+its bytes are left out of the peak and active memory reported, which stay what the work after
+one filling holds.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_map
 
 from agent.profiling.memory import random_tokens, to_gb
 from shared.matrix import DEFAULT_PREFILL_STEP
 from shared.stats import summarize_latencies
 
-State = TypeVar("State")
 IterationGate = Callable[[int], None]
 
 
@@ -40,6 +48,31 @@ def new_cache(model: nn.Module) -> list[Any]:
 
 def cache_state(cache: list[Any]) -> list[Any]:
     return [layer.state for layer in cache]
+
+
+def copy_cache(cache: list[Any]) -> list[Any]:
+    """The cache with buffers of its own: each layer copied with every array it holds copied
+    into new memory (unevaluated), offsets and steps as they were. Work writing into the copy
+    finds what it would find in a freshly filled cache, an array nothing else holds, so MLX
+    updates it in place just the same, and the original stays as it was."""
+    copies = []
+    for layer in cache:
+        clone = copy.copy(layer)
+        for name, value in vars(layer).items():
+            setattr(clone, name, tree_map(_own_copy, value))
+        copies.append(clone)
+    return copies
+
+
+def _own_copy(value: Any) -> Any:
+    return mx.array(value) if isinstance(value, mx.array) else value
+
+
+def cache_bytes(cache: list[Any]) -> int:
+    """Bytes held by the cache's arrays."""
+    return sum(
+        leaf.nbytes for _, leaf in tree_flatten(cache_state(cache)) if isinstance(leaf, mx.array)
+    )
 
 
 def prefill(model: nn.Module, cache: list[Any], tokens: mx.array, step: int) -> mx.array:
@@ -57,23 +90,36 @@ def prefill(model: nn.Module, cache: list[Any], tokens: mx.array, step: int) -> 
     return mx.argmax(model(tokens[:, start:], cache=cache)[:, -1, :], axis=-1)
 
 
-def filled_cache(model: nn.Module, context: mx.array | None, step: int) -> list[Any]:
-    """A new cache holding `context` (None or no tokens: empty), evaluated."""
-    cache = new_cache(model)
-    if context is not None and context.shape[1]:
-        prefill(model, cache, context, step)
+@dataclass
+class Depth:
+    """A cell's depth, filled once: the cache holding the context, and the greedy token after
+    it (None at depth 0, whose cache is empty)."""
+
+    cache: list[Any]
+    token: mx.array | None
+
+    @classmethod
+    def fill(cls, model: nn.Module, context: mx.array, step: int) -> Depth:
+        """`context` (batch x depth) into a new cache in prefill steps of `step`, evaluated."""
+        cache = new_cache(model)
+        if not context.shape[1]:
+            return cls(cache, None)
+        token = prefill(model, cache, context, step)
+        mx.eval(token, cache_state(cache))
+        return cls(cache, token)
+
+    @property
+    def kept_bytes(self) -> int:
+        """What the filled original holds while the iterations work on copies."""
+        return 0 if self.token is None else cache_bytes(self.cache)
+
+    def fresh(self, model: nn.Module) -> list[Any]:
+        """A cache of the iteration's own holding the depth, evaluated."""
+        if self.token is None:
+            return new_cache(model)
+        cache = copy_cache(self.cache)
         mx.eval(cache_state(cache))
-    return cache
-
-
-def first_token(
-    model: nn.Module, cache: list[Any], context: mx.array, batch_size: int, step: int
-) -> mx.array:
-    """The token decoding starts from: the greedy next token after `context`, or a random one
-    when there is no context (llama-bench's tg at depth 0 starts from one token too)."""
-    if context.shape[1]:
-        return prefill(model, cache, context, step)
-    return random_tokens(model, batch_size, 1, seed=1)[:, 0]
+        return cache
 
 
 @dataclass
@@ -94,13 +140,15 @@ class SpeedProfiler:
 
     def _measure(
         self,
-        prepare: Callable[[], State],
-        timed: Callable[[State], mx.array],
+        model: nn.Module,
+        depth: Depth,
+        timed: Callable[[list[Any]], mx.array],
         num_warmup: int,
         num_iterations: int,
     ) -> Measurement:
-        """Time `timed` alone: `prepare` (fresh inputs, a prefilled cache) and the gate run
-        before the clock starts, and the peak is reset after them, so neither counts."""
+        """Time `timed` alone on a fresh cache holding `depth`: the cache's copy and the gate
+        come before the clock starts, and the peak is reset after them, so neither counts; the
+        filled original's bytes are taken out of the peak and active memory."""
         if num_iterations < 1:
             raise ValueError("num_iterations must be at least 1")
         mx.clear_cache()
@@ -108,17 +156,20 @@ class SpeedProfiler:
         for step in range(num_warmup + num_iterations):
             if self.before_iteration is not None:
                 self.before_iteration(step)
-            state = prepare()
+            cache = depth.fresh(model)
             mx.reset_peak_memory()
             start = time.perf_counter()
-            output = timed(state)
+            output = timed(cache)
             mx.eval(output)
             elapsed = time.perf_counter() - start
             if step >= num_warmup:
                 measurement.samples.append(elapsed)
                 measurement.peak_bytes = max(measurement.peak_bytes, mx.get_peak_memory())
                 measurement.active_bytes = mx.get_active_memory()
-            del state, output
+            del cache, output
+        kept = depth.kept_bytes
+        measurement.peak_bytes -= kept
+        measurement.active_bytes -= kept
         return measurement
 
     def _result(self, measurement: Measurement, tokens: int) -> dict[str, Any]:
@@ -139,17 +190,13 @@ class SpeedProfiler:
         prefill_step_size: int = DEFAULT_PREFILL_STEP,
     ) -> dict[str, Any]:
         """Prompt processing (pp<seq_len>): the prompt into a KV cache already holding `depth`
-        tokens (filled before the clock starts), in steps of `prefill_step_size` (see
-        prefill)."""
+        tokens, in steps of `prefill_step_size` (see prefill)."""
         tokens = random_tokens(model, batch_size, depth + seq_len)
         mx.eval(tokens)
         context, prompt = tokens[:, :depth], tokens[:, depth:]
-
-        def prepare() -> list[Any]:
-            return filled_cache(model, context, prefill_step_size)
-
         measurement = self._measure(
-            prepare,
+            model,
+            Depth.fill(model, context, prefill_step_size),
             lambda cache: prefill(model, cache, prompt, prefill_step_size),
             num_warmup,
             num_iterations,
@@ -181,15 +228,18 @@ class SpeedProfiler:
         mx.eval(tokens)
         context, prompt = tokens[:, :depth], tokens[:, depth:]
 
-        def prepare() -> list[Any]:
-            return filled_cache(model, context, prefill_step_size)
-
         def timed(cache: list[Any]) -> mx.array:
             return decode(
                 model, cache, prefill(model, cache, prompt, prefill_step_size), gen_tokens
             )
 
-        measurement = self._measure(prepare, timed, num_warmup, num_iterations)
+        measurement = self._measure(
+            model,
+            Depth.fill(model, context, prefill_step_size),
+            timed,
+            num_warmup,
+            num_iterations,
+        )
         result = self._result(measurement, batch_size * (prompt_len + gen_tokens))
         result.update(
             seq_len=prompt_len,
@@ -211,25 +261,24 @@ class SpeedProfiler:
         *,
         prefill_step_size: int = DEFAULT_PREFILL_STEP,
     ) -> dict[str, Any]:
-        """Decode `total_tokens` greedily, one at a time through the KV cache.
-
-        The context of `context_len` tokens (the depth; 0 starts from one random token) is
-        prefilled and evaluated before the clock starts, so the timed region holds decoding
-        alone.
-        """
+        """Decode `total_tokens` greedily, one at a time through the KV cache, after a context
+        of `context_len` tokens (the depth, filled once; see the module's docstring) from the
+        greedy token after it; at depth 0 from one random token, as llama-bench's tg."""
         if total_tokens < 1:
             raise ValueError("total_tokens must be at least 1")
         context = random_tokens(model, batch_size, context_len)
         mx.eval(context)
-
-        def prepare() -> tuple[list[Any], mx.array]:
-            cache = new_cache(model)
-            token = first_token(model, cache, context, batch_size, prefill_step_size)
-            mx.eval(token, cache_state(cache))
-            return cache, token
-
+        filled = Depth.fill(model, context, prefill_step_size)
+        first = filled.token
+        if first is None:
+            first = random_tokens(model, batch_size, 1, seed=1)[:, 0]
+            mx.eval(first)
         measurement = self._measure(
-            prepare, lambda state: decode(model, *state, total_tokens), num_warmup, num_iterations
+            model,
+            filled,
+            lambda cache: decode(model, cache, first, total_tokens),
+            num_warmup,
+            num_iterations,
         )
         result = self._result(measurement, batch_size * total_tokens)
         # Time between two tokens of one sequence (a step yields one token per sequence), so

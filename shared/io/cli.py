@@ -10,85 +10,17 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.console import Console, RenderableType
 from rich.text import Text
-from typer.core import TyperGroup
 
-from shared.exit_codes import EXIT_PARTIAL, EXIT_USAGE, SUMMARY
+from shared.exit_codes import EXIT_PARTIAL, EXIT_USAGE
 from shared.report import render_text, rich_report
 
 err = Console(stderr=True, soft_wrap=True)  # log lines stay whole, never wrapped
-
-
-UsageError: type[Exception] = typer.BadParameter.__bases__[0]
-"""Click's UsageError as the installed Typer raises it (Typer 0.2x carries its own Click)."""
-NoArgsIsHelp = getattr(sys.modules[UsageError.__module__], "NoArgsIsHelpError", ())
-"""The "error" a group given no command raises to show its help: kept as it is."""
-
-
-class OneLineUsageErrors(TyperGroup):
-    """A command group whose usage errors (an unknown option, a missing or bad value), its own
-    and every subcommand's, are one line naming the option, exit 2, as every other bad input
-    is: Click's own are a usage line, a hint and the message."""
-
-    def make_context(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return super().make_context(*args, **kwargs)
-        except UsageError as exc:
-            raise one_line(exc) from None
-
-    def invoke(self, ctx: Any) -> Any:
-        try:
-            return super().invoke(ctx)
-        except UsageError as exc:
-            raise one_line(exc) from None
-
-
-def one_line(exc: Any) -> Exception:
-    """`error: MESSAGE (COMMAND --help lists them)` on stderr, and the exit to raise; the help
-    a command shows when given nothing goes through as it is."""
-    if isinstance(exc, NoArgsIsHelp):
-        return exc
-    where = f" (`{exc.ctx.command_path} --help` lists them)" if exc.ctx is not None else ""
-    message = " ".join(exc.format_message().split())
-    return usage_error(f"{message}{where}")
-
-
-def fleet_app(program: str, summary: str) -> typer.Typer:
-    """A top-level CLI: plain rewrapped --help ending with the exit codes, --version, and
-    usage errors on one line."""
-    app = typer.Typer(
-        cls=OneLineUsageErrors,
-        help=summary,
-        no_args_is_help=True,
-        add_completion=False,
-        rich_markup_mode=None,
-        epilog=SUMMARY,
-    )
-
-    def show_version(value: bool) -> None:
-        if value:
-            print(f"mlx-fleet {program} {metadata.version('mlx-fleet')}")
-            raise typer.Exit()
-
-    @app.callback()
-    def options(  # the option's default names a local: it cannot be a string annotation
-        version: bool = typer.Option(
-            False,
-            "--version",
-            callback=show_version,
-            is_eager=True,
-            help="Print the version and exit.",
-        ),
-    ) -> None:
-        pass
-
-    return app
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:

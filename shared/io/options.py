@@ -204,6 +204,27 @@ TableFormat = Annotated[
 ]
 """Every other command's: a Rich table for people, JSON for scripts (shared.io.cli.emit)."""
 Output = Annotated[Path | None, typer.Option("--output", help="Write the report to FILE.")]
+RunId = Annotated[
+    str, typer.Argument(help="A run id, or a unique prefix of one (`coordinator runs` lists them).")
+]
+"""A stored run, as `coordinator show`, `compare`, `resume` and `cancel` take it."""
+ComparedReport = Annotated[
+    str,
+    typer.Argument(
+        help="A run id (or a unique prefix), or an `agent bench` / `coordinator show` JSON file."
+    ),
+]
+"""One side of `coordinator compare`."""
+CompareBy = Annotated[
+    str | None,
+    typer.Option(
+        "--by",
+        help="Comma list of what matches cells besides the test: host, hostname, device, "
+        "model, batch, n_batch (default: model,batch, and host when a side has several hosts); "
+        "cells that share them are averaged, as llama.cpp's compare-llama-bench.py --show does.",
+    ),
+]
+"""`coordinator compare`'s columns (coordinator.compare.BY_COLUMNS)."""
 RetentionDays = Annotated[
     float,
     typer.Option(

@@ -1,0 +1,129 @@
+"""`coordinator runs`, `show` and `compare`: the runs kept in the run store."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from coordinator.compare import (
+    COMPARE_FORMATS,
+    ReportError,
+    as_fleet_report,
+    compare_reports,
+    comparison_text,
+    parse_by,
+    rich_comparison,
+)
+from coordinator.store import RunStore, UnknownRunError
+from shared.io.cli import check_output, emit, err, print_rich, show_report, usage_error
+from shared.io.options import (
+    CompareBy,
+    ComparedReport,
+    Output,
+    ReportFormat,
+    RunId,
+    TableFormat,
+    one_of,
+)
+from shared.io.sqlite import StoreError
+
+
+def load_reports(*run_ids: str) -> list[dict[str, Any]]:
+    """The stored reports; an unknown or ambiguous id is a usage error naming it."""
+    try:
+        with RunStore() as store:
+            return [store.load_report(run_id) for run_id in run_ids]
+    except (UnknownRunError, StoreError) as exc:
+        raise usage_error(str(exc)) from None
+
+
+def runs(
+    limit: Annotated[int, typer.Option("--limit", min=1, help="Show at most N runs.")] = 50,
+    fmt: TableFormat = "table",
+) -> None:
+    """The stored runs, newest first, with their hosts and ok/failed cell counts."""
+    try:
+        with RunStore() as store:
+            listed = store.list_runs(limit)
+    except StoreError as exc:
+        raise usage_error(str(exc)) from None
+    if not listed and fmt == "table":
+        err.print("no runs stored yet: `coordinator benchmark` records one", highlight=False)
+        return
+    emit(listed, fmt, runs_table)
+
+
+def runs_table(listed: list[dict[str, Any]]) -> Table:
+    table = Table(title="mlx-fleet runs")
+    for name in ("run", "kind", "started", "finished", "status", "hosts", "ok", "failed"):
+        table.add_column(
+            name, justify="right" if name in ("ok", "failed") else "left", overflow="fold"
+        )
+    for run in listed:
+        interrupted = run["interrupted"] and run["status"] != "interrupted"
+        status = run["status"] + (" (interrupted)" if interrupted else "")
+        table.add_row(
+            run["id"],
+            run["kind"],
+            run["started"],
+            run["finished"] or "",
+            status,
+            ", ".join(run["hosts"]),
+            str(run["ok"]),
+            str(run["failed"]),
+        )
+    return table
+
+
+def show(run: RunId, fmt: ReportFormat = "table", output: Output = None) -> None:
+    """A stored run's report, as `coordinator benchmark` printed it."""
+    check_output(output)
+    show_report(load_reports(run)[0], fmt, output)
+
+
+def load_compared(reference: str) -> tuple[dict[str, Any], str]:
+    """(the report, its name) for a run id or a JSON report file; exit 2 naming what is
+    wrong with it."""
+    path = Path(reference)
+    if not (path.is_file() or reference.endswith(".json")):
+        report = load_reports(reference)[0]
+        return report, report["run_id"]
+    try:
+        return as_fleet_report(json.loads(path.read_text(encoding="utf-8")), path.name), path.name
+    except OSError as exc:
+        raise usage_error(f"cannot read {reference}: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise usage_error(f"{reference} is not JSON: {exc}") from None
+    except ReportError as exc:
+        raise usage_error(str(exc)) from None
+
+
+def compare(
+    run_a: ComparedReport,
+    run_b: ComparedReport,
+    by: CompareBy = None,
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help=f"One of {', '.join(COMPARE_FORMATS)}.",
+            callback=one_of(COMPARE_FORMATS),
+        ),
+    ] = "table",
+) -> None:
+    """Per-test speed-up of B over A (tok/s B / tok/s A): runs or `agent bench` JSON files."""
+    try:
+        columns = parse_by(by) if by is not None else None
+    except ValueError as exc:
+        raise usage_error(str(exc)) from None
+    (report_a, name_a), (report_b, name_b) = load_compared(run_a), load_compared(run_b)
+    rows = compare_reports(report_a, report_b, columns)
+    if fmt == "table":
+        print_rich(rich_comparison(rows, name_a, name_b))
+    else:
+        sys.stdout.write(comparison_text(rows, name_a, name_b, fmt))

@@ -108,8 +108,7 @@ def mlx_lm(model: Path, prompt: int, generated: int, trials: int) -> tuple[float
 
 def agent_bench(model: Path, matrix: list[str], trials: int, home: Path) -> float:
     """tok/s of the one cell `agent bench --model DIR MATRIX` measures."""
-    agent = Path(sys.executable).with_name("agent")
-    command = [str(agent), "bench", "--model", str(model), *matrix]
+    command = [sys.executable, "-m", "agent", "bench", "--model", str(model), *matrix]
     command += ["-r", str(trials), "-w", "1", "-o", "json", "--no-cooling"]
     report = json.loads(output_of(command, {**os.environ, "MLX_FLEET_HOME": str(home)}))
     (cell,) = report["cells"]

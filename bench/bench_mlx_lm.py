@@ -15,11 +15,12 @@ counts G tokens over G steps: the tg ratio expected from the counting alone is (
 G = 128), printed beside it.
 
 With no --model, a Llama-shaped model with random float16 weights and a word-level tokenizer
-is written to a temporary directory (mlx-lm's own llama, saved as its conversion saves it).
+is written to a temporary directory (mlx-lm's own llama, saved as its conversion saves it):
+40M parameters, or Llama-3.2-1B's shape with --shape 1b.
 Needs the `lm` extra (pip install -e '.[lm]').
 
-    .venv/bin/python bench/bench_mlx_lm.py [--model DIR] [-p 512] [-g 128] [--repeats 5]
-        [--trials 3] [--quick]
+    .venv/bin/python bench/bench_mlx_lm.py [--model DIR | --shape 40m|1b] [-p 512] [-g 128]
+        [--repeats 5] [--trials 3] [--quick]
 """
 
 from __future__ import annotations
@@ -48,9 +49,21 @@ LLAMA = {
     "vocab_size": 32000,
     "tie_word_embeddings": True,
 }
-"""About 36M parameters and a 32k vocabulary: the projection a full-logits prompt pass pays for
+"""About 40M parameters and a 32k vocabulary: the projection a full-logits prompt pass pays for
 every position is a large share of its work, as in a real 1-3B model, so a pp that computed it
 would show here."""
+LLAMA_1B = LLAMA | {
+    "hidden_size": 2048,
+    "num_hidden_layers": 16,
+    "intermediate_size": 8192,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "rope_theta": 500000.0,
+}
+"""--shape 1b: Llama-3.2-1B's dimensions (1.24B parameters; its rope scaling left out), for a
+machine with the memory and speed for it (a GPU)."""
+SHAPES = {"40m": LLAMA, "1b": LLAMA_1B}
 QUICK_LLAMA = LLAMA | {
     "hidden_size": 64,
     "num_hidden_layers": 2,
@@ -134,10 +147,13 @@ def main() -> None:
     args.add_argument("-p", "--prompt-tokens", type=int, default=512)
     args.add_argument("-g", "--generation-tokens", type=int, default=128)
     args.add_argument("--trials", type=int, default=3, help="timed runs per tool per round")
+    args.add_argument(
+        "--shape", choices=list(SHAPES), default="40m", help="the model written without --model"
+    )
     opts = args.parse_args()
     if importlib.util.find_spec("mlx_lm") is None:
         raise BenchError("mlx-lm is not installed: pip install -e '.[lm]'")
-    config = LLAMA
+    config = SHAPES[opts.shape]
     if opts.quick:
         config, opts.prompt_tokens, opts.generation_tokens, opts.trials = QUICK_LLAMA, 16, 4, 1
     repeats = opts.repeats or (1 if opts.quick else 5)

@@ -95,7 +95,8 @@ def test_the_estimate_counts_what_a_cell_holds() -> None:
     assert prefill.kv_cache == 4 * 2 * 2 * 2 * 64 * 1024 * 2  # a prompt fills a cache too
     assert prefill.logits == 2 * 4096 * 2  # the last position alone
     decode = cell_footprint(shape, 1000, Cell("small", 16, 0, 24, 1000, 2), 2048, True)
-    assert decode.kv_cache == prefill.kv_cache  # 1000 + 24 positions, one 256-step rounding
+    # 1000 + 24 positions, one 256-step rounding; and the filled 1000 (1024) kept beside them
+    assert decode.kv_cache == 2 * prefill.kv_cache
     fused = cell_footprint(shape, 1000, Cell("small", 16, 1024, 0, 0, 2), 2048, False)
     assert fused.activations < prefill.activations
     long = Cell("small", 16, 8192, 0, 0, 1)

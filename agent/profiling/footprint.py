@@ -9,7 +9,8 @@ depth) and a batch of B, in float16 (2 bytes) unless said otherwise:
 
 - weights: the bytes the model's arrays hold (measured, agent.profiling.memory);
 - KV cache: layers x 2 x B x kv_heads x head_dim x (depth + prompt + generated, rounded up to
-  the cache's 256-position steps);
+  the cache's 256-position steps), plus the depth's once more (rounded up alike): the cache
+  filled with it is kept while each iteration works on a copy (agent.profiling.speed.Depth);
 - activations: the residual stream and one layer's intermediates, B x L x (4 hidden + q/k/v +
   3 intermediate); plus, where attention is not a fused kernel (MLX's CPU backend), the
   attention scores of one layer, B x heads x L x (cache positions) in float32;
@@ -18,8 +19,8 @@ depth) and a batch of B, in float16 (2 bytes) unless said otherwise:
 Checked against MLX 0.32's peak on its CPU backend with the built-in small model (the estimate
 errs high): pp2048 b1 94 MB estimated, 76 MB measured; pp2048 b4 353 MB for 268 MB; pp4096 b1
 (step 2048) 166 MB for 118 MB; pp4096 b1 (step 4096) 315 MB for 220 MB. A decode cell's
-estimate covers the untimed prefill of its depth too (tg64 @ d2048 b4: 389 MB), whose peak the
-figure reported for the timed decode (32 MB) leaves out.
+estimate covers the untimed filling of its depth too (tg64 @ d2048 b4: 405 MB), whose peak the
+figure reported for the timed decode leaves out.
 """
 
 from __future__ import annotations
@@ -102,8 +103,9 @@ def cell_footprint(
     depth) fed in steps of `step` tokens; `scores_materialized` when attention builds its score
     matrix (no fused kernel)."""
     batch = cell.batch_size
-    positions = -(-(cell.n_depth + cell.n_prompt + cell.n_gen) // CACHE_STEP) * CACHE_STEP
-    kv_cache = shape.layers * 2 * batch * shape.kv_heads * shape.head_dim * positions * HALF
+    positions = _rounded(cell.n_depth + cell.n_prompt + cell.n_gen)
+    held = positions + _rounded(cell.n_depth)  # the working copy and the filled original
+    kv_cache = shape.layers * 2 * batch * shape.kv_heads * shape.head_dim * held * HALF
     length = min(step, max(cell.n_depth, cell.n_prompt, 1))
     per_token = (
         4 * shape.hidden
@@ -115,6 +117,11 @@ def cell_footprint(
         activations += batch * shape.heads * length * positions * SCORE_BYTES
     logits = batch * shape.vocab * HALF
     return Footprint(weight_bytes, kv_cache, activations, logits)
+
+
+def _rounded(positions: int) -> int:
+    """Positions a KV cache holds for `positions` tokens: whole steps of CACHE_STEP."""
+    return -(-positions // CACHE_STEP) * CACHE_STEP
 
 
 def refusal(footprint: Footprint, memory_bytes: int) -> str | None:

@@ -191,23 +191,17 @@ class SpeedProfiler:
     ) -> dict[str, Any]:
         """Prompt processing (pp<seq_len>): the prompt into a KV cache already holding `depth`
         tokens, in steps of `prefill_step_size` (see prefill)."""
-        tokens = random_tokens(model, batch_size, depth + seq_len)
-        mx.eval(tokens)
-        context, prompt = tokens[:, :depth], tokens[:, depth:]
+        filled, prompt = _after_depth(model, batch_size, depth, seq_len, prefill_step_size)
         measurement = self._measure(
             model,
-            Depth.fill(model, context, prefill_step_size),
+            filled,
             lambda cache: prefill(model, cache, prompt, prefill_step_size),
             num_warmup,
             num_iterations,
         )
         result = self._result(measurement, batch_size * seq_len)
-        result.update(
-            seq_len=seq_len,
-            batch_size=batch_size,
-            n_depth=depth,
-            prefill_step_size=prefill_step_size,
-        )
+        result.update(seq_len=seq_len, batch_size=batch_size)
+        result.update(n_depth=depth, prefill_step_size=prefill_step_size)
         return result
 
     def benchmark_prompt_gen(
@@ -224,30 +218,17 @@ class SpeedProfiler:
     ) -> dict[str, Any]:
         """pp<prompt_len>+tg<gen_tokens>: the prompt processed and `gen_tokens` generated,
         timed as one figure (llama-bench's -pg: t/s counts both), after `depth` tokens."""
-        tokens = random_tokens(model, batch_size, depth + prompt_len)
-        mx.eval(tokens)
-        context, prompt = tokens[:, :depth], tokens[:, depth:]
+        filled, prompt = _after_depth(model, batch_size, depth, prompt_len, prefill_step_size)
 
         def timed(cache: list[Any]) -> mx.array:
             return decode(
                 model, cache, prefill(model, cache, prompt, prefill_step_size), gen_tokens
             )
 
-        measurement = self._measure(
-            model,
-            Depth.fill(model, context, prefill_step_size),
-            timed,
-            num_warmup,
-            num_iterations,
-        )
+        measurement = self._measure(model, filled, timed, num_warmup, num_iterations)
         result = self._result(measurement, batch_size * (prompt_len + gen_tokens))
-        result.update(
-            seq_len=prompt_len,
-            batch_size=batch_size,
-            decode_tokens=gen_tokens,
-            n_depth=depth,
-            prefill_step_size=prefill_step_size,
-        )
+        result.update(seq_len=prompt_len, batch_size=batch_size, decode_tokens=gen_tokens)
+        result.update(n_depth=depth, prefill_step_size=prefill_step_size)
         return result
 
     def benchmark_autoregressive(
@@ -287,6 +268,16 @@ class SpeedProfiler:
         result.update(seq_len=context_len, batch_size=batch_size, decode_tokens=total_tokens)
         result.update(n_depth=context_len, prefill_step_size=prefill_step_size)
         return result
+
+
+def _after_depth(
+    model: nn.Module, batch_size: int, depth: int, length: int, step: int
+) -> tuple[Depth, mx.array]:
+    """Random tokens: `depth` of them filled into a cache once, and the `length` that follow
+    (the prompt each iteration processes)."""
+    tokens = random_tokens(model, batch_size, depth + length)
+    mx.eval(tokens)
+    return Depth.fill(model, tokens[:, :depth], step), tokens[:, depth:]
 
 
 def decode(model: nn.Module, cache: list[Any], token: mx.array, count: int) -> mx.array:

@@ -17,7 +17,7 @@ import json
 import re
 import sqlite3
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -165,7 +165,8 @@ def host_stats(
 class HostSeries:
     """What a plot draws of one host: `points` (time, mean °C or None) at most PLOT_POINTS,
     oldest first; the stretches with a job paused; the policies learned; the line breaks
-    between two points further apart than `silence` seconds."""
+    between two points further apart than `silence` seconds; `stops` (time, °C or None) of
+    every job the policy stopped in the window."""
 
     host: str
     points: list[tuple[float, float | None]]
@@ -173,6 +174,7 @@ class HostSeries:
     policies: Policies
     silence: float
     simulated: bool
+    stops: list[tuple[float, float | None]] = field(default_factory=list)
 
     @property
     def first(self) -> float:
@@ -205,6 +207,17 @@ def host_series(
                 paused[-1] = (paused[-1][0], end)
             else:
                 paused.append((start, end))
+    stops = conn.execute(
+        "SELECT time, celsius FROM events WHERE host = ? AND time >= ? AND action = 'stop' "
+        "ORDER BY time",
+        (stats["host"], since),
+    ).fetchall()
     return HostSeries(
-        stats["host"], points, paused, policies, GAP_FACTOR * width, stats["simulated"]
+        stats["host"],
+        points,
+        paused,
+        policies,
+        GAP_FACTOR * width,
+        stats["simulated"],
+        [(at, celsius) for at, celsius in stops],
     )

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from support import interleave, machine, parser, run, spread, wall_s
+from support import interleave, machine, parser, round_count, run, spread, wall_s
 
 BIN = Path(sys.executable).parent
 BARE_TYPER = """
@@ -45,7 +45,7 @@ def main() -> None:
     args.add_argument("--runs", type=int, default=9, help="starts per side per round")
     opts = args.parse_args()
     runs = 1 if opts.quick else opts.runs
-    repeats = opts.repeats or (1 if opts.quick else 5)
+    repeats = round_count(opts)
     print(f"machine: {machine()}; {repeats} interleaved rounds of {runs} starts per side")
 
     def side(command: list[str]) -> Callable[[], float]:

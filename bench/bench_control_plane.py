@@ -35,7 +35,7 @@ from typing import Any
 
 import zmq
 from replay import measured_here, replay_agents
-from support import BenchError, cpu_seconds, interleave, machine, parser, run, spread
+from support import BenchError, cpu_seconds, interleave, machine, parser, round_count, run, spread
 
 from coordinator.fleet import Settings, Target, run_fleet
 from coordinator.store import RunStore
@@ -355,7 +355,7 @@ def main() -> None:
     opts = args.parse_args()
     if opts.quick:
         opts.pings, opts.agents, opts.cells, opts.idle_seconds = 200, 2, 20, 2.0
-    repeats = opts.repeats or (1 if opts.quick else 5)
+    repeats = round_count(opts)
     print(f"machine: {machine()}; {repeats} interleaved rounds")
     with tempfile.TemporaryDirectory(prefix="mlx-fleet-bench-") as home:
         os.environ["MLX_FLEET_HOME"] = home  # inherited by the spawned servers

@@ -36,7 +36,17 @@ from pathlib import Path
 
 import psutil
 from replay import measured_here, replay_agents
-from support import BenchError, cpu_seconds, interleave, machine, parser, run, spread, wall_s
+from support import (
+    BenchError,
+    cpu_seconds,
+    interleave,
+    machine,
+    parser,
+    round_count,
+    run,
+    spread,
+    wall_s,
+)
 
 BIN = Path(sys.executable).parent
 READY = re.compile(r"listening on tcp://(\S+) curve-key=(\S+)")
@@ -160,7 +170,7 @@ def main() -> None:
     opts = args.parse_args()
     if opts.quick:
         opts.agents, opts.seconds = 3, 2.0
-    repeats = opts.repeats or (1 if opts.quick else 3)
+    repeats = round_count(opts, 3)
     warmup = 3.0 if opts.quick else 10.0
     print(f"control plane at {opts.agents} agents vs 1, {repeats} interleaved rounds")
     print(f"machine: {machine()}")

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from support import BenchError, child_usage, interleave, machine, parser, run, spread
+from support import BenchError, child_usage, interleave, machine, parser, round_count, run, spread
 
 BIN = Path(sys.executable).parent
 PLAIN = (
@@ -85,7 +85,7 @@ def main() -> None:
     opts = args.parse_args()
     if opts.quick:
         opts.days, opts.hosts = 0.2, 2
-    repeats = opts.repeats or (1 if opts.quick else 5)
+    repeats = round_count(opts)
     with tempfile.TemporaryDirectory(prefix="mlx-fleet-bench-") as tmp:
         home = Path(tmp)
         db = opts.db or home / "week.sqlite"

@@ -35,7 +35,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from support import BenchError, interleave, machine, parser, run, spread
+from support import BenchError, interleave, machine, parser, round_count, run, spread
 
 AVERAGES = re.compile(r"Averages: prompt_tps=([\d.]+), generation_tps=([\d.]+)")
 LLAMA = {
@@ -156,7 +156,7 @@ def main() -> None:
     config = SHAPES[opts.shape]
     if opts.quick:
         config, opts.prompt_tokens, opts.generation_tokens, opts.trials = QUICK_LLAMA, 16, 4, 1
-    repeats = opts.repeats or (1 if opts.quick else 5)
+    repeats = round_count(opts)
     p, g = opts.prompt_tokens, opts.generation_tokens
     print(f"machine: {machine()}")
     print(f"chip: {chip()}")

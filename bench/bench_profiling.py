@@ -26,7 +26,7 @@ import time
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
-from support import interleave, machine, parser, run, spread
+from support import interleave, machine, parser, round_count, run, spread
 
 from agent.model import BUILTIN_CONFIGS, ModelArgs, build_model
 from agent.profiling import SpeedProfiler
@@ -119,7 +119,7 @@ def main() -> None:
     opts = args.parse_args()
     if opts.quick:
         opts.seq_len, opts.decode_tokens, opts.warmup, opts.iterations = 16, 4, 1, 1
-    repeats = opts.repeats or (1 if opts.quick else 5)
+    repeats = round_count(opts)
     config = BUILTIN_CONFIGS[opts.config]()
     model = build_model(config, bits=opts.bits)
     tokens = random_tokens(model, 1, opts.seq_len)

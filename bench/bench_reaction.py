@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 
 import psutil
-from support import BenchError, machine, parser, run, spread
+from support import BenchError, machine, parser, round_count, run, spread
 
 from agent.events import EventLog
 from agent.supervise import LocalFeed, Supervisor
@@ -101,7 +101,7 @@ def main() -> None:
     opts = args.parse_args()
     if opts.quick:
         opts.crossings = 5
-    repeats = opts.repeats or (1 if opts.quick else 5)
+    repeats = round_count(opts)
     interval = opts.poll_interval
     rounds: dict[str, list[float]] = {"p50": [], "p99": [], "max": []}
     for _ in range(repeats):

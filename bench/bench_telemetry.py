@@ -27,7 +27,7 @@ from dataclasses import replace
 from functools import partial
 
 import zmq
-from support import BenchError, interleave, machine, parser, run, spread
+from support import BenchError, interleave, machine, parser, round_count, run, spread
 
 from agent.serve import AgentDaemon
 from agent.telemetry import SourceInfo, sample
@@ -87,7 +87,7 @@ def main() -> None:
     args.add_argument("--insecure", action="store_true", help="publish without CURVE")
     opts = args.parse_args()
     count = 200 if opts.quick else opts.samples
-    repeats = opts.repeats or (1 if opts.quick else 5)
+    repeats = round_count(opts)
     with tempfile.TemporaryDirectory() as home:
         os.environ[HOME_ENV] = home
         measure(count, not opts.insecure, repeats)

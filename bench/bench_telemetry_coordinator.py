@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import zmq
-from support import BenchError, interleave, machine, parser, run, spread
+from support import BenchError, interleave, machine, parser, round_count, run, spread
 
 from coordinator.dashboard import UP
 from coordinator.fleet import Settings, Target
@@ -183,7 +183,7 @@ def main() -> None:
     opts = args.parse_args()
     if opts.quick:
         opts.agents, opts.rate, opts.seconds = 2, 500.0, 1.0
-    repeats = opts.repeats or (1 if opts.quick else 5)
+    repeats = round_count(opts)
     with tempfile.TemporaryDirectory() as home:
         os.environ["MLX_FLEET_HOME"] = home
         context = mp.get_context("spawn")

@@ -25,7 +25,7 @@ from functools import partial
 from pathlib import Path
 
 import psutil
-from support import interleave, machine, parser, run, spread
+from support import interleave, machine, parser, round_count, run, spread
 
 from agent.thermal import SourceSpecError, SourceUnavailable, ThermalMonitor, open_source
 from agent.thermal.base import CallableSource, ThermalSource
@@ -110,7 +110,7 @@ def main() -> None:
     opts = args.parse_args()
     if opts.quick:
         opts.sources, opts.seconds, opts.samples = "sim,replay", 0.5, 20
-    repeats = opts.repeats or (1 if opts.quick else 3)
+    repeats = round_count(opts, 3)
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         curve = Path(tmp) / "curve.csv"
         curve.write_text("0,60\n1,70\n2,80\n")

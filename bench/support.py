@@ -94,6 +94,11 @@ def parser(doc: str | None) -> argparse.ArgumentParser:
     return result
 
 
+def round_count(opts: argparse.Namespace, default: int = 5) -> int:
+    """How many rounds to run: --repeats when given, one for --quick, else `default`."""
+    return opts.repeats or (1 if opts.quick else default)
+
+
 def run(main: Callable[[], None]) -> None:
     """Call `main`; a BenchError (or any failure) exits 1 with the reason on stderr."""
     try:

@@ -59,21 +59,45 @@ class AgentProcess:
 
     def journal_cells(self) -> int:
         """Cells this agent has journaled so far (its SQLite file, read-only)."""
-        path = self.home / "agent-jobs.sqlite"
-        if not path.exists():
-            return 0
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as conn:
-            try:
-                return conn.execute("SELECT COUNT(*) FROM cells").fetchone()[0]
-            except sqlite3.OperationalError:
-                return 0  # the schema is not there yet
+        return count_rows(self.home / "agent-jobs.sqlite", "SELECT COUNT(*) FROM cells")
 
     def wait_for_cells(self, count: int, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while self.journal_cells() < count:
-            assert time.monotonic() < deadline, f"fewer than {count} cells journaled in time"
-            assert self.process.poll() is None, self.log_text()
-            time.sleep(0.05)
+        """Until the agent has journaled `count` cells: the coordinator may not have them yet."""
+        wait_for_rows(self.journal_cells, count, timeout, self.process, self.log_text)
+
+    def wait_for_coordinator_cells(
+        self, coordinator: subprocess.Popen[str], count: int, timeout: float = 60
+    ) -> None:
+        """Until the test's coordinator has stored `count` of this agent's cells, so a fault
+        injected now cuts a run that provably holds some of them."""
+        store = Path(os.environ["MLX_FLEET_HOME"]) / "coordinator.sqlite"
+        query = f"SELECT COUNT(*) FROM cells WHERE host = '{self.address}'"
+        wait_for_rows(lambda: count_rows(store, query), count, timeout, coordinator, lambda: "")
+
+
+def count_rows(path: Path, query: str) -> int:
+    """One COUNT from a SQLite file another process writes, read-only; 0 before it exists."""
+    if not path.exists():
+        return 0
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as conn:
+        try:
+            return conn.execute(query).fetchone()[0]
+        except sqlite3.OperationalError:
+            return 0  # the schema is not there yet
+
+
+def wait_for_rows(
+    counted: Callable[[], int],
+    count: int,
+    timeout: float,
+    writer: subprocess.Popen[str],
+    log: Callable[[], str],
+) -> None:
+    deadline = time.monotonic() + timeout
+    while counted() < count:
+        assert time.monotonic() < deadline, f"fewer than {count} cells kept in time"
+        assert writer.poll() is None, log()
+        time.sleep(0.05)
 
 
 class AgentPool:

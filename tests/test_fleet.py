@@ -101,7 +101,7 @@ def test_sigkill_mid_run_keeps_the_other_host_and_the_finished_cells(agents: Age
         env=subprocess_env(),
     )
     try:
-        victim.wait_for_cells(1)
+        victim.wait_for_coordinator_cells(coordinator, 1)
         victim.kill()
         out, err = coordinator.communicate(timeout=60)
     finally:
@@ -219,7 +219,7 @@ def test_ctrl_c_cancels_the_jobs_and_keeps_what_arrived(agents: AgentPool) -> No
         env=subprocess_env(),
     )
     try:
-        agent.wait_for_cells(1)
+        agent.wait_for_coordinator_cells(coordinator, 1)
         coordinator.send_signal(signal.SIGINT)
         out, err = coordinator.communicate(timeout=60)
     finally:

@@ -20,6 +20,9 @@ macmon's sys_power); the others are parts of it."""
 SHORT_WINDOW_FLAG = "short-energy-window"
 """A cell flag: some of its windows were shorter than the meter's resolution."""
 NO_METER = "no power meter"
+DEFAULT_BASELINE_S = 3.0
+"""Seconds of idle power measured before a matrix unless --idle-baseline says otherwise (never
+less than two of the meter's intervals: docs/energy.md)."""
 
 
 def whole(per_rail: Mapping[str, float]) -> float | None:

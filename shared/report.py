@@ -19,6 +19,7 @@ from rich.text import Text
 
 from shared.matrix import model_label
 from shared.results import NOT_RUN, OK
+from shared.sustain_report import markdown_sustain, rich_sustain
 
 FORMATS = ("table", "md", "csv", "json", "jsonl")
 NA = "N/A"
@@ -66,6 +67,19 @@ def soc_temperature(record: Record) -> str:
     return text
 
 
+def watts(record: Record) -> str:
+    """Mean watts over the cell's timed iterations, labelled when the source is not a meter."""
+    value = record.get("power_w")
+    if value is None:
+        return NA
+    return f"{value:.1f} sim" if record.get("energy_simulated") else f"{value:.1f}"
+
+
+def per_joule(record: Record) -> str:
+    value = record.get("tokens_per_joule")
+    return NA if value is None else f"{value:.3g}"
+
+
 def flags(record: Record) -> str:
     marks = list(record.get("flags") or [])
     if record.get("fastest"):
@@ -98,6 +112,8 @@ COLUMNS: list[Column] = [
     ("latency ms", lambda r: mean_std(r, "latency_ms", "std_latency_ms")),
     ("peak GB", lambda r: gigabytes(r.get("peak_memory_gb"))),
     ("active GB", lambda r: gigabytes(r.get("active_memory_gb"))),
+    ("W", watts),
+    ("tok/J", per_joule),
     ("SoC °C", soc_temperature),
     ("flags", flags),
 ]
@@ -163,8 +179,28 @@ def machine_line(machine: dict[str, Any], address: str | None = None) -> str:
     return f"{line}; {', '.join(details)}" if details else line
 
 
+def energy_line(energy: dict[str, Any] | None, records: list[Record]) -> str | None:
+    """Where a host's energy came from: the report's `energy` (agent bench) or else what its
+    cells say; None when nothing was metered or asked for."""
+    measured = next((r for r in records if r.get("energy_source")), None)
+    if energy is None and measured is None:
+        return None
+    if energy is not None and not energy.get("present", True):
+        return f"energy: N/A ({energy.get('note') or 'no power meter'})"
+    source = (energy or {}).get("source") or (measured or {}).get("energy_source")
+    simulated = (energy or {}).get("simulated") or (measured or {}).get("energy_simulated")
+    rails = (energy or {}).get("rails") or (measured or {}).get("energy_rails") or []
+    text = f"energy: {source} ({', '.join(rails) or 'no rail yet'})"
+    text += ", SIMULATED: not a meter" if simulated else ", the vendor's estimates, machine-wide"
+    idle = (energy or {}).get("idle_w")
+    if idle is None and measured is not None:
+        idle = measured.get("idle_power_w")
+    text += f"; idle {idle:.2f} W" if idle is not None else "; no idle baseline"
+    return text
+
+
 def header_lines(report: dict[str, Any]) -> list[str]:
-    """Device and model lines: one set per host for a fleet report."""
+    """Device, model and energy lines: one set per host for a fleet report."""
     hosts = report.get("hosts") or [report]
     lines: list[str] = []
     for host in hosts:
@@ -173,6 +209,10 @@ def header_lines(report: dict[str, Any]) -> list[str]:
         elif host.get("host"):
             lines.append(f"{host['host']}: no machine information")
         lines.extend(f"  {model_line(info)}" for info in host.get("models", []))
+        cells = [r for r in report.get("cells", []) if r.get("host") == host.get("host")]
+        energy = energy_line(host.get("energy"), cells)
+        if energy:
+            lines.append(f"  {energy}")
         if host.get("error"):
             lines.append(f"  FAILED: {host['error']}")
     if report.get("interrupted"):
@@ -183,7 +223,7 @@ def header_lines(report: dict[str, Any]) -> list[str]:
 def rich_report(report: dict[str, Any]) -> Group:
     """The header lines (device, versions, models) above the table."""
     header = Text("\n".join(header_lines(report)), style="dim")
-    return Group(header, rich_table(report))
+    return Group(header, rich_table(report), *rich_sustain(report["cells"]))
 
 
 def rich_table(report: dict[str, Any]) -> Table:
@@ -211,8 +251,22 @@ def to_markdown(report: dict[str, Any]) -> str:
     for record in records:
         cells = (render(record).replace("|", "\\|") for _, render in cols)
         lines.append("| " + " | ".join(cells) + " |")
+    lines += markdown_sustain(records)
     return "\n".join(lines) + "\n"
 
+
+SUSTAIN_SUMMARY = (
+    "duration_s",
+    "window_s",
+    "first_tokens_per_sec",
+    "steady_tokens_per_sec",
+    "throttle_ratio",
+    "time_to_throttle_s",
+    "temp_rise_c",
+    "mean_power_w",
+    "pause_s",
+)
+"""A sustained cell's figures as CSV columns (sustain_*); its windows are in the JSON."""
 
 CSV_FIELDS = [
     "host",
@@ -239,6 +293,17 @@ CSV_FIELDS = [
     "pressure_end",
     "pause_s",
     "thermal_source",
+    "energy_source",
+    "energy_rails",
+    "energy_j",
+    "energy_net_j",
+    "energy_window_s",
+    "power_w",
+    "idle_power_w",
+    "tokens_per_joule",
+    "joules_per_token",
+    "energy_note",
+    *(f"sustain_{key}" for key in SUSTAIN_SUMMARY),
     "flags",
     "error",
     "samples_ms",
@@ -253,6 +318,9 @@ def to_csv(report: dict[str, Any]) -> str:
         row = dict(record)
         row["flags"] = ";".join(record.get("flags") or [])
         row["samples_ms"] = ";".join(f"{s:.4f}" for s in record.get("samples_ms") or [])
+        row["energy_rails"] = ";".join(record.get("energy_rails") or [])
+        sustain = record.get("sustain") or {}
+        row.update({f"sustain_{key}": sustain.get(key) for key in SUSTAIN_SUMMARY})
         writer.writerow(row)
     return out.getvalue()
 

@@ -13,14 +13,22 @@ import time
 from collections.abc import Callable
 
 from agent.power.base import NoPowerSource, PowerReading, PowerSource
-from shared.energy import NO_METER, MeterInfo, Window, between, cell_energy, idle_power, unmeasured
+from shared.energy import (
+    DEFAULT_BASELINE_S,
+    NO_METER,
+    MeterInfo,
+    Window,
+    between,
+    cell_energy,
+    idle_power,
+    unmeasured,
+)
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BASELINE_S = 3.0
-"""Seconds of idle measured before a matrix, unless an option says otherwise; never less than
-BASELINE_WINDOWS of the meter's resolution, so a batched counter publishes within it."""
 BASELINE_WINDOWS = 2
+"""The idle baseline lasts at least this many of the meter's intervals, so a batched counter
+publishes within it."""
 
 
 class EnergyMeter:

@@ -69,6 +69,7 @@ def publisher(ready: mp.Queue[Any], name: str, rate: float) -> None:
                 "protocol": p.PROTOCOL_VERSION,
                 "machine": {"hostname": name},
                 "thermal": {},
+                "power": {},
                 "job": None,
                 "telemetry_port": telemetry_port,
                 "poll_interval": 1.0,
@@ -114,6 +115,9 @@ def publisher(ready: mp.Queue[Any], name: str, rate: float) -> None:
                 "pause_s_total": 0.0,
                 "jobs": jobs,
                 "storage_error": None,
+                "power_w": None,
+                "energy_j": None,
+                "power": None,
                 "seq": sent + 1,
             }
             pub.send_multipart(p.telemetry_frames(p.make("telemetry.sample", body)))

@@ -16,7 +16,7 @@ from typing import Any
 from rich.table import Table
 
 from shared.matrix import model_label
-from shared.report import NA, Column, Record, mean_std
+from shared.report import NA, Column, Record, mean_std, per_joule
 from shared.results import OK
 
 COMPARE_FORMATS = ("table", "md", "csv", "json")
@@ -95,6 +95,10 @@ def _speed(side: str) -> Column:
     )
 
 
+def _per_joule(side: str) -> Column:
+    return (f"tok/J {side.upper()}", lambda row: NA if row[side] is None else per_joule(row[side]))
+
+
 COLUMNS: list[Column] = [
     ("host", lambda row: row["host"]),
     ("model", lambda row: row["model"]),
@@ -105,12 +109,20 @@ COLUMNS: list[Column] = [
     ("speed-up", lambda row: NA if row["speedup"] is None else f"{row['speedup']:.2f}x"),
     ("note", lambda row: row["note"]),
 ]
+ENERGY_COLUMNS: list[Column] = [_per_joule("a"), _per_joule("b")]
+"""Shown after the speed-up when either run metered energy."""
+
+
+def columns_for(rows: list[Record]) -> list[Column]:
+    metered = any((row[side] or {}).get("energy_source") for row in rows for side in "ab")
+    return [*COLUMNS[:7], *ENERGY_COLUMNS, *COLUMNS[7:]] if metered else COLUMNS
 
 
 def rich_comparison(rows: list[Record], run_a: str, run_b: str) -> Table:
     """Faster rows in green, slower in red; unmatched or failed cells dimmed."""
     table = Table(title=f"A = {run_a}, B = {run_b}; speed-up = B/A tok/s")
-    for name, _ in COLUMNS:
+    columns = columns_for(rows)
+    for name, _ in columns:
         table.add_column(
             name,
             justify="left" if name in ("host", "model", "test", "note") else "right",
@@ -119,8 +131,12 @@ def rich_comparison(rows: list[Record], run_a: str, run_b: str) -> Table:
     for row in rows:
         ratio = row["speedup"]
         style = "dim" if ratio is None else "green" if ratio > 1 else "red" if ratio < 1 else None
-        table.add_row(*(render(row) for _, render in COLUMNS), style=style)
+        table.add_row(*(render(row) for _, render in columns), style=style)
     return table
+
+
+def _value(row: Record, side: str, key: str) -> Any:
+    return None if row[side] is None else row[side].get(key)
 
 
 def comparison_text(rows: list[Record], run_a: str, run_b: str, fmt: str) -> str:
@@ -140,14 +156,14 @@ def comparison_text(rows: list[Record], run_a: str, run_b: str, fmt: str) -> str
                 "tokens_per_sec_a",
                 "tokens_per_sec_b",
                 "speedup",
+                "tokens_per_joule_a",
+                "tokens_per_joule_b",
                 "note",
             ]
         )
         for row in rows:
-            speeds = [
-                None if row[side] is None else row[side].get("tokens_per_sec")
-                for side in ("a", "b")
-            ]
+            speeds = [_value(row, side, "tokens_per_sec") for side in ("a", "b")]
+            per_joule_ab = [_value(row, side, "tokens_per_joule") for side in ("a", "b")]
             writer.writerow(
                 [
                     row["host"],
@@ -157,18 +173,20 @@ def comparison_text(rows: list[Record], run_a: str, run_b: str, fmt: str) -> str
                     row["batch_size"],
                     *speeds,
                     row["speedup"],
+                    *per_joule_ab,
                     row["note"],
                 ]
             )
         return out.getvalue()
     if fmt == "md":
+        columns = columns_for(rows)
         lines = [
             f"<!-- A = {run_a}, B = {run_b}; speed-up = B/A tok/s -->",
-            "| " + " | ".join(name for name, _ in COLUMNS) + " |",
-            "| " + " | ".join("---" for _ in COLUMNS) + " |",
+            "| " + " | ".join(name for name, _ in columns) + " |",
+            "| " + " | ".join("---" for _ in columns) + " |",
         ]
         lines += [
-            "| " + " | ".join(render(row).replace("|", "\\|") for _, render in COLUMNS) + " |"
+            "| " + " | ".join(render(row).replace("|", "\\|") for _, render in columns) + " |"
             for row in rows
         ]
         return "\n".join(lines) + "\n"

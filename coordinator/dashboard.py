@@ -240,6 +240,10 @@ def host_snapshot(view: HostView, now: float) -> dict[str, Any]:
         "simulated": sample.get("simulated"),
         "state": sample.get("state"),
         "trend_c_per_min": sample.get("trend_c_per_min"),
+        "power_w": sample.get("power_w"),
+        "energy_j": sample.get("energy_j"),
+        "power_source": (sample.get("power") or {}).get("source"),
+        "power_simulated": (sample.get("power") or {}).get("simulated"),
         "pause_s_total": sample.get("pause_s_total"),
         "jobs": view.jobs,
         "policy": view.policy,
@@ -272,6 +276,17 @@ def _state_cell(view: HostView, now: float) -> Text:
     return Text(state, style=STATE_STYLES[CoolingState(state)])
 
 
+def _watts_cell(sample: dict[str, Any]) -> Text:
+    """The machine's watts at the last poll, labelled when the power source is not a meter."""
+    power = sample.get("power") or {}
+    if sample.get("power_w") is None:
+        return Text(NA)
+    cell = Text(f"{sample['power_w']:.1f}")
+    if power.get("simulated"):
+        cell.append(" sim", style="bold magenta")
+    return cell
+
+
 def _jobs_cell(jobs: list[dict[str, Any]]) -> Text:
     if not jobs:
         return Text(NA, style="dim")
@@ -290,6 +305,7 @@ def render(dashboard: Dashboard, now: float) -> RenderableType:
     for name in (
         "host",
         "SoC °C",
+        "W",
         "last 5 min",
         "trend",
         "pressure",
@@ -299,13 +315,14 @@ def render(dashboard: Dashboard, now: float) -> RenderableType:
         "source",
     ):
         table.add_column(
-            name, justify="right" if name in ("SoC °C", "paused") else "left", overflow="fold"
+            name, justify="right" if name in ("SoC °C", "W", "paused") else "left", overflow="fold"
         )
     for view in dashboard.hosts.values():
         sample = view.sample
         if view.status != UP or sample is None:
             table.add_row(
                 Text(view.name),
+                NA,
                 NA,
                 "",
                 "",
@@ -323,6 +340,7 @@ def render(dashboard: Dashboard, now: float) -> RenderableType:
         table.add_row(  # what an agent sends is Text, never read as markup
             Text(view.name),
             temperature,
+            _watts_cell(sample),
             sparkline(view.spark()),
             "" if trend is None else f"{trend_arrow(trend)} {trend:+.1f}/min",
             Text(sample["pressure"] or NA),

@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from coordinator.dashboard import NA, duration
+from coordinator.energy_stats import host_energy
 from coordinator.hostfile import HostfileError, parse_hosts
 from coordinator.telemetry_stats import THRESHOLDS, HostHistory, host_stats, parse_since
 from coordinator.telemetry_store import TelemetryStore
@@ -59,6 +60,8 @@ def stats_table(rows: list[dict[str, Any]], since: float) -> Table:
         "paused",
         "pauses",
         "stops",
+        "energy Wh",
+        "mean W",
     ):
         table.add_column(
             name,
@@ -84,8 +87,16 @@ def stats_table(rows: list[dict[str, Any]], since: float) -> Table:
             duration(row["seconds_paused"]),
             str(row["pauses"]),
             str(row["stops"]),
+            NA if row["energy_j"] is None else f"{row['energy_j'] / 3600:.2f}",
+            _watts(row),
         )
     return table
+
+
+def _watts(row: dict[str, Any]) -> str:
+    if row["mean_power_w"] is None:
+        return NA
+    return f"{row['mean_power_w']:.1f}" + (" sim" if row["power_simulated"] else "")
 
 
 def history(
@@ -109,13 +120,14 @@ def history(
         Path | None,
         typer.Option(
             "--plot",
-            help="Also draw temperature per host over time, thresholds and pauses, "
+            help="Also draw temperature per host over time, thresholds and pauses (and a "
+            "power panel when the hosts metered power), "
             f"into this PNG (needs matplotlib: {PLOT_EXTRA}).",
         ),
     ] = None,
 ) -> None:
     """Per host from the recorded telemetry: min / mean / max °C, time at or above each
-    threshold of the policy in force, time paused, pauses and stops.
+    threshold of the policy in force, time paused, pauses and stops, energy and mean power.
 
     `coordinator monitor` records what it hears; this reads only that record.
     """
@@ -137,7 +149,7 @@ def history(
             histories = load_histories(store, start, names)
     except StoreError as exc:
         raise usage_error(str(exc)) from None
-    rows = [host_stats(h) for h in histories]
+    rows = [host_stats(h) | host_energy(h.samples, h.spans) for h in histories]
     if rows or fmt == "json":
         summary = {"since": start, "until": now, "hosts": rows}
         emit(summary, fmt, lambda data: stats_table(data["hosts"], start))

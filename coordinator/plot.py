@@ -1,6 +1,7 @@
 """`coordinator history --plot`: temperature per host over time, the policy's thresholds as
-lines, the stretches with a job paused shaded. Needs matplotlib, the optional `plot` extra,
-which is why nothing else imports this module at import time.
+lines, the stretches with a job paused shaded; below, watts per host when power was metered.
+Needs matplotlib, the optional `plot` extra, which is why nothing else imports this module at
+import time.
 
 Drawn on a bare Figure with the Agg canvas, never pyplot: no display, no global state.
 """
@@ -11,6 +12,7 @@ import math
 from datetime import datetime
 from pathlib import Path
 
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 from matplotlib.figure import Figure
@@ -61,9 +63,14 @@ def _policy_periods(history: HostHistory) -> list[tuple[float, float, dict[str, 
 
 def plot_history(histories: list[HostHistory], title: str) -> Figure:
     """The figure; hosts without samples are left out."""
-    figure = Figure(figsize=(10, 4.8), dpi=100, layout="constrained")
+    metered = any(s.get("power_w") is not None for h in histories for s in h.samples)
+    figure = Figure(figsize=(10, 7.2 if metered else 4.8), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
+    if metered:
+        axes, power_axes = figure.subplots(2, 1, sharex=True, height_ratios=(2, 1))
+        _power_panel(power_axes, histories)
+    else:
+        axes = figure.add_subplot()
     labelled: set[str] = set()
     for history in histories:
         if not history.samples:
@@ -103,6 +110,20 @@ def plot_history(histories: list[HostHistory], title: str) -> Figure:
     axes.grid(alpha=0.3)
     axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     return figure
+
+
+def _power_panel(axes: Axes, histories: list[HostHistory]) -> None:
+    """Watts per host (the machine's, as its power source gave them), breaking at silences."""
+    simulated = False
+    for history in histories:
+        xs = [_when(sample["time"]) for sample in history.samples]
+        ys = [math.nan if s.get("power_w") is None else s["power_w"] for s in history.samples]
+        axes.plot(xs, ys, linewidth=1.2, label=history.host)
+        simulated = simulated or any(
+            (s.get("power") or {}).get("simulated") for s in history.samples
+        )
+    axes.set_ylabel("W" + (" (simulated)" if simulated else ""))
+    axes.grid(alpha=0.3)
 
 
 def write_plot(figure: Figure, path: Path) -> None:

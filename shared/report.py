@@ -112,16 +112,20 @@ COLUMNS: list[Column] = [
     ("latency ms", lambda r: mean_std(r, "latency_ms", "std_latency_ms")),
     ("peak GB", lambda r: gigabytes(r.get("peak_memory_gb"))),
     ("active GB", lambda r: gigabytes(r.get("active_memory_gb"))),
-    ("W", watts),
-    ("tok/J", per_joule),
     ("SoC °C", soc_temperature),
     ("flags", flags),
 ]
 HOST_COLUMN: Column = ("host", lambda r: str(r.get("host", "")))
+ENERGY_COLUMNS: list[Column] = [("W", watts), ("tok/J", per_joule)]
+"""Shown when some cell had a power meter; without any, the header's energy line says N/A."""
 
 
 def columns_for(records: list[Record]) -> list[Column]:
-    return [HOST_COLUMN, *COLUMNS] if any("host" in r for r in records) else COLUMNS
+    columns = list(COLUMNS)
+    if any(r.get("energy_source") for r in records):
+        at = next(i for i, (name, _) in enumerate(columns) if name == "SoC °C")
+        columns[at:at] = ENERGY_COLUMNS
+    return [HOST_COLUMN, *columns] if any("host" in r for r in records) else columns
 
 
 def model_line(info: dict[str, Any]) -> str:

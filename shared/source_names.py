@@ -61,9 +61,15 @@ class UnknownSourceError(SourceSpecError):
     """A source name we do not know; the message lists the ones we do."""
 
     def __init__(
-        self, name: str, what: str = "thermal", known: tuple[str, ...] = KNOWN_SOURCES
+        self,
+        name: str,
+        what: str = "thermal",
+        known: tuple[str, ...] = KNOWN_SOURCES,
+        offered: bool = False,
     ) -> None:
-        super().__init__(f"unknown {what} source {name!r}; known: {', '.join(known)}")
+        """`known` lists every name; with `offered`, the names that can work on this machine."""
+        listed = "this machine offers" if offered else "known"
+        super().__init__(f"unknown {what} source {name!r}; {listed}: {', '.join(known)}")
         self.source_name = name
 
 

@@ -52,6 +52,9 @@ def sample(
         "pause_s_total": pause_s_total,
         "jobs": jobs or [],
         "storage_error": None,
+        "power_w": None,
+        "energy_j": None,
+        "power": None,
         "seq": int(at),
     }
 

@@ -105,6 +105,9 @@ SAMPLE = {
     "state": "ok",
     "pause_s_total": 4.0,
     "storage_error": None,
+    "power_w": None,
+    "energy_j": None,
+    "power": None,
 }
 
 

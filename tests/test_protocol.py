@@ -41,6 +41,7 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
         "protocol": 3,
         "machine": {},
         "thermal": {},
+        "power": {},
         "job": None,
         "telemetry_port": 5556,
         "poll_interval": 1.0,
@@ -98,6 +99,9 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
         "trend_c_per_min": 0.4,
         "pause_s_total": 0.0,
         "storage_error": None,
+        "power_w": None,
+        "energy_j": None,
+        "power": None,
         "seq": 41,
         "jobs": [
             {

@@ -3,14 +3,12 @@ names what this machine offers."""
 
 from __future__ import annotations
 
-import platform
-
 from agent.power.meter import EnergyMeter
 from agent.power.registry import open_power_source
 from agent.thermal.base import SourceUnavailable
 from shared.io.cli import usage_error
 from shared.io.options import PowerOptions
-from shared.source_names import SourceSpecError, UnknownSourceError, offered_power_sources
+from shared.source_names import SourceSpecError, UnknownSourceError
 
 
 def open_meter(power: PowerOptions, interval_s: float) -> EnergyMeter:
@@ -19,10 +17,7 @@ def open_meter(power: PowerOptions, interval_s: float) -> EnergyMeter:
     try:
         source = open_power_source(power.power_source, interval_s=interval_s)
     except UnknownSourceError as exc:
-        offered = ", ".join(offered_power_sources(platform.system()))
-        raise usage_error(
-            f"unknown power source {exc.source_name!r}; this machine offers: {offered}"
-        ) from None
+        raise usage_error(str(exc)) from None
     except (SourceSpecError, SourceUnavailable) as exc:
         raise usage_error(f"power source: {exc}") from None
     return EnergyMeter(source, power.idle_baseline)

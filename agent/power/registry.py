@@ -8,12 +8,15 @@ from collections.abc import Callable
 
 from agent.power.base import NoPowerSource, PowerSource
 from agent.power.ioreport import IOReportSource
+from agent.power.meter import EnergyMeter
 from agent.power.rapl import RaplSource
 from agent.power.smc import SMCPowerSource
 from agent.power.streams import MacmonPowerSource, PowermetricsPowerSource
 from agent.power.synthetic import PowerReplaySource, PowerSimSource
 from agent.thermal.base import SourceUnavailable, first_reading
 from shared.source_names import (
+    SourceSpecError,
+    UnknownSourceError,
     offered_power_sources,
     parse_power_source_name,
     parse_sim_params,
@@ -28,11 +31,13 @@ def open_power_source(name: str, *, interval_s: float = 1.0) -> PowerSource:
     Raises UnknownSourceError / SourceSpecError for a bad name or spec, SourceUnavailable when the
     source cannot work on this machine (its message lists what this machine offers).
     """
+    offered = offered_power_sources(platform.system())
     try:
         return _open(name, interval_s)
+    except UnknownSourceError as exc:
+        raise UnknownSourceError(name, "power", offered, offered=True) from exc
     except SourceUnavailable as exc:
-        offered = ", ".join(offered_power_sources(platform.system()))
-        raise SourceUnavailable(f"{exc}; this machine offers: {offered}") from exc
+        raise SourceUnavailable(f"{exc}; this machine offers: {', '.join(offered)}") from exc
 
 
 def _open(name: str, interval_s: float) -> PowerSource:
@@ -61,3 +66,15 @@ def _open_auto(interval_s: float) -> PowerSource:
         return source
     detail = "; ".join(reasons) or f"no power meter known for {platform.system()}"
     return NoPowerSource(f"no power meter found: {detail}")
+
+
+def meter_or_reason(name: str, baseline_s: float, interval_s: float, why: str) -> EnergyMeter:
+    """A meter over source `name` for a job process, which must run its cells whatever
+    happens: a source that cannot be opened gives a meter of none that says why (`why` is the
+    daemon's reason when it has no source at all)."""
+    if name == "none":
+        return EnergyMeter(NoPowerSource(why), baseline_s)
+    try:
+        return EnergyMeter(open_power_source(name, interval_s=interval_s), baseline_s)
+    except (SourceSpecError, SourceUnavailable) as exc:
+        return EnergyMeter(NoPowerSource(f"the job could not open {name}: {exc}"), baseline_s)

@@ -80,17 +80,18 @@ def emit(data: Any, fmt: str, table: Callable[[Any], RenderableType]) -> None:
         print_rich(table(data))
 
 
-def check_output(output: Path | None) -> None:
-    """Refuse an --output that cannot be written before any work starts."""
+def check_output(output: Path | None, flag: str = "--output") -> None:
+    """Refuse an --output (or another file option, `flag`) that cannot be written before any
+    work starts."""
     if output is None:
         return
     folder = output.parent if str(output.parent) else Path(".")
     if not folder.is_dir():
-        raise usage_error(f"--output {output}: folder {folder} does not exist")
+        raise usage_error(f"{flag} {output}: folder {folder} does not exist")
     if output.is_dir():
-        raise usage_error(f"--output {output} is a folder, not a file")
+        raise usage_error(f"{flag} {output} is a folder, not a file")
     if not os.access(folder, os.W_OK):
-        raise usage_error(f"--output {output}: folder {folder} is not writable")
+        raise usage_error(f"{flag} {output}: folder {folder} is not writable")
 
 
 def show_report(report: dict[str, Any], fmt: str, output: Path | None) -> None:

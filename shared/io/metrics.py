@@ -21,6 +21,11 @@ Metrics, all labelled by `host` (the sample's hostname):
 - mlx_fleet_agent_up{host}: gauge, 1 while the host's telemetry arrives.
 - mlx_fleet_storage_ok{host}: gauge, 1 while the host's agent writes everything it keeps, 0
   while its disk refuses a write (the samples' storage_error says which; it retries).
+- mlx_fleet_power_watts{host,source,rail}: gauge, the watts of each rail the host's power source
+  measures (cpu, gpu, ane, dram; system is the whole machine and holds the others) over its
+  last poll; absent without a reading. The vendor's estimates (docs/energy.md).
+- mlx_fleet_energy_joules_total{host,source,rail}: counter of the joules each rail used (from
+  the samples' cumulative joules; an agent restart, which resets them, adds its new value).
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ POLICY_ACTIONS = frozenset({"pause", "resume", "reduce_batch", "restore_batch", 
 
 
 class TelemetryMetrics:
-    """The six metrics in a registry of their own, updated from telemetry bodies. Not
+    """The metrics above in a registry of their own, updated from telemetry bodies. Not
     thread-safe on its own bookkeeping: feed it from one thread."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -85,9 +90,23 @@ class TelemetryMetrics:
             ["host"],
             registry=self.registry,
         )
+        self.power = Gauge(
+            "mlx_fleet_power_watts",
+            "Watts per rail of the host's power source over its last poll (vendor estimates).",
+            ["host", "source", "rail"],
+            registry=self.registry,
+        )
+        self.energy = Counter(
+            "mlx_fleet_energy_joules",
+            "Joules per rail the host's power source counted (vendor estimates).",
+            ["host", "source", "rail"],
+            registry=self.registry,
+        )
         self._sources: dict[str, str] = {}
         self._pause_seen: dict[str, float] = {}
         self._states: set[str] = set()
+        self._power_shown: dict[str, set[tuple[str, str]]] = {}
+        self._joules_seen: dict[tuple[str, str, str], float] = {}
 
     def observe_sample(self, sample: Mapping[str, Any]) -> None:
         host = sample["host"]
@@ -113,6 +132,26 @@ class TelemetryMetrics:
         self._pause_seen[host] = total
         self.agent_up.labels(host).set(1)
         self.storage_ok.labels(host).set(0 if sample["storage_error"] else 1)
+        self._observe_power(host, sample.get("power"))
+
+    def _observe_power(self, host: str, power: Mapping[str, Any] | None) -> None:
+        """Each rail's watts as a gauge (gone when a poll has none) and its joules added to the
+        counter; cumulative joules lower than the last seen mean the agent restarted."""
+        source = (power or {}).get("source") or ""
+        watts = (power or {}).get("watts") or {}
+        shown = {(source, rail) for rail in watts}
+        for gone in self._power_shown.get(host, set()) - shown:
+            self.power.remove(host, *gone)
+        for rail, value in watts.items():
+            self.power.labels(host, source, rail).set(value)
+        self._power_shown[host] = shown
+        for rail, total in ((power or {}).get("joules") or {}).items():
+            key = (host, source, rail)
+            seen = self._joules_seen.get(key, 0.0)
+            added = total - seen if total >= seen else total
+            if added > 0:
+                self.energy.labels(host, source, rail).inc(added)
+            self._joules_seen[key] = total
 
     def observe_event(self, event: Mapping[str, Any]) -> None:
         if event["action"] in POLICY_ACTIONS:

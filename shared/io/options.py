@@ -160,6 +160,15 @@ SustainWindowLength = Annotated[
     str,
     typer.Option("--sustain-window", help="The length of each window of a --sustain run."),
 ]
+PLOT_EXTRA = "pip install 'mlx-fleet[plot]'"
+SustainPlot = Annotated[
+    Path | None,
+    typer.Option(
+        "--plot",
+        help="With --sustain: also draw tok/s, °C and watts over time per host into this PNG "
+        f"(needs matplotlib: {PLOT_EXTRA}).",
+    ),
+]
 MaxSpeedTemp = Annotated[
     float,
     typer.Option("--max-speed-temp", help="°C from which the policy asks to reduce the batch."),

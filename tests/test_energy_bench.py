@@ -168,6 +168,25 @@ def test_sustained_run_under_a_rising_curve_pauses_and_reports_windows(tmp_path:
     assert "Windows of small/f16 pp16 b1" in render_text(report, "md")
 
 
+def test_a_stop_ends_a_sustained_cell_with_the_windows_it_measured(tmp_path: Path) -> None:
+    heat = tmp_path / "heat.csv"
+    heat.write_text("seconds,celsius\n0,50\n7,97\n")
+    result = cli(
+        "agent", "bench", "--config-small", "-s", "16,32", "--decode-tokens", "0",
+        "--sustain", "30s", "--sustain-window", "1s", "--thermal-source", f"replay:{heat}",
+        "--poll-interval", "0.2", "--power-source", "none", "--format", "json",
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr  # the run stopped: a cell was never run
+    report = json.loads(result.stdout)
+    stopped, never = report["cells"]
+    assert stopped["status"] == "failed" and "stop threshold" in stopped["error"]
+    sustain = stopped["sustain"]
+    assert sustain["windows"] and sustain["first_tokens_per_sec"] is not None
+    assert "stop threshold" in sustain["stopped"]
+    assert sustain["windows"][-1]["end_s"] < 30
+    assert never["status"] == "not run" and "thermal shutdown" in report["stopped"]
+
+
 # --- the pure parts -----------------------------------------------------------------------------
 
 

@@ -127,10 +127,14 @@ class SimParams:
                 f"max_w={self.max_w}"
             )
 
+    def watts(self, load: float) -> float:
+        """The model's power at `load` (0..1): what the `sim` power source reports."""
+        load = min(max(load, 0.0), 1.0)
+        return self.idle_w + (self.max_w - self.idle_w) * load
+
     def steady_c(self, load: float) -> float:
         """Where the temperature settles if `load` (0..1) is held."""
-        load = min(max(load, 0.0), 1.0)
-        return self.ambient_c + self.r_c_per_w * (self.idle_w + (self.max_w - self.idle_w) * load)
+        return self.ambient_c + self.r_c_per_w * self.watts(load)
 
 
 def parse_sim_params(spec: str) -> SimParams:

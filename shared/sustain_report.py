@@ -69,8 +69,17 @@ def summary_columns(records: list[Record]) -> list[Column]:
 
 
 def cell_title(record: Record) -> str:
+    """`host: cell`, and which of its columns are not a sensor's or a meter's."""
     where = f"{record['host']}: " if record.get("host") else ""
-    return f"{where}{record['name']}"
+    labels = [
+        label
+        for label, simulated in (
+            ("°C simulated", "simulated" in (record.get("flags") or [])),
+            ("W simulated", record.get("energy_simulated")),
+        )
+        if simulated
+    ]
+    return f"{where}{record['name']}" + (f" ({', '.join(labels)})" if labels else "")
 
 
 def rich_sustain(records: list[Record]) -> list[Table]:

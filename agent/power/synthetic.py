@@ -34,13 +34,9 @@ class PowerSimSource(PowerSource):
         self._energy = Integrator()
         self._last = time.monotonic()
 
-    def watts(self, load: float) -> float:
-        load = min(max(load, 0.0), 1.0)
-        return self.params.idle_w + (self.params.max_w - self.params.idle_w) * load
-
     def read(self) -> PowerReading | None:
         now = time.monotonic()
-        self._energy.add_watts({SYSTEM: self.watts(self._load())}, now - self._last)
+        self._energy.add_watts({SYSTEM: self.params.watts(self._load())}, now - self._last)
         self._last = now
         return self._reading(self._energy.joules, self._energy.watts, at=now)
 

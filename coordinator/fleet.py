@@ -211,7 +211,10 @@ class HostDriver:
 
     def _start(self, client: AgentClient) -> tuple[str, str | None]:
         """bench.start, then the job's stream as the agent sends it."""
-        start = client.send("bench.start", {"matrix": self.spec, "sustain": self.sustain})
+        body: dict[str, Any] = {"matrix": self.spec}
+        if self.sustain is not None:  # an agent older than sustained runs knows no such field
+            body["sustain"] = self.sustain
+        start = client.send("bench.start", body)
         self._start_id = start.id
         for message in client.stream(start, self.stop):
             body = message.body

@@ -139,6 +139,12 @@ def cell_energy(
     }
 
 
+def not_a_meter(text: str, record: Mapping[str, Any]) -> str:
+    """A cell's energy figure as shown: marked `sim` when its source is not a meter (sim,
+    replay), so a model's watts never pass for a measurement."""
+    return f"{text} sim" if record.get("energy_simulated") else text
+
+
 def energy_flags(fields: Mapping[str, Any]) -> list[str]:
     """The cell flags its energy fields call for."""
     return [SHORT_WINDOW_FLAG] if fields.get("energy_short_windows") else []

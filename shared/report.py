@@ -17,6 +17,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from shared.energy import not_a_meter
 from shared.matrix import model_label
 from shared.results import NOT_RUN, OK
 from shared.sustain_report import markdown_sustain, rich_sustain
@@ -70,14 +71,13 @@ def soc_temperature(record: Record) -> str:
 def watts(record: Record) -> str:
     """Mean watts over the cell's timed iterations, labelled when the source is not a meter."""
     value = record.get("power_w")
-    if value is None:
-        return NA
-    return f"{value:.1f} sim" if record.get("energy_simulated") else f"{value:.1f}"
+    return NA if value is None else not_a_meter(f"{value:.1f}", record)
 
 
 def per_joule(record: Record) -> str:
+    """Tokens per joule (gross), labelled as watts are."""
     value = record.get("tokens_per_joule")
-    return NA if value is None else f"{value:.3g}"
+    return NA if value is None else not_a_meter(f"{value:.3g}", record)
 
 
 def flags(record: Record) -> str:

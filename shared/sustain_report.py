@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
+from shared.energy import not_a_meter
 from shared.matrix import model_label
 
 NA = "N/A"
@@ -32,8 +33,8 @@ def _throttle(summary: dict[str, Any]) -> str:
 
 
 def _watts(summary: dict[str, Any], record: Record) -> str:
-    text = _number(summary.get("mean_power_w"), ".1f")
-    return f"{text} sim" if text != NA and record.get("energy_simulated") else text
+    value = summary.get("mean_power_w")
+    return NA if value is None else not_a_meter(f"{value:.1f}", record)
 
 
 SUMMARY_COLUMNS: list[Column] = [

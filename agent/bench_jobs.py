@@ -199,7 +199,7 @@ class BenchJobs:
         }
         meter = self.meter()
         power = {
-            "source": meter.source.name if meter is not None and meter.present else "none",
+            "source": meter.source.spec if meter is not None and meter.present else "none",
             "baseline_s": meter.baseline_s if meter is not None else 0.0,
             "why": meter.last_error if meter is not None else "the agent has no power source",
         }

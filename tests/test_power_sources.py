@@ -26,7 +26,7 @@ from agent.power.decode import (
 )
 from agent.power.meter import EnergyMeter
 from agent.power.rapl import RaplSource
-from agent.power.registry import open_power_source
+from agent.power.registry import meter_or_reason, open_power_source
 from agent.power.streams import MacmonPowerSource, PowermetricsPowerSource
 from agent.power.synthetic import PowerReplaySource, PowerSimSource
 from agent.thermal.base import SourceUnavailable
@@ -340,6 +340,29 @@ def test_sim_power_follows_the_thermal_models_load() -> None:
     assert reading is not None and reading.watts == {"system": 24.0}
     assert source.simulated and reading.simulated
     assert reading.joules["system"] == pytest.approx(24.0 * 0.05, rel=0.5)
+
+
+def test_a_job_reopens_the_daemons_source_by_its_spec(tmp_path: Path) -> None:
+    """A job process opens its daemon's power source by `spec`: sim keeps its parameters."""
+    curve = tmp_path / "watts.csv"
+    curve.write_text("0,12.5\n")
+    for name, spec in (
+        ("sim:idle_w=50,max_w=50", "sim:idle_w=50,max_w=50"),
+        (f"replay:{curve}", f"replay:{curve}"),
+        ("none", "none"),
+    ):
+        with open_power_source(name) as daemons:
+            assert daemons.spec == spec
+        meter = meter_or_reason(spec, 0.0, 1.0, "no source")
+        time.sleep(0.05)
+        reading = meter.read()
+        if name == "none":
+            assert reading is None
+        else:
+            assert reading is not None and reading.total_w == pytest.approx(
+                50.0 if name.startswith("sim") else 12.5
+            )
+        meter.close()
 
 
 def test_integrator_from_deltas_and_from_watts() -> None:

@@ -58,6 +58,12 @@ class PowerSource(Source):
     rails: tuple[str, ...] = ()
     resolution_s: float = 0.0
 
+    @property
+    def spec(self) -> str:
+        """The name that opens this same source again (a job process opens its daemon's):
+        `name`, unless the source was opened with parameters it does not show."""
+        return self.name
+
     @abstractmethod
     def read(self) -> PowerReading | None:
         """The cumulative reading now, or None (see `last_error`)."""

@@ -43,7 +43,7 @@ def open_power_source(name: str, *, interval_s: float = 1.0) -> PowerSource:
 def _open(name: str, interval_s: float) -> PowerSource:
     kind, argument = parse_power_source_name(name)
     openers: dict[str, Callable[[], PowerSource]] = {
-        "sim": lambda: PowerSimSource(parse_sim_params(argument)),
+        "sim": lambda: PowerSimSource(parse_sim_params(argument), spec=name.strip()),
         "replay": lambda: PowerReplaySource(argument),
         "auto": lambda: _open_auto(interval_s),
         "none": NoPowerSource,

@@ -25,14 +25,24 @@ class PowerSimSource(PowerSource):
     rails = (SYSTEM,)
 
     def __init__(
-        self, params: SimParams | None = None, load: Callable[[], float] = cpu_load
+        self,
+        params: SimParams | None = None,
+        load: Callable[[], float] = cpu_load,
+        spec: str = "sim",
     ) -> None:
+        """`spec` is the name it was opened with (`sim:idle_w=5,max_w=30`): a job process opens
+        the same model with it."""
         super().__init__()
         self.params = params or SimParams()
+        self._spec = spec
         self._load = load
         self._load()  # the first load sample only starts psutil's interval
         self._energy = Integrator()
         self._last = time.monotonic()
+
+    @property
+    def spec(self) -> str:
+        return self._spec
 
     def read(self) -> PowerReading | None:
         now = time.monotonic()

@@ -110,6 +110,7 @@ def test_bad_power_sources_and_sustains_are_one_line_exit_2(tmp_path: Path) -> N
         (("--sustain", "15s"), "shorter than two windows of 10 s"),
         (("--sustain", "ten minutes"), "expected a duration"),
         (("--sustain", "4s", "--sustain-window", "1s", "--poll-interval", "2"), "interval (2 s)"),
+        (("--sustain-window", "5s"), "give --sustain too"),
     ):
         result = cli("agent", "bench", "--config-small", *args)
         assert result.returncode == 2, (args, result.stderr)

@@ -157,8 +157,11 @@ SustainDuration = Annotated[
     ),
 ]
 SustainWindowLength = Annotated[
-    str,
-    typer.Option("--sustain-window", help="The length of each window of a --sustain run."),
+    str | None,
+    typer.Option(
+        "--sustain-window",
+        help=f"The length of each window of a --sustain run [default: {DEFAULT_WINDOW_S:g}s].",
+    ),
 ]
 PLOT_EXTRA = "pip install 'mlx-fleet[plot]'"
 SustainPlot = Annotated[
@@ -277,17 +280,20 @@ class SustainOptions:
     """A sustained run: each cell for a duration, reported window by window (shared.sustain)."""
 
     sustain: SustainDuration = None
-    sustain_window: SustainWindowLength = f"{DEFAULT_WINDOW_S:g}s"
+    sustain_window: SustainWindowLength = None
 
     def plan(self) -> SustainPlan | None:
         """The plan (None without --sustain), or exit 2 naming what is wrong: a duration that
-        does not parse, or one shorter than two windows."""
+        does not parse, one shorter than two windows, or a window without --sustain."""
         if self.sustain is None:
+            if self.sustain_window is not None:
+                raise usage_error("--sustain-window cuts a sustained run: give --sustain too")
             return None
         try:
+            window = self.sustain_window
             plan = SustainPlan(
                 parse_duration(self.sustain, "--sustain"),
-                parse_duration(self.sustain_window, "--sustain-window"),
+                DEFAULT_WINDOW_S if window is None else parse_duration(window, "--sustain-window"),
             )
             plan.check()
         except SustainError as exc:

@@ -52,12 +52,12 @@ def plot_sustain(report: dict[str, Any]) -> Figure:
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("seconds since the first timed iteration (shaded: paused)")
     axes[0].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
-    title = f"{report.get('title', 'sustained run')}: tok/s, °C and W per window"
+    lines = [f"{report.get('title', 'sustained run')}: tok/s, °C and W per window"]
     if any(record.get("energy_simulated") for record in runs):
-        title += " (watts simulated or replayed: not a meter)"
+        lines.append("watts simulated or replayed: not a meter")
     if any("simulated" in (record.get("flags") or []) for record in runs):
-        title += " (°C simulated or replayed: not a sensor)"
-    figure.suptitle(title, fontsize="medium")
+        lines.append("°C simulated or replayed: not a sensor")
+    figure.suptitle("\n".join(lines), fontsize="medium")  # one caveat a line: all of it shows
     return figure
 
 

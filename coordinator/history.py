@@ -87,16 +87,17 @@ def stats_table(rows: list[dict[str, Any]], since: float) -> Table:
             duration(row["seconds_paused"]),
             str(row["pauses"]),
             str(row["stops"]),
-            NA if row["energy_j"] is None else f"{row['energy_j'] / 3600:.2f}",
-            _watts(row),
+            _power_figure(row, "energy_j", 1 / 3600, ".2f"),
+            _power_figure(row, "mean_power_w", 1, ".1f"),
         )
     return table
 
 
-def _watts(row: dict[str, Any]) -> str:
-    if row["mean_power_w"] is None:
+def _power_figure(row: dict[str, Any], key: str, scale: float, spec: str) -> str:
+    """Energy or watts, `sim` after a figure whose source is not a meter."""
+    if row[key] is None:
         return NA
-    return f"{row['mean_power_w']:.1f}" + (" sim" if row["power_simulated"] else "")
+    return f"{row[key] * scale:{spec}}" + (" sim" if row["power_simulated"] else "")
 
 
 def history(

@@ -1,27 +1,64 @@
-"""`agent`: the per-Mac command line (exit codes: shared.exit_codes)."""
+"""`agent`: the per-Mac command line (exit codes: shared.exit_codes). Each command's module is
+imported only when that command runs (shared.io.app): only `agent bench` imports MLX."""
 
 from __future__ import annotations
 
-from agent.bench_cli import bench
-from agent.doctor_cli import doctor_command
-from agent.run_cli import run_command
-from agent.serve_cli import keys_app, serve_command
-from agent.service_cli import install_command, service_status_command, uninstall_command
-from agent.thermal.cli import temp_command
-from shared.io.cli import fleet_app
+from shared.io.app import LazyCommand, fleet_app
 
-app = fleet_app("agent", "mlx-fleet agent: true MLX benchmarks and thermal safety on this Mac.")
+COMMANDS = [
+    LazyCommand(
+        "bench",
+        "agent.bench_cli:bench",
+        "Benchmark prefill and decode over a matrix of lengths, batches, models and bits.",
+    ),
+    LazyCommand(
+        "temp",
+        "agent.thermal.cli:temp_command",
+        "Show the SoC temperature, its source, the pressure level and the cooling policy's state.",
+    ),
+    LazyCommand(
+        "run",
+        "agent.run_cli:run_command",
+        "Run CMD in its own process group under the cooling policy.",
+        {"allow_interspersed_args": False},
+    ),
+    LazyCommand(
+        "install",
+        "agent.service_cli:install_command",
+        "Install `agent serve` as a launchd (macOS) or systemd (Linux) service and start it.",
+    ),
+    LazyCommand(
+        "uninstall",
+        "agent.service_cli:uninstall_command",
+        "Stop and remove the agent service (every loaded copy); data is kept unless --purge.",
+    ),
+    LazyCommand(
+        "service-status",
+        "agent.service_cli:service_status_command",
+        "Is the agent service installed and running? Its pid, last exit status and logs.",
+    ),
+    LazyCommand(
+        "doctor",
+        "agent.doctor_cli:doctor_command",
+        "Python, MLX and its device, a 1-second benchmark, every thermal source side by side, "
+        "thermal pressure, the data directory and keys, the ports, the service, the firewall.",
+    ),
+    LazyCommand(
+        "serve",
+        "agent.serve_cli:serve_command",
+        "Serve coordinators over ZeroMQ until SIGTERM: benchmarks, info, job history, and "
+        "thermal telemetry.",
+    ),
+    LazyCommand(
+        "keys",
+        "agent.keys_cli:keys_app",
+        "This agent's CURVE key and the coordinator keys it trusts.",
+    ),
+]
 
-
-app.command()(bench)
-app.command("temp")(temp_command)
-app.command("run", context_settings={"allow_interspersed_args": False})(run_command)
-app.command("install")(install_command)
-app.command("uninstall")(uninstall_command)
-app.command("service-status")(service_status_command)
-app.command("doctor")(doctor_command)
-app.command("serve")(serve_command)
-app.add_typer(keys_app, name="keys")
+app = fleet_app(
+    "agent", "mlx-fleet agent: true MLX benchmarks and thermal safety on this Mac.", COMMANDS
+)
 
 
 def main() -> None:

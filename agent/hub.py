@@ -16,7 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from queue import Empty, SimpleQueue
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.events import EventLog
 from agent.history import SavedPolicy, TelemetryHistory, load_policy
@@ -37,9 +37,11 @@ from agent.telemetry import (
 )
 from agent.thermal import ThermalMonitor, ThermalReading, ThermalSource
 from shared import protocol as p
-from shared.io.metrics import MetricsServer, TelemetryMetrics, serve_metrics
 from shared.policy import CoolingState, ThermalPolicy
 from shared.telemetry import Event
+
+if TYPE_CHECKING:
+    from shared.io.metrics import MetricsServer, TelemetryMetrics
 
 log = logging.getLogger("agent.hub")
 
@@ -131,6 +133,8 @@ class TelemetryHub:
     def serve_metrics(self, address: str) -> int:
         """Prometheus /metrics at HOST:PORT; returns the bound port. Raises ValueError or
         OSError."""
+        from shared.io.metrics import TelemetryMetrics, serve_metrics  # only with --prometheus
+
         self.metrics = TelemetryMetrics()
         self._metrics_server = serve_metrics(self.metrics.registry, address)
         return self._metrics_server.port

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
 import sqlite3
@@ -43,8 +44,9 @@ from shared.source_names import DEFAULT_POLL_INTERVAL_S
 
 log = logging.getLogger("agent.serve")
 
-TICK_MS = 200
-"""The loop wakes at least this often: how promptly SIGTERM and a stuck cancel are noticed."""
+PARENT_CHECK_S = 1.0
+"""With --parent-pid, how often the loop looks whether its coordinator is still there. Nothing
+else wakes an idle daemon but a request, a reading (each poll interval) or stop()."""
 DEFAULT_RETENTION_DAYS = 7.0
 
 
@@ -91,6 +93,8 @@ class AgentDaemon:
             lambda: self._stopping,
         )
         self._stopping = False
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_write, False)
 
     def _open_stores(
         self, poll_interval: float, retention_days: float
@@ -176,8 +180,11 @@ class AgentDaemon:
         log.info("metrics on http://%s:%d/metrics", address.rpartition(":")[0], port)
 
     def stop(self, *_: object) -> None:
-        """Ask the loop to end (safe from a signal handler)."""
+        """Ask the loop to end (safe from a signal handler: a signal interrupts the loop's
+        poll, which runs this handler and polls again, to find the wake-up pipe readable)."""
         self._stopping = True
+        with contextlib.suppress(BlockingIOError):  # a wake-up is pending already
+            os.write(self._wake_write, b"s")
 
     def serve_forever(self) -> None:
         """Serve until stop(); then cancel the job and keep serving (pings, info) until it has
@@ -185,6 +192,7 @@ class AgentDaemon:
         poller = zmq.Poller()
         poller.register(self.sockets.router, zmq.POLLIN)
         poller.register(self.hub.wake_fd, zmq.POLLIN)
+        poller.register(self._wake_read, zmq.POLLIN)
         deadline: float | None = None
         while deadline is None or (self.jobs.running is not None and time.monotonic() < deadline):
             if self.parent_pid is not None and os.getppid() != self.parent_pid:
@@ -197,9 +205,11 @@ class AgentDaemon:
             job = self.jobs.running
             if job is not None:
                 poller.register(job.fd, zmq.POLLIN)
-            ready = dict(poller.poll(TICK_MS))
+            ready = dict(poller.poll(self._sleep_ms(deadline)))
             if job is not None:
                 poller.unregister(job.fd)
+            if ready.get(self._wake_read):
+                os.read(self._wake_read, 64)  # stop() woke us: the loop's top handles it
             if ready.get(self.hub.wake_fd):
                 for reading in self.hub.drain():
                     self.jobs.feed(reading, self.hub.policy)
@@ -212,6 +222,19 @@ class AgentDaemon:
             self.jobs.enforce_cancel()
             self.throttle.flush()
         self.close()
+
+    def _sleep_ms(self, deadline: float | None) -> float | None:
+        """How long the loop may wait for a socket or pipe: for ever, unless something falls
+        due: the end of the stop grace, a cancelled job's kill, the next parent check."""
+        due = [] if deadline is None else [deadline]
+        job = self.jobs.running
+        if job is not None and job.kill_at is not None and math.isfinite(job.kill_at):
+            due.append(job.kill_at)  # infinite once killed: then its pipe's end wakes us
+        if self.parent_pid is not None:
+            due.append(time.monotonic() + PARENT_CHECK_S)
+        if not due:
+            return None
+        return max(0.0, min(due) - time.monotonic()) * 1000 + 1
 
     def _answer_all(self) -> None:
         for received in self.sockets.receive():
@@ -256,6 +279,8 @@ class AgentDaemon:
         self.hub.close()
         self.sockets.close()
         self.jobs.close()
+        os.close(self._wake_read)
+        os.close(self._wake_write)
 
 
 def serve(daemon: AgentDaemon) -> None:

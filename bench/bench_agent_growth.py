@@ -9,8 +9,8 @@ growth); then measured after every phase:
   2. --jobs short benchmark jobs (one tiny cell each, a job process each).
 Printed as MB and open file descriptors, and as a ratio to the warmed-up baseline (1.00 = no
 growth). Numbers are printed, never asserted: `python bench/bench_agent_growth.py [--requests
-1000] [--jobs 100]`. Exits 1 when it cannot measure (the agent did not start, died, or left a
-request unanswered).
+1000] [--jobs 100] [--quick]`. Exits 1 when it cannot measure (the agent did not start, died,
+or left a request unanswered).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Any
 import msgpack
 import psutil
 import zmq
+from support import machine
 
 from shared import protocol as p
 from shared.io.keys import Keypair, own_keypair
@@ -202,7 +203,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=1000, help="of each kind")
     parser.add_argument("--jobs", type=int, default=100)
+    parser.add_argument("--quick", action="store_true", help="seconds: checks the script runs")
     args = parser.parse_args()
+    if args.quick:
+        args.requests, args.jobs = 3, 1
+    print(f"machine: {machine()}")
     with tempfile.TemporaryDirectory() as folder:
         os.environ["MLX_FLEET_HOME"] = str(Path(folder) / "coordinator")
         try:

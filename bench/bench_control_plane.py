@@ -1,15 +1,20 @@
-"""What does our control plane cost next to bare ZeroMQ?
+"""What does our control plane cost next to bare ZeroMQ? Every comparison is measured side by
+side: rounds that interleave the two sides, repeated, each figure printed as median (min–max)
+over the rounds and each ratio taken round by round (1.00 = as fast as bare pyzmq).
 
-Measured side by side in one run, printed as ratios (1.00 = as fast as bare pyzmq):
-  1. round-trip time (p50, p99) of our `ping` through AgentClient against a real AgentDaemon,
-     with CURVE (the default) and without (--insecure), vs a bare DEALER/ROUTER echo without
-     CURVE carrying the same bytes;
-  2. the coordinator's cost per cell with many agents: run_fleet (decode and validate each
-     bench.cell, hand it across threads, commit it to the RunStore) against K replay agents
-     streaming M cells each, vs K bare DEALERs receiving the same bytes and doing nothing;
-     plus the decode and store parts alone.
+  1. a request's round trip (p50, p99): our `ping` through AgentClient to a real AgentDaemon,
+     against a bare pyzmq DEALER/ROUTER echo of the same bytes with the same security: CURVE
+     against CURVE (the default), and --insecure against NULL;
+  2. the coordinator's cost per cell: run_fleet (decode and validate each bench.cell, hand it
+     across threads, commit it to the RunStore) against K protocol-level agents streaming M
+     cells each (bench/replay.py), against K bare DEALERs receiving as many bench.cell
+     messages and doing nothing with them;
+  3. an idle `agent serve --thermal-source sim` (1 Hz: read, judge, store, publish) against a
+     bare daemon: a process polling a ROUTER and a pipe, woken by a 1 Hz thread that
+     publishes one message; CPU share over the same windows.
 
-    python bench/bench_control_plane.py [--pings 2000] [--agents 8] [--cells 300]
+    .venv/bin/python bench/bench_control_plane.py [--pings 2000] [--agents 8] [--cells 300]
+        [--idle-seconds 20] [--repeats 5] [--quick]
 
 Servers run in their own processes (spawn) so they never share the client's GIL. Everything
 stays on 127.0.0.1 and in a temporary MLX_FLEET_HOME. Numbers are printed, never asserted.
@@ -17,11 +22,11 @@ stays on 127.0.0.1 and in a temporary MLX_FLEET_HOME. Numbers are printed, never
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
 import os
-import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -29,23 +34,55 @@ from pathlib import Path
 from typing import Any
 
 import zmq
+from replay import measured_here, replay_agents
+from support import BenchError, cpu_seconds, interleave, machine, parser, run, spread
 
 from coordinator.fleet import Settings, Target, run_fleet
 from coordinator.store import RunStore
 from shared import protocol as p
 from shared.io.keys import own_keypair
 from shared.io.transport import AgentClient
-from shared.matrix import PREFILL, Cell
+from shared.matrix import MatrixSpec, expand
 from shared.results import cell_record
 
 Server = Callable[["mp.Queue[Any]", dict[str, Any]], None]
+BARE_DAEMON = """
+import os, sys, threading, zmq
+ctx = zmq.Context()
+router, pub = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PUB)
+router.bind("tcp://127.0.0.1:*")
+pub.bind("tcp://127.0.0.1:*")
+wake_read, wake_write = os.pipe()
+def tick():
+    while True:
+        threading.Event().wait(1.0)
+        os.write(wake_write, b"r")
+threading.Thread(target=tick, daemon=True).start()
+poller = zmq.Poller()
+poller.register(router, zmq.POLLIN)
+poller.register(wake_read, zmq.POLLIN)
+print("ready", flush=True)
+while True:
+    ready = dict(poller.poll())
+    if ready.get(wake_read):
+        os.read(wake_read, 64)
+        pub.send_multipart([b"sample", b"x" * 300])
+    if ready.get(router):
+        router.send_multipart(router.recv_multipart())
+"""
+"""The floor of an idle daemon: what any 1 Hz publisher with a command socket costs."""
 
 
 # --- servers (each in its own process) ---------------------------------------------------------
 
 
 def agent_server(ready: mp.Queue[Any], options: dict[str, Any]) -> None:
-    """A real AgentDaemon, trusting the benchmark's coordinator key when CURVE is on."""
+    """A real AgentDaemon in its own data directory, trusting the benchmark's coordinator key
+    when CURVE is on."""
+    import signal
+
+    os.environ["MLX_FLEET_HOME"] = options["home"]
+
     from agent.serve import AgentDaemon
     from shared.io.trust import trust, trusted_dir
 
@@ -59,78 +96,29 @@ def agent_server(ready: mp.Queue[Any], options: dict[str, Any]) -> None:
 
 
 def echo_server(ready: mp.Queue[Any], options: dict[str, Any]) -> None:
-    """Bare ROUTER: every message straight back, no CURVE, no decoding."""
+    """Bare ROUTER: every message straight back, no decoding; a CURVE server when asked."""
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
+    public = None
+    if options["secure"]:
+        public, secret = zmq.curve_keypair()
+        router.curve_server = True
+        router.curve_publickey, router.curve_secretkey = public, secret
     port = router.bind_to_random_port("tcp://127.0.0.1")
-    ready.put((f"127.0.0.1:{port}", None))
+    ready.put((f"127.0.0.1:{port}", public.decode("ascii") if public else None))
     while True:
         router.send_multipart(router.recv_multipart())
 
 
-def replay_agent(ready: mp.Queue[Any], options: dict[str, Any]) -> None:
-    """Speaks the agent side of the protocol, answering bench.start with `cells` recorded
-    bench.cell messages at full speed: the coordinator's cost is all that is left to measure."""
-    ctx = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    ready.put((f"127.0.0.1:{port}", None))
-    record, cells = options["record"], options["cells"]
-    while True:
-        identity, data = router.recv_multipart()
-        request = p.decode(data)
-        replies: list[p.Message] = []
-        if request.type == "hello":
-            replies = [
-                p.make(
-                    "hello.ok",
-                    {
-                        "agent": "replay",
-                        "protocol": p.PROTOCOL_VERSION,
-                        "hostname": "replay",
-                        "secure": False,
-                    },
-                    request.id,
-                )
-            ]
-        elif request.type == "info":
-            replies = [
-                p.make(
-                    "info.ok",
-                    {
-                        "agent": "replay",
-                        "protocol": p.PROTOCOL_VERSION,
-                        "machine": {"hostname": "replay"},
-                        "thermal": {},
-                        "job": None,
-                    },
-                    request.id,
-                )
-            ]
-        elif request.type == "ping":
-            replies = [p.make("ping.ok", {"job": None, "time": time.time()}, request.id)]
-        elif request.type == "bench.start":
-            job = {"job": "j-replay"}
-            replies = [p.make("bench.start.ok", job | {"cells": ["c"] * cells}, request.id)]
-            replies += [
-                p.make("bench.cell", job | {"index": i, "record": record}, request.id)
-                for i in range(cells)
-            ]
-            replies.append(
-                p.make(
-                    "bench.done", job | {"status": "ok", "error": None, "cells": cells}, request.id
-                )
-            )
-        for reply in replies:
-            router.send_multipart([identity, p.encode(reply)])
-
-
 def blaster(ready: mp.Queue[Any], options: dict[str, Any]) -> None:
-    """Bare ROUTER: on any message, sends back `cells` copies of the same encoded bench.cell."""
+    """Bare CURVE ROUTER: on any message, sends back `cells` copies of one encoded bench.cell."""
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
+    public, secret = zmq.curve_keypair()
+    router.curve_server = True
+    router.curve_publickey, router.curve_secretkey = public, secret
     port = router.bind_to_random_port("tcp://127.0.0.1")
-    ready.put((f"127.0.0.1:{port}", None))
+    ready.put((f"127.0.0.1:{port}", public.decode("ascii")))
     data = p.encode(p.make("bench.cell", {"job": "j", "index": 0, "record": options["record"]}))
     while True:
         identity, _ = router.recv_multipart()
@@ -147,21 +135,24 @@ def start(server: Server, **options: Any) -> tuple[mp.Process, str, str | None]:
     return process, address, key
 
 
+def stop(processes: list[mp.Process]) -> None:
+    for process in processes:
+        process.terminate()
+        process.join(10)
+
+
 # --- 1. round trips ------------------------------------------------------------------------------
 
 
-def percentiles(samples: list[float]) -> tuple[float, float]:
-    """(p50, p99) in microseconds."""
+def p50_p99(samples: list[float]) -> tuple[float, float]:
     ordered = sorted(samples)
-    return (
-        statistics.median(ordered) * 1e6,
-        ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e6,
-    )
+    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
 
 
 def ours_rtt(ctx: zmq.Context, address: str, key: str | None, pings: int) -> list[float]:
     client = AgentClient(ctx, address, key, own_keypair() if key else None)
     client.connect()
+    client.request("ping")
     samples = []
     for _ in range(pings):
         began = time.perf_counter()
@@ -171,9 +162,13 @@ def ours_rtt(ctx: zmq.Context, address: str, key: str | None, pings: int) -> lis
     return samples
 
 
-def raw_rtt(ctx: zmq.Context, address: str, pings: int) -> list[float]:
+def raw_rtt(ctx: zmq.Context, address: str, key: str | None, pings: int) -> list[float]:
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0
+    if key is not None:
+        public, secret = zmq.curve_keypair()
+        sock.curve_publickey, sock.curve_secretkey = public, secret
+        sock.curve_serverkey = key.encode("ascii")
     sock.connect(f"tcp://{address}")
     payload = p.encode(p.make("ping"))
     sock.send(payload)
@@ -188,66 +183,63 @@ def raw_rtt(ctx: zmq.Context, address: str, pings: int) -> list[float]:
     return samples
 
 
-def round_trips(pings: int) -> None:
+def round_trips(pings: int, repeats: int, home: Path) -> None:
     ctx = zmq.Context()
     servers = {
-        "raw": start(echo_server),
-        "insecure": start(agent_server, secure=False),
-        "curve": start(agent_server, secure=True, client_key=own_keypair().public),
+        "raw NULL": start(echo_server, secure=False),
+        "raw CURVE": start(echo_server, secure=True),
+        "ours --insecure": start(agent_server, secure=False, home=f"{home}/insecure"),
+        "ours CURVE": start(
+            agent_server, secure=True, client_key=own_keypair().public, home=f"{home}/curve"
+        ),
     }
-    results: dict[str, list[float]] = {name: [] for name in servers}
-    rounds = 4  # interleaved, so drift hits every contender alike
-    for _ in range(rounds):
-        results["raw"] += raw_rtt(ctx, servers["raw"][1], pings // rounds)
-        results["insecure"] += ours_rtt(ctx, servers["insecure"][1], None, pings // rounds)
-        results["curve"] += ours_rtt(ctx, servers["curve"][1], servers["curve"][2], pings // rounds)
-    base50, base99 = percentiles(results["raw"])
-    print(f"1. ping round trip over loopback, {len(results['raw'])} pings each")
-    print(f"   {'':32} {'p50 µs':>9} {'p99 µs':>9} {'p50 ×':>7} {'p99 ×':>7}")
-    labels = {
-        "raw": "bare DEALER/ROUTER echo, NULL",
-        "insecure": "our ping, --insecure",
-        "curve": "our ping, CURVE (default)",
-    }
-    for name, samples in results.items():
-        p50, p99 = percentiles(samples)
-        print(f"   {labels[name]:32} {p50:9.1f} {p99:9.1f} {p50 / base50:7.2f} {p99 / base99:7.2f}")
-    for process, _, _ in servers.values():
-        process.terminate()
-        process.join(10)
+    p50s: dict[str, list[float]] = {name: [] for name in servers}
+    p99s: dict[str, list[float]] = {name: [] for name in servers}
+
+    def side(name: str) -> Callable[[], float]:
+        _, address, key = servers[name]
+        rtt = ours_rtt if name.startswith("ours") else raw_rtt
+
+        def measure() -> float:
+            p50, p99 = p50_p99(rtt(ctx, address, key, pings))
+            p50s[name].append(p50)
+            p99s[name].append(p99)
+            return p50
+
+        return measure
+
+    interleave({name: side(name) for name in servers}, repeats)
+    print(f"1. a request's round trip over loopback, {pings} per side per round")
+    print(f"   {'':26} {'p50 µs':>22} {'p99 µs':>22} {'p50 × bare':>20} {'p99 × bare':>20}")
+    for name, bare in (
+        ("raw NULL", "raw NULL"),
+        ("ours --insecure", "raw NULL"),
+        ("raw CURVE", "raw CURVE"),
+        ("ours CURVE", "raw CURVE"),
+    ):
+        ratio50 = [a / b for a, b in zip(p50s[name], p50s[bare], strict=True)]
+        ratio99 = [a / b for a, b in zip(p99s[name], p99s[bare], strict=True)]
+        print(
+            f"   {name:26} {spread(p50s[name], 1e6, 1):>22} {spread(p99s[name], 1e6, 1):>22} "
+            f"{spread(ratio50):>20} {spread(ratio99):>20}"
+        )
+    stop([process for process, _, _ in servers.values()])
     ctx.destroy(linger=0)
 
 
 # --- 2. coordinator cost per cell ---------------------------------------------------------------
 
-
-def sample_record() -> dict[str, Any]:
-    """A cell record as the runner makes it (5 timed iterations)."""
-    samples = [41.2, 40.9, 41.5, 40.8, 41.1]
-    mean = statistics.fmean(samples)
-    return cell_record(
-        Cell("small", 16, PREFILL, 128, 1),
-        {
-            "tokens_per_sec": 128 / mean * 1000,
-            "std_tokens_per_sec": 12.3,
-            "latency_ms": mean,
-            "std_latency_ms": statistics.stdev(samples),
-            "min_latency_ms": min(samples),
-            "median_latency_ms": statistics.median(samples),
-            "samples_ms": samples,
-            "peak_memory_gb": 0.0123,
-            "active_memory_gb": 0.0101,
-            "activation_memory_gb": 0.002,
-        },
-    )
+MATRIX = MatrixSpec((8,), (1,), ("small",), (None,), 0, 0, 1)
 
 
-def raw_receive_s(addresses: list[str], cells: int) -> float:
+def raw_receive_s(addresses: list[tuple[str, str]], cells: int) -> float:
     ctx = zmq.Context()
     socks = []
-    for address in addresses:
+    for address, key in addresses:
         sock = ctx.socket(zmq.DEALER)
         sock.linger = 0
+        sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
+        sock.curve_serverkey = key.encode("ascii")
         sock.connect(f"tcp://{address}")
         socks.append(sock)
     poller = zmq.Poller()
@@ -258,7 +250,9 @@ def raw_receive_s(addresses: list[str], cells: int) -> float:
         sock.send(b"go")
     left = cells * len(socks)
     while left:
-        for sock, _ in poller.poll():
+        for sock, _ in poller.poll(10_000) or [(None, None)]:
+            if sock is None:
+                raise BenchError(f"bare DEALERs: {left} bench.cell messages never arrived")
             while left and sock.poll(0):
                 sock.recv()
                 left -= 1
@@ -267,61 +261,108 @@ def raw_receive_s(addresses: list[str], cells: int) -> float:
     return elapsed
 
 
-def per_cell(agents: int, cells: int, home: Path) -> None:
-    record = sample_record()
-    total = agents * cells
-    replays = [start(replay_agent, record=record, cells=cells) for _ in range(agents)]
-    blasters = [start(blaster, record=record, cells=cells) for _ in range(agents)]
-    targets = [Target(address, address, None) for _, address, _ in replays]
+def ours_receive_s(agents: list[tuple[str, str]], cells: int, home: Path) -> float:
+    """run_fleet against the replay agents; BenchError unless every cell was stored."""
+    targets = [Target(address, address, key) for address, key in agents]
+    spec = {**MATRIX.to_dict(), "seq_lengths": list(range(1, cells + 1))}
     with RunStore(home / "bench.sqlite") as store:
         began = time.perf_counter()
-        result = run_fleet(targets, {"bench": True}, store, Settings(None))
-        ours = (time.perf_counter() - began) / total
-        stored = len(store.load_report(result.run_id)["cells"])
-    raw = raw_receive_s([address for _, address, _ in blasters], cells) / total
+        result = run_fleet(targets, spec, store, Settings(own_keypair()))
+        elapsed = time.perf_counter() - began
+        stored = [c for c in store.load_report(result.run_id)["cells"] if c["status"] == "ok"]
+    if not result.hosts_ok or len(stored) != cells * len(agents):
+        raise BenchError(f"run_fleet stored {len(stored)} of {cells * len(agents)} cells")
+    return elapsed
 
+
+def per_cell(agents: int, cells: int, repeats: int, home: Path) -> None:
+    recorded = measured_here(pace_s=0.0)
+    record = cell_record(expand(MATRIX)[0], recorded.metrics)
+    total = agents * cells
+    blasters = [start(blaster, record=record, cells=cells) for _ in range(agents)]
+    with replay_agents(agents, recorded) as replays:
+        rounds = interleave(
+            {
+                "raw": lambda: raw_receive_s([(a, k) for _, a, k in blasters], cells) / total,
+                "ours": lambda: ours_receive_s(replays, cells, home) / total,
+            },
+            repeats,
+        )
+    stop([process for process, _, _ in blasters])
     data = p.encode(p.make("bench.cell", {"job": "j", "index": 0, "record": record}))
-    began = time.perf_counter()
-    for _ in range(total):
-        p.decode(data)
-    decode = (time.perf_counter() - began) / total
-    with RunStore(home / "alone.sqlite") as store:
-        run_id = store.create_run({}, ["h"])
-        began = time.perf_counter()
-        for _ in range(total):
-            store.add_cell(run_id, "h", record)
-        store_cost = (time.perf_counter() - began) / total
-
     print(
         f"\n2. coordinator cost per cell: {agents} agents x {cells} cells "
-        f"({len(data)} bytes per bench.cell; {stored} stored)"
+        f"({len(data)} bytes per bench.cell, CURVE), every cell stored, checked"
     )
-    print(f"   {'':44} {'µs/cell':>9} {'× raw':>7}")
-    for label, cost in (
-        ("bare DEALERs, receive only", raw),
-        ("run_fleet: decode + threads + store", ours),
-        ("  of which decode + validate", decode),
-        ("  of which RunStore.add_cell (commit)", store_cost),
-    ):
-        print(f"   {label:44} {cost * 1e6:9.1f} {cost / raw:7.2f}")
-    for process, _, _ in replays + blasters:
-        process.terminate()
-        process.join(10)
+    print(f"   {'':44} {'µs/cell':>22} {'× bare':>20}")
+    print(f"   {'bare DEALERs, receive only':44} {spread(rounds.values['raw'], 1e6, 1):>22}")
+    print(
+        f"   {'run_fleet: decode, threads, RunStore':44} "
+        f"{spread(rounds.values['ours'], 1e6, 1):>22} {spread(rounds.ratios('ours', 'raw')):>20}"
+    )
+
+
+# --- 3. the idle daemon ---------------------------------------------------------------------------
+
+
+def idle(seconds: float, repeats: int, home: Path) -> None:
+    """Both processes run at once; each round is one window over which both are measured."""
+    env = {**os.environ, "MLX_FLEET_HOME": str(home / "idle-agent")}
+    agent = subprocess.Popen(
+        [str(Path(sys.executable).parent / "agent"), "serve", "--bind", "127.0.0.1:0"]
+        + ["--thermal-source", "sim"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    bare = subprocess.Popen([sys.executable, "-c", BARE_DAEMON], stdout=subprocess.PIPE, text=True)
+    try:
+        for process in (agent, bare):
+            assert process.stdout is not None
+            if not process.stdout.readline():
+                raise BenchError(f"{process.args[:2]} did not start")
+        time.sleep(2.0)  # past start-up
+        watched = {"ours": agent.pid, "bare": bare.pid}
+        shares: dict[str, list[float]] = {"ours": [], "bare": []}
+        for _ in range(repeats):
+            began = {name: cpu_seconds(pid) for name, pid in watched.items()}
+            wall = time.monotonic()
+            time.sleep(seconds)
+            elapsed = time.monotonic() - wall
+            for name, pid in watched.items():
+                shares[name].append((cpu_seconds(pid) - began[name]) / elapsed)
+    finally:
+        for process in (agent, bare):
+            process.terminate()
+            process.wait(10)
+    ratios = [a / b for a, b in zip(shares["ours"], shares["bare"], strict=True)]
+    print(f"\n3. idle daemon, share of one CPU, {repeats} windows of {seconds:g} s (both at once)")
+    print(f"   {'':44} {'% of a CPU':>22} {'× bare':>20}")
+    print(f"   {'bare: ROUTER + 1 Hz thread + PUB':44} {spread(shares['bare'], 100, 3):>22}")
+    print(
+        f"   {'agent serve --thermal-source sim':44} {spread(shares['ours'], 100, 3):>22} "
+        f"{spread(ratios):>20}"
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--pings", type=int, default=2000)
-    parser.add_argument("--agents", type=int, default=8)
-    parser.add_argument("--cells", type=int, default=300)
-    args = parser.parse_args()
+    args = parser(__doc__)
+    args.add_argument("--pings", type=int, default=2000)
+    args.add_argument("--agents", type=int, default=8)
+    args.add_argument("--cells", type=int, default=300)
+    args.add_argument("--idle-seconds", type=float, default=20.0)
+    opts = args.parse_args()
+    if opts.quick:
+        opts.pings, opts.agents, opts.cells, opts.idle_seconds = 200, 2, 20, 2.0
+    repeats = opts.repeats or (1 if opts.quick else 5)
+    print(f"machine: {machine()}; {repeats} interleaved rounds")
     with tempfile.TemporaryDirectory(prefix="mlx-fleet-bench-") as home:
         os.environ["MLX_FLEET_HOME"] = home  # inherited by the spawned servers
-        round_trips(args.pings)
-        per_cell(args.agents, args.cells, Path(home))
+        round_trips(opts.pings, repeats, Path(home))
+        per_cell(opts.agents, opts.cells, repeats, Path(home))
+        idle(opts.idle_seconds, repeats, Path(home))
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

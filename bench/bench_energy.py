@@ -10,10 +10,10 @@
      and for decode. 1.00 is identical.
 
 Both sides of each comparison run in the same rounds, interleaved (the order rotates each
-round), repeated; each figure prints as median (min-max) over the rounds and a ratio is taken
-round by round. In a round each side counts its fastest iteration: a loaded machine only ever
-adds time, so the fastest is the best estimate of what an iteration costs. A measurement that
-fails exits 1 with the reason.
+round), repeated (bench/support.py); each figure prints as median (min–max) over the rounds and
+a ratio is taken round by round. In a round each side counts its fastest iteration: a loaded
+machine only ever adds time, so the fastest is the best estimate of what an iteration costs. A
+measurement that fails exits 1 with the reason.
 
     .venv/bin/python bench/bench_energy.py [--seq-len 128] [--decode-tokens 32] [--repeats 7]
         [--quick]
@@ -21,55 +21,31 @@ fails exits 1 with the reason.
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
+from support import BenchError, interleave, machine, parser, run, spread
 
 from agent.guard import NullGuard
 from agent.model import BUILTIN_CONFIGS, build_model
 from agent.power.meter import EnergyMeter
 from agent.power.registry import open_power_source
 from agent.profiling.memory import random_tokens
-from agent.profiling.speed import SpeedProfiler
+from agent.profiling.speed import SpeedProfiler, cache_state, new_cache
 from agent.profiling.watch import CellWatch
 from agent.thermal.base import SourceUnavailable
 from shared.matrix import DECODE, PREFILL, Cell
 from shared.source_names import power_auto_order
 
-Side = Callable[[], float]
 FIDELITY = (0.97, 1.03)
 METERS = ("ioreport", "rapl", "smc", "macmon", "powermetrics")
 """Real meters, first choice for the fidelity run (a fake tree or a replay otherwise)."""
-
-
-class BenchError(RuntimeError):
-    """A measurement that could not be taken."""
-
-
-def interleave(sides: dict[str, Side], repeats: int) -> dict[str, list[float]]:
-    """Every side once per round, the order rotating each round."""
-    names = list(sides)
-    values: dict[str, list[float]] = {name: [] for name in names}
-    for index in range(repeats):
-        shift = index % len(names)
-        for name in names[shift:] + names[:shift]:
-            values[name].append(sides[name]())
-    return values
-
-
-def spread(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
-    if not values:
-        raise BenchError("nothing was measured")
-    low, mid, high = min(values), statistics.median(values), max(values)
-    return f"{mid * scale:.{digits}f} ({low * scale:.{digits}f}-{high * scale:.{digits}f})"
 
 
 def fake_powercap(root: Path) -> None:
@@ -140,8 +116,6 @@ def profiled_s(model, cell: Cell, meter: EnergyMeter | None, warmup: int, iterat
 
 def bare_decode_s(model, context: mx.array, tokens: int, warmup: int, iterations: int) -> float:
     """Prefill (untimed), then `tokens` greedy steps queued with async_eval, one final eval."""
-    from agent.profiling.speed import cache_state, new_cache
-
     samples = []
     for step in range(warmup + iterations):
         cache = new_cache(model)
@@ -158,68 +132,60 @@ def bare_decode_s(model, context: mx.array, tokens: int, warmup: int, iterations
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--decode-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--quick", action="store_true", help="seconds: checks the script runs")
-    args = parser.parse_args()
-    repeats = args.repeats or (2 if args.quick else 7)
-    iterations, warmup, reads = (3, 1, 200) if args.quick else (10, 2, 5000)
-    print(f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, MLX {mx.__version__}")
+    args = parser(__doc__)
+    args.add_argument("--seq-len", type=int, default=128)
+    args.add_argument("--decode-tokens", type=int, default=32)
+    opts = args.parse_args()
+    if opts.quick:
+        opts.seq_len, opts.decode_tokens = 16, 4
+    repeats = opts.repeats or (2 if opts.quick else 7)
+    iterations, warmup, reads = (2, 1, 200) if opts.quick else (10, 2, 5000)
+    print(f"machine: {machine()}")
     with tempfile.TemporaryDirectory() as scratch:
         found = meters(Path(scratch))
-        print(f"\n1. cost of one meter read, µs: median (min-max) over {repeats} rounds")
+        print(f"\n1. cost of one meter read, µs: median (min–max) over {repeats} rounds")
         costs = interleave(
             {name: (lambda m=meter: read_cost_s(m, reads)) for name, meter in found.items()},
             repeats,
         )
-        for name, values in costs.items():
+        for name, values in costs.values.items():
             print(f"  {name:28s} {spread(values, 1e6, 1)}")
         chosen = next((name for name in found if name.startswith(METERS)), "replay")
         meter = found[chosen]
         model = build_model(BUILTIN_CONFIGS["small"](), bits=16)
-        tokens = random_tokens(model, 1, args.seq_len)
+        tokens = random_tokens(model, 1, opts.seq_len)
         mx.eval(tokens)
-        prefill = Cell("small", 16, PREFILL, args.seq_len, 1)
-        decode = Cell("small", 16, DECODE, args.seq_len, 1, args.decode_tokens)
+        prefill = Cell("small", 16, PREFILL, opts.seq_len, 1)
+        decode = Cell("small", 16, DECODE, opts.seq_len, 1, opts.decode_tokens)
         print(
-            f"\n2. timing fidelity with energy on ({chosen}), small/f16, seq {args.seq_len}, "
-            f"{args.decode_tokens} decode tokens: each side's fastest iteration per round, ms, "
-            "and ratios "
-            f"round by round, median (min-max) over {repeats} rounds"
+            f"\n2. timing fidelity with energy on ({chosen}), small/f16, seq {opts.seq_len}, "
+            f"{opts.decode_tokens} decode tokens: each side's fastest iteration per round, ms, "
+            f"and ratios round by round, median (min–max) over {repeats} rounds"
         )
         sides = {
             "prefill bare": lambda: bare_s(lambda: model(tokens), warmup, iterations),
             "prefill profiler": lambda: profiled_s(model, prefill, None, warmup, iterations),
             "prefill metered": lambda: profiled_s(model, prefill, meter, warmup, iterations),
             "decode bare": lambda: bare_decode_s(
-                model, tokens, args.decode_tokens, warmup, iterations
+                model, tokens, opts.decode_tokens, warmup, iterations
             ),
             "decode profiler": lambda: profiled_s(model, decode, None, warmup, iterations),
             "decode metered": lambda: profiled_s(model, decode, meter, warmup, iterations),
         }
-        values = interleave(sides, repeats)
+        rounds = interleave(sides, repeats)
         for test in ("prefill", "decode"):
-            metered = values[f"{test} metered"]
-            to_bare = [m / b for m, b in zip(metered, values[f"{test} bare"], strict=True)]
-            to_off = [m / u for m, u in zip(metered, values[f"{test} profiler"], strict=True)]
+            to_bare = rounds.ratios(f"{test} metered", f"{test} bare")
             inside = FIDELITY[0] <= statistics.median(to_bare) <= FIDELITY[1]
             print(
-                f"  {test:8s} bare {spread(values[f'{test} bare'], 1000)}, "
-                f"metered {spread(metered, 1000)}: metered/bare {spread(to_bare)} "
-                f"({'within' if inside else 'OUTSIDE'} {FIDELITY[0]}-{FIDELITY[1]}), "
-                f"metered/unmetered {spread(to_off)}"
+                f"  {test:8s} bare {spread(rounds.values[f'{test} bare'], 1000)}, "
+                f"metered {spread(rounds.values[f'{test} metered'], 1000)}: metered/bare "
+                f"{spread(to_bare)} ({'within' if inside else 'OUTSIDE'} "
+                f"{FIDELITY[0]}–{FIDELITY[1]}), metered/unmetered "
+                f"{spread(rounds.ratios(f'{test} metered', f'{test} profiler'))}"
             )
-        for meter in found.values():
-            meter.close()
+        for each in found.values():
+            each.close()
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BenchError as exc:
-        print(f"bench failed: {exc}", file=sys.stderr)
-        sys.exit(1)
+    run(main)

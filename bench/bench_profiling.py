@@ -1,30 +1,40 @@
-"""Is our profiler's clock honest, and is our model as fast as mlx-lm's?
+"""Is our profiler's clock honest, is our model as fast as mlx-lm's, and what does a matrix cost
+beyond what it times? Each comparison runs both sides in every round, interleaved, repeated;
+figures are median (min–max) over the rounds, ratios taken round by round (1.00 = identical).
 
-Measured side by side in one run, printed as ratios (1.00 = identical):
   1. our prefill latency vs a bare `mx.eval(model(x))` loop on the same model;
-  2. our decode time per token vs a bare cached greedy loop on the same model;
-  3. our model's decode tok/s vs mlx-lm's llama with identical dimensions and weights
-     (when the `lm` extra is installed).
+  2. our decode time per token vs a bare greedy loop through the same KV cache, queued with
+     `mx.async_eval` as mlx-lm's generator does;
+  3. our model's decode tok/s vs mlx-lm's llama with identical dimensions and weights, both
+     timed by our profiler (when the `lm` extra is installed, float16 only);
+  4. a whole matrix through the runner (`agent bench`'s path, imports done; pp and tg64 cells
+     at the sequence length and twice it, -i 5): its wall time against the sum of the
+     iterations it times plus one model build, with no warm-up iterations (-w 0, so that every
+     iteration is timed and all the rest is the harness's own cost: token generation, a decode
+     cell's one prefill and its cache copies, clearing MLX's cache).
 
-    python bench/bench_profiling.py [--config small|full] [--bits 16] [--seq-len 128]
+    .venv/bin/python bench/bench_profiling.py [--config small|full] [--bits 16] [--seq-len 128]
+        [--decode-tokens 32] [--repeats 5] [--quick]
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
+from support import interleave, machine, parser, run, spread
 
 from agent.model import BUILTIN_CONFIGS, ModelArgs, build_model
 from agent.profiling import SpeedProfiler
 from agent.profiling.memory import random_tokens
+from agent.profiling.runner import run_matrix
 from agent.profiling.speed import new_cache
+from shared.matrix import MatrixSpec
 
 
-def bare_prefill_ms(model, tokens: mx.array, warmup: int, iterations: int) -> float:
+def bare_prefill_s(model, tokens: mx.array, warmup: int, iterations: int) -> float:
     for _ in range(warmup):
         mx.eval(model(tokens))
     samples = []
@@ -32,30 +42,34 @@ def bare_prefill_ms(model, tokens: mx.array, warmup: int, iterations: int) -> fl
         start = time.perf_counter()
         mx.eval(model(tokens))
         samples.append(time.perf_counter() - start)
-    return statistics.median(samples) * 1000
+    return statistics.median(samples)
 
 
-def bare_decode_ms_per_token(
+def bare_decode_s_per_token(
     model, context: mx.array, tokens: int, warmup: int, iterations: int
 ) -> float:
+    """Prefill (untimed), then `tokens` greedy steps queued with async_eval, one final eval."""
     samples = []
     for step in range(warmup + iterations):
         cache = new_cache(model)
         token = mx.argmax(model(context, cache=cache)[:, -1, :], axis=-1)
-        mx.eval(token)
+        mx.eval(token, [layer.state for layer in cache])
         start = time.perf_counter()
         for _ in range(tokens):
             token = mx.argmax(model(token[:, None], cache=cache)[:, -1, :], axis=-1)
-            mx.eval(token)
+            mx.async_eval(token)
+        mx.eval(token)
         if step >= warmup:
             samples.append((time.perf_counter() - start) / tokens)
-    return statistics.median(samples) * 1000
+    return statistics.median(samples)
 
 
 def mlx_lm_twin(ours, args: ModelArgs):
-    """mlx-lm's llama with our dimensions, holding our very weights."""
-    from mlx_lm.models import llama
-
+    """mlx-lm's llama with our dimensions, holding our very weights; None without mlx-lm."""
+    try:
+        from mlx_lm.models import llama
+    except ImportError:
+        return None
     twin = llama.Model(
         llama.ModelArgs(
             model_type="llama",
@@ -75,74 +89,88 @@ def mlx_lm_twin(ours, args: ModelArgs):
     return twin
 
 
-def row(name: str, ours: float, reference: float, unit: str) -> None:
-    print(f"{name:<44} {ours:>10.3f} {reference:>10.3f} {unit:<8} {ours / reference:>6.2f}")
+def matrix_overhead(config: str, bits: int, spec: MatrixSpec) -> float:
+    """The runner's wall time over (the sum of its timed iterations + one build)."""
+    began = time.perf_counter()
+    build_model(BUILTIN_CONFIGS[config](), bits=bits)
+    build = time.perf_counter() - began
+    began = time.perf_counter()
+    records = list(run_matrix(spec))
+    wall = time.perf_counter() - began
+    timed = sum(sum(record["samples_ms"]) for record in records) / 1000
+    return wall / (timed + build)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", choices=list(BUILTIN_CONFIGS), default="small")
-    parser.add_argument("--bits", type=int, default=16)
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--decode-tokens", type=int, default=32)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--iterations", type=int, default=5)
-    opts = parser.parse_args()
-
-    args = BUILTIN_CONFIGS[opts.config]()
-    model = build_model(args, bits=opts.bits)
+    args = parser(__doc__.splitlines()[0])
+    args.add_argument("--config", choices=list(BUILTIN_CONFIGS), default="small")
+    args.add_argument("--bits", type=int, default=16)
+    args.add_argument("--seq-len", type=int, default=128)
+    args.add_argument("--decode-tokens", type=int, default=32)
+    args.add_argument("--warmup", type=int, default=2)
+    args.add_argument("--iterations", type=int, default=5)
+    opts = args.parse_args()
+    if opts.quick:
+        opts.seq_len, opts.decode_tokens, opts.warmup, opts.iterations = 16, 4, 1, 1
+    repeats = opts.repeats or (1 if opts.quick else 5)
+    config = BUILTIN_CONFIGS[opts.config]()
+    model = build_model(config, bits=opts.bits)
     tokens = random_tokens(model, 1, opts.seq_len)
+    mx.eval(tokens)
     profiler = SpeedProfiler()
-    print(f"{opts.config} model, {opts.bits} bits, MLX {mx.__version__} on {mx.default_device()}")
-    print(f"{'measurement':<44} {'ours':>10} {'reference':>10} {'unit':<8} {'ratio':>6}")
+    w, i, n, g = opts.warmup, opts.iterations, opts.seq_len, opts.decode_tokens
+    print(f"{opts.config} model, {opts.bits} bits; {repeats} interleaved rounds")
+    print(f"machine: {machine()}")
 
-    ours = profiler.benchmark_tokens_per_sec(
-        model, seq_len=opts.seq_len, num_warmup=opts.warmup, num_iterations=opts.iterations
-    )
-    bare = bare_prefill_ms(model, tokens, opts.warmup, opts.iterations)
-    row(
-        f"prefill pp{opts.seq_len} latency vs bare eval loop", ours["median_latency_ms"], bare, "ms"
-    )
+    def ours_decode(target) -> float:
+        result = profiler.benchmark_autoregressive(target, g, n, w, i)
+        return result["median_latency_ms"] / 1000 / g
 
-    ours = profiler.benchmark_autoregressive(
-        model,
-        total_tokens=opts.decode_tokens,
-        context_len=opts.seq_len,
-        num_warmup=opts.warmup,
-        num_iterations=opts.iterations,
+    sides = {
+        "prefill ours": lambda: (
+            profiler.benchmark_tokens_per_sec(model, n, w, i)["median_latency_ms"] / 1000
+        ),
+        "prefill bare": lambda: bare_prefill_s(model, tokens, w, i),
+        "decode ours": lambda: ours_decode(model),
+        "decode bare": lambda: bare_decode_s_per_token(model, tokens, g, w, i),
+    }
+    twin = mlx_lm_twin(model, config) if opts.bits == 16 else None
+    if twin is not None:
+        sides["decode mlx-lm"] = lambda: ours_decode(twin)
+    # agent bench's defaults (-i 5, --decode-tokens 64) but -w 0: then every iteration is timed
+    matrix_tokens = g if opts.quick else 64
+    spec = MatrixSpec((n, 2 * n), (1,), (opts.config,), (opts.bits,), matrix_tokens, 0, i)
+    sides["matrix"] = lambda: matrix_overhead(opts.config, opts.bits, spec)
+    rounds = interleave(sides, repeats)
+    values = rounds.values
+    print(f"{'measurement':<46} {'ours':>24} {'reference':>24} {'ratio':>20}")
+    for label, ours, reference, scale, unit in (
+        (f"prefill pp{n} vs bare eval loop", "prefill ours", "prefill bare", 1000, "ms"),
+        (f"decode tg{g}@d{n} per token vs bare loop", "decode ours", "decode bare", 1000, "ms"),
+    ):
+        print(
+            f"{label:<46} {spread(values[ours], scale) + ' ' + unit:>24} "
+            f"{spread(values[reference], scale) + ' ' + unit:>24} "
+            f"{spread(rounds.ratios(ours, reference)):>20}"
+        )
+    if twin is None:
+        print("decode vs mlx-lm: skipped (needs the `lm` extra and --bits 16)")
+    else:
+        drift = mx.abs(twin(tokens) - model(tokens)).max().item()
+        speed = rounds.ratios("decode mlx-lm", "decode ours")  # tok/s ours / tok/s theirs
+        print(
+            f"{'decode tok/s: our model vs mlx-lm llama':<46} "
+            f"{spread([1 / s for s in values['decode ours']], 1, 1) + ' tok/s':>24} "
+            f"{spread([1 / s for s in values['decode mlx-lm']], 1, 1) + ' tok/s':>24} "
+            f"{spread(speed):>20}"
+        )
+        print(f"(same weights: max |logit difference| between the two models = {drift:.2e})")
+    cells = len(spec.seq_lengths) * 2
+    print(
+        f"{f'matrix wall / (timed + 1 build), {cells} cells':<46} {'':>24} {'':>24} "
+        f"{spread(values['matrix']):>20}"
     )
-    bare = bare_decode_ms_per_token(model, tokens, opts.decode_tokens, opts.warmup, opts.iterations)
-    row(
-        f"decode tg{opts.decode_tokens}@d{opts.seq_len} per token vs bare loop",
-        ours["median_latency_ms"] / opts.decode_tokens,
-        bare,
-        "ms/tok",
-    )
-
-    try:
-        twin = mlx_lm_twin(model, args)
-    except ImportError:
-        print("mlx-lm comparison skipped: install the `lm` extra (pip install 'mlx-fleet[lm]')")
-        return
-    if opts.bits != 16:
-        print("mlx-lm comparison runs on float16 weights only; rerun with --bits 16")
-        return
-    drift = mx.abs(twin(tokens) - model(tokens)).max().item()
-    theirs = profiler.benchmark_autoregressive(
-        twin,
-        total_tokens=opts.decode_tokens,
-        context_len=opts.seq_len,
-        num_warmup=opts.warmup,
-        num_iterations=opts.iterations,
-    )
-    row(
-        "decode tok/s: our model vs mlx-lm llama",
-        ours["tokens_per_sec"],
-        theirs["tokens_per_sec"],
-        "tok/s",
-    )
-    print(f"(same weights: max |logit difference| between the two models = {drift:.2e})")
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -8,12 +8,13 @@ lands at a random phase of the sampler's ticks. A sampler that reads every inter
 once gives p50 near 0.5 and p99 near 1.0 intervals; the Done-when bound is interval + 100 ms.
 Nothing here is asserted.
 
-    python bench/bench_reaction.py [--poll-interval 0.1] [--crossings 40]
+    python bench/bench_reaction.py [--poll-interval 0.1] [--crossings 40] [--repeats 5] [--quick]
+
+Each round is its own supervised process; figures are median (min–max) over the rounds.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import statistics
@@ -23,6 +24,7 @@ import time
 from collections.abc import Callable
 
 import psutil
+from support import BenchError, machine, parser, run, spread
 
 from agent.events import EventLog
 from agent.supervise import LocalFeed, Supervisor
@@ -71,40 +73,54 @@ def drive(
         celsius[0] = STOP
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--poll-interval", type=float, default=0.1)
-    parser.add_argument("--crossings", type=int, default=40)
-    args = parser.parse_args()
-
+def session(interval: float, crossings: int) -> list[float]:
+    """One supervised `sleep` and `crossings` crossings: each one's latency, in seconds."""
     with tempfile.TemporaryDirectory() as home:
         os.environ[HOME_ENV] = home  # the bench's events and state file stay out of the user's
         celsius = [COOL]
         latencies: list[float] = []
         log = EventLog()
         supervisor = Supervisor(["sleep", "3600"], grace=1.0, sinks=[log.record])
-        monitor = ThermalMonitor(poll_interval=args.poll_interval, source=lambda: celsius[0])
+        monitor = ThermalMonitor(poll_interval=interval, source=lambda: celsius[0])
         driver = threading.Thread(
-            target=drive, args=(supervisor, celsius, args.crossings, args.poll_interval, latencies)
+            target=drive, args=(supervisor, celsius, crossings, interval, latencies)
         )
         driver.start()
         code = supervisor.run(LocalFeed(monitor, POLICY))  # the main thread: it takes signals
         driver.join()
         log.close()
+    if len(latencies) != crossings or code != 75:
+        raise BenchError(f"{len(latencies)} of {crossings} crossings timed, exit code {code}")
+    return latencies
 
-    interval = args.poll_interval
-    rows = [
-        ("crossing -> SIGSTOP p50", statistics.median(latencies)),
-        ("crossing -> SIGSTOP p99", statistics.quantiles(latencies, n=100, method="inclusive")[98]),
-        ("crossing -> SIGSTOP max", max(latencies)),
-        ("Done-when bound (+100 ms)", interval + 0.1),
-    ]
-    print(f"poll interval {interval:.3f} s, {len(latencies)} crossings, exit code {code}")
-    for label, seconds in rows:
-        print(f"{label:<26} {seconds * 1000:7.1f} ms = {seconds / interval:.2f} x poll interval")
+
+def main() -> None:
+    args = parser(__doc__)
+    args.add_argument("--poll-interval", type=float, default=0.1)
+    args.add_argument("--crossings", type=int, default=40)
+    opts = args.parse_args()
+    if opts.quick:
+        opts.crossings = 5
+    repeats = opts.repeats or (1 if opts.quick else 5)
+    interval = opts.poll_interval
+    rounds: dict[str, list[float]] = {"p50": [], "p99": [], "max": []}
+    for _ in range(repeats):
+        latencies = session(interval, opts.crossings)
+        rounds["p50"].append(statistics.median(latencies))
+        rounds["p99"].append(statistics.quantiles(latencies, n=100, method="inclusive")[98])
+        rounds["max"].append(max(latencies))
+    print(f"machine: {machine()}")
+    print(
+        f"poll interval {interval:.3f} s; {repeats} rounds of {opts.crossings} crossings; "
+        f"the Done-when bound is interval + 100 ms = {(interval + 0.1) * 1000:.0f} ms"
+    )
+    print(f"{'':26} {'ms':>24} {'× poll interval':>20}")
+    for name, values in rounds.items():
+        print(
+            f"{'crossing -> SIGSTOP ' + name:26} {spread(values, 1000, 1):>24} "
+            f"{spread([v / interval for v in values]):>20}"
+        )
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -6,7 +6,11 @@ publish on the CURVE PUB socket to one connected subscriber, and Prometheus. Pri
 pieces and a baseline: a bare PUB send of the same, already encoded, frames without CURVE. The
 last column is the time per sample as a share of a 1 s poll interval.
 
-    .venv/bin/python bench/bench_telemetry.py [--samples 2000] [--insecure]
+    .venv/bin/python bench/bench_telemetry.py [--samples 2000] [--insecure] [--repeats 5]
+        [--quick]
+
+Each part is measured in every round, the rounds interleave the parts; figures are median
+(min–max) over the rounds.
 
 The coordinator side (samples recorded per second from many agents) is
 bench/bench_telemetry_coordinator.py.
@@ -14,15 +18,16 @@ bench/bench_telemetry_coordinator.py.
 
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 
 import zmq
+from support import BenchError, interleave, machine, parser, run, spread
 
 from agent.serve import AgentDaemon
 from agent.telemetry import SourceInfo, sample
@@ -77,23 +82,28 @@ def subscribe(ctx: zmq.Context, endpoint: str, server_key: str | None) -> zmq.So
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=2000)
-    parser.add_argument("--insecure", action="store_true", help="publish without CURVE")
-    args = parser.parse_args()
+    args = parser(__doc__)
+    args.add_argument("--samples", type=int, default=2000)
+    args.add_argument("--insecure", action="store_true", help="publish without CURVE")
+    opts = args.parse_args()
+    count = 200 if opts.quick else opts.samples
+    repeats = opts.repeats or (1 if opts.quick else 5)
     with tempfile.TemporaryDirectory() as home:
         os.environ[HOME_ENV] = home
-        run(args.samples, secure=not args.insecure)
+        measure(count, not opts.insecure, repeats)
 
 
-def run(count: int, secure: bool) -> None:
+def measure(count: int, secure: bool, repeats: int) -> None:
     daemon = AgentDaemon(
         "127.0.0.1:0", secure, "none", poll_interval=3600.0, prometheus="127.0.0.1:0"
     )
     daemon.start()
     ctx = zmq.Context()
     sub = subscribe(ctx, daemon.telemetry, daemon.public_key)
+    deadline = time.monotonic() + 30
     while not sub.poll(100):  # until the subscription has reached the publisher
+        if time.monotonic() > deadline:
+            raise BenchError("the subscriber never received a sample")
         daemon.hub._on_reading(READING)
     received, stop = [0], threading.Event()
     draining = threading.Thread(target=drain, args=(sub, received, stop), daemon=True)
@@ -110,45 +120,39 @@ def run(count: int, secure: bool) -> None:
     bare.bind("tcp://127.0.0.1:*")
     bare_sub = subscribe(ctx, bare.last_endpoint.decode(), None)
     time.sleep(0.2)
-    rows = [
-        ("whole per-sample path", per_call(full_path, count)),
-        (
-            "  build the sample",
-            per_call(
-                lambda: sample(time.time(), READING, source, CoolingState.OK, 0.4, 0.0, JOBS).body(
-                    "bench-host"
-                ),
-                count,
-            ),
+    sides = {
+        "whole per-sample path": full_path,
+        "  build the sample": lambda: sample(
+            time.time(), READING, source, CoolingState.OK, 0.4, 0.0, JOBS
+        ).body("bench-host"),
+        "  encode (validate + msgpack)": lambda: p.telemetry_frames(
+            p.make("telemetry.sample", body)
         ),
-        (
-            "  encode (validate + msgpack)",
-            per_call(lambda: p.telemetry_frames(p.make("telemetry.sample", body)), count),
+        "  store (SQLite, one commit)": lambda: daemon.hub.history.add_sample(taken),
+        "  publish" + (" (CURVE)" if secure else ""): lambda: (
+            daemon.sockets.publisher.send_multipart(frames)
         ),
-        (
-            "  store (SQLite, one commit)",
-            per_call(lambda: daemon.hub.history.add_sample(taken), count),
-        ),
-        (
-            "  publish" + (" (CURVE)" if secure else ""),
-            per_call(lambda: daemon.sockets.publisher.send_multipart(frames), count),
-        ),
-        (
-            "bare PUB send, no CURVE (baseline)",
-            per_call(lambda: bare.send_multipart(frames), count),
-        ),
-    ]
+        "bare PUB send, no CURVE (baseline)": lambda: bare.send_multipart(frames),
+    }
+    rounds = interleave(
+        {name: partial(per_call, call, count) for name, call in sides.items()}, repeats
+    )
     time.sleep(0.5)
     stop.set()
     draining.join()
-    baseline = rows[-1][1]
+    print(f"machine: {machine()}; {repeats} interleaved rounds of {count} calls a side")
     print(
-        f"{count} samples, {len(frames[1])} bytes each; the subscriber received "
+        f"{count} samples a round, {len(frames[1])} bytes each; the subscriber received "
         f"{received[0]} (PUB drops what a slow subscriber cannot take)"
     )
-    print(f"{'':38} {'µs/sample':>10} {'x bare send':>12} {'of a 1 s poll':>14}")
-    for name, seconds in rows:
-        print(f"{name:38} {seconds * 1e6:10.1f} {seconds / baseline:12.1f} {seconds:14.4%}")
+    print(f"{'':38} {'µs/sample':>22} {'× bare send':>20} {'of a 1 s poll, %':>22}")
+    base = "bare PUB send, no CURVE (baseline)"
+    for name in sides:
+        print(
+            f"{name:38} {spread(rounds.values[name], 1e6, 1):>22} "
+            f"{spread(rounds.ratios(name, base), 1, 1):>20} "
+            f"{spread(rounds.values[name], 100, 4):>22}"
+        )
     for sock in (sub, bare, bare_sub):
         sock.close(linger=0)
     ctx.term()
@@ -156,4 +160,4 @@ def run(count: int, secure: bool) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -10,11 +10,12 @@ publish at a fixed rate. Against the same publishers, one after the other:
      telemetry SQLite in one transaction and updates the dashboard model), counting the samples
      newly recorded.
 Printed as samples/s and the ratio ours / raw (1.00 = records all a bare SUB receives). The
-default offers more than the coordinator can record on a laptop, so "ours" is its ceiling; a
-lower --rate shows where it still keeps up. An agent publishes one sample a second by default,
-so N samples/s is N agents' worth.
+rounds interleave the two sides; figures are median (min–max) over the rounds. The default
+offers 50,000 samples/s (8 x 6250); a lower --rate shows where the monitor still keeps up.
+An agent publishes one sample a second by default, so N samples/s is N agents' worth.
 
-    python bench/bench_telemetry_coordinator.py [--agents 8] [--rate 5000] [--seconds 5]
+    python bench/bench_telemetry_coordinator.py [--agents 8] [--rate 6250] [--seconds 5]
+        [--repeats 5] [--quick]
 
 Publishers run in their own processes (spawn) so they never share the coordinator's GIL;
 everything stays on 127.0.0.1 and in a temporary MLX_FLEET_HOME. Numbers are printed, never
@@ -23,7 +24,6 @@ asserted.
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
 import os
 import tempfile
@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import zmq
+from support import BenchError, interleave, machine, parser, run, spread
 
 from coordinator.dashboard import UP
 from coordinator.fleet import Settings, Target
@@ -178,53 +179,69 @@ def ours_rate(agents: list[tuple[str, str]], seconds: float, home: Path) -> tupl
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--agents", type=int, default=8)
-    parser.add_argument("--rate", type=float, default=5000.0, help="samples/s each publisher sends")
-    parser.add_argument("--seconds", type=float, default=5.0)
-    args = parser.parse_args()
+    args = parser(__doc__.split("\n\n")[0])
+    args.add_argument("--agents", type=int, default=8)
+    args.add_argument("--rate", type=float, default=6250.0, help="samples/s each publisher sends")
+    args.add_argument("--seconds", type=float, default=5.0)
+    opts = args.parse_args()
+    if opts.quick:
+        opts.agents, opts.rate, opts.seconds = 2, 500.0, 1.0
+    repeats = opts.repeats or (1 if opts.quick else 5)
     with tempfile.TemporaryDirectory() as home:
         os.environ["MLX_FLEET_HOME"] = home
         context = mp.get_context("spawn")
         ready: mp.Queue[Any] = context.Queue()
         processes = [
-            context.Process(target=publisher, args=(ready, f"pub{i}", args.rate), daemon=True)
-            for i in range(args.agents)
+            context.Process(target=publisher, args=(ready, f"pub{i}", opts.rate), daemon=True)
+            for i in range(opts.agents)
         ]
         for process in processes:
             process.start()
         agents = [ready.get(timeout=60) for _ in processes]
-        # the ROUTER's port is not the PUB's: ask each fake agent, as the monitor does
-        ctx = zmq.Context()
-        pubs = []
-        for address, key in agents:
-            dealer = ctx.socket(zmq.DEALER)
-            dealer.curve_publickey, dealer.curve_secretkey = zmq.curve_keypair()
-            dealer.curve_serverkey = key.encode("ascii")
-            dealer.connect(f"tcp://{address}")
-            dealer.send(p.encode(p.make("info")))
-            port = p.decode(dealer.recv()).body["telemetry_port"]
-            pubs.append((f"{address.rsplit(':', 1)[0]}:{port}", key))
-            dealer.close(linger=0)
-        ctx.destroy(linger=0)
-        offered = args.agents * args.rate
-        raw = raw_rate(pubs, args.seconds)
-        ours, stored = ours_rate(agents, args.seconds, Path(home))
+        pubs = telemetry_addresses(agents)
+        stored: list[int] = []
+
+        def ours() -> float:
+            rate, count = ours_rate(agents, opts.seconds, Path(home) / f"round{len(stored)}")
+            stored.append(count)
+            return rate
+
+        rounds = interleave({"raw": lambda: raw_rate(pubs, opts.seconds), "ours": ours}, repeats)
         for process in processes:
             process.terminate()
             process.join(10)
+    if not all(stored):
+        raise BenchError("the monitor recorded nothing in a round")
+    offered = opts.agents * opts.rate
+    print(f"machine: {machine()}; {repeats} interleaved rounds")
     print(
-        f"telemetry recorded from {args.agents} publishers at {args.rate:g} samples/s each "
-        f"({offered:g}/s offered, {args.seconds:g} s each)"
+        f"telemetry recorded from {opts.agents} publishers at {opts.rate:g} samples/s each "
+        f"({offered:g}/s offered, {opts.seconds:g} s a side a round)"
     )
-    print(f"   {'':52} {'samples/s':>10} {'× raw':>7}")
-    print(f"   {'bare pyzmq SUB loop, receive only':52} {raw:10.0f} {1.0:7.2f}")
+    print(f"   {'':52} {'samples/s':>22} {'× raw':>20}")
+    print(f"   {'bare pyzmq SUB loop, receive only':52} {spread(rounds.values['raw'], 1, 0):>22}")
     print(
-        f"   {'coordinator monitor: decode, queue, SQLite, dashboard':52} {ours:10.0f} "
-        f"{ours / raw:7.2f}"
+        f"   {'coordinator monitor: decode, queue, SQLite, dashboard':52} "
+        f"{spread(rounds.values['ours'], 1, 0):>22} {spread(rounds.ratios('ours', 'raw')):>20}"
     )
-    print(f"   ({stored} samples stored in all)")
+
+
+def telemetry_addresses(agents: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Each fake agent's PUB address (not its ROUTER's): asked with info, as the monitor does."""
+    ctx = zmq.Context()
+    pubs = []
+    for address, key in agents:
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.curve_publickey, dealer.curve_secretkey = zmq.curve_keypair()
+        dealer.curve_serverkey = key.encode("ascii")
+        dealer.connect(f"tcp://{address}")
+        dealer.send(p.encode(p.make("info")))
+        port = p.decode(dealer.recv()).body["telemetry_port"]
+        pubs.append((f"{address.rsplit(':', 1)[0]}:{port}", key))
+        dealer.close(linger=0)
+    ctx.destroy(linger=0)
+    return pubs
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

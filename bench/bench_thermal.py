@@ -6,20 +6,26 @@ is cheaper than powermetrics, so the real difference is larger). CPU is process 
 (time.process_time, all threads) plus the CPU of any tool process the source runs.
 
     .venv/bin/python bench/bench_thermal.py [--sources sim,replay,auto] [--seconds 5]
+        [--repeats 3] [--quick]
+
+Every source and baseline is measured in every round, the rounds interleave them; figures are
+median (min–max) over the rounds.
 """
 
 from __future__ import annotations
 
-import argparse
 import resource
 import subprocess
 import tempfile
 import threading
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 
 import psutil
+from support import interleave, machine, parser, run, spread
 
 from agent.thermal import SourceSpecError, SourceUnavailable, ThermalMonitor, open_source
 from agent.thermal.base import CallableSource, ThermalSource
@@ -87,50 +93,73 @@ def micro(seconds: float) -> str:
     return f"{seconds * 1e6:12.1f} µs"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sources", default="sim,replay,auto", help="comma list of sources")
-    parser.add_argument("--seconds", type=float, default=5.0, help="idle measurement per source")
-    parser.add_argument("--samples", type=int, default=200, help="reads per cost measurement")
-    args = parser.parse_args()
-
+def bare_share(seconds: float) -> float:
     stop = threading.Event()
-    costs = [
-        ("baseline: python function", *per_sample(CallableSource(lambda: 50.0).read, args.samples)),
-        (
-            "baseline: process per reading",
-            *per_sample(lambda: subprocess.run(["true"], check=False), args.samples),
-        ),
-    ]
-    shares = [
-        ("baseline: no monitor", *idle_share(None, args.seconds)),
-        ("baseline: bare 1 Hz thread", *idle_share(bare_thread(stop), args.seconds)),
-    ]
+    thread = bare_thread(stop)
+    share = idle_share(thread, seconds)[1]
     stop.set()
-    with tempfile.TemporaryDirectory() as tmp:
+    thread.join()
+    return share
+
+
+def main() -> None:
+    args = parser(__doc__.splitlines()[0])
+    args.add_argument("--sources", default="sim,replay,auto", help="comma list of sources")
+    args.add_argument("--seconds", type=float, default=5.0, help="idle measurement per source")
+    args.add_argument("--samples", type=int, default=200, help="reads per cost measurement")
+    opts = args.parse_args()
+    if opts.quick:
+        opts.sources, opts.seconds, opts.samples = "sim,replay", 0.5, 20
+    repeats = opts.repeats or (1 if opts.quick else 3)
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         curve = Path(tmp) / "curve.csv"
         curve.write_text("0,60\n1,70\n2,80\n")
-        for name in filter(None, (n.strip() for n in args.sources.split(","))):
-            # One source at a time, so a tool process only counts against its own source.
+        sources = {}
+        for name in filter(None, (n.strip() for n in opts.sources.split(","))):
             try:
                 source = open_source(f"replay:{curve}" if name == "replay" else name)
             except (SourceSpecError, SourceUnavailable) as exc:
                 print(f"skipping {name}: {exc}")
                 continue
-            with source:
-                costs.append((label(name, source), *per_sample(source.read, args.samples)))
-                monitor = ThermalMonitor(poll_interval=1.0, source=source)
-                shares.append(
-                    ("monitor over " + label(name, source), *idle_share(monitor, args.seconds))
-                )
+            sources[label(name, source)] = stack.enter_context(source)
+        cpu: dict[str, list[float]] = {}
 
-    print(f"cost per sample ({args.samples} reads)      wall            CPU")
-    for text, wall, cpu in costs:
-        print(f"  {text:38s}{micro(wall)}{micro(cpu)}")
-    print(f"\nidle CPU over {args.seconds:g} s at 1 Hz               CPU s      share of 1 CPU")
-    for text, used, share in shares:
-        print(f"  {text:38s}{used:10.4f} s {share:12.3%}")
+        def cost(name: str, read: Callable[[], object]) -> Callable[[], float]:
+            def measure() -> float:
+                wall, used = per_sample(read, opts.samples)
+                cpu.setdefault(name, []).append(used)
+                return wall
+
+            return measure
+
+        readers: dict[str, Callable[[], object]] = {
+            "baseline: python function": CallableSource(lambda: 50.0).read,
+            "baseline: process per reading": lambda: subprocess.run(["true"], check=False),
+        }
+        readers |= {name: source.read for name, source in sources.items()}
+        costs = interleave({name: cost(name, read) for name, read in readers.items()}, repeats)
+        # One monitor at a time, so a tool process only counts against its own source.
+        idles: dict[str, Callable[[], float]] = {
+            "baseline: no monitor": lambda: idle_share(None, opts.seconds)[1],
+            "baseline: bare 1 Hz thread": lambda: bare_share(opts.seconds),
+        }
+
+        def watched(source: ThermalSource) -> float:
+            return idle_share(ThermalMonitor(poll_interval=1.0, source=source), opts.seconds)[1]
+
+        for name, source in sources.items():
+            idles["monitor over " + name] = partial(watched, source)
+        shares = interleave(idles, repeats)
+    print(f"machine: {machine()}; {repeats} interleaved rounds")
+    print(f"cost per sample ({opts.samples} reads a round)  {'wall µs':>22} {'CPU µs':>22}")
+    for name in readers:
+        print(
+            f"  {name:38s}{spread(costs.values[name], 1e6, 1):>22} {spread(cpu[name], 1e6, 1):>22}"
+        )
+    print(f"\nidle CPU over {opts.seconds:g} s at 1 Hz        {'% of one CPU':>22}")
+    for name in idles:
+        print(f"  {name:38s}{spread(shares.values[name], 100, 3):>22}")
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -52,6 +52,7 @@ from shared.io.options import (
     MatrixOptions,
     Output,
     ReportFormat,
+    RunId,
     SustainOptions,
     SustainPlot,
     TableFormat,
@@ -61,10 +62,6 @@ from shared.io.sqlite import StoreError
 from shared.io.transport import AgentError, HostError
 from shared.matrix import MatrixError
 from shared.results import failed_cells
-
-RunId = Annotated[
-    str, typer.Argument(help="A run id, or a unique prefix of one (`coordinator runs` lists them).")
-]
 
 
 class FleetProgress:

@@ -1,127 +1,93 @@
-"""`coordinator`: drives the fleet and keeps every run in its store.
+"""`coordinator`: drives the fleet and keeps every run in its store. Each command's module is
+imported only when that command runs (shared.io.app): the coordinator never imports MLX.
 
 Exit codes: 0 ok, 1 partial failure (a host or cell failed), 2 usage error, 130 interrupted.
 """
 
 from __future__ import annotations
 
-import sys
-from typing import Annotated, Any
+from shared.io.app import LazyCommand, fleet_app
 
-import typer
-from rich.table import Table
-
-from coordinator.benchmark_cli import RunId, benchmark, cancel, resume
-from coordinator.commands import keys_app, status
-from coordinator.compare import (
-    COMPARE_FORMATS,
-    compare_reports,
-    comparison_text,
-    rich_comparison,
-)
-from coordinator.deploy_cli import deploy_command
-from coordinator.doctor_cli import doctor_command
-from coordinator.history import history
-from coordinator.monitor_cli import monitor
-from coordinator.policy_cmd import policy
-from coordinator.store import RunStore, UnknownRunError
-from shared.io.cli import check_output, emit, err, fleet_app, print_rich, show_report, usage_error
-from shared.io.options import Output, ReportFormat, TableFormat, one_of
-from shared.io.sqlite import StoreError
+COMMANDS = [
+    LazyCommand(
+        "runs",
+        "coordinator.runs_cli:runs",
+        "The stored runs, newest first, with their hosts and ok/failed cell counts.",
+    ),
+    LazyCommand(
+        "show",
+        "coordinator.runs_cli:show",
+        "A stored run's report, as `coordinator benchmark` printed it.",
+    ),
+    LazyCommand(
+        "compare",
+        "coordinator.runs_cli:compare",
+        "Per-cell speed-up of RUN_B over RUN_A (tok/s B / tok/s A).",
+    ),
+    LazyCommand(
+        "benchmark",
+        "coordinator.benchmark_cli:benchmark",
+        "Run one benchmark matrix on every host at once; one table, the fastest host marked.",
+    ),
+    LazyCommand(
+        "resume",
+        "coordinator.benchmark_cli:resume",
+        "Finish a run whose coordinator stopped (killed, asleep, Ctrl-C): reconnect to every "
+        "host whose job it recorded, fetch every cell the run lacks from the agent's journal, "
+        "follow a job still running to its end, and print the completed table. No cell is "
+        "kept twice.",
+    ),
+    LazyCommand(
+        "cancel",
+        "coordinator.benchmark_cli:cancel",
+        "Cancel benchmark jobs: those of RUN on each of its hosts, or whatever job runs on "
+        "--hosts. Each host is reported cancelled, not running (the job had ended), none (no "
+        "job ran) or unreachable. The cells finished so far stay in the agents' journals.",
+    ),
+    LazyCommand(
+        "status",
+        "coordinator.commands:status",
+        "Each agent: reachable or not, version, device, memory, temperature, running job.",
+    ),
+    LazyCommand(
+        "deploy",
+        "coordinator.deploy_cli:deploy_command",
+        "Install agents on many hosts over ssh: virtualenv, package, trust, service, keys.",
+    ),
+    LazyCommand(
+        "doctor",
+        "coordinator.doctor_cli:doctor_command",
+        "Each agent's `agent doctor` (Python, MLX, a 1 s benchmark, every thermal source, ports, "
+        "service, firewall...), as its service sees its Mac, in one table.",
+    ),
+    LazyCommand(
+        "monitor",
+        "coordinator.monitor_cli:monitor",
+        "Live thermal dashboard of every agent; everything heard is recorded.",
+    ),
+    LazyCommand(
+        "policy",
+        "coordinator.policy_cmd:policy",
+        "Show each host's cooling policy, or push thresholds to every host.",
+    ),
+    LazyCommand(
+        "history",
+        "coordinator.history:history",
+        "Per host from the recorded telemetry: min / mean / max °C, time at or above each "
+        "threshold of the policy in force, time paused, pauses and stops, energy and mean power.",
+    ),
+    LazyCommand(
+        "keys",
+        "coordinator.commands:keys_app",
+        "This coordinator's CURVE key and the agents' keys it expects.",
+    ),
+]
 
 app = fleet_app(
     "coordinator",
     "mlx-fleet coordinator: one benchmark across many Macs, one table, every run kept.",
+    COMMANDS,
 )
-
-
-def load_reports(*run_ids: str) -> list[dict[str, Any]]:
-    """The stored reports; an unknown or ambiguous id is a usage error naming it."""
-    try:
-        with RunStore() as store:
-            return [store.load_report(run_id) for run_id in run_ids]
-    except (UnknownRunError, StoreError) as exc:
-        raise usage_error(str(exc)) from None
-
-
-@app.command()
-def runs(
-    limit: Annotated[int, typer.Option("--limit", min=1, help="Show at most N runs.")] = 50,
-    fmt: TableFormat = "table",
-) -> None:
-    """The stored runs, newest first, with their hosts and ok/failed cell counts."""
-    try:
-        with RunStore() as store:
-            listed = store.list_runs(limit)
-    except StoreError as exc:
-        raise usage_error(str(exc)) from None
-    if not listed and fmt == "table":
-        err.print("no runs stored yet: `coordinator benchmark` records one", highlight=False)
-        return
-    emit(listed, fmt, runs_table)
-
-
-def runs_table(listed: list[dict[str, Any]]) -> Table:
-    table = Table(title="mlx-fleet runs")
-    for name in ("run", "kind", "started", "finished", "status", "hosts", "ok", "failed"):
-        table.add_column(
-            name, justify="right" if name in ("ok", "failed") else "left", overflow="fold"
-        )
-    for run in listed:
-        interrupted = run["interrupted"] and run["status"] != "interrupted"
-        status = run["status"] + (" (interrupted)" if interrupted else "")
-        table.add_row(
-            run["id"],
-            run["kind"],
-            run["started"],
-            run["finished"] or "",
-            status,
-            ", ".join(run["hosts"]),
-            str(run["ok"]),
-            str(run["failed"]),
-        )
-    return table
-
-
-@app.command()
-def show(run: RunId, fmt: ReportFormat = "table", output: Output = None) -> None:
-    """A stored run's report, as `coordinator benchmark` printed it."""
-    check_output(output)
-    show_report(load_reports(run)[0], fmt, output)
-
-
-@app.command()
-def compare(
-    run_a: RunId,
-    run_b: RunId,
-    fmt: Annotated[
-        str,
-        typer.Option(
-            "--format",
-            help=f"One of {', '.join(COMPARE_FORMATS)}.",
-            callback=one_of(COMPARE_FORMATS),
-        ),
-    ] = "table",
-) -> None:
-    """Per-cell speed-up of RUN_B over RUN_A (tok/s B / tok/s A)."""
-    report_a, report_b = load_reports(run_a, run_b)
-    rows = compare_reports(report_a, report_b)
-    if fmt == "table":
-        print_rich(rich_comparison(rows, report_a["run_id"], report_b["run_id"]))
-    else:
-        sys.stdout.write(comparison_text(rows, report_a["run_id"], report_b["run_id"], fmt))
-
-
-app.command()(benchmark)
-app.command()(resume)
-app.command()(cancel)
-app.command()(status)
-app.add_typer(keys_app, name="keys")
-app.command("deploy")(deploy_command)
-app.command("doctor")(doctor_command)
-app.command()(monitor)
-app.command()(policy)
-app.command()(history)
 
 
 def main() -> None:

@@ -30,6 +30,8 @@ MIN_SILENCE_S = 3.0
 """A host is silent after this many poll intervals without a sample, and never sooner than
 MIN_SILENCE_S: a 0.1 s poll would otherwise flap on a busy laptop."""
 ALERTS_KEPT, ALERTS_SHOWN = 100, 6
+TABLE_FRAME_LINES = 5
+"""The dashboard table's lines besides its rows: title, top rule, header, its rule, bottom."""
 INFO, WARNING, CRITICAL = "info", "warning", "critical"
 ALERT_STYLES = {INFO: "cyan", WARNING: "bold dark_orange", CRITICAL: "bold red"}
 JOB_STYLES = {
@@ -142,11 +144,11 @@ class Dashboard:
         view.info_jobs = list(info.get("jobs") or [])
         view.heard, view.silent, view.live = now, False, False
 
-    def seed(self, name: str, samples: list[dict[str, Any]]) -> None:
-        """Recorded samples for the sparkline only: a restarted monitor shows the last minutes
-        at once, but nothing recorded counts as the host's current reading."""
-        for body in samples:
-            remember(self.hosts[name].series, body["time"], body["celsius"], SPARK_WINDOW_S)
+    def seed(self, name: str, readings: list[tuple[float, float | None]]) -> None:
+        """Recorded (time, °C) for the sparkline only: a restarted monitor shows the last
+        minutes at once, but nothing recorded counts as the host's current reading."""
+        for at, celsius in readings:
+            remember(self.hosts[name].series, at, celsius, SPARK_WINDOW_S)
 
     def set_policy(self, name: str, policy: dict[str, Any]) -> None:
         self.hosts[name].policy = policy
@@ -299,8 +301,25 @@ def _jobs_cell(jobs: list[dict[str, Any]]) -> Text:
     return cell
 
 
-def render(dashboard: Dashboard, now: float) -> RenderableType:
-    """The dashboard: one row per host, then the latest alert lines."""
+def _fitting(views: list[HostView], lines: int) -> list[HostView]:
+    """The first views whose rows fit in `lines` (a row is a line per job listed)."""
+    shown: list[HostView] = []
+    for view in views:
+        lines -= max(1, len(view.jobs) if view.status == UP else 1)
+        if lines < 0:
+            break
+        shown.append(view)
+    return shown
+
+
+def render(dashboard: Dashboard, now: float, height: int | None = None) -> RenderableType:
+    """The dashboard: one row per host, then the latest alert lines. Given the terminal's
+    `height`, only the rows that fit are drawn, and a line says how many are left out: a
+    terminal would crop them anyway, and drawing them costs the most at lab size."""
+    alerts = in_time_order(dashboard.alerts)[-ALERTS_SHOWN:]
+    views = list(dashboard.hosts.values())
+    if height is not None:
+        views = _fitting(views, height - TABLE_FRAME_LINES - len(alerts) - 1)
     table = Table(title="mlx-fleet thermal monitor", title_justify="left")
     for name in (
         "host",
@@ -317,7 +336,7 @@ def render(dashboard: Dashboard, now: float) -> RenderableType:
         table.add_column(
             name, justify="right" if name in ("SoC °C", "W", "paused") else "left", overflow="fold"
         )
-    for view in dashboard.hosts.values():
+    for view in views:
         sample = view.sample
         if view.status != UP or sample is None:
             table.add_row(
@@ -349,8 +368,17 @@ def render(dashboard: Dashboard, now: float) -> RenderableType:
             duration(sample["pause_s_total"]),
             Text(sample["source"]),
         )
-    lines = [table]
-    for alert in in_time_order(dashboard.alerts)[-ALERTS_SHOWN:]:
+    lines: list[RenderableType] = [table]
+    left_out = len(dashboard.hosts) - len(views)
+    if left_out:
+        lines.append(
+            Text(
+                f"{left_out} more hosts below: a taller terminal shows them, "
+                "`coordinator monitor --once` lists them all",
+                style="dim",
+            )
+        )
+    for alert in alerts:
         stamp = time.strftime("%H:%M:%S", time.localtime(alert.time))
         lines.append(Text(f"{stamp} {alert.host}: {alert.text}", style=ALERT_STYLES[alert.level]))
     return Group(*lines)

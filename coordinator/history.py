@@ -13,9 +13,15 @@ from rich.table import Table
 from rich.text import Text
 
 from coordinator.dashboard import NA, duration
-from coordinator.energy_stats import host_energy
 from coordinator.hostfile import HostfileError, parse_hosts
-from coordinator.telemetry_stats import THRESHOLDS, HostHistory, host_stats, parse_since
+from coordinator.telemetry_stats import (
+    THRESHOLDS,
+    HostSeries,
+    host_series,
+    host_stats,
+    hosts_recorded,
+    parse_since,
+)
 from coordinator.telemetry_store import TelemetryStore
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import emit, err, fail, usage_error
@@ -29,18 +35,21 @@ def _stamp(epoch: float) -> str:
     return datetime.fromtimestamp(epoch).isoformat(sep=" ", timespec="seconds")
 
 
-def load_histories(
-    store: TelemetryStore, since: float, hosts: list[str] | None
-) -> list[HostHistory]:
-    """Every host with samples in the window, in the order asked for (else by name)."""
-    samples = store.samples(since, hosts)
-    events = store.events(since, hosts)
-    policies = store.policies(hosts)
-    names = [h for h in hosts if h in samples] if hosts is not None else sorted(samples)
-    return [
-        HostHistory(name, samples[name], events.get(name, []), policies.get(name, []))
-        for name in names
-    ]
+def read_history(
+    store: TelemetryStore, since: float, hosts: list[str] | None, plot: bool
+) -> tuple[list[dict[str, Any]], list[HostSeries]]:
+    """Every host with samples in the window, in the order asked for (else by name): its
+    statistics, and with `plot` its series at plot resolution. Host by host, in SQL: nothing
+    holds the window's samples (coordinator.telemetry_stats)."""
+    names = hosts_recorded(store.conn, since, hosts)
+    policies = store.policies(names)
+    rows, series = [], []
+    for name in names:
+        stats = host_stats(store.conn, name, since, policies.get(name, []))
+        rows.append(stats)
+        if plot:
+            series.append(host_series(store.conn, stats, since, policies.get(name, [])))
+    return rows, series
 
 
 def stats_table(rows: list[dict[str, Any]], since: float) -> Table:
@@ -147,10 +156,9 @@ def history(
             raise usage_error(f"--plot needs matplotlib, the `plot` extra: {PLOT_EXTRA}") from None
     try:
         with TelemetryStore() as store:
-            histories = load_histories(store, start, names)
+            rows, series = read_history(store, start, names, plot is not None)
     except StoreError as exc:
         raise usage_error(str(exc)) from None
-    rows = [host_stats(h) | host_energy(h.samples, h.spans) for h in histories]
     if rows or fmt == "json":
         summary = {"since": start, "until": now, "hosts": rows}
         emit(summary, fmt, lambda data: stats_table(data["hosts"], start))
@@ -164,5 +172,5 @@ def history(
             raise fail(
                 f"nothing to plot: no telemetry recorded since {_stamp(start)}", EXIT_PARTIAL
             )
-        write_plot(plot_history(histories, f"SoC temperature since {_stamp(start)}"), plot)
+        write_plot(plot_history(series, f"SoC temperature since {_stamp(start)}"), plot)
         err.print(f"wrote {plot}", highlight=False)

@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shared.io.keys import check_key
-
 if sys.version_info >= (3, 11):
     import tomllib
 else:
@@ -166,6 +164,8 @@ def _entry(raw: Any, default_port: int) -> HostEntry:
         if port is not None:
             raise ValueError(f"port given twice: in {address!r} and as port")
         port = parse_port(raw["port"])
+    from shared.io.keys import check_key  # here: parsing --hosts alone needs no ZeroMQ
+
     key = check_key(raw["key"]) if raw.get("key") is not None else None
     return HostEntry(host, default_port if port is None else port, key, ssh)
 

@@ -14,11 +14,12 @@ reconnects from scratch every RETRY_S (info again: a restarted agent may publish
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -26,14 +27,16 @@ from coordinator.dashboard import SPARK_WINDOW_S, UNREACHABLE, UP, Dashboard, si
 from coordinator.fleet import Settings, Target, connect
 from coordinator.telemetry_store import Row, TelemetryStore
 from shared import protocol as p
-from shared.io.metrics import TelemetryMetrics
 from shared.io.transport import AgentClient, HostError, agent_socket
 from shared.telemetry import Cursor
+
+if TYPE_CHECKING:
+    from shared.io.metrics import TelemetryMetrics
 
 RETRY_S = 2.0
 """Between attempts to reach a host that is down."""
 POLL_MS = 200
-"""How often a link looks at its stop flag while nothing arrives."""
+"""How often a link waiting for room on the report queue looks at its stop flag."""
 BACKFILL_FIRST_S = 3600.0
 """A host never recorded before is backfilled with its last hour (what the agent keeps in
 memory); one recorded before, from its cursor; one whose history is new (reinstalled, its data
@@ -41,6 +44,10 @@ wiped), with all of it."""
 HISTORY_PAGE = 5000
 DRAIN_MAX = 1000
 """Messages a link takes off its SUB per report, so a flood still reaches the store in batches."""
+BATCH_S = 0.1
+"""Reports arriving this soon after the first of a step are applied with it."""
+PRUNE_EVERY_S = 300.0
+"""While it runs, the monitor drops what is older than the retention this often."""
 QUEUE_MAX = 64
 """Reports waiting for the main thread. When it falls behind, links wait and their SUBs' high
 water marks drop the excess at the socket, instead of memory filling with decoded samples."""
@@ -87,9 +94,12 @@ class HostLink:
         reports: queue.Queue[LinkReport],
         stop: threading.Event,
         cursor: Cursor | None,
+        wake_fd: int,
     ) -> None:
         self.ctx, self.target, self.settings = ctx, target, settings
         self.reports, self.stop = reports, stop
+        self.wake_fd = wake_fd
+        """Readable once `stop` is set: a link waits on it and its SUB, never on a timer."""
         self.cursor = cursor
         """Where the record of this host's history stands (None: nothing recorded yet)."""
         self.thread = threading.Thread(target=self.run, name=f"monitor {target.name}", daemon=True)
@@ -177,11 +187,16 @@ class HostLink:
         the agent stops answering, return (HostError) so run() reconnects."""
         quiet_after = silent_after(poll_interval)
         check_at = time.monotonic()
+        poller = zmq.Poller()
+        poller.register(sub, zmq.POLLIN)
+        poller.register(self.wake_fd, zmq.POLLIN)
         while not self.stop.is_set():
-            if not sub.poll(POLL_MS):
-                if time.monotonic() - check_at > quiet_after:
-                    client.request("ping", timeout=self.settings.connect_timeout)
-                    check_at = time.monotonic()
+            quiet = time.monotonic() - check_at
+            if quiet > quiet_after:
+                client.request("ping", timeout=self.settings.connect_timeout)
+                check_at = time.monotonic()
+                continue
+            if sub not in dict(poller.poll((quiet_after - quiet) * 1000 + 1)):
                 continue
             check_at = time.monotonic()
             samples, events = [], []
@@ -252,20 +267,27 @@ class Monitor:
         settings: Settings,
         store: TelemetryStore,
         metrics: TelemetryMetrics | None = None,
+        retention_s: float | None = None,
     ) -> None:
         self.store, self.metrics = store, metrics
+        self.retention_s = retention_s
+        """Telemetry older than this is dropped at start and every PRUNE_EVERY_S after."""
+        self._next_prune = 0.0
+        self._wake_read, self._wake_write = os.pipe()
         self.board = Dashboard([t.name for t in targets])
         self.reports: queue.Queue[LinkReport] = queue.Queue(QUEUE_MAX)
         self.stop = threading.Event()
         self.ctx = zmq.Context()
         now = time.time()
+        wake = self._wake_read
         self.links = [
-            HostLink(self.ctx, t, settings, self.reports, self.stop, store.cursor(t.name))
+            HostLink(self.ctx, t, settings, self.reports, self.stop, store.cursor(t.name), wake)
             for t in targets
         ]
-        recorded = store.samples(now - SPARK_WINDOW_S, [t.name for t in targets])
-        for name, samples in recorded.items():
-            self.board.seed(name, samples)
+        self._prune(now)
+        recorded = store.readings(now - SPARK_WINDOW_S, [t.name for t in targets])
+        for name, readings in recorded.items():
+            self.board.seed(name, readings)
         self._exported: dict[str, float] = {}
         self.recorded = 0
         """Samples recorded for the first time since start (the benchmark counts them)."""
@@ -279,10 +301,13 @@ class Monitor:
         finish on its own, daemon thread and context with it: closing its sockets under it
         from here would not be thread-safe."""
         self.stop.set()
+        os.write(self._wake_write, b"x")  # never read: readable for every link from now on
         for link in self.links:
             link.thread.join(timeout=POLL_MS / 1000 + 1.0)
         if not any(link.thread.is_alive() for link in self.links):
             self.ctx.term()
+            os.close(self._wake_read)
+        os.close(self._wake_write)
 
     def __enter__(self) -> Monitor:
         self.start()
@@ -292,12 +317,15 @@ class Monitor:
         self.close()
 
     def step(self, timeout: float) -> None:
-        """Wait up to `timeout` for reports, then apply every report waiting, all at once."""
+        """Wait up to `timeout` for a report, gather what else arrives within BATCH_S, then
+        apply it all at once: a lab's hundred hosts publishing each second make ten
+        transactions a second, not a hundred."""
         batch: list[LinkReport] = []
         try:
             batch.append(self.reports.get(timeout=timeout))
-            while True:
-                batch.append(self.reports.get_nowait())
+            until = time.monotonic() + BATCH_S
+            while (left := until - time.monotonic()) > 0:
+                batch.append(self.reports.get(timeout=left))
         except queue.Empty:
             pass
         self.apply(batch, time.time())
@@ -323,7 +351,7 @@ class Monitor:
             elif report.kind == CURSOR:
                 cursors[report.host] = report.data
         new_samples, new_events = self.store.add([row for row, _ in samples], events, cursors)
-        self.recorded += len(new_samples)
+        self.recorded += new_samples
         for (host, body), live in samples:
             self.board.sample(host, body, now, live)
         for host, body in new_events:
@@ -333,6 +361,12 @@ class Monitor:
         self.board.tick(now)
         if self.metrics is not None:
             self._export()
+        self._prune(now)
+
+    def _prune(self, now: float) -> None:
+        if self.retention_s is not None and now >= self._next_prune:
+            self.store.prune(now - self.retention_s)
+            self._next_prune = now + PRUNE_EVERY_S
 
     def _export(self) -> None:
         """Metrics labelled by HOST:PORT as monitored (two agents may share a hostname), fed

@@ -6,7 +6,7 @@ import json
 import signal
 import sys
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -25,16 +25,23 @@ from coordinator.monitor import Monitor
 from coordinator.telemetry_store import TelemetryStore
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import emit, err, usage_error
-from shared.io.metrics import MetricsServer, TelemetryMetrics, parse_address, serve_metrics
 from shared.io.options import RetentionDays
 from shared.io.sqlite import StoreError
 
+if TYPE_CHECKING:
+    from shared.io.metrics import MetricsServer, TelemetryMetrics
+
 REFRESH_S = 0.25
-JSON_EVERY_S = 1.0
+"""How long a step waits for reports: what arrived is recorded within this."""
+DRAW_EVERY_S = 1.0
+"""The dashboard is drawn (or a JSON line printed) this often: agents publish once a second by
+default, and drawing a lab's table is the monitor's largest cost (docs/performance.md)."""
 
 
 def start_exporter(metrics: TelemetryMetrics, address: str) -> MetricsServer:
     """/metrics at `address`, announced on stderr with the port actually bound."""
+    from shared.io.metrics import parse_address, serve_metrics
+
     try:
         server = serve_metrics(metrics.registry, address)
     except ValueError as exc:
@@ -91,16 +98,19 @@ def monitor(
     settings = settings_for(insecure, connect_timeout)
     metrics, server = None, None
     if prometheus is not None:
+        from shared.io.metrics import TelemetryMetrics  # prometheus_client only when asked
+
         metrics = TelemetryMetrics()
         server = start_exporter(metrics, prometheus)
     try:
-        with TelemetryStore() as store:
-            store.prune(time.time() - retention_days * 86400)
-            with Monitor(targets, settings, store, metrics) as running:
-                if once:
-                    healthy = show_once(running, fmt)
-                else:
-                    watch(running, fmt)
+        with (
+            TelemetryStore() as store,
+            Monitor(targets, settings, store, metrics, retention_days * 86400) as running,
+        ):
+            if once:
+                healthy = show_once(running, fmt)
+            else:
+                watch(running, fmt)
     except StoreError as exc:
         raise usage_error(str(exc)) from None
     finally:
@@ -136,14 +146,17 @@ def watch(running: Monitor, fmt: str) -> None:
             printed = 0.0
             while True:
                 running.step(REFRESH_S)
-                if time.monotonic() - printed >= JSON_EVERY_S:
+                if time.monotonic() - printed >= DRAW_EVERY_S:
                     print(json.dumps(snapshot(running.board, time.time())), flush=True)
                     printed = time.monotonic()
-        with Live(
-            render(running.board, time.time()), console=_console(), auto_refresh=False
-        ) as live:
+        console = _console()
+        with Live(console=console, auto_refresh=False) as live:
+            drawn = 0.0
             while True:
+                if time.monotonic() - drawn >= DRAW_EVERY_S:
+                    board = render(running.board, time.time(), console.size.height)
+                    live.update(board, refresh=True)
+                    drawn = time.monotonic()
                 running.step(REFRESH_S)
-                live.update(render(running.board, time.time()), refresh=True)
     except KeyboardInterrupt:
         return

@@ -17,7 +17,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 from matplotlib.figure import Figure
 
-from coordinator.telemetry_stats import THRESHOLDS, HostHistory, paused_intervals
+from coordinator.telemetry_stats import THRESHOLDS, HostSeries
 
 THRESHOLD_STYLES = {
     "max_speed_temp": ("reduce batch", "tab:olive"),
@@ -30,63 +30,65 @@ def _when(epoch: float) -> datetime:
     return datetime.fromtimestamp(epoch)
 
 
-def _line(history: HostHistory) -> tuple[list[datetime], list[float]]:
-    """The host's readings, with a NaN after each sample followed by a silence so the line
+def _line(
+    points: list[tuple[float, float | None]], silence: float
+) -> tuple[list[datetime], list[float]]:
+    """A host's points, with a NaN between two further apart than a silence, so the line
     breaks where nothing was heard instead of bridging it."""
     xs: list[datetime] = []
     ys: list[float] = []
-    samples = history.samples
-    for index, (sample, span) in enumerate(zip(samples, history.spans, strict=True)):
-        xs.append(_when(sample["time"]))
-        ys.append(math.nan if sample["celsius"] is None else sample["celsius"])
-        following = samples[index + 1]["time"] if index + 1 < len(samples) else None
-        if following is not None and following - sample["time"] > span:
-            xs.append(_when(sample["time"] + span))
+    previous: float | None = None
+    for at, value in points:
+        if previous is not None and at - previous > silence:
+            xs.append(_when(previous + silence))
             ys.append(math.nan)
+        xs.append(_when(at))
+        ys.append(math.nan if value is None else value)
+        previous = at
     return xs, ys
 
 
-def _policy_periods(history: HostHistory) -> list[tuple[float, float, dict[str, float]]]:
-    """(start, end, policy) over the host's samples: each policy from when it was learned (the
-    first one from the first sample, as telemetry_stats.policy_at assumes) to the next."""
-    if not history.samples or not history.policies:
+def _policy_periods(series: HostSeries) -> list[tuple[float, float, dict[str, float]]]:
+    """(start, end, policy) over the host's points: each policy from when it was learned (the
+    first one from the first point, as telemetry_stats.policy_at assumes) to the next."""
+    if not series.policies:
         return []
-    first, last = history.samples[0]["time"], history.samples[-1]["time"]
+    first, last = series.first, series.last
     periods = []
-    for index, (learned, policy) in enumerate(history.policies):
+    for index, (learned, policy) in enumerate(series.policies):
         start = first if index == 0 else max(learned, first)
-        end = history.policies[index + 1][0] if index + 1 < len(history.policies) else last
+        end = series.policies[index + 1][0] if index + 1 < len(series.policies) else last
         if min(end, last) > start:
             periods.append((start, min(end, last), policy))
     return periods
 
 
-def plot_history(histories: list[HostHistory], title: str) -> Figure:
-    """The figure; hosts without samples are left out."""
-    metered = any(s.get("power_w") is not None for h in histories for s in h.samples)
+def plot_history(hosts: list[HostSeries], title: str) -> Figure:
+    """The figure; hosts without points are left out."""
+    metered = any(watts is not None for series in hosts for _, watts in series.power)
     figure = Figure(figsize=(10, 7.2 if metered else 4.8), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
     if metered:
         axes, power_axes = figure.subplots(2, 1, sharex=True, height_ratios=(2, 1))
-        _power_panel(power_axes, histories)
+        _power_panel(power_axes, hosts)
     else:
         axes = figure.add_subplot()
     labelled: set[str] = set()
-    for history in histories:
-        if not history.samples:
+    for series in hosts:
+        if not series.points:
             continue
-        xs, ys = _line(history)
-        (line,) = axes.plot(xs, ys, linewidth=1.4, label=history.host)
-        for index, (start, end) in enumerate(paused_intervals(history.samples, history.spans)):
+        xs, ys = _line(series.points, series.silence)
+        (line,) = axes.plot(xs, ys, linewidth=1.4, label=series.host)
+        for index, (start, end) in enumerate(series.paused):
             axes.axvspan(
                 _when(start),
                 _when(end),
                 color=line.get_color(),
                 alpha=0.18,
                 linewidth=0,
-                label=f"{history.host} paused" if index == 0 else None,
+                label=f"{series.host} paused" if index == 0 else None,
             )
-        for start, end, policy in _policy_periods(history):
+        for start, end, policy in _policy_periods(series):
             for name in THRESHOLDS:
                 words, colour = THRESHOLD_STYLES[name]
                 label = f"{words} ≥ {policy[name]:g} °C"
@@ -100,7 +102,7 @@ def plot_history(histories: list[HostHistory], title: str) -> Figure:
                     label=None if label in labelled else label,
                 )
                 labelled.add(label)
-    if any(sample["simulated"] for history in histories for sample in history.samples):
+    if any(series.simulated for series in hosts):
         title += " (simulated or replayed: not a sensor)"
     axes.set_title(title)
     axes.set_ylabel("SoC °C")
@@ -112,16 +114,12 @@ def plot_history(histories: list[HostHistory], title: str) -> Figure:
     return figure
 
 
-def _power_panel(axes: Axes, histories: list[HostHistory]) -> None:
+def _power_panel(axes: Axes, hosts: list[HostSeries]) -> None:
     """Watts per host (the machine's, as its power source gave them), breaking at silences."""
-    simulated = False
-    for history in histories:
-        xs = [_when(sample["time"]) for sample in history.samples]
-        ys = [math.nan if s.get("power_w") is None else s["power_w"] for s in history.samples]
-        axes.plot(xs, ys, linewidth=1.2, label=history.host)
-        simulated = simulated or any(
-            (s.get("power") or {}).get("simulated") for s in history.samples
-        )
+    for series in hosts:
+        if series.points:
+            axes.plot(*_line(series.power, series.silence), linewidth=1.2, label=series.host)
+    simulated = any(series.power_simulated for series in hosts)
     axes.set_ylabel("W" + (" (simulated)" if simulated else ""))
     axes.grid(alpha=0.3)
 

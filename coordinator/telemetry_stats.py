@@ -1,23 +1,44 @@
-"""What recorded telemetry says about a stretch of time: pure functions over sample and event
-bodies, shared by `coordinator history`'s table and its plot so both tell the same story.
+"""What recorded telemetry says about a stretch of time, per host, computed by SQLite: every
+query reads one host's rows through the samples' primary key (host, time), so `coordinator
+history` holds a few numbers per host and a plot's few thousand points, never a window's samples,
+however long the window (docs/performance.md has the figures).
 
-Every sample stands for the time until the next one, but never for more than GAP_FACTOR times
-the host's usual spacing: when a host went silent, nobody knows its temperature, and a silence
-must not count as time spent at the last reading (the plot breaks its line there, too).
+Each sample stands for the host's usual spacing: the median gap between its samples (of all
+of them when the window holds at most SPACING_PROBES + 1, else of the gaps after the samples at
+SPACING_PROBES evenly spaced instants, a few milliseconds of index seeks). A silence therefore
+counts for nothing: nobody knows a silent host's temperature. Time at or above a threshold is
+the number of readings at or above the threshold in force when each was taken, times the
+spacing; time paused, the samples with a supervised job paused, likewise.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import sqlite3
 import statistics
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from coordinator.telemetry_store import recorded_hosts
+
 THRESHOLDS = ("max_speed_temp", "pause_temp", "stop_temp")
 GAP_FACTOR = 3.0
+"""A plot's line breaks where two points are further apart than this many spacings."""
+SPACING_PROBES = 1000
+PLOT_POINTS = 2000
+"""A plot reads at most this many points per host (bucket means): about two per pixel."""
+PAUSED = "COALESCE(job_paused, instr(jobs, ?) > 0)"
+"""Whether a sample lists a paused job: the store's flag, or in a row recorded before the flag
+(coordinator.telemetry_store, version 4), its `jobs` text read for PAUSED_JOB."""
+PAUSED_JOB = json.dumps({"state": "paused"})[1:-1]
+"""How a paused job reads in a sample's stored `jobs` (shared.telemetry stores it with
+json.dumps): `"state": "paused"` cannot occur inside a JSON string, whose quotes are escaped."""
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _AGO = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", re.IGNORECASE)
+_WINDOW = "FROM samples WHERE host = ? AND time >= ?"
 
 Policies = list[tuple[float, dict[str, Any]]]
 
@@ -42,16 +63,6 @@ def parse_since(text: str, now: float) -> float:
     return (moment if moment.tzinfo else moment.astimezone()).timestamp()
 
 
-def sample_spans(times: list[float]) -> list[float]:
-    """Seconds each sample stands for: until the next, capped at GAP_FACTOR x the median spacing;
-    the last one stands for the median spacing (its poll interval, near enough)."""
-    gaps = [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
-    if not gaps:
-        return [0.0] * len(times)
-    cap = GAP_FACTOR * statistics.median(gaps)
-    return [min(gap, cap) for gap in gaps] + [statistics.median(gaps)]
-
-
 def policy_at(policies: Policies, at: float) -> dict[str, Any] | None:
     """The policy learned last at or before `at`. Before the first one learned, that first one:
     the agent persists its policy, so it most likely enforced it already."""
@@ -63,68 +74,182 @@ def policy_at(policies: Policies, at: float) -> dict[str, Any] | None:
     return current
 
 
-def _is_paused(sample: dict[str, Any]) -> bool:
-    return any(job["state"] == "paused" for job in sample["jobs"])
+def threshold_in_force(policies: Policies, name: str) -> tuple[str, list[float]]:
+    """An SQL expression of a sample's `time`: threshold `name` of the policy in force then
+    (policy_at's rule), and its parameters."""
+    first, *later = policies
+    sql, params = "CASE", []
+    previous = first[1][name]
+    for learned, policy in later:
+        sql += " WHEN time < ? THEN ?"
+        params += [learned, previous]
+        previous = policy[name]
+    return f"{sql} ELSE ? END" if later else "?", [*params, previous]
 
 
-def paused_intervals(
-    samples: list[dict[str, Any]], spans: list[float]
-) -> list[tuple[float, float]]:
-    """The stretches when at least one supervised job was paused, from the samples' job states
-    (so a pause that began before the window is still drawn from its start)."""
-    intervals: list[tuple[float, float]] = []
-    for sample, span in zip(samples, spans, strict=True):
-        if not _is_paused(sample):
-            continue
-        start, end = sample["time"], sample["time"] + span
-        if intervals and intervals[-1][1] >= start:
-            intervals[-1] = (intervals[-1][0], end)
-        else:
-            intervals.append((start, end))
-    return intervals
+def hosts_recorded(conn: sqlite3.Connection, since: float, hosts: list[str] | None) -> list[str]:
+    """The hosts with samples at or after `since`: those of `hosts` in its order, else all by
+    name (a seek or two per host, never a read of the table)."""
+    if hosts is None:
+        hosts = recorded_hosts(conn, "samples")
+    exists = f"SELECT 1 {_WINDOW} LIMIT 1"
+    return [host for host in hosts if conn.execute(exists, (host, since)).fetchone()]
 
 
-@dataclass
-class HostHistory:
-    """One host's recorded telemetry in a window, oldest first, and every policy learned."""
+def usual_spacing(
+    conn: sqlite3.Connection, host: str, since: float, first: float, last: float, count: int
+) -> float:
+    """The median gap between the host's samples in the window (module docstring); 0 with
+    fewer than two samples."""
+    if count < 2:
+        return 0.0
+    if count <= SPACING_PROBES + 1:
+        rows = conn.execute(f"SELECT time {_WINDOW} ORDER BY time", (host, since))
+        times = [row[0] for row in rows]
+        return statistics.median(b - a for a, b in zip(times, times[1:], strict=False))
+    step = (last - first) / SPACING_PROBES
+    probe = f"SELECT time {_WINDOW} ORDER BY time LIMIT 2"
+    gaps = []
+    for index in range(SPACING_PROBES):
+        pair = conn.execute(probe, (host, first + index * step)).fetchall()
+        if len(pair) == 2:
+            gaps.append(pair[1][0] - pair[0][0])
+    return statistics.median(gaps)
+
+
+def host_stats(
+    conn: sqlite3.Connection, host: str, since: float, policies: Policies
+) -> dict[str, Any]:
+    """Min / mean / max °C, seconds at or above each threshold of the policy in force, seconds
+    with a job paused, the energy and mean watts its power source read (each reading over the
+    usual spacing, as the rest), and the pauses and stops its events count: one pass over the
+    host's samples in the window, one over its events."""
+    above_sql, above_params = [], []
+    for name in THRESHOLDS if policies else ():
+        expression, params = threshold_in_force(policies, name)
+        above_sql.append(f", COUNT(*) FILTER (WHERE celsius >= {expression})")
+        above_params += params
+    row = conn.execute(
+        "SELECT COUNT(*), MIN(time), MAX(time), MIN(celsius), AVG(celsius), MAX(celsius), "
+        "MAX(simulated), json_group_array(DISTINCT source), "
+        f"COUNT(*) FILTER (WHERE {PAUSED}), {_POWER}{''.join(above_sql)} {_WINDOW}",
+        (PAUSED_JOB, *above_params, host, since),
+    ).fetchone()
+    count, first, last, low, mean, high, simulated, sources, paused, *rest = tuple(row)
+    power, above = rest[: len(POWER_COLUMNS)], rest[len(POWER_COLUMNS) :]
+    spacing = usual_spacing(conn, host, since, first, last, count)
+    pauses, stops = conn.execute(
+        "SELECT COUNT(*) FILTER (WHERE action = 'pause'), COUNT(*) FILTER (WHERE action = "
+        "'stop') FROM events WHERE host = ? AND time >= ?",
+        (host, since),
+    ).fetchone()
+    return {
+        "host": host,
+        "samples": count,
+        "first": first,
+        "last": last,
+        "min_c": low,
+        "mean_c": mean,
+        "max_c": high,
+        "spacing_s": spacing,
+        "seconds_above": {
+            name: above[index] * spacing if above else None for index, name in enumerate(THRESHOLDS)
+        },
+        "seconds_paused": paused * spacing,
+        "pauses": pauses,
+        "stops": stops,
+        "sources": sorted(json.loads(sources)),
+        "simulated": bool(simulated),
+        "policy": policy_at(policies, last),
+        **host_energy(power, spacing),
+    }
+
+
+_METERED = "FILTER (WHERE power_w IS NOT NULL)"
+POWER_COLUMNS = (
+    "SUM(power_w)",
+    "COUNT(power_w)",
+    f"json_group_array(DISTINCT json_extract(power, '$.source')) {_METERED}",
+    f"MAX(json_extract(power, '$.simulated')) {_METERED}",
+)
+"""What host_energy needs, aggregated in host_stats' one pass over the samples."""
+_POWER = ", ".join(POWER_COLUMNS)
+
+
+def host_energy(power: Sequence[Any], spacing: float) -> dict[str, Any]:
+    """From POWER_COLUMNS' values: joules (each reading's watts over the usual `spacing`, so a
+    silence never counts as power drawn), the mean watts of the readings, the seconds they
+    stand for, and which power sources gave them (simulated ones said)."""
+    total_w, readings, sources, simulated = power
+    return {
+        "energy_j": None if total_w is None else total_w * spacing,
+        "mean_power_w": None if total_w is None else total_w / readings,
+        "metered_s": readings * spacing,
+        "power_sources": sorted(name for name in json.loads(sources) if name is not None),
+        "power_simulated": bool(simulated),
+    }
+
+
+@dataclass(frozen=True)
+class HostSeries:
+    """What a plot draws of one host: `points` (time, mean °C or None) at most PLOT_POINTS,
+    oldest first; `power` (time, mean watts or None) at the same points; the stretches with a
+    job paused; the policies learned; the line breaks between two points further apart than
+    `silence` seconds."""
 
     host: str
-    samples: list[dict[str, Any]]
-    events: list[dict[str, Any]] = field(default_factory=list)
-    policies: Policies = field(default_factory=list)
+    points: list[tuple[float, float | None]]
+    paused: list[tuple[float, float]]
+    policies: Policies
+    silence: float
+    simulated: bool
+    power: list[tuple[float, float | None]]
+    power_simulated: bool
 
     @property
-    def spans(self) -> list[float]:
-        return sample_spans([sample["time"] for sample in self.samples])
+    def first(self) -> float:
+        return self.points[0][0]
+
+    @property
+    def last(self) -> float:
+        return self.points[-1][0]
 
 
-def host_stats(history: HostHistory) -> dict[str, Any]:
-    """Min / mean / max °C, seconds at or above each threshold of the policy in force at each
-    sample, seconds with a job paused, and the pauses and stops its events count."""
-    samples, spans = history.samples, history.spans
-    readings = [s["celsius"] for s in samples if s["celsius"] is not None]
-    above: dict[str, float | None] = dict.fromkeys(THRESHOLDS, None)
-    for sample, span in zip(samples, spans, strict=True):
-        policy = policy_at(history.policies, sample["time"])
-        if policy is None:
-            break  # no policy ever learned: thresholds unknown, say so rather than guess
-        for name in THRESHOLDS:
-            hit = sample["celsius"] is not None and sample["celsius"] >= policy[name]
-            above[name] = (above[name] or 0.0) + (span if hit else 0.0)
-    actions = [event["action"] for event in history.events]
-    return {
-        "host": history.host,
-        "samples": len(samples),
-        "first": samples[0]["time"] if samples else None,
-        "last": samples[-1]["time"] if samples else None,
-        "min_c": min(readings, default=None),
-        "mean_c": statistics.fmean(readings) if readings else None,
-        "max_c": max(readings, default=None),
-        "seconds_above": above,
-        "seconds_paused": sum(end - start for start, end in paused_intervals(samples, spans)),
-        "pauses": actions.count("pause"),
-        "stops": actions.count("stop"),
-        "sources": sorted({s["source"] for s in samples}),
-        "simulated": any(s["simulated"] for s in samples),
-        "policy": policy_at(history.policies, samples[-1]["time"]) if samples else None,
-    }
+def host_series(
+    conn: sqlite3.Connection, stats: dict[str, Any], since: float, policies: Policies
+) -> HostSeries:
+    """The host's samples in the window at plot resolution: one point per bucket of
+    max(window / PLOT_POINTS, spacing) seconds (a sample each, in a short window), the mean of
+    the readings in it (and of the watts read); a bucket holding a paused sample is shaded
+    whole."""
+    first, last = stats["first"], stats["last"]
+    width = max((last - first) / PLOT_POINTS, stats["spacing_s"]) or 1.0
+    points: list[tuple[float, float | None]] = []
+    power: list[tuple[float, float | None]] = []
+    paused: list[tuple[float, float]] = []
+    power_simulated = False
+    for bucket, at, celsius, any_paused, watts, simulated in conn.execute(
+        "SELECT CAST((time - ?) / ? AS INTEGER) AS bucket, AVG(time), AVG(celsius), "
+        f"MAX({PAUSED}), AVG(power_w), MAX(json_extract(power, '$.simulated')) {_WINDOW} "
+        "GROUP BY bucket ORDER BY bucket",
+        (first, width, PAUSED_JOB, stats["host"], since),
+    ):
+        points.append((at, celsius))
+        power.append((at, watts))
+        power_simulated = power_simulated or bool(simulated)
+        if any_paused:
+            start, end = first + bucket * width, first + (bucket + 1) * width
+            if paused and paused[-1][1] >= start:
+                paused[-1] = (paused[-1][0], end)
+            else:
+                paused.append((start, end))
+    return HostSeries(
+        stats["host"],
+        points,
+        paused,
+        policies,
+        GAP_FACTOR * width,
+        stats["simulated"],
+        power,
+        power_simulated,
+    )

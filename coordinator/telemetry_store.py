@@ -12,6 +12,7 @@ event never alerts twice.
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict
 from pathlib import Path
@@ -71,6 +72,9 @@ CREATE TABLE cursors (
 ALTER TABLE samples ADD COLUMN storage_error TEXT
 """,
     """
+ALTER TABLE samples ADD COLUMN job_paused INTEGER
+""",
+    """
 ALTER TABLE samples ADD COLUMN power_w REAL;
 ALTER TABLE samples ADD COLUMN energy_j REAL;
 ALTER TABLE samples ADD COLUMN power TEXT
@@ -78,8 +82,11 @@ ALTER TABLE samples ADD COLUMN power TEXT
 )
 """The schema, version by version (shared.io.sqlite.open_store): version 2 names the columns as
 shared.telemetry does, keeps each row's `seq` as the agent numbered it, and each host's cursor;
-version 3 keeps what the agent could not write when it took the sample (storage_error); version 4
-what its power source read at the same poll (power_w, energy_j, power)."""
+version 3 keeps what the agent could not write when it took the sample (storage_error);
+version 4 keeps whether a sample lists a paused job (`coordinator history` counts them without
+parsing `jobs`; NULL in rows recorded before, where it reads `jobs`); version 5 what its power
+source read at the same poll (power_w, energy_j, power). Every query filters by host and time,
+which the samples' primary key and the events' unique key index."""
 
 Row = tuple[str, dict[str, Any]]
 """(host, body): the host as the coordinator names it (HOST:PORT), the message body as sent."""
@@ -94,10 +101,11 @@ class TelemetryStore:
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or default_telemetry_path()
-        self._conn = open_store(self.path, MIGRATIONS, what="telemetry store", rows_by_name=True)
+        self.conn = open_store(self.path, MIGRATIONS, what="telemetry store", rows_by_name=True)
+        """Also for the queries of coordinator.telemetry_stats, on the same thread."""
 
     def close(self) -> None:
-        self._conn.close()
+        self.conn.close()
 
     def __enter__(self) -> TelemetryStore:
         return self
@@ -110,23 +118,22 @@ class TelemetryStore:
         samples: Iterable[Row] = (),
         events: Iterable[Row] = (),
         cursors: Mapping[str, Cursor] | None = None,
-    ) -> tuple[list[Row], list[Row]]:
+    ) -> tuple[int, list[Row]]:
         """Record a batch, and where each host's history now stands, in one transaction (one
-        fsync for many samples; a cursor is never saved without what it covers); returns the
-        samples and events that were not already recorded."""
-        sample_sql = _insert("samples", (*Sample.columns(), "seq"))
+        fsync for many samples; a cursor is never saved without what it covers); returns how
+        many samples and which events were not already recorded (an event alerts once)."""
+        sample_sql = _insert("samples", (*Sample.columns(), "seq", "job_paused"))
         event_sql = _insert("events", (*Event.columns(), "seq"))
-        new_samples: list[Row] = []
         new_events: list[Row] = []
-        with self._conn:
-            for host, body in samples:
-                if self._conn.execute(sample_sql, (host, *_row(Sample.from_body(body)))).rowcount:
-                    new_samples.append((host, body))
+        with self.conn:
+            before = self.conn.total_changes
+            self.conn.executemany(sample_sql, (_sample_row(host, body) for host, body in samples))
+            new_samples = self.conn.total_changes - before
             for host, body in events:
-                if self._conn.execute(event_sql, (host, *_row(Event.from_body(body)))).rowcount:
+                if self.conn.execute(event_sql, (host, *_row(Event.from_body(body)))).rowcount:
                     new_events.append((host, body))
             for host, cursor in (cursors or {}).items():
-                self._conn.execute(
+                self.conn.execute(
                     "INSERT OR REPLACE INTO cursors (host, history, samples, events) "
                     "VALUES (?, ?, ?, ?)",
                     (host, cursor.history, cursor.samples, cursor.events),
@@ -135,7 +142,7 @@ class TelemetryStore:
 
     def cursor(self, host: str) -> Cursor | None:
         """Where the record of `host`'s history stands; None for a host never recorded."""
-        row = self._conn.execute(
+        row = self.conn.execute(
             "SELECT history, samples, events FROM cursors WHERE host = ?", (host,)
         ).fetchone()
         return None if row is None else Cursor(row["history"], row["samples"], row["events"])
@@ -143,23 +150,42 @@ class TelemetryStore:
     def record_policy(self, host: str, policy: dict[str, Any], when: float) -> None:
         """Note that `host` enforces `policy` from `when` on (nothing when it already did)."""
         text = json.dumps(policy, sort_keys=True)
-        with self._conn:
-            last = self._conn.execute(
+        with self.conn:
+            last = self.conn.execute(
                 "SELECT policy FROM policies WHERE host = ? ORDER BY time DESC, rowid DESC LIMIT 1",
                 (host,),
             ).fetchone()
             if last is None or last["policy"] != text:
-                self._conn.execute(
+                self.conn.execute(
                     "INSERT INTO policies (host, time, policy) VALUES (?, ?, ?)", (host, when, text)
                 )
 
     def prune(self, before: float) -> int:
-        """Drop samples and events older than `before` (policies are tiny and say which
-        thresholds were in force, so they stay); returns how many rows went."""
-        with self._conn:
-            gone = self._conn.execute("DELETE FROM samples WHERE time < ?", (before,)).rowcount
-            gone += self._conn.execute("DELETE FROM events WHERE time < ?", (before,)).rowcount
+        """Drop samples and events older than `before`, host by host through the keys on (host,
+        time) (policies are tiny and say which thresholds were in force, so they stay); returns
+        how many rows went."""
+        gone = 0
+        with self.conn:
+            for table in ("samples", "events"):
+                for host in recorded_hosts(self.conn, table):
+                    gone += self.conn.execute(
+                        f"DELETE FROM {table} WHERE host = ? AND time < ?", (host, before)
+                    ).rowcount
         return gone
+
+    def readings(self, since: float, hosts: list[str]) -> dict[str, list[tuple[float, Any]]]:
+        """Per host, oldest first, (time, °C) of the samples at or after `since`: what a
+        sparkline shows, read through the primary key without the rest of each row."""
+        return {
+            host: [
+                (row[0], row[1])
+                for row in self.conn.execute(
+                    "SELECT time, celsius FROM samples WHERE host = ? AND time >= ? ORDER BY time",
+                    (host, since),
+                )
+            ]
+            for host in hosts
+        }
 
     def samples(
         self, since: float, hosts: list[str] | None = None
@@ -184,7 +210,7 @@ class TelemetryStore:
             f"SELECT host, {columns} FROM {table} WHERE time >= ?", since, hosts
         )
         by_host: dict[str, list[dict[str, Any]]] = {}
-        for row in self._conn.execute(f"{query} {order}", params):
+        for row in self.conn.execute(f"{query} {order}", params):
             host, *values, seq = tuple(row)
             by_host.setdefault(host, []).append(asdict(kind.from_row(values, seq=seq)))
         return by_host
@@ -195,12 +221,31 @@ class TelemetryStore:
         """Per host, every policy learned, oldest first, with the time it was learned: all of
         them, since the one in force at the start of a window was learned before it."""
         by_host: dict[str, list[tuple[float, dict[str, Any]]]] = {}
-        query, params = _filtered(
-            "SELECT host, time, policy FROM policies WHERE time >= ?", float("-inf"), hosts
-        )
-        for row in self._conn.execute(query + " ORDER BY host, time, rowid", params):
+        query, params = "SELECT host, time, policy FROM policies", hosts or []
+        if hosts is not None:
+            query += f" WHERE host IN ({', '.join('?' * len(hosts))})"
+        for row in self.conn.execute(query + " ORDER BY host, time, rowid", params):
             by_host.setdefault(row["host"], []).append((row["time"], json.loads(row["policy"])))
         return by_host
+
+
+def recorded_hosts(conn: sqlite3.Connection, table: str) -> list[str]:
+    """Every host with rows in `table` (samples or events), by name: a skip scan of the index
+    on (host, ...), one seek per host rather than a read of the table."""
+    return [
+        row[0]
+        for row in conn.execute(
+            f"WITH RECURSIVE h(host) AS (SELECT MIN(host) FROM {table} UNION ALL "
+            f"SELECT (SELECT MIN(host) FROM {table} WHERE host > h.host) FROM h "
+            "WHERE h.host IS NOT NULL) SELECT host FROM h WHERE host IS NOT NULL"
+        )
+    ]
+
+
+def _sample_row(host: str, body: dict[str, Any]) -> tuple[Any, ...]:
+    """A validated sample body as its row: (host, *columns, seq, job_paused)."""
+    paused = any(job["state"] == "paused" for job in body["jobs"])
+    return (host, *Sample.body_row(body), body["seq"], paused)
 
 
 def _row(record: Sample | Event) -> tuple[Any, ...]:

@@ -18,7 +18,7 @@ from shared.policy import ThermalPolicy
 
 def command(app: typer.Typer, name: str) -> Any:
     """The Click command Typer builds for `name`."""
-    return typer.main.get_command(app).commands[name]  # type: ignore[attr-defined]
+    return typer.main.get_command(app).get_command(None, name)  # type: ignore[attr-defined]
 
 
 def options_of(cmd: Any, group: type) -> dict[str, tuple[Any, ...]]:

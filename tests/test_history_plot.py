@@ -14,43 +14,49 @@ pytest.importorskip("matplotlib")
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.dates import date2num  # noqa: E402
 
+from coordinator.history import read_history  # noqa: E402
 from coordinator.plot import plot_history, write_plot  # noqa: E402
-from coordinator.telemetry_stats import HostHistory  # noqa: E402
+from coordinator.telemetry_stats import HostSeries  # noqa: E402
+from coordinator.telemetry_store import TelemetryStore  # noqa: E402
 from tests.test_history_stats import POLICY, job, sample  # noqa: E402
 
 T0 = 1_800_000_000.0
 
 
-def histories() -> list[HostHistory]:
+@pytest.fixture
+def series(tmp_path: Path) -> list[HostSeries]:
+    """Two hosts as recorded and read back at plot resolution (a host without samples in the
+    window, idle:5555, is not read at all)."""
     hot = [
-        sample(T0 + t, c, jobs=[job("paused" if c >= 85 else "running")])
+        sample(T0 + t, c, jobs=[job("paused" if c >= 85 else "running")], host="mac1:5555")
         for t, c in enumerate([70, 80, 86, 88, 84, 78])
     ]
-    cool = [sample(T0 + t, 50.0 + t, host="mac2") for t in (0, 1, 2, 30, 31, 32)]
+    cool = [sample(T0 + t, 50.0 + t, host="mac2:5555") for t in (0, 1, 2, 30, 31, 32)]
+    idle = [sample(T0 - 3600, 40.0, host="idle:5555")]
     hotter = {**POLICY, "stop_temp": 99.0}
-    return [
-        HostHistory("mac1:5555", hot, [], [(T0 - 60, POLICY), (T0 + 3, hotter)]),
-        HostHistory("mac2:5555", cool, [], []),
-        HostHistory("idle:5555", [], [], []),
-    ]
+    with TelemetryStore(tmp_path / "t.sqlite") as store:
+        store.add([(row["host"], row) for row in hot + cool + idle])
+        store.record_policy("mac1:5555", POLICY, T0 - 60)
+        store.record_policy("mac1:5555", hotter, T0 + 3)
+        return read_history(store, T0 - 1, None, plot=True)[1]
 
 
-def plotted() -> Axes:
-    figure = plot_history(histories(), "SoC temperature")
+def plotted(series: list[HostSeries]) -> Axes:
+    figure = plot_history(series, "SoC temperature")
     (axes,) = figure.axes
     return axes
 
 
-def test_each_host_with_samples_is_a_line_broken_at_silences() -> None:
-    lines = {line.get_label(): line for line in plotted().get_lines()}
+def test_each_host_with_samples_is_a_line_broken_at_silences(series: list[HostSeries]) -> None:
+    lines = {line.get_label(): line for line in plotted(series).get_lines()}
     assert set(lines) == {"mac1:5555", "mac2:5555"}  # a host without samples is left out
     assert list(lines["mac1:5555"].get_ydata()) == [70, 80, 86, 88, 84, 78]
     cool = list(lines["mac2:5555"].get_ydata())
     assert cool[:3] == [50, 51, 52] and math.isnan(cool[3]) and cool[4:] == [80, 81, 82]
 
 
-def test_thresholds_follow_the_policy_in_force() -> None:
-    axes = plotted()
+def test_thresholds_follow_the_policy_in_force(series: list[HostSeries]) -> None:
+    axes = plotted(series)
     # thresholds: 75/85/95 until the new policy at T0+3, then 75/85/99, each a dashed segment
     segments = sorted(
         (round(float(segment[0][1]), 1), segment[0][0], segment[1][0])
@@ -64,8 +70,8 @@ def test_thresholds_follow_the_policy_in_force() -> None:
     assert {"stop ≥ 95 °C", "stop ≥ 99 °C", "pause ≥ 85 °C"} <= set(labels)
 
 
-def test_paused_stretches_are_shaded() -> None:
-    axes = plotted()
+def test_paused_stretches_are_shaded(series: list[HostSeries]) -> None:
+    axes = plotted(series)
     assert "mac1:5555 paused" in axes.get_legend_handles_labels()[1]
     # one shaded stretch: the samples at 86 and 88 (1 s each)
     (span,) = axes.patches
@@ -75,12 +81,12 @@ def test_paused_stretches_are_shaded() -> None:
     )
 
 
-def test_the_title_says_the_data_is_simulated() -> None:
-    assert "simulated or replayed" in plotted().get_title()
+def test_the_title_says_the_data_is_simulated(series: list[HostSeries]) -> None:
+    assert "simulated or replayed" in plotted(series).get_title()
 
 
-def test_write_plot_makes_a_png(tmp_path: Path) -> None:
+def test_write_plot_makes_a_png(series: list[HostSeries], tmp_path: Path) -> None:
     out = tmp_path / "out.png"
-    write_plot(plot_history(histories(), "SoC temperature"), out)
+    write_plot(plot_history(series, "SoC temperature"), out)
     data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000

@@ -1,21 +1,30 @@
-"""Pure telemetry statistics: --since parsing, sample spans across silences, the policy in force,
-paused stretches, per-host stats; and the telemetry store they read from (real SQLite)."""
+"""Telemetry statistics: --since parsing, the policy in force, per-host statistics computed in
+SQL and checked against a direct computation over every sample; and the telemetry store they
+read from (real SQLite)."""
 
 from __future__ import annotations
 
+import bisect
+import random
+import re
+import statistics
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from coordinator.history import read_history
 from coordinator.telemetry_stats import (
-    HostHistory,
+    PLOT_POINTS,
+    SPACING_PROBES,
+    THRESHOLDS,
+    Policies,
     host_stats,
+    hosts_recorded,
     parse_since,
-    paused_intervals,
     policy_at,
-    sample_spans,
+    threshold_in_force,
 )
 from coordinator.telemetry_store import TelemetryStore
 from shared.telemetry import Cursor
@@ -122,12 +131,6 @@ def test_bad_since_says_what_is_accepted(text: str) -> None:
         parse_since(text, NOW)
 
 
-def test_spans_cap_a_silence_at_three_usual_intervals() -> None:
-    assert sample_spans([]) == []
-    assert sample_spans([5.0]) == [0.0]
-    assert sample_spans([0, 1, 2, 60, 61]) == [1, 1, 3, 1, 1]
-
-
 HOTTER = {**POLICY, "pause_temp": 88.0}
 LEARNED = [(100.0, POLICY), (200.0, HOTTER)]
 
@@ -145,18 +148,133 @@ def test_without_a_learned_policy_none_is_in_force() -> None:
     assert policy_at([], 1.0) is None
 
 
-def test_paused_stretches_follow_job_states_and_merge() -> None:
-    samples = [
-        sample(0, 80),
-        sample(1, 86, "pause", jobs=[job("paused")]),
-        sample(2, 86, "pause", jobs=[job("paused"), job("paused", "j2")]),
-        sample(3, 80, jobs=[job("running")]),
-        sample(4, 87, jobs=[job("paused")]),
-    ]
-    assert paused_intervals(samples, sample_spans([s["time"] for s in samples])) == [(1, 3), (4, 5)]
+def test_the_threshold_in_force_as_sql_follows_policy_at(tmp_path: Path) -> None:
+    with TelemetryStore(tmp_path / "t.sqlite") as store:
+        for policies in ([(100.0, POLICY)], LEARNED, [*LEARNED, (200.0, POLICY)]):
+            expression, params = threshold_in_force(policies, "pause_temp")
+            for at in (50.0, 100.0, 150.0, 200.0, 250.0):
+                (found,) = store.conn.execute(
+                    f"SELECT {expression} FROM (SELECT ? AS time)", (*params, at)
+                ).fetchone()
+                assert found == policy_at(policies, at)["pause_temp"], (policies, at)
 
 
-def test_host_stats_from_a_curve_that_pauses_then_stops() -> None:
+def store_with(path: Path, rows: list[dict[str, Any]], events: list[dict[str, Any]] = ()) -> Path:
+    with TelemetryStore(path) as store:
+        store.add([(row["host"], row) for row in rows], [(e["host"], e) for e in events])
+    return path
+
+
+def direct_stats(
+    rows: list[dict[str, Any]], events: list[dict[str, Any]], policies: Policies
+) -> dict[str, Any]:
+    """telemetry_stats' definitions (its module docstring) computed directly, in plain Python
+    over every sample: the reference the SQL must match."""
+    times = [row["time"] for row in rows]
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    if len(times) > SPACING_PROBES + 1:  # the gap after the first sample at each probe instant
+        step = (times[-1] - times[0]) / SPACING_PROBES
+        found = [bisect.bisect_left(times, times[0] + k * step) for k in range(SPACING_PROBES)]
+        gaps = [times[i + 1] - times[i] for i in found if i + 1 < len(times)]
+    spacing = statistics.median(gaps) if gaps else 0.0
+    readings = [row["celsius"] for row in rows if row["celsius"] is not None]
+
+    def above(name: str) -> float | None:
+        if not policies:
+            return None
+        hits = [
+            row
+            for row in rows
+            if row["celsius"] is not None
+            and row["celsius"] >= policy_at(policies, row["time"])[name]
+        ]
+        return len(hits) * spacing
+
+    paused = [row for row in rows if any(job["state"] == "paused" for job in row["jobs"])]
+    actions = [event["action"] for event in events]
+    metered = [row for row in rows if row["power_w"] is not None]
+    watts = [row["power_w"] for row in metered]
+    return {
+        "samples": len(rows),
+        "first": times[0],
+        "last": times[-1],
+        "min_c": min(readings),
+        "mean_c": statistics.fmean(readings),
+        "max_c": max(readings),
+        "spacing_s": spacing,
+        "seconds_above": {name: above(name) for name in THRESHOLDS},
+        "seconds_paused": len(paused) * spacing,
+        "pauses": actions.count("pause"),
+        "stops": actions.count("stop"),
+        "sources": sorted({row["source"] for row in rows}),
+        "simulated": any(row["simulated"] for row in rows),
+        "policy": policy_at(policies, times[-1]),
+        "energy_j": sum(watts) * spacing if metered else None,
+        "mean_power_w": statistics.fmean(watts) if metered else None,
+        "metered_s": len(metered) * spacing,
+        "power_sources": sorted({row["power"]["source"] for row in metered}),
+        "power_simulated": any(row["power"]["simulated"] for row in metered),
+    }
+
+
+def jittery_curve(count: int, seed: int) -> list[dict[str, Any]]:
+    """`count` samples about a second apart (jitter, two silences, missing readings), hot
+    stretches with the job paused, from two sources; watts from two power sources (one
+    simulated), some polls without a reading."""
+    rng = random.Random(seed)
+    rows, at = [], NOW
+    for index in range(count):
+        at += rng.uniform(0.97, 1.03) + (45.0 if index in (count // 3, count // 2) else 0.0)
+        celsius = None if index % 17 == 0 else round(rng.uniform(60.0, 100.0), 2)
+        paused = celsius is not None and 85.0 <= celsius < 95.0
+        body = sample(
+            at,
+            celsius,
+            jobs=[job("paused" if paused else "running"), job("running", "j2", 7)],
+            source="iohid" if index % 5 else "sim",
+        )
+        watts = None if index % 11 == 0 else round(rng.uniform(5.0, 40.0), 2)
+        power = "sim" if index % 4 == 0 else "rapl"
+        body["power_w"] = watts
+        body["power"] = {
+            "source": power,
+            "simulated": power == "sim",
+            "watts": {} if watts is None else {"system": watts},
+            "joules": {},
+            "error": "no reading yet" if watts is None else None,
+        }
+        rows.append(body)
+    return rows
+
+
+@pytest.mark.parametrize("count", [7, 400, 3000])  # 3000: the spacing from probes
+def test_statistics_in_sql_equal_a_direct_computation(tmp_path: Path, count: int) -> None:
+    rows = jittery_curve(count, seed=count)
+    events = [event(rows[i]["time"], action) for i, action in ((1, "pause"), (2, "stop"))]
+    store_with(tmp_path / "t.sqlite", rows, events)
+    policies = [(NOW - 10, POLICY), (rows[count // 2]["time"], HOTTER)]
+    with TelemetryStore(tmp_path / "t.sqlite") as store:
+        for when, policy in policies:
+            store.record_policy("mac1", policy, when)
+        since = rows[1]["time"]  # the first sample and nothing else left out
+        stats = host_stats(store.conn, "mac1", since, store.policies()["mac1"])
+    expected = direct_stats(rows[1:], [e for e in events if e["time"] >= since], policies)
+    assert stats.pop("host") == "mac1"
+    for key in ("mean_c", "energy_j", "mean_power_w"):  # sums taken in another order
+        assert stats.pop(key) == pytest.approx(expected.pop(key), rel=1e-12)
+    assert stats == expected
+
+
+def test_rows_recorded_before_the_paused_flag_are_read_from_their_jobs(tmp_path: Path) -> None:
+    rows = jittery_curve(50, seed=1)
+    store_with(tmp_path / "t.sqlite", rows)
+    with TelemetryStore(tmp_path / "t.sqlite") as store:
+        flagged = host_stats(store.conn, "mac1", 0, [])
+        store.conn.execute("UPDATE samples SET job_paused = NULL")  # as a version 2 file has
+        assert host_stats(store.conn, "mac1", 0, []) == flagged and flagged["seconds_paused"]
+
+
+def test_host_stats_from_a_curve_that_pauses_then_stops(tmp_path: Path) -> None:
     curves = [70, 76, 86, 90, 80, 96, 50]
     samples = [
         sample(float(t), c, jobs=[job("paused" if 86 <= c < 95 else "running")])
@@ -169,22 +287,48 @@ def test_host_stats_from_a_curve_that_pauses_then_stops() -> None:
         event(5, "stop", 96),
         event(6, "exit", detail="143"),
     ]
-    stats = host_stats(HostHistory("mac1:5555", samples, events, [(1000.0, POLICY)]))
+    store_with(
+        tmp_path / "t.sqlite",
+        [{**s, "host": "mac1:5555"} for s in samples],
+        [{**e, "host": "mac1:5555"} for e in events],
+    )
+    with TelemetryStore(tmp_path / "t.sqlite") as store:
+        stats = host_stats(store.conn, "mac1:5555", 0, [(1000.0, POLICY)])
     assert stats["samples"] == 8 and stats["first"] == 0 and stats["last"] == 6
     assert stats["min_c"] == 50 and stats["max_c"] == 96
     assert stats["mean_c"] == pytest.approx(sum(curves) / len(curves))
-    # each sample stands for 1 s (0.5 s around the gap; the last for the median, 1 s)
-    assert stats["seconds_above"] == {"max_speed_temp": 4.5, "pause_temp": 2.5, "stop_temp": 1.0}
-    assert stats["seconds_paused"] == 2.0
+    # each sample stands for the usual spacing, 1 s (the median gap)
+    assert stats["spacing_s"] == 1.0
+    assert stats["seconds_above"] == {"max_speed_temp": 5.0, "pause_temp": 3.0, "stop_temp": 1.0}
+    assert stats["seconds_paused"] == 3.0  # 86, 90 and the sample without a reading
     assert (stats["pauses"], stats["stops"]) == (1, 1)
     assert stats["simulated"] and stats["sources"] == ["replay:curve.csv"]
     assert stats["policy"] == POLICY
 
 
-def test_without_a_known_policy_time_above_is_unknown_not_zero() -> None:
-    stats = host_stats(HostHistory("mac1:5555", [sample(0, 99), sample(1, 99)]))
-    assert stats["seconds_above"] == dict.fromkeys(("max_speed_temp", "pause_temp", "stop_temp"))
+def test_a_silence_counts_for_nothing(tmp_path: Path) -> None:
+    rows = [sample(float(t), 90.0) for t in (0, 1, 2, 600, 601, 602)]
+    store_with(tmp_path / "t.sqlite", [{**r, "host": "mac1"} for r in rows])
+    with TelemetryStore(tmp_path / "t.sqlite") as store:
+        stats = host_stats(store.conn, "mac1", 0, [(0.0, POLICY)])
+    assert stats["seconds_above"]["pause_temp"] == 6.0
+
+
+def test_without_a_known_policy_time_above_is_unknown_not_zero(tmp_path: Path) -> None:
+    store_with(tmp_path / "t.sqlite", [{**sample(t, 99), "host": "mac1"} for t in (0, 1)])
+    with TelemetryStore(tmp_path / "t.sqlite") as store:
+        stats = host_stats(store.conn, "mac1", 0, [])
+    assert stats["seconds_above"] == dict.fromkeys(THRESHOLDS)
     assert stats["policy"] is None
+
+
+def test_hosts_recorded_in_the_window(tmp_path: Path) -> None:
+    rows = [{**sample(t, 60.0), "host": h} for h in ("b:1", "a:1") for t in (1, 2)]
+    store_with(tmp_path / "t.sqlite", [*rows, {**sample(9, 60.0), "host": "c:1"}])
+    with TelemetryStore(tmp_path / "t.sqlite") as store:
+        assert hosts_recorded(store.conn, 0, None) == ["a:1", "b:1", "c:1"]
+        assert hosts_recorded(store.conn, 5, None) == ["c:1"]
+        assert hosts_recorded(store.conn, 0, ["c:1", "x:1", "a:1"]) == ["c:1", "a:1"]
 
 
 def test_store_keeps_each_sample_and_event_once(tmp_path: Path) -> None:
@@ -194,9 +338,9 @@ def test_store_keeps_each_sample_and_event_once(tmp_path: Path) -> None:
             ("a:1", event(2, "pause", 86)),
             ("a:1", event(3, "policy", name=None, pid=None, detail="x")),
         ]
-        assert store.add(first, events) == (first, events)
+        assert store.add(first, events) == (3, events)
         again = store.add([("a:1", sample(2, 71)), ("a:1", sample(3, 72))], events)
-        assert again == ([("a:1", sample(3, 72))], [])
+        assert again == (1, [])  # only the sample at 3 is new
         by_host = store.samples(2, ["a:1"])
         assert list(by_host) == ["a:1"] and by_host["a:1"] == [
             {k: v for k, v in sample(t, c).items() if k != "host"} for t, c in ((2, 71), (3, 72))
@@ -243,3 +387,43 @@ def test_prune_keeps_policies(tmp_path: Path) -> None:
         fill_for_pruning(store)
         store.prune(before=4)
         assert store.policies()["a:1"]
+
+
+def test_every_query_of_history_prune_and_the_monitor_start_uses_an_index(
+    tmp_path: Path,
+) -> None:
+    """EXPLAIN QUERY PLAN of each statement run: samples and events are only ever searched
+    through an index (the primary key, or the events' key), never scanned whole."""
+    rows = jittery_curve(3000, seed=3)
+    store_with(tmp_path / "t.sqlite", rows, [event(rows[5]["time"], "pause")])
+    statements: list[str] = []
+    with TelemetryStore(tmp_path / "t.sqlite") as store:
+        store.record_policy("mac1", POLICY, NOW)
+        store.conn.set_trace_callback(statements.append)
+        read_history(store, NOW + 100, None, plot=True)
+        read_history(store, NOW + 100, ["mac1"], plot=False)
+        store.readings(NOW + 2000, ["mac1"])
+        store.prune(NOW + 50)
+        store.conn.set_trace_callback(None)
+        queries = [
+            q for q in statements if q.lstrip().upper().startswith(("SELECT", "WITH", "DELETE"))
+        ]
+        assert len(queries) > 10
+        for query in queries:
+            plan = [row[3] for row in store.conn.execute(f"EXPLAIN QUERY PLAN {query}")]
+            for detail in [d for d in plan if re.search(r"\b(samples|events)\b", d)]:
+                assert detail.startswith("SEARCH") and " USING " in detail, (query, detail)
+
+
+def test_a_long_window_is_read_at_plot_resolution(tmp_path: Path) -> None:
+    rows = jittery_curve(6000, seed=6)
+    store_with(tmp_path / "t.sqlite", rows)
+    with TelemetryStore(tmp_path / "t.sqlite") as store:
+        (series,) = read_history(store, 0, None, plot=True)[1]
+    assert len(series.points) <= PLOT_POINTS
+    assert series.first == pytest.approx(rows[0]["time"], abs=series.silence)
+    assert series.last == pytest.approx(rows[-1]["time"], abs=series.silence)
+    gaps = [b[0] - a[0] for a, b in zip(series.points, series.points[1:], strict=False)]
+    assert sum(gap > series.silence for gap in gaps) == 2  # the two silences, no other break
+    paused = [r["time"] for r in rows if r["jobs"][0]["state"] == "paused"]
+    assert all(any(start <= t <= end for start, end in series.paused) for t in paused)

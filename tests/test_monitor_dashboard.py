@@ -193,6 +193,10 @@ def test_snapshot_for_scripts() -> None:
         "simulated": True,
         "state": "ok",
         "trend_c_per_min": None,
+        "power_w": None,
+        "energy_j": None,
+        "power_source": None,
+        "power_simulated": None,
         "pause_s_total": 0.0,
         "jobs": [job("running")],
         "policy": POLICY,
@@ -206,7 +210,7 @@ def test_snapshot_for_scripts() -> None:
 
 def test_recorded_samples_seed_the_sparkline_but_are_not_a_current_reading() -> None:
     board = Dashboard(["mac1:5555"])
-    board.seed("mac1:5555", [sample(700.0 + t, 60.0 + t / 10) for t in range(0, 300, 30)])
+    board.seed("mac1:5555", [(700.0 + t, 60.0 + t / 10) for t in range(0, 300, 30)])
     view = board.hosts["mac1:5555"]
     assert view.sample is None and view.spark() == []
     assert "connecting" in text_of(board, 0.0)
@@ -224,3 +228,18 @@ def test_alert_lines_are_shown_in_time_order_whatever_the_arrival() -> None:
     paused = next(i for i, line in enumerate(lines) if "paused job" in line)
     stopped = next(i for i, line in enumerate(lines) if "stopped job" in line)
     assert paused < stopped
+
+
+def test_a_terminal_too_short_for_every_host_draws_the_rows_that_fit_and_says_so() -> None:
+    names = [f"mac{i:02d}:5555" for i in range(40)]
+    board = Dashboard(names)
+    for name in names:
+        board.connected(name, name, INFO_OK, now=100.0)  # one job each: one line a row
+    console = Console(width=200, height=20, record=True, color_system=None)
+    console.print(render(board, 100.5, console.size.height))
+    lines = console.export_text().splitlines()
+    shown = [name for name in names if any(name in line for line in lines)]
+    assert shown == names[: len(shown)] and 0 < len(shown) < len(names)
+    assert len(lines) <= 20
+    assert f"{len(names) - len(shown)} more hosts below" in lines[-1]
+    assert "more hosts" not in text_of(board, 100.5)  # no height given: every host

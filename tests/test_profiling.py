@@ -7,9 +7,10 @@ import time
 import mlx.core as mx
 import pytest
 
-from agent.model import ModelArgs, build_model
+from agent.model import Model, ModelArgs, build_model
 from agent.profiling import MemoryProfiler, SpeedProfiler
 from agent.profiling.memory import random_tokens
+from agent.profiling.speed import cache_state, copy_cache, new_cache
 
 
 @pytest.fixture(scope="module")
@@ -129,3 +130,53 @@ def test_per_token_time_is_per_sequence_with_a_batch(small_model) -> None:
         sum(12000 / s for s in result["samples_ms"]) / 2
     )
     assert result["mean_per_token_ms"] == pytest.approx(result["latency_ms"] / 4)
+
+
+class CountingModel(Model):
+    """Our model, counting its forward passes over more than one token (prefills)."""
+
+    prefills = 0
+
+    def __call__(self, tokens: mx.array, cache: list | None = None) -> mx.array:
+        if tokens.shape[1] > 1:
+            self.prefills += 1
+        return super().__call__(tokens, cache=cache)
+
+
+def test_a_decode_cell_prefills_once_for_all_its_iterations() -> None:
+    model = CountingModel(ModelArgs.small())
+    model.set_dtype(mx.float16)
+    mx.eval(model.parameters())
+    result = SpeedProfiler().benchmark_autoregressive(
+        model, total_tokens=4, context_len=32, num_warmup=2, num_iterations=3
+    )
+    assert model.prefills == 1 and len(result["samples_ms"]) == 3
+
+
+def greedy(model, cache: list, token: mx.array, steps: int = 6) -> list[int]:
+    produced = []
+    for _ in range(steps):
+        token = mx.argmax(model(token[:, None], cache=cache)[:, -1, :], axis=-1)
+        produced.append(token.item())
+    return produced
+
+
+def test_a_copied_cache_decodes_as_a_fresh_prefill_and_leaves_the_original_alone(
+    small_model,
+) -> None:
+    context = random_tokens(small_model, 1, 40)
+
+    def prefilled() -> tuple[list, mx.array]:
+        cache = new_cache(small_model)
+        first = mx.argmax(small_model(context, cache=cache)[:, -1, :], axis=-1)
+        mx.eval(first, cache_state(cache))
+        return cache, first
+
+    cache, first = prefilled()
+    kept = [(layer.offset, mx.array(layer.keys), mx.array(layer.values)) for layer in cache]
+    copied = greedy(small_model, copy_cache(cache), first)
+    assert greedy(small_model, copy_cache(cache), first) == copied
+    assert greedy(small_model, *prefilled()) == copied
+    for layer, (offset, keys, values) in zip(cache, kept, strict=True):
+        assert layer.offset == offset
+        assert mx.array_equal(layer.keys, keys) and mx.array_equal(layer.values, values)

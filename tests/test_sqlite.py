@@ -102,7 +102,9 @@ def test_every_telemetry_table_holds_the_shared_types_columns(tmp_path: Path) ->
         ["seq", *Event.columns()]
     )
     coordinator = tmp_path / "coordinator.sqlite"
-    assert sorted(columns(coordinator, "samples")) == sorted(["host", "seq", *Sample.columns()])
+    assert sorted(columns(coordinator, "samples")) == sorted(
+        ["host", "seq", "job_paused", *Sample.columns()]  # job_paused: the store's own flag
+    )
     assert sorted(columns(coordinator, "events")) == sorted(["host", "seq", *Event.columns()])
 
 

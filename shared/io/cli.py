@@ -10,7 +10,6 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -18,40 +17,10 @@ import typer
 from rich.console import Console, RenderableType
 from rich.text import Text
 
-from shared.exit_codes import EXIT_PARTIAL, EXIT_USAGE, SUMMARY
+from shared.exit_codes import EXIT_PARTIAL, EXIT_USAGE
 from shared.report import render_text, rich_report
 
 err = Console(stderr=True, soft_wrap=True)  # log lines stay whole, never wrapped
-
-
-def fleet_app(program: str, summary: str) -> typer.Typer:
-    """A top-level CLI: plain rewrapped --help ending with the exit codes, and --version."""
-    app = typer.Typer(
-        help=summary,
-        no_args_is_help=True,
-        add_completion=False,
-        rich_markup_mode=None,
-        epilog=SUMMARY,
-    )
-
-    def show_version(value: bool) -> None:
-        if value:
-            print(f"mlx-fleet {program} {metadata.version('mlx-fleet')}")
-            raise typer.Exit()
-
-    @app.callback()
-    def options(  # the option's default names a local: it cannot be a string annotation
-        version: bool = typer.Option(
-            False,
-            "--version",
-            callback=show_version,
-            is_eager=True,
-            help="Print the version and exit.",
-        ),
-    ) -> None:
-        pass
-
-    return app
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:

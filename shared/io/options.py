@@ -199,6 +199,10 @@ TableFormat = Annotated[
 ]
 """Every other command's: a Rich table for people, JSON for scripts (shared.io.cli.emit)."""
 Output = Annotated[Path | None, typer.Option("--output", help="Write the report to FILE.")]
+RunId = Annotated[
+    str, typer.Argument(help="A run id, or a unique prefix of one (`coordinator runs` lists them).")
+]
+"""A stored run, as `coordinator show`, `compare`, `resume` and `cancel` take it."""
 RetentionDays = Annotated[
     float,
     typer.Option(

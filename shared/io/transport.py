@@ -126,6 +126,9 @@ class AgentClient:
         self.keypair = keypair
         self.server_key = server_key
         self.sock = agent_socket(ctx, zmq.DEALER, address, server_key, keypair)
+        self._replies = zmq.Poller()
+        """Made once: Socket.poll() would build a Poller for every wait."""
+        self._replies.register(self.sock, zmq.POLLIN)
         self.last_heard = time.monotonic()
 
     def close(self) -> None:
@@ -201,7 +204,7 @@ class AgentClient:
         message = self.send(type_, body)
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
-            if self.sock.poll(left * 1000):
+            if self._replies.poll(left * 1000):
                 reply = self._receive()
                 if reply is not None and reply.re == message.id:
                     return self._body(reply, f"{type_}.ok")
@@ -225,7 +228,7 @@ class AgentClient:
                 raise HostError(
                     f"job {job_id} did not stop within {CANCEL_WAIT_S:g} s of bench.cancel"
                 )
-            if not self.sock.poll(HEARTBEAT_INTERVAL_S * 1000):
+            if not self._replies.poll(HEARTBEAT_INTERVAL_S * 1000):
                 liveness -= 1
                 if liveness == 0:
                     silent = time.monotonic() - self.last_heard

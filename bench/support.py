@@ -1,0 +1,161 @@
+"""What every bench script shares, so none of them can lie: both sides of a comparison run in
+the same rounds, interleaved (the order rotates each round, so drift and a neighbour's load hit
+both alike), repeated; each figure prints as median (min–max) over the rounds, and a ratio is
+taken round by round, never from two separate runs. A side that fails to measure raises
+BenchError, and run() turns it into a non-zero exit with the reason: a bench that printed
+nothing true must not pass for one that measured.
+
+Not a bench script itself (tests/test_bench.py runs bench/bench_*.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+Side = Callable[[], float]
+"""One measurement of one side: a number (seconds, a share of a CPU, bytes...)."""
+
+
+class BenchError(RuntimeError):
+    """A measurement that could not be taken; the message says why."""
+
+
+@dataclass
+class Rounds:
+    """Each side's values, one per round, in round order."""
+
+    values: dict[str, list[float]] = field(default_factory=dict)
+
+    def ratios(self, side: str, base: str) -> list[float]:
+        """side / base, round by round."""
+        return [a / b for a, b in zip(self.values[side], self.values[base], strict=True)]
+
+
+def interleave(sides: dict[str, Side], repeats: int) -> Rounds:
+    """Run every side once per round for `repeats` rounds, rotating the order each round."""
+    names = list(sides)
+    rounds = Rounds({name: [] for name in names})
+    for index in range(repeats):
+        shift = index % len(names)
+        for name in names[shift:] + names[:shift]:
+            rounds.values[name].append(sides[name]())
+    return rounds
+
+
+def spread(values: Sequence[float], scale: float = 1.0, digits: int = 2) -> str:
+    """`median (min–max)` of `values` times `scale`."""
+    if not values:
+        raise BenchError("nothing was measured")
+    low, mid, high = min(values), statistics.median(values), max(values)
+    return f"{mid * scale:.{digits}f} ({low * scale:.{digits}f}–{high * scale:.{digits}f})"
+
+
+def machine() -> str:
+    """The machine the figures come from, for the first line of every script's output."""
+    try:
+        import mlx.core as mx
+
+        backend = f"MLX {mx.__version__} on {mx.default_device()}"
+    except ImportError:
+        backend = "MLX not installed"
+    return (
+        f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}, {backend}"
+    )
+
+
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    """An argument parser whose --quick asks for a run of seconds that only checks the script
+    still measures (CI runs every bench that way, asserting no figure)."""
+    result = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    result.add_argument(
+        "--quick", action="store_true", help="seconds, not minutes: checks the script runs"
+    )
+    result.add_argument("--repeats", type=int, default=None, help="rounds per comparison")
+    return result
+
+
+def run(main: Callable[[], None]) -> None:
+    """Call `main`; a BenchError (or any failure) exits 1 with the reason on stderr."""
+    try:
+        main()
+    except BenchError as exc:
+        print(f"bench failed: {exc}", file=sys.stderr)
+        sys.exit(1)
+
+
+def wall_s(command: Sequence[str], env: dict[str, str] | None = None) -> float:
+    """Seconds `command` took; BenchError when it failed."""
+    began = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    elapsed = time.perf_counter() - began
+    if result.returncode != 0:
+        raise BenchError(
+            f"{' '.join(command[:4])} ... exited {result.returncode}: {result.stderr[-500:]}"
+        )
+    return elapsed
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time used so far by every live thread of process `pid`: on Linux from the
+    scheduler's nanosecond counters (/proc/PID/task/*/schedstat), since an idle daemon's
+    share is below the 10 ms tick psutil counts in; elsewhere from psutil."""
+    tasks = Path(f"/proc/{pid}/task")
+    if tasks.is_dir():
+        total = 0
+        for task in tasks.iterdir():
+            try:
+                total += int((task / "schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue  # a thread that ended meanwhile
+        return total / 1e9
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def child_usage(
+    command: Sequence[str], env: dict[str, str] | None = None
+) -> tuple[float, int | None]:
+    """(wall seconds, peak RSS in bytes) of `command`. The peak is the kernel's high water mark
+    of the command's own memory (Linux's VmHWM), read every 10 ms while it runs (rusage's
+    ru_maxrss would also count this process's memory, which a child holds until its exec);
+    None where there is no /proc."""
+    began = time.perf_counter()
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True
+    )
+    peak = 0
+    while process.poll() is None:
+        peak = max(peak, _high_water(process.pid))
+        time.sleep(0.01)
+    elapsed = time.perf_counter() - began
+    if process.returncode != 0:
+        stderr = process.stderr.read() if process.stderr else ""
+        raise BenchError(
+            f"{' '.join(command[:4])} ... exited {process.returncode}: {stderr[-500:]}"
+        )
+    return elapsed, peak or None
+
+
+def _high_water(pid: int) -> int:
+    """VmHWM of `pid` in bytes (0 once it has gone, or where /proc has none)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0

@@ -1,0 +1,37 @@
+"""Every bench script still measures: each runs once in its quick mode (seconds) and must exit
+0. No figure is asserted (docs/performance.md holds the figures, measured in full); a script
+that cannot measure any more (the code it drives changed under it) exits non-zero, and this is
+where that shows."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import subprocess_env
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = sorted((ROOT / "bench").glob("bench_*.py"))
+
+pytestmark = pytest.mark.timeout(400)
+
+
+def test_every_bench_script_is_run_here() -> None:
+    assert len(SCRIPTS) >= 9, SCRIPTS
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: path.stem)
+def test_a_bench_script_still_measures(script: Path, tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(script), "--quick"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=subprocess_env(MLX_FLEET_HOME=str(tmp_path)),
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "machine:" in result.stdout  # what it measured on is printed with the figures

@@ -26,10 +26,10 @@ import platform
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
+from bench_profiling import bare_decode_samples, bare_prefill_samples
 from support import BenchError, interleave, machine, parser, run, spread
 
 from agent.guard import NullGuard
@@ -37,7 +37,7 @@ from agent.model import BUILTIN_CONFIGS, build_model
 from agent.power.meter import EnergyMeter
 from agent.power.registry import open_power_source
 from agent.profiling.memory import random_tokens
-from agent.profiling.speed import SpeedProfiler, cache_state, new_cache
+from agent.profiling.speed import SpeedProfiler
 from agent.profiling.watch import CellWatch
 from agent.thermal.base import SourceUnavailable
 from shared.matrix import DECODE, PREFILL, Cell
@@ -86,17 +86,6 @@ def read_cost_s(meter: EnergyMeter, reads: int) -> float:
     return (time.perf_counter() - began) / reads
 
 
-def bare_s(run: Callable[[], mx.array], warmup: int, iterations: int) -> float:
-    for _ in range(warmup):
-        mx.eval(run())
-    samples = []
-    for _ in range(iterations):
-        start = time.perf_counter()
-        mx.eval(run())
-        samples.append(time.perf_counter() - start)
-    return min(samples)
-
-
 def profiled_s(model, cell: Cell, meter: EnergyMeter | None, warmup: int, iterations: int) -> float:
     """The profiler's fastest iteration, with energy metered around every timed iteration when
     given a meter."""
@@ -112,23 +101,6 @@ def profiled_s(model, cell: Cell, meter: EnergyMeter | None, warmup: int, iterat
     if meter is not None and fields.get("energy_j") is None:
         raise BenchError(f"{meter.source.name} metered nothing: {fields.get('energy_note')}")
     return result["min_latency_ms"] / 1000
-
-
-def bare_decode_s(model, context: mx.array, tokens: int, warmup: int, iterations: int) -> float:
-    """Prefill (untimed), then `tokens` greedy steps queued with async_eval, one final eval."""
-    samples = []
-    for step in range(warmup + iterations):
-        cache = new_cache(model)
-        token = mx.argmax(model(context, cache=cache)[:, -1, :], axis=-1)
-        mx.eval(token, cache_state(cache))
-        start = time.perf_counter()
-        for _ in range(tokens):
-            token = mx.argmax(model(token[:, None], cache=cache)[:, -1, :], axis=-1)
-            mx.async_eval(token)
-        mx.eval(token)
-        if step >= warmup:
-            samples.append(time.perf_counter() - start)
-    return min(samples)
 
 
 def main() -> None:
@@ -163,11 +135,11 @@ def main() -> None:
             f"and ratios round by round, median (min–max) over {repeats} rounds"
         )
         sides = {
-            "prefill bare": lambda: bare_s(lambda: model(tokens), warmup, iterations),
+            "prefill bare": lambda: min(bare_prefill_samples(model, tokens, warmup, iterations)),
             "prefill profiler": lambda: profiled_s(model, prefill, None, warmup, iterations),
             "prefill metered": lambda: profiled_s(model, prefill, meter, warmup, iterations),
-            "decode bare": lambda: bare_decode_s(
-                model, tokens, opts.decode_tokens, warmup, iterations
+            "decode bare": lambda: min(
+                bare_decode_samples(model, tokens, opts.decode_tokens, warmup, iterations)
             ),
             "decode profiler": lambda: profiled_s(model, decode, None, warmup, iterations),
             "decode metered": lambda: profiled_s(model, decode, meter, warmup, iterations),

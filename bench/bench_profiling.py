@@ -34,7 +34,8 @@ from agent.profiling.speed import new_cache
 from shared.matrix import MatrixSpec
 
 
-def bare_prefill_s(model, tokens: mx.array, warmup: int, iterations: int) -> float:
+def bare_prefill_samples(model, tokens: mx.array, warmup: int, iterations: int) -> list[float]:
+    """Seconds of each timed `mx.eval(model(tokens))` after `warmup` untimed ones."""
     for _ in range(warmup):
         mx.eval(model(tokens))
     samples = []
@@ -42,13 +43,14 @@ def bare_prefill_s(model, tokens: mx.array, warmup: int, iterations: int) -> flo
         start = time.perf_counter()
         mx.eval(model(tokens))
         samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+    return samples
 
 
-def bare_decode_s_per_token(
+def bare_decode_samples(
     model, context: mx.array, tokens: int, warmup: int, iterations: int
-) -> float:
-    """Prefill (untimed), then `tokens` greedy steps queued with async_eval, one final eval."""
+) -> list[float]:
+    """Seconds of each timed decode: prefill (untimed), then `tokens` greedy steps queued with
+    async_eval, one final eval."""
     samples = []
     for step in range(warmup + iterations):
         cache = new_cache(model)
@@ -60,8 +62,19 @@ def bare_decode_s_per_token(
             mx.async_eval(token)
         mx.eval(token)
         if step >= warmup:
-            samples.append((time.perf_counter() - start) / tokens)
-    return statistics.median(samples)
+            samples.append(time.perf_counter() - start)
+    return samples
+
+
+def bare_prefill_s(model, tokens: mx.array, warmup: int, iterations: int) -> float:
+    return statistics.median(bare_prefill_samples(model, tokens, warmup, iterations))
+
+
+def bare_decode_s_per_token(
+    model, context: mx.array, tokens: int, warmup: int, iterations: int
+) -> float:
+    samples = bare_decode_samples(model, context, tokens, warmup, iterations)
+    return statistics.median(samples) / tokens
 
 
 def mlx_lm_twin(ours, args: ModelArgs):

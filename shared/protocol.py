@@ -7,6 +7,7 @@ every refusal is a ProtocolError whose code and message can be sent back as an `
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -258,9 +259,9 @@ def decode(data: bytes) -> Message:
             f"protocol version {version!r} is not spoken here; this side speaks {PROTOCOL_VERSION}",
             re=msg_id,
         )
-    unknown = sorted(set(raw) - ENVELOPE_KEYS, key=repr)  # keys may be str or bytes
-    missing = sorted(ENVELOPE_KEYS - set(raw))
-    if unknown or missing:
+    if raw.keys() != ENVELOPE_KEYS:
+        unknown = sorted(set(raw) - ENVELOPE_KEYS, key=repr)  # keys may be str or bytes
+        missing = sorted(ENVELOPE_KEYS - set(raw))
         problem = f"unknown key(s) {unknown}" if unknown else f"missing key(s) {missing}"
         raise ProtocolError(MALFORMED, f"bad envelope: {problem}", re=msg_id)
     re = raw.get("re")
@@ -284,13 +285,13 @@ def decode(data: bytes) -> Message:
 
 def check_body(type_: str, body: dict[str, Any]) -> None:
     """Every required field present with its type, no unknown field, optional ones filled."""
-    schema = SCHEMAS.get(type_)
-    if schema is None:
+    if type_ not in SCHEMAS:
         raise ProtocolError(UNKNOWN_TYPE, f"unknown message type {type_!r}")
-    unknown = sorted(set(body) - set(schema), key=str)
-    if unknown:
+    names, checks = _field_checks(type_)
+    if not names.issuperset(body):
+        unknown = sorted(set(body) - names, key=str)
         raise ProtocolError(BAD_BODY, f"{type_}: unknown field(s) {', '.join(map(str, unknown))}")
-    for name, (types, required) in schema.items():
+    for name, types, required, takes_bool in checks:
         if name not in body:
             if required:
                 raise ProtocolError(BAD_BODY, f"{type_}: missing field {name!r}")
@@ -299,14 +300,25 @@ def check_body(type_: str, body: dict[str, Any]) -> None:
         value = body[name]
         if value is None and not required:
             continue
-        if isinstance(value, bool) and bool not in _as_tuple(types):
-            ok = False  # bool is an int in Python, never on the wire
-        else:
-            ok = isinstance(value, types)
-        if not ok:
+        # bool is an int in Python, never on the wire
+        if (type(value) is bool and not takes_bool) or not isinstance(value, types):
             raise ProtocolError(
                 BAD_BODY, f"{type_}: field {name!r} has the wrong type ({type(value).__name__})"
             )
+
+
+@functools.cache
+def _field_checks(
+    type_: str,
+) -> tuple[frozenset[str], tuple[tuple[str, tuple[type, ...], bool, bool], ...]]:
+    """A schema as check_body walks it, made once per type: every message is checked, and the
+    telemetry of a whole lab arrives at one coordinator."""
+    schema = SCHEMAS[type_]
+    checks = tuple(
+        (name, _as_tuple(types), required, bool in _as_tuple(types))
+        for name, (types, required) in schema.items()
+    )
+    return frozenset(schema), checks
 
 
 def _as_tuple(types: Types) -> tuple[type, ...]:

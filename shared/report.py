@@ -177,7 +177,7 @@ def machine_line(machine: dict[str, Any], address: str | None = None) -> str:
         f"{where}: {machine.get('device', '?')} "
         f"({machine.get('backend', '?')}), {memory_text(machine)}, "
         f"{os_name}, MLX {machine.get('mlx_version', '?')}, "
-        f"mlx-fleet {machine.get('mlx_fleet_version', '?')}"
+        f"mlx-fleet {machine.get('mlx_fleet_version') or 'version unknown'}"
     )
     details = hardware_details(machine)
     return f"{line}; {', '.join(details)}" if details else line

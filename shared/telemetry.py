@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 import json
+import operator
+from collections.abc import Callable
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -58,8 +60,29 @@ class _Record:
 
     @classmethod
     def body_row(cls, body: dict[str, Any]) -> tuple[Any, ...]:
-        """from_body(body).row() without making the record: a store's path for many bodies."""
-        return tuple(_store(kind, body[name]) for name, kind in cls._stored())
+        """from_body(body).row() without making the record: a store's path for many bodies
+        (a lab's telemetry), so the values are taken in one call and only those stored
+        differently are converted."""
+        take, converted = cls._row_plan()
+        row = take(body)
+        if not converted:
+            return row
+        values = list(row)
+        for index, kind in converted:
+            values[index] = _store(kind, values[index])
+        return tuple(values)
+
+    @classmethod
+    @functools.cache
+    def _row_plan(cls) -> tuple[Callable[[dict[str, Any]], tuple[Any, ...]], tuple[Any, ...]]:
+        """An itemgetter of the columns (always a tuple) and (index, kind) of each column not
+        stored as it is."""
+        stored = cls._stored()
+        names = [name for name, _ in stored]
+        getter = operator.itemgetter(*names)
+        take = getter if len(names) > 1 else (lambda body: (getter(body),))
+        converted = tuple((i, kind) for i, (_, kind) in enumerate(stored) if kind != "plain")
+        return take, converted
 
     @classmethod
     @functools.cache

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,12 @@ import zmq
 
 if TYPE_CHECKING:
     from tests.fleet_support import AgentPool
+
+# A suite started in the background of a non-interactive shell (`pytest &`) inherits SIGINT
+# ignored, and an ignored signal stays ignored across exec: the agents and CLIs the Ctrl-C tests
+# start would never see theirs. A handler, unlike SIG_IGN, is reset to the default at exec.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)

@@ -47,6 +47,12 @@ def test_tied_weights_are_counted_once() -> None:
     assert untied_count - tied_count == tied.vocab_size * tied.hidden_size
 
 
+# Logits through the cache equal one full pass up to float32 rounding. MLX's CUDA backend does
+# float32 matmuls at TF32 precision (seen on an H200, MLX 0.32.4: 2.6e-3 apart), so the bound
+# on a GPU is looser; a cache that is wrong is off by about 1.
+SAME_LOGITS = 1e-4 if mx.default_device() == mx.cpu else 1e-2
+
+
 def float32_model() -> Model:
     mx.random.seed(3)
     model = Model(ModelArgs.small())
@@ -62,7 +68,7 @@ def test_decoding_through_the_cache_matches_one_full_pass() -> None:
     steps = [model(tokens[:, :8], cache=cache)]
     steps += [model(tokens[:, i : i + 1], cache=cache) for i in range(8, 24)]
     incremental = mx.concatenate(steps, axis=1)
-    assert mx.abs(incremental - full).max().item() < 1e-4
+    assert mx.abs(incremental - full).max().item() < SAME_LOGITS
     assert all(layer.offset == 24 for layer in cache)
 
 
@@ -72,7 +78,7 @@ def test_chunked_prefill_after_a_cached_prefix_matches_one_full_pass() -> None:
     full = model(tokens)
     cache = model.make_cache()
     chunks = [model(tokens[:, :100], cache=cache), model(tokens[:, 100:], cache=cache)]
-    assert mx.abs(mx.concatenate(chunks, axis=1) - full).max().item() < 1e-4
+    assert mx.abs(mx.concatenate(chunks, axis=1) - full).max().item() < SAME_LOGITS
 
 
 def test_decoding_without_the_cache_would_be_wrong() -> None:

@@ -11,6 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agent.cooling import ThermalGuard, ThermalShutdownError
+from agent.hf_models import ModelNotFound, locate, names_a_repo
 from agent.machine import machine_info
 from agent.power.cli import open_meter
 from agent.power.meter import EnergyMeter
@@ -59,13 +60,16 @@ def bench(
     output: Output = None,
     no_cooling: NoCooling = False,
 ) -> None:
-    """Benchmark prefill and decode over a matrix of lengths, batches, models and bits.
+    """Benchmark prompt processing and generation over llama-bench's matrix, on this Mac.
 
-    Every list-valued option forms a cross-product; each sequence length N gives a prefill
-    cell pp<N> and a decode cell tg<G> @ d<N>. Each iteration waits out a thermal pause (kept
-    out of the latencies) and a stop ends the run; cells that paused or ran at or above
-    --max-speed-temp are flagged. Each cell's energy comes from --power-source (docs/energy.md);
-    --sustain runs each cell for a duration, window by window."""
+    Every list-valued option forms a cross-product, as in llama-bench: each prompt length P
+    gives a test pp<P>, each generation length G a test tg<G>, each -pg P,G a test pp<P>+tg<G>,
+    each at every depth D (tokens already in the KV cache: ' @ d<D>'), per batch size, model and
+    bit width. pp fills the KV cache in steps of --prefill-step-size evaluating the cache only,
+    as mlx-lm does. Each iteration waits out a thermal pause (kept out of the latencies) and a
+    stop ends the run; cells that paused or ran at or above --max-speed-temp are flagged. Each
+    cell's energy comes from --power-source (docs/energy.md); --sustain runs each cell for a
+    duration, window by window."""
     check_output(output)
     policy = limits.policy()
     spec = local_spec(matrix)
@@ -99,19 +103,30 @@ def bench(
 
 
 def local_spec(matrix: MatrixOptions) -> MatrixSpec:
-    """The matrix with its --model directories resolved and checked on this machine; exit 2
-    naming the problem."""
-    model_dirs = [str(Path(d).expanduser().resolve()) for d in matrix.model or []]
+    """The matrix with its --model directories resolved and checked on this machine, and its
+    Hugging Face ids fetched into the cache (or found there offline); exit 2 naming the
+    problem."""
     try:
-        spec = matrix.spec(model_dirs)
-        for directory in model_dirs:
-            check_model_dir(Path(directory))
-            check_bits_for_dir(Path(directory), spec.bits)
-        if model_dirs:
+        models = [local_model(name) for name in matrix.model or []]
+        spec = matrix.spec([name for name, _ in models])
+        for _, path in models:
+            check_model_dir(path)
+            check_bits_for_dir(path, spec.bits)
+        if models:
             require_mlx_lm()
-    except (MatrixError, ModelLoadError) as exc:
+    except (MatrixError, ModelLoadError, ModelNotFound) as exc:
         raise usage_error(str(exc)) from None
     return spec
+
+
+def local_model(name: str) -> tuple[str, Path]:
+    """(what the spec names, the directory on this disk): a directory by its absolute path, a
+    Hugging Face id as given, resolved to its snapshot."""
+    if not names_a_repo(name):
+        path = Path(name).expanduser()
+        return str(path.resolve()), path
+    require_mlx_lm()  # huggingface_hub comes with it
+    return name, locate(name).path
 
 
 def new_report(
@@ -195,6 +210,8 @@ def measure(
     except ThermalShutdownError as exc:
         report["stopped"] = str(exc)
         report["cells"] += not_run(cells[len(report["cells"]) :], "thermal shutdown")
+    for record in report["cells"]:  # every format names where a cell ran, as a fleet's does
+        record["host"] = report["machine"]["hostname"]
     report["finished_at"] = now_iso()
     report["wall_s"] = time.monotonic() - started
 

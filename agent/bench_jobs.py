@@ -20,6 +20,7 @@ from typing import Any
 
 import msgpack
 
+from agent.hf_models import ModelNotFound, locate, names_a_repo, offline
 from agent.job_process import JobProcess, exit_text
 from agent.journal import Journal
 from agent.model import BUILTIN_CONFIGS
@@ -425,21 +426,29 @@ def job_page(found: dict[str, Any], offset: int) -> dict[str, Any]:
 
 def check_matrix(matrix: dict[str, Any]) -> MatrixSpec:
     """The matrix as this agent would run it: the models named (a bench.start never falls back
-    to the default model), model directories are paths on THIS machine. Raises MatrixError or
-    ModelLoadError naming the problem."""
+    to the default model), model directories are paths on THIS machine, Hugging Face ids are
+    resolved here (the job fetches one not cached yet; offline, one not cached is refused now).
+    Raises MatrixError or ModelLoadError naming the problem."""
     if "models" not in matrix:
         raise MatrixError(
-            "models is required: name the models to run (a config such as small or full, or "
-            "a model directory on the agent)"
+            "models is required: name the models to run (a config such as small or full, a "
+            "model directory on the agent, or a Hugging Face id ORG/NAME)"
         )
     spec = MatrixSpec.from_dict(matrix)
     directories = [m for m in spec.models if m not in BUILTIN_CONFIGS]
+    if directories:
+        require_mlx_lm()
     for directory in directories:
         try:
             path = Path(directory).expanduser()
         except RuntimeError as exc:  # ~user for a user this machine does not have
             raise ModelLoadError(f"model directory {directory}: {exc}") from None
+        if names_a_repo(directory):
+            if not offline():
+                continue  # the job process downloads it
+            try:
+                path = locate(directory, download=False).path
+            except ModelNotFound as exc:
+                raise ModelLoadError(str(exc)) from None
         check_model_dir(path)
-    if directories:
-        require_mlx_lm()
     return spec

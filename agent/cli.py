@@ -9,7 +9,7 @@ COMMANDS = [
     LazyCommand(
         "bench",
         "agent.bench_cli:bench",
-        "Benchmark prefill and decode over a matrix of lengths, batches, models and bits.",
+        "Benchmark prompt processing and generation over llama-bench's matrix, on this Mac.",
     ),
     LazyCommand(
         "temp",

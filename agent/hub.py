@@ -78,20 +78,38 @@ class TappedSource(ThermalSource):
         self.inner.close()
 
 
+def reading_sensors(reading: ThermalReading | None) -> dict[str, float | None]:
+    """Each sensor of a reading by name; a source that names none gives its one figure under
+    its sensor's (or its own) name."""
+    if reading is None:
+        return {}
+    if reading.sensors:
+        return dict(reading.sensors)
+    if reading.celsius is None:
+        return {}
+    return {reading.sensor or reading.source: reading.celsius}
+
+
 class TelemetryHub:
     """start(source) begins monitoring; the daemon's loop calls drain() when `wake_fd` is
     readable; every sample and event goes to `publish`."""
 
     def __init__(
-        self, publish: Publish, poll_interval: float, retention_days: float, storage: StorageHealth
+        self,
+        publish: Publish,
+        poll_interval: float,
+        retention_days: float,
+        storage: StorageHealth,
+        name: str | None = None,
     ) -> None:
         """Opens the history and event stores: raises StoreError or OSError when they cannot
-        be (the daemon does not start)."""
+        be (the daemon does not start). `name` is the agent's (`host` in every sample, event
+        and metric), its hostname by default."""
         self.publish_message = publish
         self.poll_interval = poll_interval
         self.retention_days = retention_days
         self.storage = storage
-        self.host = socket.gethostname()
+        self.host = name or socket.gethostname()
         self.policy = load_policy()
         self.saved_policy = SavedPolicy(storage)
         self.jobs = JobTable()
@@ -130,13 +148,15 @@ class TelemetryHub:
             policy_text(self.policy),
         )
 
-    def serve_metrics(self, address: str) -> int:
-        """Prometheus /metrics at HOST:PORT; returns the bound port. Raises ValueError or
-        OSError."""
+    def serve_metrics(self, address: str, version: str, machine: dict[str, Any]) -> int:
+        """Prometheus /metrics at HOST:PORT, every series of this host there from the start;
+        returns the bound port. Raises ValueError or OSError."""
         from shared.io.metrics import TelemetryMetrics, serve_metrics  # only with --prometheus
 
-        self.metrics = TelemetryMetrics()
-        self._metrics_server = serve_metrics(self.metrics.registry, address)
+        metrics = TelemetryMetrics()
+        self._metrics_server = serve_metrics(metrics.registry, address)
+        metrics.host_up(self.host, version=version, machine=machine, policy=self.policy.to_dict())
+        self.metrics = metrics
         return self._metrics_server.port
 
     def close(self) -> None:
@@ -237,6 +257,7 @@ class TelemetryHub:
         self.publish_message("telemetry.sample", body)
         if self.metrics is not None:
             self.metrics.observe_sample(body)
+            self.metrics.observe_sensors(self.host, reading_sensors(reading))
         if now >= self._next_prune:
             self.history.prune(retention_cutoff(now, self.retention_days))
             self._next_prune = now + min(PRUNE_EVERY_S, self.retention_days * 86400.0 / 10)
@@ -261,6 +282,8 @@ class TelemetryHub:
         if policy != self.policy:
             self.saved_policy.save(policy)  # enforced even when the disk refuses it
             self.policy = policy
+            if self.metrics is not None:
+                self.metrics.set_policy(self.host, policy.to_dict())
             log.info("new policy: %s", policy_text(policy))
             self.event(
                 Event(

@@ -130,6 +130,7 @@ class Requests:
             {
                 "agent": self.version,
                 "protocol": p.PROTOCOL_VERSION,
+                "name": self.hub.host,
                 "machine": self.machine,
                 "thermal": self.hub.thermal(),
                 "power": self.hub.power(),

@@ -63,6 +63,7 @@ class AgentDaemon:
         telemetry_port: int | None = None,
         retention_days: float = DEFAULT_RETENTION_DAYS,
         prometheus: str | None = None,
+        name: str | None = None,
         parent_pid: int | None = None,
         power_source: str = "auto",
         idle_baseline: float = DEFAULT_BASELINE_S,
@@ -80,16 +81,18 @@ class AgentDaemon:
         self.prometheus = prometheus
         self._unwritten_state: DaemonAddress | None = None
         try:
-            self.hub, self.jobs = self._open_stores(poll_interval, retention_days)
+            self.hub, self.jobs = self._open_stores(poll_interval, retention_days, name)
         except ServeError:
             self.sockets.close()
             raise
+        self.machine = machine_info()
+        self.version = package_version("mlx-fleet") or "unknown"
         self.requests = Requests(
             self.sockets,
             self.hub,
             self.jobs,
-            machine_info(),
-            package_version("mlx-fleet") or "unknown",
+            self.machine,
+            self.version,
             lambda: self._stopping,
         )
         self._stopping = False
@@ -97,13 +100,15 @@ class AgentDaemon:
         os.set_blocking(self._wake_write, False)
 
     def _open_stores(
-        self, poll_interval: float, retention_days: float
+        self, poll_interval: float, retention_days: float, name: str | None
     ) -> tuple[TelemetryHub, BenchJobs]:
         """The hub (history, events, policy) and the jobs (journal) over the data directory;
         ServeError naming the directory or the file and the problem when they cannot be."""
         try:
             usable_data_dir()
-            hub = TelemetryHub(self.sockets.publish, poll_interval, retention_days, self.storage)
+            hub = TelemetryHub(
+                self.sockets.publish, poll_interval, retention_days, self.storage, name
+            )
         except DataDirUnusable as exc:
             raise ServeError(str(exc)) from None
         except (StoreError, OSError) as exc:
@@ -174,7 +179,7 @@ class AgentDaemon:
 
     def _serve_metrics(self, address: str) -> None:
         try:
-            port = self.hub.serve_metrics(address)
+            port = self.hub.serve_metrics(address, self.version, self.machine)
         except (ValueError, OSError) as exc:
             raise ServeError(f"--prometheus: {exc}") from None
         log.info("metrics on http://%s:%d/metrics", address.rpartition(":")[0], port)

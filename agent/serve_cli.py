@@ -17,6 +17,7 @@ from agent.serve import DEFAULT_RETENTION_DAYS, AgentDaemon, serve
 from shared.io.cli import err, usage_error
 from shared.io.files import make_private
 from shared.io.options import (
+    AgentName,
     PowerOptions,
     PrometheusAddress,
     RetentionDays,
@@ -99,6 +100,7 @@ def serve_command(
     ] = None,
     retention_days: RetentionDays = DEFAULT_RETENTION_DAYS,
     prometheus: PrometheusAddress = None,
+    name: AgentName = None,
     parent_pid: Annotated[
         int | None,
         typer.Option(
@@ -122,6 +124,8 @@ def serve_command(
     """
     if telemetry_port is not None and not 0 <= telemetry_port <= 65535:
         raise usage_error(f"--telemetry-port must be 0 to 65535, got {telemetry_port}")
+    if name is not None and not name.strip():
+        raise usage_error("--name must not be empty")
     os.umask(0o077)  # every file the daemon and its jobs make is this user's alone
     try:
         configure_logging(log_file)
@@ -142,6 +146,7 @@ def serve_command(
             telemetry_port=telemetry_port,
             retention_days=retention_days,
             prometheus=prometheus,
+            name=name,
             parent_pid=parent_pid,
             power_source=power.power_source,
             idle_baseline=power.idle_baseline,

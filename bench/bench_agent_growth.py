@@ -38,8 +38,8 @@ from shared.io.transport import AgentClient, AgentError, HostError
 from shared.io.trust import trust
 
 READY = re.compile(r"listening on tcp://(\S+) curve-key=(\S+)")
-JOB = {"models": ["small"], "seq_lengths": [8], "decode_tokens": 0, "warmup": 0, "iterations": 1}
-BIG = {"models": ["small"], "seq_lengths": list(range(1, 1025)), "batch_sizes": [1, 2]}
+JOB = {"models": ["small"], "n_prompt": [8], "n_gen": [0], "warmup": 0, "iterations": 1}
+BIG = {"models": ["small"], "n_prompt": list(range(1, 1025)), "batch_sizes": [1, 2]}
 """2048 cells, over the limit: refused, but only after the agent read and checked it all."""
 EVENT = {
     "job": "bench",

@@ -229,7 +229,7 @@ def round_trips(pings: int, repeats: int, home: Path) -> None:
 
 # --- 2. coordinator cost per cell ---------------------------------------------------------------
 
-MATRIX = MatrixSpec((8,), (1,), ("small",), (None,), 0, 0, 1)
+MATRIX = MatrixSpec(n_prompt=(8,), n_gen=(0,), models=("small",), warmup=0, iterations=1)
 
 
 def raw_receive_s(addresses: list[tuple[str, str]], cells: int) -> float:
@@ -264,7 +264,7 @@ def raw_receive_s(addresses: list[tuple[str, str]], cells: int) -> float:
 def ours_receive_s(agents: list[tuple[str, str]], cells: int, home: Path) -> float:
     """run_fleet against the replay agents; BenchError unless every cell was stored."""
     targets = [Target(address, address, key) for address, key in agents]
-    spec = {**MATRIX.to_dict(), "seq_lengths": list(range(1, cells + 1))}
+    spec = {**MATRIX.to_dict(), "n_prompt": list(range(1, cells + 1))}
     with RunStore(home / "bench.sqlite") as store:
         began = time.perf_counter()
         result = run_fleet(targets, spec, store, Settings(own_keypair()))

@@ -2,16 +2,18 @@
 beyond what it times? Each comparison runs both sides in every round, interleaved, repeated;
 figures are median (min–max) over the rounds, ratios taken round by round (1.00 = identical).
 
-  1. our prefill latency vs a bare `mx.eval(model(x))` loop on the same model;
+  1. our prompt processing (pp) latency vs a bare prompt pass as mlx-lm's generate_step makes
+     it, on the same model;
   2. our decode time per token vs a bare greedy loop through the same KV cache, queued with
      `mx.async_eval` as mlx-lm's generator does;
   3. our model's decode tok/s vs mlx-lm's llama with identical dimensions and weights, both
      timed by our profiler (when the `lm` extra is installed, float16 only);
-  4. a whole matrix through the runner (`agent bench`'s path, imports done; pp and tg64 cells
-     at the sequence length and twice it, -i 5): its wall time against the sum of the
-     iterations it times plus one model build, with no warm-up iterations (-w 0, so that every
-     iteration is timed and all the rest is the harness's own cost: token generation, a decode
-     cell's one prefill and its cache copies, clearing MLX's cache).
+  4. a whole matrix through the runner (`agent bench`'s path, imports done; pp at the sequence
+     length and twice it, and tg64, each at depth 0 and at the sequence length, -r 5): its
+     wall time against the sum of the iterations it times plus one model build, with no
+     warm-up iterations (-w 0, so that every iteration is timed and all the rest is the
+     harness's own cost: token generation, a depth filled once per cell and its cache copies,
+     clearing MLX's cache).
 
     .venv/bin/python bench/bench_profiling.py [--config small|full] [--bits 16] [--seq-len 128]
         [--decode-tokens 32] [--repeats 5] [--quick]
@@ -31,18 +33,22 @@ from agent.profiling import SpeedProfiler
 from agent.profiling.memory import random_tokens
 from agent.profiling.runner import run_matrix
 from agent.profiling.speed import new_cache
-from shared.matrix import MatrixSpec
+from shared.matrix import MatrixSpec, count_cells
 
 
 def bare_prefill_samples(model, tokens: mx.array, warmup: int, iterations: int) -> list[float]:
-    """Seconds of each timed `mx.eval(model(tokens))` after `warmup` untimed ones."""
-    for _ in range(warmup):
-        mx.eval(model(tokens))
+    """Seconds of each timed bare prompt pass, as mlx-lm's generate_step makes it: all but the
+    last token into a fresh cache (one step: the prompt is shorter than its 2048), evaluating
+    the cache only, then the last token's logits; after `warmup` untimed ones."""
     samples = []
-    for _ in range(iterations):
+    for step in range(warmup + iterations):
+        cache = new_cache(model)
         start = time.perf_counter()
-        mx.eval(model(tokens))
-        samples.append(time.perf_counter() - start)
+        model(tokens[:, :-1], cache=cache)
+        mx.eval([layer.state for layer in cache])
+        mx.eval(mx.argmax(model(tokens[:, -1:], cache=cache)[:, -1, :], axis=-1))
+        if step >= warmup:
+            samples.append(time.perf_counter() - start)
     return samples
 
 
@@ -150,15 +156,23 @@ def main() -> None:
     twin = mlx_lm_twin(model, config) if opts.bits == 16 else None
     if twin is not None:
         sides["decode mlx-lm"] = lambda: ours_decode(twin)
-    # agent bench's defaults (-i 5, --decode-tokens 64) but -w 0: then every iteration is timed
+    # -r 5 as agent bench's default, tg64, but -w 0: then every iteration is timed
     matrix_tokens = g if opts.quick else 64
-    spec = MatrixSpec((n, 2 * n), (1,), (opts.config,), (opts.bits,), matrix_tokens, 0, i)
+    spec = MatrixSpec(
+        n_prompt=(n, 2 * n),
+        n_gen=(matrix_tokens,),
+        n_depth=(0, n),
+        models=(opts.config,),
+        bits=(opts.bits,),
+        warmup=0,
+        iterations=i,
+    )
     sides["matrix"] = lambda: matrix_overhead(opts.config, opts.bits, spec)
     rounds = interleave(sides, repeats)
     values = rounds.values
     print(f"{'measurement':<46} {'ours':>24} {'reference':>24} {'ratio':>20}")
     for label, ours, reference, scale, unit in (
-        (f"prefill pp{n} vs bare eval loop", "prefill ours", "prefill bare", 1000, "ms"),
+        (f"prompt pp{n} vs bare prompt pass", "prefill ours", "prefill bare", 1000, "ms"),
         (f"decode tg{g}@d{n} per token vs bare loop", "decode ours", "decode bare", 1000, "ms"),
     ):
         print(
@@ -178,7 +192,7 @@ def main() -> None:
             f"{spread(speed):>20}"
         )
         print(f"(same weights: max |logit difference| between the two models = {drift:.2e})")
-    cells = len(spec.seq_lengths) * 2
+    cells = count_cells(spec)
     print(
         f"{f'matrix wall / (timed + 1 build), {cells} cells':<46} {'':>24} {'':>24} "
         f"{spread(values['matrix']):>20}"

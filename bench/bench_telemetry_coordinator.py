@@ -68,6 +68,7 @@ def publisher(ready: mp.Queue[Any], name: str, rate: float) -> None:
             {
                 "agent": "bench",
                 "protocol": p.PROTOCOL_VERSION,
+                "name": name,
                 "machine": {"hostname": name},
                 "thermal": {},
                 "power": {},

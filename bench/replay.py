@@ -1,5 +1,5 @@
 """Agents at the protocol level, for benches that need more agents than memory allows real ones
-(a real agent's benchmark job is an MLX process): each speaks protocol version 3 exactly
+(a real agent's benchmark job is an MLX process): each speaks the current protocol exactly
 (shared.protocol builds and checks every message) on its own CURVE ROUTER, answers hello, info,
 ping and bench.start, and replays a benchmark's cells as a real agent streams them: one
 bench.progress naming the model, then each bench.cell `pace_s` apart, then bench.done.
@@ -41,7 +41,7 @@ def measured_here(pace_s: float = 0.02) -> Recorded:
     from agent.profiling.runner import run_matrix
 
     models: list[dict[str, Any]] = []
-    spec = MatrixSpec((8,), (1,), ("small",), (None,), 0, 0, 1)
+    spec = MatrixSpec(n_prompt=(8,), n_gen=(0,), models=("small",), warmup=0, iterations=1)
     (record,) = run_matrix(spec, on_model=models.append)
     keys = ("tokens_per_sec", "std_tokens_per_sec", "latency_ms", "std_latency_ms")
     keys += ("min_latency_ms", "median_latency_ms", "samples_ms", "peak_memory_gb")
@@ -70,6 +70,7 @@ def _info(name: str) -> dict[str, Any]:
     return {
         "agent": f"replay {name}",
         "protocol": p.PROTOCOL_VERSION,
+        "name": name,
         "machine": {"hostname": name, "device": "replay (protocol-level agent)"},
         "thermal": {"source": "none", "simulated": False, "reading": None, "error": None},
         "power": {

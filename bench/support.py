@@ -21,8 +21,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-Side = Callable[[], float]
-"""One measurement of one side: a number (seconds, a share of a CPU, bytes...)."""
+Measured = float | tuple[float, ...]
+Side = Callable[[], Measured]
+"""One measurement of one side: a number (seconds, a share of a CPU, bytes...), or several
+numbers one run measures together (bench_mlx_lm: mlx-lm's prompt and generation rates)."""
 
 
 class BenchError(RuntimeError):
@@ -33,11 +35,17 @@ class BenchError(RuntimeError):
 class Rounds:
     """Each side's values, one per round, in round order."""
 
-    values: dict[str, list[float]] = field(default_factory=dict)
+    values: dict[str, list[Measured]] = field(default_factory=dict)
 
-    def ratios(self, side: str, base: str) -> list[float]:
-        """side / base, round by round."""
-        return [a / b for a, b in zip(self.values[side], self.values[base], strict=True)]
+    def figures(self, side: str, index: int | None = None) -> list[float]:
+        """The side's values, round by round; `index` picks one of several measured together."""
+        return [value if index is None else value[index] for value in self.values[side]]
+
+    def ratios(self, side: str, base: str, index: int | None = None) -> list[float]:
+        """side / base, round by round (of the `index`-th figure, for sides that measure
+        several)."""
+        pairs = zip(self.figures(side, index), self.figures(base, index), strict=True)
+        return [a / b for a, b in pairs]
 
 
 def interleave(sides: dict[str, Side], repeats: int) -> Rounds:

@@ -22,7 +22,7 @@ COMMANDS = [
     LazyCommand(
         "compare",
         "coordinator.runs_cli:compare",
-        "Per-cell speed-up of RUN_B over RUN_A (tok/s B / tok/s A).",
+        "Per-test speed-up of B over A (tok/s B / tok/s A): runs or `agent bench` JSON files.",
     ),
     LazyCommand(
         "benchmark",

@@ -1,8 +1,13 @@
-"""Two stored runs side by side, per-cell speed-up B/A (like llama.cpp's compare-llama-bench.py).
+"""Two benchmark reports side by side, the speed-up B/A per test, like llama.cpp's
+scripts/compare-llama-bench.py: cells are matched by the test (pp512, tg128 @ d1024, ...) and
+the `--by` columns (its `--show`), and cells that share them are averaged, unweighted, as that
+script averages the rows it groups.
 
-Cells match by (host, cell name); when each run has exactly one host they match by cell name
-alone, so a run on mac1 compares with a run on mac2. Cells found in only one run, or failed in
-either, are kept and say so instead of getting a speed-up.
+A report is a stored run (`coordinator show`'s) or an `agent bench` JSON report (its `-o json`
+output, or the copy it saves under the data directory); by default cells match by model and
+batch size, and by host too when either report has several. Tests found in one report only, or
+failed in either, are kept and say so instead of getting a speed-up. When either report metered
+energy, each side's tokens per joule (averaged as tok/s is) shows beside the speed-up.
 """
 
 from __future__ import annotations
@@ -10,183 +15,239 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Hashable
+import statistics
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from rich.table import Table
 
 from shared.matrix import model_label
-from shared.report import NA, Column, Record, mean_std, per_joule
+from shared.report import NA, Record, mean_std, per_joule
 from shared.results import OK
 
 COMPARE_FORMATS = ("table", "md", "csv", "json")
+BY_COLUMNS: dict[str, Callable[[Record], Hashable]] = {
+    "host": lambda cell: cell.get("host"),
+    "hostname": lambda cell: cell["_machine"].get("hostname"),
+    "device": lambda cell: cell["_machine"].get("device"),
+    "model": lambda cell: model_label(cell["model"], cell.get("bits")),
+    "batch": lambda cell: cell["batch_size"],
+    "n_batch": lambda cell: cell.get("prefill_step_size"),
+}
+"""What `--by` may name: the host as the run names it, its hostname, its device (the chip MLX
+runs on), the model (label), the batch size, and llama-bench's n_batch (our prefill step)."""
 
 
-def _host_names(report: dict[str, Any]) -> list[str]:
-    return [host["host"] for host in report["hosts"]]
+class ReportError(ValueError):
+    """A file that is not a benchmark report; the message says what it is not."""
 
 
-def _by_key(report: dict[str, Any], single_host: bool) -> dict[Hashable, Record]:
-    """Cells by match key, in report order; a repeated key keeps its first cell."""
-    cells: dict[Hashable, Record] = {}
+def as_fleet_report(report: Any, name: str) -> dict[str, Any]:
+    """A run's report as is; an `agent bench` report as a one-host run named `name`. Raises
+    ReportError for anything else."""
+    if not isinstance(report, dict) or not isinstance(report.get("cells"), list):
+        raise ReportError(f"{name} is not an `agent bench` or `coordinator show` JSON report")
+    if "hosts" in report:
+        return report
+    machine = report.get("machine") or {}
+    host = machine.get("hostname") or name
+    return {
+        "run_id": name,
+        "hosts": [{"host": host, "machine": machine, "models": report.get("models", [])}],
+        "cells": [{"host": host, **cell} for cell in report["cells"]],
+    }
+
+
+def default_by(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """Model and batch; the host too when either report has more than one."""
+    several = len(a["hosts"]) > 1 or len(b["hosts"]) > 1
+    return ["host", "model", "batch"] if several else ["model", "batch"]
+
+
+def parse_by(text: str) -> list[str]:
+    """'host,model' -> ['host', 'model']; ValueError naming an unknown column."""
+    columns = [column.strip() for column in text.split(",") if column.strip()]
+    unknown = [column for column in columns if column not in BY_COLUMNS]
+    if unknown or not columns:
+        raise ValueError(
+            f"--by {text!r}: choose from {', '.join(BY_COLUMNS)} (the test is always matched)"
+        )
+    return list(dict.fromkeys(columns))
+
+
+def _grouped(report: dict[str, Any], by: list[str]) -> dict[tuple[Hashable, ...], list[Record]]:
+    """Cells by (the by columns..., test), in report order."""
+    machines = {host["host"]: host.get("machine") or {} for host in report["hosts"]}
+    groups: dict[tuple[Hashable, ...], list[Record]] = {}
     for cell in report["cells"]:
-        key = cell["name"] if single_host else (cell.get("host"), cell["name"])
-        cells.setdefault(key, cell)
-    return cells
+        seen = {**cell, "_machine": machines.get(cell.get("host"), {})}
+        key = (*(BY_COLUMNS[column](seen) for column in by), cell["test"])
+        groups.setdefault(key, []).append(cell)
+    return groups
 
 
-def speedup(a: Record | None, b: Record | None) -> float | None:
-    """B's tokens/s over A's, when both cells ran fine and A measured a positive speed."""
-    if a is None or b is None or a.get("status") != OK or b.get("status") != OK:
+def side(cells: list[Record] | None) -> dict[str, Any] | None:
+    """One report's figure for a row: its one cell's mean ± std, or the mean over the ok cells
+    the row groups (`cells` counts them); None when the report has no such cells."""
+    if cells is None:
         return None
-    speed_a, speed_b = a.get("tokens_per_sec"), b.get("tokens_per_sec")
+    good = [c for c in cells if c.get("status") == OK and c.get("tokens_per_sec") is not None]
+    failed = [c for c in cells if c.get("status") != OK]
+    summary: dict[str, Any] = {
+        "tokens_per_sec": None,
+        "std_tokens_per_sec": None,
+        "cells": len(good),
+        "failed": [c.get("error") for c in failed],
+        "hosts": list(dict.fromkeys(str(c.get("host", "")) for c in cells)),
+    }
+    if len(good) == 1:
+        summary["tokens_per_sec"] = good[0]["tokens_per_sec"]
+        summary["std_tokens_per_sec"] = good[0].get("std_tokens_per_sec")
+    elif good:
+        summary["tokens_per_sec"] = statistics.fmean(c["tokens_per_sec"] for c in good)
+    per_joule = [c["tokens_per_joule"] for c in good if c.get("tokens_per_joule") is not None]
+    summary["tokens_per_joule"] = statistics.fmean(per_joule) if per_joule else None
+    summary["metered"] = any(c.get("energy_source") for c in cells)
+    summary["energy_simulated"] = any(c.get("energy_simulated") for c in good)
+    return summary
+
+
+def speedup(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | None:
+    """B's tokens/s over A's, when both measured and A measured a positive speed."""
+    if a is None or b is None:
+        return None
+    speed_a, speed_b = a["tokens_per_sec"], b["tokens_per_sec"]
     if speed_a is None or speed_b is None or speed_a <= 0:
         return None
     return speed_b / speed_a
 
 
-def _note(a: Record | None, b: Record | None) -> str:
+def _note(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str:
     if a is None:
         return "only in B"
     if b is None:
         return "only in A"
-    return "; ".join(
-        f"failed in {side}: {cell.get('error')}"
-        for side, cell in (("A", a), ("B", b))
-        if cell.get("status") != OK
-    )
+    notes = []
+    for name, summary in (("A", a), ("B", b)):
+        failures = summary["failed"]
+        if len(failures) == 1:
+            notes.append(f"failed in {name}: {failures[0]}")
+        elif failures:
+            notes.append(f"failed in {name}: {len(failures)} cells")
+    return "; ".join(notes)
 
 
-def _host(a: Record | None, b: Record | None) -> str:
-    hosts = [str(cell.get("host", "")) for cell in (a, b) if cell is not None]
+def _hosts(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str:
+    hosts = [", ".join(s["hosts"]) for s in (a, b) if s is not None]
     return hosts[0] if len(set(hosts)) == 1 else " → ".join(hosts)
 
 
-def compare_reports(a: dict[str, Any], b: dict[str, Any]) -> list[Record]:
-    """One row per cell of either run: A's cells in order, then those only B has."""
-    single_host = len(_host_names(a)) == 1 and len(_host_names(b)) == 1
-    cells_a, cells_b = _by_key(a, single_host), _by_key(b, single_host)
+def compare_reports(
+    a: dict[str, Any], b: dict[str, Any], by: list[str] | None = None
+) -> list[Record]:
+    """One row per (by columns, test) of either report: A's in order, then those only B has.
+    Each row names its by columns, its test, the hosts on each side, and both figures."""
+    by = by or default_by(a, b)
+    groups_a, groups_b = _grouped(a, by), _grouped(b, by)
     rows = []
-    for key in [*cells_a, *(k for k in cells_b if k not in cells_a)]:
-        cell_a, cell_b = cells_a.get(key), cells_b.get(key)
-        cell = cell_a or cells_b[key]
-        rows.append(
-            {
-                "host": _host(cell_a, cell_b),
-                "name": cell["name"],
-                "model": model_label(cell["model"], cell.get("bits")),
-                "test": cell["test"],
-                "batch_size": cell["batch_size"],
-                "a": cell_a,
-                "b": cell_b,
-                "speedup": speedup(cell_a, cell_b),
-                "note": _note(cell_a, cell_b),
-            }
+    for key in [*groups_a, *(k for k in groups_b if k not in groups_a)]:
+        side_a, side_b = side(groups_a.get(key)), side(groups_b.get(key))
+        row: Record = dict(zip(by, key[:-1], strict=True))
+        row.update(
+            test=key[-1],
+            hosts=_hosts(side_a, side_b),
+            a=side_a,
+            b=side_b,
+            speedup=speedup(side_a, side_b),
+            note=_note(side_a, side_b),
         )
+        rows.append(row)
     return rows
 
 
-def _speed(side: str) -> Column:
-    return (
-        f"tok/s {side.upper()}",
-        lambda row: (
-            NA if row[side] is None else mean_std(row[side], "tokens_per_sec", "std_tokens_per_sec")
-        ),
-    )
+def _figure(summary: dict[str, Any] | None) -> str:
+    if summary is None or summary["tokens_per_sec"] is None:
+        return NA
+    if summary["cells"] > 1:
+        return f"{summary['tokens_per_sec']:.2f} (mean of {summary['cells']})"
+    return mean_std(summary, "tokens_per_sec", "std_tokens_per_sec")
 
 
-def _per_joule(side: str) -> Column:
-    return (f"tok/J {side.upper()}", lambda row: NA if row[side] is None else per_joule(row[side]))
+Column = tuple[str, Callable[[Record], str]]
 
 
-COLUMNS: list[Column] = [
-    ("host", lambda row: row["host"]),
-    ("model", lambda row: row["model"]),
-    ("test", lambda row: row["test"]),
-    ("batch", lambda row: str(row["batch_size"])),
-    _speed("a"),
-    _speed("b"),
-    ("speed-up", lambda row: NA if row["speedup"] is None else f"{row['speedup']:.2f}x"),
-    ("note", lambda row: row["note"]),
-]
+def columns(rows: list[Record]) -> list[Column]:
+    """The row's key columns (the hosts when the host is not one of them), the test, A, B."""
+    keys = [k for k in (rows[0] if rows else {}) if k in BY_COLUMNS]
+    shown: list[Column] = [] if "host" in keys else [("hosts", lambda row: row["hosts"])]
+    shown += [(key, lambda row, key=key: str(row[key])) for key in keys]
+    return [
+        *shown,
+        ("test", lambda row: row["test"]),
+        ("tok/s A", lambda row: _figure(row["a"])),
+        ("tok/s B", lambda row: _figure(row["b"])),
+        ("speed-up", lambda row: NA if row["speedup"] is None else f"{row['speedup']:.2f}x"),
+        *(ENERGY_COLUMNS if any(_metered(row) for row in rows) else []),
+        ("note", lambda row: row["note"]),
+    ]
+
+
+def _metered(row: Record) -> bool:
+    return any(row[s] is not None and row[s]["metered"] for s in ("a", "b"))
+
+
+def _per_joule(name: str) -> Column:
+    """Tokens per joule of one side (docs/energy.md), `sim` after a figure no meter gave."""
+    return (f"tok/J {name.upper()}", lambda row: NA if row[name] is None else per_joule(row[name]))
+
+
 ENERGY_COLUMNS: list[Column] = [_per_joule("a"), _per_joule("b")]
-"""Shown after the speed-up when either run metered energy."""
+"""Shown after the speed-up when either report metered energy."""
 
 
-def columns_for(rows: list[Record]) -> list[Column]:
-    metered = any((row[side] or {}).get("energy_source") for row in rows for side in "ab")
-    return [*COLUMNS[:7], *ENERGY_COLUMNS, *COLUMNS[7:]] if metered else COLUMNS
-
-
-def rich_comparison(rows: list[Record], run_a: str, run_b: str) -> Table:
-    """Faster rows in green, slower in red; unmatched or failed cells dimmed."""
-    table = Table(title=f"A = {run_a}, B = {run_b}; speed-up = B/A tok/s")
-    columns = columns_for(rows)
-    for name, _ in columns:
-        table.add_column(
-            name,
-            justify="left" if name in ("host", "model", "test", "note") else "right",
-            overflow="fold",
-        )
+def rich_comparison(rows: list[Record], name_a: str, name_b: str) -> Table:
+    """Faster rows in green, slower in red; unmatched or failed tests dimmed."""
+    table = Table(title=f"A = {name_a}, B = {name_b}; speed-up = B/A tok/s")
+    shown = columns(rows)
+    for name, _ in shown:
+        left = name not in ("batch", "n_batch") and not name.startswith(("tok/", "speed"))
+        table.add_column(name, justify="left" if left else "right", overflow="fold")
     for row in rows:
         ratio = row["speedup"]
         style = "dim" if ratio is None else "green" if ratio > 1 else "red" if ratio < 1 else None
-        table.add_row(*(render(row) for _, render in columns), style=style)
+        table.add_row(*(render(row) for _, render in shown), style=style)
     return table
 
 
-def _value(row: Record, side: str, key: str) -> Any:
-    return None if row[side] is None else row[side].get(key)
-
-
-def comparison_text(rows: list[Record], run_a: str, run_b: str, fmt: str) -> str:
+def comparison_text(rows: list[Record], name_a: str, name_b: str, fmt: str) -> str:
     """The comparison as md, csv or json text (a table goes through rich_comparison)."""
     if fmt == "json":
-        return json.dumps({"a": run_a, "b": run_b, "rows": rows}, indent=2, default=str) + "\n"
+        return json.dumps({"a": name_a, "b": name_b, "rows": rows}, indent=2, default=str) + "\n"
+    shown = columns(rows)
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.writer(out)
+        keys = [name for name, _ in shown if name == "hosts" or name in BY_COLUMNS]
         writer.writerow(
-            [
-                "host",
-                "name",
-                "model",
-                "test",
-                "batch_size",
-                "tokens_per_sec_a",
-                "tokens_per_sec_b",
-                "speedup",
-                "tokens_per_joule_a",
-                "tokens_per_joule_b",
-                "note",
-            ]
+            [*keys, "test", "avg_ts_a", "avg_ts_b", "speedup"]
+            + ["tokens_per_joule_a", "tokens_per_joule_b", "note"]
         )
         for row in rows:
-            speeds = [_value(row, side, "tokens_per_sec") for side in ("a", "b")]
-            per_joule_ab = [_value(row, side, "tokens_per_joule") for side in ("a", "b")]
+            speeds = [None if row[s] is None else row[s]["tokens_per_sec"] for s in ("a", "b")]
+            per_j = [None if row[s] is None else row[s]["tokens_per_joule"] for s in ("a", "b")]
             writer.writerow(
-                [
-                    row["host"],
-                    row["name"],
-                    row["model"],
-                    row["test"],
-                    row["batch_size"],
-                    *speeds,
-                    row["speedup"],
-                    *per_joule_ab,
-                    row["note"],
-                ]
+                [*(row[key] for key in keys), row["test"], *speeds, row["speedup"], *per_j]
+                + [row["note"]]
             )
         return out.getvalue()
     if fmt == "md":
-        columns = columns_for(rows)
         lines = [
-            f"<!-- A = {run_a}, B = {run_b}; speed-up = B/A tok/s -->",
-            "| " + " | ".join(name for name, _ in columns) + " |",
-            "| " + " | ".join("---" for _ in columns) + " |",
+            f"<!-- A = {name_a}, B = {name_b}; speed-up = B/A tok/s -->",
+            "| " + " | ".join(name for name, _ in shown) + " |",
+            "| " + " | ".join("---" for _ in shown) + " |",
         ]
         lines += [
-            "| " + " | ".join(render(row).replace("|", "\\|") for _, render in columns) + " |"
+            "| " + " | ".join(render(row).replace("|", "\\|") for _, render in shown) + " |"
             for row in rows
         ]
         return "\n".join(lines) + "\n"

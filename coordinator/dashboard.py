@@ -24,7 +24,9 @@ from shared.policy import CoolingState
 CONNECTING, UP, UNREACHABLE = "connecting", "up", "unreachable"
 SPARK_WINDOW_S = 300.0
 SPARK_WIDTH = 30
-"""The sparkline spans the last five minutes in ten-second buckets, whatever the poll rate."""
+"""The sparkline spans the last five minutes in ten-second buckets, whatever the poll rate;
+a narrow terminal gets fewer, wider buckets, down to MIN_SPARK_WIDTH."""
+MIN_SPARK_WIDTH = len("last 5 min")
 SILENT_INTERVALS = 5
 MIN_SILENCE_S = 3.0
 """A host is silent after this many poll intervals without a sample, and never sooner than
@@ -87,11 +89,11 @@ class HostView:
     def jobs(self) -> list[dict[str, Any]]:
         return self.sample["jobs"] if self.sample is not None else self.info_jobs
 
-    def spark(self) -> list[float | None]:
-        """The last SPARK_WINDOW_S of readings (agent time) as SPARK_WIDTH bucket means."""
+    def spark(self, width: int = SPARK_WIDTH) -> list[float | None]:
+        """The last SPARK_WINDOW_S of readings (agent time) as `width` bucket means."""
         if self.sample is None:
             return []
-        return bucket_means(self.series, self.sample["time"], SPARK_WINDOW_S, SPARK_WIDTH)
+        return bucket_means(self.series, self.sample["time"], SPARK_WINDOW_S, width)
 
 
 def remember(
@@ -167,12 +169,7 @@ class Dashboard:
         previous = view.sample
         if previous is None or body["time"] > previous["time"]:
             view.sample = body
-            if (
-                live
-                and previous is not None
-                and body["state"] != previous["state"]
-                and body["state"] in (CoolingState.PAUSE.value, CoolingState.STOP.value)
-            ):
+            if live and previous is not None and entered(previous["state"], body["state"]):
                 level = CRITICAL if body["state"] == CoolingState.STOP.value else WARNING
                 self._alert(
                     now, name, level, f"reached {body['state']} at {_celsius(body['celsius'])}"
@@ -211,6 +208,15 @@ class Dashboard:
                 )
 
 
+def entered(before: str | None, after: str | None) -> bool:
+    """A host rose into pause or stop: a state worth an alert when it is entered on the way up,
+    never when a host cooling down from stop passes through pause."""
+    if after not in (CoolingState.PAUSE.value, CoolingState.STOP.value):
+        return False
+    was = CoolingState(before).severity if before else -1
+    return CoolingState(after).severity > was
+
+
 def _celsius(value: float | None) -> str:
     return NA if value is None else f"{value:.1f} °C"
 
@@ -226,12 +232,14 @@ def duration(seconds: float) -> str:
 
 
 def host_snapshot(view: HostView, now: float) -> dict[str, Any]:
-    """One host for `--once --format json`: what scripts need, with the same meaning as the
-    dashboard's row (reachable, silent, the current reading and whether it is simulated)."""
+    """One host for `--format json`: what scripts need, with the same meaning as the
+    dashboard's row (`status` connecting, up or unreachable; silent; the current reading and
+    whether it is simulated)."""
     sample = view.sample or {}
     return {
         "host": view.name,
         "hostname": view.hostname,
+        "status": view.status,
         "reachable": view.status == UP,
         "error": view.error,
         "silent": view.silent,
@@ -312,62 +320,120 @@ def _fitting(views: list[HostView], lines: int) -> list[HostView]:
     return shown
 
 
-def render(dashboard: Dashboard, now: float, height: int | None = None) -> RenderableType:
+WATTS = "W"
+COLUMNS = (
+    "host",
+    "SoC °C",
+    WATTS,
+    "last 5 min",
+    "trend",
+    "pressure",
+    "state",
+    "jobs",
+    "paused",
+    "source",
+)
+"""Every column; W only while some host's agent has a power source (render)."""
+SPARK = "last 5 min"
+KEPT_FIRST = (
+    "host",
+    "SoC °C",
+    "state",
+    SPARK,
+    "jobs",
+    "trend",
+    WATTS,
+    "paused",
+    "pressure",
+    "source",
+)
+"""Which columns a narrow terminal keeps: the first ones; the rest drop from the end."""
+RIGHT = ("SoC °C", WATTS, "paused")
+
+
+def _cells(view: HostView, now: float) -> dict[str, Text]:
+    """The host's row, column by column, the sparkline aside (its width is the layout's)."""
+    sample = view.sample
+    if view.status != UP or sample is None:
+        jobs = _jobs_cell(view.jobs if view.status == UP else [])
+        cells = {"SoC °C": Text(NA), WATTS: Text(NA), "pressure": Text(NA), "paused": Text(NA)}
+        cells |= {"source": Text(NA), "trend": Text(""), "jobs": jobs}
+    else:
+        temperature = Text(NA if sample["celsius"] is None else f"{sample['celsius']:.1f}")
+        if sample["simulated"] and sample["celsius"] is not None:
+            temperature.append(" sim", style="bold magenta")
+        trend = sample["trend_c_per_min"]
+        cells = {  # what an agent sends is Text, never read as markup
+            "SoC °C": temperature,
+            WATTS: _watts_cell(sample),
+            "trend": Text("" if trend is None else f"{trend_arrow(trend)} {trend:+.1f}/min"),
+            "pressure": Text(sample["pressure"] or NA),
+            "jobs": _jobs_cell(view.jobs),
+            "paused": Text(duration(sample["pause_s_total"])),
+            "source": Text(sample["source"]),
+        }
+    return {"host": Text(view.name), "state": _state_cell(view, now), **cells}
+
+
+def _cell_width(text: Text) -> int:
+    return max((Text(line).cell_len for line in text.plain.splitlines()), default=0)
+
+
+def fit_columns(widths: dict[str, int], width: int | None) -> tuple[list[str], int]:
+    """(the columns shown, the sparkline's width) for a table `width` cells wide, given each
+    other column's widest cell (the columns in `widths`, with the sparkline): the sparkline
+    narrows to MIN_SPARK_WIDTH first, then columns drop from the end of KEPT_FIRST, then the
+    sparkline takes what room is left (up to SPARK_WIDTH). A row is one line: nothing wraps, a
+    host name least of all."""
+    shown = [name for name in COLUMNS if name in widths or name == SPARK]
+    if width is None:
+        return shown, SPARK_WIDTH
+
+    def needed(columns: list[str], spark: int) -> int:
+        cells = sum(spark if name == SPARK else widths[name] for name in columns)
+        return cells + 3 * len(columns) + 1  # padding either side, a rule between, two edges
+
+    for name in reversed(KEPT_FIRST[2:]):
+        if needed(shown, MIN_SPARK_WIDTH) <= width:
+            break
+        if name in shown:
+            shown.remove(name)
+    spark = min(SPARK_WIDTH, MIN_SPARK_WIDTH + max(0, width - needed(shown, MIN_SPARK_WIDTH)))
+    return shown, spark
+
+
+def render(
+    dashboard: Dashboard, now: float, width: int | None = None, height: int | None = None
+) -> RenderableType:
     """The dashboard: one row per host, then the latest alert lines. Given the terminal's
+    `width`, the table fits it (fit_columns) and each alert stays one line; given its
     `height`, only the rows that fit are drawn, and a line says how many are left out: a
     terminal would crop them anyway, and drawing them costs the most at lab size."""
     alerts = in_time_order(dashboard.alerts)[-ALERTS_SHOWN:]
     views = list(dashboard.hosts.values())
     if height is not None:
         views = _fitting(views, height - TABLE_FRAME_LINES - len(alerts) - 1)
+    rows = [_cells(view, now) for view in views]
+    metered = any((view.sample or {}).get("power") for view in views)
+    widths = {
+        name: max([len(name), *(_cell_width(row[name]) for row in rows)])
+        for name in COLUMNS
+        if name != SPARK and (metered or name != WATTS)
+    }
+    shown, spark = fit_columns(widths, width)
     table = Table(title="mlx-fleet thermal monitor", title_justify="left")
-    for name in (
-        "host",
-        "SoC °C",
-        "W",
-        "last 5 min",
-        "trend",
-        "pressure",
-        "state",
-        "jobs",
-        "paused",
-        "source",
-    ):
+    for name in shown:
+        size = spark if name == SPARK else widths[name]
         table.add_column(
-            name, justify="right" if name in ("SoC °C", "W", "paused") else "left", overflow="fold"
+            name,
+            justify="right" if name in RIGHT else "left",
+            width=size if width is not None else None,
+            no_wrap=name in ("host", SPARK),
+            overflow="ellipsis" if name in ("host", SPARK) else "fold",
         )
-    for view in views:
-        sample = view.sample
-        if view.status != UP or sample is None:
-            table.add_row(
-                Text(view.name),
-                NA,
-                NA,
-                "",
-                "",
-                NA,
-                _state_cell(view, now),
-                _jobs_cell(view.jobs if view.status == UP else []),
-                NA,
-                NA,
-            )
-            continue
-        temperature = Text(NA if sample["celsius"] is None else f"{sample['celsius']:.1f}")
-        if sample["simulated"] and sample["celsius"] is not None:
-            temperature.append(" sim", style="bold magenta")
-        trend = sample["trend_c_per_min"]
-        table.add_row(  # what an agent sends is Text, never read as markup
-            Text(view.name),
-            temperature,
-            _watts_cell(sample),
-            sparkline(view.spark()),
-            "" if trend is None else f"{trend_arrow(trend)} {trend:+.1f}/min",
-            Text(sample["pressure"] or NA),
-            _state_cell(view, now),
-            _jobs_cell(view.jobs),
-            duration(sample["pause_s_total"]),
-            Text(sample["source"]),
-        )
+    for view, row in zip(views, rows, strict=True):
+        row[SPARK] = Text(sparkline(view.spark(spark)) if view.status == UP else "")
+        table.add_row(*(row[name] for name in shown))
     lines: list[RenderableType] = [table]
     left_out = len(dashboard.hosts) - len(views)
     if left_out:
@@ -376,9 +442,18 @@ def render(dashboard: Dashboard, now: float, height: int | None = None) -> Rende
                 f"{left_out} more hosts below: a taller terminal shows them, "
                 "`coordinator monitor --once` lists them all",
                 style="dim",
+                no_wrap=True,
+                overflow="ellipsis",
             )
         )
     for alert in alerts:
         stamp = time.strftime("%H:%M:%S", time.localtime(alert.time))
-        lines.append(Text(f"{stamp} {alert.host}: {alert.text}", style=ALERT_STYLES[alert.level]))
+        lines.append(
+            Text(
+                f"{stamp} {alert.host}: {alert.text}",
+                style=ALERT_STYLES[alert.level],
+                no_wrap=True,
+                overflow="ellipsis",
+            )
+        )
     return Group(*lines)

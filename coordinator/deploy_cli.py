@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 from pathlib import Path
@@ -42,6 +43,22 @@ def entries_from(hosts: str | None, hostfile: Path | None) -> list[HostEntry]:
         return parse_hosts(hosts) if hosts else parse_hostfile(hostfile)  # type: ignore[arg-type]
     except HostfileError as exc:
         raise usage_error(str(exc)) from None
+
+
+def check_layout(wheel: Path | None, remote_python: str, remote_dir: str) -> None:
+    """Refuse what no host could use, before anything runs (a dry run too): one line, exit 2."""
+    if wheel is not None:
+        if not wheel.is_file():
+            raise usage_error(f"--wheel {wheel}: no such file (build one: pip wheel --no-deps .)")
+        if wheel.suffix != ".whl":
+            raise usage_error(f"--wheel {wheel} is not a wheel (*.whl)")
+    if not remote_python.strip():
+        raise usage_error(
+            "--remote-python is empty: name the Python that makes the remote virtual "
+            "environment, e.g. /opt/homebrew/bin/python3.12"
+        )
+    if not remote_dir.strip():
+        raise usage_error("--remote-dir is empty: name a folder on the hosts")
 
 
 def results_table(results: list[dict[str, object]]) -> Table:
@@ -123,6 +140,7 @@ def deploy_command(
         parse_source_name(thermal_source)  # the hosts' `agent install` would refuse it
     except SourceSpecError as exc:
         raise usage_error(str(exc)) from None
+    check_layout(wheel, remote_python, remote_dir)
     entries = entries_from(hosts, hostfile)
     existing = existing_keypair() if dry_run else own_keypair()
     key = existing.public if existing else None
@@ -136,10 +154,23 @@ def deploy_command(
     )
     if dry_run:
         shown = wheel or Path("mlx_fleet-<version>-py3-none-any.whl")
-        for entry in entries:
-            print(f"# {entry.address}")
-            for step in rollout.steps(entry, shown):
-                print(f"{step.name}: {step.shell()}")
+        plans = [
+            {
+                "host": entry.address,
+                "steps": [
+                    {"name": step.name, "command": step.shell()}
+                    for step in rollout.steps(entry, shown)
+                ],
+            }
+            for entry in entries
+        ]
+        if fmt == "json":
+            print(json.dumps(plans, indent=2))
+            return
+        for plan in plans:
+            print(f"# {plan['host']}")
+            for step in plan["steps"]:
+                print(f"{step['name']}: {step['command']}")
         return
     try:
         results = deploy(

@@ -26,7 +26,13 @@ import zmq
 from coordinator.store import RunStore
 from shared import protocol as p
 from shared.io.keys import Keypair
-from shared.io.transport import CANCEL_WAIT_S, AgentClient, AgentError, HostError
+from shared.io.transport import (
+    CANCEL_WAIT_S,
+    AgentClient,
+    AgentError,
+    HostError,
+    resolve_error,
+)
 from shared.matrix import MatrixSpec, expand
 
 HOST_OK, HOST_FAILED, HOST_RUNNING, HOST_UNREACHABLE = "ok", "failed", "running", "unreachable"
@@ -110,7 +116,11 @@ Observer = Callable[[HostEvent], None]
 
 
 def connect(ctx: zmq.Context, target: Target, settings: Settings) -> AgentClient:
-    """A client whose hello the agent answered; HostError says why there is none."""
+    """A client whose hello the agent answered; HostError says why there is none (a name DNS
+    cannot resolve first: no key is worth adding for a mistyped host)."""
+    unresolved = resolve_error(target.address)
+    if unresolved is not None:
+        raise HostError(unresolved)
     if settings.keypair is not None and target.server_key is None:
         raise HostError(
             f"no server key known for {target.address}: run `agent keys show` "

@@ -24,7 +24,7 @@ from coordinator.telemetry_stats import (
 )
 from coordinator.telemetry_store import TelemetryStore
 from shared.exit_codes import EXIT_PARTIAL
-from shared.io.cli import emit, err, fail, usage_error
+from shared.io.cli import check_output, emit, err, fail, usage_error
 from shared.io.options import TableFormat
 from shared.io.sqlite import StoreError
 
@@ -142,9 +142,12 @@ def history(
     `coordinator monitor` records what it hears; this reads only that record.
     """
     now = time.time()
+    check_output(plot, "--plot")
+    if hosts is not None and not hosts.strip(" ,"):
+        raise usage_error("--hosts is empty: name at least one HOST[:PORT], or leave it out")
     try:
         start = parse_since(since, now)
-        names = [entry.address for entry in parse_hosts(hosts)] if hosts else None
+        names = [entry.address for entry in parse_hosts(hosts)] if hosts is not None else None
     except (HostfileError, ValueError) as exc:
         raise usage_error(str(exc)) from None
     if plot is not None:
@@ -172,5 +175,8 @@ def history(
             raise fail(
                 f"nothing to plot: no telemetry recorded since {_stamp(start)}", EXIT_PARTIAL
             )
-        write_plot(plot_history(series, f"SoC temperature since {_stamp(start)}"), plot)
+        try:
+            write_plot(plot_history(series, f"SoC temperature since {_stamp(start)}"), plot)
+        except OSError as exc:
+            raise fail(f"cannot write {plot}: {exc.strerror or exc}", EXIT_PARTIAL) from None
         err.print(f"wrote {plot}", highlight=False)

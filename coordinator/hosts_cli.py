@@ -65,12 +65,14 @@ Insecure = Annotated[
 
 def targets_from(hosts: str | None, hostfile: Path | None) -> list[Target] | None:
     """The hosts named by --hosts / --hostfile, or None when neither was given."""
-    if hosts and hostfile:
+    if hosts is not None and hostfile is not None:
         raise usage_error("give --hosts or --hostfile, not both")
+    if hosts is not None and not hosts.strip(" ,"):
+        raise usage_error("--hosts is empty: name at least one HOST[:PORT]")
     try:
-        if hosts:
+        if hosts is not None:
             entries = parse_hosts(hosts)
-        elif hostfile:
+        elif hostfile is not None:
             entries = parse_hostfile(hostfile)
         else:
             return None

@@ -289,6 +289,10 @@ class Monitor:
         for name, readings in recorded.items():
             self.board.seed(name, readings)
         self._exported: dict[str, float] = {}
+        self._exported_up: dict[str, bool] = {}
+        self._names: dict[str, str] = {}
+        """Each host's agent name (info.ok `name`): its `host` label; its HOST:PORT until then."""
+        self._infos: dict[str, dict[str, Any]] = {}
         self.recorded = 0
         """Samples recorded for the first time since start (the benchmark counts them)."""
 
@@ -339,11 +343,15 @@ class Monitor:
                 info = report.data
                 self.board.connected(report.host, info["machine"].get("hostname"), info, now)
                 self.store.record_policy(report.host, info["policy"], now)
+                self._names[report.host] = info.get("name") or report.host
+                self._infos[report.host] = info
             elif report.kind == LOST:
                 self.board.unreachable(report.host, report.data, now)
             elif report.kind == POLICY:
                 self.board.set_policy(report.host, report.data)
                 self.store.record_policy(report.host, report.data, now)
+                if self.metrics is not None:
+                    self.metrics.set_policy(self.host_name(report.host), report.data, report.host)
             elif report.kind == SAMPLES:
                 samples += [((report.host, body), report.live) for body in report.data]
             elif report.kind == EVENTS:
@@ -357,7 +365,7 @@ class Monitor:
         for host, body in new_events:
             self.board.event(host, body)
             if self.metrics is not None:
-                self.metrics.observe_event({**body, "host": host})
+                self.metrics.observe_event({**body, "host": self.host_name(host)}, host)
         self.board.tick(now)
         if self.metrics is not None:
             self._export()
@@ -368,15 +376,36 @@ class Monitor:
             self.store.prune(now - self.retention_s)
             self._next_prune = now + PRUNE_EVERY_S
 
+    def host_name(self, name: str) -> str:
+        """The `host` label of the host monitored as `name` (HOST:PORT)."""
+        return self._names.get(name, name)
+
     def _export(self) -> None:
-        """Metrics labelled by HOST:PORT as monitored (two agents may share a hostname), fed
-        each host's newest sample once, in time order, as the pause counter needs."""
+        """Each host's series under its agent's name (`host`) and its HOST:PORT (`instance`):
+        all of them while it is up, fed its newest sample once, in time order, as the pause
+        counter needs; agent_up 0 alone while it is down (unreachable, silent, not reached)."""
         assert self.metrics is not None
         for name, view in self.board.hosts.items():
+            host = self.host_name(name)
+            up = view.status == UP and not view.silent
+            if not up:
+                if self._exported_up.get(name) is not False:
+                    self.metrics.host_down(host, name)
+                    self._exported_up[name] = False
+                continue
+            if not self._exported_up.get(name):
+                info = self._infos.get(name, {})
+                self.metrics.host_up(
+                    host,
+                    name,
+                    version=info.get("agent"),
+                    machine=info.get("machine"),
+                    policy=view.policy,
+                )
+                self._exported_up[name] = True
             if view.sample is not None and self._exported.get(name) != view.sample["time"]:
-                self.metrics.observe_sample({**view.sample, "host": name})
+                self.metrics.observe_sample({**view.sample, "host": host}, name)
                 self._exported[name] = view.sample["time"]
-            self.metrics.set_up(name, view.status == UP and not view.silent)
 
     def settled(self) -> bool:
         """Every host unreachable, silent, or heard live: what --once waits for."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
@@ -100,7 +101,7 @@ def monitor(
     if prometheus is not None:
         from shared.io.metrics import TelemetryMetrics  # prometheus_client only when asked
 
-        metrics = TelemetryMetrics()
+        metrics = TelemetryMetrics(instance=True)
         server = start_exporter(metrics, prometheus)
     try:
         with (
@@ -129,8 +130,21 @@ def show_once(running: Monitor, fmt: str) -> bool:
     while not running.settled():
         running.step(REFRESH_S)
     now = time.time()
-    emit(snapshot(running.board, now), fmt, lambda _: render(running.board, now))
+    width = _console().width
+    emit(snapshot(running.board, now), fmt, lambda _: render(running.board, now, width))
     return all(view.status == UP and not view.silent for view in running.board.hosts.values())
+
+
+def terminal_size(console: Console) -> tuple[int, int]:
+    """The terminal's size now, whatever COLUMNS and LINES say (a shell may export them, and
+    Rich takes them as fixed: a resize would then go unnoticed)."""
+    if not console.is_terminal:
+        return console.size.width, console.size.height
+    try:
+        columns, lines = os.get_terminal_size(sys.stdout.fileno())
+    except OSError:
+        return console.size.width, console.size.height
+    return columns, lines
 
 
 def stop_on_sigterm(signum: int, frame: object) -> None:
@@ -150,11 +164,16 @@ def watch(running: Monitor, fmt: str) -> None:
                     print(json.dumps(snapshot(running.board, time.time())), flush=True)
                     printed = time.monotonic()
         console = _console()
+        size = console.size = terminal_size(console)
         with Live(console=console, auto_refresh=False) as live:
             drawn = 0.0
             while True:
+                if terminal_size(console) != size:  # resized: what the terminal rewrapped goes
+                    size = console.size = terminal_size(console)
+                    console.clear()
+                    drawn = 0.0
                 if time.monotonic() - drawn >= DRAW_EVERY_S:
-                    board = render(running.board, time.time(), console.size.height)
+                    board = render(running.board, time.time(), *size)
                     live.update(board, refresh=True)
                     drawn = time.monotonic()
                 running.step(REFRESH_S)

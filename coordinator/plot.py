@@ -1,7 +1,8 @@
 """`coordinator history --plot`: temperature per host over time, the policy's thresholds as
-lines, the stretches with a job paused shaded; below, watts per host when power was metered.
-Needs matplotlib, the optional `plot` extra, which is why nothing else imports this module at
-import time.
+lines (one set when every host shares one policy, else each host's, labelled with it), the
+stretches with a job paused shaded, and a mark where the policy stopped a job; below, watts per
+host when power was metered. Host lines take colours that no threshold uses. Needs matplotlib,
+the optional `plot` extra, which is why nothing else imports this module at import time.
 
 Drawn on a bare Figure with the Agg canvas, never pyplot: no display, no global state.
 """
@@ -20,10 +21,26 @@ from matplotlib.figure import Figure
 from coordinator.telemetry_stats import THRESHOLDS, HostSeries
 
 THRESHOLD_STYLES = {
-    "max_speed_temp": ("reduce batch", "tab:olive"),
+    "max_speed_temp": ("reduce batch", "goldenrod"),
     "pause_temp": ("pause", "darkorange"),
     "stop_temp": ("stop", "red"),
 }
+HOST_COLOURS = (
+    "tab:blue",
+    "tab:green",
+    "tab:purple",
+    "tab:brown",
+    "tab:pink",
+    "tab:gray",
+    "tab:cyan",
+    "navy",
+    "teal",
+    "indigo",
+)
+"""Host lines, in turn: matplotlib's default cycle without its orange, red and olive, which
+read as thresholds."""
+STOP_COLOUR = THRESHOLD_STYLES["stop_temp"][1]
+Period = tuple[float, float, dict[str, float]]
 
 
 def _when(epoch: float) -> datetime:
@@ -48,7 +65,7 @@ def _line(
     return xs, ys
 
 
-def _policy_periods(series: HostSeries) -> list[tuple[float, float, dict[str, float]]]:
+def _policy_periods(series: HostSeries) -> list[Period]:
     """(start, end, policy) over the host's points: each policy from when it was learned (the
     first one from the first point, as telemetry_stats.policy_at assumes) to the next."""
     if not series.policies:
@@ -63,35 +80,55 @@ def _policy_periods(series: HostSeries) -> list[tuple[float, float, dict[str, fl
     return periods
 
 
+def _threshold_sets(drawn: list[HostSeries]) -> list[tuple[str | None, list[Period]]]:
+    """(host, its policy periods) per host; a single (None, whole window) set when every host
+    ran under one and the same policy all along."""
+    sets = [(series.host, _policy_periods(series)) for series in drawn]
+    policies = {tuple(sorted(p.items())) for _, periods in sets for _, _, p in periods}
+    if len(policies) == 1 and all(periods for _, periods in sets):
+        start = min(periods[0][0] for _, periods in sets)
+        end = max(periods[-1][1] for _, periods in sets)
+        return [(None, [(start, end, sets[0][1][0][2])])]
+    return [(host, periods) for host, periods in sets if periods]
+
+
 def plot_history(hosts: list[HostSeries], title: str) -> Figure:
     """The figure; hosts without points are left out."""
     metered = any(watts is not None for series in hosts for _, watts in series.power)
     figure = Figure(figsize=(10, 7.2 if metered else 4.8), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
+    drawn = [series for series in hosts if series.points]
     if metered:
         axes, power_axes = figure.subplots(2, 1, sharex=True, height_ratios=(2, 1))
-        _power_panel(power_axes, hosts)
+        _power_panel(power_axes, drawn)
     else:
         axes = figure.add_subplot()
-    labelled: set[str] = set()
-    for series in hosts:
-        if not series.points:
-            continue
+    for index, series in enumerate(drawn):
+        colour = HOST_COLOURS[index % len(HOST_COLOURS)]
         xs, ys = _line(series.points, series.silence)
-        (line,) = axes.plot(xs, ys, linewidth=1.4, label=series.host)
-        for index, (start, end) in enumerate(series.paused):
+        axes.plot(xs, ys, linewidth=1.4, color=colour, label=series.host)
+        for number, (start, end) in enumerate(series.paused):
             axes.axvspan(
                 _when(start),
                 _when(end),
-                color=line.get_color(),
+                color=colour,
                 alpha=0.18,
                 linewidth=0,
-                label=f"{series.host} paused" if index == 0 else None,
+                label=f"{series.host} paused" if number == 0 else None,
             )
-        for start, end, policy in _policy_periods(series):
+        for number, (at, celsius) in enumerate(series.stops):
+            label = f"{series.host}: job stopped" if number == 0 else None
+            if celsius is None:
+                axes.axvline(_when(at), color=STOP_COLOUR, linestyle=":", label=label)
+            else:
+                axes.plot([_when(at)], [celsius], "X", color=STOP_COLOUR, markersize=9, label=label)
+    labelled: set[str] = set()
+    for host, periods in _threshold_sets(drawn):
+        for start, end, policy in periods:
             for name in THRESHOLDS:
                 words, colour = THRESHOLD_STYLES[name]
                 label = f"{words} ≥ {policy[name]:g} °C"
+                label = f"{label} (every host)" if host is None else f"{host}: {label}"
                 axes.hlines(
                     policy[name],
                     _when(start),
@@ -114,12 +151,13 @@ def plot_history(hosts: list[HostSeries], title: str) -> Figure:
     return figure
 
 
-def _power_panel(axes: Axes, hosts: list[HostSeries]) -> None:
-    """Watts per host (the machine's, as its power source gave them), breaking at silences."""
-    for series in hosts:
-        if series.points:
-            axes.plot(*_line(series.power, series.silence), linewidth=1.2, label=series.host)
-    simulated = any(series.power_simulated for series in hosts)
+def _power_panel(axes: Axes, drawn: list[HostSeries]) -> None:
+    """Watts per host (the machine's, as its power source gave them) in the host's colour,
+    breaking at silences."""
+    for index, series in enumerate(drawn):
+        colour = HOST_COLOURS[index % len(HOST_COLOURS)]
+        axes.plot(*_line(series.power, series.silence), linewidth=1.2, color=colour)
+    simulated = any(series.power_simulated for series in drawn)
     axes.set_ylabel("W" + (" (simulated)" if simulated else ""))
     axes.grid(alpha=0.3)
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shared.aggregate import mark_fastest
-from shared.matrix import MatrixSpec, expand
+from shared.matrix import planned_cells
 from shared.results import not_run
 
 RUNNING, INTERRUPTED = "running", "interrupted"
@@ -59,7 +59,7 @@ def missing_cells(
     """`not run` records for the cells of each started job that never arrived, with the host's
     error as the reason. Hosts whose job never started have no cells to list: their error says
     why."""
-    planned = expand(MatrixSpec.from_dict(spec))
+    planned = planned_cells(spec)
     kept: dict[str, set[int]] = {}
     for cell in cells:
         if cell["idx"] is not None:

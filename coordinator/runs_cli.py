@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -10,13 +12,24 @@ from rich.table import Table
 
 from coordinator.compare import (
     COMPARE_FORMATS,
+    ReportError,
+    as_fleet_report,
     compare_reports,
     comparison_text,
+    parse_by,
     rich_comparison,
 )
 from coordinator.store import RunStore, UnknownRunError
 from shared.io.cli import check_output, emit, err, print_rich, show_report, usage_error
-from shared.io.options import Output, ReportFormat, RunId, TableFormat, one_of
+from shared.io.options import (
+    CompareBy,
+    ComparedReport,
+    Output,
+    ReportFormat,
+    RunId,
+    TableFormat,
+    one_of,
+)
 from shared.io.sqlite import StoreError
 
 
@@ -73,9 +86,27 @@ def show(run: RunId, fmt: ReportFormat = "table", output: Output = None) -> None
     show_report(load_reports(run)[0], fmt, output)
 
 
+def load_compared(reference: str) -> tuple[dict[str, Any], str]:
+    """(the report, its name) for a run id or a JSON report file; exit 2 naming what is
+    wrong with it."""
+    path = Path(reference)
+    if not (path.is_file() or reference.endswith(".json")):
+        report = load_reports(reference)[0]
+        return report, report["run_id"]
+    try:
+        return as_fleet_report(json.loads(path.read_text(encoding="utf-8")), path.name), path.name
+    except OSError as exc:
+        raise usage_error(f"cannot read {reference}: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise usage_error(f"{reference} is not JSON: {exc}") from None
+    except ReportError as exc:
+        raise usage_error(str(exc)) from None
+
+
 def compare(
-    run_a: RunId,
-    run_b: RunId,
+    run_a: ComparedReport,
+    run_b: ComparedReport,
+    by: CompareBy = None,
     fmt: Annotated[
         str,
         typer.Option(
@@ -85,10 +116,14 @@ def compare(
         ),
     ] = "table",
 ) -> None:
-    """Per-cell speed-up of RUN_B over RUN_A (tok/s B / tok/s A)."""
-    report_a, report_b = load_reports(run_a, run_b)
-    rows = compare_reports(report_a, report_b)
+    """Per-test speed-up of B over A (tok/s B / tok/s A): runs or `agent bench` JSON files."""
+    try:
+        columns = parse_by(by) if by is not None else None
+    except ValueError as exc:
+        raise usage_error(str(exc)) from None
+    (report_a, name_a), (report_b, name_b) = load_compared(run_a), load_compared(run_b)
+    rows = compare_reports(report_a, report_b, columns)
     if fmt == "table":
-        print_rich(rich_comparison(rows, report_a["run_id"], report_b["run_id"]))
+        print_rich(rich_comparison(rows, name_a, name_b))
     else:
-        sys.stdout.write(comparison_text(rows, report_a["run_id"], report_b["run_id"], fmt))
+        sys.stdout.write(comparison_text(rows, name_a, name_b, fmt))

@@ -18,7 +18,7 @@ import re
 import sqlite3
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -195,7 +195,8 @@ class HostSeries:
     """What a plot draws of one host: `points` (time, mean °C or None) at most PLOT_POINTS,
     oldest first; `power` (time, mean watts or None) at the same points; the stretches with a
     job paused; the policies learned; the line breaks between two points further apart than
-    `silence` seconds."""
+    `silence` seconds; `stops` (time, °C or None) of every job the policy stopped in the
+    window."""
 
     host: str
     points: list[tuple[float, float | None]]
@@ -203,8 +204,9 @@ class HostSeries:
     policies: Policies
     silence: float
     simulated: bool
-    power: list[tuple[float, float | None]]
-    power_simulated: bool
+    power: list[tuple[float, float | None]] = field(default_factory=list)
+    power_simulated: bool = False
+    stops: list[tuple[float, float | None]] = field(default_factory=list)
 
     @property
     def first(self) -> float:
@@ -243,6 +245,11 @@ def host_series(
                 paused[-1] = (paused[-1][0], end)
             else:
                 paused.append((start, end))
+    stops = conn.execute(
+        "SELECT time, celsius FROM events WHERE host = ? AND time >= ? AND action = 'stop' "
+        "ORDER BY time",
+        (stats["host"], since),
+    ).fetchall()
     return HostSeries(
         stats["host"],
         points,
@@ -250,6 +257,7 @@ def host_series(
         policies,
         GAP_FACTOR * width,
         stats["simulated"],
-        power,
-        power_simulated,
+        power=power,
+        power_simulated=power_simulated,
+        stops=[(at, celsius) for at, celsius in stops],
     )

@@ -1,12 +1,16 @@
 """The benchmark matrix: what to measure, expanded into cells. Pure data, pure functions.
 
-A matrix is sequence lengths x batch sizes x modes x models x bit widths. Prefill cells are
-labelled `pp<N>`; decode cells `tg<G> @ d<N>`, G new tokens after a prefilled context of N
-tokens, as llama-bench labels depth.
+The matrix is llama-bench's (llama.cpp tools/llama-bench/llama-bench.cpp): prompt lengths
+(`n_prompt`, tests `pp<P>`), generation lengths (`n_gen`, tests `tg<G>`), prompt-then-generation
+pairs (`n_pg`, tests `pp<P>+tg<G>`), each at every depth of `n_depth` (tokens already in the KV
+cache, ` @ d<D>` in the test's name), crossed with our batch sizes, models and bit widths. A 0 in
+`n_prompt` or `n_gen` asks for no test, as in llama-bench.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -17,45 +21,63 @@ from typing import Any
 MAX_CELLS = 1024
 """Cells per job, after duplicates are dropped; also the most entries in any of the lists."""
 MAX_SEQ_LEN = 1_048_576
+"""Tokens of a prompt, a depth, or a prefill step."""
 MAX_BATCH_SIZE = 1024
 MAX_CELL_TOKENS = 4_194_304
-"""Tokens one iteration of a cell holds: batch x sequence length (+ decode tokens)."""
+"""Tokens one iteration of a cell holds: batch x (depth + prompt + generated)."""
 MAX_ITERATIONS = 1000
 MAX_WARMUP = 100
 MAX_DECODE_TOKENS = 8192
+MAX_DELAY_S = 3600.0
 MAX_MODEL_LENGTH = 1024
-"""Characters of a model's name or directory path (macOS's PATH_MAX)."""
+"""Characters of a model's name, directory path or Hugging Face id (macOS's PATH_MAX)."""
 SUPPORTED_BITS = (4, 8, 16)
 BUILTIN_DEFAULT_BITS = {"small": 16, "full": 4}
 """Bits used when none are asked for: the seed docs quote Q4 figures for the full model; the
 small model stays float16 so a smoke test is quick on MLX's CPU backend (slow quantized kernels)."""
 DEFAULT_SEQ_LENGTHS = (128, 512, 1024, 2048)
-DEFAULT_DECODE_TOKENS = 64
+"""The seed's BenchmarkSuite lengths."""
+DEFAULT_N_PROMPT = (512,)
+DEFAULT_N_GEN = (128,)
+"""llama-bench's defaults: pp512 and tg128 at depth 0."""
+DEFAULT_PREFILL_STEP = 2048
+"""Prompt tokens per forward pass while filling the KV cache: mlx-lm's prefill_step_size."""
 PREFILL = "prefill"
 DECODE = "decode"
+PREFILL_DECODE = "prefill+decode"
 
 
 class MatrixError(ValueError):
     """A matrix that cannot run; the message names the offending value."""
 
 
+LIST_FIELDS = ("n_prompt", "n_gen", "n_depth", "batch_sizes", "models", "bits")
+
+
 @dataclass(frozen=True)
 class MatrixSpec:
-    """Everything a benchmark run varies. `bits=None` keeps a model's stored weights."""
+    """Everything a benchmark run varies. `bits=None` keeps a model's stored weights; `n_pg`
+    holds (prompt, generated) pairs; `delay_s` is slept between two cells (to let a fanless Mac
+    cool, as llama-bench's --delay)."""
 
-    seq_lengths: tuple[int, ...] = DEFAULT_SEQ_LENGTHS
+    n_prompt: tuple[int, ...] = DEFAULT_N_PROMPT
+    n_gen: tuple[int, ...] = DEFAULT_N_GEN
+    n_pg: tuple[tuple[int, int], ...] = ()
+    n_depth: tuple[int, ...] = (0,)
     batch_sizes: tuple[int, ...] = (1,)
     models: tuple[str, ...] = ("full",)
     bits: tuple[int | None, ...] = (None,)
-    decode_tokens: int = DEFAULT_DECODE_TOKENS
     warmup: int = 2
     iterations: int = 5
+    prefill_step_size: int = DEFAULT_PREFILL_STEP
+    delay_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            key: list(value) if isinstance(value, tuple) else value
-            for key, value in asdict(self).items()
-        }
+        data = asdict(self)
+        for key, value in data.items():
+            if isinstance(value, tuple):
+                data[key] = [list(v) if isinstance(v, tuple) else v for v in value]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MatrixSpec:
@@ -68,45 +90,60 @@ class MatrixSpec:
             raise MatrixError(f"unknown matrix field(s): {', '.join(unknown)}")
         values: dict[str, Any] = {}
         for key, value in data.items():
-            if key in ("seq_lengths", "batch_sizes", "models", "bits"):
+            if key in LIST_FIELDS or key == "n_pg":
                 if not isinstance(value, (list, tuple)):
                     raise MatrixError(f"{key} must be a list, got {value!r}")
                 values[key] = tuple(value)
             else:
                 values[key] = value
+        if "n_pg" in values:
+            values["n_pg"] = tuple(_pair(pair) for pair in values["n_pg"])
         spec = cls(**values)
         validate(spec)
         return spec
 
 
+def _pair(value: Any) -> tuple[int, int]:
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise MatrixError(f"n_pg entry {value!r} must be a [prompt, generated] pair")
+    return (value[0], value[1])
+
+
 @dataclass(frozen=True)
 class Cell:
-    """One measurement of the matrix."""
+    """One measurement of the matrix: `n_prompt` prompt tokens processed and `n_gen` tokens
+    generated, after `n_depth` tokens already in the KV cache (untimed)."""
 
     model: str
     bits: int | None
-    mode: str
-    seq_len: int
+    n_prompt: int
+    n_gen: int
+    n_depth: int
     batch_size: int
-    decode_tokens: int = 0
+
+    @property
+    def mode(self) -> str:
+        if not self.n_gen:
+            return PREFILL
+        return DECODE if not self.n_prompt else PREFILL_DECODE
 
     @property
     def test(self) -> str:
-        if self.mode == PREFILL:
-            return f"pp{self.seq_len}"
-        return f"tg{self.decode_tokens} @ d{self.seq_len}"
+        """llama-bench's test name: pp512, tg128, pp512+tg128, each ' @ d<D>' at a depth."""
+        parts = [f"pp{self.n_prompt}"] if self.n_prompt else []
+        parts += [f"tg{self.n_gen}"] if self.n_gen else []
+        depth = f" @ d{self.n_depth}" if self.n_depth else ""
+        return "+".join(parts) + depth
 
     @property
     def tokens(self) -> int:
-        """Tokens processed by one timed iteration."""
-        per_row = self.seq_len if self.mode == PREFILL else self.decode_tokens
-        return per_row * self.batch_size
+        """Tokens processed by one timed iteration (what tok/s counts, as llama-bench's t/s)."""
+        return (self.n_prompt + self.n_gen) * self.batch_size
 
     @property
     def held_tokens(self) -> int:
-        """Tokens the model holds at once: the context and, decoding, what it generates."""
-        per_row = self.seq_len + (self.decode_tokens if self.mode == DECODE else 0)
-        return per_row * self.batch_size
+        """Tokens the KV cache holds at the end: the depth, the prompt and what is generated."""
+        return (self.n_depth + self.n_prompt + self.n_gen) * self.batch_size
 
     @property
     def name(self) -> str:
@@ -114,7 +151,7 @@ class Cell:
         return f"{model_label(self.model, self.bits)} {self.test} b{self.batch_size}"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"test": self.test, "name": self.name}
+        return asdict(self) | {"mode": self.mode, "test": self.test, "name": self.name}
 
 
 def bits_label(bits: int | None) -> str:
@@ -123,9 +160,35 @@ def bits_label(bits: int | None) -> str:
     return "f16" if bits == 16 else f"q{bits}"
 
 
+HF_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<revision>[\w./-]+))?$")
+"""ORG/NAME[@REVISION]: a Hugging Face repository id as mlx-lm takes it, with the revision
+(a branch, a tag or a commit) after an @."""
+
+
+@dataclass(frozen=True)
+class ModelId:
+    repo: str
+    revision: str | None = None
+
+
+def hf_model_id(model: str) -> ModelId | None:
+    """The Hugging Face id `model` spells, None for a config name or a path (absolute, or
+    starting with '.' or '~': as `agent bench` sends every directory). A relative `a/b` that is
+    a directory on the agent is a directory there: the agent looks before it downloads, as
+    mlx-lm does."""
+    match = HF_ID.match(model)
+    if match is None or model.startswith((".", "~")):
+        return None
+    return ModelId(match["repo"], match["revision"])
+
+
 def model_label(model: str, bits: int | None) -> str:
-    """'small/q4'; a model directory goes by its folder name: 'Llama-3.2-3B/f16'."""
-    name = model.rstrip("/").rsplit("/", 1)[-1] if "/" in model else model
+    """'small/q4'; a directory goes by its folder name: 'Llama-3.2-3B/f16'; a Hugging Face id
+    by the id and the revision asked for: 'mlx-community/Llama-3.2-1B-4bit@main/stored'."""
+    if hf_model_id(model) is not None:
+        name = model
+    else:
+        name = model.rstrip("/").rsplit("/", 1)[-1] if "/" in model else model
     return f"{name}/{bits_label(bits)}"
 
 
@@ -140,6 +203,14 @@ def parse_int_list(text: str, what: str) -> tuple[int, ...]:
         raise MatrixError(f"{what}: {text!r} is not a list of integers") from None
 
 
+def parse_pair(text: str, what: str) -> tuple[int, int]:
+    """'512,128' -> (512, 128): llama-bench's -pg PROMPT,GENERATED."""
+    values = parse_int_list(text, what)
+    if len(values) != 2:
+        raise MatrixError(f"{what}: expected PROMPT,GENERATED (two integers), got {text!r}")
+    return values[0], values[1]
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -148,19 +219,35 @@ def validate(spec: MatrixSpec) -> None:
     """Raise MatrixError naming the first problem; return quietly for a runnable matrix within
     the limits above."""
     lists = (
-        ("sequence length", spec.seq_lengths),
-        ("batch size", spec.batch_sizes),
-        ("model", spec.models),
-        ("bit width", spec.bits),
+        ("prompt length", spec.n_prompt, False),
+        ("generation length", spec.n_gen, False),
+        ("prompt+generation pair", spec.n_pg, False),
+        ("depth", spec.n_depth, True),
+        ("batch size", spec.batch_sizes, True),
+        ("model", spec.models, True),
+        ("bit width", spec.bits, True),
     )
-    for what, values in lists:
-        if not values:
+    for what, values, needed in lists:
+        if needed and not values:
             raise MatrixError(f"at least one {what} is needed")
         if len(values) > MAX_CELLS:
             raise MatrixError(f"{len(values)} {what}s given; at most {MAX_CELLS}")
-    for n in spec.seq_lengths:
-        if not _is_int(n) or not 0 < n <= MAX_SEQ_LEN:
-            raise MatrixError(f"sequence length {n!r} is outside 1..{MAX_SEQ_LEN}")
+    for n in spec.n_prompt:
+        _check_count("prompt length", n, 0, MAX_SEQ_LEN)
+    for n in spec.n_gen:
+        _check_count("generation length", n, 0, MAX_DECODE_TOKENS)
+    for prompt, generated in spec.n_pg:
+        _check_count("a prompt+generation pair's prompt length", prompt, 1, MAX_SEQ_LEN)
+        _check_count(
+            "a prompt+generation pair's generation length", generated, 1, MAX_DECODE_TOKENS
+        )
+    for n in spec.n_depth:
+        _check_count("depth", n, 0, MAX_SEQ_LEN)
+    if not _tests(spec):
+        raise MatrixError(
+            "nothing to measure: give a prompt length (-p), a generation length "
+            "(-n) or a prompt+generation pair (-pg) above 0"
+        )
     for b in spec.batch_sizes:
         if not _is_int(b) or b <= 0:
             raise MatrixError(f"batch size {b!r} must be a positive integer")
@@ -171,13 +258,18 @@ def validate(spec: MatrixSpec) -> None:
     for bits in spec.bits:
         if bits is not None and (not _is_int(bits) or bits not in SUPPORTED_BITS):
             raise MatrixError(f"bits {bits!r} not supported; choose from 4, 8, 16")
-    _check_count("decode tokens", spec.decode_tokens, 0, MAX_DECODE_TOKENS)
     _check_count("warmup", spec.warmup, 0, MAX_WARMUP)
     _check_count("iterations", spec.iterations, 1, MAX_ITERATIONS)
-    largest = max(spec.batch_sizes) * (max(spec.seq_lengths) + spec.decode_tokens)
+    _check_count("prefill step size", spec.prefill_step_size, 1, MAX_SEQ_LEN)
+    delay = spec.delay_s
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not math.isfinite(delay):
+        raise MatrixError(f"delay {delay!r} must be a number of seconds")
+    if not 0 <= delay <= MAX_DELAY_S:
+        raise MatrixError(f"delay {delay:g} s is outside 0..{MAX_DELAY_S:g} s")
+    largest = max(spec.batch_sizes) * (max(spec.n_depth) + max(p + g for p, g in _tests(spec)))
     if largest > MAX_CELL_TOKENS:
         raise MatrixError(
-            f"a cell would hold {largest} tokens (batch x (sequence length + decode tokens)); "
+            f"a cell would hold {largest} tokens (batch x (depth + prompt + generated)); "
             f"the limit is {MAX_CELL_TOKENS} per cell"
         )
     cells = count_cells(spec)
@@ -186,9 +278,10 @@ def validate(spec: MatrixSpec) -> None:
 
 
 def check_model_name(model: Any) -> None:
-    """A config name or a directory path: text of 1 to MAX_MODEL_LENGTH characters, no NUL."""
+    """A config name, a directory path or a Hugging Face id: text of 1 to MAX_MODEL_LENGTH
+    characters, no NUL."""
     if not isinstance(model, str) or not model:
-        raise MatrixError(f"model {model!r} must be a config name or a directory")
+        raise MatrixError(f"model {model!r} must be a config name, a directory or ORG/NAME")
     if len(model) > MAX_MODEL_LENGTH:
         raise MatrixError(
             f"model {model[:40]!r}... is {len(model)} characters; the limit is {MAX_MODEL_LENGTH}"
@@ -205,10 +298,18 @@ def _check_count(what: str, value: Any, least: int, most: int) -> None:
         raise MatrixError(f"{what} {value} is above the limit of {most}")
 
 
+def _tests(spec: MatrixSpec) -> list[tuple[int, int]]:
+    """(prompt, generated) of every test at one depth, in llama-bench's order: the pp tests,
+    the tg tests, the pairs; zeros skipped, duplicates once."""
+    tests = [(n, 0) for n in spec.n_prompt if n]
+    tests += [(0, n) for n in spec.n_gen if n]
+    tests += [tuple(pair) for pair in spec.n_pg]
+    return _unique(tests)
+
+
 def count_cells(spec: MatrixSpec) -> int:
     """len(expand(spec)), without building the cells."""
-    modes = 2 if spec.decode_tokens else 1
-    per_bits = len(set(spec.batch_sizes)) * len(set(spec.seq_lengths)) * modes
+    per_bits = len(set(spec.batch_sizes)) * len(set(spec.n_depth)) * len(_tests(spec))
     return sum(
         len({resolve_bits(model, b) for b in spec.bits}) * per_bits
         for model in dict.fromkeys(spec.models)
@@ -225,18 +326,35 @@ def resolve_bits(model: str, bits: int | None) -> int | None:
 
 
 def expand(spec: MatrixSpec) -> list[Cell]:
-    """All cells, grouped by (model, bits) so each model is built once, prefill before decode."""
+    """All cells, grouped by (model, bits) so each model is built once; within a batch size,
+    by depth, then llama-bench's test order (pp, tg, pp+tg)."""
     validate(spec)
-    cells: list[Cell] = []
-    for model in _unique(spec.models):
-        for bits in _unique(resolve_bits(model, b) for b in spec.bits):
-            for batch in _unique(spec.batch_sizes):
-                for n in _unique(spec.seq_lengths):
-                    cells.append(Cell(model, bits, PREFILL, n, batch))
-                if spec.decode_tokens:
-                    for n in _unique(spec.seq_lengths):
-                        cells.append(Cell(model, bits, DECODE, n, batch, spec.decode_tokens))
-    return cells
+    return [
+        Cell(model, bits, prompt, generated, depth, batch)
+        for model in _unique(spec.models)
+        for bits in _unique(resolve_bits(model, b) for b in spec.bits)
+        for batch in _unique(spec.batch_sizes)
+        for depth in _unique(spec.n_depth)
+        for prompt, generated in _tests(spec)
+    ]
+
+
+def planned_cells(data: dict[str, Any]) -> list[Cell]:
+    """The cells a stored spec planned. A spec stored by protocol 3 (`seq_lengths`,
+    `decode_tokens`: a pp cell per length, then a decode of that many tokens after each
+    length) expands as it did then, so a run recorded before still lists what it missed."""
+    if "seq_lengths" not in data:
+        return expand(MatrixSpec.from_dict(data))
+    lengths = _unique(data["seq_lengths"])
+    generated = data.get("decode_tokens", 64)
+    return [
+        cell
+        for model in _unique(data.get("models", ["full"]))
+        for bits in _unique(resolve_bits(model, b) for b in data.get("bits", [None]))
+        for batch in _unique(data.get("batch_sizes", [1]))
+        for cell in [Cell(model, bits, n, 0, 0, batch) for n in lengths]
+        + [Cell(model, bits, 0, generated, n, batch) for n in lengths if generated]
+    ]
 
 
 @dataclass

@@ -16,7 +16,7 @@ import msgpack
 
 from shared.telemetry import Event, Sample
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 DEFAULT_PORT = 5555
 TELEMETRY_PORT_OFFSET = 1
 """The telemetry PUB socket binds at the command port + this by default (5556 for 5555)."""
@@ -101,6 +101,7 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
     "info.ok": {
         "agent": (str, True),
         "protocol": (int, True),
+        "name": (str, True),
         "machine": (dict, True),
         "thermal": (dict, True),
         "power": (dict, True),

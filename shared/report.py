@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -18,11 +19,11 @@ from rich.table import Table
 from rich.text import Text
 
 from shared.energy import not_a_meter
-from shared.matrix import model_label
+from shared.matrix import hf_model_id, model_label
 from shared.results import NOT_RUN, OK
 from shared.sustain_report import markdown_sustain, rich_sustain
 
-FORMATS = ("table", "md", "csv", "json", "jsonl")
+FORMATS = ("table", "md", "csv", "json", "jsonl", "sql")
 NA = "N/A"
 
 Record = dict[str, Any]
@@ -91,6 +92,18 @@ def flags(record: Record) -> str:
     return ", ".join(marks)
 
 
+def record_model_label(record: Record) -> str:
+    """The cell's model as labelled (shared.matrix.model_label), a Hugging Face id given
+    without a revision followed by the commit the agent resolved it to."""
+    label = model_label(record["model"], record.get("bits"))
+    revision = record.get("model_revision")
+    model_id = hf_model_id(record["model"])
+    if revision and model_id is not None and model_id.revision is None:
+        name, _, bits = label.rpartition("/")
+        label = f"{name}@{revision[:7]}/{bits}"
+    return label
+
+
 def progress_line(record: Record) -> str:
     """One log line for a finished cell (used where no live progress bar can be drawn)."""
     where = f"{record['host']} " if record.get("host") else ""
@@ -105,7 +118,7 @@ def progress_line(record: Record) -> str:
 Column = tuple[str, Callable[[Record], str]]
 
 COLUMNS: list[Column] = [
-    ("model", lambda r: model_label(r["model"], r.get("bits"))),
+    ("model", lambda r: record_model_label(r)),
     ("test", lambda r: r["test"]),
     ("batch", lambda r: str(r["batch_size"])),
     ("tok/s", lambda r: mean_std(r, "tokens_per_sec", "std_tokens_per_sec")),
@@ -270,35 +283,10 @@ SUSTAIN_SUMMARY = (
     "mean_power_w",
     "pause_s",
 )
-"""A sustained cell's figures as CSV columns (sustain_*); its windows are in the JSON."""
-
-CSV_FIELDS = [
-    "host",
-    "name",
-    "model",
-    "bits",
-    "mode",
-    "test",
-    "seq_len",
-    "batch_size",
-    "decode_tokens",
-    "status",
-    "tokens_per_sec",
-    "std_tokens_per_sec",
-    "latency_ms",
-    "std_latency_ms",
-    "min_latency_ms",
-    "median_latency_ms",
-    "peak_memory_gb",
-    "active_memory_gb",
-    "soc_temp_start_c",
-    "soc_temp_end_c",
-    "pressure_start",
-    "pressure_end",
-    "pause_s",
-    "thermal_source",
+"""A sustained cell's figures as row columns (sustain_*); its windows are in the JSON."""
+ENERGY_FIELDS = (
     "energy_source",
-    "energy_rails",
+    "energy_simulated",
     "energy_j",
     "energy_net_j",
     "energy_window_s",
@@ -307,26 +295,188 @@ CSV_FIELDS = [
     "tokens_per_joule",
     "joules_per_token",
     "energy_note",
-    *(f"sustain_{key}" for key in SUSTAIN_SUMMARY),
-    "flags",
-    "error",
-    "samples_ms",
+)
+"""A cell's energy (docs/energy.md) as row columns, as the record names them."""
+
+ROW_FIELDS: list[tuple[str, str]] = [
+    ("host", "TEXT"),
+    ("hostname", "TEXT"),
+    ("cpu_info", "TEXT"),
+    ("gpu_info", "TEXT"),
+    ("backends", "TEXT"),
+    ("mlx_version", "TEXT"),
+    ("mlx_fleet_version", "TEXT"),
+    ("model_filename", "TEXT"),
+    ("model_type", "TEXT"),
+    ("model_size", "INTEGER"),
+    ("model_n_params", "INTEGER"),
+    ("bits", "INTEGER"),
+    ("n_batch", "INTEGER"),
+    ("batch_size", "INTEGER"),
+    ("n_prompt", "INTEGER"),
+    ("n_gen", "INTEGER"),
+    ("n_depth", "INTEGER"),
+    ("test", "TEXT"),
+    ("test_time", "TEXT"),
+    ("avg_ns", "INTEGER"),
+    ("stddev_ns", "INTEGER"),
+    ("avg_ts", "REAL"),
+    ("stddev_ts", "REAL"),
+    ("min_ns", "INTEGER"),
+    ("median_ns", "INTEGER"),
+    ("peak_memory_gb", "REAL"),
+    ("active_memory_gb", "REAL"),
+    ("soc_temp_start_c", "REAL"),
+    ("soc_temp_end_c", "REAL"),
+    ("pressure_start", "TEXT"),
+    ("pressure_end", "TEXT"),
+    ("pause_s", "REAL"),
+    ("thermal_source", "TEXT"),
+    ("energy_source", "TEXT"),
+    ("energy_simulated", "INTEGER"),
+    ("energy_rails", "TEXT"),
+    ("energy_j", "REAL"),
+    ("energy_net_j", "REAL"),
+    ("energy_window_s", "REAL"),
+    ("power_w", "REAL"),
+    ("idle_power_w", "REAL"),
+    ("tokens_per_joule", "REAL"),
+    ("joules_per_token", "REAL"),
+    ("energy_note", "TEXT"),
+    *((f"sustain_{key}", "REAL") for key in SUSTAIN_SUMMARY),
+    ("status", "TEXT"),
+    ("flags", "TEXT"),
+    ("error", "TEXT"),
+    ("samples_ns", "TEXT"),
 ]
+"""One cell as a flat row (csv, sql, jsonl), named as llama-bench names a column that means the
+same (llama.cpp tools/llama-bench/llama-bench.cpp, test::get_fields): model_filename (what
+--model named), model_type (the model's label), model_size (weight bytes), model_n_params,
+n_batch (prompt tokens per forward pass: our --prefill-step-size), n_prompt, n_gen, n_depth,
+test_time (RFC 3339, UTC, when the cell began), avg_ns / stddev_ns (time of one timed
+iteration), avg_ts / stddev_ts (tokens/s: mean and sample deviation of the per-iteration rates),
+cpu_info, gpu_info, backends. The rest are ours: batch_size counts sequences, which llama-bench
+has no column for; energy_* a cell's energy and sustain_* a sustained cell's summary
+(docs/energy.md; energy_simulated says the figures come from a model, not a meter). An unknown
+is empty (csv) or NULL (sql), never a number."""
+SQL_TABLE = "mlx_fleet_bench"
+
+
+def _nanoseconds(milliseconds: float | None) -> int | None:
+    return None if milliseconds is None else round(milliseconds * 1e6)
+
+
+def _machines(report: dict[str, Any]) -> dict[Any, dict[str, Any]]:
+    """Each host's machine facts by its name in the report (an agent's report: its own)."""
+    if "hosts" in report:
+        return {host.get("host"): host.get("machine") or {} for host in report["hosts"]}
+    return {None: report.get("machine") or {}}
+
+
+def _models(report: dict[str, Any]) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """Each model built, by (host, model, bits)."""
+    hosts = report.get("hosts") or [report]
+    return {
+        (host.get("host"), info.get("model"), info.get("bits")): info
+        for host in hosts
+        for info in host.get("models") or []
+    }
+
+
+def bench_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every cell of the report as a ROW_FIELDS row, with its host's machine and its model."""
+    machines, models = _machines(report), _models(report)
+    rows = []
+    for record in report["cells"]:
+        host = record.get("host")
+        machine = machines.get(host) or machines.get(None) or {}
+        info = models.get(
+            (host if "hosts" in report else None, record["model"], record.get("bits"))
+        )
+        info = info or {}
+        on_gpu = machine.get("backend") == "gpu"
+        sustain = record.get("sustain") or {}
+        rows.append(
+            {
+                "host": host or machine.get("hostname"),
+                "hostname": machine.get("hostname"),
+                "cpu_info": machine.get("chip"),
+                "gpu_info": machine.get("device") if on_gpu else None,
+                "backends": None if not machine else "Metal" if on_gpu else "CPU",
+                "mlx_version": machine.get("mlx_version"),
+                "mlx_fleet_version": machine.get("mlx_fleet_version"),
+                "model_filename": record["model"],
+                "model_type": info.get("label") or record_model_label(record),
+                "model_size": info.get("weight_memory_bytes"),
+                "model_n_params": info.get("param_count"),
+                "bits": record.get("bits"),
+                "n_batch": record.get("prefill_step_size"),
+                "batch_size": record["batch_size"],
+                "n_prompt": record.get("n_prompt"),
+                "n_gen": record.get("n_gen"),
+                "n_depth": record.get("n_depth"),
+                "test": record["test"],
+                "test_time": record.get("test_time"),
+                "avg_ns": _nanoseconds(record.get("latency_ms")),
+                "stddev_ns": _nanoseconds(record.get("std_latency_ms")),
+                "avg_ts": record.get("tokens_per_sec"),
+                "stddev_ts": record.get("std_tokens_per_sec"),
+                "min_ns": _nanoseconds(record.get("min_latency_ms")),
+                "median_ns": _nanoseconds(record.get("median_latency_ms")),
+                "peak_memory_gb": record.get("peak_memory_gb"),
+                "active_memory_gb": record.get("active_memory_gb"),
+                "soc_temp_start_c": record.get("soc_temp_start_c"),
+                "soc_temp_end_c": record.get("soc_temp_end_c"),
+                "pressure_start": record.get("pressure_start"),
+                "pressure_end": record.get("pressure_end"),
+                "pause_s": record.get("pause_s"),
+                "thermal_source": record.get("thermal_source"),
+                "status": record.get("status"),
+                "flags": ";".join(
+                    ["fastest"] * bool(record.get("fastest")) + (record.get("flags") or [])
+                ),
+                "error": record.get("error"),
+                "samples_ns": [_nanoseconds(s) for s in record.get("samples_ms") or []],
+                **{key: record.get(key) for key in ENERGY_FIELDS},
+                "energy_rails": ";".join(record.get("energy_rails") or []) or None,
+                **{f"sustain_{key}": sustain.get(key) for key in SUSTAIN_SUMMARY},
+            }
+        )
+    return rows
 
 
 def to_csv(report: dict[str, Any]) -> str:
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, extrasaction="ignore")
+    writer = csv.DictWriter(out, fieldnames=[name for name, _ in ROW_FIELDS])
     writer.writeheader()
-    for record in report["cells"]:
-        row = dict(record)
-        row["flags"] = ";".join(record.get("flags") or [])
-        row["samples_ms"] = ";".join(f"{s:.4f}" for s in record.get("samples_ms") or [])
-        row["energy_rails"] = ";".join(record.get("energy_rails") or [])
-        sustain = record.get("sustain") or {}
-        row.update({f"sustain_{key}": sustain.get(key) for key in SUSTAIN_SUMMARY})
+    for row in bench_rows(report):
+        row["samples_ns"] = ";".join(map(str, row["samples_ns"]))
         writer.writerow(row)
     return out.getvalue()
+
+
+def sql_literal(value: Any) -> str:
+    """A value as SQLite reads it: NULL, a number, or quoted text ('' doubling a quote)."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, (int, float)):
+        return repr(value) if math.isfinite(value) else "NULL"
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def to_sql(report: dict[str, Any]) -> str:
+    """CREATE TABLE IF NOT EXISTS then one INSERT per cell, as llama-bench's `-o sql`, so
+    `agent bench -o sql | sqlite3 results.sqlite` keeps adding runs to one table."""
+    columns = ", ".join(f"{name} {kind}" for name, kind in ROW_FIELDS)
+    lines = [f"CREATE TABLE IF NOT EXISTS {SQL_TABLE} ({columns});"]
+    names = ", ".join(name for name, _ in ROW_FIELDS)
+    for row in bench_rows(report):
+        row["samples_ns"] = ";".join(map(str, row["samples_ns"]))
+        values = ", ".join(sql_literal(row[name]) for name, _ in ROW_FIELDS)
+        lines.append(f"INSERT INTO {SQL_TABLE} ({names}) VALUES ({values});")
+    return "\n".join(lines) + "\n"
 
 
 def to_json(report: dict[str, Any]) -> str:
@@ -334,18 +484,11 @@ def to_json(report: dict[str, Any]) -> str:
 
 
 def to_jsonl(report: dict[str, Any]) -> str:
-    """One line per cell, each carrying the fields that say where it was measured."""
-    machines = {h.get("host"): h.get("machine") or {} for h in report.get("hosts", [])}
+    """One line per cell: its row (ROW_FIELDS) with llama-bench's samples_ns and samples_ts."""
     lines = []
-    for record in report["cells"]:
-        machine = machines.get(record.get("host"), report.get("machine") or {})
-        line = {
-            "hostname": machine.get("hostname"),
-            "device": machine.get("device"),
-            "mlx_version": machine.get("mlx_version"),
-            **record,
-        }
-        lines.append(json.dumps(line, default=str))
+    for row, record in zip(bench_rows(report), report["cells"], strict=True):
+        row["samples_ts"] = record.get("samples_tokens_per_sec") or []
+        lines.append(json.dumps(row, default=str))
     return "\n".join(lines) + ("\n" if lines else "")
 
 
@@ -355,5 +498,11 @@ def render_text(report: dict[str, Any], fmt: str, width: int = 160) -> str:
         console = Console(width=width, record=True, file=io.StringIO())
         console.print(rich_report(report))
         return console.export_text()
-    renderers = {"md": to_markdown, "csv": to_csv, "json": to_json, "jsonl": to_jsonl}
+    renderers = {
+        "md": to_markdown,
+        "csv": to_csv,
+        "json": to_json,
+        "jsonl": to_jsonl,
+        "sql": to_sql,
+    }
     return renderers[fmt](report)

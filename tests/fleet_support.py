@@ -26,9 +26,9 @@ READY = re.compile(
     r"listening on tcp://(\S+) (?:curve-key=(\S+)|INSECURE)"
     r"(?: telemetry=tcp://(\S+))?"
 )
-QUICK = ["--config-small", "-s", "16", "-i", "1", "-w", "0", "--decode-tokens", "4"]
+QUICK = ["--config-small", "-p", "16", "-n", "4", "-r", "1", "-w", "0"]
 """Two cells that take well under a second on a slow CPU."""
-LONG = ["--config-small", "-s", "16,32,48,64", "-i", "3", "-w", "0", "--decode-tokens", "8"]
+LONG = ["--config-small", "-p", "16,32,48", "-n", "8", "-d", "0,32", "-r", "3", "-w", "0"]
 """Eight cells, a few seconds: long enough to kill, cancel or stop an agent in the middle."""
 
 

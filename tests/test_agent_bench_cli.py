@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +16,7 @@ import pytest
 
 from tests.conftest import subprocess_env
 
-QUICK = ["--config-small", "-s", "16", "-i", "1", "-w", "0", "--decode-tokens", "2"]
+QUICK = ["--config-small", "-p", "16", "-n", "2", "-r", "1", "-w", "0"]
 
 
 def run_agent(agent_cli: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -26,13 +30,16 @@ def run_agent(agent_cli: str, *args: str, timeout: float = 300) -> subprocess.Co
 
 
 def test_quick_start_prints_the_table(agent_cli: str, fleet_home: Path) -> None:
-    result = run_agent(agent_cli, "bench", "--config-small", "-s", "32,64", "-i", "2", "-w", "1")
+    result = run_agent(
+        agent_cli, "bench", "--config-small", "-p", "32,64", "-n", "16", "-d", "0,32", "-r", "2"
+    )
     assert result.returncode == 0, result.stderr
     for label in (
         "pp32",
         "pp64",
-        "tg64 @ d32",
-        "tg64 @ d64",
+        "tg16",
+        "pp64 @ d32",
+        "tg16 @ d32",
         "tok/s",
         "SoC °C",
         "N/A",
@@ -43,7 +50,7 @@ def test_quick_start_prints_the_table(agent_cli: str, fleet_home: Path) -> None:
         assert label in result.stdout
     saved = list((fleet_home / "runs").glob("bench-*.json"))
     assert len(saved) == 1
-    assert len(json.loads(saved[0].read_text())["cells"]) == 4
+    assert len(json.loads(saved[0].read_text())["cells"]) == 6
 
 
 def test_json_carries_samples_and_machine_fields(agent_cli: str) -> None:
@@ -65,44 +72,103 @@ def test_json_carries_samples_and_machine_fields(agent_cli: str) -> None:
     cells = report["cells"]
     assert [(c["test"], c["batch_size"]) for c in cells] == [
         ("pp16", 1),
-        ("tg2 @ d16", 1),
+        ("tg2", 1),
         ("pp16", 2),
-        ("tg2 @ d16", 2),
+        ("tg2", 2),
     ]
+    assert {c["host"] for c in cells} == {report["machine"]["hostname"]}
     for cell in cells:
         assert len(cell["samples_ms"]) == 2
         assert cell["tokens_per_sec"] > 0 and cell["peak_memory_gb"] > 0
 
 
+LLAMA_BENCH_COLUMNS = (
+    "model_filename",
+    "model_type",
+    "model_size",
+    "model_n_params",
+    "n_batch",
+    "n_prompt",
+    "n_gen",
+    "n_depth",
+    "test_time",
+    "avg_ns",
+    "stddev_ns",
+    "avg_ts",
+    "stddev_ts",
+)
+"""Columns llama-bench writes (tools/llama-bench/llama-bench.cpp, test::get_fields) that mean
+the same in ours."""
+
+
 @pytest.mark.parametrize("fmt", ["md", "csv", "jsonl"])
 def test_other_formats(agent_cli: str, fmt: str, tmp_path: Path) -> None:
     out = tmp_path / f"report.{fmt}"
-    result = run_agent(agent_cli, "bench", *QUICK, "--format", fmt, "--output", str(out))
+    result = run_agent(agent_cli, "bench", *QUICK, "-o", fmt, "--output", str(out))
     assert result.returncode == 0, result.stderr
     text = out.read_text()
     if fmt == "md":
-        assert "| small/f16 | pp16 | 1 |" in text
+        assert " | small/f16 | pp16 | 1 |" in text
     elif fmt == "csv":
-        header, first, second = text.strip().splitlines()
-        assert header.startswith("host,name,model,bits,mode,test")
-        assert ",pp16," in first and ",tg2 @ d16," in second
+        rows = list(csv.DictReader(io.StringIO(text)))
+        assert set(LLAMA_BENCH_COLUMNS) <= set(rows[0])
+        assert [(r["test"], r["n_prompt"], r["n_gen"], r["n_depth"]) for r in rows] == [
+            ("pp16", "16", "0", "0"),
+            ("tg2", "0", "2", "0"),
+        ]
+        assert all(r["host"] and r["host"] == r["hostname"] for r in rows)
+        assert rows[0]["model_n_params"] == "4000000" and rows[0]["n_batch"] == "2048"
+        assert float(rows[0]["avg_ts"]) > 0 and int(rows[0]["avg_ns"]) > 0
     else:
         lines = [json.loads(line) for line in text.strip().splitlines()]
-        assert [line["test"] for line in lines] == ["pp16", "tg2 @ d16"]
-        assert all(line["hostname"] for line in lines)
+        assert [line["test"] for line in lines] == ["pp16", "tg2"]
+        assert all(line["host"] and line["hostname"] for line in lines)
+        assert all(len(line["samples_ns"]) == len(line["samples_ts"]) == 1 for line in lines)
+
+
+def test_sql_loads_into_sqlite_with_the_whole_llama_bench_matrix(
+    agent_cli: str, tmp_path: Path
+) -> None:
+    """The issue's command: every llama-bench matrix option at once, `-o sql` into SQLite."""
+    args = ["-p", "32,64", "-n", "8,16", "-pg", "32,8", "-d", "0,32", "-r", "2", "-w", "0"]
+    result = run_agent(agent_cli, "bench", "--config-small", *args, "-o", "sql")
+    assert result.returncode == 0, result.stderr
+    database = tmp_path / "bench.sqlite"
+    if shutil.which("sqlite3"):  # the CLI itself, as `| sqlite3 :memory:` uses it
+        piped = subprocess.run(
+            ["sqlite3", str(database)], input=result.stdout, capture_output=True, text=True
+        )
+        assert piped.returncode == 0 and piped.stderr == "", piped.stderr
+    else:
+        sqlite3.connect(database).executescript(result.stdout)
+    with sqlite3.connect(database) as db:
+        rows = db.execute(
+            "SELECT test, n_prompt, n_gen, n_depth, avg_ts > 0, length(samples_ns) > 0 "
+            "FROM mlx_fleet_bench"
+        ).fetchall()
+    tests = ["pp32", "pp64", "tg8", "tg16", "pp32+tg8"]
+    assert [row[0] for row in rows] == tests + [f"{t} @ d32" for t in tests]
+    assert rows[4][1:4] == (32, 8, 0) and rows[9][1:4] == (32, 8, 32)
+    assert all(row[4] == 1 and row[5] == 1 for row in rows)
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--config", "medium"], "unknown config 'medium'"),
-        (["--config-small", "-s", "0"], "sequence length 0"),
-        (["--config-small", "-s", "2000000"], "sequence length 2000000"),
+        (["--config-small", "-p", "-1"], "prompt length -1"),
+        (["--config-small", "-s", "2000000"], "prompt length 2000000"),
+        (["--config-small", "-p", "0", "-n", "0"], "nothing to measure"),
+        (["--config-small", "-pg", "8"], "-pg: expected PROMPT,GENERATED"),
+        (["--config-small", "-d", "x"], "--n-depth: 'x' is not a list of integers"),
+        (["--config-small", "--delay", "-1"], "delay -1 s is outside"),
+        (["--config-small", "--config", "full"], "--config-small and --config full conflict"),
         (["--config-small", "-b", "0"], "batch size 0"),
         (["--config-small", "--batch-size", "-1"], "batch size -1"),
         (["--config-small", "--bits", "2"], "bits 2"),
         (["--model", "/no/such/model"], "model directory /no/such/model does not exist"),
         (["--config-small", "--format", "xml"], "unknown format 'xml'"),
+        (["--config-small", "-o", "xml"], "unknown format 'xml'"),
         (
             ["--config-small", "--output", "/no/such/folder/out.csv"],
             "folder /no/such/folder does not exist",
@@ -159,6 +225,14 @@ def test_ctrl_c_prints_the_cells_finished_so_far(agent_cli: str) -> None:
 def test_help_lists_the_seed_options(agent_cli: str) -> None:
     result = run_agent(agent_cli, "bench", "--help")
     for option in (
+        "--n-prompt",
+        "--n-gen",
+        "-pg",
+        "--n-depth",
+        "--repetitions",
+        "--delay",
+        "--prefill-step-size",
+        "--output-format",
         "--seq-lengths",
         "--warmup",
         "--iterations",

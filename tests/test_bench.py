@@ -5,6 +5,7 @@ where that shows."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,14 @@ import pytest
 from tests.conftest import subprocess_env
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = sorted((ROOT / "bench").glob("bench_*.py"))
+NEEDS_MLX_LM = pytest.mark.skipif(
+    importlib.util.find_spec("mlx_lm") is None,
+    reason="bench_mlx_lm compares with mlx-lm, which is not installed (the `lm` extra)",
+)
+SCRIPTS = [
+    pytest.param(path, marks=NEEDS_MLX_LM) if path.stem == "bench_mlx_lm" else path
+    for path in sorted((ROOT / "bench").glob("bench_*.py"))
+]
 
 pytestmark = pytest.mark.timeout(400)
 

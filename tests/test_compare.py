@@ -11,9 +11,13 @@ from typing import Any
 import pytest
 
 from coordinator.compare import (
+    ReportError,
+    as_fleet_report,
     compare_reports,
     comparison_text,
+    parse_by,
     rich_comparison,
+    side,
     speedup,
 )
 from coordinator.store import RunStore
@@ -26,7 +30,7 @@ def on(host: str, record: dict[str, Any]) -> dict[str, Any]:
 
 
 def fastest_of(cells: list[dict[str, Any]]) -> list[tuple[str, int]]:
-    return [(c["host"], c["seq_len"]) for c in mark_fastest(cells) if c.get("fastest")]
+    return [(c["host"], c["n_prompt"]) for c in mark_fastest(cells) if c.get("fastest")]
 
 
 def test_fastest_host_per_cell() -> None:
@@ -95,7 +99,7 @@ def test_multi_host_runs_match_by_host_and_cell(tmp_path: Path) -> None:
         ("mac2:5555", "pp32", 0.5, ""),
         ("mac1:5555", "pp128", None, "only in B"),
     ]
-    assert rows[0]["model"] == "small/f16" and rows[0]["batch_size"] == 1
+    assert rows[0]["model"] == "small/f16" and rows[0]["batch"] == 1
     assert rows[0]["a"]["tokens_per_sec"] == 100.0 and rows[0]["b"]["tokens_per_sec"] == 150.0
 
 
@@ -103,18 +107,49 @@ def test_single_host_runs_match_by_cell_alone(tmp_path: Path) -> None:
     a = report({"mac1:5555": {32: 100.0, 64: 40.0}}, tmp_path)
     b = report({"mac2:5555": {32: 123.0, 64: None}}, tmp_path)
     rows = compare_reports(a, b)
-    assert [(r["host"], r["test"], r["speedup"], r["note"]) for r in rows] == [
+    assert [(r["hosts"], r["test"], r["speedup"], r["note"]) for r in rows] == [
         ("mac1:5555 → mac2:5555", "pp32", pytest.approx(1.23), ""),
         ("mac1:5555 → mac2:5555", "pp64", None, "failed in B: boom on mac2:5555"),
     ]
 
 
+def test_by_groups_cells_and_averages_them_unweighted(tmp_path: Path) -> None:
+    """--by batch (the model and the host dropped) pools both hosts per test,
+    as compare-llama-bench.py averages the rows its --show columns group."""
+    a = report({"mac1:5555": {32: 100.0}, "mac2:5555": {32: 300.0}}, tmp_path)
+    b = report({"mac1:5555": {32: 150.0}, "mac2:5555": {32: 450.0}}, tmp_path)
+    (row,) = compare_reports(a, b, parse_by("batch"))
+    assert (row["batch"], row["test"], row["hosts"]) == (1, "pp32", "mac1:5555, mac2:5555")
+    assert row["a"]["tokens_per_sec"] == 200.0 and row["a"]["cells"] == 2
+    assert row["speedup"] == 1.5
+    md = comparison_text([row], "r-a", "r-b", "md").splitlines()
+    assert md[1] == "| hosts | batch | test | tok/s A | tok/s B | speed-up | note |"
+    assert "| 200.00 (mean of 2) | 300.00 (mean of 2) | 1.50x |" in md[3]
+    by_host = compare_reports(a, b, parse_by("host"))
+    assert [(r["host"], r["speedup"]) for r in by_host] == [("mac1:5555", 1.5), ("mac2:5555", 1.5)]
+
+
+def test_by_names_only_known_columns() -> None:
+    assert parse_by("host, model,host") == ["host", "model"]
+    for bad in ("speed", "", "host,,nope"):
+        with pytest.raises(ValueError, match="choose from host, hostname, device, model"):
+            parse_by(bad)
+
+
+def test_an_agent_bench_report_is_a_one_host_run() -> None:
+    cells = [ok_cell(32, 10.0)]
+    fleet = as_fleet_report({"machine": {"hostname": "mac9"}, "models": [], "cells": cells}, "x")
+    assert fleet["hosts"][0]["host"] == "mac9" and fleet["cells"][0]["host"] == "mac9"
+    with pytest.raises(ReportError, match="y.json is not an `agent bench`"):
+        as_fleet_report({"rows": []}, "y.json")
+
+
 def test_speedup_needs_two_good_measurements() -> None:
-    good, slow = ok_cell(32, 10.0), ok_cell(32, 5.0)
+    good, slow = side([ok_cell(32, 10.0)]), side([ok_cell(32, 5.0)])
     assert speedup(good, slow) == 0.5
     assert speedup(None, good) is None and speedup(good, None) is None
-    assert speedup(failed_cell(32, "x"), good) is None
-    assert speedup({**good, "tokens_per_sec": 0.0}, good) is None
+    assert speedup(side([failed_cell(32, "x")]), good) is None
+    assert speedup(side([{**ok_cell(32, 1.0), "tokens_per_sec": 0.0}]), good) is None
 
 
 def test_formats(tmp_path: Path) -> None:
@@ -124,17 +159,20 @@ def test_formats(tmp_path: Path) -> None:
 
     md = comparison_text(rows, "r-a", "r-b", "md").splitlines()
     assert md[0] == "<!-- A = r-a, B = r-b; speed-up = B/A tok/s -->"
-    assert md[1] == "| host | model | test | batch | tok/s A | tok/s B | speed-up | note |"
+    assert md[1] == "| hosts | model | batch | test | tok/s A | tok/s B | speed-up | note |"
     assert md[3] == (
-        "| mac1:5555 | small/f16 | pp32 | 1 | 100.00 ± 0.50 | 123.00 ± 0.50 | 1.23x |  |"
+        "| mac1:5555 | small/f16 | 1 | pp32 | 100.00 ± 0.50 | 123.00 ± 0.50 | 1.23x |  |"
     )
-    assert md[4] == "| mac1:5555 | small/f16 | pp64 | 1 | 10.00 ± 0.50 | N/A | N/A | only in A |"
+    assert md[4] == "| mac1:5555 | small/f16 | 1 | pp64 | 10.00 ± 0.50 | N/A | N/A | only in A |"
 
     parsed = list(csv.DictReader(io.StringIO(comparison_text(rows, "r-a", "r-b", "csv"))))
     assert [
-        (r["test"], r["tokens_per_sec_a"], r["tokens_per_sec_b"], r["speedup"], r["note"])
+        (r["model"], r["test"], r["avg_ts_a"], r["avg_ts_b"], r["speedup"], r["note"])
         for r in parsed
-    ] == [("pp32", "100.0", "123.0", "1.23", ""), ("pp64", "10.0", "", "", "only in A")]
+    ] == [
+        ("small/f16", "pp32", "100.0", "123.0", "1.23", ""),
+        ("small/f16", "pp64", "10.0", "", "", "only in A"),
+    ]
 
     data = json.loads(comparison_text(rows, "r-a", "r-b", "json"))
     assert (data["a"], data["b"]) == ("r-a", "r-b")

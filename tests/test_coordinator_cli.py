@@ -112,7 +112,7 @@ def test_show_to_a_file(
         assert "| mac2:5555 | small/f16 | pp32 | 1 | 160.00 ± 0.50 |" in text
     elif fmt == "csv":
         rows = list(csv.DictReader(io.StringIO(text)))
-        assert [(r["host"], r["test"], r["tokens_per_sec"]) for r in rows] == [
+        assert [(r["host"], r["test"], r["avg_ts"]) for r in rows] == [
             ("mac1:5555", "pp32", "150.0"),
             ("mac1:5555", "pp64", "50.0"),
             ("mac2:5555", "pp32", "160.0"),
@@ -120,11 +120,11 @@ def test_show_to_a_file(
         ]
     else:
         lines = [json.loads(line) for line in text.splitlines()]
-        assert [(c["hostname"], c["seq_len"], c.get("fastest")) for c in lines] == [
-            ("mac1", 32, None),
-            ("mac1", 64, True),
-            ("mac2", 32, True),
-            ("mac2", 64, None),
+        assert [(c["hostname"], c["n_prompt"], c["flags"]) for c in lines] == [
+            ("mac1", 32, ""),
+            ("mac1", 64, "fastest"),
+            ("mac2", 32, "fastest"),
+            ("mac2", 64, ""),
         ]
 
 
@@ -150,9 +150,42 @@ def test_compare(coordinator_cli: str, two_runs: tuple[str, str]) -> None:
         assert expected in row, row
 
     md = run_cli(coordinator_cli, "compare", first, second, "--format", "md").stdout
-    assert "| mac2:5555 | small/f16 | pp32 | 1 | 80.00 ± 0.50 | 160.00 ± 0.50 | 2.00x |  |" in md
+    assert "| mac2:5555 | small/f16 | 1 | pp32 | 80.00 ± 0.50 | 160.00 ± 0.50 | 2.00x |  |" in md
     csv_text = run_cli(coordinator_cli, "compare", first, second, "--format", "csv").stdout
-    assert csv_text.splitlines()[0].startswith("host,name,model,test,batch_size")
+    assert csv_text.splitlines()[0] == "host,model,batch,test,avg_ts_a,avg_ts_b,speedup,note"
+    by_test = run_cli(
+        coordinator_cli, "compare", first, second, "--by", "model", "--format", "json"
+    )
+    assert [(r["test"], r["a"]["cells"]) for r in json.loads(by_test.stdout)["rows"]] == [
+        ("pp32", 2),
+        ("pp64", 1),
+    ]
+
+
+def test_compare_takes_agent_bench_json_files(
+    coordinator_cli: str, agent_cli: str, tmp_path: Path
+) -> None:
+    """Two `agent bench -o json` outputs, as llama.cpp's compare script takes JSON files."""
+    files = []
+    for name, prompt in (("a.json", "16,32"), ("b.json", "16")):
+        result = subprocess.run(
+            [agent_cli, "bench", "--config-small", "-p", prompt, "-n", "0", "-r", "1", "-w", "0"]
+            + ["-o", "json", "--output", str(tmp_path / name)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=subprocess_env(),
+        )
+        assert result.returncode == 0, result.stderr
+        files.append(str(tmp_path / name))
+    compared = run_cli(coordinator_cli, "compare", *files, "--format", "json")
+    assert compared.returncode == 0, compared.stderr
+    data = json.loads(compared.stdout)
+    assert (data["a"], data["b"]) == ("a.json", "b.json")
+    assert [(r["test"], r["speedup"] is not None, r["note"]) for r in data["rows"]] == [
+        ("pp16", True, ""),
+        ("pp32", False, "only in A"),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -163,6 +196,8 @@ def test_compare(coordinator_cli: str, two_runs: tuple[str, str]) -> None:
         ["runs", "--format", "md"],
         ["show", "r-", "--format", "xml"],
         ["compare", "r-1", "r-2", "--format", "jsonl"],
+        ["compare", "r-1", "r-2", "--by", "speed"],
+        ["compare", "/no/such/report.json", "r-"],
     ],
 )
 def test_usage_errors_exit_2(

@@ -20,7 +20,7 @@ from agent.profiling.footprint import cell_footprint, model_shape, refusal
 from agent.profiling.runner import machine_memory, run_matrix
 from shared.io.keys import own_keypair
 from shared.io.trust import trust
-from shared.matrix import DECODE, PREFILL, Cell, MatrixSpec, expand
+from shared.matrix import Cell, MatrixSpec, expand
 from tests.fleet_support import AgentPool, connect, trusted_agent
 
 pytestmark = pytest.mark.timeout(300)
@@ -28,16 +28,18 @@ pytestmark = pytest.mark.timeout(300)
 DATA_LIMIT = 768 * 2**20
 """RLIMIT_DATA for the agent and its job processes: far above what small cells take (the agent
 uses about 60 MB, a job process some 200 MB), far below what the crashing cell asks for."""
-CRASHING = Cell("small", 16, PREFILL, 8192, 4)
-"""About 4.6 GB estimated (attention scores on MLX's CPU backend): allowed on this machine, an
-allocation past the limit: MLX dies of SIGSEGV when an allocation fails."""
+CRASHING = Cell("small", 16, 8192, 0, 0, 4)
+CRASHING_STEP = 8192
+"""pp8192 b4 in one step: about 4.6 GB estimated (attention scores on MLX's CPU backend):
+allowed on this machine, an allocation past the limit: MLX dies of SIGSEGV when an allocation
+fails."""
 
 
 def small_shape_footprint(cell: Cell) -> int:
     model = build_model(ModelArgs.small())
     shape = model_shape(model)
     assert shape is not None
-    return cell_footprint(shape, 8_000_000, cell, scores_materialized=True).total
+    return cell_footprint(shape, 8_000_000, cell, CRASHING_STEP, scores_materialized=True).total
 
 
 def test_a_cell_that_kills_its_job_process_fails_alone(ctx: zmq.Context, agents: AgentPool) -> None:
@@ -50,9 +52,10 @@ def test_a_cell_that_kills_its_job_process_fails_alone(ctx: zmq.Context, agents:
     client = connect(ctx, agent)
     matrix = {
         "models": ["small"],
-        "seq_lengths": [16, CRASHING.seq_len, 32],
+        "n_prompt": [16, CRASHING.n_prompt, 32],
         "batch_sizes": [CRASHING.batch_size],
-        "decode_tokens": 0,
+        "n_gen": [0],
+        "prefill_step_size": CRASHING_STEP,
         "warmup": 0,
         "iterations": 1,
     }
@@ -75,25 +78,30 @@ def test_a_cell_that_kills_its_job_process_fails_alone(ctx: zmq.Context, agents:
 def test_a_cell_above_the_machines_memory_is_refused_with_its_estimate() -> None:
     """Refused before anything is allocated; the cells before and after it are measured."""
     spec = MatrixSpec(
-        seq_lengths=(16, 1_048_576, 32), models=("small",), decode_tokens=0, warmup=0, iterations=1
+        n_prompt=(16, 1_048_576, 32), models=("small",), n_gen=(0,), warmup=0, iterations=1
     )
     records = list(run_matrix(spec))
     assert [r["status"] for r in records] == ["ok", "failed", "ok"]
     error = records[1]["error"]
     assert error.startswith("not run: it would need about ")
-    assert "(weights 0.0 + KV cache 0.0 + activations " in error
+    assert "(weights 0.0 + KV cache 2.1 + activations " in error
     assert f"this machine has {machine_memory() / 1e9:.1f} GB" in error
 
 
 def test_the_estimate_counts_what_a_cell_holds() -> None:
     shape = model_shape(build_model(ModelArgs.small()))
     assert shape is not None and shape.vocab == 4096 and shape.kv_heads == 2
-    prefill = cell_footprint(shape, 1000, Cell("small", 16, PREFILL, 1024, 2), True)
-    assert prefill.kv_cache == 0 and prefill.logits == 2 * 1024 * 4096 * 2
-    decode = cell_footprint(shape, 1000, Cell("small", 16, DECODE, 1000, 2, 24), True)
-    assert decode.kv_cache == 4 * 2 * 2 * 2 * 64 * 1024 * 2  # 1000 + 24 positions, one step
-    fused = cell_footprint(shape, 1000, Cell("small", 16, PREFILL, 1024, 2), False)
+    prefill = cell_footprint(shape, 1000, Cell("small", 16, 1024, 0, 0, 2), 2048, True)
+    assert prefill.kv_cache == 4 * 2 * 2 * 2 * 64 * 1024 * 2  # a prompt fills a cache too
+    assert prefill.logits == 2 * 4096 * 2  # the last position alone
+    decode = cell_footprint(shape, 1000, Cell("small", 16, 0, 24, 1000, 2), 2048, True)
+    # 1000 + 24 positions, one 256-step rounding; and the filled 1000 (1024) kept beside them
+    assert decode.kv_cache == 2 * prefill.kv_cache
+    fused = cell_footprint(shape, 1000, Cell("small", 16, 1024, 0, 0, 2), 2048, False)
     assert fused.activations < prefill.activations
+    long = Cell("small", 16, 8192, 0, 0, 1)
+    stepped = cell_footprint(shape, 1000, long, 512, True)
+    assert stepped.activations < cell_footprint(shape, 1000, long, 8192, True).activations
     assert refusal(prefill, prefill.total) is None
     assert "this machine has 0.1 GB" in (refusal(prefill, prefill.total - 1) or "")
 
@@ -107,8 +115,8 @@ def test_a_job_process_dies_with_its_agent(ctx: zmq.Context, agents: AgentPool) 
     client = connect(ctx, agent)
     matrix = {
         "models": ["small"],
-        "seq_lengths": [16, 32, 48, 64],
-        "decode_tokens": 8,
+        "n_prompt": [16, 32, 48, 64],
+        "n_gen": [8],
         "warmup": 0,
         "iterations": 50,
     }
@@ -126,7 +134,7 @@ def test_a_job_process_dies_with_its_agent(ctx: zmq.Context, agents: AgentPool) 
 
 
 def test_a_process_that_died_building_a_model_fails_that_models_cells() -> None:
-    spec = MatrixSpec(seq_lengths=(8, 16), models=("small", "full"), decode_tokens=0)
+    spec = MatrixSpec(n_prompt=(8, 16), models=("small", "full"), n_gen=(0,))
     left = expand(spec)[1:]  # small pp8 was measured; small pp16, full pp8, full pp16 are left
     died = "the job process died (killed by SIGKILL)"
     measuring = crashed_cells(left, begun=True, built={("small", 16)}, died=died, tail="")

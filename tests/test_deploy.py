@@ -275,6 +275,8 @@ def dry_run_steps(stdout: str) -> dict[str, str]:
 def dry_run_with_a_wheel(
     coordinator_cli: str, wheel: Path
 ) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
+    wheel.parent.mkdir(parents=True, exist_ok=True)
+    wheel.write_bytes(b"PK")  # a dry run ships nothing, but the file must be there
     result = coordinator(
         coordinator_cli,
         "deploy",
@@ -446,3 +448,35 @@ def test_hosts_are_required(coordinator_cli: str) -> None:
     result = coordinator(coordinator_cli, "deploy")
     assert result.returncode == 2
     assert "--hosts" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--wheel", "/no/such/mlx_fleet-9-py3-none-any.whl"], "no such file"),
+        (["--wheel", "/etc/hostname"], "is not a wheel (*.whl)"),
+        (["--remote-python", ""], "--remote-python is empty"),
+        (["--remote-dir", " "], "--remote-dir is empty"),
+    ],
+)
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_bad_wheel_or_python_is_one_line_even_in_a_dry_run(
+    coordinator_cli: str, args: list[str], message: str, dry_run: bool
+) -> None:
+    result = coordinator(
+        coordinator_cli, "deploy", "--hosts", "mac1", *args, *(["--dry-run"] * dry_run)
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+def test_a_dry_run_honours_format_json(coordinator_cli: str) -> None:
+    result = coordinator(
+        coordinator_cli, "deploy", "--hosts", "mac1,mac2", "--dry-run", "--format", "json"
+    )
+    assert result.returncode == 0, result.stderr
+    plans = json.loads(result.stdout)
+    assert [plan["host"] for plan in plans] == ["mac1:5555", "mac2:5555"]
+    assert [step["name"] for step in plans[0]["steps"]][:2] == ["prepare", "copy wheel"]
+    assert all(step["command"].startswith("ssh ") for step in plans[1]["steps"])

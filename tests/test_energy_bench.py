@@ -16,7 +16,7 @@ from shared.sustain import SustainError, SustainPlan, parse_duration, summarize
 from tests.fleet_support import cli
 from tests.power_support import RaplCounter
 
-SMALL = ("--config-small", "-s", "64", "-w", "1", "-i", "6", "--decode-tokens", "32")
+SMALL = ("--config-small", "-p", "64", "-n", "32", "-w", "1", "-r", "6")
 """Iterations of a few hundred milliseconds here: a fake counter's update lag (a millisecond or
 two) stays well inside the 2 % the checks allow."""
 
@@ -35,7 +35,7 @@ def check_rate(record: dict[str, Any], watts: float) -> None:
     assert seconds >= timed  # each window holds its whole timed region
     assert record["power_w"] == pytest.approx(watts, rel=0.02)
     assert record["energy_j"] == pytest.approx(watts * seconds, rel=0.02)
-    tokens = record["batch_size"] * (record["decode_tokens"] or record["seq_len"])
+    tokens = record["batch_size"] * (record["n_prompt"] + record["n_gen"])
     iterations = len(record["samples_ms"])
     expected = tokens * iterations / (watts * seconds)
     assert record["tokens_per_joule"] == pytest.approx(expected, rel=0.02)
@@ -132,9 +132,9 @@ def test_sustained_run_under_a_rising_curve_pauses_and_reports_windows(tmp_path:
     power.write_text("seconds,watts\n0,10\n10,14\n20,18\n")
     args = (
         "--config-small",
-        "-s",
+        "-p",
         "16",
-        "--decode-tokens",
+        "-n",
         "0",
         "--sustain",
         "30s",
@@ -171,14 +171,15 @@ def test_sustained_run_under_a_rising_curve_pauses_and_reports_windows(tmp_path:
     table = render_text(report, "table", width=200)  # what the table format prints
     for mark in ("steady tok/s", "throttle", "throttled at", "windows of", "paused"):
         assert mark in table, mark
-    assert "Windows of small/f16 pp16 b1" in render_text(report, "md")
+    where = f"{record['host']}: " if record.get("host") else ""  # agent bench names its host
+    assert f"Windows of {where}small/f16 pp16 b1" in render_text(report, "md")
 
 
 def test_a_stop_ends_a_sustained_cell_with_the_windows_it_measured(tmp_path: Path) -> None:
     heat = tmp_path / "heat.csv"
     heat.write_text("seconds,celsius\n0,50\n7,97\n")
     result = cli(
-        "agent", "bench", "--config-small", "-s", "16,32", "--decode-tokens", "0",
+        "agent", "bench", "--config-small", "-p", "16,32", "-n", "0",
         "--sustain", "30s", "--sustain-window", "1s", "--thermal-source", f"replay:{heat}",
         "--poll-interval", "0.2", "--power-source", "none", "--format", "json",
     )  # fmt: skip

@@ -92,7 +92,7 @@ def test_a_sustained_run_on_two_hosts_at_once_with_its_plot(
     plot = tmp_path / "out.png"
     result = cli(
         "coordinator", "benchmark", "--hosts", f"{first.address},{second.address}",
-        "--config-small", "-s", "16", "--decode-tokens", "0", "-w", "1",
+        "--config-small", "-p", "16", "-n", "0", "-w", "1",
         "--sustain", "20s", "--sustain-window", "5s", "--plot", str(plot),
         timeout=200,
     )  # fmt: skip

@@ -7,34 +7,55 @@ import pytest
 from shared.matrix import (
     DECODE,
     PREFILL,
+    PREFILL_DECODE,
     Cell,
     MatrixError,
     MatrixSpec,
+    ModelId,
     count_cells,
     expand,
     group_by_model,
+    hf_model_id,
+    model_label,
     parse_int_list,
+    parse_pair,
+    planned_cells,
 )
 
 
 def test_cells_are_labelled_like_llama_bench() -> None:
-    assert Cell("small", 16, PREFILL, 512, 1).test == "pp512"
-    assert Cell("small", 16, DECODE, 512, 1, 64).test == "tg64 @ d512"
-    assert Cell("small", 4, DECODE, 128, 2, 64).name == "small/q4 tg64 @ d128 b2"
-    assert Cell("small", 4, DECODE, 128, 2, 64).tokens == 128
-    assert Cell("small", 4, PREFILL, 128, 2).tokens == 256
+    assert Cell("small", 16, 512, 0, 0, 1).test == "pp512"
+    assert Cell("small", 16, 0, 128, 0, 1).test == "tg128"
+    assert Cell("small", 16, 512, 128, 0, 1).test == "pp512+tg128"
+    assert Cell("small", 16, 0, 64, 512, 1).test == "tg64 @ d512"
+    assert Cell("small", 16, 512, 0, 4096, 1).test == "pp512 @ d4096"
+    assert Cell("small", 4, 0, 64, 128, 2).name == "small/q4 tg64 @ d128 b2"
+    assert [Cell("s", 4, p, g, 0, 1).mode for p, g in ((8, 0), (0, 8), (8, 8))] == [
+        PREFILL,
+        DECODE,
+        PREFILL_DECODE,
+    ]
 
 
-def test_expansion_is_the_cross_product_grouped_by_model() -> None:
+def test_tokens_count_prompt_and_generation_as_llama_bench_does() -> None:
+    assert Cell("small", 4, 0, 64, 128, 2).tokens == 128
+    assert Cell("small", 4, 128, 0, 0, 2).tokens == 256
+    assert Cell("small", 4, 128, 32, 64, 1).tokens == 160
+    assert Cell("small", 4, 128, 32, 64, 2).held_tokens == 448
+
+
+def test_expansion_is_llama_benchs_cross_product_grouped_by_model() -> None:
     spec = MatrixSpec(
-        seq_lengths=(32, 64),
+        n_prompt=(32, 64),
+        n_gen=(8,),
+        n_pg=((32, 8),),
+        n_depth=(0, 16),
         batch_sizes=(1, 2),
         models=("small", "full"),
         bits=(4, 16),
-        decode_tokens=8,
     )
     cells = expand(spec)
-    assert len(cells) == 2 * 2 * 2 * 2 * 2
+    assert len(cells) == 2 * 2 * 2 * 2 * 4
     groups = group_by_model(cells)
     assert [(g.model, g.bits) for g in groups] == [
         ("small", 4),
@@ -43,16 +64,32 @@ def test_expansion_is_the_cross_product_grouped_by_model() -> None:
         ("full", 16),
     ]
     first = [c.test for c in groups[0].cells if c.batch_size == 1]
-    assert first == ["pp32", "pp64", "tg8 @ d32", "tg8 @ d64"]
+    assert first == [
+        "pp32",
+        "pp64",
+        "tg8",
+        "pp32+tg8",
+        "pp32 @ d16",
+        "pp64 @ d16",
+        "tg8 @ d16",
+        "pp32+tg8 @ d16",
+    ]
 
 
-def test_zero_decode_tokens_skips_decode() -> None:
-    cells = expand(MatrixSpec(seq_lengths=(8,), models=("small",), decode_tokens=0))
+def test_a_zero_asks_for_no_test_as_in_llama_bench() -> None:
+    cells = expand(MatrixSpec(n_prompt=(8,), n_gen=(0,), models=("small",)))
     assert [c.mode for c in cells] == [PREFILL]
+    cells = expand(MatrixSpec(n_prompt=(0,), n_gen=(4,), models=("small",)))
+    assert [c.test for c in cells] == ["tg4"]
+
+
+def test_nothing_to_measure_is_refused() -> None:
+    with pytest.raises(MatrixError, match="nothing to measure"):
+        expand(MatrixSpec(n_prompt=(0,), n_gen=(0,), models=("small",)))
 
 
 def test_default_bits_follow_the_model() -> None:
-    spec = MatrixSpec(seq_lengths=(8,), models=("small", "full", "/models/x"), decode_tokens=0)
+    spec = MatrixSpec(n_prompt=(8,), n_gen=(), models=("small", "full", "/models/x"))
     assert [(c.model, c.bits) for c in expand(spec)] == [
         ("small", 16),
         ("full", 4),
@@ -60,24 +97,37 @@ def test_default_bits_follow_the_model() -> None:
     ]
 
 
+def test_the_defaults_are_llama_benchs() -> None:
+    assert [c.test for c in expand(MatrixSpec(models=("small",)))] == ["pp512", "tg128"]
+    assert MatrixSpec().prefill_step_size == 2048 and MatrixSpec().iterations == 5
+
+
 def test_duplicates_are_measured_once() -> None:
-    spec = MatrixSpec(seq_lengths=(8, 8), batch_sizes=(1, 1), models=("small",), decode_tokens=0)
+    spec = MatrixSpec(
+        n_prompt=(8, 8), n_gen=(), n_depth=(0, 0), batch_sizes=(1, 1), models=("small",)
+    )
     assert len(expand(spec)) == 1
 
 
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"seq_lengths": (0,)}, "sequence length 0"),
-        ({"seq_lengths": (1_048_577,)}, "sequence length 1048577"),
+        ({"n_prompt": (-1,)}, "prompt length -1"),
+        ({"n_prompt": (1_048_577,)}, "prompt length 1048577"),
+        ({"n_gen": (-1,)}, "generation length -1"),
+        ({"n_depth": (-3,)}, "depth -3"),
+        ({"n_depth": ()}, "at least one depth"),
+        ({"n_pg": ((0, 8),)}, "prompt length 0 must be at least 1"),
         ({"batch_sizes": (0,)}, "batch size 0"),
         ({"batch_sizes": (-2,)}, "batch size -2"),
         ({"bits": (3,)}, "bits 3"),
         ({"iterations": 0}, "iterations 0"),
         ({"warmup": -1}, "warmup -1"),
-        ({"decode_tokens": -1}, "decode tokens -1"),
+        ({"prefill_step_size": 0}, "prefill step size 0"),
+        ({"delay_s": -1.0}, "delay -1"),
+        ({"delay_s": float("nan")}, "delay nan"),
         ({"models": ()}, "model"),
-        ({"seq_lengths": (True,)}, "sequence length True"),
+        ({"n_prompt": (True,)}, "prompt length True"),
     ],
 )
 def test_invalid_matrices_name_the_problem(change: dict, message: str) -> None:
@@ -87,18 +137,31 @@ def test_invalid_matrices_name_the_problem(change: dict, message: str) -> None:
 
 
 def test_round_trip_through_plain_data() -> None:
-    spec = MatrixSpec(seq_lengths=(8, 16), models=("small",), bits=(4, None), decode_tokens=4)
-    assert MatrixSpec.from_dict(spec.to_dict()) == spec
+    spec = MatrixSpec(
+        n_prompt=(8, 16),
+        n_gen=(4,),
+        n_pg=((8, 2),),
+        n_depth=(0, 8),
+        models=("small",),
+        bits=(4, None),
+        delay_s=1.5,
+        prefill_step_size=64,
+    )
+    data = spec.to_dict()
+    assert data["n_pg"] == [[8, 2]]
+    assert MatrixSpec.from_dict(data) == spec
 
 
 def test_from_dict_rejects_unknown_fields() -> None:
     with pytest.raises(MatrixError, match="unknown matrix field"):
-        MatrixSpec.from_dict({"seq_lengths": [8], "turbo": True})
+        MatrixSpec.from_dict({"n_prompt": [8], "turbo": True})
 
 
 def test_from_dict_rejects_a_field_of_the_wrong_type() -> None:
-    with pytest.raises(MatrixError, match="seq_lengths must be a list"):
-        MatrixSpec.from_dict({"seq_lengths": 8})
+    with pytest.raises(MatrixError, match="n_prompt must be a list"):
+        MatrixSpec.from_dict({"n_prompt": 8})
+    with pytest.raises(MatrixError, match="pair"):
+        MatrixSpec.from_dict({"n_pg": [[8, 2, 1]]})
 
 
 def test_from_dict_validates_the_spec_it_builds() -> None:
@@ -114,19 +177,30 @@ def test_parse_int_list() -> None:
         parse_int_list("1,x", "-s")
 
 
+def test_parse_pair() -> None:
+    assert parse_pair("512,128", "-pg") == (512, 128)
+    with pytest.raises(MatrixError, match="-pg: expected PROMPT,GENERATED"):
+        parse_pair("512", "-pg")
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
         ({"batch_sizes": (1_000_000,)}, "batch size 1000000 is above the limit of 1024"),
         ({"iterations": 10**9}, "iterations 1000000000 is above the limit of 1000"),
         ({"warmup": 101}, "warmup 101 is above the limit of 100"),
-        ({"decode_tokens": 8193}, "decode tokens 8193 is above the limit of 8192"),
+        ({"n_gen": (8193,)}, "generation length 8193 is above the limit of 8192"),
+        ({"delay_s": 4000.0}, "delay 4000 s is outside 0..3600 s"),
         (
-            {"seq_lengths": (1_048_576,), "batch_sizes": (8,), "decode_tokens": 0},
+            {"n_prompt": (1_048_576,), "batch_sizes": (8,), "n_gen": ()},
             "would hold 8388608 tokens",
         ),
-        ({"seq_lengths": tuple(range(1, 1026))}, "1025 sequence lengths given; at most 1024"),
-        ({"seq_lengths": tuple(range(1, 600))}, "1198 cells; the limit is 1024 per job"),
+        (
+            {"n_prompt": (8,), "n_depth": (1_048_576,), "batch_sizes": (4,)},
+            "would hold 4194816 tokens",
+        ),
+        ({"n_prompt": tuple(range(1, 1026))}, "1025 prompt lengths given; at most 1024"),
+        ({"n_prompt": tuple(range(1, 600)), "n_depth": (0, 1)}, "1200 cells; the limit is 1024"),
         ({"models": ("/m/" + "x" * 5000,)}, "5003 characters; the limit is 1024"),
         ({"models": ("/m/a\x00b",)}, "NUL"),
         ({"bits": (4.0,)}, "bits 4.0 not supported"),
@@ -138,16 +212,41 @@ def test_a_matrix_beyond_a_limit_names_the_limit(change: dict, message: str) -> 
 
 
 def test_the_largest_matrix_within_the_limits_runs() -> None:
-    spec = MatrixSpec(seq_lengths=tuple(range(1, 513)), models=("small",), decode_tokens=4)
+    spec = MatrixSpec(n_prompt=tuple(range(1, 512)), n_gen=(4,), models=("small",), n_depth=(0, 8))
     assert len(expand(spec)) == 1024
 
 
 def test_count_cells_is_the_expansion_without_building_it() -> None:
     spec = MatrixSpec(
-        seq_lengths=(8, 8, 16),
+        n_prompt=(8, 8, 16),
+        n_gen=(2, 0),
+        n_pg=((8, 2), (8, 2)),
+        n_depth=(0, 4),
         batch_sizes=(1, 2),
         models=("small", "full", "small", "/models/x"),
         bits=(None, 4, 16),
-        decode_tokens=2,
     )
     assert count_cells(spec) == len(expand(spec))
+
+
+def test_hugging_face_ids_are_told_from_paths_and_configs() -> None:
+    assert hf_model_id("mlx-community/Llama-3.2-1B-Instruct-4bit") == ModelId(
+        "mlx-community/Llama-3.2-1B-Instruct-4bit"
+    )
+    assert hf_model_id("org/name@v1.0") == ModelId("org/name", "v1.0")
+    for not_an_id in ("small", "/models/x", "./x/y", "~/x/y", "a/b/c", "org/"):
+        assert hf_model_id(not_an_id) is None, not_an_id
+    assert model_label("org/name@main", 4) == "org/name@main/q4"
+    assert model_label("/models/Llama-3.2-3B", 16) == "Llama-3.2-3B/f16"
+
+
+def test_a_spec_stored_by_protocol_3_lists_the_cells_it_planned() -> None:
+    legacy = {"seq_lengths": [32, 64], "decode_tokens": 16, "models": ["small"]}
+    assert [c.name for c in planned_cells(legacy)] == [
+        "small/f16 pp32 b1",
+        "small/f16 pp64 b1",
+        "small/f16 tg16 @ d32 b1",
+        "small/f16 tg16 @ d64 b1",
+    ]
+    current = MatrixSpec(n_prompt=(8,), n_gen=(2,), models=("small",)).to_dict()
+    assert planned_cells(current) == expand(MatrixSpec.from_dict(current))

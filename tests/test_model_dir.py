@@ -28,18 +28,22 @@ TINY_LLAMA = {
 }
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def write_model(directory: Path, config: dict) -> None:
     """config.json + model.safetensors, as mlx-lm's own conversion writes them."""
     from mlx_lm.models import llama
 
-    directory = tmp_path_factory.mktemp("tiny-llama")
-    model = llama.Model(llama.ModelArgs.from_dict(TINY_LLAMA))
+    model = llama.Model(llama.ModelArgs.from_dict(config))
     mx.eval(model.parameters())
     mx.save_safetensors(
         str(directory / "model.safetensors"), dict(tree_flatten(model.parameters()))
     )
-    (directory / "config.json").write_text(json.dumps(TINY_LLAMA))
+    (directory / "config.json").write_text(json.dumps(config))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("tiny-llama")
+    write_model(directory, TINY_LLAMA)
     return directory
 
 

@@ -3,17 +3,24 @@ unreachable, recovery), the JSON snapshot; fed plain message bodies and a fake c
 
 from __future__ import annotations
 
+import re
+
+import pytest
 from rich.console import Console
+from rich.text import Text
 
 from coordinator.dashboard import (
+    COLUMNS,
     CRITICAL,
     INFO,
     MIN_SILENCE_S,
+    MIN_SPARK_WIDTH,
     SPARK_WIDTH,
     WARNING,
     Dashboard,
     bucket_means,
     duration,
+    fit_columns,
     render,
     silent_after,
     snapshot,
@@ -183,6 +190,7 @@ def test_snapshot_for_scripts() -> None:
     assert up == {
         "host": "mac1:5555",
         "hostname": "mac1",
+        "status": "up",
         "reachable": True,
         "error": None,
         "silent": False,
@@ -204,6 +212,7 @@ def test_snapshot_for_scripts() -> None:
         "age_s": 1.0,
     }
     assert down["reachable"] is False and down["error"] == "connection refused for 1 s"
+    assert down["status"] == "unreachable"
     assert down["celsius"] is None and down["jobs"] == []
     assert data["alerts"][0]["host"] == "gone:5555"
 
@@ -230,13 +239,86 @@ def test_alert_lines_are_shown_in_time_order_whatever_the_arrival() -> None:
     assert paused < stopped
 
 
+def test_a_host_not_reached_yet_says_connecting_in_json() -> None:
+    board = Dashboard(["mac1:5555"])
+    (host,) = snapshot(board, 1.0)["hosts"]
+    assert host["status"] == "connecting" and host["reachable"] is False and host["error"] is None
+
+
+def test_cooling_through_a_state_raises_no_alert_entering_it_does() -> None:
+    board = Dashboard(["mac1:5555"])
+    board.connected("mac1:5555", "mac1", INFO_OK, now=0.0)
+    for t, celsius, state in (
+        (1000.0, 80.0, "reduce_batch"),
+        (1001.0, 96.0, "stop"),
+        (1002.0, 90.0, "pause"),  # cooling from stop: passes through pause
+        (1003.0, 80.0, "reduce_batch"),
+        (1004.0, 86.0, "pause"),  # rising again: entered
+    ):
+        board.sample("mac1:5555", sample(t, celsius, state), now=t - 999.0)
+    assert alerts(board) == [
+        (CRITICAL, "reached stop at 96.0 °C"),
+        (WARNING, "reached pause at 86.0 °C"),
+    ]
+
+
+def lab() -> Dashboard:
+    """Two hosts with a few minutes of samples and a job each, one not reached yet."""
+    names = ["127.0.0.1:6110", "mac-studio-2.lab.example:5555", "10.0.0.3:5555"]
+    board = Dashboard(names)
+    for name in names[:2]:
+        board.connected(name, "mac", INFO_OK, now=0.0)
+        for i in range(60):
+            body = sample(1000.0 + 5 * i, 60.0 + i % 20, "ok", jobs=[job("running")])
+            board.sample(name, body, now=float(i))
+    board.unreachable(names[2], "cannot resolve host 10.0.0.3", now=60.0)
+    return board
+
+
+def drawn(board: Dashboard, width: int) -> list[str]:
+    """The dashboard as a terminal `width` columns wide shows it (Rich's own capture)."""
+    console = Console(width=width, record=True, color_system=None)
+    console.print(render(board, 400.0, width))
+    return console.export_text().splitlines()
+
+
+@pytest.mark.parametrize("width", [80, 100, 120, 200])
+def test_the_dashboard_fits_the_terminal_without_breaking_a_row(width: int) -> None:
+    lines = drawn(lab(), width)
+    assert all(Text(line).cell_len <= width for line in lines)
+    for name in lab().hosts:
+        rows = [line for line in lines if name in line and line.startswith("│")]
+        assert len(rows) == 1, (name, lines)  # whole, on one line: never broken
+    table_rows = [line for line in lines if line.startswith("│")]
+    assert len(table_rows) == 3  # no row wrapped onto a second line
+    sparks = [re.findall(r"[▁▂▃▄▅▆▇█]+", row) for row in table_rows[:2]]
+    assert all(len(found) == 1 for found in sparks), sparks  # one run of blocks, unbroken
+    header = next(line for line in lines if line.startswith("┃"))
+    assert "host" in header and "SoC °C" in header and "state" in header
+
+
+def test_a_narrow_terminal_narrows_the_sparkline_then_drops_columns() -> None:
+    widths = {name: 10 for name in COLUMNS}
+    assert fit_columns(widths, None) == (list(COLUMNS), SPARK_WIDTH)
+    everything = sum(widths.values()) - 10 + SPARK_WIDTH + 3 * len(COLUMNS) + 1
+    assert fit_columns(widths, everything) == (list(COLUMNS), SPARK_WIDTH)
+    shown, spark = fit_columns(widths, everything - 5)
+    assert shown == list(COLUMNS) and spark == SPARK_WIDTH - 5
+    shown, spark = fit_columns(widths, 80)
+    assert shown == ["host", "SoC °C", "last 5 min", "trend", "state", "jobs"]
+    assert MIN_SPARK_WIDTH <= spark < SPARK_WIDTH
+    assert fit_columns(widths, 20)[0] == ["host", "SoC °C"]
+    header = drawn(lab(), 100)[1:4]
+    assert any("last 5 min" in line for line in header)  # never cut to "last 5 …"
+
+
 def test_a_terminal_too_short_for_every_host_draws_the_rows_that_fit_and_says_so() -> None:
     names = [f"mac{i:02d}:5555" for i in range(40)]
     board = Dashboard(names)
     for name in names:
         board.connected(name, name, INFO_OK, now=100.0)  # one job each: one line a row
     console = Console(width=200, height=20, record=True, color_system=None)
-    console.print(render(board, 100.5, console.size.height))
+    console.print(render(board, 100.5, 200, console.size.height))
     lines = console.export_text().splitlines()
     shown = [name for name in names if any(name in line for line in lines)]
     assert shown == names[: len(shown)] and 0 < len(shown) < len(names)

@@ -153,6 +153,19 @@ def test_a_decode_cell_prefills_once_for_all_its_iterations() -> None:
     assert model.prefills == 1 and len(result["samples_ms"]) == 3
 
 
+def test_a_depth_is_filled_once_for_all_the_iterations_of_a_pp_cell() -> None:
+    """Each iteration's prompt is one forward pass over many tokens; the depth one in all."""
+    model = CountingModel(ModelArgs.small())
+    model.set_dtype(mx.float16)
+    mx.eval(model.parameters())
+    profiler = SpeedProfiler()
+    profiler.benchmark_tokens_per_sec(model, 16, 2, 3, depth=32)
+    assert model.prefills == 1 + 5
+    model.prefills = 0
+    profiler.benchmark_prompt_gen(model, 16, 4, 2, 3, depth=32)
+    assert model.prefills == 1 + 5
+
+
 def greedy(model, cache: list, token: mx.array, steps: int = 6) -> list[int]:
     produced = []
     for _ in range(steps):

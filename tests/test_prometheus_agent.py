@@ -8,6 +8,7 @@ import re
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ import zmq
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared.io.metrics import TelemetryMetrics
+from shared.io.metrics import TelemetryMetrics, serve_metrics
 from tests.conftest import subprocess_env
 from tests.fleet_support import AgentPool, connect, receive, subscriber, trusted_agent
 from tests.test_run_cli import write_curve
@@ -68,7 +69,10 @@ def test_metrics_follow_samples_and_policy_actions(
     )
     assert metrics[("mlx_fleet_cooling_state", host)] == 2.0  # pause
     assert metrics[("mlx_fleet_agent_up", host)] == 1.0
-    assert ("mlx_fleet_pause_seconds_total", host) not in metrics  # nothing paused yet
+    assert metrics[("mlx_fleet_pause_seconds_total", host)] == 0.0  # there, nothing paused yet
+    assert metrics[("mlx_fleet_policy_actions_total", (("action", "stop"), *host))] == 0.0
+    assert metrics[("mlx_fleet_policy_threshold_celsius", (*host, ("level", "stop")))] == 95.0
+    assert metrics[("mlx_fleet_sensor_temperature_celsius", (*host, ("sensor", source)))] == 90.0
 
     sub = subscriber(ctx, agent)
     receive(sub, lambda m: m.type == "telemetry.sample")
@@ -93,9 +97,16 @@ def test_metrics_follow_samples_and_policy_actions(
         for (name, labels), value in metrics.items()
         if name == "mlx_fleet_policy_actions_total"
     }
-    assert actions == {"pause": 1.0, "resume": 1.0, "reduce_batch": 1.0}
+    assert actions == {
+        "pause": 1.0,
+        "resume": 1.0,
+        "reduce_batch": 1.0,
+        "restore_batch": 0.0,
+        "stop": 0.0,
+    }
     assert metrics[("mlx_fleet_pause_seconds_total", host)] > 0.3
     assert metrics[("mlx_fleet_cooling_state", host)] == 1.0
+    assert metrics[("mlx_fleet_policy_threshold_celsius", (*host, ("level", "pause")))] == 92.0
 
 
 SAMPLE = {
@@ -145,11 +156,31 @@ def test_the_temperature_is_labelled_with_the_new_source_after_a_restart() -> No
     )
 
 
-def test_a_host_set_down_reads_0() -> None:
+def test_a_host_down_keeps_only_agent_up_0_until_it_returns() -> None:
     metrics = after_a_restart()
-    metrics.set_up("mac1", False)
+    metrics.set_policy("mac1", {"max_speed_temp": 75, "pause_temp": 85, "stop_temp": 95})
+    metrics.observe_sensors("mac1", {"TCMz": 70.0})
+    metrics.host_down("mac1")
     values = parse(generate(metrics))
-    assert values[("mlx_fleet_agent_up", (("host", "mac1"),))] == 0.0
+    assert values == {("mlx_fleet_agent_up", (("host", "mac1"),)): 0.0}
+    metrics.host_up("mac1", version="0.1.0", machine={"chip": "Apple M4", "mlx_version": "0.3"})
+    values = parse(generate(metrics))
+    assert values[("mlx_fleet_agent_up", (("host", "mac1"),))] == 1.0
+    assert values[("mlx_fleet_pause_seconds_total", (("host", "mac1"),))] == 0.0
+    assert values[("mlx_fleet_policy_threshold_celsius", (("host", "mac1"), ("level", "stop")))]
+    build = (("chip", "Apple M4"), ("host", "mac1"), ("mlx_version", "0.3"), ("version", "0.1.0"))
+    assert values[("mlx_fleet_build_info", build)] == 1.0
+
+
+def test_the_coordinators_series_carry_the_agents_name_and_its_instance() -> None:
+    metrics = TelemetryMetrics(instance=True)
+    metrics.host_down("10.0.0.1:5555", "10.0.0.1:5555")  # not reached yet: no name known
+    metrics.host_up("mac1", "10.0.0.1:5555", version="0.1.0", machine={})
+    metrics.observe_sample(SAMPLE, "10.0.0.1:5555")
+    values = parse(generate(metrics))
+    labels = (("host", "mac1"), ("instance", "10.0.0.1:5555"))
+    assert values[("mlx_fleet_agent_up", labels)] == 1.0
+    assert not [key for key in values if ("host", "10.0.0.1:5555") in key[1]]
 
 
 def test_a_write_the_disk_refuses_reads_storage_ok_0_until_it_takes_it() -> None:
@@ -164,7 +195,24 @@ def test_an_exit_event_is_not_a_policy_action() -> None:
     metrics = after_a_restart()
     metrics.observe_event({"host": "mac1", "action": "exit"})
     values = parse(generate(metrics))
-    assert not [key for key in values if key[0] == "mlx_fleet_policy_actions_total"]
+    counted = {k: v for k, v in values.items() if k[0] == "mlx_fleet_policy_actions_total"}
+    assert len(counted) == 5 and set(counted.values()) == {0.0}
+
+
+def test_the_exporter_serves_metrics_and_healthz_only() -> None:
+    server = serve_metrics(TelemetryMetrics().registry, "127.0.0.1:0")
+    try:
+        base = f"http://127.0.0.1:{server.port}"
+        with urllib.request.urlopen(f"{base}/healthz", timeout=5) as response:
+            assert response.status == 200 and response.read() == b"ok\n"
+        with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
+            assert b"# TYPE mlx_fleet_agent_up gauge" in response.read()
+        for path in ("/", "/favicon.ico", "/metrics/extra", "/debug"):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(f"{base}{path}", timeout=5)
+            assert refused.value.code == 404, path
+    finally:
+        server.close()
 
 
 def generate(metrics: TelemetryMetrics) -> str:

@@ -53,7 +53,7 @@ def test_metrics_of_every_host_parse_and_ctrl_c_ends_the_monitor(
     tmp_path: Path,
 ) -> None:
     hot, gone = (
-        known_agent(agents, "hot", 88.0, tmp_path),
+        known_agent(agents, "hot", 88.0, tmp_path, ("--name", "mac-hot")),
         known_agent(agents, "gone", 60.0, tmp_path),
     )
     gone.kill()
@@ -84,7 +84,8 @@ def test_metrics_of_every_host_parse_and_ctrl_c_ends_the_monitor(
         assert process.poll() is None
     assert url is not None
     run_job(supervised, hot)  # paused at once by the 88 °C curve, while the monitor listens
-    up, down = (("host", hot.address),), (("host", gone.address),)
+    up = (("host", "mac-hot"), ("instance", hot.address))
+    down = (("host", gone.address), ("instance", gone.address))  # never reached: no name yet
     while True:
         metrics = scrape(url)
         ready = metrics.get("mlx_fleet_agent_up", {})
@@ -98,14 +99,21 @@ def test_metrics_of_every_host_parse_and_ctrl_c_ends_the_monitor(
         assert time.monotonic() < deadline, metrics
         time.sleep(0.2)
     source = f"replay:{tmp_path / 'hot'}.csv"
-    assert metrics["mlx_fleet_soc_temperature_celsius"] == {
-        (("host", hot.address), ("source", source)): 88.0
-    }
+    assert metrics["mlx_fleet_soc_temperature_celsius"] == {(*up, ("source", source)): 88.0}
     assert metrics["mlx_fleet_cooling_state"] == {up: 2.0}
-    assert (
-        metrics["mlx_fleet_policy_actions_total"][(("action", "pause"), ("host", hot.address))]
-        == 1.0
-    )
+    actions = metrics["mlx_fleet_policy_actions_total"]
+    assert actions[(("action", "pause"), *up)] == 1.0
+    assert actions[(("action", "stop"), *up)] == 0.0  # every action exists, at 0 until taken
+    assert metrics["mlx_fleet_policy_threshold_celsius"][(*up, ("level", "pause"))] == 85.0
+    (build,) = metrics["mlx_fleet_build_info"]
+    assert dict(build)["host"] == "mac-hot" and dict(build)["mlx_version"]
+    every_down_series = [
+        (name, labels)
+        for name, series in metrics.items()
+        for labels in series
+        if ("instance", gone.address) in labels
+    ]
+    assert every_down_series == [("mlx_fleet_agent_up", down)]  # a host down keeps only up 0
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=15)
     assert process.returncode == 0, err

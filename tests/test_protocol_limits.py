@@ -116,7 +116,7 @@ def test_a_job_page_stays_under_the_limit_with_the_largest_spec() -> None:
         "job": "j-1",
         "state": "ok",
         "error": None,
-        "spec": {"models": models, "seq_lengths": [16], "batch_sizes": [1]},
+        "spec": {"models": models, "n_prompt": [16], "batch_sizes": [1]},
         "models": [{"label": m, "param_count": 1} for m in models],
         "records": [{"name": m, "index": i, "error": "e" * 1500} for i, m in enumerate(models)],
         "started": "t",

@@ -113,7 +113,7 @@ def test_the_job_list_finds_a_job_by_the_request_that_started_it(
     agent = agents.start("mac1")
     exchange_keys(agent)
     client = connect(ctx, agent)
-    matrix = {"seq_lengths": [16], "models": ["small"], "warmup": 0, "iterations": 1}
+    matrix = {"n_prompt": [16], "models": ["small"], "warmup": 0, "iterations": 1}
     start = client.send("bench.start", {"matrix": matrix})
     stream = client.stream(start)
     job = next(stream).body["job"]

@@ -38,14 +38,14 @@ class FailingGuard:
 
 
 def tiny_spec(**changes) -> MatrixSpec:
-    base = dict(seq_lengths=(8, 16), models=("small",), decode_tokens=2, warmup=0, iterations=1)
+    base = dict(n_prompt=(8, 16), models=("small",), n_gen=(2,), warmup=0, iterations=1)
     return MatrixSpec(**(base | changes))
 
 
 def test_every_cell_yields_a_record_with_the_seed_keys() -> None:
     models: list[dict] = []
     records = list(run_matrix(tiny_spec(), on_model=models.append))
-    assert [r["test"] for r in records] == ["pp8", "pp16", "tg2 @ d8", "tg2 @ d16"]
+    assert [r["test"] for r in records] == ["pp8", "pp16", "tg2"]
     assert len(models) == 1 and models[0]["label"] == "small/f16"
     for record in records:
         assert record["status"] == "ok"
@@ -68,7 +68,7 @@ def test_every_cell_yields_a_record_with_the_seed_keys() -> None:
 def test_a_failed_cell_is_recorded_and_the_rest_go_on() -> None:
     guard = FailingGuard(fail_cell=1, error=MemoryError("out of memory"))
     records = list(run_matrix(tiny_spec(), guard=guard))
-    assert [r["status"] for r in records] == ["ok", "failed", "ok", "ok"]
+    assert [r["status"] for r in records] == ["ok", "failed", "ok"]
     assert records[1]["error"] == "MemoryError: out of memory"
     assert records[0]["soc_temp_start_c"] == 40.0 and records[0]["flags"] == ["hot"]
 
@@ -82,7 +82,7 @@ def test_a_meter_that_dies_mid_run_leaves_the_later_cells_without_energy_saying_
         records.append(record)
         if len(records) == 1:
             (zone / "energy_uj").unlink()  # the counter goes away between two cells
-    assert [r["status"] for r in records] == ["ok"] * 4  # the cells go on
+    assert [r["status"] for r in records] == ["ok"] * 3  # the cells go on
     assert records[0]["energy_j"] == 0.0 and records[0]["energy_source"] == "rapl"
     for record in records[1:]:
         assert record["energy_j"] is None and record["tokens_per_sec"] > 0
@@ -101,18 +101,14 @@ def test_a_stopping_guard_ends_the_run_after_recording_the_cell() -> None:
 
 def test_a_model_that_cannot_load_fails_its_cells_only(tmp_path: Path) -> None:
     missing = str(tmp_path / "no-such-model")
-    records = list(run_matrix(tiny_spec(models=(missing, "small"), decode_tokens=0)))
+    records = list(run_matrix(tiny_spec(models=(missing, "small"), n_gen=(0,))))
     assert [r["status"] for r in records] == ["failed", "failed", "ok", "ok"]
     assert "does not exist" in records[0]["error"]
 
 
 def test_each_model_is_built_once_per_bits() -> None:
     models: list[dict] = []
-    list(
-        run_matrix(
-            tiny_spec(bits=(16, 8), seq_lengths=(8,), decode_tokens=0), on_model=models.append
-        )
-    )
+    list(run_matrix(tiny_spec(bits=(16, 8), n_prompt=(8,), n_gen=(0,)), on_model=models.append))
     assert [m["label"] for m in models] == ["small/f16", "small/q8"]
 
 

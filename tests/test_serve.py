@@ -23,16 +23,17 @@ from tests.fleet_support import AgentPool, AgentProcess, connect, trusted_agent
 pytestmark = pytest.mark.timeout(60)
 
 QUICK_MATRIX = {
-    "seq_lengths": [16],
+    "n_prompt": [16],
     "models": ["small"],
-    "decode_tokens": 4,
+    "n_gen": [4],
     "warmup": 0,
     "iterations": 1,
 }
 LONG_MATRIX = {
-    "seq_lengths": [16, 32, 48, 64],
+    "n_prompt": [16, 32, 48],
     "models": ["small"],
-    "decode_tokens": 8,
+    "n_gen": [8],
+    "n_depth": [0, 32],
     "warmup": 0,
     "iterations": 3,
 }
@@ -75,7 +76,7 @@ def test_a_job_streams_every_cell_then_job_get_returns_them(
     job_id = stream[0].body["job"]
     assert stream[-1].body == {"job": job_id, "status": "ok", "error": None, "cells": 2}
     cells = [m.body["record"] for m in stream if m.type == "bench.cell"]
-    assert [c["test"] for c in cells] == ["pp16", "tg4 @ d16"]
+    assert [c["test"] for c in cells] == ["pp16", "tg4"]
     fetched = client.request("job.get", {"job": job_id})
     assert fetched["state"] == "ok" and fetched["records"] == cells
     assert fetched["models"] == models and fetched["next"] is None
@@ -117,10 +118,11 @@ def test_a_running_job_keeps_others_out_until_it_is_cancelled(
 @pytest.mark.parametrize(
     ("matrix", "needle"),
     [
-        ({"seq_lengths": [0], "models": ["small"]}, "sequence length 0"),
+        ({"n_prompt": [-1], "models": ["small"]}, "prompt length -1"),
+        ({"n_prompt": [0], "n_gen": [0], "models": ["small"]}, "nothing to measure"),
         ({"models": ["/no/such/model"]}, "/no/such/model does not exist"),
-        ({"seq_lengths": [16], "flavour": "x", "models": ["small"]}, "unknown matrix field(s)"),
-        ({"seq_lengths": [16]}, "models is required"),
+        ({"n_prompt": [16], "flavour": "x", "models": ["small"]}, "unknown matrix field(s)"),
+        ({"n_prompt": [16]}, "models is required"),
         ({"models": ["/" + "x" * 4999]}, "5000 characters; the limit is 1024"),
         ({"models": ["/" + "x" * 300]}, "cannot be read"),
         ({"models": ["small"], "batch_sizes": [1_000_000]}, "above the limit of 1024"),

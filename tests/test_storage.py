@@ -30,7 +30,7 @@ from tests.test_prometheus_agent import scrape
 
 pytestmark = pytest.mark.timeout(300)
 
-QUICK = {"models": ["small"], "seq_lengths": [16], "decode_tokens": 4, "warmup": 0, "iterations": 1}
+QUICK = {"models": ["small"], "n_prompt": [16], "n_gen": [4], "warmup": 0, "iterations": 1}
 
 
 @pytest.fixture

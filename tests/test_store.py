@@ -16,7 +16,7 @@ import pytest
 
 from coordinator.store import MIGRATIONS, RunStore, UnknownRunError
 from shared.io.sqlite import StoreError
-from shared.matrix import PREFILL, Cell
+from shared.matrix import Cell
 from shared.report import render_text
 from shared.results import cell_record
 
@@ -34,7 +34,7 @@ MACHINE = {
 def ok_cell(seq_len: int, tokens_per_sec: float, batch_size: int = 1) -> dict[str, Any]:
     """A prefill cell of the small model as the agent reports it."""
     return cell_record(
-        Cell("small", 16, PREFILL, seq_len, batch_size),
+        Cell("small", 16, seq_len, 0, 0, batch_size),
         {
             "tokens_per_sec": tokens_per_sec,
             "std_tokens_per_sec": 0.5,
@@ -46,14 +46,14 @@ def ok_cell(seq_len: int, tokens_per_sec: float, batch_size: int = 1) -> dict[st
 
 
 def failed_cell(seq_len: int, error: str) -> dict[str, Any]:
-    return cell_record(Cell("small", 16, PREFILL, seq_len, 1), error=error)
+    return cell_record(Cell("small", 16, seq_len, 0, 0, 1), error=error)
 
 
 def fill_run(
     store: RunStore, speeds: dict[str, dict[int, float | None]], status: str = "ok"
 ) -> str:
     """A finished run: per host, per sequence length, tok/s (None: the cell failed)."""
-    run_id = store.create_run({"seq_lengths": [32, 64]}, list(speeds))
+    run_id = store.create_run({"n_prompt": [32, 64]}, list(speeds))
     for host, cells in speeds.items():
         store.set_host_info(
             run_id, host, {**MACHINE, "hostname": host.split(":")[0]}, [], "ok", None
@@ -96,7 +96,7 @@ def test_ids_are_readable(store: RunStore) -> None:
 
 
 def test_report_round_trip(store: RunStore) -> None:
-    spec = {"seq_lengths": [32, 64], "models": ["small"], "warmup": 0}
+    spec = {"n_prompt": [32, 64], "models": ["small"], "warmup": 0}
     run_id = store.create_run(spec, ["mac1:5555", "mac2:5555"])
     first, second, third = ok_cell(32, 100.0), ok_cell(64, 80.0), failed_cell(32, "OOM")
     store.add_cell(run_id, "mac2:5555", first)
@@ -149,7 +149,7 @@ def test_hosts_first_named_later_are_appended(store: RunStore) -> None:
 def test_fastest_host_is_marked_on_load(store: RunStore) -> None:
     run_id = fill_run(store, {"mac1:5555": {32: 100.0, 64: 50.0}, "mac2:5555": {32: 120.0}})
     cells = store.load_report(run_id)["cells"]
-    assert [(c["host"], c["seq_len"], c.get("fastest")) for c in cells] == [
+    assert [(c["host"], c["n_prompt"], c.get("fastest")) for c in cells] == [
         ("mac1:5555", 32, None),
         ("mac1:5555", 64, None),
         ("mac2:5555", 32, True),
@@ -281,7 +281,7 @@ os.kill(os.getpid(), signal.SIGKILL)
     assert report["status"] == "interrupted" and report["finished"] is None
     assert report["interrupted"] is True
     assert "`coordinator resume` finishes it" in report["title"]
-    assert [c["seq_len"] for c in report["cells"]] == [32, 64, 128]
+    assert [c["n_prompt"] for c in report["cells"]] == [32, 64, 128]
 
 
 def test_threads_share_one_store(store: RunStore) -> None:
@@ -299,7 +299,7 @@ def test_threads_share_one_store(store: RunStore) -> None:
     cells = store.load_report(run_id)["cells"]
     assert len(cells) == 320
     for i in range(8):
-        mine = [c["seq_len"] for c in cells if c["host"] == f"mac{i}:5555"]
+        mine = [c["n_prompt"] for c in cells if c["host"] == f"mac{i}:5555"]
         assert mine == list(range(1, 41))  # each host's cells in the order it sent them
     assert store.list_runs()[0]["ok"] == 320
 

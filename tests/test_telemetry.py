@@ -354,9 +354,9 @@ def test_a_benchmark_job_is_gated_by_the_daemons_readings_with_no_coordinator_th
         "bench.start",
         {
             "matrix": {
-                "seq_lengths": [16],
+                "n_prompt": [16],
                 "models": ["small"],
-                "decode_tokens": 4,
+                "n_gen": [4],
                 "warmup": 0,
                 "iterations": 1,
             }
@@ -412,9 +412,9 @@ def test_the_daemons_view_of_a_benchmark_job_is_the_jobs_own_gate(
     agent = trusted_agent(agents, thermal=f"replay:{curve}", options=["--poll-interval", "0.1"])
     client = connect(ctx, agent)
     matrix = {
-        "seq_lengths": [16, 32, 48, 64],
+        "n_prompt": [16, 32, 48, 64],
         "models": ["small"],
-        "decode_tokens": 8,
+        "n_gen": [8],
         "warmup": 0,
         "iterations": 3,
     }

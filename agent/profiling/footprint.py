@@ -2,18 +2,25 @@
 is refused with the estimate instead of taking the job process down (an allocation MLX cannot
 make kills the process: SIGSEGV, or the kernel's out-of-memory SIGKILL).
 
-Pure arithmetic over the model's shape (its config: ours or mlx-lm's `args`). For one forward
-pass over L tokens in a batch of B, in float16 (2 bytes) unless said otherwise:
+Pure arithmetic over the model's shape (its config: ours or mlx-lm's `args`). A prompt (and a
+depth) goes through the model in steps of at most S tokens (the prefill step), each evaluating
+the KV cache alone (agent.profiling.speed.prefill), so with L = min(S, the longest of prompt and
+depth) and a batch of B, in float16 (2 bytes) unless said otherwise:
 
 - weights: the bytes the model's arrays hold (measured, agent.profiling.memory);
-- KV cache (decode cells): layers x 2 x B x kv_heads x head_dim x (context + generated, rounded
-  up to the cache's 256-position steps);
+- KV cache: layers x 2 x B x kv_heads x head_dim x (depth + prompt + generated, rounded up to
+  the cache's 256-position steps), plus the depth's once more (rounded up alike): the cache
+  filled with it is kept while each iteration works on a copy (agent.profiling.speed.Depth);
 - activations: the residual stream and one layer's intermediates, B x L x (4 hidden + q/k/v +
   3 intermediate); plus, where attention is not a fused kernel (MLX's CPU backend), the
-  attention scores of one layer, B x heads x L x L in float32. Checked against MLX 0.32's peak
-  on its CPU backend with the built-in small model (the estimate errs high): pp2048 b1 107 MB
-  estimated, 92 MB measured; pp2048 b4 403 MB for 329 MB; pp4096 b1 340 MB for 252 MB;
-- logits: B x L x vocab (the whole context's logits, which a decode cell's prefill makes too).
+  attention scores of one layer, B x heads x L x (cache positions) in float32;
+- logits: B x vocab (only the last position is projected onto the vocabulary).
+
+Checked against MLX 0.32's peak on its CPU backend with the built-in small model (the estimate
+errs high): pp2048 b1 94 MB estimated, 76 MB measured; pp2048 b4 353 MB for 268 MB; pp4096 b1
+(step 2048) 166 MB for 118 MB; pp4096 b1 (step 4096) 315 MB for 220 MB. A decode cell's
+estimate covers the untimed filling of its depth too (tg64 @ d2048 b4: 405 MB), whose peak the
+figure reported for the timed decode leaves out.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from shared.matrix import DECODE, Cell
+from shared.matrix import Cell
 
 HALF = 2
 SCORE_BYTES = 4
@@ -90,15 +97,16 @@ def _gb(size: int) -> str:
 
 
 def cell_footprint(
-    shape: ModelShape, weight_bytes: int, cell: Cell, scores_materialized: bool
+    shape: ModelShape, weight_bytes: int, cell: Cell, step: int, scores_materialized: bool
 ) -> Footprint:
-    """What `cell` needs with a model of `shape` holding `weight_bytes`; `scores_materialized`
-    when attention builds its score matrix (no fused kernel)."""
-    batch, length = cell.batch_size, cell.seq_len
-    kv_cache = 0
-    if cell.mode == DECODE:
-        positions = -(-(cell.seq_len + cell.decode_tokens) // CACHE_STEP) * CACHE_STEP
-        kv_cache = shape.layers * 2 * batch * shape.kv_heads * shape.head_dim * positions * HALF
+    """What `cell` needs with a model of `shape` holding `weight_bytes`, its prompt (and
+    depth) fed in steps of `step` tokens; `scores_materialized` when attention builds its score
+    matrix (no fused kernel)."""
+    batch = cell.batch_size
+    positions = _rounded(cell.n_depth + cell.n_prompt + cell.n_gen)
+    held = positions + _rounded(cell.n_depth)  # the working copy and the filled original
+    kv_cache = shape.layers * 2 * batch * shape.kv_heads * shape.head_dim * held * HALF
+    length = min(step, max(cell.n_depth, cell.n_prompt, 1))
     per_token = (
         4 * shape.hidden
         + (shape.heads + 2 * shape.kv_heads) * shape.head_dim
@@ -106,9 +114,14 @@ def cell_footprint(
     )
     activations = batch * length * per_token * HALF
     if scores_materialized:
-        activations += batch * shape.heads * length * length * SCORE_BYTES
-    logits = batch * length * shape.vocab * HALF
+        activations += batch * shape.heads * length * positions * SCORE_BYTES
+    logits = batch * shape.vocab * HALF
     return Footprint(weight_bytes, kv_cache, activations, logits)
+
+
+def _rounded(positions: int) -> int:
+    """Positions a KV cache holds for `positions` tokens: whole steps of CACHE_STEP."""
+    return -(-positions // CACHE_STEP) * CACHE_STEP
 
 
 def refusal(footprint: Footprint, memory_bytes: int) -> str | None:

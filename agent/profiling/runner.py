@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import json
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,21 +20,24 @@ import mlx.nn as nn
 import psutil
 
 from agent.guard import CellGuard, NullGuard, RunStopped
+from agent.hf_models import ModelNotFound, locate
 from agent.model import BUILTIN_CONFIGS, QUANT_GROUP_SIZE, build_model
 from agent.power.meter import EnergyMeter
 from agent.profiling.footprint import cell_footprint, model_shape, refusal
 from agent.profiling.memory import MemoryProfiler
 from agent.profiling.speed import SpeedProfiler
 from agent.profiling.watch import CellWatch
+from shared.clock import now_iso
 from shared.matrix import (
+    DECODE,
     PREFILL,
     Cell,
     MatrixSpec,
     bits_label,
     expand,
     group_by_model,
-    model_label,
 )
+from shared.report import record_model_label
 from shared.results import cell_record
 from shared.sustain import SustainPlan
 
@@ -119,7 +123,9 @@ def load_model_dir(path: Path, bits: int | None) -> nn.Module:
 def load_benchmark_model(
     name: str, bits: int | None, prebuilt: dict[str, nn.Module] | None = None
 ) -> LoadedModel:
-    """A model by name: one of `prebuilt`, a built-in config, or an mlx-lm directory."""
+    """A model by name: one of `prebuilt`, a built-in config, an mlx-lm directory, or a Hugging
+    Face id (agent.hf_models: fetched into the cache first when the network allows)."""
+    revision = None
     if prebuilt and name in prebuilt:
         model = prebuilt[name]
         kind = "in-memory"
@@ -128,18 +134,23 @@ def load_benchmark_model(
         model = build_model(args, bits=16 if bits is None else bits)
         kind = "builtin"
     else:
-        model = load_model_dir(Path(name).expanduser(), bits)
-        kind = "mlx-lm"
+        try:
+            location = locate(name)
+        except ModelNotFound as exc:
+            raise ModelLoadError(str(exc)) from None
+        model = load_model_dir(location.path, bits)
+        kind, revision = "mlx-lm", location.revision
     info = MemoryProfiler().profile_model(model)
-    label = model_label(name, bits)
+    label = record_model_label({"model": name, "bits": bits, "model_revision": revision})
     if kind == "mlx-lm" and bits is None:
-        label += f" ({bits_label(stored_bits(Path(name).expanduser()) or 16)})"
+        label += f" ({bits_label(stored_bits(location.path) or 16)})"
     info.update(
         model=name,
         bits=bits,
         label=label,
         kind=kind,
         model_type=getattr(model, "model_type", type(model).__name__),
+        revision=revision,
     )
     return LoadedModel(model, info)
 
@@ -147,25 +158,28 @@ def load_benchmark_model(
 def measure_cell(
     model: nn.Module, cell: Cell, spec: MatrixSpec, guard: CellGuard, watch: CellWatch | None = None
 ) -> dict[str, Any]:
+    """One cell, as its mode says: pp, tg, or pp+tg, each after its depth; `watch` hears each
+    timed region (energy) and may plan the steps (a sustained run)."""
     if watch is None:
         profiler = SpeedProfiler(before_iteration=guard.before_iteration)
     else:
         profiler = SpeedProfiler(guard.before_iteration, timing=watch, steps=watch.steps)
+    common = {
+        "num_warmup": spec.warmup,
+        "num_iterations": spec.iterations,
+        "batch_size": cell.batch_size,
+        "prefill_step_size": spec.prefill_step_size,
+    }
     if cell.mode == PREFILL:
         return profiler.benchmark_tokens_per_sec(
-            model,
-            seq_len=cell.seq_len,
-            num_warmup=spec.warmup,
-            num_iterations=spec.iterations,
-            batch_size=cell.batch_size,
+            model, seq_len=cell.n_prompt, depth=cell.n_depth, **common
         )
-    return profiler.benchmark_autoregressive(
-        model,
-        total_tokens=cell.decode_tokens,
-        context_len=cell.seq_len,
-        num_warmup=spec.warmup,
-        num_iterations=spec.iterations,
-        batch_size=cell.batch_size,
+    if cell.mode == DECODE:
+        return profiler.benchmark_autoregressive(
+            model, total_tokens=cell.n_gen, context_len=cell.n_depth, **common
+        )
+    return profiler.benchmark_prompt_gen(
+        model, cell.n_prompt, cell.n_gen, depth=cell.n_depth, **common
     )
 
 
@@ -249,6 +263,7 @@ def _run_groups(
 ) -> Iterator[dict[str, Any]]:
     scores_materialized = mx.default_device().type == mx.DeviceType.cpu  # no fused attention
     index = 0
+    measured = False
     for group in group_by_model(expand(spec)):
         indices = range(index, index + len(group.cells))
         index += len(group.cells)
@@ -269,12 +284,20 @@ def _run_groups(
                 on_begin(i)
             if shape is not None:
                 footprint = cell_footprint(
-                    shape, loaded.info["weight_memory_bytes"], cell, scores_materialized
+                    shape,
+                    loaded.info["weight_memory_bytes"],
+                    cell,
+                    spec.prefill_step_size,
+                    scores_materialized,
                 )
                 why = refusal(footprint, memory)
                 if why is not None:
                     yield cell_record(cell, error=why)
                     continue
+            if measured and spec.delay_s:
+                time.sleep(spec.delay_s)  # llama-bench's --delay: the machine cools between tests
+            measured = True
+            began = now_iso()
             guard.begin_cell()
             watch = CellWatch(cell, spec.warmup, guard, watching.energy, watching.sustain)
             metrics, error, stopped = None, None, None
@@ -285,8 +308,12 @@ def _run_groups(
             except Exception as exc:  # out of memory and the like fail one cell
                 error = error_text(exc)
             report = guard.end_cell()
-            measured = watch.fields(error if stopped is not None else None)
-            yield cell_record(cell, metrics, error, vars(report), measured)
+            watched = watch.fields(error if stopped is not None else None)
+            record = cell_record(cell, metrics, error, vars(report), watched)
+            record["test_time"] = began
+            if loaded.info.get("revision"):
+                record["model_revision"] = loaded.info["revision"]
+            yield record
             if stopped is not None:
                 raise stopped
         del loaded

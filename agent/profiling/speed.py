@@ -2,6 +2,20 @@
 
 MLX builds graphs lazily: every timed region here ends in `mx.eval`, warm-up runs first
 (kernels compile on first use), and decoding goes through a real KV cache.
+
+Prompt processing is what mlx-lm and llama-bench call it: the prompt goes into a KV cache in
+steps of `prefill_step_size` tokens, evaluating only the cache (mlx_lm/generate.py
+`generate_step`: `model(chunk, cache=...)`, `mx.eval([c.state for c in cache])`,
+`mx.clear_cache()`), so no prompt position but the last is projected onto the vocabulary; the
+last token's logits give the first generated token, as mlx-lm's prompt time and llama-bench's
+pp (logits of the batch's last token only) include it.
+
+A depth (tokens already in the KV cache) is filled the same way once per cell, before any
+iteration; each iteration, warm-up included, starts from its own evaluated copy of that cache
+(copy_cache), made before the clock starts, so every timed region holds the same work and the
+depth is paid for once, not once per iteration. The filled original stays in memory meanwhile:
+its bytes are left out of the peak and active memory reported, which stay what the work after
+one filling holds.
 """
 
 from __future__ import annotations
@@ -10,16 +24,16 @@ import copy
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 
 from agent.profiling.memory import random_tokens, to_gb
+from shared.matrix import DEFAULT_PREFILL_STEP
 from shared.stats import summarize_latencies
 
-State = TypeVar("State")
 IterationGate = Callable[[int], None]
 StepPlan = Callable[[int, int], Iterable[int]]
 """(warm-up, iterations) -> the step numbers to run; by default all of them, once."""
@@ -54,9 +68,9 @@ def cache_state(cache: list[Any]) -> list[Any]:
 
 def copy_cache(cache: list[Any]) -> list[Any]:
     """The cache with buffers of its own: each layer copied with every array it holds copied
-    into new memory (unevaluated), offsets and steps as they were. A decode writing into the
-    copy finds what it would find in a freshly prefilled cache, an array nothing else holds, so
-    MLX updates it in place just the same, and the original stays as it was."""
+    into new memory (unevaluated), offsets and steps as they were. Work writing into the copy
+    finds what it would find in a freshly filled cache, an array nothing else holds, so MLX
+    updates it in place just the same, and the original stays as it was."""
     copies = []
     for layer in cache:
         clone = copy.copy(layer)
@@ -75,6 +89,53 @@ def cache_bytes(cache: list[Any]) -> int:
     return sum(
         leaf.nbytes for _, leaf in tree_flatten(cache_state(cache)) if isinstance(leaf, mx.array)
     )
+
+
+def prefill(model: nn.Module, cache: list[Any], tokens: mx.array, step: int) -> mx.array:
+    """Put `tokens` (batch x length) into `cache` as mlx-lm's generate_step does: all but the
+    last token in steps of `step`, each step evaluating the cache alone; then the last token,
+    whose next token (greedy) is returned unevaluated."""
+    length = tokens.shape[1]
+    start = 0
+    while length - start > 1:
+        size = min(step, length - 1 - start)
+        model(tokens[:, start : start + size], cache=cache)
+        mx.eval(cache_state(cache))
+        start += size
+        mx.clear_cache()
+    return mx.argmax(model(tokens[:, start:], cache=cache)[:, -1, :], axis=-1)
+
+
+@dataclass
+class Depth:
+    """A cell's depth, filled once: the cache holding the context, and the greedy token after
+    it (None at depth 0, whose cache is empty)."""
+
+    cache: list[Any]
+    token: mx.array | None
+
+    @classmethod
+    def fill(cls, model: nn.Module, context: mx.array, step: int) -> Depth:
+        """`context` (batch x depth) into a new cache in prefill steps of `step`, evaluated."""
+        cache = new_cache(model)
+        if not context.shape[1]:
+            return cls(cache, None)
+        token = prefill(model, cache, context, step)
+        mx.eval(token, cache_state(cache))
+        return cls(cache, token)
+
+    @property
+    def kept_bytes(self) -> int:
+        """What the filled original holds while the iterations work on copies."""
+        return 0 if self.token is None else cache_bytes(self.cache)
+
+    def fresh(self, model: nn.Module) -> list[Any]:
+        """A cache of the iteration's own holding the depth, evaluated."""
+        if self.token is None:
+            return new_cache(model)
+        cache = copy_cache(self.cache)
+        mx.eval(cache_state(cache))
+        return cache
 
 
 @dataclass
@@ -104,13 +165,15 @@ class SpeedProfiler:
 
     def _measure(
         self,
-        prepare: Callable[[], State],
-        timed: Callable[[State], mx.array],
+        model: nn.Module,
+        depth: Depth,
+        timed: Callable[[list[Any]], mx.array],
         num_warmup: int,
         num_iterations: int,
     ) -> Measurement:
-        """Time `timed` alone: `prepare` (fresh inputs, a prefilled cache) and the gate run
-        before the clock starts, and the peak is reset after them, so neither counts."""
+        """Time `timed` alone on a fresh cache holding `depth`: the cache's copy and the gate
+        come before the clock starts, and the peak is reset after them, so neither counts; the
+        filled original's bytes are taken out of the peak and active memory."""
         if num_iterations < 1:
             raise ValueError("num_iterations must be at least 1")
         mx.clear_cache()
@@ -118,12 +181,12 @@ class SpeedProfiler:
         for step in self.steps(num_warmup, num_iterations):
             if self.before_iteration is not None:
                 self.before_iteration(step)
-            state = prepare()
+            cache = depth.fresh(model)
             mx.reset_peak_memory()
             if self.timing is not None:
                 self.timing.started(step)
             start = time.perf_counter()
-            output = timed(state)
+            output = timed(cache)
             mx.eval(output)
             elapsed = time.perf_counter() - start
             if self.timing is not None:
@@ -132,7 +195,10 @@ class SpeedProfiler:
                 measurement.samples.append(elapsed)
                 measurement.peak_bytes = max(measurement.peak_bytes, mx.get_peak_memory())
                 measurement.active_bytes = mx.get_active_memory()
-            del state, output
+            del cache, output
+        kept = depth.kept_bytes
+        measurement.peak_bytes -= kept
+        measurement.active_bytes -= kept
         return measurement
 
     def _result(self, measurement: Measurement, tokens: int) -> dict[str, Any]:
@@ -148,13 +214,50 @@ class SpeedProfiler:
         num_warmup: int = 2,
         num_iterations: int = 5,
         batch_size: int = 1,
+        *,
+        depth: int = 0,
+        prefill_step_size: int = DEFAULT_PREFILL_STEP,
     ) -> dict[str, Any]:
-        """Prefill: the whole prompt in one evaluated forward pass."""
-        tokens = random_tokens(model, batch_size, seq_len)
-        mx.eval(tokens)
-        measurement = self._measure(lambda: tokens, model, num_warmup, num_iterations)
+        """Prompt processing (pp<seq_len>): the prompt into a KV cache already holding `depth`
+        tokens, in steps of `prefill_step_size` (see prefill)."""
+        filled, prompt = _after_depth(model, batch_size, depth, seq_len, prefill_step_size)
+        measurement = self._measure(
+            model,
+            filled,
+            lambda cache: prefill(model, cache, prompt, prefill_step_size),
+            num_warmup,
+            num_iterations,
+        )
         result = self._result(measurement, batch_size * seq_len)
         result.update(seq_len=seq_len, batch_size=batch_size)
+        result.update(n_depth=depth, prefill_step_size=prefill_step_size)
+        return result
+
+    def benchmark_prompt_gen(
+        self,
+        model: nn.Module,
+        prompt_len: int,
+        gen_tokens: int,
+        num_warmup: int = 2,
+        num_iterations: int = 5,
+        batch_size: int = 1,
+        *,
+        depth: int = 0,
+        prefill_step_size: int = DEFAULT_PREFILL_STEP,
+    ) -> dict[str, Any]:
+        """pp<prompt_len>+tg<gen_tokens>: the prompt processed and `gen_tokens` generated,
+        timed as one figure (llama-bench's -pg: t/s counts both), after `depth` tokens."""
+        filled, prompt = _after_depth(model, batch_size, depth, prompt_len, prefill_step_size)
+
+        def timed(cache: list[Any]) -> mx.array:
+            return decode(
+                model, cache, prefill(model, cache, prompt, prefill_step_size), gen_tokens
+            )
+
+        measurement = self._measure(model, filled, timed, num_warmup, num_iterations)
+        result = self._result(measurement, batch_size * (prompt_len + gen_tokens))
+        result.update(seq_len=prompt_len, batch_size=batch_size, decode_tokens=gen_tokens)
+        result.update(n_depth=depth, prefill_step_size=prefill_step_size)
         return result
 
     def benchmark_autoregressive(
@@ -165,46 +268,53 @@ class SpeedProfiler:
         num_warmup: int = 2,
         num_iterations: int = 5,
         batch_size: int = 1,
+        *,
+        prefill_step_size: int = DEFAULT_PREFILL_STEP,
     ) -> dict[str, Any]:
-        """Decode `total_tokens` greedily, one at a time through the KV cache.
-
-        The context of `context_len` tokens is prefilled once per cell, before any iteration;
-        each iteration, warm-up included, decodes from its own copy of that cache (copy_cache),
-        made and evaluated before the clock starts, so every timed region holds the same
-        decoding alone and a prefill is paid once, not once per iteration. The prefilled
-        original stays in memory meanwhile: its bytes are left out of the peak and active
-        memory reported, which stay what a decode after one prefill holds. Steps are queued with
-        `mx.async_eval` as in mlx-lm's generator; each token depends on the previous one, so the
-        final `mx.eval` waits for all of them.
-        """
+        """Decode `total_tokens` greedily, one at a time through the KV cache, after a context
+        of `context_len` tokens (the depth, filled once; see the module's docstring) from the
+        greedy token after it; at depth 0 from one random token, as llama-bench's tg."""
         if total_tokens < 1:
             raise ValueError("total_tokens must be at least 1")
         context = random_tokens(model, batch_size, context_len)
         mx.eval(context)
-        prefilled = new_cache(model)
-        first = mx.argmax(model(context, cache=prefilled)[:, -1, :], axis=-1)
-        mx.eval(first, cache_state(prefilled))
-
-        def prefill() -> tuple[list[Any], mx.array]:
-            cache = copy_cache(prefilled)
-            mx.eval(cache_state(cache))
-            return cache, first
-
-        def decode(state: tuple[list[Any], mx.array]) -> mx.array:
-            cache, token = state
-            for _ in range(total_tokens):
-                logits = model(token[:, None], cache=cache)
-                token = mx.argmax(logits[:, -1, :], axis=-1)
-                mx.async_eval(token)
-            return token
-
-        measurement = self._measure(prefill, decode, num_warmup, num_iterations)
-        kept = cache_bytes(prefilled)
-        measurement.peak_bytes -= kept
-        measurement.active_bytes -= kept
+        filled = Depth.fill(model, context, prefill_step_size)
+        first = filled.token
+        if first is None:
+            first = random_tokens(model, batch_size, 1, seed=1)[:, 0]
+            mx.eval(first)
+        measurement = self._measure(
+            model,
+            filled,
+            lambda cache: decode(model, cache, first, total_tokens),
+            num_warmup,
+            num_iterations,
+        )
         result = self._result(measurement, batch_size * total_tokens)
         # Time between two tokens of one sequence (a step yields one token per sequence), so
         # with batch B: tokens_per_sec ~= B * 1000 / mean_per_token_ms.
         result["mean_per_token_ms"] = result["latency_ms"] / total_tokens
         result.update(seq_len=context_len, batch_size=batch_size, decode_tokens=total_tokens)
+        result.update(n_depth=context_len, prefill_step_size=prefill_step_size)
         return result
+
+
+def _after_depth(
+    model: nn.Module, batch_size: int, depth: int, length: int, step: int
+) -> tuple[Depth, mx.array]:
+    """Random tokens: `depth` of them filled into a cache once, and the `length` that follow
+    (the prompt each iteration processes)."""
+    tokens = random_tokens(model, batch_size, depth + length)
+    mx.eval(tokens)
+    return Depth.fill(model, tokens[:, :depth], step), tokens[:, depth:]
+
+
+def decode(model: nn.Module, cache: list[Any], token: mx.array, count: int) -> mx.array:
+    """`count` tokens generated greedily after `token`, the last returned unevaluated. Steps
+    are queued with `mx.async_eval` as in mlx-lm's generator; each token depends on the
+    previous one, so evaluating the last waits for all of them."""
+    for _ in range(count):
+        logits = model(token[:, None], cache=cache)
+        token = mx.argmax(logits[:, -1, :], axis=-1)
+        mx.async_eval(token)
+    return token

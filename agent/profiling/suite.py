@@ -68,11 +68,11 @@ class BenchmarkSuite:
     ) -> BenchmarkResult:
         model = build_model(self.config, bits=self.bits)
         spec = MatrixSpec(
-            seq_lengths=tuple(seq_lengths),
+            n_prompt=tuple(seq_lengths),
             batch_sizes=(batch_size,),
             models=("custom",),
             bits=(self.bits,),
-            decode_tokens=0,
+            n_gen=(0,),
             warmup=num_warmup,
             iterations=num_iterations,
         )

@@ -10,6 +10,7 @@ tests/test_lazy_cli.py keeps every summary equal to its command's docstring.
 from __future__ import annotations
 
 import importlib
+import sys
 from dataclasses import dataclass, field
 from difflib import get_close_matches
 from typing import Any, ClassVar
@@ -43,10 +44,43 @@ class LazyCommand:
         return typer.main.get_command(single)
 
 
+UsageError: type[Exception] = typer.BadParameter.__bases__[0]
+"""Click's UsageError as the installed Typer raises it (Typer 0.2x carries its own Click)."""
+NoArgsIsHelp = getattr(sys.modules[UsageError.__module__], "NoArgsIsHelpError", ())
+"""The "error" a group given no command raises to show its help: kept as it is."""
+
+
+def one_line(exc: Any) -> Exception:
+    """`error: MESSAGE (COMMAND --help lists them)` on stderr, and the exit (2) to raise; the
+    help a command shows when given nothing goes through as it is."""
+    if isinstance(exc, NoArgsIsHelp):
+        return exc
+    from shared.io.cli import usage_error  # only once there is an error to print
+
+    where = f" (`{exc.ctx.command_path} --help` lists them)" if exc.ctx is not None else ""
+    message = " ".join(exc.format_message().split())
+    return usage_error(f"{message}{where}")
+
+
 class LazyGroup(TyperGroup):
-    """A TyperGroup that imports a command's module the first time the command is needed."""
+    """A TyperGroup that imports a command's module the first time the command is needed.
+    Its usage errors (an unknown option or command, a missing or bad value), its own and every
+    subcommand's, are one line naming the option, exit 2, as every other bad input is: Click's
+    own are a usage line, a hint and the message."""
 
     lazy: ClassVar[dict[str, LazyCommand]] = {}
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().make_context(*args, **kwargs)
+        except UsageError as exc:
+            raise one_line(exc) from None
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UsageError as exc:
+            raise one_line(exc) from None
 
     def list_commands(self, ctx: Any) -> list[str]:
         return [*self.commands, *(name for name in self.lazy if name not in self.commands)]
@@ -83,7 +117,7 @@ class LazyGroup(TyperGroup):
 
 def fleet_app(program: str, summary: str, commands: list[LazyCommand]) -> typer.Typer:
     """A top-level CLI of lazily imported `commands`: plain rewrapped --help ending with the
-    exit codes, and --version."""
+    exit codes, --version, and usage errors on one line."""
     group = type(f"{program.title()}Group", (LazyGroup,), {"lazy": {c.name: c for c in commands}})
     app = typer.Typer(
         cls=group,

@@ -50,8 +50,7 @@ def emit(data: Any, fmt: str, table: Callable[[Any], RenderableType]) -> None:
 
 
 def check_output(output: Path | None, flag: str = "--output") -> None:
-    """Refuse an --output (or another file option, `flag`) that cannot be written before any
-    work starts."""
+    """Refuse an output file (`flag`'s) that cannot be written before any work starts."""
     if output is None:
         return
     folder = output.parent if str(output.parent) else Path(".")

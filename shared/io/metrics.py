@@ -1,26 +1,40 @@
 """Prometheus metrics for thermal telemetry: one definition for both exporters.
 
 `agent serve --prometheus HOST:PORT` feeds its own samples and events into a TelemetryMetrics;
-`coordinator monitor --prometheus HOST:PORT` can feed every host's into one too. To reuse it:
+`coordinator monitor --prometheus HOST:PORT` feeds every host's into one made with
+`instance=True`. To reuse it:
 
     metrics = TelemetryMetrics()                 # its own CollectorRegistry, never the global one
     server = serve_metrics(metrics.registry, "127.0.0.1:9101")   # server.port, server.close()
+    metrics.host_up(host, build={...}, policy={...})   # every series of the host, counters at 0
     metrics.observe_sample(body)                 # every telemetry.sample body (docs/protocol.md)
     metrics.observe_event(body)                  # every telemetry.event body
-    metrics.set_up(host, False)                  # a host went silent (an agent reports itself up)
+    metrics.host_down(host)                      # a host went silent: agent_up 0, nothing else
 
-Metrics, all labelled by `host` (the sample's hostname):
+The server answers /metrics and /healthz, and 404 anywhere else.
+
+Every series is labelled `host`: the agent's name (`agent serve --name`, by default its
+hostname), the same on both exporters so their series join; the coordinator's also carry
+`instance`, the agent's HOST:PORT as monitored (until a host is first reached, its `host` is that
+HOST:PORT too). Metrics (docs/monitoring.md):
 - mlx_fleet_soc_temperature_celsius{host,source}: gauge; absent while the host has no reading
   (never NaN, never a made-up number).
+- mlx_fleet_sensor_temperature_celsius{host,sensor}: gauge, each sensor of the latest reading
+  (the agent's exporter: the wire carries the SoC figure alone).
 - mlx_fleet_cooling_state{host}: gauge, 0 ok, 1 reduce_batch, 2 pause, 3 stop; absent without a
   reading.
+- mlx_fleet_policy_threshold_celsius{host,level}: gauge, the policy in force: the °C at which
+  the host reaches `level` (reduce_batch, pause, stop).
 - mlx_fleet_pause_seconds_total{host}: counter of seconds supervised jobs spent paused (from the
   samples' pause_s_total; an agent restart, which resets that total, adds its new value).
 - mlx_fleet_policy_actions_total{host,action}: counter of the actions the policy took on jobs
-  (pause, resume, reduce_batch, restore_batch, stop).
-- mlx_fleet_agent_up{host}: gauge, 1 while the host's telemetry arrives.
+  (pause, resume, reduce_batch, restore_batch, stop), each at 0 from the host's start.
+- mlx_fleet_agent_up{host}: gauge, 1 while the host's telemetry arrives; 0 for a host that is
+  down, whose other series are removed until it returns.
 - mlx_fleet_storage_ok{host}: gauge, 1 while the host's agent writes everything it keeps, 0
   while its disk refuses a write (the samples' storage_error says which; it retries).
+- mlx_fleet_build_info{host,version,mlx_version,chip}: gauge, 1: the agent's mlx-fleet and MLX
+  versions and its chip.
 - mlx_fleet_power_watts{host,source,rail}: gauge, the watts of each rail the host's power source
   measures (cpu, gpu, ane, dram; system is the whole machine and holds the others) over its
   last poll; absent without a reading. The vendor's estimates (docs/energy.md).
@@ -32,133 +46,276 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
+from prometheus_client.metrics import MetricWrapperBase
 
 from shared.policy import CoolingState
 
 STATE_VALUES: dict[str, int] = {state.value: state.severity for state in CoolingState}
 """ok 0, reduce_batch 1, pause 2, stop 3: the order of CoolingState."""
-POLICY_ACTIONS = frozenset({"pause", "resume", "reduce_batch", "restore_batch", "stop"})
+POLICY_ACTIONS = ("pause", "resume", "reduce_batch", "restore_batch", "stop")
 """Event actions the cooling policy takes; the others (start, exit, kill, ...) are not counted."""
+THRESHOLD_LEVELS = {
+    "max_speed_temp": CoolingState.REDUCE_BATCH.value,
+    "pause_temp": CoolingState.PAUSE.value,
+    "stop_temp": CoolingState.STOP.value,
+}
+"""A policy's thresholds by the state each one starts."""
+BUILD_LABELS = ("version", "mlx_version", "chip")
+
+
+def build_labels(version: str | None, machine: Mapping[str, Any]) -> dict[str, str]:
+    """build_info's labels from an agent's version and machine facts ('unknown' when unsaid)."""
+    return {
+        "version": version or "unknown",
+        "mlx_version": machine.get("mlx_version") or "unknown",
+        "chip": machine.get("chip") or "unknown",
+    }
+
+
+@dataclass
+class _Host:
+    """What the metrics hold of one host: its labels, what it declared, what it exports."""
+
+    host: str
+    instance: str | None
+    build: dict[str, str] | None = None
+    policy: dict[str, float] | None = None
+    up: bool = False
+    series: set[tuple[MetricWrapperBase, tuple[str, ...]]] = field(default_factory=set)
+    source: str | None = None
+    sensors: set[str] = field(default_factory=set)
+    pause_seen: float = 0.0
+    power_shown: set[tuple[str, str]] = field(default_factory=set)
+    joules_seen: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
 class TelemetryMetrics:
-    """The metrics above in a registry of their own, updated from telemetry bodies. Not
-    thread-safe on its own bookkeeping: feed it from one thread."""
+    """The metrics in a registry of their own, updated from telemetry bodies. Not thread-safe on
+    its own bookkeeping: feed it from one thread. With `instance`, every series also carries
+    the host's HOST:PORT (the coordinator's exporter), and a host is keyed by it."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, instance: bool = False) -> None:
         self.registry = registry or CollectorRegistry()
-        self.temperature = Gauge(
+        self.instance = instance
+        base = ["host", "instance"] if instance else ["host"]
+
+        def gauge(name: str, text: str, *labels: str) -> Gauge:
+            return Gauge(name, text, [*base, *labels], registry=self.registry)
+
+        self.temperature = gauge(
             "mlx_fleet_soc_temperature_celsius",
             "SoC temperature of the host's latest reading.",
-            ["host", "source"],
-            registry=self.registry,
+            "source",
         )
-        self.cooling_state = Gauge(
+        self.sensor_temperature = gauge(
+            "mlx_fleet_sensor_temperature_celsius",
+            "Each sensor of the host's latest reading, °C.",
+            "sensor",
+        )
+        self.cooling_state = gauge(
             "mlx_fleet_cooling_state",
             "What the host's policy says now: 0 ok, 1 reduce_batch, 2 pause, 3 stop.",
-            ["host"],
-            registry=self.registry,
+        )
+        self.threshold = gauge(
+            "mlx_fleet_policy_threshold_celsius",
+            "The policy in force: °C at which the host reaches `level`.",
+            "level",
         )
         self.pause_seconds = Counter(
             "mlx_fleet_pause_seconds",
             "Seconds supervised jobs on the host spent paused.",
-            ["host"],
+            base,
             registry=self.registry,
         )
         self.policy_actions = Counter(
             "mlx_fleet_policy_actions",
             "Actions the cooling policy took on the host's jobs.",
-            ["host", "action"],
+            [*base, "action"],
             registry=self.registry,
         )
-        self.agent_up = Gauge(
-            "mlx_fleet_agent_up",
-            "1 while the host's telemetry arrives.",
-            ["host"],
-            registry=self.registry,
-        )
-        self.storage_ok = Gauge(
+        self.agent_up = gauge("mlx_fleet_agent_up", "1 while the host's telemetry arrives.")
+        self.storage_ok = gauge(
             "mlx_fleet_storage_ok",
             "1 while the host's agent writes all it keeps, 0 while its disk refuses a write.",
-            ["host"],
-            registry=self.registry,
         )
-        self.power = Gauge(
+        self.build_info = gauge(
+            "mlx_fleet_build_info", "The agent's versions and chip (always 1).", *BUILD_LABELS
+        )
+        self.power = gauge(
             "mlx_fleet_power_watts",
             "Watts per rail of the host's power source over its last poll (vendor estimates).",
-            ["host", "source", "rail"],
-            registry=self.registry,
+            "source",
+            "rail",
         )
         self.energy = Counter(
             "mlx_fleet_energy_joules",
             "Joules per rail the host's power source counted (vendor estimates).",
-            ["host", "source", "rail"],
+            [*base, "source", "rail"],
             registry=self.registry,
         )
-        self._sources: dict[str, str] = {}
-        self._pause_seen: dict[str, float] = {}
-        self._states: set[str] = set()
-        self._power_shown: dict[str, set[tuple[str, str]]] = {}
-        self._joules_seen: dict[tuple[str, str, str], float] = {}
+        self._hosts: dict[str, _Host] = {}
 
-    def observe_sample(self, sample: Mapping[str, Any]) -> None:
-        host = sample["host"]
-        previous = self._sources.pop(host, None)
-        if previous is not None and (sample["celsius"] is None or previous != sample["source"]):
-            self.temperature.remove(host, previous)
+    # --- hosts ------------------------------------------------------------------------------
+
+    def _host(self, host: str, instance: str | None) -> _Host:
+        """The host's bookkeeping, keyed by its instance (the coordinator) or its name; a host
+        whose name changed loses its old series first."""
+        key = instance if self.instance and instance is not None else host
+        known = self._hosts.get(key)
+        if known is not None and known.host != host:
+            self._remove(known, keep_up=False)
+            known = None
+        if known is None:
+            known = self._hosts[key] = _Host(host, instance if self.instance else None)
+        return known
+
+    def _labels(self, state: _Host, *extra: str) -> tuple[str, ...]:
+        base = (state.host, state.instance or state.host) if self.instance else (state.host,)
+        return (*base, *extra)
+
+    def _set(self, state: _Host, metric: Gauge, value: float, *extra: str) -> None:
+        labels = self._labels(state, *extra)
+        metric.labels(*labels).set(value)
+        state.series.add((metric, labels))
+
+    def _drop(self, state: _Host, metric: MetricWrapperBase, *extra: str) -> None:
+        labels = self._labels(state, *extra)
+        if (metric, labels) in state.series:
+            metric.remove(*labels)
+            state.series.discard((metric, labels))
+
+    def _remove(self, state: _Host, keep_up: bool) -> None:
+        for metric, labels in list(state.series):
+            if keep_up and metric is self.agent_up:
+                continue
+            metric.remove(*labels)
+            state.series.discard((metric, labels))
+        state.source, state.sensors, state.power_shown = None, set(), set()
+
+    def host_up(
+        self,
+        host: str,
+        instance: str | None = None,
+        *,
+        version: str | None = None,
+        machine: Mapping[str, Any] | None = None,
+        policy: Mapping[str, float] | None = None,
+    ) -> None:
+        """The host is up: agent_up 1, its build info (from its mlx-fleet `version` and its
+        `machine` facts, when given) and thresholds, and every counter at 0 from now on
+        (Prometheus's increase() sees the first action only if a 0 came before it)."""
+        state = self._host(host, instance)
+        if machine is not None:
+            state.build = build_labels(version, machine)
+        if policy is not None:
+            state.policy = dict(policy)
+        state.up = True
+        self._set(state, self.agent_up, 1)
+        counters = [(self.pause_seconds, ())] + [
+            (self.policy_actions, (action,)) for action in POLICY_ACTIONS
+        ]
+        for counter, extra in counters:
+            labels = self._labels(state, *extra)
+            counter.labels(*labels)  # created at 0, or kept as it is
+            state.series.add((counter, labels))
+        if state.build is not None:
+            current = self._labels(state, *(state.build[k] for k in BUILD_LABELS))
+            for metric, labels in list(state.series):
+                if metric is self.build_info and labels != current:  # upgraded meanwhile
+                    metric.remove(*labels)
+                    state.series.discard((metric, labels))
+            self._set(state, self.build_info, 1, *(state.build[k] for k in BUILD_LABELS))
+        if state.policy is not None:
+            self.set_policy(host, state.policy, instance)
+
+    def host_down(self, host: str, instance: str | None = None) -> None:
+        """The host is down: mlx_fleet_agent_up 0 and nothing else of it until host_up."""
+        state = self._host(host, instance)
+        self._remove(state, keep_up=True)
+        state.up = False
+        self._set(state, self.agent_up, 0)
+
+    def set_policy(
+        self, host: str, policy: Mapping[str, float], instance: str | None = None
+    ) -> None:
+        state = self._host(host, instance)
+        state.policy = dict(policy)
+        if state.up:
+            for key, level in THRESHOLD_LEVELS.items():
+                self._set(state, self.threshold, float(policy[key]), level)
+
+    # --- telemetry --------------------------------------------------------------------------
+
+    def observe_sample(self, sample: Mapping[str, Any], instance: str | None = None) -> None:
+        state = self._host(sample["host"], instance)
+        if not state.up:
+            self.host_up(sample["host"], instance)
+        if state.source is not None and (
+            sample["celsius"] is None or state.source != sample["source"]
+        ):
+            self._drop(state, self.temperature, state.source)
+            state.source = None
         if sample["celsius"] is not None:
-            self.temperature.labels(host, sample["source"]).set(sample["celsius"])
-            self._sources[host] = sample["source"]
-        state = STATE_VALUES.get(sample["state"] or "")
-        if state is None:
-            if host in self._states:
-                self.cooling_state.remove(host)
-                self._states.discard(host)
+            self._set(state, self.temperature, sample["celsius"], sample["source"])
+            state.source = sample["source"]
+        cooling = STATE_VALUES.get(sample["state"] or "")
+        if cooling is None:
+            self._drop(state, self.cooling_state)
         else:
-            self.cooling_state.labels(host).set(state)
-            self._states.add(host)
+            self._set(state, self.cooling_state, cooling)
         total = float(sample["pause_s_total"])
-        seen = self._pause_seen.get(host, 0.0)
-        added = total - seen if total >= seen else total  # lower: the agent restarted
+        added = total - state.pause_seen if total >= state.pause_seen else total  # restarted
         if added > 0:
-            self.pause_seconds.labels(host).inc(added)
-        self._pause_seen[host] = total
-        self.agent_up.labels(host).set(1)
-        self.storage_ok.labels(host).set(0 if sample["storage_error"] else 1)
-        self._observe_power(host, sample.get("power"))
+            self.pause_seconds.labels(*self._labels(state)).inc(added)
+        state.pause_seen = total
+        self._set(state, self.storage_ok, 0 if sample["storage_error"] else 1)
+        self._observe_power(state, sample.get("power"))
 
-    def _observe_power(self, host: str, power: Mapping[str, Any] | None) -> None:
+    def _observe_power(self, state: _Host, power: Mapping[str, Any] | None) -> None:
         """Each rail's watts as a gauge (gone when a poll has none) and its joules added to the
         counter; cumulative joules lower than the last seen mean the agent restarted."""
         source = (power or {}).get("source") or ""
         watts = (power or {}).get("watts") or {}
         shown = {(source, rail) for rail in watts}
-        for gone in self._power_shown.get(host, set()) - shown:
-            self.power.remove(host, *gone)
+        for gone in state.power_shown - shown:
+            self._drop(state, self.power, *gone)
         for rail, value in watts.items():
-            self.power.labels(host, source, rail).set(value)
-        self._power_shown[host] = shown
+            self._set(state, self.power, float(value), source, rail)
+        state.power_shown = shown
         for rail, total in ((power or {}).get("joules") or {}).items():
-            key = (host, source, rail)
-            seen = self._joules_seen.get(key, 0.0)
+            seen = state.joules_seen.get((source, rail), 0.0)
             added = total - seen if total >= seen else total
+            labels = self._labels(state, source, rail)
             if added > 0:
-                self.energy.labels(host, source, rail).inc(added)
-            self._joules_seen[key] = total
+                self.energy.labels(*labels).inc(added)
+                state.series.add((self.energy, labels))
+            state.joules_seen[(source, rail)] = total
 
-    def observe_event(self, event: Mapping[str, Any]) -> None:
+    def observe_sensors(
+        self, host: str, sensors: Mapping[str, float | None], instance: str | None = None
+    ) -> None:
+        """Each sensor's °C of the latest reading; a sensor that stopped answering disappears."""
+        state = self._host(host, instance)
+        readable = {name: value for name, value in sensors.items() if value is not None}
+        for gone in state.sensors - set(readable):
+            self._drop(state, self.sensor_temperature, gone)
+        for name, value in readable.items():
+            self._set(state, self.sensor_temperature, float(value), name)
+        state.sensors = set(readable)
+
+    def observe_event(self, event: Mapping[str, Any], instance: str | None = None) -> None:
         if event["action"] in POLICY_ACTIONS:
-            self.policy_actions.labels(event["host"], event["action"]).inc()
-
-    def set_up(self, host: str, up: bool) -> None:
-        self.agent_up.labels(host).set(1 if up else 0)
+            state = self._host(event["host"], instance)
+            if not state.up:
+                self.host_up(event["host"], instance)
+            self.policy_actions.labels(*self._labels(state, event["action"])).inc()
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -185,6 +342,27 @@ class _QuietHandler(WSGIRequestHandler):
         """Scrapes every few seconds would drown the log."""
 
 
+Wsgi = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def metrics_app(registry: CollectorRegistry) -> Wsgi:
+    """/metrics (Prometheus's text format), /healthz ("ok"), and 404 for any other path."""
+    metrics = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO") or "/"
+        if path == "/metrics":
+            return metrics(environ, start_response)
+        plain = [("Content-Type", "text/plain; charset=utf-8")]
+        if path == "/healthz":
+            start_response("200 OK", plain)
+            return [b"ok\n"]
+        start_response("404 Not Found", plain)
+        return [b"not found: this exporter serves /metrics and /healthz\n"]
+
+    return app
+
+
 @dataclass
 class MetricsServer:
     server: WSGIServer
@@ -201,11 +379,11 @@ class MetricsServer:
 
 
 def serve_metrics(registry: CollectorRegistry, address: str) -> MetricsServer:
-    """Serve /metrics for `registry` at HOST:PORT on a daemon thread. Raises ValueError for a
-    bad address, OSError when it cannot bind."""
+    """Serve /metrics and /healthz for `registry` at HOST:PORT on a daemon thread. Raises
+    ValueError for a bad address, OSError when it cannot bind."""
     host, port = parse_address(address)
     server_class = _ThreadingServer6 if ":" in host else _ThreadingServer
-    server = make_server(host, port, make_wsgi_app(registry), server_class, _QuietHandler)
+    server = make_server(host, port, metrics_app(registry), server_class, _QuietHandler)
     thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
     thread.start()
     return MetricsServer(server, thread)

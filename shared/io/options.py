@@ -21,11 +21,11 @@ from shared.energy import DEFAULT_BASELINE_S
 from shared.io.cli import usage_error
 from shared.matrix import (
     BUILTIN_DEFAULT_BITS,
-    DEFAULT_SEQ_LENGTHS,
     MatrixError,
     MatrixSpec,
     expand,
     parse_int_list,
+    parse_pair,
 )
 from shared.policy import ThermalPolicy
 from shared.report import FORMATS
@@ -79,14 +79,70 @@ so Click hands such an argument on whole."""
 
 # --- single options -----------------------------------------------------------------------------
 
-SeqLengths = Annotated[
-    str, typer.Option("-s", "--seq-lengths", help="Comma list of prompt/context lengths.")
+NPrompt = Annotated[
+    str,
+    typer.Option(
+        "-p",
+        "--n-prompt",
+        "-s",
+        "--seq-lengths",
+        help="Comma list of prompt lengths: a test pp<N> each (0: none). -s/--seq-lengths is "
+        "an alias.",
+    ),
+]
+NGen = Annotated[
+    str,
+    typer.Option(
+        "-n",
+        "--n-gen",
+        "--decode-tokens",
+        help="Comma list of generation lengths: a test tg<N> each (0: none). --decode-tokens "
+        "is an alias.",
+    ),
+]
+NPromptGen = Annotated[
+    list[str] | None,
+    typer.Option(
+        "-pg",
+        help="PROMPT,GENERATED: a test pp<P>+tg<G> timing both as one figure; repeatable.",
+    ),
+]
+NDepth = Annotated[
+    str,
+    typer.Option(
+        "-d",
+        "--n-depth",
+        help="Comma list of depths: tokens already in the KV cache (untimed) before each test.",
+    ),
 ]
 BatchSizes = Annotated[
-    str, typer.Option("-b", "--batch-sizes", "--batch-size", help="Comma list of batch sizes.")
+    str,
+    typer.Option(
+        "-b", "--batch-sizes", "--batch-size", help="Comma list of batch sizes (sequences)."
+    ),
 ]
 Warmup = Annotated[int, typer.Option("-w", "--warmup", help="Untimed iterations per cell.")]
-Iterations = Annotated[int, typer.Option("-i", "--iterations", help="Timed iterations per cell.")]
+Repetitions = Annotated[
+    int,
+    typer.Option(
+        "-r",
+        "--repetitions",
+        "-i",
+        "--iterations",
+        help="Timed iterations per cell. -i/--iterations is an alias.",
+    ),
+]
+PrefillStepSize = Annotated[
+    int,
+    typer.Option(
+        "--prefill-step-size",
+        help="Prompt tokens per forward pass while filling the KV cache (mlx-lm's).",
+    ),
+]
+Delay = Annotated[
+    float,
+    typer.Option("--delay", help="Seconds to wait between two cells (lets a fanless Mac cool)."),
+]
 ConfigSmall = Annotated[
     bool, typer.Option("--config-small", help="The ~4M-parameter model: instant, for smoke tests.")
 ]
@@ -96,10 +152,12 @@ ConfigName = Annotated[
         "--config", help="Built-in model: small, or full (Llama-3.2-3B shaped; the default)."
     ),
 ]
-ModelDirs = Annotated[
-    list[Path] | None,
+Models = Annotated[
+    list[str] | None,
     typer.Option(
-        "--model", help="An mlx-lm model directory (config.json + safetensors); repeatable."
+        "--model",
+        help="An mlx-lm model directory (config.json + safetensors), or a Hugging Face id "
+        "ORG/NAME[@REVISION] resolved as mlx-lm does; repeatable.",
     ),
 ]
 Bits = Annotated[
@@ -108,12 +166,6 @@ Bits = Annotated[
         "--bits",
         help="Comma list of 4, 8, 16 (16 = float16). Default: 4 for full, 16 for "
         "small, the stored weights for --model.",
-    ),
-]
-DecodeTokens = Annotated[
-    int,
-    typer.Option(
-        "--decode-tokens", help="Tokens generated per decode cell (tg<N> @ d<seq>); 0 skips decode."
     ),
 ]
 ThermalSourceName = Annotated[
@@ -191,7 +243,14 @@ def unset(option: Any) -> Any:
 MaxSpeedGiven, PauseGiven = unset(MaxSpeedTemp), unset(PauseTemp)
 StopGiven, HysteresisGiven = unset(StopTemp), unset(Hysteresis)
 ReportFormat = Annotated[
-    str, typer.Option("--format", help=f"One of {', '.join(FORMATS)}.", callback=one_of(FORMATS))
+    str,
+    typer.Option(
+        "-o",
+        "--output-format",
+        "--format",
+        help=f"One of {', '.join(FORMATS)} (llama-bench's -o; --format is an alias).",
+        callback=one_of(FORMATS),
+    ),
 ]
 """A benchmark report's format (shared.report)."""
 TableFormat = Annotated[
@@ -203,12 +262,37 @@ RunId = Annotated[
     str, typer.Argument(help="A run id, or a unique prefix of one (`coordinator runs` lists them).")
 ]
 """A stored run, as `coordinator show`, `compare`, `resume` and `cancel` take it."""
+ComparedReport = Annotated[
+    str,
+    typer.Argument(
+        help="A run id (or a unique prefix), or an `agent bench` / `coordinator show` JSON file."
+    ),
+]
+"""One side of `coordinator compare`."""
+CompareBy = Annotated[
+    str | None,
+    typer.Option(
+        "--by",
+        help="Comma list of what matches cells besides the test: host, hostname, device, "
+        "model, batch, n_batch (default: model,batch, and host when a side has several hosts); "
+        "cells that share them are averaged, as llama.cpp's compare-llama-bench.py --show does.",
+    ),
+]
+"""`coordinator compare`'s columns (coordinator.compare.BY_COLUMNS)."""
 RetentionDays = Annotated[
     float,
     typer.Option(
         "--retention-days",
         help="Telemetry samples and events older than this many days are dropped.",
         callback=positive("--retention-days"),
+    ),
+]
+AgentName = Annotated[
+    str | None,
+    typer.Option(
+        "--name",
+        help="This agent's name: the `host` of its telemetry and of every Prometheus series "
+        "(default: the hostname).",
     ),
 ]
 PrometheusAddress = Annotated[
@@ -225,39 +309,50 @@ PrometheusAddress = Annotated[
 
 @dataclass(frozen=True)
 class MatrixOptions:
-    """What to benchmark (shared.matrix): `agent bench` and `coordinator benchmark` alike."""
+    """What to benchmark (shared.matrix), llama-bench's options and names: `agent bench` and
+    `coordinator benchmark` alike."""
 
-    seq_lengths: SeqLengths = ",".join(map(str, DEFAULT_SEQ_LENGTHS))
+    n_prompt: NPrompt = ",".join(map(str, DEFAULT_MATRIX.n_prompt))
+    n_gen: NGen = ",".join(map(str, DEFAULT_MATRIX.n_gen))
+    pg: NPromptGen = None
+    n_depth: NDepth = ",".join(map(str, DEFAULT_MATRIX.n_depth))
     batch_sizes: BatchSizes = ",".join(map(str, DEFAULT_MATRIX.batch_sizes))
     warmup: Warmup = DEFAULT_MATRIX.warmup
-    iterations: Iterations = DEFAULT_MATRIX.iterations
+    repetitions: Repetitions = DEFAULT_MATRIX.iterations
+    prefill_step_size: PrefillStepSize = DEFAULT_MATRIX.prefill_step_size
+    delay: Delay = DEFAULT_MATRIX.delay_s
     config_small: ConfigSmall = False
     config: ConfigName = None
-    model: ModelDirs = None
+    model: Models = None
     bits: Bits = None
-    decode_tokens: DecodeTokens = DEFAULT_MATRIX.decode_tokens
 
-    def spec(self, model_dirs: list[str] | None = None) -> MatrixSpec:
-        """The options as a validated MatrixSpec, with `model_dirs` for --model (as the caller
-        resolved them; the paths given, by default). Raises MatrixError naming the problem."""
+    def spec(self, models: list[str] | None = None) -> MatrixSpec:
+        """The options as a validated MatrixSpec, with `models` for --model (as the caller
+        resolved them; as given, by default). Raises MatrixError naming the problem."""
         if self.config is not None and self.config not in BUILTIN_DEFAULT_BITS:
             known = ", ".join(BUILTIN_DEFAULT_BITS)
             raise MatrixError(f"unknown config {self.config!r}; known configs: {known}")
-        if model_dirs is None:
-            model_dirs = [str(path) for path in self.model or []]
-        configs = [self.config] if self.config else []
-        if self.config_small:
-            configs.append("small")
-        if not configs and not model_dirs:
+        if self.config_small and self.config not in (None, "small"):
+            raise MatrixError(
+                f"--config-small and --config {self.config} conflict: give one of them"
+            )
+        if models is None:
+            models = list(self.model or [])
+        configs = ["small"] if self.config_small else [self.config] if self.config else []
+        if not configs and not models:
             configs = ["full"]
         spec = MatrixSpec(
-            seq_lengths=parse_int_list(self.seq_lengths, "--seq-lengths"),
+            n_prompt=parse_int_list(self.n_prompt, "--n-prompt"),
+            n_gen=parse_int_list(self.n_gen, "--n-gen"),
+            n_pg=tuple(parse_pair(pair, "-pg") for pair in self.pg or []),
+            n_depth=parse_int_list(self.n_depth, "--n-depth"),
             batch_sizes=parse_int_list(self.batch_sizes, "--batch-sizes"),
-            models=(*configs, *model_dirs),
+            models=(*configs, *models),
             bits=parse_int_list(self.bits, "--bits") if self.bits else (None,),
-            decode_tokens=self.decode_tokens,
             warmup=self.warmup,
-            iterations=self.iterations,
+            iterations=self.repetitions,
+            prefill_step_size=self.prefill_step_size,
+            delay_s=self.delay,
         )
         expand(spec)
         return spec

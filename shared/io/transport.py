@@ -8,6 +8,7 @@ An AgentClient belongs to one thread; a fleet run gives each host its own.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -90,6 +91,19 @@ def timeout_diagnosis(events: list[tuple[int, int]], timeout: float) -> str:
     return f"no answer within {timeout:g} s: host unreachable or the port is filtered"
 
 
+def resolve_error(address: str) -> str | None:
+    """Why HOST of HOST:PORT (IPv6 in brackets) has no address, or None when it has one."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    try:
+        socket.getaddrinfo(host, int(port) if port.isdigit() else None, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        return f"cannot resolve host {host}: {exc.strerror or exc} (check the name, or DNS)"
+    except (UnicodeError, ValueError) as exc:
+        return f"cannot resolve host {host}: {exc}"
+    return None
+
+
 def agent_socket(
     ctx: zmq.Context, kind: int, address: str, server_key: str | None, keypair: Keypair | None
 ) -> zmq.Socket:
@@ -142,7 +156,11 @@ class AgentClient:
 
     def connect(self) -> dict[str, Any]:
         """Connect and say hello; the hello.ok body, or HostError saying why not, within
-        connect_timeout."""
+        connect_timeout (at once for a name DNS cannot resolve: ZeroMQ would retry it for ever,
+        as if the port refused)."""
+        unresolved = resolve_error(self.address)
+        if unresolved is not None:
+            raise HostError(unresolved)
         # A unique endpoint: the default one is named after the file descriptor, which a socket
         # closed a moment ago may still be reporting on.
         monitor = self.sock.get_monitor_socket(addr=f"inproc://monitor.{p.new_id()}")

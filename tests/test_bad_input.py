@@ -1,0 +1,98 @@
+"""Bad input a new user types, each answered with one line naming the problem and exit 2 (or the
+documented code): Click's own usage errors included, an empty --hosts, a plot into a folder that
+is not there, conflicting configs, a name DNS cannot resolve."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from shared.io.transport import resolve_error
+from tests.conftest import console_script, subprocess_env
+
+
+def run(program: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [console_script(program), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=subprocess_env(COLUMNS="250"),
+    )
+
+
+def one_line(result: subprocess.CompletedProcess[str]) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: "), lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("command", "needle"),
+    [
+        (["agent", "bench", "--bogus"], "No such option: --bogus"),
+        (["agent", "bench", "-r", "x"], "Invalid value for '-r'"),
+        (["agent", "bench", "-r"], "Option '-r' requires an argument"),
+        (["agent", "benchh"], "No such command 'benchh'"),
+        (["agent", "keys", "trust"], "Missing argument 'key'"),
+        (["coordinator", "compare", "r-1"], "Missing argument 'run_b'"),
+        (["coordinator", "monitor", "--bogus", "1"], "No such option: --bogus"),
+        (["coordinator", "keys", "add", "mac1"], "Missing argument 'key'"),
+        (["coordinator", "history", "--since"], "Option '--since' requires an argument"),
+    ],
+)
+def test_every_usage_error_is_one_line_naming_the_option(command: list[str], needle: str) -> None:
+    result = run(*command)
+    assert result.returncode == 2 and result.stdout == ""
+    assert needle in one_line(result)
+
+
+def test_a_bare_command_still_shows_its_help() -> None:
+    result = run("agent", "keys")
+    assert "Usage: agent keys" in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["coordinator", "benchmark", "--hosts", "", "--config-small"],
+        ["coordinator", "status", "--hosts", ""],
+        ["coordinator", "monitor", "--once", "--hosts", " , "],
+        ["coordinator", "history", "--hosts", ""],
+        ["coordinator", "cancel", "--hosts", ""],
+    ],
+)
+def test_an_empty_hosts_is_refused_not_a_local_run(command: list[str]) -> None:
+    result = run(*command)
+    assert result.returncode == 2 and result.stdout == ""
+    assert "--hosts is empty" in one_line(result)
+
+
+def test_a_plot_into_a_missing_folder_is_refused_before_anything_runs() -> None:
+    result = run("coordinator", "history", "--plot", "/missing/dir/x.png")
+    assert result.returncode == 2
+    assert "--plot /missing/dir/x.png: folder /missing/dir does not exist" in one_line(result)
+
+
+def test_conflicting_configs_are_refused_by_the_coordinator_too() -> None:
+    result = run("coordinator", "benchmark", "--config-small", "--config", "full")
+    assert result.returncode == 2
+    assert "--config-small and --config full conflict" in one_line(result)
+
+
+def test_a_name_dns_cannot_resolve_says_so() -> None:
+    assert resolve_error("127.0.0.1:5555") is None and resolve_error("localhost:5555") is None
+    assert resolve_error("[::1]:5555") is None
+    assert (resolve_error("no-such-host.invalid:5555") or "").startswith(
+        "cannot resolve host no-such-host.invalid: "
+    )
+    for security in (["--insecure"], []):  # with CURVE, before asking for a key it lacks
+        result = run(
+            "coordinator", "status", "--hosts", "no-such-host.invalid:5555", *security, "-f", "json"
+        )
+        assert result.returncode == 1  # documented: a host failed
+        assert "cannot resolve host no-such-host.invalid" in result.stdout
+        assert "connection refused" not in result.stdout
+        assert "no server key" not in result.stdout

@@ -1,0 +1,202 @@
+"""deploy/prometheus and deploy/grafana checked by Prometheus's own tools: `promtool check
+config`, `promtool check rules` and `promtool test rules` (tests/fixtures/prometheus); then a real
+Prometheus on loopback scrapes a real `agent serve --prometheus`, answers a PromQL query for its
+temperature, loads the alert rules, and answers every query of the Grafana dashboard.
+
+Needs Debian's `prometheus` package (prometheus and promtool; .ci/run installs it)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fleet_support import AgentPool, AgentProcess
+from tests.test_run_cli import write_curve
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+RULES = ROOT / "deploy" / "prometheus" / "mlx-fleet-alerts.yml"
+DASHBOARD = ROOT / "deploy" / "grafana" / "mlx-fleet-dashboard.json"
+RULE_TESTS = Path(__file__).parent / "fixtures" / "prometheus" / "alerts_test.yml"
+
+pytestmark = [
+    pytest.mark.timeout(180),
+    pytest.mark.skipif(
+        shutil.which("promtool") is None or shutil.which("prometheus") is None,
+        reason="Prometheus is not installed (Debian's `prometheus` package; .ci/run installs it)",
+    ),
+]
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["promtool", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_promtool_accepts_the_scrape_config_and_the_alert_rules() -> None:
+    for args in (("check", "config", str(CONFIG)), ("check", "rules", str(RULES))):
+        checked = promtool(*args)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert "SUCCESS" in checked.stdout
+
+
+def test_the_alerts_fire_as_promtool_unit_tests_say() -> None:
+    """Host down, paused, stopped, hot: each fires when it should and not before."""
+    tested = promtool("test", "rules", str(RULE_TESTS))
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def metrics_port(agent: AgentProcess) -> int:
+    found = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", agent.log_text())
+    assert found, agent.log_text()
+    return int(found.group(1))
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path, agents: AgentPool) -> Iterator[tuple[str, AgentProcess]]:
+    """(the API's base URL, the agent it scrapes every 0.5 s with the shipped alert rules)."""
+    curve = write_curve(tmp_path / "warm.csv", [(0, 80.0)])
+    agent = agents.start(
+        "mac-test",
+        thermal=curve,
+        options=["--name", "mac-test", "--poll-interval", "0.2", "--prometheus", "127.0.0.1:0"],
+    )
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 500ms, evaluation_interval: 500ms}\n"
+        f"rule_files: [{json.dumps(str(RULES))}]\n"
+        "scrape_configs:\n"
+        "  - job_name: mlx-fleet-agents\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{metrics_port(agent)}']}}]\n"
+    )
+    address = f"127.0.0.1:{free_port()}"
+    log = open(tmp_path / "prometheus.log", "w")  # noqa: SIM115 - closed after the process
+    server = subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address={address}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://{address}"
+    try:
+        deadline = time.monotonic() + 60
+        while not ready(base):
+            assert server.poll() is None, (tmp_path / "prometheus.log").read_text()
+            assert time.monotonic() < deadline, "Prometheus did not get ready"
+            time.sleep(0.2)
+        yield base, agent
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=10)
+        log.close()
+
+
+def ready(base: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base}/-/ready", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def api(base: str, path: str, **params: str) -> Any:
+    query = urllib.parse.urlencode(params)
+    with urllib.request.urlopen(f"{base}/api/v1/{path}?{query}", timeout=10) as response:
+        answer = json.loads(response.read())
+    assert answer["status"] == "success", answer
+    return answer["data"]
+
+
+def query_until(base: str, promql: str, timeout: float = 60) -> list[dict[str, Any]]:
+    """The query's result once it has one (a scrape or two after the start)."""
+    deadline = time.monotonic() + timeout
+    while not (result := api(base, "query", query=promql)["result"]):
+        assert time.monotonic() < deadline, f"no result for {promql}"
+        time.sleep(0.25)
+    return result
+
+
+def test_a_real_prometheus_scrapes_a_real_agent(prometheus: tuple[str, AgentProcess]) -> None:
+    base, agent = prometheus
+    (series,) = query_until(base, 'mlx_fleet_soc_temperature_celsius{host="mac-test"}')
+    assert float(series["value"][1]) == 80.0
+    assert series["metric"]["source"].startswith("replay:")
+    (stop,) = query_until(base, 'mlx_fleet_policy_threshold_celsius{level="stop"}')
+    assert float(stop["value"][1]) == 95.0
+    # Counters exist at 0 from the start: increase() over them answers 0, not nothing.
+    paused = query_until(base, 'increase(mlx_fleet_policy_actions_total{action="pause"}[5s])')
+    assert [float(s["value"][1]) for s in paused] == [0.0]
+    groups = api(base, "rules")["groups"]
+    assert [rule["name"] for group in groups for rule in group["rules"]] == [
+        "MlxFleetHostDown",
+        "MlxFleetJobPaused",
+        "MlxFleetJobStopped",
+        "MlxFleetHot",
+    ]
+    assert all(rule["health"] != "err" for group in groups for rule in group["rules"])
+    hot = query_until(base, 'ALERTS{alertname="MlxFleetHot"}')  # 80 °C >= 75: pending at once
+    assert hot[0]["metric"]["host"] == "mac-test"
+
+
+def dashboard_queries() -> list[str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    queries = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    queries += [
+        variable["definition"]
+        for variable in dashboard["templating"]["list"]
+        if variable["type"] == "query"
+    ]
+    return queries
+
+
+def test_every_query_of_the_dashboard_answers_from_a_scrape(
+    prometheus: tuple[str, AgentProcess],
+) -> None:
+    """Each panel's PromQL, Grafana's variables set (every host, a 2 s rate interval), returns
+    series from the agent: the dashboard asks only for metrics that are emitted."""
+    base, _ = prometheus
+    query_until(base, "mlx_fleet_agent_up")
+    time.sleep(2.5)  # rate() and increase() need two scrapes within their interval
+    for expr in dashboard_queries():
+        if expr.startswith("label_values("):
+            metric, label = re.fullmatch(r"label_values\((\w+), (\w+)\)", expr).groups()
+            assert api(base, f"label/{label}/values", **{"match[]": metric}) == ["mac-test"]
+            continue
+        promql = expr.replace("$__rate_interval", "2s").replace('"$host"', '".*"')
+        assert query_until(base, promql, timeout=20), promql
+    names = set(re.findall(r"mlx_fleet_\w+", " ".join(dashboard_queries())))
+    assert names == {
+        "mlx_fleet_agent_up",
+        "mlx_fleet_build_info",
+        "mlx_fleet_cooling_state",
+        "mlx_fleet_pause_seconds_total",
+        "mlx_fleet_policy_actions_total",
+        "mlx_fleet_policy_threshold_celsius",
+        "mlx_fleet_sensor_temperature_celsius",
+        "mlx_fleet_soc_temperature_celsius",
+        "mlx_fleet_storage_ok",
+    }

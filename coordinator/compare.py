@@ -228,13 +228,15 @@ def comparison_text(rows: list[Record], name_a: str, name_b: str, fmt: str) -> s
         out = io.StringIO()
         writer = csv.writer(out)
         keys = [name for name, _ in shown if name == "hosts" or name in BY_COLUMNS]
+        energy = ["tokens_per_joule"] if any(_metered(row) for row in rows) else []
         writer.writerow(
             [*keys, "test", "avg_ts_a", "avg_ts_b", "speedup"]
-            + ["tokens_per_joule_a", "tokens_per_joule_b", "note"]
+            + [f"{key}_{s}" for key in energy for s in ("a", "b")]
+            + ["note"]
         )
         for row in rows:
             speeds = [None if row[s] is None else row[s]["tokens_per_sec"] for s in ("a", "b")]
-            per_j = [None if row[s] is None else row[s]["tokens_per_joule"] for s in ("a", "b")]
+            per_j = [None if row[s] is None else row[s][key] for key in energy for s in ("a", "b")]
             writer.writerow(
                 [*(row[key] for key in keys), row["test"], *speeds, row["speedup"], *per_j]
                 + [row["note"]]

@@ -13,6 +13,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from agent.cooling import ThermalGuard, ThermalShutdownError
 from agent.hf_models import ModelNotFound, locate, names_a_repo
 from agent.machine import machine_info
+from agent.power.cli import open_meter
+from agent.power.meter import EnergyMeter
 from agent.profiling.runner import (
     ModelLoadError,
     check_bits_for_dir,
@@ -29,7 +31,9 @@ from shared.io.options import (
     MatrixOptions,
     Output,
     PolicyOptions,
+    PowerOptions,
     ReportFormat,
+    SustainOptions,
     ThermalOptions,
     with_options,
 )
@@ -38,6 +42,7 @@ from shared.matrix import MatrixError, MatrixSpec, expand
 from shared.policy import ThermalPolicy
 from shared.report import progress_line
 from shared.results import failed_cells, not_run
+from shared.sustain import SustainError, SustainPlan
 
 NoCooling = Annotated[
     bool, typer.Option("--no-cooling", help="Only observe temperatures: never pause or stop.")
@@ -49,6 +54,8 @@ def bench(
     matrix: MatrixOptions,
     thermal: ThermalOptions,
     limits: PolicyOptions,
+    power: PowerOptions,
+    sustained: SustainOptions,
     fmt: ReportFormat = "table",
     output: Output = None,
     no_cooling: NoCooling = False,
@@ -60,17 +67,31 @@ def bench(
     each at every depth D (tokens already in the KV cache: ' @ d<D>'), per batch size, model and
     bit width. pp fills the KV cache in steps of --prefill-step-size evaluating the cache only,
     as mlx-lm does. Each iteration waits out a thermal pause (kept out of the latencies) and a
-    stop ends the run; cells that paused or ran at or above --max-speed-temp are flagged."""
+    stop ends the run; cells that paused or ran at or above --max-speed-temp are flagged. Each
+    cell's energy comes from --power-source (docs/energy.md); --sustain runs each cell for a
+    duration, window by window."""
     check_output(output)
     policy = limits.policy()
     spec = local_spec(matrix)
+    plan = sustained.plan()
     monitor = open_monitor(thermal, EXIT_USAGE)
-    guard = ThermalGuard(monitor, policy, enabled=not no_cooling)
-    report = new_report(spec, monitor, policy, cooling=not no_cooling)
     try:
-        measure(report, spec, guard)
+        meter = open_meter(power, thermal.poll_interval)
+    except BaseException:
+        monitor.close()
+        raise
+    try:
+        check_sustain(plan, meter, thermal.poll_interval)
+        guard = ThermalGuard(monitor, policy, enabled=not no_cooling)
+        report = new_report(spec, monitor, policy, cooling=not no_cooling)
+        report["energy"] = energy_header(meter)
+        if plan is not None:
+            report["sustain"] = plan.to_dict()
+        measure(report, spec, guard, meter, plan)
+        report["energy"] = energy_header(meter)
     finally:
         monitor.close()
+        meter.close()
     err.print(f"saved {save_run(report)}", highlight=False)  # kept before anything can fail
     show_report(report, fmt, output)
     if report["interrupted"]:
@@ -128,7 +149,36 @@ def new_report(
     }
 
 
-def measure(report: dict[str, Any], spec: MatrixSpec, guard: ThermalGuard) -> None:
+def check_sustain(plan: SustainPlan | None, meter: EnergyMeter, poll_interval: float) -> None:
+    """A window must hold a new reading of the power meter and of the thermal source: exit 2
+    naming the one whose interval is longer than a window."""
+    if plan is None:
+        return
+    try:
+        plan.check(meter.info().resolution_s, f"the power meter {meter.source.name}")
+        plan.check(poll_interval, "the thermal source (--poll-interval)")
+    except SustainError as exc:
+        raise usage_error(str(exc)) from None
+
+
+def energy_header(meter: EnergyMeter) -> dict[str, Any]:
+    """The report's `energy`: the meter, its idle baseline, and why there is no figure."""
+    return {
+        **meter.info().to_dict(),
+        "present": meter.present,
+        "baseline_s": meter.baseline_s,
+        "idle_w": meter.idle_w,
+        "note": meter.idle_note if meter.present else meter.last_error,
+    }
+
+
+def measure(
+    report: dict[str, Any],
+    spec: MatrixSpec,
+    guard: ThermalGuard,
+    meter: EnergyMeter | None = None,
+    plan: SustainPlan | None = None,
+) -> None:
     """Every cell into the report, with a progress bar (a log line per cell when stderr is
     not a terminal). Ctrl-C and a thermal stop keep what finished and list what did not run."""
     cells = expand(spec)
@@ -144,7 +194,10 @@ def measure(report: dict[str, Any], spec: MatrixSpec, guard: ThermalGuard) -> No
     try:
         with progress:
             task = progress.add_task(f"benchmarking {cells[0].name}", total=len(cells))
-            for record in run_matrix(spec, guard=guard, on_model=report["models"].append):
+            records = run_matrix(
+                spec, guard=guard, on_model=report["models"].append, energy=meter, sustain=plan
+            )
+            for record in records:
                 report["cells"].append(record)
                 done = len(report["cells"])
                 if not err.is_terminal:

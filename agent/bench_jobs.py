@@ -24,6 +24,7 @@ from agent.hf_models import ModelNotFound, locate, names_a_repo, offline
 from agent.job_process import JobProcess, exit_text
 from agent.journal import Journal
 from agent.model import BUILTIN_CONFIGS
+from agent.power.meter import EnergyMeter
 from agent.profiling.runner import ModelLoadError, check_model_dir, require_mlx_lm
 from agent.storage import JOB_LOGS, StorageHealth
 from agent.telemetry import SourceInfo, reading_wire
@@ -34,6 +35,7 @@ from shared.io.paths import data_dir, data_subdir
 from shared.matrix import Cell, MatrixError, MatrixSpec, expand
 from shared.policy import ThermalPolicy
 from shared.results import cell_record
+from shared.sustain import SustainError, SustainPlan
 from shared.telemetry import Event
 
 log = logging.getLogger("agent.jobs")
@@ -67,6 +69,7 @@ class Job:
     journaled_models: set[tuple[str, int | None]] = field(default_factory=set)
     outcome: dict[str, Any] | None = None
     kill_at: float | None = None
+    sustain: SustainPlan | None = None
 
     @property
     def total(self) -> int:
@@ -92,11 +95,14 @@ class BenchJobs:
         source: Callable[[], SourceInfo],
         storage: StorageHealth,
         poll_interval: float,
+        meter: Callable[[], EnergyMeter | None] = lambda: None,
     ) -> None:
-        """Opens the journal: raises StoreError or OSError when it cannot be."""
+        """Opens the journal: raises StoreError or OSError when it cannot be. `meter` is the
+        daemon's power meter: each job process opens the same source for its cells' energy."""
         self.send = send
         self.record = record
         self.source = source
+        self.meter = meter
         self.storage = storage
         self.poll_interval = poll_interval
         self.journal = Journal(storage=storage)
@@ -130,14 +136,31 @@ class BenchJobs:
             spec = check_matrix(request.body["matrix"])
         except (MatrixError, ModelLoadError) as exc:
             raise p.ProtocolError(p.BAD_MATRIX, f"matrix rejected: {exc}", re=request.id) from None
-        return JobPlan(f"j-{p.new_id()[:12]}", spec, expand(spec))
+        try:
+            sustain = self._sustain(request.body.get("sustain"))
+        except SustainError as exc:
+            raise p.ProtocolError(p.BAD_MATRIX, f"sustain rejected: {exc}", re=request.id) from None
+        return JobPlan(f"j-{p.new_id()[:12]}", spec, expand(spec), sustain)
+
+    def _sustain(self, wanted: Any) -> SustainPlan | None:
+        """bench.start's `sustain` as a plan whose windows hold a new reading of this agent's
+        power meter and thermal source; SustainError naming what does not."""
+        if wanted is None:
+            return None
+        plan = SustainPlan.from_dict(wanted)
+        meter = self.meter()
+        if meter is not None and meter.present:
+            plan.check(meter.info().resolution_s, f"the power meter {meter.source.name}")
+        plan.check(self.poll_interval, "the agent's thermal poll")
+        return plan
 
     def start(self, identity: bytes, request_id: str, plan: JobPlan) -> Job:
         """Run `plan` (from plan(), with nothing started since) for the coordinator at
         `identity`. Raises OSError when no job process can be started."""
-        process = self._process(plan.id, plan.spec, 0)
+        process = self._process(plan.id, plan.spec, 0, plan.sustain)
         self.journal.create_job(plan.id, plan.spec.to_dict(), len(plan.cells), request_id)
         job = Job(plan.id, identity, request_id, plan.spec, plan.cells, process, now_iso())
+        job.sustain = plan.sustain
         self.running = job
         self._event(job, "start", detail=f"benchmark: {job.total} cells")
         log.info("job %s: %d cells (pid %d)", job.id, job.total, process.pid)
@@ -165,7 +188,9 @@ class BenchJobs:
 
     # --- the job process ------------------------------------------------------------------------
 
-    def _process(self, job_id: str, spec: MatrixSpec, first: int) -> JobProcess:
+    def _process(
+        self, job_id: str, spec: MatrixSpec, first: int, sustain: SustainPlan | None
+    ) -> JobProcess:
         """A job process for the cells of `spec` from index `first`. Raises OSError."""
         source = self.source()
         thermal = {
@@ -173,7 +198,19 @@ class BenchJobs:
             "simulated": source.simulated,
             "poll_interval": self.poll_interval,
         }
-        request = {"matrix": spec.to_dict(), "thermal": thermal, "first": first}
+        meter = self.meter()
+        power = {
+            "source": meter.source.spec if meter is not None and meter.present else "none",
+            "baseline_s": meter.baseline_s if meter is not None else 0.0,
+            "why": meter.last_error if meter is not None else "the agent has no power source",
+        }
+        request = {
+            "matrix": spec.to_dict(),
+            "thermal": thermal,
+            "power": power,
+            "sustain": sustain.to_dict() if sustain else None,
+            "first": first,
+        }
         return JobProcess.spawn(request, self._log_path(job_id))
 
     def _log_path(self, job_id: str) -> Path | None:
@@ -301,7 +338,7 @@ class BenchJobs:
             self._finish(job, p.JOB_OK, None)
             return
         try:
-            job.process = self._process(job.id, job.spec, job.done)
+            job.process = self._process(job.id, job.spec, job.done, job.sustain)
         except OSError as exc:
             self._finish(job, p.JOB_FAILED, f"{died}; no new job process: {exc}")
             return
@@ -356,6 +393,7 @@ class JobPlan:
     id: str
     spec: MatrixSpec
     cells: list[Cell]
+    sustain: SustainPlan | None = None
 
 
 def job_page(found: dict[str, Any], offset: int) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agent.guard import GuardReport, RunStopped
+from agent.guard import Conditions, GuardReport, RunStopped
 from agent.thermal import ThermalMonitor, ThermalReading
 from shared.policy import Action, CoolingGate, CoolingState, JobState, ThermalPolicy, decide
 
@@ -216,6 +216,14 @@ class ThermalGuard:
     def before_iteration(self, step: int) -> None:
         if self.enabled:
             self.scheduler.check_before_step(step)
+
+    def now(self) -> Conditions:
+        reading = self.monitor.reading
+        return Conditions(
+            reading.celsius if reading else None,
+            self.scheduler.state.value if reading else None,
+            self.scheduler.total_pause_time,
+        )
 
     def end_cell(self) -> GuardReport:
         self._in_cell = False

@@ -145,6 +145,16 @@ def thermal_checks() -> list[Check]:
     return checks
 
 
+def power_source_checks() -> list[Check]:
+    """Every power source this OS may have, with what it reads (agent.doctor_power)."""
+    from agent.doctor_power import power_checks
+
+    return [
+        Check(name, ok, detail, None if ok else "energy will be N/A with this source")
+        for name, ok, detail in power_checks()
+    ]
+
+
 def pressure_check() -> Check:
     from agent.thermal.base import SourceUnavailable
     from agent.thermal.pressure import PressureReader
@@ -298,6 +308,7 @@ def report(
         lambda: bench_check(skip_bench),
         thermal_checks,
         pressure_check,
+        power_source_checks,
         data_checks,
         lambda: port_checks(ports, serving),
         service_check,

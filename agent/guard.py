@@ -25,9 +25,22 @@ class GuardReport:
     thermal_source: str | None = None
 
 
+@dataclass(frozen=True)
+class Conditions:
+    """What a guard sees now: the latest °C, the policy's state (None without a reading) and
+    the seconds spent paused so far, all cells together."""
+
+    celsius: float | None = None
+    state: str | None = None
+    pause_s: float = 0.0
+
+
 class CellGuard(Protocol):
     def begin_cell(self) -> None:
         """Called once before a cell's warm-up."""
+
+    def now(self) -> Conditions:
+        """What it sees now (a sustained cell's windows report it)."""
 
     def before_iteration(self, step: int) -> None:
         """Called before every warm-up and timed iteration; may block (pause) or raise."""
@@ -41,6 +54,9 @@ class NullGuard:
 
     def begin_cell(self) -> None:
         pass
+
+    def now(self) -> Conditions:
+        return Conditions()
 
     def before_iteration(self, step: int) -> None:
         pass

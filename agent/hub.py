@@ -20,11 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from agent.events import EventLog
 from agent.history import SavedPolicy, TelemetryHistory, load_policy
+from agent.power.meter import EnergyMeter
 from agent.remote import pid_alive
 from agent.storage import StorageHealth
 from agent.telemetry import (
     TREND_WINDOW,
     JobTable,
+    PowerPoll,
     SourceInfo,
     host_state,
     policy_text,
@@ -119,6 +121,9 @@ class TelemetryHub:
             raise
         self.source = SourceInfo("none", False)
         self.monitor: ThermalMonitor | None = None
+        self.meter: EnergyMeter | None = None
+        """The power source read at each poll (owned from start()); None: no meter."""
+        self.last_power: PowerPoll | None = None
         self.metrics: TelemetryMetrics | None = None
         self.last_reading: ThermalReading | None = None
         self._metrics_server: MetricsServer | None = None
@@ -129,8 +134,10 @@ class TelemetryHub:
         self._temperatures: deque[float] = deque(maxlen=TREND_WINDOW)
         self._next_prune = 0.0
 
-    def start(self, source: ThermalSource) -> None:
-        """Poll `source` (the hub owns it from now on) every poll interval, in the background."""
+    def start(self, source: ThermalSource, meter: EnergyMeter | None = None) -> None:
+        """Poll `source` (the hub owns it from now on) every poll interval, in the background,
+        and read `meter` (owned too) at each poll when it measures anything."""
+        self.meter = meter
         self.source = SourceInfo(source.name, source.simulated)
         self.monitor = ThermalMonitor(self.poll_interval, source=TappedSource(source, self._tap))
         self.monitor.start()
@@ -156,6 +163,8 @@ class TelemetryHub:
         if self.monitor is not None:
             self.monitor.close()
             self.monitor.source.close()  # the monitor leaves a source it was given open
+        if self.meter is not None:
+            self.meter.close()
         if self._metrics_server is not None:
             self._metrics_server.close()
         self.history.close()
@@ -172,6 +181,29 @@ class TelemetryHub:
             "reading": reading.to_dict() if reading else None,
             "error": self.monitor.last_error if self.monitor else None,
         }
+
+    def power(self) -> dict[str, Any]:
+        """info.ok's `power`: the meter (or `none`, with why) and its latest reading."""
+        meter = self.meter
+        info = meter.info() if meter is not None else None
+        poll = self.last_power
+        return {
+            "source": info.source if info else "none",
+            "simulated": bool(info and info.simulated),
+            "rails": list(info.rails) if info else [],
+            "resolution_s": info.resolution_s if meter is not None and meter.present else None,
+            "reading": poll.reading.to_dict() if poll and poll.reading else None,
+            "error": meter.last_error if meter is not None else "no power source",
+        }
+
+    def _read_power(self) -> PowerPoll | None:
+        meter = self.meter
+        if meter is None or not meter.present:
+            return None
+        reading = meter.read()
+        source = SourceInfo(meter.source.name, meter.source.simulated)
+        self.last_power = PowerPoll(source, reading, meter.last_error)
+        return self.last_power
 
     # --- readings -------------------------------------------------------------------------------
 
@@ -219,6 +251,7 @@ class TelemetryHub:
             self.jobs.pause_s_total(now),
             self.jobs.listed(),
             self.storage.error,
+            self._read_power(),
         )
         body = self.history.add_sample(taken).body(self.host)
         self.publish_message("telemetry.sample", body)

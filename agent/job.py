@@ -4,12 +4,17 @@ Why a child: a crash or an out-of-memory kill takes the job down, not the daemon
 memory starts clean for every job; and the daemon stays free to answer ping and info.
 
 The daemon writes to the child's stdin one msgpack map {"matrix": MatrixSpec dict, "thermal":
-{"source": name, "simulated": bool, "poll_interval": s}, "first": the index of the first cell to
+{"source": name, "simulated": bool, "poll_interval": s}, "power": {"source": the daemon's power
+source as it resolved it (or "none"), "baseline_s": the idle baseline, "why": the daemon's reason
+when it has none}, "sustain": a SustainPlan map or nil, "first": the index of the first cell to
 run (a new process after a crash runs the cells left)}, then one {"reading": map or nil,
 "policy": ThermalPolicy map} per poll it takes, and {"policy": map} when a coordinator pushes a
 new one, for as long as the job runs. The child never opens a sensor ("one sensor reader serves
 every job"): each poll goes to its ThermalGuard's monitor, whose cooling gate (the one rule,
 shared.policy.CoolingGate, as `agent run` applies it) decides; its cells name the daemon's source.
+A power meter is a measuring instrument, read around each timed iteration: the child opens the
+daemon's power source itself (agent.power.registry.meter_or_reason), and a source it cannot open
+leaves its cells' energy N/A with the reason.
 The child writes a msgpack stream to file descriptor N:
 {"kind": "model", "info": ...} per built model, {"kind": "begin", "index": i} as cell i starts
 (so a crash is pinned on its cell), {"kind": "cell", "record": ...} per finished cell,
@@ -37,6 +42,7 @@ from typing import Any, BinaryIO
 import msgpack
 
 from agent.cooling import ThermalGuard
+from agent.power.registry import meter_or_reason
 from agent.profiling.runner import error_text, run_matrix
 from agent.remote import FedSource
 from agent.telemetry import SourceInfo, reading_from_wire
@@ -44,6 +50,7 @@ from agent.thermal import ThermalMonitor, ThermalReading
 from shared.matrix import MatrixSpec
 from shared.policy import Action, ThermalPolicy
 from shared.protocol import JOB_CANCELLED, JOB_FAILED, JOB_OK
+from shared.sustain import SustainPlan
 
 PR_SET_PDEATHSIG = 1
 """From <linux/prctl.h>."""
@@ -126,17 +133,24 @@ def run(request: dict[str, Any], updates: Iterator[dict[str, Any]], out: BinaryI
 
     monitor = ThermalMonitor(thermal["poll_interval"], source=source)
     guard = ThermalGuard(monitor, on_action=report)
+    power = request["power"]
+    meter = meter_or_reason(
+        power["source"], power["baseline_s"], thermal["poll_interval"], power["why"]
+    )
     threading.Thread(
         target=follow, args=(updates, source, guard), name="agent-readings", daemon=True
     ).start()
     try:
         spec = MatrixSpec.from_dict(request["matrix"])
+        sustain = request.get("sustain")
         records = run_matrix(
             spec,
             guard=guard,
             on_model=lambda info: write(out, {"kind": "model", "info": info}),
             first=request.get("first", 0),
             on_begin=lambda index: write(out, {"kind": "begin", "index": index}),
+            energy=meter,
+            sustain=SustainPlan.from_dict(sustain) if sustain else None,
         )
         for record in records:
             write(out, {"kind": "cell", "record": record})
@@ -146,6 +160,7 @@ def run(request: dict[str, Any], updates: Iterator[dict[str, Any]], out: BinaryI
         status, error = JOB_FAILED, error_text(exc)
     finally:
         guard.monitor.close()
+        meter.close()
     write(out, {"kind": "done", "status": status, "error": error})
 
 

@@ -38,7 +38,7 @@ def keys_trust(
         entry = trust(key, name)
     except TrustError as exc:
         raise usage_error(str(exc)) from None
-    err.print(f"trusted {entry.key} as {entry.name}", highlight=False)
+    err.print(f"trusted {entry.key} as {entry.name}", highlight=False, markup=False)
 
 
 @keys_app.command("list")
@@ -59,7 +59,7 @@ def keys_revoke(
     lasts until it reconnects)."""
     removed = revoke(key)
     if not removed:
-        err.print(f"no trusted key or name {key!r}", highlight=False)
+        err.print(f"no trusted key or name {key!r}", highlight=False, markup=False)
         raise typer.Exit(EXIT_PARTIAL)
     for entry in removed:
-        err.print(f"revoked {entry.name} ({entry.key})", highlight=False)
+        err.print(f"revoked {entry.name} ({entry.key})", highlight=False, markup=False)

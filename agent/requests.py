@@ -133,6 +133,7 @@ class Requests:
                 "name": self.hub.host,
                 "machine": self.machine,
                 "thermal": self.hub.thermal(),
+                "power": self.hub.power(),
                 "job": None if job is None else job.summary(),
                 "telemetry_port": self.sockets.telemetry_port,
                 "poll_interval": self.hub.poll_interval,

@@ -24,6 +24,8 @@ from agent.bench_jobs import CANCEL_GRACE_S, BenchJobs
 from agent.endpoints import DEFAULT_BIND, AgentSockets, ServeError, local_address
 from agent.hub import TelemetryHub
 from agent.machine import machine_info, package_version
+from agent.power.meter import EnergyMeter
+from agent.power.registry import open_power_source
 from agent.remote import DaemonAddress, remove_state, state_path, write_state
 from agent.requests import Requests
 from agent.storage import (
@@ -36,6 +38,7 @@ from agent.storage import (
 from agent.thermal import SourceSpecError, SourceUnavailable, open_source
 from agent.throttle import LogThrottle
 from shared import protocol as p
+from shared.energy import DEFAULT_BASELINE_S
 from shared.io.sqlite import StoreError
 from shared.source_names import DEFAULT_POLL_INTERVAL_S
 
@@ -62,6 +65,8 @@ class AgentDaemon:
         prometheus: str | None = None,
         name: str | None = None,
         parent_pid: int | None = None,
+        power_source: str = "auto",
+        idle_baseline: float = DEFAULT_BASELINE_S,
     ) -> None:
         """Raises ServeError for a bad --bind or a data directory it cannot use."""
         self.throttle = LogThrottle(log)
@@ -71,6 +76,8 @@ class AgentDaemon:
         self.parent_pid = parent_pid
         """Stop when this process (the coordinator that started us) is gone."""
         self.thermal_source = thermal_source
+        self.power_source = power_source
+        self.idle_baseline = idle_baseline
         self.prometheus = prometheus
         self._unwritten_state: DaemonAddress | None = None
         try:
@@ -108,7 +115,12 @@ class AgentDaemon:
             raise ServeError(f"cannot open the agent's data: {describe(exc)}") from None
         try:
             jobs = BenchJobs(
-                self.sockets.send, hub.event, lambda: hub.source, self.storage, poll_interval
+                self.sockets.send,
+                hub.event,
+                lambda: hub.source,
+                self.storage,
+                poll_interval,
+                lambda: hub.meter,
             )
         except (StoreError, OSError) as exc:
             hub.close()
@@ -132,17 +144,26 @@ class AgentDaemon:
             self.close()
             raise ServeError(f"thermal source: {exc}") from None
         try:
+            power = open_power_source(self.power_source, interval_s=self.hub.poll_interval)
+        except (SourceSpecError, SourceUnavailable) as exc:
+            source.close()
+            self.close()
+            raise ServeError(f"power source: {exc}") from None
+        meter = EnergyMeter(power, self.idle_baseline)
+        try:
             endpoint = self.sockets.bind()
             if self.prometheus:
                 self._serve_metrics(self.prometheus)
         except ServeError:
             source.close()
+            meter.close()
             self.close()
             raise
         try:
             self.jobs.recover()  # bound: no other daemon runs on this data directory's jobs
         except sqlite3.Error as exc:
             source.close()
+            meter.close()
             self.close()
             raise ServeError(f"cannot update the job journal: {describe(exc)}") from None
         self._unwritten_state = DaemonAddress(
@@ -152,7 +173,7 @@ class AgentDaemon:
             self.sockets.public_key,
         )
         self._retry_writes()
-        self.hub.start(source)
+        self.hub.start(source, meter)
         log.info("telemetry on %s", self.sockets.telemetry)
         return endpoint
 

@@ -18,6 +18,7 @@ from shared.io.cli import err, usage_error
 from shared.io.files import make_private
 from shared.io.options import (
     AgentName,
+    PowerOptions,
     PrometheusAddress,
     RetentionDays,
     ThermalOptions,
@@ -70,6 +71,7 @@ def configure_logging(log_file: Path | None) -> None:
 @with_options
 def serve_command(
     thermal: ThermalOptions,
+    power: PowerOptions,
     bind: Annotated[
         str,
         typer.Option("--bind", help="HOST:PORT of the command socket; port 0 picks a free one."),
@@ -114,8 +116,9 @@ def serve_command(
     Stays in the foreground (as launchd and systemd want), logs with timestamps, exits 0 on
     SIGTERM. Prints `agent serve: listening on tcp://HOST:PORT curve-key=KEY
     telemetry=tcp://HOST:PORT` (INSECURE instead of the key) once bound; a second instance on
-    the same port is refused. Monitors the thermal source every --poll-interval seconds all
-    the time, publishes each sample and each policy action, keeps them --retention-days, and
+    the same port is refused. Monitors the thermal source (and the power source,
+    --power-source) every --poll-interval seconds all the time, publishes each sample and each
+    policy action, keeps them --retention-days, and
     enforces the policy a coordinator pushed (kept across restarts) on its benchmark jobs and on
     the `agent run` commands of this machine.
     """
@@ -145,6 +148,8 @@ def serve_command(
             prometheus=prometheus,
             name=name,
             parent_pid=parent_pid,
+            power_source=power.power_source,
+            idle_baseline=power.idle_baseline,
         )
         serve(daemon)
     except ServeError as exc:

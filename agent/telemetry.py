@@ -15,6 +15,7 @@ from typing import Any
 
 import msgpack
 
+from agent.power.base import PowerReading
 from agent.thermal import ThermalReading, trend_slope
 from shared import protocol as p
 from shared.policy import CoolingState, ThermalPolicy, decide, knows_nothing
@@ -121,6 +122,30 @@ class SourceInfo:
     simulated: bool
 
 
+@dataclass(frozen=True)
+class PowerPoll:
+    """What the power source gave at a poll: its reading, or why there is none."""
+
+    source: SourceInfo
+    reading: PowerReading | None
+    error: str | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """A sample's power_w, energy_j and power (shared.telemetry.Sample)."""
+        reading = self.reading
+        return {
+            "power_w": reading.total_w if reading else None,
+            "energy_j": reading.total_j if reading else None,
+            "power": {
+                "source": self.source.name,
+                "simulated": self.source.simulated,
+                "watts": dict(reading.watts) if reading else {},
+                "joules": dict(reading.joules) if reading else {},
+                "error": None if reading else self.error,
+            },
+        }
+
+
 def sample(
     now: float,
     reading: ThermalReading | None,
@@ -130,9 +155,10 @@ def sample(
     pause_s_total: float,
     jobs: list[dict[str, Any]],
     storage_error: str | None = None,
+    power: PowerPoll | None = None,
 ) -> Sample:
     """The sample of one poll (not yet numbered); `now` stands in for the time when there is no
-    reading."""
+    reading. `power` is None when the agent has no power source."""
     return Sample(
         time=reading.time if reading else now,
         celsius=reading.celsius if reading else None,
@@ -144,6 +170,7 @@ def sample(
         pause_s_total=pause_s_total,
         jobs=jobs,
         storage_error=storage_error,
+        **(power.fields() if power else {}),
     )
 
 

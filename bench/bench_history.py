@@ -68,6 +68,9 @@ def fill(path: Path, hosts: int, seconds: int, end: float) -> None:
                         "jobs": [job | {"state": "paused" if paused else "running"}],
                         "seq": t + 1,
                         "storage_error": None,
+                        "power_w": None,
+                        "energy_j": None,
+                        "power": None,
                     }
                     rows.append((name, body))
                     if t % 5400 == 0:

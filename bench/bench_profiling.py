@@ -36,10 +36,10 @@ from agent.profiling.speed import new_cache
 from shared.matrix import MatrixSpec, count_cells
 
 
-def bare_prefill_s(model, tokens: mx.array, warmup: int, iterations: int) -> float:
-    """A bare prompt pass as mlx-lm's generate_step makes it: all but the last token into a
-    fresh cache (one step: the prompt is shorter than its 2048), evaluating the cache only,
-    then the last token's logits."""
+def bare_prefill_samples(model, tokens: mx.array, warmup: int, iterations: int) -> list[float]:
+    """Seconds of each timed bare prompt pass, as mlx-lm's generate_step makes it: all but the
+    last token into a fresh cache (one step: the prompt is shorter than its 2048), evaluating
+    the cache only, then the last token's logits; after `warmup` untimed ones."""
     samples = []
     for step in range(warmup + iterations):
         cache = new_cache(model)
@@ -49,13 +49,14 @@ def bare_prefill_s(model, tokens: mx.array, warmup: int, iterations: int) -> flo
         mx.eval(mx.argmax(model(tokens[:, -1:], cache=cache)[:, -1, :], axis=-1))
         if step >= warmup:
             samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+    return samples
 
 
-def bare_decode_s_per_token(
+def bare_decode_samples(
     model, context: mx.array, tokens: int, warmup: int, iterations: int
-) -> float:
-    """Prefill (untimed), then `tokens` greedy steps queued with async_eval, one final eval."""
+) -> list[float]:
+    """Seconds of each timed decode: prefill (untimed), then `tokens` greedy steps queued with
+    async_eval, one final eval."""
     samples = []
     for step in range(warmup + iterations):
         cache = new_cache(model)
@@ -67,8 +68,19 @@ def bare_decode_s_per_token(
             mx.async_eval(token)
         mx.eval(token)
         if step >= warmup:
-            samples.append((time.perf_counter() - start) / tokens)
-    return statistics.median(samples)
+            samples.append(time.perf_counter() - start)
+    return samples
+
+
+def bare_prefill_s(model, tokens: mx.array, warmup: int, iterations: int) -> float:
+    return statistics.median(bare_prefill_samples(model, tokens, warmup, iterations))
+
+
+def bare_decode_s_per_token(
+    model, context: mx.array, tokens: int, warmup: int, iterations: int
+) -> float:
+    samples = bare_decode_samples(model, context, tokens, warmup, iterations)
+    return statistics.median(samples) / tokens
 
 
 def mlx_lm_twin(ours, args: ModelArgs):

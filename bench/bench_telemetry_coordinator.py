@@ -71,6 +71,7 @@ def publisher(ready: mp.Queue[Any], name: str, rate: float) -> None:
                 "name": name,
                 "machine": {"hostname": name},
                 "thermal": {},
+                "power": {},
                 "job": None,
                 "telemetry_port": telemetry_port,
                 "poll_interval": 1.0,
@@ -116,6 +117,9 @@ def publisher(ready: mp.Queue[Any], name: str, rate: float) -> None:
                 "pause_s_total": 0.0,
                 "jobs": jobs,
                 "storage_error": None,
+                "power_w": None,
+                "energy_j": None,
+                "power": None,
                 "seq": sent + 1,
             }
             pub.send_multipart(p.telemetry_frames(p.make("telemetry.sample", body)))

@@ -4,6 +4,7 @@ host, a run finished after its coordinator stopped, and jobs stopped from here."
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -47,10 +48,13 @@ from shared.exit_codes import EXIT_INTERRUPTED, EXIT_PARTIAL
 from shared.io.cli import check_output, emit, err, fail, show_report, usage_error
 from shared.io.keys import own_keypair
 from shared.io.options import (
+    PLOT_EXTRA,
     MatrixOptions,
     Output,
     ReportFormat,
     RunId,
+    SustainOptions,
+    SustainPlot,
     TableFormat,
     with_options,
 )
@@ -112,8 +116,10 @@ def interrupt_on_sigterm(signum: int, frame: object) -> None:
 @with_options
 def benchmark(
     matrix: MatrixOptions,
+    sustained: SustainOptions,
     fmt: ReportFormat = "table",
     output: Output = None,
+    plot: SustainPlot = None,
     hosts: Hosts = None,
     hostfile: Hostfile = None,
     connect_timeout: ConnectTimeout = 5.0,
@@ -125,12 +131,17 @@ def benchmark(
     --model paths are directories on each agent's own disk. A host that goes silent mid-run
     is reconnected for --host-timeout seconds; a run cut short (Ctrl-C, SIGTERM, a host lost)
     prints the `coordinator resume` command that completes it from the agents' journals.
+    With --sustain every host runs each cell for the duration at once, window by window, and
+    --plot draws tok/s, °C and watts over time per host.
     """
     check_output(output)
+    plan = sustained.plan()
+    check_plot(plot, plan is not None)
     try:
         spec = matrix.spec().to_dict()
     except MatrixError as exc:
         raise usage_error(str(exc)) from None
+    sustain = plan.to_dict() if plan else None
     targets = targets_from(hosts, hostfile)
     with open_store() as store:
         if targets is None:
@@ -141,7 +152,9 @@ def benchmark(
                     settings = Settings(keypair, connect_timeout, host_timeout)
                     result = drive(
                         [local_target.name],
-                        lambda watch: run_fleet([local_target], spec, store, settings, watch),
+                        lambda watch: run_fleet(
+                            [local_target], spec, store, settings, watch, sustain
+                        ),
                     )
             except EmbeddedAgentError as exc:
                 raise fail(str(exc), EXIT_PARTIAL) from None
@@ -149,10 +162,39 @@ def benchmark(
             settings = settings_for(insecure, connect_timeout, host_timeout)
             result = drive(
                 [t.name for t in targets],
-                lambda watch: run_fleet(targets, spec, store, settings, watch),
+                lambda watch: run_fleet(targets, spec, store, settings, watch, sustain),
             )
         report = store.load_report(result.run_id)
+    if plot is not None:
+        draw_sustain(report, plot)
     finish(result, report, fmt, output, resumable=targets is not None)
+
+
+def check_plot(plot: Path | None, sustained: bool) -> None:
+    """Refuse a --plot that cannot be drawn before any host runs anything."""
+    if plot is None:
+        return
+    if not sustained:
+        raise usage_error("--plot draws a sustained run: give --sustain DURATION too")
+    check_output(plot, "--plot")
+    try:
+        import coordinator.sustain_plot  # noqa: F401 - only checking that matplotlib is there
+    except ImportError as exc:
+        if not (exc.name or "").startswith("matplotlib"):
+            raise
+        raise usage_error(f"--plot needs matplotlib, the `plot` extra: {PLOT_EXTRA}") from None
+
+
+def draw_sustain(report: dict[str, Any], plot: Path) -> None:
+    """The plot of what the hosts measured; a run without one window says so instead."""
+    from coordinator.sustain_plot import write_sustain_plot
+
+    try:
+        write_sustain_plot(report, plot)
+    except ValueError as exc:
+        err.print(f"--plot: nothing drawn: {exc}", highlight=False, markup=False)
+        return
+    err.print(f"wrote {plot}", highlight=False)
 
 
 @with_options

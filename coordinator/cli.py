@@ -74,7 +74,7 @@ COMMANDS = [
         "history",
         "coordinator.history:history",
         "Per host from the recorded telemetry: min / mean / max °C, time at or above each "
-        "threshold of the policy in force, time paused, pauses and stops.",
+        "threshold of the policy in force, time paused, pauses and stops, energy and mean power.",
     ),
     LazyCommand(
         "keys",

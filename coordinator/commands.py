@@ -129,4 +129,4 @@ def keys_add(
         stored = add_host_key(address, key)
     except ValueError as exc:
         raise usage_error(str(exc)) from None
-    err.print(f"{stored}: server key {key}", highlight=False)
+    err.print(f"{stored}: server key {key}", highlight=False, markup=False)

@@ -6,7 +6,8 @@ script averages the rows it groups.
 A report is a stored run (`coordinator show`'s) or an `agent bench` JSON report (its `-o json`
 output, or the copy it saves under the data directory); by default cells match by model and
 batch size, and by host too when either report has several. Tests found in one report only, or
-failed in either, are kept and say so instead of getting a speed-up.
+failed in either, are kept and say so instead of getting a speed-up. When either report metered
+energy, each side's tokens per joule (averaged as tok/s is) shows beside the speed-up.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 from rich.table import Table
 
 from shared.matrix import model_label
-from shared.report import NA, Record, mean_std
+from shared.report import NA, Record, mean_std, per_joule
 from shared.results import OK
 
 COMPARE_FORMATS = ("table", "md", "csv", "json")
@@ -104,6 +105,10 @@ def side(cells: list[Record] | None) -> dict[str, Any] | None:
         summary["std_tokens_per_sec"] = good[0].get("std_tokens_per_sec")
     elif good:
         summary["tokens_per_sec"] = statistics.fmean(c["tokens_per_sec"] for c in good)
+    per_joule = [c["tokens_per_joule"] for c in good if c.get("tokens_per_joule") is not None]
+    summary["tokens_per_joule"] = statistics.fmean(per_joule) if per_joule else None
+    summary["metered"] = any(c.get("energy_source") for c in cells)
+    summary["energy_simulated"] = any(c.get("energy_simulated") for c in good)
     return summary
 
 
@@ -182,8 +187,22 @@ def columns(rows: list[Record]) -> list[Column]:
         ("tok/s A", lambda row: _figure(row["a"])),
         ("tok/s B", lambda row: _figure(row["b"])),
         ("speed-up", lambda row: NA if row["speedup"] is None else f"{row['speedup']:.2f}x"),
+        *(ENERGY_COLUMNS if any(_metered(row) for row in rows) else []),
         ("note", lambda row: row["note"]),
     ]
+
+
+def _metered(row: Record) -> bool:
+    return any(row[s] is not None and row[s]["metered"] for s in ("a", "b"))
+
+
+def _per_joule(name: str) -> Column:
+    """Tokens per joule of one side (docs/energy.md), `sim` after a figure no meter gave."""
+    return (f"tok/J {name.upper()}", lambda row: NA if row[name] is None else per_joule(row[name]))
+
+
+ENERGY_COLUMNS: list[Column] = [_per_joule("a"), _per_joule("b")]
+"""Shown after the speed-up when either report metered energy."""
 
 
 def rich_comparison(rows: list[Record], name_a: str, name_b: str) -> Table:
@@ -191,7 +210,7 @@ def rich_comparison(rows: list[Record], name_a: str, name_b: str) -> Table:
     table = Table(title=f"A = {name_a}, B = {name_b}; speed-up = B/A tok/s")
     shown = columns(rows)
     for name, _ in shown:
-        left = name not in ("batch", "n_batch") and not name.startswith(("tok/s", "speed"))
+        left = name not in ("batch", "n_batch") and not name.startswith(("tok/", "speed"))
         table.add_column(name, justify="left" if left else "right", overflow="fold")
     for row in rows:
         ratio = row["speedup"]
@@ -209,11 +228,18 @@ def comparison_text(rows: list[Record], name_a: str, name_b: str, fmt: str) -> s
         out = io.StringIO()
         writer = csv.writer(out)
         keys = [name for name, _ in shown if name == "hosts" or name in BY_COLUMNS]
-        writer.writerow([*keys, "test", "avg_ts_a", "avg_ts_b", "speedup", "note"])
+        energy = ["tokens_per_joule"] if any(_metered(row) for row in rows) else []
+        writer.writerow(
+            [*keys, "test", "avg_ts_a", "avg_ts_b", "speedup"]
+            + [f"{key}_{s}" for key in energy for s in ("a", "b")]
+            + ["note"]
+        )
         for row in rows:
             speeds = [None if row[s] is None else row[s]["tokens_per_sec"] for s in ("a", "b")]
+            per_j = [None if row[s] is None else row[s][key] for key in energy for s in ("a", "b")]
             writer.writerow(
-                [*(row[key] for key in keys), row["test"], *speeds, row["speedup"], row["note"]]
+                [*(row[key] for key in keys), row["test"], *speeds, row["speedup"], *per_j]
+                + [row["note"]]
             )
         return out.getvalue()
     if fmt == "md":

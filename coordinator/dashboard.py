@@ -250,6 +250,10 @@ def host_snapshot(view: HostView, now: float) -> dict[str, Any]:
         "simulated": sample.get("simulated"),
         "state": sample.get("state"),
         "trend_c_per_min": sample.get("trend_c_per_min"),
+        "power_w": sample.get("power_w"),
+        "energy_j": sample.get("energy_j"),
+        "power_source": (sample.get("power") or {}).get("source"),
+        "power_simulated": (sample.get("power") or {}).get("simulated"),
         "pause_s_total": sample.get("pause_s_total"),
         "jobs": view.jobs,
         "policy": view.policy,
@@ -282,6 +286,17 @@ def _state_cell(view: HostView, now: float) -> Text:
     return Text(state, style=STATE_STYLES[CoolingState(state)])
 
 
+def _watts_cell(sample: dict[str, Any]) -> Text:
+    """The machine's watts at the last poll, labelled when the power source is not a meter."""
+    power = sample.get("power") or {}
+    if sample.get("power_w") is None:
+        return Text(NA)
+    cell = Text(f"{sample['power_w']:.1f}")
+    if power.get("simulated"):
+        cell.append(" sim", style="bold magenta")
+    return cell
+
+
 def _jobs_cell(jobs: list[dict[str, Any]]) -> Text:
     if not jobs:
         return Text(NA, style="dim")
@@ -305,11 +320,35 @@ def _fitting(views: list[HostView], lines: int) -> list[HostView]:
     return shown
 
 
-COLUMNS = ("host", "SoC °C", "last 5 min", "trend", "pressure", "state", "jobs", "paused", "source")
+WATTS = "W"
+COLUMNS = (
+    "host",
+    "SoC °C",
+    WATTS,
+    "last 5 min",
+    "trend",
+    "pressure",
+    "state",
+    "jobs",
+    "paused",
+    "source",
+)
+"""Every column; W only while some host's agent has a power source (render)."""
 SPARK = "last 5 min"
-KEPT_FIRST = ("host", "SoC °C", "state", SPARK, "jobs", "trend", "paused", "pressure", "source")
+KEPT_FIRST = (
+    "host",
+    "SoC °C",
+    "state",
+    SPARK,
+    "jobs",
+    "trend",
+    WATTS,
+    "paused",
+    "pressure",
+    "source",
+)
 """Which columns a narrow terminal keeps: the first ones; the rest drop from the end."""
-RIGHT = ("SoC °C", "paused")
+RIGHT = ("SoC °C", WATTS, "paused")
 
 
 def _cells(view: HostView, now: float) -> dict[str, Text]:
@@ -317,7 +356,7 @@ def _cells(view: HostView, now: float) -> dict[str, Text]:
     sample = view.sample
     if view.status != UP or sample is None:
         jobs = _jobs_cell(view.jobs if view.status == UP else [])
-        cells = {"SoC °C": Text(NA), "pressure": Text(NA), "paused": Text(NA)}
+        cells = {"SoC °C": Text(NA), WATTS: Text(NA), "pressure": Text(NA), "paused": Text(NA)}
         cells |= {"source": Text(NA), "trend": Text(""), "jobs": jobs}
     else:
         temperature = Text(NA if sample["celsius"] is None else f"{sample['celsius']:.1f}")
@@ -326,6 +365,7 @@ def _cells(view: HostView, now: float) -> dict[str, Text]:
         trend = sample["trend_c_per_min"]
         cells = {  # what an agent sends is Text, never read as markup
             "SoC °C": temperature,
+            WATTS: _watts_cell(sample),
             "trend": Text("" if trend is None else f"{trend_arrow(trend)} {trend:+.1f}/min"),
             "pressure": Text(sample["pressure"] or NA),
             "jobs": _jobs_cell(view.jobs),
@@ -341,21 +381,23 @@ def _cell_width(text: Text) -> int:
 
 def fit_columns(widths: dict[str, int], width: int | None) -> tuple[list[str], int]:
     """(the columns shown, the sparkline's width) for a table `width` cells wide, given each
-    other column's widest cell: the sparkline narrows to MIN_SPARK_WIDTH first, then columns
-    drop from the end of KEPT_FIRST, then the sparkline takes what room is left (up to
-    SPARK_WIDTH). A row is one line: nothing wraps, a host name least of all."""
+    other column's widest cell (the columns in `widths`, with the sparkline): the sparkline
+    narrows to MIN_SPARK_WIDTH first, then columns drop from the end of KEPT_FIRST, then the
+    sparkline takes what room is left (up to SPARK_WIDTH). A row is one line: nothing wraps, a
+    host name least of all."""
+    shown = [name for name in COLUMNS if name in widths or name == SPARK]
     if width is None:
-        return list(COLUMNS), SPARK_WIDTH
+        return shown, SPARK_WIDTH
 
     def needed(columns: list[str], spark: int) -> int:
         cells = sum(spark if name == SPARK else widths[name] for name in columns)
         return cells + 3 * len(columns) + 1  # padding either side, a rule between, two edges
 
-    shown = list(COLUMNS)
     for name in reversed(KEPT_FIRST[2:]):
         if needed(shown, MIN_SPARK_WIDTH) <= width:
             break
-        shown.remove(name)
+        if name in shown:
+            shown.remove(name)
     spark = min(SPARK_WIDTH, MIN_SPARK_WIDTH + max(0, width - needed(shown, MIN_SPARK_WIDTH)))
     return shown, spark
 
@@ -372,10 +414,11 @@ def render(
     if height is not None:
         views = _fitting(views, height - TABLE_FRAME_LINES - len(alerts) - 1)
     rows = [_cells(view, now) for view in views]
+    metered = any((view.sample or {}).get("power") for view in views)
     widths = {
         name: max([len(name), *(_cell_width(row[name]) for row in rows)])
         for name in COLUMNS
-        if name != SPARK
+        if name != SPARK and (metered or name != WATTS)
     }
     shown, spark = fit_columns(widths, width)
     table = Table(title="mlx-fleet thermal monitor", title_justify="left")

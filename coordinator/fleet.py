@@ -152,8 +152,11 @@ class HostDriver:
         emit: Callable[[HostEvent], None],
         stop: threading.Event,
         job: HostJob | None = None,
+        sustain: dict[str, Any] | None = None,
     ) -> None:
         self.ctx, self.target, self.spec, self.settings = ctx, target, spec, settings
+        self.sustain = sustain
+        """A SustainPlan map: each cell runs for its duration (bench.start's `sustain`)."""
         self.emit, self.stop = emit, stop
         self.job = job or HostJob()
         self._start_id: str | None = None
@@ -218,7 +221,10 @@ class HostDriver:
 
     def _start(self, client: AgentClient) -> tuple[str, str | None]:
         """bench.start, then the job's stream as the agent sends it."""
-        start = client.send("bench.start", {"matrix": self.spec})
+        body: dict[str, Any] = {"matrix": self.spec}
+        if self.sustain is not None:  # an agent older than sustained runs knows no such field
+            body["sustain"] = self.sustain
+        start = client.send("bench.start", body)
         self._start_id = start.id
         for message in client.stream(start, self.stop):
             body = message.body
@@ -303,14 +309,15 @@ def run_fleet(
     store: RunStore,
     settings: Settings,
     observer: Observer | None = None,
+    sustain: dict[str, Any] | None = None,
 ) -> FleetResult:
     """Drive every target at once until each is done; Ctrl-C cancels the jobs, keeps what
-    arrived and marks the run interrupted."""
+    arrived and marks the run interrupted. With `sustain` (a SustainPlan map) every cell runs
+    for its duration on every host at once."""
     reach = {t.name: (t.address, t.server_key) for t in targets}
     run_id = store.create_run(spec, [t.name for t in targets], reach=reach)
-    return _drive(
-        run_id, {t.name: (t, HostJob()) for t in targets}, spec, store, settings, observer
-    )
+    jobs = {t.name: (t, HostJob()) for t in targets}
+    return _drive(run_id, jobs, spec, store, settings, observer, sustain)
 
 
 def resume_fleet(
@@ -336,6 +343,7 @@ def _drive(
     store: RunStore,
     settings: Settings,
     observer: Observer | None,
+    sustain: dict[str, Any] | None = None,
 ) -> FleetResult:
     events: queue.Queue[HostEvent] = queue.Queue()
     stop = threading.Event()
@@ -346,7 +354,7 @@ def _drive(
     ctx = zmq.Context()
     threads = [
         threading.Thread(
-            target=HostDriver(ctx, target, spec, settings, events.put, stop, job).run,
+            target=HostDriver(ctx, target, spec, settings, events.put, stop, job, sustain).run,
             name=f"host {name}",
             daemon=True,
         )

@@ -69,6 +69,8 @@ def stats_table(rows: list[dict[str, Any]], since: float) -> Table:
         "paused",
         "pauses",
         "stops",
+        "energy Wh",
+        "mean W",
     ):
         table.add_column(
             name,
@@ -94,8 +96,17 @@ def stats_table(rows: list[dict[str, Any]], since: float) -> Table:
             duration(row["seconds_paused"]),
             str(row["pauses"]),
             str(row["stops"]),
+            _power_figure(row, "energy_j", 1 / 3600, ".2f"),
+            _power_figure(row, "mean_power_w", 1, ".1f"),
         )
     return table
+
+
+def _power_figure(row: dict[str, Any], key: str, scale: float, spec: str) -> str:
+    """Energy or watts, `sim` after a figure whose source is not a meter."""
+    if row[key] is None:
+        return NA
+    return f"{row[key] * scale:{spec}}" + (" sim" if row["power_simulated"] else "")
 
 
 def history(
@@ -119,13 +130,14 @@ def history(
         Path | None,
         typer.Option(
             "--plot",
-            help="Also draw temperature per host over time, thresholds and pauses, "
+            help="Also draw temperature per host over time, thresholds and pauses (and a "
+            "power panel when the hosts metered power), "
             f"into this PNG (needs matplotlib: {PLOT_EXTRA}).",
         ),
     ] = None,
 ) -> None:
     """Per host from the recorded telemetry: min / mean / max °C, time at or above each
-    threshold of the policy in force, time paused, pauses and stops.
+    threshold of the policy in force, time paused, pauses and stops, energy and mean power.
 
     `coordinator monitor` records what it hears; this reads only that record.
     """

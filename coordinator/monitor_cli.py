@@ -89,8 +89,9 @@ def monitor(
 ) -> None:
     """Live thermal dashboard of every agent; everything heard is recorded.
 
-    One row per host: SoC °C (marked sim when simulated or replayed), the last five minutes,
-    trend, pressure, policy state, supervised jobs, time paused; alert lines when a host
+    One row per host: SoC °C (marked sim when simulated or replayed), the machine's watts when
+    its agent has a power source (marked sim likewise), the last five minutes, trend,
+    pressure, policy state, supervised jobs, time paused; alert lines when a host
     pauses or stops a job, goes silent or becomes unreachable. Hosts are reconnected and their
     gaps backfilled by themselves. `coordinator history` reads what was recorded. Ctrl-C ends it.
     """

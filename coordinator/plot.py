@@ -1,8 +1,8 @@
 """`coordinator history --plot`: temperature per host over time, the policy's thresholds as
 lines (one set when every host shares one policy, else each host's, labelled with it), the
-stretches with a job paused shaded, and a mark where the policy stopped a job. Host lines take
-colours that no threshold uses. Needs matplotlib, the optional `plot` extra, which is why nothing
-else imports this module at import time.
+stretches with a job paused shaded, and a mark where the policy stopped a job; below, watts per
+host when power was metered. Host lines take colours that no threshold uses. Needs matplotlib,
+the optional `plot` extra, which is why nothing else imports this module at import time.
 
 Drawn on a bare Figure with the Agg canvas, never pyplot: no display, no global state.
 """
@@ -13,6 +13,7 @@ import math
 from datetime import datetime
 from pathlib import Path
 
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 from matplotlib.figure import Figure
@@ -46,18 +47,20 @@ def _when(epoch: float) -> datetime:
     return datetime.fromtimestamp(epoch)
 
 
-def _line(series: HostSeries) -> tuple[list[datetime], list[float]]:
-    """The host's points, with a NaN between two further apart than a silence, so the line
+def _line(
+    points: list[tuple[float, float | None]], silence: float
+) -> tuple[list[datetime], list[float]]:
+    """A host's points, with a NaN between two further apart than a silence, so the line
     breaks where nothing was heard instead of bridging it."""
     xs: list[datetime] = []
     ys: list[float] = []
     previous: float | None = None
-    for at, celsius in series.points:
-        if previous is not None and at - previous > series.silence:
-            xs.append(_when(previous + series.silence))
+    for at, value in points:
+        if previous is not None and at - previous > silence:
+            xs.append(_when(previous + silence))
             ys.append(math.nan)
         xs.append(_when(at))
-        ys.append(math.nan if celsius is None else celsius)
+        ys.append(math.nan if value is None else value)
         previous = at
     return xs, ys
 
@@ -91,13 +94,18 @@ def _threshold_sets(drawn: list[HostSeries]) -> list[tuple[str | None, list[Peri
 
 def plot_history(hosts: list[HostSeries], title: str) -> Figure:
     """The figure; hosts without points are left out."""
-    figure = Figure(figsize=(10, 4.8), dpi=100, layout="constrained")
+    metered = any(watts is not None for series in hosts for _, watts in series.power)
+    figure = Figure(figsize=(10, 7.2 if metered else 4.8), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
     drawn = [series for series in hosts if series.points]
+    if metered:
+        axes, power_axes = figure.subplots(2, 1, sharex=True, height_ratios=(2, 1))
+        _power_panel(power_axes, drawn)
+    else:
+        axes = figure.add_subplot()
     for index, series in enumerate(drawn):
         colour = HOST_COLOURS[index % len(HOST_COLOURS)]
-        xs, ys = _line(series)
+        xs, ys = _line(series.points, series.silence)
         axes.plot(xs, ys, linewidth=1.4, color=colour, label=series.host)
         for number, (start, end) in enumerate(series.paused):
             axes.axvspan(
@@ -141,6 +149,17 @@ def plot_history(hosts: list[HostSeries], title: str) -> Figure:
     axes.grid(alpha=0.3)
     axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     return figure
+
+
+def _power_panel(axes: Axes, drawn: list[HostSeries]) -> None:
+    """Watts per host (the machine's, as its power source gave them) in the host's colour,
+    breaking at silences."""
+    for index, series in enumerate(drawn):
+        colour = HOST_COLOURS[index % len(HOST_COLOURS)]
+        axes.plot(*_line(series.power, series.silence), linewidth=1.2, color=colour)
+    simulated = any(series.power_simulated for series in drawn)
+    axes.set_ylabel("W" + (" (simulated)" if simulated else ""))
+    axes.grid(alpha=0.3)
 
 
 def write_plot(figure: Figure, path: Path) -> None:

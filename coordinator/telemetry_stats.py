@@ -17,6 +17,7 @@ import json
 import re
 import sqlite3
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -120,8 +121,9 @@ def host_stats(
     conn: sqlite3.Connection, host: str, since: float, policies: Policies
 ) -> dict[str, Any]:
     """Min / mean / max °C, seconds at or above each threshold of the policy in force, seconds
-    with a job paused, and the pauses and stops its events count: one pass over the host's
-    samples in the window, one over its events."""
+    with a job paused, the energy and mean watts its power source read (each reading over the
+    usual spacing, as the rest), and the pauses and stops its events count: one pass over the
+    host's samples in the window, one over its events."""
     above_sql, above_params = [], []
     for name in THRESHOLDS if policies else ():
         expression, params = threshold_in_force(policies, name)
@@ -130,10 +132,11 @@ def host_stats(
     row = conn.execute(
         "SELECT COUNT(*), MIN(time), MAX(time), MIN(celsius), AVG(celsius), MAX(celsius), "
         "MAX(simulated), json_group_array(DISTINCT source), "
-        f"COUNT(*) FILTER (WHERE {PAUSED}){''.join(above_sql)} {_WINDOW}",
+        f"COUNT(*) FILTER (WHERE {PAUSED}), {_POWER}{''.join(above_sql)} {_WINDOW}",
         (PAUSED_JOB, *above_params, host, since),
     ).fetchone()
-    count, first, last, low, mean, high, simulated, sources, paused, *above = tuple(row)
+    count, first, last, low, mean, high, simulated, sources, paused, *rest = tuple(row)
+    power, above = rest[: len(POWER_COLUMNS)], rest[len(POWER_COLUMNS) :]
     spacing = usual_spacing(conn, host, since, first, last, count)
     pauses, stops = conn.execute(
         "SELECT COUNT(*) FILTER (WHERE action = 'pause'), COUNT(*) FILTER (WHERE action = "
@@ -158,15 +161,42 @@ def host_stats(
         "sources": sorted(json.loads(sources)),
         "simulated": bool(simulated),
         "policy": policy_at(policies, last),
+        **host_energy(power, spacing),
+    }
+
+
+_METERED = "FILTER (WHERE power_w IS NOT NULL)"
+POWER_COLUMNS = (
+    "SUM(power_w)",
+    "COUNT(power_w)",
+    f"json_group_array(DISTINCT json_extract(power, '$.source')) {_METERED}",
+    f"MAX(json_extract(power, '$.simulated')) {_METERED}",
+)
+"""What host_energy needs, aggregated in host_stats' one pass over the samples."""
+_POWER = ", ".join(POWER_COLUMNS)
+
+
+def host_energy(power: Sequence[Any], spacing: float) -> dict[str, Any]:
+    """From POWER_COLUMNS' values: joules (each reading's watts over the usual `spacing`, so a
+    silence never counts as power drawn), the mean watts of the readings, the seconds they
+    stand for, and which power sources gave them (simulated ones said)."""
+    total_w, readings, sources, simulated = power
+    return {
+        "energy_j": None if total_w is None else total_w * spacing,
+        "mean_power_w": None if total_w is None else total_w / readings,
+        "metered_s": readings * spacing,
+        "power_sources": sorted(name for name in json.loads(sources) if name is not None),
+        "power_simulated": bool(simulated),
     }
 
 
 @dataclass(frozen=True)
 class HostSeries:
     """What a plot draws of one host: `points` (time, mean °C or None) at most PLOT_POINTS,
-    oldest first; the stretches with a job paused; the policies learned; the line breaks
-    between two points further apart than `silence` seconds; `stops` (time, °C or None) of
-    every job the policy stopped in the window."""
+    oldest first; `power` (time, mean watts or None) at the same points; the stretches with a
+    job paused; the policies learned; the line breaks between two points further apart than
+    `silence` seconds; `stops` (time, °C or None) of every job the policy stopped in the
+    window."""
 
     host: str
     points: list[tuple[float, float | None]]
@@ -174,6 +204,8 @@ class HostSeries:
     policies: Policies
     silence: float
     simulated: bool
+    power: list[tuple[float, float | None]] = field(default_factory=list)
+    power_simulated: bool = False
     stops: list[tuple[float, float | None]] = field(default_factory=list)
 
     @property
@@ -190,17 +222,23 @@ def host_series(
 ) -> HostSeries:
     """The host's samples in the window at plot resolution: one point per bucket of
     max(window / PLOT_POINTS, spacing) seconds (a sample each, in a short window), the mean of
-    the readings in it; a bucket holding a paused sample is shaded whole."""
+    the readings in it (and of the watts read); a bucket holding a paused sample is shaded
+    whole."""
     first, last = stats["first"], stats["last"]
     width = max((last - first) / PLOT_POINTS, stats["spacing_s"]) or 1.0
     points: list[tuple[float, float | None]] = []
+    power: list[tuple[float, float | None]] = []
     paused: list[tuple[float, float]] = []
-    for bucket, at, celsius, any_paused in conn.execute(
+    power_simulated = False
+    for bucket, at, celsius, any_paused, watts, simulated in conn.execute(
         "SELECT CAST((time - ?) / ? AS INTEGER) AS bucket, AVG(time), AVG(celsius), "
-        f"MAX({PAUSED}) {_WINDOW} GROUP BY bucket ORDER BY bucket",
+        f"MAX({PAUSED}), AVG(power_w), MAX(json_extract(power, '$.simulated')) {_WINDOW} "
+        "GROUP BY bucket ORDER BY bucket",
         (first, width, PAUSED_JOB, stats["host"], since),
     ):
         points.append((at, celsius))
+        power.append((at, watts))
+        power_simulated = power_simulated or bool(simulated)
         if any_paused:
             start, end = first + bucket * width, first + (bucket + 1) * width
             if paused and paused[-1][1] >= start:
@@ -219,5 +257,7 @@ def host_series(
         policies,
         GAP_FACTOR * width,
         stats["simulated"],
-        [(at, celsius) for at, celsius in stops],
+        power=power,
+        power_simulated=power_simulated,
+        stops=[(at, celsius) for at, celsius in stops],
     )

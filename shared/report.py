@@ -18,8 +18,10 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from shared.energy import not_a_meter
 from shared.matrix import hf_model_id, model_label
 from shared.results import NOT_RUN, OK
+from shared.sustain_report import markdown_sustain, rich_sustain
 
 FORMATS = ("table", "md", "csv", "json", "jsonl", "sql")
 NA = "N/A"
@@ -65,6 +67,18 @@ def soc_temperature(record: Record) -> str:
     if "simulated" in record.get("flags", []) and source:
         text += f" ({source})"
     return text
+
+
+def watts(record: Record) -> str:
+    """Mean watts over the cell's timed iterations, labelled when the source is not a meter."""
+    value = record.get("power_w")
+    return NA if value is None else not_a_meter(f"{value:.1f}", record)
+
+
+def per_joule(record: Record) -> str:
+    """Tokens per joule (gross), labelled as watts are."""
+    value = record.get("tokens_per_joule")
+    return NA if value is None else not_a_meter(f"{value:.3g}", record)
 
 
 def flags(record: Record) -> str:
@@ -115,10 +129,16 @@ COLUMNS: list[Column] = [
     ("flags", flags),
 ]
 HOST_COLUMN: Column = ("host", lambda r: str(r.get("host", "")))
+ENERGY_COLUMNS: list[Column] = [("W", watts), ("tok/J", per_joule)]
+"""Shown when some cell had a power meter; without any, the header's energy line says N/A."""
 
 
 def columns_for(records: list[Record]) -> list[Column]:
-    return [HOST_COLUMN, *COLUMNS] if any("host" in r for r in records) else COLUMNS
+    columns = list(COLUMNS)
+    if any(r.get("energy_source") for r in records):
+        at = next(i for i, (name, _) in enumerate(columns) if name == "SoC °C")
+        columns[at:at] = ENERGY_COLUMNS
+    return [HOST_COLUMN, *columns] if any("host" in r for r in records) else columns
 
 
 def model_line(info: dict[str, Any]) -> str:
@@ -176,8 +196,28 @@ def machine_line(machine: dict[str, Any], address: str | None = None) -> str:
     return f"{line}; {', '.join(details)}" if details else line
 
 
+def energy_line(energy: dict[str, Any] | None, records: list[Record]) -> str | None:
+    """Where a host's energy came from: the report's `energy` (agent bench) or else what its
+    cells say; None when nothing was metered or asked for."""
+    measured = next((r for r in records if r.get("energy_source")), None)
+    if energy is None and measured is None:
+        return None
+    if energy is not None and not energy.get("present", True):
+        return f"energy: N/A ({energy.get('note') or 'no power meter'})"
+    source = (energy or {}).get("source") or (measured or {}).get("energy_source")
+    simulated = (energy or {}).get("simulated") or (measured or {}).get("energy_simulated")
+    rails = (energy or {}).get("rails") or (measured or {}).get("energy_rails") or []
+    text = f"energy: {source} ({', '.join(rails) or 'no rail yet'})"
+    text += ", SIMULATED: not a meter" if simulated else ", the vendor's estimates, machine-wide"
+    idle = (energy or {}).get("idle_w")
+    if idle is None and measured is not None:
+        idle = measured.get("idle_power_w")
+    text += f"; idle {idle:.2f} W" if idle is not None else "; no idle baseline"
+    return text
+
+
 def header_lines(report: dict[str, Any]) -> list[str]:
-    """Device and model lines: one set per host for a fleet report."""
+    """Device, model and energy lines: one set per host for a fleet report."""
     hosts = report.get("hosts") or [report]
     lines: list[str] = []
     for host in hosts:
@@ -186,6 +226,10 @@ def header_lines(report: dict[str, Any]) -> list[str]:
         elif host.get("host"):
             lines.append(f"{host['host']}: no machine information")
         lines.extend(f"  {model_line(info)}" for info in host.get("models", []))
+        cells = [r for r in report.get("cells", []) if r.get("host") == host.get("host")]
+        energy = energy_line(host.get("energy"), cells)
+        if energy:
+            lines.append(f"  {energy}")
         if host.get("error"):
             lines.append(f"  FAILED: {host['error']}")
     if report.get("interrupted"):
@@ -196,7 +240,7 @@ def header_lines(report: dict[str, Any]) -> list[str]:
 def rich_report(report: dict[str, Any]) -> Group:
     """The header lines (device, versions, models) above the table."""
     header = Text("\n".join(header_lines(report)), style="dim")
-    return Group(header, rich_table(report))
+    return Group(header, rich_table(report), *rich_sustain(report["cells"]))
 
 
 def rich_table(report: dict[str, Any]) -> Table:
@@ -224,8 +268,35 @@ def to_markdown(report: dict[str, Any]) -> str:
     for record in records:
         cells = (render(record).replace("|", "\\|") for _, render in cols)
         lines.append("| " + " | ".join(cells) + " |")
+    lines += markdown_sustain(records)
     return "\n".join(lines) + "\n"
 
+
+SUSTAIN_SUMMARY = (
+    "duration_s",
+    "window_s",
+    "first_tokens_per_sec",
+    "steady_tokens_per_sec",
+    "throttle_ratio",
+    "time_to_throttle_s",
+    "temp_rise_c",
+    "mean_power_w",
+    "pause_s",
+)
+"""A sustained cell's figures as row columns (sustain_*); its windows are in the JSON."""
+ENERGY_FIELDS = (
+    "energy_source",
+    "energy_simulated",
+    "energy_j",
+    "energy_net_j",
+    "energy_window_s",
+    "power_w",
+    "idle_power_w",
+    "tokens_per_joule",
+    "joules_per_token",
+    "energy_note",
+)
+"""A cell's energy (docs/energy.md) as row columns, as the record names them."""
 
 ROW_FIELDS: list[tuple[str, str]] = [
     ("host", "TEXT"),
@@ -261,6 +332,18 @@ ROW_FIELDS: list[tuple[str, str]] = [
     ("pressure_end", "TEXT"),
     ("pause_s", "REAL"),
     ("thermal_source", "TEXT"),
+    ("energy_source", "TEXT"),
+    ("energy_simulated", "INTEGER"),
+    ("energy_rails", "TEXT"),
+    ("energy_j", "REAL"),
+    ("energy_net_j", "REAL"),
+    ("energy_window_s", "REAL"),
+    ("power_w", "REAL"),
+    ("idle_power_w", "REAL"),
+    ("tokens_per_joule", "REAL"),
+    ("joules_per_token", "REAL"),
+    ("energy_note", "TEXT"),
+    *((f"sustain_{key}", "REAL") for key in SUSTAIN_SUMMARY),
     ("status", "TEXT"),
     ("flags", "TEXT"),
     ("error", "TEXT"),
@@ -273,7 +356,9 @@ n_batch (prompt tokens per forward pass: our --prefill-step-size), n_prompt, n_g
 test_time (RFC 3339, UTC, when the cell began), avg_ns / stddev_ns (time of one timed
 iteration), avg_ts / stddev_ts (tokens/s: mean and sample deviation of the per-iteration rates),
 cpu_info, gpu_info, backends. The rest are ours: batch_size counts sequences, which llama-bench
-has no column for. An unknown is empty (csv) or NULL (sql), never a number."""
+has no column for; energy_* a cell's energy and sustain_* a sustained cell's summary
+(docs/energy.md; energy_simulated says the figures come from a model, not a meter). An unknown
+is empty (csv) or NULL (sql), never a number."""
 SQL_TABLE = "mlx_fleet_bench"
 
 
@@ -310,6 +395,7 @@ def bench_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
         )
         info = info or {}
         on_gpu = machine.get("backend") == "gpu"
+        sustain = record.get("sustain") or {}
         rows.append(
             {
                 "host": host or machine.get("hostname"),
@@ -351,6 +437,9 @@ def bench_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                 ),
                 "error": record.get("error"),
                 "samples_ns": [_nanoseconds(s) for s in record.get("samples_ms") or []],
+                **{key: record.get(key) for key in ENERGY_FIELDS},
+                "energy_rails": ";".join(record.get("energy_rails") or []) or None,
+                **{f"sustain_{key}": sustain.get(key) for key in SUSTAIN_SUMMARY},
             }
         )
     return rows

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from shared.energy import energy_flags
 from shared.matrix import Cell
 
 OK = "ok"
@@ -24,8 +25,11 @@ def cell_record(
     metrics: dict[str, Any] | None = None,
     error: str | None = None,
     thermal: dict[str, Any] | None = None,
+    measured: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A finished cell: its coordinates, its metrics or its error, and what the guard saw."""
+    """A finished cell: its coordinates, its metrics or its error, what the guard saw, and what
+    was `measured` around its iterations (energy, a sustained run's windows: shared.energy,
+    shared.sustain), which may replace metrics it stands for."""
     record: dict[str, Any] = cell.to_dict()
     record["status"] = FAILED if error is not None else OK
     record["error"] = error
@@ -39,6 +43,8 @@ def cell_record(
     record["pause_s"] = thermal.get("pause_s", 0.0)
     record["flags"] = list(thermal.get("flags", []))
     record["thermal_source"] = thermal.get("thermal_source")
+    record.update(measured or {})
+    record["flags"] += energy_flags(record)
     return record
 
 

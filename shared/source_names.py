@@ -1,6 +1,7 @@
-"""Thermal source names and their parser: what `--thermal-source` accepts, checked without
-opening anything. Pure, so the agent (which opens sources), the coordinator (which ships a name
-to a host's installer) and every option's help text share one definition.
+"""Thermal and power source names and their parser: what `--thermal-source` and
+`--power-source` accept, checked without opening anything. Pure, so the agent (which opens
+sources), the coordinator (which ships a name to a host's installer) and every option's help text
+share one definition.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ KNOWN_SOURCES: tuple[str, ...] = (
     "replay:PATH",
 )
 """Every source name; one that takes an argument shows its placeholder."""
-KNOWN_KINDS = frozenset(name.partition(":")[0] for name in KNOWN_SOURCES)
 SOURCE_HELP = (
     ", ".join(KNOWN_SOURCES).replace("sim,", "sim[:k=v,...],")
     + " (sim and replay are labelled as not a sensor)."
@@ -38,11 +38,38 @@ DEFAULT_POLL_INTERVAL_S = 1.0
 """Seconds between two readings of a source, unless an option says otherwise."""
 
 
+KNOWN_POWER_SOURCES: tuple[str, ...] = (
+    "auto",
+    "none",
+    "ioreport",
+    "smc",
+    "macmon",
+    "powermetrics",
+    "rapl",
+    "sim",
+    "replay:CSV",
+)
+"""Every power source name (docs/energy.md); one that takes an argument shows its placeholder."""
+POWER_SOURCE_HELP = (
+    ", ".join(KNOWN_POWER_SOURCES).replace("sim,", "sim[:k=v,...],")
+    + " (sim and replay are labelled as not a meter)."
+)
+"""The help of every --power-source option, derived from KNOWN_POWER_SOURCES."""
+
+
 class UnknownSourceError(SourceSpecError):
     """A source name we do not know; the message lists the ones we do."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__(f"unknown thermal source {name!r}; known: {', '.join(KNOWN_SOURCES)}")
+    def __init__(
+        self,
+        name: str,
+        what: str = "thermal",
+        known: tuple[str, ...] = KNOWN_SOURCES,
+        offered: bool = False,
+    ) -> None:
+        """`known` lists every name; with `offered`, the names that can work on this machine."""
+        listed = "this machine offers" if offered else "known"
+        super().__init__(f"unknown {what} source {name!r}; {listed}: {', '.join(known)}")
         self.source_name = name
 
 
@@ -60,6 +87,21 @@ def auto_order(system: str) -> tuple[str, ...]:
 def offered_sources(system: str) -> tuple[str, ...]:
     """The names that can work on this OS (what a refusal lists)."""
     return ("auto", "none", *auto_order(system), "sim", "replay:PATH")
+
+
+def power_auto_order(system: str) -> tuple[str, ...]:
+    """What `auto` tries for power, best first. macOS: IOReport's energy counters (per rail,
+    rootless, in-process), then the SMC's whole-system PSTR, then macmon, root's powermetrics
+    last; Linux: RAPL through powercap. Anything else has no meter we read."""
+    return {
+        "Darwin": ("ioreport", "smc", "macmon", "powermetrics"),
+        "Linux": ("rapl",),
+    }.get(system, ())
+
+
+def offered_power_sources(system: str) -> tuple[str, ...]:
+    """The power source names that can work on this OS (what a refusal lists)."""
+    return ("auto", "none", *power_auto_order(system), "sim", "replay:CSV")
 
 
 @dataclass(frozen=True)
@@ -85,10 +127,14 @@ class SimParams:
                 f"max_w={self.max_w}"
             )
 
+    def watts(self, load: float) -> float:
+        """The model's power at `load` (0..1): what the `sim` power source reports."""
+        load = min(max(load, 0.0), 1.0)
+        return self.idle_w + (self.max_w - self.idle_w) * load
+
     def steady_c(self, load: float) -> float:
         """Where the temperature settles if `load` (0..1) is held."""
-        load = min(max(load, 0.0), 1.0)
-        return self.ambient_c + self.r_c_per_w * (self.idle_w + (self.max_w - self.idle_w) * load)
+        return self.ambient_c + self.r_c_per_w * self.watts(load)
 
 
 def parse_sim_params(spec: str) -> SimParams:
@@ -117,13 +163,27 @@ def parse_source_name(name: str) -> tuple[str, str]:
 
     Raises UnknownSourceError / SourceSpecError for a bad name or spec.
     """
+    return _parse_name(name, "thermal", KNOWN_SOURCES, "replay:PATH")
+
+
+def parse_power_source_name(name: str) -> tuple[str, str]:
+    """A power source name as (kind, argument), checked without opening anything: `sim` takes
+    the thermal model's parameters (its watts are the model's idle_w..max_w), `replay:CSV` a
+    `seconds,watts` file.
+
+    Raises UnknownSourceError / SourceSpecError for a bad name or spec.
+    """
+    return _parse_name(name, "power", KNOWN_POWER_SOURCES, "replay:CSV")
+
+
+def _parse_name(name: str, what: str, known: tuple[str, ...], replay: str) -> tuple[str, str]:
     kind, sep, argument = name.strip().partition(":")
     kind = kind.lower()
     if kind == "sim":
         parse_sim_params(argument)
     elif kind == "replay":
         if not argument:
-            raise SourceSpecError("replay needs a file: replay:PATH")
-    elif sep or kind not in KNOWN_KINDS:
-        raise UnknownSourceError(name)
+            raise SourceSpecError(f"replay needs a file: {replay}")
+    elif sep or kind not in {entry.partition(":")[0] for entry in known}:
+        raise UnknownSourceError(name, what, known)
     return kind, argument

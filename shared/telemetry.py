@@ -120,7 +120,8 @@ def _load(kind: str, value: Any) -> Any:
 
 @dataclass(frozen=True)
 class Sample(_Record):
-    """One poll of the agent's thermal source: what it read and what the policy says of it."""
+    """One poll of the agent's thermal source: what it read and what the policy says of it;
+    and, when the agent has a power source, what it read at the same poll."""
 
     time: float = _spec(_NUMBER, "REAL NOT NULL")
     """When the reading was taken (epoch s); the poll's time when there was none."""
@@ -135,6 +136,15 @@ class Sample(_Record):
     storage_error: str | None = _spec((str, _NIL), "TEXT", default=None)
     """What the agent cannot write now (a full disk, say: agent.storage); None when all is
     written."""
+    power_w: float | None = _spec((*_NUMBER, _NIL), "REAL", default=None)
+    """The machine's watts over the last poll (shared.energy.whole of the rails); None without
+    a power source or a reading."""
+    energy_j: float | None = _spec((*_NUMBER, _NIL), "REAL", default=None)
+    """The machine's joules since the agent's power source opened (a counter: lower after an
+    agent restart)."""
+    power: dict[str, Any] | None = _spec((dict, _NIL), "TEXT", "json", default=None)
+    """The power source's view: {"source", "simulated", "watts": {rail: W}, "joules": {rail:
+    J}, "error"} (docs/protocol.md §10); None when the agent has no power source."""
     seq: int | None = _spec(int, "INTEGER", default=None)
     """None until the agent's store numbers it; always a number on the wire."""
 

@@ -59,6 +59,23 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 
 
 @pytest.fixture
+def tool_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Fake powermetrics, macmon and sudo (tests/fixtures/fake_tool.py) first on PATH; returns
+    the log of their starts."""
+    fake_tool = Path(__file__).parent / "fixtures" / "fake_tool.py"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("powermetrics", "macmon", "sudo"):
+        wrapper = bin_dir / tool
+        wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{fake_tool}" {tool} "$@"\n')
+        wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    log = tmp_path / "starts.log"
+    monkeypatch.setenv("FAKE_TOOL_LOG", str(log))
+    return log
+
+
+@pytest.fixture
 def ctx() -> Iterator[zmq.Context]:
     """A ZeroMQ context for the test's sockets, destroyed after it."""
     context = zmq.Context()

@@ -61,6 +61,9 @@ def sample(
         "pause_s_total": pause_s_total,
         "jobs": jobs or [],
         "storage_error": None,
+        "power_w": None,
+        "energy_j": None,
+        "power": None,
         "seq": int(at),
     }
 
@@ -189,6 +192,8 @@ def direct_stats(
 
     paused = [row for row in rows if any(job["state"] == "paused" for job in row["jobs"])]
     actions = [event["action"] for event in events]
+    metered = [row for row in rows if row["power_w"] is not None]
+    watts = [row["power_w"] for row in metered]
     return {
         "samples": len(rows),
         "first": times[0],
@@ -204,26 +209,41 @@ def direct_stats(
         "sources": sorted({row["source"] for row in rows}),
         "simulated": any(row["simulated"] for row in rows),
         "policy": policy_at(policies, times[-1]),
+        "energy_j": sum(watts) * spacing if metered else None,
+        "mean_power_w": statistics.fmean(watts) if metered else None,
+        "metered_s": len(metered) * spacing,
+        "power_sources": sorted({row["power"]["source"] for row in metered}),
+        "power_simulated": any(row["power"]["simulated"] for row in metered),
     }
 
 
 def jittery_curve(count: int, seed: int) -> list[dict[str, Any]]:
     """`count` samples about a second apart (jitter, two silences, missing readings), hot
-    stretches with the job paused, from two sources."""
+    stretches with the job paused, from two sources; watts from two power sources (one
+    simulated), some polls without a reading."""
     rng = random.Random(seed)
     rows, at = [], NOW
     for index in range(count):
         at += rng.uniform(0.97, 1.03) + (45.0 if index in (count // 3, count // 2) else 0.0)
         celsius = None if index % 17 == 0 else round(rng.uniform(60.0, 100.0), 2)
         paused = celsius is not None and 85.0 <= celsius < 95.0
-        rows.append(
-            sample(
-                at,
-                celsius,
-                jobs=[job("paused" if paused else "running"), job("running", "j2", 7)],
-                source="iohid" if index % 5 else "sim",
-            )
+        body = sample(
+            at,
+            celsius,
+            jobs=[job("paused" if paused else "running"), job("running", "j2", 7)],
+            source="iohid" if index % 5 else "sim",
         )
+        watts = None if index % 11 == 0 else round(rng.uniform(5.0, 40.0), 2)
+        power = "sim" if index % 4 == 0 else "rapl"
+        body["power_w"] = watts
+        body["power"] = {
+            "source": power,
+            "simulated": power == "sim",
+            "watts": {} if watts is None else {"system": watts},
+            "joules": {},
+            "error": "no reading yet" if watts is None else None,
+        }
+        rows.append(body)
     return rows
 
 
@@ -240,7 +260,8 @@ def test_statistics_in_sql_equal_a_direct_computation(tmp_path: Path, count: int
         stats = host_stats(store.conn, "mac1", since, store.policies()["mac1"])
     expected = direct_stats(rows[1:], [e for e in events if e["time"] >= since], policies)
     assert stats.pop("host") == "mac1"
-    assert stats.pop("mean_c") == pytest.approx(expected.pop("mean_c"), rel=1e-12)
+    for key in ("mean_c", "energy_j", "mean_power_w"):  # sums taken in another order
+        assert stats.pop(key) == pytest.approx(expected.pop(key), rel=1e-12)
     assert stats == expected
 
 

@@ -42,6 +42,7 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
         "name": "mac1",
         "machine": {},
         "thermal": {},
+        "power": {},
         "job": None,
         "telemetry_port": 5556,
         "poll_interval": 1.0,
@@ -99,6 +100,9 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
         "trend_c_per_min": 0.4,
         "pause_s_total": 0.0,
         "storage_error": None,
+        "power_w": None,
+        "energy_j": None,
+        "power": None,
         "seq": 41,
         "jobs": [
             {

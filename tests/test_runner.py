@@ -8,9 +8,12 @@ import pytest
 
 from agent.guard import GuardReport, RunStopped
 from agent.model import ModelArgs
+from agent.power.meter import EnergyMeter
+from agent.power.rapl import RaplSource
 from agent.profiling import BenchmarkSuite
 from agent.profiling.runner import run_matrix
 from shared.matrix import MatrixSpec
+from tests.power_support import powercap_zone
 
 
 class FailingGuard:
@@ -68,6 +71,22 @@ def test_a_failed_cell_is_recorded_and_the_rest_go_on() -> None:
     assert [r["status"] for r in records] == ["ok", "failed", "ok"]
     assert records[1]["error"] == "MemoryError: out of memory"
     assert records[0]["soc_temp_start_c"] == 40.0 and records[0]["flags"] == ["hot"]
+
+
+def test_a_meter_that_dies_mid_run_leaves_the_later_cells_without_energy_saying_why(
+    tmp_path: Path,
+) -> None:
+    zone = powercap_zone(tmp_path, "intel-rapl:0", "package-0", 1, 10**12)
+    records = []
+    for record in run_matrix(tiny_spec(), energy=EnergyMeter(RaplSource(tmp_path), 0)):
+        records.append(record)
+        if len(records) == 1:
+            (zone / "energy_uj").unlink()  # the counter goes away between two cells
+    assert [r["status"] for r in records] == ["ok"] * 3  # the cells go on
+    assert records[0]["energy_j"] == 0.0 and records[0]["energy_source"] == "rapl"
+    for record in records[1:]:
+        assert record["energy_j"] is None and record["tokens_per_sec"] > 0
+        assert record["energy_note"].startswith("a meter read failed: rapl: cannot read")
 
 
 def test_a_stopping_guard_ends_the_run_after_recording_the_cell() -> None:

@@ -32,23 +32,6 @@ FIXTURES = Path(__file__).parent / "fixtures"
 FAST = {"interval_s": 0.05, "startup_s": 5.0}
 
 
-@pytest.fixture
-def tool_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Fake powermetrics, macmon and sudo first on PATH; returns the log of their starts."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for tool in ("powermetrics", "macmon", "sudo"):
-        wrapper = bin_dir / tool
-        wrapper.write_text(
-            f'#!/bin/sh\nexec "{sys.executable}" "{FIXTURES / "fake_tool.py"}" {tool} "$@"\n'
-        )
-        wrapper.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    log = tmp_path / "starts.log"
-    monkeypatch.setenv("FAKE_TOOL_LOG", str(log))
-    return log
-
-
 def starts(log: Path) -> list[list[str]]:
     """Each start of a fake tool: [pid, tool, arguments...]."""
     return [line.split() for line in log.read_text().splitlines()] if log.exists() else []

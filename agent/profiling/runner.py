@@ -22,9 +22,11 @@ import psutil
 from agent.guard import CellGuard, NullGuard, RunStopped
 from agent.hf_models import ModelNotFound, locate
 from agent.model import BUILTIN_CONFIGS, QUANT_GROUP_SIZE, build_model
+from agent.power.meter import EnergyMeter
 from agent.profiling.footprint import cell_footprint, model_shape, refusal
 from agent.profiling.memory import MemoryProfiler
 from agent.profiling.speed import SpeedProfiler
+from agent.profiling.watch import CellWatch
 from shared.clock import now_iso
 from shared.matrix import (
     DECODE,
@@ -37,6 +39,7 @@ from shared.matrix import (
 )
 from shared.report import record_model_label
 from shared.results import cell_record
+from shared.sustain import SustainPlan
 
 
 class ModelLoadError(Exception):
@@ -153,10 +156,14 @@ def load_benchmark_model(
 
 
 def measure_cell(
-    model: nn.Module, cell: Cell, spec: MatrixSpec, guard: CellGuard
+    model: nn.Module, cell: Cell, spec: MatrixSpec, guard: CellGuard, watch: CellWatch | None = None
 ) -> dict[str, Any]:
-    """One cell, as its mode says: pp, tg, or pp+tg, each after its depth."""
-    profiler = SpeedProfiler(before_iteration=guard.before_iteration)
+    """One cell, as its mode says: pp, tg, or pp+tg, each after its depth; `watch` hears each
+    timed region (energy) and may plan the steps (a sustained run)."""
+    if watch is None:
+        profiler = SpeedProfiler(before_iteration=guard.before_iteration)
+    else:
+        profiler = SpeedProfiler(guard.before_iteration, timing=watch, steps=watch.steps)
     common = {
         "num_warmup": spec.warmup,
         "num_iterations": spec.iterations,
@@ -214,6 +221,8 @@ def run_matrix(
     first: int = 0,
     on_begin: Callable[[int], None] | None = None,
     memory_bytes: int | None = None,
+    energy: EnergyMeter | None = None,
+    sustain: SustainPlan | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Yield one record per cell as it finishes, failed cells included.
 
@@ -226,11 +235,18 @@ def run_matrix(
     A guard's RunStopped ends the run after recording the cell it interrupted; a
     KeyboardInterrupt propagates, and the records already yielded stay the caller's. On Metal
     the run is wired as mlx-lm wires generation; every record says so (`wired_limit_bytes`).
+
+    With an `energy` meter its idle baseline is measured first, then every cell's timed
+    iterations (shared.energy); with a `sustain` plan each cell runs for its duration, in
+    windows (shared.sustain), and a stop keeps the windows it measured.
     """
     guard = guard or NullGuard()
     memory = machine_memory() if memory_bytes is None else memory_bytes
+    if energy is not None:
+        energy.measure_idle()
+    watching = Watching(energy, sustain)
     with recommended_wired_limit() as wired:
-        for record in _run_groups(spec, guard, on_model, models, first, on_begin, memory):
+        for record in _run_groups(spec, guard, on_model, models, first, on_begin, memory, watching):
             record["wired_limit_bytes"] = wired
             yield record
 
@@ -243,6 +259,7 @@ def _run_groups(
     first: int,
     on_begin: Callable[[int], None] | None,
     memory: int,
+    watching: Watching,
 ) -> Iterator[dict[str, Any]]:
     scores_materialized = mx.default_device().type == mx.DeviceType.cpu  # no fused attention
     index = 0
@@ -282,15 +299,17 @@ def _run_groups(
             measured = True
             began = now_iso()
             guard.begin_cell()
+            watch = CellWatch(cell, spec.warmup, guard, watching.energy, watching.sustain)
             metrics, error, stopped = None, None, None
             try:
-                metrics = measure_cell(loaded.model, cell, spec, guard)
+                metrics = measure_cell(loaded.model, cell, spec, guard, watch)
             except RunStopped as exc:
                 error, stopped = error_text(exc), exc
             except Exception as exc:  # out of memory and the like fail one cell
                 error = error_text(exc)
             report = guard.end_cell()
-            record = cell_record(cell, metrics, error, vars(report))
+            watched = watch.fields(error if stopped is not None else None)
+            record = cell_record(cell, metrics, error, vars(report), watched)
             record["test_time"] = began
             if loaded.info.get("revision"):
                 record["model_revision"] = loaded.info["revision"]
@@ -300,6 +319,14 @@ def _run_groups(
         del loaded
         gc.collect()
         mx.clear_cache()
+
+
+@dataclass(frozen=True)
+class Watching:
+    """What a run measures around every cell's iterations besides their seconds."""
+
+    energy: EnergyMeter | None = None
+    sustain: SustainPlan | None = None
 
 
 def machine_memory() -> int:

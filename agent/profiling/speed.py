@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -35,6 +35,22 @@ from shared.matrix import DEFAULT_PREFILL_STEP
 from shared.stats import summarize_latencies
 
 IterationGate = Callable[[int], None]
+StepPlan = Callable[[int, int], Iterable[int]]
+"""(warm-up, iterations) -> the step numbers to run; by default all of them, once."""
+
+
+class IterationTiming(Protocol):
+    """Told around each iteration's timed region, outside it: an energy meter reads here."""
+
+    def started(self, step: int) -> None:
+        """The inputs are ready and the gate has passed: the clock starts next."""
+
+    def stopped(self, step: int, seconds: float) -> None:
+        """`mx.eval` has returned and the clock stopped after `seconds`."""
+
+
+def every_step(num_warmup: int, num_iterations: int) -> range:
+    return range(num_warmup + num_iterations)
 
 
 def new_cache(model: nn.Module) -> list[Any]:
@@ -133,10 +149,19 @@ class Measurement:
 
 
 class SpeedProfiler:
-    """The seed's speed profiler. `before_iteration` (e.g. a cooling gate) runs untimed."""
+    """The seed's speed profiler. `before_iteration` (e.g. a cooling gate) runs untimed;
+    `timing` hears each timed region start and stop, untimed; `steps` may run the iterations
+    for a time instead of a count (a sustained run)."""
 
-    def __init__(self, before_iteration: IterationGate | None = None):
+    def __init__(
+        self,
+        before_iteration: IterationGate | None = None,
+        timing: IterationTiming | None = None,
+        steps: StepPlan = every_step,
+    ):
         self.before_iteration = before_iteration
+        self.timing = timing
+        self.steps = steps
 
     def _measure(
         self,
@@ -153,15 +178,19 @@ class SpeedProfiler:
             raise ValueError("num_iterations must be at least 1")
         mx.clear_cache()
         measurement = Measurement()
-        for step in range(num_warmup + num_iterations):
+        for step in self.steps(num_warmup, num_iterations):
             if self.before_iteration is not None:
                 self.before_iteration(step)
             cache = depth.fresh(model)
             mx.reset_peak_memory()
+            if self.timing is not None:
+                self.timing.started(step)
             start = time.perf_counter()
             output = timed(cache)
             mx.eval(output)
             elapsed = time.perf_counter() - start
+            if self.timing is not None:
+                self.timing.stopped(step, elapsed)
             if step >= num_warmup:
                 measurement.samples.append(elapsed)
                 measurement.peak_bytes = max(measurement.peak_bytes, mx.get_peak_memory())

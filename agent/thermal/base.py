@@ -1,13 +1,17 @@
-"""What every thermal source gives: a reading, or None with a reason."""
+"""What every thermal source gives: a reading, or None with a reason; and what every source
+(thermal or power, agent.power) shares."""
 
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 
 class SourceUnavailable(RuntimeError):
@@ -40,27 +44,24 @@ class ThermalReading:
         }
 
 
-class ThermalSource(ABC):
-    """A place temperatures come from. read() never raises for a sensor hiccup: it returns None and
-    says why in `last_error`, so one bad sample cannot take a training run down."""
+class Source(ABC):
+    """Something read in a loop that must never take the loop down: a thermal source, a power
+    meter. A hiccup is a None reading with the reason in `last_error`, never an exception."""
 
     name: str = "source"
     simulated: bool = False
-    pushed: bool = False
-    """Its readings are handed to the monitor (ThermalMonitor.record) as they arrive, never
-    polled: the monitor starts no thread of its own for it."""
 
     def __init__(self) -> None:
         self.last_error: str | None = None
 
     @abstractmethod
-    def read(self) -> ThermalReading | None:
+    def read(self) -> Any:
         """The current reading, or None (see `last_error`)."""
 
     def close(self) -> None:  # noqa: B027 - a hook: most sources hold nothing to release
         """Release processes and handles; safe to call twice."""
 
-    def __enter__(self) -> ThermalSource:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -74,6 +75,41 @@ class ThermalSource(ABC):
     def _fail(self, reason: str) -> None:
         """Record why there is no reading; returns None so `return self._fail(...)` reads well."""
         self.last_error = reason
+
+
+S = TypeVar("S", bound=Source)
+
+
+def first_reading(
+    candidates: Iterable[str], open_one: Callable[[str], S]
+) -> tuple[S | None, list[str]]:
+    """The first candidate that opens and gives a reading (what `auto` picks), and why each one
+    before it did not; (None, every reason) when none does."""
+    reasons: list[str] = []
+    for candidate in candidates:
+        try:
+            source = open_one(candidate)
+        except SourceUnavailable as exc:
+            reasons.append(str(exc))
+            continue
+        if source.read() is not None:
+            return source, reasons
+        reasons.append(source.last_error or f"{candidate}: no reading")
+        source.close()
+    return None, reasons
+
+
+class ThermalSource(Source):
+    """A place temperatures come from. read() never raises for a sensor hiccup: it returns None and
+    says why in `last_error`, so one bad sample cannot take a training run down."""
+
+    pushed: bool = False
+    """Its readings are handed to the monitor (ThermalMonitor.record) as they arrive, never
+    polled: the monitor starts no thread of its own for it."""
+
+    @abstractmethod
+    def read(self) -> ThermalReading | None:
+        """The current reading, or None (see `last_error`)."""
 
     def _reading(
         self,

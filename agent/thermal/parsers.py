@@ -232,10 +232,11 @@ class ReplayFormatError(SourceSpecError):
 ReplayRows = list[tuple[float, float | None]]
 
 
-def parse_replay_csv(text: str, origin: str) -> ReplayRows:
-    """`seconds,celsius` rows -> [(seconds, °C or None)].
+def parse_replay_csv(text: str, origin: str, unit: str = "celsius") -> ReplayRows:
+    """`seconds,<unit>` rows -> [(seconds, value or None)]: `seconds,celsius` for a thermal
+    replay, `seconds,watts` for a power replay.
 
-    An optional `seconds,celsius` header, blank lines and `#` comments are allowed; an empty celsius
+    An optional `seconds,<unit>` header, blank lines and `#` comments are allowed; an empty value
     is a gap (no reading). Seconds must start at >= 0 and increase.
     """
     rows: ReplayRows = []
@@ -243,30 +244,33 @@ def parse_replay_csv(text: str, origin: str) -> ReplayRows:
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        if not rows and line.replace(" ", "").lower() == "seconds,celsius":
+        if not rows and line.replace(" ", "").lower() == f"seconds,{unit}":
             continue
-        rows.append(_replay_row(line, f"{origin}:{lineno}", rows[-1][0] if rows else None))
+        where = f"{origin}:{lineno}"
+        rows.append(_replay_row(line, where, rows[-1][0] if rows else None, unit))
     if not rows:
-        raise ReplayFormatError(f"{origin}: no `seconds,celsius` rows")
+        raise ReplayFormatError(f"{origin}: no `seconds,{unit}` rows")
     return rows
 
 
-def _replay_row(line: str, where: str, previous: float | None) -> tuple[float, float | None]:
+def _replay_row(
+    line: str, where: str, previous: float | None, unit: str
+) -> tuple[float, float | None]:
     fields = [part.strip() for part in line.split(",")]
     if len(fields) != 2:
-        raise ReplayFormatError(f"{where}: expected `seconds,celsius`, got {line!r}")
+        raise ReplayFormatError(f"{where}: expected `seconds,{unit}`, got {line!r}")
     try:
         seconds = float(fields[0])
-        celsius = float(fields[1]) if fields[1] else None
+        value = float(fields[1]) if fields[1] else None
     except ValueError:
         raise ReplayFormatError(f"{where}: not a number in {line!r}") from None
     if not math.isfinite(seconds) or seconds < 0:
         raise ReplayFormatError(f"{where}: seconds must be a finite number >= 0, got {line!r}")
     if previous is not None and seconds <= previous:
         raise ReplayFormatError(f"{where}: seconds must increase, got {line!r}")
-    if celsius is not None and not math.isfinite(celsius):
-        raise ReplayFormatError(f"{where}: celsius must be finite, got {line!r}")
-    return seconds, celsius
+    if value is not None and not math.isfinite(value):
+        raise ReplayFormatError(f"{where}: {unit} must be finite, got {line!r}")
+    return seconds, value
 
 
 def replay_value(rows: ReplayRows, elapsed: float) -> float | None:

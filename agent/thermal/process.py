@@ -15,7 +15,7 @@ import threading
 import time
 from abc import abstractmethod
 from collections import deque
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from agent.thermal.base import Backoff, SourceUnavailable, ThermalReading, ThermalSource
 from agent.thermal.parsers import (
@@ -26,11 +26,22 @@ from agent.thermal.parsers import (
 )
 
 
-class StreamingSource(ThermalSource):
-    """A tool on PATH streaming samples on stdout; subclasses say how to run it and parse a line."""
+class Timed(Protocol):
+    time: float
+
+
+R = TypeVar("R", bound=Timed)
+
+
+class ToolStream(Generic[R]):
+    """A tool on PATH streaming samples on stdout; subclasses say how to run it and parse a line
+    into a reading R. Mixed into a source (a ThermalSource here, a PowerSource in agent.power),
+    which gives it `name`, `last_error` and `_fail`."""
 
     tool: str
     install_hint: str
+    name: str
+    last_error: str | None
 
     def __init__(
         self,
@@ -55,7 +66,7 @@ class StreamingSource(ThermalSource):
         self._lock = threading.Lock()
         self._sampled = threading.Condition(self._lock)
         self._proc: subprocess.Popen[str] | None = None
-        self._latest: ThermalReading | None = None
+        self._latest: R | None = None
         self._last_output = 0.0
         self._next_start = 0.0
         self._restart_now = False
@@ -71,13 +82,13 @@ class StreamingSource(ThermalSource):
         """The argv that starts the stream."""
 
     @abstractmethod
-    def _parse_line(self, line: str) -> ThermalReading | None:
+    def _parse_line(self, line: str) -> R | None:
         """A reading when this line completes a sample; may set last_error. Runs under the lock."""
 
     def _on_start(self) -> None:
         """Reset per-process parsing state. Called under the lock."""
 
-    def read(self) -> ThermalReading | None:
+    def read(self) -> R | None:
         with self._lock:
             if self._closed:
                 return self._fail(f"{self.name}: source closed")
@@ -194,6 +205,10 @@ class StreamingSource(ThermalSource):
             proc.wait()
 
 
+class StreamingSource(ToolStream[ThermalReading], ThermalSource):
+    """A thermal source fed by a tool's stream."""
+
+
 class MacmonSource(StreamingSource):
     """`macmon pipe`: no root, one JSON object per line; the hotter of CPU and GPU averages."""
 
@@ -202,9 +217,7 @@ class MacmonSource(StreamingSource):
     install_hint = "brew install macmon"
 
     def command(self) -> list[str]:
-        # `-i` before the subcommand: global since macmon 0.5.0, and `macmon pipe -i MS` fails
-        # on 0.4.2 and older, so this form works on every version (mac-desk-check.md, macmon).
-        return [self.executable, "-i", str(self.interval_ms), "pipe"]
+        return macmon_command(self.executable, self.interval_ms)
 
     def _parse_line(self, line: str) -> ThermalReading | None:
         line = line.strip()
@@ -217,6 +230,25 @@ class MacmonSource(StreamingSource):
         if not sensors:
             return self._fail(f"macmon sample holds no plausible temperature: {line[:80]!r}")
         return self._reading(hottest(sensors), sensors)
+
+
+def macmon_command(executable: str, interval_ms: int) -> list[str]:
+    """`-i` before the subcommand: global since macmon 0.5.0, and `macmon pipe -i MS` fails on
+    0.4.2 and older, so this form works on every version (mac-desk-check.md, macmon)."""
+    return [executable, "-i", str(interval_ms), "pipe"]
+
+
+def sudo_for_root(use_sudo: bool | None) -> str | None:
+    """The sudo to run a root-only tool with: None when we are root (or told not to use it);
+    use_sudo None decides by our euid. SourceUnavailable when one is needed and there is none."""
+    if use_sudo is None:
+        use_sudo = os.geteuid() != 0
+    if not use_sudo:
+        return None
+    sudo = shutil.which("sudo")
+    if sudo is None:
+        raise SourceUnavailable("powermetrics needs root, and sudo is not on PATH")
+    return sudo
 
 
 def powermetrics_samplers(machine: str) -> tuple[str, ...]:
@@ -248,13 +280,7 @@ class PowermetricsSource(StreamingSource):
         """use_sudo: None runs `sudo -n` unless root; machine: platform.machine() unless given;
         `stream` takes StreamingSource's timing arguments."""
         super().__init__(**stream)
-        if use_sudo is None:
-            use_sudo = os.geteuid() != 0
-        self._sudo: str | None = None
-        if use_sudo:
-            self._sudo = shutil.which("sudo")
-            if self._sudo is None:
-                raise SourceUnavailable("powermetrics needs root, and sudo is not on PATH")
+        self._sudo = sudo_for_root(use_sudo)
         self._samplers = list(powermetrics_samplers(machine or platform.machine()))
         self._assembler = PowermetricsAssembler()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import platform
 from collections.abc import Callable
 
-from agent.thermal.base import NoneSource, SourceUnavailable, ThermalSource
+from agent.thermal.base import NoneSource, SourceUnavailable, ThermalSource, first_reading
 from agent.thermal.iohid import IOHIDSource
 from agent.thermal.linux import LinuxSysfsSource
 from agent.thermal.pressure import with_pressure
@@ -54,16 +54,10 @@ def _open(name: str, interval_s: float) -> ThermalSource:
 
 def _open_auto(interval_s: float) -> ThermalSource:
     """The first source in auto_order that opens and gives a reading; `none` with every reason."""
-    reasons: list[str] = []
-    for candidate in auto_order(platform.system()):
-        try:
-            source = _open(candidate, interval_s)
-        except SourceUnavailable as exc:
-            reasons.append(str(exc))
-            continue
-        if source.read() is not None:
-            return source
-        reasons.append(source.last_error or f"{candidate}: no reading")
-        source.close()
+    source, reasons = first_reading(
+        auto_order(platform.system()), lambda candidate: _open(candidate, interval_s)
+    )
+    if source is not None:
+        return source
     detail = "; ".join(reasons) or f"no source known for {platform.system()}"
     return NoneSource(f"no thermal sensor found: {detail}")

@@ -38,7 +38,7 @@ class SMCError(RuntimeError):
     """One SMC call that failed (no such key, or the user client refused)."""
 
 
-class _AppleSMC:
+class AppleSMC:
     """An open connection to the SMC and its key reads (key info cached: it never changes)."""
 
     def __init__(self) -> None:
@@ -153,7 +153,7 @@ class SMCSource(ThermalSource):
             raise SourceUnavailable(
                 "smc: an Intel Mac (its SMC keys name other things): use powermetrics"
             )
-        self._smc = _AppleSMC()
+        self._smc = AppleSMC()
         try:
             every_key = self._smc.keys()
         except SMCError as exc:

@@ -35,6 +35,11 @@ HOST:PORT too). Metrics (docs/monitoring.md):
   while its disk refuses a write (the samples' storage_error says which; it retries).
 - mlx_fleet_build_info{host,version,mlx_version,chip}: gauge, 1: the agent's mlx-fleet and MLX
   versions and its chip.
+- mlx_fleet_power_watts{host,source,rail}: gauge, the watts of each rail the host's power source
+  measures (cpu, gpu, ane, dram; system is the whole machine and holds the others) over its
+  last poll; absent without a reading. The vendor's estimates (docs/energy.md).
+- mlx_fleet_energy_joules_total{host,source,rail}: counter of the joules each rail used (from
+  the samples' cumulative joules; an agent restart, which resets them, adds its new value).
 """
 
 from __future__ import annotations
@@ -87,6 +92,8 @@ class _Host:
     source: str | None = None
     sensors: set[str] = field(default_factory=set)
     pause_seen: float = 0.0
+    power_shown: set[tuple[str, str]] = field(default_factory=set)
+    joules_seen: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
 class TelemetryMetrics:
@@ -141,6 +148,18 @@ class TelemetryMetrics:
         self.build_info = gauge(
             "mlx_fleet_build_info", "The agent's versions and chip (always 1).", *BUILD_LABELS
         )
+        self.power = gauge(
+            "mlx_fleet_power_watts",
+            "Watts per rail of the host's power source over its last poll (vendor estimates).",
+            "source",
+            "rail",
+        )
+        self.energy = Counter(
+            "mlx_fleet_energy_joules",
+            "Joules per rail the host's power source counted (vendor estimates).",
+            [*base, "source", "rail"],
+            registry=self.registry,
+        )
         self._hosts: dict[str, _Host] = {}
 
     # --- hosts ------------------------------------------------------------------------------
@@ -178,7 +197,7 @@ class TelemetryMetrics:
                 continue
             metric.remove(*labels)
             state.series.discard((metric, labels))
-        state.source, state.sensors = None, set()
+        state.source, state.sensors, state.power_shown = None, set(), set()
 
     def host_up(
         self,
@@ -257,6 +276,27 @@ class TelemetryMetrics:
             self.pause_seconds.labels(*self._labels(state)).inc(added)
         state.pause_seen = total
         self._set(state, self.storage_ok, 0 if sample["storage_error"] else 1)
+        self._observe_power(state, sample.get("power"))
+
+    def _observe_power(self, state: _Host, power: Mapping[str, Any] | None) -> None:
+        """Each rail's watts as a gauge (gone when a poll has none) and its joules added to the
+        counter; cumulative joules lower than the last seen mean the agent restarted."""
+        source = (power or {}).get("source") or ""
+        watts = (power or {}).get("watts") or {}
+        shown = {(source, rail) for rail in watts}
+        for gone in state.power_shown - shown:
+            self._drop(state, self.power, *gone)
+        for rail, value in watts.items():
+            self._set(state, self.power, float(value), source, rail)
+        state.power_shown = shown
+        for rail, total in ((power or {}).get("joules") or {}).items():
+            seen = state.joules_seen.get((source, rail), 0.0)
+            added = total - seen if total >= seen else total
+            labels = self._labels(state, source, rail)
+            if added > 0:
+                self.energy.labels(*labels).inc(added)
+                state.series.add((self.energy, labels))
+            state.joules_seen[(source, rail)] = total
 
     def observe_sensors(
         self, host: str, sensors: Mapping[str, float | None], instance: str | None = None

@@ -17,6 +17,7 @@ from typing import Annotated, Any, TypeVar, get_type_hints
 
 import typer
 
+from shared.energy import DEFAULT_BASELINE_S
 from shared.io.cli import usage_error
 from shared.matrix import (
     BUILTIN_DEFAULT_BITS,
@@ -28,7 +29,8 @@ from shared.matrix import (
 )
 from shared.policy import ThermalPolicy
 from shared.report import FORMATS
-from shared.source_names import DEFAULT_POLL_INTERVAL_S, SOURCE_HELP
+from shared.source_names import DEFAULT_POLL_INTERVAL_S, POWER_SOURCE_HELP, SOURCE_HELP
+from shared.sustain import DEFAULT_WINDOW_S, SustainError, SustainPlan, parse_duration
 
 TABLE_OR_JSON = ("table", "json")
 DEFAULT_POLICY = ThermalPolicy()
@@ -48,11 +50,22 @@ def one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
 
 def positive(flag: str, unit: str = "") -> Callable[[float], float]:
     """An option callback refusing a number that is not finite and > 0."""
+    return _finite(flag, unit, "> 0", lambda value: value > 0)
+
+
+def at_least_zero(flag: str, unit: str = "") -> Callable[[float], float]:
+    """An option callback refusing a number that is not finite and >= 0."""
+    return _finite(flag, unit, ">= 0", lambda value: value >= 0)
+
+
+def _finite(
+    flag: str, unit: str, bound: str, within: Callable[[float], bool]
+) -> Callable[[float], float]:
     shown = f" {unit}" if unit else ""
 
     def check(value: float) -> float:
-        if not (math.isfinite(value) and value > 0):
-            raise usage_error(f"{flag} must be > 0{shown}, got {value}")
+        if not (math.isfinite(value) and within(value)):
+            raise usage_error(f"{flag} must be {bound}{shown}, got {value}")
         return value
 
     return check
@@ -168,6 +181,47 @@ PollInterval = Annotated[
         "--interval",
         help="Seconds between temperature readings.",
         callback=positive("--poll-interval", "seconds"),
+    ),
+]
+PowerSourceName = Annotated[
+    str,
+    typer.Option(
+        "--power-source",
+        help=f"Where energy comes from (docs/energy.md): {POWER_SOURCE_HELP}",
+    ),
+]
+IdleBaseline = Annotated[
+    float,
+    typer.Option(
+        "--idle-baseline",
+        help="Seconds of idle power measured before the matrix (at least two of the meter's "
+        "intervals), subtracted from each cell's joules for its net energy; 0 skips it.",
+        callback=at_least_zero("--idle-baseline", "seconds"),
+    ),
+]
+SustainDuration = Annotated[
+    str | None,
+    typer.Option(
+        "--sustain",
+        help="Run each cell continuously for DURATION (30s, 20m, 1h) and report it window by "
+        "window: tok/s, °C, watts and the policy's state; first-window and steady-state tok/s, "
+        "the throttle ratio and the time to throttle.",
+    ),
+]
+SustainWindowLength = Annotated[
+    str | None,
+    typer.Option(
+        "--sustain-window",
+        help=f"The length of each window of a --sustain run [default: {DEFAULT_WINDOW_S:g}s].",
+    ),
+]
+PLOT_EXTRA = "pip install 'mlx-fleet[plot]'"
+SustainPlot = Annotated[
+    Path | None,
+    typer.Option(
+        "--plot",
+        help="With --sustain: also draw tok/s, °C and watts over time per host into this PNG "
+        f"(needs matplotlib: {PLOT_EXTRA}).",
     ),
 ]
 MaxSpeedTemp = Annotated[
@@ -313,6 +367,40 @@ class ThermalOptions:
 
 
 @dataclass(frozen=True)
+class PowerOptions:
+    """Where energy comes from, and how long the idle baseline before a matrix lasts."""
+
+    power_source: PowerSourceName = "auto"
+    idle_baseline: IdleBaseline = DEFAULT_BASELINE_S
+
+
+@dataclass(frozen=True)
+class SustainOptions:
+    """A sustained run: each cell for a duration, reported window by window (shared.sustain)."""
+
+    sustain: SustainDuration = None
+    sustain_window: SustainWindowLength = None
+
+    def plan(self) -> SustainPlan | None:
+        """The plan (None without --sustain), or exit 2 naming what is wrong: a duration that
+        does not parse, one shorter than two windows, or a window without --sustain."""
+        if self.sustain is None:
+            if self.sustain_window is not None:
+                raise usage_error("--sustain-window cuts a sustained run: give --sustain too")
+            return None
+        try:
+            window = self.sustain_window
+            plan = SustainPlan(
+                parse_duration(self.sustain, "--sustain"),
+                DEFAULT_WINDOW_S if window is None else parse_duration(window, "--sustain-window"),
+            )
+            plan.check()
+        except SustainError as exc:
+            raise usage_error(str(exc)) from None
+        return plan
+
+
+@dataclass(frozen=True)
 class PolicyOptions:
     """The cooling policy's thresholds, defaulting to ThermalPolicy()'s."""
 
@@ -347,7 +435,7 @@ class PolicyChanges:
 # --- taking groups whole ------------------------------------------------------------------------
 
 F = TypeVar("F", bound=Callable[..., Any])
-GROUPS = (MatrixOptions, ThermalOptions, PolicyOptions, PolicyChanges)
+GROUPS = (MatrixOptions, ThermalOptions, PolicyOptions, PolicyChanges, PowerOptions, SustainOptions)
 
 
 def with_options(command: F) -> F:

@@ -1,0 +1,127 @@
+"""Sustained runs in a report: one summary row per cell (and host), then each cell's windows.
+Pure rendering of the `sustain` field of records (shared.sustain); every unknown is N/A."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rich.table import Table
+
+from shared.energy import not_a_meter
+from shared.matrix import model_label
+
+NA = "N/A"
+Record = dict[str, Any]
+Column = tuple[str, Callable[[Record], str]]
+
+
+def _number(value: float | None, spec: str, unit: str = "") -> str:
+    return NA if value is None else f"{value:{spec}}{unit}"
+
+
+def sustained(records: list[Record]) -> list[Record]:
+    """The records of a sustained run that hold windows."""
+    return [record for record in records if (record.get("sustain") or {}).get("windows")]
+
+
+def _throttle(summary: dict[str, Any]) -> str:
+    if summary.get("first_tokens_per_sec") is None:
+        return NA
+    at = summary.get("time_to_throttle_s")
+    return "none" if at is None else f"{at:.0f} s"
+
+
+def _watts(summary: dict[str, Any], record: Record) -> str:
+    value = summary.get("mean_power_w")
+    return NA if value is None else not_a_meter(f"{value:.1f}", record)
+
+
+SUMMARY_COLUMNS: list[Column] = [
+    ("model", lambda r: model_label(r["model"], r.get("bits"))),
+    ("test", lambda r: r["test"]),
+    ("batch", lambda r: str(r["batch_size"])),
+    ("first tok/s", lambda r: _number(r["sustain"]["first_tokens_per_sec"], ".2f")),
+    ("steady tok/s", lambda r: _number(r["sustain"]["steady_tokens_per_sec"], ".2f")),
+    ("throttle", lambda r: _number(r["sustain"]["throttle_ratio"], ".2f", "x")),
+    ("throttled at", lambda r: _throttle(r["sustain"])),
+    ("°C rise", lambda r: _number(r["sustain"]["temp_rise_c"], "+.1f")),
+    ("mean W", lambda r: _watts(r["sustain"], r)),
+    ("paused", lambda r: _number(r["sustain"]["pause_s"], ".0f", " s")),
+    ("stopped", lambda r: r["sustain"].get("stopped") or ""),
+]
+HOST: Column = ("host", lambda r: str(r.get("host", "")))
+
+WINDOW_COLUMNS: list[Column] = [
+    ("window", lambda w: str(w["index"])),
+    ("from s", lambda w: f"{w['start_s']:.1f}"),
+    ("to s", lambda w: f"{w['end_s']:.1f}"),
+    ("iters", lambda w: str(w["iterations"])),
+    ("tok/s", lambda w: _number(w["tokens_per_sec"], ".2f")),
+    ("°C", lambda w: _number(w["celsius"], ".1f")),
+    ("W", lambda w: _number(w["watts"], ".1f")),
+    ("state", lambda w: w["state"] or NA),
+    ("pause", lambda w: f"paused {w['pause_s']:.1f} s" if w["paused"] else ""),
+]
+
+
+def summary_columns(records: list[Record]) -> list[Column]:
+    return [HOST, *SUMMARY_COLUMNS] if any("host" in r for r in records) else SUMMARY_COLUMNS
+
+
+def cell_title(record: Record) -> str:
+    """`host: cell`, and which of its columns are not a sensor's or a meter's."""
+    where = f"{record['host']}: " if record.get("host") else ""
+    labels = [
+        label
+        for label, simulated in (
+            ("°C simulated", "simulated" in (record.get("flags") or [])),
+            ("W simulated", record.get("energy_simulated")),
+        )
+        if simulated
+    ]
+    return f"{where}{record['name']}" + (f" ({', '.join(labels)})" if labels else "")
+
+
+def rich_sustain(records: list[Record]) -> list[Table]:
+    """The summary table, then one table of windows per sustained cell."""
+    runs = sustained(records)
+    if not runs:
+        return []
+    summary = Table(title="sustained: steady = mean of the last 3 windows; throttle = steady/first")
+    columns = summary_columns(runs)
+    for name, _ in columns:
+        summary.add_column(name, overflow="fold")
+    for record in runs:
+        summary.add_row(*(render(record) for _, render in columns))
+    tables = [summary]
+    for record in runs:
+        table = Table(title=f"windows of {cell_title(record)}", title_justify="left")
+        for name, _ in WINDOW_COLUMNS:
+            table.add_column(name, justify="left" if name in ("state", "pause") else "right")
+        for window in record["sustain"]["windows"]:
+            style = "dark_orange" if window["paused"] else None
+            table.add_row(*(render(window) for _, render in WINDOW_COLUMNS), style=style)
+        tables.append(table)
+    return tables
+
+
+def markdown_sustain(records: list[Record]) -> list[str]:
+    """The same as Markdown tables."""
+    runs = sustained(records)
+    if not runs:
+        return []
+    lines = ["", "Sustained: steady = mean of the last 3 windows; throttle = steady/first", ""]
+    lines += _markdown(summary_columns(runs), runs)
+    for record in runs:
+        lines += ["", f"Windows of {cell_title(record)}", ""]
+        lines += _markdown(WINDOW_COLUMNS, record["sustain"]["windows"])
+    return lines
+
+
+def _markdown(columns: list[Column], rows: list[Record]) -> list[str]:
+    lines = ["| " + " | ".join(name for name, _ in columns) + " |"]
+    lines.append("| " + " | ".join("---" for _ in columns) + " |")
+    for row in rows:
+        lines.append("| " + " | ".join(r(row).replace("|", "\\|") for _, r in columns) + " |")
+    return lines

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import mlx.core as mx
 from bench_profiling import bare_decode_samples, bare_prefill_samples
-from support import BenchError, interleave, machine, parser, run, spread
+from support import BenchError, interleave, machine, parser, round_count, run, spread
 
 from agent.guard import NullGuard
 from agent.model import BUILTIN_CONFIGS, build_model
@@ -111,7 +111,7 @@ def main() -> None:
     opts = args.parse_args()
     if opts.quick:
         opts.seq_len, opts.decode_tokens = 16, 4
-    repeats = opts.repeats or (2 if opts.quick else 7)
+    repeats = round_count(opts, default=7)
     iterations, warmup, reads = (2, 1, 200) if opts.quick else (10, 2, 5000)
     print(f"machine: {machine()}")
     with tempfile.TemporaryDirectory() as scratch:

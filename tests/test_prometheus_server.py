@@ -72,10 +72,21 @@ def metrics_port(agent: AgentProcess) -> int:
 def prometheus(tmp_path: Path, agents: AgentPool) -> Iterator[tuple[str, AgentProcess]]:
     """(the API's base URL, the agent it scrapes every 0.5 s with the shipped alert rules)."""
     curve = write_curve(tmp_path / "warm.csv", [(0, 80.0)])
+    watts = tmp_path / "watts.csv"
+    watts.write_text("seconds,watts\n0,12.5\n")
     agent = agents.start(
         "mac-test",
         thermal=curve,
-        options=["--name", "mac-test", "--poll-interval", "0.2", "--prometheus", "127.0.0.1:0"],
+        options=[
+            "--name",
+            "mac-test",
+            "--poll-interval",
+            "0.2",
+            "--prometheus",
+            "127.0.0.1:0",
+            "--power-source",
+            f"replay:{watts}",
+        ],
     )
     config = tmp_path / "prometheus.yml"
     config.write_text(
@@ -193,9 +204,11 @@ def test_every_query_of_the_dashboard_answers_from_a_scrape(
         "mlx_fleet_agent_up",
         "mlx_fleet_build_info",
         "mlx_fleet_cooling_state",
+        "mlx_fleet_energy_joules_total",
         "mlx_fleet_pause_seconds_total",
         "mlx_fleet_policy_actions_total",
         "mlx_fleet_policy_threshold_celsius",
+        "mlx_fleet_power_watts",
         "mlx_fleet_sensor_temperature_celsius",
         "mlx_fleet_soc_temperature_celsius",
         "mlx_fleet_storage_ok",

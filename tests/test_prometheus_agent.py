@@ -70,7 +70,7 @@ def test_metrics_follow_samples_and_policy_actions(
     assert metrics[("mlx_fleet_pause_seconds_total", host)] == 0.0  # there, nothing paused yet
     assert metrics[("mlx_fleet_policy_actions_total", (("action", "stop"), *host))] == 0.0
     assert metrics[("mlx_fleet_policy_threshold_celsius", (*host, ("level", "stop")))] == 95.0
-    assert metrics[("mlx_fleet_sensor_temperature_celsius", (*host, ("sensor", source)))] == 90.0
+    assert metrics[("mlx_fleet_sensor_temperature_celsius", (*host, ("sensor", "replay")))] == 90.0
 
     sub = subscriber(ctx, agent)
     receive(sub, lambda m: m.type == "telemetry.sample")

@@ -111,6 +111,7 @@ SAMPLE = {
     "host": "mac1",
     "celsius": 70.0,
     "source": "iohid",
+    "sensor": "PMU tdie1",
     "state": "ok",
     "pause_s_total": 4.0,
     "storage_error": None,

@@ -89,10 +89,7 @@ def test_readings_of_several_sensors_are_said_to_be_mixed(tmp_path: Path) -> Non
     rows = [
         ("mac1:5555", sample(start + t, 60.0 + t / 10, source="iohid", sensor="PMU tdie1"))
         for t in range(20)
-    ] + [
-        ("mac1:5555", sample(start + t, 80.0, source="smc", sensor="TCMz"))
-        for t in range(20, 30)
-    ]
+    ] + [("mac1:5555", sample(start + t, 80.0, source="smc", sensor="TCMz")) for t in range(20, 30)]
     rows.append(("mac1:5555", sample(start + 30, None, None, source="smc")))  # no reading
     with TelemetryStore() as store:
         store.add(rows)

@@ -230,8 +230,8 @@ def direct_stats(
 
 def jittery_curve(count: int, seed: int) -> list[dict[str, Any]]:
     """`count` samples about a second apart (jitter, two silences, missing readings), hot
-    stretches with the job paused, from two sources (one of them from two sensors); watts from two power sources (one
-    simulated), some polls without a reading."""
+    stretches with the job paused, from two sources (one of them from two sensors); watts
+    from two power sources (one simulated), some polls without a reading."""
     rng = random.Random(seed)
     rows, at = [], NOW
     for index in range(count):

@@ -169,13 +169,15 @@ def host_stats(
 
 _READ = "FILTER (WHERE celsius IS NOT NULL)"
 READ_FROM_COLUMNS = (
-    f"COUNT(DISTINCT json_array(source, sensor)) {_READ}",
-    f"MIN(source) {_READ}",
-    f"MIN(sensor) {_READ}",
     "COUNT(celsius)",
+    f"MIN(source) {_READ}",
+    f"MAX(source) {_READ}",
+    f"MIN(sensor) {_READ}",
+    f"MAX(sensor) {_READ}",
+    f"COUNT(sensor) {_READ}",
 )
-"""What readings_by_sensor needs of host_stats' one pass: how many (source, sensor) pairs gave
-the window's readings, and the pair and its count when there is one."""
+"""What readings_by_sensor needs of host_stats' one pass (aggregates that stream, no DISTINCT):
+whether one (source, sensor) pair gave every reading of the window, and which."""
 _READ_FROM = ", ".join(READ_FROM_COLUMNS)
 
 
@@ -186,9 +188,11 @@ def readings_by_sensor(
     they first did: more than one means the figures combine readings that may differ by tens
     of °C (a sensor None: the source names none, or the row predates sensors being kept).
     Only a mixed window costs a second pass over the host's samples."""
-    pairs, source, sensor, readings = read_from
-    if pairs <= 1:
-        return [{"source": source, "sensor": sensor, "readings": readings}] if pairs else []
+    readings, source, last_source, sensor, last_sensor, named = read_from
+    if not readings:
+        return []
+    if (source, sensor) == (last_source, last_sensor) and named in (0, readings):
+        return [{"source": source, "sensor": sensor, "readings": readings}]
     rows = conn.execute(
         f"SELECT source, sensor, COUNT(*) {_WINDOW} AND celsius IS NOT NULL "
         "GROUP BY source, sensor ORDER BY MIN(time)",

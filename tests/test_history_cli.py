@@ -78,7 +78,8 @@ def test_statistics_per_host_from_the_record(recorded: float) -> None:
     at = next(index for index, line in enumerate(lines) if "mac1:5555" in line)
     for part in ("(simulated)", "600", "70.0", "71.8", "88.0", "75/85/95", "1m 00s"):
         assert part in lines[at], (part, lines[at])
-    assert "replay:curve.csv · replay" in lines[at + 1]  # where its readings came from
+    under = " ".join(line.split("│")[1].strip() for line in lines[at + 1 : at + 3])
+    assert under.startswith("replay:curve.csv · replay")  # where its readings came from
     assert "combine readings" not in table.stdout  # one source and sensor per host
 
 

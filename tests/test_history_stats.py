@@ -439,3 +439,22 @@ def test_a_long_window_is_read_at_plot_resolution(tmp_path: Path) -> None:
     assert sum(gap > series.silence for gap in gaps) == 2  # the two silences, no other break
     paused = [r["time"] for r in rows if r["jobs"][0]["state"] == "paused"]
     assert all(any(start <= t <= end for start, end in series.paused) for t in paused)
+
+
+def test_readings_before_and_after_sensors_were_kept_are_told_apart(tmp_path: Path) -> None:
+    """One source, its sensor unrecorded in older rows (None) and named in newer ones: two
+    entries, as the sensors may differ; samples without a reading are not among them."""
+    rows = [sample(NOW + t, 60.0, source="iohid") for t in range(3)]
+    rows += [sample(NOW + t, 61.0, source="iohid", sensor="PMU tdie1") for t in range(3, 5)]
+    rows.append(sample(NOW + 5, None, None, source="iohid"))
+    store_with(tmp_path / "t.sqlite", rows)
+    with TelemetryStore(tmp_path / "t.sqlite") as store:
+        stats = host_stats(store.conn, "mac1", 0, [])
+        only_named = host_stats(store.conn, "mac1", NOW + 3, [])
+        none = host_stats(store.conn, "mac1", NOW + 5, [])
+    assert stats["read_from"] == [
+        {"source": "iohid", "sensor": None, "readings": 3},
+        {"source": "iohid", "sensor": "PMU tdie1", "readings": 2},
+    ]
+    assert only_named["read_from"] == [{"source": "iohid", "sensor": "PMU tdie1", "readings": 2}]
+    assert none["read_from"] == [] and none["samples"] == 1

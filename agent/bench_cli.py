@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from agent.cooling import ThermalGuard, ThermalShutdownError
+from agent.cooling import ActionSink, ThermalGuard, ThermalShutdownError
 from agent.hf_models import ModelNotFound, locate, names_a_repo
 from agent.machine import machine_info
 from agent.power.cli import open_meter
@@ -22,7 +22,7 @@ from agent.profiling.runner import (
     require_mlx_lm,
     run_matrix,
 )
-from agent.thermal import ThermalMonitor
+from agent.thermal import ThermalMonitor, ThermalReading
 from agent.thermal.cli import open_monitor
 from shared.clock import now_iso, utc_now
 from shared.exit_codes import EXIT_INTERRUPTED, EXIT_PARTIAL, EXIT_USAGE
@@ -39,7 +39,7 @@ from shared.io.options import (
 )
 from shared.io.paths import data_subdir
 from shared.matrix import MatrixError, MatrixSpec, expand
-from shared.policy import ThermalPolicy
+from shared.policy import Action, ThermalPolicy
 from shared.report import progress_line
 from shared.results import failed_cells, not_run
 from shared.sustain import SustainError, SustainPlan
@@ -82,7 +82,8 @@ def bench(
         raise
     try:
         check_sustain(plan, meter, thermal.poll_interval)
-        guard = ThermalGuard(monitor, policy, enabled=not no_cooling)
+        notice = None if no_cooling else cooling_notice(monitor)
+        guard = ThermalGuard(monitor, policy, enabled=not no_cooling, on_action=notice)
         report = new_report(spec, monitor, policy, cooling=not no_cooling)
         report["energy"] = energy_header(meter)
         if plan is not None:
@@ -100,6 +101,25 @@ def bench(
         err.print(f"stopped: {report['stopped']}", highlight=False, markup=False)
     if failed_cells(report["cells"]):
         raise typer.Exit(EXIT_PARTIAL)
+
+
+def cooling_notice(monitor: ThermalMonitor) -> ActionSink:
+    """A pause can last minutes with no cell finishing: say on stderr when the policy pauses,
+    resumes or stops the run, at which reading and from which source."""
+
+    def say(action: Action, reading: ThermalReading | None, reason: str | None) -> None:
+        if action not in (Action.PAUSE, Action.RESUME, Action.STOP):
+            return
+        at = ""
+        if reading is not None and reading.celsius is not None:
+            at = f" at {reading.celsius:.1f} °C"
+        elif reading is not None and reading.pressure is not None:
+            at = f" at thermal pressure {reading.pressure}"
+        source = monitor.source.name + (", simulated" if monitor.source.simulated else "")
+        because = f": {reason}" if reason else ""
+        err.print(f"cooling: {action.value}{at} ({source}){because}", highlight=False, markup=False)
+
+    return say
 
 
 def local_spec(matrix: MatrixOptions) -> MatrixSpec:

@@ -14,6 +14,12 @@ from matplotlib.figure import Figure
 from shared.sustain_report import sustained
 
 PANELS = (("tokens_per_sec", "tok/s"), ("celsius", "SoC °C"), ("watts", "W"))
+UNKNOWN = {
+    "tokens_per_sec": "no window with a timed iteration",
+    "celsius": "no temperature reading: no thermal source on these hosts",
+    "watts": "no power reading: no power meter on these hosts",
+}
+"""What a panel says instead of an empty axis when no window has its value."""
 
 
 def _label(record: dict[str, Any], several: bool) -> str:
@@ -47,9 +53,12 @@ def plot_sustain(report: dict[str, Any]) -> Figure:
             for window in windows:
                 if window["paused"]:
                     ax.axvspan(window["start_s"], window["end_s"], color=colour, alpha=0.12)
-    for ax, (_, label) in zip(axes, PANELS, strict=True):
+    for ax, (key, label) in zip(axes, PANELS, strict=True):
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
+        if not any(_series(record["sustain"]["windows"], key)[0] for record in runs):
+            ax.set_yticks([])
+            ax.text(0.5, 0.5, UNKNOWN[key], transform=ax.transAxes, ha="center", va="center")
     axes[-1].set_xlabel("seconds since the first timed iteration (shaded: paused)")
     axes[0].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     lines = [f"{report.get('title', 'sustained run')}: tok/s, °C and W per window"]

@@ -22,6 +22,10 @@ STEADY_WINDOWS = 3
 """Steady state is the mean tok/s of the last this many windows."""
 THROTTLE_DROP = 0.10
 """Throttled: a window's tok/s more than this fraction below the first window's."""
+FULL_WINDOW_SHARE = 0.5
+"""A window counts for first, steady and throttled speed only when its timed iterations cover at
+least this share of a window: a sliver (one iteration just after a pause, the run's last
+moments) is shown but would judge the run by a single sample."""
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*", re.IGNORECASE)
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
@@ -117,12 +121,16 @@ class SustainWindow:
         }
 
 
-def summarize(windows: Sequence[Mapping[str, Any]], start_celsius: float | None) -> dict[str, Any]:
+def summarize(
+    windows: Sequence[Mapping[str, Any]], start_celsius: float | None, window_s: float
+) -> dict[str, Any]:
     """What a run's windows (SustainWindow.to_dict) say: first-window and steady-state tok/s
-    (the mean of the last STEADY_WINDOWS windows with a speed), their ratio, when tok/s first
-    fell more than THROTTLE_DROP below the first window's (None: never), the temperature rise
-    from the start to the last window, and the mean watts over the windows metered."""
+    (the mean of the last STEADY_WINDOWS full windows), their ratio, when tok/s first fell more
+    than THROTTLE_DROP below the first window's (None: never), the temperature rise from the
+    start to the last window, and the mean watts over the windows metered. Full windows: timed
+    for FULL_WINDOW_SHARE of `window_s` or more (all windows with a speed when none is)."""
     speeds = [w for w in windows if w["tokens_per_sec"] is not None]
+    speeds = [w for w in speeds if w["timed_s"] >= FULL_WINDOW_SHARE * window_s] or speeds
     first = speeds[0]["tokens_per_sec"] if speeds else None
     last = speeds[-STEADY_WINDOWS:]
     steady = statistics.fmean(w["tokens_per_sec"] for w in last) if last else None

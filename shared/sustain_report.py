@@ -88,7 +88,9 @@ def rich_sustain(records: list[Record]) -> list[Table]:
     runs = sustained(records)
     if not runs:
         return []
-    summary = Table(title="sustained: steady = mean of the last 3 windows; throttle = steady/first")
+    summary = Table(
+        title="sustained: steady = mean of the last 3 full windows; throttle = steady/first"
+    )
     columns = summary_columns(runs)
     for name, _ in columns:
         summary.add_column(name, overflow="fold")
@@ -111,7 +113,7 @@ def markdown_sustain(records: list[Record]) -> list[str]:
     runs = sustained(records)
     if not runs:
         return []
-    lines = ["", "Sustained: steady = mean of the last 3 windows; throttle = steady/first", ""]
+    lines = ["", "Sustained: steady = mean of the last 3 full windows; throttle = steady/first", ""]
     lines += _markdown(summary_columns(runs), runs)
     for record in runs:
         lines += ["", f"Windows of {cell_title(record)}", ""]

@@ -296,6 +296,9 @@ def test_a_thermal_pause_is_flagged_and_kept_out_of_the_latencies(
     assert first["soc_temp_end_c"] == 70.0
     assert second["flags"] == ["simulated"] and second["pause_s"] == 0.0
     assert report["thermal"]["simulated"] is True
+    # A pause can outlast every cell: the terminal hears when it begins and ends, and from what.
+    assert "cooling: pause at 90.0 °C (replay:" in result.stderr
+    assert "cooling: resume at 70.0 °C (replay:" in result.stderr
 
 
 def test_a_thermal_stop_ends_the_run_and_keeps_what_was_measured(
@@ -310,6 +313,7 @@ def test_a_thermal_stop_ends_the_run_and_keeps_what_was_measured(
     assert report["cells"][1]["error"] == "thermal shutdown"
     assert "97.0 °C reached the stop threshold 95.0 °C" in report["cells"][0]["error"]
     assert "thermal shutdown" in report["stopped"]
+    assert "cooling: stop at 97.0 °C (replay:" in result.stderr
 
 
 def test_no_cooling_only_observes(agent_cli: str, tmp_path: Path) -> None:
@@ -319,6 +323,7 @@ def test_no_cooling_only_observes(agent_cli: str, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     cells = json.loads(result.stdout)["cells"]
     assert all(c["flags"] == ["hot", "simulated"] and c["pause_s"] == 0.0 for c in cells)
+    assert "cooling:" not in result.stderr  # it observes: nothing was paused or stopped
     assert (
         "97.0 (replay:"
         in subprocess.run(

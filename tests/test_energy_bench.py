@@ -217,11 +217,14 @@ def test_durations_and_plans() -> None:
             SustainPlan.from_dict(bad)  # type: ignore[arg-type]
 
 
-def window(index: int, tok_s: float | None, celsius: float, paused: bool = False) -> dict:
+def window(
+    index: int, tok_s: float | None, celsius: float, paused: bool = False, timed_s: float = 9.5
+) -> dict:
     return {
         "index": index,
         "start_s": index * 10.0,
         "end_s": index * 10.0 + 10,
+        "timed_s": timed_s if tok_s is not None else 0.0,
         "tokens_per_sec": tok_s,
         "celsius": celsius,
         "joules": 100.0,
@@ -239,7 +242,7 @@ def test_summary_of_a_throttling_run() -> None:
         window(4, None, 76, paused=True),
         window(5, 78, 77),
     ]
-    summary = summarize(rows, start_celsius=45.0)
+    summary = summarize(rows, start_celsius=45.0, window_s=10.0)
     assert summary["first_tokens_per_sec"] == 100
     assert summary["steady_tokens_per_sec"] == pytest.approx((85 + 80 + 78) / 3)
     assert summary["throttle_ratio"] == pytest.approx(81.0 / 100)
@@ -250,7 +253,24 @@ def test_summary_of_a_throttling_run() -> None:
 
 
 def test_summary_of_a_steady_run_and_of_nothing() -> None:
-    steady = summarize([window(i, 100 - i, 50) for i in range(4)], None)
+    steady = summarize([window(i, 100 - i, 50) for i in range(4)], None, 10.0)
     assert steady["time_to_throttle_s"] is None and steady["temp_rise_c"] == 0.0
-    empty = summarize([], None)
+    empty = summarize([], None, 10.0)
     assert empty["first_tokens_per_sec"] is None and empty["throttle_ratio"] is None
+
+
+def test_a_sliver_of_a_window_is_shown_but_judges_nothing() -> None:
+    """One slow iteration just after a pause, in a window it covers for 0.1 s, neither throttles
+    the run nor enters its steady state (seen by hand: "throttled at 15 s" from such a sliver)."""
+    rows = [
+        window(0, 100, 50),
+        window(1, 98, 80, paused=True, timed_s=6.0),
+        window(2, 60, 70, timed_s=0.1),
+        window(3, 97, 70),
+        window(4, 99, 70),
+    ]
+    summary = summarize(rows, None, 10.0)
+    assert summary["time_to_throttle_s"] is None
+    assert summary["steady_tokens_per_sec"] == pytest.approx((98 + 97 + 99) / 3)
+    only_slivers = summarize([window(0, 100, 50, timed_s=0.1)], None, 10.0)
+    assert only_slivers["first_tokens_per_sec"] == 100  # nothing better: said, not dropped

@@ -17,6 +17,7 @@ import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
 from coordinator.compare import compare_reports, comparison_text
+from coordinator.sustain_plot import plot_sustain
 from coordinator.telemetry_store import TelemetryStore
 from shared.io.metrics import TelemetryMetrics
 from tests.fleet_support import (
@@ -109,6 +110,25 @@ def test_a_sustained_run_on_two_hosts_at_once_with_its_plot(
         assert sustain["duration_s"] == 20.0 and len(sustain["windows"]) == 4
         assert all(w["watts"] is not None and w["celsius"] is not None for w in sustain["windows"])
         assert sustain["temp_rise_c"] > 0 and sustain["throttle_ratio"] is not None
+
+
+def test_a_sustain_plot_says_what_no_host_could_read() -> None:
+    """Hosts with no thermal source and no meter: the °C and W panels say so, never an empty
+    axis that reads as a flat line at 0 (seen by hand on the embedded agent here)."""
+    windows = [
+        {"index": i, "start_s": 5.0 * i, "end_s": 5.0 * (i + 1), "tokens_per_sec": 500.0 + i,
+         "celsius": None, "watts": None, "paused": False}
+        for i in range(2)
+    ]  # fmt: skip
+    cell = {"host": "local", "name": "small/f16 pp32 b1", "flags": [], "status": "ok",
+            "sustain": {"windows": windows}}  # fmt: skip
+    speed, heat, power = plot_sustain({"title": "run", "cells": [cell]}).axes
+    said = [[text.get_text() for text in ax.texts] for ax in (speed, heat, power)]
+    assert said == [
+        [],
+        ["no temperature reading: no thermal source on these hosts"],
+        ["no power reading: no power meter on these hosts"],
+    ]
 
 
 def test_a_sustain_the_agent_cannot_meter_is_refused_by_it(

@@ -78,8 +78,15 @@ def agent_run(agent_cli: str) -> Iterator[Start]:
         agent.communicate(timeout=10)
 
 
-def finish(agent: subprocess.Popen[str], timeout: float = 15.0) -> tuple[int, str]:
-    _, stderr = agent.communicate(timeout=timeout)
+def finish(agent: subprocess.Popen[str], timeout: float = 60.0) -> tuple[int, str]:
+    """agent run's exit code and stderr once it ends; one still running after `timeout` is
+    killed and the test fails with what it had said (which step of its way out it reached)."""
+    try:
+        _, stderr = agent.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        agent.kill()
+        _, stderr = agent.communicate()
+        raise AssertionError(f"agent run still running after {timeout:g} s:\n{stderr}") from None
     return agent.returncode, stderr
 
 
@@ -394,7 +401,7 @@ def test_a_second_signal_kills_the_group_without_waiting_for_the_grace(
     agent.send_signal(signal.SIGTERM)
     code, stderr = finish(agent)
     assert code == 128 + signal.SIGKILL, stderr
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 15  # well inside the 30 s grace: it did not wait it out
     assert group_members(pid) == []
 
 

@@ -101,6 +101,6 @@ class SustainRecorder:
         return {
             **self.plan.to_dict(),
             "windows": rows,
-            **summarize(rows, self.start_celsius),
+            **summarize(rows, self.start_celsius, self.plan.window_s),
             "stopped": stopped,
         }

@@ -73,12 +73,16 @@ ALTER TABLE samples ADD COLUMN power_w REAL;
 ALTER TABLE samples ADD COLUMN energy_j REAL;
 ALTER TABLE samples ADD COLUMN power TEXT
 """,
+    """
+ALTER TABLE samples ADD COLUMN sensor TEXT
+""",
 )
 """The schema, version by version (shared.io.sqlite.open_store). Version 1 is the file earlier
 releases made without a version; version 2 numbers samples (the history cursor, never given
 twice: AUTOINCREMENT) and stores the columns of shared.telemetry.Sample; version 3 adds what the
 agent could not write when it took the sample (storage_error); version 4 what its power source
-read at the same poll (power_w, energy_j, power)."""
+read at the same poll (power_w, energy_j, power); version 5 which sensor of the source the
+reading is (sensor; NULL in rows recorded before)."""
 _COLUMNS = ", ".join(("seq", *Sample.columns()))
 _INSERT = (
     f"INSERT INTO samples ({_COLUMNS}) VALUES ({', '.join('?' * (len(Sample.columns()) + 1))})"

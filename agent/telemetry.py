@@ -170,6 +170,7 @@ def sample(
         pause_s_total=pause_s_total,
         jobs=jobs,
         storage_error=storage_error,
+        sensor=reading.sensor if reading else None,
         **(power.fields() if power else {}),
     )
 

@@ -61,6 +61,7 @@ def fill(path: Path, hosts: int, seconds: int, end: float) -> None:
                         "celsius": round(celsius, 2) if t % 1000 else None,
                         "pressure": None,
                         "source": "sim",
+                        "sensor": None,
                         "simulated": True,
                         "state": "pause" if paused else "ok",
                         "trend_c_per_min": 0.1,

@@ -111,6 +111,7 @@ def publisher(ready: mp.Queue[Any], name: str, rate: float) -> None:
                 "celsius": 71.5,
                 "pressure": None,
                 "source": "bench",
+                "sensor": None,
                 "simulated": True,
                 "state": "ok",
                 "trend_c_per_min": 0.4,

@@ -25,6 +25,7 @@ from shared.io.keys import own_keypair
 from shared.io.options import TAKES_A_KEY, TableFormat
 from shared.io.transport import HostError
 from shared.report import NA, hardware_details, memory_text
+from shared.source_names import read_from
 
 
 def host_status(ctx: zmq.Context, target: Target, settings: Settings) -> dict[str, Any]:
@@ -48,6 +49,7 @@ def host_status(ctx: zmq.Context, target: Target, settings: Settings) -> dict[st
         memory_gb=machine.get("memory_gb"),
         memory_gib=machine.get("memory_gib"),
         thermal_source=thermal.get("source"),
+        sensor=reading.get("sensor"),
         celsius=reading.get("celsius"),
         pressure=reading.get("pressure"),
         simulated=bool(reading.get("simulated")),
@@ -77,7 +79,9 @@ def status_table(rows: list[dict[str, Any]]) -> Table:
             row["agent"],
             ", ".join(filter(None, [row["device"] or NA, row["hardware"]])),
             NA if row["memory_gb"] is None else memory_text(row),
-            row["thermal_source"] or NA,
+            NA
+            if row["thermal_source"] is None
+            else read_from(row["thermal_source"], row["sensor"]),
             celsius,
             f"{job['id']} ({job['done']}/{job['total']})" if job else "idle",
         )

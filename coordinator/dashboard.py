@@ -20,6 +20,7 @@ from rich.text import Text
 
 from shared.display import STATE_STYLES, sparkline, trend_arrow
 from shared.policy import CoolingState
+from shared.source_names import read_from
 
 CONNECTING, UP, UNREACHABLE = "connecting", "up", "unreachable"
 SPARK_WINDOW_S = 300.0
@@ -81,6 +82,8 @@ class HostView:
     series: deque[tuple[float, float | None]] = field(default_factory=deque)
     """(agent time, °C) of the sparkline's window, oldest first."""
     heard: float | None = None
+    read_from: str | None = None
+    """Where the latest reading came from (`smc · TCMz`): a change is said, never mixed unsaid."""
     silent: bool = False
     live: bool = False
     """A sample arrived live (not backfilled) since the host last connected."""
@@ -169,6 +172,7 @@ class Dashboard:
         previous = view.sample
         if previous is None or body["time"] > previous["time"]:
             view.sample = body
+            self._note_origin(view, body, now)
             if live and previous is not None and entered(previous["state"], body["state"]):
                 level = CRITICAL if body["state"] == CoolingState.STOP.value else WARNING
                 self._alert(
@@ -178,6 +182,22 @@ class Dashboard:
             if view.silent:
                 self._alert(now, name, INFO, "publishing again")
             view.heard, view.silent, view.live = now, False, True
+
+    def _note_origin(self, view: HostView, body: dict[str, Any], now: float) -> None:
+        """Alert when a host's readings start coming from another source or sensor: the
+        sparkline and the record then hold readings that may differ by tens of °C."""
+        if body["celsius"] is None:
+            return
+        origin = read_from(body["source"], body["sensor"])
+        if view.read_from is not None and origin != view.read_from:
+            self._alert(
+                now,
+                view.name,
+                WARNING,
+                f"readings now from {origin} (were {view.read_from}): they may differ by "
+                "tens of °C",
+            )
+        view.read_from = origin
 
     def event(self, name: str, body: dict[str, Any]) -> None:
         """An event never seen before: pauses, resumes, stops, kills and new policies get a
@@ -247,6 +267,7 @@ def host_snapshot(view: HostView, now: float) -> dict[str, Any]:
         "celsius": sample.get("celsius"),
         "pressure": sample.get("pressure"),
         "source": sample.get("source"),
+        "sensor": sample.get("sensor"),
         "simulated": sample.get("simulated"),
         "state": sample.get("state"),
         "trend_c_per_min": sample.get("trend_c_per_min"),
@@ -370,7 +391,7 @@ def _cells(view: HostView, now: float) -> dict[str, Text]:
             "pressure": Text(sample["pressure"] or NA),
             "jobs": _jobs_cell(view.jobs),
             "paused": Text(duration(sample["pause_s_total"])),
-            "source": Text(sample["source"]),
+            "source": Text(read_from(sample["source"], sample["sensor"])),
         }
     return {"host": Text(view.name), "state": _state_cell(view, now), **cells}
 

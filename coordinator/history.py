@@ -27,6 +27,7 @@ from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import check_output, emit, err, fail, usage_error
 from shared.io.options import TableFormat
 from shared.io.sqlite import StoreError
+from shared.source_names import read_from as read_from_name
 
 PLOT_EXTRA = "pip install 'mlx-fleet[plot]'"
 
@@ -77,10 +78,13 @@ def stats_table(rows: list[dict[str, Any]], since: float) -> Table:
             justify="left" if name in ("host", "from", "to", "policy") else "right",
             overflow="fold",
         )
+    mixed = [mixed_note(row) for row in rows if len(row["read_from"]) > 1]
+    if mixed:
+        table.caption, table.caption_justify = "\n".join(mixed), "left"
     for row in rows:
         policy = row["policy"]
         table.add_row(
-            Text(row["host"] + (" (simulated)" if row["simulated"] else "")),
+            _host_cell(row),
             str(row["samples"]),
             _stamp(row["first"]),
             _stamp(row["last"]),
@@ -100,6 +104,32 @@ def stats_table(rows: list[dict[str, Any]], since: float) -> Table:
             _power_figure(row, "mean_power_w", 1, ".1f"),
         )
     return table
+
+
+def _host_cell(row: dict[str, Any]) -> Text:
+    """The host, then a line (indented) for each source and sensor its readings came from."""
+    cell = Text(row["host"] + (" (simulated)" if row["simulated"] else ""))
+    for line in _read_from_text(row["read_from"]):
+        cell.append(f"\n  {line}", style="dim")
+    return cell
+
+
+def _read_from_text(read_from: list[dict[str, Any]]) -> list[str]:
+    """`smc · TCMz`, each with its count of readings when there are several."""
+    names = [read_from_name(entry["source"], entry["sensor"]) for entry in read_from]
+    if len(read_from) < 2:
+        return names
+    return [f"{name} ({entry['readings']})" for name, entry in zip(names, read_from, strict=True)]
+
+
+def mixed_note(row: dict[str, Any]) -> str:
+    """The line under the table for a host whose readings came from several sources or
+    sensors: its °C figures combine them."""
+    return (
+        f"{row['host']}: min/mean/max and the times above thresholds combine readings of "
+        f"{len(row['read_from'])} sources/sensors ({', '.join(_read_from_text(row['read_from']))})"
+        ", which may differ by tens of °C"
+    )
 
 
 def _power_figure(row: dict[str, Any], key: str, scale: float, spec: str) -> str:

@@ -132,10 +132,11 @@ def host_stats(
     row = conn.execute(
         "SELECT COUNT(*), MIN(time), MAX(time), MIN(celsius), AVG(celsius), MAX(celsius), "
         "MAX(simulated), json_group_array(DISTINCT source), "
-        f"COUNT(*) FILTER (WHERE {PAUSED}), {_POWER}{''.join(above_sql)} {_WINDOW}",
+        f"COUNT(*) FILTER (WHERE {PAUSED}), {_READ_FROM}, {_POWER}{''.join(above_sql)} {_WINDOW}",
         (PAUSED_JOB, *above_params, host, since),
     ).fetchone()
     count, first, last, low, mean, high, simulated, sources, paused, *rest = tuple(row)
+    read_from, rest = rest[: len(READ_FROM_COLUMNS)], rest[len(READ_FROM_COLUMNS) :]
     power, above = rest[: len(POWER_COLUMNS)], rest[len(POWER_COLUMNS) :]
     spacing = usual_spacing(conn, host, since, first, last, count)
     pauses, stops = conn.execute(
@@ -160,9 +161,44 @@ def host_stats(
         "stops": stops,
         "sources": sorted(json.loads(sources)),
         "simulated": bool(simulated),
+        "read_from": readings_by_sensor(conn, host, since, read_from),
         "policy": policy_at(policies, last),
         **host_energy(power, spacing),
     }
+
+
+_READ = "FILTER (WHERE celsius IS NOT NULL)"
+READ_FROM_COLUMNS = (
+    "COUNT(celsius)",
+    f"MIN(source) {_READ}",
+    f"MAX(source) {_READ}",
+    f"MIN(sensor) {_READ}",
+    f"MAX(sensor) {_READ}",
+    f"COUNT(sensor) {_READ}",
+)
+"""What readings_by_sensor needs of host_stats' one pass (aggregates that stream, no DISTINCT):
+whether one (source, sensor) pair gave every reading of the window, and which."""
+_READ_FROM = ", ".join(READ_FROM_COLUMNS)
+
+
+def readings_by_sensor(
+    conn: sqlite3.Connection, host: str, since: float, read_from: Sequence[Any]
+) -> list[dict[str, Any]]:
+    """Which source and sensor gave the window's readings, with how many each, in the order
+    they first did: more than one means the figures combine readings that may differ by tens
+    of °C (a sensor None: the source names none, or the row predates sensors being kept).
+    Only a mixed window costs a second pass over the host's samples."""
+    readings, source, last_source, sensor, last_sensor, named = read_from
+    if not readings:
+        return []
+    if (source, sensor) == (last_source, last_sensor) and named in (0, readings):
+        return [{"source": source, "sensor": sensor, "readings": readings}]
+    rows = conn.execute(
+        f"SELECT source, sensor, COUNT(*) {_WINDOW} AND celsius IS NOT NULL "
+        "GROUP BY source, sensor ORDER BY MIN(time)",
+        (host, since),
+    )
+    return [{"source": row[0], "sensor": row[1], "readings": row[2]} for row in rows]
 
 
 _METERED = "FILTER (WHERE power_w IS NOT NULL)"

@@ -79,13 +79,17 @@ ALTER TABLE samples ADD COLUMN power_w REAL;
 ALTER TABLE samples ADD COLUMN energy_j REAL;
 ALTER TABLE samples ADD COLUMN power TEXT
 """,
+    """
+ALTER TABLE samples ADD COLUMN sensor TEXT
+""",
 )
 """The schema, version by version (shared.io.sqlite.open_store): version 2 names the columns as
 shared.telemetry does, keeps each row's `seq` as the agent numbered it, and each host's cursor;
 version 3 keeps what the agent could not write when it took the sample (storage_error);
 version 4 keeps whether a sample lists a paused job (`coordinator history` counts them without
 parsing `jobs`; NULL in rows recorded before, where it reads `jobs`); version 5 what its power
-source read at the same poll (power_w, energy_j, power). Every query filters by host and time,
+source read at the same poll (power_w, energy_j, power); version 6 which sensor of the
+source each reading is (sensor; NULL in rows recorded before). Every query filters by host and time,
 which the samples' primary key and the events' unique key index."""
 
 Row = tuple[str, dict[str, Any]]

@@ -34,6 +34,12 @@ SOURCE_HELP = (
 """The help of every --thermal-source option, derived from KNOWN_SOURCES."""
 
 
+def read_from(source: str, sensor: str | None) -> str:
+    """`smc · TCMz`: where a reading came from, as every display names it; the source alone
+    when it names no sensor (or the sensor was not recorded)."""
+    return source if sensor is None else f"{source} · {sensor}"
+
+
 DEFAULT_POLL_INTERVAL_S = 1.0
 """Seconds between two readings of a source, unless an option says otherwise."""
 

@@ -145,6 +145,10 @@ class Sample(_Record):
     power: dict[str, Any] | None = _spec((dict, _NIL), "TEXT", "json", default=None)
     """The power source's view: {"source", "simulated", "watts": {rail: W}, "joules": {rail:
     J}, "error"} (docs/protocol.md §10); None when the agent has no power source."""
+    sensor: str | None = _spec((str, _NIL), "TEXT", default=None)
+    """Which of the source's sensors `celsius` is (`TCMz`, `PMU TP1g`, `replay`, ...): readings
+    of different sources or sensors differ by up to tens of °C. None without a reading, or
+    from a source that names none (and in rows recorded before it was kept)."""
     seq: int | None = _spec(int, "INTEGER", default=None)
     """None until the agent's store numbers it; always a number on the wire."""
 

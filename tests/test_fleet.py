@@ -192,6 +192,7 @@ def test_status_reports_reachable_and_unreachable_agents(agents: AgentPool) -> N
     up = rows[simulated.address]
     assert up["reachable"] and up["agent"] and up["device"] and up["memory_gb"] > 0
     assert up["thermal_source"] == "sim" and up["simulated"] is True
+    assert up["sensor"] is None  # the model names no sensor
     assert isinstance(up["celsius"], float) and up["job"] is None
     down = rows[gone.address]
     assert not down["reachable"] and "connection refused" in down["error"]

@@ -70,11 +70,44 @@ def test_statistics_per_host_from_the_record(recorded: float) -> None:
     assert hot["simulated"] and hot["policy"] == POLICY
     assert cool["max_c"] == 50.0 and cool["seconds_above"]["max_speed_temp"] == 0.0
     assert not cool["simulated"] and cool["sources"] == ["iohid"]
+    assert hot["read_from"] == [{"source": "replay:curve.csv", "sensor": "replay", "readings": 600}]
+    assert cool["read_from"] == [{"source": "iohid", "sensor": None, "readings": 600}]
     table = history("--since", "1h")
     assert table.returncode == 0, table.stderr
-    row = next(line for line in table.stdout.splitlines() if "mac1:5555" in line)
+    lines = table.stdout.splitlines()
+    at = next(index for index, line in enumerate(lines) if "mac1:5555" in line)
     for part in ("(simulated)", "600", "70.0", "71.8", "88.0", "75/85/95", "1m 00s"):
-        assert part in row, (part, row)
+        assert part in lines[at], (part, lines[at])
+    under = " ".join(line.split("│")[1].strip() for line in lines[at + 1 : at + 3])
+    assert under.startswith("replay:curve.csv · replay")  # where its readings came from
+    assert "combine readings" not in table.stdout  # one source and sensor per host
+
+
+def test_readings_of_several_sensors_are_said_to_be_mixed(tmp_path: Path) -> None:
+    """A host whose agent changed source (or sensor) within the window: its figures combine
+    readings that may differ by tens of °C, and the table says so under the table."""
+    start = time.time() - 60
+    rows = [
+        ("mac1:5555", sample(start + t, 60.0 + t / 10, source="iohid", sensor="PMU tdie1"))
+        for t in range(20)
+    ] + [("mac1:5555", sample(start + t, 80.0, source="smc", sensor="TCMz")) for t in range(20, 30)]
+    rows.append(("mac1:5555", sample(start + 30, None, None, source="smc")))  # no reading
+    with TelemetryStore() as store:
+        store.add(rows)
+    data = json.loads(history("--since", "1h", "--format", "json").stdout)["hosts"][0]
+    assert data["samples"] == 31 and data["sources"] == ["iohid", "smc"]
+    assert data["read_from"] == [
+        {"source": "iohid", "sensor": "PMU tdie1", "readings": 20},
+        {"source": "smc", "sensor": "TCMz", "readings": 10},
+    ]
+    table = history("--since", "1h")
+    assert table.returncode == 0, table.stderr
+    text = " ".join(table.stdout.split())  # the note may wrap
+    assert "iohid · PMU tdie1 (20)" in text and "smc · TCMz (10)" in text
+    assert (
+        "mac1:5555: min/mean/max and the times above thresholds combine readings of 2 "
+        "sources/sensors (iohid · PMU tdie1 (20), smc · TCMz (10)), which may differ by tens of °C"
+    ) in text
 
 
 def test_hosts_narrow_the_window(recorded: float) -> None:

@@ -46,15 +46,17 @@ def sample(
     jobs: list[dict[str, Any]] | None = None,
     host: str = "mac1",
     source: str = "replay:curve.csv",
+    sensor: str | None = None,
     pause_s_total: float = 0.0,
 ) -> dict[str, Any]:
-    """A telemetry.sample body as the agent publishes it."""
+    """A telemetry.sample body as the agent publishes it (a replay's sensor is `replay`)."""
     return {
         "host": host,
         "time": at,
         "celsius": celsius,
         "pressure": None,
         "source": source,
+        "sensor": "replay" if sensor is None and source.startswith("replay") else sensor,
         "simulated": source.startswith(("replay", "sim")),
         "state": state,
         "trend_c_per_min": None,
@@ -194,6 +196,11 @@ def direct_stats(
     actions = [event["action"] for event in events]
     metered = [row for row in rows if row["power_w"] is not None]
     watts = [row["power_w"] for row in metered]
+    read_from: dict[tuple[str, str | None], int] = {}  # in the order they first gave a reading
+    for row in rows:
+        if row["celsius"] is not None:
+            pair = (row["source"], row["sensor"])
+            read_from[pair] = read_from.get(pair, 0) + 1
     return {
         "samples": len(rows),
         "first": times[0],
@@ -208,6 +215,10 @@ def direct_stats(
         "stops": actions.count("stop"),
         "sources": sorted({row["source"] for row in rows}),
         "simulated": any(row["simulated"] for row in rows),
+        "read_from": [
+            {"source": source, "sensor": sensor, "readings": count}
+            for (source, sensor), count in read_from.items()
+        ],
         "policy": policy_at(policies, times[-1]),
         "energy_j": sum(watts) * spacing if metered else None,
         "mean_power_w": statistics.fmean(watts) if metered else None,
@@ -219,8 +230,8 @@ def direct_stats(
 
 def jittery_curve(count: int, seed: int) -> list[dict[str, Any]]:
     """`count` samples about a second apart (jitter, two silences, missing readings), hot
-    stretches with the job paused, from two sources; watts from two power sources (one
-    simulated), some polls without a reading."""
+    stretches with the job paused, from two sources (one of them from two sensors); watts
+    from two power sources (one simulated), some polls without a reading."""
     rng = random.Random(seed)
     rows, at = [], NOW
     for index in range(count):
@@ -232,6 +243,7 @@ def jittery_curve(count: int, seed: int) -> list[dict[str, Any]]:
             celsius,
             jobs=[job("paused" if paused else "running"), job("running", "j2", 7)],
             source="iohid" if index % 5 else "sim",
+            sensor=("PMU tdie1" if index % 3 else "PMU TP1g") if index % 5 else None,
         )
         watts = None if index % 11 == 0 else round(rng.uniform(5.0, 40.0), 2)
         power = "sim" if index % 4 == 0 else "rapl"
@@ -427,3 +439,22 @@ def test_a_long_window_is_read_at_plot_resolution(tmp_path: Path) -> None:
     assert sum(gap > series.silence for gap in gaps) == 2  # the two silences, no other break
     paused = [r["time"] for r in rows if r["jobs"][0]["state"] == "paused"]
     assert all(any(start <= t <= end for start, end in series.paused) for t in paused)
+
+
+def test_readings_before_and_after_sensors_were_kept_are_told_apart(tmp_path: Path) -> None:
+    """One source, its sensor unrecorded in older rows (None) and named in newer ones: two
+    entries, as the sensors may differ; samples without a reading are not among them."""
+    rows = [sample(NOW + t, 60.0, source="iohid") for t in range(3)]
+    rows += [sample(NOW + t, 61.0, source="iohid", sensor="PMU tdie1") for t in range(3, 5)]
+    rows.append(sample(NOW + 5, None, None, source="iohid"))
+    store_with(tmp_path / "t.sqlite", rows)
+    with TelemetryStore(tmp_path / "t.sqlite") as store:
+        stats = host_stats(store.conn, "mac1", 0, [])
+        only_named = host_stats(store.conn, "mac1", NOW + 3, [])
+        none = host_stats(store.conn, "mac1", NOW + 5, [])
+    assert stats["read_from"] == [
+        {"source": "iohid", "sensor": None, "readings": 3},
+        {"source": "iohid", "sensor": "PMU tdie1", "readings": 2},
+    ]
+    assert only_named["read_from"] == [{"source": "iohid", "sensor": "PMU tdie1", "readings": 2}]
+    assert none["read_from"] == [] and none["samples"] == 1

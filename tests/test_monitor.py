@@ -110,6 +110,7 @@ def test_once_json_gives_every_hosts_reading_source_state_and_jobs(
         assert row["reachable"] and not row["silent"] and row["error"] is None
         assert row["celsius"] == celsius and row["state"] == state
         assert row["source"] == f"replay:{tmp_path / agent.home.name}.csv"
+        assert row["sensor"] == "replay"  # the replay source's sensor: labelled as a replay
         assert row["simulated"] is True and row["poll_interval"] == 0.1
         assert row["policy"]["pause_temp"] == 85.0 and 0 <= row["age_s"] < 2
     (job,) = rows[hot.address]["jobs"]
@@ -118,6 +119,7 @@ def test_once_json_gives_every_hosts_reading_source_state_and_jobs(
     with TelemetryStore() as store:  # the monitor recorded what it heard, events included
         samples = store.samples(0)
         assert {s["celsius"] for s in samples[hot.address]} == {88.0}
+        assert {s["sensor"] for s in samples[hot.address]} == {"replay"}
         assert {s["state"] for s in samples[cool.address]} == {"ok"}
         actions = [e["action"] for e in store.events(0)[hot.address]]
         assert actions[:2] == ["start", "pause"]
@@ -127,6 +129,9 @@ def test_once_json_gives_every_hosts_reading_source_state_and_jobs(
     row = next(line for line in table.stdout.splitlines() if hot.address in line)
     for part in ("88.0 sim", "pause", "run ", "paused"):
         assert part in row, (part, row)
+    recorded = cli("coordinator", "history", "--hosts", hot.address, "--format", "json")
+    (read_from,) = json.loads(recorded.stdout)["hosts"][0]["read_from"]
+    assert (read_from["source"], read_from["sensor"]) == (rows[hot.address]["source"], "replay")
 
 
 def test_an_unreachable_host_is_reported_within_the_connect_timeout(

@@ -21,6 +21,7 @@ from coordinator.dashboard import (
     bucket_means,
     duration,
     fit_columns,
+    host_snapshot,
     render,
     silent_after,
     snapshot,
@@ -87,7 +88,7 @@ def test_a_row_shows_the_latest_sample_of_its_host() -> None:
         "pause",
         "run j1 paused",
         "1m 05s",
-        "replay:/lab/[bold]curve.csv",
+        "replay:/lab/[bold]curve.csv · replay",
     ):
         assert part in row, (part, row)
 
@@ -119,6 +120,27 @@ def test_backfill_fills_the_sparkline_but_only_live_samples_alert() -> None:
     ]
     board.sample("mac1:5555", sample(1400.0, 60), now=5.0)
     assert [at for at, _ in view.series] == [1400.0]  # older than the window: dropped
+
+
+def test_readings_from_another_source_or_sensor_are_said() -> None:
+    """The sparkline and the record would mix them: a change of source or sensor is an alert,
+    a poll without a reading (no sensor named) is not a change."""
+    board = Dashboard(["mac1:5555"])
+    board.connected("mac1:5555", "mac1", INFO_OK, now=0.0)
+    for at, celsius, source, sensor in (
+        (1000.0, 70.0, "smc", "TCMz"),
+        (1001.0, None, "smc", None),
+        (1002.0, 71.0, "smc", "TCMz"),
+        (1003.0, 62.0, "iohid", "PMU tdie1"),
+        (1004.0, 63.0, "iohid", "PMU TP1g"),
+    ):
+        board.sample("mac1:5555", sample(at, celsius, source=source, sensor=sensor), now=at)
+    differ = "they may differ by tens of °C"
+    assert alerts(board) == [
+        (WARNING, f"readings now from iohid · PMU tdie1 (were smc · TCMz): {differ}"),
+        (WARNING, f"readings now from iohid · PMU TP1g (were iohid · PMU tdie1): {differ}"),
+    ]
+    assert host_snapshot(board.hosts["mac1:5555"], 1005.0)["sensor"] == "PMU TP1g"
 
 
 def test_job_events_alert_with_job_pid_and_temperature() -> None:
@@ -198,6 +220,7 @@ def test_snapshot_for_scripts() -> None:
         "celsius": 72.5,
         "pressure": None,
         "source": "replay:curve.csv",
+        "sensor": "replay",
         "simulated": True,
         "state": "ok",
         "trend_c_per_min": None,

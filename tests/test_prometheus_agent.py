@@ -70,7 +70,7 @@ def test_metrics_follow_samples_and_policy_actions(
     assert metrics[("mlx_fleet_pause_seconds_total", host)] == 0.0  # there, nothing paused yet
     assert metrics[("mlx_fleet_policy_actions_total", (("action", "stop"), *host))] == 0.0
     assert metrics[("mlx_fleet_policy_threshold_celsius", (*host, ("level", "stop")))] == 95.0
-    assert metrics[("mlx_fleet_sensor_temperature_celsius", (*host, ("sensor", source)))] == 90.0
+    assert metrics[("mlx_fleet_sensor_temperature_celsius", (*host, ("sensor", "replay")))] == 90.0
 
     sub = subscriber(ctx, agent)
     receive(sub, lambda m: m.type == "telemetry.sample")
@@ -111,6 +111,7 @@ SAMPLE = {
     "host": "mac1",
     "celsius": 70.0,
     "source": "iohid",
+    "sensor": "PMU tdie1",
     "state": "ok",
     "pause_s_total": 4.0,
     "storage_error": None,

@@ -95,6 +95,7 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
         "celsius": 71.5,
         "pressure": None,
         "source": "iohid",
+        "sensor": "PMU tdie1",
         "simulated": False,
         "state": "ok",
         "trend_c_per_min": 0.4,
@@ -194,6 +195,17 @@ def test_refusals_name_the_problem(data: bytes, code: str, needle: str) -> None:
         p.decode(data)
     assert caught.value.code == code
     assert needle in caught.value.message
+
+
+def test_a_sample_names_its_sensor_or_nil() -> None:
+    """`sensor` is always there, like every sample field: a string, or nil where the source
+    names none (docs/protocol.md §10)."""
+    body = VALID_BODIES["telemetry.sample"]
+    assert p.make("telemetry.sample", body | {"sensor": None}).body["sensor"] is None
+    with pytest.raises(p.ProtocolError, match="'sensor' has the wrong type"):
+        p.make("telemetry.sample", body | {"sensor": 7})
+    with pytest.raises(p.ProtocolError, match="missing field 'sensor'"):
+        p.make("telemetry.sample", {k: v for k, v in body.items() if k != "sensor"})
 
 
 def test_a_refusal_remembers_the_id_it_can_answer() -> None:

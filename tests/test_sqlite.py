@@ -157,3 +157,38 @@ def test_numbers_are_never_given_twice_after_pruning(tmp_path: Path) -> None:
     assert log.record(Event(11.0, "j", 1, "resume", "sim")).seq == 3
     reopened.close()
     log.close()
+
+
+def test_samples_recorded_before_sensors_were_kept_read_as_none(tmp_path: Path) -> None:
+    """The agent's history and the coordinator's store of the previous version gain `sensor`:
+    their rows read as None (no sensor said), and new rows keep it."""
+    from agent.history import MIGRATIONS as HISTORY_STEPS
+    from coordinator.telemetry_store import MIGRATIONS as STORE_STEPS
+
+    history_path, store_path = tmp_path / "agent-telemetry.sqlite", tmp_path / "c.sqlite"
+    old = ("time", "celsius", "source", "simulated", "pause_s_total", "jobs")
+    for path, steps, insert in (
+        (history_path, HISTORY_STEPS, f"({', '.join(old)}) VALUES ("),
+        (store_path, STORE_STEPS, f"(host, seq, {', '.join(old)}) VALUES ('mac1:5555', 1, "),
+    ):
+        raw = open_store(path, steps[:-1], what="old store")
+        with raw:
+            raw.execute(f"INSERT INTO samples {insert}1.0, 70.0, 'iohid', 0, 0, '[]')")
+        raw.close()
+    log = EventLog(tmp_path / "events.sqlite")
+    history = TelemetryHistory("mac1", log, history_path)
+    new = Sample(2.0, 90.0, None, "smc", False, "pause", None, 0.0, [], sensor="TCMz")
+    body = history.add_sample(new).body("mac1")
+    history.close()
+    reopened = TelemetryHistory("mac1", log, history_path)  # nothing in memory: read from disk
+    page, _, _ = reopened.page(0, 0, 0.0, 10, 10**6)
+    assert [(s["source"], s["sensor"]) for s in page] == [("iohid", None), ("smc", "TCMz")]
+    reopened.close()
+    log.close()
+    with TelemetryStore(store_path) as store:
+        store.add(samples=[("mac1:5555", body)])
+        rows = store.samples(0.0)["mac1:5555"]
+    assert [(s["seq"], s["source"], s["sensor"]) for s in rows] == [
+        (1, "iohid", None),
+        (2, "smc", "TCMz"),
+    ]

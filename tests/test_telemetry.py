@@ -103,6 +103,7 @@ def test_a_sample_without_a_reading_says_so() -> None:
     source = SourceInfo("none", False)
     body = replace(sample(123.0, None, source, None, None, 0.0, []), seq=1).body("mac1")
     assert body["time"] == 123.0 and body["celsius"] is None and body["state"] is None
+    assert body["sensor"] is None
     p.make("telemetry.sample", body)  # and is a valid telemetry.sample
 
 
@@ -110,6 +111,14 @@ def test_a_sample_with_a_reading_is_stamped_with_the_readings_time() -> None:
     hot = sample(123.0, reading(86.0), SourceInfo("sim", True), CoolingState.PAUSE, 1.5, 2.0, [])
     body = replace(hot, seq=2).body("mac1")
     assert body["time"] == 100.0 and body["state"] == "pause" and body["simulated"] is True
+    p.make("telemetry.sample", body)
+
+
+def test_a_sample_names_the_sensor_its_reading_is() -> None:
+    die = ThermalReading(celsius=91.0, source="smc", time=100.0, sensor="TCMz")
+    taken = sample(123.0, die, SourceInfo("smc", False), CoolingState.PAUSE, None, 0.0, [])
+    body = replace(taken, seq=3).body("mac1")
+    assert (body["source"], body["sensor"], body["celsius"]) == ("smc", "TCMz", 91.0)
     p.make("telemetry.sample", body)
 
 
@@ -265,6 +274,7 @@ def test_samples_reach_a_curve_subscriber_and_history_backfills_in_pages(
     assert first.re is None and first.body["host"] == socket.gethostname()
     body = hot.body
     assert body["source"] == source and body["simulated"] is True
+    assert body["sensor"] == "replay"  # the replay's sensor, labelled as a replay
     assert body["state"] == "reduce_batch" and body["pressure"] is None
     assert body["pause_s_total"] == 0.0 and body["jobs"] == []
     assert isinstance(body["trend_c_per_min"], float)

@@ -89,6 +89,7 @@ def test_replay_is_labelled_simulated_with_its_file(tmp_path: Path) -> None:
         first = source.read()
         assert first is not None
         assert (first.simulated, first.source) == (True, f"replay:{curve}")
+        assert first.sensor == "replay"  # a sensor named alone still says replay
 
 
 def test_replay_plays_in_real_time_from_opening(tmp_path: Path) -> None:

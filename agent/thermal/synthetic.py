@@ -51,7 +51,11 @@ class SimSource(ThermalSource):
 
 
 class ReplaySource(ThermalSource):
-    """A `seconds,celsius` CSV played back in real time from the moment the source opens."""
+    """A `seconds,celsius` CSV played back in real time from the moment the source opens. Its
+    readings name the sensor `replay`: whatever the curve was recorded from, what it gives is
+    a replay, and a sensor label shown alone (a Prometheus series') must say so."""
+
+    SENSOR = "replay"
 
     simulated = True
 
@@ -70,4 +74,4 @@ class ReplaySource(ThermalSource):
         celsius = replay_value(self._rows, elapsed)
         if celsius is None:
             return self._fail(f"{self.name}: no value at {elapsed:.1f} s")
-        return self._reading(celsius)
+        return self._reading(celsius, sensor=self.SENSOR)

@@ -53,10 +53,6 @@ FOLLOW_EVERY_S = 0.5
 """How often a job followed by job.get (after a link cut, or resumed) is asked for news."""
 
 
-class JobNeverStarted(HostError):
-    """bench.start went out but the agent has no job for it."""
-
-
 @dataclass(frozen=True)
 class Target:
     """A host to drive: `name` labels it in reports, `address` (HOST:PORT) reaches it."""
@@ -190,7 +186,7 @@ class HostDriver:
                         lost = False
                         self._report(RECONNECTED, {})
                     return self._session(client)
-            except (AgentError, JobNeverStarted):
+            except AgentError:
                 raise  # the agent answered: nothing a retry changes
             except HostError as exc:
                 if client is not None:
@@ -249,17 +245,17 @@ class HostDriver:
             self._report(CELL, {"index": index, "record": record})
 
     def _find_job(self, client: AgentClient) -> None:
-        """The link was lost before bench.start.ok came: the agent's job list says whether our
-        bench.start started a job."""
+        """The link was lost before bench.start's answer came: the agent's job list says whether
+        our bench.start started a job. When it did not (the agent refused it, or never got it),
+        the session sends it again, so a refusal's reason reaches the user: the agent answers
+        requests in order, so a job it started would be listed by now, and none runs twice."""
         for listed in client.request("job.list", {})["jobs"]:
             if listed["request"] == self._start_id:
                 spec = client.request("job.get", {"job": listed["job"], "offset": 0})["spec"]
                 names = [cell.name for cell in expand(MatrixSpec.from_dict(spec))]
                 self._started(listed["job"], names)
                 return
-        raise JobNeverStarted(
-            "the link was lost before the agent started the job; nothing of it ran there"
-        )
+        self._start_id = None
 
     def _follow(self, client: AgentClient) -> tuple[str, str | None]:
         """The job through job.get pages, from the first cell this run lacks, until it ends;

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from agent.power.base import Integrator, PowerReading, PowerSource
 from agent.power.decode import replay_energy
-from agent.thermal.parsers import ReplayFormatError, parse_replay_csv, replay_value
-from agent.thermal.synthetic import cpu_load
+from agent.thermal.parsers import replay_value
+from agent.thermal.synthetic import cpu_load, read_replay_csv
 from shared.energy import SYSTEM
 from shared.source_names import SimParams
 
@@ -61,11 +61,7 @@ class PowerReplaySource(PowerSource):
     def __init__(self, path: str | Path) -> None:
         super().__init__()
         self.name = f"replay:{path}"
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ReplayFormatError(f"{path}: cannot read replay file: {exc.strerror}") from exc
-        self._rows = parse_replay_csv(text, str(path), unit="watts")
+        self._rows = read_replay_csv(path, unit="watts")
         self._opened = time.monotonic()
 
     def read(self) -> PowerReading | None:

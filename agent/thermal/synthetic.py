@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 
 from agent.thermal.base import ThermalReading, ThermalSource
-from agent.thermal.parsers import ReplayFormatError, parse_replay_csv, replay_value
+from agent.thermal.parsers import ReplayFormatError, ReplayRows, parse_replay_csv, replay_value
 from shared.source_names import SimParams
 
 
@@ -50,6 +50,16 @@ class SimSource(ThermalSource):
         return self._reading(self._celsius)
 
 
+def read_replay_csv(path: str | Path, unit: str = "celsius") -> ReplayRows:
+    """A replay file's rows (`seconds,<unit>`); ReplayFormatError naming the file when it cannot
+    be read or parsed. Thermal and power replays read their files alike."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ReplayFormatError(f"{path}: cannot read replay file: {exc.strerror}") from exc
+    return parse_replay_csv(text, str(path), unit=unit)
+
+
 class ReplaySource(ThermalSource):
     """A `seconds,celsius` CSV played back in real time from the moment the source opens. Its
     readings name the sensor `replay`: whatever the curve was recorded from, what it gives is
@@ -62,11 +72,7 @@ class ReplaySource(ThermalSource):
     def __init__(self, path: str | Path) -> None:
         super().__init__()
         self.name = f"replay:{path}"
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ReplayFormatError(f"{path}: cannot read replay file: {exc.strerror}") from exc
-        self._rows = parse_replay_csv(text, str(path))
+        self._rows = read_replay_csv(path)
         self._opened = time.monotonic()
 
     def read(self) -> ThermalReading | None:

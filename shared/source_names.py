@@ -27,10 +27,15 @@ KNOWN_SOURCES: tuple[str, ...] = (
     "replay:PATH",
 )
 """Every source name; one that takes an argument shows its placeholder."""
-SOURCE_HELP = (
-    ", ".join(KNOWN_SOURCES).replace("sim,", "sim[:k=v,...],")
-    + " (sim and replay are labelled as not a sensor)."
-)
+
+
+def _source_help(known: tuple[str, ...], instrument: str) -> str:
+    """The names for an option's help, sim's parameters shown, and what sim and replay are not."""
+    names = ", ".join(known).replace("sim,", "sim[:k=v,...],")
+    return f"{names} (sim and replay are labelled as not a {instrument})."
+
+
+SOURCE_HELP = _source_help(KNOWN_SOURCES, "sensor")
 """The help of every --thermal-source option, derived from KNOWN_SOURCES."""
 
 
@@ -56,10 +61,7 @@ KNOWN_POWER_SOURCES: tuple[str, ...] = (
     "replay:CSV",
 )
 """Every power source name (docs/energy.md); one that takes an argument shows its placeholder."""
-POWER_SOURCE_HELP = (
-    ", ".join(KNOWN_POWER_SOURCES).replace("sim,", "sim[:k=v,...],")
-    + " (sim and replay are labelled as not a meter)."
-)
+POWER_SOURCE_HELP = _source_help(KNOWN_POWER_SOURCES, "meter")
 """The help of every --power-source option, derived from KNOWN_POWER_SOURCES."""
 
 

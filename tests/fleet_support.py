@@ -71,17 +71,23 @@ class AgentProcess:
         """Until the test's coordinator has stored `count` of this agent's cells, so a fault
         injected now cuts a run that provably holds some of them."""
         store = Path(os.environ["MLX_FLEET_HOME"]) / "coordinator.sqlite"
-        query = f"SELECT COUNT(*) FROM cells WHERE host = '{self.address}'"
-        wait_for_rows(lambda: count_rows(store, query), count, timeout, coordinator, lambda: "")
+        query = "SELECT COUNT(*) FROM cells WHERE host = ?"
+        wait_for_rows(
+            lambda: count_rows(store, query, (self.address,)),
+            count,
+            timeout,
+            coordinator,
+            lambda: "the coordinator ended before it stored those cells",
+        )
 
 
-def count_rows(path: Path, query: str) -> int:
+def count_rows(path: Path, query: str, params: tuple[str, ...] = ()) -> int:
     """One COUNT from a SQLite file another process writes, read-only; 0 before it exists."""
     if not path.exists():
         return 0
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as conn:
         try:
-            return conn.execute(query).fetchone()[0]
+            return conn.execute(query, params).fetchone()[0]
         except sqlite3.OperationalError:
             return 0  # the schema is not there yet
 

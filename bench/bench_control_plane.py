@@ -14,7 +14,11 @@ over the rounds and each ratio taken round by round (1.00 = as fast as bare pyzm
      publishes one message; CPU share over the same windows.
 
     .venv/bin/python bench/bench_control_plane.py [--pings 2000] [--agents 8] [--cells 300]
-        [--idle-seconds 20] [--repeats 5] [--quick]
+        [--idle-seconds 20] [--repeats 5] [--quick] [--only ping|cells|idle ...]
+
+--only runs the parts named (each as it runs in the whole script); part 3 also prints each
+process's share split between its main thread and its other threads (Linux: from
+/proc/PID/task/TID/schedstat), so what is left shows where it is.
 
 Servers run in their own processes (spawn) so they never share the client's GIL. Everything
 stays on 127.0.0.1 and in a temporary MLX_FLEET_HOME. Numbers are printed, never asserted.
@@ -35,7 +39,16 @@ from typing import Any
 
 import zmq
 from replay import measured_here, replay_agents
-from support import BenchError, cpu_seconds, interleave, machine, parser, round_count, run, spread
+from support import (
+    BenchError,
+    interleave,
+    machine,
+    parser,
+    round_count,
+    run,
+    spread,
+    thread_cpu_seconds,
+)
 
 from coordinator.fleet import Settings, Target, run_fleet
 from coordinator.store import RunStore
@@ -71,6 +84,7 @@ while True:
         router.send_multipart(router.recv_multipart())
 """
 """The floor of an idle daemon: what any 1 Hz publisher with a command socket costs."""
+PARTS = ("ping", "cells", "idle")
 
 
 # --- servers (each in its own process) ---------------------------------------------------------
@@ -317,33 +331,47 @@ def idle(seconds: float, repeats: int, home: Path) -> None:
         env=env,
     )
     bare = subprocess.Popen([sys.executable, "-c", BARE_DAEMON], stdout=subprocess.PIPE, text=True)
+    watched = {"ours": agent, "bare": bare}
+    shares: dict[str, list[float]] = {"ours": [], "bare": []}
+    main_shares: dict[str, list[float]] = {"ours": [], "bare": []}
     try:
-        for process in (agent, bare):
+        for process in watched.values():
             assert process.stdout is not None
             if not process.stdout.readline():
                 raise BenchError(f"{process.args[:2]} did not start")
         time.sleep(2.0)  # past start-up
-        watched = {"ours": agent.pid, "bare": bare.pid}
-        shares: dict[str, list[float]] = {"ours": [], "bare": []}
         for _ in range(repeats):
-            began = {name: cpu_seconds(pid) for name, pid in watched.items()}
+            began = {name: thread_cpu_seconds(p.pid) for name, p in watched.items()}
             wall = time.monotonic()
             time.sleep(seconds)
             elapsed = time.monotonic() - wall
-            for name, pid in watched.items():
-                shares[name].append((cpu_seconds(pid) - began[name]) / elapsed)
+            for name, process in watched.items():
+                if process.poll() is not None:
+                    raise BenchError(f"{process.args[:2]} exited during the window")
+                ended = thread_cpu_seconds(process.pid)
+                if began[name] is None or ended is None:
+                    raise BenchError("no per-thread CPU counters here (/proc/PID/task)")
+                used = {tid: ended[tid] - began[name].get(tid, 0.0) for tid in ended}
+                shares[name].append(sum(used.values()) / elapsed)
+                main_shares[name].append(used.get(process.pid, 0.0) / elapsed)
     finally:
-        for process in (agent, bare):
+        for process in watched.values():
             process.terminate()
             process.wait(10)
     ratios = [a / b for a, b in zip(shares["ours"], shares["bare"], strict=True)]
     print(f"\n3. idle daemon, share of one CPU, {repeats} windows of {seconds:g} s (both at once)")
     print(f"   {'':44} {'% of a CPU':>22} {'× bare':>20}")
-    print(f"   {'bare: ROUTER + 1 Hz thread + PUB':44} {spread(shares['bare'], 100, 3):>22}")
-    print(
-        f"   {'agent serve --thermal-source sim':44} {spread(shares['ours'], 100, 3):>22} "
-        f"{spread(ratios):>20}"
+    rows = (
+        ("bare", "bare: ROUTER + 1 Hz thread + PUB", None),
+        ("ours", "agent serve --thermal-source sim", ratios),
     )
+    for name, label, ratio in rows:
+        print(
+            f"   {label:44} {spread(shares[name], 100, 3):>22} {spread(ratio) if ratio else '':>20}"
+        )
+        others = [a - b for a, b in zip(shares[name], main_shares[name], strict=True)]
+        print(f"   {'  its main thread':44} {spread(main_shares[name], 100, 3):>22}")
+        print(f"   {'  its other threads':44} {spread(others, 100, 3):>22}")
 
 
 def main() -> None:
@@ -352,6 +380,9 @@ def main() -> None:
     args.add_argument("--agents", type=int, default=8)
     args.add_argument("--cells", type=int, default=300)
     args.add_argument("--idle-seconds", type=float, default=20.0)
+    args.add_argument(
+        "--only", nargs="+", choices=PARTS, default=list(PARTS), help="the parts to run"
+    )
     opts = args.parse_args()
     if opts.quick:
         opts.pings, opts.agents, opts.cells, opts.idle_seconds = 200, 2, 20, 2.0
@@ -359,9 +390,12 @@ def main() -> None:
     print(f"machine: {machine()}; {repeats} interleaved rounds")
     with tempfile.TemporaryDirectory(prefix="mlx-fleet-bench-") as home:
         os.environ["MLX_FLEET_HOME"] = home  # inherited by the spawned servers
-        round_trips(opts.pings, repeats, Path(home))
-        per_cell(opts.agents, opts.cells, repeats, Path(home))
-        idle(opts.idle_seconds, repeats, Path(home))
+        if "ping" in opts.only:
+            round_trips(opts.pings, repeats, Path(home))
+        if "cells" in opts.only:
+            per_cell(opts.agents, opts.cells, repeats, Path(home))
+        if "idle" in opts.only:
+            idle(opts.idle_seconds, repeats, Path(home))
 
 
 if __name__ == "__main__":

@@ -120,19 +120,29 @@ def wall_s(command: Sequence[str], env: dict[str, str] | None = None) -> float:
     return elapsed
 
 
+def thread_cpu_seconds(pid: int) -> dict[int, float] | None:
+    """CPU time used so far by each live thread of process `pid`, by thread id, from the
+    scheduler's nanosecond counters (/proc/PID/task/*/schedstat); None where there are none
+    (not Linux)."""
+    tasks = Path(f"/proc/{pid}/task")
+    if not tasks.is_dir():
+        return None
+    used = {}
+    for task in tasks.iterdir():
+        try:
+            used[int(task.name)] = int((task / "schedstat").read_text().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+    return used
+
+
 def cpu_seconds(pid: int) -> float:
     """CPU time used so far by every live thread of process `pid`: on Linux from the
-    scheduler's nanosecond counters (/proc/PID/task/*/schedstat), since an idle daemon's
-    share is below the 10 ms tick psutil counts in; elsewhere from psutil."""
-    tasks = Path(f"/proc/{pid}/task")
-    if tasks.is_dir():
-        total = 0
-        for task in tasks.iterdir():
-            try:
-                total += int((task / "schedstat").read_text().split()[0])
-            except (OSError, ValueError, IndexError):
-                continue  # a thread that ended meanwhile
-        return total / 1e9
+    scheduler's nanosecond counters, since an idle daemon's share is below the 10 ms tick
+    psutil counts in; elsewhere from psutil."""
+    threads = thread_cpu_seconds(pid)
+    if threads is not None:
+        return sum(threads.values())
     import psutil
 
     times = psutil.Process(pid).cpu_times()

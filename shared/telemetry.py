@@ -12,7 +12,7 @@ import functools
 import json
 import operator
 from collections.abc import Callable
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar
 
 _NIL = type(None)
@@ -47,7 +47,10 @@ class _Record:
         return {f.name: f.metadata["sql"] for f in fields(cls) if f.name not in cls.STORED_NOT}
 
     def body(self, host: str) -> dict[str, Any]:
-        return {"host": host, **asdict(self)}
+        """`host` and every field. Nested lists and maps are the record's own, not copies: a
+        record is never changed once made (the daemon makes one a second, and a deep copy
+        of each was a third of its Python time)."""
+        return {"host": host, **vars(self)}
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Any:
@@ -56,7 +59,7 @@ class _Record:
 
     def row(self) -> tuple[Any, ...]:
         """The values of columns(), as stored."""
-        return tuple(_store(kind, getattr(self, name)) for name, kind in self._stored())
+        return self.body_row(vars(self))
 
     @classmethod
     def body_row(cls, body: dict[str, Any]) -> tuple[Any, ...]:

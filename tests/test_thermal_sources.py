@@ -18,6 +18,7 @@ from agent.thermal import (
     open_source,
 )
 from agent.thermal.base import CallableSource, NoneSource
+from agent.thermal.load import CpuLoad, proc_stat_counters
 from agent.thermal.synthetic import ReplaySource, SimSource, sim_step
 from shared.source_names import SimParams, parse_sim_params
 
@@ -170,6 +171,25 @@ def test_sim_by_name_uses_this_machines_cpu_load() -> None:
     with open_source("sim:start_c=50") as source:
         reading = source.read()
     assert reading is not None and 35.0 <= reading.celsius <= 95.0
+
+
+def test_cpu_counters_are_read_from_proc_stats_first_line() -> None:
+    """The first lines of this Linux machine's /proc/stat (kernel 6.x; fields as proc(5)
+    lists them: user nice system idle iowait irq softirq steal guest guest_nice)."""
+    captured = (
+        b"cpu  3900076 2102 328892 3044926 33924 0 6117 5877 100 7\n"
+        b"cpu0 1862950 1290 152266 1520000 7656 0 1631 2358 0 0\n"
+    )
+    total = 3900076 + 2102 + 328892 + 3044926 + 33924 + 0 + 6117 + 5877  # guest is in user
+    assert proc_stat_counters(captured) == (total - 3044926 - 33924, total)
+    assert proc_stat_counters(b"cpu  10 0 5 85\n") == (15.0, 100.0)  # an old kernel's four
+    with pytest.raises(ValueError, match="cpu line"):
+        proc_stat_counters(b"intr 12 0 3\n")
+
+
+def test_cpu_load_is_a_share_of_this_machine() -> None:
+    load = CpuLoad()
+    assert all(0.0 <= load() <= 1.0 for _ in range(3))
 
 
 # --- callables ----------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ from pathlib import Path
 from agent.power.base import Integrator, PowerReading, PowerSource
 from agent.power.decode import replay_energy
 from agent.thermal.parsers import replay_value
-from agent.thermal.synthetic import cpu_load, read_replay_csv
+from agent.thermal.load import CpuLoad
+from agent.thermal.synthetic import read_replay_csv
 from shared.energy import SYSTEM
 from shared.source_names import SimParams
 
@@ -27,7 +28,7 @@ class PowerSimSource(PowerSource):
     def __init__(
         self,
         params: SimParams | None = None,
-        load: Callable[[], float] = cpu_load,
+        load: Callable[[], float] | None = None,
         spec: str = "sim",
     ) -> None:
         """`spec` is the name it was opened with (`sim:idle_w=5,max_w=30`): a job process opens
@@ -35,8 +36,8 @@ class PowerSimSource(PowerSource):
         super().__init__()
         self.params = params or SimParams()
         self._spec = spec
-        self._load = load
-        self._load()  # the first load sample only starts psutil's interval
+        self._load = load or CpuLoad()
+        self._load()  # the first load sample only starts the interval
         self._energy = Integrator()
         self._last = time.monotonic()
 

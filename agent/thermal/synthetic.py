@@ -8,9 +8,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import psutil
-
 from agent.thermal.base import ThermalReading, ThermalSource
+from agent.thermal.load import CpuLoad
 from agent.thermal.parsers import ReplayFormatError, ReplayRows, parse_replay_csv, replay_value
 from shared.source_names import SimParams
 
@@ -21,11 +20,6 @@ def sim_step(celsius: float, load: float, dt: float, params: SimParams) -> float
     return target + (celsius - target) * math.exp(-dt / params.tau_s)
 
 
-def cpu_load() -> float:
-    """This machine's CPU load (0..1) since the previous call."""
-    return psutil.cpu_percent(interval=None) / 100.0
-
-
 class SimSource(ThermalSource):
     """The thermal model, stepped at each read with the load measured since the previous one."""
 
@@ -33,12 +27,13 @@ class SimSource(ThermalSource):
     simulated = True
 
     def __init__(
-        self, params: SimParams | None = None, load: Callable[[], float] = cpu_load
+        self, params: SimParams | None = None, load: Callable[[], float] | None = None
     ) -> None:
+        """`load` gives the load since its previous call; this machine's CPU load by default."""
         super().__init__()
         self.params = params or SimParams()
-        self._load = load
-        self._load()  # the first load sample only starts psutil's interval
+        self._load = load or CpuLoad()
+        self._load()  # the first load sample only starts the interval
         start = self.params.start_c
         self._celsius = self.params.steady_c(0.0) if start is None else start
         self._last = time.monotonic()

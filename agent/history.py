@@ -1,7 +1,7 @@
 """What the daemon keeps: its telemetry history (every sample numbered and kept in memory, the
-latest ones, and in SQLite; every event in agent-events.sqlite, shared with `agent run`; both
-pruned to a retention, served in pages after a cursor) and the policy it enforces (policy.json,
-so a restart keeps what a coordinator pushed).
+latest ones, and in SQLite, written WRITE_EVERY at a time; every event in agent-events.sqlite,
+shared with `agent run`; both pruned to a retention, served in pages after a cursor) and the
+policy it enforces (policy.json, so a restart keeps what a coordinator pushed).
 
 Only the daemon's main thread uses it.
 """
@@ -92,6 +92,14 @@ MEMORY_SAMPLES = 3600
 as many wait in memory while the disk refuses them."""
 MEMORY_EVENTS = 10000
 """Events that wait in memory while the disk refuses them."""
+WRITE_EVERY = 10
+"""Samples are written this many at a time (10 s at the default poll interval), in one
+transaction: one commit a second was most of an idle daemon's CPU (docs/performance.md). What a
+crash can lose is docs/reliability.md's: the samples not written yet, all served from memory
+meanwhile, and all written at a clean stop."""
+RESERVED_SEQS = MEMORY_SAMPLES
+"""Numbers set aside on disk past the last sample given, with every write: after a crash the
+numbering resumes past every number the lost samples may have had, so none is given twice."""
 
 Page = tuple[list[dict[str, Any]], list[dict[str, Any]], bool]
 
@@ -151,10 +159,11 @@ class TelemetryHistory:
     """Samples and events since the retention cutoff. `host` labels what it serves; `id` names
     this history (both files), so a cursor into another one is never taken for one into it.
 
-    A write the disk refuses is reported to `storage` and kept: flush() (every add_sample, and
-    the daemon's loop) writes what is pending, oldest first, once the disk takes it again. The
-    samples meanwhile are served from memory; an event is published unnumbered (seq nil) and
-    numbered when it is written."""
+    Samples are written WRITE_EVERY at a time, and all that wait at close(). A write the disk
+    refuses is reported to `storage` and kept: each add_sample asks again for the samples, and
+    flush() (each poll) for the events, oldest first, until the disk takes them. The samples
+    meanwhile are served from memory; an event is published unnumbered (seq nil) and numbered
+    when it is written."""
 
     def __init__(
         self,
@@ -177,14 +186,16 @@ class TelemetryHistory:
         self._unrecorded: deque[Event] = deque(maxlen=MEMORY_EVENTS)
 
     def add_sample(self, sample: Sample) -> Sample:
-        """Number `sample` (the next `seq`) and keep it; returns it numbered."""
+        """Number `sample` (the next `seq`) and keep it; returns it numbered. Written with the
+        WRITE_EVERY-th sample not yet written."""
         sample = replace(sample, seq=self._next_seq)
         self._next_seq += 1
         self._recent.append(sample)
         if len(self._unwritten) == self._unwritten.maxlen:
             self._dropping("samples", MEMORY_SAMPLES)
         self._unwritten.append(sample)
-        self._write_samples()
+        if len(self._unwritten) >= WRITE_EVERY:
+            self._write_samples(self._next_seq - 1 + RESERVED_SEQS)
         return sample
 
     def add_event(self, event: Event) -> Event:
@@ -201,9 +212,8 @@ class TelemetryHistory:
         return event
 
     def flush(self) -> None:
-        """Write what the disk refused so far, oldest first."""
-        if self._unwritten:
-            self._write_samples()
+        """Write the events the disk refused so far, oldest first (samples wait for their
+        batch, see add_sample)."""
         while self._unrecorded:
             try:
                 self._record(self._unrecorded[0])
@@ -211,16 +221,27 @@ class TelemetryHistory:
                 return
             self._unrecorded.popleft()
 
-    def _write_samples(self) -> None:
+    def _write_samples(self, numbered_up_to: int) -> bool:
+        """Write every sample waiting, and keep on disk that numbers up to `numbered_up_to`
+        are taken (the next start numbers after it); False when the disk refused."""
         rows = [(s.seq, *s.row()) for s in self._unwritten]
         try:
             with self._conn:
                 self._conn.executemany(_INSERT, rows)
+                taken = self._conn.execute(
+                    "UPDATE sqlite_sequence SET seq = ? WHERE name = 'samples'", (numbered_up_to,)
+                )
+                if taken.rowcount == 0:  # no sample was ever written to this file
+                    self._conn.execute(
+                        "INSERT INTO sqlite_sequence (name, seq) VALUES ('samples', ?)",
+                        (numbered_up_to,),
+                    )
         except sqlite3.Error as exc:
             self.storage.failed(HISTORY, self.path, exc)
-            return
+            return False
         self._unwritten.clear()
         self.storage.written(HISTORY)
+        return True
 
     def _record(self, event: Event) -> Event:
         try:
@@ -254,6 +275,8 @@ class TelemetryHistory:
         reported, and asked again at the next prune)."""
         while self._recent and self._recent[0].time < cutoff:
             self._recent.popleft()
+        while self._unwritten and self._unwritten[0].time < cutoff:
+            self._unwritten.popleft()
         try:
             with self._conn:
                 self._conn.execute("DELETE FROM samples WHERE time < ?", (cutoff,))
@@ -262,13 +285,23 @@ class TelemetryHistory:
             self.storage.failed(HISTORY, self.path, exc)
 
     def close(self) -> None:
+        """Write every sample still waiting, numbered exactly up to the last one given (a clean
+        stop leaves no gap in the numbers), and close the file."""
+        self._write_samples(self._next_seq - 1)
         self._conn.close()
 
     def _samples_after(self, seq: int, since: float, count: int) -> list[Sample]:
         if self._recent and seq >= (self._recent[0].seq or 0) - 1:
-            return [s for s in self._recent if (s.seq or 0) > seq and s.time > since][:count]
+            return self._recent_after(seq, since, count)
         rows = self._conn.execute(
             f"SELECT {_COLUMNS} FROM samples WHERE seq > ? AND time > ? ORDER BY seq LIMIT ?",
             (seq, since, count),
         ).fetchall()
-        return [Sample.from_row(row[1:], seq=row[0]) for row in rows]
+        stored = [Sample.from_row(row[1:], seq=row[0]) for row in rows]
+        if len(stored) == count:
+            return stored
+        after = (stored[-1].seq or 0) if stored else seq  # the rest are not written yet
+        return stored + self._recent_after(after, since, count - len(stored))
+
+    def _recent_after(self, seq: int, since: float, count: int) -> list[Sample]:
+        return [s for s in self._recent if (s.seq or 0) > seq and s.time > since][:count]

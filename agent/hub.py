@@ -227,7 +227,8 @@ class TelemetryHub:
             readings.append(reading)
 
     def retry_writes(self) -> None:
-        """Write what the disk refused before (samples, events, the policy)."""
+        """Write what the disk refused before (events, the policy; the samples' history asks
+        again with each sample)."""
         self.history.flush()
         self.saved_policy.retry()
 

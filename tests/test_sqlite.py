@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.events import EventLog
-from agent.history import TelemetryHistory
+from agent.history import MEMORY_SAMPLES, WRITE_EVERY, TelemetryHistory
 from coordinator.telemetry_store import TelemetryStore
 from shared.io.sqlite import StoreError, open_store, store_id
 from shared.telemetry import Event, Sample
@@ -156,6 +156,34 @@ def test_numbers_are_never_given_twice_after_pruning(tmp_path: Path) -> None:
     assert reopened.add_sample(Sample(11.0, 70.0, None, "sim", True, "ok", None, 0.0, [])).seq == 3
     assert log.record(Event(11.0, "j", 1, "resume", "sim")).seq == 3
     reopened.close()
+    log.close()
+
+
+def stored_count(path: Path) -> int:
+    with sqlite3.connect(path) as conn:
+        return conn.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
+
+
+def test_samples_are_written_in_batches_and_served_from_memory_meanwhile(tmp_path: Path) -> None:
+    log, path = EventLog(tmp_path / "events.sqlite"), tmp_path / "t.sqlite"
+    history = TelemetryHistory("mac1", log, path)
+    taken = Sample(1.0, 70.0, None, "sim", True, "ok", None, 0.0, [])
+    for _ in range(WRITE_EVERY - 1):
+        history.add_sample(taken)
+    assert stored_count(path) == 0
+    page, _, _ = history.page(0, 0, 0.0, 100, 10**6)
+    assert [s["seq"] for s in page] == list(range(1, WRITE_EVERY))
+    history.add_sample(taken)
+    assert stored_count(path) == WRITE_EVERY
+    for _ in range(MEMORY_SAMPLES + 2):  # past what memory holds, the last ones not written
+        history.add_sample(taken)
+    given = WRITE_EVERY + MEMORY_SAMPLES + 2
+    assert stored_count(path) < given
+    # a cursor older than memory reads the disk, then what waits in memory
+    page, _, _ = history.page(0, 0, 0.0, 10000, 10**7)
+    assert [s["seq"] for s in page] == list(range(1, given + 1))
+    history.close()  # writes what waits
+    assert stored_count(path) == given
     log.close()
 
 

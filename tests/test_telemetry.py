@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import socket
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import pytest
 import zmq
 
 from agent.endpoints import local_address, telemetry_endpoint
+from agent.history import WRITE_EVERY
 from agent.telemetry import (
     EXITED_LINGER_S,
     VANISHED_AFTER_S,
@@ -338,6 +340,68 @@ def test_history_is_pruned_to_the_retention(ctx: zmq.Context, agents: AgentPool)
     with sqlite3.connect(agent.home / "agent-telemetry.sqlite") as conn:
         on_disk = conn.execute("SELECT MIN(time) FROM samples").fetchone()[0]
     assert on_disk > started
+    client.close()
+
+
+def stored_sample_seqs(home: Path) -> list[int]:
+    """The sample numbers the agent has written to its history file (read-only)."""
+    path = home / "agent-telemetry.sqlite"
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as conn:
+        return [row[0] for row in conn.execute("SELECT seq FROM samples ORDER BY seq")]
+
+
+def live_seqs(sock: zmq.Socket, until: Callable[[list[int]], bool]) -> list[int]:
+    """The numbers of the samples published from now until `until(numbers so far)`."""
+    seen: list[int] = []
+    while not until(seen):
+        sample = receive(sock, lambda m: m.type == "telemetry.sample")
+        seen.append(sample.body["seq"])
+    return seen
+
+
+@pytest.mark.parametrize("stop", ["SIGKILL", "SIGTERM"])
+def test_what_a_stopped_agents_history_keeps_and_that_no_number_is_given_twice(
+    ctx: zmq.Context, agents: AgentPool, stop: str
+) -> None:
+    """Samples are written WRITE_EVERY at a time: until then history.get serves them from
+    memory; SIGKILL loses at most the last WRITE_EVERY (docs/reliability.md), SIGTERM none;
+    and the restarted agent numbers its samples after every number given before."""
+    options = ["--poll-interval", "0.05"]
+    agent = trusted_agent(agents, options=options)
+    sub = subscriber(ctx, agent)
+    seen = live_seqs(sub, lambda seen: len(seen) > 3 * WRITE_EVERY)
+    client = connect(ctx, agent)
+    served = [s["seq"] for s in client.request("history.get", EVERYTHING)["samples"]]
+    assert served == list(range(1, len(served) + 1)) and served[-1] >= seen[-1]
+    client.close()
+    if stop == "SIGKILL":
+        agent.kill()
+    else:
+        agent.process.send_signal(signal.SIGTERM)
+        assert agent.process.wait(timeout=15) == 0
+    while sub.poll(200):  # what was published before the end
+        message = p.decode_telemetry(sub.recv_multipart())
+        if message.type == "telemetry.sample":
+            seen.append(message.body["seq"])
+    stored = stored_sample_seqs(agent.home)
+    assert stored == list(range(1, len(stored) + 1)), "a written sample is missing"
+    if stop == "SIGKILL":
+        assert len(stored) >= served[-1] - WRITE_EVERY + 1, "more than WRITE_EVERY were lost"
+    else:
+        assert stored[-1] >= seen[-1], "a clean stop writes every sample it published"
+    sub.close()
+
+    again = trusted_agent(agents, options=options)  # the same name: the same data directory
+    client = connect(ctx, again)
+    deadline = time.monotonic() + 30
+    while len(kept := client.request("history.get", EVERYTHING)["samples"]) <= len(stored):
+        assert time.monotonic() < deadline, "the restarted agent took no sample"
+        time.sleep(0.05)
+    numbers = [s["seq"] for s in kept]
+    assert numbers[: len(stored)] == stored
+    assert numbers[len(stored)] > max(seen), "a number given before the stop was given again"
+    if stop == "SIGTERM":
+        assert numbers == list(range(1, len(numbers) + 1)), "a gap after a clean stop"
     client.close()
 
 

@@ -12,7 +12,6 @@ import json
 import logging
 import sqlite3
 from collections import deque
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -188,7 +187,7 @@ class TelemetryHistory:
     def add_sample(self, sample: Sample) -> Sample:
         """Number `sample` (the next `seq`) and keep it; returns it numbered. Written with the
         WRITE_EVERY-th sample not yet written."""
-        sample = replace(sample, seq=self._next_seq)
+        sample = sample.numbered(self._next_seq)
         self._next_seq += 1
         self._recent.append(sample)
         if len(self._unwritten) == self._unwritten.maxlen:

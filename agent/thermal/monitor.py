@@ -22,10 +22,10 @@ def trend_slope(values: Sequence[float]) -> float | None:
     if n < 2:
         return None
     x_mean = (n - 1) / 2.0
-    y_mean = sum(values) / n
-    numerator = sum((i - x_mean) * (y - y_mean) for i, y in enumerate(values))
-    denominator = sum((i - x_mean) ** 2 for i in range(n))
-    return numerator / denominator
+    # sum((i - x_mean) * (y - y_mean)) is sum((i - x_mean) * y), as the x deviations sum to 0;
+    # and sum((i - x_mean) ** 2) over 0..n-1 is n(n² - 1)/12
+    numerator = sum((i - x_mean) * y for i, y in enumerate(values))
+    return numerator * 12.0 / (n * (n * n - 1))
 
 
 class ThermalMonitor:

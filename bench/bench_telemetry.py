@@ -128,7 +128,7 @@ def measure(count: int, secure: bool, repeats: int) -> None:
         "  encode (validate + msgpack)": lambda: p.telemetry_frames(
             p.make("telemetry.sample", body)
         ),
-        "  store (SQLite, one commit)": lambda: daemon.hub.history.add_sample(taken),
+        "  store (SQLite, a commit per 10)": lambda: daemon.hub.history.add_sample(taken),
         "  publish" + (" (CURVE)" if secure else ""): lambda: (
             daemon.sockets.publisher.send_multipart(frames)
         ),

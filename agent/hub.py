@@ -15,7 +15,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable
-from queue import Empty, SimpleQueue
+from queue import SimpleQueue
 from typing import TYPE_CHECKING, Any
 
 from agent.events import EventLog
@@ -218,13 +218,11 @@ class TelemetryHub:
         with contextlib.suppress(BlockingIOError):
             os.read(self.wake_fd, 4096)
         readings = []
-        while True:
-            try:
-                reading = self._readings.get_nowait()
-            except Empty:
-                return readings
+        while not self._readings.empty():  # this thread is the queue's only reader
+            reading = self._readings.get_nowait()
             self._on_reading(reading)
             readings.append(reading)
+        return readings
 
     def retry_writes(self) -> None:
         """Write what the disk refused before (events, the policy; the samples' history asks

@@ -120,8 +120,8 @@ class ThermalSource(Source):
     ) -> ThermalReading:
         """A reading; its `sensor` is the one given, else the sensor whose value `celsius` is."""
         self.last_error = None
-        sensors = dict(sensors or {})
-        if sensor is None and celsius is not None:
+        sensors = dict(sensors) if sensors else {}
+        if sensor is None and celsius is not None and sensors:
             sensor = next((name for name, value in sensors.items() if value == celsius), None)
         return ThermalReading(
             celsius=celsius,

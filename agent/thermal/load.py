@@ -54,7 +54,7 @@ def proc_stat_counters(text: bytes) -> tuple[float, float]:
     name, *fields = text.split(b"\n", 1)[0].split()
     if name != b"cpu" or len(fields) < 4:
         raise ValueError(f"not /proc/stat's cpu line: {text[:80]!r}")
-    ticks = [int(value) for value in fields[:10]] + [0] * (10 - min(len(fields), 10))
+    ticks = [*map(int, fields[:10]), *(0,) * (10 - min(len(fields), 10))]
     total = sum(ticks) - ticks[8] - ticks[9]
     return float(total - ticks[3] - ticks[4]), float(total)
 

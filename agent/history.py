@@ -220,9 +220,9 @@ class TelemetryHistory:
                 return
             self._unrecorded.popleft()
 
-    def _write_samples(self, numbered_up_to: int) -> bool:
+    def _write_samples(self, numbered_up_to: int) -> None:
         """Write every sample waiting, and keep on disk that numbers up to `numbered_up_to`
-        are taken (the next start numbers after it); False when the disk refused."""
+        are taken (the next start numbers after it)."""
         rows = [(s.seq, *s.row()) for s in self._unwritten]
         try:
             with self._conn:
@@ -237,10 +237,9 @@ class TelemetryHistory:
                     )
         except sqlite3.Error as exc:
             self.storage.failed(HISTORY, self.path, exc)
-            return False
+            return
         self._unwritten.clear()
         self.storage.written(HISTORY)
-        return True
 
     def _record(self, event: Event) -> Event:
         try:

@@ -231,7 +231,7 @@ class Dashboard:
 def entered(before: str | None, after: str | None) -> bool:
     """A host rose into pause or stop: a state worth an alert when it is entered on the way up,
     never when a host cooling down from stop passes through pause."""
-    if after not in (CoolingState.PAUSE.value, CoolingState.STOP.value):
+    if after == before or after not in (CoolingState.PAUSE.value, CoolingState.STOP.value):
         return False
     was = CoolingState(before).severity if before else -1
     return CoolingState(after).severity > was

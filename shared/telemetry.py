@@ -114,8 +114,24 @@ def _store(kind: str, value: Any) -> Any:
     if kind == "bool":
         return int(value)
     if kind == "json":
-        return None if value is None else json.dumps(value)
+        return None if value is None else _json_text(value)
     return value
+
+
+_last_json: tuple[Any, str] = (None, "null")
+
+
+def _json_text(value: Any) -> str:
+    """json.dumps, remembering the last value: a host's samples list the same jobs second
+    after second, and comparing them costs a fraction of encoding them again (a lab's
+    telemetry is stored at one coordinator). One (value, text) pair, replaced whole."""
+    global _last_json
+    last_value, last_text = _last_json
+    if value == last_value:
+        return last_text
+    text = json.dumps(value)
+    _last_json = (value, text)
+    return text
 
 
 def _load(kind: str, value: Any) -> Any:

@@ -305,7 +305,7 @@ def test_an_event_stamped_before_the_newest_recorded_sample_is_still_backfilled(
 
 
 def test_the_monitor_prunes_past_the_retention_while_it_runs(tmp_path: Path) -> None:
-    from coordinator.monitor import PRUNE_EVERY_S
+    from coordinator.monitor import PRUNE_EVERY_S, Arrivals
     from tests.test_history_stats import sample
 
     now = time.time()
@@ -314,7 +314,7 @@ def test_the_monitor_prunes_past_the_retention_while_it_runs(tmp_path: Path) -> 
         store.add([(host, sample(now - 3500, 60.0)), (host, sample(now - 4000, 60.0))])
         with Monitor([Target(host, host, None)], Settings(None, 1.0), store, None, 3600.0) as mon:
             assert [s["time"] for s in store.samples(0)[host]] == [now - 3500]  # at start
-            mon.apply([], now + PRUNE_EVERY_S / 2)
+            mon.apply(Arrivals(), now + PRUNE_EVERY_S / 2)
             assert len(store.samples(0)[host]) == 1  # not due yet
-            mon.apply([], now + PRUNE_EVERY_S + 1)  # due: the retention has passed it
+            mon.apply(Arrivals(), now + PRUNE_EVERY_S + 1)  # due: the retention has passed it
             assert host not in store.samples(0)

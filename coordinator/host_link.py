@@ -1,0 +1,188 @@
+"""One host's request side for `coordinator monitor`, on its own thread: it connects (hello,
+info), backfills what the monitor orders (history.get, page by page) and pings the agent when it
+has gone quiet; no answer ends the session and it reconnects from scratch every RETRY_S (info
+again: a restarted agent may publish elsewhere). It never touches the store, the dashboard or the
+host's SUB: those belong to the monitor's main thread, which it only reports to."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from coordinator.cursor_tracker import past
+from coordinator.dashboard import silent_after
+from coordinator.fleet import Settings, Target, connect
+from shared.io.transport import AgentClient, HostError
+from shared.telemetry import Cursor
+
+RETRY_S = 2.0
+"""Between attempts to reach a host that is down."""
+POLL_MS = 200
+"""How often a link waiting for room on the report queue looks at its stop flag."""
+HISTORY_PAGE = 5000
+
+CONNECTED, LOST, PAGE = "connected", "lost", "page"
+
+
+@dataclass(frozen=True)
+class LinkReport:
+    """What a link tells the main thread. `data` by kind: CONNECTED a Session, LOST the error,
+    PAGE a Page."""
+
+    host: str
+    kind: str
+    data: Any
+
+
+@dataclass(frozen=True)
+class Session:
+    """A session began: the agent's info.ok, and the client, of which the main thread reads only
+    the address and keys (to make the SUB authenticated exactly like it)."""
+
+    number: int
+    info: dict[str, Any]
+    client: AgentClient
+
+
+@dataclass(frozen=True)
+class Page:
+    """One history.get page of a backfill; `last`: the backfill is complete."""
+
+    samples: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+    last: bool
+
+
+@dataclass(frozen=True)
+class Backfill:
+    """The main thread's order: everything after `cursor` (stamped after `since`, when given).
+    An order for an earlier session than the link's is ignored."""
+
+    session: int
+    cursor: Cursor
+    since: float | None = None
+
+
+class Reports:
+    """The links' queue to the main thread, and a pipe that is readable while it may hold
+    something, so the main thread can wait on it in the same poll as the SUBs."""
+
+    def __init__(self, maxsize: int, stop: threading.Event) -> None:
+        self.queue: queue.Queue[LinkReport] = queue.Queue(maxsize)
+        self.stop = stop
+        self.readable, self._writable = os.pipe()
+        os.set_blocking(self.readable, False)
+        os.set_blocking(self._writable, False)
+
+    def put(self, report: LinkReport) -> None:
+        """Queue a report, waiting while the queue is full (but not past stop)."""
+        while not self.stop.is_set():
+            try:
+                self.queue.put(report, timeout=POLL_MS / 1000)
+            except queue.Full:
+                continue
+            with contextlib.suppress(BlockingIOError):  # a full pipe is readable already
+                os.write(self._writable, b"\0")
+            return
+
+    def take(self) -> list[LinkReport]:
+        """Every report queued now (the pipe emptied first: a report put after is signalled
+        again)."""
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.readable, 4096):
+                pass
+        taken = []
+        while True:
+            try:
+                taken.append(self.queue.get_nowait())
+            except queue.Empty:
+                return taken
+
+    def close(self) -> None:
+        os.close(self.readable)
+        os.close(self._writable)
+
+
+class HostLink:
+    """One host's connection, on its own thread, until `stop` is set."""
+
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        target: Target,
+        settings: Settings,
+        reports: Reports,
+        stop: threading.Event,
+    ) -> None:
+        self.ctx, self.target, self.settings = ctx, target, settings
+        self.reports, self.stop = reports, stop
+        self.orders: queue.Queue[Backfill | None] = queue.Queue()
+        """Backfills ordered by the main thread; None wakes the link to see `stop`."""
+        self.heard_at = time.monotonic()
+        """When the host was last heard: set by the main thread as it reads the host's SUB, and
+        here when the agent answers a ping."""
+        self.session = 0
+        self.thread = threading.Thread(target=self.run, name=f"monitor {target.name}", daemon=True)
+
+    def report(self, kind: str, data: Any) -> None:
+        self.reports.put(LinkReport(self.target.name, kind, data))
+
+    def wake(self) -> None:
+        self.orders.put(None)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.session += 1
+            try:
+                self._session()
+            except HostError as exc:
+                self.report(LOST, str(exc))
+            except Exception as exc:  # a bug loses one host, visibly, not the monitor
+                self.report(LOST, f"coordinator error: {type(exc).__name__}: {exc}")
+            self.stop.wait(RETRY_S)
+
+    def _session(self) -> None:
+        with connect(self.ctx, self.target, self.settings) as client:
+            info = client.request("info", timeout=self.settings.connect_timeout)
+            self.heard_at = time.monotonic()
+            self.report(CONNECTED, Session(self.session, info, client))
+            quiet_after = silent_after(info["poll_interval"])
+            while not self.stop.is_set():
+                quiet = time.monotonic() - self.heard_at
+                if quiet > quiet_after:
+                    client.request("ping", timeout=self.settings.connect_timeout)
+                    self.heard_at = time.monotonic()
+                    continue
+                try:
+                    order = self.orders.get(timeout=quiet_after - quiet)
+                except queue.Empty:
+                    continue
+                if order is not None and order.session == self.session:
+                    self._backfill(client, order)
+
+    def _backfill(self, client: AgentClient, order: Backfill) -> None:
+        """Report every page after the order's cursor until the agent has no more."""
+        cursor = order.cursor
+        while not self.stop.is_set():
+            page = client.request(
+                "history.get",
+                {
+                    "samples_after": cursor.samples,
+                    "events_after": cursor.events,
+                    "since": order.since,
+                    "limit": HISTORY_PAGE,
+                },
+            )
+            if page["history"] != cursor.history:
+                raise HostError("the agent's history changed (restarted on new data): reconnecting")
+            self.report(PAGE, Page(page["samples"], page["events"], last=not page["truncated"]))
+            if not page["truncated"]:
+                return
+            cursor = past(cursor, page["samples"], page["events"])

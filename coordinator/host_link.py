@@ -19,7 +19,7 @@ import zmq
 from coordinator.cursor_tracker import past
 from coordinator.dashboard import silent_after
 from coordinator.fleet import Settings, Target, connect
-from shared.io.transport import AgentClient, HostError
+from shared.io.transport import AgentClient, HostError, agent_socket
 from shared.telemetry import Cursor
 
 RETRY_S = 2.0
@@ -43,12 +43,13 @@ class LinkReport:
 
 @dataclass(frozen=True)
 class Session:
-    """A session began: the agent's info.ok, and the client, of which the main thread reads only
-    the address and keys (to make the SUB authenticated exactly like it)."""
+    """A session began: the agent's info.ok, and a SUB already connecting to its telemetry,
+    made here so that a hundred hosts' handshakes start at once; from the report on it is the
+    main thread's (ZeroMQ lets a socket change threads across a lock, the queue's)."""
 
     number: int
     info: dict[str, Any]
-    client: AgentClient
+    sub: zmq.Socket
 
 
 @dataclass(frozen=True)
@@ -81,8 +82,8 @@ class Reports:
         os.set_blocking(self.readable, False)
         os.set_blocking(self._writable, False)
 
-    def put(self, report: LinkReport) -> None:
-        """Queue a report, waiting while the queue is full (but not past stop)."""
+    def put(self, report: LinkReport) -> bool:
+        """Queue a report, waiting while the queue is full (but not past stop: False)."""
         while not self.stop.is_set():
             try:
                 self.queue.put(report, timeout=POLL_MS / 1000)
@@ -90,7 +91,8 @@ class Reports:
                 continue
             with contextlib.suppress(BlockingIOError):  # a full pipe is readable already
                 os.write(self._writable, b"\0")
-            return
+            return True
+        return False
 
     def take(self) -> list[LinkReport]:
         """Every report queued now (the pipe emptied first: a report put after is signalled
@@ -108,6 +110,15 @@ class Reports:
     def close(self) -> None:
         os.close(self.readable)
         os.close(self._writable)
+
+
+def telemetry_socket(ctx: zmq.Context, client: AgentClient, port: int) -> zmq.Socket:
+    """A SUB on the agent's telemetry port, authenticated exactly like `client`'s DEALER."""
+    host = client.address.rsplit(":", 1)[0]
+    sub = agent_socket(ctx, zmq.SUB, client.address, client.server_key, client.keypair)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(f"tcp://{host}:{port}")
+    return sub
 
 
 class HostLink:
@@ -131,8 +142,8 @@ class HostLink:
         self.session = 0
         self.thread = threading.Thread(target=self.run, name=f"monitor {target.name}", daemon=True)
 
-    def report(self, kind: str, data: Any) -> None:
-        self.reports.put(LinkReport(self.target.name, kind, data))
+    def report(self, kind: str, data: Any) -> bool:
+        return self.reports.put(LinkReport(self.target.name, kind, data))
 
     def wake(self) -> None:
         self.orders.put(None)
@@ -152,7 +163,10 @@ class HostLink:
         with connect(self.ctx, self.target, self.settings) as client:
             info = client.request("info", timeout=self.settings.connect_timeout)
             self.heard_at = time.monotonic()
-            self.report(CONNECTED, Session(self.session, info, client))
+            sub = telemetry_socket(self.ctx, client, info["telemetry_port"])
+            if not self.report(CONNECTED, Session(self.session, info, sub)):
+                sub.close(linger=0)  # stopped before the main thread took it
+                return
             quiet_after = silent_after(info["poll_interval"])
             while not self.stop.is_set():
                 quiet = time.monotonic() - self.heard_at

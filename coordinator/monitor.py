@@ -37,7 +37,6 @@ from coordinator.host_link import (
 )
 from coordinator.telemetry_store import Row, TelemetryStore
 from shared import protocol as p
-from shared.io.transport import AgentClient, agent_socket
 from shared.telemetry import Cursor
 
 if TYPE_CHECKING:
@@ -56,15 +55,6 @@ PRUNE_EVERY_S = 300.0
 QUEUE_MAX = 64
 """Reports waiting for the main thread (backfill pages of up to 5000 samples): when it falls
 behind, links wait instead of memory filling with pages."""
-
-
-def telemetry_socket(ctx: zmq.Context, client: AgentClient, port: int) -> zmq.Socket:
-    """A SUB on the agent's telemetry port, authenticated exactly like `client`'s DEALER."""
-    host = client.address.rsplit(":", 1)[0]
-    sub = agent_socket(ctx, zmq.SUB, client.address, client.server_key, client.keypair)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.connect(f"tcp://{host}:{port}")
-    return sub
 
 
 def _drain(sub: zmq.Socket) -> list[list[bytes]]:
@@ -153,6 +143,9 @@ class Monitor:
             link.wake()
         for link in self.links.values():
             link.thread.join(timeout=POLL_MS / 1000 + 1.0)
+        for report in self.reports.take():  # a session begun after the last step
+            if report.kind == CONNECTED:
+                report.data.sub.close(linger=0)
         for sub in self._subs:
             sub.close(linger=0)
         if not any(link.thread.is_alive() for link in self.links.values()):
@@ -231,17 +224,16 @@ class Monitor:
         self._prune(now)
 
     def _connected(self, host: str, session: Session, now: float) -> None:
-        """A session began: subscribe to the host's telemetry and order its first backfill
-        (before the SUB delivers anything: whatever it misses meanwhile shows as a gap)."""
+        """A session began: read the host's SUB from now on and order its first backfill
+        (whatever the SUB missed before it connected shows as a gap)."""
         info = session.info
         self.board.connected(host, info["machine"].get("hostname"), info, now)
         self.store.record_policy(host, info["policy"], now)
         self._names[host] = info.get("name") or host
         self._infos[host] = info
         self._lost(host)
-        sub = telemetry_socket(self.ctx, session.client, info["telemetry_port"])
-        self._subs[sub], self._sub_of[host] = host, sub
-        self._poller.register(sub, zmq.POLLIN)
+        self._subs[session.sub], self._sub_of[host] = host, session.sub
+        self._poller.register(session.sub, zmq.POLLIN)
         cursor, since = self.cursors[host], None
         if cursor is None or cursor.history != info["history"]:
             since = now - BACKFILL_FIRST_S if cursor is None else None

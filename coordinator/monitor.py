@@ -49,7 +49,8 @@ wiped), with all of it."""
 DRAIN_MAX = 1000
 """Messages taken off one SUB per poll, so one flooding host cannot starve the others."""
 BATCH_S = 0.1
-"""What arrives this soon after the first of a step is applied with it."""
+"""What arrives this soon after the first of a step is applied with it (a host's SUB holds
+1000 messages meanwhile, ZeroMQ's default high water mark)."""
 PRUNE_EVERY_S = 300.0
 """While it runs, the monitor drops what is older than the retention this often."""
 QUEUE_MAX = 64
@@ -75,8 +76,10 @@ class Arrivals:
     def __init__(self) -> None:
         self.live: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
         self.reports: list[LinkReport] = []
+        self.messages = 0
 
     def read(self, host: str, frames: list[list[bytes]]) -> None:
+        self.messages += len(frames)
         samples, events = self.live.setdefault(host, ([], []))
         for message_frames in frames:
             try:
@@ -162,12 +165,21 @@ class Monitor:
     def step(self, timeout: float) -> None:
         """Wait up to `timeout` for telemetry or a link's report, gather what else arrives
         within BATCH_S, then apply it all at once: a lab's hundred hosts publishing each second
-        make ten transactions a second, not a hundred."""
+        make ten transactions a second, not a hundred. When the first read is a trickle (fewer
+        messages than hosts: a lab publishing once a second) the batch is read once, after
+        BATCH_S, since a poll of every host's socket costs more the more hosts there are; a
+        flood is read on as it comes until BATCH_S is over."""
         arrivals = Arrivals()
-        if self._gather(arrivals, timeout):
-            until = time.monotonic() + BATCH_S
-            while (left := until - time.monotonic()) > 0:
-                self._gather(arrivals, left)
+        if not self._gather(arrivals, timeout):
+            self.apply(arrivals, time.time())
+            return
+        until = time.monotonic() + BATCH_S
+        if arrivals.messages < len(self._subs):
+            time.sleep(BATCH_S)
+        while True:
+            self._gather(arrivals, max(0.0, until - time.monotonic()))
+            if time.monotonic() >= until:
+                break
         self.apply(arrivals, time.time())
 
     def _gather(self, arrivals: Arrivals, timeout: float) -> bool:

@@ -140,7 +140,9 @@ class Monitor:
     def close(self) -> None:
         """Stop the links. One still waiting for an answer (at most its timeout) is left to
         finish on its own, daemon thread and context with it: closing its sockets under it
-        from here would not be thread-safe."""
+        from here would not be thread-safe. Once every link has ended, every socket left is
+        this thread's, a SUB whose CONNECTED report was taken but never applied (Ctrl-C, or
+        an error in apply) too: destroy() closes them all."""
         self.stop.set()
         for link in self.links.values():
             link.wake()
@@ -152,7 +154,7 @@ class Monitor:
         for sub in self._subs:
             sub.close(linger=0)
         if not any(link.thread.is_alive() for link in self.links.values()):
-            self.ctx.term()
+            self.ctx.destroy(linger=0)
             self.reports.close()
 
     def __enter__(self) -> Monitor:
@@ -246,7 +248,8 @@ class Monitor:
         self._lost(host)
         self._subs[session.sub], self._sub_of[host] = host, session.sub
         self._poller.register(session.sub, zmq.POLLIN)
-        cursor, since = self.cursors[host], None
+        latest = self._trackers.get(host)  # saved with this batch, maybe not yet stored
+        cursor, since = (latest[1].cursor if latest else self.cursors[host]), None
         if cursor is None or cursor.history != info["history"]:
             since = now - BACKFILL_FIRST_S if cursor is None else None
             cursor = Cursor(info["history"])

@@ -21,8 +21,9 @@ Types = type | tuple[type, ...]
 
 
 def _spec(wire: Types, sql: str, stored: str = "plain", default: Any = MISSING) -> Any:
-    """A field's wire types, its SQL column type, and how it is stored: plain, "bool" (0/1) or
-    "json" (text)."""
+    """A field's wire types, its SQL column type, and how it is stored: plain, "bool" (0/1),
+    "json" (text) or "json-repeats" (text, for a value that repeats from one record to the
+    next)."""
     return field(default=default, metadata={"wire": wire, "sql": sql, "stored": stored})
 
 
@@ -114,30 +115,34 @@ def _store(kind: str, value: Any) -> Any:
     if kind == "bool":
         return int(value)
     if kind == "json":
-        return None if value is None else _json_text(value)
+        return None if value is None else json.dumps(value)
+    if kind == "json-repeats":
+        return None if value is None else _repeated_json(value)
     return value
 
 
-_last_json: tuple[Any, str] = (None, "null")
+_last_repeated: tuple[Any, str] = (None, "null")
 
 
-def _json_text(value: Any) -> str:
+def _repeated_json(value: Any) -> str:
     """json.dumps, remembering the last value: a host's samples list the same jobs second
     after second, and comparing them costs a fraction of encoding them again (a lab's
-    telemetry is stored at one coordinator). One (value, text) pair, replaced whole."""
-    global _last_json
-    last_value, last_text = _last_json
+    telemetry is stored at one coordinator). One (value, text) pair, replaced whole. Only for
+    values whose equal ones encode alike: a job list's names, states and integer pids (1.0
+    equals 1 but encodes otherwise)."""
+    global _last_repeated
+    last_value, last_text = _last_repeated
     if value == last_value:
         return last_text
     text = json.dumps(value)
-    _last_json = (value, text)
+    _last_repeated = (value, text)
     return text
 
 
 def _load(kind: str, value: Any) -> Any:
     if kind == "bool":
         return bool(value)
-    if kind == "json":
+    if kind in ("json", "json-repeats"):
         return None if value is None else json.loads(value)
     return value
 
@@ -156,7 +161,7 @@ class Sample(_Record):
     state: str | None = _spec((str, _NIL), "TEXT")
     trend_c_per_min: float | None = _spec((*_NUMBER, _NIL), "REAL")
     pause_s_total: float = _spec(_NUMBER, "REAL NOT NULL")
-    jobs: list[dict[str, Any]] = _spec(list, "TEXT NOT NULL", "json")
+    jobs: list[dict[str, Any]] = _spec(list, "TEXT NOT NULL", "json-repeats")
     storage_error: str | None = _spec((str, _NIL), "TEXT", default=None)
     """What the agent cannot write now (a full disk, say: agent.storage); None when all is
     written."""

@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -318,3 +319,22 @@ def test_the_monitor_prunes_past_the_retention_while_it_runs(tmp_path: Path) -> 
             assert len(store.samples(0)[host]) == 1  # not due yet
             mon.apply(Arrivals(), now + PRUNE_EVERY_S + 1)  # due: the retention has passed it
             assert host not in store.samples(0)
+
+
+def test_an_error_applying_a_new_session_ends_the_monitor_with_it_not_a_hang(
+    agents: AgentPool, tmp_path: Path
+) -> None:
+    """The store refuses writes (SQLite's own read-only switch, as a full disk would) when the
+    first session's report is applied: the error reaches the caller and close() still ends,
+    closing the SUB that report carried (ZeroMQ's term would wait for it for ever)."""
+    agent = known_agent(agents, "mac1", 60.0, tmp_path)
+    target = Target(agent.address, agent.address, agent.key)
+    with TelemetryStore() as store:
+        store.conn.execute("PRAGMA query_only = 1")
+        with (
+            pytest.raises(sqlite3.OperationalError, match="readonly"),
+            Monitor([target], Settings(own_keypair(), 5.0), store) as running,
+        ):
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                running.step(0.5)

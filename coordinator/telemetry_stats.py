@@ -130,12 +130,14 @@ def host_stats(
         above_sql.append(f", COUNT(*) FILTER (WHERE celsius >= {expression})")
         above_params += params
     row = conn.execute(
-        "SELECT COUNT(*), MIN(time), MAX(time), MIN(celsius), AVG(celsius), MAX(celsius), "
-        "MAX(simulated), json_group_array(DISTINCT source), "
+        "SELECT COUNT(*), MIN(celsius), AVG(celsius), MAX(celsius), MAX(simulated), "
         f"COUNT(*) FILTER (WHERE {PAUSED}), {_READ_FROM}, {_POWER}{''.join(above_sql)} {_WINDOW}",
         (PAUSED_JOB, *above_params, host, since),
     ).fetchone()
-    count, first, last, low, mean, high, simulated, sources, paused, *rest = tuple(row)
+    count, low, mean, high, simulated, paused, *rest = tuple(row)
+    # a lone MIN or MAX is one seek of the key on (host, time), not a share of the pass
+    first = conn.execute(f"SELECT MIN(time) {_WINDOW}", (host, since)).fetchone()[0]
+    last = conn.execute(f"SELECT MAX(time) {_WINDOW}", (host, since)).fetchone()[0]
     read_from, rest = rest[: len(READ_FROM_COLUMNS)], rest[len(READ_FROM_COLUMNS) :]
     power, above = rest[: len(POWER_COLUMNS)], rest[len(POWER_COLUMNS) :]
     spacing = usual_spacing(conn, host, since, first, last, count)
@@ -159,39 +161,52 @@ def host_stats(
         "seconds_paused": paused * spacing,
         "pauses": pauses,
         "stops": stops,
-        "sources": sorted(json.loads(sources)),
+        "sources": sources_read(conn, host, since, read_from),
         "simulated": bool(simulated),
-        "read_from": readings_by_sensor(conn, host, since, read_from),
+        "read_from": readings_by_sensor(conn, host, since, count, read_from),
         "policy": policy_at(policies, last),
         **host_energy(power, spacing),
     }
 
 
-_READ = "FILTER (WHERE celsius IS NOT NULL)"
 READ_FROM_COLUMNS = (
     "COUNT(celsius)",
-    f"MIN(source) {_READ}",
-    f"MAX(source) {_READ}",
-    f"MIN(sensor) {_READ}",
-    f"MAX(sensor) {_READ}",
-    f"COUNT(sensor) {_READ}",
+    "MIN(source)",
+    "MAX(source)",
+    "MIN(sensor)",
+    "MAX(sensor)",
+    "COUNT(sensor)",
 )
-"""What readings_by_sensor needs of host_stats' one pass (aggregates that stream, no DISTINCT):
-whether one (source, sensor) pair gave every reading of the window, and which."""
+"""What sources_read and readings_by_sensor need of host_stats' one pass (aggregates that
+stream, no DISTINCT, no FILTER: each costs a share of the pass): whether one (source, sensor)
+pair is on every sample of the window, and which."""
 _READ_FROM = ", ".join(READ_FROM_COLUMNS)
 
 
-def readings_by_sensor(
+def sources_read(
     conn: sqlite3.Connection, host: str, since: float, read_from: Sequence[Any]
+) -> list[str]:
+    """The thermal sources of the window's samples, sorted; a second pass only when there
+    are several."""
+    _, source, last_source, *_ = read_from
+    if source == last_source:
+        return [] if source is None else [source]
+    rows = conn.execute(f"SELECT DISTINCT source {_WINDOW} ORDER BY source", (host, since))
+    return [row[0] for row in rows]
+
+
+def readings_by_sensor(
+    conn: sqlite3.Connection, host: str, since: float, count: int, read_from: Sequence[Any]
 ) -> list[dict[str, Any]]:
     """Which source and sensor gave the window's readings, with how many each, in the order
     they first did: more than one means the figures combine readings that may differ by tens
     of °C (a sensor None: the source names none, or the row predates sensors being kept).
-    Only a mixed window costs a second pass over the host's samples."""
+    When one pair is on all `count` samples it gave every reading; otherwise (several, maybe
+    only on samples without a reading) a second pass counts the readings of each."""
     readings, source, last_source, sensor, last_sensor, named = read_from
     if not readings:
         return []
-    if (source, sensor) == (last_source, last_sensor) and named in (0, readings):
+    if (source, sensor) == (last_source, last_sensor) and named in (0, count):
         return [{"source": source, "sensor": sensor, "readings": readings}]
     rows = conn.execute(
         f"SELECT source, sensor, COUNT(*) {_WINDOW} AND celsius IS NOT NULL "

@@ -261,7 +261,7 @@ def main() -> None:
     print(f"   {'':52} {'samples/s':>22} {'× raw':>20}")
     print(f"   {'bare pyzmq SUB loop, receive only':52} {spread(rounds.values['raw'], 1, 0):>22}")
     print(
-        f"   {'coordinator monitor: decode, queue, SQLite, dashboard':52} "
+        f"   {'coordinator monitor: decode, SQLite, dashboard':52} "
         f"{spread(rounds.values['ours'], 1, 0):>22} {spread(rounds.ratios('ours', 'raw')):>20}"
     )
 

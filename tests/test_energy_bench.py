@@ -47,13 +47,17 @@ def test_rapl_cells_match_a_counter_running_at_a_known_rate_and_wrapping(
 ) -> None:
     monkeypatch.setenv("MLX_FLEET_SYSFS_ROOT", str(tmp_path / "sys"))
     watts = 25.0
-    # It wraps 3 s after it starts (about when the bench starts metering), then every 6 s: a
-    # read-to-read window longer than the wrap period would lose a whole wrap, as with any
-    # counter, and on a loaded machine one iteration has taken more than 1.5 s.
+    # It wraps 2 s after it starts, then every 6 s: a read-to-read window longer than the wrap
+    # period would lose a whole wrap, as with any counter, and on a loaded machine one iteration
+    # has taken more than 1.5 s. Twelve repetitions meter from about 0.6 s to 3.7 s on an idle
+    # machine (six were over before the first wrap at 3 s), and past the second wrap on one four
+    # times slower.
     period_uj = int(watts * 1e6 * 6)
-    start_uj = period_uj - int(watts * 1e6 * 3)
+    start_uj = period_uj - int(watts * 1e6 * 2)
     with RaplCounter(tmp_path / "sys", watts, period_uj, start_uj) as counter:
-        report = bench_json(*SMALL, "--power-source", "rapl", "--idle-baseline", "0.5")
+        report = bench_json(
+            *SMALL[:-2], "-r", "12", "--power-source", "rapl", "--idle-baseline", "0.5"
+        )
         wraps = counter.wraps
     assert wraps >= 1  # the counter wrapped while the cells were metered
     energy = report["energy"]

@@ -30,7 +30,6 @@ import os
 import struct
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +64,7 @@ class SampleFrames:
 
     def __init__(self, body: dict[str, Any]) -> None:
         message = p.make("telemetry.sample", {**body, "time": self.TIME, "seq": self.SEQ})
-        self.topic, encoded = p.telemetry_frames(replace(message, id=self.ID))
+        self.topic, encoded = p.telemetry_frames(message._replace(id=self.ID))
         self.data = bytearray(encoded)
         self.time_at = self._offset(b"\xcb" + struct.pack(">d", self.TIME))
         self.seq_at = self._offset(b"\xce" + struct.pack(">I", self.SEQ))

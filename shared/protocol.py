@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -186,11 +185,13 @@ class ProtocolError(ValueError):
         self.re = re
 
 
-@dataclass(frozen=True)
-class Message:
+class Message(NamedTuple):
+    """One decoded envelope; make() builds one to send. A NamedTuple, immutable like a frozen
+    dataclass at half the cost to build: every request, reply and telemetry sample makes one."""
+
     type: str
-    body: dict[str, Any] = field(default_factory=dict)
-    id: str = field(default_factory=lambda: new_id())
+    body: dict[str, Any]
+    id: str
     re: str | None = None
     v: int = PROTOCOL_VERSION
 
@@ -204,7 +205,7 @@ def make(type_: str, body: dict[str, Any] | None = None, re: str | None = None) 
     """A message whose body is checked now, so a bug shows where it is made, not at the peer."""
     body = dict(body or {})
     check_body(type_, body)
-    return Message(type_, body, re=re)
+    return Message(type_, body, new_id(), re)
 
 
 def error(code: str, message: str, re: str | None = None) -> Message:
@@ -281,7 +282,7 @@ def decode(data: bytes) -> Message:
         check_body(type_, body)
     except ProtocolError as exc:
         raise ProtocolError(exc.code, exc.message, re=msg_id) from None
-    return Message(type_, body, id=msg_id, re=re, v=version)
+    return Message(type_, body, msg_id, re, version)
 
 
 def check_body(type_: str, body: dict[str, Any]) -> None:

@@ -31,6 +31,8 @@ class DeferredReplies:
         self._pending.append(Pending(identity, re, type_, self._pool.submit(work)))
 
     def finished(self) -> Iterator[Pending]:
+        if not self._pending:
+            return  # the daemon asks after every request
         done = [pending for pending in self._pending if pending.future.done()]
         self._pending = [pending for pending in self._pending if not pending.future.done()]
         yield from done

@@ -11,21 +11,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
+
+import zmq
 
 from agent.bench_jobs import BenchJobs
 from agent.deferred import DeferredReplies
 from agent.doctor import report as doctor_report
-from agent.endpoints import AgentSockets, Received
+from agent.endpoints import AgentSockets, Received, peer_key
 from agent.hub import TelemetryHub
 from agent.journal import JOB_LIST_MAX
 from agent.telemetry import HISTORY_PAGE_BYTES, history_limit, policy_text, run_event
 from shared import protocol as p
 
 
-@dataclass(frozen=True)
-class Reply:
+class Reply(NamedTuple):
     """The reply's type and body, and the stream messages that follow it at once (same `re`)."""
 
     type: str
@@ -33,12 +33,16 @@ class Reply:
     then: tuple[tuple[str, dict[str, Any]], ...] = ()
 
 
-@dataclass(frozen=True)
-class Request:
+class Request(NamedTuple):
     identity: bytes
     message: p.Message
-    peer_key: str | None = None
-    """The sender's CURVE public key (None without CURVE)."""
+    frame: zmq.Frame | None
+    """The message's last frame under CURVE, None without: see peer_key."""
+
+    @property
+    def peer_key(self) -> str | None:
+        """The sender's CURVE public key (None without CURVE)."""
+        return peer_key(self.frame)
 
     @property
     def body(self) -> dict[str, Any]:
@@ -89,7 +93,7 @@ class Requests:
         """Reply to one request: its handler's reply, or an `error` (a deferred reply later)."""
         message = received.message
         assert isinstance(message, p.Message)
-        request = Request(received.identity, message, received.peer_key)
+        request = Request(received.identity, message, received.frame)
         reply = HANDLERS[message.type](self, request)
         if reply is None:
             return

@@ -59,6 +59,9 @@ class LogThrottle:
 
     def flush(self) -> None:
         """Sum up every window that ended: `N more <kind> in the last 60 s`."""
+        if not self._windows:
+            return  # the usual case, asked after every request: no lock (a window another
+            # thread opens now is summed up by a later flush)
         now = self.clock()
         with self._lock:
             ended = [(k, w) for k, w in self._windows.items() if now >= w.ends]

@@ -23,7 +23,7 @@ DEFAULT_BIND = f"0.0.0.0:{p.DEFAULT_PORT}"
 NOBLOCK, SNDMORE, POLLIN = int(zmq.NOBLOCK), int(zmq.SNDMORE), int(zmq.POLLIN)
 """pyzmq's flags are enum.Flag members: passing or combining one runs Python's enum code (its
 send_multipart ORs SNDMORE into every frame's flags), about a tenth of the daemon's work per
-request here. The request loop passes their plain values."""
+request here. The daemon passes their plain values."""
 
 
 class Received(NamedTuple):
@@ -178,13 +178,14 @@ class AgentSockets:
         """A sample or event to every subscriber; one too large to send (thousands of local
         jobs listed, say) is dropped and logged, never the end of the daemon."""
         try:
-            frames = p.telemetry_frames(p.make(type_, body))
+            topic, data = p.telemetry_frames(p.make(type_, body))
         except p.ProtocolError as exc:
             self.throttle.log(
                 f"unpublished {type_}", logging.ERROR, "cannot publish %s: %s", type_, exc.message
             )
             return
-        self.publisher.send_multipart(frames)
+        self.publisher.send(topic, SNDMORE)
+        self.publisher.send(data)
 
     def close(self) -> None:
         if self._auth is not None:

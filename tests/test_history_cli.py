@@ -161,3 +161,22 @@ def test_plot_without_matplotlib_names_the_extra(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "pip install 'mlx-fleet[plot]'" in result.stderr
+
+
+def test_a_table_wider_than_the_pipe_width_is_not_folded(tmp_path: Path) -> None:
+    """Piped, history's table keeps its natural width, one line per row, however long a host's
+    name and source line make it (folded, a host cell spans several lines)."""
+    host = "a-mac-with-a-rather-long-name.lab.example.org:5555"
+    source = "replay:/srv/lab/curves/a-long-recorded-fine-tune-curve.csv"
+    start = time.time() - 60
+    with TelemetryStore() as store:
+        store.record_policy(host, POLICY, start - 10)
+        store.add([(host, sample(start + t, 70.0, source=source)) for t in range(30)])
+    result = history("--since", "1h")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    widths = {len(line) for line in lines if line.startswith(("┏", "┃", "┡", "│", "└"))}
+    assert len(widths) == 1 and widths.pop() > 200  # every border and row the same width
+    row = next(line for line in lines if host in line)
+    assert "70.0" in row  # the host's whole name and its figures on one line
+    assert any(source in line for line in lines)

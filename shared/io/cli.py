@@ -35,10 +35,23 @@ def usage_error(message: str) -> typer.Exit:
     return fail(message, EXIT_USAGE)
 
 
+PIPE_WIDTH = 200
+"""Columns for what goes to a pipe or a file (no terminal to size it by) when it fits."""
+PIPE_WIDTH_MAX = 1000
+"""The most a pipe gets: the natural width of anything that would fill any width."""
+
+
 def print_rich(renderable: RenderableType) -> None:
-    """On stdout, sized to the terminal; a pipe gets a fixed width so columns are not
-    squeezed."""
-    Console(width=None if sys.stdout.isatty() else 200).print(renderable)
+    """On stdout, sized to the terminal. A pipe or a file gets PIPE_WIDTH columns, or the
+    renderable's natural width when wider, so that a wide table (`coordinator history` with
+    its energy columns) is never folded into a less readable one."""
+    if sys.stdout.isatty():
+        Console().print(renderable)
+        return
+    console = Console(width=PIPE_WIDTH_MAX)
+    natural = console.measure(renderable).maximum
+    console.width = min(PIPE_WIDTH_MAX, max(PIPE_WIDTH, natural))
+    console.print(renderable)
 
 
 def emit(data: Any, fmt: str, table: Callable[[Any], RenderableType]) -> None:

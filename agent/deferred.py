@@ -33,8 +33,11 @@ class DeferredReplies:
     def finished(self) -> Iterator[Pending]:
         if not self._pending:
             return  # the daemon asks after every request
-        done = [pending for pending in self._pending if pending.future.done()]
-        self._pending = [pending for pending in self._pending if not pending.future.done()]
+        done: list[Pending] = []
+        waiting: list[Pending] = []
+        for pending in self._pending:  # done() asked once: one finishing now is in one list
+            (done if pending.future.done() else waiting).append(pending)
+        self._pending = waiting
         yield from done
 
     def close(self) -> None:

@@ -42,9 +42,10 @@ PIPE_WIDTH_MAX = 1000
 
 
 def print_rich(renderable: RenderableType) -> None:
-    """On stdout, sized to the terminal. A pipe or a file gets PIPE_WIDTH columns, or the
-    renderable's natural width when wider, so that a wide table (`coordinator history` with
-    its energy columns) is never folded into a less readable one."""
+    """On stdout, sized to the terminal. Redirected to a pipe or a file it gets PIPE_WIDTH
+    columns, or the renderable's natural width when wider: a wide table (`coordinator history`
+    with its energy columns) is never folded, and each row stays one line that grep finds
+    whole (a long error cell included)."""
     if sys.stdout.isatty():
         Console().print(renderable)
         return

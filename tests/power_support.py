@@ -49,6 +49,8 @@ class RaplCounter:
             "energy_uj"
         )
         self.wraps = 0
+        self.wrapped_at: list[float] = []
+        """When (time.time()) each wrap was written, to the tick."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fake-rapl", daemon=True)
         self._opened = time.monotonic()
@@ -60,7 +62,10 @@ class RaplCounter:
             os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
         while not self._stop.is_set():
             counted = self.start_uj + int((time.monotonic() - self._opened) * self.watts * 1e6)
-            self.wraps = counted // self.wraps_at
+            wraps = counted // self.wraps_at
+            if wraps > self.wraps:
+                self.wrapped_at.append(time.time())
+            self.wraps = wraps
             write_counter(self.path, counted % self.wraps_at)
             time.sleep(self.tick_s)
 

@@ -6,6 +6,7 @@ pause."""
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -50,16 +51,23 @@ def test_rapl_cells_match_a_counter_running_at_a_known_rate_and_wrapping(
     # It wraps 2 s after it starts, then every 6 s: a read-to-read window longer than the wrap
     # period would lose a whole wrap, as with any counter, and on a loaded machine one iteration
     # has taken more than 1.5 s. Twelve repetitions meter from about 0.6 s to 3.7 s on an idle
-    # machine (six were over before the first wrap at 3 s), and past the second wrap on one four
-    # times slower.
+    # machine (with six the run was over before a first wrap at 3 s), and past the second wrap
+    # on one four times slower.
     period_uj = int(watts * 1e6 * 6)
     start_uj = period_uj - int(watts * 1e6 * 2)
     with RaplCounter(tmp_path / "sys", watts, period_uj, start_uj) as counter:
         report = bench_json(
             *SMALL[:-2], "-r", "12", "--power-source", "rapl", "--idle-baseline", "0.5"
         )
-        wraps = counter.wraps
-    assert wraps >= 1  # the counter wrapped while the cells were metered
+    # The counter wrapped while the cells ran: after the first began, before the run finished
+    # (both stamped to the second).
+    began = min(datetime.fromisoformat(cell["test_time"]) for cell in report["cells"])
+    finished = datetime.fromisoformat(report["finished_at"]) + timedelta(seconds=1)
+    assert any(began.timestamp() <= t <= finished.timestamp() for t in counter.wrapped_at), (
+        counter.wrapped_at,
+        began,
+        finished,
+    )
     energy = report["energy"]
     assert energy["source"] == "rapl" and energy["rails"] == ["cpu"]
     assert not energy["simulated"]
@@ -172,7 +180,7 @@ def test_sustained_run_under_a_rising_curve_pauses_and_reports_windows(tmp_path:
     )
     assert sustain["temp_rise_c"] is not None
     assert record["samples_ms"] is None  # the windows stand for the per-iteration series
-    table = render_text(report, "table", width=200)  # what the table format prints
+    table = render_text(report, "table", width=200)  # the table format, as --output FILE has it
     for mark in ("steady tok/s", "throttle", "throttled at", "windows of", "paused"):
         assert mark in table, mark
     where = f"{record['host']}: " if record.get("host") else ""  # agent bench names its host

@@ -25,7 +25,7 @@ from coordinator.hosts_cli import (
 from coordinator.monitor import Monitor
 from coordinator.telemetry_store import TelemetryStore
 from shared.exit_codes import EXIT_PARTIAL
-from shared.io.cli import emit, err, usage_error
+from shared.io.cli import PIPE_WIDTH, emit, err, usage_error
 from shared.io.options import RetentionDays
 from shared.io.sqlite import StoreError
 
@@ -122,7 +122,7 @@ def monitor(
 
 
 def _console() -> Console:
-    return Console(width=None if sys.stdout.isatty() else 200)
+    return Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
 
 
 def show_once(running: Monitor, fmt: str) -> bool:

@@ -50,9 +50,9 @@ def test_rapl_cells_match_a_counter_running_at_a_known_rate_and_wrapping(
     watts = 25.0
     # It wraps 2 s after it starts, then every 6 s: a read-to-read window longer than the wrap
     # period would lose a whole wrap, as with any counter, and on a loaded machine one iteration
-    # has taken more than 1.5 s. Twelve repetitions meter from about 0.6 s to 3.7 s on an idle
-    # machine (with six the run was over before a first wrap at 3 s), and past the second wrap
-    # on one four times slower.
+    # has taken more than 1.5 s. Twelve repetitions meter about 3.5 s of cells on an idle machine
+    # (measured: pp 1.0 s, then tg 2.5 s, which holds the wrap; with six the run was over
+    # before a first wrap at 3 s), and on one four times slower they would span the second wrap.
     period_uj = int(watts * 1e6 * 6)
     start_uj = period_uj - int(watts * 1e6 * 2)
     with RaplCounter(tmp_path / "sys", watts, period_uj, start_uj) as counter:

@@ -163,7 +163,7 @@ def test_plot_without_matplotlib_names_the_extra(tmp_path: Path) -> None:
     assert "pip install 'mlx-fleet[plot]'" in result.stderr
 
 
-def test_a_table_wider_than_the_pipe_width_is_not_folded(tmp_path: Path) -> None:
+def test_a_table_wider_than_the_pipe_width_is_not_folded() -> None:
     """Piped, history's table keeps its natural width, one line per row, however long a host's
     name and source line make it (folded, a host cell spans several lines)."""
     host = "a-mac-with-a-rather-long-name.lab.example.org:5555"

@@ -38,6 +38,7 @@ from agent.thermal import (
     open_source,
 )
 from agent.thermal.base import NoneSource
+from agent.thermal.monitor import StopFlag
 from shared import protocol as p
 from shared.io.files import replace_atomically
 from shared.io.keys import own_keypair
@@ -201,7 +202,7 @@ class DaemonSession:
         self.silence_s = 3 * self.poll_interval + 1.0
         self._heard = time.monotonic()
 
-    def next_sample(self, stop: threading.Event) -> Observation | None:
+    def next_sample(self, stop: StopFlag) -> Observation | None:
         """The daemon's next reading with the policy to judge it by (a `policy` event carries the
         new one); None once `stop` is set. Raises DaemonLost."""
         while not stop.is_set():

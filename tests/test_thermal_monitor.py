@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent.thermal import ThermalMonitor, ThermalReading, ThermalSource, trend_slope
+from agent.thermal.monitor import StopFlag
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
@@ -215,3 +216,30 @@ def test_readers_on_other_threads_see_consistent_values() -> None:
         for thread in threads:
             thread.join()
     assert errors == []
+
+
+def test_a_stop_flag_sleeps_until_set_and_stays_set() -> None:
+    flag = StopFlag()
+    assert flag.wait(0.01) is False and not flag.is_set()  # not set: the timeout runs out
+    woke: list[bool] = []
+    sleeper = threading.Thread(target=lambda: woke.append(flag.wait(60.0)))
+    sleeper.start()
+    flag.set()  # wakes the sleeper long before its minute
+    sleeper.join(timeout=30.0)
+    assert woke == [True]
+    flag.set()  # set twice is harmless
+    assert flag.wait(60.0) is True and flag.is_set()  # and it stays set for every later wait
+    flag.clear()
+    assert flag.wait(0.01) is False and not flag.is_set()
+
+
+def test_stop_wakes_a_monitor_between_long_polls() -> None:
+    counter = Counter()
+    monitor = ThermalMonitor(poll_interval=3600.0, source=counter)
+    monitor.start()
+    assert monitor.running and counter.calls == 1  # the first reading, taken at start
+    stopping = threading.Thread(target=monitor.stop)
+    stopping.start()
+    stopping.join(timeout=30.0)  # the join inside waits up to an hour if the sleep is not woken
+    assert not stopping.is_alive() and not monitor.running
+    monitor.close()

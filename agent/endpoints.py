@@ -1,5 +1,5 @@
-"""The daemon's two sockets (docs/protocol.md §2-§3): a ROUTER answering every coordinator and a
-PUB publishing telemetry, both CURVE servers behind one ZAP check, or both plain (--insecure).
+"""The daemon's two sockets (docs/protocol.md §2-§3): a ROUTER answering every coordinator and an
+XPUB publishing telemetry, both CURVE servers behind one ZAP check, or both plain (--insecure).
 
 Only the daemon's main thread uses them; the ZAP authenticator runs on its own thread.
 """
@@ -46,6 +46,28 @@ def peer_key(frame: zmq.Frame | None) -> str | None:
         return frame.get("User-Id")
     except zmq.ZMQError:
         return None
+
+
+class Subscriptions:
+    """The topic prefixes somebody subscribes to on the telemetry XPUB socket, kept from the
+    messages it hands up (1 or 0, then the prefix). libzmq hands up a prefix's first
+    subscription and its last unsubscription, a subscriber that disconnects counting as
+    unsubscribing (xpub.cpp; ZMQ_XPUB_VERBOSE off), so a set of prefixes is exact."""
+
+    def __init__(self) -> None:
+        self.prefixes: set[bytes] = set()
+
+    def apply(self, message: bytes) -> None:
+        """One message off the XPUB; anything but a (un)subscription is ignored."""
+        kind, prefix = message[:1], message[1:]
+        if kind == b"\x01":
+            self.prefixes.add(prefix)
+        elif kind == b"\x00":
+            self.prefixes.discard(prefix)
+
+    def wants(self, topic: bytes) -> bool:
+        """Whether any subscriber would receive a message with this topic."""
+        return any(topic.startswith(prefix) for prefix in self.prefixes)
 
 
 class ServeError(ValueError):
@@ -96,7 +118,9 @@ class AgentSockets:
         self.public_key: str | None = None
         self.ctx = zmq.Context()
         self.router = self.ctx.socket(zmq.ROUTER)
-        self.publisher = self.ctx.socket(zmq.PUB)
+        self.publisher = self.ctx.socket(zmq.XPUB)
+        """An XPUB, so the daemon knows whether anyone listens: a SUB sees a PUB."""
+        self.subscriptions = Subscriptions()
         self._auth: ThreadAuthenticator | None = None
 
     def bind(self) -> str:
@@ -176,7 +200,12 @@ class AgentSockets:
 
     def publish(self, type_: str, body: dict[str, Any]) -> None:
         """A sample or event to every subscriber; one too large to send (thousands of local
-        jobs listed, say) is dropped and logged, never the end of the daemon."""
+        jobs listed, say) is dropped and logged, never the end of the daemon. With nobody
+        subscribed to its topic nothing is encoded: PUB would drop it, and encoding and
+        sending were a third of an idle daemon's work (docs/performance.md). The history keeps
+        it either way, for a subscriber that comes later to backfill."""
+        if not self.subscriptions.wants(p.TOPICS[type_]):
+            return
         try:
             topic, data = p.telemetry_frames(p.make(type_, body))
         except p.ProtocolError as exc:
@@ -186,6 +215,16 @@ class AgentSockets:
             return
         self.publisher.send(topic, SNDMORE)
         self.publisher.send(data)
+
+    def read_subscriptions(self) -> None:
+        """Every (un)subscription waiting on the XPUB: the daemon's loop polls it, as a
+        SUB's subscription reaches it (the loop's poll can ask at no cost, where asking
+        the socket before each publish would cost a Python enum lookup in pyzmq)."""
+        while True:
+            try:
+                self.subscriptions.apply(self.publisher.recv(NOBLOCK))
+            except zmq.Again:
+                return
 
     def close(self) -> None:
         if self._auth is not None:

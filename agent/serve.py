@@ -196,6 +196,7 @@ class AgentDaemon:
         flushed its cells and its coordinator got bench.done, or the grace time is over."""
         poller = zmq.Poller()
         poller.register(self.sockets.router, zmq.POLLIN)
+        poller.register(self.sockets.publisher, zmq.POLLIN)  # (un)subscriptions
         poller.register(self.hub.wake_fd, zmq.POLLIN)
         poller.register(self._wake_read, zmq.POLLIN)
         deadline: float | None = None
@@ -215,6 +216,8 @@ class AgentDaemon:
                 poller.unregister(job.fd)
             if ready.get(self._wake_read):
                 os.read(self._wake_read, 64)  # stop() woke us: the loop's top handles it
+            if ready.get(self.sockets.publisher):
+                self.sockets.read_subscriptions()  # first: a new subscriber gets this reading
             if ready.get(self.hub.wake_fd):
                 for reading in self.hub.drain():
                     self.jobs.feed(reading, self.hub.policy)

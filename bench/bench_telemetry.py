@@ -27,13 +27,22 @@ from dataclasses import replace
 from functools import partial
 
 import zmq
-from support import BenchError, interleave, machine, parser, round_count, run, spread
+from support import (
+    BenchError,
+    drain,
+    interleave,
+    machine,
+    parser,
+    round_count,
+    run,
+    spread,
+    subscribe,
+)
 
 from agent.serve import AgentDaemon
 from agent.telemetry import SourceInfo, sample
 from agent.thermal import ThermalReading
 from shared import protocol as p
-from shared.io.keys import own_keypair
 from shared.io.paths import HOME_ENV
 from shared.policy import CoolingState
 
@@ -55,30 +64,6 @@ def per_call(call: Callable[[], object], count: int) -> float:
     for _ in range(count):
         call()
     return (time.perf_counter() - started) / count
-
-
-def drain(sock: zmq.Socket, received: list[int], stop: threading.Event) -> None:
-    while not stop.is_set():
-        if sock.poll(50):
-            while True:
-                try:
-                    sock.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                received[0] += 1
-
-
-def subscribe(ctx: zmq.Context, endpoint: str, server_key: str | None) -> zmq.Socket:
-    sock = ctx.socket(zmq.SUB)
-    sock.linger = 0
-    if server_key:
-        keypair = own_keypair()  # the daemon's own: trusted by it
-        sock.curve_secretkey = keypair.secret.encode()
-        sock.curve_publickey = keypair.public.encode()
-        sock.curve_serverkey = server_key.encode()
-    sock.subscribe(b"")
-    sock.connect(endpoint)
-    return sock
 
 
 def main() -> None:
@@ -104,6 +89,7 @@ def measure(count: int, secure: bool, repeats: int) -> None:
     while not sub.poll(100):  # until the subscription has reached the publisher
         if time.monotonic() > deadline:
             raise BenchError("the subscriber never received a sample")
+        daemon.sockets.read_subscriptions()  # what the daemon's loop does when it arrives
         daemon.hub._on_reading(READING)
     received, stop = [0], threading.Event()
     draining = threading.Thread(target=drain, args=(sub, received, stop), daemon=True)

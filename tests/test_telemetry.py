@@ -5,6 +5,7 @@ history.get, pruning to a retention, and gating their benchmark jobs with their 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import signal
 import socket
@@ -18,7 +19,7 @@ import msgpack
 import pytest
 import zmq
 
-from agent.endpoints import local_address, telemetry_endpoint
+from agent.endpoints import AgentSockets, Subscriptions, local_address, telemetry_endpoint
 from agent.history import WRITE_EVERY
 from agent.telemetry import (
     EXITED_LINGER_S,
@@ -33,6 +34,7 @@ from agent.telemetry import (
     updated_policy,
 )
 from agent.thermal import ThermalReading
+from agent.throttle import LogThrottle
 from shared import protocol as p
 from shared.io.transport import AgentError
 from shared.policy import MISSING_POLLS_TO_RESUME, CoolingState, ThermalPolicy
@@ -258,6 +260,20 @@ def test_local_clients_reach_a_wildcard_bind_on_loopback(bound: str, local: str)
     assert local_address(bound) == local
 
 
+def test_subscriptions_follow_what_the_xpub_hands_up() -> None:
+    subscriptions = Subscriptions()
+    assert not subscriptions.wants(b"sample")  # nobody yet
+    subscriptions.apply(b"\x01sam")
+    assert subscriptions.wants(b"sample") and not subscriptions.wants(b"event")  # a prefix
+    subscriptions.apply(b"\x01")
+    assert subscriptions.wants(b"event")  # everything
+    subscriptions.apply(b"\x00")
+    subscriptions.apply(b"hello")  # what an XSUB may send besides: not a subscription
+    assert subscriptions.wants(b"sample") and not subscriptions.wants(b"event")
+    subscriptions.apply(b"\x00sam")
+    assert not subscriptions.wants(b"sample")
+
+
 def test_retention_cutoff() -> None:
     assert retention_cutoff(1_000_000.0, 7) == 1_000_000.0 - 7 * 86400
 
@@ -307,6 +323,54 @@ def test_samples_reach_a_curve_subscriber_and_history_backfills_in_pages(
     with pytest.raises(AgentError, match="limit must be >= 1"):
         client.request("history.get", {**EVERYTHING, "limit": 0})
     client.close()
+
+
+def test_telemetry_is_encoded_only_while_someone_subscribes(
+    ctx: zmq.Context, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Real sockets: a message no one would receive is never encoded (one that cannot be
+    encoded says so only once someone subscribes), a subscriber gets what is published after
+    its subscription arrived, and leaving unsubscribes it."""
+    sockets = AgentSockets("127.0.0.1:0", False, 0, LogThrottle(logging.getLogger("test")))
+    sockets.bind()
+    body = replace(
+        sample(100.0, reading(60.0), SourceInfo("sim", True), CoolingState.OK, 0.0, 0.0, []),
+        seq=1,
+    ).body("host")
+    unencodable = {**body, "celsius": "hot"}
+    try:
+        sockets.publish("telemetry.sample", unencodable)
+        assert "cannot publish" not in caplog.text  # not even tried: nobody listens
+
+        def until(condition: Callable[[], bool]) -> None:
+            deadline = time.monotonic() + 10.0
+            while not condition():
+                assert time.monotonic() < deadline, "the (un)subscription never arrived"
+                sockets.publisher.poll(100)
+                sockets.read_subscriptions()
+
+        sub = ctx.socket(zmq.SUB)
+        sub.subscribe(b"sample")
+        sub.connect(sockets.telemetry)
+        until(lambda: sockets.subscriptions.wants(b"sample"))
+        assert not sockets.subscriptions.wants(b"event")
+        sockets.publish("telemetry.sample", unencodable)
+        assert "cannot publish telemetry.sample" in caplog.text
+        sockets.publish("telemetry.sample", body)
+        assert receive(sub, lambda m: True).body == body
+        sub.close(linger=0)
+        until(lambda: not sockets.subscriptions.wants(b"sample"))
+    finally:
+        sockets.close()
+
+
+def test_a_subscriber_after_another_left_gets_samples(ctx: zmq.Context, agents: AgentPool) -> None:
+    agent = agents.start("plain", insecure=True, options=["--poll-interval", "0.1"])
+    first = subscriber(ctx, agent)
+    receive(first, lambda m: m.type == "telemetry.sample")
+    first.close(linger=0)  # the agent stops encoding samples for nobody ...
+    again = receive(subscriber(ctx, agent), lambda m: m.type == "telemetry.sample")
+    assert again.body["seq"] > 1  # ... and starts again for the next subscriber
 
 
 def test_telemetry_refuses_an_untrusted_subscriber(ctx: zmq.Context, agents: AgentPool) -> None:

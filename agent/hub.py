@@ -8,7 +8,6 @@ polls); everything stateful happens on the daemon's main thread, so nothing here
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import socket
@@ -210,13 +209,17 @@ class TelemetryHub:
     def _tap(self, reading: ThermalReading | None) -> None:
         """On the monitor's thread: hand the reading to the main loop and wake it."""
         self._readings.put(reading)
-        with contextlib.suppress(BlockingIOError):  # a wake-up is pending already
+        try:  # noqa: SIM105 - contextlib.suppress is three Python calls more, every poll
             os.write(self._wake_write, b"r")
+        except BlockingIOError:
+            pass  # a wake-up is pending already
 
     def drain(self) -> list[ThermalReading | None]:
         """Every reading taken since the last drain, each published and stored, oldest first."""
-        with contextlib.suppress(BlockingIOError):
+        try:  # noqa: SIM105 - as in _tap
             os.read(self.wake_fd, 4096)
+        except BlockingIOError:
+            pass
         readings = []
         while not self._readings.empty():  # this thread is the queue's only reader
             reading = self._readings.get_nowait()
@@ -238,9 +241,10 @@ class TelemetryHub:
         self._state = host_state(self.policy, reading, self._state)
         if reading is not None and reading.celsius is not None:
             self._temperatures.append(reading.celsius)
-        for event in self.jobs.vanished(lambda pgid: pid_alive(-pgid), now):  # any in group
-            self.event(event)
-        self.jobs.expire(now)
+        if self.jobs.jobs:  # (an idle daemon's polls skip the job table's upkeep)
+            for event in self.jobs.vanished(lambda pgid: pid_alive(-pgid), now):  # any in group
+                self.event(event)
+            self.jobs.expire(now)
         taken = sample(
             now,
             reading,

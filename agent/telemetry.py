@@ -165,7 +165,7 @@ def sample(
         pressure=reading.pressure if reading else None,
         source=source.name,
         simulated=source.simulated,
-        state=state.value if state else None,
+        state=state._value_ if state else None,  # .value is a Python property, a cold call
         trend_c_per_min=trend,
         pause_s_total=pause_s_total,
         jobs=jobs,

@@ -126,15 +126,13 @@ def decide(
     Nothing known (no degrees, no recognised level) is OK: without a reading the seed does nothing,
     and inventing a state would be worse.
     """
-    states = [
-        state
-        for state in (
-            temperature_state(policy, celsius, currently_paused),
-            pressure_state(pressure),
-        )
-        if state is not None
-    ]
-    return max(states, key=lambda state: state.severity, default=CoolingState.OK)
+    by_degrees = temperature_state(policy, celsius, currently_paused)
+    by_pressure = pressure_state(pressure)
+    if by_pressure is None:
+        return CoolingState.OK if by_degrees is None else by_degrees
+    if by_degrees is None:
+        return by_pressure
+    return max(by_degrees, by_pressure, key=_SEVERITY.__getitem__)
 
 
 # --- the one cooling rule for a supervised job ------------------------------------------------

@@ -54,9 +54,12 @@ class _Record:
         return {"host": host, **vars(self)}
 
     def numbered(self, seq: int) -> Any:
-        """This record with `seq` (dataclasses.replace without its walk of every field: the
-        daemon numbers a sample each poll)."""
-        return type(self)(**{**vars(self), "seq": seq})
+        """This record with `seq`: a copy of its fields, without running the (frozen)
+        __init__ again, a setattr per field, as dataclasses.replace would: the daemon numbers
+        a sample each poll, and each line it runs then is a cold one (docs/performance.md)."""
+        numbered = object.__new__(type(self))
+        numbered.__dict__.update(vars(self), seq=seq)
+        return numbered
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Any:

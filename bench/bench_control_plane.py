@@ -11,7 +11,8 @@ over the rounds and each ratio taken round by round (1.00 = as fast as bare pyzm
      messages and doing nothing with them;
   3. an idle `agent serve --thermal-source sim` (1 Hz: read, judge, store, publish) against a
      bare daemon: a process polling a ROUTER and a pipe, woken by a 1 Hz thread that
-     publishes one message; CPU share over the same windows.
+     publishes one message; CPU share over the same windows, first with nobody subscribed
+     (the agent then encodes and sends nothing), then with one CURVE SUB on each.
 
     .venv/bin/python bench/bench_control_plane.py [--pings 2000] [--agents 8] [--cells 300]
         [--idle-seconds 20] [--repeats 5] [--quick] [--only ping|cells|idle ...]
@@ -26,14 +27,17 @@ stays on 127.0.0.1 and in a temporary MLX_FLEET_HOME. Numbers are printed, never
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +45,14 @@ import zmq
 from replay import measured_here, replay_agents
 from support import (
     BenchError,
+    drain,
     interleave,
     machine,
     parser,
     round_count,
     run,
     spread,
+    subscribe,
     thread_cpu_seconds,
 )
 
@@ -63,8 +69,10 @@ BARE_DAEMON = """
 import os, sys, threading, zmq
 ctx = zmq.Context()
 router, pub = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PUB)
-router.bind("tcp://127.0.0.1:*")
-pub.bind("tcp://127.0.0.1:*")
+public, secret = zmq.curve_keypair()
+for sock in (router, pub):
+    sock.curve_secretkey, sock.curve_publickey, sock.curve_server = secret, public, True
+    sock.bind("tcp://127.0.0.1:*")
 wake_read, wake_write = os.pipe()
 def tick():
     while True:
@@ -74,7 +82,7 @@ threading.Thread(target=tick, daemon=True).start()
 poller = zmq.Poller()
 poller.register(router, zmq.POLLIN)
 poller.register(wake_read, zmq.POLLIN)
-print("ready", flush=True)
+print("ready", pub.last_endpoint.decode(), public.decode(), flush=True)
 while True:
     ready = dict(poller.poll())
     if ready.get(wake_read):
@@ -83,7 +91,8 @@ while True:
     if ready.get(router):
         router.send_multipart(router.recv_multipart())
 """
-"""The floor of an idle daemon: what any 1 Hz publisher with a command socket costs."""
+"""The floor of an idle daemon: what any 1 Hz publisher with a command socket costs, both
+sockets CURVE servers as the agent's are (no ZAP: any client key will do)."""
 PARTS = ("ping", "cells", "idle")
 
 
@@ -319,50 +328,114 @@ def per_cell(agents: int, cells: int, repeats: int, home: Path) -> None:
 # --- 3. the idle daemon ---------------------------------------------------------------------------
 
 
+Shares = dict[str, list[float]]
+"""Per process ("ours", "bare"): its share of one CPU in each window."""
+
+
 def idle(seconds: float, repeats: int, home: Path) -> None:
-    """Both processes run at once; each round is one window over which both are measured."""
-    env = {**os.environ, "MLX_FLEET_HOME": str(home / "idle-agent")}
+    """Both processes run at once, and each round is one window over which both are measured:
+    first with nobody subscribed to either's telemetry (an idle lab), then with one SUB on
+    each (a coordinator's monitor watching), as the agent encodes and sends a sample only
+    while someone subscribes."""
+    agent_home = home / "idle-agent"
     agent = subprocess.Popen(
         [str(Path(sys.executable).parent / "agent"), "serve", "--bind", "127.0.0.1:0"]
         + ["--thermal-source", "sim"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
-        env=env,
+        env={**os.environ, "MLX_FLEET_HOME": str(agent_home)},
     )
     bare = subprocess.Popen([sys.executable, "-c", BARE_DAEMON], stdout=subprocess.PIPE, text=True)
-    watched = {"ours": agent, "bare": bare}
-    shares: dict[str, list[float]] = {"ours": [], "bare": []}
-    main_shares: dict[str, list[float]] = {"ours": [], "bare": []}
+    processes = {"ours": agent, "bare": bare}
+    ctx = zmq.Context()
     try:
-        for process in watched.values():
+        started = {}
+        for name, process in processes.items():
             assert process.stdout is not None
-            if not process.stdout.readline():
+            started[name] = process.stdout.readline()
+            if not started[name]:
                 raise BenchError(f"{process.args[:2]} did not start")
         time.sleep(2.0)  # past start-up
-        for _ in range(repeats):
-            began = {name: thread_cpu_seconds(p.pid) for name, p in watched.items()}
-            wall = time.monotonic()
-            time.sleep(seconds)
-            elapsed = time.monotonic() - wall
-            for name, process in watched.items():
-                if process.poll() is not None:
-                    raise BenchError(f"{process.args[:2]} exited during the window")
-                ended = thread_cpu_seconds(process.pid)
-                if began[name] is None or ended is None:
-                    raise BenchError("no per-thread CPU counters here (/proc/PID/task)")
-                used = {tid: ended[tid] - began[name].get(tid, 0.0) for tid in ended}
-                shares[name].append(sum(used.values()) / elapsed)
-                main_shares[name].append(used.get(process.pid, 0.0) / elapsed)
+        alone = cpu_windows(processes, seconds, repeats)
+        ours = dict(re.findall(r"(curve-key|telemetry)=(\S+)", started["ours"]))
+        subscribers = {
+            "ours": subscribe(
+                ctx, ours["telemetry"], ours["curve-key"], own_keypair(agent_home / "keys")
+            ),
+            "bare": subscribe(ctx, *started["bare"].split()[1:3]),
+        }
+        with receiving(subscribers) as received:
+            watched = cpu_windows(processes, seconds, repeats)
+        if min(received.values()) < repeats * seconds / 2:
+            raise BenchError(f"a subscriber missed most of the 1 Hz messages: {received}")
     finally:
-        for process in watched.values():
+        ctx.destroy(linger=0)
+        for process in processes.values():
             process.terminate()
             process.wait(10)
-    ratios = [a / b for a, b in zip(shares["ours"], shares["bare"], strict=True)]
     print(f"\n3. idle daemon, share of one CPU, {repeats} windows of {seconds:g} s (both at once)")
-    print(f"   {'':44} {'% of a CPU':>22} {'× bare':>20}")
+    print_shares("nobody subscribed", alone)
+    print_shares("one subscriber each", watched)
+
+
+def cpu_windows(
+    processes: dict[str, subprocess.Popen[str]], seconds: float, repeats: int
+) -> tuple[Shares, Shares]:
+    """Each process's share of one CPU over `repeats` windows: all its threads, its main one."""
+    shares: Shares = {name: [] for name in processes}
+    main_shares: Shares = {name: [] for name in processes}
+    for _ in range(repeats):
+        began = {name: thread_cpu_seconds(p.pid) for name, p in processes.items()}
+        wall = time.monotonic()
+        time.sleep(seconds)
+        elapsed = time.monotonic() - wall
+        for name, process in processes.items():
+            if process.poll() is not None:
+                raise BenchError(f"{process.args[:2]} exited during the window")
+            ended = thread_cpu_seconds(process.pid)
+            if began[name] is None or ended is None:
+                raise BenchError("no per-thread CPU counters here (/proc/PID/task)")
+            used = {tid: ended[tid] - began[name].get(tid, 0.0) for tid in ended}
+            shares[name].append(sum(used.values()) / elapsed)
+            main_shares[name].append(used.get(process.pid, 0.0) / elapsed)
+    return shares, main_shares
+
+
+@contextlib.contextmanager
+def receiving(subscribers: dict[str, zmq.Socket]) -> Iterator[dict[str, int]]:
+    """Each subscriber drained on its own thread, from its first message (waited for: a
+    subscription takes a moment to reach the publisher) until the block ends; yields the
+    counts of what each received, final once the block is over."""
+    counts = {name: [0] for name in subscribers}
+    stop = threading.Event()
+    threads = [
+        threading.Thread(target=drain, args=(sub, counts[name], stop), daemon=True)
+        for name, sub in subscribers.items()
+    ]
+    for thread in threads:
+        thread.start()
+    received: dict[str, int] = {}
+    try:
+        deadline = time.monotonic() + 30.0
+        while min(count[0] for count in counts.values()) == 0:
+            if time.monotonic() > deadline:
+                raise BenchError("a subscriber received nothing in 30 s")
+            time.sleep(0.05)
+        yield received
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        received.update({name: count[0] for name, count in counts.items()})
+
+
+def print_shares(title: str, measured: tuple[Shares, Shares]) -> None:
+    shares, main_shares = measured
+    ratios = [a / b for a, b in zip(shares["ours"], shares["bare"], strict=True)]
+    print(f"   {title + ':':44} {'% of a CPU':>22} {'× bare':>20}")
     rows = (
-        ("bare", "bare: ROUTER + 1 Hz thread + PUB", None),
+        ("bare", "bare: ROUTER + 1 Hz thread + PUB, CURVE", None),
         ("ours", "agent serve --thermal-source sim", ratios),
     )
     for name, label, ratio in rows:

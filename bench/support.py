@@ -16,10 +16,15 @@ import platform
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import zmq
+
+from shared.io.keys import Keypair, own_keypair
 
 Measured = float | tuple[float, ...]
 Side = Callable[[], Measured]
@@ -182,3 +187,32 @@ def _high_water(pid: int) -> int:
     except (OSError, ValueError):
         pass
     return 0
+
+
+def subscribe(
+    ctx: zmq.Context, endpoint: str, server_key: str | None, keypair: Keypair | None = None
+) -> zmq.Socket:
+    """A SUB to every topic at `endpoint`; CURVE when the server's key is given, as `keypair`,
+    this MLX_FLEET_HOME's own by default (which a daemon run from the same home trusts)."""
+    sock = ctx.socket(zmq.SUB)
+    sock.linger = 0
+    if server_key:
+        keypair = keypair or own_keypair()
+        sock.curve_secretkey = keypair.secret.encode()
+        sock.curve_publickey = keypair.public.encode()
+        sock.curve_serverkey = server_key.encode()
+    sock.subscribe(b"")
+    sock.connect(endpoint)
+    return sock
+
+
+def drain(sock: zmq.Socket, received: list[int], stop: threading.Event) -> None:
+    """Receive and count (in received[0]) until `stop` is set: a subscriber's thread."""
+    while not stop.is_set():
+        if sock.poll(50):
+            while True:
+                try:
+                    sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                received[0] += 1

@@ -52,7 +52,10 @@ class Subscriptions:
     """The topic prefixes somebody subscribes to on the telemetry XPUB socket, kept from the
     messages it hands up (1 or 0, then the prefix). libzmq hands up a prefix's first
     subscription and its last unsubscription, a subscriber that disconnects counting as
-    unsubscribing (xpub.cpp; ZMQ_XPUB_VERBOSE off), so a set of prefixes is exact."""
+    unsubscribing (xpub.cpp; ZMQ_XPUB_VERBOSE off), so for libzmq's own SUBs a set of
+    prefixes is exact. A peer speaking raw ZMTP could cancel a prefix it never subscribed to
+    (libzmq hands that up too) and so silence the stream for every subscriber; it needs a
+    trusted key (or --insecure), which already lets it stop jobs and set the policy."""
 
     def __init__(self) -> None:
         self.prefixes: set[bytes] = set()

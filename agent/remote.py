@@ -202,7 +202,7 @@ class DaemonSession:
         self.silence_s = 3 * self.poll_interval + 1.0
         self._heard = time.monotonic()
 
-    def next_sample(self, stop: StopFlag) -> Observation | None:
+    def next_sample(self, stop: StopFlag | threading.Event) -> Observation | None:
         """The daemon's next reading with the policy to judge it by (a `policy` event carries the
         new one); None once `stop` is set. Raises DaemonLost."""
         while not stop.is_set():

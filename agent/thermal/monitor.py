@@ -42,8 +42,9 @@ class StopFlag:
         self._unset.acquire()
 
     def wait(self, timeout: float) -> bool:
-        """Sleep up to `timeout` seconds; True as soon as (or if already) set."""
-        if not self._unset.acquire(timeout=timeout):
+        """Sleep up to `timeout` seconds (none when not above 0); True as soon as (or if
+        already) set."""
+        if not self._unset.acquire(timeout=max(timeout, 0.0)):
             return False
         self.set()  # it stays set for the next wait
         return True

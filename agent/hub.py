@@ -216,10 +216,7 @@ class TelemetryHub:
 
     def drain(self) -> list[ThermalReading | None]:
         """Every reading taken since the last drain, each published and stored, oldest first."""
-        try:  # noqa: SIM105 - as in _tap
-            os.read(self.wake_fd, 4096)
-        except BlockingIOError:
-            pass
+        os.read(self.wake_fd, 4096)  # readable: the daemon's loop polled it
         readings = []
         while not self._readings.empty():  # this thread is the queue's only reader
             reading = self._readings.get_nowait()

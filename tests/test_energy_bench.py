@@ -50,9 +50,10 @@ def check_rate(record: dict[str, Any], watts: float) -> None:
 def sysfs_root(tmp_path: Path) -> Iterator[Path]:
     """A fake sysfs root in memory (tmpfs), as sysfs is. On this VM's ext4 /tmp, a counter file
     replaced every millisecond made the benchmark's read of it wait 0.3 to 7 s now and then
-    (faulthandler: blocked in `read_text`, the first read of each new file updating its atime
-    through the journal the writer keeps busy); a stalled read stamps its reading late, and a
-    cell read 10-19 W against 25. On /dev/shm, none in 8 runs of the same bench."""
+    (faulthandler: blocked in `read_text`; most likely the first read of each new file
+    updating its atime through the journal the writer keeps busy, not proven); a stalled read
+    stamps its reading late, and a cell read 10-19 W against 25. On /dev/shm, none in 8 runs
+    of the same bench."""
     if not os.access("/dev/shm", os.W_OK):
         yield tmp_path / "sys"  # no tmpfs to use (macOS): the disk, as before
         return

@@ -197,6 +197,11 @@ class TelemetryHistory:
             self._write_samples(self._next_seq - 1 + RESERVED_SEQS)
         return sample
 
+    @property
+    def unwritten_samples(self) -> int:
+        """Samples kept that the next write will take (the disk may have refused some)."""
+        return len(self._unwritten)
+
     def add_event(self, event: Event) -> Event:
         """The daemon's own events (`agent run` records its events in the same file itself);
         returns it numbered, or unnumbered when the disk refused it (it is kept and retried)."""

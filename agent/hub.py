@@ -4,6 +4,10 @@ policy itself (persisted, changed by policy.set). docs/protocol.md §10-§12.
 
 The monitor's thread only hands readings over (a queue and a wake-up pipe the daemon's loop
 polls); everything stateful happens on the daemon's main thread, so nothing here needs a lock.
+While nothing needs each reading as it is taken (no subscriber, job or /metrics), the monitor's
+thread wakes the loop only once per batch of samples the history writes at once: the loop takes
+every reading taken so far whenever anything else wakes it, so nobody sees the difference but
+the CPU (docs/performance.md, The idle daemon).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from queue import SimpleQueue
 from typing import TYPE_CHECKING, Any
 
 from agent.events import EventLog
-from agent.history import SavedPolicy, TelemetryHistory, load_policy
+from agent.history import WRITE_EVERY, SavedPolicy, TelemetryHistory, load_policy
 from agent.power.meter import EnergyMeter
 from agent.remote import pid_alive
 from agent.storage import StorageHealth
@@ -126,7 +130,10 @@ class TelemetryHub:
         self.metrics: TelemetryMetrics | None = None
         self.last_reading: ThermalReading | None = None
         self._metrics_server: MetricsServer | None = None
-        self._readings: SimpleQueue[ThermalReading | None] = SimpleQueue()
+        self._readings: SimpleQueue[tuple[float, ThermalReading | None]] = SimpleQueue()
+        """Each poll's time and outcome, from the monitor's thread."""
+        self.wake_every = 1
+        """How many readings wait before the monitor's thread wakes the loop (see pace())."""
         self.wake_fd, self._wake_write = os.pipe()
         os.set_blocking(self._wake_write, False)
         self._state: CoolingState | None = None
@@ -159,9 +166,11 @@ class TelemetryHub:
         return self._metrics_server.port
 
     def close(self) -> None:
+        """Stop monitoring; store (and publish) the readings still waiting, then close."""
         if self.monitor is not None:
             self.monitor.close()
             self.monitor.source.close()  # the monitor leaves a source it was given open
+            self.drain()
         if self.meter is not None:
             self.meter.close()
         if self._metrics_server is not None:
@@ -207,22 +216,40 @@ class TelemetryHub:
     # --- readings -------------------------------------------------------------------------------
 
     def _tap(self, reading: ThermalReading | None) -> None:
-        """On the monitor's thread: hand the reading to the main loop and wake it."""
-        self._readings.put(reading)
-        try:  # noqa: SIM105 - contextlib.suppress is three Python calls more, every poll
-            os.write(self._wake_write, b"r")
-        except BlockingIOError:
-            pass  # a wake-up is pending already
+        """On the monitor's thread: hand the reading to the main loop, and wake it when
+        `wake_every` readings wait."""
+        readings = self._readings
+        readings.put((time.time(), reading))
+        if readings.qsize() >= self.wake_every:
+            try:  # noqa: SIM105 - contextlib.suppress is three Python calls more, every poll
+                os.write(self._wake_write, b"r")
+            except BlockingIOError:
+                pass  # a wake-up is pending already
+
+    def woken(self) -> None:
+        """The loop polled `wake_fd` readable: take the wake-up (drain() takes the readings)."""
+        os.read(self.wake_fd, 4096)
 
     def drain(self) -> list[ThermalReading | None]:
-        """Every reading taken since the last drain, each published and stored, oldest first."""
-        os.read(self.wake_fd, 4096)  # readable: the daemon's loop polled it
+        """Every reading taken since the last drain, each published and stored, oldest first.
+        The loop calls it whenever it wakes, so whatever woke it sees every reading taken."""
         readings = []
         while not self._readings.empty():  # this thread is the queue's only reader
-            reading = self._readings.get_nowait()
-            self._on_reading(reading)
+            taken_at, reading = self._readings.get_nowait()
+            self._on_reading(taken_at, reading)
             readings.append(reading)
         return readings
+
+    def pace(self, watched: bool) -> None:
+        """Wake the loop at every reading while something needs each one as it is taken: a
+        subscriber or a benchmark job (`watched`, the daemon knows), a supervised job or
+        /metrics (the hub knows). Otherwise when the readings waiting would fill the history's
+        next write: a SIGKILL then loses no more than it did (WRITE_EVERY), and a daemon
+        nobody watches wakes its loop once every WRITE_EVERY polls instead of every poll."""
+        if watched or self.jobs.jobs or self.metrics is not None:
+            self.wake_every = 1
+        else:
+            self.wake_every = max(1, WRITE_EVERY - self.history.unwritten_samples)
 
     def retry_writes(self) -> None:
         """Write what the disk refused before (events, the policy; the samples' history asks
@@ -230,9 +257,8 @@ class TelemetryHub:
         self.history.flush()
         self.saved_policy.retry()
 
-    def _on_reading(self, reading: ThermalReading | None) -> None:
-        """One poll: judge, publish, store, prune."""
-        now = time.time()
+    def _on_reading(self, now: float, reading: ThermalReading | None) -> None:
+        """One poll, taken at `now`: judge, publish, store, prune."""
         self.retry_writes()
         self.last_reading = reading
         self._state = host_state(self.policy, reading, self._state)

@@ -3,7 +3,8 @@
 The daemon is four parts on one thread, wired here: its sockets (agent.endpoints), its telemetry
 hub with the one sensor reader and the policy (agent.hub), its benchmark jobs (agent.bench_jobs)
 and the request handlers (agent.requests). The loop below polls the command socket, the hub's
-wake-up pipe and the running job's pipe, so ping and info are answered while a job runs.
+wake-up pipe and the running job's pipe, so ping and info are answered while a job runs;
+whatever wakes it, it first takes every reading the hub holds, so each request sees them all.
 
 SIGTERM (or SIGINT) stops the job, flushes what it finished, tells its coordinator, and exits 0.
 """
@@ -46,7 +47,8 @@ log = logging.getLogger("agent.serve")
 
 PARENT_CHECK_S = 1.0
 """With --parent-pid, how often the loop looks whether its coordinator is still there. Nothing
-else wakes an idle daemon but a request, a reading (each poll interval) or stop()."""
+else wakes an idle daemon but a request, the hub's readings (each poll while a subscriber or a
+job needs them, every WRITE_EVERY polls otherwise: TelemetryHub.pace) or stop()."""
 DEFAULT_RETENTION_DAYS = 7.0
 
 
@@ -219,9 +221,8 @@ class AgentDaemon:
             if ready.get(self.sockets.publisher):
                 self.sockets.read_subscriptions()  # first: a new subscriber gets this reading
             if ready.get(self.hub.wake_fd):
-                for reading in self.hub.drain():
-                    self.jobs.feed(reading, self.hub.policy)
-                self._retry_writes()
+                self.hub.woken()
+            self._take_readings()  # whatever woke the loop: the requests see every reading
             if ready.get(self.sockets.router):
                 self._answer_all()
             self.requests.send_finished()
@@ -229,7 +230,18 @@ class AgentDaemon:
                 self.jobs.read(job)
             self.jobs.enforce_cancel()
             self.throttle.flush()
+            watched = bool(self.sockets.subscriptions.prefixes) or self.jobs.running is not None
+            self.hub.pace(watched)
+            self._take_readings()  # any taken while the loop worked, before pace() said so
         self.close()
+
+    def _take_readings(self) -> None:
+        """Every reading the hub holds: judged, stored, published, fed to the running job."""
+        readings = self.hub.drain()
+        if readings:
+            for reading in readings:
+                self.jobs.feed(reading, self.hub.policy)
+            self._retry_writes()
 
     def _sleep_ms(self, deadline: float | None) -> float | None:
         """How long the loop may wait for a socket or pipe: for ever, unless something falls

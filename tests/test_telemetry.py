@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import select
 import signal
 import socket
 import sqlite3
@@ -21,6 +23,8 @@ import zmq
 
 from agent.endpoints import AgentSockets, Subscriptions, local_address, telemetry_endpoint
 from agent.history import WRITE_EVERY
+from agent.hub import TelemetryHub
+from agent.storage import StorageHealth
 from agent.telemetry import (
     EXITED_LINGER_S,
     VANISHED_AFTER_S,
@@ -33,7 +37,7 @@ from agent.telemetry import (
     trend_c_per_min,
     updated_policy,
 )
-from agent.thermal import ThermalReading
+from agent.thermal import ThermalReading, open_source
 from agent.throttle import LogThrottle
 from shared import protocol as p
 from shared.io.transport import AgentError
@@ -466,6 +470,107 @@ def test_what_a_stopped_agents_history_keeps_and_that_no_number_is_given_twice(
     assert numbers[len(stored)] > max(seen), "a number given before the stop was given again"
     if stop == "SIGTERM":
         assert numbers == list(range(1, len(numbers) + 1)), "a gap after a clean stop"
+    client.close()
+
+
+def test_a_hub_nobody_watches_wakes_the_loop_once_per_history_write() -> None:
+    """hub.pace(): while nothing needs each reading as it is taken, the monitor's thread wakes
+    the daemon's loop only when the readings waiting would fill the history's next write, at
+    every reading otherwise (a subscriber or benchmark job, a supervised job); a drain takes
+    every reading waiting, and close() stores those still waiting. Real pipe, real SQLite;
+    the test takes each reading through the monitor (an hour's poll interval keeps its thread
+    from taking any)."""
+    published: list[tuple[str, dict[str, object]]] = []
+    hub = TelemetryHub(
+        lambda type_, body: published.append((type_, body)),
+        3600.0,
+        7.0,
+        StorageHealth(LogThrottle(logging.getLogger("test"))),
+        "host",
+    )
+
+    def woken() -> bool:
+        if not select.select([hub.wake_fd], [], [], 0)[0]:
+            return False
+        hub.woken()
+        return True
+
+    def taken(count: int) -> None:
+        assert hub.monitor is not None
+        for _ in range(count):
+            hub.monitor.read()
+
+    try:
+        hub.start(open_source("sim"))  # its first reading now, then one an hour
+        assert woken() and len(hub.drain()) == 1  # the first one wakes the loop at once
+        hub.pace(watched=False)
+        assert hub.wake_every == WRITE_EVERY - 1  # one sample already waits to be written
+        taken(WRITE_EVERY - 2)
+        assert not woken()
+        taken(1)
+        assert woken() and len(hub.drain()) == WRITE_EVERY - 1
+        assert len(stored_samples(hub)) == WRITE_EVERY  # the drain filled a write
+        hub.pace(watched=False)
+        assert hub.wake_every == WRITE_EVERY
+        taken(3)
+        assert not woken() and len(hub.drain()) == 3  # a request woke the loop: it takes all
+
+        hub.pace(watched=True)  # a subscriber or a benchmark job
+        taken(1)
+        assert woken() and len(hub.drain()) == 1
+        hub.event(replace(event(time.time(), "start"), pid=os.getpgrp()))  # a supervised job
+        hub.pace(watched=False)
+        taken(1)
+        assert woken() and len(hub.drain()) == 1
+        hub.event(event(time.time(), "exit"))
+        hub.pace(watched=False)  # it stays listed a while after its exit
+        assert hub.wake_every == 1
+        taken(2)  # waiting when the daemon stops
+    finally:
+        hub.close()
+    seqs = [body["seq"] for type_, body in published if type_ == "telemetry.sample"]
+    assert seqs == list(range(1, WRITE_EVERY + 8)), "a reading was not taken, or twice"
+    assert stored_samples(hub) == seqs, "close() did not store the readings still waiting"
+
+
+def stored_samples(hub: TelemetryHub) -> list[int]:
+    with sqlite3.connect(f"file:{hub.history.path}?mode=ro", uri=True) as conn:
+        return [row[0] for row in conn.execute("SELECT seq FROM samples ORDER BY seq")]
+
+
+def main_thread_wakeups(pid: int) -> int:
+    """How often the process's main thread has gone to sleep (Linux: voluntary switches)."""
+    status = Path(f"/proc/{pid}/task/{pid}/status").read_text()
+    return int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux's /proc")
+def test_an_agent_nobody_watches_sleeps_through_most_polls_yet_answers_with_every_reading(
+    ctx: zmq.Context, agents: AgentPool
+) -> None:
+    """With no subscriber and no job, the daemon's loop sleeps through WRITE_EVERY - 1 polls
+    of every WRITE_EVERY (its main thread's wake-ups counted by the kernel, while the written
+    history grows), and a request still sees every reading taken before it."""
+    agent = trusted_agent(agents, thermal="sim", options=["--poll-interval", "0.05"])
+    pid = agent.process.pid
+    deadline = time.monotonic() + 60
+    while not (agent.home / "agent-telemetry.sqlite").exists() or not stored_sample_seqs(
+        agent.home
+    ):
+        assert time.monotonic() < deadline, "the agent wrote no sample"
+        time.sleep(0.05)
+    first_written, wakeups = len(stored_sample_seqs(agent.home)), main_thread_wakeups(pid)
+    while (written := len(stored_sample_seqs(agent.home))) < first_written + 4 * WRITE_EVERY:
+        assert time.monotonic() < deadline, "the agent stopped writing samples"
+        time.sleep(0.05)
+    polls, woke = written - first_written, main_thread_wakeups(pid) - wakeups
+    assert woke < polls / 2, f"the loop woke {woke} times in {polls} polls"
+
+    client = connect(ctx, agent)
+    for _ in range(3):
+        latest = client.request("info")["thermal"]["reading"]["time"]  # the monitor's own
+        since = client.request("history.get", {**EVERYTHING, "since": latest - 1e-6})
+        assert since["samples"] and since["samples"][0]["time"] == latest
     client.close()
 
 

@@ -30,6 +30,12 @@ class DeferredReplies:
     ) -> None:
         self._pending.append(Pending(identity, re, type_, self._pool.submit(work)))
 
+    @property
+    def waiting(self) -> bool:
+        """Whether a reply is still to be sent: the daemon's loop then wakes at every poll
+        to look (serve.py), as nothing else would wake it when the work is done."""
+        return bool(self._pending)
+
     def finished(self) -> Iterator[Pending]:
         if not self._pending:
             return  # the daemon asks after every request

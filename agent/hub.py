@@ -4,10 +4,11 @@ policy itself (persisted, changed by policy.set). docs/protocol.md §10-§12.
 
 The monitor's thread only hands readings over (a queue and a wake-up pipe the daemon's loop
 polls); everything stateful happens on the daemon's main thread, so nothing here needs a lock.
-While nothing needs each reading as it is taken (no subscriber, job or /metrics), the monitor's
-thread wakes the loop only once per batch of samples the history writes at once: the loop takes
-every reading taken so far whenever anything else wakes it, so nobody sees the difference but
-the CPU (docs/performance.md, The idle daemon).
+The monitor's thread reads the power meter with each reading, so a sample's figures are its
+poll's. While nothing needs each reading as it is taken (no subscriber, job, /metrics, deferred
+reply or refused write), that thread wakes the loop only when the history's next write is due:
+the loop takes every reading taken so far whenever anything else wakes it, so nobody sees the
+difference but the CPU (docs/performance.md, The idle daemon).
 """
 
 from __future__ import annotations
@@ -130,10 +131,12 @@ class TelemetryHub:
         self.metrics: TelemetryMetrics | None = None
         self.last_reading: ThermalReading | None = None
         self._metrics_server: MetricsServer | None = None
-        self._readings: SimpleQueue[tuple[float, ThermalReading | None]] = SimpleQueue()
-        """Each poll's time and outcome, from the monitor's thread."""
-        self.wake_every = 1
-        """How many readings wait before the monitor's thread wakes the loop (see pace())."""
+        self._readings: SimpleQueue[tuple[float, ThermalReading | None, PowerPoll | None]] = (
+            SimpleQueue()
+        )
+        """Each poll's time, reading and power, from the monitor's thread."""
+        self.each_reading = True
+        """Whether the monitor's thread wakes the loop at every reading (see pace())."""
         self.wake_fd, self._wake_write = os.pipe()
         os.set_blocking(self._wake_write, False)
         self._state: CoolingState | None = None
@@ -166,19 +169,21 @@ class TelemetryHub:
         return self._metrics_server.port
 
     def close(self) -> None:
-        """Stop monitoring; store (and publish) the readings still waiting, then close."""
-        if self.monitor is not None:
-            self.monitor.close()
-            self.monitor.source.close()  # the monitor leaves a source it was given open
-            self.drain()
-        if self.meter is not None:
-            self.meter.close()
-        if self._metrics_server is not None:
-            self._metrics_server.close()
-        self.history.close()
-        self.history.events.close()
-        os.close(self.wake_fd)
-        os.close(self._wake_write)
+        """Stop monitoring; store the readings still waiting, then close."""
+        try:
+            if self.monitor is not None:
+                self.monitor.close()
+                self.monitor.source.close()  # the monitor leaves a source it was given open
+                self.drain()
+        finally:
+            if self.meter is not None:
+                self.meter.close()
+            if self._metrics_server is not None:
+                self._metrics_server.close()
+            self.history.close()
+            self.history.events.close()
+            os.close(self.wake_fd)
+            os.close(self._wake_write)
 
     def thermal(self) -> dict[str, Any]:
         """info.ok's `thermal`: the latest polled reading, never waiting on the sensor."""
@@ -205,22 +210,23 @@ class TelemetryHub:
         }
 
     def _read_power(self) -> PowerPoll | None:
+        """On the monitor's thread, with each reading (the meter's only reader)."""
         meter = self.meter
         if meter is None or not meter.present:
             return None
         reading = meter.read()
         source = SourceInfo(meter.source.name, meter.source.simulated)
-        self.last_power = PowerPoll(source, reading, meter.last_error)
-        return self.last_power
+        return PowerPoll(source, reading, meter.last_error)
 
     # --- readings -------------------------------------------------------------------------------
 
     def _tap(self, reading: ThermalReading | None) -> None:
-        """On the monitor's thread: hand the reading to the main loop, and wake it when
-        `wake_every` readings wait."""
+        """On the monitor's thread: hand the reading and the power of the moment to the main
+        loop, and wake it when it wants each reading or when the readings waiting and the
+        samples not yet written fill a write (a deque's len is safe to read from here)."""
         readings = self._readings
-        readings.put((time.time(), reading))
-        if readings.qsize() >= self.wake_every:
+        readings.put((time.time(), reading, self._read_power()))
+        if self.each_reading or readings.qsize() + self.history.unwritten_samples >= WRITE_EVERY:
             try:  # noqa: SIM105 - contextlib.suppress is three Python calls more, every poll
                 os.write(self._wake_write, b"r")
             except BlockingIOError:
@@ -235,21 +241,21 @@ class TelemetryHub:
         The loop calls it whenever it wakes, so whatever woke it sees every reading taken."""
         readings = []
         while not self._readings.empty():  # this thread is the queue's only reader
-            taken_at, reading = self._readings.get_nowait()
-            self._on_reading(taken_at, reading)
+            taken_at, reading, power = self._readings.get_nowait()
+            self._on_reading(taken_at, reading, power)
             readings.append(reading)
         return readings
 
     def pace(self, watched: bool) -> None:
-        """Wake the loop at every reading while something needs each one as it is taken: a
-        subscriber or a benchmark job (`watched`, the daemon knows), a supervised job or
-        /metrics (the hub knows). Otherwise when the readings waiting would fill the history's
-        next write: a SIGKILL then loses no more than it did (WRITE_EVERY), and a daemon
-        nobody watches wakes its loop once every WRITE_EVERY polls instead of every poll."""
-        if watched or self.jobs.jobs or self.metrics is not None:
-            self.wake_every = 1
-        else:
-            self.wake_every = max(1, WRITE_EVERY - self.history.unwritten_samples)
+        """Wake the loop at every reading while something needs each one as it is taken or
+        needs the loop soon: a subscriber, a benchmark job or a deferred reply (`watched`, the
+        daemon knows), a supervised job, /metrics or a write the disk refused (the hub knows:
+        writes are retried at each poll). Otherwise only when the history's next write is due,
+        so a SIGKILL loses no more than it did (WRITE_EVERY), and a daemon nobody watches wakes
+        its loop once every WRITE_EVERY polls instead of every poll."""
+        self.each_reading = bool(
+            watched or self.jobs.jobs or self.metrics is not None or self.storage.failing
+        )
 
     def retry_writes(self) -> None:
         """Write what the disk refused before (events, the policy; the samples' history asks
@@ -257,9 +263,13 @@ class TelemetryHub:
         self.history.flush()
         self.saved_policy.retry()
 
-    def _on_reading(self, now: float, reading: ThermalReading | None) -> None:
+    def _on_reading(
+        self, now: float, reading: ThermalReading | None, power: PowerPoll | None
+    ) -> None:
         """One poll, taken at `now`: judge, publish, store, prune."""
         self.retry_writes()
+        if power is not None:
+            self.last_power = power
         self.last_reading = reading
         self._state = host_state(self.policy, reading, self._state)
         if reading is not None and reading.celsius is not None:
@@ -277,7 +287,7 @@ class TelemetryHub:
             self.jobs.pause_s_total(now),
             self.jobs.listed(),
             self.storage.error,
-            self._read_power(),
+            power,
         )
         body = self.history.add_sample(taken).body(self.host)
         self.publish_message("telemetry.sample", body)

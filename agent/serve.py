@@ -47,8 +47,9 @@ log = logging.getLogger("agent.serve")
 
 PARENT_CHECK_S = 1.0
 """With --parent-pid, how often the loop looks whether its coordinator is still there. Nothing
-else wakes an idle daemon but a request, the hub's readings (each poll while a subscriber or a
-job needs them, every WRITE_EVERY polls otherwise: TelemetryHub.pace) or stop()."""
+else wakes an idle daemon but a request, the hub's readings (each poll while a subscriber, a job
+or a deferred reply needs the loop, every WRITE_EVERY polls otherwise: TelemetryHub.pace) or
+stop()."""
 DEFAULT_RETENTION_DAYS = 7.0
 
 
@@ -230,8 +231,11 @@ class AgentDaemon:
                 self.jobs.read(job)
             self.jobs.enforce_cancel()
             self.throttle.flush()
-            watched = bool(self.sockets.subscriptions.prefixes) or self.jobs.running is not None
-            self.hub.pace(watched)
+            self.hub.pace(
+                bool(self.sockets.subscriptions.prefixes)
+                or self.jobs.running is not None
+                or self.requests.deferred.waiting  # sent when the loop next wakes
+            )
             self._take_readings()  # any taken while the loop worked, before pace() said so
         self.close()
 

@@ -12,7 +12,8 @@ over the rounds and each ratio taken round by round (1.00 = as fast as bare pyzm
   3. an idle `agent serve --thermal-source sim` (1 Hz: read, judge, store, publish) against a
      bare daemon: a process polling a ROUTER and a pipe, woken by a 1 Hz thread that
      publishes one message; CPU share over the same windows, first with nobody subscribed
-     (the agent then encodes and sends nothing), then with one CURVE SUB on each.
+     (the agent then encodes and sends nothing, and its loop takes its readings ten at a
+     time), then with one CURVE SUB on each.
 
     .venv/bin/python bench/bench_control_plane.py [--pings 2000] [--agents 8] [--cells 300]
         [--idle-seconds 20] [--repeats 5] [--quick] [--only ping|cells|idle ...]

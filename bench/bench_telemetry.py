@@ -90,14 +90,14 @@ def measure(count: int, secure: bool, repeats: int) -> None:
         if time.monotonic() > deadline:
             raise BenchError("the subscriber never received a sample")
         daemon.sockets.read_subscriptions()  # what the daemon's loop does when it arrives
-        daemon.hub._on_reading(time.time(), READING)
+        daemon.hub._on_reading(time.time(), READING, None)
     received, stop = [0], threading.Event()
     draining = threading.Thread(target=drain, args=(sub, received, stop), daemon=True)
     draining.start()
 
     def full_path() -> None:
         now = time.time()
-        daemon.hub._on_reading(now, replace(READING, time=now))
+        daemon.hub._on_reading(now, replace(READING, time=now), daemon.hub._read_power())
 
     source = SourceInfo("bench", True)
     taken = sample(time.time(), READING, source, CoolingState.OK, 0.4, 0.0, JOBS)

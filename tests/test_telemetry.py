@@ -24,6 +24,8 @@ import zmq
 from agent.endpoints import AgentSockets, Subscriptions, local_address, telemetry_endpoint
 from agent.history import WRITE_EVERY
 from agent.hub import TelemetryHub
+from agent.power.base import PowerReading, PowerSource
+from agent.power.meter import EnergyMeter
 from agent.storage import StorageHealth
 from agent.telemetry import (
     EXITED_LINGER_S,
@@ -40,6 +42,7 @@ from agent.telemetry import (
 from agent.thermal import ThermalReading, open_source
 from agent.throttle import LogThrottle
 from shared import protocol as p
+from shared.energy import SYSTEM
 from shared.io.transport import AgentError
 from shared.policy import MISSING_POLLS_TO_RESUME, CoolingState, ThermalPolicy
 from shared.telemetry import Event
@@ -473,13 +476,30 @@ def test_what_a_stopped_agents_history_keeps_and_that_no_number_is_given_twice(
     client.close()
 
 
-def test_a_hub_nobody_watches_wakes_the_loop_once_per_history_write() -> None:
+class PollCountingPower(PowerSource):
+    """A meter whose watts, at each read, are the number of thermal polls taken so far
+    (`polls()`): a sample's power says whether it was read with its poll or later."""
+
+    name = "poll-counting"
+    simulated = True
+    rails = (SYSTEM,)
+
+    def __init__(self, polls: Callable[[], int]) -> None:
+        super().__init__()
+        self.polls = polls
+
+    def read(self) -> PowerReading | None:
+        watts = {SYSTEM: float(self.polls())}
+        return self._reading(watts, watts)
+
+
+def test_a_hub_nobody_watches_wakes_the_loop_when_the_history_write_is_due() -> None:
     """hub.pace(): while nothing needs each reading as it is taken, the monitor's thread wakes
-    the daemon's loop only when the readings waiting would fill the history's next write, at
-    every reading otherwise (a subscriber or benchmark job, a supervised job); a drain takes
-    every reading waiting, and close() stores those still waiting. Real pipe, real SQLite;
-    the test takes each reading through the monitor (an hour's poll interval keeps its thread
-    from taking any)."""
+    the daemon's loop only when the readings waiting and the samples unwritten fill the
+    history's next write, at every reading otherwise (a subscriber or benchmark job, a
+    supervised job); a drain takes every reading waiting, each with the power read at its
+    poll, and close() stores those still waiting. Real pipe, real SQLite; the test takes each
+    reading through the monitor (an hour's poll interval keeps its thread from taking any)."""
     published: list[tuple[str, dict[str, object]]] = []
     hub = TelemetryHub(
         lambda type_, body: published.append((type_, body)),
@@ -488,6 +508,7 @@ def test_a_hub_nobody_watches_wakes_the_loop_once_per_history_write() -> None:
         StorageHealth(LogThrottle(logging.getLogger("test"))),
         "host",
     )
+    polls = [1]  # the first is taken by start()
 
     def woken() -> bool:
         if not select.select([hub.wake_fd], [], [], 0)[0]:
@@ -498,38 +519,43 @@ def test_a_hub_nobody_watches_wakes_the_loop_once_per_history_write() -> None:
     def taken(count: int) -> None:
         assert hub.monitor is not None
         for _ in range(count):
+            polls[0] += 1
             hub.monitor.read()
 
     try:
-        hub.start(open_source("sim"))  # its first reading now, then one an hour
+        hub.start(open_source("sim"), EnergyMeter(PollCountingPower(lambda: polls[0])))
         assert woken() and len(hub.drain()) == 1  # the first one wakes the loop at once
         hub.pace(watched=False)
-        assert hub.wake_every == WRITE_EVERY - 1  # one sample already waits to be written
-        taken(WRITE_EVERY - 2)
+        taken(WRITE_EVERY - 2)  # one sample already waits to be written
         assert not woken()
         taken(1)
         assert woken() and len(hub.drain()) == WRITE_EVERY - 1
         assert len(stored_samples(hub)) == WRITE_EVERY  # the drain filled a write
-        hub.pace(watched=False)
-        assert hub.wake_every == WRITE_EVERY
         taken(3)
         assert not woken() and len(hub.drain()) == 3  # a request woke the loop: it takes all
+        taken(WRITE_EVERY - 3 - 1)
+        assert not woken()
+        taken(1)
+        assert woken() and len(hub.drain()) == WRITE_EVERY - 3
+        assert len(stored_samples(hub)) == 2 * WRITE_EVERY
 
-        hub.pace(watched=True)  # a subscriber or a benchmark job
+        hub.pace(watched=True)  # a subscriber, a benchmark job, a deferred reply
         taken(1)
         assert woken() and len(hub.drain()) == 1
         hub.event(replace(event(time.time(), "start"), pid=os.getpgrp()))  # a supervised job
         hub.pace(watched=False)
         taken(1)
         assert woken() and len(hub.drain()) == 1
-        hub.event(event(time.time(), "exit"))
+        hub.event(replace(event(time.time(), "exit"), pid=os.getpgrp()))
         hub.pace(watched=False)  # it stays listed a while after its exit
-        assert hub.wake_every == 1
+        assert hub.each_reading
         taken(2)  # waiting when the daemon stops
     finally:
         hub.close()
-    seqs = [body["seq"] for type_, body in published if type_ == "telemetry.sample"]
-    assert seqs == list(range(1, WRITE_EVERY + 8)), "a reading was not taken, or twice"
+    samples = [body for type_, body in published if type_ == "telemetry.sample"]
+    seqs = [body["seq"] for body in samples]
+    assert seqs == list(range(1, polls[0] + 1)), "a reading was not taken, or twice"
+    assert [body["power_w"] for body in samples] == seqs, "power not read with its poll"
     assert stored_samples(hub) == seqs, "close() did not store the readings still waiting"
 
 

@@ -203,7 +203,7 @@ class AgentDaemon:
         poller.register(self.hub.wake_fd, zmq.POLLIN)
         poller.register(self._wake_read, zmq.POLLIN)
         deadline: float | None = None
-        while deadline is None or (self.jobs.running is not None and time.monotonic() < deadline):
+        while True:
             if self.parent_pid is not None and os.getppid() != self.parent_pid:
                 self._stopping = True  # our coordinator died: an embedded agent goes with it
             if self._stopping and deadline is None:
@@ -211,6 +211,8 @@ class AgentDaemon:
                 if self.jobs.running is not None:
                     log.info("stopping: cancelling job %s", self.jobs.running.id)
                     self.jobs.cancel(self.jobs.running)
+            if deadline is not None and (self.jobs.running is None or time.monotonic() >= deadline):
+                break  # at once when no job runs: not at the next thing that wakes the loop
             job = self.jobs.running
             if job is not None:
                 poller.register(job.fd, zmq.POLLIN)

@@ -10,14 +10,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agent.remote import RemoteMonitor
+    from agent.cooling.remote import RemoteMonitor
 
 __all__ = ["RemoteMonitor"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "RemoteMonitor":
-        from agent.remote import RemoteMonitor
+        from agent.cooling.remote import RemoteMonitor
 
         return RemoteMonitor
     raise AttributeError(f"module 'agent' has no attribute {name!r}")

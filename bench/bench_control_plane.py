@@ -107,7 +107,7 @@ def agent_server(ready: mp.Queue[Any], options: dict[str, Any]) -> None:
 
     os.environ["MLX_FLEET_HOME"] = options["home"]
 
-    from agent.serve import AgentDaemon
+    from agent.daemon.loop import AgentDaemon
     from shared.io.trust import trust, trusted_dir
 
     if options["secure"]:

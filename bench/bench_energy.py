@@ -33,14 +33,14 @@ import mlx.core as mx
 from bench_profiling import bare_decode_samples, bare_prefill_samples
 from support import BenchError, interleave, machine, parser, round_count, run, spread
 
-from agent.guard import NullGuard
+from agent.cooling.guard import NullGuard
 from agent.model import BUILTIN_CONFIGS, build_model
 from agent.power.meter import EnergyMeter
 from agent.power.registry import open_power_source
 from agent.profiling.memory import random_tokens
 from agent.profiling.speed import SpeedProfiler
 from agent.profiling.watch import CellWatch
-from agent.thermal.base import SourceUnavailable
+from agent.sensors.base import SourceUnavailable
 from shared.matrix import PREFILL, Cell
 from shared.source_names import power_auto_order
 

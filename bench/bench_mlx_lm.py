@@ -132,7 +132,7 @@ def agent_bench(model: Path, matrix: list[str], trials: int, home: Path) -> floa
 
 def chip() -> str:
     """The chip, memory and mlx-lm version the figures come from (agent bench's own facts)."""
-    from agent.machine import machine_info
+    from agent.profiling.machine import machine_info
 
     facts = machine_info()
     return (

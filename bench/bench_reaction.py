@@ -26,8 +26,8 @@ from collections.abc import Callable
 import psutil
 from support import BenchError, machine, parser, round_count, run, spread
 
-from agent.events import EventLog
-from agent.supervise import LocalFeed, Supervisor
+from agent.cooling.events import EventLog
+from agent.cooling.supervise import LocalFeed, Supervisor
 from agent.thermal import ThermalMonitor
 from shared.io.paths import HOME_ENV
 from shared.policy import ThermalPolicy

@@ -39,8 +39,9 @@ from support import (
     subscribe,
 )
 
-from agent.serve import AgentDaemon
-from agent.telemetry import SourceInfo, sample
+from agent.daemon.loop import AgentDaemon
+from agent.daemon.telemetry import sample
+from agent.sensors.base import SourceInfo
 from agent.thermal import ThermalReading
 from shared import protocol as p
 from shared.io.paths import HOME_ENV

@@ -1,5 +1,5 @@
 """`agent doctor` / `coordinator doctor` reports as one table: a row per check, ✓ or ✗, what
-was found and the fix. Pure: the checks themselves run on the agent (agent.doctor)."""
+was found and the fix. Pure: the checks themselves run on the agent (agent.doctor.checks)."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ tests exercise every state without a sensor, a thread or a clock.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from enum import Enum
 from typing import Any, Protocol
@@ -252,3 +253,21 @@ class CoolingGate:
         if job is JobState.PAUSED:
             return CoolingState.PAUSE
         return CoolingState.REDUCE_BATCH if self.supervision.reduced else CoolingState.OK
+
+
+def policy_text(policy: ThermalPolicy) -> str:
+    """`max_speed_temp=75 pause_temp=85 ...`: the detail of a `policy` event."""
+    return " ".join(f"{key}={value:g}" for key, value in policy.to_dict().items())
+
+
+def updated_policy(current: ThermalPolicy, changes: Mapping[str, Any]) -> ThermalPolicy:
+    """`current` with `changes` applied; ValueError naming the problem (an unknown key, a value
+    that is not a finite number, thresholds out of order), in which case nothing changes."""
+    for key, value in changes.items():
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+        ):
+            raise ValueError(f"{key} must be a finite number, got {value!r}")
+    return ThermalPolicy.from_dict({**current.to_dict(), **changes})

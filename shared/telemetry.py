@@ -43,14 +43,10 @@ class _Record:
     def columns(cls) -> tuple[str, ...]:
         return tuple(f.name for f in fields(cls) if f.name not in cls.STORED_NOT)
 
-    @classmethod
-    def column_types(cls) -> dict[str, str]:
-        return {f.name: f.metadata["sql"] for f in fields(cls) if f.name not in cls.STORED_NOT}
-
     def body(self, host: str) -> dict[str, Any]:
         """`host` and every field. Nested lists and maps are the record's own, not copies: a
         record is never changed once made (the daemon makes one a second, and a deep copy
-        of each was a third of its Python time)."""
+        of each was much of its Python time: docs/performance.md)."""
         return {"host": host, **vars(self)}
 
     def numbered(self, seq: int) -> Any:
@@ -166,7 +162,7 @@ class Sample(_Record):
     pause_s_total: float = _spec(_NUMBER, "REAL NOT NULL")
     jobs: list[dict[str, Any]] = _spec(list, "TEXT NOT NULL", "json-repeats")
     storage_error: str | None = _spec((str, _NIL), "TEXT", default=None)
-    """What the agent cannot write now (a full disk, say: agent.storage); None when all is
+    """What the agent cannot write now (a full disk, say: agent.daemon.storage); None when all is
     written."""
     power_w: float | None = _spec((*_NUMBER, _NIL), "REAL", default=None)
     """The machine's watts over the last poll (shared.energy.whole of the rails); None without

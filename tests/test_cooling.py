@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.cooling import CoolingScheduler, ThermalGuard, ThermalShutdownError
-from agent.guard import CellGuard
+from agent.cooling.guard import CellGuard
+from agent.cooling.scheduler import CoolingScheduler, ThermalGuard, ThermalShutdownError
 from agent.thermal import ThermalMonitor, ThermalReading, ThermalSource
 from shared.policy import MISSING_POLLS_TO_RESUME, Action, CoolingState, ThermalPolicy
 

@@ -14,7 +14,7 @@ import psutil
 import pytest
 import zmq
 
-from agent.bench_jobs import crashed_cells
+from agent.daemon.benchmark.jobs import crashed_cells
 from agent.model import ModelArgs, build_model
 from agent.profiling.footprint import cell_footprint, model_shape, refusal
 from agent.profiling.runner import machine_memory, run_matrix

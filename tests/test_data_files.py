@@ -3,9 +3,9 @@ their SQLite files must never be the same file."""
 
 from __future__ import annotations
 
-from agent.events import default_events_path
-from agent.history import default_samples_path
-from agent.journal import default_journal_path
+from agent.cooling.events import default_events_path
+from agent.daemon.benchmark.journal import default_journal_path
+from agent.daemon.history import default_samples_path
 from coordinator.store import default_store_path
 from coordinator.telemetry_store import default_telemetry_path
 

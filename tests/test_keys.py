@@ -8,7 +8,7 @@ from pathlib import Path
 import zmq
 import zmq.auth
 
-from agent.keys import TrustedKeys
+from agent.daemon.zap import TrustedKeys
 from coordinator.keys import known_hosts
 from shared.io.keys import new_keypair, own_keypair
 from shared.io.trust import list_trusted, trust, trusted_dir

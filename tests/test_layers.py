@@ -1,11 +1,15 @@
 """The import rules of the layout (README, Development): agent/ and coordinator/ meet only in
-shared/, and shared/'s pure modules touch no socket, database, thread, process or signal.
+shared/, and shared/'s pure modules touch no socket, database, thread, process or signal. Inside
+agent/, each room imports only the rooms below it: the sensors (sensors/, thermal/, power/) no
+room that uses them, service/ nothing of the agent's but itself, cooling/ neither the daemon, the
+service nor a command, and only agent/cli.py the commands, which alone speak Typer.
 
 Imports are read with `ast`, so one inside a function counts as much as one at the top."""
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -99,6 +103,119 @@ def test_pure_shared_modules_import_no_io() -> None:
         if (found := offending(path, IO_MODULES))
     }
     assert impure == {}
+
+
+AGENT = ROOT / "agent"
+CLI_KIT = frozenset({"typer", "click", "shared.io.options", "shared.io.app", "shared.io.cli"})
+"""What only a command module (and agent/cli.py, which names them) may import."""
+USERS_OF_SENSORS = frozenset(
+    {
+        "agent.commands",
+        "agent.daemon",
+        "agent.cooling",
+        "agent.service",
+        "agent.profiling",
+        "agent.doctor",
+        "agent.daemon_address",
+    }
+)
+AGENT_RULES: dict[str, frozenset[str]] = {
+    "sensors": USERS_OF_SENSORS | {"agent.thermal", "agent.power"},
+    "thermal": USERS_OF_SENSORS | {"agent.power"},
+    "power": USERS_OF_SENSORS | {"agent.thermal"},
+    "cooling": frozenset({"agent.commands", "agent.daemon", "agent.service"}),
+    "doctor": frozenset({"agent.commands"}),
+    "daemon": frozenset({"agent.commands"}),
+    "profiling": frozenset({"agent.commands", "agent.daemon", "agent.service"}),
+}
+"""agent/'s rooms and what each may not import (a module or any of its submodules)."""
+TOP_LEVEL_LIMIT = 12
+
+
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts)
+
+
+def agent_room(path: Path) -> str | None:
+    """The folder of agent/ that `path` sits in; None for a module at agent/'s top level."""
+    parts = path.relative_to(AGENT).parts
+    return parts[0] if len(parts) > 1 else None
+
+
+def agent_breaks(path: Path) -> list[str]:
+    """Every import of `path` (a module of agent/) that the rules of its room forbid."""
+    room = agent_room(path)
+    found = set(offending(path, AGENT_RULES.get(room or "", frozenset())))
+    if room == "service":
+        found |= {
+            name
+            for name in imported(path)
+            if within(name, {"agent"}) and not within(name, {"agent.service"})
+        }
+    if room != "commands" and path != AGENT / "cli.py":
+        found |= set(offending(path, CLI_KIT | {"agent.commands"}))
+    return sorted(found)
+
+
+def test_agent_rooms_import_only_what_their_rules_allow() -> None:
+    breaks = {
+        str(path.relative_to(ROOT)): found
+        for path in modules("agent")
+        if (found := agent_breaks(path))
+    }
+    assert breaks == {}
+
+
+def test_agent_rooms_are_the_known_ones() -> None:
+    """A new folder gets its rules here before it gets code."""
+    rooms = {room for path in modules("agent") if (room := agent_room(path))}
+    assert rooms == set(AGENT_RULES) | {"commands", "service"}
+
+
+def test_agent_top_level_stays_small() -> None:
+    top = sorted(path.name for path in modules("agent") if agent_room(path) is None)
+    assert len(top) <= TOP_LEVEL_LIMIT, top
+
+
+def test_only_agent_cli_names_the_commands() -> None:
+    """agent/cli.py names each command module by string (lazy loading): each is in commands/."""
+    from agent.cli import COMMANDS
+
+    for command in COMMANDS:
+        module = command.target.partition(":")[0]
+        assert module.startswith("agent.commands."), command.target
+        assert (ROOT / Path(*module.split("."))).with_suffix(".py").exists(), command.target
+
+
+def test_the_agent_rules_catch_a_violation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each kind of rule, on a module written into a room for the test."""
+    cases = {
+        "thermal/scratch.py": "from agent.power.meter import EnergyMeter\n",
+        "power/scratch.py": "def f():\n    import agent.thermal.smc\n",
+        "sensors/scratch.py": "from agent.cooling.guard import CellGuard\n",
+        "service/scratch.py": "from agent.daemon.endpoints import endpoint_for\n",
+        "cooling/scratch.py": "from agent.daemon.hub import TelemetryHub\n",
+        "daemon/scratch.py": "import typer\nfrom agent.commands.temp import temp_command\n",
+    }
+    monkeypatch.setattr(sys.modules[__name__], "AGENT", tmp_path)
+    found = {}
+    for name, text in cases.items():
+        path = tmp_path / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+        found[name] = agent_breaks(path)
+    assert found == {
+        "thermal/scratch.py": ["agent.power.meter", "agent.power.meter.EnergyMeter"],
+        "power/scratch.py": ["agent.thermal.smc"],
+        "sensors/scratch.py": ["agent.cooling.guard", "agent.cooling.guard.CellGuard"],
+        "service/scratch.py": ["agent.daemon.endpoints", "agent.daemon.endpoints.endpoint_for"],
+        "cooling/scratch.py": ["agent.daemon.hub", "agent.daemon.hub.TelemetryHub"],
+        "daemon/scratch.py": [
+            "agent.commands.temp",
+            "agent.commands.temp.temp_command",
+            "typer",
+        ],
+    }
 
 
 def test_the_rules_catch_a_violation(tmp_path: Path) -> None:

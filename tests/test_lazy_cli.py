@@ -54,7 +54,7 @@ def test_top_level_help_imports_no_mlx_nor_any_heavy_package(program: str) -> No
 
 
 NEEDS_MLX = {"bench", "serve"}
-"""`agent serve` names the device and MLX version in info.ok (agent.machine)."""
+"""`agent serve` names the device and MLX version in info.ok (agent.profiling.machine)."""
 
 
 @pytest.mark.parametrize("entry", AGENT_COMMANDS, ids=lambda entry: entry.name)

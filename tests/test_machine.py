@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent.machine import (
+from agent.profiling.machine import (
     GIB,
     mac_facts,
     machine_info,

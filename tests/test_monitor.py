@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.events import EventLog
+from agent.cooling.events import EventLog
 from coordinator.dashboard import UNREACHABLE, UP
 from coordinator.fleet import Settings, Target
 from coordinator.keys import add_host_key

@@ -29,8 +29,8 @@ from agent.power.rapl import RaplSource
 from agent.power.registry import meter_or_reason, open_power_source
 from agent.power.streams import MacmonPowerSource, PowermetricsPowerSource
 from agent.power.synthetic import PowerReplaySource, PowerSimSource
-from agent.thermal.base import SourceUnavailable
-from agent.thermal.parsers import ReplayFormatError, parse_replay_csv
+from agent.sensors.base import SourceUnavailable
+from agent.sensors.replay import ReplayFormatError, parse_replay_csv
 from shared.energy import (
     SHORT_WINDOW_FLAG,
     MeterInfo,

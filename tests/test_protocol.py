@@ -330,10 +330,11 @@ def test_timeout_diagnosis(events: list[tuple[int, int]], needle: str) -> None:
 
 
 def test_the_agent_handles_exactly_the_protocols_requests() -> None:
-    """agent.requests.HANDLERS is the daemon's list of what it answers: it cannot drift from the
+    """agent.daemon.requests.HANDLERS is the daemon's list of what it answers: it cannot drift from
+    the
     protocol's (a request without a handler would be an `internal` error, a handler without a
     request unreachable)."""
-    from agent.requests import HANDLERS
+    from agent.daemon.requests import HANDLERS
 
     assert set(HANDLERS) == p.REQUESTS
 

@@ -9,7 +9,7 @@ import msgpack
 import pytest
 import zmq
 
-from agent.bench_jobs import job_page
+from agent.daemon.benchmark.jobs import job_page
 from shared import protocol as p
 from shared.io.keys import own_keypair
 from shared.io.transport import AgentClient, AgentError

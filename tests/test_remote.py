@@ -22,7 +22,7 @@ import zmq
 
 from agent import RemoteMonitor
 from agent.cooling import CoolingScheduler, ThermalShutdownError
-from agent.remote import STATE_FILE
+from agent.daemon_address import STATE_FILE
 from shared import protocol as p
 from shared.exit_codes import EXIT_THERMAL_STOP
 from shared.policy import ThermalPolicy

@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent.events import EventLog
+from agent.cooling.events import EventLog
 from shared.exit_codes import EXIT_THERMAL_STOP
 from shared.telemetry import Event
 
@@ -135,7 +135,7 @@ def first(samples: list[Sample], after: float, stopped: bool) -> int:
 
 
 def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes in the group, found independently of agent.supervise."""
+    """Live (non-zombie) processes in the group, found independently of agent.cooling.supervise."""
     members = []
     for proc in psutil.process_iter(["status"]):
         try:

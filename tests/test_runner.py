@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.guard import GuardReport, RunStopped
+from agent.cooling.guard import GuardReport, RunStopped
 from agent.model import ModelArgs
 from agent.power.meter import EnergyMeter
 from agent.power.rapl import RaplSource

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.launchd import Session
-from agent.run_as import editable_by_others
-from agent.service_files import parse_launchctl_print, parse_systemctl_show
-from agent.service_scope import auto_scope
+from agent.service.files import parse_launchctl_print, parse_systemctl_show
+from agent.service.launchctl import Session
+from agent.service.run_as import editable_by_others
+from agent.service.scope import auto_scope
 from tests.conftest import subprocess_env
 
 FAKE = Path(__file__).parent / "fakes" / "service_manager.py"
@@ -569,12 +569,12 @@ def test_parsers_read_the_managers_output() -> None:
 
 def test_deploy_templates_are_what_install_writes() -> None:
     """deploy/'s reviewed templates never drift from the generator."""
-    from agent.service import template_files
+    from agent.service.control import template_files
 
     deploy = Path(__file__).parent.parent / "deploy"
     for name, text in template_files().items():
         assert (deploy / name).read_text() == text, (
-            f"deploy/{name} is stale: run python -m agent.service deploy"
+            f"deploy/{name} is stale: run python -m agent.service.control deploy"
         )
         if name.endswith(".plist"):
             assert plistlib.loads(text.encode())["Label"] == "io.mlx-fleet.agent"

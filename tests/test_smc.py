@@ -10,20 +10,19 @@ import struct
 
 import pytest
 
-from agent.thermal.pressure import WithPressure, pressure_level
-from agent.thermal.smc_decode import (
+from agent.sensors.smc_protocol import (
     READ_BYTES,
     READ_KEY_INFO,
     KeyData,
     KeyInfo,
-    choose_die,
     decode,
-    die_keys,
     fourcc,
     fourcc_text,
     key_info_request,
     read_request,
 )
+from agent.thermal.pressure import WithPressure, pressure_level
+from agent.thermal.smc_die import choose_die, die_keys
 from agent.thermal.synthetic import ReplaySource
 
 CAPTURED = [

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.events import EventLog
-from agent.history import MEMORY_SAMPLES, WRITE_EVERY, TelemetryHistory
+from agent.cooling.events import EventLog
+from agent.daemon.history import MEMORY_SAMPLES, WRITE_EVERY, TelemetryHistory
 from coordinator.telemetry_store import TelemetryStore
 from shared.io.sqlite import StoreError, open_store, store_id
 from shared.telemetry import Event, Sample
@@ -190,7 +190,7 @@ def test_samples_are_written_in_batches_and_served_from_memory_meanwhile(tmp_pat
 def test_samples_recorded_before_sensors_were_kept_read_as_none(tmp_path: Path) -> None:
     """The agent's history and the coordinator's store of the previous version gain `sensor`:
     their rows read as None (no sensor said), and new rows keep it."""
-    from agent.history import MIGRATIONS as HISTORY_STEPS
+    from agent.daemon.history import MIGRATIONS as HISTORY_STEPS
     from coordinator.telemetry_store import MIGRATIONS as STORE_STEPS
 
     history_path, store_path = tmp_path / "agent-telemetry.sqlite", tmp_path / "c.sqlite"

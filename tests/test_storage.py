@@ -1,6 +1,6 @@
 """The agent survives its disk: a data directory on a small tmpfs that fills up (a real mount),
 stores that refuse writes (a real read-only SQLite file), and a data directory it cannot use at
-start (agent/storage.py, docs/reliability.md)."""
+start (agent/daemon/storage.py, docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import zmq
 
-from agent.journal import Journal
-from agent.serve_cli import LogFile
-from agent.storage import JOURNAL, StorageHealth
-from agent.throttle import LogThrottle
+from agent.commands.serve import LogFile
+from agent.daemon.benchmark.journal import Journal
+from agent.daemon.storage import JOURNAL, StorageHealth
+from agent.daemon.throttle import LogThrottle
 from shared.io.keys import own_keypair
 from shared.io.trust import trust
 from tests.fleet_support import AgentPool, connect, receive, subscriber

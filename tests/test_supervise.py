@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.events import EventLog, format_line
-from agent.supervise import (
+from agent.cooling.events import EventLog, format_line
+from agent.cooling.supervise import (
     COOPERATIVE_ENV,
     LaunchError,
     LocalFeed,

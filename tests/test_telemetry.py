@@ -21,30 +21,29 @@ import msgpack
 import pytest
 import zmq
 
-from agent.endpoints import AgentSockets, Subscriptions, local_address, telemetry_endpoint
-from agent.history import WRITE_EVERY
-from agent.hub import TelemetryHub
-from agent.power.base import PowerReading, PowerSource
-from agent.power.meter import EnergyMeter
-from agent.storage import StorageHealth
-from agent.telemetry import (
+from agent.daemon.endpoints import AgentSockets, Subscriptions, local_address, telemetry_endpoint
+from agent.daemon.history import WRITE_EVERY
+from agent.daemon.hub import TelemetryHub
+from agent.daemon.storage import StorageHealth
+from agent.daemon.telemetry import (
     EXITED_LINGER_S,
     VANISHED_AFTER_S,
     JobTable,
-    SourceInfo,
     host_state,
     page_history,
     retention_cutoff,
     sample,
     trend_c_per_min,
-    updated_policy,
 )
+from agent.daemon.throttle import LogThrottle
+from agent.power.base import PowerReading, PowerSource
+from agent.power.meter import EnergyMeter
+from agent.sensors.base import SourceInfo
 from agent.thermal import ThermalReading, open_source
-from agent.throttle import LogThrottle
 from shared import protocol as p
 from shared.energy import SYSTEM
 from shared.io.transport import AgentError
-from shared.policy import MISSING_POLLS_TO_RESUME, CoolingState, ThermalPolicy
+from shared.policy import MISSING_POLLS_TO_RESUME, CoolingState, ThermalPolicy, updated_policy
 from shared.telemetry import Event
 from tests.fleet_support import (
     AgentPool,

@@ -6,20 +6,18 @@ from pathlib import Path
 
 import pytest
 
+from agent.sensors.process import unrecognized_sampler
+from agent.sensors.replay import ReplayFormatError, parse_replay_csv, replay_value
 from agent.thermal.parsers import (
     EmptyStreak,
     PowermetricsAssembler,
     PowermetricsSample,
-    ReplayFormatError,
     hottest,
     linux_soc_celsius,
     parse_macmon_line,
     parse_powermetrics,
-    parse_replay_csv,
     parse_sysfs,
-    replay_value,
     select_die_sensors,
-    unrecognized_sampler,
 )
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.sensors.load import CpuLoad, proc_stat_counters
 from agent.thermal import (
     KNOWN_SOURCES,
     ReplayFormatError,
@@ -18,7 +19,6 @@ from agent.thermal import (
     open_source,
 )
 from agent.thermal.base import CallableSource, NoneSource
-from agent.thermal.load import CpuLoad, proc_stat_counters
 from agent.thermal.synthetic import ReplaySource, SimSource, sim_step
 from shared.source_names import SimParams, parse_sim_params
 

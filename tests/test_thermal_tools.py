@@ -18,15 +18,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+from agent.sensors.base import Backoff
+from agent.sensors.process import powermetrics_command
 from agent.thermal import SourceUnavailable, ThermalMonitor, open_source
-from agent.thermal.base import Backoff, NoneSource, ThermalReading, ThermalSource
+from agent.thermal.base import NoneSource, ThermalReading, ThermalSource
 from agent.thermal.linux import LinuxSysfsSource
-from agent.thermal.process import (
-    MacmonSource,
-    PowermetricsSource,
-    powermetrics_command,
-    powermetrics_samplers,
-)
+from agent.thermal.process import MacmonSource, PowermetricsSource, powermetrics_samplers
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FAST = {"interval_s": 0.05, "startup_s": 5.0}

@@ -1,4 +1,5 @@
-"""Log lines that cannot flood (agent.throttle): the first of a kind at once, then a count."""
+"""Log lines that cannot flood (agent.daemon.throttle): the first of a kind at once, then a
+count."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import logging
 
 import pytest
 
-from agent.throttle import LogThrottle
+from agent.daemon.throttle import LogThrottle
 
 
 class Clock:

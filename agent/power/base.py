@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.thermal.base import Source
+from agent.sensors.base import Source
 from shared.energy import MeterInfo, whole
 
 _wall_clock, _monotonic = time.time, time.monotonic

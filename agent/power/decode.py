@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from agent.thermal.parsers import ReplayRows
+from agent.sensors.replay import ReplayRows
 from shared.energy import ANE, CPU, DRAM, GPU, SYSTEM
 
 MAX_PLAUSIBLE_W = 5000.0

@@ -26,8 +26,8 @@ from typing import Any
 
 from agent.power.base import Integrator, PowerReading, PowerSource
 from agent.power.decode import ioreport_energy, ioreport_rails
-from agent.thermal.base import SourceUnavailable
-from agent.thermal.macos_libs import CORE_FOUNDATION, apple_silicon, bind, load
+from agent.sensors.base import SourceUnavailable
+from agent.sensors.macos_libs import CORE_FOUNDATION, apple_silicon, bind, load
 
 LIBIOREPORT = "/usr/lib/libIOReport.dylib"
 GROUPS = (b"Energy Model", b"PMP")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from agent.power.base import Integrator, PowerReading, PowerSource
 from agent.power.decode import counter_delta, rapl_rail
-from agent.thermal.base import SourceUnavailable
-from agent.thermal.linux import sysfs_root
+from agent.sensors.base import SourceUnavailable
+from agent.sensors.sysfs import sysfs_root
 
 RESOLUTION_S = 0.001
 """RAPL's counters are updated about every millisecond (Intel SDM vol. 3B, 15.10.1)."""

@@ -13,7 +13,7 @@ from agent.power.rapl import RaplSource
 from agent.power.smc import SMCPowerSource
 from agent.power.streams import MacmonPowerSource, PowermetricsPowerSource
 from agent.power.synthetic import PowerReplaySource, PowerSimSource
-from agent.thermal.base import SourceUnavailable, first_reading
+from agent.sensors.base import SourceUnavailable, first_reading
 from shared.source_names import (
     SourceSpecError,
     UnknownSourceError,

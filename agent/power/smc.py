@@ -12,10 +12,10 @@ import time
 
 from agent.power.base import Integrator, PowerReading, PowerSource
 from agent.power.decode import plausible_watts
-from agent.thermal.base import SourceUnavailable
-from agent.thermal.macos_libs import apple_silicon
-from agent.thermal.smc import AppleSMC, SMCError
-from agent.thermal.smc_decode import decode
+from agent.sensors.base import SourceUnavailable
+from agent.sensors.macos_libs import apple_silicon
+from agent.sensors.smc import AppleSMC, SMCError
+from agent.sensors.smc_protocol import decode
 from shared.energy import SYSTEM
 
 KEY = "PSTR"

@@ -1,6 +1,6 @@
 """Power from a tool's stream (macmon, powermetrics): watts per rail over each of its intervals,
 integrated into joules as samples arrive. The process handling is the thermal sources' own
-(agent.thermal.process.ToolStream: restarted when it dies or goes silent, stale samples refused).
+(agent.sensors.process.ToolStream: restarted when it dies or goes silent, stale samples refused).
 
 A window shorter than the tool's interval holds no new sample: its energy is whole samples' or
 none (`resolution_s` is the interval).
@@ -12,7 +12,7 @@ from typing import Any
 
 from agent.power.base import Integrator, PowerReading, PowerSource
 from agent.power.decode import PowermetricsPowerAssembler, parse_macmon_power
-from agent.thermal.process import (
+from agent.sensors.process import (
     ToolStream,
     macmon_command,
     powermetrics_command,

@@ -10,9 +10,8 @@ from pathlib import Path
 
 from agent.power.base import Integrator, PowerReading, PowerSource
 from agent.power.decode import replay_energy
-from agent.thermal.load import CpuLoad
-from agent.thermal.parsers import replay_value
-from agent.thermal.synthetic import read_replay_csv
+from agent.sensors.load import CpuLoad
+from agent.sensors.replay import read_replay_csv, replay_value
 from shared.energy import SYSTEM
 from shared.source_names import SimParams
 

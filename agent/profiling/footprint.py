@@ -16,10 +16,8 @@ depth) and a batch of B, in float16 (2 bytes) unless said otherwise:
   attention scores of one layer, B x heads x L x (cache positions) in float32;
 - logits: B x vocab (only the last position is projected onto the vocabulary).
 
-Checked against MLX 0.32's peak on its CPU backend with the built-in small model (the estimate
-errs high): pp2048 b1 94 MB estimated, 76 MB measured; pp2048 b4 353 MB for 268 MB; pp4096 b1
-(step 2048) 166 MB for 118 MB; pp4096 b1 (step 4096) 315 MB for 220 MB. A decode cell's
-estimate covers the untimed filling of its depth too (tg64 @ d2048 b4: 405 MB), whose peak the
+The estimate errs high, never low: docs/performance.md (The profiler's fidelity) has it against
+MLX's peak. A decode cell's estimate covers the untimed filling of its depth too, whose peak the
 figure reported for the timed decode leaves out.
 """
 

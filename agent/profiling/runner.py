@@ -1,7 +1,7 @@
 """Runs a benchmark matrix on this machine, one cell at a time, yielding each record at once.
 
 The model is built once per (model, bits); a cell that fails is recorded with its error and the
-run goes on; a guard (see agent.guard) gates every iteration and annotates every cell.
+run goes on; a guard (see agent.cooling.guard) gates every iteration and annotates every cell.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import mlx.core as mx
 import mlx.nn as nn
 import psutil
 
-from agent.guard import CellGuard, NullGuard, RunStopped
-from agent.hf_models import ModelNotFound, locate
+from agent.cooling.guard import CellGuard, NullGuard, RunStopped
 from agent.model import BUILTIN_CONFIGS, QUANT_GROUP_SIZE, build_model
 from agent.power.meter import EnergyMeter
 from agent.profiling.footprint import cell_footprint, model_shape, refusal
+from agent.profiling.hf_models import ModelNotFound, locate
 from agent.profiling.memory import MemoryProfiler
 from agent.profiling.speed import SpeedProfiler
 from agent.profiling.watch import CellWatch
@@ -124,7 +124,7 @@ def load_benchmark_model(
     name: str, bits: int | None, prebuilt: dict[str, nn.Module] | None = None
 ) -> LoadedModel:
     """A model by name: one of `prebuilt`, a built-in config, an mlx-lm directory, or a Hugging
-    Face id (agent.hf_models: fetched into the cache first when the network allows)."""
+    Face id (agent.profiling.hf_models: fetched into the cache first when the network allows)."""
     revision = None
     if prebuilt and name in prebuilt:
         model = prebuilt[name]

@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.table import Table
 
-from agent.cooling import ThermalGuard
+from agent.cooling.scheduler import ThermalGuard
 from agent.model import ModelArgs, build_model
 from agent.profiling.runner import run_matrix
 from agent.thermal import ThermalMonitor

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-from agent.guard import CellGuard
+from agent.cooling.guard import CellGuard
 from agent.power.base import PowerReading
 from agent.power.meter import EnergyMeter
 from shared.energy import between

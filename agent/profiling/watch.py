@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from agent.guard import CellGuard
+from agent.cooling.guard import CellGuard
 from agent.power.meter import CellEnergy, EnergyMeter
 from agent.profiling.speed import every_step
 from agent.profiling.sustain import SustainRecorder

@@ -3,13 +3,10 @@
 `open_source(name)` opens a source by name; ThermalMonitor polls one with the seed's API.
 """
 
-from agent.thermal.base import (
-    SourceUnavailable,
-    ThermalReading,
-    ThermalSource,
-)
+from agent.sensors.base import SourceUnavailable
+from agent.sensors.replay import ReplayFormatError
+from agent.thermal.base import ThermalReading, ThermalSource
 from agent.thermal.monitor import ThermalMonitor, trend_slope
-from agent.thermal.parsers import ReplayFormatError
 from agent.thermal.registry import open_source
 from shared.source_names import KNOWN_SOURCES, SourceSpecError, UnknownSourceError, auto_order
 

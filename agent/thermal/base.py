@@ -1,21 +1,18 @@
-"""What every thermal source gives: a reading, or None with a reason; and what every source
-(thermal or power, agent.power) shares."""
+"""What every thermal source gives: a reading, or None with a reason (the Source protocol below
+it, shared with the power meters, is agent.sensors.base); and a reading's form on the wire."""
 
 from __future__ import annotations
 
 import time
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping
+from abc import abstractmethod
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
+
+from agent.sensors.base import Source
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
-
-
-class SourceUnavailable(RuntimeError):
-    """A source cannot work on this machine (wrong OS, tool missing, no sensors)."""
+    pass
 
 
 @dataclass(frozen=True)
@@ -42,61 +39,6 @@ class ThermalReading:
             "pressure": self.pressure,
             "simulated": self.simulated,
         }
-
-
-class Source(ABC):
-    """Something read in a loop that must never take the loop down: a thermal source, a power
-    meter. A hiccup is a None reading with the reason in `last_error`, never an exception."""
-
-    name: str = "source"
-    simulated: bool = False
-
-    def __init__(self) -> None:
-        self.last_error: str | None = None
-
-    @abstractmethod
-    def read(self) -> Any:
-        """The current reading, or None (see `last_error`)."""
-
-    def close(self) -> None:  # noqa: B027 - a hook: most sources hold nothing to release
-        """Release processes and handles; safe to call twice."""
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def _fail(self, reason: str) -> None:
-        """Record why there is no reading; returns None so `return self._fail(...)` reads well."""
-        self.last_error = reason
-
-
-S = TypeVar("S", bound=Source)
-
-
-def first_reading(
-    candidates: Iterable[str], open_one: Callable[[str], S]
-) -> tuple[S | None, list[str]]:
-    """The first candidate that opens and gives a reading (what `auto` picks), and why each one
-    before it did not; (None, every reason) when none does."""
-    reasons: list[str] = []
-    for candidate in candidates:
-        try:
-            source = open_one(candidate)
-        except SourceUnavailable as exc:
-            reasons.append(str(exc))
-            continue
-        if source.read() is not None:
-            return source, reasons
-        reasons.append(source.last_error or f"{candidate}: no reading")
-        source.close()
-    return None, reasons
 
 
 class ThermalSource(Source):
@@ -161,19 +103,28 @@ class CallableSource(ThermalSource):
         return self._reading(float(celsius))
 
 
-class Backoff:
-    """Exponential delays for retrying something that keeps failing; reset after a success."""
+def reading_wire(reading: ThermalReading | None) -> dict[str, Any] | None:
+    """The fields of a reading that travel to a job process (sensors stay home: small items)."""
+    if reading is None:
+        return None
+    return {
+        "celsius": reading.celsius,
+        "pressure": reading.pressure,
+        "time": reading.time,
+        "source": reading.source,
+        "simulated": reading.simulated,
+    }
 
-    def __init__(self, initial: float = 0.5, maximum: float = 30.0, factor: float = 2.0) -> None:
-        self.initial = initial
-        self.maximum = maximum
-        self.factor = factor
-        self._next = initial
 
-    def next_delay(self) -> float:
-        delay = self._next
-        self._next = min(self._next * self.factor, self.maximum)
-        return delay
-
-    def reset(self) -> None:
-        self._next = self.initial
+def reading_from_wire(data: Mapping[str, Any] | None) -> ThermalReading | None:
+    """A reading from reading_wire() or from a telemetry.sample body; None for nil or a sample
+    without degrees or pressure."""
+    if data is None or (data["celsius"] is None and data["pressure"] is None):
+        return None
+    return ThermalReading(
+        celsius=data["celsius"],
+        source=data["source"],
+        time=data["time"],
+        pressure=data["pressure"],
+        simulated=data["simulated"],
+    )

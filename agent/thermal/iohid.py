@@ -10,8 +10,9 @@ import ctypes
 import sys
 from ctypes import c_bool, c_char_p, c_double, c_int, c_int32, c_int64, c_long, c_uint32, c_ulong
 
-from agent.thermal.base import SourceUnavailable, ThermalReading, ThermalSource
-from agent.thermal.macos_libs import CORE_FOUNDATION, IOKIT, bind, load
+from agent.sensors.base import SourceUnavailable
+from agent.sensors.macos_libs import CORE_FOUNDATION, IOKIT, bind, load
+from agent.thermal.base import ThermalReading, ThermalSource
 from agent.thermal.parsers import EmptyStreak, hottest, select_die_sensors
 
 _UTF8 = 0x08000100  # kCFStringEncodingUTF8

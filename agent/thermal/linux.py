@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from agent.thermal.base import SourceUnavailable, ThermalReading, ThermalSource
+from agent.sensors.base import SourceUnavailable
+from agent.sensors.sysfs import sysfs_root
+from agent.thermal.base import ThermalReading, ThermalSource
 from agent.thermal.parsers import linux_soc_celsius, parse_sysfs
-
-SYSFS_ROOT_ENV = "MLX_FLEET_SYSFS_ROOT"
 
 _PATTERNS = (
     "class/thermal/thermal_zone*/type",
@@ -17,11 +16,6 @@ _PATTERNS = (
     "class/hwmon/hwmon*/temp*_input",
     "class/hwmon/hwmon*/temp*_label",
 )
-
-
-def sysfs_root() -> Path:
-    """`$MLX_FLEET_SYSFS_ROOT` stands in for /sys when set."""
-    return Path(os.environ.get(SYSFS_ROOT_ENV) or "/sys")
 
 
 def collect_sysfs(root: Path) -> dict[str, str]:

@@ -10,7 +10,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
-from agent.thermal.base import Backoff, CallableSource, NoneSource, ThermalReading, ThermalSource
+from agent.sensors.base import Backoff
+from agent.thermal.base import CallableSource, NoneSource, ThermalReading, ThermalSource
 from agent.thermal.registry import open_source
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ def trend_slope(values: Sequence[float]) -> float | None:
 class StopFlag:
     """What a polling thread sleeps on between polls, woken early by set(). wait() is one C
     call (a lock taken with a timeout), where threading.Event.wait runs a Condition's Python
-    at every poll: ~40 µs of CPU per wake-up on an idle machine here (docs/performance.md)."""
+    at every poll: most of what an idle 1 Hz thread costs (docs/performance.md)."""
 
     def __init__(self) -> None:
         self._unset = threading.Lock()
@@ -216,10 +217,6 @@ class ThermalMonitor:
         the caller looks away."""
         with self._lock:
             self._listeners.append(listener)
-
-    def remove_listener(self, listener: Callable[[ThermalReading | None], None]) -> None:
-        with self._lock:
-            self._listeners.remove(listener)
 
     def _poll(self) -> bool:
         """Read once and record; True when the source failed."""

@@ -6,14 +6,11 @@ functions, and the tests feed them captured text.
 
 from __future__ import annotations
 
-import bisect
 import json
 import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-
-from shared.source_names import SourceSpecError
 
 # Readings outside this range are sensor faults or placeholders, not temperatures.
 PLAUSIBLE_MIN_C = 0.0
@@ -35,7 +32,6 @@ _SAMPLE_HEADER = re.compile(r"^\*\*\* Sampled system activity")
 _DIE_TEMPERATURE = re.compile(r"^(?P<name>.+ die temperature):\s*(?P<value>-?[\d.]+)\s*C\s*$")
 _PRESSURE = re.compile(r"^Current pressure level:\s*(?P<level>\S.*?)\s*$")
 # Some macOS versions spell it "unrecongnized".
-_UNRECOGNIZED_SAMPLER = re.compile(r"unrec\w*ized sampler:?\s*(?P<sampler>\w+)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -64,12 +60,6 @@ def parse_powermetrics(text: str) -> PowermetricsSample | None:
     if not sensors and pressure is None:
         return None
     return PowermetricsSample(sensors, pressure)
-
-
-def unrecognized_sampler(line: str) -> str | None:
-    """The sampler powermetrics refused (Apple Silicon has no `smc`), or None."""
-    match = _UNRECOGNIZED_SAMPLER.search(line)
-    return match["sampler"] if match else None
 
 
 class PowermetricsAssembler:
@@ -220,61 +210,3 @@ class EmptyStreak:
             return False
         self.count = 0
         return True
-
-
-# --- replay CSV ---------------------------------------------------------------------------------
-
-
-class ReplayFormatError(SourceSpecError):
-    """A replay file that cannot be played; the message names the file and line."""
-
-
-ReplayRows = list[tuple[float, float | None]]
-
-
-def parse_replay_csv(text: str, origin: str, unit: str = "celsius") -> ReplayRows:
-    """`seconds,<unit>` rows -> [(seconds, value or None)]: `seconds,celsius` for a thermal
-    replay, `seconds,watts` for a power replay.
-
-    An optional `seconds,<unit>` header, blank lines and `#` comments are allowed; an empty value
-    is a gap (no reading). Seconds must start at >= 0 and increase.
-    """
-    rows: ReplayRows = []
-    for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if not rows and line.replace(" ", "").lower() == f"seconds,{unit}":
-            continue
-        where = f"{origin}:{lineno}"
-        rows.append(_replay_row(line, where, rows[-1][0] if rows else None, unit))
-    if not rows:
-        raise ReplayFormatError(f"{origin}: no `seconds,{unit}` rows")
-    return rows
-
-
-def _replay_row(
-    line: str, where: str, previous: float | None, unit: str
-) -> tuple[float, float | None]:
-    fields = [part.strip() for part in line.split(",")]
-    if len(fields) != 2:
-        raise ReplayFormatError(f"{where}: expected `seconds,{unit}`, got {line!r}")
-    try:
-        seconds = float(fields[0])
-        value = float(fields[1]) if fields[1] else None
-    except ValueError:
-        raise ReplayFormatError(f"{where}: not a number in {line!r}") from None
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ReplayFormatError(f"{where}: seconds must be a finite number >= 0, got {line!r}")
-    if previous is not None and seconds <= previous:
-        raise ReplayFormatError(f"{where}: seconds must increase, got {line!r}")
-    if value is not None and not math.isfinite(value):
-        raise ReplayFormatError(f"{where}: {unit} must be finite, got {line!r}")
-    return seconds, value
-
-
-def replay_value(rows: ReplayRows, elapsed: float) -> float | None:
-    """The row in force `elapsed` seconds in: each row holds until the next, the last one forever;
-    None before the first row and in gaps."""
-    index = bisect.bisect_right(rows, elapsed, key=lambda row: row[0]) - 1
-    return rows[index][1] if index >= 0 else None

@@ -14,8 +14,9 @@ import sys
 from collections.abc import Callable
 from ctypes import POINTER, c_char_p, c_int, c_uint32, c_uint64
 
-from agent.thermal.base import SourceUnavailable, ThermalReading, ThermalSource
-from agent.thermal.macos_libs import LIBSYSTEM, bind, load
+from agent.sensors.base import SourceUnavailable
+from agent.sensors.macos_libs import LIBSYSTEM, bind, load
+from agent.thermal.base import ThermalReading, ThermalSource
 
 NOTIFY_NAME = b"com.apple.system.thermalpressurelevel"
 LEVELS = ("Nominal", "Moderate", "Heavy", "Trapping", "Sleeping")

@@ -9,7 +9,8 @@ from __future__ import annotations
 import platform
 from collections.abc import Callable
 
-from agent.thermal.base import NoneSource, SourceUnavailable, ThermalSource, first_reading
+from agent.sensors.base import SourceUnavailable, first_reading
+from agent.thermal.base import NoneSource, ThermalSource
 from agent.thermal.iohid import IOHIDSource
 from agent.thermal.linux import LinuxSysfsSource
 from agent.thermal.pressure import with_pressure

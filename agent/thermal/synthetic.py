@@ -8,9 +8,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from agent.sensors.load import CpuLoad
+from agent.sensors.replay import read_replay_csv, replay_value
 from agent.thermal.base import ThermalReading, ThermalSource
-from agent.thermal.load import CpuLoad
-from agent.thermal.parsers import ReplayFormatError, ReplayRows, parse_replay_csv, replay_value
 from shared.source_names import SimParams
 
 
@@ -43,16 +43,6 @@ class SimSource(ThermalSource):
         self._celsius = sim_step(self._celsius, self._load(), now - self._last, self.params)
         self._last = now
         return self._reading(self._celsius)
-
-
-def read_replay_csv(path: str | Path, unit: str = "celsius") -> ReplayRows:
-    """A replay file's rows (`seconds,<unit>`); ReplayFormatError naming the file when it cannot
-    be read or parsed. Thermal and power replays read their files alike."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ReplayFormatError(f"{path}: cannot read replay file: {exc.strerror}") from exc
-    return parse_replay_csv(text, str(path), unit=unit)
 
 
 class ReplaySource(ThermalSource):

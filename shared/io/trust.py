@@ -2,7 +2,7 @@
 `data_dir()/keys/trusted/<name>.key`.
 
 The directory is the whole truth: `agent keys trust/revoke` edit it from another process and a
-running daemon reads it on every handshake (agent.keys). Shared because the coordinator writes
+running daemon reads it on every handshake (agent.daemon.zap). Shared because the coordinator writes
 its own key into the embedded agent's trust list before starting it.
 """
 

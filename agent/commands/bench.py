@@ -1,0 +1,242 @@
+"""`agent bench`: the benchmark matrix on this Mac, gated by the cooling policy, one report."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from agent.commands.sensors import open_meter, open_monitor
+from agent.cooling.scheduler import ActionSink, ThermalGuard, ThermalShutdownError
+from agent.power.meter import EnergyMeter
+from agent.profiling.hf_models import ModelNotFound, locate, names_a_repo
+from agent.profiling.machine import machine_info
+from agent.profiling.runner import (
+    ModelLoadError,
+    check_bits_for_dir,
+    check_model_dir,
+    require_mlx_lm,
+    run_matrix,
+)
+from agent.thermal import ThermalMonitor, ThermalReading
+from shared.clock import now_iso, utc_now
+from shared.exit_codes import EXIT_INTERRUPTED, EXIT_PARTIAL, EXIT_USAGE
+from shared.io.cli import check_output, err, show_report, usage_error
+from shared.io.options import (
+    MatrixOptions,
+    Output,
+    PolicyOptions,
+    PowerOptions,
+    ReportFormat,
+    SustainOptions,
+    ThermalOptions,
+    with_options,
+)
+from shared.io.paths import data_subdir
+from shared.matrix import MatrixError, MatrixSpec, expand
+from shared.policy import Action, ThermalPolicy
+from shared.report import progress_line
+from shared.results import failed_cells, not_run
+from shared.sustain import SustainError, SustainPlan
+
+NoCooling = Annotated[
+    bool, typer.Option("--no-cooling", help="Only observe temperatures: never pause or stop.")
+]
+
+
+@with_options
+def bench(
+    matrix: MatrixOptions,
+    thermal: ThermalOptions,
+    limits: PolicyOptions,
+    power: PowerOptions,
+    sustained: SustainOptions,
+    fmt: ReportFormat = "table",
+    output: Output = None,
+    no_cooling: NoCooling = False,
+) -> None:
+    """Benchmark prompt processing and generation over llama-bench's matrix, on this Mac.
+
+    Every list-valued option forms a cross-product, as in llama-bench: each prompt length P
+    gives a test pp<P>, each generation length G a test tg<G>, each -pg P,G a test pp<P>+tg<G>,
+    each at every depth D (tokens already in the KV cache: ' @ d<D>'), per batch size, model and
+    bit width. pp fills the KV cache in steps of --prefill-step-size evaluating the cache only,
+    as mlx-lm does. Each iteration waits out a thermal pause (kept out of the latencies) and a
+    stop ends the run; cells that paused or ran at or above --max-speed-temp are flagged. Each
+    cell's energy comes from --power-source (docs/energy.md); --sustain runs each cell for a
+    duration, window by window."""
+    check_output(output)
+    policy = limits.policy()
+    spec = local_spec(matrix)
+    plan = sustained.plan()
+    monitor = open_monitor(thermal, EXIT_USAGE)
+    try:
+        meter = open_meter(power, thermal.poll_interval)
+    except BaseException:
+        monitor.close()
+        raise
+    try:
+        check_sustain(plan, meter, thermal.poll_interval)
+        notice = None if no_cooling else cooling_notice(monitor)
+        guard = ThermalGuard(monitor, policy, enabled=not no_cooling, on_action=notice)
+        report = new_report(spec, monitor, policy, cooling=not no_cooling)
+        report["energy"] = energy_header(meter)
+        if plan is not None:
+            report["sustain"] = plan.to_dict()
+        measure(report, spec, guard, meter, plan)
+        report["energy"] = energy_header(meter)
+    finally:
+        monitor.close()
+        meter.close()
+    err.print(f"saved {save_run(report)}", highlight=False)  # kept before anything can fail
+    show_report(report, fmt, output)
+    if report["interrupted"]:
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if "stopped" in report:
+        err.print(f"stopped: {report['stopped']}", highlight=False, markup=False)
+    if failed_cells(report["cells"]):
+        raise typer.Exit(EXIT_PARTIAL)
+
+
+def cooling_notice(monitor: ThermalMonitor) -> ActionSink:
+    """A pause can last minutes with no cell finishing: say on stderr when the policy pauses,
+    resumes or stops the run, at which reading and from which source."""
+
+    def say(action: Action, reading: ThermalReading | None, reason: str | None) -> None:
+        if action not in (Action.PAUSE, Action.RESUME, Action.STOP):
+            return
+        at = ""
+        if reading is not None and reading.celsius is not None:
+            at = f" at {reading.celsius:.1f} °C"
+        elif reading is not None and reading.pressure is not None:
+            at = f" at thermal pressure {reading.pressure}"
+        source = monitor.source.name + (", simulated" if monitor.source.simulated else "")
+        because = f": {reason}" if reason else ""
+        err.print(f"cooling: {action.value}{at} ({source}){because}", highlight=False, markup=False)
+
+    return say
+
+
+def local_spec(matrix: MatrixOptions) -> MatrixSpec:
+    """The matrix with its --model directories resolved and checked on this machine, and its
+    Hugging Face ids fetched into the cache (or found there offline); exit 2 naming the
+    problem."""
+    try:
+        models = [local_model(name) for name in matrix.model or []]
+        spec = matrix.spec([name for name, _ in models])
+        for _, path in models:
+            check_model_dir(path)
+            check_bits_for_dir(path, spec.bits)
+        if models:
+            require_mlx_lm()
+    except (MatrixError, ModelLoadError, ModelNotFound) as exc:
+        raise usage_error(str(exc)) from None
+    return spec
+
+
+def local_model(name: str) -> tuple[str, Path]:
+    """(what the spec names, the directory on this disk): a directory by its absolute path, a
+    Hugging Face id as given, resolved to its snapshot."""
+    if not names_a_repo(name):
+        path = Path(name).expanduser()
+        return str(path.resolve()), path
+    require_mlx_lm()  # huggingface_hub comes with it
+    return name, locate(name).path
+
+
+def new_report(
+    spec: MatrixSpec, monitor: ThermalMonitor, policy: ThermalPolicy, cooling: bool
+) -> dict[str, Any]:
+    return {
+        "kind": "agent-bench",
+        "machine": machine_info(),
+        "spec": spec.to_dict(),
+        "models": [],
+        "cells": [],
+        "started_at": now_iso(),
+        "interrupted": False,
+        "thermal": {
+            "source": monitor.source.name,
+            "simulated": monitor.source.simulated,
+            "policy": policy.to_dict(),
+            "cooling": cooling,
+        },
+    }
+
+
+def check_sustain(plan: SustainPlan | None, meter: EnergyMeter, poll_interval: float) -> None:
+    """A window must hold a new reading of the power meter and of the thermal source: exit 2
+    naming the one whose interval is longer than a window."""
+    if plan is None:
+        return
+    try:
+        plan.check(meter.info().resolution_s, f"the power meter {meter.source.name}")
+        plan.check(poll_interval, "the thermal source (--poll-interval)")
+    except SustainError as exc:
+        raise usage_error(str(exc)) from None
+
+
+def energy_header(meter: EnergyMeter) -> dict[str, Any]:
+    """The report's `energy`: the meter, its idle baseline, and why there is no figure."""
+    return {
+        **meter.info().to_dict(),
+        "present": meter.present,
+        "baseline_s": meter.baseline_s,
+        "idle_w": meter.idle_w,
+        "note": meter.idle_note if meter.present else meter.last_error,
+    }
+
+
+def measure(
+    report: dict[str, Any],
+    spec: MatrixSpec,
+    guard: ThermalGuard,
+    meter: EnergyMeter | None = None,
+    plan: SustainPlan | None = None,
+) -> None:
+    """Every cell into the report, with a progress bar (a log line per cell when stderr is
+    not a terminal). Ctrl-C and a thermal stop keep what finished and list what did not run."""
+    cells = expand(spec)
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    )
+    started = time.monotonic()
+    try:
+        with progress:
+            task = progress.add_task(f"benchmarking {cells[0].name}", total=len(cells))
+            records = run_matrix(
+                spec, guard=guard, on_model=report["models"].append, energy=meter, sustain=plan
+            )
+            for record in records:
+                report["cells"].append(record)
+                done = len(report["cells"])
+                if not err.is_terminal:
+                    err.print(f"[{done}/{len(cells)}] {progress_line(record)}", highlight=False)
+                following = cells[done].name if done < len(cells) else "done"
+                progress.update(task, advance=1, description=f"benchmarking {following}")
+    except KeyboardInterrupt:
+        report["interrupted"] = True
+        report["cells"] += not_run(cells[len(report["cells"]) :], "interrupted")
+    except ThermalShutdownError as exc:
+        report["stopped"] = str(exc)
+        report["cells"] += not_run(cells[len(report["cells"]) :], "thermal shutdown")
+    for record in report["cells"]:  # every format names where a cell ran, as a fleet's does
+        record["host"] = report["machine"]["hostname"]
+    report["finished_at"] = now_iso()
+    report["wall_s"] = time.monotonic() - started
+
+
+def save_run(report: dict[str, Any]) -> Path:
+    """Every run is kept under the data directory, whatever was printed."""
+    path = data_subdir("runs") / f"bench-{utc_now():%Y%m%dT%H%M%S%fZ}.json"
+    path.write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
+    return path

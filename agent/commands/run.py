@@ -1,0 +1,126 @@
+"""`agent run -- CMD ARGS...`: a command (a fine-tune) supervised by the cooling policy.
+
+When this machine's `agent serve` runs (same data directory), the command is registered with it: the
+daemon's readings and policy drive the supervision (no second sensor reader), and the daemon lists
+the job and publishes its events (agent.cooling.remote). Otherwise, or once the daemon is gone,
+`agent run` reads the sensor itself and needs no daemon, no coordinator and no network. See
+agent.cooling.supervise for the actions and the reduce_batch state file."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import sys
+from contextlib import ExitStack, closing
+from typing import Annotated
+
+import typer
+
+from agent.commands.sensors import open_monitor
+from agent.cooling.events import PREFIX, EventLog, format_line
+from agent.cooling.feed import register
+from agent.cooling.supervise import LaunchError, Sink, Supervisor
+from agent.thermal import ThermalMonitor
+from shared.exit_codes import EXIT_SUPERVISOR_FAILED
+from shared.io.cli import fail, usage_error
+from shared.io.options import PolicyOptions, ThermalOptions, with_options
+from shared.policy import policy_text
+from shared.telemetry import Event
+
+
+def print_event(event: Event) -> None:
+    print(format_line(event), file=sys.stderr, flush=True)
+
+
+def recorder(log: EventLog, then: list[Sink]) -> Sink:
+    """The sink that records each event in the event log and hands it on, numbered, to `then`
+    (the daemon, once registered): the daemon publishes what was recorded without recording it
+    again. An event the log could not take is still handed on, unnumbered, and the daemon
+    records it."""
+
+    def record(event: Event) -> None:
+        try:
+            event = log.record(event)
+        except sqlite3.Error as exc:  # enforcement must not depend on the disk
+            print(f"{PREFIX} warning: event {event.action} not recorded: {exc}", file=sys.stderr)
+        for sink in then:
+            sink(event)
+
+    return record
+
+
+@with_options
+def run_command(
+    command: Annotated[
+        list[str],
+        typer.Argument(
+            metavar="CMD", help="The command and its arguments, after --.", show_default=False
+        ),
+    ],
+    thermal: ThermalOptions,
+    limits: PolicyOptions,
+    grace: Annotated[
+        float, typer.Option("--grace", help="Seconds from SIGTERM to SIGKILL when stopping.")
+    ] = 30.0,
+) -> None:
+    """Run CMD in its own process group under the cooling policy.
+
+    Pause: SIGSTOP to the group. Resume: SIGCONT. Stop: SIGTERM, then
+    SIGKILL after --grace. reduce_batch: the JSON file named by
+    $MLX_FLEET_COOLING_STATE says so (and SIGUSR1 when CMD runs with
+    MLX_FLEET_COOPERATIVE=1). SIGTERM, SIGINT and SIGHUP to agent run go to
+    the group too; a second one, SIGKILL at once. Each action is a line on
+    stderr and a row in agent-events.sqlite in the data directory.
+
+    With `agent serve` running on this machine, the readings and the policy
+    are the daemon's (the threshold options are not used) and the job shows
+    in its telemetry; --thermal-source and --poll-interval then serve only
+    while no daemon answers, when agent run supervises by itself (and joins
+    a daemon again as soon as one answers). CMD never outlives agent run: a
+    guardian process ends CMD's group if agent run is killed, even with
+    SIGKILL.
+
+    Exit codes: CMD's own (128+N if signal N killed it), 75 thermal stop,
+    2 bad usage (thresholds out of order, unknown source), 125 thermal source
+    unusable here, 126 CMD cannot be executed, 127 CMD not found.
+    """
+    if not (math.isfinite(grace) and grace >= 0):
+        raise usage_error(f"--grace must be >= 0 seconds, got {grace}")
+    policy = limits.policy()
+    with ExitStack() as stack:
+        log = stack.enter_context(closing(EventLog()))
+        forwards: list[Sink] = []
+        supervisor = Supervisor(command, grace=grace, sinks=[print_event, recorder(log, forwards)])
+        feed, forwarder = register(
+            thermal.thermal_source, thermal.poll_interval, policy, lambda: local_monitor(thermal)
+        )
+        stack.callback(forwarder.close)  # after the exit event, which it forwards too
+        forwards.append(forwarder)
+        if feed.remote:
+            typer.echo(
+                f"{PREFIX} registered with agent serve: readings from "
+                f"{feed.source}, its policy {policy_text(feed.policy)}",
+                err=True,
+            )
+            if feed.source == "none":
+                typer.echo(
+                    f"{PREFIX} warning: agent serve has no thermal source; CMD runs "
+                    "without thermal enforcement",
+                    err=True,
+                )
+        try:
+            code = supervisor.run(feed)
+        except LaunchError as exc:
+            raise fail(str(exc), exc.code) from None
+    raise typer.Exit(code)
+
+
+def local_monitor(thermal: ThermalOptions) -> ThermalMonitor:
+    """This machine's sensor, read by agent run itself; exits 2 or 125 when it cannot be."""
+    monitor = open_monitor(thermal, EXIT_SUPERVISOR_FAILED)
+    if monitor.source.name == "none":
+        typer.echo(
+            f"{PREFIX} warning: {monitor.last_error}; CMD runs without thermal enforcement",
+            err=True,
+        )
+    return monitor

@@ -1,0 +1,169 @@
+"""`agent temp`: what the thermal source says now, and what the cooling policy would do about it."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from agent.commands.sensors import open_monitor
+from agent.thermal.base import ThermalReading
+from agent.thermal.monitor import ThermalMonitor, trend_slope
+from shared.display import STATE_STYLES, sparkline, trend_arrow
+from shared.exit_codes import EXIT_PARTIAL
+from shared.io.cli import print_rich, usage_error
+from shared.io.options import PolicyOptions, TableFormat, ThermalOptions, with_options
+from shared.policy import CoolingState, ThermalPolicy, decide
+
+HISTORY_SHOWN = 30
+TREND_WINDOW = 5  # the seed's is_rising window
+
+
+def kind(reading: ThermalReading | None) -> str:
+    """How a value must be labelled: from a sensor, simulated/replayed, or not there at all."""
+    if reading is None or (reading.celsius is None and reading.pressure is None):
+        return "unavailable"
+    return "simulated" if reading.simulated else "sensor"
+
+
+def snapshot(
+    source: str,
+    reading: ThermalReading | None,
+    reason: str | None,
+    state: CoolingState | None,
+    policy: ThermalPolicy,
+) -> dict[str, Any]:
+    """The JSON shape of one observation; `kind` and `simulated` say whether it is a sensor."""
+    return {
+        "source": reading.source if reading else source,
+        "kind": kind(reading),
+        "simulated": bool(reading and reading.simulated),
+        "celsius": reading.celsius if reading else None,
+        "sensor": reading.sensor if reading else None,
+        "pressure": reading.pressure if reading else None,
+        "sensors": dict(reading.sensors) if reading else {},
+        "time": (
+            datetime.fromtimestamp(reading.time, timezone.utc).isoformat(timespec="milliseconds")
+            if reading
+            else None
+        ),
+        "state": state.value if state else None,
+        "reason": None if reading else reason,
+        "policy": policy.to_dict(),
+    }
+
+
+def render(
+    data: dict[str, Any], history: list[float] | None = None, per_minute: float | None = None
+) -> Table:
+    """The Rich view of a snapshot; with a history (watch mode) also the trend in °C/min."""
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    label = {"simulated": " [bold magenta](SIMULATED: not a sensor)[/]", "unavailable": ""}
+    table.add_row("Source", f"{data['source']}{label.get(data['kind'], '')}")
+    celsius = data["celsius"]
+    table.add_row("SoC °C", f"{celsius:.1f}" if celsius is not None else "[red]unavailable[/]")
+    if data["sensor"]:
+        table.add_row("Sensor", Text(data["sensor"]))
+    if history is not None:
+        arrow = trend_arrow(per_minute)
+        table.add_row("Trend", f"{arrow} {per_minute:+.1f} °C/min" if arrow else "—")
+        table.add_row("History", sparkline(history[-HISTORY_SHOWN:]) or "—")
+    table.add_row("Pressure", data["pressure"] or "—")
+    policy = data["policy"]
+    thresholds = (
+        f"reduce ≥ {policy['max_speed_temp']:g}, pause ≥ {policy['pause_temp']:g}, "
+        f"stop ≥ {policy['stop_temp']:g} °C"
+    )
+    if data["state"] is None:
+        table.add_row("Policy", f"no reading, nothing to act on ({thresholds})")
+    else:
+        style = STATE_STYLES[CoolingState(data["state"])]
+        table.add_row("Policy", f"[{style}]{data['state']}[/] ({thresholds})")
+    for name, value in data["sensors"].items():
+        table.add_row(f"  {name}", f"{value:.2f}")
+    if data["reason"]:
+        table.add_row("Why", Text(data["reason"]))
+    if data["time"]:
+        table.add_row("Time", data["time"])
+    return table
+
+
+@with_options
+def temp_command(
+    thermal: ThermalOptions,
+    limits: PolicyOptions,
+    watch: Annotated[
+        bool, typer.Option("--watch", "-w", help="Keep reading: a live view.")
+    ] = False,
+    fmt: TableFormat = "table",
+    count: Annotated[
+        int,
+        typer.Option("--count", "-n", help="With --watch: stop after N readings; 0 never."),
+    ] = 0,
+) -> None:
+    """Show the SoC temperature, its source, the pressure level and the cooling policy's state.
+
+    Exit codes: 0 a reading was shown (or none, with why), 1 the source cannot work on this
+    machine, 2 bad usage."""
+    if count < 0:
+        raise usage_error(f"--count must be >= 0, got {count}")
+    policy = limits.policy()
+    with open_monitor(thermal, EXIT_PARTIAL) as monitor:
+        if watch:
+            _watch(monitor, policy, fmt, count)
+        else:
+            reading = monitor.read()
+            state = decide(policy, reading.celsius, reading.pressure) if reading else None
+            _emit(snapshot(monitor.source.name, reading, monitor.last_error, state, policy), fmt)
+
+
+def _emit(data: dict[str, Any], fmt: str) -> None:
+    """One observation: a JSON line (a stream of them with --watch), or the table."""
+    if fmt == "json":
+        print(json.dumps(data), flush=True)
+    else:
+        print_rich(render(data))
+
+
+def _watch(monitor: ThermalMonitor, policy: ThermalPolicy, fmt: str, count: int) -> None:
+    """Poll in the background and show each tick: JSON lines, or a Live table with the trend."""
+    monitor.start()
+    state: CoolingState | None = None
+    live = Live(auto_refresh=False, console=Console()) if fmt == "table" else None
+    shown = 0
+    try:
+        if live:
+            live.start()
+        while True:
+            reading = monitor.reading
+            if reading:
+                paused = state is CoolingState.PAUSE
+                state = decide(policy, reading.celsius, reading.pressure, paused)
+            else:
+                state = None
+            data = snapshot(monitor.source.name, reading, monitor.last_error, state, policy)
+            if live:
+                history = monitor.get_history()
+                slope = trend_slope(history[-TREND_WINDOW:])
+                per_minute = None if slope is None else slope * 60.0 / monitor.poll_interval
+                live.update(render(data, history, per_minute), refresh=True)
+            else:
+                _emit(data, fmt)
+            shown += 1
+            if count and shown >= count:
+                return
+            time.sleep(monitor.poll_interval)
+    except KeyboardInterrupt:
+        return
+    finally:
+        if live:
+            live.stop()

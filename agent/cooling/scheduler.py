@@ -1,0 +1,261 @@
+"""Acting on temperature: the seed's CoolingScheduler, and the ThermalGuard that gates benchmarks.
+
+The rule itself is shared.policy's CoolingGate (pure, the same `agent run` applies); this module
+only applies it to a polling ThermalMonitor: wait while it says pause, raise when it says stop.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agent.cooling.guard import Conditions, GuardReport, RunStopped
+from agent.thermal import ThermalMonitor, ThermalReading
+from shared.policy import Action, CoolingGate, CoolingState, JobState, ThermalPolicy, decide
+
+__all__ = [
+    "CoolingScheduler",
+    "PauseRecord",
+    "ThermalGuard",
+    "ThermalPolicy",
+    "ThermalShutdownError",
+]
+
+
+DEFAULT_POLICY = ThermalPolicy()
+
+
+class ThermalShutdownError(RunStopped):
+    """The policy said stop: too hot to go on. The message names temperature, threshold and step."""
+
+    def __init__(
+        self, step: int, temperature: float | None, threshold: float, pressure: str | None = None
+    ) -> None:
+        self.step = step
+        self.temperature = temperature
+        self.threshold = threshold
+        self.pressure = pressure
+        shown = "unknown" if temperature is None else f"{temperature:.1f} °C"
+        if temperature is not None and temperature >= threshold:
+            cause = f"SoC temperature {shown} reached the stop threshold {threshold:.1f} °C"
+        else:
+            cause = (
+                f"thermal pressure level {pressure!r} means stop (SoC temperature {shown}, "
+                f"stop threshold {threshold:.1f} °C)"
+            )
+        super().__init__(f"thermal shutdown at step {step}: {cause}")
+
+
+@dataclass(frozen=True)
+class PauseRecord:
+    """One cooling pause: when it began and ended (wall clock) and the hottest reading in it."""
+
+    step: int
+    started_at: float
+    ended_at: float
+    peak_celsius: float | None
+
+    @property
+    def duration_s(self) -> float:
+        return self.ended_at - self.started_at
+
+
+def _celsius_max(a: float | None, b: float | None) -> float | None:
+    values = [v for v in (a, b) if v is not None]
+    return max(values) if values else None
+
+
+ActionSink = Callable[[Action, ThermalReading | None, str | None], None]
+"""Told each action of the rule as it is decided: the action, the poll's reading, and why when
+the reading did not say (a pause ended without a sensor)."""
+
+
+class CoolingScheduler:
+    """Gates training steps (or benchmark iterations) by the one cooling rule (shared.policy's
+    CoolingGate, as `agent run` applies it), fed every poll of the monitor: start() the monitor
+    (or hand it readings). A check costs nothing when all is well.
+
+    A missing reading holds a pause for up to MISSING_POLLS_TO_RESUME polls, then resumes; a
+    stop is final. Without a policy of its own it follows the monitor's `policy` when the monitor
+    has one (a RemoteMonitor carries the agent daemon's, pushed by a coordinator), else the
+    default. `on_action` hears every action as the rule decides it.
+    """
+
+    def __init__(
+        self,
+        monitor: ThermalMonitor,
+        policy: ThermalPolicy | None = None,
+        on_action: ActionSink | None = None,
+    ) -> None:
+        self.monitor = monitor
+        self._policy = policy
+        self.on_action = on_action
+        self.pauses: list[PauseRecord] = []
+        self.gate = CoolingGate()
+        self._changed = threading.Condition()
+        self._peak: float | None = None
+        self._stopped_by: ThermalReading | None = None
+        self._total_pause_time = 0.0
+        if monitor.reading is not None:  # what the monitor read before we listened
+            self.observe(monitor.reading)
+        monitor.add_listener(self.observe)
+
+    @property
+    def policy(self) -> ThermalPolicy:
+        return self._policy or getattr(self.monitor, "policy", None) or DEFAULT_POLICY
+
+    @policy.setter
+    def policy(self, policy: ThermalPolicy) -> None:
+        self._policy = policy
+
+    @property
+    def state(self) -> CoolingState:
+        """What the gated work lives under now: ok, reduce_batch, pause or stop."""
+        return self.gate.state
+
+    def observe(self, reading: ThermalReading | None) -> None:
+        """One poll (None: no reading), on whatever thread polls: the rule decides, a waiting
+        step wakes."""
+        with self._changed:
+            decision = self.gate.observe(self.policy, reading)
+            celsius = reading.celsius if reading else None
+            if Action.PAUSE in decision.actions:
+                self._peak = celsius
+            elif self.gate.supervision.job is JobState.PAUSED:
+                self._peak = _celsius_max(self._peak, celsius)
+            if Action.STOP in decision.actions:
+                self._stopped_by = reading
+                self._peak = _celsius_max(self._peak, celsius)
+            self._changed.notify_all()
+        if self.on_action is not None:
+            for action in decision.actions:
+                self.on_action(action, reading, decision.reason)
+
+    def _shutdown(self, step: int) -> ThermalShutdownError:
+        reading = self._stopped_by
+        return ThermalShutdownError(
+            step,
+            reading.celsius if reading else None,
+            self.policy.stop_temp,
+            reading.pressure if reading else None,
+        )
+
+    def check_before_step(self, step: int) -> None:
+        """Return at once unless paused or stopped; while paused, wait (waking at every poll,
+        and every pause_duration at most) until the rule resumes; at stop, raise
+        ThermalShutdownError. A stop reached during a pause raises too."""
+        with self._changed:
+            if self.gate.supervision.job is JobState.STOPPING:
+                raise self._shutdown(step)
+            if self.gate.supervision.job is not JobState.PAUSED:
+                return
+            started_at, started = time.time(), time.monotonic()
+            try:
+                while self.gate.supervision.job is JobState.PAUSED:
+                    self._changed.wait(self.policy.pause_duration)
+                if self.gate.supervision.job is JobState.STOPPING:
+                    raise self._shutdown(step)
+            finally:
+                self._total_pause_time += time.monotonic() - started
+                self.pauses.append(PauseRecord(step, started_at, time.time(), self._peak))
+
+    def should_reduce_batch(self) -> bool:
+        """Whether the rule asks for a smaller batch now (max_speed_temp <= T < pause_temp
+        when it was last known)."""
+        return self.gate.supervision.reduced
+
+    @property
+    def total_pause_time(self) -> float:
+        """Seconds spent paused, all pauses together."""
+        return self._total_pause_time
+
+
+class ThermalGuard:
+    """The CellGuard (agent.cooling.guard) that puts the cooling policy between benchmark
+    iterations.
+
+    Enabled, each iteration waits out a pause and a stop raises ThermalShutdownError; disabled
+    (`--no-cooling`), it only observes. Either way the cell's report carries the SoC °C at its start
+    and end, the pause time spent in it, its source, and the flags `paused` (a pause happened),
+    `hot` (a reading in the cell made the policy ask for more than ok, i.e. at or above
+    max_speed_temp or a pressure level that asks for action) and `simulated` (sim/replay source).
+    """
+
+    def __init__(
+        self,
+        monitor: ThermalMonitor,
+        policy: ThermalPolicy | None = None,
+        enabled: bool = True,
+        on_action: ActionSink | None = None,
+    ) -> None:
+        self.monitor = monitor
+        self.enabled = enabled
+        self.scheduler = CoolingScheduler(monitor, policy, on_action)
+        self._start: ThermalReading | None = None
+        self._pause_before = 0.0
+        self._pauses_before = 0
+        self._in_cell = False
+        self._hot = False
+        monitor.add_listener(self._on_reading)
+
+    @property
+    def policy(self) -> ThermalPolicy:
+        return self.scheduler.policy
+
+    def begin_cell(self) -> None:
+        """Note the starting reading. Starts the monitor if nobody did: a gate that reads a
+        monitor which never polls would silently never fire."""
+        self.monitor.start()
+        self._start = self.monitor.reading
+        self._pause_before = self.scheduler.total_pause_time
+        self._pauses_before = len(self.scheduler.pauses)
+        self._hot = self._is_hot(self._start)
+        self._in_cell = True
+
+    def before_iteration(self, step: int) -> None:
+        if self.enabled:
+            self.scheduler.check_before_step(step)
+
+    def now(self) -> Conditions:
+        reading = self.monitor.reading
+        return Conditions(
+            reading.celsius if reading else None,
+            self.scheduler.state.value if reading else None,
+            self.scheduler.total_pause_time,
+        )
+
+    def end_cell(self) -> GuardReport:
+        self._in_cell = False
+        end = self.monitor.reading
+        self._hot = self._hot or self._is_hot(end)
+        paused_s = self.scheduler.total_pause_time - self._pause_before
+        flags = [
+            flag
+            for flag, present in (
+                ("paused", len(self.scheduler.pauses) > self._pauses_before),
+                ("hot", self._hot),
+                ("simulated", self.monitor.source.simulated),
+            )
+            if present
+        ]
+        return GuardReport(
+            soc_temp_start_c=self._start.celsius if self._start else None,
+            soc_temp_end_c=end.celsius if end else None,
+            pressure_start=self._start.pressure if self._start else None,
+            pressure_end=end.pressure if end else None,
+            pause_s=paused_s,
+            flags=flags,
+            thermal_source=self.monitor.source.name,
+        )
+
+    def _is_hot(self, reading: ThermalReading | None) -> bool:
+        if reading is None:
+            return False
+        return decide(self.policy, reading.celsius, reading.pressure) is not CoolingState.OK
+
+    def _on_reading(self, reading: ThermalReading | None) -> None:
+        """Every poll, even mid-iteration: a short spike still marks the cell hot."""
+        if self._in_cell and self._is_hot(reading):
+            self._hot = True

@@ -1,0 +1,159 @@
+"""One job process (`python -m agent.daemon.benchmark.child`, agent/daemon/benchmark/child.py) seen
+from the daemon: started with its
+request on stdin, its msgpack stream read off a pipe, its stdout and stderr in a log file, and
+its end told in words (an exit code, or the signal that killed it, and its last lines).
+
+Only the daemon's main thread uses it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+TAIL_LINES = 5
+TAIL_CHARS = 8000
+"""How much of a dead process's log is read; TAIL_LINES of it are quoted."""
+FATAL = "Fatal Python error"
+"""How faulthandler's report of a crash starts (each thread's frames follow it)."""
+MATRIX_FRAME = "in run_matrix"
+
+
+class JobProcess:
+    """spawn() it; read() what it wrote; send() it updates; reap() its exit code."""
+
+    def __init__(self, process: subprocess.Popen[bytes], fd: int, log: Path | None) -> None:
+        self.process = process
+        self.fd = fd
+        """The pipe the process writes its stream to: poll it, then read()."""
+        self.log = log
+        self._unpacker = msgpack.Unpacker(raw=False)
+
+    @classmethod
+    def spawn(cls, request: dict[str, Any], log: Path | None) -> JobProcess:
+        """Start `python -m agent.daemon.benchmark.child` with `request` as its first input. Its
+        output goes to
+        `log` (appended, mode 0600), or nowhere when None. Raises OSError."""
+        read_fd, write_fd = os.pipe()
+        log_fd = (
+            os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            if log is not None
+            else subprocess.DEVNULL
+        )
+        try:
+            process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "agent.daemon.benchmark.child",
+                    "--fd",
+                    str(write_fd),
+                    "--parent",
+                    str(os.getpid()),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=log_fd,
+                stderr=log_fd,
+                pass_fds=(write_fd,),
+                close_fds=True,
+            )
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
+            if log is not None:
+                os.close(log_fd)  # type: ignore[arg-type]
+        assert process.stdin is not None
+        process.stdin.write(msgpack.packb(request))
+        process.stdin.flush()
+        os.set_blocking(process.stdin.fileno(), False)
+        return cls(process, read_fd, log)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def read(self) -> list[dict[str, Any]] | None:
+        """The items written since the last read; None once the process closed its end."""
+        data = os.read(self.fd, 65536)
+        if not data:
+            return None
+        self._unpacker.feed(data)
+        return list(self._unpacker)
+
+    def send(self, update: dict[str, Any]) -> None:
+        """Never blocks: an update the pipe has no room for (a process that stopped reading)
+        is dropped."""
+        if self.process.stdin is None or self.process.stdin.closed:
+            return
+        with contextlib.suppress(BlockingIOError, BrokenPipeError):
+            os.write(self.process.stdin.fileno(), msgpack.packb(update))
+
+    def terminate(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def reap(self, timeout: float) -> int:
+        """Close our ends and wait for the exit (killing it after `timeout`); its returncode."""
+        os.close(self.fd)
+        try:
+            code = self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait()
+        assert self.process.stdin is not None
+        with contextlib.suppress(OSError):
+            self.process.stdin.close()
+        return code
+
+    def last_lines(self) -> str:
+        """': LINE; LINE (log: PATH)' from the end of the log, or '' when it said nothing."""
+        if self.log is None:
+            return ""
+        try:
+            with open(self.log, "rb") as handle:
+                handle.seek(max(0, handle.seek(0, os.SEEK_END) - TAIL_CHARS))
+                text = handle.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+        quoted = quote(text)
+        return f": {' | '.join(quoted)} (log: {self.log})" if quoted else ""
+
+
+def quote(text: str) -> list[str]:
+    """The lines of a log's tail that say why the process died: after a crash, faulthandler's
+    verdict and the innermost frames of the thread that was running the matrix (the crash
+    itself is often in one of MLX's own threads, which has no Python frames); else its last
+    lines."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    fatal = [i for i, line in enumerate(lines) if line.startswith(FATAL)]
+    if not fatal:
+        return lines[-TAIL_LINES:]
+    blocks: list[list[str]] = []
+    for line in lines[fatal[-1] + 1 :]:
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            blocks.append([])
+        elif line.startswith("File ") and blocks:
+            blocks[-1].append(line)
+    running = [b for b in blocks if any(MATRIX_FRAME in line for line in b)] or blocks or [[]]
+    return [lines[fatal[-1]], *running[0][: TAIL_LINES - 1]]
+
+
+def exit_text(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"

@@ -1,0 +1,310 @@
+"""What the daemon keeps: its telemetry history (every sample numbered and kept in memory, the
+latest ones, and in SQLite, written WRITE_EVERY at a time; every event in agent-events.sqlite,
+shared with `agent run`; both pruned to a retention, served in pages after a cursor) and the
+policy it enforces (policy.json, so a restart keeps what a coordinator pushed).
+
+Only the daemon's main thread uses it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from agent.cooling.events import EventLog
+from agent.daemon.storage import EVENTS, HISTORY, POLICY, StorageHealth
+from agent.daemon.telemetry import page_history
+from agent.daemon.throttle import LogThrottle
+from shared.io.files import replace_atomically
+from shared.io.paths import data_dir
+from shared.io.sqlite import open_store, store_id
+from shared.policy import ThermalPolicy
+from shared.telemetry import Event, Sample
+
+log = logging.getLogger("agent.daemon.history")
+
+MIGRATIONS = (
+    """
+CREATE TABLE IF NOT EXISTS samples (
+    time     REAL NOT NULL,
+    host     TEXT NOT NULL,
+    celsius  REAL,
+    pressure TEXT,
+    source   TEXT NOT NULL,
+    simulated INTEGER NOT NULL,
+    state    TEXT,
+    trend    REAL,
+    pause_s_total REAL NOT NULL,
+    jobs     TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS samples_time ON samples (time)
+""",
+    """
+CREATE TABLE samples_2 (
+    seq             INTEGER PRIMARY KEY AUTOINCREMENT,
+    time            REAL NOT NULL,
+    celsius         REAL,
+    pressure        TEXT,
+    source          TEXT NOT NULL,
+    simulated       INTEGER NOT NULL,
+    state           TEXT,
+    trend_c_per_min REAL,
+    pause_s_total   REAL NOT NULL,
+    jobs            TEXT NOT NULL
+);
+INSERT INTO samples_2 (time, celsius, pressure, source, simulated, state, trend_c_per_min,
+                       pause_s_total, jobs)
+    SELECT time, celsius, pressure, source, simulated, state, trend, pause_s_total, jobs
+    FROM samples ORDER BY time;
+DROP TABLE samples;
+ALTER TABLE samples_2 RENAME TO samples;
+CREATE INDEX samples_time ON samples (time)
+""",
+    """
+ALTER TABLE samples ADD COLUMN storage_error TEXT
+""",
+    """
+ALTER TABLE samples ADD COLUMN power_w REAL;
+ALTER TABLE samples ADD COLUMN energy_j REAL;
+ALTER TABLE samples ADD COLUMN power TEXT
+""",
+    """
+ALTER TABLE samples ADD COLUMN sensor TEXT
+""",
+)
+"""The schema, version by version (shared.io.sqlite.open_store). Version 1 is the file earlier
+releases made without a version; version 2 numbers samples (the history cursor, never given
+twice: AUTOINCREMENT) and stores the columns of shared.telemetry.Sample; version 3 adds what the
+agent could not write when it took the sample (storage_error); version 4 what its power source
+read at the same poll (power_w, energy_j, power); version 5 which sensor of the source the
+reading is (sensor; NULL in rows recorded before)."""
+_COLUMNS = ", ".join(("seq", *Sample.columns()))
+_INSERT = (
+    f"INSERT INTO samples ({_COLUMNS}) VALUES ({', '.join('?' * (len(Sample.columns()) + 1))})"
+)
+MEMORY_SAMPLES = 3600
+"""Samples kept in memory: an hour at 1 Hz, so a coordinator's usual backfill never reads disk;
+as many wait in memory while the disk refuses them."""
+MEMORY_EVENTS = 10000
+"""Events that wait in memory while the disk refuses them."""
+WRITE_EVERY = 10
+"""Samples are written this many at a time (10 s at the default poll interval), in one
+transaction: a commit a second would be most of an idle daemon's CPU (docs/performance.md). What a
+crash can lose is docs/reliability.md's: the samples not written yet, all served from memory
+meanwhile, and all written at a clean stop."""
+RESERVED_SEQS = MEMORY_SAMPLES
+"""Numbers set aside on disk past the last sample given, with every write: after a crash the
+numbering resumes past every number the lost samples may have had, so none is given twice."""
+
+Page = tuple[list[dict[str, Any]], list[dict[str, Any]], bool]
+
+
+def default_samples_path() -> Path:
+    return data_dir() / "agent-telemetry.sqlite"
+
+
+def policy_path() -> Path:
+    return data_dir() / "policy.json"
+
+
+def load_policy(path: Path | None = None) -> ThermalPolicy:
+    """The policy last saved, else the default. A file that cannot be used is reported and the
+    default enforced: a safe policy beats none."""
+    path = path or policy_path()
+    try:
+        return ThermalPolicy.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        return ThermalPolicy()
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        log.error("cannot use the saved policy %s (%s): enforcing the default", path, exc)
+        return ThermalPolicy()
+
+
+def save_policy(policy: ThermalPolicy, path: Path | None = None) -> None:
+    """Replace the saved policy atomically; raises OSError."""
+    replace_atomically(path or policy_path(), json.dumps(policy.to_dict()))
+
+
+class SavedPolicy:
+    """policy.json, written whenever the policy changes; one the disk refused is reported and
+    written again at the next retry(): the policy is enforced all the same."""
+
+    def __init__(self, storage: StorageHealth, path: Path | None = None) -> None:
+        self.storage = storage
+        self.path = path or policy_path()
+        self._unsaved: ThermalPolicy | None = None
+
+    def save(self, policy: ThermalPolicy) -> None:
+        self._unsaved = policy
+        self.retry()
+
+    def retry(self) -> None:
+        if self._unsaved is None:
+            return
+        try:
+            save_policy(self._unsaved, self.path)
+        except OSError as exc:
+            self.storage.failed(POLICY, self.path, exc)
+            return
+        self._unsaved = None
+        self.storage.written(POLICY)
+
+
+class TelemetryHistory:
+    """Samples and events since the retention cutoff. `host` labels what it serves; `id` names
+    this history (both files), so a cursor into another one is never taken for one into it.
+
+    Samples are written WRITE_EVERY at a time, and all that wait at close(). A write the disk
+    refuses is reported to `storage` and kept: each add_sample asks again for the samples, and
+    flush() (each poll) for the events, oldest first, until the disk takes them. The samples
+    meanwhile are served from memory; an event is published unnumbered (seq nil) and numbered
+    when it is written."""
+
+    def __init__(
+        self,
+        host: str,
+        events: EventLog,
+        path: Path | None = None,
+        storage: StorageHealth | None = None,
+    ) -> None:
+        self.host = host
+        self.events = events
+        self.path = path or default_samples_path()
+        self.storage = storage or StorageHealth(LogThrottle(log))
+        self._conn = open_store(self.path, MIGRATIONS, what="history")
+        self.id = f"{store_id(self._conn)}.{events.id}"
+        row = self._conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'samples'")
+        self._next_seq = (row.fetchone() or (0,))[0] + 1
+        self._recent: deque[Sample] = deque(maxlen=MEMORY_SAMPLES)
+        """The latest samples, every one since the first it holds."""
+        self._unwritten: deque[Sample] = deque(maxlen=MEMORY_SAMPLES)
+        self._unrecorded: deque[Event] = deque(maxlen=MEMORY_EVENTS)
+
+    def add_sample(self, sample: Sample) -> Sample:
+        """Number `sample` (the next `seq`) and keep it; returns it numbered. Written with the
+        WRITE_EVERY-th sample not yet written."""
+        sample = sample.numbered(self._next_seq)
+        self._next_seq += 1
+        self._recent.append(sample)
+        if len(self._unwritten) == self._unwritten.maxlen:
+            self._dropping("samples", MEMORY_SAMPLES)
+        self._unwritten.append(sample)
+        if len(self._unwritten) >= WRITE_EVERY:
+            self._write_samples(self._next_seq - 1 + RESERVED_SEQS)
+        return sample
+
+    @property
+    def unwritten_samples(self) -> int:
+        """Samples kept that the next write will take (the disk may have refused some)."""
+        return len(self._unwritten)
+
+    def add_event(self, event: Event) -> Event:
+        """The daemon's own events (`agent run` records its events in the same file itself);
+        returns it numbered, or unnumbered when the disk refused it (it is kept and retried)."""
+        if not self._unrecorded:
+            try:
+                return self._record(event)
+            except sqlite3.Error:
+                pass
+        if len(self._unrecorded) == self._unrecorded.maxlen:
+            self._dropping("events", MEMORY_EVENTS)
+        self._unrecorded.append(event)
+        return event
+
+    def flush(self) -> None:
+        """Write the events the disk refused so far, oldest first (samples wait for their
+        batch, see add_sample)."""
+        while self._unrecorded:
+            try:
+                self._record(self._unrecorded[0])
+            except sqlite3.Error:
+                return
+            self._unrecorded.popleft()
+
+    def _write_samples(self, numbered_up_to: int) -> None:
+        """Write every sample waiting, and keep on disk that numbers up to `numbered_up_to`
+        are taken (the next start numbers after it)."""
+        rows = [(s.seq, *s.row()) for s in self._unwritten]
+        try:
+            with self._conn:
+                self._conn.executemany(_INSERT, rows)
+                taken = self._conn.execute(
+                    "UPDATE sqlite_sequence SET seq = ? WHERE name = 'samples'", (numbered_up_to,)
+                )
+                if taken.rowcount == 0:  # no sample was ever written to this file
+                    self._conn.execute(
+                        "INSERT INTO sqlite_sequence (name, seq) VALUES ('samples', ?)",
+                        (numbered_up_to,),
+                    )
+        except sqlite3.Error as exc:
+            self.storage.failed(HISTORY, self.path, exc)
+            return
+        self._unwritten.clear()
+        self.storage.written(HISTORY)
+
+    def _record(self, event: Event) -> Event:
+        try:
+            recorded = self.events.record(event)
+        except sqlite3.Error as exc:
+            self.storage.failed(EVENTS, self.events.path, exc)
+            raise
+        self.storage.written(EVENTS)
+        return recorded
+
+    def _dropping(self, what: str, kept: int) -> None:
+        self.storage.throttle.log(
+            f"{what} dropped unwritten",
+            logging.ERROR,
+            "the disk refused the last %d %s: the oldest is dropped unwritten",
+            kept,
+            what,
+        )
+
+    def page(
+        self, samples_after: int, events_after: int, since: float, limit: int, budget: int
+    ) -> Page:
+        """history.get: samples and events numbered after their cursors and stamped after
+        `since` (see page_history), as bodies."""
+        samples = [s.body(self.host) for s in self._samples_after(samples_after, since, limit + 1)]
+        events = [e.body(self.host) for e in self.events.after(events_after, since, limit + 1)]
+        return page_history(samples, events, limit, budget)
+
+    def prune(self, cutoff: float) -> None:
+        """Forget what is older than `cutoff`, in memory and on disk (a disk that refuses is
+        reported, and asked again at the next prune)."""
+        while self._recent and self._recent[0].time < cutoff:
+            self._recent.popleft()
+        while self._unwritten and self._unwritten[0].time < cutoff:
+            self._unwritten.popleft()
+        try:
+            with self._conn:
+                self._conn.execute("DELETE FROM samples WHERE time < ?", (cutoff,))
+            self.events.prune(cutoff)
+        except sqlite3.Error as exc:
+            self.storage.failed(HISTORY, self.path, exc)
+
+    def close(self) -> None:
+        """Write every sample still waiting, numbered exactly up to the last one given (a clean
+        stop leaves no gap in the numbers), and close the file."""
+        self._write_samples(self._next_seq - 1)
+        self._conn.close()
+
+    def _samples_after(self, seq: int, since: float, count: int) -> list[Sample]:
+        if self._recent and seq >= (self._recent[0].seq or 0) - 1:
+            return self._recent_after(seq, since, count)
+        rows = self._conn.execute(
+            f"SELECT {_COLUMNS} FROM samples WHERE seq > ? AND time > ? ORDER BY seq LIMIT ?",
+            (seq, since, count),
+        ).fetchall()
+        stored = [Sample.from_row(row[1:], seq=row[0]) for row in rows]
+        if len(stored) == count:
+            return stored
+        after = (stored[-1].seq or 0) if stored else seq  # the rest are not written yet
+        return stored + self._recent_after(after, since, count - len(stored))
+
+    def _recent_after(self, seq: int, since: float, count: int) -> list[Sample]:
+        return [s for s in self._recent if (s.seq or 0) > seq and s.time > since][:count]

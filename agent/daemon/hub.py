@@ -1,0 +1,334 @@
+"""The daemon's telemetry hub: ONE ThermalMonitor read all the time, each reading judged by the
+policy in force, published, stored and counted; the supervised jobs' events likewise; and the
+policy itself (persisted, changed by policy.set). docs/protocol.md §10-§12.
+
+The monitor's thread only hands readings over (a queue and a wake-up pipe the daemon's loop
+polls); everything stateful happens on the daemon's main thread, so nothing here needs a lock.
+The monitor's thread reads the power meter with each reading, so a sample's figures are its
+poll's. While nothing needs each reading as it is taken (no subscriber, job, /metrics, deferred
+reply or refused write), that thread wakes the loop only when the history's next write is due:
+the loop takes every reading taken so far whenever anything else wakes it, so nobody sees the
+difference but the CPU (docs/performance.md, The idle daemon).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections import deque
+from collections.abc import Callable
+from queue import SimpleQueue
+from typing import TYPE_CHECKING, Any
+
+from agent.cooling.events import EventLog
+from agent.daemon.history import WRITE_EVERY, SavedPolicy, TelemetryHistory, load_policy
+from agent.daemon.storage import StorageHealth
+from agent.daemon.telemetry import (
+    TREND_WINDOW,
+    JobTable,
+    PowerPoll,
+    host_state,
+    retention_cutoff,
+    sample,
+    trend_c_per_min,
+)
+from agent.daemon_address import pid_alive
+from agent.power.meter import EnergyMeter
+from agent.sensors.base import SourceInfo
+from agent.thermal import ThermalMonitor, ThermalReading, ThermalSource
+from shared import protocol as p
+from shared.policy import CoolingState, ThermalPolicy, policy_text, updated_policy
+from shared.telemetry import Event
+
+if TYPE_CHECKING:
+    from shared.io.metrics import MetricsServer, TelemetryMetrics
+
+log = logging.getLogger("agent.daemon.hub")
+
+PRUNE_EVERY_S = 300.0
+"""History is pruned this often, or ten times per retention period when that is shorter."""
+
+Publish = Callable[[str, dict[str, Any]], None]
+
+
+class TappedSource(ThermalSource):
+    """A source that hands every read's outcome (None too) to `on_read`: how the one monitor's
+    thread tells the daemon about each reading as it is taken."""
+
+    def __init__(
+        self, inner: ThermalSource, on_read: Callable[[ThermalReading | None], None]
+    ) -> None:
+        super().__init__()
+        self.inner = inner
+        self.name = inner.name
+        self.simulated = inner.simulated
+        self.last_error = inner.last_error
+        self._on_read = on_read
+
+    def read(self) -> ThermalReading | None:
+        reading = None
+        try:
+            reading = self.inner.read()
+        finally:  # a source that raises still makes a sample: one without a reading
+            self.last_error = self.inner.last_error
+            self._on_read(reading)
+        return reading
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def reading_sensors(reading: ThermalReading | None) -> dict[str, float | None]:
+    """Each sensor of a reading by name; a source that names none gives its one figure under
+    its sensor's (or its own) name."""
+    if reading is None:
+        return {}
+    if reading.sensors:
+        return dict(reading.sensors)
+    if reading.celsius is None:
+        return {}
+    return {reading.sensor or reading.source: reading.celsius}
+
+
+class TelemetryHub:
+    """start(source) begins monitoring; the daemon's loop calls drain() when `wake_fd` is
+    readable; every sample and event goes to `publish`."""
+
+    def __init__(
+        self,
+        publish: Publish,
+        poll_interval: float,
+        retention_days: float,
+        storage: StorageHealth,
+        name: str | None = None,
+    ) -> None:
+        """Opens the history and event stores: raises StoreError or OSError when they cannot
+        be (the daemon does not start). `name` is the agent's (`host` in every sample, event
+        and metric), its hostname by default."""
+        self.publish_message = publish
+        self.poll_interval = poll_interval
+        self.retention_days = retention_days
+        self.storage = storage
+        self.host = name or socket.gethostname()
+        self.policy = load_policy()
+        self.saved_policy = SavedPolicy(storage)
+        self.jobs = JobTable()
+        events = EventLog()
+        try:
+            self.history = TelemetryHistory(self.host, events, storage=storage)
+        except BaseException:
+            events.close()
+            raise
+        self.source = SourceInfo("none", False)
+        self.monitor: ThermalMonitor | None = None
+        self.meter: EnergyMeter | None = None
+        """The power source read at each poll (owned from start()); None: no meter."""
+        self.last_power: PowerPoll | None = None
+        self.metrics: TelemetryMetrics | None = None
+        self.last_reading: ThermalReading | None = None
+        self._metrics_server: MetricsServer | None = None
+        self._readings: SimpleQueue[tuple[float, ThermalReading | None, PowerPoll | None]] = (
+            SimpleQueue()
+        )
+        """Each poll's time, reading and power, from the monitor's thread."""
+        self.each_reading = True
+        """Whether the monitor's thread wakes the loop at every reading (see pace())."""
+        self.wake_fd, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_write, False)
+        self._state: CoolingState | None = None
+        self._temperatures: deque[float] = deque(maxlen=TREND_WINDOW)
+        self._next_prune = 0.0
+
+    def start(self, source: ThermalSource, meter: EnergyMeter | None = None) -> None:
+        """Poll `source` (the hub owns it from now on) every poll interval, in the background,
+        and read `meter` (owned too) at each poll when it measures anything."""
+        self.meter = meter
+        self.source = SourceInfo(source.name, source.simulated)
+        self.monitor = ThermalMonitor(self.poll_interval, source=TappedSource(source, self._tap))
+        self.monitor.start()
+        log.info(
+            "monitoring %s every %g s; policy %s",
+            self.source.name,
+            self.poll_interval,
+            policy_text(self.policy),
+        )
+
+    def serve_metrics(self, address: str, version: str, machine: dict[str, Any]) -> int:
+        """Prometheus /metrics at HOST:PORT, every series of this host there from the start;
+        returns the bound port. Raises ValueError or OSError."""
+        from shared.io.metrics import TelemetryMetrics, serve_metrics  # only with --prometheus
+
+        metrics = TelemetryMetrics()
+        self._metrics_server = serve_metrics(metrics.registry, address)
+        metrics.host_up(self.host, version=version, machine=machine, policy=self.policy.to_dict())
+        self.metrics = metrics
+        return self._metrics_server.port
+
+    def close(self) -> None:
+        """Stop monitoring; store the readings still waiting, then close."""
+        try:
+            if self.monitor is not None:
+                self.monitor.close()
+                self.monitor.source.close()  # the monitor leaves a source it was given open
+                self.drain()
+        finally:
+            if self.meter is not None:
+                self.meter.close()
+            if self._metrics_server is not None:
+                self._metrics_server.close()
+            self.history.close()
+            self.history.events.close()
+            os.close(self.wake_fd)
+            os.close(self._wake_write)
+
+    def thermal(self) -> dict[str, Any]:
+        """info.ok's `thermal`: the latest polled reading, never waiting on the sensor."""
+        reading = self.monitor.reading if self.monitor else None
+        return {
+            "source": self.source.name,
+            "simulated": self.source.simulated,
+            "reading": reading.to_dict() if reading else None,
+            "error": self.monitor.last_error if self.monitor else None,
+        }
+
+    def power(self) -> dict[str, Any]:
+        """info.ok's `power`: the meter (or `none`, with why) and its latest reading."""
+        meter = self.meter
+        info = meter.info() if meter is not None else None
+        poll = self.last_power
+        return {
+            "source": info.source if info else "none",
+            "simulated": bool(info and info.simulated),
+            "rails": list(info.rails) if info else [],
+            "resolution_s": info.resolution_s if meter is not None and meter.present else None,
+            "reading": poll.reading.to_dict() if poll and poll.reading else None,
+            "error": meter.last_error if meter is not None else "no power source",
+        }
+
+    def _read_power(self) -> PowerPoll | None:
+        """On the monitor's thread, with each reading (the meter's only reader)."""
+        meter = self.meter
+        if meter is None or not meter.present:
+            return None
+        reading = meter.read()
+        source = SourceInfo(meter.source.name, meter.source.simulated)
+        return PowerPoll(source, reading, meter.last_error)
+
+    # --- readings -------------------------------------------------------------------------------
+
+    def _tap(self, reading: ThermalReading | None) -> None:
+        """On the monitor's thread: hand the reading and the power of the moment to the main
+        loop, and wake it when it wants each reading or when the readings waiting and the
+        samples not yet written fill a write (a deque's len is safe to read from here)."""
+        readings = self._readings
+        readings.put((time.time(), reading, self._read_power()))
+        if self.each_reading or readings.qsize() + self.history.unwritten_samples >= WRITE_EVERY:
+            try:  # noqa: SIM105 - contextlib.suppress is three Python calls more, every poll
+                os.write(self._wake_write, b"r")
+            except BlockingIOError:
+                pass  # a wake-up is pending already
+
+    def woken(self) -> None:
+        """The loop polled `wake_fd` readable: take the wake-up (drain() takes the readings)."""
+        os.read(self.wake_fd, 4096)
+
+    def drain(self) -> list[ThermalReading | None]:
+        """Every reading taken since the last drain, each published and stored, oldest first.
+        The loop calls it whenever it wakes, so whatever woke it sees every reading taken."""
+        readings = []
+        while not self._readings.empty():  # this thread is the queue's only reader
+            taken_at, reading, power = self._readings.get_nowait()
+            self._on_reading(taken_at, reading, power)
+            readings.append(reading)
+        return readings
+
+    def pace(self, watched: bool) -> None:
+        """Wake the loop at every reading while something needs each one as it is taken or
+        needs the loop soon: a subscriber, a benchmark job or a deferred reply (`watched`, the
+        daemon knows), a supervised job, /metrics or a write the disk refused (the hub knows:
+        writes are retried at each poll). Otherwise only when the history's next write is due,
+        so a SIGKILL loses no more than it did (WRITE_EVERY), and a daemon nobody watches wakes
+        its loop once every WRITE_EVERY polls instead of every poll."""
+        self.each_reading = bool(
+            watched or self.jobs.jobs or self.metrics is not None or self.storage.failing
+        )
+
+    def retry_writes(self) -> None:
+        """Write what the disk refused before (events, the policy; the samples' history asks
+        again with each sample)."""
+        self.history.flush()
+        self.saved_policy.retry()
+
+    def _on_reading(
+        self, now: float, reading: ThermalReading | None, power: PowerPoll | None
+    ) -> None:
+        """One poll, taken at `now`: judge, publish, store, prune."""
+        self.retry_writes()
+        if power is not None:
+            self.last_power = power
+        self.last_reading = reading
+        self._state = host_state(self.policy, reading, self._state)
+        if reading is not None and reading.celsius is not None:
+            self._temperatures.append(reading.celsius)
+        if self.jobs.jobs:  # (an idle daemon's polls skip the job table's upkeep)
+            for event in self.jobs.vanished(lambda pgid: pid_alive(-pgid), now):  # any in group
+                self.event(event)
+            self.jobs.expire(now)
+        taken = sample(
+            now,
+            reading,
+            self.source,
+            self._state,
+            trend_c_per_min(list(self._temperatures), self.poll_interval),
+            self.jobs.pause_s_total(now),
+            self.jobs.listed(),
+            self.storage.error,
+            power,
+        )
+        body = self.history.add_sample(taken).body(self.host)
+        self.publish_message("telemetry.sample", body)
+        if self.metrics is not None:
+            self.metrics.observe_sample(body)
+            self.metrics.observe_sensors(self.host, reading_sensors(reading))
+        if now >= self._next_prune:
+            self.history.prune(retention_cutoff(now, self.retention_days))
+            self._next_prune = now + min(PRUNE_EVERY_S, self.retention_days * 86400.0 / 10)
+
+    # --- events and the policy ------------------------------------------------------------------
+
+    def event(self, event: Event, kind: str = p.KIND_RUN) -> None:
+        """Keep the job table current (`kind` is what a `start` lists), record it unless it
+        comes numbered (`agent run` recorded it), and publish."""
+        self.jobs.apply(event, kind)
+        if event.seq is None:
+            event = self.history.add_event(event)
+        body = event.body(self.host)
+        self.publish_message("telemetry.event", body)
+        if self.metrics is not None:
+            self.metrics.observe_event(body)
+
+    def set_policy(self, changes: dict[str, Any]) -> ThermalPolicy:
+        """Validate, persist, apply, announce; returns the policy in force. ValueError naming
+        the problem leaves the old policy in force."""
+        policy = updated_policy(self.policy, changes)
+        if policy != self.policy:
+            self.saved_policy.save(policy)  # enforced even when the disk refuses it
+            self.policy = policy
+            if self.metrics is not None:
+                self.metrics.set_policy(self.host, policy.to_dict())
+            log.info("new policy: %s", policy_text(policy))
+            self.event(
+                Event(
+                    time=time.time(),
+                    job=None,
+                    pid=None,
+                    action="policy",
+                    source=self.source.name,
+                    simulated=self.source.simulated,
+                    detail=policy_text(policy),
+                    policy=policy.to_dict(),
+                )
+            )
+        return self.policy

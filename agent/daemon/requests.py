@@ -1,0 +1,279 @@
+"""What the daemon answers (docs/protocol.md §5): one method per request type, and HANDLERS, the
+table built from them that is the single list of the requests this agent serves (a test holds
+it equal to shared.protocol.REQUESTS).
+
+A handler returns its Reply, or raises ProtocolError, which goes back as an `error` reply, or
+returns None when its reply is deferred (computed on a worker thread and sent by the daemon's loop
+through send_finished()). The daemon's parts it reads and changes are given at construction.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import zmq
+
+from agent.daemon.benchmark.jobs import BenchJobs
+from agent.daemon.benchmark.journal import JOB_LIST_MAX
+from agent.daemon.deferred import DeferredReplies
+from agent.daemon.endpoints import AgentSockets, Received, peer_key
+from agent.daemon.hub import TelemetryHub
+from agent.daemon.telemetry import HISTORY_PAGE_BYTES, history_limit, run_event
+from agent.doctor.checks import report as doctor_report
+from shared import protocol as p
+from shared.policy import policy_text
+
+
+class Reply(NamedTuple):
+    """The reply's type and body, and the stream messages that follow it at once (same `re`)."""
+
+    type: str
+    body: dict[str, Any]
+    then: tuple[tuple[str, dict[str, Any]], ...] = ()
+
+
+class Request(NamedTuple):
+    identity: bytes
+    message: p.Message
+    frame: zmq.Frame | None
+    """The message's last frame under CURVE, None without: see peer_key."""
+
+    @property
+    def peer_key(self) -> str | None:
+        """The sender's CURVE public key (None without CURVE)."""
+        return peer_key(self.frame)
+
+    @property
+    def body(self) -> dict[str, Any]:
+        return self.message.body
+
+    def refuse(self, code: str, message: str) -> p.ProtocolError:
+        """The error answering this request."""
+        return p.ProtocolError(code, message, re=self.message.id)
+
+
+Handler = Callable[["Requests", Request], Reply | None]
+HANDLERS: dict[str, Handler] = {}
+
+
+def handles(type_: str) -> Callable[[Handler], Handler]:
+    """Register the decorated method as the handler of request `type_`."""
+
+    def register(handler: Handler) -> Handler:
+        if type_ in HANDLERS:
+            raise ValueError(f"two handlers for {type_}")
+        HANDLERS[type_] = handler
+        return handler
+
+    return register
+
+
+class Requests:
+    """The handlers, over the daemon's sockets, telemetry hub and benchmark jobs."""
+
+    def __init__(
+        self,
+        sockets: AgentSockets,
+        hub: TelemetryHub,
+        jobs: BenchJobs,
+        machine: dict[str, Any],
+        version: str,
+        stopping: Callable[[], bool],
+    ) -> None:
+        self.sockets = sockets
+        self.hub = hub
+        self.jobs = jobs
+        self.machine = machine
+        self.version = version
+        self.stopping = stopping
+        self.deferred = DeferredReplies()
+
+    def answer(self, received: Received) -> None:
+        """Reply to one request: its handler's reply, or an `error` (a deferred reply later)."""
+        message = received.message
+        assert isinstance(message, p.Message)
+        request = Request(received.identity, message, received.frame)
+        reply = HANDLERS[message.type](self, request)
+        if reply is None:
+            return
+        for type_, body in ((reply.type, reply.body), *reply.then):
+            self.sockets.send(received.identity, p.make(type_, body, re=message.id))
+
+    def send_finished(self) -> None:
+        """Send every deferred reply whose work is done (its failure as an `internal` error)."""
+        for pending in self.deferred.finished():
+            try:
+                message = p.make(pending.type, pending.future.result(), re=pending.re)
+            except Exception as exc:  # a bug answers one request, never kills the daemon
+                message = p.error(p.INTERNAL, f"{type(exc).__name__}: {exc}", re=pending.re)
+            self.sockets.send(pending.identity, message)
+
+    @handles("hello")
+    def hello(self, request: Request) -> Reply:
+        return Reply(
+            "hello.ok",
+            {
+                "agent": self.version,
+                "protocol": p.PROTOCOL_VERSION,
+                "hostname": self.hub.host,
+                "secure": self.sockets.secure,
+            },
+        )
+
+    @handles("ping")
+    def ping(self, request: Request) -> Reply:
+        job = self.jobs.running
+        return Reply("ping.ok", {"job": job.id if job else None, "time": time.time()})
+
+    @handles("info")
+    def info(self, request: Request) -> Reply:
+        job = self.jobs.running
+        return Reply(
+            "info.ok",
+            {
+                "agent": self.version,
+                "protocol": p.PROTOCOL_VERSION,
+                "name": self.hub.host,
+                "machine": self.machine,
+                "thermal": self.hub.thermal(),
+                "power": self.hub.power(),
+                "job": None if job is None else job.summary(),
+                "telemetry_port": self.sockets.telemetry_port,
+                "poll_interval": self.hub.poll_interval,
+                "policy": self.hub.policy.to_dict(),
+                "jobs": self.hub.jobs.listed(),
+                "history": self.hub.history.id,
+                "storage": self.hub.storage.report(),
+            },
+        )
+
+    @handles("bench.start")
+    def bench_start(self, request: Request) -> Reply:
+        """Every refusal (busy, bad-matrix, too-large) comes before the job process starts: an
+        error reply never leaves a job behind."""
+        if self.stopping():
+            raise request.refuse(p.BUSY, "busy: the agent is stopping")
+        plan = self.jobs.plan(request.message)
+        progress = {"job": plan.id, "done": 0, "total": len(plan.cells)}
+        reply = Reply(
+            "bench.start.ok",
+            {"job": plan.id, "cells": [cell.name for cell in plan.cells]},
+            then=(("bench.progress", progress),),
+        )
+        p.encode(p.make(reply.type, reply.body, re=request.message.id))  # too-large: refused
+        self.jobs.start(request.identity, request.message.id, plan)
+        self.jobs.feed(self.hub.last_reading, self.hub.policy)  # what the daemon read last
+        return reply
+
+    @handles("bench.cancel")
+    def bench_cancel(self, request: Request) -> Reply:
+        self.jobs.cancel_by_id(request.body["job"], request.message)
+        return Reply("bench.cancel.ok", {"job": request.body["job"]})
+
+    @handles("job.get")
+    def job_get(self, request: Request) -> Reply:
+        offset = request.body["offset"] or 0
+        check_cursor(request, "offset")
+        return Reply("job.get.ok", self.jobs.page(request.body["job"], offset, request.message))
+
+    @handles("job.list")
+    def job_list(self, request: Request) -> Reply:
+        limit = request.body["limit"]
+        if limit is not None and limit < 1:
+            raise p.ProtocolError(
+                p.BAD_BODY, f"job.list: limit must be >= 1, got {limit}", re=request.message.id
+            )
+        jobs = self.jobs.journal.list_jobs(min(limit or JOB_LIST_MAX, JOB_LIST_MAX))
+        return Reply("job.list.ok", {"jobs": jobs})
+
+    @handles("history.get")
+    def history_get(self, request: Request) -> Reply:
+        try:
+            limit = history_limit(request.body["limit"])
+        except ValueError as exc:
+            raise request.refuse(p.BAD_BODY, f"history.get: {exc}") from None
+        check_cursor(request, "samples_after")
+        check_cursor(request, "events_after")
+        body = request.body
+        samples, events, truncated = self.hub.history.page(
+            body["samples_after"],
+            body["events_after"],
+            body["since"] or 0.0,
+            limit,
+            HISTORY_PAGE_BYTES,
+        )
+        return Reply(
+            "history.get.ok",
+            {
+                "history": self.hub.history.id,
+                "samples": samples,
+                "events": events,
+                "truncated": truncated,
+            },
+        )
+
+    @handles("policy.get")
+    def policy_get(self, request: Request) -> Reply:
+        return Reply("policy.get.ok", {"policy": self.hub.policy.to_dict()})
+
+    @handles("policy.set")
+    def policy_set(self, request: Request) -> Reply:
+        """A refusal leaves the old policy in force; a change reaches the running job at once."""
+        before = self.hub.policy
+        try:
+            policy = self.hub.set_policy(request.body["policy"])
+        except ValueError as exc:
+            raise p.ProtocolError(
+                p.BAD_POLICY,
+                f"policy refused: {exc}; the policy in force stays {policy_text(before)}",
+                re=request.message.id,
+            ) from None
+        if policy != before:
+            self.jobs.feed_policy(policy)
+        return Reply("policy.set.ok", {"policy": policy.to_dict()})
+
+    @handles("job.event")
+    def job_event(self, request: Request) -> Reply:
+        """An event of an `agent run` job on this machine: we list and publish it (and record
+        it when `agent run` could not). Only a process holding the agent's own key (its user,
+        on this machine) may send one: a coordinator cannot make up local jobs."""
+        own = self.sockets.public_key
+        if own is not None and request.peer_key != own:
+            raise request.refuse(
+                p.FORBIDDEN,
+                "job.event is accepted only from this agent's own key (agent run on its "
+                "machine), not from a coordinator",
+            )
+        try:
+            event = run_event(request.body)
+        except ValueError as exc:
+            raise request.refuse(p.BAD_BODY, f"job.event: {exc}") from None
+        self.hub.event(event, p.KIND_RUN)
+        return Reply("job.event.ok", {"job": request.body["job"]})
+
+    @handles("doctor")
+    def doctor(self, request: Request) -> None:
+        """This agent's `agent doctor` report, as its service sees the machine. It takes
+        seconds (a 1 s benchmark, every sensor), so it is deferred; the benchmark is skipped
+        while a job runs, which it would disturb."""
+        job = self.jobs.running
+        skip = f"benchmark job {job.id} is running" if job else None
+        ports = (self.sockets.command_port, self.sockets.telemetry_port)
+        self.deferred.submit(
+            request.identity,
+            request.message.id,
+            "doctor.ok",
+            lambda: {"report": doctor_report(ports, serving=True, skip_bench=skip)},
+        )
+
+
+def check_cursor(request: Request, name: str) -> None:
+    """An offset or a cursor: 0 to MAX_WIRE_INT; `bad-body` naming the field otherwise."""
+    value = request.body[name]
+    if value is not None and not 0 <= value <= p.MAX_WIRE_INT:
+        raise request.refuse(
+            p.BAD_BODY,
+            f"{request.message.type}: {name} must be 0 to {p.MAX_WIRE_INT}, got {value}",
+        )

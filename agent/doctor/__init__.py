@@ -1,0 +1,1 @@
+"""`agent doctor`'s checks, for the command and for the daemon's `doctor` request alike."""

@@ -1,0 +1,332 @@
+"""`agent doctor`: everything a first run on this machine needs, each check passed or failed
+with the fix. The report (plain data) is what `agent doctor --format json` prints, what the
+`doctor` request returns (docs/protocol.md), and what a user attaches to a bug report.
+
+A check is `required` when the agent cannot run without it: the exit code is 0 when every
+required check passed. A macOS feature absent on another OS is a failed check saying so, never
+a pass.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from shared import protocol as p
+from shared.io.paths import data_dir
+from shared.source_names import auto_order
+
+BENCH_SECONDS = 1.0
+MATMUL_SIZE = 256
+FIREWALL = "/usr/libexec/ApplicationFirewall/socketfilterfw"
+FIREWALL_FIX = f"sudo {FIREWALL} --add {{python}} && sudo {FIREWALL} --unblockapp {{python}}"
+"""The macOS firewall is per application, not per port (mac-desk-check.md, launchd)."""
+SOURCE_READ_INTERVAL_S = 0.5
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str | None = None
+    required: bool = False
+
+
+def python_check() -> Check:
+    version = platform.python_version()  # >= 3.10: the package requires it
+    if sys.platform != "darwin":
+        return Check("python", True, f"{platform.machine()} Python {version}", required=True)
+    translated = subprocess.run(
+        ["sysctl", "-n", "sysctl.proc_translated"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    if translated == "1" or platform.machine() != "arm64":
+        return Check(
+            "python",
+            False,
+            f"{platform.machine()} Python {version}"
+            + (", translated by Rosetta" if translated == "1" else ""),
+            "MLX needs a native arm64 Python: e.g. /opt/homebrew/bin/python3.12 (not /usr/local's "
+            "Intel Homebrew), then reinstall mlx-fleet with it",
+            True,
+        )
+    return Check("python", True, f"arm64 Python {version}", required=True)
+
+
+def mlx_checks() -> list[Check]:
+    try:
+        import mlx.core as mx
+    except ImportError as exc:
+        return [Check("mlx", False, f"import mlx.core failed: {exc}", "pip install mlx", True)]
+    device = mx.default_device()
+    found = Check("mlx", True, f"MLX {mx.__version__}, default device {device}", required=True)
+    if mx.metal.is_available():
+        working = mx.device_info().get("max_recommended_working_set_size", 0) / 2**30
+        return [found, Check("metal", True, f"Metal, recommended working set {working:.1f} GiB")]
+    on_mac = sys.platform == "darwin"
+    return [
+        found,
+        Check(
+            "metal",
+            False,
+            "no Metal device: MLX runs on its CPU backend"
+            + ("" if on_mac else f" (Metal is macOS only; this is {platform.system()})"),
+            "MLX needs macOS >= 14 on Apple Silicon for Metal" if on_mac else None,
+            required=on_mac,
+        ),
+    ]
+
+
+def bench_check(skip: str | None = None) -> Check:
+    """A 1-second matmul: MLX computes right (against numpy) and at what speed."""
+    if skip:
+        return Check("benchmark", True, f"skipped: {skip}")
+    try:
+        import mlx.core as mx
+        import numpy as np
+
+        a = np.random.default_rng(0).standard_normal((MATMUL_SIZE, MATMUL_SIZE), np.float32)
+        x = mx.array(a)
+        result = mx.matmul(x, x)
+        mx.eval(result)  # warm-up: kernels compile on first use
+        expected = a @ a
+        error = float(np.max(np.abs(np.array(result) - expected)) / np.max(np.abs(expected)))
+        runs, started = 0, time.perf_counter()
+        while time.perf_counter() - started < BENCH_SECONDS:
+            mx.eval(mx.matmul(x, x))
+            runs += 1
+        elapsed = time.perf_counter() - started
+    except Exception as exc:  # whatever MLX raises, the check says it
+        return Check("benchmark", False, f"{type(exc).__name__}: {exc}", "reinstall mlx", True)
+    gflops = 2 * MATMUL_SIZE**3 * runs / elapsed / 1e9
+    # Relative to the largest entry: MLX's CUDA backend multiplies float32 at TF32 precision
+    # (an H200 with MLX 0.32.4 read 1.4e-3 here; Metal and the CPU ~1e-7); wrong results read ~1.
+    ok = error < 1e-2
+    detail = (
+        f"{MATMUL_SIZE}x{MATMUL_SIZE} fp32 matmul: {gflops:.1f} GFLOP/s, "
+        f"max relative error {error:.1e}"
+    )
+    return Check("benchmark", ok, detail, None if ok else "MLX computes wrong results", True)
+
+
+def thermal_checks() -> list[Check]:
+    """Every sensor this OS may have, side by side with its reading (the offsets between
+    smc, iohid and macmon on this very Mac), and what `auto` picks."""
+    from agent.sensors.base import SourceUnavailable
+    from agent.thermal import open_source
+
+    checks = []
+    for name in (*auto_order(platform.system()), "auto"):
+        try:
+            with open_source(name, interval_s=SOURCE_READ_INTERVAL_S) as source:
+                reading = source.read()
+                reason = source.last_error
+                picked = source.name
+        except SourceUnavailable as exc:
+            checks.append(Check(f"thermal: {name}", False, str(exc).split("; this machine")[0]))
+            continue
+        if reading is None or (reading.celsius is None and reading.pressure is None):
+            checks.append(Check(f"thermal: {name}", False, f"no reading: {reason}"))
+            continue
+        degrees = "no degrees" if reading.celsius is None else f"{reading.celsius:.1f} °C"
+        sensor = f" ({reading.sensor})" if reading.sensor else ""
+        pressure = f", pressure {reading.pressure}" if reading.pressure else ""
+        chose = f" -> {picked}" if name == "auto" else ""
+        checks.append(Check(f"thermal: {name}", True, f"{degrees}{sensor}{pressure}{chose}"))
+    return checks
+
+
+def power_source_checks() -> list[Check]:
+    """Every power source this OS may have, with what it reads (agent.doctor.power)."""
+    from agent.doctor.power import power_checks
+
+    return [
+        Check(name, ok, detail, None if ok else "energy will be N/A with this source")
+        for name, ok, detail in power_checks()
+    ]
+
+
+def pressure_check() -> Check:
+    from agent.sensors.base import SourceUnavailable
+    from agent.thermal.pressure import PressureReader
+
+    try:
+        reader = PressureReader()
+    except SourceUnavailable as exc:
+        return Check("thermal pressure", False, str(exc))
+    try:
+        level = reader.read()
+    finally:
+        reader.close()
+    if level is None:
+        return Check("thermal pressure", False, "notify_get_state gave no known level")
+    return Check("thermal pressure", True, f"{level} (notify API, no root)")
+
+
+def data_checks() -> list[Check]:
+    """The data directory is writable and the secret key is this user's alone; nothing is
+    created by looking."""
+    home = data_dir(create=False)
+    existing = next((path for path in (home, *home.parents) if path.exists()), Path("/"))
+    if not os.access(existing, os.W_OK):
+        fix = f"make {existing} writable by this user, or set MLX_FLEET_HOME"
+        return [Check("data dir", False, f"{home}: {existing} is not writable", fix, True)]
+    checks = [
+        Check(
+            "data dir",
+            True,
+            f"{home}" + ("" if home.exists() else " (made on first use)"),
+            None,
+            True,
+        )
+    ]
+    secret = home / "keys" / "self.key_secret"
+    if secret.exists():
+        mode = stat.S_IMODE(secret.stat().st_mode)
+        private = not mode & 0o077
+        checks.append(
+            Check(
+                "agent key",
+                private,
+                f"{secret} mode {mode:o}",
+                None if private else f"chmod 600 {secret}",
+                True,
+            )
+        )
+    else:
+        checks.append(Check("agent key", True, "made on the first `agent serve`"))
+    trusted = sorted((home / "keys" / "trusted").glob("*.key"))
+    checks.append(
+        Check(
+            "trusted coordinators",
+            bool(trusted),
+            f"{len(trusted)} trusted: {', '.join(path.stem for path in trusted) or 'none'}",
+            None if trusted else "agent keys trust KEY (the key `coordinator keys show` prints)",
+        )
+    )
+    return checks
+
+
+def port_checks(ports: tuple[int, int], serving: bool) -> list[Check]:
+    """The command and telemetry ports can be bound (or this agent is the one holding them)."""
+    from agent.daemon_address import find_daemon
+
+    daemon = find_daemon()
+    checks = []
+    for port, role in zip(ports, ("command", "telemetry"), strict=True):
+        name = f"port {port} ({role})"
+        if serving:
+            checks.append(Check(name, True, "bound by this agent", required=True))
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("0.0.0.0", port))
+            except OSError as exc:
+                if daemon is not None:
+                    checks.append(
+                        Check(name, True, f"in use by agent serve (pid {daemon.pid})", None, True)
+                    )
+                    continue
+                fix = "stop what listens there, or agent serve --bind 0.0.0.0:OTHER_PORT"
+                checks.append(Check(name, False, f"cannot bind: {exc.strerror}", fix, True))
+                continue
+        checks.append(Check(name, True, "free", required=True))
+    return checks
+
+
+def service_check() -> Check:
+    from agent.service.control import status
+    from agent.service.plan import make_plan
+
+    reports = []
+    for system in (False, True):
+        try:
+            report = status(make_plan(not system, system, False, False))
+        except Exception as exc:  # a manager that cannot be asked is reported, not raised
+            return Check("service", False, f"cannot ask the service manager: {exc}")
+        reports.append(report)
+        if report["installed"]:
+            break
+    report = reports[-1]
+    if not report["installed"]:
+        return Check("service", False, "not installed", "agent install (or coordinator deploy)")
+    where = report.get("domain") or report["flavour"]
+    detail = (
+        f"{report['scope']} {report['flavour']} service, loaded: {report['loaded']}, "
+        f"in {where}, running: {report['running']}, pid {report['pid']}, "
+        f"last exit code {report['last_exit']}"
+    )
+    ok = report["running"] is True
+    return Check("service", ok, detail, None if ok else f"see {', '.join(report['logs'])}")
+
+
+def firewall_check() -> Check:
+    python = os.path.realpath(sys.executable)
+    if sys.platform != "darwin":
+        return Check(
+            "firewall",
+            False,
+            f"the macOS application firewall: not a Mac ({platform.system()}); make sure "
+            "this machine's own firewall lets the coordinator reach both ports",
+        )
+    state = subprocess.run([FIREWALL, "--getglobalstate"], capture_output=True, text=True).stdout
+    if "enabled" not in state.lower():
+        return Check("firewall", True, state.strip() or "disabled")
+    app = subprocess.run(
+        [FIREWALL, "--getappblocked", python], capture_output=True, text=True
+    ).stdout.strip()
+    fix = FIREWALL_FIX.format(python=python)
+    if "blocked" in app.lower():
+        return Check("firewall", False, f"enabled: {app}", fix)
+    return Check(
+        "firewall",
+        True,
+        f"enabled; {app or 'no answer for ' + python} (it says so for unlisted programs too: "
+        "`coordinator doctor` from another machine is the test)",
+        fix,
+    )
+
+
+def report(
+    ports: tuple[int, int] = (p.DEFAULT_PORT, p.DEFAULT_PORT + p.TELEMETRY_PORT_OFFSET),
+    serving: bool = False,
+    skip_bench: str | None = None,
+) -> dict[str, Any]:
+    """Every check, in the order a first run meets them, with this machine's facts."""
+    steps: list[Callable[[], Check | list[Check]]] = [
+        python_check,
+        mlx_checks,
+        lambda: bench_check(skip_bench),
+        thermal_checks,
+        pressure_check,
+        power_source_checks,
+        data_checks,
+        lambda: port_checks(ports, serving),
+        service_check,
+        firewall_check,
+    ]
+    checks: list[Check] = []
+    for step in steps:
+        found = step()
+        checks.extend(found if isinstance(found, list) else [found])
+    try:
+        from agent.profiling.machine import machine_info
+
+        machine: dict[str, Any] | None = machine_info()
+    except Exception:  # no MLX: the checks above say why
+        machine = None
+    return {
+        "host": socket.gethostname(),
+        "ok": all(check.ok for check in checks if check.required),
+        "checks": [asdict(check) for check in checks],
+        "machine": machine,
+    }

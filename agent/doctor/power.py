@@ -1,0 +1,45 @@
+"""`agent doctor`'s power rows: every power source this OS may have, side by side with what it
+reads over a short interval (so IOReport's rails, the SMC's PSTR and macmon can be compared on
+this very Mac), and what `auto` picks. None is required: a benchmark without a meter says N/A."""
+
+from __future__ import annotations
+
+import platform
+import time
+
+from shared.energy import SYSTEM
+from shared.source_names import power_auto_order
+
+POWER_READ_S = 0.5
+"""Between a source's two reads: watts need an interval (a counter's first read has none)."""
+
+
+def power_checks(interval_s: float = POWER_READ_S) -> list[tuple[str, bool, str]]:
+    """(name, ok, what it read or why not) per source, then `auto`."""
+    from agent.power.registry import open_power_source
+    from agent.sensors.base import SourceUnavailable
+
+    rows = []
+    for name in (*power_auto_order(platform.system()), "auto"):
+        try:
+            with open_power_source(name, interval_s=interval_s) as source:
+                source.read()
+                time.sleep(interval_s)
+                reading = source.read()
+                reason, picked = source.last_error, source.name
+                resolution, simulated = source.resolution_s, source.simulated
+        except SourceUnavailable as exc:
+            rows.append((f"power: {name}", False, str(exc).split("; this machine")[0]))
+            continue
+        if reading is None or reading.total_w is None:
+            rows.append((f"power: {name}", False, f"no reading: {reason}"))
+            continue
+        parts = ", ".join(f"{rail} {watts:.2f}" for rail, watts in sorted(reading.watts.items()))
+        whole = "the system rail" if SYSTEM in reading.watts else "the rails' sum"
+        detail = f"{reading.total_w:.2f} W ({parts}; total is {whole}), resolution {resolution:g} s"
+        if simulated:
+            detail += ", SIMULATED: not a meter"
+        if name == "auto":
+            detail += f" -> {picked}"
+        rows.append((f"power: {name}", True, detail))
+    return rows

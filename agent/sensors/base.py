@@ -1,0 +1,102 @@
+"""What every source of readings shares, thermal or power: the Source protocol (a hiccup is a
+None reading with a reason, never an exception), `auto`'s first working candidate, the retry
+backoff, and the label every sample carries."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from types import TracebackType
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """Who took the readings: labels every sample and event."""
+
+    name: str
+    simulated: bool
+
+
+class SourceUnavailable(RuntimeError):
+    """A source cannot work on this machine (wrong OS, tool missing, no sensors)."""
+
+
+class Source(ABC):
+    """Something read in a loop that must never take the loop down: a thermal source, a power
+    meter. A hiccup is a None reading with the reason in `last_error`, never an exception."""
+
+    name: str = "source"
+    simulated: bool = False
+
+    def __init__(self) -> None:
+        self.last_error: str | None = None
+
+    @abstractmethod
+    def read(self) -> Any:
+        """The current reading, or None (see `last_error`)."""
+
+    def close(self) -> None:  # noqa: B027 - a hook: most sources hold nothing to release
+        """Release processes and handles; safe to call twice."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _fail(self, reason: str) -> None:
+        """Record why there is no reading; returns None so `return self._fail(...)` reads well."""
+        self.last_error = reason
+
+
+S = TypeVar("S", bound=Source)
+
+
+def first_reading(
+    candidates: Iterable[str], open_one: Callable[[str], S]
+) -> tuple[S | None, list[str]]:
+    """The first candidate that opens and gives a reading (what `auto` picks), and why each one
+    before it did not; (None, every reason) when none does."""
+    reasons: list[str] = []
+    for candidate in candidates:
+        try:
+            source = open_one(candidate)
+        except SourceUnavailable as exc:
+            reasons.append(str(exc))
+            continue
+        if source.read() is not None:
+            return source, reasons
+        reasons.append(source.last_error or f"{candidate}: no reading")
+        source.close()
+    return None, reasons
+
+
+class Backoff:
+    """Exponential delays for retrying something that keeps failing; reset after a success."""
+
+    def __init__(self, initial: float = 0.5, maximum: float = 30.0, factor: float = 2.0) -> None:
+        self.initial = initial
+        self.maximum = maximum
+        self.factor = factor
+        self._next = initial
+
+    def next_delay(self) -> float:
+        delay = self._next
+        self._next = min(self._next * self.factor, self.maximum)
+        return delay
+
+    def reset(self) -> None:
+        self._next = self.initial

@@ -1,0 +1,45 @@
+"""The macOS libraries the in-process sources call through ctypes, and one way to bind them."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from agent.sensors.base import SourceUnavailable
+
+CORE_FOUNDATION = "/System/Library/Frameworks/CoreFoundation.framework/CoreFoundation"
+IOKIT = "/System/Library/Frameworks/IOKit.framework/IOKit"
+LIBSYSTEM = "/usr/lib/libSystem.B.dylib"
+
+
+def load(path: str, source: str) -> ctypes.CDLL:
+    try:
+        return ctypes.CDLL(path)
+    except OSError as exc:
+        raise SourceUnavailable(f"{source}: cannot load {path}: {exc}") from exc
+
+
+def bind(lib: ctypes.CDLL, name: str, restype: Any, *argtypes: Any) -> Any:
+    # Every pointer restype must be c_void_p: the default int truncates 64-bit pointers.
+    function = getattr(lib, name)
+    function.restype = restype
+    function.argtypes = list(argtypes)
+    return function
+
+
+def apple_silicon() -> bool:
+    """`hw.optional.arm64` is 1: Apple Silicon, even for a Python that Rosetta translates."""
+    libc = load(LIBSYSTEM, "sysctl")
+    sysctlbyname = bind(
+        libc,
+        "sysctlbyname",
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_void_p,
+        ctypes.POINTER(ctypes.c_size_t),
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+    )
+    value, size = ctypes.c_int(0), ctypes.c_size_t(ctypes.sizeof(ctypes.c_int))
+    found = sysctlbyname(b"hw.optional.arm64", ctypes.byref(value), ctypes.byref(size), None, 0)
+    return found == 0 and value.value == 1

@@ -17,7 +17,7 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.dates import date2num  # noqa: E402
 
-from coordinator.history import read_history  # noqa: E402
+from coordinator.commands.history import read_history  # noqa: E402
 from coordinator.plot import HOST_COLOURS, THRESHOLD_STYLES, plot_history, write_plot  # noqa: E402
 from coordinator.telemetry_stats import HostSeries  # noqa: E402
 from coordinator.telemetry_store import TelemetryStore  # noqa: E402

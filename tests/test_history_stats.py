@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.history import read_history
+from coordinator.commands.history import read_history
 from coordinator.telemetry_stats import (
     PLOT_POINTS,
     SPACING_PROBES,

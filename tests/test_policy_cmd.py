@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.policy_cmd import check_given
+from coordinator.commands.policy import check_given
 from coordinator.telemetry_store import TelemetryStore
 from tests.fleet_support import AgentPool, cli
 from tests.test_monitor import known_agent

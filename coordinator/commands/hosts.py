@@ -11,11 +11,12 @@ from typing import Annotated, Any, TypeVar
 import typer
 import zmq
 
-from coordinator.fleet import DEFAULT_HOST_TIMEOUT_S, Settings, Target
+from coordinator.fleet import DEFAULT_HOST_TIMEOUT_S, Settings, Target, connect
 from coordinator.hostfile import HostfileError, parse_hostfile, parse_hosts
 from coordinator.keys import known_hosts, server_key
 from shared.io.cli import err, usage_error
 from shared.io.keys import own_keypair
+from shared.io.transport import AgentClient, AgentError, HostError
 
 Hosts = Annotated[
     str | None,
@@ -111,6 +112,7 @@ def settings_for(
 
 
 Row = TypeVar("Row")
+HostRow = dict[str, Any]
 
 
 def on_every_host(targets: list[Any], ask: Callable[[zmq.Context, Any], Row]) -> list[Row]:
@@ -122,3 +124,34 @@ def on_every_host(targets: list[Any], ask: Callable[[zmq.Context, Any], Row]) ->
             return list(pool.map(lambda target: ask(ctx, target), targets))
     finally:
         ctx.destroy(linger=0)
+
+
+def report_refusal(exc: AgentError, row: HostRow) -> None:
+    """An agent's refusal as the row's error, in its own words."""
+    row["error"] = str(exc)
+
+
+def ask_each(
+    targets: list[Target],
+    settings: Settings,
+    start: Callable[[Target], HostRow],
+    ask: Callable[[AgentClient, HostRow], None],
+    refused: Callable[[AgentError, HostRow], None] = report_refusal,
+) -> list[HostRow]:
+    """Every host's row, all asked at once: each starts as `start(target)` plus its `host` and
+    an `error` of None (what an unreachable host's row says), then `ask(client, row)` fills it in
+    over one connection. An agent's refusal goes to `refused`; a host that cannot be reached
+    keeps the row it had, with the reason as its error. No failure stops the other hosts."""
+
+    def one(ctx: zmq.Context, target: Target) -> HostRow:
+        row = {"host": target.name, **start(target), "error": None}
+        try:
+            with connect(ctx, target, settings) as client:
+                ask(client, row)
+        except AgentError as exc:
+            refused(exc, row)
+        except HostError as exc:
+            row["error"] = str(exc)
+        return row
+
+    return on_every_host(targets, one)

@@ -1,42 +1,33 @@
-"""`coordinator status` and `coordinator keys`: what each agent says, and whom we expect."""
+"""`coordinator status`: what each agent says about itself, one row a host."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
 import typer
-import zmq
 from rich.table import Table
 
-from coordinator.fleet import Settings, Target, connect
-from coordinator.hosts_cli import (
+from coordinator.commands.hosts import (
     ConnectTimeout,
     Hostfile,
+    HostRow,
     Insecure,
     KnownHosts,
-    on_every_host,
+    ask_each,
     settings_for,
     targets_or_known,
 )
-from coordinator.keys import add_host_key
 from shared.exit_codes import EXIT_PARTIAL
-from shared.io.cli import emit, err, usage_error
-from shared.io.keys import own_keypair
-from shared.io.options import TAKES_A_KEY, TableFormat
-from shared.io.transport import HostError
+from shared.io.cli import emit
+from shared.io.options import TableFormat
+from shared.io.transport import AgentClient
 from shared.report import NA, hardware_details, memory_text
 from shared.source_names import read_from
 
 
-def host_status(ctx: zmq.Context, target: Target, settings: Settings) -> dict[str, Any]:
-    """What one agent says about itself, or why it said nothing."""
-    row: dict[str, Any] = {"host": target.name, "reachable": False, "error": None}
-    try:
-        with connect(ctx, target, settings) as client:
-            info = client.request("info")
-    except HostError as exc:
-        row["error"] = str(exc)
-        return row
+def ask_status(client: AgentClient, row: HostRow) -> None:
+    """What one agent says about itself."""
+    info = client.request("info")
     machine, thermal = info["machine"], info["thermal"]
     reading = thermal.get("reading") or {}
     row.update(
@@ -101,36 +92,7 @@ def status(
     """
     targets = targets_or_known(hosts, hostfile)
     settings = settings_for(insecure, connect_timeout)
-    rows = on_every_host(targets, lambda ctx, target: host_status(ctx, target, settings))
+    rows = ask_each(targets, settings, lambda target: {"reachable": False}, ask_status)
     emit(rows, fmt, status_table)
     if not all(row["reachable"] for row in rows):
         raise typer.Exit(EXIT_PARTIAL)
-
-
-keys_app = typer.Typer(
-    no_args_is_help=True,
-    add_completion=False,
-    rich_markup_mode=None,
-    help="This coordinator's CURVE key and the agents' keys it expects.",
-)
-
-
-@keys_app.command("show")
-def keys_show() -> None:
-    """Print this coordinator's public key alone (give it to `agent keys trust`)."""
-    print(own_keypair().public)
-
-
-@keys_app.command("add", context_settings=TAKES_A_KEY)
-def keys_add(
-    address: Annotated[
-        str, typer.Argument(help="HOST[:PORT] of the agent (port 5555 by default).")
-    ],
-    key: Annotated[str, typer.Argument(help="The agent's public key (`agent keys show`).")],
-) -> None:
-    """Expect KEY from the agent at HOST[:PORT]: the coordinator refuses any other."""
-    try:
-        stored = add_host_key(address, key)
-    except ValueError as exc:
-        raise usage_error(str(exc)) from None
-    err.print(f"{stored}: server key {key}", highlight=False, markup=False)

@@ -13,8 +13,7 @@ import typer
 from rich.console import Console
 from rich.live import Live
 
-from coordinator.dashboard import UP, render, snapshot
-from coordinator.hosts_cli import (
+from coordinator.commands.hosts import (
     ConnectTimeout,
     Hostfile,
     Insecure,
@@ -22,6 +21,7 @@ from coordinator.hosts_cli import (
     settings_for,
     targets_or_known,
 )
+from coordinator.dashboard import UP, render, snapshot
 from coordinator.monitor import Monitor
 from coordinator.telemetry_store import TelemetryStore
 from shared.exit_codes import EXIT_PARTIAL

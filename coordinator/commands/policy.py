@@ -13,27 +13,26 @@ import time
 from typing import Any
 
 import typer
-import zmq
 from rich.table import Table
 from rich.text import Text
 
-from coordinator.dashboard import NA
-from coordinator.fleet import Settings, Target, connect
-from coordinator.hosts_cli import (
+from coordinator.commands.hosts import (
     ConnectTimeout,
     Hostfile,
+    HostRow,
     Insecure,
     KnownHosts,
-    on_every_host,
+    ask_each,
     settings_for,
     targets_or_known,
 )
+from coordinator.dashboard import NA
 from coordinator.telemetry_store import TelemetryStore
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import emit, usage_error
 from shared.io.options import PolicyChanges, TableFormat, with_options
 from shared.io.sqlite import StoreError
-from shared.io.transport import AgentError, HostError
+from shared.io.transport import AgentClient, AgentError
 
 APPLIED, REFUSED, UNREACHABLE, SHOWN = "applied", "refused", "unreachable", "shown"
 ORDERED = (
@@ -68,28 +67,17 @@ def check_given(given: dict[str, float]) -> None:
         raise ValueError(f"--hysteresis must be >= 0 °C, got {given['hysteresis']:g}")
 
 
-def apply_to(
-    ctx: zmq.Context, target: Target, settings: Settings, given: dict[str, float]
-) -> dict[str, Any]:
-    """One host's row: the policy set (or shown, without `given`), or why not."""
-    row: dict[str, Any] = {
-        "host": target.name,
-        "result": UNREACHABLE,
-        "policy": None,
-        "error": None,
-    }
-    try:
-        with connect(ctx, target, settings) as client:
-            if given:
-                row["policy"] = client.request("policy.set", {"policy": given})["policy"]
-            else:
-                row["policy"] = client.request("policy.get")["policy"]
-        row["result"] = APPLIED if given else SHOWN
-    except AgentError as exc:
-        row.update(result=REFUSED, error=str(exc))
-    except HostError as exc:
-        row["error"] = str(exc)
-    return row
+def apply_to(client: AgentClient, row: HostRow, given: dict[str, float]) -> None:
+    """One host's policy set (or shown, without `given`)."""
+    if given:
+        row["policy"] = client.request("policy.set", {"policy": given})["policy"]
+    else:
+        row["policy"] = client.request("policy.get")["policy"]
+    row["result"] = APPLIED if given else SHOWN
+
+
+def policy_refused(exc: AgentError, row: HostRow) -> None:
+    row.update(result=REFUSED, error=str(exc))
 
 
 def policy_table(rows: list[dict[str, Any]]) -> Table:
@@ -134,7 +122,13 @@ def policy(
         raise usage_error(str(exc)) from None
     targets = targets_or_known(hosts, hostfile)
     settings = settings_for(insecure, connect_timeout)
-    rows = on_every_host(targets, lambda ctx, target: apply_to(ctx, target, settings, given))
+    rows = ask_each(
+        targets,
+        settings,
+        lambda _: {"result": UNREACHABLE, "policy": None},
+        lambda client, row: apply_to(client, row, given),
+        policy_refused,
+    )
     try:
         with TelemetryStore() as store:  # what `coordinator history` measures against
             for row in rows:

@@ -3,18 +3,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import typer
-import zmq
 
-from coordinator.fleet import Settings, Target, connect
-from coordinator.hosts_cli import (
+from coordinator.commands.hosts import (
     ConnectTimeout,
     Hostfile,
+    HostRow,
     Insecure,
     KnownHosts,
-    on_every_host,
+    ask_each,
     settings_for,
     targets_or_known,
 )
@@ -23,29 +20,25 @@ from shared.doctor import doctor_table
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import emit
 from shared.io.options import TableFormat
-from shared.io.transport import AgentError, HostError
+from shared.io.transport import AgentClient, AgentError
 
 DOCTOR_TIMEOUT_S = 120.0
 """An agent's report takes seconds: a 1 s benchmark and a first reading of every sensor."""
 
 
-def host_doctor(ctx: zmq.Context, target: Target, settings: Settings) -> dict[str, Any]:
-    """One agent's report, or why there is none."""
-    row: dict[str, Any] = {"host": target.name, "reachable": False, "error": None, "report": None}
-    try:
-        with connect(ctx, target, settings) as client:
-            row["reachable"] = True
-            row["report"] = client.request("doctor", timeout=DOCTOR_TIMEOUT_S)["report"]
-    except AgentError as exc:
-        row["error"] = (
-            "this agent predates the `doctor` request: upgrade it (coordinator deploy), or run "
-            "`agent doctor` on that host"
-            if exc.code == p.UNKNOWN_TYPE
-            else str(exc)
-        )
-    except HostError as exc:
-        row["error"] = str(exc)
-    return row
+def ask_doctor(client: AgentClient, row: HostRow) -> None:
+    """One agent's report."""
+    row["reachable"] = True
+    row["report"] = client.request("doctor", timeout=DOCTOR_TIMEOUT_S)["report"]
+
+
+def doctor_refused(exc: AgentError, row: HostRow) -> None:
+    row["error"] = (
+        "this agent predates the `doctor` request: upgrade it (coordinator deploy), or run "
+        "`agent doctor` on that host"
+        if exc.code == p.UNKNOWN_TYPE
+        else str(exc)
+    )
 
 
 def doctor_command(
@@ -62,7 +55,13 @@ def doctor_command(
     Exit codes: 0 when every agent answered and can run, 1 otherwise, 2 bad usage."""
     targets = targets_or_known(hosts, hostfile)
     settings = settings_for(insecure, connect_timeout)
-    rows = on_every_host(targets, lambda ctx, target: host_doctor(ctx, target, settings))
+    rows = ask_each(
+        targets,
+        settings,
+        lambda _: {"reachable": False, "report": None},
+        ask_doctor,
+        doctor_refused,
+    )
     emit(rows, fmt, doctor_table)
     if not all(row["report"] and row["report"]["ok"] for row in rows):
         raise typer.Exit(EXIT_PARTIAL)

@@ -8,10 +8,22 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import zmq
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 
+from coordinator.commands.hosts import (
+    ConnectTimeout,
+    Hostfile,
+    HostRow,
+    Hosts,
+    HostTimeout,
+    Insecure,
+    KnownHosts,
+    ask_each,
+    settings_for,
+    targets_from,
+    targets_or_known,
+)
 from coordinator.embedded import EmbeddedAgent, EmbeddedAgentError
 from coordinator.fleet import (
     CELL,
@@ -26,21 +38,8 @@ from coordinator.fleet import (
     HostEvent,
     Settings,
     Target,
-    connect,
     resume_fleet,
     run_fleet,
-)
-from coordinator.hosts_cli import (
-    ConnectTimeout,
-    Hostfile,
-    Hosts,
-    HostTimeout,
-    Insecure,
-    KnownHosts,
-    on_every_host,
-    settings_for,
-    targets_from,
-    targets_or_known,
 )
 from coordinator.store import RunStore, UnknownRunError
 from shared import protocol as p
@@ -59,7 +58,7 @@ from shared.io.options import (
     with_options,
 )
 from shared.io.sqlite import StoreError
-from shared.io.transport import AgentError, HostError
+from shared.io.transport import AgentClient, AgentError
 from shared.matrix import MatrixError
 from shared.results import failed_cells
 
@@ -299,36 +298,32 @@ def cancel(
             raise usage_error(f"run {stored.id}: no host's job started, nothing to cancel")
     else:
         jobs = [(target, None) for target in targets_or_known(hosts, hostfile)]
-    rows = on_every_host(jobs, lambda ctx, job: cancel_on(ctx, job[0], job[1], settings))
+    job_of = {target.name: job for target, job in jobs}
+    rows = ask_each(
+        [target for target, _ in jobs],
+        settings,
+        lambda target: {"job": job_of[target.name], "result": UNREACHABLE_HOST},
+        cancel_on,
+        cancel_refused,
+    )
     emit(rows, fmt, cancel_table)
     if any(row["result"] == UNREACHABLE_HOST for row in rows):
         raise typer.Exit(EXIT_PARTIAL)
 
 
-def cancel_on(
-    ctx: zmq.Context, target: Target, job: str | None, settings: Settings
-) -> dict[str, Any]:
-    """Cancel `job` on `target` (its running job when None); the row that says how it went."""
-    row: dict[str, Any] = {
-        "host": target.name,
-        "job": job,
-        "result": UNREACHABLE_HOST,
-        "error": None,
-    }
-    try:
-        with connect(ctx, target, settings) as client:
-            if job is None:
-                job = row["job"] = client.request("ping")["job"]
-            if job is None:
-                row["result"] = NO_JOB
-                return row
-            client.request("bench.cancel", {"job": job})
-            row["result"] = CANCELLED
-    except AgentError as exc:
-        row.update(result=NOT_RUNNING if exc.code == p.NOT_RUNNING else "refused", error=str(exc))
-    except HostError as exc:
-        row["error"] = str(exc)
-    return row
+def cancel_on(client: AgentClient, row: HostRow) -> None:
+    """Cancel the row's job (the host's running job when None) and say how it went."""
+    if row["job"] is None:
+        row["job"] = client.request("ping")["job"]
+    if row["job"] is None:
+        row["result"] = NO_JOB
+        return
+    client.request("bench.cancel", {"job": row["job"]})
+    row["result"] = CANCELLED
+
+
+def cancel_refused(exc: AgentError, row: HostRow) -> None:
+    row.update(result=NOT_RUNNING if exc.code == p.NOT_RUNNING else "refused", error=str(exc))
 
 
 def cancel_table(rows: list[dict[str, Any]]) -> Table:

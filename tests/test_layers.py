@@ -9,6 +9,7 @@ Imports are read with `ast`, so one inside a function counts as much as one at t
 from __future__ import annotations
 
 import ast
+import importlib
 import sys
 from pathlib import Path
 
@@ -132,10 +133,6 @@ AGENT_RULES: dict[str, frozenset[str]] = {
 TOP_LEVEL_LIMIT = 12
 
 
-def module_name(path: Path) -> str:
-    return ".".join(path.relative_to(ROOT).with_suffix("").parts)
-
-
 def agent_room(path: Path) -> str | None:
     """The folder of agent/ that `path` sits in; None for a module at agent/'s top level."""
     parts = path.relative_to(AGENT).parts
@@ -152,9 +149,17 @@ def agent_breaks(path: Path) -> list[str]:
             for name in imported(path)
             if within(name, {"agent"}) and not within(name, {"agent.service"})
         }
-    if room != "commands" and path != AGENT / "cli.py":
-        found |= set(offending(path, CLI_KIT | {"agent.commands"}))
+    found |= set(cli_breaks(path, AGENT, "agent"))
     return sorted(found)
+
+
+def cli_breaks(path: Path, package_dir: Path, package: str) -> list[str]:
+    """What `path` (a module of `package`) imports of the CLI kit or of the commands while being
+    neither a command module nor the package's cli.py."""
+    parts = path.relative_to(package_dir).parts
+    if parts[0] == "commands" or parts == ("cli.py",):
+        return []
+    return offending(path, CLI_KIT | {f"{package}.commands"})
 
 
 def test_agent_rooms_import_only_what_their_rules_allow() -> None:
@@ -177,13 +182,22 @@ def test_agent_top_level_stays_small() -> None:
     assert len(top) <= TOP_LEVEL_LIMIT, top
 
 
-def test_only_agent_cli_names_the_commands() -> None:
-    """agent/cli.py names each command module by string (lazy loading): each is in commands/."""
-    from agent.cli import COMMANDS
+def test_only_coordinator_commands_speak_typer() -> None:
+    breaks = {
+        str(path.relative_to(ROOT)): found
+        for path in modules("coordinator")
+        if (found := cli_breaks(path, ROOT / "coordinator", "coordinator"))
+    }
+    assert breaks == {}
 
-    for command in COMMANDS:
+
+@pytest.mark.parametrize("package", ["agent", "coordinator"])
+def test_cli_names_only_command_modules(package: str) -> None:
+    """Each cli.py names its command modules by string (lazy loading): each is in commands/."""
+    commands = importlib.import_module(f"{package}.cli").COMMANDS
+    for command in commands:
         module = command.target.partition(":")[0]
-        assert module.startswith("agent.commands."), command.target
+        assert module.startswith(f"{package}.commands."), command.target
         assert (ROOT / Path(*module.split("."))).with_suffix(".py").exists(), command.target
 
 

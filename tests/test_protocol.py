@@ -331,8 +331,7 @@ def test_timeout_diagnosis(events: list[tuple[int, int]], needle: str) -> None:
 
 def test_the_agent_handles_exactly_the_protocols_requests() -> None:
     """agent.daemon.requests.HANDLERS is the daemon's list of what it answers: it cannot drift from
-    the
-    protocol's (a request without a handler would be an `internal` error, a handler without a
+    the protocol's (a request without a handler would be an `internal` error, a handler without a
     request unreachable)."""
     from agent.daemon.requests import HANDLERS
 

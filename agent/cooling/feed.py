@@ -35,7 +35,7 @@ from shared.io.transport import AgentClient, HostError
 from shared.policy import ThermalPolicy, policy_text
 from shared.telemetry import Event
 
-log = logging.getLogger("agent.cooling.feed")
+log = logging.getLogger("agent.remote")
 
 REJOIN_EVERY_S = 1.0
 """How often `agent run`, supervising by itself, looks whether a daemon answers (again)."""

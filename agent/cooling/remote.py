@@ -16,7 +16,7 @@ from agent.thermal import (
 from agent.thermal.fed import FedSource
 from shared.policy import ThermalPolicy
 
-log = logging.getLogger("agent.cooling.remote")
+log = logging.getLogger("agent.remote")
 
 
 class RemoteMonitor(ThermalMonitor):

@@ -19,7 +19,7 @@ from shared.io.keys import own_keypair
 from shared.io.transport import AgentClient, HostError
 from shared.policy import ThermalPolicy
 
-log = logging.getLogger("agent.cooling.session")
+log = logging.getLogger("agent.remote")
 
 CONNECT_TIMEOUT_S = 2.0
 """How long a local client waits for the daemon before supervising itself."""

@@ -25,7 +25,7 @@ from shared.io.sqlite import open_store, store_id
 from shared.policy import ThermalPolicy
 from shared.telemetry import Event, Sample
 
-log = logging.getLogger("agent.daemon.history")
+log = logging.getLogger("agent.history")
 
 MIGRATIONS = (
     """

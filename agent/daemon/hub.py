@@ -45,7 +45,7 @@ from shared.telemetry import Event
 if TYPE_CHECKING:
     from shared.io.metrics import MetricsServer, TelemetryMetrics
 
-log = logging.getLogger("agent.daemon.hub")
+log = logging.getLogger("agent.hub")
 
 PRUNE_EVERY_S = 300.0
 """History is pruned this often, or ten times per retention period when that is shorter."""

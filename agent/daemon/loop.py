@@ -38,7 +38,7 @@ from shared.energy import DEFAULT_BASELINE_S
 from shared.io.sqlite import StoreError
 from shared.source_names import DEFAULT_POLL_INTERVAL_S
 
-log = logging.getLogger("agent.daemon.loop")
+log = logging.getLogger("agent.serve")  # the name its log lines have always carried
 
 PARENT_CHECK_S = 1.0
 """With --parent-pid, how often the loop looks whether its coordinator is still there. Nothing

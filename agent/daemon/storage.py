@@ -22,7 +22,7 @@ from typing import Any
 from agent.daemon.throttle import LogThrottle
 from shared.io.paths import data_dir
 
-log = logging.getLogger("agent.daemon.storage")
+log = logging.getLogger("agent.storage")
 
 HISTORY = "history"
 EVENTS = "events"

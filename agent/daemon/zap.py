@@ -14,7 +14,7 @@ from pathlib import Path
 from agent.daemon.throttle import LogThrottle
 from shared.io.trust import list_trusted
 
-log = logging.getLogger("agent.daemon.zap")
+log = logging.getLogger("agent.keys")
 
 
 class TrustedKeys:

@@ -7,12 +7,9 @@ import time
 from abc import abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agent.sensors.base import Source
-
-if TYPE_CHECKING:
-    pass
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ LISTED = ("job", "request", "state", "total", "error", "started", "finished", "d
 """A job as job.list lists it."""
 ABANDONED = "the agent stopped while this job ran"
 
-log = logging.getLogger("agent.daemon.benchmark.journal")
+log = logging.getLogger("agent.journal")
 
 
 def default_journal_path() -> Path:

@@ -6,6 +6,7 @@ this is not a Mac."""
 
 from __future__ import annotations
 
+import json
 import platform
 import re
 import time
@@ -231,6 +232,24 @@ def test_macmon_power_of_the_captured_line() -> None:
     for bad, why in (("not json", "not JSON"), ("[1]", "not a JSON object"), ("{}", "no")):
         with pytest.raises(ValueError, match=why):
             parse_macmon_power(bad)
+
+
+@pytest.mark.parametrize(
+    ("sys_power", "all_power"),
+    [(0.0, 4.5), (-1.0, 4.5), (3.0, 4.5), (0.0, None)],
+    ids=["unread", "negative", "below all_power", "unread, no all_power"],
+)
+def test_macmon_sys_power_that_is_no_reading_falls_back_to_the_rails(
+    sys_power: float, all_power: float | None
+) -> None:
+    """macmon writes sys_power 0.0 when PSTR cannot be read and clamps a good one to at least
+    all_power (src_lib/metrics.rs; mac-desk-check.md): anything else is not the machine's watts."""
+    sample = {"cpu_power": 3.5, "gpu_power": 1.0, "ane_power": 0.0, "sys_power": sys_power}
+    if all_power is not None:
+        sample["all_power"] = all_power
+    watts = parse_macmon_power(json.dumps(sample))
+    assert "system" not in watts
+    assert whole(watts) == pytest.approx(4.5)
 
 
 def test_powermetrics_power_of_the_captured_sample() -> None:

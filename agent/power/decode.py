@@ -122,11 +122,17 @@ MACMON_RAILS = {
 """`macmon pipe`'s watts over its interval (mac-desk-check.md): sys_power is the SMC's PSTR,
 clamped to at least all_power (= cpu + gpu + ane); gpu_ram_power (GPU SRAM) and all_power are
 parts or sums of these."""
+PARTS_OF_ALL_POWER = (CPU, GPU, ANE)
 
 
 def parse_macmon_power(line: str) -> dict[str, float]:
     """One `macmon pipe` JSON line -> watts per rail (the keys it has). ValueError for a line
-    that is not a macmon sample, so the caller can say why."""
+    that is not a macmon sample, so the caller can say why.
+
+    sys_power is kept only when it is a reading: macmon writes 0.0 when PSTR cannot be read
+    (src_lib/metrics.rs) and clamps a good one to at least all_power, so one at or below zero,
+    or below all_power (or the rails' sum when all_power is missing), is dropped, and the
+    machine's watts fall back to the rails."""
     try:
         sample = json.loads(line)
     except json.JSONDecodeError as exc:
@@ -140,6 +146,11 @@ def parse_macmon_power(line: str) -> dict[str, float]:
     }
     if not watts:
         raise ValueError("no *_power field")
+    all_power = sample.get("all_power")
+    if not isinstance(all_power, (int, float)) or isinstance(all_power, bool):
+        all_power = sum(watts.get(rail, 0.0) for rail in PARTS_OF_ALL_POWER)
+    if SYSTEM in watts and (watts[SYSTEM] <= 0.0 or watts[SYSTEM] < all_power):
+        del watts[SYSTEM]
     return {rail: value for rail, value in watts.items() if plausible_watts(value)}
 
 

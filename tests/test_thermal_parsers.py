@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from agent.sensors.process import unrecognized_sampler
 from agent.sensors.replay import ReplayFormatError, parse_replay_csv, replay_value
 from agent.thermal.parsers import (
-    EmptyStreak,
+    NoDieStreak,
     PowermetricsAssembler,
     PowermetricsSample,
     hottest,
@@ -238,11 +239,44 @@ def test_mtr_sensors_are_kept_and_faulty_values_discarded() -> None:
     }
 
 
-def test_the_hid_client_is_rebuilt_after_reads_where_nothing_answered() -> None:
-    streak = EmptyStreak(limit=3)
+def test_the_hid_client_is_rebuilt_after_reads_that_found_no_die() -> None:
+    streak = NoDieStreak(limit=3)
     assert [streak.rebuild_after(n) for n in (5, 0, 0, 4, 0, 0)] == [False] * 6
-    assert streak.rebuild_after(0) is True  # the third empty read in a row
+    assert streak.rebuild_after(0) is True  # the third read in a row without a die
     assert streak.rebuild_after(0) is False  # counting starts again with the new client
+
+
+def polls_with_a_die(counted: Callable[[list[tuple[str, float]]], int]) -> list[int]:
+    """The polls at which an iohid client, rebuilt by NoDieStreak on `counted(values read)`,
+    reads a die sensor. A client sees the services that existed when it was made, as long as
+    they exist: the die service vanishes across a sleep (polls 5-9) and comes back as a new
+    service, while the NAND sensor answers throughout."""
+
+    def services(poll: int) -> dict[tuple[str, int], float]:  # (name, generation) -> °C
+        die = {} if 5 <= poll < 10 else {("PMU tdie1", 0 if poll < 5 else 1): 48.0}
+        return {("NAND CH0 temp", 0): 35.0, **die}
+
+    streak = NoDieStreak(limit=3)
+    client = set(services(0))
+    found = []
+    for poll in range(30):
+        alive = services(poll)
+        seen = [(key[0], value) for key, value in alive.items() if key in client]
+        if streak.rebuild_after(counted(seen)):
+            client = set(alive)
+            seen = [(name, value) for (name, _), value in alive.items()]
+        if select_die_sensors(seen):
+            found.append(poll)
+    return found
+
+
+def test_die_services_back_from_sleep_are_found_again_while_a_nand_sensor_answers() -> None:
+    found = polls_with_a_die(lambda seen: len(select_die_sensors(seen)))
+    assert found[:5] == [0, 1, 2, 3, 4]
+    assert min(poll for poll in found if poll >= 10) - 10 < 3  # within `limit` polls
+    assert found[-1] == 29
+    # Counting services that answered instead, the NAND sensor kept the old client forever:
+    assert polls_with_a_die(len) == [0, 1, 2, 3, 4]
 
 
 def test_repeated_names_keep_the_hottest() -> None:

@@ -13,7 +13,7 @@ from ctypes import c_bool, c_char_p, c_double, c_int, c_int32, c_int64, c_long, 
 from agent.sensors.base import SourceUnavailable
 from agent.sensors.macos_libs import CORE_FOUNDATION, IOKIT, bind, load
 from agent.thermal.base import ThermalReading, ThermalSource
-from agent.thermal.parsers import EmptyStreak, hottest, select_die_sensors
+from agent.thermal.parsers import NoDieStreak, hottest, select_die_sensors
 
 _UTF8 = 0x08000100  # kCFStringEncodingUTF8
 _SINT32 = 3  # kCFNumberSInt32Type
@@ -128,8 +128,7 @@ class _HIDTemperatures:
 
 class IOHIDSource(ThermalSource):
     """Die sensors from IOKit HID; the hottest die is the temperature, every die in the reading.
-    The client is made again after reads where no service answered (macmon and Stats make one
-    per read: services are re-created across sleep)."""
+    The client is made again after reads that found no die sensor (NoDieStreak)."""
 
     name = "iohid"
 
@@ -140,18 +139,19 @@ class IOHIDSource(ThermalSource):
                 f"iohid reads IOKit HID sensors and needs macOS; this is {sys.platform}"
             )
         self._hid = _HIDTemperatures()
-        self._empty = EmptyStreak()
+        self._no_die = NoDieStreak()
         if not self._hid.sensors:
             self._hid.close()
             raise SourceUnavailable("iohid: no HID temperature services (an Intel Mac has none)")
 
     def read(self) -> ThermalReading | None:
         pairs = self._hid.read()
-        if self._empty.rebuild_after(len(pairs)):
+        dies = select_die_sensors(pairs)
+        if self._no_die.rebuild_after(len(dies)):
             self._hid.close()
             self._hid = _HIDTemperatures()
             pairs = self._hid.read()
-        dies = select_die_sensors(pairs)
+            dies = select_die_sensors(pairs)
         if not dies:
             names = ", ".join(sorted({name for name, _ in pairs})) or "none answered"
             return self._fail(f"iohid: no plausible die sensor among: {names}")

@@ -195,17 +195,20 @@ def select_die_sensors(
     return dies
 
 
-class EmptyStreak:
-    """Counts reads in a row where no HID service answered: services are re-created across
-    sleep (mac-desk-check.md), so after `limit` of them the client is made again."""
+class NoDieStreak:
+    """Counts reads in a row that found no plausible die sensor. HID services are re-created
+    across sleep (macmon, Stats and mactop make a client per read: mac-desk-check.md), and a
+    client made before may keep only services that still answer but are no die (NAND, battery,
+    `PMU tdev*`), so after `limit` such reads the client is made again: die services that come
+    back are found within `limit` reads."""
 
     def __init__(self, limit: int = 3) -> None:
         self.limit = limit
         self.count = 0
 
-    def rebuild_after(self, answered: int) -> bool:
-        """Note one read that got `answered` values; True when the client must be rebuilt."""
-        self.count = 0 if answered else self.count + 1
+    def rebuild_after(self, dies: int) -> bool:
+        """Note one read that found `dies` die sensors; True when the client must be rebuilt."""
+        self.count = 0 if dies else self.count + 1
         if self.count < self.limit:
             return False
         self.count = 0

@@ -31,10 +31,7 @@ from agent.service.files import (
 )
 from agent.service.launchctl import current_session
 from agent.service.plan import PlanError, make_plan
-from agent.service.run_as import (
-    invoking_account,
-    root_program_problem,
-)
+from agent.service.run_as import invoking_account, root_program_problem
 from agent.service.scope import SudoRefused, auto_scope, escalated, sudo_allows
 from shared.io.cli import emit, err, fail, usage_error
 from shared.io.options import TableFormat

@@ -9,10 +9,7 @@ import logging
 
 from agent.cooling.feed import open_fallback
 from agent.cooling.session import DaemonLost, connect_daemon
-from agent.thermal import (
-    ThermalMonitor,
-    ThermalSource,
-)
+from agent.thermal import ThermalMonitor, ThermalSource
 from agent.thermal.fed import FedSource
 from shared.policy import ThermalPolicy
 

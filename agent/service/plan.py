@@ -18,12 +18,7 @@ from agent.service.files import (
     serve_program,
     service_environment,
 )
-from agent.service.run_as import (
-    Account,
-    account,
-    default_data_dir,
-    invoking_account,
-)
+from agent.service.run_as import Account, account, default_data_dir, invoking_account
 from shared.io.paths import HOME_ENV, data_dir
 
 

@@ -4,10 +4,7 @@ daemon's on its stdin, RemoteMonitor gets them off the telemetry socket."""
 from __future__ import annotations
 
 from agent.sensors.base import SourceInfo
-from agent.thermal import (
-    ThermalReading,
-    ThermalSource,
-)
+from agent.thermal import ThermalReading, ThermalSource
 
 
 class FedSource(ThermalSource):

@@ -8,9 +8,7 @@ import sys
 from agent.sensors.base import SourceUnavailable
 from agent.sensors.macos_libs import apple_silicon
 from agent.sensors.smc import AppleSMC, SMCError
-from agent.sensors.smc_protocol import (
-    decode,
-)
+from agent.sensors.smc_protocol import decode
 from agent.thermal.base import ThermalReading, ThermalSource
 from agent.thermal.smc_die import choose_die, die_keys
 

@@ -58,7 +58,7 @@ def doctor_command(
     rows = ask_each(
         targets,
         settings,
-        lambda _: {"reachable": False, "report": None},
+        lambda _: {"reachable": False, "error": None, "report": None},
         ask_doctor,
         doctor_refused,
     )

@@ -138,13 +138,15 @@ def ask_each(
     ask: Callable[[AgentClient, HostRow], None],
     refused: Callable[[AgentError, HostRow], None] = report_refusal,
 ) -> list[HostRow]:
-    """Every host's row, all asked at once: each starts as `start(target)` plus its `host` and
-    an `error` of None (what an unreachable host's row says), then `ask(client, row)` fills it in
-    over one connection. An agent's refusal goes to `refused`; a host that cannot be reached
-    keeps the row it had, with the reason as its error. No failure stops the other hosts."""
+    """Every host's row, all asked at once: each starts as its `host`, then `start(target)`, then an
+    `error` of None unless `start` placed it (what an unreachable host's row says), and `ask(client,
+    row)` fills it in over one connection. An agent's refusal goes to `refused`; a host that cannot
+    be reached keeps the row it had, with the reason as its error. No failure stops the other
+    hosts."""
 
     def one(ctx: zmq.Context, target: Target) -> HostRow:
-        row = {"host": target.name, **start(target), "error": None}
+        row = {"host": target.name, **start(target)}
+        row.setdefault("error", None)
         try:
             with connect(ctx, target, settings) as client:
                 ask(client, row)

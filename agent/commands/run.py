@@ -2,7 +2,7 @@
 
 When this machine's `agent serve` runs (same data directory), the command is registered with it: the
 daemon's readings and policy drive the supervision (no second sensor reader), and the daemon lists
-the job and publishes its events (agent.cooling.remote). Otherwise, or once the daemon is gone,
+the job and publishes its events (agent.cooling.feed). Otherwise, or once the daemon is gone,
 `agent run` reads the sensor itself and needs no daemon, no coordinator and no network. See
 agent.cooling.supervise for the actions and the reduce_batch state file."""
 

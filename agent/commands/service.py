@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ParamSpec
 
 import typer
 from rich.table import Table
@@ -66,16 +67,26 @@ DataDir = Annotated[
 ]
 
 
+Params = ParamSpec("Params")
+
+
 def say(line: str) -> None:
     err.print(line, highlight=False, markup=False)
 
 
-def plan_for(*args: Any, **kwargs: Any) -> InstallPlan:
-    """make_plan's plan, or its refusal as a usage error (exit 2)."""
-    try:
-        return make_plan(*args, **kwargs)
-    except PlanError as exc:
-        raise usage_error(str(exc)) from None
+def refused_as_usage_error(make: Callable[Params, InstallPlan]) -> Callable[Params, InstallPlan]:
+    """`make`, whose PlanError becomes a usage error (exit 2)."""
+
+    def plan(*args: Params.args, **kwargs: Params.kwargs) -> InstallPlan:
+        try:
+            return make(*args, **kwargs)
+        except PlanError as exc:
+            raise usage_error(str(exc)) from None
+
+    return plan
+
+
+plan_for = refused_as_usage_error(make_plan)
 
 
 def check_serve_options(bind: str | None, thermal_source: str | None) -> None:

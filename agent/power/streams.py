@@ -1,6 +1,7 @@
 """Power from a tool's stream (macmon, powermetrics): watts per rail over each of its intervals,
-integrated into joules as samples arrive. The process handling is the thermal sources' own
-(agent.sensors.process.ToolStream: restarted when it dies or goes silent, stale samples refused).
+integrated into joules as samples arrive. The process handling is the one the thermal sources
+use too (agent.sensors.process.ToolStream: restarted when it dies or goes silent, stale samples
+refused).
 
 A window shorter than the tool's interval holds no new sample: its energy is whole samples' or
 none (`resolution_s` is the interval).

@@ -144,6 +144,16 @@ MISSING_POLLS_TO_RESUME = 10
 run; a sensor that stays dead never parks a job for ever, and the resume says why. Outside a
 pause a missing reading changes nothing."""
 
+HOT_POLLS_TO_STOP = 3
+"""Consecutive polls at or above stop_temp that stop a job; fewer pause it. The hottest key of a
+die jumps for one poll under a burst of work: a spike is a reason to pause, not to end a
+fine-tune."""
+
+STUCK_POLLS_TO_STOP = 120
+"""Consecutive polls of a pause at or above pause_temp that stop a job (2 min at the default
+1 s poll): pausing the job has not cooled the machine, so it is in danger from something the
+pause cannot help, and the job must go."""
+
 
 class JobState(str, Enum):
     RUNNING = "running"
@@ -161,18 +171,23 @@ class Action(str, Enum):
 
 @dataclass(frozen=True)
 class Supervision:
-    """What has been done to a job so far: its state, whether it was told to reduce, and how
-    many polls in a row have had no reading."""
+    """What has been done to a job so far: its state, whether it was told to reduce, how many
+    polls in a row have had no reading, how many have read at or above stop_temp (`hot`), and
+    how many of its pause have read at or above pause_temp (`stuck`). A poll without a reading
+    leaves `hot` and `stuck` as they were: it says nothing of the heat."""
 
     job: JobState = JobState.RUNNING
     reduced: bool = False
     missing: int = 0
+    hot: int = 0
+    stuck: int = 0
 
 
 @dataclass(frozen=True)
 class Decision:
-    """The supervision after one poll, what the policy asked for (None: no reading, nothing
-    decided), the actions that take the job there, and why when a reading did not say."""
+    """The supervision after one poll, what the rule made of the reading (None: no reading,
+    nothing decided; a spike above stop_temp is `pause`), the actions that take the job there,
+    and why when the reading alone does not say (a stop, a resume without a sensor)."""
 
     state: Supervision
     cooling: CoolingState | None
@@ -185,6 +200,24 @@ def knows_nothing(celsius: float | None, pressure: str | None) -> bool:
     return celsius is None and pressure_state(pressure) is None
 
 
+def stop_reason(
+    policy: ThermalPolicy, celsius: float | None, pressure: str | None, hot: int, stuck: int
+) -> str | None:
+    """Why this poll stops the job, or None: pressure Trapping/Sleeping/Critical at once, degrees
+    only when they persist (HOT_POLLS_TO_STOP at or above stop_temp, or STUCK_POLLS_TO_STOP of a
+    pause at or above pause_temp)."""
+    if pressure_state(pressure) is CoolingState.STOP:
+        return f"thermal pressure {pressure}"
+    if hot >= HOT_POLLS_TO_STOP:
+        return f"{celsius:.1f} °C, at or above stop_temp {policy.stop_temp:g} °C for {hot} polls"
+    if stuck >= STUCK_POLLS_TO_STOP:
+        return (
+            f"{celsius:.1f} °C, still at or above pause_temp {policy.pause_temp:g} °C after "
+            f"{stuck} polls of pause"
+        )
+    return None
+
+
 def react(
     current: Supervision,
     policy: ThermalPolicy,
@@ -192,9 +225,10 @@ def react(
     pressure: str | None = None,
 ) -> Decision:
     """The next supervision after one poll (`celsius` and `pressure` both None: no reading), and
-    its actions. A stop is final; a pause ends when decide() (with the hysteresis of a paused
-    job) asks for less, or after MISSING_POLLS_TO_RESUME polls without a reading;
-    reduce/restore are told once per change."""
+    its actions. A stop is final and needs stop_reason(); a reading at or above stop_temp
+    short of it pauses. A pause ends when decide() (with the hysteresis of a paused job) asks
+    for less, or after MISSING_POLLS_TO_RESUME polls without a reading; reduce/restore are told
+    once per change."""
     if current.job is JobState.STOPPING:
         return Decision(current, None)
     paused = current.job is JobState.PAUSED
@@ -202,22 +236,26 @@ def react(
         missing = current.missing + 1
         if paused and missing >= MISSING_POLLS_TO_RESUME:
             reason = f"no reading for {missing} polls: resuming without a sensor"
-            return Decision(
-                replace(current, job=JobState.RUNNING, missing=0), None, (Action.RESUME,), reason
-            )
+            resumed = replace(current, job=JobState.RUNNING, missing=0, stuck=0)
+            return Decision(resumed, None, (Action.RESUME,), reason)
         return Decision(replace(current, missing=missing), None)
+    hot = current.hot + 1 if celsius is not None and celsius >= policy.stop_temp else 0
+    stuck = (
+        current.stuck + 1 if paused and celsius is not None and celsius >= policy.pause_temp else 0
+    )
+    reason = stop_reason(policy, celsius, pressure, hot, stuck)
+    if reason is not None:
+        stopping = Supervision(JobState.STOPPING, current.reduced, hot=hot, stuck=stuck)
+        return Decision(stopping, CoolingState.STOP, (Action.STOP,), reason)
     cooling = decide(policy, celsius, pressure, currently_paused=paused)
-    if cooling is CoolingState.STOP:
-        return Decision(Supervision(JobState.STOPPING, current.reduced), cooling, (Action.STOP,))
-    if cooling is CoolingState.PAUSE:
-        if paused:
-            return Decision(Supervision(JobState.PAUSED, current.reduced), cooling)
-        return Decision(Supervision(JobState.PAUSED, current.reduced), cooling, (Action.PAUSE,))
+    if cooling in (CoolingState.PAUSE, CoolingState.STOP):
+        pausing = Supervision(JobState.PAUSED, current.reduced, hot=hot, stuck=stuck)
+        return Decision(pausing, CoolingState.PAUSE, () if paused else (Action.PAUSE,))
     actions = [Action.RESUME] if paused else []
     reduce = cooling is CoolingState.REDUCE_BATCH
     if reduce != current.reduced:
         actions.append(Action.REDUCE_BATCH if reduce else Action.RESTORE_BATCH)
-    return Decision(Supervision(JobState.RUNNING, reduce), cooling, tuple(actions))
+    return Decision(Supervision(JobState.RUNNING, reduce, hot=hot), cooling, tuple(actions))
 
 
 class Reading(Protocol):

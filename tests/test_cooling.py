@@ -10,7 +10,13 @@ import pytest
 from agent.cooling.guard import CellGuard
 from agent.cooling.scheduler import CoolingScheduler, ThermalGuard, ThermalShutdownError
 from agent.thermal import ThermalMonitor, ThermalReading, ThermalSource
-from shared.policy import MISSING_POLLS_TO_RESUME, Action, CoolingState, ThermalPolicy
+from shared.policy import (
+    HOT_POLLS_TO_STOP,
+    MISSING_POLLS_TO_RESUME,
+    Action,
+    CoolingState,
+    ThermalPolicy,
+)
 
 POLL = 0.02
 FAST_POLICY = ThermalPolicy(pause_duration=POLL)
@@ -37,7 +43,8 @@ class ScriptedSource(ThermalSource):
 
 
 def test_replayed_curve_drives_reduce_pause_resume_and_shutdown(tmp_path: Path) -> None:
-    """The issue's Done-when: 70 -> 90 -> 70 -> 96 °C through a real monitor thread."""
+    """70 -> 90 -> 70 -> 96 °C through a real monitor thread: the lasting 96 °C pauses first,
+    and stops once it has lasted HOT_POLLS_TO_STOP polls."""
     source = replay(tmp_path, "0,70\n0.2,78\n0.4,82\n0.6,90\n1.1,70\n1.6,96\n")
     seen: list[tuple[int, CoolingState, bool, float | None]] = []
     with ThermalMonitor(poll_interval=POLL, source=source) as monitor:
@@ -53,19 +60,20 @@ def test_replayed_curve_drives_reduce_pause_resume_and_shutdown(tmp_path: Path) 
 
     reduced = [step for step, _, reduce, _ in seen if reduce]
     assert reduced, "78 and 82 °C ask for a smaller batch"
-    assert len(scheduler.pauses) == 1
-    pause = scheduler.pauses[0]
+    assert len(scheduler.pauses) == 2, "70-90-70, then the pause the stop ends"
+    pause, last = scheduler.pauses
     assert pause.peak_celsius == 90.0
     assert pause.step > max(reduced)
     assert pause.duration_s > 0
-    assert scheduler.total_pause_time == pytest.approx(pause.duration_s, abs=0.05)
+    assert scheduler.total_pause_time == pytest.approx(pause.duration_s + last.duration_s, abs=0.05)
     resumed = [entry for entry in seen if entry[0] == pause.step]
     assert resumed and resumed[0][1] is CoolingState.OK and resumed[0][3] == 70.0
     error = excinfo.value
     assert (error.temperature, error.threshold) == (96.0, 95.0)
-    assert error.step > pause.step
+    assert error.step == last.step > pause.step and last.peak_celsius == 96.0
     message = str(error)
     assert "96.0" in message and "95.0" in message and f"step {error.step}" in message
+    assert f"for {HOT_POLLS_TO_STOP} polls" in message
 
 
 def test_a_stop_reached_during_a_pause_raises(tmp_path: Path) -> None:
@@ -216,7 +224,7 @@ def test_enabled_guard_raises_at_stop_and_still_reports_the_cell(tmp_path: Path)
             guard.before_iteration(0)
         report = guard.end_cell()
     assert report.soc_temp_start_c == 96.0
-    assert "hot" in report.flags and "paused" not in report.flags
+    assert "hot" in report.flags and "paused" in report.flags, "a stop comes after a pause"
 
 
 def test_a_spike_inside_one_long_iteration_still_marks_the_cell_hot() -> None:

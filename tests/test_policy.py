@@ -7,11 +7,14 @@ import pytest
 
 from agent.thermal import ThermalReading
 from shared.policy import (
+    HOT_POLLS_TO_STOP,
     MISSING_POLLS_TO_RESUME,
     PRESSURE_STATES,
+    STUCK_POLLS_TO_STOP,
     Action,
     CoolingGate,
     CoolingState,
+    Decision,
     JobState,
     Supervision,
     ThermalPolicy,
@@ -177,8 +180,8 @@ RUNNING, PAUSED, STOPPING = JobState.RUNNING, JobState.PAUSED, JobState.STOPPING
         (PAUSED, False, 70.0, RUNNING, False, (Action.RESUME,)),
         (PAUSED, False, 80.0, RUNNING, True, (Action.RESUME, Action.REDUCE_BATCH)),
         (PAUSED, True, 60.0, RUNNING, False, (Action.RESUME, Action.RESTORE_BATCH)),
-        (RUNNING, False, 95.0, STOPPING, False, (Action.STOP,)),
-        (PAUSED, True, 99.0, STOPPING, True, (Action.STOP,)),
+        (RUNNING, False, 95.0, PAUSED, False, (Action.PAUSE,)),  # one poll: a spike pauses
+        (PAUSED, True, 99.0, PAUSED, True, ()),
         (STOPPING, False, 20.0, STOPPING, False, ()),
     ],
 )
@@ -191,8 +194,63 @@ def test_react_takes_the_job_where_the_policy_asks(
     actions: tuple[Action, ...],
 ) -> None:
     decision = react(Supervision(job, reduced), POLICY, celsius)
-    assert decision.state == Supervision(expected_job, expected_reduced)
+    assert (decision.state.job, decision.state.reduced) == (expected_job, expected_reduced)
     assert decision.actions == actions
+
+
+def polls(readings: list[tuple[float | None, str | None]]) -> list[Decision]:
+    """The rule applied to each poll in turn, from a running job."""
+    state, decisions = Supervision(), []
+    for celsius, pressure in readings:
+        decisions.append(react(state, POLICY, celsius, pressure))
+        state = decisions[-1].state
+    return decisions
+
+
+def test_a_spike_above_stop_temp_pauses_and_only_a_lasting_one_stops() -> None:
+    spike = polls([(80.0, None), (113.0, None), (80.0, None)])
+    assert [d.actions for d in spike] == [
+        (Action.REDUCE_BATCH,),
+        (Action.PAUSE,),
+        (Action.RESUME,),  # still reduced: the pause kept it so
+    ]
+    lasting = polls([(96.0, None)] * HOT_POLLS_TO_STOP)
+    assert [d.actions for d in lasting][-2:] == [(), (Action.STOP,)]
+    assert lasting[-1].state.job is STOPPING and lasting[-1].cooling is CoolingState.STOP
+    assert (
+        lasting[-1].reason == f"96.0 °C, at or above stop_temp 95 °C for {HOT_POLLS_TO_STOP} polls"
+    )
+
+
+def test_a_poll_below_stop_temp_restarts_the_count_and_a_missing_one_does_not() -> None:
+    broken = polls([(96.0, None), (96.0, None), (90.0, None), (96.0, None), (96.0, None)])
+    assert Action.STOP not in {action for d in broken for action in d.actions}
+    gap = polls([(96.0, None), (None, None), (96.0, None), (96.0, None)])
+    assert gap[-1].actions == (Action.STOP,)
+
+
+def test_a_pause_that_does_not_cool_the_machine_stops_the_job() -> None:
+    stuck = polls([(90.0, None)] * STUCK_POLLS_TO_STOP + [(90.0, None)])
+    assert stuck[0].actions == (Action.PAUSE,)
+    assert all(d.actions == () for d in stuck[1:-1])
+    assert stuck[-1].actions == (Action.STOP,)
+    assert f"after {STUCK_POLLS_TO_STOP} polls of pause" in (stuck[-1].reason or "")
+    # a pause that once brings the reading below pause_temp starts its count again
+    cooled = [(90.0, None)] * (STUCK_POLLS_TO_STOP - 1) + [(84.0, None)]
+    policy = ThermalPolicy(max_speed_temp=75, pause_temp=85, stop_temp=95, hysteresis=3)
+    state = Supervision()
+    for celsius, pressure in cooled + [(90.0, None)] * 10:
+        decision = react(state, policy, celsius, pressure)
+        assert Action.STOP not in decision.actions
+        state = decision.state
+    assert state.job is PAUSED
+
+
+@pytest.mark.parametrize("level", ["Trapping", "Sleeping", "Critical"])
+def test_pressure_that_means_stop_stops_at_once_however_cool_the_degrees(level: str) -> None:
+    decision = polls([(60.0, level)])[0]
+    assert decision.actions == (Action.STOP,)
+    assert decision.reason == f"thermal pressure {level}"
 
 
 def test_a_pause_lasts_until_below_pause_temp_minus_the_hysteresis() -> None:
@@ -223,7 +281,7 @@ def test_without_a_reading_a_pause_holds_then_resumes_after_the_missing_polls(
 
 def test_a_reading_ends_the_count_of_missing_polls() -> None:
     state = react(react(Supervision(PAUSED), POLICY, None).state, POLICY, 90.0).state
-    assert state == Supervision(PAUSED, False, 0)
+    assert (state.job, state.missing) == (PAUSED, 0)
     running = react(Supervision(RUNNING, True), POLICY, None)
     assert running.actions == () and running.state == Supervision(RUNNING, True, 1)
 
@@ -234,7 +292,8 @@ def test_the_gate_applies_the_rule_poll_after_poll() -> None:
     assert gate.observe(POLICY, hot).actions == (Action.PAUSE,) and gate.state is CoolingState.PAUSE
     assert gate.observe(POLICY, None).actions == ()
     assert gate.state is CoolingState.PAUSE
-    assert gate.observe(POLICY, ThermalReading(celsius=96.0, source="test")).actions == (
+    too_hot = ThermalReading(celsius=96.0, source="test")
+    assert [gate.observe(POLICY, too_hot).actions for _ in range(HOT_POLLS_TO_STOP)][-1] == (
         Action.STOP,
     )
     assert gate.state is CoolingState.STOP

@@ -24,6 +24,7 @@ import pytest
 
 from agent.cooling.events import EventLog
 from shared.exit_codes import EXIT_THERMAL_STOP
+from shared.policy import HOT_POLLS_TO_STOP
 from shared.telemetry import Event
 
 POLL_S = 0.1
@@ -158,7 +159,8 @@ def test_pause_resume_and_stop_follow_a_replayed_curve_within_the_poll_interval(
     agent_run: Start, fleet_home: Path, tmp_path: Path
 ) -> None:
     """Done when: stopped (T) within poll + 100 ms of the pause crossing, running again after the
-    fall, gone after the stop crossing; exit code = the thermal-stop code."""
+    fall, stopped again at the stop crossing and gone once it has lasted HOT_POLLS_TO_STOP polls;
+    exit code = the thermal-stop code."""
     # The sampler ticks every 0.1 s from about when the replay opens: 10 ms past a tick is close
     # to the worst phase, where a crossing waits almost a whole interval for its sample.
     pause_at, resume_at, stop_at = 0.81, 1.61, 2.41
@@ -184,18 +186,21 @@ def test_pause_resume_and_stop_follow_a_replayed_curve_within_the_poll_interval(
 
     assert code == EXIT_THERMAL_STOP, stderr
     recorded = events(fleet_home)
-    assert [e.action for e in recorded] == ["start", "pause", "resume", "stop", "exit"]
+    assert [e.action for e in recorded] == ["start", "pause", "resume", "pause", "stop", "exit"]
     origin = recorded[0].time  # taken before the replay opened: crossings are no later than this
     paused = first(samples, origin, stopped=True)
     resumed = first(samples, samples[paused][0], stopped=False)
+    paused_again = first(samples, samples[resumed][0], stopped=True)
     # Latencies run to the end of the read that saw the change: never shorter than the real ones.
     latencies = {
         "pause": samples[paused][1] - (origin + pause_at),
         "resume": samples[resumed][1] - (origin + resume_at),
-        "stop": samples[-1][1] - (origin + stop_at),
+        "pause at the stop crossing": samples[paused_again][1] - (origin + stop_at),
     }
     for name, latency in latencies.items():
         assert 0 <= latency <= BOUND_S, f"{name} took {latency:.3f} s: {latencies}"
+    lasting = samples[-1][1] - (origin + stop_at)
+    assert lasting <= BOUND_S + (HOT_POLLS_TO_STOP - 1) * POLL_S, f"the stop took {lasting:.3f} s"
 
     # Certainly stopped from the end of the first read that saw T to the start of the last one.
     stopped_from, stopped_until = samples[paused][1], samples[resumed - 1][0]
@@ -204,9 +209,10 @@ def test_pause_resume_and_stop_follow_a_replayed_curve_within_the_poll_interval(
     assert [t for t in times if t > samples[resumed][1]], "CMD did not continue after the resume"
     assert group_members(pid) == []
     lines = [line for line in stderr.splitlines() if line.startswith("[mlx-fleet]")]
-    assert len(lines) == 5
+    assert len(lines) == 6
     assert all(line.endswith(f"({source}, simulated)") for line in lines)
-    assert "pause at 86.0 °C" in lines[1] and "stop at 96.0 °C" in lines[3]
+    assert "pause at 86.0 °C" in lines[1] and "pause at 96.0 °C" in lines[3]
+    assert "stop at 96.0 °C" in lines[4]
     assert all(e.simulated and e.source == source and e.pid == pid for e in recorded)
 
 

@@ -163,8 +163,8 @@ def test_a_cooperative_job_gets_sigusr1_and_reads_reduce_batch_from_the_state_fi
     assert code == EXIT_THERMAL_STOP
     assert seen.read_text().split() == ["True", "False"]
     actions = [event.action for event in events]
-    assert actions == ["start", "reduce_batch", "restore_batch", "stop", "exit"]
-    assert events[1].celsius == 80.0 and events[3].celsius == 96.0
+    assert actions == ["start", "reduce_batch", "restore_batch", "pause", "stop", "exit"]
+    assert events[1].celsius == 80.0 and events[3].celsius == events[4].celsius == 96.0
 
 
 def test_a_job_that_did_not_opt_in_gets_no_signal_that_would_kill_it(

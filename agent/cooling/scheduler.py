@@ -13,7 +13,15 @@ from dataclasses import dataclass
 
 from agent.cooling.guard import Conditions, GuardReport, RunStopped
 from agent.thermal import ThermalMonitor, ThermalReading
-from shared.policy import Action, CoolingGate, CoolingState, JobState, ThermalPolicy, decide
+from shared.policy import (
+    Action,
+    CoolingGate,
+    CoolingState,
+    JobState,
+    ThermalPolicy,
+    decide,
+    pressure_state,
+)
 
 __all__ = [
     "CoolingScheduler",
@@ -28,24 +36,35 @@ DEFAULT_POLICY = ThermalPolicy()
 
 
 class ThermalShutdownError(RunStopped):
-    """The policy said stop: too hot to go on. The message names temperature, threshold and step."""
+    """The policy said stop: too hot to go on. The message names temperature, threshold, step
+    and the rule's reason (how long it stayed hot, or the pressure level)."""
 
     def __init__(
-        self, step: int, temperature: float | None, threshold: float, pressure: str | None = None
+        self,
+        step: int,
+        temperature: float | None,
+        threshold: float,
+        pressure: str | None = None,
+        reason: str | None = None,
     ) -> None:
         self.step = step
         self.temperature = temperature
         self.threshold = threshold
         self.pressure = pressure
+        self.reason = reason
         shown = "unknown" if temperature is None else f"{temperature:.1f} °C"
         if temperature is not None and temperature >= threshold:
             cause = f"SoC temperature {shown} reached the stop threshold {threshold:.1f} °C"
-        else:
+        elif pressure_state(pressure) is CoolingState.STOP:
             cause = (
                 f"thermal pressure level {pressure!r} means stop (SoC temperature {shown}, "
                 f"stop threshold {threshold:.1f} °C)"
             )
-        super().__init__(f"thermal shutdown at step {step}: {cause}")
+        else:
+            cause = f"SoC temperature {shown} (stop threshold {threshold:.1f} °C)"
+        super().__init__(
+            f"thermal shutdown at step {step}: {cause}" + (f"; {reason}" if reason else "")
+        )
 
 
 @dataclass(frozen=True)
@@ -97,6 +116,7 @@ class CoolingScheduler:
         self._changed = threading.Condition()
         self._peak: float | None = None
         self._stopped_by: ThermalReading | None = None
+        self._stop_reason: str | None = None
         self._total_pause_time = 0.0
         if monitor.reading is not None:  # what the monitor read before we listened
             self.observe(monitor.reading)
@@ -127,6 +147,7 @@ class CoolingScheduler:
                 self._peak = _celsius_max(self._peak, celsius)
             if Action.STOP in decision.actions:
                 self._stopped_by = reading
+                self._stop_reason = decision.reason
                 self._peak = _celsius_max(self._peak, celsius)
             self._changed.notify_all()
         if self.on_action is not None:
@@ -140,6 +161,7 @@ class CoolingScheduler:
             reading.celsius if reading else None,
             self.policy.stop_temp,
             reading.pressure if reading else None,
+            self._stop_reason,
         )
 
     def check_before_step(self, step: int) -> None:

@@ -13,6 +13,7 @@ import pytest
 from agent.sensors.smc_protocol import (
     READ_BYTES,
     READ_KEY_INFO,
+    VALUE_TYPES,
     KeyData,
     KeyInfo,
     decode,
@@ -109,14 +110,39 @@ def test_without_die_keys_the_hottest_plausible_cluster_key() -> None:
     assert choose_die({"Tp01": 6.7, "TCMz": None}) is None
 
 
-def test_only_die_keys_are_polled_when_the_chip_has_them() -> None:
-    every = ["#KEY", "TB0T", "TCMb", "TCMz", "Te05", "Tp09", "Tg0f", "TCHP"]
-    assert die_keys(every) == ["TCMz", "TCMb"]
+def test_the_die_aggregates_and_every_gpu_key_are_polled() -> None:
+    """Per-core CPU keys only on a chip without TCMz (M5: TCMb but no TCMz)."""
+    every = ["#KEY", "TB0T", "TCMb", "TCMz", "Te05", "Tp09", "Tg0f", "TCHP", "TG0B"]
+    assert die_keys(every) == ["TCMz", "TCMb", "Tg0f"]
+    assert die_keys([key for key in every if key != "TCMz"]) == ["TCMb", "Te05", "Tp09", "Tg0f"]
     assert die_keys([key for key in every if not key.startswith("TCM")]) == [
         "Te05",
         "Tp09",
         "Tg0f",
     ]
+
+
+def test_a_gpu_hotter_than_the_cpu_die_is_the_temperature() -> None:
+    """MLX's work is GPU work: TCMz 70 beside Tg0k 97 reads 97 from Tg0k."""
+    choice = choose_die({"TCMz": 70.0, "TCMb": 61.0, "Tg0k": 97.0, "Tg1k": 90.8, "Tg0j": 9.8})
+    assert choice is not None
+    assert (choice.sensor, choice.celsius) == ("Tg0k", 97.0)
+    assert choice.sensors == {"TCMz": 70.0, "TCMb": 61.0, "Tg0k": 97.0}
+
+
+def test_without_tcmz_the_cpu_die_is_the_hottest_core_never_the_average_by_its_name() -> None:
+    choice = choose_die({"TCMb": 62.6, "Tp00": 59.3, "Te03": 51.0, "Tg2r": 41.1})
+    assert choice is not None
+    assert (choice.sensor, choice.celsius) == ("Tp00", 59.3)
+    assert choice.sensors == {"Tp00": 59.3, "TCMb": 62.6, "Tg2r": 41.1}
+    parked = choose_die({"TCMb": 29.5, "Tp08": 19.6, "Tg0C": 19.9})  # iSMC report-m5-max-2
+    assert parked is not None and (parked.sensor, parked.celsius) == ("TCMb", 29.5)
+
+
+def test_a_key_of_a_type_no_decoder_knows_is_not_a_temperature() -> None:
+    assert "si32" not in VALUE_TYPES and decode("si32", b"\x05\x00\x00\x00") is None
+    # iSMC report-m4-5: TR1d (bytes c4 4e ea ff ff ff ff ff) prints -21.692322: ioft is signed
+    assert decode("ioft", bytes.fromhex("c44eeaffffffffff")) == -21.69232177734375
 
 
 def test_pressure_levels_are_powermetrics_names() -> None:

@@ -8,7 +8,9 @@ key count. A result byte of 132 means "no such key" (macmon).
 
 Value types (mactop SMCGetFloatValue, Stats and iSMC's decoders; byte layouts agree across them):
 `flt ` float32 little-endian (Apple Silicon), `sp78` signed 16-bit big-endian / 256, `fpe2`
-unsigned 16-bit big-endian / 4, `ioft` unsigned 64-bit little-endian / 65536 (48.16 fixed).
+unsigned 16-bit big-endian / 4, `ioft` signed 64-bit little-endian / 65536 (48.16 fixed; iSMC
+reads it signed, and M4 reports hold `TR1d` bytes ending `ff ff ff` that are -21.69 so and
+2.8e14 unsigned: tests/fixtures/captures/ismc-m4-5.jsonl).
 """
 
 from __future__ import annotations
@@ -107,6 +109,10 @@ def value_bytes(answer: KeyData, size: int) -> bytes:
     return bytes(answer.bytes)[:size]
 
 
+VALUE_TYPES = ("flt ", "sp78", "fpe2", "ioft")
+"""The types decode() knows; a key of any other type is not a temperature we can read."""
+
+
 def decode(data_type: str, raw: bytes) -> float | None:
     """A value of one of the numeric types temperatures come in; None for any other type (or
     too few bytes), never a guess."""
@@ -117,5 +123,5 @@ def decode(data_type: str, raw: bytes) -> float | None:
     if data_type == "fpe2" and len(raw) >= 2:
         return struct.unpack(">H", raw[:2])[0] / 4.0
     if data_type == "ioft" and len(raw) >= 8:
-        return struct.unpack("<Q", raw[:8])[0] / 65536.0
+        return struct.unpack("<q", raw[:8])[0] / 65536.0
     return None

@@ -1,35 +1,53 @@
-"""The SMC die temperature on macOS, without root: the die keys read through the AppleSMC
-connection (agent.sensors.smc), the die picked by agent.thermal.smc_die."""
+"""The SMC temperature on macOS, without root: the keys agent.thermal.smc_die names, read through
+an SMC connection (agent.sensors.smc's AppleSMC live, a capture's keys when replayed) and
+decoded by agent.sensors.smc_protocol."""
 
 from __future__ import annotations
 
 import sys
+from typing import Protocol
 
 from agent.sensors.base import SourceUnavailable
 from agent.sensors.macos_libs import apple_silicon
 from agent.sensors.smc import AppleSMC, SMCError
-from agent.sensors.smc_protocol import decode
+from agent.sensors.smc_protocol import VALUE_TYPES, decode
 from agent.thermal.base import ThermalReading, ThermalSource
 from agent.thermal.smc_die import choose_die, die_keys
 
 
+class SMCKeys(Protocol):
+    """What the source needs of an SMC: its key list and one key's (type, bytes)."""
+
+    def keys(self) -> list[str]: ...
+
+    def read(self, key: str) -> tuple[str, bytes]: ...
+
+    def close(self) -> None: ...
+
+
+def apple_smc() -> AppleSMC:
+    """The live SMC of this Mac; SourceUnavailable off Apple Silicon macOS."""
+    if sys.platform != "darwin":
+        raise SourceUnavailable(
+            f"smc reads the AppleSMC through IOKit and needs macOS; this is {sys.platform}"
+        )
+    if not apple_silicon():
+        raise SourceUnavailable(
+            "smc: an Intel Mac (its SMC keys name other things): use powermetrics"
+        )
+    return AppleSMC()
+
+
 class SMCSource(ThermalSource):
-    """The SMC die temperature (`TCMz`, the die maximum the 75/85/95 °C defaults are set for),
-    with `TCMb` beside it; the hottest plausible Tp*/Te*/Tg* key on chips without them."""
+    """The hotter of the CPU die and the GPU (agent.thermal.smc_die), both in `sensors`. A key
+    of a type no decoder knows is dropped at its first read and named in `skipped`."""
 
-    name = "smc"
+    name = scale = "smc"
 
-    def __init__(self) -> None:
+    def __init__(self, smc: SMCKeys | None = None) -> None:
         super().__init__()
-        if sys.platform != "darwin":
-            raise SourceUnavailable(
-                f"smc reads the AppleSMC through IOKit and needs macOS; this is {sys.platform}"
-            )
-        if not apple_silicon():
-            raise SourceUnavailable(
-                "smc: an Intel Mac (its SMC keys name other things): use powermetrics"
-            )
-        self._smc = AppleSMC()
+        self._smc = smc or apple_smc()
+        self.skipped: dict[str, str] = {}
         try:
             every_key = self._smc.keys()
         except SMCError as exc:
@@ -47,9 +65,15 @@ class SMCSource(ThermalSource):
         values: dict[str, float | None] = {}
         for key in self._keys:
             try:
-                values[key] = decode(*self._smc.read(key))
+                data_type, raw = self._smc.read(key)
             except SMCError:
                 values[key] = None
+                continue
+            if data_type not in VALUE_TYPES:
+                self.skipped[key] = data_type
+                continue
+            values[key] = decode(data_type, raw)
+        self._keys = [key for key in self._keys if key not in self.skipped]
         choice = choose_die(values)
         if choice is None:
             shown = ", ".join(f"{key}={value}" for key, value in values.items())

@@ -3,7 +3,7 @@ gets the same flags, help, default and check."""
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 import pytest
@@ -49,15 +49,17 @@ def test_every_agent_command_takes_the_thermal_options_alike(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["bench", "run", "temp"])
-def test_the_policy_options_default_to_the_policys_own_defaults(name: str) -> None:
-    defaults = ThermalPolicy()
+def test_the_policy_options_unset_take_the_thermal_sources_defaults(name: str) -> None:
     exposed = options_of(command(agent_app, name), PolicyOptions)
-    assert {key: value[1] for key, value in exposed.items()} == {
-        "max_speed_temp": defaults.max_speed_temp,
-        "pause_temp": defaults.pause_temp,
-        "stop_temp": defaults.stop_temp,
-        "hysteresis": defaults.hysteresis,
-    }
+    assert {key: value[1] for key, value in exposed.items()} == dict.fromkeys(
+        ("max_speed_temp", "pause_temp", "stop_temp", "hysteresis")
+    )
+    smc = PolicyOptions().in_force("smc")
+    assert str(smc) == "policy 95/114/120 °C (defaults for smc)"
+    given = PolicyOptions(stop_temp=118.0).in_force("smc")
+    assert given.policy == replace(smc.policy, stop_temp=118.0)
+    assert given.origin == "set on the command line, the rest defaults for smc"
+    assert PolicyOptions().in_force(None).policy == ThermalPolicy()  # sim, replay: the seed's
 
 
 def test_with_options_builds_each_group_for_the_command() -> None:

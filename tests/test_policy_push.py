@@ -12,11 +12,13 @@ import pytest
 import zmq
 
 from shared import protocol as p
+from shared.calibration import SET_BY_COORDINATOR, source_defaults
 from shared.io.transport import AgentError
 from shared.policy import ThermalPolicy
 from tests.fleet_support import AgentPool, connect, receive, subscriber, trusted_agent
 
 DEFAULT = ThermalPolicy().to_dict()
+SEED = source_defaults(None).origin  # the agents here read sim: no Mac calibrates it
 
 
 @pytest.fixture
@@ -45,7 +47,7 @@ def test_a_bad_policy_is_refused_with_its_reason_and_the_old_one_stays(
         client.request("policy.set", {"policy": policy})
     assert refused.value.code == p.BAD_POLICY and needle in str(refused.value)
     assert "stays max_speed_temp=75" in str(refused.value)
-    assert client.request("policy.get") == {"policy": DEFAULT}
+    assert client.request("policy.get") == {"policy": DEFAULT, "origin": SEED}
     client.close()
 
 
@@ -54,12 +56,12 @@ def test_a_policy_is_applied_announced_and_kept_across_a_restart(
 ) -> None:
     agent = trusted_agent(agents, options=["--poll-interval", "0.1"])
     client = connect(ctx, agent)
-    assert client.request("policy.get") == {"policy": DEFAULT}
+    assert client.request("policy.get") == {"policy": DEFAULT, "origin": SEED}
     sub = subscriber(ctx, agent)
     receive(sub, lambda m: m.type == "telemetry.sample")  # subscribed for sure
     pushed = client.request("policy.set", {"policy": {"pause_temp": 80, "hysteresis": 2}})
     expected = {**DEFAULT, "pause_temp": 80.0, "hysteresis": 2.0}
-    assert pushed == {"policy": expected}
+    assert pushed == {"policy": expected, "origin": SET_BY_COORDINATOR}
     announced = receive(sub, lambda m: m.type == "telemetry.event")
     assert announced.body["action"] == "policy" and announced.body["job"] is None
     assert "pause_temp=80 " in announced.body["detail"]
@@ -75,7 +77,7 @@ def test_a_policy_is_applied_announced_and_kept_across_a_restart(
     assert agent.process.wait(timeout=15) == 0
     assert not (agent.home / "agent-serve.json").exists()
     again = connect(ctx, agents.start("agent"))
-    assert again.request("policy.get") == {"policy": expected}
+    assert again.request("policy.get") == {"policy": expected, "origin": SET_BY_COORDINATOR}
     again.close()
 
 
@@ -86,5 +88,5 @@ def test_an_unusable_saved_policy_falls_back_to_the_default_loudly(
     agent.kill()
     (agent.home / "policy.json").write_text('{"pause_temp": 99}')
     again = agents.start("agent")
-    assert connect(ctx, again).request("policy.get") == {"policy": DEFAULT}
+    assert connect(ctx, again).request("policy.get") == {"policy": DEFAULT, "origin": SEED}
     assert "cannot use the saved policy" in again.log_text()

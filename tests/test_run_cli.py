@@ -208,7 +208,10 @@ def test_pause_resume_and_stop_follow_a_replayed_curve_within_the_poll_interval(
     assert not [t for t in times if stopped_from < t < stopped_until], "CMD beat while stopped"
     assert [t for t in times if t > samples[resumed][1]], "CMD did not continue after the resume"
     assert group_members(pid) == []
-    lines = [line for line in stderr.splitlines() if line.startswith("[mlx-fleet]")]
+    said = [line for line in stderr.splitlines() if line.startswith("[mlx-fleet]")]
+    policy = "policy 75/85/95 °C (the seed's defaults)"  # a replay: no Mac calibrates it
+    assert said[0] == f"[mlx-fleet] supervising with {source} here, {policy}"
+    lines = said[1:]
     assert len(lines) == 6
     assert all(line.endswith(f"({source}, simulated)") for line in lines)
     assert "pause at 86.0 °C" in lines[1] and "pause at 96.0 °C" in lines[3]

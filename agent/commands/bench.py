@@ -23,6 +23,7 @@ from agent.profiling.runner import (
     run_matrix,
 )
 from agent.thermal import ThermalMonitor, ThermalReading
+from shared.calibration import PolicyInForce
 from shared.clock import now_iso, utc_now
 from shared.exit_codes import EXIT_INTERRUPTED, EXIT_PARTIAL, EXIT_USAGE
 from shared.io.cli import check_output, err, show_report, usage_error
@@ -38,7 +39,7 @@ from shared.io.options import (
 )
 from shared.io.paths import data_subdir
 from shared.matrix import MatrixError, MatrixSpec, expand
-from shared.policy import Action, ThermalPolicy
+from shared.policy import Action
 from shared.report import progress_line
 from shared.results import failed_cells, not_run
 from shared.sustain import SustainError, SustainPlan
@@ -70,11 +71,11 @@ def bench(
     cell's energy comes from --power-source (docs/energy.md); --sustain runs each cell for a
     duration, window by window."""
     check_output(output)
-    policy = limits.policy()
     spec = local_spec(matrix)
     plan = sustained.plan()
     monitor = open_monitor(thermal, EXIT_USAGE)
     try:
+        policy = limits.in_force(monitor.source.scale)
         meter = open_meter(power, thermal.poll_interval)
     except BaseException:
         monitor.close()
@@ -82,7 +83,7 @@ def bench(
     try:
         check_sustain(plan, meter, thermal.poll_interval)
         notice = None if no_cooling else cooling_notice(monitor)
-        guard = ThermalGuard(monitor, policy, enabled=not no_cooling, on_action=notice)
+        guard = ThermalGuard(monitor, policy.policy, enabled=not no_cooling, on_action=notice)
         report = new_report(spec, monitor, policy, cooling=not no_cooling)
         report["energy"] = energy_header(meter)
         if plan is not None:
@@ -149,7 +150,7 @@ def local_model(name: str) -> tuple[str, Path]:
 
 
 def new_report(
-    spec: MatrixSpec, monitor: ThermalMonitor, policy: ThermalPolicy, cooling: bool
+    spec: MatrixSpec, monitor: ThermalMonitor, policy: PolicyInForce, cooling: bool
 ) -> dict[str, Any]:
     return {
         "kind": "agent-bench",
@@ -162,7 +163,8 @@ def new_report(
         "thermal": {
             "source": monitor.source.name,
             "simulated": monitor.source.simulated,
-            "policy": policy.to_dict(),
+            "policy": policy.policy.to_dict(),
+            "policy_origin": policy.origin,
             "cooling": cooling,
         },
     }

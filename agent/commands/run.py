@@ -24,7 +24,6 @@ from agent.thermal import ThermalMonitor
 from shared.exit_codes import EXIT_SUPERVISOR_FAILED
 from shared.io.cli import fail, usage_error
 from shared.io.options import PolicyOptions, ThermalOptions, with_options
-from shared.policy import policy_text
 from shared.telemetry import Event
 
 
@@ -86,20 +85,22 @@ def run_command(
     """
     if not (math.isfinite(grace) and grace >= 0):
         raise usage_error(f"--grace must be >= 0 seconds, got {grace}")
-    policy = limits.policy()
     with ExitStack() as stack:
         log = stack.enter_context(closing(EventLog()))
         forwards: list[Sink] = []
         supervisor = Supervisor(command, grace=grace, sinks=[print_event, recorder(log, forwards)])
         feed, forwarder = register(
-            thermal.thermal_source, thermal.poll_interval, policy, lambda: local_monitor(thermal)
+            thermal.thermal_source,
+            thermal.poll_interval,
+            limits.in_force,
+            lambda: local_monitor(thermal),
         )
         stack.callback(forwarder.close)  # after the exit event, which it forwards too
         forwards.append(forwarder)
         if feed.remote:
             typer.echo(
                 f"{PREFIX} registered with agent serve: readings from "
-                f"{feed.source}, its policy {policy_text(feed.policy)}",
+                f"{feed.source}, its {feed.policy}",
                 err=True,
             )
             if feed.source == "none":
@@ -108,6 +109,8 @@ def run_command(
                     "without thermal enforcement",
                     err=True,
                 )
+        else:
+            typer.echo(f"{PREFIX} supervising with {feed.source} here, {feed.policy}", err=True)
         try:
             code = supervisor.run(feed)
         except LaunchError as exc:

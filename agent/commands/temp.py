@@ -16,21 +16,25 @@ from rich.text import Text
 from agent.commands.sensors import open_monitor
 from agent.thermal.base import ThermalReading
 from agent.thermal.monitor import ThermalMonitor, trend_slope
+from shared.calibration import PolicyInForce
 from shared.display import STATE_STYLES, sparkline, trend_arrow
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import print_rich, usage_error
 from shared.io.options import PolicyOptions, TableFormat, ThermalOptions, with_options
-from shared.policy import CoolingState, ThermalPolicy, decide
+from shared.policy import CoolingState, decide
 
 HISTORY_SHOWN = 30
 TREND_WINDOW = 5  # the seed's is_rising window
 
 
 def kind(reading: ThermalReading | None) -> str:
-    """How a value must be labelled: from a sensor, simulated/replayed, or not there at all."""
+    """How a value must be labelled: from a sensor, simulated/replayed, a real Mac's readings
+    replayed from a capture, or not there at all."""
     if reading is None or (reading.celsius is None and reading.pressure is None):
         return "unavailable"
-    return "simulated" if reading.simulated else "sensor"
+    if reading.simulated:
+        return "simulated"
+    return "capture" if reading.source == "capture" else "sensor"
 
 
 def snapshot(
@@ -38,7 +42,7 @@ def snapshot(
     reading: ThermalReading | None,
     reason: str | None,
     state: CoolingState | None,
-    policy: ThermalPolicy,
+    policy: PolicyInForce,
 ) -> dict[str, Any]:
     """The JSON shape of one observation; `kind` and `simulated` say whether it is a sensor."""
     return {
@@ -56,7 +60,8 @@ def snapshot(
         ),
         "state": state.value if state else None,
         "reason": None if reading else reason,
-        "policy": policy.to_dict(),
+        "policy": policy.policy.to_dict(),
+        "policy_origin": policy.origin,
     }
 
 
@@ -67,7 +72,10 @@ def render(
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column()
-    label = {"simulated": " [bold magenta](SIMULATED: not a sensor)[/]", "unavailable": ""}
+    label = {
+        "simulated": " [bold magenta](SIMULATED: not a sensor)[/]",
+        "capture": " [bold cyan](CAPTURE: real readings, replayed)[/]",
+    }
     table.add_row("Source", f"{data['source']}{label.get(data['kind'], '')}")
     celsius = data["celsius"]
     table.add_row("SoC °C", f"{celsius:.1f}" if celsius is not None else "[red]unavailable[/]")
@@ -81,7 +89,7 @@ def render(
     policy = data["policy"]
     thresholds = (
         f"reduce ≥ {policy['max_speed_temp']:g}, pause ≥ {policy['pause_temp']:g}, "
-        f"stop ≥ {policy['stop_temp']:g} °C"
+        f"stop ≥ {policy['stop_temp']:g} °C; {data['policy_origin']}"
     )
     if data["state"] is None:
         table.add_row("Policy", f"no reading, nothing to act on ({thresholds})")
@@ -116,13 +124,13 @@ def temp_command(
     machine, 2 bad usage."""
     if count < 0:
         raise usage_error(f"--count must be >= 0, got {count}")
-    policy = limits.policy()
     with open_monitor(thermal, EXIT_PARTIAL) as monitor:
+        policy = limits.in_force(monitor.source.scale)
         if watch:
             _watch(monitor, policy, fmt, count)
         else:
             reading = monitor.read()
-            state = decide(policy, reading.celsius, reading.pressure) if reading else None
+            state = decide(policy.policy, reading.celsius, reading.pressure) if reading else None
             _emit(snapshot(monitor.source.name, reading, monitor.last_error, state, policy), fmt)
 
 
@@ -134,7 +142,7 @@ def _emit(data: dict[str, Any], fmt: str) -> None:
         print_rich(render(data))
 
 
-def _watch(monitor: ThermalMonitor, policy: ThermalPolicy, fmt: str, count: int) -> None:
+def _watch(monitor: ThermalMonitor, policy: PolicyInForce, fmt: str, count: int) -> None:
     """Poll in the background and show each tick: JSON lines, or a Live table with the trend."""
     monitor.start()
     state: CoolingState | None = None
@@ -147,7 +155,7 @@ def _watch(monitor: ThermalMonitor, policy: ThermalPolicy, fmt: str, count: int)
             reading = monitor.reading
             if reading:
                 paused = state is CoolingState.PAUSE
-                state = decide(policy, reading.celsius, reading.pressure, paused)
+                state = decide(policy.policy, reading.celsius, reading.pressure, paused)
             else:
                 state = None
             data = snapshot(monitor.source.name, reading, monitor.last_error, state, policy)

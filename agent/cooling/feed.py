@@ -30,9 +30,9 @@ from agent.thermal import (
     open_source,
 )
 from agent.thermal.base import NoneSource
+from shared.calibration import PolicyInForce
 from shared.io.keys import own_keypair
 from shared.io.transport import AgentClient, HostError
-from shared.policy import ThermalPolicy, policy_text
 from shared.telemetry import Event
 
 log = logging.getLogger("agent.remote")
@@ -56,6 +56,11 @@ def open_fallback(source: ThermalSource | str | None, poll_interval: float) -> T
         return NoneSource(f"fallback source: {exc}")
 
 
+PolicyFor = Callable[[str | None], PolicyInForce]
+"""The policy for a local source of a scale (PolicyOptions.in_force): the daemon's comes with
+its samples."""
+
+
 class DaemonFeed:
     """`agent run`'s Feed: the daemon's samples, judged by its policy, while one answers; this
     machine's own source (`fallback`, `auto` by default, opened only then) at `poll_interval`
@@ -71,17 +76,20 @@ class DaemonFeed:
         session: DaemonSession | None,
         fallback: str,
         poll_interval: float,
-        policy: ThermalPolicy,
+        policy_for: PolicyFor,
         local: ThermalMonitor | None = None,
     ) -> None:
-        """Without a `session`, `local` is the monitor to start on."""
+        """Without a `session`, `local` is the monitor to start on, judged by `policy_for` its
+        source's scale."""
         self._session = session
         self._fallback = fallback
         self._poll_interval = poll_interval
-        self._policy = session.policy if session else policy
+        self._policy = PolicyInForce(session.policy, session.policy_origin) if session else None
         self._local: LocalFeed | None = None
         if session is None:
-            self._local = LocalFeed(local or self._open_local(), policy)
+            monitor = local or self._open_local()
+            self._policy = policy_for(monitor.source.scale)
+            self._local = LocalFeed(monitor, self._policy.policy)
         self._look_at = time.monotonic() + REJOIN_EVERY_S
         self._closed = threading.Event()
         self._finished = threading.Event()
@@ -104,9 +112,12 @@ class DaemonFeed:
         return session.source.simulated if session else bool(local and local.simulated)
 
     @property
-    def policy(self) -> ThermalPolicy:
+    def policy(self) -> PolicyInForce:
         session = self._session
-        return session.policy if session else self._policy
+        if session is not None:
+            return PolicyInForce(session.policy, session.policy_origin)
+        assert self._policy is not None  # set whenever there is no session
+        return self._policy
 
     def next(self) -> Observation | None:
         with self._lock:
@@ -154,7 +165,7 @@ class DaemonFeed:
         return ThermalMonitor(self._poll_interval, source=source)
 
     def _fall_back(self, session: DaemonSession, why: str) -> Observation | None:
-        self._policy = session.policy
+        self._policy = PolicyInForce(session.policy, session.policy_origin)
         session.close()
         monitor = self._open_local()
         with self._lock:
@@ -162,7 +173,7 @@ class DaemonFeed:
             if self._closed.is_set():
                 monitor.close()
                 return None
-            self._local = LocalFeed(monitor, self._policy)
+            self._local = LocalFeed(monitor, session.policy)
             self._look_at = time.monotonic() + REJOIN_EVERY_S
         sample = self._local.next()
         note = f"{why}; supervising with {monitor.source.name} here"
@@ -181,21 +192,23 @@ class DaemonFeed:
         local.close()
         note = (
             f"agent serve (pid {session.address.pid}) answers: readings from "
-            f"{session.source.name} there again, its policy {policy_text(session.policy)}"
+            f"{session.source.name} there again, its {self.policy}"
         )
         return Observation(session.first, session.policy, note=note, note_action="rejoin")
 
 
 def register(
-    fallback: str, poll_interval: float, policy: ThermalPolicy, local: Callable[[], ThermalMonitor]
+    fallback: str, poll_interval: float, policy_for: PolicyFor, local: Callable[[], ThermalMonitor]
 ) -> tuple[DaemonFeed, EventForwarder]:
     """`agent run`'s way in: a feed of the daemon's samples and a sink that lists the job there
     when a daemon answers; else a feed over `local()` (this machine's sensor, judged by
-    `policy`) that joins a daemon once one answers, and a sink that waits for it."""
+    `policy_for` its scale) that joins a daemon once one answers, and a sink that waits for it."""
     session = connect_daemon()
     if session is None:
-        return DaemonFeed(None, fallback, poll_interval, policy, local()), EventForwarder(None)
-    return DaemonFeed(session, fallback, poll_interval, policy), EventForwarder(session.address)
+        feed = DaemonFeed(None, fallback, poll_interval, policy_for, local())
+        return feed, EventForwarder(None)
+    feed = DaemonFeed(session, fallback, poll_interval, policy_for)
+    return feed, EventForwarder(session.address)
 
 
 class EventForwarder:

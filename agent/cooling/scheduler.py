@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from agent.cooling.guard import Conditions, GuardReport, RunStopped
 from agent.thermal import ThermalMonitor, ThermalReading
+from shared.calibration import source_defaults
 from shared.policy import (
     Action,
     CoolingGate,
@@ -30,9 +31,6 @@ __all__ = [
     "ThermalPolicy",
     "ThermalShutdownError",
 ]
-
-
-DEFAULT_POLICY = ThermalPolicy()
 
 
 class ThermalShutdownError(RunStopped):
@@ -99,7 +97,8 @@ class CoolingScheduler:
     A missing reading holds a pause for up to MISSING_POLLS_TO_RESUME polls, then resumes; a
     stop is final. Without a policy of its own it follows the monitor's `policy` when the monitor
     has one (a RemoteMonitor carries the agent daemon's, pushed by a coordinator), else the
-    default. `on_action` hears every action as the rule decides it.
+    defaults for the monitor's source (shared.calibration). `on_action` hears every action as
+    the rule decides it.
     """
 
     def __init__(
@@ -124,7 +123,11 @@ class CoolingScheduler:
 
     @property
     def policy(self) -> ThermalPolicy:
-        return self._policy or getattr(self.monitor, "policy", None) or DEFAULT_POLICY
+        return (
+            self._policy
+            or getattr(self.monitor, "policy", None)
+            or source_defaults(self.monitor.source.scale).policy
+        )
 
     @policy.setter
     def policy(self, policy: ThermalPolicy) -> None:

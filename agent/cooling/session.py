@@ -15,6 +15,7 @@ from agent.sensors.base import SourceInfo
 from agent.thermal.base import reading_from_wire
 from agent.thermal.monitor import StopFlag
 from shared import protocol as p
+from shared.calibration import SET_BY_COORDINATOR
 from shared.io.keys import own_keypair
 from shared.io.transport import AgentClient, HostError
 from shared.policy import ThermalPolicy
@@ -71,6 +72,7 @@ class DaemonSession:
         self.first = reading_from_wire(thermal["reading"])
         self.poll_interval: float = info["poll_interval"]
         self.policy = ThermalPolicy.from_dict(info["policy"])
+        self.policy_origin: str = info.get("policy_origin") or "the agent's"
         self.silence_s = 3 * self.poll_interval + 1.0
         self._heard = time.monotonic()
 
@@ -89,6 +91,7 @@ class DaemonSession:
                     return Observation(reading_from_wire(message.body), self.policy)
                 if message.body["policy"] is not None:
                     self.policy = ThermalPolicy.from_dict(message.body["policy"])
+                    self.policy_origin = SET_BY_COORDINATOR
                 continue
             if not pid_alive(self.address.pid):
                 raise DaemonLost(f"agent serve (pid {self.address.pid}) is gone")

@@ -111,17 +111,17 @@ def policy_path() -> Path:
     return data_dir() / "policy.json"
 
 
-def load_policy(path: Path | None = None) -> ThermalPolicy:
-    """The policy last saved, else the default. A file that cannot be used is reported and the
-    default enforced: a safe policy beats none."""
+def load_policy(path: Path | None = None) -> ThermalPolicy | None:
+    """The policy a coordinator last set, else None: the defaults for the source apply. A file
+    that cannot be used is reported and the defaults enforced: a safe policy beats none."""
     path = path or policy_path()
     try:
         return ThermalPolicy.from_dict(json.loads(path.read_text(encoding="utf-8")))
     except FileNotFoundError:
-        return ThermalPolicy()
+        return None
     except (OSError, ValueError, TypeError, AttributeError) as exc:
-        log.error("cannot use the saved policy %s (%s): enforcing the default", path, exc)
-        return ThermalPolicy()
+        log.error("cannot use the saved policy %s (%s): enforcing the defaults", path, exc)
+        return None
 
 
 def save_policy(policy: ThermalPolicy, path: Path | None = None) -> None:

@@ -39,6 +39,7 @@ from agent.power.meter import EnergyMeter
 from agent.sensors.base import SourceInfo
 from agent.thermal import ThermalMonitor, ThermalReading, ThermalSource
 from shared import protocol as p
+from shared.calibration import SET_BY_COORDINATOR, PolicyInForce, source_defaults
 from shared.policy import CoolingState, ThermalPolicy, policy_text, updated_policy
 from shared.telemetry import Event
 
@@ -64,6 +65,7 @@ class TappedSource(ThermalSource):
         self.inner = inner
         self.name = inner.name
         self.simulated = inner.simulated
+        self.scale = inner.scale
         self.last_error = inner.last_error
         self._on_read = on_read
 
@@ -112,7 +114,8 @@ class TelemetryHub:
         self.retention_days = retention_days
         self.storage = storage
         self.host = name or socket.gethostname()
-        self.policy = load_policy()
+        saved = load_policy()
+        self._policy = PolicyInForce(saved, SET_BY_COORDINATOR) if saved else source_defaults(None)
         self.saved_policy = SavedPolicy(storage)
         self.jobs = JobTable()
         events = EventLog()
@@ -146,14 +149,11 @@ class TelemetryHub:
         and read `meter` (owned too) at each poll when it measures anything."""
         self.meter = meter
         self.source = SourceInfo(source.name, source.simulated)
+        if self._policy.origin != SET_BY_COORDINATOR:
+            self._policy = source_defaults(source.scale)
         self.monitor = ThermalMonitor(self.poll_interval, source=TappedSource(source, self._tap))
         self.monitor.start()
-        log.info(
-            "monitoring %s every %g s; policy %s",
-            self.source.name,
-            self.poll_interval,
-            policy_text(self.policy),
-        )
+        log.info("monitoring %s every %g s; %s", self.source.name, self.poll_interval, self._policy)
 
     def serve_metrics(self, address: str, version: str, machine: dict[str, Any]) -> int:
         """Prometheus /metrics at HOST:PORT, every series of this host there from the start;
@@ -309,13 +309,22 @@ class TelemetryHub:
         if self.metrics is not None:
             self.metrics.observe_event(body)
 
+    @property
+    def policy(self) -> ThermalPolicy:
+        return self._policy.policy
+
+    @property
+    def policy_origin(self) -> str:
+        """Where the numbers in force came from: a coordinator, or the source's defaults."""
+        return self._policy.origin
+
     def set_policy(self, changes: dict[str, Any]) -> ThermalPolicy:
         """Validate, persist, apply, announce; returns the policy in force. ValueError naming
         the problem leaves the old policy in force."""
         policy = updated_policy(self.policy, changes)
         if policy != self.policy:
             self.saved_policy.save(policy)  # enforced even when the disk refuses it
-            self.policy = policy
+            self._policy = PolicyInForce(policy, SET_BY_COORDINATOR)
             if self.metrics is not None:
                 self.metrics.set_policy(self.host, policy.to_dict())
             log.info("new policy: %s", policy_text(policy))
@@ -327,7 +336,7 @@ class TelemetryHub:
                     action="policy",
                     source=self.source.name,
                     simulated=self.source.simulated,
-                    detail=policy_text(policy),
+                    detail=f"{policy_text(policy)} ({SET_BY_COORDINATOR})",
                     policy=policy.to_dict(),
                 )
             )

@@ -143,6 +143,7 @@ class Requests:
                 "telemetry_port": self.sockets.telemetry_port,
                 "poll_interval": self.hub.poll_interval,
                 "policy": self.hub.policy.to_dict(),
+                "policy_origin": self.hub.policy_origin,
                 "jobs": self.hub.jobs.listed(),
                 "history": self.hub.history.id,
                 "storage": self.hub.storage.report(),
@@ -216,7 +217,10 @@ class Requests:
 
     @handles("policy.get")
     def policy_get(self, request: Request) -> Reply:
-        return Reply("policy.get.ok", {"policy": self.hub.policy.to_dict()})
+        return Reply(
+            "policy.get.ok",
+            {"policy": self.hub.policy.to_dict(), "origin": self.hub.policy_origin},
+        )
 
     @handles("policy.set")
     def policy_set(self, request: Request) -> Reply:
@@ -232,7 +236,9 @@ class Requests:
             ) from None
         if policy != before:
             self.jobs.feed_policy(policy)
-        return Reply("policy.set.ok", {"policy": policy.to_dict()})
+        return Reply(
+            "policy.set.ok", {"policy": policy.to_dict(), "origin": self.hub.policy_origin}
+        )
 
     @handles("job.event")
     def job_event(self, request: Request) -> Reply:

@@ -42,6 +42,10 @@ class ThermalSource(Source):
     """A place temperatures come from. read() never raises for a sensor hiccup: it returns None and
     says why in `last_error`, so one bad sample cannot take a training run down."""
 
+    scale: str | None = None
+    """The kind of sensor `celsius` is on (`smc`, `iohid`, ...): the policy's defaults are set
+    per scale (shared.calibration). None: no Mac calibrates it (sim, replay, a callable)."""
+
     pushed: bool = False
     """Its readings are handed to the monitor (ThermalMonitor.record) as they arrive, never
     polled: the monitor starts no thread of its own for it."""

@@ -70,9 +70,10 @@ def check_given(given: dict[str, float]) -> None:
 def apply_to(client: AgentClient, row: HostRow, given: dict[str, float]) -> None:
     """One host's policy set (or shown, without `given`)."""
     if given:
-        row["policy"] = client.request("policy.set", {"policy": given})["policy"]
+        reply = client.request("policy.set", {"policy": given})
     else:
-        row["policy"] = client.request("policy.get")["policy"]
+        reply = client.request("policy.get")
+    row["policy"], row["origin"] = reply["policy"], reply.get("origin")
     row["result"] = APPLIED if given else SHOWN
 
 
@@ -86,7 +87,7 @@ def policy_table(rows: list[dict[str, Any]]) -> Table:
     table.add_column("result")
     for _, title in COLUMNS:
         table.add_column(title, justify="right")
-    table.add_column("why", overflow="fold")
+    table.add_column("set by / why", overflow="fold")
     styles = {APPLIED: "green", SHOWN: "", REFUSED: "bold red", UNREACHABLE: "red"}
     for row in rows:
         policy = row["policy"] or {}
@@ -94,7 +95,7 @@ def policy_table(rows: list[dict[str, Any]]) -> Table:
             Text(row["host"]),
             Text(row["result"], style=styles[row["result"]]),
             *(f"{policy[key]:g}" if key in policy else NA for key, _ in COLUMNS),
-            Text(row["error"] or ""),
+            Text(row["error"] or row.get("origin") or ""),
         )  # Text: an agent's words are never markup
     return table
 
@@ -125,7 +126,7 @@ def policy(
     rows = ask_each(
         targets,
         settings,
-        lambda _: {"result": UNREACHABLE, "policy": None},
+        lambda _: {"result": UNREACHABLE, "policy": None, "origin": None},
         lambda client, row: apply_to(client, row, given),
         policy_refused,
     )

@@ -17,6 +17,7 @@ from typing import Annotated, Any, TypeVar, get_type_hints
 
 import typer
 
+from shared.calibration import SET_ON_COMMAND_LINE, PolicyInForce, with_given
 from shared.energy import DEFAULT_BASELINE_S
 from shared.io.cli import usage_error
 from shared.matrix import (
@@ -27,13 +28,11 @@ from shared.matrix import (
     parse_int_list,
     parse_pair,
 )
-from shared.policy import ThermalPolicy
 from shared.report import FORMATS
 from shared.source_names import DEFAULT_POLL_INTERVAL_S, POWER_SOURCE_HELP, SOURCE_HELP
 from shared.sustain import DEFAULT_WINDOW_S, SustainError, SustainPlan, parse_duration
 
 TABLE_OR_JSON = ("table", "json")
-DEFAULT_POLICY = ThermalPolicy()
 DEFAULT_MATRIX = MatrixSpec()
 
 
@@ -56,6 +55,15 @@ def positive(flag: str, unit: str = "") -> Callable[[float], float]:
 def at_least_zero(flag: str, unit: str = "") -> Callable[[float], float]:
     """An option callback refusing a number that is not finite and >= 0."""
     return _finite(flag, unit, ">= 0", lambda value: value >= 0)
+
+
+def optional(check: Callable[[float], float]) -> Callable[[float | None], float | None]:
+    """`check` for an option that may be left out: None (not given) passes."""
+
+    def maybe(value: float | None) -> float | None:
+        return None if value is None else check(value)
+
+    return maybe
 
 
 def _finite(
@@ -224,14 +232,28 @@ SustainPlot = Annotated[
         f"(needs matplotlib: {PLOT_EXTRA}).",
     ),
 ]
+UNSET_POLICY = "; unset: as it is, or the thermal source's default (docs/thermal.md)"
 MaxSpeedTemp = Annotated[
     float,
-    typer.Option("--max-speed-temp", help="°C from which the policy asks to reduce the batch."),
+    typer.Option(
+        "--max-speed-temp",
+        help=f"°C from which the policy asks to reduce the batch{UNSET_POLICY}.",
+    ),
 ]
-PauseTemp = Annotated[float, typer.Option("--pause-temp", help="°C from which work pauses.")]
-StopTemp = Annotated[float, typer.Option("--stop-temp", help="°C at which work stops.")]
+PauseTemp = Annotated[
+    float, typer.Option("--pause-temp", help=f"°C from which work pauses{UNSET_POLICY}.")
+]
+StopTemp = Annotated[
+    float,
+    typer.Option(
+        "--stop-temp", help=f"°C at which work stops (after 3 polls in a row){UNSET_POLICY}."
+    ),
+]
 Hysteresis = Annotated[
-    float, typer.Option("--hysteresis", help="A pause ends below pause-temp minus this many °C.")
+    float,
+    typer.Option(
+        "--hysteresis", help=f"A pause ends below pause-temp minus this many °C{UNSET_POLICY}."
+    ),
 ]
 
 
@@ -293,6 +315,35 @@ AgentName = Annotated[
         "--name",
         help="This agent's name: the `host` of its telemetry and of every Prometheus series "
         "(default: the hostname).",
+    ),
+]
+LoadSeconds = Annotated[
+    float | None,
+    typer.Option(
+        "--load",
+        metavar="SECONDS",
+        help="Also run MLX matmuls for SECONDS and check that every thermal and power source "
+        "reads differently under load than at idle (docs/deploy.md).",
+        callback=optional(positive("--load", "seconds")),
+    ),
+]
+"""`agent doctor --load`'s length (agent.doctor.load_checks)."""
+CaptureFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--capture",
+        metavar="FILE",
+        help="Instead of the checks, write every raw input of every thermal source here, poll "
+        "by poll (docs/thermal.md, Captures): attach it to a bug report.",
+        dir_okay=False,
+    ),
+]
+CaptureSeconds = Annotated[
+    float,
+    typer.Option(
+        "--seconds",
+        help="With --capture: how long to capture, one poll a second.",
+        callback=positive("--seconds", "seconds"),
     ),
 ]
 PrometheusAddress = Annotated[
@@ -401,27 +452,8 @@ class SustainOptions:
 
 
 @dataclass(frozen=True)
-class PolicyOptions:
-    """The cooling policy's thresholds, defaulting to ThermalPolicy()'s."""
-
-    max_speed_temp: MaxSpeedTemp = DEFAULT_POLICY.max_speed_temp
-    pause_temp: PauseTemp = DEFAULT_POLICY.pause_temp
-    stop_temp: StopTemp = DEFAULT_POLICY.stop_temp
-    hysteresis: Hysteresis = DEFAULT_POLICY.hysteresis
-
-    def policy(self) -> ThermalPolicy:
-        """The thresholds as a ThermalPolicy, or exit 2 naming the ones out of order."""
-        try:
-            return ThermalPolicy(
-                self.max_speed_temp, self.pause_temp, self.stop_temp, hysteresis=self.hysteresis
-            )
-        except ValueError as exc:
-            raise usage_error(str(exc)) from None
-
-
-@dataclass(frozen=True)
 class PolicyChanges:
-    """The same thresholds, each None unless given: what `coordinator policy` pushes."""
+    """The thresholds, each None unless given: what `coordinator policy` pushes."""
 
     max_speed_temp: MaxSpeedGiven = None
     pause_temp: PauseGiven = None
@@ -430,6 +462,19 @@ class PolicyChanges:
 
     def given(self) -> dict[str, float]:
         return {f.name: value for f in fields(self) if (value := getattr(self, f.name)) is not None}
+
+
+@dataclass(frozen=True)
+class PolicyOptions(PolicyChanges):
+    """The same thresholds on a command that enforces them: those given win, the others are the
+    defaults for the source that reads the temperature (shared.calibration)."""
+
+    def in_force(self, scale: str | None) -> PolicyInForce:
+        """The policy for a source of this scale, or exit 2 naming the thresholds out of order."""
+        try:
+            return with_given(scale, self.given(), SET_ON_COMMAND_LINE)
+        except ValueError as exc:
+            raise usage_error(str(exc)) from None
 
 
 # --- taking groups whole ------------------------------------------------------------------------

@@ -1,0 +1,60 @@
+"""The policy a host applies when nobody set one: thresholds on the scale of the source that
+reads them, since the same Mac reads tens of degrees apart by source (docs/thermal.md,
+"Calibration", holds the evidence for each number). Pure: the agent picks by its source, the
+coordinator shows where a host's numbers came from."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from shared.policy import ThermalPolicy, updated_policy
+
+SEED_POLICY = ThermalPolicy()
+"""The seed's 75/85/95 °C: for the sources no Mac calibrates (sim, replay, a callable)."""
+
+SOURCE_POLICIES: dict[str, ThermalPolicy] = {
+    "smc": ThermalPolicy(max_speed_temp=95.0, pause_temp=114.0, stop_temp=120.0),
+    "iohid": ThermalPolicy(max_speed_temp=87.0, pause_temp=106.0, stop_temp=112.0),
+    "macmon": ThermalPolicy(max_speed_temp=85.0, pause_temp=104.0, stop_temp=110.0),
+    "powermetrics": ThermalPolicy(max_speed_temp=88.0, pause_temp=97.0, stop_temp=100.0),
+    "linux": ThermalPolicy(max_speed_temp=85.0, pause_temp=95.0, stop_temp=100.0),
+}
+"""By source scale: `smc` the hotter of the CPU die maximum and the GPU, `iohid` 8 °C below it,
+`macmon` (averages) 10 °C below; `powermetrics` the Intel CPU die (on Apple Silicon it reads
+only pressure); `linux` an x86 package under its 100 °C junction limit."""
+
+SET_BY_COORDINATOR = "set by coordinator policy"
+SET_ON_COMMAND_LINE = "set on the command line"
+
+
+@dataclass(frozen=True)
+class PolicyInForce:
+    """A policy and where its numbers came from (`defaults for smc`, `set by coordinator
+    policy`, ...), as every display of a policy says it."""
+
+    policy: ThermalPolicy
+    origin: str
+
+    def __str__(self) -> str:
+        p = self.policy
+        return f"policy {p.max_speed_temp:g}/{p.pause_temp:g}/{p.stop_temp:g} °C ({self.origin})"
+
+
+def source_defaults(scale: str | None) -> PolicyInForce:
+    """The defaults for a source's scale (its kind: `smc`, `iohid`, ...); the seed's for a
+    source no Mac calibrates."""
+    if scale in SOURCE_POLICIES:
+        return PolicyInForce(SOURCE_POLICIES[scale], f"defaults for {scale}")
+    return PolicyInForce(SEED_POLICY, "the seed's defaults")
+
+
+def with_given(scale: str | None, given: Mapping[str, float], origin: str) -> PolicyInForce:
+    """The source's defaults with what an operator set on top (`given` wins); ValueError naming
+    the problem when the result is out of order. Nothing given: the defaults, as they are."""
+    defaults = source_defaults(scale)
+    if not given:
+        return defaults
+    policy = updated_policy(defaults.policy, given)
+    unset = [key for key in ("max_speed_temp", "pause_temp", "stop_temp") if key not in given]
+    return PolicyInForce(policy, origin + (f", the rest {defaults.origin}" if unset else ""))

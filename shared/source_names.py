@@ -25,6 +25,7 @@ KNOWN_SOURCES: tuple[str, ...] = (
     "linux",
     "sim",
     "replay:PATH",
+    "capture:FILE",
 )
 """Every source name; one that takes an argument shows its placeholder."""
 
@@ -32,7 +33,10 @@ KNOWN_SOURCES: tuple[str, ...] = (
 def _source_help(known: tuple[str, ...], instrument: str) -> str:
     """The names for an option's help, sim's parameters shown, and what sim and replay are not."""
     names = ", ".join(known).replace("sim,", "sim[:k=v,...],")
-    return f"{names} (sim and replay are labelled as not a {instrument})."
+    return (
+        f"{names} (sim and replay are labelled as not a {instrument}; capture:FILE replays "
+        "a Mac's `agent doctor --capture`)."
+    )
 
 
 SOURCE_HELP = _source_help(KNOWN_SOURCES, "sensor")
@@ -94,7 +98,7 @@ def auto_order(system: str) -> tuple[str, ...]:
 
 def offered_sources(system: str) -> tuple[str, ...]:
     """The names that can work on this OS (what a refusal lists)."""
-    return ("auto", "none", *auto_order(system), "sim", "replay:PATH")
+    return ("auto", "none", *auto_order(system), "sim", "replay:PATH", "capture:FILE")
 
 
 def power_auto_order(system: str) -> tuple[str, ...]:
@@ -189,9 +193,10 @@ def _parse_name(name: str, what: str, known: tuple[str, ...], replay: str) -> tu
     kind = kind.lower()
     if kind == "sim":
         parse_sim_params(argument)
-    elif kind == "replay":
+    elif kind in ("replay", "capture") and kind in {entry.partition(":")[0] for entry in known}:
         if not argument:
-            raise SourceSpecError(f"replay needs a file: {replay}")
+            placeholder = replay if kind == "replay" else "capture:FILE"
+            raise SourceSpecError(f"{kind} needs a file: {placeholder}")
     elif sep or kind not in {entry.partition(":")[0] for entry in known}:
         raise UnknownSourceError(name, what, known)
     return kind, argument

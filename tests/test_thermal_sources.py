@@ -34,6 +34,7 @@ def test_known_sources_are_the_documented_names() -> None:
         "linux",
         "sim",
         "replay:PATH",
+        "capture:FILE",
     )
 
 
@@ -58,7 +59,8 @@ def test_mac_sources_off_macos_fail_with_the_reason_and_what_this_machine_offers
 ) -> None:
     with pytest.raises(SourceUnavailable, match="needs macOS") as refused:
         open_source(name)
-    assert str(refused.value).endswith("; this machine offers: auto, none, linux, sim, replay:PATH")
+    offers = "auto, none, linux, sim, replay:PATH, capture:FILE"
+    assert str(refused.value).endswith(f"; this machine offers: {offers}")
 
 
 def test_none_reads_nothing_and_says_why() -> None:

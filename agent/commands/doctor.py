@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from agent.daemon.endpoints import ServeError, endpoint_for, telemetry_endpoint
 from agent.doctor.checks import report
+from agent.doctor.load_checks import load_checks
 from shared.doctor import doctor_table
 from shared.exit_codes import EXIT_PARTIAL
-from shared.io.cli import emit, usage_error
-from shared.io.options import TableFormat
+from shared.io.cli import emit, err, usage_error
+from shared.io.options import CaptureFile, CaptureSeconds, LoadSeconds, TableFormat
+
+CAPTURE_INTERVAL_S = 1.0
 
 
 def doctor_command(
@@ -22,19 +28,54 @@ def doctor_command(
             "--bind", help="The HOST:PORT `agent serve` will bind (its ports are checked)."
         ),
     ] = "0.0.0.0:5555",
+    load: LoadSeconds = None,
+    capture: CaptureFile = None,
+    seconds: CaptureSeconds = 5.0,
 ) -> None:
     """Python, MLX and its device, a 1-second benchmark, every thermal source side by side,
-    thermal pressure, the data directory and keys, the ports, the service, the firewall.
+    thermal pressure, the data directory and keys, the ports, the service, the firewall; with
+    --load, whether each thermal and power source moves under an MLX load.
 
     Exit codes: 0 when the agent can run here (every required check passed), 1 otherwise,
-    2 bad usage. --format json is the report to attach to a bug report."""
+    2 bad usage. --format json is the report to attach to a bug report.
+
+    Example: agent doctor --capture mac.jsonl --seconds 60 (exit 1 when nothing could be
+    read here)."""
+    if capture is not None:
+        write_capture(capture, seconds, fmt)
+        return
     try:
         endpoint, _ = endpoint_for(bind)
     except ServeError as exc:
         raise usage_error(str(exc)) from None
     command = int(endpoint.rpartition(":")[2].replace("*", "0"))
     telemetry = int(telemetry_endpoint(endpoint, None).rpartition(":")[2].replace("*", "0"))
+    # The load runs first, so its idle window is not the cooling-off of the benchmark.
+    loaded = load_checks(load) if load is not None else []
     found = report((command, telemetry))
+    found["checks"] += [asdict(check) for check in loaded]
     emit(found, fmt, lambda data: doctor_table([{"host": data["host"], "report": data}]))
     if not found["ok"]:
+        raise typer.Exit(EXIT_PARTIAL)
+
+
+def write_capture(path: Path, seconds: float, fmt: str) -> None:
+    """`--capture`: the file, and one line saying what it holds."""
+    from agent.doctor.capture import capture
+    from agent.profiling.machine import machine_info
+
+    try:
+        polls, facts = capture(path, seconds, CAPTURE_INTERVAL_S, machine_info())
+    except OSError as exc:
+        raise usage_error(f"cannot write the capture {path}: {exc.strerror}") from None
+    summary = {"capture": str(path), "polls": polls, **facts}
+    if fmt == "json":
+        print(json.dumps(summary))
+    else:
+        held = ", ".join(facts["inputs"]) or "nothing"
+        missing = "; ".join(f"{name}: {why}" for name, why in facts["missing"].items())
+        err.print(f"captured {polls} polls of {held} to {path}", highlight=False, markup=False)
+        if missing:
+            err.print(f"not read here: {missing}", highlight=False, markup=False)
+    if not facts["inputs"]:
         raise typer.Exit(EXIT_PARTIAL)

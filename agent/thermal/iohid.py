@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import ctypes
 import sys
+from collections.abc import Callable
 from ctypes import c_bool, c_char_p, c_double, c_int, c_int32, c_int64, c_long, c_uint32, c_ulong
+from typing import Protocol
 
 from agent.sensors.base import SourceUnavailable
 from agent.sensors.macos_libs import CORE_FOUNDATION, IOKIT, bind, load
@@ -126,19 +128,35 @@ class _HIDTemperatures:
         self.sensors = []
 
 
+class HIDClient(Protocol):
+    """What the source needs of a HID client: its sensors' names, and (name, °C) now."""
+
+    sensors: list[tuple[int, str]]
+
+    def read(self) -> list[tuple[str, float]]: ...
+
+    def close(self) -> None: ...
+
+
+def live_hid() -> HIDClient:
+    if sys.platform != "darwin":
+        raise SourceUnavailable(
+            f"iohid reads IOKit HID sensors and needs macOS; this is {sys.platform}"
+        )
+    return _HIDTemperatures()
+
+
 class IOHIDSource(ThermalSource):
     """Die sensors from IOKit HID; the hottest die is the temperature, every die in the reading.
-    The client is made again after reads that found no die sensor (NoDieStreak)."""
+    The client is made again after reads that found no die sensor (NoDieStreak). `client`
+    makes one: this Mac's, unless a capture stands in for it."""
 
-    name = "iohid"
+    name = scale = "iohid"
 
-    def __init__(self) -> None:
+    def __init__(self, client: Callable[[], HIDClient] = live_hid) -> None:
         super().__init__()
-        if sys.platform != "darwin":
-            raise SourceUnavailable(
-                f"iohid reads IOKit HID sensors and needs macOS; this is {sys.platform}"
-            )
-        self._hid = _HIDTemperatures()
+        self._client = client
+        self._hid = client()
         self._no_die = NoDieStreak()
         if not self._hid.sensors:
             self._hid.close()
@@ -149,7 +167,7 @@ class IOHIDSource(ThermalSource):
         dies = select_die_sensors(pairs)
         if self._no_die.rebuild_after(len(dies)):
             self._hid.close()
-            self._hid = _HIDTemperatures()
+            self._hid = self._client()
             pairs = self._hid.read()
             dies = select_die_sensors(pairs)
         if not dies:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from agent.sensors.base import SourceUnavailable
@@ -33,16 +34,20 @@ def collect_sysfs(root: Path) -> dict[str, str]:
 class LinuxSysfsSource(ThermalSource):
     """The hottest CPU/SoC sensor under /sys; every sensor found is kept in the reading."""
 
-    name = "linux"
+    name = scale = "linux"
 
-    def __init__(self, root: Path | None = None) -> None:
+    def __init__(
+        self, root: Path | None = None, files: Callable[[], dict[str, str]] | None = None
+    ) -> None:
+        """`files` lists the sysfs files by path (a capture's); else they are read under root."""
         super().__init__()
         self.root = root or sysfs_root()
-        if not parse_sysfs(collect_sysfs(self.root)):
+        self._files = files or (lambda: collect_sysfs(self.root))
+        if not parse_sysfs(self._files()):
             raise SourceUnavailable(f"linux: no thermal zone or hwmon reading under {self.root}")
 
     def read(self) -> ThermalReading | None:
-        sensors = parse_sysfs(collect_sysfs(self.root))
+        sensors = parse_sysfs(self._files())
         if not sensors:
             return self._fail(f"linux: no readable temperature under {self.root}")
         return self._reading(linux_soc_celsius(sensors), sensors)

@@ -47,12 +47,17 @@ class PressureReader:
         self._token: int | None = token.value
 
     def read(self) -> str | None:
+        state = self.state()
+        return None if state is None else pressure_level(state)
+
+    def state(self) -> int | None:
+        """The notify state as macOS gives it (0 Nominal ... 4 Sleeping): what a capture keeps."""
         if self._token is None:
             return None
         state = c_uint64()
         if self._get_state(self._token, ctypes.byref(state)) != NOTIFY_STATUS_OK:
             return None
-        return pressure_level(state.value)
+        return state.value
 
     def close(self) -> None:
         if self._token is not None:
@@ -74,6 +79,7 @@ class WithPressure(ThermalSource):
         self.inner = inner
         self.name = inner.name
         self.simulated = inner.simulated
+        self.scale = inner.scale
         self.pushed = inner.pushed
         self._read_pressure = read_pressure
         self._close_pressure = close_pressure

@@ -24,7 +24,7 @@ class StreamingSource(ToolStream[ThermalReading], ThermalSource):
 class MacmonSource(StreamingSource):
     """`macmon pipe`: no root, one JSON object per line; the hotter of CPU and GPU averages."""
 
-    name = "macmon"
+    name = scale = "macmon"
     tool = "macmon"
     install_hint = "brew install macmon"
 
@@ -32,16 +32,23 @@ class MacmonSource(StreamingSource):
         return macmon_command(self.executable, self.interval_ms)
 
     def _parse_line(self, line: str) -> ThermalReading | None:
-        line = line.strip()
-        if not line:
-            return None
-        try:
-            sensors = parse_macmon_line(line)
-        except ValueError as exc:
-            return self._fail(f"macmon printed a line that is not a sample ({exc}): {line[:80]!r}")
-        if not sensors:
-            return self._fail(f"macmon sample holds no plausible temperature: {line[:80]!r}")
-        return self._reading(hottest(sensors), sensors)
+        return macmon_reading(self, line)
+
+
+def macmon_reading(source: ThermalSource, line: str) -> ThermalReading | None:
+    """One `macmon pipe` line as `source`'s reading: the hotter of its CPU and GPU averages;
+    None (the reason in `last_error`) for a line that is not a sample or holds no plausible
+    temperature, and for a blank one."""
+    line = line.strip()
+    if not line:
+        return None
+    try:
+        sensors = parse_macmon_line(line)
+    except ValueError as exc:
+        return source._fail(f"macmon printed a line that is not a sample ({exc}): {line[:80]!r}")
+    if not sensors:
+        return source._fail(f"macmon sample holds no plausible temperature: {line[:80]!r}")
+    return source._reading(hottest(sensors), sensors)
 
 
 def powermetrics_samplers(machine: str) -> tuple[str, ...]:
@@ -53,7 +60,7 @@ def powermetrics_samplers(machine: str) -> tuple[str, ...]:
 class PowermetricsSource(StreamingSource):
     """`powermetrics` (root): die degrees on Intel, the pressure level on Apple Silicon."""
 
-    name = "powermetrics"
+    name = scale = "powermetrics"
     tool = "powermetrics"
     install_hint = "ships with macOS in /usr/bin"
 

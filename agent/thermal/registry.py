@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from agent.sensors.base import SourceUnavailable, first_reading
 from agent.thermal.base import NoneSource, ThermalSource
+from agent.thermal.capture import CaptureSource
 from agent.thermal.iohid import IOHIDSource
 from agent.thermal.linux import LinuxSysfsSource
 from agent.thermal.pressure import with_pressure
@@ -24,7 +25,8 @@ MAC_SOURCES = frozenset({"smc", "iohid", "macmon", "powermetrics"})
 
 def open_source(name: str, *, interval_s: float = 1.0) -> ThermalSource:
     """Open a source by name: auto, none, smc, iohid, macmon, powermetrics, linux,
-    sim[:k=v,...], replay:PATH. interval_s paces the streaming tools (macmon, powermetrics).
+    sim[:k=v,...], replay:PATH, capture:FILE. interval_s paces the streaming tools (macmon,
+    powermetrics).
 
     Raises UnknownSourceError / SourceSpecError for a bad name or spec, SourceUnavailable when the
     source cannot work on this machine (its message lists what this machine offers).
@@ -41,6 +43,7 @@ def _open(name: str, interval_s: float) -> ThermalSource:
     openers: dict[str, Callable[[], ThermalSource]] = {
         "sim": lambda: SimSource(parse_sim_params(argument)),
         "replay": lambda: ReplaySource(argument),
+        "capture": lambda: CaptureSource(argument),
         "auto": lambda: _open_auto(interval_s),
         "none": NoneSource,
         "smc": SMCSource,

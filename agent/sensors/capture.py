@@ -1,0 +1,192 @@
+"""Captures: every raw input of every source, poll by poll, as JSON Lines (docs/thermal.md,
+"Captures"), so what a real Mac said is replayed through the same decoders in CI.
+
+The first line is `{"format": "mlx-fleet-capture", "version": 1, "machine": {...}}`; each
+later line is one poll: `t` (seconds from the start) and, for each input that was read, its raw
+form. A key absent from a poll was not read in it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.sensors.smc import SMCError
+from shared.source_names import SourceSpecError
+
+CAPTURE_FORMAT = "mlx-fleet-capture"
+CAPTURE_VERSION = 1
+INPUTS = ("smc", "iohid", "pressure", "ioreport", "tools", "sysfs")
+"""What a poll may hold: SMC keys {key: [type, hex bytes]}, HID sensors {product: °C}, the
+notify pressure state (0-4), IOReport deltas [[group, subgroup, channel, unit, value]], tool
+lines {"macmon": [...], "powermetrics": [...]}, Linux files {path under /sys: text}."""
+
+
+class CaptureFormatError(SourceSpecError):
+    """A capture that cannot be replayed; the message names the file and the line."""
+
+
+Poll = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Capture:
+    path: str
+    machine: dict[str, Any]
+    polls: list[Poll]
+
+    def has(self, name: str) -> bool:
+        """Whether any poll holds input `name` (`smc`, `iohid`, ...)."""
+        return any(name in poll for poll in self.polls)
+
+
+def header_line(machine: Mapping[str, Any]) -> str:
+    return json.dumps({"format": CAPTURE_FORMAT, "version": CAPTURE_VERSION, "machine": machine})
+
+
+def poll_line(poll: Mapping[str, Any]) -> str:
+    return json.dumps(poll, separators=(",", ":"))
+
+
+def parse_capture(text: str, origin: str) -> Capture:
+    """A capture's header and polls, each poll checked; CaptureFormatError naming the line."""
+    lines = [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if not lines:
+        raise CaptureFormatError(f"{origin}: empty, not an {CAPTURE_FORMAT} file")
+    number, first = lines[0]
+    head = _object(first, f"{origin}:{number}")
+    if head.get("format") != CAPTURE_FORMAT:
+        raise CaptureFormatError(f"{origin}:{number}: not an {CAPTURE_FORMAT} file")
+    if head.get("version") != CAPTURE_VERSION:
+        raise CaptureFormatError(
+            f"{origin}:{number}: {CAPTURE_FORMAT} version {head.get('version')!r}; "
+            f"this agent reads version {CAPTURE_VERSION}"
+        )
+    machine = head.get("machine")
+    if not isinstance(machine, dict):
+        raise CaptureFormatError(f"{origin}:{number}: `machine` must be an object")
+    polls: list[Poll] = []
+    for number, line in lines[1:]:
+        where = f"{origin}:{number}"
+        poll = _object(line, where)
+        try:
+            check_poll(poll, polls[-1]["t"] if polls else None)
+        except ValueError as exc:
+            raise CaptureFormatError(f"{where}: {exc}") from None
+        polls.append(poll)
+    if not polls:
+        raise CaptureFormatError(f"{origin}: a header and no poll")
+    return Capture(origin, machine, polls)
+
+
+def _object(line: str, where: str) -> dict[str, Any]:
+    try:
+        value = json.loads(line)
+    except ValueError as exc:
+        raise CaptureFormatError(f"{where}: not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise CaptureFormatError(f"{where}: a line must be a JSON object")
+    return value
+
+
+def check_poll(poll: Mapping[str, Any], previous_t: float | None) -> None:
+    """ValueError naming what is wrong with one poll."""
+    t = poll.get("t")
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+        raise ValueError(f"`t` must be a number of seconds >= 0, got {t!r}")
+    if previous_t is not None and t < previous_t:
+        raise ValueError(f"`t` must not go back ({t} after {previous_t})")
+    unknown = sorted(set(poll) - {"t", *INPUTS})
+    if unknown:
+        raise ValueError(f"unknown inputs {', '.join(map(repr, unknown))}")
+    for key, entry in poll.get("smc", {}).items():
+        if not (
+            isinstance(entry, list)
+            and len(entry) == 2
+            and isinstance(entry[0], str)
+            and len(entry[0]) == 4
+            and _is_hex(entry[1])
+        ):
+            raise ValueError(f"smc {key!r}: expected [4-character type, hex bytes], got {entry!r}")
+    for name, celsius in poll.get("iohid", {}).items():
+        if isinstance(celsius, bool) or not isinstance(celsius, (int, float)):
+            raise ValueError(f"iohid {name!r}: expected °C, got {celsius!r}")
+    pressure = poll.get("pressure")
+    if pressure is not None and (isinstance(pressure, bool) or not isinstance(pressure, int)):
+        raise ValueError(f"pressure must be the notify state (an integer), got {pressure!r}")
+    for tool, lines in poll.get("tools", {}).items():
+        if not (isinstance(lines, list) and all(isinstance(line, str) for line in lines)):
+            raise ValueError(f"tools {tool!r}: expected a list of lines")
+    for path, text in poll.get("sysfs", {}).items():
+        if not isinstance(text, str):
+            raise ValueError(f"sysfs {path!r}: expected the file's text")
+    for row in poll.get("ioreport", []):
+        if not (isinstance(row, list) and len(row) == 5):
+            raise ValueError(
+                f"ioreport: expected [group, subgroup, channel, unit, value], got {row!r}"
+            )
+    for name in ("smc", "iohid", "tools", "sysfs"):
+        if not isinstance(poll.get(name, {}), dict):
+            raise ValueError(f"`{name}` must be an object")
+
+
+def _is_hex(text: object) -> bool:
+    if not isinstance(text, str) or len(text) % 2:
+        return False
+    try:
+        bytes.fromhex(text)
+    except ValueError:
+        return False
+    return True
+
+
+def read_capture(path: str | Path) -> Capture:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CaptureFormatError(f"{path}: cannot read the capture: {exc.strerror}") from exc
+    except UnicodeDecodeError:
+        raise CaptureFormatError(f"{path}: not text, not an {CAPTURE_FORMAT} file") from None
+    return parse_capture(text, str(path))
+
+
+class CapturePlayer:
+    """A capture at its own pace from the moment it is made: `poll()` is the one in force (each
+    holds until the next, the last for ever)."""
+
+    def __init__(self, capture: Capture, clock: Callable[[], float] = time.monotonic) -> None:
+        """`clock` paces it (seconds); a test steps it poll by poll."""
+        self.capture = capture
+        self._clock = clock
+        self._times = [poll["t"] for poll in capture.polls]
+        self._started = clock()
+
+    def poll(self) -> Poll:
+        elapsed = self._clock() - self._started
+        return self.capture.polls[max(0, bisect.bisect_right(self._times, elapsed) - 1)]
+
+
+class CapturedSMC:
+    """The SMC as a capture saw it: the keys any poll read, each read the poll's bytes."""
+
+    def __init__(self, player: CapturePlayer) -> None:
+        self._player = player
+        self._keys = sorted({key for poll in player.capture.polls for key in poll.get("smc", {})})
+
+    def keys(self) -> list[str]:
+        return list(self._keys)
+
+    def read(self, key: str) -> tuple[str, bytes]:
+        entry = self._player.poll().get("smc", {}).get(key)
+        if entry is None:
+            raise SMCError(f"{key} was not read in this poll of the capture")
+        return entry[0], bytes.fromhex(entry[1])
+
+    def close(self) -> None:
+        """Nothing to release: the capture is in memory."""

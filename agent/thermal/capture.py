@@ -1,0 +1,95 @@
+"""`capture:FILE`: a capture (agent.sensors.capture) replayed through the live sources' own
+decoding and selection, each over the capture instead of this machine: the SMC keys through
+SMCSource, the HID sensors through IOHIDSource, macmon's lines through its parser, Linux's files
+through LinuxSysfsSource; the first the capture holds, in `auto`'s order. Its readings are real
+readings, replayed: `source` is `capture`, `scale` the decoder's, the pressure the capture's."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from agent.sensors.base import SourceUnavailable
+from agent.sensors.capture import CapturedSMC, CapturePlayer, read_capture
+from agent.thermal.base import ThermalReading, ThermalSource
+from agent.thermal.iohid import IOHIDSource
+from agent.thermal.linux import LinuxSysfsSource
+from agent.thermal.pressure import pressure_level
+from agent.thermal.process import macmon_reading
+from agent.thermal.smc import SMCSource
+
+DECODERS = ("smc", "iohid", "macmon", "sysfs")
+
+
+class CapturedHID:
+    """The HID sensors as one poll of the capture saw them."""
+
+    def __init__(self, player: CapturePlayer) -> None:
+        self._player = player
+        names = {name for poll in player.capture.polls for name in poll.get("iohid", {})}
+        self.sensors = [(0, name) for name in sorted(names)]
+
+    def read(self) -> list[tuple[str, float]]:
+        return list(self._player.poll().get("iohid", {}).items())
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class MacmonLines(ThermalSource):
+    """macmon's last line in each poll of the capture, through its live parser."""
+
+    name = scale = "macmon"
+
+    def __init__(self, player: CapturePlayer) -> None:
+        super().__init__()
+        self._player = player
+
+    def read(self) -> ThermalReading | None:
+        lines = self._player.poll().get("tools", {}).get("macmon", [])
+        if not lines:
+            return self._fail("macmon: no line in this poll of the capture")
+        return macmon_reading(self, lines[-1])
+
+
+class CaptureSource(ThermalSource):
+    name = "capture"
+
+    def __init__(self, path: str, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        capture = read_capture(path)
+        self.path = path
+        self.player = CapturePlayer(capture, clock)
+        self.decoder = self._decoder()
+        self.scale = self.decoder.scale
+
+    def _decoder(self) -> ThermalSource:
+        capture, player = self.player.capture, self.player
+        if capture.has("smc"):
+            return SMCSource(CapturedSMC(player))
+        if capture.has("iohid"):
+            return IOHIDSource(lambda: CapturedHID(player))
+        if any(poll.get("tools", {}).get("macmon") for poll in capture.polls):
+            return MacmonLines(player)
+        if capture.has("sysfs"):
+            return LinuxSysfsSource(files=lambda: dict(player.poll().get("sysfs", {})))
+        raise SourceUnavailable(
+            f"{capture.path}: no temperature in the capture (no smc, iohid, macmon or sysfs "
+            "input in any poll)"
+        )
+
+    def read(self) -> ThermalReading | None:
+        state = self.player.poll().get("pressure")
+        pressure = None if state is None else pressure_level(state)
+        reading = self.decoder.read()
+        if reading is None:
+            self.last_error = f"capture: {self.decoder.last_error}"
+            if pressure is None:
+                return None
+            return self._reading(None, pressure=pressure)
+        self.last_error = None
+        return replace(reading, source=self.name, pressure=pressure or reading.pressure)
+
+    def close(self) -> None:
+        self.decoder.close()

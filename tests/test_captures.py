@@ -1,0 +1,291 @@
+"""Captures replayed through the real decoders and the policy: the SMC reports iSMC publishes
+(tests/fixtures/captures/README.md) and curves built here in the same format, through
+`capture:FILE`, `agent temp`, `agent run` and `agent doctor --capture`."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.sensors.capture import CaptureFormatError, header_line, poll_line, read_capture
+from agent.thermal.capture import CaptureSource
+from shared.calibration import source_defaults
+from shared.exit_codes import EXIT_THERMAL_STOP
+from shared.policy import Action, CoolingState, Supervision, decide, react
+
+FIXTURES = Path(__file__).parent / "fixtures" / "captures"
+APPLE_SILICON = sorted(p for p in FIXTURES.glob("ismc-*.jsonl") if p.stem != "ismc-intel-t2")
+
+
+def flt(celsius: float) -> list[str]:
+    """An Apple Silicon SMC temperature key's [type, bytes]: float32, little-endian."""
+    return ["flt ", struct.pack("<f", celsius).hex()]
+
+
+def write_capture(path: Path, polls: Iterable[dict[str, Any]]) -> Path:
+    lines = [header_line({"chip": "built by tests/test_captures.py"}), *map(poll_line, polls)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class Steps:
+    """A clock that moves when told: the capture's polls one by one, at no real time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def replayed(path: Path, times: Iterable[float]) -> list[tuple[float | None, str | None, str]]:
+    """(celsius, pressure, sensor) at each time, through CaptureSource's own decoding."""
+    clock = Steps()
+    out = []
+    with CaptureSource(str(path), clock) as source:
+        for t in times:
+            clock.now = t
+            reading = source.read()
+            assert reading is not None, source.last_error
+            out.append((reading.celsius, reading.pressure, reading.sensor or ""))
+    return out
+
+
+def test_the_m4_report_reads_the_cpu_die_maximum_with_the_gpu_beside_it() -> None:
+    with CaptureSource(str(FIXTURES / "ismc-m4-5.jsonl")) as source:
+        reading = source.read()
+    assert reading is not None and source.scale == "smc"
+    assert (reading.sensor, reading.celsius, reading.source) == ("TCMz", 112.09375, "capture")
+    assert reading.sensors == {
+        "TCMz": 112.09375,
+        "TCMb": pytest.approx(96.498, abs=1e-3),
+        "Tg0V": pytest.approx(83.365, abs=1e-3),
+    }
+
+
+def test_a_gpu_hotter_than_the_cpu_die_is_what_the_policy_reads(tmp_path: Path) -> None:
+    path = write_capture(
+        tmp_path / "gpu.jsonl",
+        [{"t": 0, "smc": {"TCMz": flt(70), "TCMb": flt(61), "Tg0k": flt(97), "Tg0j": flt(9.8)}}],
+    )
+    assert replayed(path, [0]) == [(97.0, None, "Tg0k")]
+
+
+@pytest.mark.parametrize(
+    ("report", "sensor", "celsius"),
+    [("ismc-m5-pro", "Tp00", 59.265625), ("ismc-m5-max-2", "TCMb", 29.478124618530273)],
+)
+def test_m5_has_no_tcmz_reads_the_hottest_plausible_key_and_never_a_parked_one(
+    report: str, sensor: str, celsius: float
+) -> None:
+    """m5-max-2's every Tp*/Tg* is parked below 20 °C: the CPU-die average, named as such."""
+    smc = read_capture(FIXTURES / f"{report}.jsonl").polls[0]["smc"]
+    assert "TCMz" not in smc and "TCMb" in smc
+    reading = replayed(FIXTURES / f"{report}.jsonl", [0])[0]
+    assert reading[2] == sensor and reading[0] == pytest.approx(celsius)
+
+
+def test_a_key_of_an_unknown_type_is_skipped_and_named(tmp_path: Path) -> None:
+    path = write_capture(
+        tmp_path / "odd.jsonl",
+        [{"t": 0, "smc": {"TCMz": flt(60), "Tg0X": ["si32", "05000000"]}}],
+    )
+    with CaptureSource(str(path)) as source:
+        reading = source.read()
+        assert reading is not None and reading.celsius == 60.0
+        assert source.decoder.skipped == {"Tg0X": "si32"}  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("path", APPLE_SILICON, ids=lambda path: path.stem)
+def test_every_published_report_replays_to_a_plausible_die_and_a_decision(path: Path) -> None:
+    smc = read_capture(path).polls[0]["smc"]
+    [(celsius, _, sensor)] = replayed(path, [0])
+    assert celsius is not None and 20 < celsius < 150 and sensor in smc
+    state = decide(source_defaults("smc").policy, celsius)
+    # the hottest report (M4, 112 °C) asks for a smaller batch; nothing published pauses
+    assert state is (CoolingState.REDUCE_BATCH if celsius >= 95 else CoolingState.OK)
+
+
+# --- the policy over an hour of a busy Mac ----------------------------------------------------
+
+NOMINAL, MODERATE, HEAVY, TRAPPING = 0, 1, 2, 3
+
+
+def hour(pressure: Callable[[int], int] = lambda t: NOMINAL if t % 600 < 300 else MODERATE):
+    """An hour of sustained work at 100-108 °C (the SMC die maximum), one poll a second, one
+    single-poll spike to 113 °C: (t, °C, pressure state) per poll."""
+    for t in range(3600):
+        yield t, 113.0 if t == 1800 else 100.0 + (t * 7919 % 81) / 10, pressure(t)
+
+
+def smc_poll(t: float, celsius: float, state: int) -> dict[str, Any]:
+    return {"t": t, "smc": {"TCMz": flt(celsius), "Tg0k": flt(celsius - 12)}, "pressure": state}
+
+
+def iohid_poll(t: float, celsius: float, state: int) -> dict[str, Any]:
+    """The same Mac through HID: 8 °C under the SMC (docs/thermal.md's offset)."""
+    return {"t": t, "iohid": {"PMU tdie1": celsius - 8, "NAND CH0 temp": 40.0}, "pressure": state}
+
+
+def macmon_poll(t: float, celsius: float, state: int) -> dict[str, Any]:
+    """The same Mac through macmon's averages: 10 °C under the SMC (docs/thermal.md)."""
+    line = json.dumps({"temp": {"cpu_temp_avg": celsius - 10, "gpu_temp_avg": celsius - 21}})
+    return {"t": t, "tools": {"macmon": [line]}, "pressure": state}
+
+
+def decisions(path: Path, scale: str, times: list[float]) -> list[tuple[float, Action]]:
+    """(t, action) for every action the one cooling rule takes over the replayed capture,
+    under the defaults for `scale`."""
+    policy = source_defaults(scale).policy
+    state, taken = Supervision(), []
+    for t, (celsius, pressure, _) in zip(times, replayed(path, times), strict=True):
+        decision = react(state, policy, celsius, pressure)
+        state = decision.state
+        taken += [(t, action) for action in decision.actions]
+    return taken
+
+
+@pytest.mark.parametrize(
+    ("pressure", "expected"),
+    [
+        (lambda t: NOMINAL if t % 600 < 300 else MODERATE, set()),
+        (lambda t: HEAVY if 1000 <= t < 1010 else NOMINAL, {Action.PAUSE, Action.RESUME}),
+        (lambda t: TRAPPING if t >= 2000 else NOMINAL, {Action.STOP}),
+    ],
+    ids=["nominal-moderate", "heavy", "trapping"],
+)
+def test_an_hour_at_100_to_108_with_a_spike_neither_pauses_nor_stops_under_smc_defaults(
+    tmp_path: Path, pressure: Callable[[int], int], expected: set[Action]
+) -> None:
+    curve = list(hour(pressure))
+    path = write_capture(tmp_path / "hour.jsonl", (smc_poll(*poll) for poll in curve))
+    taken = decisions(path, "smc", [t for t, _, _ in curve])
+    assert {action for _, action in taken} - {Action.REDUCE_BATCH, Action.RESTORE_BATCH} == expected
+
+
+def test_the_same_hour_through_iohid_and_macmon_decides_alike(tmp_path: Path) -> None:
+    curve = list(hour(lambda t: HEAVY if 1000 <= t < 1010 else NOMINAL))
+    times = [float(t) for t, _, _ in curve]
+    by_scale = {}
+    for scale, make in (("smc", smc_poll), ("iohid", iohid_poll), ("macmon", macmon_poll)):
+        path = write_capture(tmp_path / f"{scale}.jsonl", (make(*poll) for poll in curve))
+        by_scale[scale] = decisions(path, scale, times)
+    reference = by_scale.pop("smc")
+    for scale, taken in by_scale.items():
+        assert [a for _, a in taken] == [a for _, a in reference], scale
+        assert all(abs(t - u) <= 1 for (t, _), (u, _) in zip(taken, reference, strict=True))
+
+
+# --- through the commands -----------------------------------------------------------------------
+
+
+def run_over(agent_cli: str, capture: Path, seconds: float) -> subprocess.CompletedProcess[str]:
+    sleep = f"import time; time.sleep({seconds})"
+    return subprocess.run(
+        [agent_cli, "run", "--thermal-source", f"capture:{capture}", "--poll-interval", "0.05",
+         "--", sys.executable, "-c", sleep],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def actions_said(stderr: str) -> list[str]:
+    """The action of each `[mlx-fleet] HH:MM:SS ACTION ...` line."""
+    lines = [line for line in stderr.splitlines() if line.startswith("[mlx-fleet] ")]
+    return [line.split()[2] for line in lines if " job " in line]
+
+
+@pytest.mark.parametrize(
+    ("pressure", "code", "expected"),
+    [
+        (lambda i: NOMINAL if i % 20 < 10 else MODERATE, 0, set()),
+        (lambda i: HEAVY if 20 <= i < 30 else NOMINAL, 0, {"pause", "resume"}),
+        (lambda i: TRAPPING if i >= 30 else NOMINAL, EXIT_THERMAL_STOP, {"stop"}),
+    ],
+    ids=["nominal-moderate", "heavy", "trapping"],
+)
+def test_agent_run_over_a_capture_of_a_busy_mac(
+    agent_cli: str, tmp_path: Path, pressure: Callable[[int], int], code: int, expected: set[str]
+) -> None:
+    """The hour's shape at 20 polls a second (the rule counts polls, not seconds)."""
+    polls = [
+        smc_poll(i * 0.05, 113.0 if i == 15 else 100.0 + (i * 7919 % 81) / 10, pressure(i))
+        for i in range(60)
+    ]
+    path = write_capture(tmp_path / "busy.jsonl", polls)
+    done = run_over(agent_cli, path, 4)
+    assert done.returncode == code, done.stderr
+    said = actions_said(done.stderr)
+    assert set(said) - {"start", "exit", "reduce_batch", "restore_batch"} == expected, said
+    assert "supervising with capture here, policy 95/114/120 °C (defaults for smc)" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (None, "cannot read the capture"),
+        ("", "empty"),
+        ('{"format": "other"}\n', "not an mlx-fleet-capture file"),
+        ('{"format": "mlx-fleet-capture", "version": 2, "machine": {}}\n', "version 2"),
+        ('{"format": "mlx-fleet-capture", "version": 1, "machine": {}}\n{"t": "soon"}\n', ":2:"),
+        (
+            '{"format": "mlx-fleet-capture", "version": 1, "machine": {}}\nnot json\n',
+            ":2: not JSON",
+        ),
+    ],
+    ids=["missing", "empty", "other-format", "other-version", "bad-poll", "bad-line"],
+)
+def test_a_capture_that_cannot_be_replayed_is_one_line_and_exit_2(
+    agent_cli: str, tmp_path: Path, content: str | None, needle: str
+) -> None:
+    path = tmp_path / "bad.jsonl"
+    if content is not None:
+        path.write_text(content)
+    for command in (["temp"], ["bench", "--no-cooling", "-p", "8", "-n", "0"]):
+        done = subprocess.run(
+            [agent_cli, *command, "--thermal-source", f"capture:{path}"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        assert needle in done.stderr and "Traceback" not in done.stderr
+        assert str(path) in done.stderr
+    with pytest.raises(CaptureFormatError):
+        read_capture(path)
+
+
+def test_a_doctor_capture_on_this_machine_round_trips_through_agent_temp(
+    agent_cli: str, tmp_path: Path
+) -> None:
+    """On Linux the capture holds what Linux has: the sysfs files the `linux` source reads (a
+    tree standing in for /sys here, as on a VM without thermal zones)."""
+    zone = tmp_path / "sys" / "class" / "thermal" / "thermal_zone0"
+    zone.mkdir(parents=True)
+    (zone / "type").write_text("x86_pkg_temp\n")
+    (zone / "temp").write_text("45000\n")
+    env = {**os.environ, "MLX_FLEET_SYSFS_ROOT": str(tmp_path / "sys")}
+    path = tmp_path / "here.jsonl"
+    captured = subprocess.run(
+        [agent_cli, "doctor", "--capture", str(path), "--seconds", "2", "--format", "json"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert captured.returncode == 0, captured.stderr
+    summary = json.loads(captured.stdout)
+    assert summary["inputs"] == ["sysfs"] and summary["polls"] >= 2
+    assert "needs macOS" in summary["missing"]["smc"]
+    capture = read_capture(path)
+    assert capture.polls[0]["sysfs"]["class/thermal/thermal_zone0/temp"] == "45000\n"
+    shown = subprocess.run(
+        [agent_cli, "temp", "--source", f"capture:{path}", "--format", "json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    reading = json.loads(shown.stdout)
+    assert (reading["celsius"], reading["source"], reading["kind"]) == (45.0, "capture", "capture")
+    assert reading["policy_origin"] == "defaults for linux"

@@ -63,6 +63,7 @@ KNOWN_POWER_SOURCES: tuple[str, ...] = (
     "rapl",
     "sim",
     "replay:CSV",
+    "capture:FILE",
 )
 """Every power source name (docs/energy.md); one that takes an argument shows its placeholder."""
 POWER_SOURCE_HELP = _source_help(KNOWN_POWER_SOURCES, "meter")
@@ -113,7 +114,7 @@ def power_auto_order(system: str) -> tuple[str, ...]:
 
 def offered_power_sources(system: str) -> tuple[str, ...]:
     """The power source names that can work on this OS (what a refusal lists)."""
-    return ("auto", "none", *power_auto_order(system), "sim", "replay:CSV")
+    return ("auto", "none", *power_auto_order(system), "sim", "replay:CSV", "capture:FILE")
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,13 @@ from typing import Any
 
 import pytest
 
+from agent.power.capture import PowerCaptureSource
 from agent.sensors.capture import CaptureFormatError, header_line, poll_line, read_capture
 from agent.thermal.capture import CaptureSource
 from shared.calibration import source_defaults
 from shared.exit_codes import EXIT_THERMAL_STOP
 from shared.policy import Action, CoolingState, Supervision, decide, react
+from tests.power_support import powercap_zone
 
 FIXTURES = Path(__file__).parent / "fixtures" / "captures"
 APPLE_SILICON = sorted(p for p in FIXTURES.glob("ismc-*.jsonl") if p.stem != "ismc-intel-t2")
@@ -289,3 +291,80 @@ def test_a_doctor_capture_on_this_machine_round_trips_through_agent_temp(
     reading = json.loads(shown.stdout)
     assert (reading["celsius"], reading["source"], reading["kind"]) == (45.0, "capture", "capture")
     assert reading["policy_origin"] == "defaults for linux"
+
+
+# --- power ------------------------------------------------------------------------------------
+
+
+def test_ioreport_deltas_in_a_capture_are_joules_per_rail_counted_once(tmp_path: Path) -> None:
+    """A delta read twice (the reader faster than the capture) is counted once; polls the reader
+    skipped are counted at its next read."""
+    rows = [
+        ["Energy Model", None, "CPU Energy", "mJ", 1500],
+        ["Energy Model", None, "GPU Energy", "nJ", 2_000_000_000],
+    ]
+    path = write_capture(tmp_path / "io.jsonl", ({"t": t, "ioreport": rows} for t in range(4)))
+    clock = Steps()
+    with PowerCaptureSource(str(path), clock) as source:
+        assert source.rails == ("cpu", "gpu") and source.spec == f"capture:{path}"
+        clock.now = 1
+        first = source.read()
+        again = source.read()
+        clock.now = 3
+        last = source.read()
+    assert first is not None and again is not None and last is not None
+    assert first.source == "capture" and dict(first.joules) == {"cpu": 1.5, "gpu": 2.0}
+    assert dict(again.joules) == dict(first.joules)
+    assert dict(last.joules) == {"cpu": pytest.approx(4.5), "gpu": pytest.approx(6.0)}
+
+
+def test_rapl_counters_in_a_capture_go_through_the_rapl_meter(tmp_path: Path) -> None:
+    zone = "class/powercap/intel-rapl:0"
+
+    def poll(t: int) -> dict[str, Any]:
+        files = {"name": "package-0\n", "max_energy_range_uj": "3000000\n"}
+        files["energy_uj"] = f"{(999_000 + t * 2_000_000) % 3_000_000}\n"  # 2 J/s, wrapping
+        return {"t": t, "sysfs": {f"{zone}/{name}": text for name, text in files.items()}}
+
+    path = write_capture(tmp_path / "rapl.jsonl", map(poll, range(3)))
+    clock = Steps()
+    with PowerCaptureSource(str(path), clock) as source:
+        assert source.decoder.name == "rapl"
+        for clock.now in (1, 2):
+            reading = source.read()
+    assert reading is not None and reading.joules == {"cpu": pytest.approx(4.0)}
+
+
+def test_a_capture_holds_the_tools_lines_and_power_files_and_replays_both(
+    agent_cli: str, tool_log: Path, tmp_path: Path
+) -> None:
+    """A fake macmon on PATH (tests/fixtures/fake_tool.py) and a powercap tree: the capture keeps
+    macmon's lines and the counters, and replays them through macmon's parsers and RAPL's."""
+    root = tmp_path / "sys"
+    powercap_zone(root, "intel-rapl:0", "package-0", 5_000_000, 2**32)
+    env = {**os.environ, "MLX_FLEET_SYSFS_ROOT": str(root)}
+    path = tmp_path / "tools.jsonl"
+    done = subprocess.run(
+        [agent_cli, "doctor", "--capture", str(path), "--seconds", "3"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "captured" in done.stderr and "tools" in done.stderr
+    capture = read_capture(path)
+    lines = [line for poll in capture.polls for line in poll.get("tools", {}).get("macmon", [])]
+    assert lines and all(json.loads(line)["sys_power"] == 5.876533 for line in lines)
+    assert capture.polls[0]["sysfs"]["class/powercap/intel-rapl:0/energy_uj"] == "5000000\n"
+    shown = subprocess.run(
+        [agent_cli, "temp", "--source", f"capture:{path}", "--format", "json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    reading = json.loads(shown.stdout)
+    assert (reading["celsius"], reading["sensor"]) == (43.73614, "cpu_temp_avg")
+    assert reading["policy_origin"] == "defaults for macmon"
+    clock = Steps()
+    with PowerCaptureSource(str(path), clock) as power:
+        assert power.decoder.name == "macmon"  # before rapl, in auto's order
+        clock.now = capture.polls[-1]["t"]
+        watts = power.read()
+    assert watts is not None and watts.source == "capture"
+    assert watts.joules["system"] > 0 and watts.watts["system"] == pytest.approx(5.876533)

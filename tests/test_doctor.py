@@ -113,3 +113,27 @@ def test_doctor_bad_input_is_one_line_exit_2(fmt: str) -> None:
     result = cli("agent", "doctor", "--bind", "nonsense", "--format", fmt)
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
     assert "bad --bind 'nonsense'" in result.stderr
+
+
+def test_doctor_shows_the_policy_in_force_and_warns_of_thresholds_below_the_idle_reading(
+    tmp_path: Path, fleet_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A policy an operator set at or below what the sensor reads at idle is accepted (the
+    agent enforces what it is told) but would hold every job back: doctor says so."""
+    zone = tmp_path / "sys" / "class" / "thermal" / "thermal_zone0"
+    zone.mkdir(parents=True)
+    (zone / "type").write_text("x86_pkg_temp\n")
+    (zone / "temp").write_text("62000\n")
+    monkeypatch.setenv("MLX_FLEET_SYSFS_ROOT", str(tmp_path / "sys"))
+    port = free_port()
+    doctor = ("agent", "doctor", "--format", "json", "--bind", f"0.0.0.0:{port}")
+    defaults = checks(json.loads(cli(*doctor).stdout))["policy"]
+    assert defaults["ok"] and defaults["detail"] == "policy 85/95/100 °C (defaults for linux)"
+    fleet_home.mkdir(parents=True, exist_ok=True)
+    low = {"max_speed_temp": 50, "pause_temp": 61, "stop_temp": 70}
+    (fleet_home / "policy.json").write_text(json.dumps(low))
+    warned = checks(json.loads(cli(*doctor).stdout))["policy"]
+    assert not warned["ok"] and not warned["required"]
+    assert "policy 50/61/70 °C (set by coordinator policy)" in warned["detail"]
+    assert "reduce ≥ 50, pause ≥ 61 °C is at or below the 62.0 °C linux reads" in warned["detail"]
+    assert "85/95/100" in warned["fix"]

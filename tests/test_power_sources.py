@@ -78,6 +78,7 @@ def test_power_source_names_and_their_refusals() -> None:
         "rapl",
         "sim",
         "replay:CSV",
+        "capture:FILE",
     )
     assert parse_power_source_name("RAPL") == ("rapl", "")
     assert parse_power_source_name("sim:idle_w=5,max_w=30") == ("sim", "idle_w=5,max_w=30")
@@ -97,7 +98,8 @@ def test_a_mac_source_on_linux_names_what_this_machine_offers() -> None:
     for name in ("ioreport", "smc"):
         with pytest.raises(SourceUnavailable) as excinfo:
             open_power_source(name)
-        assert "this machine offers: auto, none, rapl, sim, replay:CSV" in str(excinfo.value)
+        offers = "auto, none, rapl, sim, replay:CSV, capture:FILE"
+        assert f"this machine offers: {offers}" in str(excinfo.value)
 
 
 def test_auto_without_a_meter_is_none_with_every_reason(

@@ -4,17 +4,25 @@ read here is left out of the polls, and the header lists why."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from pathlib import Path
+from queue import Empty, Queue
 from typing import Any
 
 from agent.sensors.base import SourceUnavailable
 from agent.sensors.capture import Poll, header_line, poll_line
 from agent.sensors.smc import SMCError
-from agent.sensors.sysfs import sysfs_root
+from agent.sensors.sysfs import LiveSysfs
+
+CAPTURE_TOOL_INTERVAL_S = 1.0
+"""macmon's sample interval while capturing: one line per poll."""
+TOOL_STARTUP_S = 5.0
 
 Reader = Callable[[], Any]
 
@@ -64,20 +72,95 @@ def _pressure(stack: ExitStack) -> Reader:
 
 
 def _sysfs(stack: ExitStack) -> Reader:
+    """The files the `linux` thermal source and the `rapl` meter read."""
+    from agent.power.rapl import POWERCAP_FILES, zone_dirs
     from agent.thermal.linux import collect_sysfs
 
-    root = sysfs_root()
-    if sys.platform != "linux" and root == Path("/sys"):
+    view = LiveSysfs()
+    if sys.platform != "linux" and view.root == Path("/sys"):
         raise SourceUnavailable(f"no /sys on {sys.platform}")
-    if not collect_sysfs(root):
-        raise SourceUnavailable(f"no thermal zone or hwmon file under {root}")
-    return lambda: collect_sysfs(root)
+
+    def read() -> dict[str, str]:
+        files = collect_sysfs(Path(view.root))
+        for directory in zone_dirs(view):
+            for name in POWERCAP_FILES:
+                with suppress(OSError):  # energy_uj is root's alone since Linux 5.10
+                    files[f"{directory}/{name}"] = view.read(f"{directory}/{name}")
+        return files
+
+    if not read():
+        raise SourceUnavailable(f"no thermal zone, hwmon or powercap file under {view.root}")
+    return read
+
+
+def _ioreport(stack: ExitStack) -> Reader:
+    from agent.power.ioreport import live_report
+
+    report = live_report()
+    stack.callback(report.close)
+    report.delta()  # the first delta runs from the subscription: the polls then each cover one
+
+    def read() -> list[list[Any]]:
+        try:
+            return [[report.group, None, *row] for row in report.delta()]
+        except OSError:
+            return []
+
+    return read
+
+
+def _tools(stack: ExitStack) -> Reader:
+    """macmon's lines as it prints them, those of each poll interval together."""
+    from agent.sensors.process import macmon_command
+
+    executable = shutil.which("macmon")
+    if executable is None:
+        raise SourceUnavailable("macmon not found on PATH (brew install macmon)")
+    process = subprocess.Popen(
+        macmon_command(executable, round(CAPTURE_TOOL_INTERVAL_S * 1000)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    stack.callback(_end, process)
+    lines: Queue[str] = Queue()
+    threading.Thread(target=_pump, args=(process, lines), daemon=True).start()
+    try:  # the first poll holds a line, as a live source waits for its first sample
+        first = [lines.get(timeout=TOOL_STARTUP_S)]
+    except Empty:
+        raise SourceUnavailable(f"macmon printed nothing in {TOOL_STARTUP_S:g} s") from None
+
+    def read() -> dict[str, list[str]]:
+        taken, first[:] = first[:], []
+        with suppress(Empty):
+            while True:
+                taken.append(lines.get_nowait())
+        return {"macmon": taken}
+
+    return read
+
+
+def _pump(process: subprocess.Popen[str], lines: Queue[str]) -> None:
+    assert process.stdout is not None
+    for line in process.stdout:
+        lines.put(line.rstrip("\n"))
+
+
+def _end(process: subprocess.Popen[str]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 OPENERS: dict[str, Callable[[ExitStack], Reader]] = {
     "smc": _smc,
     "iohid": _iohid,
     "pressure": _pressure,
+    "ioreport": _ioreport,
+    "tools": _tools,
     "sysfs": _sysfs,
 }
 

@@ -125,12 +125,14 @@ def thermal_checks() -> list[Check]:
     from agent.thermal import open_source
 
     checks = []
+    picked: tuple[str | None, float | None] = (None, None)
     for name in (*auto_order(platform.system()), "auto"):
         try:
             with open_source(name, interval_s=SOURCE_READ_INTERVAL_S) as source:
                 reading = source.read()
                 reason = source.last_error
-                picked = source.name
+                chosen, scale = source.name, source.scale
+                skipped = getattr(getattr(source, "inner", source), "skipped", {})
         except SourceUnavailable as exc:
             checks.append(Check(f"thermal: {name}", False, str(exc).split("; this machine")[0]))
             continue
@@ -140,9 +142,47 @@ def thermal_checks() -> list[Check]:
         degrees = "no degrees" if reading.celsius is None else f"{reading.celsius:.1f} °C"
         sensor = f" ({reading.sensor})" if reading.sensor else ""
         pressure = f", pressure {reading.pressure}" if reading.pressure else ""
-        chose = f" -> {picked}" if name == "auto" else ""
-        checks.append(Check(f"thermal: {name}", True, f"{degrees}{sensor}{pressure}{chose}"))
-    return checks
+        chose = f" -> {chosen}" if name == "auto" else ""
+        odd = ", ".join(f"{key} ({kind.strip() or repr(kind)})" for key, kind in skipped.items())
+        unknown = f"; skipped, of a type no decoder knows: {odd}" if odd else ""
+        checks.append(
+            Check(f"thermal: {name}", True, f"{degrees}{sensor}{pressure}{chose}{unknown}")
+        )
+        if name == "auto":
+            picked = (scale, reading.celsius)
+    return [*checks, policy_check(*picked)]
+
+
+def policy_check(scale: str | None, idle_celsius: float | None) -> Check:
+    """The policy the daemon will enforce, where its numbers came from, and a warning when a
+    threshold an operator set is at or below what the sensor reads now (at idle, in a doctor
+    run): every job would be slowed, paused or stopped from its first poll."""
+    from agent.daemon.history import load_policy
+    from shared.calibration import SET_BY_COORDINATOR, PolicyInForce, source_defaults
+
+    saved = load_policy()
+    in_force = PolicyInForce(saved, SET_BY_COORDINATOR) if saved else source_defaults(scale)
+    if saved is None or idle_celsius is None:
+        return Check("policy", True, str(in_force))
+    low = [
+        f"{tier} ≥ {value:g}"
+        for tier, value in (
+            ("reduce", saved.max_speed_temp),
+            ("pause", saved.pause_temp),
+            ("stop", saved.stop_temp),
+        )
+        if value <= idle_celsius
+    ]
+    if not low:
+        return Check("policy", True, str(in_force))
+    return Check(
+        "policy",
+        False,
+        f"{in_force}: {', '.join(low)} °C is at or below the {idle_celsius:.1f} °C "
+        f"{scale or 'the sensor'} reads now: every job is held back from its first poll",
+        f"coordinator policy with thresholds above it; this source's own are "
+        f"{source_defaults(scale)}",
+    )
 
 
 def power_source_checks() -> list[Check]:

@@ -22,7 +22,7 @@ import ctypes
 import sys
 import time
 from ctypes import c_bool, c_char_p, c_int32, c_int64, c_long, c_uint32, c_uint64, c_void_p
-from typing import Any
+from typing import Any, Protocol
 
 from agent.power.base import Integrator, PowerReading, PowerSource
 from agent.power.decode import ioreport_energy, ioreport_rails
@@ -75,6 +75,8 @@ class _IOReport:
         self._subscription: Any = None
         self._previous: Any = None
         self.names: list[str] = []
+        self.group = ""
+        """The IOReport group the channels are in (what a capture records beside them)."""
         for group in GROUPS:
             name = self._string(None, group, _UTF8)
             found = copy_group(name, None, 0, 0, 0)
@@ -86,6 +88,7 @@ class _IOReport:
                 self._channels = mutable_copy(None, 0, found)
                 self._release(found)
                 self.names = names
+                self.group = group.decode() if isinstance(group, bytes) else str(group)
                 break
             self._release(found)
         if self._channels is None:
@@ -148,19 +151,35 @@ class _IOReport:
             setattr(self, attribute, None)
 
 
+class EnergyReport(Protocol):
+    """What the source needs of IOReport: the channels' names, and each one's delta since the
+    previous call as (name, unit, value)."""
+
+    names: list[str]
+
+    def delta(self) -> list[tuple[str, str, int]]: ...
+
+    def close(self) -> None: ...
+
+
+def live_report() -> _IOReport:
+    if sys.platform != "darwin":
+        raise SourceUnavailable(f"ioreport needs macOS (libIOReport); this is {sys.platform}")
+    if not apple_silicon():
+        raise SourceUnavailable("ioreport: an Intel Mac has no Energy Model channels")
+    return _IOReport()
+
+
 class IOReportSource(PowerSource):
     """Cumulative joules of the cpu, gpu, ane and dram rails from IOReport's deltas."""
 
     name = "ioreport"
     resolution_s = RESOLUTION_S
 
-    def __init__(self) -> None:
+    def __init__(self, report: EnergyReport | None = None) -> None:
+        """`report`: the Energy Model channels to read (a capture's); else this Mac's."""
         super().__init__()
-        if sys.platform != "darwin":
-            raise SourceUnavailable(f"ioreport needs macOS (libIOReport); this is {sys.platform}")
-        if not apple_silicon():
-            raise SourceUnavailable("ioreport: an Intel Mac has no Energy Model channels")
-        self._report = _IOReport()
+        self._report = report or live_report()
         self.rails = ioreport_rails(self._report.names)
         self._energy = Integrator()
         self._last = time.monotonic()

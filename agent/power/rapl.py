@@ -15,7 +15,7 @@ from pathlib import Path
 from agent.power.base import Integrator, PowerReading, PowerSource
 from agent.power.decode import counter_delta, rapl_rail
 from agent.sensors.base import SourceUnavailable
-from agent.sensors.sysfs import sysfs_root
+from agent.sensors.sysfs import LiveSysfs, SysfsView
 
 RESOLUTION_S = 0.001
 """RAPL's counters are updated about every millisecond (Intel SDM vol. 3B, 15.10.1)."""
@@ -23,30 +23,37 @@ RESOLUTION_S = 0.001
 
 @dataclass
 class Zone:
-    path: Path
+    path: str
     rail: str
     wraps_at: int
     last: int
 
 
-def find_zones(root: Path) -> list[Zone]:
+POWERCAP_FILES = ("name", "energy_uj", "max_energy_range_uj")
+ZONE_PATTERNS = ("class/powercap/intel-rapl:*", "class/powercap/intel-rapl:*:*")
+
+
+def zone_dirs(sysfs: SysfsView) -> list[str]:
+    return sorted({path for pattern in ZONE_PATTERNS for path in sysfs.glob(pattern)})
+
+
+def find_zones(sysfs: SysfsView) -> list[Zone]:
     """Every zone whose rail counts (packages, dram, psys), with its counter read once; raises
     SourceUnavailable naming what is missing or unreadable."""
-    base = root / "class/powercap"
     zones: list[Zone] = []
     refused: list[str] = []
-    for directory in sorted([*base.glob("intel-rapl:*"), *base.glob("intel-rapl:*:*")]):
+    for directory in zone_dirs(sysfs):
         try:
-            rail = rapl_rail((directory / "name").read_text())
+            rail = rapl_rail(sysfs.read(f"{directory}/name"))
         except OSError:
             continue
-        if rail is None or any(zone.path == directory for zone in zones):
+        if rail is None:
             continue
         try:
-            wraps_at = int((directory / "max_energy_range_uj").read_text())
-            last = int((directory / "energy_uj").read_text())
+            wraps_at = int(sysfs.read(f"{directory}/max_energy_range_uj"))
+            last = int(sysfs.read(f"{directory}/energy_uj"))
         except PermissionError:
-            refused.append(str(directory / "energy_uj"))
+            refused.append(str(sysfs.root / directory / "energy_uj"))
             continue
         except (OSError, ValueError):
             continue
@@ -57,7 +64,9 @@ def find_zones(root: Path) -> list[Zone]:
             "the agent as root, or grant read access to energy_uj"
         )
     if not zones:
-        raise SourceUnavailable(f"rapl: no powercap RAPL zone under {base}")
+        raise SourceUnavailable(
+            f"rapl: no powercap RAPL zone under {sysfs.root / 'class/powercap'}"
+        )
     return zones
 
 
@@ -68,10 +77,12 @@ class RaplSource(PowerSource):
     name = "rapl"
     resolution_s = RESOLUTION_S
 
-    def __init__(self, root: Path | None = None) -> None:
+    def __init__(self, root: Path | None = None, sysfs: SysfsView | None = None) -> None:
+        """`sysfs`: the files to read (a capture's); else those under root (/sys by default)."""
         super().__init__()
-        self.root = root or sysfs_root()
-        self._zones = find_zones(self.root)
+        self._sysfs = sysfs or LiveSysfs(root)
+        self.root = self._sysfs.root
+        self._zones = find_zones(self._sysfs)
         self.rails = tuple(sorted({zone.rail for zone in self._zones}))
         self._energy = Integrator()
         self._last = time.monotonic()
@@ -80,9 +91,10 @@ class RaplSource(PowerSource):
         values = []
         for zone in self._zones:
             try:
-                values.append(int((zone.path / "energy_uj").read_text()))
+                values.append(int(self._sysfs.read(f"{zone.path}/energy_uj")))
             except (OSError, ValueError) as exc:
-                return self._fail(f"rapl: cannot read {zone.path / 'energy_uj'}: {exc}")
+                where = self.root / zone.path / "energy_uj"
+                return self._fail(f"rapl: cannot read {where}: {exc}")
         now_s = time.monotonic()
         counted: dict[str, float] = {}
         for zone, now in zip(self._zones, values, strict=True):

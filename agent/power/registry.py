@@ -7,6 +7,7 @@ import platform
 from collections.abc import Callable
 
 from agent.power.base import NoPowerSource, PowerSource
+from agent.power.capture import PowerCaptureSource
 from agent.power.ioreport import IOReportSource
 from agent.power.meter import EnergyMeter
 from agent.power.rapl import RaplSource
@@ -26,7 +27,8 @@ from shared.source_names import (
 
 def open_power_source(name: str, *, interval_s: float = 1.0) -> PowerSource:
     """Open a power source by name: auto, none, ioreport, smc, macmon, powermetrics, rapl,
-    sim[:k=v,...], replay:CSV. interval_s paces the streaming tools (macmon, powermetrics).
+    sim[:k=v,...], replay:CSV, capture:FILE. interval_s paces the streaming tools (macmon,
+    powermetrics).
 
     Raises UnknownSourceError / SourceSpecError for a bad name or spec, SourceUnavailable when the
     source cannot work on this machine (its message lists what this machine offers).
@@ -45,6 +47,7 @@ def _open(name: str, interval_s: float) -> PowerSource:
     openers: dict[str, Callable[[], PowerSource]] = {
         "sim": lambda: PowerSimSource(parse_sim_params(argument), spec=name.strip()),
         "replay": lambda: PowerReplaySource(argument),
+        "capture": lambda: PowerCaptureSource(argument),
         "auto": lambda: _open_auto(interval_s),
         "none": NoPowerSource,
         "ioreport": IOReportSource,

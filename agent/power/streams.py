@@ -50,14 +50,21 @@ class MacmonPowerSource(StreamingPowerSource):
         return macmon_command(self.executable, self.interval_ms)
 
     def _parse_line(self, line: str) -> PowerReading | None:
-        line = line.strip()
-        if not line:
-            return None
-        try:
-            watts = parse_macmon_power(line)
-        except ValueError as exc:
-            return self._fail(f"macmon printed a line that is not a sample ({exc}): {line[:80]!r}")
-        return self._integrate(watts, self.interval_s)
+        watts = macmon_watts(self, line)
+        return None if watts is None else self._integrate(watts, self.interval_s)
+
+
+def macmon_watts(source: PowerSource, line: str) -> dict[str, float] | None:
+    """One `macmon pipe` line's watts per rail; None (the reason in `source.last_error`) for a
+    line that is not a sample, and for a blank one."""
+    line = line.strip()
+    if not line:
+        return None
+    try:
+        return parse_macmon_power(line)
+    except ValueError as exc:
+        source._fail(f"macmon printed a line that is not a sample ({exc}): {line[:80]!r}")
+        return None
 
 
 class PowermetricsPowerSource(StreamingPowerSource):

@@ -14,7 +14,8 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from fnmatch import fnmatchcase
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from agent.sensors.smc import SMCError
@@ -167,9 +168,19 @@ class CapturePlayer:
         self._times = [poll["t"] for poll in capture.polls]
         self._started = clock()
 
-    def poll(self) -> Poll:
+    def index(self) -> int:
+        """The number of the poll in force."""
         elapsed = self._clock() - self._started
-        return self.capture.polls[max(0, bisect.bisect_right(self._times, elapsed) - 1)]
+        return max(0, bisect.bisect_right(self._times, elapsed) - 1)
+
+    def poll(self) -> Poll:
+        return self.capture.polls[self.index()]
+
+    def since(self, seen: int) -> tuple[list[Poll], int]:
+        """The polls after number `seen` up to the one in force, and its number: what a
+        counting reader has not counted yet (none when the capture has not moved on)."""
+        now = self.index()
+        return self.capture.polls[seen + 1 : now + 1], now
 
 
 class CapturedSMC:
@@ -190,3 +201,33 @@ class CapturedSMC:
 
     def close(self) -> None:
         """Nothing to release: the capture is in memory."""
+
+
+class CapturedSysfs:
+    """Linux's files as one poll of a capture saw them (a SysfsView): a path the poll does not
+    hold was not read, and reads as missing."""
+
+    root = PurePosixPath("/sys")
+
+    def __init__(self, player: CapturePlayer) -> None:
+        self._player = player
+
+    def files(self) -> dict[str, str]:
+        return dict(self._player.poll().get("sysfs", {}))
+
+    def glob(self, pattern: str) -> list[str]:
+        wanted = pattern.split("/")
+        found = set()
+        for path in self.files():
+            parts = path.split("/")
+            for depth in range(1, len(parts) + 1):
+                head = parts[:depth]
+                if len(head) == len(wanted) and all(map(fnmatchcase, head, wanted)):
+                    found.add("/".join(head))
+        return sorted(found)
+
+    def read(self, path: str) -> str:
+        text = self.files().get(path)
+        if text is None:
+            raise FileNotFoundError(f"{path} was not read in this poll of the capture")
+        return text

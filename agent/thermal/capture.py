@@ -38,7 +38,7 @@ class CapturedHID:
 
 
 class MacmonLines(ThermalSource):
-    """macmon's last line in each poll of the capture, through its live parser."""
+    """macmon's latest line up to the poll in force, through its live parser."""
 
     name = scale = "macmon"
 
@@ -47,9 +47,10 @@ class MacmonLines(ThermalSource):
         self._player = player
 
     def read(self) -> ThermalReading | None:
-        lines = self._player.poll().get("tools", {}).get("macmon", [])
+        polls = self._player.capture.polls[: self._player.index() + 1]
+        lines = [line for poll in polls for line in poll.get("tools", {}).get("macmon", [])]
         if not lines:
-            return self._fail("macmon: no line in this poll of the capture")
+            return self._fail("macmon: no line yet in the capture")
         return macmon_reading(self, lines[-1])
 
 

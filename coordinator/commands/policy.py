@@ -95,7 +95,7 @@ def policy_table(rows: list[dict[str, Any]]) -> Table:
             Text(row["host"]),
             Text(row["result"], style=styles[row["result"]]),
             *(f"{policy[key]:g}" if key in policy else NA for key, _ in COLUMNS),
-            Text(row["error"] or row.get("origin") or ""),
+            Text(row["error"] or row["origin"] or ("origin unknown" if row["policy"] else "")),
         )  # Text: an agent's words are never markup
     return table
 

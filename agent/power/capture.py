@@ -1,0 +1,106 @@
+"""`--power-source capture:FILE`: a capture's power inputs replayed through the live meters'
+own decoding, each over the capture: IOReport's deltas through IOReportSource, macmon's lines
+through its parser, RAPL's counters through RaplSource (the first the capture holds, in `auto`'s
+order). Real readings, replayed: `source` is `capture`. Polls the reader skipped are counted at
+its next read, and a poll read twice is counted once."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from agent.power.base import Integrator, PowerReading, PowerSource
+from agent.power.ioreport import IOReportSource
+from agent.power.rapl import RaplSource
+from agent.power.streams import macmon_watts
+from agent.sensors.base import SourceUnavailable
+from agent.sensors.capture import CapturedSysfs, CapturePlayer, read_capture
+
+
+class CapturedReport:
+    """IOReport's Energy Model channels as a capture recorded them (an EnergyReport)."""
+
+    def __init__(self, player: CapturePlayer) -> None:
+        self._player = player
+        polls = player.capture.polls
+        self.names = sorted({row[2] for poll in polls for row in poll.get("ioreport", [])})
+        self._seen = player.index()
+
+    def delta(self) -> list[tuple[str, str, int]]:
+        polls, self._seen = self._player.since(self._seen)
+        return [
+            (str(row[2]), str(row[3]), int(row[4]))
+            for poll in polls
+            for row in poll.get("ioreport", [])
+        ]
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class MacmonPowerLines(PowerSource):
+    """macmon's lines in a capture: each poll's watts held from the poll before it."""
+
+    name = "macmon"
+
+    def __init__(self, player: CapturePlayer) -> None:
+        super().__init__()
+        self._player = player
+        self._seen = player.index()
+        self._energy = Integrator()
+
+    def read(self) -> PowerReading | None:
+        polls, now = self._player.since(self._seen)
+        times = self._player.capture.polls
+        for offset, poll in enumerate(polls, start=self._seen + 1):
+            seconds = poll["t"] - times[offset - 1]["t"] if offset else 0.0
+            for line in poll.get("tools", {}).get("macmon", []):
+                watts = macmon_watts(self, line)
+                if watts is not None:
+                    self._energy.add_watts(watts, seconds)
+                    self.rails = tuple(sorted({*self.rails, *watts}))
+        self._seen = now
+        if not self._energy.joules:
+            return self._fail(self.last_error or "macmon: no sample in the capture yet")
+        return self._reading(self._energy.joules, self._energy.watts)
+
+
+class PowerCaptureSource(PowerSource):
+    name = "capture"
+
+    def __init__(self, path: str, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.path = path
+        self.player = CapturePlayer(read_capture(path), clock)
+        self.decoder = self._decoder()
+        self.rails = self.decoder.rails
+        self.resolution_s = self.decoder.resolution_s
+
+    @property
+    def spec(self) -> str:
+        return f"capture:{self.path}"
+
+    def _decoder(self) -> PowerSource:
+        capture, player = self.player.capture, self.player
+        if capture.has("ioreport"):
+            return IOReportSource(CapturedReport(player))
+        if any(poll.get("tools", {}).get("macmon") for poll in capture.polls):
+            return MacmonPowerLines(player)
+        if any(
+            path.startswith("class/powercap/") for p in capture.polls for path in p.get("sysfs", {})
+        ):
+            return RaplSource(sysfs=CapturedSysfs(player))
+        raise SourceUnavailable(
+            f"{capture.path}: no power in the capture (no ioreport, macmon or powercap input "
+            "in any poll)"
+        )
+
+    def read(self) -> PowerReading | None:
+        reading = self.decoder.read()
+        self.last_error = self.decoder.last_error and f"capture: {self.decoder.last_error}"
+        self.rails = self.decoder.rails
+        return None if reading is None else replace(reading, source=self.name)
+
+    def close(self) -> None:
+        self.decoder.close()

@@ -5,6 +5,7 @@ coordinator shows where a host's numbers came from."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -23,6 +24,13 @@ SOURCE_POLICIES: dict[str, ThermalPolicy] = {
 """By source scale: `smc` the hotter of the CPU die maximum and the GPU, `iohid` 8 °C below it,
 `macmon` (averages) 10 °C below; `powermetrics` the Intel CPU die (on Apple Silicon it reads
 only pressure); `linux` an x86 package under its 100 °C junction limit."""
+
+ORDERED = (
+    ("max_speed_temp", "--max-speed-temp"),
+    ("pause_temp", "--pause-temp"),
+    ("stop_temp", "--stop-temp"),
+)
+"""The thresholds in their required order, with the options that set them."""
 
 SET_BY_COORDINATOR = "set by coordinator policy"
 SET_ON_COMMAND_LINE = "set on the command line"
@@ -58,3 +66,21 @@ def with_given(scale: str | None, given: Mapping[str, float], origin: str) -> Po
     policy = updated_policy(defaults.policy, given)
     unset = [key for key in ("max_speed_temp", "pause_temp", "stop_temp") if key not in given]
     return PolicyInForce(policy, origin + (f", the rest {defaults.origin}" if unset else ""))
+
+
+def check_given(given: dict[str, float]) -> None:
+    """ValueError naming the options when the thresholds given are out of order among
+    themselves, or not finite, or the hysteresis is negative."""
+    for key, value in given.items():
+        if not math.isfinite(value):
+            raise ValueError(f"--{key.replace('_', '-')} must be a finite number, got {value}")
+    named = [(key, flag) for key, flag in ORDERED if key in given]
+    for (low, low_flag), (high, high_flag) in zip(named, named[1:], strict=False):
+        if not given[low] < given[high]:
+            shown = " ".join(f"{flag} {given[key]:g}" for key, flag in named)
+            raise ValueError(
+                f"thresholds out of order: need {low_flag} < {high_flag} "
+                f"(max speed < pause < stop), got {shown}"
+            )
+    if given.get("hysteresis", 0.0) < 0:
+        raise ValueError(f"--hysteresis must be >= 0 °C, got {given['hysteresis']:g}")

@@ -239,10 +239,10 @@ def react(
             resumed = replace(current, job=JobState.RUNNING, missing=0, stuck=0)
             return Decision(resumed, None, (Action.RESUME,), reason)
         return Decision(replace(current, missing=missing), None)
-    hot = current.hot + 1 if celsius is not None and celsius >= policy.stop_temp else 0
-    stuck = (
-        current.stuck + 1 if paused and celsius is not None and celsius >= policy.pause_temp else 0
-    )
+    hot, stuck = current.hot, current.stuck  # a level without degrees says nothing of them
+    if celsius is not None:
+        hot = hot + 1 if celsius >= policy.stop_temp else 0
+        stuck = stuck + 1 if paused and celsius >= policy.pause_temp else 0
     reason = stop_reason(policy, celsius, pressure, hot, stuck)
     if reason is not None:
         stopping = Supervision(JobState.STOPPING, current.reduced, hot=hot, stuck=stuck)
@@ -285,12 +285,40 @@ class CoolingGate:
     @property
     def state(self) -> CoolingState:
         """What the job lives under now: stop, pause, reduce_batch or ok."""
-        job = self.supervision.job
-        if job is JobState.STOPPING:
-            return CoolingState.STOP
-        if job is JobState.PAUSED:
-            return CoolingState.PAUSE
-        return CoolingState.REDUCE_BATCH if self.supervision.reduced else CoolingState.OK
+        return supervision_state(self.supervision)
+
+
+def supervision_state(supervision: Supervision) -> CoolingState:
+    """What a job under this supervision lives under: stop, pause, reduce_batch or ok."""
+    if supervision.job is JobState.STOPPING:
+        return CoolingState.STOP
+    if supervision.job is JobState.PAUSED:
+        return CoolingState.PAUSE
+    return CoolingState.REDUCE_BATCH if supervision.reduced else CoolingState.OK
+
+
+def host_react(
+    current: Supervision, policy: ThermalPolicy, celsius: float | None, pressure: str | None
+) -> Supervision:
+    """The rule for a host, as if one job ran on it (what its samples' `state` says): the same
+    as react(), except that a stop is not final, since there is no job to end: the poll after
+    one starts from a pause with the counts kept, so a lasting heat stays `stop`."""
+    if current.job is JobState.STOPPING:
+        current = replace(current, job=JobState.PAUSED)
+    return react(current, policy, celsius, pressure).state
+
+
+def host_state(
+    policy: ThermalPolicy, reading: Reading | None, previous: Supervision
+) -> tuple[Supervision, CoolingState | None]:
+    """What the rule says of a host now (host_react: a spike pauses, a stop needs the heat to
+    last), and the supervision to carry to its next poll; the state is None without a reading.
+    What a daemon's samples and `agent temp` show."""
+    celsius, pressure = (reading.celsius, reading.pressure) if reading else (None, None)
+    supervision = host_react(previous, policy, celsius, pressure)
+    if knows_nothing(celsius, pressure):
+        return supervision, None
+    return supervision, supervision_state(supervision)
 
 
 def policy_text(policy: ThermalPolicy) -> str:
@@ -298,9 +326,12 @@ def policy_text(policy: ThermalPolicy) -> str:
     return " ".join(f"{key}={value:g}" for key, value in policy.to_dict().items())
 
 
-def updated_policy(current: ThermalPolicy, changes: Mapping[str, Any]) -> ThermalPolicy:
-    """`current` with `changes` applied; ValueError naming the problem (an unknown key, a value
-    that is not a finite number, thresholds out of order), in which case nothing changes."""
+def check_changes(changes: Mapping[str, Any]) -> None:
+    """ValueError naming a key ThermalPolicy has not, or a value that is not a finite number;
+    the order of the thresholds depends on those not given, and is checked with them."""
+    unknown = sorted(map(str, set(changes) - {f.name for f in fields(ThermalPolicy)}))
+    if unknown:
+        raise ValueError(f"unknown ThermalPolicy keys: {', '.join(unknown)}")
     for key, value in changes.items():
         if (
             isinstance(value, bool)
@@ -308,4 +339,10 @@ def updated_policy(current: ThermalPolicy, changes: Mapping[str, Any]) -> Therma
             or not math.isfinite(value)
         ):
             raise ValueError(f"{key} must be a finite number, got {value!r}")
+
+
+def updated_policy(current: ThermalPolicy, changes: Mapping[str, Any]) -> ThermalPolicy:
+    """`current` with `changes` applied; ValueError naming the problem (an unknown key, a value
+    that is not a finite number, thresholds out of order), in which case nothing changes."""
+    check_changes(changes)
     return ThermalPolicy.from_dict({**current.to_dict(), **changes})

@@ -83,12 +83,17 @@ def test_a_gpu_hotter_than_the_cpu_die_is_what_the_policy_reads(tmp_path: Path) 
 
 @pytest.mark.parametrize(
     ("report", "sensor", "celsius"),
-    [("ismc-m5-pro", "Tp00", 59.265625), ("ismc-m5-max-2", "TCMb", 29.478124618530273)],
+    [
+        ("ismc-m5-pro", "TCMb", 62.59062576293945),
+        ("ismc-m5-max", "TCMb", 36.618751525878906),
+        ("ismc-m5-max-2", "TCMb", 29.478124618530273),
+    ],
 )
 def test_m5_has_no_tcmz_reads_the_hottest_plausible_key_and_never_a_parked_one(
     report: str, sensor: str, celsius: float
 ) -> None:
-    """m5-max-2's every Tp*/Tg* is parked below 20 °C: the CPU-die average, named as such."""
+    """On every M5 report TCMb reads above the per-core keys (m5-pro's hottest, Tp00, is 59.3);
+    m5-max-2's every Tp*/Tg* is parked below 20 °C."""
     smc = read_capture(FIXTURES / f"{report}.jsonl").polls[0]["smc"]
     assert "TCMz" not in smc and "TCMb" in smc
     reading = replayed(FIXTURES / f"{report}.jsonl", [0])[0]
@@ -114,6 +119,50 @@ def test_every_published_report_replays_to_a_plausible_die_and_a_decision(path: 
     state = decide(source_defaults("smc").policy, celsius)
     # the hottest report (M4, 112 °C) asks for a smaller batch; nothing published pauses
     assert state is (CoolingState.REDUCE_BATCH if celsius >= 95 else CoolingState.OK)
+
+
+MACMON_12_GPU_STRESS = {  # vladkens/macmon#12: `macmon debug` on an M4 Pro, macmon stress gpu
+    "Tg0K": 87.1, "Tg0L": 87.1, "Tg0d": 89.3, "Tg0e": 89.3, "Tg0j": 90.5, "Tg0k": 96.9,
+    "Tg1U": 88.5, "Tg1k": 90.8,
+}  # fmt: skip
+MACMON_12_GPU_OFF = {  # the same Mac, GPU powered down: every Tg* key a firmware sentinel
+    "Tg04": -4.0, "Tg05": 2.4, "Tg0K": 0.0, "Tg0L": -4.0, "Tg0S": 2.2, "Tg0k": 2.4,
+    "Tg1c": 0.0, "Tg1l": 2.4,
+}  # fmt: skip
+
+
+def test_the_gpu_under_stress_is_read_and_its_sentinels_at_rest_never_are(tmp_path: Path) -> None:
+    stress = {key: flt(value) for key, value in MACMON_12_GPU_STRESS.items()}
+    rest = {key: flt(value) for key, value in MACMON_12_GPU_OFF.items()}
+    die = {"TCMz": flt(71.5), "TCMb": flt(60.2)}  # a CPU cooler than the stressed GPU
+    path = write_capture(
+        tmp_path / "m4pro.jsonl",
+        [{"t": 0, "smc": {**die, **stress}}, {"t": 1, "smc": {**die, **rest}}],
+    )
+    assert replayed(path, [0, 1]) == [
+        (pytest.approx(96.9, abs=1e-4), None, "Tg0k"),
+        (71.5, None, "TCMz"),
+    ]
+
+
+HID_FIXTURES = Path(__file__).parent / "fixtures" / "iohid"
+
+
+@pytest.mark.parametrize(
+    ("dump", "sensor", "celsius"),
+    [("m1-mac-mini.txt", "PMU tdie1", 37.3), ("m3-pro.txt", "PMU tdie10", 41.7)],
+)
+def test_published_hid_dumps_replay_through_the_hid_source(
+    tmp_path: Path, dump: str, sensor: str, celsius: float
+) -> None:
+    """The HID sensors real Macs listed (tests/fixtures/iohid/README.md) as one poll of a
+    capture: the calibration constants at 51.9 °C, NAND and battery never win."""
+    hid: dict[str, float] = {}
+    for line in (HID_FIXTURES / dump).read_text().splitlines():
+        name, _, value = line.rpartition("|")
+        hid[name.strip()] = max(float(value), hid.get(name.strip(), float(value)))
+    path = write_capture(tmp_path / "hid.jsonl", [{"t": 0, "iohid": hid, "pressure": 0}])
+    assert replayed(path, [0]) == [(celsius, "Nominal", sensor)]
 
 
 # --- the policy over an hour of a busy Mac ----------------------------------------------------
@@ -192,7 +241,7 @@ def test_the_same_hour_through_iohid_and_macmon_decides_alike(tmp_path: Path) ->
 def run_over(agent_cli: str, capture: Path, seconds: float) -> subprocess.CompletedProcess[str]:
     sleep = f"import time; time.sleep({seconds})"
     return subprocess.run(
-        [agent_cli, "run", "--thermal-source", f"capture:{capture}", "--poll-interval", "0.05",
+        [agent_cli, "run", "--thermal-source", f"capture:{capture}", "--poll-interval", "0.1",
          "--", sys.executable, "-c", sleep],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -208,7 +257,7 @@ def actions_said(stderr: str) -> list[str]:
     ("pressure", "code", "expected"),
     [
         (lambda i: NOMINAL if i % 20 < 10 else MODERATE, 0, set()),
-        (lambda i: HEAVY if 20 <= i < 30 else NOMINAL, 0, {"pause", "resume"}),
+        (lambda i: HEAVY if 20 <= i < 35 else NOMINAL, 0, {"pause", "resume"}),
         (lambda i: TRAPPING if i >= 30 else NOMINAL, EXIT_THERMAL_STOP, {"stop"}),
     ],
     ids=["nominal-moderate", "heavy", "trapping"],
@@ -216,17 +265,75 @@ def actions_said(stderr: str) -> list[str]:
 def test_agent_run_over_a_capture_of_a_busy_mac(
     agent_cli: str, tmp_path: Path, pressure: Callable[[int], int], code: int, expected: set[str]
 ) -> None:
-    """The hour's shape at 20 polls a second (the rule counts polls, not seconds)."""
+    """The hour's shape at 10 polls a second (the rule counts polls, not seconds): 100-108 °C
+    with one poll at 113, and the pressure level. Heavy lasts 1.5 s of the capture, from 2 s
+    on, so a slow start on a loaded machine still sees it; the last poll holds for ever."""
     polls = [
-        smc_poll(i * 0.05, 113.0 if i == 15 else 100.0 + (i * 7919 % 81) / 10, pressure(i))
-        for i in range(60)
+        smc_poll(i * 0.1, 113.0 if i == 15 else 100.0 + (i * 7919 % 81) / 10, pressure(i))
+        for i in range(50)
     ]
     path = write_capture(tmp_path / "busy.jsonl", polls)
-    done = run_over(agent_cli, path, 4)
+    done = run_over(agent_cli, path, 6)
     assert done.returncode == code, done.stderr
     said = actions_said(done.stderr)
     assert set(said) - {"start", "exit", "reduce_batch", "restore_batch"} == expected, said
     assert "supervising with capture here, policy 95/114/120 °C (defaults for smc)" in done.stderr
+
+
+def test_a_one_poll_spike_past_stop_temp_pauses_and_three_polls_stop(tmp_path: Path) -> None:
+    """Over a capture, under the smc defaults (stop at 120): 121 °C once pauses and resumes,
+    three polls in a row stop."""
+    curve = [105.0] * 5 + [121.0] + [105.0] * 5 + [121.0] * 3 + [105.0]
+    path = write_capture(
+        tmp_path / "spikes.jsonl", (smc_poll(t, c, 0) for t, c in enumerate(curve))
+    )
+    taken = decisions(path, "smc", [float(t) for t in range(len(curve))])
+    assert [(t, a) for t, a in taken if a is not Action.REDUCE_BATCH] == [
+        (5.0, Action.PAUSE),
+        (6.0, Action.RESUME),
+        (11.0, Action.PAUSE),
+        (13.0, Action.STOP),
+    ]
+
+
+HEAD = '{"format": "mlx-fleet-capture", "version": 1, "machine": {}}\n'
+
+
+@pytest.mark.parametrize(
+    ("poll", "needle"),
+    [
+        ('{"t": 0, "smc": []}', "`smc` must be an object"),
+        ('{"t": 0, "iohid": "abc"}', "`iohid` must be an object"),
+        ('{"t": 0, "iohid": {"PMU tdie1": NaN}}', "iohid 'PMU tdie1': expected a finite °C"),
+        ('{"t": 0, "sysfs": ["a"]}', "`sysfs` must be an object"),
+        ('{"t": 0, "tools": ["a"]}', "`tools` must be an object"),
+        ('{"t": 0, "ioreport": 5}', "`ioreport` must be a list"),
+        ('{"t": 0, "ioreport": [[["x"], null, "CPU Energy", "mJ", 1]]}', "ioreport: expected"),
+        ('{"t": 0, "ioreport": [["E", null, "CPU Energy", "mJ", -5]]}', "ioreport: expected"),
+        ('{"t": 0, "ioreport": [["E", null, "CPU Energy", "mJ", "abc"]]}', "ioreport: expected"),
+        ('{"t": 0, "pressure": 9}', "pressure must be the notify state, 0 to 4"),
+        ('{"t": 0, "pressure": true}', "pressure must be the notify state"),
+        ('{"t": ' + "9" * 400 + "}", "`t` must be a number of seconds"),
+        ('{"t": Infinity}', "`t` must be a number of seconds"),
+        ("[1, 2]", "a line must be a JSON object"),
+        ('{"t": 0, "gpu": {}}', "unknown inputs 'gpu'"),
+    ],
+)
+def test_a_poll_of_the_wrong_shape_is_refused_naming_its_line(
+    tmp_path: Path, poll: str, needle: str
+) -> None:
+    """Whatever a capture file holds, the sources see only values of the format's types: a
+    crafted one is bad input (one line, exit 2 from every command, as above), never a crash."""
+    path = tmp_path / "crafted.jsonl"
+    path.write_text(HEAD + poll + "\n")
+    for open_capture in (read_capture, CaptureSource, PowerCaptureSource):
+        with pytest.raises(CaptureFormatError, match=f"{path}:2: ") as refused:
+            open_capture(str(path))
+        assert needle in str(refused.value)
+    version = tmp_path / "version.jsonl"
+    version.write_text('{"format": "mlx-fleet-capture", "version": true, "machine": {}}\n')
+    with pytest.raises(CaptureFormatError, match="version True"):
+        read_capture(version)
 
 
 @pytest.mark.parametrize(
@@ -250,9 +357,17 @@ def test_a_capture_that_cannot_be_replayed_is_one_line_and_exit_2(
     path = tmp_path / "bad.jsonl"
     if content is not None:
         path.write_text(content)
-    for command in (["temp"], ["bench", "--no-cooling", "-p", "8", "-n", "0"]):
+    source = f"capture:{path}"
+    bench = ["bench", "--no-cooling", "-p", "8", "-n", "0"]
+    for command in (
+        ["temp", "--thermal-source", source],
+        [*bench, "--thermal-source", source],
+        [*bench, "--power-source", source],
+        ["serve", "--bind", "127.0.0.1:0", "--thermal-source", source],
+        ["run", "--thermal-source", source, "--", "true"],
+    ):
         done = subprocess.run(
-            [agent_cli, *command, "--thermal-source", f"capture:{path}"],
+            [agent_cli, *command],
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert done.returncode == 2, done.stderr

@@ -6,6 +6,7 @@ import msgpack
 import pytest
 
 from agent.thermal import ThermalReading
+from shared.calibration import SET_BY_COORDINATOR, with_given
 from shared.policy import (
     HOT_POLLS_TO_STOP,
     MISSING_POLLS_TO_RESUME,
@@ -303,3 +304,17 @@ def test_a_pressure_level_alone_drives_the_job() -> None:
     decision = react(Supervision(), POLICY, None, "Heavy")
     assert (decision.cooling, decision.actions) == (CoolingState.PAUSE, (Action.PAUSE,))
     assert react(decision.state, POLICY, None, "Nominal").actions == (Action.RESUME,)
+
+
+def test_a_coordinators_thresholds_sit_on_the_defaults_of_the_scale_they_apply_to() -> None:
+    """Only what a coordinator set is kept (policy.json): on a source of another scale the
+    rest are that source's defaults, never the numbers of the one it was set on."""
+    on_smc = with_given("smc", {"hysteresis": 2.0}, SET_BY_COORDINATOR)
+    assert on_smc.policy == ThermalPolicy(95, 114, 120, hysteresis=2.0)
+    assert on_smc.origin == "set by coordinator policy, the rest defaults for smc"
+    on_sim = with_given(None, {"hysteresis": 2.0}, SET_BY_COORDINATOR)
+    assert on_sim.policy == ThermalPolicy(hysteresis=2.0)
+    every = {"max_speed_temp": 90.0, "pause_temp": 100.0, "stop_temp": 110.0}
+    assert with_given("smc", every, SET_BY_COORDINATOR).origin == SET_BY_COORDINATOR
+    with pytest.raises(ValueError, match="thresholds out of order"):
+        with_given(None, {"max_speed_temp": 90.0}, SET_BY_COORDINATOR)  # above sim's pause

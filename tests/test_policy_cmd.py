@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from coordinator.commands.policy import check_given
 from coordinator.telemetry_store import TelemetryStore
+from shared.calibration import check_given
 from tests.fleet_support import AgentPool, cli
 from tests.test_monitor import known_agent
 

@@ -19,6 +19,7 @@ from tests.fleet_support import AgentPool, connect, receive, subscriber, trusted
 
 DEFAULT = ThermalPolicy().to_dict()
 SEED = source_defaults(None).origin  # the agents here read sim: no Mac calibrates it
+PUSHED = f"{SET_BY_COORDINATOR}, the rest {SEED}"
 
 
 @pytest.fixture
@@ -61,14 +62,18 @@ def test_a_policy_is_applied_announced_and_kept_across_a_restart(
     receive(sub, lambda m: m.type == "telemetry.sample")  # subscribed for sure
     pushed = client.request("policy.set", {"policy": {"pause_temp": 80, "hysteresis": 2}})
     expected = {**DEFAULT, "pause_temp": 80.0, "hysteresis": 2.0}
-    assert pushed == {"policy": expected, "origin": SET_BY_COORDINATOR}
+    assert pushed == {"policy": expected, "origin": PUSHED}
     announced = receive(sub, lambda m: m.type == "telemetry.event")
     assert announced.body["action"] == "policy" and announced.body["job"] is None
     assert "pause_temp=80 " in announced.body["detail"]
     assert announced.body["policy"] == expected  # the whole map: no policy.get needed
     client.request("policy.set", {"policy": {"pause_temp": 80}})  # no change: no event
     assert client.request("info")["policy"] == expected
-    assert json.loads((agent.home / "policy.json").read_text()) == expected
+    # only what the coordinator set is kept: the rest stays the source's defaults
+    assert json.loads((agent.home / "policy.json").read_text()) == {
+        "pause_temp": 80,
+        "hysteresis": 2,
+    }
     events = client.request("history.get", {"samples_after": 0, "events_after": 0})["events"]
     assert [e["action"] for e in events] == ["policy"]
     client.close()
@@ -77,7 +82,7 @@ def test_a_policy_is_applied_announced_and_kept_across_a_restart(
     assert agent.process.wait(timeout=15) == 0
     assert not (agent.home / "agent-serve.json").exists()
     again = connect(ctx, agents.start("agent"))
-    assert again.request("policy.get") == {"policy": expected, "origin": SET_BY_COORDINATOR}
+    assert again.request("policy.get") == {"policy": expected, "origin": PUSHED}
     again.close()
 
 

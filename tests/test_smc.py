@@ -130,11 +130,17 @@ def test_a_gpu_hotter_than_the_cpu_die_is_the_temperature() -> None:
     assert choice.sensors == {"TCMz": 70.0, "TCMb": 61.0, "Tg0k": 97.0}
 
 
-def test_without_tcmz_the_cpu_die_is_the_hottest_core_never_the_average_by_its_name() -> None:
+def test_without_tcmz_the_cpu_die_is_the_hottest_of_the_cores_and_tcmb() -> None:
+    """M5 (iSMC report-m5-pro): TCMb reads above every core key, and a core may be hotter."""
     choice = choose_die({"TCMb": 62.6, "Tp00": 59.3, "Te03": 51.0, "Tg2r": 41.1})
     assert choice is not None
-    assert (choice.sensor, choice.celsius) == ("Tp00", 59.3)
-    assert choice.sensors == {"Tp00": 59.3, "TCMb": 62.6, "Tg2r": 41.1}
+    assert (choice.sensor, choice.celsius) == ("TCMb", 62.6)
+    assert choice.sensors == {"TCMb": 62.6, "Tg2r": 41.1}
+    core = choose_die({"TCMb": 55.0, "Tp00": 59.3, "Tg2r": 41.1})
+    assert core is not None and (core.sensor, core.sensors) == (
+        "Tp00",
+        {"Tp00": 59.3, "TCMb": 55.0, "Tg2r": 41.1},
+    )
     parked = choose_die({"TCMb": 29.5, "Tp08": 19.6, "Tg0C": 19.9})  # iSMC report-m5-max-2
     assert parked is not None and (parked.sensor, parked.celsius) == ("TCMb", 29.5)
 

@@ -29,7 +29,6 @@ from agent.daemon.telemetry import (
     EXITED_LINGER_S,
     VANISHED_AFTER_S,
     JobTable,
-    host_state,
     page_history,
     retention_cutoff,
     sample,
@@ -43,7 +42,15 @@ from agent.thermal import ThermalReading, open_source
 from shared import protocol as p
 from shared.energy import SYSTEM
 from shared.io.transport import AgentError
-from shared.policy import MISSING_POLLS_TO_RESUME, CoolingState, ThermalPolicy, updated_policy
+from shared.policy import (
+    MISSING_POLLS_TO_RESUME,
+    CoolingState,
+    JobState,
+    Supervision,
+    ThermalPolicy,
+    host_state,
+    updated_policy,
+)
 from shared.telemetry import Event
 from tests.fleet_support import (
     AgentPool,
@@ -93,14 +100,33 @@ def test_host_state(
     previous: CoolingState | None,
     expected: CoolingState | None,
 ) -> None:
-    assert host_state(POLICY, reading(celsius, pressure), previous) is expected
+    assert host_state(POLICY, reading(celsius, pressure), was(previous))[1] is expected
+
+
+def was(state: CoolingState | None) -> Supervision:
+    """The supervision a host in `state` carries (None: a running one, nothing known)."""
+    if state is CoolingState.PAUSE:
+        return Supervision(JobState.PAUSED)
+    return Supervision(reduced=state is CoolingState.REDUCE_BATCH)
 
 
 def test_a_pause_holds_until_below_the_hysteresis() -> None:
     policy = ThermalPolicy(hysteresis=3.0)
-    assert host_state(policy, reading(83.0), CoolingState.PAUSE) is CoolingState.PAUSE
-    assert host_state(policy, reading(83.0), CoolingState.OK) is CoolingState.REDUCE_BATCH
-    assert host_state(policy, None, CoolingState.PAUSE) is None
+    paused, running = was(CoolingState.PAUSE), was(CoolingState.OK)
+    assert host_state(policy, reading(83.0), paused)[1] is CoolingState.PAUSE
+    assert host_state(policy, reading(83.0), running)[1] is CoolingState.REDUCE_BATCH
+    assert host_state(policy, None, paused)[1] is None
+
+
+def test_the_hosts_state_is_the_rules_a_spike_pauses_and_lasting_heat_stops_then_recovers() -> None:
+    """The dashboard alerts on `stop`: one poll above stop_temp is a pause, three are a stop,
+    and a host (unlike a job) comes back from it when it cools."""
+    supervision, states = Supervision(), []
+    for celsius in (96.0, 80.0, 96.0, 96.0, 96.0, 96.0, 70.0):
+        supervision, state = host_state(POLICY, reading(celsius), supervision)
+        states.append(state)
+    pause, stop, reduce = CoolingState.PAUSE, CoolingState.STOP, CoolingState.REDUCE_BATCH
+    assert states == [pause, reduce, pause, pause, stop, stop, CoolingState.OK]
 
 
 def test_trend_is_degrees_per_minute_over_the_last_five() -> None:

@@ -33,8 +33,10 @@ def doctor_command(
     seconds: CaptureSeconds = 5.0,
 ) -> None:
     """Python, MLX and its device, a 1-second benchmark, every thermal source side by side,
-    thermal pressure, the data directory and keys, the ports, the service, the firewall; with
-    --load, whether each thermal and power source moves under an MLX load.
+    thermal pressure, the data directory and keys, the ports, the service, the firewall.
+
+    With --load, also whether each thermal and power source moves under an MLX load; with
+    --capture, instead of the checks, every raw input of every source, poll by poll.
 
     Exit codes: 0 when the agent can run here (every required check passed), 1 otherwise,
     2 bad usage. --format json is the report to attach to a bug report.

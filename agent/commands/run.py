@@ -85,16 +85,20 @@ def run_command(
     """
     if not (math.isfinite(grace) and grace >= 0):
         raise usage_error(f"--grace must be >= 0 seconds, got {grace}")
+    limits.check()
     with ExitStack() as stack:
         log = stack.enter_context(closing(EventLog()))
         forwards: list[Sink] = []
         supervisor = Supervisor(command, grace=grace, sinks=[print_event, recorder(log, forwards)])
-        feed, forwarder = register(
-            thermal.thermal_source,
-            thermal.poll_interval,
-            limits.in_force,
-            lambda: local_monitor(thermal),
-        )
+        try:
+            feed, forwarder = register(
+                thermal.thermal_source,
+                thermal.poll_interval,
+                limits.for_scale,
+                lambda: local_monitor(thermal),
+            )
+        except ValueError as exc:  # thresholds out of order with this source's defaults
+            raise usage_error(str(exc)) from None
         stack.callback(forwarder.close)  # after the exit event, which it forwards too
         forwards.append(forwarder)
         if feed.remote:

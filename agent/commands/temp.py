@@ -21,7 +21,7 @@ from shared.display import STATE_STYLES, sparkline, trend_arrow
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import print_rich, usage_error
 from shared.io.options import PolicyOptions, TableFormat, ThermalOptions, with_options
-from shared.policy import CoolingState, decide
+from shared.policy import CoolingState, Supervision, host_state
 
 HISTORY_SHOWN = 30
 TREND_WINDOW = 5  # the seed's is_rising window
@@ -130,7 +130,7 @@ def temp_command(
             _watch(monitor, policy, fmt, count)
         else:
             reading = monitor.read()
-            state = decide(policy.policy, reading.celsius, reading.pressure) if reading else None
+            _, state = host_state(policy.policy, reading, Supervision())
             _emit(snapshot(monitor.source.name, reading, monitor.last_error, state, policy), fmt)
 
 
@@ -145,7 +145,7 @@ def _emit(data: dict[str, Any], fmt: str) -> None:
 def _watch(monitor: ThermalMonitor, policy: PolicyInForce, fmt: str, count: int) -> None:
     """Poll in the background and show each tick: JSON lines, or a Live table with the trend."""
     monitor.start()
-    state: CoolingState | None = None
+    supervision = Supervision()
     live = Live(auto_refresh=False, console=Console()) if fmt == "table" else None
     shown = 0
     try:
@@ -153,11 +153,7 @@ def _watch(monitor: ThermalMonitor, policy: PolicyInForce, fmt: str, count: int)
             live.start()
         while True:
             reading = monitor.reading
-            if reading:
-                paused = state is CoolingState.PAUSE
-                state = decide(policy.policy, reading.celsius, reading.pressure, paused)
-            else:
-                state = None
+            supervision, state = host_state(policy.policy, reading, supervision)
             data = snapshot(monitor.source.name, reading, monitor.last_error, state, policy)
             if live:
                 history = monitor.get_history()

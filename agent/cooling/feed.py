@@ -30,7 +30,7 @@ from agent.thermal import (
     open_source,
 )
 from agent.thermal.base import NoneSource
-from shared.calibration import PolicyInForce
+from shared.calibration import SET_BY_COORDINATOR, PolicyInForce
 from shared.io.keys import own_keypair
 from shared.io.transport import AgentClient, HostError
 from shared.telemetry import Event
@@ -57,8 +57,8 @@ def open_fallback(source: ThermalSource | str | None, poll_interval: float) -> T
 
 
 PolicyFor = Callable[[str | None], PolicyInForce]
-"""The policy for a local source of a scale (PolicyOptions.in_force): the daemon's comes with
-its samples."""
+"""The policy for a local source of a scale (PolicyOptions.for_scale; ValueError when it cannot
+be): the daemon's comes with its samples."""
 
 
 class DaemonFeed:
@@ -82,13 +82,18 @@ class DaemonFeed:
         """Without a `session`, `local` is the monitor to start on, judged by `policy_for` its
         source's scale."""
         self._session = session
+        self._policy_for = policy_for
         self._fallback = fallback
         self._poll_interval = poll_interval
         self._policy = PolicyInForce(session.policy, session.policy_origin) if session else None
         self._local: LocalFeed | None = None
         if session is None:
             monitor = local or self._open_local()
-            self._policy = policy_for(monitor.source.scale)
+            try:
+                self._policy = policy_for(monitor.source.scale)
+            except BaseException:  # thresholds out of order with this source's defaults
+                monitor.close()
+                raise
             self._local = LocalFeed(monitor, self._policy.policy)
         self._look_at = time.monotonic() + REJOIN_EVERY_S
         self._closed = threading.Event()
@@ -165,19 +170,31 @@ class DaemonFeed:
         return ThermalMonitor(self._poll_interval, source=source)
 
     def _fall_back(self, session: DaemonSession, why: str) -> Observation | None:
-        self._policy = PolicyInForce(session.policy, session.policy_origin)
         session.close()
         monitor = self._open_local()
+        self._policy = self._local_policy(session, monitor.source.scale)
         with self._lock:
             self._session = None
             if self._closed.is_set():
                 monitor.close()
                 return None
-            self._local = LocalFeed(monitor, session.policy)
+            self._local = LocalFeed(monitor, self._policy.policy)
             self._look_at = time.monotonic() + REJOIN_EVERY_S
         sample = self._local.next()
-        note = f"{why}; supervising with {monitor.source.name} here"
+        note = f"{why}; supervising with {monitor.source.name} here, {self._policy}"
         return None if sample is None else replace(sample, note=note)
+
+    def _local_policy(self, session: DaemonSession, scale: str | None) -> PolicyInForce:
+        """What a coordinator set on the daemon stays in force; defaults are this source's
+        (a local sensor may read on another scale than the daemon's). Thresholds given to agent
+        run out of order with them keep the daemon's numbers."""
+        daemon = PolicyInForce(session.policy, session.policy_origin)
+        if daemon.origin.startswith(SET_BY_COORDINATOR):
+            return daemon
+        try:
+            return self._policy_for(scale)
+        except ValueError:
+            return daemon
 
     def _rejoin(self, local: LocalFeed) -> Observation | None:
         """The daemon's first sample when one answers now (our own source is closed)."""

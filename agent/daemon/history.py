@@ -12,6 +12,7 @@ import json
 import logging
 import sqlite3
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from agent.daemon.throttle import LogThrottle
 from shared.io.files import replace_atomically
 from shared.io.paths import data_dir
 from shared.io.sqlite import open_store, store_id
-from shared.policy import ThermalPolicy
+from shared.policy import check_changes
 from shared.telemetry import Event, Sample
 
 log = logging.getLogger("agent.history")
@@ -111,12 +112,17 @@ def policy_path() -> Path:
     return data_dir() / "policy.json"
 
 
-def load_policy(path: Path | None = None) -> ThermalPolicy | None:
-    """The policy a coordinator last set, else None: the defaults for the source apply. A file
-    that cannot be used is reported and the defaults enforced: a safe policy beats none."""
+def load_policy(path: Path | None = None) -> dict[str, float] | None:
+    """The thresholds a coordinator set (only those: the rest are the source's defaults), else
+    None. A file that cannot be used is reported and the defaults enforced: a safe policy beats
+    none."""
     path = path or policy_path()
     try:
-        return ThermalPolicy.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        given = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(given, dict):
+            raise ValueError("not a JSON object")
+        check_changes(given)
+        return {key: float(value) for key, value in given.items()}
     except FileNotFoundError:
         return None
     except (OSError, ValueError, TypeError, AttributeError) as exc:
@@ -124,22 +130,23 @@ def load_policy(path: Path | None = None) -> ThermalPolicy | None:
         return None
 
 
-def save_policy(policy: ThermalPolicy, path: Path | None = None) -> None:
-    """Replace the saved policy atomically; raises OSError."""
-    replace_atomically(path or policy_path(), json.dumps(policy.to_dict()))
+def save_policy(given: Mapping[str, float], path: Path | None = None) -> None:
+    """Replace the saved thresholds atomically; raises OSError."""
+    replace_atomically(path or policy_path(), json.dumps(dict(given)))
 
 
 class SavedPolicy:
-    """policy.json, written whenever the policy changes; one the disk refused is reported and
-    written again at the next retry(): the policy is enforced all the same."""
+    """policy.json (the thresholds a coordinator set), written whenever they change; one the
+    disk refused is reported and written again at the next retry(): the policy is enforced all
+    the same."""
 
     def __init__(self, storage: StorageHealth, path: Path | None = None) -> None:
         self.storage = storage
         self.path = path or policy_path()
-        self._unsaved: ThermalPolicy | None = None
+        self._unsaved: dict[str, float] | None = None
 
-    def save(self, policy: ThermalPolicy) -> None:
-        self._unsaved = policy
+    def save(self, given: Mapping[str, float]) -> None:
+        self._unsaved = dict(given)
         self.retry()
 
     def retry(self) -> None:

@@ -29,7 +29,6 @@ from agent.daemon.telemetry import (
     TREND_WINDOW,
     JobTable,
     PowerPoll,
-    host_state,
     retention_cutoff,
     sample,
     trend_c_per_min,
@@ -39,8 +38,15 @@ from agent.power.meter import EnergyMeter
 from agent.sensors.base import SourceInfo
 from agent.thermal import ThermalMonitor, ThermalReading, ThermalSource
 from shared import protocol as p
-from shared.calibration import SET_BY_COORDINATOR, PolicyInForce, source_defaults
-from shared.policy import CoolingState, ThermalPolicy, policy_text, updated_policy
+from shared.calibration import SET_BY_COORDINATOR, PolicyInForce, source_defaults, with_given
+from shared.policy import (
+    CoolingState,
+    Supervision,
+    ThermalPolicy,
+    check_changes,
+    host_state,
+    policy_text,
+)
 from shared.telemetry import Event
 
 if TYPE_CHECKING:
@@ -114,8 +120,10 @@ class TelemetryHub:
         self.retention_days = retention_days
         self.storage = storage
         self.host = name or socket.gethostname()
-        saved = load_policy()
-        self._policy = PolicyInForce(saved, SET_BY_COORDINATOR) if saved else source_defaults(None)
+        self._given = load_policy() or {}
+        """The thresholds a coordinator set: the rest are the defaults for the source's scale."""
+        self._scale: str | None = None
+        self._policy = self._resolve(loud=False)  # start() knows the scale, and says
         self.saved_policy = SavedPolicy(storage)
         self.jobs = JobTable()
         events = EventLog()
@@ -141,6 +149,8 @@ class TelemetryHub:
         self.wake_fd, self._wake_write = os.pipe()
         os.set_blocking(self._wake_write, False)
         self._state: CoolingState | None = None
+        self._host = Supervision()
+        """The host as the rule sees it, poll after poll (its samples' state)."""
         self._temperatures: deque[float] = deque(maxlen=TREND_WINDOW)
         self._next_prune = 0.0
 
@@ -149,8 +159,8 @@ class TelemetryHub:
         and read `meter` (owned too) at each poll when it measures anything."""
         self.meter = meter
         self.source = SourceInfo(source.name, source.simulated)
-        if self._policy.origin != SET_BY_COORDINATOR:
-            self._policy = source_defaults(source.scale)
+        self._scale = source.scale
+        self._policy = self._resolve()
         self.monitor = ThermalMonitor(self.poll_interval, source=TappedSource(source, self._tap))
         self.monitor.start()
         log.info("monitoring %s every %g s; %s", self.source.name, self.poll_interval, self._policy)
@@ -269,7 +279,7 @@ class TelemetryHub:
         if power is not None:
             self.last_power = power
         self.last_reading = reading
-        self._state = host_state(self.policy, reading, self._state)
+        self._host, self._state = host_state(self.policy, reading, self._host)
         if reading is not None and reading.celsius is not None:
             self._temperatures.append(reading.celsius)
         if self.jobs.jobs:  # (an idle daemon's polls skip the job table's upkeep)
@@ -318,16 +328,31 @@ class TelemetryHub:
         """Where the numbers in force came from: a coordinator, or the source's defaults."""
         return self._policy.origin
 
+    def _resolve(self, loud: bool = True) -> PolicyInForce:
+        """The coordinator's thresholds over the source's defaults; the defaults alone, logged,
+        when the saved ones are out of order with them (saved on another source's scale)."""
+        try:
+            return with_given(self._scale, self._given, SET_BY_COORDINATOR)
+        except ValueError as exc:
+            if loud:
+                log.error("cannot use the saved policy (%s): enforcing the defaults", exc)
+            return source_defaults(self._scale)
+
     def set_policy(self, changes: dict[str, Any]) -> ThermalPolicy:
         """Validate, persist, apply, announce; returns the policy in force. ValueError naming
         the problem leaves the old policy in force."""
-        policy = updated_policy(self.policy, changes)
-        if policy != self.policy:
-            self.saved_policy.save(policy)  # enforced even when the disk refuses it
-            self._policy = PolicyInForce(policy, SET_BY_COORDINATOR)
+        check_changes(changes)
+        given = {**self._given, **{key: float(value) for key, value in changes.items()}}
+        in_force = with_given(self._scale, given, SET_BY_COORDINATOR)
+        if given != self._given:
+            self.saved_policy.save(given)  # enforced even when the disk refuses it
+            self._given = given
+        if in_force != self._policy:
+            self._policy = in_force
+            policy = in_force.policy
             if self.metrics is not None:
                 self.metrics.set_policy(self.host, policy.to_dict())
-            log.info("new policy: %s", policy_text(policy))
+            log.info("new %s", in_force)
             self.event(
                 Event(
                     time=time.time(),
@@ -336,7 +361,7 @@ class TelemetryHub:
                     action="policy",
                     source=self.source.name,
                     simulated=self.source.simulated,
-                    detail=f"{policy_text(policy)} ({SET_BY_COORDINATOR})",
+                    detail=f"{policy_text(policy)} ({in_force.origin})",
                     policy=policy.to_dict(),
                 )
             )

@@ -19,7 +19,7 @@ from agent.power.base import PowerReading
 from agent.sensors.base import SourceInfo
 from agent.thermal import ThermalReading, trend_slope
 from shared import protocol as p
-from shared.policy import CoolingState, ThermalPolicy, decide, knows_nothing
+from shared.policy import CoolingState
 from shared.telemetry import Event, Sample
 
 TREND_WINDOW = 5
@@ -68,18 +68,6 @@ STATE_AFTER = {
 
 
 # --- readings and samples ---------------------------------------------------------------------
-
-
-def host_state(
-    policy: ThermalPolicy, reading: ThermalReading | None, previous: CoolingState | None
-) -> CoolingState | None:
-    """What the policy says about the host now; a pause holds until below the resume temperature,
-    as for a paused job. None without a reading, as the sample's `state` says it."""
-    if reading is None or knows_nothing(reading.celsius, reading.pressure):
-        return None
-    return decide(
-        policy, reading.celsius, reading.pressure, currently_paused=previous is CoolingState.PAUSE
-    )
 
 
 def trend_c_per_min(temperatures: list[float], poll_interval: float) -> float | None:

@@ -128,6 +128,7 @@ def _tools(stack: ExitStack) -> Reader:
     try:  # the first poll holds a line, as a live source waits for its first sample
         first = [lines.get(timeout=TOOL_STARTUP_S)]
     except Empty:
+        _end(process)
         raise SourceUnavailable(f"macmon printed nothing in {TOOL_STARTUP_S:g} s") from None
 
     def read() -> dict[str, list[str]]:
@@ -180,6 +181,8 @@ def capture(
             except (SourceUnavailable, SMCError, OSError) as exc:
                 missing[name] = str(exc)
         facts = {**machine, "inputs": sorted(readers), "missing": missing}
+        if "tools" in readers:
+            facts["tools_interval_s"] = CAPTURE_TOOL_INTERVAL_S
         polls = 0
         with path.open("w", encoding="utf-8") as out:
             out.write(header_line(facts) + "\n")

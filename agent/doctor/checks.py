@@ -154,24 +154,23 @@ def thermal_checks() -> list[Check]:
 
 
 def policy_check(scale: str | None, idle_celsius: float | None) -> Check:
-    """The policy the daemon will enforce, where its numbers came from, and a warning when a
-    threshold an operator set is at or below what the sensor reads now (at idle, in a doctor
-    run): every job would be slowed, paused or stopped from its first poll."""
+    """The policy the daemon will enforce here and where its numbers came from, with a warning
+    when a threshold a coordinator set is at or below what the sensor reads now (at idle, in a
+    doctor run): every job would be held back from its first poll."""
     from agent.daemon.history import load_policy
-    from shared.calibration import SET_BY_COORDINATOR, PolicyInForce, source_defaults
+    from shared.calibration import SET_BY_COORDINATOR, source_defaults, with_given
 
-    saved = load_policy()
-    in_force = PolicyInForce(saved, SET_BY_COORDINATOR) if saved else source_defaults(scale)
-    if saved is None or idle_celsius is None:
-        return Check("policy", True, str(in_force))
+    given = load_policy() or {}
+    try:
+        in_force = with_given(scale, given, SET_BY_COORDINATOR)
+    except ValueError as exc:
+        fix = "coordinator policy with thresholds in order"
+        return Check("policy", False, f"the saved policy cannot apply here: {exc}", fix)
+    tiers = {"max_speed_temp": "reduce", "pause_temp": "pause", "stop_temp": "stop"}
     low = [
-        f"{tier} ≥ {value:g}"
-        for tier, value in (
-            ("reduce", saved.max_speed_temp),
-            ("pause", saved.pause_temp),
-            ("stop", saved.stop_temp),
-        )
-        if value <= idle_celsius
+        f"{tier} ≥ {given[key]:g}"
+        for key, tier in tiers.items()
+        if key in given and idle_celsius is not None and given[key] <= idle_celsius
     ]
     if not low:
         return Check("policy", True, str(in_force))

@@ -15,7 +15,7 @@ from agent.power.ioreport import IOReportSource
 from agent.power.rapl import RaplSource
 from agent.power.streams import macmon_watts
 from agent.sensors.base import SourceUnavailable
-from agent.sensors.capture import CapturedSysfs, CapturePlayer, read_capture
+from agent.sensors.capture import CapturedSysfs, CapturePlayer, read_capture, tool_interval_s
 
 
 class CapturedReport:
@@ -40,7 +40,8 @@ class CapturedReport:
 
 
 class MacmonPowerLines(PowerSource):
-    """macmon's lines in a capture: each poll's watts held from the poll before it."""
+    """macmon's lines in a capture, each line's watts over macmon's interval (the header's
+    `tools_interval_s`)."""
 
     name = "macmon"
 
@@ -49,18 +50,16 @@ class MacmonPowerLines(PowerSource):
         self._player = player
         self._seen = player.index()
         self._energy = Integrator()
+        self.resolution_s = tool_interval_s(player.capture)
 
     def read(self) -> PowerReading | None:
-        polls, now = self._player.since(self._seen)
-        times = self._player.capture.polls
-        for offset, poll in enumerate(polls, start=self._seen + 1):
-            seconds = poll["t"] - times[offset - 1]["t"] if offset else 0.0
+        polls, self._seen = self._player.since(self._seen)
+        for poll in polls:  # each line holds its watts over macmon's interval, as live
             for line in poll.get("tools", {}).get("macmon", []):
                 watts = macmon_watts(self, line)
                 if watts is not None:
-                    self._energy.add_watts(watts, seconds)
+                    self._energy.add_watts(watts, self.resolution_s)
                     self.rails = tuple(sorted({*self.rails, *watts}))
-        self._seen = now
         if not self._energy.joules:
             return self._fail(self.last_error or "macmon: no sample in the capture yet")
         return self._reading(self._energy.joules, self._energy.watts)

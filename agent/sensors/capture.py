@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, TypeGuard
 
 from agent.sensors.smc import SMCError
 from shared.source_names import SourceSpecError
@@ -64,9 +64,10 @@ def parse_capture(text: str, origin: str) -> Capture:
     head = _object(first, f"{origin}:{number}")
     if head.get("format") != CAPTURE_FORMAT:
         raise CaptureFormatError(f"{origin}:{number}: not an {CAPTURE_FORMAT} file")
-    if head.get("version") != CAPTURE_VERSION:
+    version = head.get("version")
+    if isinstance(version, bool) or version != CAPTURE_VERSION:
         raise CaptureFormatError(
-            f"{origin}:{number}: {CAPTURE_FORMAT} version {head.get('version')!r}; "
+            f"{origin}:{number}: {CAPTURE_FORMAT} version {version!r}; "
             f"this agent reads version {CAPTURE_VERSION}"
         )
     machine = head.get("machine")
@@ -89,7 +90,7 @@ def parse_capture(text: str, origin: str) -> Capture:
 def _object(line: str, where: str) -> dict[str, Any]:
     try:
         value = json.loads(line)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise CaptureFormatError(f"{where}: not JSON ({exc})") from None
     if not isinstance(value, dict):
         raise CaptureFormatError(f"{where}: a line must be a JSON object")
@@ -97,15 +98,21 @@ def _object(line: str, where: str) -> dict[str, Any]:
 
 
 def check_poll(poll: Mapping[str, Any], previous_t: float | None) -> None:
-    """ValueError naming what is wrong with one poll."""
+    """ValueError naming what is wrong with one poll: every input of the type and range the
+    format says, so no decoder meets a value it cannot take."""
     t = poll.get("t")
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+    if not _finite(t) or t < 0:
         raise ValueError(f"`t` must be a number of seconds >= 0, got {t!r}")
     if previous_t is not None and t < previous_t:
         raise ValueError(f"`t` must not go back ({t} after {previous_t})")
-    unknown = sorted(set(poll) - {"t", *INPUTS})
+    unknown = sorted(map(str, set(poll) - {"t", *INPUTS}))
     if unknown:
         raise ValueError(f"unknown inputs {', '.join(map(repr, unknown))}")
+    for name in ("smc", "iohid", "tools", "sysfs"):
+        if not isinstance(poll.get(name, {}), dict):
+            raise ValueError(f"`{name}` must be an object")
+    if not isinstance(poll.get("ioreport", []), list):
+        raise ValueError("`ioreport` must be a list of rows")
     for key, entry in poll.get("smc", {}).items():
         if not (
             isinstance(entry, list)
@@ -116,11 +123,13 @@ def check_poll(poll: Mapping[str, Any], previous_t: float | None) -> None:
         ):
             raise ValueError(f"smc {key!r}: expected [4-character type, hex bytes], got {entry!r}")
     for name, celsius in poll.get("iohid", {}).items():
-        if isinstance(celsius, bool) or not isinstance(celsius, (int, float)):
-            raise ValueError(f"iohid {name!r}: expected °C, got {celsius!r}")
+        if not _finite(celsius):
+            raise ValueError(f"iohid {name!r}: expected a finite °C, got {celsius!r}")
     pressure = poll.get("pressure")
-    if pressure is not None and (isinstance(pressure, bool) or not isinstance(pressure, int)):
-        raise ValueError(f"pressure must be the notify state (an integer), got {pressure!r}")
+    if pressure is not None and not (
+        isinstance(pressure, int) and not isinstance(pressure, bool) and 0 <= pressure <= 4
+    ):
+        raise ValueError(f"pressure must be the notify state, 0 to 4, got {pressure!r}")
     for tool, lines in poll.get("tools", {}).items():
         if not (isinstance(lines, list) and all(isinstance(line, str) for line in lines)):
             raise ValueError(f"tools {tool!r}: expected a list of lines")
@@ -128,13 +137,29 @@ def check_poll(poll: Mapping[str, Any], previous_t: float | None) -> None:
         if not isinstance(text, str):
             raise ValueError(f"sysfs {path!r}: expected the file's text")
     for row in poll.get("ioreport", []):
-        if not (isinstance(row, list) and len(row) == 5):
+        if not (
+            isinstance(row, list)
+            and len(row) == 5
+            and all(isinstance(part, str) for part in (row[0], row[2], row[3]))
+            and (row[1] is None or isinstance(row[1], str))
+            and isinstance(row[4], int)
+            and not isinstance(row[4], bool)
+            and row[4] >= 0
+        ):
             raise ValueError(
-                f"ioreport: expected [group, subgroup, channel, unit, value], got {row!r}"
+                "ioreport: expected [group, subgroup or null, channel, unit, a count >= 0], "
+                f"got {row!r}"
             )
-    for name in ("smc", "iohid", "tools", "sysfs"):
-        if not isinstance(poll.get(name, {}), dict):
-            raise ValueError(f"`{name}` must be an object")
+
+
+def _finite(value: object) -> TypeGuard[float]:
+    """A JSON number a float holds (an integer of 400 digits does not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _is_hex(text: object) -> bool:
@@ -155,6 +180,16 @@ def read_capture(path: str | Path) -> Capture:
     except UnicodeDecodeError:
         raise CaptureFormatError(f"{path}: not text, not an {CAPTURE_FORMAT} file") from None
     return parse_capture(text, str(path))
+
+
+TOOL_INTERVAL_S = 1.0
+"""A tool's sample interval in a capture whose header does not say (`tools_interval_s`):
+macmon's own default, -i 1000."""
+
+
+def tool_interval_s(capture: Capture) -> float:
+    interval = capture.machine.get("tools_interval_s")
+    return float(interval) if _finite(interval) and interval > 0 else TOOL_INTERVAL_S
 
 
 class CapturePlayer:

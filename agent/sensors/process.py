@@ -55,7 +55,7 @@ class ToolStream(Generic[R]):
         self.interval_s = interval_s
         # A tool that printed nothing for ~10 intervals is hung: kill and restart it.
         self.silence_s = silence_s if silence_s is not None else 10 * interval_s + 2.0
-        self.stale_s = stale_s if stale_s is not None else 3 * interval_s + 1.0
+        self.stale_s = stale_s if stale_s is not None else stale_after(interval_s)
         self.startup_s = startup_s if startup_s is not None else 2 * interval_s + 3.0
         self._backoff = backoff or Backoff()
         self._lock = threading.Lock()
@@ -198,6 +198,11 @@ class ToolStream(Generic[R]):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def stale_after(interval_s: float) -> float:
+    """Seconds after which a tool's sample is too old to hand out: three missed intervals."""
+    return 3 * interval_s + 1.0
 
 
 def macmon_command(executable: str, interval_ms: int) -> list[str]:

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from agent.sensors.base import SourceUnavailable
-from agent.sensors.capture import CapturedSMC, CapturePlayer, read_capture
+from agent.sensors.capture import CapturedSMC, CapturePlayer, read_capture, tool_interval_s
+from agent.sensors.process import stale_after
 from agent.thermal.base import ThermalReading, ThermalSource
 from agent.thermal.iohid import IOHIDSource
 from agent.thermal.linux import LinuxSysfsSource
@@ -45,13 +46,17 @@ class MacmonLines(ThermalSource):
     def __init__(self, player: CapturePlayer) -> None:
         super().__init__()
         self._player = player
+        self._stale_s = stale_after(tool_interval_s(player.capture))
 
     def read(self) -> ThermalReading | None:
         polls = self._player.capture.polls[: self._player.index() + 1]
-        lines = [line for poll in polls for line in poll.get("tools", {}).get("macmon", [])]
-        if not lines:
+        held = [poll for poll in polls if poll.get("tools", {}).get("macmon")]
+        if not held:
             return self._fail("macmon: no line yet in the capture")
-        return macmon_reading(self, lines[-1])
+        age = polls[-1]["t"] - held[-1]["t"]
+        if age > self._stale_s:  # as the live stream refuses a sample this old
+            return self._fail(f"macmon: last sample {age:.1f} s old in the capture")
+        return macmon_reading(self, held[-1]["tools"]["macmon"][-1])
 
 
 class CaptureSource(ThermalSource):
@@ -84,11 +89,8 @@ class CaptureSource(ThermalSource):
         state = self.player.poll().get("pressure")
         pressure = None if state is None else pressure_level(state)
         reading = self.decoder.read()
-        if reading is None:
-            self.last_error = f"capture: {self.decoder.last_error}"
-            if pressure is None:
-                return None
-            return self._reading(None, pressure=pressure)
+        if reading is None:  # as WithPressure does live: no degrees, no reading
+            return self._fail(f"capture: {self.decoder.last_error}")
         self.last_error = None
         return replace(reading, source=self.name, pressure=pressure or reading.pressure)
 

@@ -6,7 +6,9 @@ figures and acts on the hotter (tests/fixtures/captures/README.md holds the repo
 - the **CPU die**: `TCMz`, the firmware's CPU-die maximum (iSMC smc/sensors.go "CPU Die Max";
   `TCMb` is "CPU Die Average", read beside it). Every M1-M4 and A18 report in iSMC's data set
   has both; the M5 Pro and M5 Max reports have `TCMb` but no `TCMz`, so there the CPU die is the
-  hottest plausible `Tp*` (P-core) or `Te*` (E-core) key, and `TCMb` only when none is plausible.
+  hottest plausible `Tp*` (P-core), `Te*` (E-core) or `TCMb` key: in all three M5 reports `TCMb`
+  reads above every per-core key (62.6 vs 59.3 °C on the M5 Pro), so the cores alone would
+  under-read the die.
 - the **GPU**: the hottest plausible `Tg*` key (lower-case g: `TG*` keys are other sensors).
   Under GPU load an M4 Pro read `Tg0k` 96.9 °C beside a cooler CPU (vladkens/macmon#12).
 
@@ -63,12 +65,10 @@ def _hottest(values: Mapping[str, float], prefixes: str | tuple[str, ...]) -> st
 
 
 def choose_die(values: Mapping[str, float | None]) -> DieChoice | None:
-    """The hotter of the CPU die (TCMz, else the hottest Tp*/Te*, else TCMb) and the hottest
+    """The hotter of the CPU die (TCMz, else the hottest of Tp*/Te* and TCMb) and the hottest
     Tg* key, placeholders left out; None when nothing plausible was read."""
     kept = {key: value for key, value in values.items() if plausible_die(value)}
-    cpu = DIE_MAX if DIE_MAX in kept else _hottest(kept, CPU_PREFIXES)
-    if cpu is None and DIE_AVERAGE in kept:
-        cpu = DIE_AVERAGE
+    cpu = DIE_MAX if DIE_MAX in kept else _hottest(kept, (*CPU_PREFIXES, DIE_AVERAGE))
     parts = [key for key in (cpu, DIE_AVERAGE, _hottest(kept, GPU_PREFIX)) if key in kept]
     if not parts:
         return None

@@ -8,7 +8,6 @@ whole policy is the agent's to accept, and its refusal is reported with its reas
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -28,6 +27,7 @@ from coordinator.commands.hosts import (
 )
 from coordinator.dashboard import NA
 from coordinator.telemetry_store import TelemetryStore
+from shared.calibration import check_given
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import emit, usage_error
 from shared.io.options import PolicyChanges, TableFormat, with_options
@@ -35,11 +35,6 @@ from shared.io.sqlite import StoreError
 from shared.io.transport import AgentClient, AgentError
 
 APPLIED, REFUSED, UNREACHABLE, SHOWN = "applied", "refused", "unreachable", "shown"
-ORDERED = (
-    ("max_speed_temp", "--max-speed-temp"),
-    ("pause_temp", "--pause-temp"),
-    ("stop_temp", "--stop-temp"),
-)
 COLUMNS = (
     ("max_speed_temp", "reduce ≥ °C"),
     ("pause_temp", "pause ≥ °C"),
@@ -47,24 +42,6 @@ COLUMNS = (
     ("hysteresis", "hysteresis °C"),
     ("pause_duration", "pause step s"),
 )
-
-
-def check_given(given: dict[str, float]) -> None:
-    """ValueError naming the options when the thresholds given are out of order among
-    themselves, or not finite, or the hysteresis is negative."""
-    for key, value in given.items():
-        if not math.isfinite(value):
-            raise ValueError(f"--{key.replace('_', '-')} must be a finite number, got {value}")
-    named = [(key, flag) for key, flag in ORDERED if key in given]
-    for (low, low_flag), (high, high_flag) in zip(named, named[1:], strict=False):
-        if not given[low] < given[high]:
-            shown = " ".join(f"{flag} {given[key]:g}" for key, flag in named)
-            raise ValueError(
-                f"thresholds out of order: need {low_flag} < {high_flag} "
-                f"(max speed < pause < stop), got {shown}"
-            )
-    if given.get("hysteresis", 0.0) < 0:
-        raise ValueError(f"--hysteresis must be >= 0 °C, got {given['hysteresis']:g}")
 
 
 def apply_to(client: AgentClient, row: HostRow, given: dict[str, float]) -> None:

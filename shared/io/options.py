@@ -17,7 +17,13 @@ from typing import Annotated, Any, TypeVar, get_type_hints
 
 import typer
 
-from shared.calibration import SET_ON_COMMAND_LINE, PolicyInForce, with_given
+from shared.calibration import (
+    SET_ON_COMMAND_LINE,
+    PolicyInForce,
+    check_given,
+    source_defaults,
+    with_given,
+)
 from shared.energy import DEFAULT_BASELINE_S
 from shared.io.cli import usage_error
 from shared.matrix import (
@@ -469,10 +475,31 @@ class PolicyOptions(PolicyChanges):
     """The same thresholds on a command that enforces them: those given win, the others are the
     defaults for the source that reads the temperature (shared.calibration)."""
 
-    def in_force(self, scale: str | None) -> PolicyInForce:
-        """The policy for a source of this scale, or exit 2 naming the thresholds out of order."""
+    def check(self) -> None:
+        """Exit 2 when the thresholds given are out of order among themselves: known before any
+        source opens (and checked even when a daemon's policy, not these, will apply)."""
+        try:
+            check_given(self.given())
+        except ValueError as exc:
+            raise usage_error(str(exc)) from None
+
+    def for_scale(self, scale: str | None) -> PolicyInForce:
+        """The policy for a source of this scale; ValueError naming the thresholds out of order
+        with the source's defaults (and saying they are its defaults)."""
         try:
             return with_given(scale, self.given(), SET_ON_COMMAND_LINE)
+        except ValueError as exc:
+            defaults = source_defaults(scale)
+            raise ValueError(
+                f"{exc}; the thresholds not given are the {defaults.origin} "
+                f"({defaults.policy.max_speed_temp:g}/{defaults.policy.pause_temp:g}/"
+                f"{defaults.policy.stop_temp:g} °C): give them too"
+            ) from None
+
+    def in_force(self, scale: str | None) -> PolicyInForce:
+        """for_scale(), or exit 2 naming the problem."""
+        try:
+            return self.for_scale(scale)
         except ValueError as exc:
             raise usage_error(str(exc)) from None
 

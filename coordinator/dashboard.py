@@ -18,6 +18,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from shared.calibration import origin_told
 from shared.display import STATE_STYLES, sparkline, trend_arrow
 from shared.policy import CoolingState
 from shared.source_names import read_from
@@ -76,6 +77,8 @@ class HostView:
     error: str | None = None
     hostname: str | None = None
     policy: dict[str, Any] | None = None
+    policy_origin: str | None = None
+    """Where the policy's numbers came from, as the agent said (None: it did not)."""
     poll_interval: float | None = None
     sample: dict[str, Any] | None = None
     info_jobs: list[dict[str, Any]] = field(default_factory=list)
@@ -146,6 +149,7 @@ class Dashboard:
             self._alert(now, name, INFO, "reachable again")
         view.status, view.error, view.hostname = UP, None, hostname
         view.policy, view.poll_interval = info.get("policy"), info.get("poll_interval")
+        view.policy_origin = origin_told(info.get("policy_origin"))
         view.info_jobs = list(info.get("jobs") or [])
         view.heard, view.silent, view.live = now, False, False
 
@@ -155,8 +159,8 @@ class Dashboard:
         for at, celsius in readings:
             remember(self.hosts[name].series, at, celsius, SPARK_WINDOW_S)
 
-    def set_policy(self, name: str, policy: dict[str, Any]) -> None:
-        self.hosts[name].policy = policy
+    def set_policy(self, name: str, policy: dict[str, Any], origin: str | None) -> None:
+        self.hosts[name].policy, self.hosts[name].policy_origin = policy, origin
 
     def unreachable(self, name: str, error: str, now: float) -> None:
         view = self.hosts[name]
@@ -278,6 +282,7 @@ def host_snapshot(view: HostView, now: float) -> dict[str, Any]:
         "pause_s_total": sample.get("pause_s_total"),
         "jobs": view.jobs,
         "policy": view.policy,
+        "policy_origin": view.policy_origin,
         "poll_interval": view.poll_interval,
         "age_s": None if not sample else round(now - sample["time"], 3),
     }

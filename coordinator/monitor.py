@@ -37,6 +37,7 @@ from coordinator.host_link import (
 )
 from coordinator.telemetry_store import Row, TelemetryStore
 from shared import protocol as p
+from shared.calibration import origin_in_detail, origin_told
 from shared.telemetry import Cursor
 
 if TYPE_CHECKING:
@@ -205,12 +206,13 @@ class Monitor:
             live += [(host, body) for body in live_samples]
             events += [(host, body) for body in live_events]
             self._heard(host, live_samples, live_events)
-            policies = [event["policy"] for event in live_events if event["policy"] is not None]
-            if policies:
-                self.board.set_policy(host, policies[-1])
-                self.store.record_policy(host, policies[-1], now)
+            pushed = [event for event in live_events if event["policy"] is not None]
+            if pushed:
+                policy, origin = pushed[-1]["policy"], origin_in_detail(pushed[-1]["detail"])
+                self.board.set_policy(host, policy, origin)
+                self.store.record_policy(host, policy, now, origin)
                 if self.metrics is not None:
-                    self.metrics.set_policy(self.host_name(host), policies[-1], host)
+                    self.metrics.set_policy(self.host_name(host), policy, host)
         for report in arrivals.reports:
             if report.kind == CONNECTED:
                 self._connected(report.host, report.data, now)
@@ -242,7 +244,7 @@ class Monitor:
         (whatever the SUB missed before it connected shows as a gap)."""
         info = session.info
         self.board.connected(host, info["machine"].get("hostname"), info, now)
-        self.store.record_policy(host, info["policy"], now)
+        self.store.record_policy(host, info["policy"], now, origin_told(info.get("policy_origin")))
         self._names[host] = info.get("name") or host
         self._infos[host] = info
         self._lost(host)

@@ -82,6 +82,9 @@ ALTER TABLE samples ADD COLUMN power TEXT
     """
 ALTER TABLE samples ADD COLUMN sensor TEXT
 """,
+    """
+ALTER TABLE policies ADD COLUMN origin TEXT
+""",
 )
 """The schema, version by version (shared.io.sqlite.open_store): version 2 names the columns as
 shared.telemetry does, keeps each row's `seq` as the agent numbered it, and each host's cursor;
@@ -89,8 +92,10 @@ version 3 keeps what the agent could not write when it took the sample (storage_
 version 4 keeps whether a sample lists a paused job (`coordinator history` counts them without
 parsing `jobs`; NULL in rows recorded before, where it reads `jobs`); version 5 what its power
 source read at the same poll (power_w, energy_j, power); version 6 which sensor of the
-source each reading is (sensor; NULL in rows recorded before). Every query filters by host and time,
-which the samples' primary key and the events' unique key index."""
+source each reading is (sensor; NULL in rows recorded before); version 7 where a policy's
+numbers came from (origin: `defaults for smc`, `set by coordinator policy`, ...; NULL when the
+agent did not say). Every query filters by host and time, which the samples' primary key and
+the events' unique key index."""
 
 Row = tuple[str, dict[str, Any]]
 """(host, body): the host as the coordinator names it (HOST:PORT), the message body as sent."""
@@ -151,17 +156,22 @@ class TelemetryStore:
         ).fetchone()
         return None if row is None else Cursor(row["history"], row["samples"], row["events"])
 
-    def record_policy(self, host: str, policy: dict[str, Any], when: float) -> None:
-        """Note that `host` enforces `policy` from `when` on (nothing when it already did)."""
+    def record_policy(
+        self, host: str, policy: dict[str, Any], when: float, origin: str | None = None
+    ) -> None:
+        """Note that `host` enforces `policy` from `when` on, its numbers from `origin` (None:
+        not said); nothing when it already did."""
         text = json.dumps(policy, sort_keys=True)
         with self.conn:
             last = self.conn.execute(
-                "SELECT policy FROM policies WHERE host = ? ORDER BY time DESC, rowid DESC LIMIT 1",
+                "SELECT policy, origin FROM policies WHERE host = ? "
+                "ORDER BY time DESC, rowid DESC LIMIT 1",
                 (host,),
             ).fetchone()
-            if last is None or last["policy"] != text:
+            if last is None or (last["policy"], last["origin"]) != (text, origin):
                 self.conn.execute(
-                    "INSERT INTO policies (host, time, policy) VALUES (?, ?, ?)", (host, when, text)
+                    "INSERT INTO policies (host, time, policy, origin) VALUES (?, ?, ?, ?)",
+                    (host, when, text, origin),
                 )
 
     def prune(self, before: float) -> int:
@@ -223,13 +233,17 @@ class TelemetryStore:
         self, hosts: list[str] | None = None
     ) -> dict[str, list[tuple[float, dict[str, Any]]]]:
         """Per host, every policy learned, oldest first, with the time it was learned: all of
-        them, since the one in force at the start of a window was learned before it."""
+        them, since the one in force at the start of a window was learned before it. A policy
+        whose origin the agent said carries it under `origin`."""
         by_host: dict[str, list[tuple[float, dict[str, Any]]]] = {}
-        query, params = "SELECT host, time, policy FROM policies", hosts or []
+        query, params = "SELECT host, time, policy, origin FROM policies", hosts or []
         if hosts is not None:
             query += f" WHERE host IN ({', '.join('?' * len(hosts))})"
         for row in self.conn.execute(query + " ORDER BY host, time, rowid", params):
-            by_host.setdefault(row["host"], []).append((row["time"], json.loads(row["policy"])))
+            policy = json.loads(row["policy"])
+            if row["origin"] is not None:
+                policy["origin"] = row["origin"]
+            by_host.setdefault(row["host"], []).append((row["time"], policy))
         return by_host
 
 

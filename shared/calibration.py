@@ -9,7 +9,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from shared.policy import ThermalPolicy, updated_policy
+from shared.policy import ThermalPolicy, policy_text, updated_policy
 
 SEED_POLICY = ThermalPolicy()
 """The seed's 75/85/95 °C: for the sources no Mac calibrates (sim, replay, a callable)."""
@@ -84,3 +84,25 @@ def check_given(given: dict[str, float]) -> None:
             )
     if given.get("hysteresis", 0.0) < 0:
         raise ValueError(f"--hysteresis must be >= 0 °C, got {given['hysteresis']:g}")
+
+
+def policy_event_detail(in_force: PolicyInForce) -> str:
+    """A `policy` event's detail: `max_speed_temp=95 ... (set by coordinator policy, ...)`."""
+    return f"{policy_text(in_force.policy)} ({in_force.origin})"
+
+
+def origin_told(origin: object) -> str | None:
+    """An agent's `policy_origin` / `origin`, when it is one: text, one line, of a sane length;
+    None otherwise (the agent did not say, or said something no display can take)."""
+    if not isinstance(origin, str) or not origin or len(origin) > 200 or not origin.isprintable():
+        return None
+    return origin
+
+
+def origin_in_detail(detail: object) -> str | None:
+    """Where a `policy` event's numbers came from, as policy_event_detail() wrote it; None for
+    a detail that does not say (an older agent), or is not text."""
+    if not isinstance(detail, str) or not detail.endswith(")") or " (" not in detail:
+        return None
+    origin = origin_told(detail[detail.rindex(" (") + 2 : -1])
+    return origin if origin and origin.startswith(SET_BY_COORDINATOR) else None

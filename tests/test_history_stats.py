@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.commands.history import read_history
+from coordinator.commands.history import policy_cell, read_history
 from coordinator.telemetry_stats import (
     PLOT_POINTS,
     SPACING_PROBES,
@@ -376,6 +376,24 @@ def test_store_records_a_policy_only_when_it_changes(tmp_path: Path) -> None:
         store.record_policy("a:1", dict(POLICY), 11)  # the same: not a change
         store.record_policy("a:1", {**POLICY, "stop_temp": 99.0}, 12)
         assert [t for t, _ in store.policies()["a:1"]] == [10, 12]
+
+
+def test_store_keeps_where_a_policys_numbers_came_from(tmp_path: Path) -> None:
+    """The same numbers from another origin are a change (a coordinator took them over); an
+    agent that did not say has none, and `coordinator history` shows what it was told."""
+    with TelemetryStore(tmp_path / "t.sqlite") as store:
+        store.record_policy("a:1", POLICY, 10, "defaults for smc")
+        store.record_policy("a:1", POLICY, 11, "defaults for smc")
+        store.record_policy("a:1", POLICY, 12, "set by coordinator policy")
+        store.record_policy("b:1", POLICY, 10)
+        learned = store.policies()
+    assert [(t, p["origin"]) for t, p in learned["a:1"]] == [
+        (10, "defaults for smc"),
+        (12, "set by coordinator policy"),
+    ]
+    assert "origin" not in learned["b:1"][0][1]
+    assert str(policy_cell(learned["a:1"][0][1])) == "75/85/95 (defaults for smc)"
+    assert str(policy_cell(learned["b:1"][0][1])) == "75/85/95"
 
 
 def fill_for_pruning(store: TelemetryStore) -> None:

@@ -28,7 +28,12 @@ from coordinator.dashboard import (
 )
 from tests.test_history_stats import POLICY, event, job, sample
 
-INFO_OK = {"policy": POLICY, "poll_interval": 0.1, "jobs": [job("running")]}
+INFO_OK = {
+    "policy": POLICY,
+    "policy_origin": "defaults for smc",
+    "poll_interval": 0.1,
+    "jobs": [job("running")],
+}
 
 
 def text_of(board: Dashboard, now: float) -> str:
@@ -231,6 +236,7 @@ def test_snapshot_for_scripts() -> None:
         "pause_s_total": 0.0,
         "jobs": [job("running")],
         "policy": POLICY,
+        "policy_origin": "defaults for smc",
         "poll_interval": 0.1,
         "age_s": 1.0,
     }

@@ -6,7 +6,13 @@ import msgpack
 import pytest
 
 from agent.thermal import ThermalReading
-from shared.calibration import SET_BY_COORDINATOR, with_given
+from shared.calibration import (
+    SET_BY_COORDINATOR,
+    origin_in_detail,
+    origin_told,
+    policy_event_detail,
+    with_given,
+)
 from shared.policy import (
     HOT_POLLS_TO_STOP,
     MISSING_POLLS_TO_RESUME,
@@ -318,3 +324,15 @@ def test_a_coordinators_thresholds_sit_on_the_defaults_of_the_scale_they_apply_t
     assert with_given("smc", every, SET_BY_COORDINATOR).origin == SET_BY_COORDINATOR
     with pytest.raises(ValueError, match="thresholds out of order"):
         with_given(None, {"max_speed_temp": 90.0}, SET_BY_COORDINATOR)  # above sim's pause
+
+
+def test_a_policy_events_detail_says_its_origin_and_a_peers_words_are_checked() -> None:
+    in_force = with_given("smc", {"pause_temp": 110.0}, SET_BY_COORDINATOR)
+    detail = policy_event_detail(in_force)
+    assert detail.endswith("(set by coordinator policy, the rest defaults for smc)")
+    assert origin_in_detail(detail) == in_force.origin
+    assert origin_in_detail("max_speed_temp=75 pause_temp=85") is None  # an older agent
+    assert origin_in_detail("x (rm -rf /)") is None and origin_in_detail(7) is None
+    assert origin_told("defaults for smc") == "defaults for smc"
+    for told in (None, 3, "", "a\x1b[31mred", "x" * 201):
+        assert origin_told(told) is None

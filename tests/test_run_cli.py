@@ -291,7 +291,7 @@ def test_a_command_that_does_not_exist_exits_127_naming_it(agent_cli: str) -> No
     ("options", "named"),
     [
         (["--pause-temp", "99"], ["max_speed_temp", "pause_temp", "stop_temp", "99"]),
-        (["--max-speed-temp", "90", "--pause-temp", "80"], ["max_speed_temp=90", "pause_temp=80"]),
+        (["--max-speed-temp", "90", "--pause-temp", "80"], ["--max-speed-temp 90 --pause-temp 80"]),
         (["--thermal-source", "thermocouple"], ["thermocouple", "auto", "sim", "replay:PATH"]),
         (["--poll-interval", "0"], ["--poll-interval"]),
         (["--grace", "-1"], ["--grace"]),

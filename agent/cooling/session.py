@@ -72,7 +72,7 @@ class DaemonSession:
         self.first = reading_from_wire(thermal["reading"])
         self.poll_interval: float = info["poll_interval"]
         self.policy = ThermalPolicy.from_dict(info["policy"])
-        self.policy_origin: str = info.get("policy_origin") or "the agent's"
+        self.policy_origin: str = info.get("policy_origin") or "origin unknown: an older agent"
         self.silence_s = 3 * self.poll_interval + 1.0
         self._heard = time.monotonic()
 

@@ -38,14 +38,19 @@ from agent.power.meter import EnergyMeter
 from agent.sensors.base import SourceInfo
 from agent.thermal import ThermalMonitor, ThermalReading, ThermalSource
 from shared import protocol as p
-from shared.calibration import SET_BY_COORDINATOR, PolicyInForce, source_defaults, with_given
+from shared.calibration import (
+    SET_BY_COORDINATOR,
+    PolicyInForce,
+    policy_event_detail,
+    source_defaults,
+    with_given,
+)
 from shared.policy import (
     CoolingState,
     Supervision,
     ThermalPolicy,
     check_changes,
     host_state,
-    policy_text,
 )
 from shared.telemetry import Event
 
@@ -361,7 +366,7 @@ class TelemetryHub:
                     action="policy",
                     source=self.source.name,
                     simulated=self.source.simulated,
-                    detail=f"{policy_text(policy)} ({in_force.origin})",
+                    detail=policy_event_detail(in_force),
                     policy=policy.to_dict(),
                 )
             )

@@ -231,7 +231,8 @@ class Requests:
         except ValueError as exc:
             raise p.ProtocolError(
                 p.BAD_POLICY,
-                f"policy refused: {exc}; the policy in force stays {policy_text(before)}",
+                f"policy refused: {exc}; the policy in force stays {policy_text(before)} "
+                f"({self.hub.policy_origin})",
                 re=request.message.id,
             ) from None
         if policy != before:

@@ -92,7 +92,7 @@ def stats_table(rows: list[dict[str, Any]], since: float) -> Table:
                 NA if row[key] is None else f"{row[key]:.1f}"
                 for key in ("min_c", "mean_c", "max_c")
             ),
-            NA if policy is None else "/".join(f"{policy[k]:g}" for k in THRESHOLDS),
+            NA if policy is None else policy_cell(policy),
             *(
                 NA if row["seconds_above"][k] is None else duration(row["seconds_above"][k])
                 for k in THRESHOLDS
@@ -210,3 +210,11 @@ def history(
         except OSError as exc:
             raise fail(f"cannot write {plot}: {exc.strerror or exc}", EXIT_PARTIAL) from None
         err.print(f"wrote {plot}", highlight=False)
+
+
+def policy_cell(policy: dict[str, Any]) -> Text:
+    """`95/114/120 (defaults for smc)`: the thresholds in force, and where they came from when
+    the agent said (Text: an agent's words are never markup)."""
+    numbers = "/".join(f"{policy[key]:g}" for key in THRESHOLDS)
+    origin = policy.get("origin")
+    return Text(numbers if origin is None else f"{numbers} ({origin})")

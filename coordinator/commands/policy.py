@@ -27,7 +27,7 @@ from coordinator.commands.hosts import (
 )
 from coordinator.dashboard import NA
 from coordinator.telemetry_store import TelemetryStore
-from shared.calibration import check_given
+from shared.calibration import check_given, origin_told
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import emit, usage_error
 from shared.io.options import PolicyChanges, TableFormat, with_options
@@ -50,7 +50,7 @@ def apply_to(client: AgentClient, row: HostRow, given: dict[str, float]) -> None
         reply = client.request("policy.set", {"policy": given})
     else:
         reply = client.request("policy.get")
-    row["policy"], row["origin"] = reply["policy"], reply.get("origin")
+    row["policy"], row["origin"] = reply["policy"], origin_told(reply.get("origin"))
     row["result"] = APPLIED if given else SHOWN
 
 
@@ -59,21 +59,32 @@ def policy_refused(exc: AgentError, row: HostRow) -> None:
 
 
 def policy_table(rows: list[dict[str, Any]]) -> Table:
+    """The hosts' policies; the caption says where each one's numbers came from (`defaults
+    for smc`, `set by coordinator policy`, ...), hosts of one origin together."""
     table = Table(title="mlx-fleet cooling policy", title_justify="left")
     table.add_column("host")
     table.add_column("result")
     for _, title in COLUMNS:
         table.add_column(title, justify="right")
-    table.add_column("set by / why", overflow="fold")
+    table.add_column("why", overflow="fold")
     styles = {APPLIED: "green", SHOWN: "", REFUSED: "bold red", UNREACHABLE: "red"}
+    origins: dict[str, list[str]] = {}
     for row in rows:
         policy = row["policy"] or {}
         table.add_row(
             Text(row["host"]),
             Text(row["result"], style=styles[row["result"]]),
             *(f"{policy[key]:g}" if key in policy else NA for key, _ in COLUMNS),
-            Text(row["error"] or row["origin"] or ("origin unknown" if row["policy"] else "")),
+            Text(row["error"] or ""),
         )  # Text: an agent's words are never markup
+        if row["policy"] is not None:
+            origins.setdefault(row["origin"] or "origin unknown (an older agent)", []).append(
+                row["host"]
+            )
+    caption = [f"{origin}: {', '.join(hosts)}" for origin, hosts in origins.items()]
+    if caption:
+        table.caption = Text("\n".join(caption))
+        table.caption_justify = "left"
     return table
 
 
@@ -111,7 +122,7 @@ def policy(
         with TelemetryStore() as store:  # what `coordinator history` measures against
             for row in rows:
                 if row["policy"] is not None:
-                    store.record_policy(row["host"], row["policy"], time.time())
+                    store.record_policy(row["host"], row["policy"], time.time(), row["origin"])
     except StoreError as exc:
         raise usage_error(str(exc)) from None
     emit(rows, fmt, policy_table)

@@ -21,6 +21,7 @@ from agent.doctor.load import (
     window_watts,
 )
 from tests.fleet_support import cli
+from tests.sysfs_support import build_sysfs
 
 # --- the verdicts -------------------------------------------------------------------------------
 
@@ -98,14 +99,6 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def write_tree(root: Path, files: dict[str, str]) -> Path:
-    for relative, text in files.items():
-        path = root / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return root
-
-
 def doctor_load(seconds: str, sysfs: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, dict]:
     """`agent doctor --load SECONDS --format json` over the fake /sys `sysfs`; its checks by
     name. The load's rows fail on this machine, but none is required: exit 0."""
@@ -126,7 +119,7 @@ def doctor_load(seconds: str, sysfs: Path, monkeypatch: pytest.MonkeyPatch) -> d
 def test_sources_that_stay_put_under_a_real_load_fail(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sysfs = write_tree(
+    sysfs = build_sysfs(
         tmp_path / "sys",
         {
             "class/thermal/thermal_zone0/type": "x86_pkg_temp\n",

@@ -24,6 +24,7 @@ from agent.thermal import SourceUnavailable, ThermalMonitor, open_source
 from agent.thermal.base import NoneSource, ThermalReading, ThermalSource
 from agent.thermal.linux import LinuxSysfsSource
 from agent.thermal.process import MacmonSource, PowermetricsSource, powermetrics_samplers
+from tests.sysfs_support import build_sysfs
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FAST = {"interval_s": 0.05, "startup_s": 5.0}
@@ -215,14 +216,6 @@ def test_sudo_without_sudoers_entry_reads_none_with_the_reason(
 
 
 # --- Linux sysfs --------------------------------------------------------------------------------
-
-
-def build_sysfs(root: Path, files: dict[str, str]) -> Path:
-    for relative, text in files.items():
-        path = root / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return root
 
 
 SYSFS = {

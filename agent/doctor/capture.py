@@ -111,7 +111,7 @@ def _ioreport(stack: ExitStack) -> Reader:
 
 def _tools(stack: ExitStack) -> Reader:
     """macmon's lines as it prints them, those of each poll interval together."""
-    from agent.sensors.process import macmon_command
+    from agent.sensors.process import end_process, macmon_command
 
     executable = shutil.which("macmon")
     if executable is None:
@@ -122,13 +122,13 @@ def _tools(stack: ExitStack) -> Reader:
         stderr=subprocess.DEVNULL,
         text=True,
     )
-    stack.callback(_end, process)
+    stack.callback(end_process, process)
     lines: Queue[str] = Queue()
     threading.Thread(target=_pump, args=(process, lines), daemon=True).start()
     try:  # the first poll holds a line, as a live source waits for its first sample
         first = [lines.get(timeout=TOOL_STARTUP_S)]
     except Empty:
-        _end(process)
+        end_process(process)
         raise SourceUnavailable(f"macmon printed nothing in {TOOL_STARTUP_S:g} s") from None
 
     def read() -> dict[str, list[str]]:
@@ -145,15 +145,6 @@ def _pump(process: subprocess.Popen[str], lines: Queue[str]) -> None:
     assert process.stdout is not None
     for line in process.stdout:
         lines.put(line.rstrip("\n"))
-
-
-def _end(process: subprocess.Popen[str]) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 OPENERS: dict[str, Callable[[ExitStack], Reader]] = {

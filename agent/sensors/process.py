@@ -190,14 +190,20 @@ class ToolStream(Generic[R]):
 
     def _stop_process(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout=2.0)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc is not None:
+            end_process(proc)
+
+
+def end_process(proc: subprocess.Popen[str], grace_s: float = 2.0) -> None:
+    """SIGTERM, then SIGKILL after `grace_s`; nothing for a process already gone."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def stale_after(interval_s: float) -> float:

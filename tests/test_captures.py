@@ -457,7 +457,7 @@ def test_a_capture_holds_the_tools_lines_and_power_files_and_replays_both(
     macmon's lines and the counters, and replays them through macmon's parsers and RAPL's."""
     root = tmp_path / "sys"
     powercap_zone(root, "intel-rapl:0", "package-0", 5_000_000, 2**32)
-    env = {**os.environ, "MLX_FLEET_SYSFS_ROOT": str(root)}
+    env = {**os.environ, "MLX_FLEET_SYSFS_ROOT": str(root), "FAKE_POWERMETRICS_MODEL": "apple"}
     path = tmp_path / "tools.jsonl"
     done = subprocess.run(
         [agent_cli, "doctor", "--capture", str(path), "--seconds", "3"],
@@ -468,6 +468,10 @@ def test_a_capture_holds_the_tools_lines_and_power_files_and_replays_both(
     capture = read_capture(path)
     lines = [line for poll in capture.polls for line in poll.get("tools", {}).get("macmon", [])]
     assert lines and all(json.loads(line)["sys_power"] == 5.876533 for line in lines)
+    kept = [
+        line for poll in capture.polls for line in poll.get("tools", {}).get("powermetrics", [])
+    ]
+    assert "CPU Power: 954 mW" in kept  # root here, or the fake sudo: powermetrics ran too
     assert capture.polls[0]["sysfs"]["class/powercap/intel-rapl:0/energy_uj"] == "5000000\n"
     shown = subprocess.run(
         [agent_cli, "temp", "--source", f"capture:{path}", "--format", "json"],
@@ -483,3 +487,26 @@ def test_a_capture_holds_the_tools_lines_and_power_files_and_replays_both(
         watts = power.read()
     assert watts is not None and watts.source == "capture"
     assert watts.joules["system"] > 0 and watts.watts["system"] == pytest.approx(5.876533)
+
+
+def test_powermetrics_lines_in_a_capture_replay_its_level_and_its_watts(tmp_path: Path) -> None:
+    """Captured tool output (tests/fixtures/README.md), as `agent doctor --capture` keeps it:
+    the thermal sampler's level through the live assembler, the power samplers' watts over the
+    interval each header states (1003.51 ms)."""
+    thermal = (FIXTURES.parent / "powermetrics-thermal-apple-silicon.txt").read_text().splitlines()
+    power = (FIXTURES.parent / "powermetrics-power-apple-silicon.txt").read_text().splitlines()
+    level = write_capture(tmp_path / "level.jsonl", [{"t": 0, "tools": {"powermetrics": thermal}}])
+    with CaptureSource(str(level)) as source:
+        reading = source.read()
+    assert reading is not None and source.scale == "powermetrics"
+    assert (reading.celsius, reading.pressure, reading.source) == (None, "Nominal", "capture")
+    samples = [{"t": t, "tools": {"powermetrics": power}} for t in range(3)]
+    path = write_capture(tmp_path / "watts.jsonl", samples)
+    clock = Steps()
+    with PowerCaptureSource(str(path), clock) as meter:
+        assert meter.decoder.name == "powermetrics"
+        clock.now = 2
+        watts = meter.read()
+    assert watts is not None and watts.watts["cpu"] == pytest.approx(0.954)
+    # poll 0 is the baseline; polls 1 and 2 hold a whole sample each (its Combined line ends it)
+    assert watts.joules["cpu"] == pytest.approx(2 * 0.954 * 1.00351)

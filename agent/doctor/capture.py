@@ -4,16 +4,18 @@ read here is left out of the polls, and the header lists why."""
 
 from __future__ import annotations
 
+import platform
 import shutil
 import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from contextlib import ExitStack, suppress
 from pathlib import Path
 from queue import Empty, Queue
-from typing import Any
+from typing import IO, Any
 
 from agent.sensors.base import SourceUnavailable
 from agent.sensors.capture import Poll, header_line, poll_line
@@ -21,7 +23,7 @@ from agent.sensors.smc import SMCError
 from agent.sensors.sysfs import LiveSysfs
 
 CAPTURE_TOOL_INTERVAL_S = 1.0
-"""macmon's sample interval while capturing: one line per poll."""
+"""The tools' sample interval while capturing: one sample per poll."""
 TOOL_STARTUP_S = 5.0
 
 Reader = Callable[[], Any]
@@ -109,42 +111,64 @@ def _ioreport(stack: ExitStack) -> Reader:
     return read
 
 
-def _tools(stack: ExitStack) -> Reader:
-    """macmon's lines as it prints them, those of each poll interval together."""
-    from agent.sensors.process import end_process, macmon_command
+def _lines_of(stack: ExitStack, name: str, argv: list[str]) -> Reader:
+    """A tool's lines as it prints them, those of each poll interval together; the first poll
+    holds its first line, as a live source waits for its first sample."""
+    from agent.sensors.process import end_process
 
-    executable = shutil.which("macmon")
-    if executable is None:
-        raise SourceUnavailable("macmon not found on PATH (brew install macmon)")
-    process = subprocess.Popen(
-        macmon_command(executable, round(CAPTURE_TOOL_INTERVAL_S * 1000)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stack.callback(end_process, process)
     lines: Queue[str] = Queue()
-    threading.Thread(target=_pump, args=(process, lines), daemon=True).start()
-    try:  # the first poll holds a line, as a live source waits for its first sample
+    said: deque[str] = deque(maxlen=1)  # its last word on stderr, read all along so it never blocks
+    threading.Thread(target=_pump, args=(process.stdout, lines.put), daemon=True).start()
+    threading.Thread(target=_pump, args=(process.stderr, said.append), daemon=True).start()
+    try:
         first = [lines.get(timeout=TOOL_STARTUP_S)]
     except Empty:
         end_process(process)
-        raise SourceUnavailable(f"macmon printed nothing in {TOOL_STARTUP_S:g} s") from None
+        why = f": {said[-1][:200]}" if said else ""
+        raise SourceUnavailable(f"{name} printed nothing in {TOOL_STARTUP_S:g} s{why}") from None
 
-    def read() -> dict[str, list[str]]:
+    def read() -> list[str]:
         taken, first[:] = first[:], []
         with suppress(Empty):
             while True:
                 taken.append(lines.get_nowait())
-        return {"macmon": taken}
+        return taken
 
     return read
 
 
-def _pump(process: subprocess.Popen[str], lines: Queue[str]) -> None:
-    assert process.stdout is not None
-    for line in process.stdout:
-        lines.put(line.rstrip("\n"))
+def _macmon(stack: ExitStack) -> Reader:
+    from agent.sensors.process import macmon_command
+
+    executable = shutil.which("macmon")
+    if executable is None:
+        raise SourceUnavailable("macmon not found on PATH (brew install macmon)")
+    interval_ms = round(CAPTURE_TOOL_INTERVAL_S * 1000)
+    return _lines_of(stack, "macmon", macmon_command(executable, interval_ms))
+
+
+def _powermetrics(stack: ExitStack) -> Reader:
+    """Its thermal and power samplers in one stream: Apple Silicon's pressure level and watts,
+    an Intel Mac's die temperatures. Root, or sudo -n with a sudoers entry."""
+    from agent.power.streams import POWERMETRICS_SAMPLERS
+    from agent.sensors.process import powermetrics_command, sudo_for_root
+    from agent.thermal.process import powermetrics_samplers
+
+    executable = shutil.which("powermetrics")
+    if executable is None:
+        raise SourceUnavailable("powermetrics not found on PATH (it ships with macOS)")
+    thermal = powermetrics_samplers(platform.machine())
+    samplers = ",".join(thermal if "smc" in thermal else (*thermal, POWERMETRICS_SAMPLERS))
+    interval_ms = round(CAPTURE_TOOL_INTERVAL_S * 1000)
+    argv = powermetrics_command(executable, samplers, interval_ms, sudo_for_root(None))
+    return _lines_of(stack, "powermetrics", argv)
+
+
+def _pump(stream: IO[str] | None, put: Callable[[str], None]) -> None:
+    for line in stream or ():
+        put(line.rstrip("\n"))
 
 
 OPENERS: dict[str, Callable[[ExitStack], Reader]] = {
@@ -152,9 +176,11 @@ OPENERS: dict[str, Callable[[ExitStack], Reader]] = {
     "iohid": _iohid,
     "pressure": _pressure,
     "ioreport": _ioreport,
-    "tools": _tools,
+    "tools.macmon": _macmon,
+    "tools.powermetrics": _powermetrics,
     "sysfs": _sysfs,
 }
+"""Each input a capture may hold; `tools.TOOL` are the lines of TOOL, under `tools`."""
 
 
 def capture(
@@ -172,7 +198,7 @@ def capture(
             except (SourceUnavailable, SMCError, OSError) as exc:
                 missing[name] = str(exc)
         facts = {**machine, "inputs": sorted(readers), "missing": missing}
-        if "tools" in readers:
+        if any(name.startswith("tools.") for name in readers):
             facts["tools_interval_s"] = CAPTURE_TOOL_INTERVAL_S
         polls = 0
         with path.open("w", encoding="utf-8") as out:
@@ -183,7 +209,12 @@ def capture(
                 poll: Poll = {"t": round(t, 3)}
                 for name, read in readers.items():
                     value = read()
-                    if value is not None:
+                    if value is None:
+                        continue
+                    group, _, tool = name.partition(".")
+                    if tool:
+                        poll.setdefault(group, {})[tool] = value
+                    else:
                         poll[name] = value
                 out.write(poll_line(poll) + "\n")
                 out.flush()

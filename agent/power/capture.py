@@ -1,8 +1,8 @@
 """`--power-source capture:FILE`: a capture's power inputs replayed through the live meters'
-own decoding, each over the capture: IOReport's deltas through IOReportSource, macmon's lines
-through its parser, RAPL's counters through RaplSource (the first the capture holds, in `auto`'s
-order). Real readings, replayed: `source` is `capture`. Polls the reader skipped are counted at
-its next read, and a poll read twice is counted once."""
+own decoding, each over the capture: IOReport's deltas through IOReportSource, macmon's and
+powermetrics' lines through their parsers, RAPL's counters through RaplSource (the first the
+capture holds, in `auto`'s order). Real readings, replayed: `source` is `capture`. Polls the
+reader skipped are counted at its next read, and a poll read twice is counted once."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from agent.power.base import Integrator, PowerReading, PowerSource
+from agent.power.decode import PowermetricsPowerAssembler
 from agent.power.ioreport import IOReportSource
 from agent.power.rapl import RaplSource
 from agent.power.streams import macmon_watts
@@ -65,6 +66,33 @@ class MacmonPowerLines(PowerSource):
         return self._reading(self._energy.joules, self._energy.watts)
 
 
+class PowermetricsPowerLines(PowerSource):
+    """powermetrics' lines in a capture, through its live power assembler: each sample's watts
+    over the interval its header states."""
+
+    name = "powermetrics"
+
+    def __init__(self, player: CapturePlayer) -> None:
+        super().__init__()
+        self._player = player
+        self._seen = player.index()
+        self._assembler = PowermetricsPowerAssembler()
+        self._energy = Integrator()
+        self.resolution_s = tool_interval_s(player.capture)
+
+    def read(self) -> PowerReading | None:
+        polls, self._seen = self._player.since(self._seen)
+        for poll in polls:
+            for line in poll.get("tools", {}).get("powermetrics", []):
+                sample = self._assembler.feed(line)
+                if sample is not None:
+                    self._energy.add_watts(sample.watts, sample.seconds)
+                    self.rails = tuple(sorted({*self.rails, *sample.watts}))
+        if not self._energy.joules:
+            return self._fail("powermetrics: no power sample in the capture yet")
+        return self._reading(self._energy.joules, self._energy.watts)
+
+
 class PowerCaptureSource(PowerSource):
     name = "capture"
 
@@ -86,13 +114,15 @@ class PowerCaptureSource(PowerSource):
             return IOReportSource(CapturedReport(player))
         if any(poll.get("tools", {}).get("macmon") for poll in capture.polls):
             return MacmonPowerLines(player)
+        if any(poll.get("tools", {}).get("powermetrics") for poll in capture.polls):
+            return PowermetricsPowerLines(player)
         if any(
             path.startswith("class/powercap/") for p in capture.polls for path in p.get("sysfs", {})
         ):
             return RaplSource(sysfs=CapturedSysfs(player))
         raise SourceUnavailable(
-            f"{capture.path}: no power in the capture (no ioreport, macmon or powercap input "
-            "in any poll)"
+            f"{capture.path}: no power in the capture (no ioreport, macmon, powermetrics or "
+            "powercap input in any poll)"
         )
 
     def read(self) -> PowerReading | None:

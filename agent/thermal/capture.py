@@ -1,8 +1,9 @@
 """`capture:FILE`: a capture (agent.sensors.capture) replayed through the live sources' own
 decoding and selection, each over the capture instead of this machine: the SMC keys through
-SMCSource, the HID sensors through IOHIDSource, macmon's lines through its parser, Linux's files
-through LinuxSysfsSource; the first the capture holds, in `auto`'s order. Its readings are real
-readings, replayed: `source` is `capture`, `scale` the decoder's, the pressure the capture's."""
+SMCSource, the HID sensors through IOHIDSource, macmon's and powermetrics' lines through their
+parsers, Linux's files through LinuxSysfsSource; the first the capture holds, in `auto`'s
+order. Its readings are real readings, replayed: `source` is `capture`, `scale` the decoder's,
+the pressure the capture's."""
 
 from __future__ import annotations
 
@@ -11,11 +12,18 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from agent.sensors.base import SourceUnavailable
-from agent.sensors.capture import CapturedSMC, CapturePlayer, read_capture, tool_interval_s
+from agent.sensors.capture import (
+    Capture,
+    CapturedSMC,
+    CapturePlayer,
+    read_capture,
+    tool_interval_s,
+)
 from agent.sensors.process import stale_after
 from agent.thermal.base import ThermalReading, ThermalSource
 from agent.thermal.iohid import IOHIDSource
 from agent.thermal.linux import LinuxSysfsSource
+from agent.thermal.parsers import PowermetricsAssembler, hottest
 from agent.thermal.pressure import pressure_level
 from agent.thermal.process import macmon_reading
 from agent.thermal.smc import SMCSource
@@ -59,6 +67,33 @@ class MacmonLines(ThermalSource):
         return macmon_reading(self, held[-1]["tools"]["macmon"][-1])
 
 
+class PowermetricsLines(ThermalSource):
+    """powermetrics' lines in a capture, through its live assembler and selection: die degrees
+    (Intel), the pressure level (Apple Silicon); the latest sample up to the poll in force."""
+
+    name = scale = "powermetrics"
+
+    def __init__(self, player: CapturePlayer) -> None:
+        super().__init__()
+        self._player = player
+        self._assembler = PowermetricsAssembler()
+        self._seen = -1
+        self._latest: ThermalReading | None = None
+
+    def read(self) -> ThermalReading | None:
+        polls, self._seen = self._player.since(self._seen)
+        for poll in polls:
+            for line in poll.get("tools", {}).get("powermetrics", []):
+                sample = self._assembler.feed(line)
+                if sample is not None:
+                    self._latest = self._reading(
+                        hottest(sample.sensors), sample.sensors, sample.pressure
+                    )
+        if self._latest is None:
+            return self._fail("powermetrics: no sample yet in the capture")
+        return replace(self._latest, time=time.time())
+
+
 class CaptureSource(ThermalSource):
     name = "capture"
 
@@ -76,13 +111,15 @@ class CaptureSource(ThermalSource):
             return SMCSource(CapturedSMC(player))
         if capture.has("iohid"):
             return IOHIDSource(lambda: CapturedHID(player))
-        if any(poll.get("tools", {}).get("macmon") for poll in capture.polls):
+        if _has_tool(capture, "macmon"):
             return MacmonLines(player)
+        if _has_tool(capture, "powermetrics"):
+            return PowermetricsLines(player)
         if capture.has("sysfs"):
             return LinuxSysfsSource(files=lambda: dict(player.poll().get("sysfs", {})))
         raise SourceUnavailable(
-            f"{capture.path}: no temperature in the capture (no smc, iohid, macmon or sysfs "
-            "input in any poll)"
+            f"{capture.path}: no temperature in the capture (no smc, iohid, macmon, "
+            "powermetrics or sysfs input in any poll)"
         )
 
     def read(self) -> ThermalReading | None:
@@ -96,3 +133,7 @@ class CaptureSource(ThermalSource):
 
     def close(self) -> None:
         self.decoder.close()
+
+
+def _has_tool(capture: Capture, tool: str) -> bool:
+    return any(poll.get("tools", {}).get(tool) for poll in capture.polls)

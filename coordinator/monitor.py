@@ -212,7 +212,7 @@ class Monitor:
                 self.board.set_policy(host, policy, origin)
                 self.store.record_policy(host, policy, now, origin)
                 if self.metrics is not None:
-                    self.metrics.set_policy(self.host_name(host), policy, host)
+                    self.metrics.set_policy(self.host_name(host), policy, host, origin)
         for report in arrivals.reports:
             if report.kind == CONNECTED:
                 self._connected(report.host, report.data, now)
@@ -322,6 +322,7 @@ class Monitor:
                     version=info.get("agent"),
                     machine=info.get("machine"),
                     policy=view.policy,
+                    policy_origin=view.policy_origin,
                 )
                 self._exported_up[name] = True
             if view.sample is not None and self._exported.get(name) != view.sample["time"]:

@@ -105,6 +105,10 @@ def test_metrics_follow_samples_and_policy_actions(
     assert metrics[("mlx_fleet_pause_seconds_total", host)] > 0.3
     assert metrics[("mlx_fleet_cooling_state", host)] == 1.0
     assert metrics[("mlx_fleet_policy_threshold_celsius", (*host, ("level", "pause")))] == 92.0
+    origins = [
+        dict(labels)["origin"] for name, labels in metrics if name == "mlx_fleet_policy_info"
+    ]
+    assert origins == ["set by coordinator policy, the rest the seed's defaults"]  # only the new
 
 
 SAMPLE = {
@@ -169,6 +173,22 @@ def test_a_host_down_keeps_only_agent_up_0_until_it_returns() -> None:
     assert values[("mlx_fleet_policy_threshold_celsius", (("host", "mac1"), ("level", "stop")))]
     build = (("chip", "Apple M4"), ("host", "mac1"), ("mlx_version", "0.3"), ("version", "0.1.0"))
     assert values[("mlx_fleet_build_info", build)] == 1.0
+
+
+def test_the_policys_origin_is_one_series_that_follows_it_across_a_restart() -> None:
+    metrics = after_a_restart()
+    policy = {"max_speed_temp": 95, "pause_temp": 114, "stop_temp": 120}
+    metrics.set_policy("mac1", policy, origin="defaults for smc")
+    metrics.set_policy("mac1", policy, origin="set by coordinator policy")
+    info = "mlx_fleet_policy_info"
+    origins = [dict(labels)["origin"] for name, labels in parse(generate(metrics)) if name == info]
+    assert origins == ["set by coordinator policy"]
+    metrics.host_down("mac1")
+    metrics.host_up("mac1")
+    values = parse(generate(metrics))
+    assert values[(info, (("host", "mac1"), ("origin", "set by coordinator policy")))] == 1.0
+    metrics.set_policy("mac1", policy)  # an agent that does not say: no origin, never a guess
+    assert not [name for name, _ in parse(generate(metrics)) if name == info]
 
 
 def test_the_coordinators_series_carry_the_agents_name_and_its_instance() -> None:

@@ -177,7 +177,13 @@ class TelemetryHub:
 
         metrics = TelemetryMetrics()
         self._metrics_server = serve_metrics(metrics.registry, address)
-        metrics.host_up(self.host, version=version, machine=machine, policy=self.policy.to_dict())
+        metrics.host_up(
+            self.host,
+            version=version,
+            machine=machine,
+            policy=self.policy.to_dict(),
+            policy_origin=self.policy_origin,
+        )
         self.metrics = metrics
         return self._metrics_server.port
 
@@ -356,7 +362,7 @@ class TelemetryHub:
             self._policy = in_force
             policy = in_force.policy
             if self.metrics is not None:
-                self.metrics.set_policy(self.host, policy.to_dict())
+                self.metrics.set_policy(self.host, policy.to_dict(), origin=in_force.origin)
             log.info("new %s", in_force)
             self.event(
                 Event(

@@ -25,6 +25,8 @@ HOST:PORT too). Metrics (docs/monitoring.md):
   reading.
 - mlx_fleet_policy_threshold_celsius{host,level}: gauge, the policy in force: the °C at which
   the host reaches `level` (reduce_batch, pause, stop).
+- mlx_fleet_policy_info{host,origin}: gauge, 1: where the thresholds' numbers came from
+  (`defaults for smc`, `set by coordinator policy`, ...); absent while the agent has not said.
 - mlx_fleet_pause_seconds_total{host}: counter of seconds supervised jobs spent paused (from the
   samples' pause_s_total; an agent restart, which resets that total, adds its new value).
 - mlx_fleet_policy_actions_total{host,action}: counter of the actions the policy took on jobs
@@ -87,6 +89,7 @@ class _Host:
     instance: str | None
     build: dict[str, str] | None = None
     policy: dict[str, float] | None = None
+    policy_origin: str | None = None
     up: bool = False
     series: set[tuple[MetricWrapperBase, tuple[str, ...]]] = field(default_factory=set)
     source: str | None = None
@@ -127,6 +130,11 @@ class TelemetryMetrics:
             "mlx_fleet_policy_threshold_celsius",
             "The policy in force: °C at which the host reaches `level`.",
             "level",
+        )
+        self.policy_info = gauge(
+            "mlx_fleet_policy_info",
+            "Where the policy's numbers came from (always 1).",
+            "origin",
         )
         self.pause_seconds = Counter(
             "mlx_fleet_pause_seconds",
@@ -207,10 +215,11 @@ class TelemetryMetrics:
         version: str | None = None,
         machine: Mapping[str, Any] | None = None,
         policy: Mapping[str, float] | None = None,
+        policy_origin: str | None = None,
     ) -> None:
         """The host is up: agent_up 1, its build info (from its mlx-fleet `version` and its
-        `machine` facts, when given) and thresholds, and every counter at 0 from now on
-        (Prometheus's increase() sees the first action only if a 0 came before it)."""
+        `machine` facts, when given), thresholds and their origin, and every counter at 0 from
+        now on (Prometheus's increase() sees the first action only if a 0 came before it)."""
         state = self._host(host, instance)
         if machine is not None:
             state.build = build_labels(version, machine)
@@ -233,7 +242,7 @@ class TelemetryMetrics:
                     state.series.discard((metric, labels))
             self._set(state, self.build_info, 1, *(state.build[k] for k in BUILD_LABELS))
         if state.policy is not None:
-            self.set_policy(host, state.policy, instance)
+            self.set_policy(host, state.policy, instance, policy_origin or state.policy_origin)
 
     def host_down(self, host: str, instance: str | None = None) -> None:
         """The host is down: mlx_fleet_agent_up 0 and nothing else of it until host_up."""
@@ -243,13 +252,22 @@ class TelemetryMetrics:
         self._set(state, self.agent_up, 0)
 
     def set_policy(
-        self, host: str, policy: Mapping[str, float], instance: str | None = None
+        self,
+        host: str,
+        policy: Mapping[str, float],
+        instance: str | None = None,
+        origin: str | None = None,
     ) -> None:
+        """The thresholds in force, and where they came from (None: not said)."""
         state = self._host(host, instance)
-        state.policy = dict(policy)
+        if state.policy_origin is not None and state.policy_origin != origin:
+            self._drop(state, self.policy_info, state.policy_origin)
+        state.policy, state.policy_origin = dict(policy), origin
         if state.up:
             for key, level in THRESHOLD_LEVELS.items():
                 self._set(state, self.threshold, float(policy[key]), level)
+            if origin is not None:
+                self._set(state, self.policy_info, 1, origin)
 
     # --- telemetry --------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from shared import safe_text
 from shared.calibration import origin_told
 from shared.display import STATE_STYLES, sparkline, trend_arrow
 from shared.policy import CoolingState
@@ -393,12 +394,12 @@ def _cells(view: HostView, now: float) -> dict[str, Text]:
             "SoC °C": temperature,
             WATTS: _watts_cell(sample),
             "trend": Text("" if trend is None else f"{trend_arrow(trend)} {trend:+.1f}/min"),
-            "pressure": Text(sample["pressure"] or NA),
+            "pressure": Text(safe_text.shown(sample["pressure"] or NA)),
             "jobs": _jobs_cell(view.jobs),
             "paused": Text(duration(sample["pause_s_total"])),
-            "source": Text(read_from(sample["source"], sample["sensor"])),
+            "source": Text(safe_text.shown(read_from(sample["source"], sample["sensor"]))),
         }
-    return {"host": Text(view.name), "state": _state_cell(view, now), **cells}
+    return {"host": Text(safe_text.shown(view.name)), "state": _state_cell(view, now), **cells}
 
 
 def _cell_width(text: Text) -> int:
@@ -476,7 +477,7 @@ def render(
         stamp = time.strftime("%H:%M:%S", time.localtime(alert.time))
         lines.append(
             Text(
-                f"{stamp} {alert.host}: {alert.text}",
+                f"{stamp} {safe_text.shown(alert.host)}: {safe_text.shown(alert.text, 1000)}",
                 style=ALERT_STYLES[alert.level],
                 no_wrap=True,
                 overflow="ellipsis",

@@ -6,8 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from rich.table import Table
+from rich.text import Text
+
+from shared.safe_text import shown
 
 PASS, FAIL = "✓", "✗"
+DETAIL_CAP = 1000
+"""A check's detail and fix say a whole finding (every source tried, and why): a longer cap."""
 
 
 def result_mark(check: dict[str, Any]) -> str:
@@ -22,19 +27,20 @@ def doctor_table(hosts: list[dict[str, Any]]) -> Table:
     table = Table(title="mlx-fleet doctor")
     for name in (["host"] if several else []) + ["check", "", "found", "fix"]:
         table.add_column(name, overflow="fold")
-    for host in hosts:
-        where = [host["host"]] if several else []
+    for host in hosts:  # an agent's words: shown() and Text, never markup, never escapes
+        where = [Text(shown(host["host"]))] if several else []
         report = host.get("report")
         if report is None:
-            table.add_row(*where, "agent", FAIL, str(host.get("error")), "", style="red")
+            error = Text(shown(host.get("error")))
+            table.add_row(*where, "agent", FAIL, error, "", style="red")
             continue
         for check in report["checks"]:
             table.add_row(
                 *where,
-                check["name"],
+                Text(shown(check["name"])),
                 result_mark(check),
-                check["detail"],
-                check["fix"] or "",
+                Text(shown(check["detail"], DETAIL_CAP)),
+                Text(shown(check["fix"] or "", DETAIL_CAP)),
                 style=None if check["ok"] else "red" if check["required"] else "yellow",
             )
     return table

@@ -354,3 +354,17 @@ def test_a_terminal_too_short_for_every_host_draws_the_rows_that_fit_and_says_so
     assert len(lines) <= 20
     assert f"{len(names) - len(shown)} more hosts below" in lines[-1]
     assert "more hosts" not in text_of(board, 100.5)  # no height given: every host
+
+
+def test_an_agents_escape_sequences_and_markup_never_reach_the_terminal() -> None:
+    """A hostile agent's source, sensor and pressure (docs: shared/safe_text.py) are shown
+    escaped, as text: no ESC, no forged row, no markup parsed, and a source change's alert too."""
+    board = Dashboard(["mac1:5555"])
+    board.connected("mac1:5555", "mac1", INFO_OK, now=0.0)
+    board.sample("mac1:5555", sample(1000.0, 70, source="smc", sensor="TCMz"), now=1.0)
+    hostile = sample(1001.0, 70, source="\x1b]0;owned\x07[/]", sensor="x\nmac2 ok")
+    board.sample("mac1:5555", {**hostile, "pressure": "\x9b2J"}, now=2.0)
+    text = text_of(board, 2.0)
+    assert "\x1b" not in text and "\x9b" not in text
+    assert "\\x1b]0;owned\\x07[/]" in text and "\\x9b2J" in text
+    assert not [line for line in text.splitlines() if line.startswith("mac2")]

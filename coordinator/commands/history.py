@@ -27,6 +27,7 @@ from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import check_output, emit, err, fail, usage_error
 from shared.io.options import TableFormat
 from shared.io.sqlite import StoreError
+from shared.safe_text import shown
 from shared.source_names import read_from as read_from_name
 
 PLOT_EXTRA = "pip install 'mlx-fleet[plot]'"
@@ -108,7 +109,7 @@ def stats_table(rows: list[dict[str, Any]], since: float) -> Table:
 
 def _host_cell(row: dict[str, Any]) -> Text:
     """The host, then a line (indented) for each source and sensor its readings came from."""
-    cell = Text(row["host"] + (" (simulated)" if row["simulated"] else ""))
+    cell = Text(shown(row["host"]) + (" (simulated)" if row["simulated"] else ""))
     for line in _read_from_text(row["read_from"]):
         cell.append(f"\n  {line}", style="dim")
     return cell
@@ -217,4 +218,4 @@ def policy_cell(policy: dict[str, Any]) -> Text:
     the agent said (Text: an agent's words are never markup)."""
     numbers = "/".join(f"{policy[key]:g}" for key in THRESHOLDS)
     origin = policy.get("origin")
-    return Text(numbers if origin is None else f"{numbers} ({origin})")
+    return Text(numbers if origin is None else f"{numbers} ({shown(origin)})")

@@ -33,6 +33,7 @@ from shared.io.cli import emit, usage_error
 from shared.io.options import PolicyChanges, TableFormat, with_options
 from shared.io.sqlite import StoreError
 from shared.io.transport import AgentClient, AgentError
+from shared.safe_text import shown
 
 APPLIED, REFUSED, UNREACHABLE, SHOWN = "applied", "refused", "unreachable", "shown"
 COLUMNS = (
@@ -72,16 +73,16 @@ def policy_table(rows: list[dict[str, Any]]) -> Table:
     for row in rows:
         policy = row["policy"] or {}
         table.add_row(
-            Text(row["host"]),
+            Text(shown(row["host"])),
             Text(row["result"], style=styles[row["result"]]),
             *(f"{policy[key]:g}" if key in policy else NA for key, _ in COLUMNS),
-            Text(row["error"] or ""),
+            Text(shown(row["error"] or "")),
         )  # Text: an agent's words are never markup
         if row["policy"] is not None:
             origins.setdefault(row["origin"] or "origin unknown (an older agent)", []).append(
                 row["host"]
             )
-    caption = [f"{origin}: {', '.join(hosts)}" for origin, hosts in origins.items()]
+    caption = [shown(f"{origin}: {', '.join(hosts)}", 1000) for origin, hosts in origins.items()]
     if caption:
         table.caption = Text("\n".join(caption))
         table.caption_justify = "left"

@@ -51,3 +51,29 @@ def test_a_doctor_report_with_markup_and_escapes_renders_as_text() -> None:
     text = out.getvalue()
     assert "\x1b" not in text and "x[/]" in text and "\\x1b]52;c;aGk=\\x07[bold]b" in text
     assert "mac\\x1b[2J1" in text and Text("[/]").plain in text
+
+
+def test_coordinator_status_shows_a_hostile_agents_fields_as_escaped_text() -> None:
+    from coordinator.commands.status import status_table
+
+    row = {
+        "host": "mac1:5555",
+        "reachable": True,
+        "agent": "0.1.0[/]",
+        "device": "\x1b]52;c;aGk=\x07",
+        "hardware": "[link=file:///etc/passwd]x[/link]",
+        "memory_gb": None,
+        "thermal_source": "smc",
+        "sensor": "TCMz\nmac2 yes",
+        "celsius": 50.0,
+        "pressure": "\x9b6n",
+        "simulated": False,
+        "job": None,
+    }
+    down = {"host": "mac2:5555", "reachable": False, "error": "[/] refused"}
+    out = io.StringIO()
+    Console(file=out, width=400, color_system=None).print(status_table([row, down]))
+    text = out.getvalue()
+    assert "\x1b" not in text and "\x9b" not in text and "0.1.0[/]" in text
+    assert "[link=file:///etc/passwd]x[/link]" in text and "no: [/] refused" in text
+    assert not [line for line in text.splitlines() if "mac2 yes" in line and "TCMz" not in line]

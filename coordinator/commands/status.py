@@ -6,6 +6,7 @@ from typing import Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from coordinator.commands.hosts import (
     ConnectTimeout,
@@ -22,6 +23,7 @@ from shared.io.cli import emit
 from shared.io.options import TableFormat
 from shared.io.transport import AgentClient
 from shared.report import NA, hardware_details, memory_text
+from shared.safe_text import shown
 from shared.source_names import read_from
 
 
@@ -51,12 +53,13 @@ def ask_status(client: AgentClient, row: HostRow) -> None:
 
 
 def status_table(rows: list[dict[str, Any]]) -> Table:
+    """Every cell an agent's words, shown() and as Text: never markup, never an escape."""
     table = Table(title="mlx-fleet agents")
     for name in ("host", "reachable", "agent", "device", "memory", "thermal", "SoC °C", "job"):
         table.add_column(name, overflow="fold")
     for row in rows:
         if not row["reachable"]:
-            table.add_row(row["host"], f"no: {row['error']}", style="red")
+            table.add_row(*cells(row["host"], f"no: {row['error']}"), style="red")
             continue
         celsius = NA if row["celsius"] is None else f"{row['celsius']:.1f}"
         if row["pressure"]:
@@ -65,18 +68,24 @@ def status_table(rows: list[dict[str, Any]]) -> Table:
             celsius += " (simulated)"
         job = row["job"]
         table.add_row(
-            row["host"],
-            "yes",
-            row["agent"],
-            ", ".join(filter(None, [row["device"] or NA, row["hardware"]])),
-            NA if row["memory_gb"] is None else memory_text(row),
-            NA
-            if row["thermal_source"] is None
-            else read_from(row["thermal_source"], row["sensor"]),
-            celsius,
-            f"{job['id']} ({job['done']}/{job['total']})" if job else "idle",
+            *cells(
+                row["host"],
+                "yes",
+                row["agent"],
+                ", ".join(filter(None, [row["device"] or NA, row["hardware"]])),
+                NA if row["memory_gb"] is None else memory_text(row),
+                NA
+                if row["thermal_source"] is None
+                else read_from(row["thermal_source"], row["sensor"]),
+                celsius,
+                f"{job['id']} ({job['done']}/{job['total']})" if job else "idle",
+            )
         )
     return table
+
+
+def cells(*values: object) -> list[Text]:
+    return [Text(shown(value)) for value in values]
 
 
 def status(

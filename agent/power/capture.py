@@ -7,6 +7,7 @@ reader skipped are counted at its next read, and a poll read twice is counted on
 from __future__ import annotations
 
 import time
+from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -40,11 +41,9 @@ class CapturedReport:
         """Nothing to release."""
 
 
-class MacmonPowerLines(PowerSource):
-    """macmon's lines in a capture, each line's watts over macmon's interval (the header's
-    `tools_interval_s`)."""
-
-    name = "macmon"
+class ToolPowerLines(PowerSource):
+    """A tool's lines in a capture, through its live parser: each sample's watts held over its
+    seconds, every poll counted once."""
 
     def __init__(self, player: CapturePlayer) -> None:
         super().__init__()
@@ -53,44 +52,47 @@ class MacmonPowerLines(PowerSource):
         self._energy = Integrator()
         self.resolution_s = tool_interval_s(player.capture)
 
-    def read(self) -> PowerReading | None:
-        polls, self._seen = self._player.since(self._seen)
-        for poll in polls:  # each line holds its watts over macmon's interval, as live
-            for line in poll.get("tools", {}).get("macmon", []):
-                watts = macmon_watts(self, line)
-                if watts is not None:
-                    self._energy.add_watts(watts, self.resolution_s)
-                    self.rails = tuple(sorted({*self.rails, *watts}))
-        if not self._energy.joules:
-            return self._fail(self.last_error or "macmon: no sample in the capture yet")
-        return self._reading(self._energy.joules, self._energy.watts)
-
-
-class PowermetricsPowerLines(PowerSource):
-    """powermetrics' lines in a capture, through its live power assembler: each sample's watts
-    over the interval its header states."""
-
-    name = "powermetrics"
-
-    def __init__(self, player: CapturePlayer) -> None:
-        super().__init__()
-        self._player = player
-        self._seen = player.index()
-        self._assembler = PowermetricsPowerAssembler()
-        self._energy = Integrator()
-        self.resolution_s = tool_interval_s(player.capture)
+    @abstractmethod
+    def _sample(self, line: str) -> tuple[dict[str, float], float] | None:
+        """A line's (watts per rail, seconds) when it completes a sample."""
 
     def read(self) -> PowerReading | None:
         polls, self._seen = self._player.since(self._seen)
         for poll in polls:
-            for line in poll.get("tools", {}).get("powermetrics", []):
-                sample = self._assembler.feed(line)
+            for line in poll.get("tools", {}).get(self.name, []):
+                sample = self._sample(line)
                 if sample is not None:
-                    self._energy.add_watts(sample.watts, sample.seconds)
-                    self.rails = tuple(sorted({*self.rails, *sample.watts}))
+                    self._energy.add_watts(*sample)
+                    self.rails = tuple(sorted({*self.rails, *sample[0]}))
         if not self._energy.joules:
-            return self._fail("powermetrics: no power sample in the capture yet")
+            return self._fail(self.last_error or f"{self.name}: no sample in the capture yet")
         return self._reading(self._energy.joules, self._energy.watts)
+
+
+class MacmonPowerLines(ToolPowerLines):
+    """macmon's lines: each one's watts over macmon's interval (the header's
+    `tools_interval_s`), as live."""
+
+    name = "macmon"
+
+    def _sample(self, line: str) -> tuple[dict[str, float], float] | None:
+        watts = macmon_watts(self, line)
+        return None if watts is None else (watts, self.resolution_s)
+
+
+class PowermetricsPowerLines(ToolPowerLines):
+    """powermetrics' lines, through its live power assembler: each sample's watts over the
+    interval its header states."""
+
+    name = "powermetrics"
+
+    def __init__(self, player: CapturePlayer) -> None:
+        super().__init__(player)
+        self._assembler = PowermetricsPowerAssembler()
+
+    def _sample(self, line: str) -> tuple[dict[str, float], float] | None:
+        sample = self._assembler.feed(line)
+        return None if sample is None else (sample.watts, sample.seconds)
 
 
 class PowerCaptureSource(PowerSource):
@@ -112,9 +114,9 @@ class PowerCaptureSource(PowerSource):
         capture, player = self.player.capture, self.player
         if capture.has("ioreport"):
             return IOReportSource(CapturedReport(player))
-        if any(poll.get("tools", {}).get("macmon") for poll in capture.polls):
+        if capture.has_tool("macmon"):
             return MacmonPowerLines(player)
-        if any(poll.get("tools", {}).get("powermetrics") for poll in capture.polls):
+        if capture.has_tool("powermetrics"):
             return PowermetricsPowerLines(player)
         if any(
             path.startswith("class/powercap/") for p in capture.polls for path in p.get("sysfs", {})

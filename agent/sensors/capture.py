@@ -46,6 +46,10 @@ class Capture:
         """Whether any poll holds input `name` (`smc`, `iohid`, ...)."""
         return any(name in poll for poll in self.polls)
 
+    def has_tool(self, tool: str) -> bool:
+        """Whether any poll holds a line of `tool` (`macmon`, `powermetrics`)."""
+        return any(poll.get("tools", {}).get(tool) for poll in self.polls)
+
 
 def header_line(machine: Mapping[str, Any]) -> str:
     return json.dumps({"format": CAPTURE_FORMAT, "version": CAPTURE_VERSION, "machine": machine})

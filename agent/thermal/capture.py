@@ -13,7 +13,6 @@ from dataclasses import replace
 
 from agent.sensors.base import SourceUnavailable
 from agent.sensors.capture import (
-    Capture,
     CapturedSMC,
     CapturePlayer,
     read_capture,
@@ -111,9 +110,9 @@ class CaptureSource(ThermalSource):
             return SMCSource(CapturedSMC(player))
         if capture.has("iohid"):
             return IOHIDSource(lambda: CapturedHID(player))
-        if _has_tool(capture, "macmon"):
+        if capture.has_tool("macmon"):
             return MacmonLines(player)
-        if _has_tool(capture, "powermetrics"):
+        if capture.has_tool("powermetrics"):
             return PowermetricsLines(player)
         if capture.has("sysfs"):
             return LinuxSysfsSource(files=lambda: dict(player.poll().get("sysfs", {})))
@@ -133,7 +132,3 @@ class CaptureSource(ThermalSource):
 
     def close(self) -> None:
         self.decoder.close()
-
-
-def _has_tool(capture: Capture, tool: str) -> bool:
-    return any(poll.get("tools", {}).get(tool) for poll in capture.polls)

@@ -169,6 +169,10 @@ class Dashboard:
             self._alert(now, name, CRITICAL, f"unreachable: {error}")
         view.status, view.error = UNREACHABLE, error
 
+    def invalid(self, name: str, text: str, now: float) -> None:
+        """The host sent messages that are not valid (dropped, never shown as readings)."""
+        self._alert(now, name, WARNING, text)
+
     def sample(self, name: str, body: dict[str, Any], now: float, live: bool = True) -> None:
         """A sample, live (just published) or backfilled (history.get); older ones only fill
         the sparkline, and only a live one can raise a state alert or end a silence."""

@@ -31,9 +31,10 @@ from shared.io.transport import (
     AgentClient,
     AgentError,
     HostError,
+    InvalidMessage,
     resolve_error,
 )
-from shared.matrix import MatrixSpec, expand
+from shared.matrix import MatrixError, MatrixSpec, expand
 
 HOST_OK, HOST_FAILED, HOST_RUNNING, HOST_UNREACHABLE = "ok", "failed", "running", "unreachable"
 MACHINE, STARTED, MODEL, CELL, UNREACHABLE, RECONNECTED, DONE = (
@@ -85,12 +86,37 @@ class HostEvent:
 
 @dataclass
 class HostJob:
-    """A host's job as this coordinator knows it: its id once the agent named it, the cell
-    indexes received, the models reported."""
+    """A host's job as this coordinator knows it: its id once the agent named it, its cells'
+    names (bench.start.ok's, or the spec's on resume), the cell indexes received (with the
+    records, for those received in this process), the models reported."""
 
     id: str | None = None
     received: set[int] = field(default_factory=set)
     models: int = 0
+    cells: list[str] | None = None
+    records: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def accept(self, index: int, record: dict[str, Any]) -> bool:
+        """Whether a record is new: InvalidMessage for one the job cannot have sent (an index
+        past its cells, a name not the cell's, a second record unlike the first)."""
+        if self.cells is not None:
+            if index >= len(self.cells):
+                raise InvalidMessage(
+                    f"sent a record for cell {index}: the job has {len(self.cells)} cells"
+                )
+            if record["name"] != self.cells[index]:
+                raise InvalidMessage(
+                    f"sent a record named {record['name']!r} for cell {index}, "
+                    f"which is {self.cells[index]!r}"
+                )
+        if index in self.received:
+            first = self.records.get(index)
+            if first is not None and first != record:
+                raise InvalidMessage(f"sent a second record for cell {index}, unlike the first")
+            return False
+        self.received.add(index)
+        self.records[index] = record
+        return True
 
     def first_missing(self) -> int:
         index = 0
@@ -186,7 +212,7 @@ class HostDriver:
                         lost = False
                         self._report(RECONNECTED, {})
                     return self._session(client)
-            except AgentError:
+            except (AgentError, InvalidMessage):
                 raise  # the agent answered: nothing a retry changes
             except HostError as exc:
                 if client is not None:
@@ -205,7 +231,8 @@ class HostDriver:
 
     def _session(self, client: AgentClient) -> tuple[str, str | None]:
         if not self._machine_known:
-            self._report(MACHINE, client.request("info")["machine"])
+            info = client.request("info", timeout=self.settings.connect_timeout)
+            self._report(MACHINE, info["machine"])
             self._machine_known = True
         if self.job.id is None and self._start_id is not None:
             self._find_job(client)
@@ -236,12 +263,11 @@ class HostDriver:
         raise HostError("the job stream ended without bench.done")
 
     def _started(self, job_id: str, cells: list[str]) -> None:
-        self.job.id = job_id
+        self.job.id, self.job.cells = job_id, cells
         self._report(STARTED, {"job": job_id, "cells": cells})
 
     def _cell(self, index: int, record: dict[str, Any]) -> None:
-        if index not in self.job.received:
-            self.job.received.add(index)
+        if self.job.accept(index, record):
             self._report(CELL, {"index": index, "record": record})
 
     def _find_job(self, client: AgentClient) -> None:
@@ -252,8 +278,7 @@ class HostDriver:
         for listed in client.request("job.list", {})["jobs"]:
             if listed["request"] == self._start_id:
                 spec = client.request("job.get", {"job": listed["job"], "offset": 0})["spec"]
-                names = [cell.name for cell in expand(MatrixSpec.from_dict(spec))]
-                self._started(listed["job"], names)
+                self._started(listed["job"], cell_names(spec))
                 return
         self._start_id = None
 
@@ -264,6 +289,11 @@ class HostDriver:
         while True:
             offset = self.job.first_missing()
             page = client.request("job.get", {"job": self.job.id, "offset": offset})
+            if page["job"] != self.job.id or page["offset"] != offset:
+                raise InvalidMessage(
+                    f"answered job.get for job {self.job.id} from cell {offset} with job "
+                    f"{page['job']} from cell {page['offset']}"
+                )
             for info in page["models"][self.job.models :]:
                 self.job.models += 1
                 self._report(MODEL, info)
@@ -284,6 +314,15 @@ class HostDriver:
                 time.sleep(FOLLOW_EVERY_S)  # cancelled: wait for the job to say it ended
             else:
                 self.stop.wait(FOLLOW_EVERY_S)
+
+
+def cell_names(spec: dict[str, Any]) -> list[str]:
+    """The cells an agent's job spec (job.get.ok's) holds; InvalidMessage for one that is not a
+    matrix."""
+    try:
+        return [cell.name for cell in expand(MatrixSpec.from_dict(spec))]
+    except MatrixError as exc:
+        raise InvalidMessage(f"sent a job spec that is not a matrix: {exc}") from None
 
 
 def _outcome(state: str, error: str | None) -> tuple[str, str | None]:

@@ -37,7 +37,9 @@ from coordinator.host_link import (
 )
 from coordinator.telemetry_store import Row, TelemetryStore
 from shared import protocol as p
+from shared.agent_shapes import check_agent_body
 from shared.calibration import origin_in_detail, origin_told
+from shared.shapes import Invalid
 from shared.telemetry import Cursor
 
 if TYPE_CHECKING:
@@ -78,6 +80,8 @@ class Arrivals:
         self.live: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
         self.reports: list[LinkReport] = []
         self.messages = 0
+        self.invalid: dict[str, tuple[int, str]] = {}
+        """By host: how many invalid messages its SUB gave, and the last one's problem."""
 
     def read(self, host: str, frames: list[list[bytes]]) -> None:
         self.messages += len(frames)
@@ -85,9 +89,18 @@ class Arrivals:
         for message_frames in frames:
             try:
                 message = p.decode_telemetry(message_frames)
-            except p.ProtocolError:
-                continue  # nothing to answer on a SUB; a bad message is dropped
+                check_agent_body(message.type, message.body)
+            except p.ProtocolError as exc:  # nothing to answer on a SUB: dropped, and said
+                self._refused(host, exc.message)
+                continue
+            except Invalid as exc:
+                self._refused(host, f"{message.type}: {exc}")
+                continue
             (samples if message.type == "telemetry.sample" else events).append(message.body)
+
+    def _refused(self, host: str, problem: str) -> None:
+        count, _ = self.invalid.get(host, (0, ""))
+        self.invalid[host] = (count + 1, problem)
 
 
 class Monitor:
@@ -213,6 +226,10 @@ class Monitor:
                 self.store.record_policy(host, policy, now, origin)
                 if self.metrics is not None:
                     self.metrics.set_policy(self.host_name(host), policy, host, origin)
+        for host, (count, problem) in arrivals.invalid.items():
+            version = self._infos.get(host, {}).get("agent", "version unknown")
+            what = f"{count} invalid messages, the last" if count > 1 else "an invalid message"
+            self.board.invalid(host, f"sent {what}: {problem} (agent {version})", now)
         for report in arrivals.reports:
             if report.kind == CONNECTED:
                 self._connected(report.host, report.data, now)

@@ -18,7 +18,9 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from shared import protocol as p
+from shared.agent_shapes import check_agent_body
 from shared.io.keys import Keypair
+from shared.shapes import Invalid
 
 HEARTBEAT_INTERVAL_S = 1.0
 HEARTBEAT_LIVENESS = 5
@@ -38,6 +40,14 @@ class AgentError(HostError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+class InvalidMessage(HostError):
+    """The agent sent a message that is not valid (docs/protocol.md §4, §5, §10): a broken or
+    hostile agent, not a network fault, so a retry changes nothing."""
+
+
+UNKNOWN_VERSION = "version unknown"
 
 
 HANDSHAKE_FAILURES_TO_CONCLUDE = 10
@@ -144,6 +154,8 @@ class AgentClient:
         """Made once: Socket.poll() would build a Poller for every wait."""
         self._replies.register(self.sock, zmq.POLLIN)
         self.last_heard = time.monotonic()
+        self.agent_version = UNKNOWN_VERSION
+        """The agent's mlx-fleet version, from hello.ok: every invalid message names it."""
 
     def close(self) -> None:
         self.sock.close(linger=0)
@@ -181,9 +193,9 @@ class AgentClient:
                     if why is not None:
                         raise HostError(why)
                 if ready.get(self.sock):
-                    reply = self._receive()
-                    if reply is not None and reply.re == hello.id:
-                        return self._body(reply, "hello.ok")
+                    reply = self._reply_to(hello)
+                    if reply is not None:
+                        return self._greeted(self._body(reply, "hello.ok"))
             raise HostError(timeout_diagnosis(events, self.connect_timeout))
         except zmq.ZMQError as exc:
             raise HostError(f"cannot connect to {self.address}: {exc}") from None
@@ -196,23 +208,58 @@ class AgentClient:
         self.sock.send(p.encode(message))
         return message
 
-    def _receive(self) -> p.Message | None:
-        """One message off the socket; a malformed one is dropped (nothing to answer it with),
-        but an agent speaking another protocol version is a HostError saying so."""
+    def _greeted(self, hello: dict[str, Any]) -> dict[str, Any]:
+        """hello.ok's body, once its protocol is the one this side speaks (§8: the version is
+        learnt before anything else is sent)."""
+        self.agent_version = hello["agent"]
+        if hello["protocol"] != p.PROTOCOL_VERSION:
+            raise InvalidMessage(
+                f"the agent speaks protocol {hello['protocol']}, this coordinator "
+                f"{p.PROTOCOL_VERSION} (agent {self.agent_version}): install the same mlx-fleet "
+                "on both sides"
+            )
+        return hello
+
+    def _receive(self) -> p.Message:
+        """One message off the socket, valid to its last field (shared.agent_shapes), or
+        InvalidMessage naming the first problem and the agent's version (an agent speaking
+        another protocol version: a HostError saying so)."""
         data = self.sock.recv()
         self.last_heard = time.monotonic()
         try:
-            return p.decode(data)
+            message = p.decode(data)
         except p.ProtocolError as exc:
             if exc.code == p.BAD_VERSION:
                 raise HostError(f"the agent speaks another protocol: {exc.message}") from None
-            return None
+            raise InvalidMessage(
+                f"sent an invalid message: {exc.message} (agent {self.agent_version})"
+            ) from None
+        try:
+            check_agent_body(message.type, message.body)
+        except Invalid as exc:
+            raise InvalidMessage(
+                f"sent an invalid {message.type}: {exc} (agent {self.agent_version})"
+            ) from None
+        return message
+
+    def _reply_to(self, request: p.Message) -> p.Message | None:
+        """The next message, when it answers `request`; InvalidMessage says which request an
+        invalid one came while waiting for."""
+        try:
+            message = self._receive()
+        except InvalidMessage as exc:
+            raise InvalidMessage(
+                f"answered {request.type} with an invalid reply: {str(exc).removeprefix('sent ')}"
+            ) from None
+        return message if message.re == request.id else None
 
     def _body(self, reply: p.Message, expected: str) -> dict[str, Any]:
         if reply.type == "error":
             raise AgentError(reply.body["code"], reply.body["message"])
         if reply.type != expected:
-            raise HostError(f"expected {expected}, got {reply.type}")
+            raise InvalidMessage(
+                f"answered with {reply.type} where {expected} was due (agent {self.agent_version})"
+            )
         return reply.body
 
     def request(
@@ -223,8 +270,8 @@ class AgentClient:
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
             if self._replies.poll(left * 1000):
-                reply = self._receive()
-                if reply is not None and reply.re == message.id:
+                reply = self._reply_to(message)
+                if reply is not None:
                     return self._body(reply, f"{type_}.ok")
         raise HostError(f"no reply to {type_} within {timeout:g} s")
 
@@ -258,7 +305,7 @@ class AgentClient:
                 continue
             liveness = HEARTBEAT_LIVENESS
             message = self._receive()
-            if message is None or message.re != start.id:
+            if message.re != start.id:
                 continue  # a heartbeat reply, a cancel reply, or something stale
             if message.type == "error":
                 raise AgentError(message.body["code"], message.body["message"])

@@ -1,0 +1,461 @@
+"""What an agent may send, checked as strictly as the agent checks what it receives.
+
+shared.protocol checks a body's top level (its fields and their types); these shapes check what
+lies inside (a cell record, a sample's power map, every page of history) against docs/protocol.md
+§5 and §10: types, required keys, enums, finite numbers, integers a store can hold, counts within
+the spec's limits. A coordinator checks every reply, stream message and telemetry message with
+check_agent_body before it shows or stores anything: a hostile or broken agent (docs/security.md)
+gets its message refused by name, never a crash and never a value nobody checked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared import shapes as s
+from shared.energy import RAILS
+from shared.matrix import DECODE, MAX_CELLS, PREFILL, PREFILL_DECODE
+from shared.policy import CoolingState, ThermalPolicy
+
+MAX_HISTORY_ITEMS = 10_000
+"""Samples, and events, in one history.get page (the `limit` an agent takes, §10)."""
+MAX_JOBS_LISTED = 100
+MAX_SUPERVISED = 1024
+"""Jobs one sample lists: far more than a Mac runs, few enough to show."""
+MAX_CHECKS = 256
+MAX_FLAGS = 64
+MAX_ID = 64
+JOB_STATES = ("running", "ok", "failed", "cancelled")
+DONE_STATES = ("ok", "failed", "cancelled")
+CELL_STATUSES = ("ok", "failed")
+"""`not run` is the coordinator's word for a cell no record came for: never the agent's."""
+SUPERVISED_STATES = ("running", "paused", "stopped", "exited")
+EVENT_ACTIONS = (
+    "start",
+    "pause",
+    "resume",
+    "reduce_batch",
+    "restore_batch",
+    "stop",
+    "kill",
+    "forward",
+    "cleanup",
+    "fallback",
+    "rejoin",
+    "exit",
+    "policy",
+)
+POLICY_STATES = tuple(state.value for state in CoolingState)
+
+text = s.text()
+name = s.text(least=1)
+ident = s.text(MAX_ID, least=1)
+maybe_text = s.nil_or(text)
+count = s.integer(0)
+seq = s.integer(1)
+real = s.number()
+maybe_real = s.nil_or(real)
+amount = s.number(0)
+"""A measured quantity that cannot be negative: seconds, bytes, watts, joules, tok/s."""
+maybe_amount = s.nil_or(amount)
+epoch = s.number(0)
+celsius = s.nil_or(s.number(-273.15))
+scalar = s.either(s.nil_or(text), s.flag, real)
+"""A fact a map may hold beyond its documented keys (an older or newer agent's)."""
+open_value = s.either(scalar, s.list_of(scalar, 1024), s.map_of(scalar))
+rails = s.list_of(s.one_of(RAILS), len(RAILS))
+by_rail = s.map_of(real, len(RAILS) + 8)
+
+
+def _policy(value: Any, path: str) -> None:
+    """Every ThermalPolicy key, each a finite number, and thresholds the agent could hold."""
+    s.fields({key: real for key in ThermalPolicy().to_dict()})(value, path)
+    try:
+        ThermalPolicy.from_dict(value)
+    except ValueError as exc:
+        raise s.Invalid(path, f"is not a policy: {exc}") from None
+
+
+MACHINE_FIELDS: dict[str, s.Check] = {
+    "hostname": maybe_text,
+    "chip": maybe_text,
+    "device": maybe_text,
+    "backend": maybe_text,
+    "hw_model": maybe_text,
+    "os": maybe_text,
+    "memory_gb": maybe_amount,
+    "memory_gib": maybe_amount,
+    "gpu_cores": s.nil_or(count),
+    "metal_working_set_bytes": s.nil_or(count),
+    "cpu_count": s.nil_or(count),
+}
+machine = s.fields({}, MACHINE_FIELDS, others=open_value)
+reading = s.fields(
+    {"celsius": celsius, "source": text, "time": epoch, "simulated": s.flag},
+    {"sensor": maybe_text, "pressure": maybe_text, "sensors": s.nil_or(s.map_of(celsius))},
+)
+thermal = s.fields(
+    {"source": text, "simulated": s.flag, "reading": s.nil_or(reading), "error": maybe_text}
+)
+power_reading = s.fields(
+    {"source": text, "simulated": s.flag, "time": epoch, "watts": by_rail, "joules": by_rail},
+    {"total_w": maybe_real, "total_j": maybe_real},
+)
+power = s.fields(
+    {
+        "source": text,
+        "simulated": s.flag,
+        "rails": rails,
+        "resolution_s": maybe_amount,
+        "reading": s.nil_or(power_reading),
+        "error": maybe_text,
+    }
+)
+sample_power = s.fields(
+    {"source": text, "simulated": s.flag, "watts": by_rail, "joules": by_rail, "error": maybe_text}
+)
+supervised = s.fields(
+    {
+        "job": name,
+        "pid": s.integer(0),
+        "command": text,
+        "state": s.one_of(SUPERVISED_STATES),
+        "kind": s.one_of(("bench", "run")),
+    }
+)
+supervised_jobs = s.list_of(supervised, MAX_SUPERVISED)
+storage = s.fields(
+    {
+        "ok": s.flag,
+        "failing": s.list_of(
+            s.fields(
+                {"what": text, "path": text, "error": text, "since": epoch, "failures": count}
+            ),
+            64,
+        ),
+    }
+)
+running_job = s.fields(
+    {"id": ident, "done": count, "total": count}, {"started": s.either(maybe_text, epoch)}
+)
+MODEL_FIELDS: dict[str, s.Check] = {
+    "model": text,
+    "label": text,
+    "bits": s.nil_or(s.integer(1, 64)),
+    "param_count": s.nil_or(count),
+    "weight_memory_bytes": s.nil_or(count),
+    "weight_memory_gb": maybe_amount,
+    "num_arrays": s.nil_or(count),
+    "kind": maybe_text,
+    "model_type": maybe_text,
+    "revision": maybe_text,
+}
+model_info = s.fields(
+    {"model": text, "label": text},
+    {k: v for k, v in MODEL_FIELDS.items() if k not in ("model", "label")},
+    others=open_value,
+)
+window = s.fields(
+    {
+        "index": count,
+        "start_s": amount,
+        "end_s": amount,
+        "iterations": count,
+        "tokens": count,
+        "timed_s": amount,
+        "tokens_per_sec": maybe_amount,
+        "celsius": celsius,
+        "state": s.nil_or(s.one_of(POLICY_STATES)),
+        "watts": maybe_real,
+        "joules": maybe_real,
+        "pause_s": amount,
+        "paused": s.flag,
+    }
+)
+sustain = s.fields(
+    {"duration_s": amount, "window_s": amount, "windows": s.list_of(window, 1_000_000)},
+    {
+        "first_tokens_per_sec": maybe_amount,
+        "steady_tokens_per_sec": maybe_amount,
+        "throttle_ratio": maybe_amount,
+        "time_to_throttle_s": maybe_amount,
+        "start_celsius": celsius,
+        "end_celsius": celsius,
+        "temp_rise_c": maybe_real,
+        "mean_power_w": maybe_real,
+        "pause_s": amount,
+        "paused_windows": count,
+        "stopped": maybe_text,
+    },
+)
+MEASURED = {
+    "test_time": text,
+    "tokens_per_sec": amount,
+    "std_tokens_per_sec": maybe_amount,
+    "latency_ms": amount,
+    "std_latency_ms": maybe_amount,
+    "min_latency_ms": amount,
+    "median_latency_ms": amount,
+    "samples_ms": s.nil_or(s.list_of(amount, 100_000)),
+    "samples_tokens_per_sec": s.nil_or(s.list_of(amount, 100_000)),
+    "mean_per_token_ms": maybe_amount,
+    "peak_memory_gb": amount,
+    "active_memory_gb": amount,
+    "seq_len": count,
+    "decode_tokens": count,
+    "prefill_step_size": count,
+    "model_revision": text,
+    "wired_limit_bytes": s.nil_or(count),
+    "energy_source": maybe_text,
+    "energy_simulated": s.flag,
+    "energy_rails": rails,
+    "energy_j": maybe_real,
+    "energy_net_j": maybe_real,
+    "energy_window_s": maybe_amount,
+    "power_w": maybe_real,
+    "idle_power_w": maybe_real,
+    "tokens_per_joule": maybe_real,
+    "joules_per_token": maybe_real,
+    "energy_by_rail_j": s.nil_or(by_rail),
+    "energy_short_windows": s.nil_or(count),
+    "energy_note": maybe_text,
+    "sustain": sustain,
+}
+"""A record's fields that a measured cell has (§5 Cell records): absent from a cell that failed
+unmeasured."""
+COORDINATES = {
+    "model": name,
+    "bits": s.nil_or(s.integer(1, 64)),
+    "n_prompt": count,
+    "n_gen": count,
+    "n_depth": count,
+    "batch_size": s.integer(1),
+    "mode": s.one_of((PREFILL, DECODE, PREFILL_DECODE)),
+    "test": name,
+    "name": name,
+    "status": s.one_of(CELL_STATUSES),
+    "error": maybe_text,
+    "soc_temp_start_c": celsius,
+    "soc_temp_end_c": celsius,
+    "soc_temp_c": celsius,
+    "pressure_start": maybe_text,
+    "pressure_end": maybe_text,
+    "pause_s": amount,
+    "flags": s.list_of(s.text(64, least=1), MAX_FLAGS),
+    "thermal_source": maybe_text,
+}
+"""What every record carries, measured or not."""
+RECORD_FIELDS = COORDINATES | MEASURED | {"host": name}
+_record_shape = s.fields(COORDINATES, MEASURED | {"host": name})
+"""A coordinator's stored records add `host` (the host as it names it)."""
+SPEED_SLACK = 1e-6
+"""Relative rounding a mean rate may sit above the best iteration's by."""
+FASTEST_ITERATION_MS = 1e-3
+"""No timed iteration of an MLX cell takes less than a microsecond (one mx.eval costs more)."""
+
+
+def record(value: Any, path: str) -> None:
+    """One cell record (§5 Cell records); a measured one's figures must agree with each other:
+    its mean rate cannot beat its fastest iteration, which took at least a microsecond."""
+    _record_shape(value, path)
+    if value["status"] != "ok":
+        return
+    for key in ("test_time", "tokens_per_sec", "latency_ms", "min_latency_ms"):
+        if key not in value:
+            raise s.Invalid(f"{path}.{key}", "is missing from a measured cell")
+    fastest = value["min_latency_ms"]
+    if fastest < FASTEST_ITERATION_MS:
+        raise s.Invalid(f"{path}.min_latency_ms", f"is {fastest:g}, below a microsecond")
+    tokens = (value["n_prompt"] + value["n_gen"]) * value["batch_size"]
+    best_rate = tokens / (fastest / 1000)
+    if value["tokens_per_sec"] > best_rate * (1 + SPEED_SLACK):
+        raise s.Invalid(
+            f"{path}.tokens_per_sec",
+            f"is {value['tokens_per_sec']:g}, faster than its fastest iteration "
+            f"({tokens} tokens in {fastest:g} ms: {best_rate:g} tok/s)",
+        )
+
+
+sample = s.fields(
+    {
+        "host": name,
+        "seq": seq,
+        "time": epoch,
+        "celsius": celsius,
+        "pressure": maybe_text,
+        "source": text,
+        "simulated": s.flag,
+        "state": s.nil_or(s.one_of(POLICY_STATES)),
+        "trend_c_per_min": maybe_real,
+        "pause_s_total": amount,
+        "jobs": supervised_jobs,
+        "storage_error": maybe_text,
+        "power_w": maybe_real,
+        "energy_j": maybe_real,
+        "power": s.nil_or(sample_power),
+        "sensor": maybe_text,
+    }
+)
+event = s.fields(
+    {
+        "host": name,
+        "seq": s.nil_or(seq),
+        "time": epoch,
+        "job": s.nil_or(name),
+        "pid": s.nil_or(s.integer(0)),
+        "action": s.one_of(EVENT_ACTIONS),
+        "source": text,
+        "simulated": s.flag,
+        "celsius": celsius,
+        "detail": maybe_text,
+        "policy": s.nil_or(_policy),
+    }
+)
+listed_job = s.fields(
+    {
+        "job": ident,
+        "request": s.nil_or(ident),
+        "state": s.one_of(JOB_STATES),
+        "total": s.integer(0, MAX_CELLS),
+        "done": s.integer(0, MAX_CELLS),
+        "error": maybe_text,
+        "started": text,
+        "finished": maybe_text,
+    }
+)
+doctor_check = s.fields(
+    {"name": text, "ok": s.flag, "detail": text, "fix": maybe_text}, {"required": s.flag}
+)
+report = s.fields(
+    {"host": text, "ok": s.flag, "checks": s.list_of(doctor_check, MAX_CHECKS)},
+    {"machine": s.nil_or(machine)},
+    others=open_value,
+)
+
+BODIES: dict[str, s.Check] = {
+    "hello.ok": s.fields(
+        {"agent": text, "protocol": s.integer(0), "hostname": text, "secure": s.flag}
+    ),
+    "ping.ok": s.fields({"job": s.nil_or(ident), "time": epoch}),
+    "info.ok": s.fields(
+        {
+            "agent": text,
+            "protocol": s.integer(0),
+            "name": name,
+            "machine": machine,
+            "thermal": thermal,
+            "power": power,
+            "job": s.nil_or(running_job),
+            "telemetry_port": s.integer(1, 65535),
+            "poll_interval": s.number(1e-3, 86_400),
+            "policy": _policy,
+            "jobs": supervised_jobs,
+            "history": name,
+            "storage": storage,
+        },
+        {"policy_origin": maybe_text},
+    ),
+    "bench.start.ok": s.fields({"job": ident, "cells": s.list_of(name, MAX_CELLS)}),
+    "bench.progress": s.fields(
+        {"job": ident, "done": s.integer(0, MAX_CELLS), "total": s.integer(0, MAX_CELLS)},
+        {"model": s.nil_or(model_info)},
+    ),
+    "bench.cell": s.fields({"job": ident, "index": s.integer(0, MAX_CELLS - 1), "record": record}),
+    "bench.done": s.fields(
+        {
+            "job": ident,
+            "status": s.one_of(DONE_STATES),
+            "error": maybe_text,
+            "cells": s.integer(0, MAX_CELLS),
+        }
+    ),
+    "bench.cancel.ok": s.fields({"job": ident}),
+    "job.get.ok": s.fields(
+        {
+            "job": ident,
+            "state": s.one_of(JOB_STATES),
+            "error": maybe_text,
+            "spec": s.map_of(open_value, 64),
+            "models": s.list_of(model_info, MAX_CELLS),
+            "records": s.list_of(record, MAX_CELLS),
+            "offset": s.integer(0, MAX_CELLS),
+            "next": s.nil_or(s.integer(1, MAX_CELLS)),
+            "started": text,
+            "finished": maybe_text,
+        }
+    ),
+    "job.list.ok": s.fields({"jobs": s.list_of(listed_job, MAX_JOBS_LISTED)}),
+    "history.get.ok": s.fields(
+        {
+            "history": name,
+            "samples": s.list_of(sample, MAX_HISTORY_ITEMS),
+            "events": s.list_of(event, MAX_HISTORY_ITEMS),
+            "truncated": s.flag,
+        }
+    ),
+    "policy.get.ok": s.fields({"policy": _policy}, {"origin": maybe_text}),
+    "policy.set.ok": s.fields({"policy": _policy}, {"origin": maybe_text}),
+    "doctor.ok": s.fields({"report": report}),
+    "error": s.fields({"code": text, "message": text}),
+    "telemetry.sample": sample,
+    "telemetry.event": event,
+}
+"""Every type an agent sends: replies, the job stream and telemetry (§5, §10)."""
+
+
+def check_agent_body(type_: str, body: dict[str, Any]) -> None:
+    """Invalid naming the first problem of an agent's `type_` message body (top level already
+    checked by shared.protocol); a type an agent never sends is one."""
+    shape = BODIES.get(type_)
+    if shape is None:
+        raise s.Invalid("", f"{type_} is not a message an agent sends")
+    shape(body, "")
+
+
+INVALID_TEXT = "(invalid)"
+"""What a stored text field that fails its check shows instead."""
+TEXT_FIELDS = ("model", "test", "name", "mode", "status")
+
+
+def salvaged(value: Any, checks: dict[str, s.Check]) -> tuple[dict[str, Any], list[str]]:
+    """A copy of a stored map whose fields that fail their check are nil (TEXT_FIELDS:
+    INVALID_TEXT), and the problems: a run stored before its agent's messages were checked
+    still shows and exports, its bad values named, never shown as numbers."""
+    if not isinstance(value, dict):
+        return {}, [f"is {s.kind_of(value)}, not a map"]
+    kept, problems = {}, []
+    for key, entry in value.items():
+        check = checks.get(key) if isinstance(key, str) else None
+        if check is None:
+            if isinstance(key, str) and _fits(open_value, entry):
+                kept[key] = entry
+            continue
+        try:
+            check(entry, key)
+        except s.Invalid as exc:
+            problems.append(str(exc))
+            kept[key] = INVALID_TEXT if key in TEXT_FIELDS else None
+        else:
+            kept[key] = entry
+    return kept, problems
+
+
+def salvaged_record(value: Any) -> dict[str, Any]:
+    """A stored cell record as salvaged() keeps it; a record with problems is `failed` and
+    lists them in `invalid`, so every format says so."""
+    record, problems = salvaged(value, RECORD_FIELDS)
+    for key in TEXT_FIELDS:
+        record.setdefault(key, INVALID_TEXT)
+    if problems:
+        record["status"] = "failed"
+        record["invalid"] = problems
+        record["error"] = "invalid values stored: " + "; ".join(problems)
+    return record
+
+
+def _fits(check: s.Check, value: Any) -> bool:
+    try:
+        check(value, "")
+    except s.Invalid:
+        return False
+    return True

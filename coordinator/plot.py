@@ -19,6 +19,7 @@ from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 from matplotlib.figure import Figure
 
 from coordinator.telemetry_stats import THRESHOLDS, HostSeries
+from shared.safe_text import shown
 
 THRESHOLD_STYLES = {
     "max_speed_temp": ("reduce batch", "goldenrod"),
@@ -92,6 +93,13 @@ def _threshold_sets(drawn: list[HostSeries]) -> list[tuple[str | None, list[Peri
     return [(host, periods) for host, periods in sets if periods]
 
 
+def plot_text(value: str) -> str:
+    """A label or title made of what agents named: escaped as a terminal shows it
+    (shared.safe_text), with `$` literal (Matplotlib would parse it as mathtext, and raise on
+    what it cannot)."""
+    return shown(value).replace("$", r"\$")
+
+
 def plot_history(hosts: list[HostSeries], title: str) -> Figure:
     """The figure; hosts without points are left out."""
     metered = any(watts is not None for series in hosts for _, watts in series.power)
@@ -106,7 +114,7 @@ def plot_history(hosts: list[HostSeries], title: str) -> Figure:
     for index, series in enumerate(drawn):
         colour = HOST_COLOURS[index % len(HOST_COLOURS)]
         xs, ys = _line(series.points, series.silence)
-        axes.plot(xs, ys, linewidth=1.4, color=colour, label=series.host)
+        axes.plot(xs, ys, linewidth=1.4, color=colour, label=plot_text(series.host))
         for number, (start, end) in enumerate(series.paused):
             axes.axvspan(
                 _when(start),
@@ -114,10 +122,10 @@ def plot_history(hosts: list[HostSeries], title: str) -> Figure:
                 color=colour,
                 alpha=0.18,
                 linewidth=0,
-                label=f"{series.host} paused" if number == 0 else None,
+                label=plot_text(f"{series.host} paused") if number == 0 else None,
             )
         for number, (at, celsius) in enumerate(series.stops):
-            label = f"{series.host}: job stopped" if number == 0 else None
+            label = plot_text(f"{series.host}: job stopped") if number == 0 else None
             if celsius is None:
                 axes.axvline(_when(at), color=STOP_COLOUR, linestyle=":", label=label)
             else:
@@ -128,7 +136,7 @@ def plot_history(hosts: list[HostSeries], title: str) -> Figure:
             for name in THRESHOLDS:
                 words, colour = THRESHOLD_STYLES[name]
                 label = f"{words} ≥ {policy[name]:g} °C"
-                label = f"{label} (every host)" if host is None else f"{host}: {label}"
+                label = f"{label} (every host)" if host is None else plot_text(f"{host}: {label}")
                 axes.hlines(
                     policy[name],
                     _when(start),
@@ -141,7 +149,7 @@ def plot_history(hosts: list[HostSeries], title: str) -> Figure:
                 labelled.add(label)
     if any(series.simulated for series in hosts):
         title += " (simulated or replayed: not a sensor)"
-    axes.set_title(title)
+    axes.set_title(plot_text(title))
     axes.set_ylabel("SoC °C")
     locator = AutoDateLocator()
     axes.xaxis.set_major_locator(locator)

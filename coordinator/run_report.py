@@ -7,6 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from shared.agent_shapes import MACHINE_FIELDS, MODEL_FIELDS, salvaged, salvaged_record
 from shared.aggregate import mark_fastest
 from shared.matrix import planned_cells
 from shared.results import not_run
@@ -23,7 +24,7 @@ def fleet_report(
     """The report of one run: `run` its row, `status` as it is to be shown (a run whose
     coordinator is gone shows `interrupted`), `hosts` and `cells` their rows in order."""
     spec = json.loads(run["spec"])
-    records = [json.loads(cell["record"]) for cell in cells]
+    records = [salvaged_record(json.loads(cell["record"])) for cell in cells]
     if status != RUNNING:
         records += missing_cells(spec, hosts, cells)
     unfinished = {
@@ -41,8 +42,8 @@ def fleet_report(
         "hosts": [
             {
                 "host": host["host"],
-                "machine": None if host["machine"] is None else json.loads(host["machine"]),
-                "models": json.loads(host["models"]),
+                "machine": _stored(host["machine"], MACHINE_FIELDS),
+                "models": [salvaged(info, MODEL_FIELDS)[0] for info in json.loads(host["models"])],
                 "status": host["status"],
                 "error": host["error"],
             }
@@ -51,6 +52,12 @@ def fleet_report(
         "cells": mark_fastest(records),
         "interrupted": bool(run["interrupted"]) or status == INTERRUPTED,
     }
+
+
+def _stored(text: str | None, checks: dict[str, Any]) -> dict[str, Any] | None:
+    """A stored map with the values its checks refuse set to nil (a run stored before agents'
+    messages were checked)."""
+    return None if text is None else salvaged(json.loads(text), checks)[0]
 
 
 def missing_cells(

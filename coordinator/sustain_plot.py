@@ -11,6 +11,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from coordinator.plot import plot_text
 from shared.sustain_report import sustained
 
 PANELS = (("tokens_per_sec", "tok/s"), ("celsius", "SoC °C"), ("watts", "W"))
@@ -24,7 +25,7 @@ UNKNOWN = {
 
 def _label(record: dict[str, Any], several: bool) -> str:
     host = record.get("host") or "local"
-    return f"{host} {record['name']}" if several else host
+    return plot_text(f"{host} {record['name']}" if several else host)
 
 
 def _series(windows: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:

@@ -8,11 +8,9 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from shared.safe_text import shown
+from shared.safe_text import DETAIL_CAP, shown
 
 PASS, FAIL = "✓", "✗"
-DETAIL_CAP = 1000
-"""A check's detail and fix say a whole finding (every source tried, and why): a longer cap."""
 
 
 def result_mark(check: dict[str, Any]) -> str:

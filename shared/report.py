@@ -21,6 +21,7 @@ from rich.text import Text
 from shared.energy import not_a_meter
 from shared.matrix import hf_model_id, model_label
 from shared.results import NOT_RUN, OK
+from shared.safe_text import DETAIL_CAP, shown
 from shared.sustain_report import markdown_sustain, rich_sustain
 
 FORMATS = ("table", "md", "csv", "json", "jsonl", "sql")
@@ -87,6 +88,8 @@ def flags(record: Record) -> str:
         marks.insert(0, "fastest")
     if record.get("status") == NOT_RUN:
         marks.append(f"not run: {record.get('error')}")
+    elif record.get("invalid"):
+        marks.append(f"INVALID: {'; '.join(record['invalid'])}")
     elif record.get("status") != OK:
         marks.append(f"FAILED: {record.get('error')}")
     return ", ".join(marks)
@@ -108,10 +111,11 @@ def progress_line(record: Record) -> str:
     """One log line for a finished cell (used where no live progress bar can be drawn)."""
     where = f"{record['host']} " if record.get("host") else ""
     if record.get("status") != "ok":
-        return f"{where}{record['name']}: FAILED: {record.get('error')}"
-    return (
+        return shown(f"{where}{record['name']}: FAILED: {record.get('error')}", DETAIL_CAP)
+    return shown(
         f"{where}{record['name']}: {mean_std(record, 'tokens_per_sec', 'std_tokens_per_sec')}"
-        f" tok/s, {mean_std(record, 'latency_ms', 'std_latency_ms')} ms"
+        f" tok/s, {mean_std(record, 'latency_ms', 'std_latency_ms')} ms",
+        DETAIL_CAP,
     )
 
 
@@ -120,7 +124,7 @@ Column = tuple[str, Callable[[Record], str]]
 COLUMNS: list[Column] = [
     ("model", lambda r: record_model_label(r)),
     ("test", lambda r: r["test"]),
-    ("batch", lambda r: str(r["batch_size"])),
+    ("batch", lambda r: NA if r.get("batch_size") is None else str(r["batch_size"])),
     ("tok/s", lambda r: mean_std(r, "tokens_per_sec", "std_tokens_per_sec")),
     ("latency ms", lambda r: mean_std(r, "latency_ms", "std_latency_ms")),
     ("peak GB", lambda r: gigabytes(r.get("peak_memory_gb"))),
@@ -142,10 +146,11 @@ def columns_for(records: list[Record]) -> list[Column]:
 
 
 def model_line(info: dict[str, Any]) -> str:
+    params, weights = info.get("param_count"), info.get("weight_memory_gb")
     return (
-        f"model {info['label']} ({info.get('model_type', '?')}): "
-        f"{human_count(info['param_count'])} params, "
-        f"{info['weight_memory_gb']:.3f} GB weights"
+        f"model {info.get('label')} ({info.get('model_type') or '?'}): "
+        f"{NA if params is None else human_count(params)} params, "
+        f"{NA if weights is None else f'{weights:.3f}'} GB weights"
     )
 
 
@@ -176,7 +181,9 @@ def memory_text(machine: dict[str, Any]) -> str:
     """GiB as macOS shows it (a 16 GB Mac: 16); reports stored before show decimal GB."""
     if machine.get("memory_gib") is not None:
         return f"{machine['memory_gib']:g} GiB RAM"
-    return f"{machine.get('memory_gb', 0):.1f} GB RAM"
+    if machine.get("memory_gb") is not None:
+        return f"{machine['memory_gb']:.1f} GB RAM"
+    return "RAM unknown"
 
 
 def machine_line(machine: dict[str, Any], address: str | None = None) -> str:
@@ -239,13 +246,14 @@ def header_lines(report: dict[str, Any]) -> list[str]:
 
 def rich_report(report: dict[str, Any]) -> Group:
     """The header lines (device, versions, models) above the table."""
-    header = Text("\n".join(header_lines(report)), style="dim")
+    lines = [shown(line, DETAIL_CAP) for line in header_lines(report)]
+    header = Text("\n".join(lines), style="dim")
     return Group(header, rich_table(report), *rich_sustain(report["cells"]))
 
 
 def rich_table(report: dict[str, Any]) -> Table:
     records = report["cells"]
-    table = Table(title=report.get("title", "mlx-fleet benchmark"))
+    table = Table(title=Text(shown(report.get("title", "mlx-fleet benchmark"))))
     cols = columns_for(records)
     for name, _ in cols:
         table.add_column(
@@ -255,18 +263,20 @@ def rich_table(report: dict[str, Any]) -> Table:
         )
     for record in records:
         style = None if record.get("status") == "ok" else "red"
-        table.add_row(*(render(record) for _, render in cols), style=style)
+        table.add_row(*(Text(shown(render(record), DETAIL_CAP)) for _, render in cols), style=style)
     return table
 
 
 def to_markdown(report: dict[str, Any]) -> str:
     records = report["cells"]
     cols = columns_for(records)
-    lines = [f"<!-- {line.strip()} -->" for line in header_lines(report)]
+    lines = [
+        f"<!-- {exported(line.strip()).replace('--', '- -')} -->" for line in header_lines(report)
+    ]
     lines.append("| " + " | ".join(name for name, _ in cols) + " |")
     lines.append("| " + " | ".join("---" for _ in cols) + " |")
     for record in records:
-        cells = (render(record).replace("|", "\\|") for _, render in cols)
+        cells = (exported(render(record)).replace("|", "\\|") for _, render in cols)
         lines.append("| " + " | ".join(cells) + " |")
     lines += markdown_sustain(records)
     return "\n".join(lines) + "\n"
@@ -363,7 +373,16 @@ SQL_TABLE = "mlx_fleet_bench"
 
 
 def _nanoseconds(milliseconds: float | None) -> int | None:
-    return None if milliseconds is None else round(milliseconds * 1e6)
+    if milliseconds is None or not math.isfinite(milliseconds):
+        return None
+    return round(milliseconds * 1e6)
+
+
+def exported(value: Any) -> Any:
+    """A text value as an export shows it: whole, but every control, zero-width and bidi
+    character escaped visibly (shared.safe_text), since a CSV or SQL dump is read in a terminal
+    too; any other value as it is."""
+    return shown(value, cap=None) if isinstance(value, str) else value
 
 
 def _machines(report: dict[str, Any]) -> dict[Any, dict[str, Any]]:
@@ -451,7 +470,7 @@ def to_csv(report: dict[str, Any]) -> str:
     writer.writeheader()
     for row in bench_rows(report):
         row["samples_ns"] = ";".join(map(str, row["samples_ns"]))
-        writer.writerow(row)
+        writer.writerow({key: exported(value) for key, value in row.items()})
     return out.getvalue()
 
 
@@ -463,7 +482,7 @@ def sql_literal(value: Any) -> str:
         return str(int(value))
     if isinstance(value, (int, float)):
         return repr(value) if math.isfinite(value) else "NULL"
-    return "'" + str(value).replace("'", "''") + "'"
+    return "'" + exported(str(value)).replace("'", "''") + "'"
 
 
 def to_sql(report: dict[str, Any]) -> str:
@@ -479,8 +498,25 @@ def to_sql(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def strict_json(value: Any, **options: Any) -> str:
+    """RFC 8259 JSON: a non-finite number (only a run stored before agents' messages were
+    checked can hold one) is null, never NaN; non-ASCII is escaped, so no control, bidi or
+    zero-width character reaches a terminal raw."""
+    return json.dumps(_finite(value), allow_nan=False, default=str, **options)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(entry) for key, entry in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(entry) for entry in value]
+    return value
+
+
 def to_json(report: dict[str, Any]) -> str:
-    return json.dumps(report, indent=2, default=str) + "\n"
+    return strict_json(report, indent=2) + "\n"
 
 
 def to_jsonl(report: dict[str, Any]) -> str:
@@ -488,7 +524,7 @@ def to_jsonl(report: dict[str, Any]) -> str:
     lines = []
     for row, record in zip(bench_rows(report), report["cells"], strict=True):
         row["samples_ts"] = record.get("samples_tokens_per_sec") or []
-        lines.append(json.dumps(row, default=str))
+        lines.append(strict_json(row))
     return "\n".join(lines) + ("\n" if lines else "")
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 SHOWN_CAP = 200
 """Characters of one remote string shown; the rest is counted, `…(+N)`, never printed."""
+DETAIL_CAP = 1000
+"""For an error or a check's detail, which may quote a crashed process's last lines."""
 
 _INVISIBLE = frozenset(
     [0x061C, 0x180E, 0xFEFF, *range(0x200B, 0x2010), *range(0x202A, 0x202F)]
@@ -18,12 +20,14 @@ _INVISIBLE = frozenset(
 """Zero-width characters and bidi controls: each makes a string read otherwise than it is."""
 
 
-def shown(value: object, cap: int = SHOWN_CAP) -> str:
+def shown(value: object, cap: int | None = SHOWN_CAP) -> str:
     """`value` as one line of plain text: newlines and tabs become spaces; C0 and C1 control
     characters, DEL and ESC are shown as `\\xNN`; zero-width and bidi controls as `\\uNNNN`;
-    past `cap` characters the rest is `…(+N)`."""
+    past `cap` characters (None: no cap, for exports) the rest is `…(+N)`."""
     text = value if isinstance(value, str) else str(value)
-    rest = len(text) - cap
+    rest = 0 if cap is None else len(text) - cap
+    if rest <= 0 and text.isprintable():  # no control or format character: the usual case
+        return text
     out = []
     for char in text[:cap] if rest > 0 else text:
         code = ord(char)

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from rich.table import Table
+from rich.text import Text
 
 from coordinator.commands.hosts import (
     ConnectTimeout,
@@ -61,6 +62,7 @@ from shared.io.sqlite import StoreError
 from shared.io.transport import AgentClient, AgentError
 from shared.matrix import MatrixError
 from shared.results import failed_cells
+from shared.safe_text import DETAIL_CAP, shown
 
 
 class FleetProgress:
@@ -69,7 +71,7 @@ class FleetProgress:
     def __init__(self, names: list[str]) -> None:
         self.unreachable: set[str] = set()
         self.progress = Progress(
-            TextColumn("{task.description}"),
+            TextColumn("{task.description}", markup=False),
             BarColumn(),
             MofNCompleteColumn(),
             console=err,
@@ -82,7 +84,8 @@ class FleetProgress:
     def __call__(self, event: HostEvent) -> None:
         task = self.tasks[event.host]
         if event.kind == MACHINE:
-            self.progress.update(task, description=f"{event.host}: {event.data.get('device', '?')}")
+            device = shown(event.data.get("device") or "?")
+            self.progress.update(task, description=f"{event.host}: {device}")
         elif event.kind == STARTED:
             self.progress.update(task, total=len(event.data["cells"]))
         elif event.kind == CELL:
@@ -92,7 +95,8 @@ class FleetProgress:
             if event.host not in self.unreachable:  # a line per loss, not per attempt
                 self.unreachable.add(event.host)
                 err.print(
-                    f"{event.host}: unreachable ({event.data['error']}); reconnecting",
+                    f"{event.host}: unreachable ({shown(event.data['error'], DETAIL_CAP)}); "
+                    "reconnecting",
                     highlight=False,
                     markup=False,
                 )
@@ -104,7 +108,11 @@ class FleetProgress:
             outcome = event.data["status"] if event.data["status"] == HOST_OK else "FAILED"
             self.progress.update(task, description=f"{event.host}: {outcome}")
             if event.data["error"]:
-                err.print(f"{event.host}: {event.data['error']}", highlight=False, markup=False)
+                err.print(
+                    f"{event.host}: {shown(event.data['error'], DETAIL_CAP)}",
+                    highlight=False,
+                    markup=False,
+                )
 
 
 def interrupt_on_sigterm(signum: int, frame: object) -> None:
@@ -332,5 +340,6 @@ def cancel_table(rows: list[dict[str, Any]]) -> Table:
         table.add_column(name, overflow="fold")
     for row in rows:
         style = "red" if row["result"] in (UNREACHABLE_HOST, "refused") else None
-        table.add_row(row["host"], row["job"] or "", row["result"], row["error"] or "", style=style)
+        why = Text(shown(row["error"] or "", DETAIL_CAP))
+        table.add_row(row["host"], Text(shown(row["job"] or "")), row["result"], why, style=style)
     return table

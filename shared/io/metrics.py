@@ -58,6 +58,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
 from prometheus_client.metrics import MetricWrapperBase
 
 from shared.policy import CoolingState
+from shared.safe_text import shown
 
 STATE_VALUES: dict[str, int] = {state.value: state.severity for state in CoolingState}
 """ok 0, reduce_batch 1, pause 2, stop 3: the order of CoolingState."""
@@ -186,7 +187,7 @@ class TelemetryMetrics:
 
     def _labels(self, state: _Host, *extra: str) -> tuple[str, ...]:
         base = (state.host, state.instance or state.host) if self.instance else (state.host,)
-        return (*base, *extra)
+        return tuple(shown(value) for value in (*base, *extra))  # agents name most of them
 
     def _set(self, state: _Host, metric: Gauge, value: float, *extra: str) -> None:
         labels = self._labels(state, *extra)

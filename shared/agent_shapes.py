@@ -67,13 +67,16 @@ rails = s.list_of(s.one_of(RAILS), len(RAILS))
 by_rail = s.map_of(real, len(RAILS) + 8)
 
 
-def _policy(value: Any, path: str) -> None:
+_policy_fields = s.fields({key: real for key in ThermalPolicy().to_dict()})
+
+
+def _policy(value: Any) -> None:
     """Every ThermalPolicy key, each a finite number, and thresholds the agent could hold."""
-    s.fields({key: real for key in ThermalPolicy().to_dict()})(value, path)
+    _policy_fields(value)
     try:
         ThermalPolicy.from_dict(value)
     except ValueError as exc:
-        raise s.Invalid(path, f"is not a policy: {exc}") from None
+        raise s.Invalid("", f"is not a policy: {exc}") from None
 
 
 MACHINE_FIELDS: dict[str, s.Check] = {
@@ -254,23 +257,23 @@ FASTEST_ITERATION_MS = 1e-3
 """No timed iteration of an MLX cell takes less than a microsecond (one mx.eval costs more)."""
 
 
-def record(value: Any, path: str) -> None:
+def record(value: Any) -> None:
     """One cell record (§5 Cell records); a measured one's figures must agree with each other:
     its mean rate cannot beat its fastest iteration, which took at least a microsecond."""
-    _record_shape(value, path)
+    _record_shape(value)
     if value["status"] != "ok":
         return
     for key in ("test_time", "tokens_per_sec", "latency_ms", "min_latency_ms"):
         if key not in value:
-            raise s.Invalid(f"{path}.{key}", "is missing from a measured cell")
+            raise s.Invalid(key, "is missing from a measured cell")
     fastest = value["min_latency_ms"]
     if fastest < FASTEST_ITERATION_MS:
-        raise s.Invalid(f"{path}.min_latency_ms", f"is {fastest:g}, below a microsecond")
+        raise s.Invalid("min_latency_ms", f"is {fastest:g}, below a microsecond")
     tokens = (value["n_prompt"] + value["n_gen"]) * value["batch_size"]
     best_rate = tokens / (fastest / 1000)
     if value["tokens_per_sec"] > best_rate * (1 + SPEED_SLACK):
         raise s.Invalid(
-            f"{path}.tokens_per_sec",
+            "tokens_per_sec",
             f"is {value['tokens_per_sec']:g}, faster than its fastest iteration "
             f"({tokens} tokens in {fastest:g} ms: {best_rate:g} tok/s)",
         )
@@ -409,7 +412,7 @@ def check_agent_body(type_: str, body: dict[str, Any]) -> None:
     shape = BODIES.get(type_)
     if shape is None:
         raise s.Invalid("", f"{type_} is not a message an agent sends")
-    shape(body, "")
+    shape(body)
 
 
 INVALID_TEXT = "(invalid)"
@@ -431,9 +434,9 @@ def salvaged(value: Any, checks: dict[str, s.Check]) -> tuple[dict[str, Any], li
                 kept[key] = entry
             continue
         try:
-            check(entry, key)
+            check(entry)
         except s.Invalid as exc:
-            problems.append(str(exc))
+            problems.append(str(exc.within(key)))
             kept[key] = INVALID_TEXT if key in TEXT_FIELDS else None
         else:
             kept[key] = entry
@@ -455,7 +458,7 @@ def salvaged_record(value: Any) -> dict[str, Any]:
 
 def _fits(check: s.Check, value: Any) -> bool:
     try:
-        check(value, "")
+        check(value)
     except s.Invalid:
         return False
     return True

@@ -11,8 +11,10 @@ from typing import Any
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 """Every integer a store keeps is within SQLite's (and a C int64's) range."""
 
-Check = Callable[[Any, str], None]
-"""Raises Invalid naming `path` (the value's place in the message) when the value is wrong."""
+Check = Callable[[Any], None]
+"""Raises Invalid when the value is wrong. Paths are built only then, as the error rises
+through the maps and lists that hold the value: a valid message (all but a hostile agent's)
+costs no string."""
 
 
 class Invalid(ValueError):
@@ -22,6 +24,18 @@ class Invalid(ValueError):
         super().__init__(f"{path} {problem}" if path else problem)
         self.path = path
         self.problem = problem
+
+    def within(self, key: object) -> Invalid:
+        """The same problem, seen from the map or list that holds the value at `key`."""
+        if isinstance(key, int):
+            path = (
+                f"[{key}]{self.path}"
+                if self.path.startswith("[") or not self.path
+                else (f"[{key}].{self.path}")
+            )
+        else:
+            path = f"{key}{self.path}" if self.path.startswith("[") else _at(str(key), self.path)
+        return Invalid(path, self.problem)
 
 
 def kind_of(value: Any) -> str:
@@ -33,91 +47,114 @@ def kind_of(value: Any) -> str:
     )
 
 
-def _at(path: str, key: object) -> str:
-    return f"{path}.{key}" if path else str(key)
+def _at(head: str, rest: str) -> str:
+    return f"{head}.{rest}" if rest else head
 
 
 def text(most: int | None = None, least: int = 0) -> Check:
     """A str of `least` to `most` characters."""
 
-    def check(value: Any, path: str) -> None:
+    def check(value: Any) -> None:
         if type(value) is not str:
-            raise Invalid(path, f"is {kind_of(value)}, not a str")
+            raise Invalid("", f"is {kind_of(value)}, not a str")
         if len(value) < least or (most is not None and len(value) > most):
             bound = f"{least} to {most}" if most is not None else f"at least {least}"
-            raise Invalid(path, f"has {len(value)} characters, not {bound}")
+            raise Invalid("", f"has {len(value)} characters, not {bound}")
 
+    if most is None and least == 0:
+        _fast[check] = (_TYPES, frozenset({str}))
     return check
+
+
+_TYPES, _FINITE, _INT, _MEMBER = 0, 1, 2, 3
+_fast: dict[Check, tuple[int, Any]] = {}
+"""Checks that fields() can run inline, without a call: an exact type set (_TYPES), a finite
+number or an int within bounds (_FINITE, _INT: nil allowed, least, most), a str among a set
+(_MEMBER: nil allowed, the set). Most fields of a sample are such, and a lab's telemetry is
+checked sample by sample at one coordinator."""
 
 
 def integer(least: int = INT64_MIN, most: int = INT64_MAX) -> Check:
     """An int (never a bool or a float) within [least, most]."""
 
-    def check(value: Any, path: str) -> None:
+    def check(value: Any) -> None:
         if type(value) is not int:
-            raise Invalid(path, f"is {kind_of(value)}, not an int")
+            raise Invalid("", f"is {kind_of(value)}, not an int")
         if not least <= value <= most:
-            raise Invalid(path, f"is {value}, outside {least} to {most}")
+            raise Invalid("", f"is {value}, outside {least} to {most}")
 
+    _fast[check] = (_INT, (False, least, most))
     return check
 
 
 def number(least: float | None = None, most: float | None = None) -> Check:
     """A finite int or float (never a bool), ints within int64, within [least, most]."""
 
-    def check(value: Any, path: str) -> None:
+    def check(value: Any) -> None:
         if type(value) is float:
             if not math.isfinite(value):
-                raise Invalid(path, f"is {value}, not a finite number")
+                raise Invalid("", f"is {value}, not a finite number")
         elif type(value) is int:
             if not INT64_MIN <= value <= INT64_MAX:
-                raise Invalid(path, f"is {value}, outside the 64-bit range")
+                raise Invalid("", f"is {value}, outside the 64-bit range")
         else:
-            raise Invalid(path, f"is {kind_of(value)}, not a number")
+            raise Invalid("", f"is {kind_of(value)}, not a number")
         if least is not None and value < least:
-            raise Invalid(path, f"is {value:g}, below {least:g}")
+            raise Invalid("", f"is {value:g}, below {least:g}")
         if most is not None and value > most:
-            raise Invalid(path, f"is {value:g}, above {most:g}")
+            raise Invalid("", f"is {value:g}, above {most:g}")
 
+    _fast[check] = (_FINITE, (False, least, most))
     return check
 
 
-def flag(value: Any, path: str) -> None:
+def flag(value: Any) -> None:
     if type(value) is not bool:
-        raise Invalid(path, f"is {kind_of(value)}, not a bool")
+        raise Invalid("", f"is {kind_of(value)}, not a bool")
+
+
+_fast[flag] = (_TYPES, frozenset({bool}))
 
 
 def one_of(values: Collection[str]) -> Check:
     """A str among `values`."""
     allowed = frozenset(values)
 
-    def check(value: Any, path: str) -> None:
+    def check(value: Any) -> None:
         if type(value) is not str:
-            raise Invalid(path, f"is {kind_of(value)}, not a str")
+            raise Invalid("", f"is {kind_of(value)}, not a str")
         if value not in allowed:
-            raise Invalid(path, f"is {value!r}, not one of {', '.join(sorted(allowed))}")
+            raise Invalid("", f"is {value!r}, not one of {', '.join(sorted(allowed))}")
 
+    _fast[check] = (_MEMBER, (False, allowed))
     return check
 
 
 def nil_or(inner: Check) -> Check:
-    def check(value: Any, path: str) -> None:
+    def check(value: Any) -> None:
         if value is not None:
-            inner(value, path)
+            inner(value)
 
+    fast = _fast.get(inner)
+    if fast is not None:
+        kind, arg = fast
+        _fast[check] = (kind, arg | {type(None)} if kind == _TYPES else (True, *arg[1:]))
     return check
 
 
 def list_of(item: Check, most: int | None = None) -> Check:
     """A list of at most `most` items, each passing `item`."""
 
-    def check(value: Any, path: str) -> None:
+    def check(value: Any) -> None:
         if type(value) is not list:
-            raise Invalid(path, f"is {kind_of(value)}, not a list")
+            raise Invalid("", f"is {kind_of(value)}, not a list")
         if most is not None and len(value) > most:
-            raise Invalid(path, f"has {len(value)} items, more than {most}")
+            raise Invalid("", f"has {len(value)} items, more than {most}")
         for index, entry in enumerate(value):
-            item(entry, f"{path}[{index}]")
+            try:
+                item(entry)
+            except Invalid as exc:
+                raise exc.within(index) from None
 
     return check
 
@@ -125,15 +162,18 @@ def list_of(item: Check, most: int | None = None) -> Check:
 def map_of(item: Check, most: int = 1024) -> Check:
     """A map of str keys (at most `most`), each value passing `item`."""
 
-    def check(value: Any, path: str) -> None:
+    def check(value: Any) -> None:
         if type(value) is not dict:
-            raise Invalid(path, f"is {kind_of(value)}, not a map")
+            raise Invalid("", f"is {kind_of(value)}, not a map")
         if len(value) > most:
-            raise Invalid(path, f"has {len(value)} keys, more than {most}")
+            raise Invalid("", f"has {len(value)} keys, more than {most}")
         for key, entry in value.items():
             if type(key) is not str:
-                raise Invalid(path, f"has a key that is {kind_of(key)}, not a str")
-            item(entry, _at(path, key))
+                raise Invalid("", f"has a key that is {kind_of(key)}, not a str")
+            try:
+                item(entry)
+            except Invalid as exc:
+                raise exc.within(key) from None
 
     return check
 
@@ -146,28 +186,59 @@ def fields(
     """A map with every `required` key, any `optional` one (nil or absent where its check
     allows nil), and no other key unless `others` checks its value (then at most 1024)."""
     optional = dict(optional or {})
-    known = set(required) | set(optional)
+    known = frozenset(required) | frozenset(optional)
+    plan = [(key, True, *_fast.get(inner, (None, inner))) for key, inner in required.items()]
+    plan += [(key, False, *_fast.get(inner, (None, inner))) for key, inner in optional.items()]
+    everything = {**required, **optional}
 
-    def check(value: Any, path: str) -> None:
+    def check(value: Any) -> None:
         if type(value) is not dict:
-            raise Invalid(path, f"is {kind_of(value)}, not a map")
-        for key, inner in required.items():
+            raise Invalid("", f"is {kind_of(value)}, not a map")
+        for key, needed, kind, arg in plan:
             if key not in value:
-                raise Invalid(_at(path, key), "is missing")
-            inner(value[key], _at(path, key))
-        for key, inner in optional.items():
-            if key in value:
-                inner(value[key], _at(path, key))
+                if needed:
+                    raise Invalid(key, "is missing")
+                continue
+            entry = value[key]
+            if kind == _TYPES:
+                if type(entry) in arg:
+                    continue
+            elif kind is None:
+                pass
+            elif entry is None:
+                if arg[0]:
+                    continue
+            elif kind == _FINITE:
+                kind_ = type(entry)
+                if (kind_ is float and math.isfinite(entry)) or (
+                    kind_ is int and INT64_MIN <= entry <= INT64_MAX
+                ):
+                    least, most = arg[1], arg[2]
+                    if (least is None or entry >= least) and (most is None or entry <= most):
+                        continue
+            elif kind == _INT:
+                if type(entry) is int and arg[1] <= entry <= arg[2]:
+                    continue
+            elif type(entry) is str and entry in arg[1]:  # _MEMBER
+                continue
+            try:
+                everything[key](entry)  # the full check: it names the problem
+            except Invalid as exc:
+                raise exc.within(key) from None
+        if known.issuperset(value):
+            return
         unknown = [key for key in value if key not in known]
-        if unknown and others is None:
-            raise Invalid(path, f"has an unknown field {unknown[0]!r}")
+        if others is None:
+            raise Invalid("", f"has an unknown field {unknown[0]!r}")
         if len(unknown) > 1024:
-            raise Invalid(path, f"has {len(unknown)} unknown fields")
+            raise Invalid("", f"has {len(unknown)} unknown fields")
         for key in unknown:
             if type(key) is not str:
-                raise Invalid(path, f"has a key that is {kind_of(key)}, not a str")
-            assert others is not None
-            others(value[key], _at(path, key))
+                raise Invalid("", f"has a key that is {kind_of(key)}, not a str")
+            try:
+                others(value[key])
+            except Invalid as exc:
+                raise exc.within(key) from None
 
     return check
 
@@ -175,11 +246,11 @@ def fields(
 def either(*checks: Check) -> Check:
     """A value one of `checks` accepts; the first one's problem is named otherwise."""
 
-    def check(value: Any, path: str) -> None:
+    def check(value: Any) -> None:
         first: Invalid | None = None
         for inner in checks:
             try:
-                inner(value, path)
+                inner(value)
                 return
             except Invalid as exc:
                 first = first or exc

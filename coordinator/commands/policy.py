@@ -50,7 +50,7 @@ def apply_to(client: AgentClient, row: HostRow, given: dict[str, float]) -> None
     if given:
         reply = client.request("policy.set", {"policy": given})
     else:
-        reply = client.request("policy.get")
+        reply = client.request("policy.get", timeout=client.connect_timeout)
     row["policy"], row["origin"] = reply["policy"], origin_told(reply.get("origin"))
     row["result"] = APPLIED if given else SHOWN
 

@@ -29,7 +29,7 @@ from shared.source_names import read_from
 
 def ask_status(client: AgentClient, row: HostRow) -> None:
     """What one agent says about itself."""
-    info = client.request("info")
+    info = client.request("info", timeout=client.connect_timeout)
     machine, thermal = info["machine"], info["thermal"]
     reading = thermal.get("reading") or {}
     row.update(

@@ -322,7 +322,7 @@ def cancel(
 def cancel_on(client: AgentClient, row: HostRow) -> None:
     """Cancel the row's job (the host's running job when None) and say how it went."""
     if row["job"] is None:
-        row["job"] = client.request("ping")["job"]
+        row["job"] = client.request("ping", timeout=client.connect_timeout)["job"]
     if row["job"] is None:
         row["result"] = NO_JOB
         return

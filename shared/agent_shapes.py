@@ -47,8 +47,11 @@ EVENT_ACTIONS = (
 )
 POLICY_STATES = tuple(state.value for state in CoolingState)
 
-text = s.text()
-name = s.text(least=1)
+MAX_TEXT = 16_384
+"""Characters of any string an agent sends: its longest honest ones are a command line (cut to
+16,384, docs/protocol.md §12) and a crashed job's last lines (at most 8,000)."""
+text = s.text(MAX_TEXT)
+name = s.text(MAX_TEXT, least=1)
 ident = s.text(MAX_ID, least=1)
 maybe_text = s.nil_or(text)
 count = s.integer(0)
@@ -60,7 +63,7 @@ amount = s.number(0)
 maybe_amount = s.nil_or(amount)
 epoch = s.number(0)
 celsius = s.nil_or(s.number(-273.15))
-scalar = s.either(s.nil_or(text), s.flag, real)
+scalar = s.either(maybe_text, s.flag, real)
 """A fact a map may hold beyond its documented keys (an older or newer agent's)."""
 open_value = s.either(scalar, s.list_of(scalar, 1024), s.map_of(scalar))
 rails = s.list_of(s.one_of(RAILS), len(RAILS))

@@ -12,6 +12,9 @@ SHOWN_CAP = 200
 """Characters of one remote string shown; the rest is counted, `…(+N)`, never printed."""
 DETAIL_CAP = 1000
 """For an error or a check's detail, which may quote a crashed process's last lines."""
+EXPORT_CAP = 4096
+"""For a value of a csv, sql or md export: whole for anything an agent honestly sends (a
+crash's last lines, a long command line), bounded for a hostile one (JSON keeps it exact)."""
 
 _INVISIBLE = frozenset(
     [0x061C, 0x180E, 0xFEFF, *range(0x200B, 0x2010), *range(0x202A, 0x202F)]

@@ -61,17 +61,17 @@ def text(most: int | None = None, least: int = 0) -> Check:
             bound = f"{least} to {most}" if most is not None else f"at least {least}"
             raise Invalid("", f"has {len(value)} characters, not {bound}")
 
-    if most is None and least == 0:
-        _fast[check] = (_TYPES, frozenset({str}))
+    _fast[check] = (_TEXT, (False, least, INT64_MAX if most is None else most))
     return check
 
 
-_TYPES, _FINITE, _INT, _MEMBER = 0, 1, 2, 3
+_TYPES, _FINITE, _INT, _MEMBER, _TEXT = 0, 1, 2, 3, 4
 _fast: dict[Check, tuple[int, Any]] = {}
 """Checks that fields() can run inline, without a call: an exact type set (_TYPES), a finite
 number or an int within bounds (_FINITE, _INT: nil allowed, least, most), a str among a set
-(_MEMBER: nil allowed, the set). Most fields of a sample are such, and a lab's telemetry is
-checked sample by sample at one coordinator."""
+(_MEMBER: nil allowed, the set) or of bounded length (_TEXT: nil allowed, least, most). Most
+fields of a sample are such, and a lab's telemetry is checked sample by sample at one
+coordinator."""
 
 
 def integer(least: int = INT64_MIN, most: int = INT64_MAX) -> Check:
@@ -218,6 +218,9 @@ def fields(
                         continue
             elif kind == _INT:
                 if type(entry) is int and arg[1] <= entry <= arg[2]:
+                    continue
+            elif kind == _TEXT:
+                if type(entry) is str and arg[1] <= len(entry) <= arg[2]:
                     continue
             elif type(entry) is str and entry in arg[1]:  # _MEMBER
                 continue

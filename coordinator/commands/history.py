@@ -27,7 +27,7 @@ from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import check_output, emit, err, fail, usage_error
 from shared.io.options import TableFormat
 from shared.io.sqlite import StoreError
-from shared.safe_text import shown
+from shared.safe_text import DETAIL_CAP, shown
 from shared.source_names import read_from as read_from_name
 
 PLOT_EXTRA = "pip install 'mlx-fleet[plot]'"
@@ -81,7 +81,8 @@ def stats_table(rows: list[dict[str, Any]], since: float) -> Table:
         )
     mixed = [mixed_note(row) for row in rows if len(row["read_from"]) > 1]
     if mixed:
-        table.caption, table.caption_justify = "\n".join(mixed), "left"
+        table.caption = Text("\n".join(shown(note, DETAIL_CAP) for note in mixed))
+        table.caption_justify = "left"
     for row in rows:
         policy = row["policy"]
         table.add_row(
@@ -117,7 +118,7 @@ def _host_cell(row: dict[str, Any]) -> Text:
 
 def _read_from_text(read_from: list[dict[str, Any]]) -> list[str]:
     """`smc · TCMz`, each with its count of readings when there are several."""
-    names = [read_from_name(entry["source"], entry["sensor"]) for entry in read_from]
+    names = [shown(read_from_name(entry["source"], entry["sensor"])) for entry in read_from]
     if len(read_from) < 2:
         return names
     return [f"{name} ({entry['readings']})" for name, entry in zip(names, read_from, strict=True)]

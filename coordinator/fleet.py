@@ -6,10 +6,13 @@ progress display), so neither needs to be thread-safe and a cell is stored the m
 
 A host that goes silent is `unreachable`, not failed, while its job may still run: its driver
 reconnects until --host-timeout, then follows the job with job.get from the first cell it lacks,
-so a link cut loses nothing. Cells are keyed by (job, index): never twice, never lost. A host
-that fails for good (refused, rejected matrix, gone past the timeout) ends with its error; the
-others go on. A run whose coordinator died is finished later by `coordinator resume`, which drives
-the same HostDrivers over the jobs the run recorded.
+so a link cut loses nothing. A stream lost while the host still answers (ZeroMQ reconnected the
+DEALER by itself, a gap in the cells, a ping.ok naming no job) is followed the same way, on the
+same connection. Cells are keyed by (job, index): never twice, never lost. A job that makes no
+progress for longer than shared.job_progress allows fails its host unless the agent lists it
+paused. A host that fails for good (refused, rejected matrix, gone past the timeout, stuck)
+ends with its error; the others go on. A run whose coordinator died is finished later by
+`coordinator resume`, which drives the same HostDrivers over the jobs the run recorded.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,9 +35,11 @@ from shared.io.transport import (
     AgentError,
     HostError,
     InvalidMessage,
+    StreamLost,
     resolve_error,
 )
-from shared.matrix import MatrixError, MatrixSpec, expand
+from shared.job_progress import ProgressClock, cell_work
+from shared.matrix import Cell, MatrixError, MatrixSpec, expand, planned_cells
 
 HOST_OK, HOST_FAILED, HOST_RUNNING, HOST_UNREACHABLE = "ok", "failed", "running", "unreachable"
 MACHINE, STARTED, MODEL, CELL, UNREACHABLE, RECONNECTED, DONE = (
@@ -52,6 +57,11 @@ RETRY_S = 1.0
 """Between two attempts to reach a silent host."""
 FOLLOW_EVERY_S = 0.5
 """How often a job followed by job.get (after a link cut, or resumed) is asked for news."""
+
+
+class JobStuck(HostError):
+    """The host answers but its job made no progress past the allowance: waiting longer, or
+    reconnecting, changes nothing."""
 
 
 @dataclass(frozen=True)
@@ -185,6 +195,12 @@ class HostDriver:
         """The id of the bench.start sent, to find the job by (job.list) if its reply was lost."""
         self._machine_known = False
         self._cancelled = False
+        self._clock: ProgressClock | None = None
+        """The job's progress, from its bench.start (or the first job.get page when followed)."""
+        self._paused = False
+        """The agent listed the job paused when last asked: ask again at every job.get."""
+        self._plan = _plan_of(spec)
+        """The cells `spec` plans, to size the next one; None when it cannot be expanded."""
 
     def run(self) -> None:
         status, error = HOST_FAILED, None
@@ -212,7 +228,7 @@ class HostDriver:
                         lost = False
                         self._report(RECONNECTED, {})
                     return self._session(client)
-            except (AgentError, InvalidMessage):
+            except (AgentError, InvalidMessage, JobStuck):
                 raise  # the agent answered: nothing a retry changes
             except HostError as exc:
                 if client is not None:
@@ -230,79 +246,171 @@ class HostDriver:
                 self.stop.wait(RETRY_S)
 
     def _session(self, client: AgentClient) -> tuple[str, str | None]:
-        if not self._machine_known:
-            info = client.request("info", timeout=self.settings.connect_timeout)
-            self._report(MACHINE, info["machine"])
-            self._machine_known = True
-        if self.job.id is None and self._start_id is not None:
-            self._find_job(client)
-        if self.job.id is not None:
-            return self._follow(client)
-        if self.stop.is_set():
-            raise HostError("interrupted before the job started")
-        return self._start(client)
+        """One connection's work; every reconnection ZeroMQ makes by itself meanwhile is heard
+        (watch_links), so a stream it cut is followed by job.get on the same client."""
+        with client.watch_links():
+            if not self._machine_known:
+                info = client.fetch("info", timeout=self.settings.connect_timeout)
+                self._report(MACHINE, info["machine"])
+                self._machine_known = True
+            while True:
+                if self.job.id is None and self._start_id is not None:
+                    self._find_job(client)
+                if self.job.id is not None:
+                    return self._follow(client)
+                if self.stop.is_set():
+                    raise HostError("interrupted before the job started")
+                outcome = self._start(client)
+                if outcome is not None:
+                    return outcome
 
-    def _start(self, client: AgentClient) -> tuple[str, str | None]:
-        """bench.start, then the job's stream as the agent sends it."""
+    def _start(self, client: AgentClient) -> tuple[str, str | None] | None:
+        """bench.start, then the job's stream as the agent sends it; None once the stream is
+        lost (StreamLost) or brings no progress in time: the session then finds the job
+        (job.list) if its bench.start.ok was lost, and follows it by job.get."""
         body: dict[str, Any] = {"matrix": self.spec}
         if self.sustain is not None:  # an agent older than sustained runs knows no such field
             body["sustain"] = self.sustain
         start = client.send("bench.start", body)
         self._start_id = start.id
-        for message in client.stream(start, self.stop):
-            body = message.body
-            if message.type == "bench.start.ok":
-                self._started(body["job"], body["cells"])
-            elif message.type == "bench.progress" and body["model"] is not None:
-                self.job.models += 1
-                self._report(MODEL, body["model"])
-            elif message.type == "bench.cell":
-                self._cell(body["index"], body["record"])
-            elif message.type == "bench.done":
-                return _outcome(body["status"], body["error"])
+        self._clock = self._new_clock()
+        try:
+            for message in client.stream(start, self.stop, self._check_stream):
+                body = message.body
+                if message.type == "bench.start.ok":
+                    self._started(body["job"], body["cells"])
+                elif message.type == "bench.progress":
+                    if body["model"] is not None:
+                        self.job.models += 1
+                        self._report(MODEL, body["model"])
+                    self._progressed([])
+                elif message.type == "bench.cell":
+                    if self._cell(body["index"], body["record"]):
+                        self._progressed([body["index"]])
+                elif message.type == "bench.done":
+                    return _outcome(body["status"], body["error"])
+        except StreamLost:
+            return None
         raise HostError("the job stream ended without bench.done")
 
     def _started(self, job_id: str, cells: list[str]) -> None:
         self.job.id, self.job.cells = job_id, cells
+        if self._plan is not None and len(self._plan) != len(cells):
+            self._plan = None  # not the job the spec plans: its cells' sizes are unknown
         self._report(STARTED, {"job": job_id, "cells": cells})
 
-    def _cell(self, index: int, record: dict[str, Any]) -> None:
+    def _cell(self, index: int, record: dict[str, Any]) -> bool:
+        """Whether the record was new (and reported)."""
         if self.job.accept(index, record):
             self._report(CELL, {"index": index, "record": record})
+            return True
+        return False
+
+    # --- the no-progress bound (shared.job_progress) ------------------------------------------
+
+    def _new_clock(self) -> ProgressClock:
+        delay_s = self.spec.get("delay_s") or 0.0
+        sustain_s = (self.sustain or {}).get("duration_s") or 0.0
+        planned = delay_s + sustain_s if _is_number(delay_s) and _is_number(sustain_s) else 0.0
+        return ProgressClock(
+            self.settings.host_timeout,
+            time.monotonic(),
+            planned_s=float(planned),
+            sustained=self.sustain is not None,
+        )
+
+    def _size(self, index: int) -> tuple[Hashable, float]:
+        """The model (its key) and the work of cell `index`, as far as the plan tells."""
+        if self._plan is None or index >= len(self._plan):
+            return None, 1.0
+        cell = self._plan[index]
+        return (cell.model, cell.bits), cell_work(
+            cell.n_prompt, cell.n_gen, cell.n_depth, cell.batch_size
+        )
+
+    def _progressed(self, indexes: list[int]) -> None:
+        assert self._clock is not None
+        self._clock.progressed(time.monotonic(), [self._size(i) for i in indexes])
+
+    def _idle(self) -> float | None:
+        """Seconds without progress, once past the allowance for the next cell."""
+        assert self._clock is not None
+        return self._clock.overdue(time.monotonic(), *self._size(self.job.first_missing()))
+
+    def _check_stream(self) -> None:
+        """On the stream, no progress in time may be a stream lost unnoticed: job.get tells."""
+        idle = self._idle()
+        if idle is not None:
+            raise StreamLost(f"the job's stream brought no progress for {idle:.0f} s")
+
+    def _stuck(self, client: AgentClient) -> None:
+        """Past its allowance (or while last seen paused), the agent's info says whether the job
+        is paused (the cooling policy): then it is not stuck, and the clock starts again from
+        every answer that still says so, so the cell has its whole allowance once the pause
+        ends. Otherwise a job past its allowance is JobStuck."""
+        assert self._clock is not None and self.job.id is not None
+        info = client.fetch("info")
+        self._paused = any(
+            j["job"] == self.job.id and j["state"] == p.SUPERVISED_PAUSED for j in info["jobs"]
+        )
+        if self._paused:
+            self._clock.progressed(time.monotonic())
+            return
+        idle = self._idle()
+        if idle is None:
+            return
+        allowed = self._clock.allowance(*self._size(self.job.first_missing()))
+        raise JobStuck(
+            f"its job {self.job.id} made no progress for {idle:.0f} s (no new cell or model; "
+            f"{allowed:.0f} s allowed with --host-timeout {self.settings.host_timeout:g}) and "
+            "the agent does not list it paused: it looks stuck there; `coordinator cancel` "
+            "stops it"
+        )
 
     def _find_job(self, client: AgentClient) -> None:
         """The link was lost before bench.start's answer came: the agent's job list says whether
         our bench.start started a job. When it did not (the agent refused it, or never got it),
         the session sends it again, so a refusal's reason reaches the user: the agent answers
         requests in order, so a job it started would be listed by now, and none runs twice."""
-        for listed in client.request("job.list", {})["jobs"]:
+        for listed in client.fetch("job.list", {})["jobs"]:
             if listed["request"] == self._start_id:
-                spec = client.request("job.get", {"job": listed["job"], "offset": 0})["spec"]
+                spec = client.fetch("job.get", {"job": listed["job"], "offset": 0})["spec"]
                 self._started(listed["job"], cell_names(spec))
                 return
         self._start_id = None
 
     def _follow(self, client: AgentClient) -> tuple[str, str | None]:
-        """The job through job.get pages, from the first cell this run lacks, until it ends;
-        a cancel asked for (Ctrl-C) is sent once."""
+        """The job through job.get pages, from the first cell this run lacks, until it ends or
+        makes no progress past its allowance; a cancel asked for (Ctrl-C) is sent once."""
         assert self.job.id is not None
+        if self._clock is None:
+            self._clock = self._new_clock()
         while True:
             offset = self.job.first_missing()
-            page = client.request("job.get", {"job": self.job.id, "offset": offset})
+            page = client.fetch("job.get", {"job": self.job.id, "offset": offset})
             if page["job"] != self.job.id or page["offset"] != offset:
                 raise InvalidMessage(
                     f"answered job.get for job {self.job.id} from cell {offset} with job "
                     f"{page['job']} from cell {page['offset']}"
                 )
-            for info in page["models"][self.job.models :]:
+            built = page["models"][self.job.models :]
+            for info in built:
                 self.job.models += 1
                 self._report(MODEL, info)
-            for index, record in enumerate(page["records"], start=offset):
-                self._cell(index, record)
+            new = [
+                index
+                for index, record in enumerate(page["records"], start=offset)
+                if self._cell(index, record)
+            ]
+            if built or new:
+                self._progressed(new)
+                self._paused = False
             if page["next"] is not None:
                 continue
             if page["state"] != p.JOB_RUNNING:
                 return _outcome(page["state"], page["error"])
+            if self._paused or self._idle() is not None:
+                self._stuck(client)
             if self.stop.is_set() and not self._cancelled:
                 self._cancelled = True
                 try:
@@ -323,6 +431,18 @@ def cell_names(spec: dict[str, Any]) -> list[str]:
         return [cell.name for cell in expand(MatrixSpec.from_dict(spec))]
     except MatrixError as exc:
         raise InvalidMessage(f"sent a job spec that is not a matrix: {exc}") from None
+
+
+def _plan_of(spec: dict[str, Any]) -> list[Cell] | None:
+    """The cells a spec plans (a stored one's too), or None when it plans none we can tell."""
+    try:
+        return planned_cells(spec)
+    except (MatrixError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _outcome(state: str, error: str | None) -> tuple[str, str | None]:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import zmq
@@ -47,7 +48,39 @@ class InvalidMessage(HostError):
     hostile agent, not a network fault, so a retry changes nothing."""
 
 
+class StreamLost(HostError):
+    """The job's stream can no longer be trusted to be whole: the DEALER reconnected (the agent
+    sends the stream to the connection that is gone), a cell or the bench.done says some were
+    lost, or a ping.ok names no job or another. The job may well run on: follow it with job.get
+    from the first cell missing (docs/protocol.md §6)."""
+
+
 UNKNOWN_VERSION = "version unknown"
+LINK_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+"""What a LinkWatch hears: a connection dropped, or a new one made."""
+
+
+class LinkWatch:
+    """The socket monitor of a connected DEALER. ZeroMQ reconnects a DEALER by itself, and the
+    agent's ROUTER knows the new connection as another identity: whatever it sent the old one
+    (a reply, the job's stream) is dropped, and only these events say so."""
+
+    def __init__(self, sock: zmq.Socket) -> None:
+        self.sock = sock
+        # A unique endpoint, as in AgentClient.connect().
+        self.monitor = sock.get_monitor_socket(LINK_EVENTS, f"inproc://links.{p.new_id()}")
+
+    def events(self) -> list[int]:
+        """The link events since the last call, oldest first."""
+        seen = []
+        while self.monitor.poll(0):
+            seen.append(int(recv_monitor_message(self.monitor)["event"]))
+        return seen
+
+    def close(self) -> None:
+        if not self.sock.closed:
+            self.sock.disable_monitor()
+        self.monitor.close(linger=0)
 
 
 HANDSHAKE_FAILURES_TO_CONCLUDE = 10
@@ -275,17 +308,95 @@ class AgentClient:
                     return self._body(reply, f"{type_}.ok")
         raise HostError(f"no reply to {type_} within {timeout:g} s")
 
-    def stream(self, start: p.Message, stop: threading.Event | None = None) -> Iterator[p.Message]:
+    _links: LinkWatch | None = None
+    """The watch a session holds open (watch_links), else None: stream and fetch open their
+    own."""
+
+    @contextmanager
+    def watch_links(self) -> Iterator[LinkWatch]:
+        """Hear every reconnection from now until the block ends, across stream() and fetch()
+        calls: one sent just before a call cannot go unnoticed."""
+        links = LinkWatch(self.sock)
+        self._links = links
+        try:
+            yield links
+        finally:
+            self._links = None
+            links.close()
+
+    @contextmanager
+    def _watched(self) -> Iterator[LinkWatch]:
+        if self._links is not None:
+            yield self._links
+        else:
+            with self.watch_links() as links:
+                yield links
+
+    def _poller(self, links: LinkWatch) -> zmq.Poller:
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(links.monitor, zmq.POLLIN)
+        return poller
+
+    def fetch(
+        self, type_: str, body: dict[str, Any] | None = None, timeout: float = REQUEST_TIMEOUT_S
+    ) -> dict[str, Any]:
+        """request() for a request that only reads (info, job.get, job.list): sent again each
+        time the DEALER reconnects, since what was in flight then is lost either way; the first
+        answer to any copy is the reply."""
+        with self._watched() as links:
+            sent = {self.send(type_, body).id}
+            poller = self._poller(links)
+            deadline = time.monotonic() + timeout
+            while (left := deadline - time.monotonic()) > 0:
+                ready = dict(poller.poll(left * 1000))
+                if ready.get(links.monitor) and zmq.EVENT_HANDSHAKE_SUCCEEDED in links.events():
+                    sent.add(self.send(type_, body).id)
+                if ready.get(self.sock):
+                    try:
+                        reply = self._receive()
+                    except InvalidMessage as exc:
+                        why = str(exc).removeprefix("sent ")
+                        raise InvalidMessage(
+                            f"answered {type_} with an invalid reply: {why}"
+                        ) from None
+                    if reply.re in sent:
+                        return self._body(reply, f"{type_}.ok")
+            raise HostError(f"no reply to {type_} within {timeout:g} s")
+
+    def stream(
+        self,
+        start: p.Message,
+        stop: threading.Event | None = None,
+        check: Callable[[], None] | None = None,
+    ) -> Iterator[p.Message]:
         """Every message answering `start` (a bench.start) up to and including bench.done.
 
         Pings the agent whenever it has been quiet for a heartbeat interval; raises HostError
-        after HEARTBEAT_LIVENESS silent intervals. When `stop` is set the job is cancelled and
-        the stream still runs to the agent's bench.done (or CANCEL_WAIT_S).
+        after HEARTBEAT_LIVENESS silent intervals, and StreamLost as soon as the stream cannot
+        be whole (lost_stream). `check` is called at every turn and may raise to end the stream
+        (the coordinator's no-progress bound). When `stop` is set the job is cancelled and the
+        stream still runs to the agent's bench.done (or CANCEL_WAIT_S).
         """
+        with self._watched() as links:
+            yield from self._stream(start, stop, check, links)
+
+    def _stream(
+        self,
+        start: p.Message,
+        stop: threading.Event | None,
+        check: Callable[[], None] | None,
+        links: LinkWatch,
+    ) -> Iterator[p.Message]:
         job_id: str | None = None
         cancel_by: float | None = None
         liveness = HEARTBEAT_LIVENESS
+        cells = 0  # received in a row from index 0: they come in run order
+        job_pings: set[str] = set()  # sent once the job was known: their ping.ok must name it
+        poller = self._poller(links)
         while True:
+            if check is not None:
+                check()
             if stop is not None and stop.is_set() and job_id and cancel_by is None:
                 self.send("bench.cancel", {"job": job_id})
                 cancel_by = time.monotonic() + CANCEL_WAIT_S
@@ -293,7 +404,12 @@ class AgentClient:
                 raise HostError(
                     f"job {job_id} did not stop within {CANCEL_WAIT_S:g} s of bench.cancel"
                 )
-            if not self._replies.poll(HEARTBEAT_INTERVAL_S * 1000):
+            ready = dict(poller.poll(HEARTBEAT_INTERVAL_S * 1000))
+            if ready.get(links.monitor):
+                why = lost_stream(self.address, links.events())
+                if why is not None:
+                    raise StreamLost(why)
+            if not ready:
                 liveness -= 1
                 if liveness == 0:
                     silent = time.monotonic() - self.last_heard
@@ -301,16 +417,52 @@ class AgentClient:
                         f"the agent stopped answering (silent for {silent:.0f} s, "
                         f"{HEARTBEAT_LIVENESS} pings unanswered)"
                     )
-                self.send("ping")
+                ping = self.send("ping")
+                if job_id is not None:
+                    job_pings.add(ping.id)
+                continue
+            if not ready.get(self.sock):
                 continue
             liveness = HEARTBEAT_LIVENESS
             message = self._receive()
+            if message.type == "ping.ok" and message.re in job_pings:
+                job_pings.discard(message.re)
+                if message.body["job"] != job_id:
+                    running = message.body["job"]
+                    raise StreamLost(
+                        f"a ping.ok says the agent runs {'no job' if running is None else running}"
+                        f", not job {job_id}: its stream was lost"
+                    )
             if message.re != start.id:
                 continue  # a heartbeat reply, a cancel reply, or something stale
             if message.type == "error":
                 raise AgentError(message.body["code"], message.body["message"])
             if message.type == "bench.start.ok":
                 job_id = message.body["job"]
+            elif message.type == "bench.cell":
+                index = message.body["index"]
+                if index > cells:
+                    raise StreamLost(
+                        f"cell {index} came where cell {cells} was due: "
+                        f"the stream lost {index - cells}"
+                    )
+                cells = max(cells, index + 1)
+            elif message.type == "bench.done" and message.body["cells"] > cells:
+                raise StreamLost(
+                    f"bench.done counts {message.body['cells']} cells, the stream brought {cells}"
+                )
             yield message
             if message.type == "bench.done":
                 return
+
+
+def lost_stream(address: str, events: list[int]) -> str | None:
+    """Why a job stream is lost, from the link events heard during it (any of LINK_EVENTS:
+    the first connection was made before the stream began); None for none."""
+    if not events:
+        return None
+    what = "dropped" if zmq.EVENT_DISCONNECTED in events else "was made again"
+    return (
+        f"the connection to {address} {what}: ZeroMQ reconnects by itself, but the agent sent "
+        "the job's stream to the connection that is gone"
+    )

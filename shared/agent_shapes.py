@@ -401,6 +401,7 @@ BODIES: dict[str, s.Check] = {
     ),
     "policy.get.ok": s.fields({"policy": _policy}, {"origin": maybe_text}),
     "policy.set.ok": s.fields({"policy": _policy}, {"origin": maybe_text}),
+    "job.event.ok": s.fields({"job": ident}),
     "doctor.ok": s.fields({"report": report}),
     "error": s.fields({"code": text, "message": text}),
     "telemetry.sample": sample,

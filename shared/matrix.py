@@ -92,20 +92,20 @@ class MatrixSpec:
         for key, value in data.items():
             if key in LIST_FIELDS or key == "n_pg":
                 if not isinstance(value, (list, tuple)):
-                    raise MatrixError(f"{key} must be a list, got {value!r}")
+                    raise MatrixError(f"{key}: {value!r} is not a list")
                 values[key] = tuple(value)
             else:
                 values[key] = value
         if "n_pg" in values:
-            values["n_pg"] = tuple(_pair(pair) for pair in values["n_pg"])
+            values["n_pg"] = tuple(_pair(i, pair) for i, pair in enumerate(values["n_pg"]))
         spec = cls(**values)
         validate(spec)
         return spec
 
 
-def _pair(value: Any) -> tuple[int, int]:
+def _pair(index: int, value: Any) -> tuple[int, int]:
     if not isinstance(value, (list, tuple)) or len(value) != 2:
-        raise MatrixError(f"n_pg entry {value!r} must be a [prompt, generated] pair")
+        raise MatrixError(f"n_pg[{index}]: {value!r} is not a [prompt, generated] pair")
     return (value[0], value[1])
 
 
@@ -120,6 +120,13 @@ class Cell:
     n_gen: int
     n_depth: int
     batch_size: int
+    label: str = field(default="", compare=False)
+    """The model's label in the cell's name, unique within its matrix (model_names): expand()
+    gives it; a cell made without one takes model_label() of its model alone."""
+
+    def __post_init__(self) -> None:
+        if not self.label:
+            object.__setattr__(self, "label", model_label(self.model, self.bits))
 
     @property
     def mode(self) -> str:
@@ -148,10 +155,24 @@ class Cell:
     @property
     def name(self) -> str:
         """A unique, readable key within a run."""
-        return f"{model_label(self.model, self.bits)} {self.test} b{self.batch_size}"
+        return f"{self.label} {self.test} b{self.batch_size}"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"mode": self.mode, "test": self.test, "name": self.name}
+        """The cell's coordinates as a record holds them (its label only within its name)."""
+        data = asdict(self)
+        del data["label"]
+        return data | {"mode": self.mode, "test": self.test, "name": self.name}
+
+
+def named_label(record: dict[str, Any]) -> str | None:
+    """The model label a cell record's name holds (`<label> <test> b<batch>`, Cell.name: unique
+    within its matrix), None for a record whose name is not so made. Reports label a record so,
+    and a record stored before labels were made unique keeps the label it was named with."""
+    name, test, batch = record.get("name"), record.get("test"), record.get("batch_size")
+    if not isinstance(name, str) or test is None or batch is None:
+        return None
+    label, sep, rest = name.rpartition(f" {test} b{batch}")
+    return label if sep and not rest and label else None
 
 
 def bits_label(bits: int | None) -> str:
@@ -182,14 +203,50 @@ def hf_model_id(model: str) -> ModelId | None:
     return ModelId(match["repo"], match["revision"])
 
 
-def model_label(model: str, bits: int | None) -> str:
+def model_label(model: str, bits: int | None, names: dict[str, str] | None = None) -> str:
     """'small/q4'; a directory goes by its folder name: 'Llama-3.2-3B/f16'; a Hugging Face id
-    by the id and the revision asked for: 'mlx-community/Llama-3.2-1B-4bit@main/stored'."""
-    if hf_model_id(model) is not None:
-        name = model
-    else:
-        name = model.rstrip("/").rsplit("/", 1)[-1] if "/" in model else model
+    by the id and the revision asked for: 'mlx-community/Llama-3.2-1B-4bit@main/stored'.
+    With `names` (model_names() of the matrix), the model's name unique within it."""
+    name = names[model] if names is not None else model_names([model])[model]
     return f"{name}/{bits_label(bits)}"
+
+
+def model_names(models: Iterable[str]) -> dict[str, str]:
+    """Each model's name in labels, unique within `models`, as an editor names same-named tabs:
+    a built-in config or a Hugging Face id is named as given; a directory by its folder name,
+    and directories whose names clash (with each other or with any other name) each take one
+    more parent folder, again until none clashes (`a/mlx`, `b/mlx`); one whose whole path
+    still clashes is named as given (`/m/a/` and `/m/a`, told apart by the slash)."""
+    distinct = list(dict.fromkeys(models))
+    folders = {
+        model: [part for part in model.split("/") if part]
+        for model in distinct
+        if "/" in model and hf_model_id(model) is None
+    }
+    depth = dict.fromkeys(folders, 1)
+
+    def named(model: str) -> str:
+        parts = folders.get(model)
+        if parts is None or depth[model] > len(parts):
+            return model
+        return "/".join(parts[-depth[model] :])
+
+    while True:
+        names = {model: named(model) for model in distinct}
+        holders: dict[str, list[str]] = {}
+        for model, name in names.items():
+            holders.setdefault(name, []).append(model)
+        growing = [
+            model
+            for clash in holders.values()
+            if len(clash) > 1
+            for model in clash
+            if model in folders and depth[model] <= len(folders[model])
+        ]
+        if not growing:
+            return names
+        for model in growing:
+            depth[model] += 1
 
 
 def parse_int_list(text: str, what: str) -> tuple[int, ...]:
@@ -217,85 +274,96 @@ def _is_int(value: Any) -> bool:
 
 def validate(spec: MatrixSpec) -> None:
     """Raise MatrixError naming the first problem; return quietly for a runnable matrix within
-    the limits above."""
+    the limits above. Every message starts with the wire field it is about (`n_gen[0]: ...`,
+    docs/protocol.md §5, The matrix), then says in words what is wrong: a peer and a CLI user
+    (whose options are spelled the same: --n-gen, --batch-sizes, --iterations) read it alike."""
     lists = (
-        ("prompt length", spec.n_prompt, False),
-        ("generation length", spec.n_gen, False),
-        ("prompt+generation pair", spec.n_pg, False),
-        ("depth", spec.n_depth, True),
-        ("batch size", spec.batch_sizes, True),
-        ("model", spec.models, True),
-        ("bit width", spec.bits, True),
+        ("n_prompt", "prompt length", spec.n_prompt, False),
+        ("n_gen", "generation length", spec.n_gen, False),
+        ("n_pg", "prompt+generation pair", spec.n_pg, False),
+        ("n_depth", "depth", spec.n_depth, True),
+        ("batch_sizes", "batch size", spec.batch_sizes, True),
+        ("models", "model", spec.models, True),
+        ("bits", "bit width", spec.bits, True),
     )
-    for what, values, needed in lists:
+    for key, what, values, needed in lists:
         if needed and not values:
-            raise MatrixError(f"at least one {what} is needed")
+            raise MatrixError(f"{key}: empty; at least one {what} is needed")
         if len(values) > MAX_CELLS:
-            raise MatrixError(f"{len(values)} {what}s given; at most {MAX_CELLS}")
-    for n in spec.n_prompt:
-        _check_count("prompt length", n, 0, MAX_SEQ_LEN)
-    for n in spec.n_gen:
-        _check_count("generation length", n, 0, MAX_DECODE_TOKENS)
-    for prompt, generated in spec.n_pg:
-        _check_count("a prompt+generation pair's prompt length", prompt, 1, MAX_SEQ_LEN)
-        _check_count(
-            "a prompt+generation pair's generation length", generated, 1, MAX_DECODE_TOKENS
-        )
-    for n in spec.n_depth:
-        _check_count("depth", n, 0, MAX_SEQ_LEN)
+            raise MatrixError(f"{key}: {len(values)} {what}s given; at most {MAX_CELLS}")
+    for i, n in enumerate(spec.n_prompt):
+        _check_count(f"n_prompt[{i}]", "prompt length", n, 0, MAX_SEQ_LEN)
+    for i, n in enumerate(spec.n_gen):
+        _check_count(f"n_gen[{i}]", "generation length", n, 0, MAX_DECODE_TOKENS)
+    for i, (prompt, generated) in enumerate(spec.n_pg):
+        _check_count(f"n_pg[{i}][0]", "prompt length", prompt, 1, MAX_SEQ_LEN)
+        _check_count(f"n_pg[{i}][1]", "generation length", generated, 1, MAX_DECODE_TOKENS)
+    for i, n in enumerate(spec.n_depth):
+        _check_count(f"n_depth[{i}]", "depth", n, 0, MAX_SEQ_LEN)
     if not _tests(spec):
         raise MatrixError(
-            "nothing to measure: give a prompt length (-p), a generation length "
-            "(-n) or a prompt+generation pair (-pg) above 0"
+            "n_prompt, n_gen, n_pg: nothing to measure; give a prompt length or a generation "
+            "length above 0, or a prompt+generation pair"
         )
-    for b in spec.batch_sizes:
-        if not _is_int(b) or b <= 0:
-            raise MatrixError(f"batch size {b!r} must be a positive integer")
-        if b > MAX_BATCH_SIZE:
-            raise MatrixError(f"batch size {b} is above the limit of {MAX_BATCH_SIZE}")
-    for model in spec.models:
-        check_model_name(model)
-    for bits in spec.bits:
+    for i, b in enumerate(spec.batch_sizes):
+        _check_count(f"batch_sizes[{i}]", "batch size", b, 1, MAX_BATCH_SIZE)
+    for i, model in enumerate(spec.models):
+        check_model_name(model, f"models[{i}]")
+    for i, bits in enumerate(spec.bits):
         if bits is not None and (not _is_int(bits) or bits not in SUPPORTED_BITS):
-            raise MatrixError(f"bits {bits!r} not supported; choose from 4, 8, 16")
-    _check_count("warmup", spec.warmup, 0, MAX_WARMUP)
-    _check_count("iterations", spec.iterations, 1, MAX_ITERATIONS)
-    _check_count("prefill step size", spec.prefill_step_size, 1, MAX_SEQ_LEN)
+            raise MatrixError(f"bits[{i}]: {bits!r} is not supported; choose from nil, 4, 8, 16")
+    _check_count("warmup", "", spec.warmup, 0, MAX_WARMUP)
+    _check_count("iterations", "", spec.iterations, 1, MAX_ITERATIONS)
+    _check_count("prefill_step_size", "", spec.prefill_step_size, 1, MAX_SEQ_LEN)
     delay = spec.delay_s
     if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not math.isfinite(delay):
-        raise MatrixError(f"delay {delay!r} must be a number of seconds")
+        raise MatrixError(f"delay_s: {delay!r} is not a number of seconds")
     if not 0 <= delay <= MAX_DELAY_S:
-        raise MatrixError(f"delay {delay:g} s is outside 0..{MAX_DELAY_S:g} s")
-    largest = max(spec.batch_sizes) * (max(spec.n_depth) + max(p + g for p, g in _tests(spec)))
+        raise MatrixError(f"delay_s: {delay:g} s is outside 0..{MAX_DELAY_S:g} s")
+    depth = max(spec.n_depth)
+    prompt, generated = max(_tests(spec), key=sum)
+    largest = max(spec.batch_sizes) * (depth + prompt + generated)
     if largest > MAX_CELL_TOKENS:
         raise MatrixError(
-            f"a cell would hold {largest} tokens (batch x (depth + prompt + generated)); "
-            f"the limit is {MAX_CELL_TOKENS} per cell"
+            f"batch_sizes, n_depth, n_prompt, n_gen, n_pg: a cell would hold {largest} tokens "
+            f"(batch {max(spec.batch_sizes)} x (depth {depth} + prompt {prompt} + generated "
+            f"{generated})); the limit is {MAX_CELL_TOKENS} per cell"
         )
     cells = count_cells(spec)
     if cells > MAX_CELLS:
-        raise MatrixError(f"the matrix has {cells} cells; the limit is {MAX_CELLS} per job")
+        raise MatrixError(
+            f"models, bits, batch_sizes, n_depth, n_prompt, n_gen, n_pg: the matrix has {cells} "
+            f"cells; the limit is {MAX_CELLS} per job"
+        )
 
 
-def check_model_name(model: Any) -> None:
+def check_model_name(model: Any, where: str = "models") -> None:
     """A config name, a directory path or a Hugging Face id: text of 1 to MAX_MODEL_LENGTH
-    characters, no NUL."""
+    characters, no NUL; `where` is the wire field the message names (`models[2]`)."""
     if not isinstance(model, str) or not model:
-        raise MatrixError(f"model {model!r} must be a config name, a directory or ORG/NAME")
+        raise MatrixError(
+            f"{where}: model {model!r} must be a config name, a directory or ORG/NAME"
+        )
     if len(model) > MAX_MODEL_LENGTH:
         raise MatrixError(
-            f"model {model[:40]!r}... is {len(model)} characters; the limit is {MAX_MODEL_LENGTH}"
+            f"{where}: model {model[:40]!r}... is {len(model)} characters; the limit is "
+            f"{MAX_MODEL_LENGTH}"
         )
     if "\x00" in model:
-        raise MatrixError(f"model {model!r} has a NUL character")
+        raise MatrixError(f"{where}: model {model!r} has a NUL character")
 
 
-def _check_count(what: str, value: Any, least: int, most: int) -> None:
-    if not _is_int(value) or value < least:
+def _check_count(where: str, what: str, value: Any, least: int, most: int) -> None:
+    """`where` is the wire field (`n_gen[0]`), `what` the same in words ("" when the field's
+    name says it)."""
+    said = f"{where}: {what} " if what else f"{where}: "
+    if not _is_int(value):
+        raise MatrixError(f"{said}{value!r} is not an integer")
+    if value < least:
         floor = "0 or more" if least == 0 else f"at least {least}"
-        raise MatrixError(f"{what} {value!r} must be {floor}")
+        raise MatrixError(f"{said}{value} must be {floor}")
     if value > most:
-        raise MatrixError(f"{what} {value} is above the limit of {most}")
+        raise MatrixError(f"{said}{value} is above the limit of {most}")
 
 
 def _tests(spec: MatrixSpec) -> list[tuple[int, int]]:
@@ -329,8 +397,9 @@ def expand(spec: MatrixSpec) -> list[Cell]:
     """All cells, grouped by (model, bits) so each model is built once; within a batch size,
     by depth, then llama-bench's test order (pp, tg, pp+tg)."""
     validate(spec)
+    names = model_names(spec.models)
     return [
-        Cell(model, bits, prompt, generated, depth, batch)
+        Cell(model, bits, prompt, generated, depth, batch, model_label(model, bits, names))
         for model in _unique(spec.models)
         for bits in _unique(resolve_bits(model, b) for b in spec.bits)
         for batch in _unique(spec.batch_sizes)
@@ -347,28 +416,33 @@ def planned_cells(data: dict[str, Any]) -> list[Cell]:
         return expand(MatrixSpec.from_dict(data))
     lengths = _unique(data["seq_lengths"])
     generated = data.get("decode_tokens", 64)
+    models = _unique(data.get("models", ["full"]))
+    names = model_names(models)
     return [
         cell
-        for model in _unique(data.get("models", ["full"]))
+        for model in models
         for bits in _unique(resolve_bits(model, b) for b in data.get("bits", [None]))
+        for label in [model_label(model, bits, names)]
         for batch in _unique(data.get("batch_sizes", [1]))
-        for cell in [Cell(model, bits, n, 0, 0, batch) for n in lengths]
-        + [Cell(model, bits, 0, generated, n, batch) for n in lengths if generated]
+        for cell in [Cell(model, bits, n, 0, 0, batch, label) for n in lengths]
+        + [Cell(model, bits, 0, generated, n, batch, label) for n in lengths if generated]
     ]
 
 
 @dataclass
 class ModelGroup:
-    """Cells that share one built model."""
+    """Cells that share one built model; `label` is theirs (Cell.label)."""
 
     model: str
     bits: int | None
     cells: list[Cell] = field(default_factory=list)
+    label: str = ""
 
 
 def group_by_model(cells: Iterable[Cell]) -> list[ModelGroup]:
     groups: dict[tuple[str, int | None], ModelGroup] = {}
     for cell in cells:
         key = (cell.model, cell.bits)
-        groups.setdefault(key, ModelGroup(cell.model, cell.bits)).cells.append(cell)
+        group = groups.setdefault(key, ModelGroup(cell.model, cell.bits, label=cell.label))
+        group.cells.append(cell)
     return list(groups.values())

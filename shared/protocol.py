@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import msgpack
@@ -173,6 +174,9 @@ REQUESTS = frozenset(
     }
 )
 ENVELOPE_KEYS = frozenset({"v", "id", "type", "re", "body"})
+OWN_KEY_ONLY = frozenset({"job.event"})
+"""Requests an agent takes only from a peer holding its own key (docs/protocol.md §12); any
+other peer's is refused `forbidden` as soon as its type is read, before its body is."""
 
 
 class ProtocolError(ValueError):
@@ -236,10 +240,12 @@ def encode(message: Message) -> bytes:
     return data
 
 
-def decode(data: bytes) -> Message:
+def decode(data: bytes, own_key: Callable[[], bool] | None = None) -> Message:
     """Parse and validate one message; raise ProtocolError naming the first problem, checked in
     the order docs/protocol.md §4 gives: size, msgpack, a map, `id`, `v`, the envelope's keys,
-    `re`, `type`, `body`."""
+    `re`, `type`, then (given `own_key`, which says whether the sender holds the agent's own
+    key: the agent's socket asks it) `forbidden` for an OWN_KEY_ONLY type from another key,
+    and last `body`: a peer refused so learns nothing of what the body would have been."""
     if len(data) > MAX_ENVELOPE_SIZE:
         raise ProtocolError(
             TOO_LARGE, f"message of {len(data)} bytes; the limit is {MAX_ENVELOPE_SIZE}"
@@ -277,6 +283,13 @@ def decode(data: bytes) -> Message:
     type_, body = raw["type"], raw["body"]
     if not isinstance(type_, str) or type_ not in SCHEMAS:
         raise ProtocolError(UNKNOWN_TYPE, f"unknown message type {type_!r}", re=msg_id)
+    if own_key is not None and type_ in OWN_KEY_ONLY and not own_key():
+        raise ProtocolError(
+            FORBIDDEN,
+            f"{type_} is accepted only from this agent's own key (agent run on its machine), "
+            "not from a coordinator",
+            re=msg_id,
+        )
     if not isinstance(body, dict):
         raise ProtocolError(BAD_BODY, f"{type_}: body must be a map", re=msg_id)
     try:

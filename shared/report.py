@@ -19,9 +19,9 @@ from rich.table import Table
 from rich.text import Text
 
 from shared.energy import not_a_meter
-from shared.matrix import hf_model_id, model_label
+from shared.matrix import hf_model_id, model_label, named_label
 from shared.results import NOT_RUN, OK
-from shared.safe_text import DETAIL_CAP, shown
+from shared.safe_text import DETAIL_CAP, EXPORT_CAP, shown
 from shared.sustain_report import markdown_sustain, rich_sustain
 
 FORMATS = ("table", "md", "csv", "json", "jsonl", "sql")
@@ -95,10 +95,12 @@ def flags(record: Record) -> str:
     return ", ".join(marks)
 
 
-def record_model_label(record: Record) -> str:
-    """The cell's model as labelled (shared.matrix.model_label), a Hugging Face id given
-    without a revision followed by the commit the agent resolved it to."""
-    label = model_label(record["model"], record.get("bits"))
+def record_model_label(record: Record, label: str | None = None) -> str:
+    """The cell's model as labelled (`label`, else the one in the record's name, which is
+    unique within its matrix: shared.matrix.model_names; else shared.matrix.model_label), a
+    Hugging Face id given without a revision followed by the commit the agent resolved it to.
+    A record stored before labels were made unique shows the label it was named with."""
+    label = label or named_label(record) or model_label(record["model"], record.get("bits"))
     revision = record.get("model_revision")
     model_id = hf_model_id(record["model"])
     if revision and model_id is not None and model_id.revision is None:
@@ -379,10 +381,10 @@ def _nanoseconds(milliseconds: float | None) -> int | None:
 
 
 def exported(value: Any) -> Any:
-    """A text value as an export shows it: whole, but every control, zero-width and bidi
-    character escaped visibly (shared.safe_text), since a CSV or SQL dump is read in a terminal
-    too; any other value as it is."""
-    return shown(value, cap=None) if isinstance(value, str) else value
+    """A text value as an export shows it: every control, zero-width and bidi character
+    escaped visibly and at most EXPORT_CAP characters (shared.safe_text), since a CSV or SQL dump
+    is read in a terminal too; any other value as it is."""
+    return shown(value, EXPORT_CAP) if isinstance(value, str) else value
 
 
 def _machines(report: dict[str, Any]) -> dict[Any, dict[str, Any]]:

@@ -30,6 +30,12 @@ _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*", re.IGNORECASE
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
 
+CLI_NAMES = ("--sustain", "--sustain-window")
+WIRE_NAMES = ("duration_s", "window_s")
+"""What SustainPlan.check's messages call the duration and the window: the options, or
+bench.start's `sustain` fields (docs/protocol.md §5, Energy and sustained jobs)."""
+
+
 class SustainError(ValueError):
     """A sustained run that cannot be measured as asked; the message names the option."""
 
@@ -58,21 +64,29 @@ class SustainPlan:
         """How many windows the duration holds (the last one may be shorter)."""
         return max(1, math.ceil(self.duration_s / self.window_s - 1e-9))
 
-    def check(self, meter_interval_s: float = 0.0, meter: str = "the meter") -> None:
+    def check(
+        self,
+        meter_interval_s: float = 0.0,
+        meter: str = "the meter",
+        names: tuple[str, str] = CLI_NAMES,
+    ) -> None:
         """SustainError unless the duration holds at least two windows and a window is no
-        shorter than the meter's interval (its readings would not change within one)."""
+        shorter than the meter's interval (its readings would not change within one). The
+        message calls the duration and the window by `names`: the options, or on the wire
+        (WIRE_NAMES) bench.start's fields."""
+        duration, window = names
         if not (math.isfinite(self.duration_s) and math.isfinite(self.window_s)):
-            raise SustainError("--sustain and --sustain-window must be finite")
+            raise SustainError(f"{duration} and {window} must be finite")
         if self.window_s <= 0:
-            raise SustainError(f"--sustain-window must be longer than 0 s, got {self.window_s:g}")
+            raise SustainError(f"{window} must be longer than 0 s, got {self.window_s:g}")
         if self.duration_s < 2 * self.window_s:
             raise SustainError(
-                f"--sustain {self.duration_s:g} s is shorter than two windows of "
-                f"{self.window_s:g} s: give a longer --sustain or a shorter --sustain-window"
+                f"{duration} {self.duration_s:g} s is shorter than two windows of "
+                f"{self.window_s:g} s: give a longer {duration} or a shorter {window}"
             )
         if self.window_s < meter_interval_s:
             raise SustainError(
-                f"--sustain-window {self.window_s:g} s is shorter than {meter}'s interval "
+                f"{window} {self.window_s:g} s is shorter than {meter}'s interval "
                 f"({meter_interval_s:g} s): its readings would not change within a window"
             )
 
@@ -88,7 +102,7 @@ class SustainPlan:
         if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
             raise SustainError("sustain: duration_s and window_s must be numbers")
         plan = cls(float(data["duration_s"]), float(data["window_s"]))
-        plan.check()
+        plan.check(names=WIRE_NAMES)
         return plan
 
 

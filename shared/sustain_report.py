@@ -9,7 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from shared.energy import not_a_meter
-from shared.matrix import model_label
+from shared.matrix import model_label, named_label
 
 NA = "N/A"
 Record = dict[str, Any]
@@ -38,7 +38,7 @@ def _watts(summary: dict[str, Any], record: Record) -> str:
 
 
 SUMMARY_COLUMNS: list[Column] = [
-    ("model", lambda r: model_label(r["model"], r.get("bits"))),
+    ("model", lambda r: named_label(r) or model_label(r["model"], r.get("bits"))),
     ("test", lambda r: r["test"]),
     ("batch", lambda r: str(r["batch_size"])),
     ("first tok/s", lambda r: _number(r["sustain"]["first_tokens_per_sec"], ".2f")),

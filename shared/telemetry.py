@@ -203,9 +203,14 @@ class Event(_Record):
 
     @classmethod
     def job_schema(cls) -> dict[str, tuple[Types, bool]]:
-        """shared.protocol's `job.event` body: an event of a local job (no host; a job id)."""
-        schema = cls.schema()
-        del schema["host"]
+        """shared.protocol's `job.event` body: an event of a local job (no host; a job id).
+        A field that may be nil may be omitted (it decodes as nil): `job`, `action`, `time`,
+        `source` and `simulated` are required (docs/protocol.md §12)."""
+        schema = {
+            name: (types, _NIL not in (types if isinstance(types, tuple) else (types,)))
+            for name, (types, _) in cls.schema().items()
+            if name != "host"
+        }
         return schema | {"job": (str, True)}
 
     def job_body(self) -> dict[str, Any]:

@@ -195,3 +195,10 @@ def test_agent_strings_are_escaped_in_every_text_format() -> None:
         assert not any(line.startswith("FAKE ROW") for line in text.splitlines()), fmt
     assert "[link=" in render_text(report, "table"), "markup shown as text, never parsed"
     assert "[link=file:///etc/passwd]x[/link]" in render_text(report, "md")
+
+
+def test_every_type_an_agent_sends_has_a_shape() -> None:
+    from shared import protocol as p
+    from shared.agent_shapes import BODIES
+
+    assert set(p.SCHEMAS) - p.REQUESTS == set(BODIES)

@@ -82,6 +82,38 @@ def test_conflicting_configs_are_refused_by_the_coordinator_too() -> None:
     assert "--config-small and --config full conflict" in one_line(result)
 
 
+@pytest.mark.parametrize(
+    ("command", "line"),
+    [
+        (
+            ["agent", "bench", "--config-small", "-n", "9000"],
+            "n_gen[0]: generation length 9000 is above the limit of 8192",
+        ),
+        (
+            ["agent", "bench", "--config-small", "-p", "16,-4"],
+            "n_prompt[1]: prompt length -4 must be 0 or more",
+        ),
+        (
+            ["coordinator", "benchmark", "--config-small", "-r", "0"],
+            "iterations: 0 must be at least 1",
+        ),
+        (
+            ["coordinator", "benchmark", "--config-small", "--batch-sizes", "1,2000"],
+            "batch_sizes[1]: batch size 2000 is above the limit of 1024",
+        ),
+    ],
+)
+def test_a_matrix_beyond_a_limit_is_one_line_naming_the_field(
+    command: list[str], line: str
+) -> None:
+    """The CLI shows the agent's bad-matrix words as they are: each names the wire field, whose
+    option is spelled alike (--n-gen, --n-prompt, --iterations, --batch-sizes), then the
+    value and the limit in words (docs/protocol.md §5, The matrix)."""
+    result = run(*command)
+    assert result.returncode == 2 and result.stdout == ""
+    assert one_line(result) == f"error: {line}"
+
+
 def test_a_name_dns_cannot_resolve_says_so() -> None:
     assert resolve_error("127.0.0.1:5555") is None and resolve_error("localhost:5555") is None
     assert resolve_error("[::1]:5555") is None

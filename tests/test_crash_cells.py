@@ -9,12 +9,14 @@ import re
 import shutil
 import signal
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 import zmq
 
 from agent.daemon.benchmark.jobs import crashed_cells
+from agent.daemon.benchmark.process import output_said
 from agent.model import ModelArgs, build_model
 from agent.profiling.footprint import cell_footprint, model_shape, refusal
 from agent.profiling.runner import machine_memory, run_matrix
@@ -65,9 +67,14 @@ def test_a_cell_that_kills_its_job_process_fails_alone(ctx: zmq.Context, agents:
     assert cells[0]["status"] == "ok" and cells[2]["status"] == "ok"
     crashed = cells[1]
     assert crashed["status"] == "failed"
-    assert re.search(
-        r"the job process died \(killed by SIG[A-Z]+\) while measuring", crashed["error"]
+    job = stream[0].body["job"]
+    form = (
+        r"the job process died \(killed by SIG[A-Z]+\) while measuring this cell: "
+        rf".+ \(log: (.+/job-logs/{job}\.log)\)"
     )
+    found = re.fullmatch(form, crashed["error"])
+    assert found, crashed["error"]
+    assert Path(found[1]).is_file()
     assert stream[-1].body["status"] == "ok" and stream[-1].body["cells"] == 3
     models = [m for m in stream if m.type == "bench.progress" and m.body["model"]]
     assert len(models) == 1  # built again in the new process, announced once
@@ -137,10 +144,30 @@ def test_a_process_that_died_building_a_model_fails_that_models_cells() -> None:
     spec = MatrixSpec(n_prompt=(8, 16), models=("small", "full"), n_gen=(0,))
     left = expand(spec)[1:]  # small pp8 was measured; small pp16, full pp8, full pp16 are left
     died = "the job process died (killed by SIGKILL)"
-    measuring = crashed_cells(left, begun=True, built={("small", 16)}, died=died, tail="")
+    said = "it wrote nothing (log: /d/job-logs/j-1.log)"
+    measuring = crashed_cells(left, begun=True, built={("small", 16)}, died=died, said=said)
     assert [(r["name"], r["error"]) for r in measuring] == [
-        ("small/f16 pp16 b1", f"{died} while measuring this cell")
+        ("small/f16 pp16 b1", f"{died} while measuring this cell: {said}")
     ]
-    building = crashed_cells(left[1:], begun=False, built=set(), died=died, tail=": oom")
+    building = crashed_cells(left[1:], begun=False, built=set(), died=died, said="oom")
     assert [r["name"] for r in building] == ["full/q4 pp8 b1", "full/q4 pp16 b1"]
     assert all(r["error"] == f"{died} while building its model: oom" for r in building)
+
+
+def test_what_a_dead_process_wrote_has_one_form(tmp_path: Path) -> None:
+    """`WHAT (log: PATH)`, WHAT its own last lines, or that it wrote nothing: a job's processes
+    share one log, and a new process that dies silent does not quote the one before it."""
+    log = tmp_path / "j-1.log"
+    assert output_said(log) == f"its log could not be read: No such file or directory (log: {log})"
+    log.write_text("")
+    assert output_said(log) == f"it wrote nothing (log: {log})"
+    log.write_text("loading\n\nFatal Python error: Segmentation fault\n")
+    assert output_said(log) == f"Fatal Python error: Segmentation fault (log: {log})"
+    second = log.stat().st_size  # where the process started after the crash begins
+    assert output_said(log, second) == f"it wrote nothing (log: {log})"
+    with log.open("a") as handle:
+        handle.write("".join(f"line {n}\n" for n in range(9)))
+    assert output_said(log, second) == (f"line 4 | line 5 | line 6 | line 7 | line 8 (log: {log})")
+    assert output_said(None) == (
+        "its output was not kept (no log: the agent could not create job-logs)"
+    )

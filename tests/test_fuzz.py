@@ -105,7 +105,7 @@ def not_a_request(rng: random.Random) -> Case:
 
 
 def bad_body(rng: random.Random) -> Case:
-    kind = rng.choice(sorted(p.REQUESTS))
+    kind = rng.choice(sorted(p.REQUESTS - p.OWN_KEY_ONLY))  # from a coordinator: forbidden
     body = dict(VALID_BODIES[kind])
     fields = p.SCHEMAS[kind]
     required = [name for name, (_, needed) in fields.items() if needed]
@@ -139,6 +139,9 @@ def bad_range(rng: random.Random) -> Case:
             ("history.get", {"samples_after": -1, "events_after": 0}),
             ("history.get", {"samples_after": 0, "events_after": 2**64 - 1}),
             ("history.get", {"samples_after": 0, "events_after": 0, "limit": 0}),
+            ("history.get", {"samples_after": 0, "events_after": 0, "limit": 10_001}),
+            ("history.get", {"samples_after": 0, "events_after": 0, "limit": 2**63 - 1}),
+            ("job.list", {"limit": rng.choice([0, -1, 101, 2**63 - 1, -(2**63)])}),
         ]
     )
     data, message_id = envelope(rng, type=kind, body=body)
@@ -183,6 +186,7 @@ def bad_policy(rng: random.Random) -> Case:
         [
             {"pause_temp": 200.0},
             {"hysteresis": -1.0},
+            {"hysteresis": 500.0},  # at or above pause_temp: a pause could never end
             {"turbo": 1},
             {"stop_temp": True},
             {b"pause_temp": 80.0},
@@ -200,7 +204,17 @@ def unknown_job(rng: random.Random) -> Case:
 
 
 def forbidden(rng: random.Random) -> Case:
-    body = dict(VALID_BODIES["job.event"]) | {"action": rng.choice(["start", "teleport"])}
+    """A job.event from a coordinator's key: `forbidden` whatever its body (§4: before it)."""
+    body = rng.choice(
+        [
+            dict(VALID_BODIES["job.event"]) | {"action": rng.choice(["start", "teleport"])},
+            {"job": "fake", "action": "start", "time": 1.0, "source": "sim", "simulated": True},
+            {},
+            {"job": junk(rng)},
+            [1],
+            None,
+        ]
+    )
     data, message_id = envelope(rng, type="job.event", body=body)
     return [data], p.FORBIDDEN, message_id
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from shared.matrix import (
@@ -17,10 +19,14 @@ from shared.matrix import (
     group_by_model,
     hf_model_id,
     model_label,
+    model_names,
+    named_label,
     parse_int_list,
     parse_pair,
     planned_cells,
 )
+from shared.report import record_model_label
+from shared.results import not_run
 
 
 def test_cells_are_labelled_like_llama_bench() -> None:
@@ -112,28 +118,35 @@ def test_duplicates_are_measured_once() -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"n_prompt": (-1,)}, "prompt length -1"),
-        ({"n_prompt": (1_048_577,)}, "prompt length 1048577"),
-        ({"n_gen": (-1,)}, "generation length -1"),
-        ({"n_depth": (-3,)}, "depth -3"),
-        ({"n_depth": ()}, "at least one depth"),
-        ({"n_pg": ((0, 8),)}, "prompt length 0 must be at least 1"),
-        ({"batch_sizes": (0,)}, "batch size 0"),
-        ({"batch_sizes": (-2,)}, "batch size -2"),
-        ({"bits": (3,)}, "bits 3"),
-        ({"iterations": 0}, "iterations 0"),
-        ({"warmup": -1}, "warmup -1"),
-        ({"prefill_step_size": 0}, "prefill step size 0"),
-        ({"delay_s": -1.0}, "delay -1"),
-        ({"delay_s": float("nan")}, "delay nan"),
-        ({"models": ()}, "model"),
-        ({"n_prompt": (True,)}, "prompt length True"),
+        ({"n_prompt": (-1,)}, "n_prompt[0]: prompt length -1 must be 0 or more"),
+        ({"n_prompt": (8, 1_048_577)}, "n_prompt[1]: prompt length 1048577 is above"),
+        ({"n_gen": (-1,)}, "n_gen[0]: generation length -1 must be 0 or more"),
+        ({"n_depth": (0, -3)}, "n_depth[1]: depth -3 must be 0 or more"),
+        ({"n_depth": ()}, "n_depth: empty; at least one depth is needed"),
+        ({"n_pg": ((0, 8),)}, "n_pg[0][0]: prompt length 0 must be at least 1"),
+        ({"n_pg": ((8, 2), (8, 0))}, "n_pg[1][1]: generation length 0 must be at least 1"),
+        ({"batch_sizes": (0,)}, "batch_sizes[0]: batch size 0 must be at least 1"),
+        ({"batch_sizes": (1, -2)}, "batch_sizes[1]: batch size -2"),
+        ({"bits": (4, 3)}, "bits[1]: 3 is not supported; choose from nil, 4, 8, 16"),
+        ({"iterations": 0}, "iterations: 0 must be at least 1"),
+        ({"warmup": -1}, "warmup: -1 must be 0 or more"),
+        ({"warmup": 1.5}, "warmup: 1.5 is not an integer"),
+        ({"prefill_step_size": 0}, "prefill_step_size: 0 must be at least 1"),
+        ({"delay_s": -1.0}, "delay_s: -1 s is outside"),
+        ({"delay_s": float("nan")}, "delay_s: nan is not a number of seconds"),
+        ({"models": ()}, "models: empty; at least one model is needed"),
+        ({"models": ("small", "")}, "models[1]: model '' must be"),
+        ({"n_prompt": (True,)}, "n_prompt[0]: prompt length True is not an integer"),
+        ({"n_prompt": (0,), "n_gen": (0,)}, "n_prompt, n_gen, n_pg: nothing to measure"),
     ],
 )
 def test_invalid_matrices_name_the_problem(change: dict, message: str) -> None:
+    """Each message starts with the wire field it is about (docs/protocol.md §5, The matrix),
+    the entry's index included, then says in words what is wrong."""
     spec = MatrixSpec(**({"models": ("small",)} | change))
-    with pytest.raises(MatrixError, match=message):
+    with pytest.raises(MatrixError) as refused:
         expand(spec)
+    assert str(refused.value).startswith(message), str(refused.value)
 
 
 def test_round_trip_through_plain_data() -> None:
@@ -158,14 +171,16 @@ def test_from_dict_rejects_unknown_fields() -> None:
 
 
 def test_from_dict_rejects_a_field_of_the_wrong_type() -> None:
-    with pytest.raises(MatrixError, match="n_prompt must be a list"):
+    with pytest.raises(MatrixError, match=r"^n_prompt: 8 is not a list$"):
         MatrixSpec.from_dict({"n_prompt": 8})
-    with pytest.raises(MatrixError, match="pair"):
-        MatrixSpec.from_dict({"n_pg": [[8, 2, 1]]})
+    with pytest.raises(
+        MatrixError, match=r"^n_pg\[1\]: \[8, 2, 1\] is not a \[prompt, generated\]"
+    ):
+        MatrixSpec.from_dict({"n_pg": [[8, 2], [8, 2, 1]]})
 
 
 def test_from_dict_validates_the_spec_it_builds() -> None:
-    with pytest.raises(MatrixError, match="batch size"):
+    with pytest.raises(MatrixError, match=r"^batch_sizes\[0\]: batch size 0"):
         MatrixSpec.from_dict({"batch_sizes": [0]})
 
 
@@ -186,29 +201,40 @@ def test_parse_pair() -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"batch_sizes": (1_000_000,)}, "batch size 1000000 is above the limit of 1024"),
-        ({"iterations": 10**9}, "iterations 1000000000 is above the limit of 1000"),
-        ({"warmup": 101}, "warmup 101 is above the limit of 100"),
-        ({"n_gen": (8193,)}, "generation length 8193 is above the limit of 8192"),
-        ({"delay_s": 4000.0}, "delay 4000 s is outside 0..3600 s"),
+        (
+            {"batch_sizes": (1_000_000,)},
+            "batch_sizes[0]: batch size 1000000 is above the limit of 1024",
+        ),
+        ({"iterations": 10**9}, "iterations: 1000000000 is above the limit of 1000"),
+        ({"warmup": 101}, "warmup: 101 is above the limit of 100"),
+        ({"n_gen": (8, 8193)}, "n_gen[1]: generation length 8193 is above the limit of 8192"),
+        ({"delay_s": 4000.0}, "delay_s: 4000 s is outside 0..3600 s"),
         (
             {"n_prompt": (1_048_576,), "batch_sizes": (8,), "n_gen": ()},
-            "would hold 8388608 tokens",
+            "batch_sizes, n_depth, n_prompt, n_gen, n_pg: a cell would hold 8388608 tokens "
+            "(batch 8 x (depth 0 + prompt 1048576 + generated 0))",
         ),
         (
             {"n_prompt": (8,), "n_depth": (1_048_576,), "batch_sizes": (4,)},
-            "would hold 4194816 tokens",
+            "batch_sizes, n_depth, n_prompt, n_gen, n_pg: a cell would hold 4194816 tokens",
         ),
-        ({"n_prompt": tuple(range(1, 1026))}, "1025 prompt lengths given; at most 1024"),
-        ({"n_prompt": tuple(range(1, 600)), "n_depth": (0, 1)}, "1200 cells; the limit is 1024"),
-        ({"models": ("/m/" + "x" * 5000,)}, "5003 characters; the limit is 1024"),
-        ({"models": ("/m/a\x00b",)}, "NUL"),
-        ({"bits": (4.0,)}, "bits 4.0 not supported"),
+        ({"n_prompt": tuple(range(1, 1026))}, "n_prompt: 1025 prompt lengths given; at most 1024"),
+        (
+            {"n_prompt": tuple(range(1, 600)), "n_depth": (0, 1)},
+            "models, bits, batch_sizes, n_depth, n_prompt, n_gen, n_pg: the matrix has 1200 "
+            "cells; the limit is 1024",
+        ),
+        ({"models": ("/m/" + "x" * 5000,)}, "models[0]: model '/m/xxx"),
+        ({"models": ("/m/a\x00b",)}, "models[0]: model '/m/a\\x00b' has a NUL character"),
+        ({"bits": (4.0,)}, "bits[0]: 4.0 is not supported"),
     ],
 )
 def test_a_matrix_beyond_a_limit_names_the_limit(change: dict, message: str) -> None:
-    with pytest.raises(MatrixError, match=message):
+    with pytest.raises(MatrixError) as refused:
         expand(MatrixSpec(**({"models": ("small",)} | change)))
+    assert str(refused.value).startswith(message), str(refused.value)
+    if "models" in change and "x" * 10 in change["models"][0]:
+        assert "5003 characters; the limit is 1024" in str(refused.value)
 
 
 def test_the_largest_matrix_within_the_limits_runs() -> None:
@@ -250,3 +276,60 @@ def test_a_spec_stored_by_protocol_3_lists_the_cells_it_planned() -> None:
     ]
     current = MatrixSpec(n_prompt=(8,), n_gen=(2,), models=("small",)).to_dict()
     assert planned_cells(current) == expand(MatrixSpec.from_dict(current))
+
+
+def test_same_named_model_directories_get_labels_unique_within_the_matrix() -> None:
+    """As an editor names same-named tabs: folders that clash take parent folders until none
+    does; a name that clashes with nothing stays the folder's alone."""
+    spec = MatrixSpec(
+        n_prompt=(8,),
+        n_gen=(),
+        models=("/x/a/mlx", "/y/b/mlx", "/m/Llama", "/p/q/mlx", "/r/q/mlx", "/m/small", "small"),
+    )
+    names = [cell.name for cell in expand(spec)]
+    assert names == [
+        "a/mlx/stored pp8 b1",
+        "b/mlx/stored pp8 b1",
+        "Llama/stored pp8 b1",
+        "p/q/mlx/stored pp8 b1",
+        "r/q/mlx/stored pp8 b1",
+        "m/small/stored pp8 b1",
+        "small/f16 pp8 b1",
+    ]
+    assert [g.label for g in group_by_model(expand(spec))] == [n.split(" ")[0] for n in names]
+    assert "label" not in expand(spec)[0].to_dict()  # a record names it only in its name
+    assert model_names(["/m/a/", "/m/a"]) == {"/m/a/": "/m/a/", "/m/a": "/m/a"}
+    assert model_names(["/q/org/n", "org/n"]) == {"/q/org/n": "n", "org/n": "org/n"}
+    assert model_names(["/x/org/n", "/y/org/n", "org/n"])["/x/org/n"] == "x/org/n"
+
+
+def test_model_names_are_unique_for_any_models() -> None:
+    rng = random.Random(24)
+    parts = ["a", "b", "mlx", "small", "org", "n"]
+    for _ in range(500):
+        models = [
+            rng.choice(["", "/", "./", "~/"])
+            + "/".join(rng.choice(parts) for _ in range(rng.randint(1, 4)))
+            + rng.choice(["", "/"])
+            for _ in range(rng.randint(1, 8))
+        ] + rng.sample(["small", "full", "org/n", "org/n@main"], 2)
+        names = model_names(models)
+        assert len(set(names.values())) == len(names), models
+
+
+def test_a_report_labels_each_cell_as_its_name_does() -> None:
+    spec = MatrixSpec(n_prompt=(8,), n_gen=(), models=("/x/a/mlx", "/y/b/mlx"), bits=(None, 4))
+    records = not_run(expand(spec), "never received")
+    assert [record_model_label(r) for r in records] == [
+        "a/mlx/stored",
+        "a/mlx/q4",
+        "b/mlx/stored",
+        "b/mlx/q4",
+    ]
+    stored_before = {"model": "/x/a/mlx", "bits": None, "test": "pp8", "batch_size": 1}
+    stored_before["name"] = "mlx/stored pp8 b1"  # named before labels were unique
+    assert named_label(stored_before) == record_model_label(stored_before) == "mlx/stored"
+    assert record_model_label({"model": "/x/a/mlx", "bits": 4}) == "mlx/q4"
+    (hf_record,) = not_run(expand(MatrixSpec(n_gen=(), models=("org/n",))), "x")
+    resolved = hf_record | {"model_revision": "0123456789"}
+    assert record_model_label(resolved) == "org/n@0123456/stored"

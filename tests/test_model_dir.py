@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -107,6 +108,25 @@ def test_stored_weights_are_used_without_bits(agent_cli: str, model_dir: Path) -
     cell = json.loads(result.stdout)["cells"][0]
     assert cell["bits"] is None and cell["name"] == f"{model_dir.name}/stored pp8 b1"
     assert json.loads(result.stdout)["models"][0]["label"] == f"{model_dir.name}/stored (f16)"
+
+
+def test_same_named_directories_are_told_apart(
+    agent_cli: str, model_dir: Path, tmp_path: Path
+) -> None:
+    """Two folders both named `mlx` (docs/protocol.md §5, The matrix): each label takes its
+    parent folder, in the cells' names, the models' labels and the table's rows."""
+    first, second = tmp_path / "a" / "mlx", tmp_path / "b" / "mlx"
+    for copy in (first, second):
+        shutil.copytree(model_dir, copy)
+    args = ["--model", str(first), "--model", str(second), "-s", "8", "-i", "1", "-w", "0"]
+    result = bench(agent_cli, *args, "--decode-tokens", "0", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert [c["name"] for c in report["cells"]] == ["a/mlx/stored pp8 b1", "b/mlx/stored pp8 b1"]
+    assert [m["label"] for m in report["models"]] == ["a/mlx/stored (f16)", "b/mlx/stored (f16)"]
+    table = bench(agent_cli, *args, "--decode-tokens", "0", "--format", "md")
+    assert table.returncode == 0, table.stderr
+    assert "| a/mlx/stored |" in table.stdout and "| b/mlx/stored |" in table.stdout
 
 
 def test_a_quantized_directory_is_not_requantized(

@@ -167,6 +167,34 @@ def test_a_hysteresis_that_would_never_end_a_pause_is_refused() -> None:
     assert ThermalPolicy(hysteresis=84.0).resume_temp == 1.0
 
 
+@pytest.mark.parametrize(
+    ("values", "valid"),
+    [
+        ({"hysteresis": 0.0}, True),
+        ({"hysteresis": 84.9}, True),
+        ({"hysteresis": 85.0}, False),
+        ({"hysteresis": -0.1}, False),
+        ({"pause_duration": 0.0}, False),
+        ({"pause_duration": 1e-9}, True),
+        ({"max_speed_temp": -20.0, "pause_temp": -10.0, "stop_temp": 5.0}, False),
+        ({"max_speed_temp": -20.0, "pause_temp": 0.0, "stop_temp": 5.0}, False),
+        ({"max_speed_temp": -20.0, "pause_temp": 0.5, "stop_temp": 5.0}, True),
+        ({"pause_temp": 75.0}, False),
+        ({"pause_temp": 95.0}, False),
+    ],
+)
+def test_the_bounds_docs_protocol_states_are_the_ones_enforced(
+    values: dict[str, float], valid: bool
+) -> None:
+    """docs/protocol.md §11: max_speed_temp < pause_temp < stop_temp, pause_duration > 0,
+    0 <= hysteresis < pause_temp (so pause_temp > 0), each finite; nothing else."""
+    if valid:
+        ThermalPolicy(**values)
+    else:
+        with pytest.raises(ValueError):
+            ThermalPolicy(**values)
+
+
 POLICY = ThermalPolicy(max_speed_temp=75, pause_temp=85, stop_temp=95)
 RUNNING, PAUSED, STOPPING = JobState.RUNNING, JobState.PAUSED, JobState.STOPPING
 

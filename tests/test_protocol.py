@@ -208,6 +208,58 @@ def test_a_sample_names_its_sensor_or_nil() -> None:
         p.make("telemetry.sample", {k: v for k, v in body.items() if k != "sensor"})
 
 
+JOB_EVENT_REQUIRED = ("job", "action", "time", "source", "simulated")
+"""docs/protocol.md §12: every other job.event field may be omitted (it is then nil)."""
+
+
+def test_a_job_event_may_omit_every_field_that_may_be_nil() -> None:
+    least = {key: VALID_BODIES["job.event"][key] for key in JOB_EVENT_REQUIRED}
+    decoded = p.decode(raw(type="job.event", body=least))
+    assert decoded.body == least | dict.fromkeys(("pid", "celsius", "detail", "policy", "seq"))
+    for key in JOB_EVENT_REQUIRED:
+        missing = {k: v for k, v in least.items() if k != key}
+        with pytest.raises(p.ProtocolError) as caught:
+            p.decode(raw(type="job.event", body=missing))
+        assert (caught.value.code, caught.value.message) == (
+            p.BAD_BODY,
+            f"job.event: missing field {key!r}",
+        )
+    with pytest.raises(p.ProtocolError, match="'simulated' has the wrong type"):
+        p.decode(raw(type="job.event", body=least | {"simulated": None}))
+    telemetry = {k: v for k, v in VALID_BODIES["telemetry.event"].items() if k != "detail"}
+    with pytest.raises(p.ProtocolError, match="missing field 'detail'"):
+        p.decode(raw(type="telemetry.event", body=telemetry))  # published: every field
+
+
+@pytest.mark.parametrize(
+    "body", [{}, [1], {"job": 7}, {"nonsense": 1}, VALID_BODIES["job.event"] | {"time": "x"}]
+)
+def test_a_job_event_from_another_key_is_forbidden_before_its_body_is_read(body: Any) -> None:
+    """§4: `forbidden` comes right after the type: a coordinator learns nothing of the body it
+    may not send. Only the own-key types ask whose key sent them."""
+    with pytest.raises(p.ProtocolError) as caught:
+        p.decode(raw(id="e-1", type="job.event", body=body), lambda: False)
+    assert (caught.value.code, caught.value.re) == (p.FORBIDDEN, "e-1")
+    with pytest.raises(p.ProtocolError) as own:
+        p.decode(raw(type="job.event", body=body), lambda: True)
+    assert own.value.code == p.BAD_BODY
+    with pytest.raises(p.ProtocolError) as unauthenticated:
+        p.decode(raw(type="job.event", body=body))  # no CURVE: no key to tell peers apart
+    assert unauthenticated.value.code == p.BAD_BODY
+    for earlier, code in (
+        (raw(v=3, type="job.event"), p.BAD_VERSION),
+        (raw(re=5, type="job.event"), p.MALFORMED),
+    ):
+        with pytest.raises(p.ProtocolError) as caught:
+            p.decode(earlier, lambda: False)
+        assert caught.value.code == code
+
+    def never() -> bool:
+        raise AssertionError("asked whose key sent a ping")
+
+    assert p.decode(raw(), never).type == "ping"
+
+
 def test_a_refusal_remembers_the_id_it_can_answer() -> None:
     with pytest.raises(p.ProtocolError) as caught:
         p.decode(raw(id="req-9", type="teleport"))

@@ -151,15 +151,51 @@ def test_job_event_is_refused_from_a_coordinator(ctx: zmq.Context, agents: Agent
     with pytest.raises(AgentError) as refused:
         client.request("job.event", event)
     assert refused.value.code == p.FORBIDDEN
+    coordinator = raw_socket(ctx, agent)
+    for body in ({}, {"job": 7}, event | {"action": "teleport"}):  # forbidden before the body
+        assert ask(coordinator, request("job.event", body)).body["code"] == p.FORBIDDEN, body
+    coordinator.close()
     assert client.request("info")["jobs"] == []
+    local = raw_socket(ctx, agent, agent.home / "keys")  # the agent's own key, as agent run's
+    assert ask(local, request("job.event", {})).body["code"] == p.BAD_BODY  # the body's turn
+    least = {"job": "terse", "pid": 4243, "action": "start", "time": 2.0, "source": "none"}
+    terse = ask(local, request("job.event", least | {"simulated": False}))  # nil ones omitted
+    assert (terse.type, terse.body) == ("job.event.ok", {"job": "terse"})
+    local.close()
+    assert [j["job"] for j in client.request("info")["jobs"]] == ["terse"]
     own = AgentClient(ctx, agent.address, agent.key, own_keypair(agent.home / "keys"), 5.0)
     own.connect()
     with pytest.raises(AgentError) as unknown:
         own.request("job.event", event | {"action": "teleport"})
     assert unknown.value.code == p.BAD_BODY and "unknown action 'teleport'" in str(unknown.value)
     assert own.request("job.event", event) == {"job": "fake"}
-    assert [j["job"] for j in own.request("info")["jobs"]] == ["fake"]
+    assert [j["job"] for j in own.request("info")["jobs"]] == ["terse", "fake"]
     own.close()
+    client.close()
+
+
+def request(type_: str, body: Any) -> bytes:
+    """An envelope AgentClient would not send (a body of any shape)."""
+    envelope = {"v": p.PROTOCOL_VERSION, "id": p.new_id(), "type": type_, "re": None}
+    return msgpack.packb(envelope | {"body": body})
+
+
+def test_every_limit_out_of_its_range_is_a_bad_body(ctx: zmq.Context, agents: AgentPool) -> None:
+    """One rule for every page limit (§5): nil takes the default, 1 to the maximum is served,
+    anything else is refused naming the range, never cut silently."""
+    client = connect(ctx, trusted_agent(agents))
+    history = {"samples_after": 0, "events_after": 0}
+    for type_, body, most in (
+        ("history.get", history, 10_000),
+        ("job.list", {}, 100),
+    ):
+        for limit in (0, -1, most + 1, 2**63 - 1):
+            with pytest.raises(AgentError) as refused:
+                client.request(type_, body | {"limit": limit})
+            assert refused.value.code == p.BAD_BODY
+            assert str(refused.value) == f"{type_}: limit must be 1 to {most}, got {limit}"
+        for limit in (None, 1, most):
+            client.request(type_, body | {"limit": limit})
     client.close()
 
 

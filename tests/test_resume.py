@@ -122,7 +122,7 @@ def test_the_job_list_finds_a_job_by_the_request_that_started_it(
     (listed,) = client.request("job.list", {})["jobs"]
     assert listed["job"] == job and listed["request"] == start.id
     assert listed["state"] == p.JOB_OK and listed["done"] == listed["total"] == 2
-    with pytest.raises(AgentError, match="limit must be >= 1"):
+    with pytest.raises(AgentError, match="limit must be 1 to 100, got 0"):
         client.request("job.list", {"limit": 0})
     client.close()
 

@@ -3,6 +3,7 @@ raw sockets for what a well-behaved client never sends."""
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import time
@@ -118,23 +119,47 @@ def test_a_running_job_keeps_others_out_until_it_is_cancelled(
 @pytest.mark.parametrize(
     ("matrix", "needle"),
     [
-        ({"n_prompt": [-1], "models": ["small"]}, "prompt length -1"),
-        ({"n_prompt": [0], "n_gen": [0], "models": ["small"]}, "nothing to measure"),
-        ({"models": ["/no/such/model"]}, "/no/such/model does not exist"),
-        ({"n_prompt": [16], "flavour": "x", "models": ["small"]}, "unknown matrix field(s)"),
-        ({"n_prompt": [16]}, "models is required"),
-        ({"models": ["/" + "x" * 4999]}, "5000 characters; the limit is 1024"),
-        ({"models": ["/" + "x" * 300]}, "cannot be read"),
-        ({"models": ["small"], "batch_sizes": [1_000_000]}, "above the limit of 1024"),
+        ({"n_prompt": [8, -1], "models": ["small"]}, "n_prompt[1]: prompt length -1 must be"),
+        (
+            {"n_prompt": [0], "n_gen": [0], "models": ["small"]},
+            "n_prompt, n_gen, n_pg: nothing to measure",
+        ),
+        (
+            {"models": ["small", "/no/such/model"]},
+            "models[1]: model directory /no/such/model does not exist",
+        ),
+        (
+            {"n_prompt": [16], "flavour": "x", "models": ["small"]},
+            "unknown matrix field(s): flavour",
+        ),
+        ({"n_prompt": [16]}, "models: missing; name the models to run"),
+        ({"models": ["/" + "x" * 4999]}, "models[0]: model '/xxx"),
+        ({"models": ["/" + "x" * 300]}, "models[0]: model directory /xxx"),
+        (
+            {"models": ["small"], "batch_sizes": [1_000_000]},
+            "batch_sizes[0]: batch size 1000000 is above the limit of 1024",
+        ),
+        ({"models": ["small"], "n_gen": [9000]}, "n_gen[0]: generation length 9000 is above"),
     ],
 )
 def test_the_agent_rejects_a_bad_matrix_with_its_reason(
     ctx: zmq.Context, agents: AgentPool, matrix: dict[str, Any], needle: str
 ) -> None:
+    """Every bad-matrix message names the wire field first (docs/protocol.md §5), and so does
+    a refused `sustain`."""
     client = connect(ctx, trusted_agent(agents))
     with pytest.raises(AgentError) as rejected:
         client.request("bench.start", {"matrix": matrix})
-    assert rejected.value.code == p.BAD_MATRIX and needle in str(rejected.value)
+    assert rejected.value.code == p.BAD_MATRIX
+    assert str(rejected.value).startswith(f"matrix rejected: {needle}"), str(rejected.value)
+    sustain = {"duration_s": 3, "window_s": 2}
+    with pytest.raises(AgentError) as short:
+        client.request("bench.start", {"matrix": QUICK_MATRIX, "sustain": sustain})
+    assert short.value.code == p.BAD_MATRIX
+    assert str(short.value).startswith(
+        "sustain rejected: duration_s 3 s is shorter than two windows of 2 s: give a longer "
+        "duration_s or a shorter window_s"
+    )
     client.close()
 
 
@@ -227,9 +252,41 @@ def test_a_killed_job_process_fails_its_cell_and_a_new_one_runs_the_rest(
     records = client.request("job.get", {"job": job_id})["records"]
     failed = [r for r in records if r["status"] != "ok"]
     assert len(records) == 8 and len(failed) == 1
-    assert "the job process died (killed by SIGKILL)" in failed[0]["error"]
+    form = (
+        r"the job process died \(killed by SIGKILL\) while measuring this cell: "
+        rf"(.+) \(log: (.+)/job-logs/{job_id}\.log\)"
+    )
+    crashed = re.fullmatch(form, failed[0]["error"])
+    assert crashed, failed[0]["error"]
+    assert crashed[2] == str(agent.home)
     assert records[-1]["status"] == "ok"
     assert run_job(client, QUICK_MATRIX)[-1].body["status"] == "ok"
+    client.close()
+
+
+def test_a_job_process_killed_before_it_wrote_anything_says_so(
+    ctx: zmq.Context, agents: AgentPool
+) -> None:
+    """The error keeps its one form when there are no last lines to quote: `it wrote nothing`,
+    and the log it names is there (kept, empty)."""
+    agent = trusted_agent(agents)
+    client = connect(ctx, agent)
+    stream = client.stream(client.send("bench.start", {"matrix": QUICK_MATRIX}))
+    job_id = next(stream).body["job"]
+    deadline = time.monotonic() + 30
+    while not (children := psutil.Process(agent.process.pid).children()):
+        assert time.monotonic() < deadline, "no job process"
+        time.sleep(0.001)
+    children[0].send_signal(signal.SIGKILL)  # still starting Python: it has written nothing
+    rest = list(stream)
+    assert rest[-1].body["status"] == "ok" and rest[-1].body["cells"] == 2
+    log = agent.home / "job-logs" / f"{job_id}.log"
+    said = f"it wrote nothing (log: {log})"
+    records = client.request("job.get", {"job": job_id})["records"]
+    assert [r["error"] for r in records] == [
+        f"the job process died (killed by SIGKILL) while building its model: {said}"
+    ] * 2
+    assert log.is_file() and log.stat().st_size == 0
     client.close()
 
 

@@ -352,7 +352,7 @@ def test_samples_reach_a_curve_subscriber_and_history_backfills_in_pages(
     assert paged[: len(numbers)] == everything["samples"]
     recent = client.request("history.get", {**EVERYTHING, "since": hot.body["time"] - 1e-6})
     assert recent["samples"][0] == hot.body  # `since` keeps what was stamped after it
-    with pytest.raises(AgentError, match="limit must be >= 1"):
+    with pytest.raises(AgentError, match="limit must be 1 to 10000, got 0"):
         client.request("history.get", {**EVERYTHING, "limit": 0})
     client.close()
 

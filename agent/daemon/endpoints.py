@@ -6,6 +6,7 @@ Only the daemon's main thread uses them; the ZAP authenticator runs on its own t
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator
 from typing import Any, NamedTuple
@@ -178,19 +179,27 @@ class AgentSockets:
             except zmq.Again:
                 return
             identity, payload = frames[0].bytes, frames[1:]
+            frame = None if self._auth is None else frames[-1]
             try:
                 if len(payload) != 1:
                     raise p.ProtocolError(
                         p.MALFORMED,
                         f"a message is exactly one frame after the identity, got {len(payload)}",
                     )
-                message: p.Message | p.ProtocolError = p.decode(payload[0].bytes)
+                own_key = None if frame is None else functools.partial(self.from_own_key, frame)
+                message: p.Message | p.ProtocolError = p.decode(payload[0].bytes, own_key)
                 p.require_request(message)
             except p.ProtocolError as exc:
                 message = exc
-            yield Received(identity, message, None if self._auth is None else frames[-1])
+            yield Received(identity, message, frame)
             if not self.router.getsockopt(zmq.EVENTS) & POLLIN:
                 return  # drained: asking costs half the Again that one more recv would raise
+
+    def from_own_key(self, frame: zmq.Frame) -> bool:
+        """Whether a message (its last frame) came from a peer holding this agent's own key: a
+        process of its user on its machine (docs/protocol.md §12). Asked only of the types
+        that need it (shared.protocol.OWN_KEY_ONLY)."""
+        return peer_key(frame) == self.public_key
 
     def send(self, identity: bytes, message: p.Message) -> None:
         """To one coordinator; a message too large to encode goes as its `too-large` error."""

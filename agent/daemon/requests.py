@@ -18,9 +18,14 @@ import zmq
 from agent.daemon.benchmark.jobs import BenchJobs
 from agent.daemon.benchmark.journal import JOB_LIST_MAX
 from agent.daemon.deferred import DeferredReplies
-from agent.daemon.endpoints import AgentSockets, Received, peer_key
+from agent.daemon.endpoints import AgentSockets, Received
 from agent.daemon.hub import TelemetryHub
-from agent.daemon.telemetry import HISTORY_PAGE_BYTES, history_limit, run_event
+from agent.daemon.telemetry import (
+    HISTORY_MAX_LIMIT,
+    HISTORY_PAGE_BYTES,
+    history_limit,
+    run_event,
+)
 from agent.doctor.checks import report as doctor_report
 from shared import protocol as p
 from shared.policy import policy_text
@@ -38,12 +43,7 @@ class Request(NamedTuple):
     identity: bytes
     message: p.Message
     frame: zmq.Frame | None
-    """The message's last frame under CURVE, None without: see peer_key."""
-
-    @property
-    def peer_key(self) -> str | None:
-        """The sender's CURVE public key (None without CURVE)."""
-        return peer_key(self.frame)
+    """The message's last frame under CURVE, None without: see endpoints.peer_key."""
 
     @property
     def body(self) -> dict[str, Any]:
@@ -181,20 +181,14 @@ class Requests:
 
     @handles("job.list")
     def job_list(self, request: Request) -> Reply:
-        limit = request.body["limit"]
-        if limit is not None and limit < 1:
-            raise p.ProtocolError(
-                p.BAD_BODY, f"job.list: limit must be >= 1, got {limit}", re=request.message.id
-            )
-        jobs = self.jobs.journal.list_jobs(min(limit or JOB_LIST_MAX, JOB_LIST_MAX))
+        check_limit(request, JOB_LIST_MAX)
+        jobs = self.jobs.journal.list_jobs(request.body["limit"] or JOB_LIST_MAX)
         return Reply("job.list.ok", {"jobs": jobs})
 
     @handles("history.get")
     def history_get(self, request: Request) -> Reply:
-        try:
-            limit = history_limit(request.body["limit"])
-        except ValueError as exc:
-            raise request.refuse(p.BAD_BODY, f"history.get: {exc}") from None
+        check_limit(request, HISTORY_MAX_LIMIT)
+        limit = history_limit(request.body["limit"])
         check_cursor(request, "samples_after")
         check_cursor(request, "events_after")
         body = request.body
@@ -245,14 +239,8 @@ class Requests:
     def job_event(self, request: Request) -> Reply:
         """An event of an `agent run` job on this machine: we list and publish it (and record
         it when `agent run` could not). Only a process holding the agent's own key (its user,
-        on this machine) may send one: a coordinator cannot make up local jobs."""
-        own = self.sockets.public_key
-        if own is not None and request.peer_key != own:
-            raise request.refuse(
-                p.FORBIDDEN,
-                "job.event is accepted only from this agent's own key (agent run on its "
-                "machine), not from a coordinator",
-            )
+        on this machine) may send one, so a coordinator cannot make up local jobs: the
+        socket refused any other's, `forbidden`, before reading its body (AgentSockets)."""
         try:
             event = run_event(request.body)
         except ValueError as exc:
@@ -273,6 +261,16 @@ class Requests:
             request.message.id,
             "doctor.ok",
             lambda: {"report": doctor_report(ports, serving=True, skip_bench=skip)},
+        )
+
+
+def check_limit(request: Request, most: int) -> None:
+    """A page's `limit`: nil (the default) or 1 to `most`; `bad-body` naming the range
+    otherwise, never a silent cut (docs/protocol.md §5)."""
+    limit = request.body["limit"]
+    if limit is not None and not 1 <= limit <= most:
+        raise request.refuse(
+            p.BAD_BODY, f"{request.message.type}: limit must be 1 to {most}, got {limit}"
         )
 
 

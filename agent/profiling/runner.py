@@ -62,7 +62,7 @@ def check_model_dir(path: Path) -> None:
 
 def _check_model_dir(path: Path) -> None:
     if path.exists() and not path.is_dir():
-        raise ModelLoadError(f"--model {path} is a file, not a model directory")
+        raise ModelLoadError(f"{path} is a file, not a model directory")
     if not path.is_dir():
         raise ModelLoadError(f"model directory {path} does not exist")
     if not (path / "config.json").is_file():
@@ -121,10 +121,14 @@ def load_model_dir(path: Path, bits: int | None) -> nn.Module:
 
 
 def load_benchmark_model(
-    name: str, bits: int | None, prebuilt: dict[str, nn.Module] | None = None
+    name: str,
+    bits: int | None,
+    prebuilt: dict[str, nn.Module] | None = None,
+    label: str | None = None,
 ) -> LoadedModel:
     """A model by name: one of `prebuilt`, a built-in config, an mlx-lm directory, or a Hugging
-    Face id (agent.profiling.hf_models: fetched into the cache first when the network allows)."""
+    Face id (agent.profiling.hf_models: fetched into the cache first when the network allows).
+    `label` is its cells' (Cell.label: unique within their matrix), model_label()'s without."""
     revision = None
     if prebuilt and name in prebuilt:
         model = prebuilt[name]
@@ -141,7 +145,9 @@ def load_benchmark_model(
         model = load_model_dir(location.path, bits)
         kind, revision = "mlx-lm", location.revision
     info = MemoryProfiler().profile_model(model)
-    label = record_model_label({"model": name, "bits": bits, "model_revision": revision})
+    label = record_model_label(
+        {"model": name, "bits": bits, "model_revision": revision}, label=label
+    )
     if kind == "mlx-lm" and bits is None:
         label += f" ({bits_label(stored_bits(location.path) or 16)})"
     info.update(
@@ -271,7 +277,7 @@ def _run_groups(
             continue
         cells = [(i, cell) for i, cell in zip(indices, group.cells, strict=True) if i >= first]
         try:
-            loaded = load_benchmark_model(group.model, group.bits, models)
+            loaded = load_benchmark_model(group.model, group.bits, models, group.label)
         except Exception as exc:  # any load failure fails its cells, not the run
             for _, cell in cells:
                 yield cell_record(cell, error=f"model load failed: {error_text(exc)}")

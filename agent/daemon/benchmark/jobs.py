@@ -37,7 +37,7 @@ from shared.io.paths import data_dir, data_subdir
 from shared.matrix import Cell, MatrixError, MatrixSpec, expand
 from shared.policy import ThermalPolicy
 from shared.results import cell_record
-from shared.sustain import SustainError, SustainPlan
+from shared.sustain import WIRE_NAMES, SustainError, SustainPlan
 from shared.telemetry import Event
 
 log = logging.getLogger("agent.jobs")
@@ -72,6 +72,8 @@ class Job:
     outcome: dict[str, Any] | None = None
     kill_at: float | None = None
     sustain: SustainPlan | None = None
+    crashed: bool = False
+    """A job process died: its log is kept, even empty, as the cells' errors name it."""
 
     @property
     def total(self) -> int:
@@ -152,8 +154,10 @@ class BenchJobs:
         plan = SustainPlan.from_dict(wanted)
         meter = self.meter()
         if meter is not None and meter.present:
-            plan.check(meter.info().resolution_s, f"the power meter {meter.source.name}")
-        plan.check(self.poll_interval, "the agent's thermal poll")
+            plan.check(
+                meter.info().resolution_s, f"the power meter {meter.source.name}", WIRE_NAMES
+            )
+        plan.check(self.poll_interval, "the agent's thermal poll", WIRE_NAMES)
         return plan
 
     def start(self, identity: bytes, request_id: str, plan: JobPlan) -> Job:
@@ -331,8 +335,9 @@ class BenchJobs:
         """Fail what the dead process was doing (the cell it measured; or, when it died building
         a model, that model's cells), then run the cells left in a new process."""
         died = f"the job process died ({exit_text(code)})"
-        tail = job.process.last_lines()
-        failed = crashed_cells(job.cells[job.done :], job.begun == job.done, job.built, died, tail)
+        job.crashed = True
+        said = job.process.last_lines()
+        failed = crashed_cells(job.cells[job.done :], job.begun == job.done, job.built, died, said)
         log.warning("job %s: %s; %d cell(s) failed", job.id, died, len(failed))
         for record in failed:
             self._cell(job, record)
@@ -357,8 +362,13 @@ class BenchJobs:
         self.journal.finish_job(job.id, status, error)
         self._event(job, "exit", detail=status + (f": {error}" if error else ""))
         log_path = job.process.log
-        if log_path is not None and log_path.exists() and log_path.stat().st_size == 0:
-            log_path.unlink()  # only a job process that said something keeps its log
+        if (
+            not job.crashed
+            and log_path is not None
+            and log_path.exists()
+            and log_path.stat().st_size == 0
+        ):
+            log_path.unlink()  # only a job that said something, or lost a process, keeps its log
         self._stream(job, "bench.done", {"status": status, "error": error, "cells": job.done})
         log.info(
             "job %s %s: %d/%d cells%s",
@@ -372,17 +382,19 @@ class BenchJobs:
 
 
 def crashed_cells(
-    left: list[Cell], begun: bool, built: set[tuple[str, int | None]], died: str, tail: str
+    left: list[Cell], begun: bool, built: set[tuple[str, int | None]], died: str, said: str
 ) -> list[dict[str, Any]]:
     """The records of what a dead job process was doing, from the cells it `left`: the first,
     when it had `begun` it or had `built` its model; else (it died building that model) every
-    cell of that model."""
+    cell of that model. Their error has one form (docs/protocol.md §5, The job stream):
+    `DIED while measuring this cell: SAID` (or `while building its model`), SAID what the
+    process wrote and where its log is (process.output_said)."""
     cell = left[0]
     group = (cell.model, cell.bits)
     if begun or group in built:
-        return [cell_record(cell, error=f"{died} while measuring this cell{tail}")]
+        return [cell_record(cell, error=f"{died} while measuring this cell: {said}")]
     return [
-        cell_record(c, error=f"{died} while building its model{tail}")
+        cell_record(c, error=f"{died} while building its model: {said}")
         for c in left
         if (c.model, c.bits) == group
     ]
@@ -430,27 +442,37 @@ def check_matrix(matrix: dict[str, Any]) -> MatrixSpec:
     """The matrix as this agent would run it: the models named (a bench.start never falls back
     to the default model), model directories are paths on THIS machine, Hugging Face ids are
     resolved here (the job fetches one not cached yet; offline, one not cached is refused now).
-    Raises MatrixError or ModelLoadError naming the problem."""
+    Raises MatrixError or ModelLoadError naming the problem, and the wire field first
+    (`models[1]: ...`)."""
     if "models" not in matrix:
         raise MatrixError(
-            "models is required: name the models to run (a config such as small or full, a "
+            "models: missing; name the models to run (a config such as small or full, a "
             "model directory on the agent, or a Hugging Face id ORG/NAME)"
         )
     spec = MatrixSpec.from_dict(matrix)
-    directories = [m for m in spec.models if m not in BUILTIN_CONFIGS]
+    directories = [(i, m) for i, m in enumerate(spec.models) if m not in BUILTIN_CONFIGS]
     if directories:
         require_mlx_lm()
-    for directory in directories:
+    for i, directory in directories:
         try:
-            path = Path(directory).expanduser()
-        except RuntimeError as exc:  # ~user for a user this machine does not have
-            raise ModelLoadError(f"model directory {directory}: {exc}") from None
-        if names_a_repo(directory):
-            if not offline():
-                continue  # the job process downloads it
-            try:
-                path = locate(directory, download=False).path
-            except ModelNotFound as exc:
-                raise ModelLoadError(str(exc)) from None
-        check_model_dir(path)
+            check_model_on_disk(directory)
+        except ModelLoadError as exc:
+            raise ModelLoadError(f"models[{i}]: {exc}") from None
     return spec
+
+
+def check_model_on_disk(directory: str) -> None:
+    """A model directory of this machine, or a Hugging Face id it can fetch (or holds, offline);
+    ModelLoadError naming the problem."""
+    try:
+        path = Path(directory).expanduser()
+    except RuntimeError as exc:  # ~user for a user this machine does not have
+        raise ModelLoadError(f"model directory {directory}: {exc}") from None
+    if names_a_repo(directory):
+        if not offline():
+            return  # the job process downloads it
+        try:
+            path = locate(directory, download=False).path
+        except ModelNotFound as exc:
+            raise ModelLoadError(str(exc)) from None
+    check_model_dir(path)

@@ -29,11 +29,16 @@ MATRIX_FRAME = "in run_matrix"
 class JobProcess:
     """spawn() it; read() what it wrote; send() it updates; reap() its exit code."""
 
-    def __init__(self, process: subprocess.Popen[bytes], fd: int, log: Path | None) -> None:
+    def __init__(
+        self, process: subprocess.Popen[bytes], fd: int, log: Path | None, log_start: int = 0
+    ) -> None:
         self.process = process
         self.fd = fd
         """The pipe the process writes its stream to: poll it, then read()."""
         self.log = log
+        self.log_start = log_start
+        """Where this process's output begins in `log`: the processes of one job (a new one
+        after a crash) append to one log."""
         self._unpacker = msgpack.Unpacker(raw=False)
 
     @classmethod
@@ -47,6 +52,7 @@ class JobProcess:
             if log is not None
             else subprocess.DEVNULL
         )
+        log_start = os.fstat(log_fd).st_size if log is not None else 0
         try:
             process = subprocess.Popen(
                 [
@@ -75,7 +81,7 @@ class JobProcess:
         process.stdin.write(msgpack.packb(request))
         process.stdin.flush()
         os.set_blocking(process.stdin.fileno(), False)
-        return cls(process, read_fd, log)
+        return cls(process, read_fd, log, log_start)
 
     @property
     def pid(self) -> int:
@@ -118,17 +124,27 @@ class JobProcess:
         return code
 
     def last_lines(self) -> str:
-        """': LINE; LINE (log: PATH)' from the end of the log, or '' when it said nothing."""
-        if self.log is None:
-            return ""
-        try:
-            with open(self.log, "rb") as handle:
-                handle.seek(max(0, handle.seek(0, os.SEEK_END) - TAIL_CHARS))
-                text = handle.read().decode("utf-8", "replace")
-        except OSError:
-            return ""
-        quoted = quote(text)
-        return f": {' | '.join(quoted)} (log: {self.log})" if quoted else ""
+        """What this process wrote, for the error of the cell it died on: output_said()."""
+        return output_said(self.log, self.log_start)
+
+
+def output_said(log: Path | None, start: int = 0) -> str:
+    """The end of a dead job process's error (docs/protocol.md §5, The job stream), always one
+    form, `WHAT (log: PATH)`: WHAT is its last lines (quote(), joined by ' | ') of what it
+    wrote to `log` from `start`, or `it wrote nothing`, or `its log could not be read: ERROR`;
+    without a log (the disk refused the folder) `its output was not kept (no log: the agent
+    could not create job-logs)`."""
+    if log is None:
+        return "its output was not kept (no log: the agent could not create job-logs)"
+    try:
+        with open(log, "rb") as handle:
+            end = handle.seek(0, os.SEEK_END)
+            handle.seek(max(start, end - TAIL_CHARS))
+            text = handle.read().decode("utf-8", "replace")
+    except OSError as exc:
+        return f"its log could not be read: {exc.strerror or exc} (log: {log})"
+    quoted = quote(text)
+    return f"{' | '.join(quoted) if quoted else 'it wrote nothing'} (log: {log})"
 
 
 def quote(text: str) -> list[str]:

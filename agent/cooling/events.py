@@ -82,11 +82,19 @@ def default_events_path() -> Path:
 
 
 class EventLog:
-    """Append-only events in SQLite (WAL, so several `agent run` and the daemon can share it)."""
+    """Append-only events in SQLite (WAL, so several `agent run` and the daemon can share it).
+
+    An event's number is AUTOINCREMENT's, given under the file's write lock (so every process
+    numbers in one order) and committed, synced, before record() returns it: what is published
+    or served under a number stays that number's, even after a crash or a power loss (a
+    commit only written, not synced, could be lost and its number given again). That costs
+    one sync per event, events are rare; samples are numbered otherwise (agent.daemon.history)."""
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or default_events_path()
         self._conn = open_store(self.path, MIGRATIONS, what="event log")
+        self._conn.execute("PRAGMA synchronous = FULL")  # the WAL synced at each commit
+        self._conn.execute("PRAGMA fullfsync = ON")  # macOS: past the drive's cache too
 
     @property
     def id(self) -> str:
@@ -97,6 +105,16 @@ class EventLog:
         with self._conn:
             seq = self._conn.execute(_INSERT, event.row()).lastrowid
         return replace(event, seq=seq)
+
+    def holds(self, event: Event) -> bool:
+        """Whether this file holds `event` under its `seq` (same time, action, job and pid):
+        a number another file gave must not be taken for one of this file's."""
+        row = self._conn.execute(
+            "SELECT 1 FROM events WHERE seq = ? AND time = ? AND action = ? AND job IS ?"
+            " AND pid IS ?",
+            (event.seq, event.time, event.action, event.job, event.pid),
+        ).fetchone()
+        return row is not None
 
     def since(self, start: float = 0.0, job: str | None = None) -> list[Event]:
         """Events at or after `start` (epoch seconds), oldest first; one job's when `job` is set."""

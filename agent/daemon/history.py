@@ -3,6 +3,11 @@ latest ones, and in SQLite, written WRITE_EVERY at a time; every event in agent-
 shared with `agent run`; both pruned to a retention, served in pages after a cursor) and the
 policy it enforces (policy.json, so a restart keeps what a coordinator pushed).
 
+A sample or event number is never given twice by one history, whatever moment the agent dies
+at (docs/protocol.md §10, History): a sample is numbered only below a mark set aside on disk
+and synced before (RESERVED_SEQS, renewed ahead of use), and an event's number is its row's,
+synced before it is published (agent.cooling.events).
+
 Only the daemon's main thread uses it.
 """
 
@@ -13,6 +18,7 @@ import logging
 import sqlite3
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -79,10 +85,11 @@ ALTER TABLE samples ADD COLUMN sensor TEXT
 )
 """The schema, version by version (shared.io.sqlite.open_store). Version 1 is the file earlier
 releases made without a version; version 2 numbers samples (the history cursor, never given
-twice: AUTOINCREMENT) and stores the columns of shared.telemetry.Sample; version 3 adds what the
-agent could not write when it took the sample (storage_error); version 4 what its power source
-read at the same poll (power_w, energy_j, power); version 5 which sensor of the source the
-reading is (sensor; NULL in rows recorded before)."""
+twice: AUTOINCREMENT's sqlite_sequence row holds the mark, see RESERVED_SEQS) and stores the
+columns of shared.telemetry.Sample; version 3 adds what the agent could not write when it took
+the sample (storage_error); version 4 what its power source read at the same poll (power_w,
+energy_j, power); version 5 which sensor of the source the reading is (sensor; NULL in rows
+recorded before)."""
 _COLUMNS = ", ".join(("seq", *Sample.columns()))
 _INSERT = (
     f"INSERT INTO samples ({_COLUMNS}) VALUES ({', '.join('?' * (len(Sample.columns()) + 1))})"
@@ -97,9 +104,16 @@ WRITE_EVERY = 10
 transaction: a commit a second would be most of an idle daemon's CPU (docs/performance.md). What a
 crash can lose is docs/reliability.md's: the samples not written yet, all served from memory
 meanwhile, and all written at a clean stop."""
-RESERVED_SEQS = MEMORY_SAMPLES
-"""Numbers set aside on disk past the last sample given, with every write: after a crash the
-numbering resumes past every number the lost samples may have had, so none is given twice."""
+RESERVED_SEQS = 2 * MEMORY_SAMPLES
+"""Sample numbers set aside on disk at a time: the file's mark (sqlite_sequence) is moved this far
+past the last number given, synced (fsync; F_FULLFSYNC on macOS), before any number below it is
+given, at every start and then ahead of use. A life that dies, however early, has given no
+number past the mark, and the next starts after it: a crash skips up to this many numbers and
+never gives one twice. A clean stop sets the mark back to the last number given (no gap)."""
+RENEW_BELOW = MEMORY_SAMPLES
+"""The mark is moved again with the first write after fewer than this many numbers are left
+(once an hour at 1 Hz): the poll loop waits for a sync only then, never per sample, and a disk
+that refuses writes still leaves numbers for about as many samples as memory keeps unwritten."""
 
 Page = tuple[list[dict[str, Any]], list[dict[str, Any]], bool]
 
@@ -168,8 +182,9 @@ class TelemetryHistory:
     Samples are written WRITE_EVERY at a time, and all that wait at close(). A write the disk
     refuses is reported to `storage` and kept: each add_sample asks again for the samples, and
     flush() (each poll) for the events, oldest first, until the disk takes them. The samples
-    meanwhile are served from memory; an event is published unnumbered (seq nil) and numbered
-    when it is written."""
+    meanwhile are served from memory, numbered as long as the numbers set aside on disk last
+    (RESERVED_SEQS: about RENEW_BELOW samples more, then they wait unnumbered, see add_sample);
+    an event is published unnumbered (seq nil) and numbered when it is written."""
 
     def __init__(
         self,
@@ -186,14 +201,30 @@ class TelemetryHistory:
         self.id = f"{store_id(self._conn)}.{events.id}"
         row = self._conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'samples'")
         self._next_seq = (row.fetchone() or (0,))[0] + 1
+        self._reserved = self._next_seq - 1
+        """The mark on disk: numbers up to it may be given (none yet)."""
         self._recent: deque[Sample] = deque(maxlen=MEMORY_SAMPLES)
         """The latest samples, every one since the first it holds."""
         self._unwritten: deque[Sample] = deque(maxlen=MEMORY_SAMPLES)
+        self._unnumbered: deque[Sample] = deque(maxlen=MEMORY_SAMPLES)
+        """Samples taken while no number was set aside (the disk refused the mark): neither
+        published nor served until it takes one."""
+        self.late: list[Sample] = []
+        """Samples numbered late (were unnumbered), for the hub to publish: see take_late()."""
         self._unrecorded: deque[Event] = deque(maxlen=MEMORY_EVENTS)
+        self._write_samples(renew=True)  # the first mark, before any number is given
 
     def add_sample(self, sample: Sample) -> Sample:
         """Number `sample` (the next `seq`) and keep it; returns it numbered. Written with the
-        WRITE_EVERY-th sample not yet written."""
+        WRITE_EVERY-th sample not yet written, which also moves the mark when it runs low.
+
+        Past the mark (the disk refused to move it for RENEW_BELOW samples, or at start) a
+        number could be given again after a crash, so none is given: the sample comes back
+        unnumbered (seq None: publish it to no one, serve it to no one) and waits, asking the
+        disk again at each sample; once it takes a mark, the samples waiting are numbered in
+        order, this one last, and the earlier ones wait in `late` for the hub to publish."""
+        if self._unnumbered or self._next_seq > self._reserved:
+            return self._add_unreserved(sample)
         sample = sample.numbered(self._next_seq)
         self._next_seq += 1
         self._recent.append(sample)
@@ -201,17 +232,54 @@ class TelemetryHistory:
             self._dropping("samples", MEMORY_SAMPLES)
         self._unwritten.append(sample)
         if len(self._unwritten) >= WRITE_EVERY:
-            self._write_samples(self._next_seq - 1 + RESERVED_SEQS)
+            self._write_samples(renew=self._reserved - self._next_seq < RENEW_BELOW)
         return sample
+
+    def take_late(self) -> list[Sample]:
+        """The samples numbered late since the last call (see add_sample), oldest first."""
+        late, self.late = self.late, []
+        return late
 
     @property
     def unwritten_samples(self) -> int:
         """Samples kept that the next write will take (the disk may have refused some)."""
-        return len(self._unwritten)
+        return len(self._unwritten) + len(self._unnumbered)
+
+    def _add_unreserved(self, sample: Sample) -> Sample:
+        if len(self._unnumbered) == self._unnumbered.maxlen:
+            self._dropping("samples", MEMORY_SAMPLES)
+        self._unnumbered.append(sample)
+        if not self._write_samples(renew=True):
+            return sample
+        numbered = self._number_waiting()
+        self.late.extend(numbered[:-1])
+        return numbered[-1]
+
+    def _number_waiting(self) -> list[Sample]:
+        """Number the unnumbered samples, oldest first (the mark was just moved RESERVED_SEQS
+        past the last number given, more than memory holds)."""
+        numbered = []
+        for waiting in self._unnumbered:
+            sample = waiting.numbered(self._next_seq)
+            self._next_seq += 1
+            self._recent.append(sample)
+            if len(self._unwritten) == self._unwritten.maxlen:
+                self._dropping("samples", MEMORY_SAMPLES)
+            self._unwritten.append(sample)
+            numbered.append(sample)
+        self._unnumbered.clear()
+        return numbered
 
     def add_event(self, event: Event) -> Event:
-        """The daemon's own events (`agent run` records its events in the same file itself);
-        returns it numbered, or unnumbered when the disk refused it (it is kept and retried)."""
+        """Record an event; returns it numbered, or unnumbered when the disk refused it (it is
+        kept and retried). One that comes numbered (`agent run` recorded it in the same file)
+        keeps its number only when the file holds that event under it: a number from another
+        file (an `agent run` with another data directory) could name another event here, so
+        the event is recorded again under a number of this file's."""
+        if event.seq is not None:
+            if self._holds(event):
+                return event
+            event = replace(event, seq=None)
         if not self._unrecorded:
             try:
                 return self._record(event)
@@ -232,26 +300,57 @@ class TelemetryHistory:
                 return
             self._unrecorded.popleft()
 
-    def _write_samples(self, numbered_up_to: int) -> None:
-        """Write every sample waiting, and keep on disk that numbers up to `numbered_up_to`
-        are taken (the next start numbers after it)."""
-        rows = [(s.seq, *s.row()) for s in self._unwritten]
+    def _holds(self, event: Event) -> bool:
         try:
+            return self.events.holds(event)
+        except sqlite3.Error:
+            return False  # recorded again, under a number this file gives
+
+    def _write_samples(self, renew: bool = False, exact: bool = False) -> bool:
+        """Write every sample waiting, in one transaction; True when the disk took it. With
+        `renew`, the same transaction moves the mark RESERVED_SEQS past the last number given,
+        synced before it returns (the only synced write: once per RENEW_BELOW samples); with
+        `exact`, back to the last number given (a clean stop: the next start leaves no gap; a
+        mark lowered is safe unsynced, since a crash that loses it keeps the higher one)."""
+        rows = [(s.seq, *s.row()) for s in self._unwritten]
+        mark = None
+        if exact:
+            mark = self._next_seq - 1
+        elif renew:
+            mark = self._next_seq - 1 + RESERVED_SEQS
+        synced = mark is not None and mark > self._reserved
+        try:
+            if synced:
+                self._conn.execute("PRAGMA synchronous = FULL")  # the WAL synced at commit
+                self._conn.execute("PRAGMA fullfsync = ON")  # macOS: past the drive's cache
             with self._conn:
-                self._conn.executemany(_INSERT, rows)
-                taken = self._conn.execute(
-                    "UPDATE sqlite_sequence SET seq = ? WHERE name = 'samples'", (numbered_up_to,)
-                )
-                if taken.rowcount == 0:  # no sample was ever written to this file
-                    self._conn.execute(
-                        "INSERT INTO sqlite_sequence (name, seq) VALUES ('samples', ?)",
-                        (numbered_up_to,),
-                    )
+                if rows:
+                    self._conn.executemany(_INSERT, rows)
+                if mark is not None:
+                    self._set_mark(mark)
         except sqlite3.Error as exc:
             self.storage.failed(HISTORY, self.path, exc)
-            return
+            return False
+        finally:
+            if synced:
+                self._conn.execute("PRAGMA fullfsync = OFF")
+                self._conn.execute("PRAGMA synchronous = NORMAL")
         self._unwritten.clear()
+        if mark is not None:
+            self._reserved = mark
         self.storage.written(HISTORY)
+        return True
+
+    def _set_mark(self, mark: int) -> None:
+        """sqlite_sequence's row for samples: AUTOINCREMENT's own, so files of earlier
+        releases (which kept their mark there) are read alike."""
+        taken = self._conn.execute(
+            "UPDATE sqlite_sequence SET seq = ? WHERE name = 'samples'", (mark,)
+        )
+        if taken.rowcount == 0:  # no sample was ever written to this file
+            self._conn.execute(
+                "INSERT INTO sqlite_sequence (name, seq) VALUES ('samples', ?)", (mark,)
+            )
 
     def _record(self, event: Event) -> Event:
         try:
@@ -287,6 +386,8 @@ class TelemetryHistory:
             self._recent.popleft()
         while self._unwritten and self._unwritten[0].time < cutoff:
             self._unwritten.popleft()
+        while self._unnumbered and self._unnumbered[0].time < cutoff:
+            self._unnumbered.popleft()
         try:
             with self._conn:
                 self._conn.execute("DELETE FROM samples WHERE time < ?", (cutoff,))
@@ -295,9 +396,12 @@ class TelemetryHistory:
             self.storage.failed(HISTORY, self.path, exc)
 
     def close(self) -> None:
-        """Write every sample still waiting, numbered exactly up to the last one given (a clean
-        stop leaves no gap in the numbers), and close the file."""
-        self._write_samples(self._next_seq - 1)
+        """Write every sample still waiting (unnumbered ones numbered, if the disk now takes a
+        mark: never published, they are served from the next start), set the mark back to the
+        last number given (a clean stop leaves no gap in the numbers), and close the file."""
+        if self._unnumbered and self._write_samples(renew=True):
+            self._number_waiting()
+        self._write_samples(exact=True)
         self._conn.close()
 
     def _samples_after(self, seq: int, since: float, count: int) -> list[Sample]:

@@ -285,7 +285,9 @@ class TelemetryHub:
     def _on_reading(
         self, now: float, reading: ThermalReading | None, power: PowerPoll | None
     ) -> None:
-        """One poll, taken at `now`: judge, publish, store, prune."""
+        """One poll, taken at `now`: judge, store, publish, prune. A sample is published
+        only once the history numbered it (a number set aside on disk before: it is never
+        given twice); /metrics sees it either way."""
         self.retry_writes()
         if power is not None:
             self.last_power = power
@@ -308,8 +310,13 @@ class TelemetryHub:
             self.storage.error,
             power,
         )
-        body = self.history.add_sample(taken).body(self.host)
-        self.publish_message("telemetry.sample", body)
+        added = self.history.add_sample(taken)
+        if self.history.late:  # taken while the disk refused to set numbers aside
+            for late in self.history.take_late():
+                self.publish_message("telemetry.sample", late.body(self.host))
+        body = added.body(self.host)
+        if added.seq is not None:  # unnumbered: a number now could repeat after a crash
+            self.publish_message("telemetry.sample", body)
         if self.metrics is not None:
             self.metrics.observe_sample(body)
             self.metrics.observe_sensors(self.host, reading_sensors(reading))
@@ -321,10 +328,10 @@ class TelemetryHub:
 
     def event(self, event: Event, kind: str = p.KIND_RUN) -> None:
         """Keep the job table current (`kind` is what a `start` lists), record it unless it
-        comes numbered (`agent run` recorded it), and publish."""
+        comes numbered by the agent's event log (`agent run` recorded it there), and publish:
+        numbered once recorded (synced), nil while the disk refuses it."""
         self.jobs.apply(event, kind)
-        if event.seq is None:
-            event = self.history.add_event(event)
+        event = self.history.add_event(event)
         body = event.body(self.host)
         self.publish_message("telemetry.event", body)
         if self.metrics is not None:

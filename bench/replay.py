@@ -22,6 +22,7 @@ import zmq
 
 from shared import protocol as p
 from shared.matrix import MatrixSpec, expand
+from shared.policy import ThermalPolicy
 from shared.results import cell_record
 
 
@@ -82,9 +83,9 @@ def _info(name: str) -> dict[str, Any]:
             "error": "a replay agent has no power source",
         },
         "job": None,
-        "telemetry_port": 0,
+        "telemetry_port": 1,  # no PUB here: `coordinator benchmark` never subscribes
         "poll_interval": 1.0,
-        "policy": {},
+        "policy": ThermalPolicy().to_dict(),
         "jobs": [],
         "history": f"replay-{name}",
         "storage": {"ok": True, "failing": []},

@@ -24,7 +24,10 @@ from shared.display import STATE_STYLES, sparkline, trend_arrow
 from shared.policy import CoolingState
 from shared.source_names import read_from
 
-CONNECTING, UP, UNREACHABLE = "connecting", "up", "unreachable"
+CONNECTING, UP, UNREACHABLE, INVALID = "connecting", "up", "unreachable", "invalid"
+"""A host's status; INVALID: it answered with a message that is not valid (a broken or hostile
+agent, docs/security.md), which a reconnect retries but is not the network's fault."""
+DOWN = (UNREACHABLE, INVALID)
 SPARK_WINDOW_S = 300.0
 SPARK_WIDTH = 30
 """The sparkline spans the last five minutes in ten-second buckets, whatever the poll rate;
@@ -146,7 +149,7 @@ class Dashboard:
 
     def connected(self, name: str, hostname: str | None, info: dict[str, Any], now: float) -> None:
         view = self.hosts[name]
-        if view.status == UNREACHABLE:
+        if view.status in DOWN:
             self._alert(now, name, INFO, "reachable again")
         view.status, view.error, view.hostname = UP, None, hostname
         view.policy, view.poll_interval = info.get("policy"), info.get("poll_interval")
@@ -163,11 +166,13 @@ class Dashboard:
     def set_policy(self, name: str, policy: dict[str, Any], origin: str | None) -> None:
         self.hosts[name].policy, self.hosts[name].policy_origin = policy, origin
 
-    def unreachable(self, name: str, error: str, now: float) -> None:
+    def unreachable(self, name: str, error: str, now: float, status: str = UNREACHABLE) -> None:
+        """The host's session ended: UNREACHABLE (no answer), or INVALID (it answered with a
+        message that is not valid)."""
         view = self.hosts[name]
-        if view.status != UNREACHABLE:
-            self._alert(now, name, CRITICAL, f"unreachable: {error}")
-        view.status, view.error = UNREACHABLE, error
+        if view.status != status:
+            self._alert(now, name, CRITICAL, f"{status}: {error}")
+        view.status, view.error = status, error
 
     def invalid(self, name: str, text: str, now: float) -> None:
         """The host sent messages that are not valid (dropped, never shown as readings)."""
@@ -308,7 +313,7 @@ def snapshot(dashboard: Dashboard, now: float) -> dict[str, Any]:
 
 def _state_cell(view: HostView, now: float) -> Text:
     if view.status != UP:
-        return Text(view.status, style="bold red" if view.status == UNREACHABLE else "dim")
+        return Text(view.status, style="bold red" if view.status in DOWN else "dim")
     if view.silent and view.heard is not None:
         return Text(f"silent {now - view.heard:.0f} s", style="bold red")
     state = view.sample["state"] if view.sample else None

@@ -31,6 +31,7 @@ from shared import protocol as p
 from shared.io.keys import Keypair
 from shared.io.transport import (
     CANCEL_WAIT_S,
+    UNKNOWN_VERSION,
     AgentClient,
     AgentError,
     HostError,
@@ -40,6 +41,7 @@ from shared.io.transport import (
 )
 from shared.job_progress import ProgressClock, cell_work
 from shared.matrix import Cell, MatrixError, MatrixSpec, expand, planned_cells
+from shared.shapes import Invalid
 
 HOST_OK, HOST_FAILED, HOST_RUNNING, HOST_UNREACHABLE = "ok", "failed", "running", "unreachable"
 MACHINE, STARTED, MODEL, CELL, UNREACHABLE, RECONNECTED, DONE = (
@@ -107,22 +109,19 @@ class HostJob:
     records: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def accept(self, index: int, record: dict[str, Any]) -> bool:
-        """Whether a record is new: InvalidMessage for one the job cannot have sent (an index
-        past its cells, a name not the cell's, a second record unlike the first)."""
+        """Whether a record is new: Invalid for one the job cannot have sent (an index past its
+        cells, a name not the cell's, a second record unlike the first)."""
         if self.cells is not None:
             if index >= len(self.cells):
-                raise InvalidMessage(
-                    f"sent a record for cell {index}: the job has {len(self.cells)} cells"
-                )
+                raise Invalid("", f"index {index}, but the job has {len(self.cells)} cells")
             if record["name"] != self.cells[index]:
-                raise InvalidMessage(
-                    f"sent a record named {record['name']!r} for cell {index}, "
-                    f"which is {self.cells[index]!r}"
+                raise Invalid(
+                    "", f"cell {index} named {record['name']!r}, but it is {self.cells[index]!r}"
                 )
         if index in self.received:
             first = self.records.get(index)
             if first is not None and first != record:
-                raise InvalidMessage(f"sent a second record for cell {index}, unlike the first")
+                raise Invalid("", f"a second record for cell {index}, unlike the first")
             return False
         self.received.add(index)
         self.records[index] = record
@@ -194,6 +193,8 @@ class HostDriver:
         self._start_id: str | None = None
         """The id of the bench.start sent, to find the job by (job.list) if its reply was lost."""
         self._machine_known = False
+        self._version = UNKNOWN_VERSION
+        """The agent's mlx-fleet version (hello.ok), which every invalid message names."""
         self._cancelled = False
         self._clock: ProgressClock | None = None
         """The job's progress, from its bench.start (or the first job.get page when followed)."""
@@ -248,6 +249,7 @@ class HostDriver:
     def _session(self, client: AgentClient) -> tuple[str, str | None]:
         """One connection's work; every reconnection ZeroMQ makes by itself meanwhile is heard
         (watch_links), so a stream it cut is followed by job.get on the same client."""
+        self._version = client.agent_version
         with client.watch_links():
             if not self._machine_known:
                 info = client.fetch("info", timeout=self.settings.connect_timeout)
@@ -300,8 +302,13 @@ class HostDriver:
         self._report(STARTED, {"job": job_id, "cells": cells})
 
     def _cell(self, index: int, record: dict[str, Any]) -> bool:
-        """Whether the record was new (and reported)."""
-        if self.job.accept(index, record):
+        """Whether the record was new (and reported); InvalidMessage for one the job cannot
+        have sent."""
+        try:
+            new = self.job.accept(index, record)
+        except Invalid as exc:
+            raise InvalidMessage(f"record: {exc}", self._version) from None
+        if new:
             self._report(CELL, {"index": index, "record": record})
             return True
         return False
@@ -390,8 +397,9 @@ class HostDriver:
             page = client.fetch("job.get", {"job": self.job.id, "offset": offset})
             if page["job"] != self.job.id or page["offset"] != offset:
                 raise InvalidMessage(
-                    f"answered job.get for job {self.job.id} from cell {offset} with job "
-                    f"{page['job']} from cell {page['offset']}"
+                    f"job.get.ok: job {page['job']} from cell {page['offset']}, asked for job "
+                    f"{self.job.id} from cell {offset}",
+                    self._version,
                 )
             built = page["models"][self.job.models :]
             for info in built:
@@ -430,7 +438,7 @@ def cell_names(spec: dict[str, Any]) -> list[str]:
     try:
         return [cell.name for cell in expand(MatrixSpec.from_dict(spec))]
     except MatrixError as exc:
-        raise InvalidMessage(f"sent a job spec that is not a matrix: {exc}") from None
+        raise InvalidMessage(f"job.get.ok: its spec is not a matrix: {exc}") from None
 
 
 def _plan_of(spec: dict[str, Any]) -> list[Cell] | None:

@@ -19,7 +19,7 @@ import zmq
 from coordinator.cursor_tracker import past
 from coordinator.dashboard import silent_after
 from coordinator.fleet import Settings, Target, connect
-from shared.io.transport import AgentClient, HostError, agent_socket
+from shared.io.transport import AgentClient, HostError, InvalidMessage, agent_socket
 from shared.telemetry import Cursor
 
 RETRY_S = 2.0
@@ -28,13 +28,13 @@ POLL_MS = 200
 """How often a link waiting for room on the report queue looks at its stop flag."""
 HISTORY_PAGE = 5000
 
-CONNECTED, LOST, PAGE = "connected", "lost", "page"
+CONNECTED, LOST, REFUSED, PAGE = "connected", "lost", "refused", "page"
 
 
 @dataclass(frozen=True)
 class LinkReport:
-    """What a link tells the main thread. `data` by kind: CONNECTED a Session, LOST the error,
-    PAGE a Page."""
+    """What a link tells the main thread. `data` by kind: CONNECTED a Session, LOST the error
+    (no answer), REFUSED the error (an invalid message from the agent), PAGE a Page."""
 
     host: str
     kind: str
@@ -116,6 +116,11 @@ def telemetry_socket(ctx: zmq.Context, client: AgentClient, port: int) -> zmq.So
     """A SUB on the agent's telemetry port, authenticated exactly like `client`'s DEALER."""
     host = client.address.rsplit(":", 1)[0]
     sub = agent_socket(ctx, zmq.SUB, client.address, client.server_key, client.keypair)
+    # No ZMTP heartbeats on a SUB: one that falls behind (a flooding agent fills its high water
+    # mark) times out on them, reconnects, and libzmq aborts the process (`Assertion failed:
+    # _input_stopped`: zeromq/libzmq#3937, #4767, fix pending in PR #4830). The link's pings
+    # tell a silent agent instead.
+    sub.heartbeat_ivl = 0
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.connect(f"tcp://{host}:{port}")
     return sub
@@ -153,6 +158,8 @@ class HostLink:
             self.session += 1
             try:
                 self._session()
+            except InvalidMessage as exc:
+                self.report(REFUSED, str(exc))
             except HostError as exc:
                 self.report(LOST, str(exc))
             except Exception as exc:  # a bug loses one host, visibly, not the monitor

@@ -21,13 +21,14 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from coordinator.cursor_tracker import CursorTracker
-from coordinator.dashboard import SPARK_WINDOW_S, UNREACHABLE, UP, Dashboard
+from coordinator.dashboard import DOWN, INVALID, SPARK_WINDOW_S, UNREACHABLE, UP, Dashboard
 from coordinator.fleet import Settings, Target
 from coordinator.host_link import (
     CONNECTED,
     LOST,
     PAGE,
     POLL_MS,
+    REFUSED,
     Backfill,
     HostLink,
     LinkReport,
@@ -233,9 +234,10 @@ class Monitor:
         for report in arrivals.reports:
             if report.kind == CONNECTED:
                 self._connected(report.host, report.data, now)
-            elif report.kind == LOST:
+            elif report.kind in (LOST, REFUSED):
                 self._lost(report.host)
-                self.board.unreachable(report.host, report.data, now)
+                status = INVALID if report.kind == REFUSED else UNREACHABLE
+                self.board.unreachable(report.host, report.data, now, status)
             elif report.kind == PAGE:
                 page: Page = report.data
                 paged += [(report.host, body) for body in page.samples]
@@ -349,6 +351,5 @@ class Monitor:
     def settled(self) -> bool:
         """Every host unreachable, silent, or heard live: what --once waits for."""
         return all(
-            view.status == UNREACHABLE or view.silent or view.live
-            for view in self.board.hosts.values()
+            view.status in DOWN or view.silent or view.live for view in self.board.hosts.values()
         )

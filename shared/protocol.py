@@ -253,7 +253,8 @@ def decode(data: bytes, own_key: Callable[[], bool] | None = None) -> Message:
     try:
         raw = msgpack.unpackb(data, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types for bad input
-        raise ProtocolError(MALFORMED, f"not msgpack: {type(exc).__name__}: {exc}") from None
+        why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        raise ProtocolError(MALFORMED, f"not msgpack: {why}") from None
     if not isinstance(raw, dict):
         raise ProtocolError(MALFORMED, f"a message is a map, got {type(raw).__name__}")
     msg_id = raw.get("id")

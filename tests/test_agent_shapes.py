@@ -12,7 +12,6 @@ import pytest
 
 from coordinator.fleet import HostJob
 from shared.agent_shapes import check_agent_body, salvaged_record
-from shared.io.transport import InvalidMessage
 from shared.report import render_text
 from shared.shapes import Invalid
 
@@ -149,11 +148,11 @@ def test_a_record_is_kept_once_and_only_for_a_cell_of_the_job() -> None:
     job = HostJob("j-1", cells=["small/f16 pp8 b1", "small/f16 tg4 b1"])
     assert job.accept(0, RECORD)
     assert not job.accept(0, copy.deepcopy(RECORD)), "the same record again is a duplicate"
-    with pytest.raises(InvalidMessage, match="second record for cell 0, unlike the first"):
+    with pytest.raises(Invalid, match="second record for cell 0, unlike the first"):
         job.accept(0, RECORD | {"tokens_per_sec": 141.0})
-    with pytest.raises(InvalidMessage, match="record for cell 7: the job has 2 cells"):
+    with pytest.raises(Invalid, match="index 7, but the job has 2 cells"):
         job.accept(7, RECORD)
-    with pytest.raises(InvalidMessage, match="named 'small/f16 pp8 b1' for cell 1"):
+    with pytest.raises(Invalid, match="cell 1 named 'small/f16 pp8 b1'"):
         job.accept(1, RECORD)
     assert job.records[0]["tokens_per_sec"] == 140.0
 

@@ -45,7 +45,19 @@ class AgentError(HostError):
 
 class InvalidMessage(HostError):
     """The agent sent a message that is not valid (docs/protocol.md §4, §5, §10): a broken or
-    hostile agent, not a network fault, so a retry changes nothing."""
+    hostile agent, not a network fault, so a retry changes nothing. `problem` names the message
+    and the field, `version` the agent's."""
+
+    def __init__(self, problem: str, version: str = "version unknown") -> None:
+        super().__init__(f"sent an invalid {problem} (agent {version})")
+        self.problem, self.version = problem, version
+
+    def replying(self, request: str) -> InvalidMessage:
+        """The same problem, told as the reply to `request`."""
+        answer = InvalidMessage(self.problem, self.version)
+        answer.args = (f"answered {request} with an invalid reply: {self.problem} "
+                       f"(agent {self.version})",)  # fmt: skip
+        return answer
 
 
 class StreamLost(HostError):
@@ -247,9 +259,9 @@ class AgentClient:
         self.agent_version = hello["agent"]
         if hello["protocol"] != p.PROTOCOL_VERSION:
             raise InvalidMessage(
-                f"the agent speaks protocol {hello['protocol']}, this coordinator "
-                f"{p.PROTOCOL_VERSION} (agent {self.agent_version}): install the same mlx-fleet "
-                "on both sides"
+                f"hello.ok: the agent speaks protocol {hello['protocol']}, this coordinator "
+                f"{p.PROTOCOL_VERSION}: install the same mlx-fleet on both sides",
+                self.agent_version,
             )
         return hello
 
@@ -264,15 +276,11 @@ class AgentClient:
         except p.ProtocolError as exc:
             if exc.code == p.BAD_VERSION:
                 raise HostError(f"the agent speaks another protocol: {exc.message}") from None
-            raise InvalidMessage(
-                f"sent an invalid message: {exc.message} (agent {self.agent_version})"
-            ) from None
+            raise InvalidMessage(f"message: {exc.message}", self.agent_version) from None
         try:
             check_agent_body(message.type, message.body)
         except Invalid as exc:
-            raise InvalidMessage(
-                f"sent an invalid {message.type}: {exc} (agent {self.agent_version})"
-            ) from None
+            raise InvalidMessage(f"{message.type}: {exc}", self.agent_version) from None
         return message
 
     def _reply_to(self, request: p.Message) -> p.Message | None:
@@ -281,9 +289,7 @@ class AgentClient:
         try:
             message = self._receive()
         except InvalidMessage as exc:
-            raise InvalidMessage(
-                f"answered {request.type} with an invalid reply: {str(exc).removeprefix('sent ')}"
-            ) from None
+            raise exc.replying(request.type) from None
         return message if message.re == request.id else None
 
     def _body(self, reply: p.Message, expected: str) -> dict[str, Any]:
@@ -291,8 +297,8 @@ class AgentClient:
             raise AgentError(reply.body["code"], reply.body["message"])
         if reply.type != expected:
             raise InvalidMessage(
-                f"answered with {reply.type} where {expected} was due (agent {self.agent_version})"
-            )
+                f"reply: {reply.type} where {expected} was due", self.agent_version
+            ).replying(expected.removesuffix(".ok"))
         return reply.body
 
     def request(
@@ -356,10 +362,7 @@ class AgentClient:
                     try:
                         reply = self._receive()
                     except InvalidMessage as exc:
-                        why = str(exc).removeprefix("sent ")
-                        raise InvalidMessage(
-                            f"answered {type_} with an invalid reply: {why}"
-                        ) from None
+                        raise exc.replying(type_) from None
                     if reply.re in sent:
                         return self._body(reply, f"{type_}.ok")
             raise HostError(f"no reply to {type_} within {timeout:g} s")

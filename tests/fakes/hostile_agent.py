@@ -1,0 +1,918 @@
+#!/usr/bin/env python3
+"""A fake `agent serve` written from docs/protocol.md alone (its own pyzmq + msgpack, nothing
+from shared/, coordinator/ or agent/), so it tests what the coordinator does with what the wire
+may carry, not what our own agent happens to send. A `mode` chooses what it corrupts; `benign`
+corrupts nothing and serves as the well-behaved second host.
+
+What it speaks (protocol.md section numbers):
+- §2: a ROUTER command socket and an XPUB telemetry socket, both TCP on loopback, maxmsgsize
+  4 MiB and ZMTP heartbeats 2 s / 6 s; `--insecure` style (NULL) by default, or a CURVE server
+  with a keypair (`curve=`), accepting every client key (no ZAP handler: a fake trusts anyone,
+  the coordinator's own key included).
+- §3/§4: [identity, envelope] in, [identity, envelope] out; an envelope is the msgpack map
+  {v: 4, id, type, re, body}; a request it cannot read is answered `error` `malformed`.
+- §5: hello, ping, info, bench.start (bench.start.ok, then bench.progress, bench.cell per cell,
+  bench.done), bench.cancel, job.get, job.list, history.get, policy.get, policy.set, doctor.
+- §10: telemetry.sample every `poll_interval` and a telemetry.event now and then, published as
+  [topic, envelope] with topic b"sample" / b"event", `re` nil; kept for history.get.
+
+Modes, each with the line of protocol.md it breaks or the real failure it models:
+- `strings`: every string field an agent fills (machine device, hw_model, chip, agent version,
+  hostname, thermal source, sensor, pressure, every error, cell test/model/name, job command,
+  doctor check name/detail/fix, policy_origin, event detail) carries PAYLOAD: OSC 52 (clipboard
+  write), OSC 0 (window title), CSI 6n (a terminal answers on stdin), CSI 2J (clears the
+  screen), C1 CSI 0x9B, Rich markup ([link=file://...], a bare [/] that raises MarkupError,
+  [bold red]), a newline that forges a row, U+202E (bidi override) and U+200B (zero width).
+  §4 types these fields `str` and nothing more; §5 says an `error` message is "shown to the
+  user verbatim", which is exactly what a hostile or compromised agent exploits (issue 24;
+  CVE-2021-25743-style terminal injection through kubectl describe is the real-world model).
+- `huge`: one string per message (a failed cell's error, bench.done's error, job.get's error,
+  a sample's storage_error, an event's detail, a doctor check's detail) filled so the envelope
+  is just under §4's 4,194,271-byte limit: legal on the wire (§4 bounds the message, not its
+  strings), fatal to a terminal or a log if printed whole.
+- `huge-info`: the same in info.ok's machine.device alone (a coordinator that refuses such an
+  info.ok never gets to the job stream, so the stream's strings are `huge`'s).
+- `types`: ill-typed fields in the replies (info.ok, doctor.ok, policy.get.ok, job.list.ok,
+  job.get.ok), against §5's tables: NaN, inf and 1e308 where a number is due (msgpack carries
+  IEEE floats; JSON has no NaN: machine.memory_gb, a reading's celsius, policy thresholds),
+  `cpu_levels` an int (§5 gives it no type; our agent sends a map), `state` outside its enum
+  (§5 job.get.ok and job.list.ok, info.ok's jobs), a job.list `total` of -1, doctor's `ok` a
+  str and a check's `detail` an int (§14: bool, str).
+- `telemetry-types`: the same in telemetry alone (info.ok stays valid, so a monitor gets that
+  far): a sample `seq` of 2**63 (§10 says 1, 2, 3...; msgpack packs it as uint64, beyond
+  SQLite's INTEGER), NaN celsius and energy, inf trend, -inf watts, 1e308 pause seconds,
+  `state` "melting" (§10: ok, reduce_batch, pause, stop or nil), and a nil inside
+  history.get.ok `samples` (§5: [telemetry.sample bodies]).
+- `cell-types`: the same in the job stream only (info stays valid, so the job runs):
+  `tokens_per_sec: "fast"` (§5 Cell records: number), NaN / inf / 1e308 in a record, and a
+  bench.cell with index -1 (§5: 0-based).
+- `cells-range`: bench.cell `index` not checked against the job (§5: 0-based, in run order,
+  bench.start.ok names 2 cells): index 7, index 2**63 and index -1 besides the real two.
+- `cells-dup`: a second bench.cell for index 0 with tokens_per_sec 999999 (§6: "Cells are
+  identified by (job, index): a cell received twice is kept once": the first must stay).
+- `cells-malformed`: a bench.cell without `record` and a bench.done without `status` and
+  `cells` (§5 tables: every field listed is required); the run must still end (§6: follow
+  the job with job.get until its state is no longer running).
+- `protocol3`: hello.ok.protocol 3 while every envelope's `v` is 4 (§8: "A coordinator learns
+  the agent's version from hello.ok.protocol before sending anything else").
+- `reply-wrong-type`: every request after hello is answered with a well-formed envelope of the
+  wrong type (a hello.ok), `re` set: a refused reply, not a missing one (§1: "a dead or
+  refusing peer is told apart from a slow one").
+- `reply-invalid`: the right reply type with an empty body (§4 step 8: a field missing).
+- `reply-garbage`: a frame that is not msgpack (0xC1 is never used by msgpack; §4 step 2).
+- `reply-error`: every request after hello refused with `error` `internal` whose message
+  carries PAYLOAD: §5 says an error's message is "for a human; shown to the user verbatim".
+- `flood`: from the first request on, for `flood_s` seconds, publishes samples as fast as it
+  can (every one valid, numbered on, kept for history.get), answering requests between bursts:
+  a runaway agent (a poll interval of 0, a replay loop) or a malicious one. The real failure it
+  models: a monitor whose memory or CPU grows with a peer's rate, or that never gets to print.
+- `junk`: the same window, but junk on the command socket to every coordinator it has seen:
+  garbage frames, unsolicited replies and bench.cells with made-up `re`, three-frame messages,
+  a telemetry envelope (§3: one frame per message; §4: `re` names the request answered; §5:
+  telemetry is never sent on the command socket).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import math
+import secrets
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import zmq
+
+PROTOCOL = 4
+MAX_MESSAGE = 4 * 1024 * 1024
+MAX_ENVELOPE = MAX_MESSAGE - 33
+"""§4: the largest envelope that arrives (4 MiB less CURVE's 33 bytes)."""
+VERSION = "0.1.0"
+
+PAYLOAD = (
+    "\x1b]52;c;SGVsbG8=\x07"
+    "\x1b]0;pwned\x07"
+    "\x1b[6n"
+    "\x1b[2J"
+    "\x9b6n"
+    "[link=file:///etc/passwd]x[/link]"
+    "[/]"
+    "[bold red]"
+    "\u202e"
+    "\u200b"
+    "\nFAKE ROW"
+)
+"""Every terminal/markup payload of issue 24, in one string that ends by forging a row."""
+HUGE = "\x00huge\x00"
+"""Placeholder for the field a `huge` message fills to the size limit."""
+MODES = (
+    "benign",
+    "strings",
+    "huge",
+    "huge-info",
+    "types",
+    "telemetry-types",
+    "cell-types",
+    "cells-range",
+    "cells-dup",
+    "cells-malformed",
+    "protocol3",
+    "reply-wrong-type",
+    "reply-invalid",
+    "reply-garbage",
+    "reply-error",
+    "flood",
+    "junk",
+)
+REQUESTS = {
+    "hello",
+    "ping",
+    "info",
+    "bench.start",
+    "bench.cancel",
+    "job.get",
+    "job.list",
+    "history.get",
+    "policy.get",
+    "policy.set",
+    "job.event",
+    "doctor",
+}
+POLICY = {
+    "max_speed_temp": 75.0,
+    "pause_temp": 85.0,
+    "stop_temp": 95.0,
+    "pause_duration": 0.5,
+    "hysteresis": 0.0,
+}
+
+
+def now_rfc3339() -> str:
+    return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
+
+
+def new_id() -> str:
+    """§4: 16 random hex digits."""
+    return secrets.token_hex(8)
+
+
+def plan_cells(matrix: dict[str, Any]) -> list[dict[str, Any]]:
+    """The cells of a MatrixSpec in run order, named as §5 The matrix says."""
+    cells: list[dict[str, Any]] = []
+    prompts = [p for p in matrix.get("n_prompt") or [512] if p > 0]
+    gens = [g for g in matrix.get("n_gen") or [128] if g > 0]
+    pairs = [tuple(pair) for pair in matrix.get("n_pg") or []]
+    for model in matrix.get("models") or ["small"]:
+        for bits in matrix.get("bits") or [None]:
+            resolved = bits if bits is not None else {"small": 16, "full": 4}.get(model)
+            label = (
+                model
+                if resolved is None
+                else f"{model}/{'f16' if resolved == 16 else f'q{resolved}'}"
+            )
+            for batch in matrix.get("batch_sizes") or [1]:
+                for depth in matrix.get("n_depth") or [0]:
+                    tests = [("prefill", p, 0, f"pp{p}") for p in prompts]
+                    tests += [("decode", 0, g, f"tg{g}") for g in gens]
+                    tests += [("prefill+decode", p, g, f"pp{p}+tg{g}") for p, g in pairs]
+                    for mode, n_prompt, n_gen, test in tests:
+                        at = f"{test} @ d{depth}" if depth else test
+                        cells.append(
+                            {
+                                "model": model,
+                                "bits": resolved,
+                                "n_prompt": n_prompt,
+                                "n_gen": n_gen,
+                                "n_depth": depth,
+                                "batch_size": batch,
+                                "mode": mode,
+                                "test": at,
+                                "name": f"{label} {at} b{batch}",
+                            }
+                        )
+    return cells
+
+
+@dataclass
+class Job:
+    id: str
+    request: str
+    identity: bytes
+    spec: dict[str, Any]
+    cells: list[dict[str, Any]]
+    records: list[dict[str, Any]] = field(default_factory=list)
+    """What job.get returns: the records this job journaled, in index order."""
+    state: str = "running"
+    started: str = field(default_factory=now_rfc3339)
+    finished: str | None = None
+
+
+class HostileAgent:
+    """One fake agent on a thread of its own (start()/stop(), or a `with` block). Everything it
+    was asked is in `requests`, so a test can tell what the coordinator did after a bad reply."""
+
+    def __init__(
+        self,
+        mode: str = "benign",
+        *,
+        name: str = "fake",
+        curve: tuple[bytes, bytes] | None = None,
+        poll_interval: float = 0.25,
+        flood_s: float = 10.0,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; one of {', '.join(MODES)}")
+        self.mode = mode
+        self.name = name
+        self.curve = curve
+        self.poll_interval = poll_interval
+        self.flood_s = flood_s
+        self.requests: list[str] = []
+        self.jobs: dict[str, Job] = {}
+        self.samples: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.flood_sent = 0
+        self._flood_began: float | None = None
+        self._identities: set[bytes] = set()
+        self._seq = itertools.count(1)
+        self._event_seq = itertools.count(1)
+        self._stop = threading.Event()
+        self._ctx = zmq.Context()
+        self.router = self._socket(zmq.ROUTER)
+        self.pub = self._socket(zmq.XPUB)
+        self.port = self.router.bind_to_random_port("tcp://127.0.0.1")
+        self.telemetry_port = self.pub.bind_to_random_port("tcp://127.0.0.1")
+        self._thread = threading.Thread(target=self._serve, name=f"hostile-{mode}", daemon=True)
+
+    # --- life cycle --------------------------------------------------------------------------
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def public_key(self) -> str | None:
+        return self.curve[0].decode("ascii") if self.curve else None
+
+    def start(self) -> HostileAgent:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        self._ctx.destroy(linger=0)
+
+    def __enter__(self) -> HostileAgent:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def _socket(self, kind: int) -> zmq.Socket:
+        sock = self._ctx.socket(kind)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
+        sock.setsockopt(zmq.LINGER, 0)
+        if self.curve is not None:
+            sock.curve_server = True
+            sock.curve_publickey, sock.curve_secretkey = self.curve
+        return sock
+
+    # --- strings -----------------------------------------------------------------------------
+
+    def text(self, value: str) -> str:
+        """A string field as this mode sends it."""
+        return value + PAYLOAD if self.mode == "strings" else value
+
+    def big(self, value: str) -> str:
+        """A string field that `huge` fills up to the message size limit."""
+        return HUGE if self.mode == "huge" else self.text(value)
+
+    def number(self, value: float, bad: float, telemetry: bool = False) -> float:
+        """`bad` in `types` (replies) or `telemetry-types` (samples, events, history)."""
+        return bad if self.mode == ("telemetry-types" if telemetry else "types") else value
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        poller.register(self.pub, zmq.POLLIN)
+        next_sample = time.monotonic()
+        while not self._stop.is_set():
+            flooding = self._flooding()
+            for sock, _ in poller.poll(0 if flooding else 20):
+                if sock is self.pub:
+                    self.pub.recv_multipart()  # a (un)subscription: nothing to do
+                    continue
+                self._receive()
+            if flooding:
+                self._flood_burst()
+            if time.monotonic() >= next_sample:
+                next_sample = time.monotonic() + self.poll_interval
+                self._publish_sample()
+
+    def _receive(self) -> None:
+        frames = self.router.recv_multipart()
+        identity, rest = frames[0], frames[1:]
+        self._identities.add(identity)
+        if len(rest) != 1:
+            self._send(identity, "error", {"code": "malformed", "message": "one frame"}, None)
+            return
+        try:
+            envelope = msgpack.unpackb(rest[0], raw=False, strict_map_key=False)
+        except Exception:
+            self._send(identity, "error", {"code": "malformed", "message": "not msgpack"}, None)
+            return
+        if not isinstance(envelope, dict) or not isinstance(envelope.get("id"), str):
+            self._send(identity, "error", {"code": "malformed", "message": "no id"}, None)
+            return
+        request_id, type_ = envelope["id"], envelope.get("type")
+        if envelope.get("v") != PROTOCOL or isinstance(envelope.get("v"), bool):
+            message = f"this agent speaks protocol {PROTOCOL}"
+            self._send(identity, "error", {"code": "bad-version", "message": message}, request_id)
+            return
+        body = envelope.get("body")
+        if type_ not in REQUESTS:
+            message = self.text(f"unknown type {type_!r}")
+            self._send(identity, "error", {"code": "unknown-type", "message": message}, request_id)
+            return
+        if not isinstance(body, dict):
+            self._send(identity, "error", {"code": "bad-body", "message": "body"}, request_id)
+            return
+        self.requests.append(type_)
+        if self._flood_began is None:
+            self._flood_began = time.monotonic()
+        self._answer(identity, type_, body, request_id)
+
+    def _answer(self, identity: bytes, type_: str, body: dict[str, Any], rid: str) -> None:
+        if type_ != "hello" and self.mode.startswith("reply-") and type_ != "ping":
+            self._bad_reply(identity, type_, rid)
+            return
+        if type_ == "hello":
+            self._send(identity, "hello.ok", self._hello(), rid)
+        elif type_ == "ping":
+            self._send(identity, "ping.ok", {"job": self._running(), "time": time.time()}, rid)
+        elif type_ == "info":
+            self._send(identity, "info.ok", self._info(), rid)
+        elif type_ == "bench.start":
+            self._bench(identity, body, rid)
+        elif type_ == "bench.cancel":
+            self._cancel(identity, body, rid)
+        elif type_ == "job.get":
+            self._job_get(identity, body, rid)
+        elif type_ == "job.list":
+            self._send(identity, "job.list.ok", self._job_list(), rid)
+        elif type_ == "history.get":
+            self._send(identity, "history.get.ok", self._history(body), rid)
+        elif type_ == "policy.get":
+            self._send(identity, "policy.get.ok", self._policy(), rid)
+        elif type_ == "doctor":
+            self._send(identity, "doctor.ok", {"report": self._doctor()}, rid)
+        else:  # policy.set, job.event: refused, with a message the user is shown verbatim
+            message = self.text(f"{type_} is not served by this fake")
+            self._send(identity, "error", {"code": "internal", "message": message}, rid)
+
+    def _bad_reply(self, identity: bytes, type_: str, rid: str) -> None:
+        if self.mode == "reply-garbage":
+            self.router.send_multipart([identity, b"\xc1\xc1 not msgpack"])
+        elif self.mode == "reply-wrong-type":
+            self._send(identity, "hello.ok", self._hello(), rid)
+        elif self.mode == "reply-error":
+            message = f"{type_} failed{PAYLOAD}"
+            self._send(identity, "error", {"code": "internal", "message": message}, rid)
+        else:
+            self._send(identity, f"{type_}.ok", {}, rid)
+
+    def _send(self, identity: bytes, type_: str, body: dict[str, Any], re: str | None) -> None:
+        data = envelope(type_, body, re)
+        self.router.send_multipart([identity, data])
+
+    def _running(self) -> str | None:
+        return next((job.id for job in self.jobs.values() if job.state == "running"), None)
+
+    # --- replies -----------------------------------------------------------------------------
+
+    def _hello(self) -> dict[str, Any]:
+        return {
+            "agent": self.text(VERSION),
+            "protocol": 3 if self.mode == "protocol3" else PROTOCOL,
+            "hostname": self.text(self.name),
+            "secure": self.curve is not None,
+        }
+
+    def _machine(self) -> dict[str, Any]:
+        return {
+            "hostname": self.text(self.name),
+            "chip": self.text("Apple M2 Max"),
+            "device": HUGE if self.mode == "huge-info" else self.text("Mac14,6 gpu"),
+            "backend": self.text("gpu"),
+            "memory_gb": self.number(68.7, math.nan),
+            "memory_gib": self.number(64.0, math.inf),
+            "hw_model": self.text("Mac14,6"),
+            "gpu_cores": 38,
+            # §5 lists cpu_levels without a type; `8P+4E` style is a map of level: cores.
+            "cpu_levels": 2 if self.mode == "types" else {"Performance": 8, "Efficiency": 4},
+            "macos_version": self.text("14.5"),
+            "rosetta": False,
+            "metal_working_set_bytes": self.number(51539607552, 1e308),
+            "os": self.text("Darwin"),
+            "mlx_version": self.text("0.21.0"),
+        }
+
+    def _info(self) -> dict[str, Any]:
+        source = self.text("sim")
+        running = self._running()
+        job = None
+        if running is not None:
+            current = self.jobs[running]
+            job = {
+                "id": running,
+                "done": len(current.records),
+                "total": len(current.cells),
+                "started": current.started,
+            }
+        return {
+            "agent": self.text(VERSION),
+            "protocol": 3 if self.mode == "protocol3" else PROTOCOL,
+            "name": self.text(self.name),
+            "machine": self._machine(),
+            "thermal": {
+                "source": source,
+                "simulated": True,
+                "reading": {
+                    "celsius": self.number(52.5, math.nan),
+                    "source": source,
+                    "sensor": self.text("TCMz"),
+                    "time": time.time(),
+                    "sensors": {self.text("TCMz"): self.number(52.5, math.inf)},
+                    "pressure": self.text("nominal"),
+                    "simulated": True,
+                },
+                "error": self.text("no error") if self.mode == "strings" else None,
+            },
+            "power": {
+                "source": self.text("sim"),
+                "simulated": True,
+                "rails": ["cpu", "gpu"],
+                "resolution_s": 0,
+                "reading": None,
+                "error": self.text("no reading yet") if self.mode == "strings" else None,
+            },
+            "job": job,
+            "telemetry_port": self.telemetry_port,
+            "poll_interval": self.poll_interval,
+            "policy": self._policy()["policy"],
+            "policy_origin": self.text("the seed's defaults"),
+            "jobs": [self._supervised()],
+            "history": f"hist-{self.name}-{self.port}",
+            "storage": {
+                "ok": self.mode != "strings",
+                "failing": (
+                    [
+                        {
+                            "what": "history",
+                            "path": self.text("/var/agent-telemetry.sqlite"),
+                            "error": self.text("database or disk is full"),
+                            "since": time.time() - 60,
+                            "failures": 3,
+                        }
+                    ]
+                    if self.mode == "strings"
+                    else []
+                ),
+            },
+        }
+
+    def _policy(self) -> dict[str, Any]:
+        policy = dict(POLICY)
+        if self.mode == "types":
+            policy["pause_temp"] = math.nan
+            policy["stop_temp"] = math.inf
+        return {"policy": policy, "origin": self.text("the seed's defaults")}
+
+    def _supervised(self, telemetry: bool = False) -> dict[str, Any]:
+        melting = self.mode == ("telemetry-types" if telemetry else "types")
+        return {
+            "job": "run-1",
+            "pid": 4242,
+            "command": self.text("python -m mlx_lm lora --train"),
+            "state": "melting" if melting else "running",
+            "kind": "run",
+        }
+
+    def _doctor(self) -> dict[str, Any]:
+        checks = []
+        for name in ("python", "mlx", "metal", "benchmark", "thermal: sim", "data dir"):
+            checks.append(
+                {
+                    "name": self.text(name),
+                    "ok": name != "metal",
+                    "detail": self.big(f"{name} looks fine")
+                    if name == "python"
+                    else self.text(f"{name} looks fine"),
+                    "fix": self.text(f"reinstall {name}") if name == "metal" else None,
+                    "required": name != "metal",
+                }
+            )
+        if self.mode == "types":
+            checks[0]["detail"] = 42
+            checks[1]["required"] = None
+        return {
+            "host": self.text(self.name),
+            "ok": "yes" if self.mode == "types" else True,
+            "checks": checks,
+            "machine": self._machine(),
+        }
+
+    def _history(self, body: dict[str, Any]) -> dict[str, Any]:
+        samples_after = body.get("samples_after") or 0
+        events_after = body.get("events_after") or 0
+        page = min(body.get("limit") or 1000, 200)
+        samples = [s for s in self.samples if s["seq"] > samples_after]
+        events = [e for e in self.events if e["seq"] > events_after]
+        truncated = len(samples) > page or len(events) > page
+        listed: list[dict[str, Any] | None] = list(samples[:page])
+        if self.mode == "telemetry-types":
+            listed = [None, *listed]
+        return {
+            "history": f"hist-{self.name}-{self.port}",
+            "samples": listed,
+            "events": events[:page],
+            "truncated": truncated,
+        }
+
+    def _job_list(self) -> dict[str, Any]:
+        jobs = []
+        for job in reversed(self.jobs.values()):
+            jobs.append(
+                {
+                    "job": job.id,
+                    "request": job.request,
+                    "state": "melting" if self.mode == "types" else job.state,
+                    "total": -1 if self.mode == "types" else len(job.cells),
+                    "done": len(job.records),
+                    "error": None,
+                    "started": job.started,
+                    "finished": job.finished,
+                }
+            )
+        return {"jobs": jobs}
+
+    def _job_get(self, identity: bytes, body: dict[str, Any], rid: str) -> None:
+        job = self.jobs.get(body.get("job"))  # type: ignore[arg-type]
+        if job is None:
+            message = self.text("no such job")
+            self._send(identity, "error", {"code": "unknown-job", "message": message}, rid)
+            return
+        offset = body.get("offset") or 0
+        reply = {
+            "job": job.id,
+            "state": "melting" if self.mode == "types" else job.state,
+            "error": self.big("one cell failed") if self.mode in ("strings", "huge") else None,
+            "spec": job.spec,
+            "models": [self._model(job.cells[0]["model"])] if job.cells else [],
+            "records": job.records[offset:],
+            "offset": offset,
+            "next": None,
+            "started": job.started,
+            "finished": job.finished,
+        }
+        self._send(identity, "job.get.ok", reply, rid)
+
+    def _cancel(self, identity: bytes, body: dict[str, Any], rid: str) -> None:
+        job = self.jobs.get(body.get("job"))  # type: ignore[arg-type]
+        if job is None:
+            message = self.text("no such job")
+            self._send(identity, "error", {"code": "unknown-job", "message": message}, rid)
+            return
+        message = self.text(f"job {job.id} already ended")
+        self._send(identity, "error", {"code": "not-running", "message": message}, rid)
+
+    def _model(self, model: str) -> dict[str, Any]:
+        # §5 lists "label, param_count, weight_memory_gb, ..."; the coordinator wants `model`.
+        return {
+            "model": self.text(model),
+            "label": self.text(model),
+            "param_count": 4_000_000,
+            "weight_memory_gb": self.number(0.008, math.nan),
+        }
+
+    # --- benchmark jobs ----------------------------------------------------------------------
+
+    def _bench(self, identity: bytes, body: dict[str, Any], rid: str) -> None:
+        matrix = body.get("matrix")
+        if not isinstance(matrix, dict) or not matrix.get("models"):
+            message = self.text("models must be given")
+            self._send(identity, "error", {"code": "bad-matrix", "message": message}, rid)
+            return
+        running = self._running()
+        if running is not None:
+            message = self.text(f"job {running} is running")
+            self._send(identity, "error", {"code": "busy", "message": message}, rid)
+            return
+        cells = plan_cells(matrix)
+        if self.mode.startswith("cells-"):
+            cells = cells[:2]
+        job = Job(new_id(), rid, identity, matrix, cells)
+        self.jobs[job.id] = job
+        names = [self.text(cell["name"]) for cell in cells]
+        self._send(identity, "bench.start.ok", {"job": job.id, "cells": names}, rid)
+        self._stream(job, "bench.progress", {"done": 0, "total": len(cells), "model": None})
+        model = self._model(cells[0]["model"]) if cells else None
+        self._stream(job, "bench.progress", {"done": 0, "total": len(cells), "model": model})
+        sent = 0
+        for index, record in self._cells(job):
+            if index is None:  # cells-malformed: a bench.cell without its record
+                self._stream(job, "bench.cell", {"index": 0})
+            else:
+                self._stream(job, "bench.cell", {"index": index, "record": record})
+            sent += 1
+        job.state, job.finished = "ok", now_rfc3339()
+        if self.mode == "cells-malformed":
+            self._stream(job, "bench.done", {"error": None})
+        else:
+            error = self.big("one cell failed") if self.mode in ("strings", "huge") else None
+            self._stream(job, "bench.done", {"status": "ok", "error": error, "cells": sent})
+
+    def _cells(self, job: Job) -> Iterator[tuple[int | None, dict[str, Any]]]:
+        """(index, record) for every bench.cell of this mode's stream; journals the good ones."""
+        good = [self._record(job, index) for index in range(len(job.cells))]
+        job.records = list(good)
+        if self.mode == "cell-types":
+            yield 0, {**good[0], "tokens_per_sec": "fast"}
+            bad = {"tokens_per_sec": math.nan, "latency_ms": math.inf, "peak_memory_gb": 1e308}
+            yield from ((1, {**record, **bad}) for record in good[1:2])
+            yield -1, good[0]
+            job.records = [{**good[0], "tokens_per_sec": "fast"}, *good[1:]]
+            return
+        if self.mode == "cells-range":
+            # Whole, consistent records (latencies 77.7, 88.8, 66.6 ms mark them): only the
+            # index is wrong.
+            yield 0, good[0]
+            yield 7, self._record(job, len(good) - 1, latency=77.7)
+            yield 2**63, self._record(job, len(good) - 1, latency=88.8)
+            yield -1, self._record(job, len(good) - 1, latency=66.6)
+            yield from enumerate(good[1:], start=1)
+            return
+        if self.mode == "cells-dup":
+            # A whole, consistent record of 999999 tok/s: only its index repeats the first's.
+            cell = job.cells[0]
+            tokens = (cell["n_prompt"] + cell["n_gen"]) * cell["batch_size"]
+            yield 0, good[0]
+            yield 0, self._record(job, 0, latency=tokens / 999999 * 1000)
+            yield from enumerate(good[1:], start=1)
+            return
+        if self.mode == "cells-malformed":
+            yield None, {}
+            yield from enumerate(good)
+            return
+        yield from enumerate(good)
+
+    def _record(self, job: Job, index: int, latency: float | None = None) -> dict[str, Any]:
+        cell = job.cells[index]
+        failed = self.mode in ("strings", "huge") and index == len(job.cells) - 1
+        tokens = (cell["n_prompt"] + cell["n_gen"]) * cell["batch_size"]
+        latency = 10.0 + index if latency is None else latency
+        coordinates = {
+            **cell,
+            "model": self.text(cell["model"]),
+            "test": self.text(cell["test"]),
+            "name": self.text(cell["name"]),
+            "status": "failed" if failed else "ok",
+            "error": self.big("the job process died (killed by SIGSEGV)") if failed else None,
+            "soc_temp_start_c": None,
+            "soc_temp_end_c": None,
+            "soc_temp_c": None,
+            "pressure_start": self.text("nominal"),
+            "pressure_end": self.text("nominal"),
+            "pause_s": 0.0,
+            "flags": ["simulated"],
+            "thermal_source": self.text("sim"),
+        }
+        if failed:
+            return coordinates
+        rate = tokens / (latency / 1000)
+        record = {
+            **coordinates,
+            "test_time": now_rfc3339(),
+            "tokens_per_sec": rate,
+            "std_tokens_per_sec": None,
+            "latency_ms": latency,
+            "std_latency_ms": None,
+            "min_latency_ms": latency,
+            "median_latency_ms": latency,
+            "samples_ms": [latency],
+            "samples_tokens_per_sec": [rate],
+            "peak_memory_gb": 0.05,
+            "active_memory_gb": 0.04,
+            "seq_len": cell["n_prompt"] if cell["n_prompt"] else cell["n_depth"],
+            "prefill_step_size": job.spec.get("prefill_step_size") or 2048,
+            "wired_limit_bytes": None,
+            "energy_source": None,
+            "energy_simulated": False,
+            "energy_rails": [],
+            "energy_j": None,
+            "energy_net_j": None,
+            "energy_window_s": None,
+            "power_w": None,
+            "idle_power_w": None,
+            "tokens_per_joule": None,
+            "joules_per_token": None,
+            "energy_by_rail_j": None,
+            "energy_short_windows": None,
+            "energy_note": self.text("no power meter: none"),
+        }
+        if cell["n_gen"]:
+            record["decode_tokens"] = cell["n_gen"]
+            record["mean_per_token_ms"] = latency / cell["n_gen"]
+        return record
+
+    def _stream(self, job: Job, type_: str, body: dict[str, Any]) -> None:
+        """§5: every job-stream message carries `re` = the bench.start id, to its identity."""
+        self._send(job.identity, type_, {"job": job.id, **body}, job.request)
+
+    # --- telemetry ---------------------------------------------------------------------------
+
+    def _sample(self) -> dict[str, Any]:
+        seq = next(self._seq)
+        if self.mode == "telemetry-types" and seq == 3:
+            seq = 2**63
+        return {
+            "host": self.text(self.name),
+            "seq": seq,
+            "time": time.time(),
+            "celsius": self.number(50.0 + seq % 7, math.nan, telemetry=True),
+            "pressure": self.text("nominal"),
+            "source": self.text("sim"),
+            "sensor": self.text("TCMz"),
+            "simulated": True,
+            "state": "melting" if self.mode == "telemetry-types" else "ok",
+            "trend_c_per_min": self.number(0.5, math.inf, telemetry=True),
+            "pause_s_total": self.number(0.0, 1e308, telemetry=True),
+            "jobs": [self._supervised(telemetry=True)],
+            "storage_error": self.big("history: database or disk is full (/x)")
+            if self.mode in ("strings", "huge")
+            else None,
+            "power_w": self.number(12.5, -math.inf, telemetry=True),
+            "energy_j": self.number(100.0 + seq, math.nan, telemetry=True),
+            "power": {
+                "source": self.text("sim"),
+                "simulated": True,
+                "watts": {"cpu": 5.0, "gpu": 7.5},
+                "joules": {"cpu": 50.0, "gpu": 50.0 + seq},
+                "error": None,
+            },
+        }
+
+    def _event(self, action: str) -> dict[str, Any]:
+        return {
+            "host": self.text(self.name),
+            "seq": next(self._event_seq),
+            "time": time.time(),
+            "celsius": self.number(88.0, math.nan, telemetry=True),
+            "action": action,
+            "pid": 4242,
+            "job": "run-1",
+            "source": self.text("sim"),
+            "simulated": True,
+            "detail": self.big("python -m mlx_lm lora --train"),
+            "policy": None,
+        }
+
+    def _publish_sample(self) -> None:
+        sample = self._sample()
+        self.samples.append(sample)
+        del self.samples[:-3600]
+        self.pub.send_multipart([b"sample", envelope("telemetry.sample", sample, None)])
+        if len(self.samples) % 10 == 1:
+            event = self._event("pause" if len(self.events) % 2 == 0 else "resume")
+            self.events.append(event)
+            del self.events[:-10000]
+            self.pub.send_multipart([b"event", envelope("telemetry.event", event, None)])
+
+    # --- flood -------------------------------------------------------------------------------
+
+    def _flooding(self) -> bool:
+        if self.mode not in ("flood", "junk") or self._flood_began is None:
+            return False
+        return time.monotonic() - self._flood_began < self.flood_s
+
+    def _flood_burst(self) -> None:
+        """`flood`: a few hundred samples (kept, as an agent keeps its latest 3600); `junk`:
+        a few dozen junk messages to every coordinator seen. The loop repeats it."""
+        if self.mode == "flood":
+            for _ in range(200):
+                sample = self._sample()
+                frames = [b"sample", envelope("telemetry.sample", sample, None)]
+                with contextlib.suppress(zmq.Again):
+                    self.pub.send_multipart(frames, zmq.NOBLOCK)
+                self.samples.append(sample)
+                self.flood_sent += 1
+            del self.samples[:-3600]
+            return
+        junk = [
+            [b"\xc1 junk"],
+            [envelope("ping.ok", {"job": None, "time": time.time()}, new_id())],
+            [envelope("bench.cell", {"job": "nojob", "index": 0, "record": {}}, new_id())],
+            [b"one", b"two", b"three"],
+            [envelope("telemetry.sample", self.samples[-1] if self.samples else {}, None)],
+        ]
+        for identity in self._identities:
+            for frames in junk * 10:
+                with contextlib.suppress(zmq.ZMQError):
+                    self.router.send_multipart([identity, *frames], zmq.NOBLOCK)
+                self.flood_sent += 1
+
+
+def envelope(type_: str, body: dict[str, Any], re: str | None) -> bytes:
+    """§4's map, encoded; a `huge` placeholder is filled to just under MAX_ENVELOPE."""
+    message = {"v": PROTOCOL, "id": new_id(), "type": type_, "re": re, "body": body}
+    data = msgpack.packb(message, use_bin_type=True)
+    if HUGE.encode() not in data:
+        return data
+    # One placeholder grows to fill the envelope (str32: 5 header bytes); any other shrinks.
+    room = MAX_ENVELOPE - (len(data) - len(HUGE) * data.count(HUGE.encode())) - 64
+    fill = (PAYLOAD + "A" * room)[:room]
+    filled = fill_first(message, fill)
+    return msgpack.packb(filled, use_bin_type=True)
+
+
+def fill_first(value: Any, fill: str) -> Any:
+    """`value` with its first HUGE placeholder replaced by `fill`, and any other by ""."""
+    state = {"done": False}
+
+    def walk(item: Any) -> Any:
+        if item == HUGE:
+            if state["done"]:
+                return ""
+            state["done"] = True
+            return fill
+        if isinstance(item, dict):
+            return {key: walk(val) for key, val in item.items()}
+        if isinstance(item, list):
+            return [walk(val) for val in item]
+        return item
+
+    return walk(value)
+
+
+def curve_keypair(folder: Path) -> tuple[bytes, bytes]:
+    """A CURVE keypair made and read back with zmq.auth (certificates in `folder`)."""
+    import zmq.auth
+
+    folder.mkdir(parents=True, exist_ok=True)
+    _, secret_file = zmq.auth.create_certificates(str(folder), "hostile-agent")
+    public, secret = zmq.auth.load_certificate(secret_file)
+    assert secret is not None
+    return public, secret
+
+
+def main() -> None:
+    """Run one fake agent until SIGTERM/SIGINT, after a ready line like `agent serve`'s."""
+    args = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    args.add_argument("--mode", choices=MODES, default="benign")
+    args.add_argument("--name", default="fake")
+    args.add_argument("--curve-dir", type=Path, help="be a CURVE server, keys made here")
+    args.add_argument("--poll-interval", type=float, default=0.25)
+    args.add_argument("--flood-s", type=float, default=10.0, help="how long `flood` floods")
+    opts = args.parse_args()
+    curve = curve_keypair(opts.curve_dir) if opts.curve_dir else None
+    agent = HostileAgent(
+        opts.mode,
+        name=opts.name,
+        curve=curve,
+        poll_interval=opts.poll_interval,
+        flood_s=opts.flood_s,
+    )
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    agent.start()
+    key = f"curve-key={agent.public_key}" if agent.public_key else "INSECURE"
+    print(
+        f"hostile agent ({opts.mode}): listening on tcp://{agent.address} {key} "
+        f"telemetry=tcp://127.0.0.1:{agent.telemetry_port}",
+        flush=True,
+    )
+    while not done.wait(0.5):
+        pass
+    agent.stop()
+    print(f"hostile agent: {len(agent.requests)} requests, {agent.flood_sent} flood messages")
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

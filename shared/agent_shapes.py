@@ -30,7 +30,7 @@ DONE_STATES = ("ok", "failed", "cancelled")
 CELL_STATUSES = ("ok", "failed")
 """`not run` is the coordinator's word for a cell no record came for: never the agent's."""
 SUPERVISED_STATES = ("running", "paused", "stopped", "exited")
-EVENT_ACTIONS = (
+RUN_ACTIONS = (
     "start",
     "pause",
     "resume",
@@ -43,8 +43,10 @@ EVENT_ACTIONS = (
     "fallback",
     "rejoin",
     "exit",
-    "policy",
 )
+"""The actions of a supervised job's events: what `job.event` may carry (§12)."""
+EVENT_ACTIONS = (*RUN_ACTIONS, "policy")
+"""A telemetry event's actions: a job's, and the agent's own `policy`."""
 POLICY_STATES = tuple(state.value for state in CoolingState)
 
 MAX_TEXT = 16_384

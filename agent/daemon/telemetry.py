@@ -19,6 +19,8 @@ from agent.power.base import PowerReading
 from agent.sensors.base import SourceInfo
 from agent.thermal import ThermalReading, trend_slope
 from shared import protocol as p
+from shared.agent_shapes import MAX_HISTORY_ITEMS
+from shared.agent_shapes import RUN_ACTIONS as shared_run_actions
 from shared.policy import CoolingState
 from shared.telemetry import Event, Sample
 
@@ -30,25 +32,10 @@ VANISHED_AFTER_S = 5.0
 """A `run` job whose process group has been gone this long without an exit event has exited:
 its `agent run` died (its own exit event comes within about 2 s of the group's end)."""
 HISTORY_LIMIT = 1000
-HISTORY_MAX_LIMIT = 10000
+HISTORY_MAX_LIMIT = MAX_HISTORY_ITEMS
 HISTORY_PAGE_BYTES = p.MAX_ENVELOPE_SIZE // 2
 """A history.get page's samples and events hold up to this many packed bytes, half each."""
-RUN_ACTIONS = frozenset(
-    {
-        "start",
-        "pause",
-        "resume",
-        "reduce_batch",
-        "restore_batch",
-        "stop",
-        "kill",
-        "forward",
-        "cleanup",
-        "fallback",
-        "rejoin",
-        "exit",
-    }
-)
+RUN_ACTIONS = frozenset(shared_run_actions)
 """The actions of an `agent run` job (shared.telemetry.Event): what job.event may carry."""
 MAX_JOB_ID_LENGTH = 64
 MAX_SOURCE_LENGTH = 256

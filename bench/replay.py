@@ -21,7 +21,7 @@ from typing import Any
 import zmq
 
 from shared import protocol as p
-from shared.matrix import MatrixSpec, expand
+from shared.matrix import Cell, MatrixSpec, expand
 from shared.policy import ThermalPolicy
 from shared.results import cell_record
 
@@ -33,7 +33,21 @@ class Recorded:
 
     model: dict[str, Any]
     metrics: dict[str, Any]
+    tokens: int
+    """How many tokens the measured cell's iteration handled."""
     pace_s: float = 0.02
+
+    def for_cell(self, cell: Cell) -> dict[str, Any]:
+        """The metrics of `cell` at the measured rate: its latencies scaled by its tokens, so a
+        record stays consistent (no mean faster than its fastest iteration) on any matrix."""
+        scale = (cell.n_prompt + cell.n_gen) * cell.batch_size / self.tokens
+        metrics = dict(self.metrics)
+        for key in ("latency_ms", "std_latency_ms", "min_latency_ms", "median_latency_ms"):
+            if metrics.get(key) is not None:
+                metrics[key] *= scale
+        if "samples_ms" in metrics:
+            metrics["samples_ms"] = [sample * scale for sample in metrics["samples_ms"]]
+        return metrics
 
 
 def measured_here(pace_s: float = 0.02) -> Recorded:
@@ -44,9 +58,10 @@ def measured_here(pace_s: float = 0.02) -> Recorded:
     models: list[dict[str, Any]] = []
     spec = MatrixSpec(n_prompt=(8,), n_gen=(0,), models=("small",), warmup=0, iterations=1)
     (record,) = run_matrix(spec, on_model=models.append)
-    keys = ("tokens_per_sec", "std_tokens_per_sec", "latency_ms", "std_latency_ms")
+    keys = ("test_time", "tokens_per_sec", "std_tokens_per_sec", "latency_ms", "std_latency_ms")
     keys += ("min_latency_ms", "median_latency_ms", "samples_ms", "peak_memory_gb")
-    return Recorded(models[0], {key: record[key] for key in keys if key in record}, pace_s)
+    metrics = {key: record[key] for key in keys if key in record}
+    return Recorded(models[0], metrics, tokens=8, pace_s=pace_s)
 
 
 @dataclass
@@ -104,7 +119,7 @@ def _answer(agent: _Agent, recorded: Recorded, identity: bytes, data: bytes) -> 
     elif request.type == "bench.start":
         cells = expand(MatrixSpec.from_dict(request.body["matrix"]))
         job = f"replay-{p.new_id()}"
-        records = [cell_record(cell, recorded.metrics) for cell in cells]
+        records = [cell_record(cell, recorded.for_cell(cell)) for cell in cells]
         agent.jobs.append(_Job(identity, request.id, job, records, time.monotonic()))
         reply = p.make("bench.start.ok", {"job": job, "cells": [c.name for c in cells]}, request.id)
     else:

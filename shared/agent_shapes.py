@@ -14,6 +14,7 @@ from typing import Any
 
 from shared import shapes as s
 from shared.energy import RAILS
+from shared.gang import BACKENDS, MAX_GROUP_LENGTH, MAX_WORLD
 from shared.matrix import DECODE, MAX_CELLS, PREFILL, PREFILL_DECODE
 from shared.policy import CoolingState, ThermalPolicy
 
@@ -25,6 +26,8 @@ MAX_SUPERVISED = 1024
 MAX_CHECKS = 256
 MAX_FLAGS = 64
 MAX_ID = 64
+MAX_SOURCE = 256
+"""A thermal source's name (`replay:PATH` names a path) or a sensor's."""
 JOB_STATES = ("running", "ok", "failed", "cancelled")
 DONE_STATES = ("ok", "failed", "cancelled")
 CELL_STATUSES = ("ok", "failed")
@@ -42,6 +45,7 @@ RUN_ACTIONS = (
     "cleanup",
     "fallback",
     "rejoin",
+    "gang",
     "exit",
 )
 """The actions of a supervised job's events: what `job.event` may carry (§12)."""
@@ -122,6 +126,45 @@ power = s.fields(
 sample_power = s.fields(
     {"source": text, "simulated": s.flag, "watts": by_rail, "joules": by_rail, "error": maybe_text}
 )
+gang_member = s.fields(
+    {
+        "rank": s.integer(0, MAX_WORLD - 1),
+        "host": s.text(MAX_ID, least=1),
+        "state": s.one_of(POLICY_STATES),
+        "applied": s.one_of(POLICY_STATES),
+        "celsius": celsius,
+        "source": s.text(MAX_SOURCE, least=1),
+        "sensor": s.nil_or(s.text(MAX_SOURCE)),
+        "time": epoch,
+        "job": s.text(MAX_ID),
+        "age_s": s.number(0, 86400.0 * 366),
+    }
+)
+"""One rank's report in a gang (docs/protocol.md §13): what its Mac asks for and why."""
+gang_identity = s.fields(
+    {
+        "group": s.text(MAX_GROUP_LENGTH, least=1),
+        "rank": s.integer(0, MAX_WORLD - 1),
+        "world": s.integer(2, MAX_WORLD),
+        "hosts": s.list_of(s.text(MAX_ID), MAX_WORLD),
+        "backend": s.one_of(BACKENDS),
+    }
+)
+gang_listed = s.fields(
+    {
+        "group": s.text(MAX_GROUP_LENGTH, least=1),
+        "rank": s.integer(0, MAX_WORLD - 1),
+        "world": s.integer(2, MAX_WORLD),
+        "hosts": s.list_of(s.text(MAX_ID), MAX_WORLD),
+        "backend": s.one_of(BACKENDS),
+        "state": s.one_of(POLICY_STATES),
+        "cause": s.nil_or(gang_member),
+    }
+)
+"""A supervised job's gang as the agent lists it: who it is, and the state all its ranks live
+under with the rank that causes it."""
+gang_request = s.fields({"gang": gang_identity, "member": gang_member})
+"""gang.state, which agents (and `agent run`) send each other: checked by the agent."""
 supervised = s.fields(
     {
         "job": name,
@@ -129,7 +172,8 @@ supervised = s.fields(
         "command": text,
         "state": s.one_of(SUPERVISED_STATES),
         "kind": s.one_of(("bench", "run")),
-    }
+    },
+    {"gang": s.nil_or(gang_listed)},
 )
 supervised_jobs = s.list_of(supervised, MAX_SUPERVISED)
 storage = s.fields(
@@ -404,6 +448,9 @@ BODIES: dict[str, s.Check] = {
     "policy.get.ok": s.fields({"policy": _policy}, {"origin": maybe_text}),
     "policy.set.ok": s.fields({"policy": _policy}, {"origin": maybe_text}),
     "job.event.ok": s.fields({"job": ident}),
+    "gang.state.ok": s.fields(
+        {"group": s.text(MAX_GROUP_LENGTH, least=1), "members": s.list_of(gang_member, MAX_WORLD)}
+    ),
     "doctor.ok": s.fields({"report": report}),
     "error": s.fields({"code": text, "message": text}),
     "telemetry.sample": sample,

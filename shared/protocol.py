@@ -90,6 +90,7 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
     "policy.set": {"policy": (dict, True)},
     "job.event": Event.job_schema(),
     "doctor": {},
+    "gang.state": {"gang": (dict, True), "member": (dict, True)},
     # replies and the job stream, agent -> coordinator
     "hello.ok": {
         "agent": (str, True),
@@ -151,6 +152,7 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
     "policy.set.ok": {"policy": (dict, True), "origin": (str, False)},
     "job.event.ok": {"job": (str, True)},
     "job.list.ok": {"jobs": (list, True)},
+    "gang.state.ok": {"group": (str, True), "members": (list, True)},
     "doctor.ok": {"report": (dict, True)},
     "error": {"code": (str, True), "message": (str, True)},
     # telemetry, published by the agent (never requests, never replies)
@@ -171,6 +173,7 @@ REQUESTS = frozenset(
         "policy.set",
         "job.event",
         "doctor",
+        "gang.state",
     }
 )
 ENVELOPE_KEYS = frozenset({"v", "id", "type", "re", "body"})

@@ -120,6 +120,7 @@ class AgentPool:
         insecure: bool = False,
         thermal: str = "none",
         bind_host: str = "127.0.0.1",
+        port: int = 0,
         netns: str | None = None,
         options: Sequence[str] = (),
         wrapper: Sequence[str] = (),
@@ -127,7 +128,7 @@ class AgentPool:
     ) -> AgentProcess:
         """`options` are more `agent serve` options (--poll-interval, --prometheus, ...);
         `wrapper` a command that runs it (prlimit ..., say); `home` its MLX_FLEET_HOME when not
-        its own folder under the pool's."""
+        its own folder under the pool's; `port` 0 picks a free one."""
         logs = self.root / name
         logs.mkdir(parents=True, exist_ok=True)
         home = home or logs
@@ -136,7 +137,7 @@ class AgentPool:
             console_script("agent"),
             "serve",
             "--bind",
-            f"{bind_host}:0",
+            f"{bind_host}:{port}",
             "--thermal-source",
             thermal,
             *(["--insecure"] if insecure else []),

@@ -11,7 +11,29 @@ import zmq
 from shared import protocol as p
 from shared.io.transport import handshake_diagnosis, timeout_diagnosis
 
+GANG_MEMBER = {
+    "rank": 1,
+    "host": "mac2",
+    "state": "pause",
+    "applied": "pause",
+    "celsius": 86.5,
+    "source": "smc",
+    "sensor": "TCMz",
+    "time": 1764547200.0,
+    "job": "3f2a",
+    "age_s": 0.0,
+}
 VALID_BODIES: dict[str, dict[str, Any]] = {
+    "gang.state": {
+        "gang": {
+            "group": "ring-0123456789ab",
+            "rank": 1,
+            "world": 2,
+            "hosts": ["10.0.0.1", "10.0.0.2"],
+            "backend": "ring",
+        },
+        "member": GANG_MEMBER,
+    },
     "hello": {"client": "coordinator"},
     "ping": {},
     "info": {},
@@ -72,6 +94,7 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
     "policy.get.ok": {"policy": {"pause_temp": 85.0}},
     "policy.set.ok": {"policy": {"pause_temp": 85.0}},
     "job.event.ok": {"job": "3f2a"},
+    "gang.state.ok": {"group": "ring-0123456789ab", "members": [GANG_MEMBER]},
     "job.list.ok": {
         "jobs": [
             {

@@ -32,23 +32,37 @@ def keys_trust(
         str, typer.Argument(help="A coordinator's public key (`coordinator keys show`).")
     ],
     name: Annotated[str | None, typer.Option("--name", help="A label for the key.")] = None,
+    peer: Annotated[
+        str | None,
+        typer.Option(
+            "--peer",
+            metavar="HOST[:PORT]",
+            help="KEY is the agent serving at HOST: ranks of a distributed job on both Macs "
+            "tell each other's agents of pauses and stops (port: this agent's by default).",
+        ),
+    ] = None,
 ) -> None:
-    """Let the coordinator holding KEY drive this agent (a running agent sees it at once)."""
+    """Let the coordinator holding KEY drive this agent, or, with --peer, the agent of
+    another Mac of the lab exchange gang states with it (a running agent sees it at once).
+
+    Example: agent keys trust "$(ssh mac2 agent keys show)" --name mac2 --peer 10.0.0.2
+    """
     try:
-        entry = trust(key, name)
+        entry = trust(key, name, peer=peer)
     except TrustError as exc:
         raise usage_error(str(exc)) from None
-    err.print(f"trusted {entry.key} as {entry.name}", highlight=False, markup=False)
+    as_peer = f", the agent at {entry.peer}" if entry.peer else ""
+    err.print(f"trusted {entry.key} as {entry.name}{as_peer}", highlight=False, markup=False)
 
 
 @keys_app.command("list")
 def keys_list() -> None:
-    """The trusted coordinator keys: name and key, one per line."""
+    """The trusted keys: name and key, one per line (and the address of a peer agent's)."""
     entries = list_trusted()
     if not entries:
         err.print("no coordinator key is trusted yet: `agent keys trust KEY`", highlight=False)
     for entry in entries:
-        print(f"{entry.name}\t{entry.key}")
+        print(f"{entry.name}\t{entry.key}" + (f"\t{entry.peer}" if entry.peer else ""))
 
 
 @keys_app.command("revoke", context_settings=TAKES_A_KEY)

@@ -9,9 +9,11 @@ agent.cooling.supervise for the actions and the reduce_batch state file."""
 from __future__ import annotations
 
 import math
+import os
 import sqlite3
 import sys
 from contextlib import ExitStack, closing
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -19,11 +21,15 @@ import typer
 from agent.commands.sensors import open_monitor
 from agent.cooling.events import PREFIX, EventLog, format_line
 from agent.cooling.feed import register
+from agent.cooling.gang import GangRank, group_holder
 from agent.cooling.supervise import LaunchError, Sink, Supervisor
+from agent.daemon_address import find_daemon
 from agent.thermal import ThermalMonitor
 from shared.exit_codes import EXIT_SUPERVISOR_FAILED
+from shared.gang import GangIdentity, GangSpecError, from_environment, from_options
 from shared.io.cli import fail, usage_error
 from shared.io.options import PolicyOptions, ThermalOptions, with_options
+from shared.protocol import DEFAULT_PORT
 from shared.telemetry import Event
 
 
@@ -61,6 +67,43 @@ def run_command(
     grace: Annotated[
         float, typer.Option("--grace", help="Seconds from SIGTERM to SIGKILL when stopping.")
     ] = 30.0,
+    group: Annotated[
+        str | None,
+        typer.Option(
+            "--group",
+            help="CMD is one rank of the distributed job NAME (for launchers that set no "
+            "MLX_RANK/MLX_HOSTFILE; mlx.launch's are read by themselves).",
+            metavar="NAME",
+            rich_help_panel="Distributed jobs",
+        ),
+    ] = None,
+    ranks: Annotated[
+        int | None,
+        typer.Option(
+            "--ranks",
+            help="How many ranks the --group job has.",
+            min=2,
+            rich_help_panel="Distributed jobs",
+        ),
+    ] = None,  # fmt: skip
+    rank: Annotated[
+        int | None,
+        typer.Option(
+            "--rank",
+            help="This rank (default: $MLX_RANK).",
+            min=0,
+            rich_help_panel="Distributed jobs",
+        ),
+    ] = None,  # fmt: skip
+    rank_hosts: Annotated[
+        str | None,
+        typer.Option(
+            "--rank-hosts",
+            help="Each rank's Mac, in rank order, comma-separated (where their agents serve).",
+            metavar="H0,H1,...",
+            rich_help_panel="Distributed jobs",
+        ),
+    ] = None,
 ) -> None:
     """Run CMD in its own process group under the cooling policy.
 
@@ -79,6 +122,16 @@ def run_command(
     guardian process ends CMD's group if agent run is killed, even with
     SIGKILL.
 
+    A rank of a distributed MLX job (mlx.launch's MLX_RANK and MLX_HOSTFILE,
+    or JACCL's variables, or --group) lives under its gang: when any rank's
+    Mac asks for a pause every rank pauses, they resume when every Mac
+    allows it, and a stop on one stops all (each exits 75), agent to agent
+    with no coordinator (the peers' keys: agent keys trust KEY --peer HOST).
+
+    Examples:
+      agent run -- python -m mlx_lm lora --model M --train --data D
+      mlx.launch --hostfile hosts.json -- agent run -- python train.py
+
     Exit codes: CMD's own (128+N if signal N killed it), 75 thermal stop,
     2 bad usage (thresholds out of order, unknown source), 125 thermal source
     unusable here, 126 CMD cannot be executed, 127 CMD not found.
@@ -86,6 +139,7 @@ def run_command(
     if not (math.isfinite(grace) and grace >= 0):
         raise usage_error(f"--grace must be >= 0 seconds, got {grace}")
     limits.check()
+    identity = gang_identity(group, ranks, rank, rank_hosts)
     with ExitStack() as stack:
         log = stack.enter_context(closing(EventLog()))
         forwards: list[Sink] = []
@@ -115,6 +169,8 @@ def run_command(
                 )
         else:
             typer.echo(f"{PREFIX} supervising with {feed.source} here, {feed.policy}", err=True)
+        if identity is not None:
+            supervisor.gang = join_gang(identity, supervisor, thermal.poll_interval)
         try:
             code = supervisor.run(feed)
         except LaunchError as exc:
@@ -131,3 +187,39 @@ def local_monitor(thermal: ThermalOptions) -> ThermalMonitor:
             err=True,
         )
     return monitor
+
+
+def gang_identity(
+    group: str | None, ranks: int | None, rank: int | None, rank_hosts: str | None
+) -> GangIdentity | None:
+    """The gang CMD is a rank of: --group's (bad options: exit 2), else mlx.launch's from the
+    environment; an environment that names one badly is said in one line, and CMD is
+    supervised alone (a fine-tune is never refused for it)."""
+    if group is None:
+        if ranks is not None or rank_hosts is not None:
+            raise usage_error("--ranks and --rank-hosts need --group")
+        try:
+            return from_environment(os.environ, lambda path: Path(path).read_text("utf-8"))
+        except GangSpecError as exc:
+            typer.echo(f"{PREFIX} warning: {exc}; supervising this rank alone", err=True)
+            return None
+    if ranks is None:
+        raise usage_error("--group needs --ranks: how many ranks the job has")
+    if rank is None and os.environ.get("MLX_RANK", "").isdigit():
+        rank = int(os.environ["MLX_RANK"])
+    try:
+        return from_options(group, ranks, rank, (rank_hosts or "").split(","))
+    except GangSpecError as exc:
+        raise usage_error(str(exc)) from None
+
+
+def join_gang(identity: GangIdentity, supervisor: Supervisor, poll_interval: float) -> GangRank:
+    """The gang's side of the supervision; exit 2 when another job on this Mac already holds
+    the group (two jobs cannot be one rank)."""
+    daemon = find_daemon()
+    port = int(daemon.endpoint.rpartition(":")[2]) if daemon else DEFAULT_PORT
+    taken = group_holder(identity.group)
+    if taken is not None:
+        raise usage_error(f"group {identity.group} is already job {taken}'s on this Mac")
+    typer.echo(f"{PREFIX} {identity.describe()}", err=True)
+    return GangRank(identity, supervisor.job, poll_interval, supervisor.post_gang_news, port)

@@ -42,8 +42,10 @@ from typing import Any, Protocol
 import psutil
 
 from agent.cooling.events import PREFIX
+from agent.cooling.gang import STOP_ACK_TIMEOUT_S, GangRank
 from agent.thermal import ThermalMonitor, ThermalReading
 from shared.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_THERMAL_STOP
+from shared.gang import PEER_HOLD_POLLS, MemberState
 from shared.io.files import replace_atomically
 from shared.io.paths import data_subdir
 from shared.policy import Action, CoolingGate, CoolingState, ThermalPolicy
@@ -242,6 +244,11 @@ class Supervisor:
         self._killed = False
         self._thermal_stop = False
         self._feed: Feed | None = None
+        self.gang: GangRank | None = None
+        """Set by `agent run` for a rank of a distributed job: the gang's verdict, not this
+        Mac's alone, then drives the actions (agent.cooling.gang)."""
+        self._stop_due: float | None = None
+        self._silent: tuple[int, ...] = ()
 
     def run(self, feed: Feed) -> int:
         """Run CMD to its end under `feed`; returns `agent run`'s exit code (CMD's, or 75 after a
@@ -257,6 +264,9 @@ class Supervisor:
             if guardian is not None:
                 guardian.watch(proc.pid)
             self._emit("start", detail=shlex.join(self.command), at=self.started_at)
+            if self.gang is not None:
+                self._emit("gang", detail=self.gang.identity.describe())
+                self.gang.start()
             threading.Thread(
                 target=lambda: self._queue.put(("exit", proc.wait())),
                 name="supervise-wait",
@@ -268,6 +278,8 @@ class Supervisor:
             code = self._supervise(proc.pid)
         finally:
             feed.close()
+            if self.gang is not None:
+                self.gang.close()
             if self.pid is not None and group_alive(self.pid):  # only on an unexpected way out
                 self._signal(signal.SIGCONT)
                 self._signal(signal.SIGKILL)
@@ -298,15 +310,19 @@ class Supervisor:
                 returncode = value
             elif kind == "signal":
                 self._on_signal(value)
+            elif kind == "gang":
+                self._on_gang_news(*value)
             else:
                 self._on_sample(value)
+            self._stop_when_acknowledged()
         return EXIT_THERMAL_STOP if self._thermal_stop else shell_code(returncode)
 
     def _timeout(self, returncode: int | None) -> float | None:
         """Until the grace ends, and short while CMD is gone but its group is not."""
         limits = [] if returncode is None else [LEFTOVER_POLL_S]
-        if self._kill_at is not None:
-            limits.append(max(0.0, self._kill_at - time.monotonic()))
+        for due in (self._kill_at, self._stop_due):
+            if due is not None:
+                limits.append(max(0.0, due - time.monotonic()))
         return min(limits, default=None)
 
     def _on_sample(self, sample: Observation) -> None:
@@ -316,6 +332,11 @@ class Supervisor:
             return
         reading = sample.reading
         decision = self.gate.observe(sample.policy, reading)
+        if self.gang is not None:
+            celsius, sensor = (reading.celsius, reading.sensor) if reading else (None, None)
+            self.gang.own(self.gate.state, celsius, self._source, sensor)
+            self._follow_gang(reading)
+            return
         if not decision.actions:
             return
         for action in decision.actions:  # signals first: they are what must be prompt
@@ -332,6 +353,63 @@ class Supervisor:
         celsius = reading.celsius if reading else None
         for action in decision.actions:
             self._emit(action.value, celsius=celsius, detail=decision.reason)
+
+    # --- a rank of a gang ---------------------------------------------------------------------
+
+    def post_gang_news(self, news: tuple[list[MemberState], str, str | None]) -> None:
+        """From a gang channel's thread: what one agent said (agent.cooling.gang.News)."""
+        self._queue.put(("gang", news))
+
+    def _on_gang_news(self, members: list[MemberState], name: str, problem: str | None) -> None:
+        assert self.gang is not None
+        self.gang.hear(members)
+        said = self.gang.reachability(name, problem)
+        if said is not None:
+            self._emit("gang", detail=said)
+        if not self._terminating:
+            self._follow_gang(None)
+
+    def _follow_gang(self, reading: ThermalReading | None) -> None:
+        """Apply the gang's verdict: pause and resume with every rank; a stop parks this rank
+        at once and ends it once every rank applies it (or STOP_ACK_TIMEOUT_S passes), so no
+        rank is left in a collective its peer broke."""
+        assert self.gang is not None
+        decided, actions = self.gang.decide()
+        if decided.silent != self._silent:
+            newly = sorted(set(decided.silent) - set(self._silent))
+            self._silent = decided.silent
+            if newly:
+                ranks = ", ".join(str(rank) for rank in newly)
+                self._emit(
+                    "gang", detail=f"rank {ranks} silent for {PEER_HOLD_POLLS} polls: "
+                    "its last report no longer holds the gang",
+                )  # fmt: skip
+        if not actions:
+            return
+        for action in actions:
+            if action is Action.PAUSE:
+                self._signal(signal.SIGSTOP)
+            elif action is Action.RESUME:
+                self._signal(signal.SIGCONT)
+            elif action is Action.STOP:
+                self._thermal_stop = True
+                self._signal(signal.SIGSTOP)
+                self._stop_due = time.monotonic() + STOP_ACK_TIMEOUT_S
+        self._write_state(decided.state, reading)
+        if self.cooperative and {Action.REDUCE_BATCH, Action.RESTORE_BATCH} & set(actions):
+            self._signal(signal.SIGUSR1)
+        cause = decided.cause
+        for action in actions:
+            celsius = cause.celsius if cause is not None and action is not Action.RESUME else None
+            self._emit(action.value, celsius=celsius, detail=self.gang.reason(action, decided))
+
+    def _stop_when_acknowledged(self) -> None:
+        if self._stop_due is None or self._terminating:
+            return
+        assert self.gang is not None
+        if self.gang.stop_applied_everywhere() or time.monotonic() >= self._stop_due:
+            self._stop_due = None
+            self._terminate(signal.SIGTERM)
 
     def _on_signal(self, signum: int) -> None:
         """Forward what `agent run` got; a second one (or one during a stop) kills at once."""

@@ -9,6 +9,8 @@ through send_finished()). The daemon's parts it reads and changes are given at c
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -19,6 +21,7 @@ from agent.daemon.benchmark.jobs import BenchJobs
 from agent.daemon.benchmark.journal import JOB_LIST_MAX
 from agent.daemon.deferred import DeferredReplies
 from agent.daemon.endpoints import AgentSockets, Received
+from agent.daemon.gang_mailbox import GangRefused
 from agent.daemon.hub import TelemetryHub
 from agent.daemon.telemetry import (
     HISTORY_MAX_LIMIT,
@@ -28,7 +31,14 @@ from agent.daemon.telemetry import (
 )
 from agent.doctor.checks import report as doctor_report
 from shared import protocol as p
+from shared.agent_shapes import gang_request
+from shared.gang import PEER_HOLD_POLLS, GangIdentity, MemberState
 from shared.policy import policy_text
+from shared.shapes import Invalid
+
+log = logging.getLogger("agent.daemon")
+
+REFUSAL_LOG_EVERY_S = 60.0
 
 
 class Reply(NamedTuple):
@@ -89,6 +99,7 @@ class Requests:
         self.version = version
         self.stopping = stopping
         self.deferred = DeferredReplies()
+        self._refusals_logged: dict[str, float] = {}
 
     def answer(self, received: Received) -> None:
         """Reply to one request: its handler's reply, or an `error` (a deferred reply later)."""
@@ -247,6 +258,41 @@ class Requests:
             raise request.refuse(p.BAD_BODY, f"job.event: {exc}") from None
         self.hub.event(event, p.KIND_RUN)
         return Reply("job.event.ok", {"job": request.body["job"]})
+
+    @handles("gang.state")
+    def gang_state(self, request: Request) -> Reply:
+        """A rank's report into its gang (docs/protocol.md §13): from this Mac's `agent run`
+        (the agent's own key, a job it supervises) it keeps the group here; from a peer agent
+        it is taken only into a group a rank here reports. Answers every member's last report.
+        A refusal is logged, at most once a minute per group, since a peer retries each poll."""
+        body = request.body
+        try:
+            gang_request(body)
+            identity = GangIdentity.from_wire(body["gang"])
+            now = time.time()
+            member = MemberState.from_wire(body["member"], now)
+        except (Invalid, ValueError) as exc:
+            raise request.refuse(p.BAD_BODY, f"gang.state: {exc}") from None
+        supervised = self.hub.jobs.jobs.get(member.job)
+        local = supervised is not None and supervised.kind == p.KIND_RUN
+        if local and request.frame is not None:
+            local = self.sockets.from_own_key(request.frame)
+        hold_s = PEER_HOLD_POLLS * self.hub.poll_interval
+        try:
+            members = self.hub.jobs.gangs.report(identity, member, local, hold_s, now)
+        except GangRefused as exc:
+            self._log_refusal(identity.group, str(exc))
+            raise request.refuse(p.FORBIDDEN, f"gang.state: {exc}") from None
+        return Reply(
+            "gang.state.ok",
+            {"group": identity.group, "members": [m.to_wire(now) for m in members]},
+        )
+
+    def _log_refusal(self, group: str, why: str) -> None:
+        now = time.monotonic()
+        if now - self._refusals_logged.get(group, -math.inf) >= REFUSAL_LOG_EVERY_S:
+            self._refusals_logged[group] = now
+            log.warning("refused a gang.state: %s", why)
 
     @handles("doctor")
     def doctor(self, request: Request) -> None:

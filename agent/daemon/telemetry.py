@@ -15,6 +15,7 @@ from typing import Any
 
 import msgpack
 
+from agent.daemon.gang_mailbox import GangMailbox
 from agent.power.base import PowerReading
 from agent.sensors.base import SourceInfo
 from agent.thermal import ThermalReading, trend_slope
@@ -173,6 +174,7 @@ class JobTable:
 
     def __init__(self) -> None:
         self.jobs: dict[str, SupervisedJob] = {}
+        self.gangs = GangMailbox()
         self._paused_s = 0.0
 
     def apply(self, event: Event, kind: str) -> None:
@@ -195,6 +197,7 @@ class JobTable:
         entry.state = state
         if state == p.SUPERVISED_EXITED:
             entry.exited_at = event.time
+            self.gangs.forget(entry.job)
 
     def pause_s_total(self, now: float) -> float:
         """Finished pauses plus the ones going on, every job counted."""
@@ -241,7 +244,14 @@ class JobTable:
             del self.jobs[job.job]
 
     def listed(self) -> list[dict[str, Any]]:
-        return [job.to_wire() for job in self.jobs.values()]
+        """Each job's wire entry; a rank of a distributed job also lists its gang."""
+        listed = []
+        for job in self.jobs.values():
+            entry = job.to_wire()
+            if self.gangs.groups and (gang := self.gangs.of_job(job.job)) is not None:
+                entry["gang"] = gang
+            listed.append(entry)
+        return listed
 
 
 # --- history ----------------------------------------------------------------------------------

@@ -39,7 +39,9 @@ def keys_dir() -> Path:
     return path
 
 
-def certificate_text(public: str, secret: str | None = None, name: str | None = None) -> str:
+def certificate_text(
+    public: str, secret: str | None = None, name: str | None = None, peer: str | None = None
+) -> str:
     kind = "**Secret**" if secret else "Public"
     lines = [
         f"#   ****  Generated on {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC by "
@@ -50,6 +52,8 @@ def certificate_text(public: str, secret: str | None = None, name: str | None = 
     ]
     if name:
         lines.append(f'    name = "{name}"')
+    if peer:
+        lines.append(f'    peer = "{peer}"')
     lines += ["curve", f'    public-key = "{public}"']
     if secret:
         lines.append(f'    secret-key = "{secret}"')

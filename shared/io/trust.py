@@ -27,11 +27,19 @@ class TrustError(ValueError):
     """A key or name that cannot be trusted or revoked; the message says why."""
 
 
+PEER_PATTERN = re.compile(r"[A-Za-z0-9.:\[\]-]{1,64}")
+"""A peer agent's address: a host name or IP, with an optional :PORT."""
+_PEER_LINE = re.compile(r'^\s*peer\s*=\s*"([^"]*)"\s*$', re.MULTILINE)
+
+
 @dataclass(frozen=True)
 class TrustedKey:
     name: str
     key: str
     path: Path
+    peer: str | None = None
+    """For another agent of the lab: the address it serves at (HOST or HOST:PORT), where this
+    agent's ranks of a distributed job find it (shared.gang); None for a coordinator."""
 
 
 def trusted_dir() -> Path:
@@ -55,13 +63,38 @@ def list_trusted(directory: Path | None = None) -> list[TrustedKey]:
         except (OSError, ValueError) as exc:
             log.warning("ignoring unreadable certificate %s: %s", path, exc)
             continue
-        keys.append(TrustedKey(path.stem, public.decode("ascii", "replace"), path))
+        peer = _PEER_LINE.search(path.read_text(encoding="utf-8", errors="replace"))
+        found = peer.group(1) if peer and PEER_PATTERN.fullmatch(peer.group(1)) else None
+        keys.append(TrustedKey(path.stem, public.decode("ascii", "replace"), path, found))
     return keys
 
 
-def trust(key: str, name: str | None = None, directory: Path | None = None) -> TrustedKey:
-    """Trust `key` under `name` (in `directory`, by default this agent's); trusting a key
-    again renames it. Raises TrustError."""
+def peer_key(host: str, directory: Path | None = None) -> TrustedKey | None:
+    """The trusted agent key serving at `host` (its HOST part), if one was trusted as a peer."""
+    for entry in list_trusted(directory):
+        if entry.peer is not None and split_peer(entry.peer)[0] == host:
+            return entry
+    return None
+
+
+def split_peer(peer: str) -> tuple[str, int | None]:
+    """`10.0.0.2:6000` -> ("10.0.0.2", 6000); `[fe80::1]` -> ("fe80::1", None)."""
+    if peer.startswith("["):
+        host, _, rest = peer[1:].partition("]")
+        return host, int(rest[1:]) if rest.startswith(":") and rest[1:].isdigit() else None
+    host, sep, port = peer.rpartition(":")
+    if sep and port.isdigit() and ":" not in host:
+        return host, int(port)
+    return peer, None
+
+
+def trust(
+    key: str, name: str | None = None, directory: Path | None = None, peer: str | None = None
+) -> TrustedKey:
+    """Trust `key` under `name` (in `directory`, by default this agent's), as the key of the
+    peer agent at `peer` when given; trusting a key again renames it. Raises TrustError."""
+    if peer is not None and not PEER_PATTERN.fullmatch(peer):
+        raise TrustError(f"bad peer address {peer!r}: HOST or HOST:PORT")
     try:
         check_key(key)
     except ValueError as exc:
@@ -84,8 +117,8 @@ def trust(key: str, name: str | None = None, directory: Path | None = None) -> T
         if entry.key == key:
             entry.path.unlink()
     path = directory / f"{name}.key"
-    write_private(path, certificate_text(key, name=name))
-    return TrustedKey(name, key, path)
+    write_private(path, certificate_text(key, name=name, peer=peer))
+    return TrustedKey(name, key, path, peer)
 
 
 def revoke(key_or_name: str) -> list[TrustedKey]:

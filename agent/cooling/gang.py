@@ -1,0 +1,319 @@
+"""This rank's side of a gang (shared.gang): it tells every member's agent what this Mac asks
+for, hears what the others asked, and turns the one verdict into actions on this rank.
+
+Every rank reports to its own agent (the agent's own key) and to each peer's (a trusted agent
+key, `agent keys trust KEY --peer HOST`), over the agents' CURVE sockets: no coordinator and no
+socket of our own. Each report's reply carries every member's last report that agent holds, so
+a rank whose own agent is down still hears its peers, and a peer that comes back learns the
+gang's state with its first reply. A change is sent at once; otherwise the own agent is asked
+every LOCAL_EVERY_S (it relays what peers sent it) and the peers every poll.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import zmq
+
+from agent.daemon_address import find_daemon
+from shared.gang import (
+    PEER_HOLD_POLLS,
+    Enforced,
+    GangIdentity,
+    MemberState,
+    Verdict,
+    gang_reason,
+    merge,
+    steer,
+    verdict,
+)
+from shared.io.keys import Keypair, own_keypair
+from shared.io.transport import AgentClient, HostError
+from shared.io.trust import peer_key, split_peer
+from shared.policy import Action, CoolingState
+
+log = logging.getLogger("agent.gang")
+
+LOCAL_EVERY_S = 0.1
+"""How often a rank asks its own agent for what peers reported: the pause skew between ranks
+is about this (docs/performance.md), far under Metal's ~5 s command-buffer watchdog."""
+REQUEST_TIMEOUT_S = 2.0
+FAILURES_TO_SAY = 2
+"""Failed exchanges in a row before a rank says it cannot tell an agent: ranks start a moment
+apart, and a peer's agent refuses reports into a group until its own rank has joined."""
+STOP_ACK_TIMEOUT_S = 3.0
+"""How long a rank whose Mac stops the gang waits for every reachable rank to apply the stop
+before ending its own command: a peer whose collective broke first would exit with its own code,
+not the thermal stop's."""
+
+
+def this_host() -> str:
+    """This Mac's name as members show it (the short host name, at most 64 characters)."""
+    return (socket.gethostname().split(".")[0] or "localhost")[:64]
+
+
+@dataclass(frozen=True)
+class Target:
+    """One agent this rank reports to: its own (`local`) or a peer's; `problem` when it cannot
+    even be tried (no trusted key for that Mac)."""
+
+    name: str
+    address: str
+    server_key: str | None
+    local: bool = False
+    problem: str | None = None
+
+
+def local_target() -> Target | None:
+    """This Mac's agent, when one runs (its state file says where)."""
+    daemon = find_daemon()
+    if daemon is None:
+        return None
+    address = daemon.endpoint.removeprefix("tcp://")
+    return Target("this Mac's agent", address, daemon.public_key, local=True)
+
+
+def targets(identity: GangIdentity, default_port: int) -> list[Target]:
+    """This Mac's agent (when one runs) and every peer Mac's, each found through the trust
+    store's --peer entries; a peer without one is a Target with its problem."""
+    found = [target for target in (local_target(),) if target is not None]
+    for host in identity.peers:
+        entry = peer_key(host)
+        if entry is None:
+            why = f"no trusted agent key for it: `agent keys trust KEY --peer {host}`"
+            found.append(Target(host, f"{host}:{default_port}", None, problem=why))
+            continue
+        _, port = split_peer(entry.peer or host)
+        address = f"[{host}]" if ":" in host else host
+        found.append(Target(host, f"{address}:{port or default_port}", entry.key))
+    return found
+
+
+def group_holder(group: str) -> str | None:
+    """The job on this Mac that already holds `group`, as its agent lists it (None: no agent
+    answers, or none holds it)."""
+    daemon = find_daemon()
+    if daemon is None:
+        return None
+    keypair = own_keypair() if daemon.public_key else None
+    address = daemon.endpoint.removeprefix("tcp://")
+    try:
+        with AgentClient(
+            zmq.Context.instance(), address, daemon.public_key, keypair, 2.0
+        ) as client:
+            client.connect()
+            jobs = client.request("info")["jobs"]
+    except HostError:
+        return None
+    for job in jobs:
+        gang = job.get("gang")
+        if gang and gang["group"] == group and job["state"] != "exited":
+            return str(job["job"])
+    return None
+
+
+News = Callable[[list[MemberState], str, str | None], None]
+"""Called from a channel's thread: the members one agent holds, the agent's name, and None
+when it answered, else why it did not."""
+
+
+class Channel:
+    """One agent, on a thread of its own (a peer that does not answer never delays another):
+    it sends this rank's report when the report changes or `every_s` passes, and hands what
+    the agent answers to `news`."""
+
+    def __init__(
+        self,
+        target: Target,
+        identity: GangIdentity,
+        every_s: float,
+        news: News,
+        connect_timeout: float,
+    ) -> None:
+        self.target, self.identity, self.every_s = target, identity, every_s
+        self.news, self.connect_timeout = news, connect_timeout
+        self.report: MemberState | None = None
+        self._sent: MemberState | None = None
+        self._failures = 0
+        self._wake = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"gang-{target.name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def tell(self, report: MemberState, at_once: bool) -> None:
+        with self._wake:
+            self.report = report
+            if at_once:
+                self._wake.notify()
+
+    def shut(self) -> None:
+        """Send the last report if it was not yet, then end; join() waits for that."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+
+    def join(self) -> None:
+        if self._thread.is_alive():
+            self._thread.join(timeout=REQUEST_TIMEOUT_S + self.connect_timeout)
+
+    def _run(self) -> None:
+        if self.target.problem is not None:
+            self.news([], self.target.name, self.target.problem)
+            return
+        ctx = zmq.Context.instance()
+        client: AgentClient | None = None
+        keypair = own_keypair() if self.target.server_key else None
+        try:
+            while True:
+                with self._wake:
+                    report = self.report
+                    if self._closed and report is self._sent:
+                        return  # closing sends the last report first: a stop's ack
+                if report is not None:
+                    client = self._exchange(ctx, client, keypair, report)
+                    self._sent = report
+                with self._wake:
+                    if not self._closed and self.report is report:
+                        self._wake.wait(self.every_s)
+        finally:
+            if client is not None:
+                client.close()
+
+    def _exchange(
+        self,
+        ctx: zmq.Context,
+        client: AgentClient | None,
+        keypair: Keypair | None,
+        report: MemberState,
+    ) -> AgentClient | None:
+        """One report sent and the agent's answer handed on; the client to use next time
+        (None after a failure: the next exchange connects again)."""
+        if client is None and self.target.local:
+            self.target = local_target() or self.target  # a restarted agent may serve elsewhere
+        try:
+            if client is None:
+                client = AgentClient(
+                    ctx, self.target.address, self.target.server_key, keypair, self.connect_timeout
+                )
+                client.connect()
+            body = {"gang": self.identity.to_wire(), "member": report.to_wire(time.time())}
+            reply = client.request("gang.state", body, timeout=REQUEST_TIMEOUT_S)
+        except (HostError, zmq.ZMQError) as exc:
+            if client is not None:
+                client.close()
+            self._failures += 1
+            if self._failures >= FAILURES_TO_SAY:
+                self.news([], self.target.name, str(exc))
+            return None
+        self._failures = 0
+        now = time.time()
+        members = [MemberState.from_wire(m, now) for m in reply["members"]]
+        self.news([m for m in members if m.rank != self.identity.rank], self.target.name, None)
+        return client
+
+
+class GangRank:
+    """The gang as this rank sees it: every member's last report, what was done to this rank,
+    and the channels to the agents. The supervisor calls observe() on its own thread with each
+    poll and each piece of news; the channels put news on the supervisor's queue."""
+
+    def __init__(
+        self,
+        identity: GangIdentity,
+        job: str,
+        poll_interval: float,
+        post: Callable[[tuple[list[MemberState], str, str | None]], None],
+        default_port: int,
+        connect_timeout: float = 2.0,
+    ) -> None:
+        self.identity, self.job, self.host = identity, job, this_host()
+        self.hold_s = PEER_HOLD_POLLS * poll_interval
+        self.members: dict[int, MemberState] = {}
+        self.enforced = Enforced()
+        self.unreachable: dict[str, str] = {}
+        self.channels = [
+            Channel(
+                target,
+                identity,
+                LOCAL_EVERY_S if target.local else poll_interval,
+                lambda members, name, problem: post((members, name, problem)),
+                connect_timeout,
+            )  # fmt: skip
+            for target in targets(identity, default_port)
+        ]
+
+    def start(self) -> None:
+        for channel in self.channels:
+            channel.start()
+
+    def close(self) -> None:
+        for channel in self.channels:
+            channel.shut()
+        for channel in self.channels:
+            channel.join()
+
+    def own(
+        self, state: CoolingState, celsius: float | None, source: str, sensor: str | None
+    ) -> None:
+        """This Mac's wish after a poll: sent at once when it changed."""
+        now = time.time()
+        before = self.members.get(self.identity.rank)
+        report = MemberState(
+            self.identity.rank, self.host, state, self._applied(), celsius, source, sensor,
+            now, self.job, heard=now,
+        )  # fmt: skip
+        self.members[self.identity.rank] = report
+        self._tell(report, at_once=before is None or before.state is not state)
+
+    def hear(self, members: list[MemberState]) -> None:
+        self.members = merge(self.members, members)
+
+    def reachability(self, name: str, problem: str | None) -> str | None:
+        """What to say when an agent stops or starts answering (None: no change)."""
+        before = self.unreachable.get(name)
+        if problem is None:
+            if before is None:
+                return None
+            del self.unreachable[name]
+            return f"{name} answers again: the gang is told again"
+        self.unreachable[name] = problem
+        if before is not None:
+            return None
+        return f"cannot tell {name} ({problem}): this rank protects itself alone meanwhile"
+
+    def decide(self) -> tuple[Verdict, tuple[Action, ...]]:
+        """The verdict over every report that counts, and the actions that bring this rank
+        there; a change of what was done is reported at once."""
+        decided = verdict(self.members, time.time(), self.hold_s)
+        self.enforced, actions = steer(self.enforced, decided.state)
+        if actions and (own := self.members.get(self.identity.rank)) is not None:
+            now = time.time()
+            report = replace(own, applied=self._applied(), time=now, heard=now)
+            self.members[self.identity.rank] = report
+            self._tell(report, at_once=True)
+        return decided, actions
+
+    def reason(self, action: Action, decided: Verdict) -> str:
+        return gang_reason(action, self.identity.world, decided.cause, self.identity.rank)
+
+    def stop_applied_everywhere(self) -> bool:
+        """Every member that reports applies the stop (or was never heard from)."""
+        return all(m.applied is CoolingState.STOP for m in self.members.values())
+
+    def _applied(self) -> CoolingState:
+        if self.enforced.stopped:
+            return CoolingState.STOP
+        if self.enforced.paused:
+            return CoolingState.PAUSE
+        return CoolingState.REDUCE_BATCH if self.enforced.reduced else CoolingState.OK
+
+    def _tell(self, report: MemberState, at_once: bool) -> None:
+        for channel in self.channels:
+            channel.tell(report, at_once)

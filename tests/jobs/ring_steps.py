@@ -1,0 +1,36 @@
+"""A training-shaped MLX ring job with a known result: STEPS steps, each an `all_sum` of a
+vector of ones (as mlx_lm's trainer averages gradients every step), checked against the world
+size. Each rank writes its step count to $PROGRESS_DIR/rank-R (so a test sees it advance or
+stand still) and `ok` to $PROGRESS_DIR/rank-R.done when every step summed right.
+
+    MLX_RANK=R MLX_HOSTFILE=hosts.json STEPS=400 PROGRESS_DIR=DIR python ring_steps.py
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+
+
+def main() -> int:
+    group = mx.distributed.init(strict=True, backend="ring")
+    rank, world = group.rank(), group.size()
+    steps = int(os.environ.get("STEPS", "400"))
+    progress = Path(os.environ["PROGRESS_DIR"]) / f"rank-{rank}"
+    for step in range(1, steps + 1):
+        summed = mx.distributed.all_sum(mx.ones((1024,)), group=group)
+        mx.eval(summed)
+        if not bool(mx.all(summed == world).item()):
+            print(f"rank {rank}: step {step} summed {summed[0].item()}, not {world}")
+            return 1
+        if step % 10 == 0 or step == steps:
+            progress.write_text(str(step))
+    progress.with_suffix(".done").write_text("ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

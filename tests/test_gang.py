@@ -1,0 +1,482 @@
+"""Distributed jobs as gangs (shared.gang, agent.cooling.gang): a real MLX ring job of two ranks,
+each under `agent run` beside its own real `agent serve` (127.0.0.2 and 127.0.0.3, keys
+exchanged with `agent keys trust --peer`), and no coordinator: a policy that makes one Mac ask
+for a pause parks both ranks (state T), they resume together, the job ends with the right
+result; a stop ends both with 75; with one peer's agent down the hot rank protects itself and
+says so, and the restarted agent brings the gang back.
+
+The temperature is a constant replayed 70 °C on both Macs; what crosses is the policy, pushed
+with policy.set to one agent (the test holds the coordinator key both trust), so nothing hangs
+on a curve's timing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+import zmq
+
+from shared.gang import (
+    Enforced,
+    GangIdentity,
+    GangSpecError,
+    MemberState,
+    from_environment,
+    from_options,
+    gang_reason,
+    merge,
+    steer,
+    verdict,
+)
+from shared.io.transport import AgentError
+from shared.policy import Action, CoolingState
+from tests.conftest import console_script, subprocess_env
+from tests.fleet_support import AgentPool, AgentProcess, cli, connect, trusted_agent
+
+RING_JOB = Path(__file__).parent / "jobs" / "ring_steps.py"
+HOT = {"max_speed_temp": 50.0, "pause_temp": 60.0, "stop_temp": 95.0, "hysteresis": 2.0}
+COOL = {"max_speed_temp": 75.0, "pause_temp": 85.0, "stop_temp": 95.0, "hysteresis": 2.0}
+BURNING = {"max_speed_temp": 50.0, "pause_temp": 60.0, "stop_temp": 65.0, "hysteresis": 2.0}
+
+
+# --- the pure core --------------------------------------------------------------------------
+
+
+def member(rank: int, state: CoolingState, at: float = 100.0, heard: float = 100.0) -> MemberState:
+    return MemberState(rank, f"mac{rank}", state, state, 80.0, "smc", "TCMz", at, "job", heard)
+
+
+def test_mlx_launch_ring_environment_names_the_gang() -> None:
+    hostfile = '[["10.0.0.1:5000", "10.0.0.1:5001"], ["10.0.0.2:5002", "10.0.0.2:5003"]]'
+    env = {"MLX_RANK": "1", "MLX_HOSTFILE": "/tmp/h"}
+    identity = from_environment(env, lambda path: hostfile)
+    assert identity is not None
+    assert (identity.rank, identity.world, identity.backend) == (1, 2, "ring")
+    assert identity.hosts == ("10.0.0.1", "10.0.0.2") and identity.peers == ("10.0.0.1",)
+    again = from_environment({"MLX_RANK": "0", "MLX_HOSTFILE": "/x"}, lambda path: hostfile)
+    assert again is not None and again.group == identity.group  # every rank names it alike
+    other = hostfile.replace("5000", "6000")
+    assert from_environment(env, lambda path: other).group != identity.group  # type: ignore[union-attr]
+
+
+def test_jaccl_environment_names_rank_zero_only() -> None:
+    devices = json.dumps([[None, "rdma_en3"], ["rdma_en3", None]])
+    env = {"MLX_RANK": "1", "MLX_JACCL_COORDINATOR": "10.0.0.1:32323", "MLX_IBV_DEVICES": "/d"}
+    identity = from_environment(env, lambda path: devices)
+    assert identity is not None and identity.backend == "jaccl"
+    assert identity.hosts == ("10.0.0.1", "") and identity.peers == ("10.0.0.1",)
+
+
+@pytest.mark.parametrize(
+    ("env", "content", "problem"),
+    [
+        ({"MLX_RANK": "0", "MLX_HOSTFILE": "/h"}, "{not json", "not JSON"),
+        ({"MLX_RANK": "0", "MLX_HOSTFILE": "/h"}, '{"a": 1}', "not a list of ranks"),
+        ({"MLX_RANK": "0", "MLX_HOSTFILE": "/h"}, '[["x"], ["y"]]', 'not "ip:port"'),
+        ({"MLX_RANK": "5", "MLX_HOSTFILE": "/h"}, '[["a:1"], ["b:2"]]', "rank 5 is outside"),
+        ({"MLX_RANK": "one", "MLX_HOSTFILE": "/h"}, '[["a:1"], ["b:2"]]', "MLX_RANK is 'one'"),
+        ({"MLX_RANK": "0", "MLX_HOSTFILE": "/h"}, None, "cannot be read"),
+    ],
+)
+def test_a_bad_launcher_environment_is_named(
+    env: dict[str, str], content: str | None, problem: str
+) -> None:
+    def read(path: str) -> str:
+        if content is None:
+            raise FileNotFoundError(2, "No such file or directory")
+        return content
+
+    with pytest.raises(GangSpecError, match=problem):
+        from_environment(env, read)
+
+
+def test_one_rank_or_no_launcher_is_no_gang() -> None:
+    assert from_environment({}, lambda path: "") is None
+    assert from_environment({"MLX_RANK": "0", "MLX_HOSTFILE": "/h"}, lambda path: "") is None
+    assert from_environment({"MLX_RANK": "0", "MLX_HOSTFILE": "/h"}, lambda p: '[["a:1"]]') is None
+
+
+def test_manual_groups_need_every_rank_named() -> None:
+    assert from_options("ft", 2, 0, ["mac1", "mac2"]).hosts == ("mac1", "mac2")
+    with pytest.raises(GangSpecError, match="names 1 hosts for --ranks 2"):
+        from_options("ft", 2, 0, ["mac1"])
+    with pytest.raises(GangSpecError, match="needs --rank"):
+        from_options("ft", 2, None, ["mac1", "mac2"])
+    with pytest.raises(GangSpecError, match="rank 2 is outside"):
+        from_options("ft", 2, 2, ["mac1", "mac2"])
+    with pytest.raises(GangSpecError, match="bad group"):
+        GangIdentity("../x", 0, 2, ("a", "b"), "manual")
+
+
+def test_the_gang_lives_under_its_most_severe_member() -> None:
+    members = {0: member(0, CoolingState.OK), 1: member(1, CoolingState.PAUSE)}
+    decided = verdict(members, now=101.0, hold_s=10.0)
+    assert decided.state is CoolingState.PAUSE and decided.cause == members[1]
+    members[1] = member(1, CoolingState.OK, at=102.0)
+    assert verdict(members, now=103.0, hold_s=10.0).state is CoolingState.OK
+
+
+def test_a_silent_member_stops_holding_the_gang_but_a_stop_is_final() -> None:
+    members = {0: member(0, CoolingState.OK, heard=130.0), 1: member(1, CoolingState.PAUSE)}
+    held = verdict(members, now=109.0, hold_s=10.0)
+    assert held.state is CoolingState.PAUSE and held.silent == ()
+    expired = verdict(members, now=130.0, hold_s=10.0)
+    assert expired.state is CoolingState.OK and expired.silent == (1,)
+    stopped = merge(members, [member(1, CoolingState.STOP, at=101.0)])
+    later = merge(stopped, [member(1, CoolingState.OK, at=200.0)])
+    assert later[1].state is CoolingState.STOP
+    assert verdict(later, now=1000.0, hold_s=10.0).state is CoolingState.STOP
+
+
+def test_merge_keeps_the_newest_report_of_each_rank() -> None:
+    old, new = member(1, CoolingState.PAUSE, at=100.0), member(1, CoolingState.OK, at=101.0)
+    assert merge({1: new}, [old])[1] is new
+    assert merge({1: old}, [new])[1] is new
+
+
+def test_steer_pauses_once_resumes_once_and_stops_for_good() -> None:
+    enforced, actions = steer(Enforced(), CoolingState.PAUSE)
+    assert actions == (Action.PAUSE,)
+    assert steer(enforced, CoolingState.PAUSE)[1] == ()
+    enforced, actions = steer(enforced, CoolingState.REDUCE_BATCH)
+    assert actions == (Action.RESUME, Action.REDUCE_BATCH)
+    enforced, actions = steer(enforced, CoolingState.OK)
+    assert actions == (Action.RESTORE_BATCH,)
+    enforced, actions = steer(enforced, CoolingState.STOP)
+    assert actions == (Action.STOP,) and steer(enforced, CoolingState.OK)[1] == ()
+
+
+def test_the_reason_names_the_mac_that_caused_it() -> None:
+    cause = MemberState(2, "mac2", CoolingState.PAUSE, CoolingState.PAUSE, 104.0, "smc",
+                        "TCMz", 1.0, "j")  # fmt: skip
+    assert gang_reason(Action.PAUSE, 3, cause, 0) == (
+        "paused all 3 ranks: mac2 (rank 2) at 104.0 °C (smc · TCMz)"
+    )
+    assert "this Mac" in gang_reason(Action.PAUSE, 3, cause, 2)
+    assert gang_reason(Action.RESUME, 3, None, 0).startswith("resumed all 3 ranks")
+
+
+# --- real agents, real ranks ----------------------------------------------------------------
+
+
+@dataclass
+class Mac:
+    agent: AgentProcess
+    address: str
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def replay_constant(path: Path, celsius: float) -> str:
+    path.write_text(f"seconds,celsius\n0,{celsius}\n1000000,{celsius}\n")
+    return f"replay:{path}"
+
+
+def start_mac(agents: AgentPool, tmp_path: Path, address: str, port: int = 0) -> Mac:
+    curve = replay_constant(tmp_path / f"{address}.csv", 70.0)
+    agent = agents.start(
+        address, thermal=curve, bind_host=address, port=port,
+        options=["--poll-interval", "0.2"], home=tmp_path / "homes" / address,
+    )  # fmt: skip
+    from shared.io.keys import own_keypair
+    from shared.io.trust import trust
+
+    trust(own_keypair().public, "test", directory=agent.home / "keys" / "trusted")
+    return Mac(agent, address)
+
+
+def introduce(a: Mac, b: Mac) -> None:
+    """Each agent trusts the other's key as the peer at its address, with the real CLI."""
+    for this, other in ((a, b), (b, a)):
+        done = cli(
+            "agent", "keys", "trust", other.agent.key or "", "--name", other.address,
+            "--peer", other.agent.address, home=this.agent.home,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+
+
+@pytest.fixture
+def two_macs(agents: AgentPool, tmp_path: Path) -> tuple[Mac, Mac]:
+    for address in ("127.0.0.2", "127.0.0.3"):
+        try:
+            socket.socket().bind((address, 0))
+        except OSError:
+            pytest.skip(f"{address} cannot be bound on this machine's loopback")
+    macs = (start_mac(agents, tmp_path, "127.0.0.2"), start_mac(agents, tmp_path, "127.0.0.3"))
+    introduce(*macs)
+    return macs
+
+
+@dataclass
+class Rank:
+    process: subprocess.Popen[str]
+    progress: Path
+    stderr_path: Path
+
+    def steps(self) -> int:
+        text = self.progress.read_text() if self.progress.exists() else ""
+        return int(text) if text.strip().isdigit() else 0
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+
+@pytest.fixture
+def ranks(tmp_path: Path) -> Iterator[list[Rank]]:
+    started: list[Rank] = []
+    yield started
+    for rank in started:
+        if rank.process.poll() is None:
+            os.killpg(rank.process.pid, signal.SIGTERM)
+    for rank in started:
+        try:
+            rank.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(rank.process.pid, signal.SIGKILL)
+            rank.process.wait(timeout=10)
+
+
+def start_ranks(macs: tuple[Mac, Mac], tmp_path: Path, steps: int, into: list[Rank]) -> None:
+    hostfile = tmp_path / "hosts.json"
+    ring = [[f"{mac.address}:{free_port(mac.address)}"] for mac in macs]
+    hostfile.write_text(json.dumps(ring))
+    progress = tmp_path / "progress"
+    progress.mkdir(exist_ok=True)
+    for rank, mac in enumerate(macs):
+        log = tmp_path / f"rank-{rank}.stderr"
+        env = subprocess_env(
+            MLX_FLEET_HOME=str(mac.agent.home), MLX_RANK=str(rank), MLX_HOSTFILE=str(hostfile),
+            STEPS=str(steps), PROGRESS_DIR=str(progress),
+        )  # fmt: skip
+        with open(log, "w") as stderr:
+            process = subprocess.Popen(
+                [console_script("agent"), "run", "--", sys.executable, str(RING_JOB)],
+                env=env, stderr=stderr, stdout=subprocess.DEVNULL, text=True,
+                start_new_session=True,
+            )  # fmt: skip
+        into.append(Rank(process, progress / f"rank-{rank}", log))
+
+
+def job_states(rank: Rank) -> set[str]:
+    """The states of the rank's command's processes (the children of its agent run)."""
+    try:
+        children = psutil.Process(rank.process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return set()
+    found = set()
+    for child in children:
+        try:
+            if "ring_steps" in " ".join(child.cmdline()):
+                found.add(child.status())
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def wait_until(condition, timeout: float, what: str, ranks: list[Rank]) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"--- rank {i}\n{r.stderr()}" for i, r in enumerate(ranks))
+            raise AssertionError(f"{what} within {timeout:g} s\n{logs}")
+        time.sleep(0.05)
+
+
+def set_policy(ctx: zmq.Context, mac: Mac, policy: dict[str, float]) -> None:
+    with connect(ctx, mac.agent) as client:
+        client.request("policy.set", {"policy": policy})
+
+
+def test_one_hot_mac_pauses_and_resumes_every_rank(
+    two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path, ctx: zmq.Context
+) -> None:
+    hot, cool = two_macs
+    start_ranks(two_macs, tmp_path, steps=3000, into=ranks)
+    wait_until(lambda: all(r.steps() >= 10 for r in ranks), 90, "both ranks stepping", ranks)
+    set_policy(ctx, hot, HOT)
+    wait_until(
+        lambda: all(job_states(r) == {psutil.STATUS_STOPPED} for r in ranks),
+        30, "every rank's job stopped (T)", ranks,
+    )  # fmt: skip
+    parked = [
+        psutil.Process(c.pid)
+        for r in ranks
+        for c in psutil.Process(r.process.pid).children(recursive=True)
+        if "ring_steps" in " ".join(c.cmdline())
+    ]  # noqa: E501
+    cpu = [p.cpu_times() for p in parked]
+    steps = [r.steps() for r in ranks]
+    time.sleep(1.0)  # a window to measure that nothing runs, not a wait for a condition
+    assert [p.cpu_times() for p in parked] == cpu
+    assert [r.steps() for r in ranks] == steps
+    set_policy(ctx, hot, COOL)
+    wait_until(
+        lambda: all(job_states(r) and psutil.STATUS_STOPPED not in job_states(r) for r in ranks),
+        30, "every rank resumed", ranks,
+    )  # fmt: skip
+    for rank in ranks:
+        assert rank.process.wait(timeout=180) == 0, rank.stderr()
+        assert rank.progress.with_suffix(".done").read_text() == "ok"
+    assert "paused all 2 ranks: " in ranks[1].stderr()
+    assert "(rank 0) at 70.0 °C" in ranks[1].stderr()
+    assert "resumed all 2 ranks" in ranks[0].stderr()
+
+
+def test_a_stop_on_one_mac_ends_every_rank_with_75(
+    two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path, ctx: zmq.Context
+) -> None:
+    hot, cool = two_macs
+    start_ranks(two_macs, tmp_path, steps=100000, into=ranks)
+    wait_until(lambda: all(r.steps() >= 10 for r in ranks), 90, "both ranks stepping", ranks)
+    set_policy(ctx, cool, BURNING)
+    for rank in ranks:
+        assert rank.process.wait(timeout=60) == 75, rank.stderr()
+    for rank in ranks:
+        assert "stopped all 2 ranks" in rank.stderr()
+        assert "cannot tell" not in rank.stderr()  # ranks starting a moment apart is no fault
+    leftovers = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if str(RING_JOB) in " ".join(p.info["cmdline"] or [])
+    ]  # noqa: E501
+    assert leftovers == []
+
+
+def test_with_a_peer_agent_down_the_hot_mac_protects_itself_and_the_gang_comes_back(
+    agents: AgentPool, two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path,
+    ctx: zmq.Context,
+) -> None:  # fmt: skip
+    hot, cool = two_macs
+    start_ranks(two_macs, tmp_path, steps=3000, into=ranks)
+    wait_until(lambda: all(r.steps() >= 10 for r in ranks), 90, "both ranks stepping", ranks)
+    port = cool.agent.port
+    cool.agent.kill()
+    set_policy(ctx, hot, HOT)
+    wait_until(
+        lambda: job_states(ranks[0]) == {psutil.STATUS_STOPPED}, 30, "the hot rank parked", ranks
+    )
+    wait_until(
+        lambda: "cannot tell 127.0.0.3" in ranks[0].stderr(), 30, "the gang could not be told",
+        ranks,
+    )  # fmt: skip
+    # The cool rank's own agent is gone, yet it asks the hot Mac's agent itself: it parks too.
+    wait_until(
+        lambda: job_states(ranks[1]) == {psutil.STATUS_STOPPED}, 30, "the cool rank parked", ranks
+    )
+    restarted = start_mac(agents, tmp_path, cool.address, port=port)
+    assert restarted.agent.key == cool.agent.key  # same data dir, same key: still trusted
+    wait_until(
+        lambda: "127.0.0.3 answers again" in ranks[0].stderr(), 30, "the gang told again", ranks
+    )
+    set_policy(ctx, hot, COOL)
+    for rank in ranks:
+        assert rank.process.wait(timeout=180) == 0, rank.stderr()
+        assert rank.progress.with_suffix(".done").read_text() == "ok"
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+
+def gang_body(group: str, rank: int, job: str = "peerjob") -> dict[str, object]:
+    identity = GangIdentity(group, rank, 2, ("127.0.0.2", "127.0.0.3"), "ring")
+    now = time.time()
+    report = MemberState(rank, "mac", CoolingState.PAUSE, CoolingState.OK, 90.0, "smc", None,
+                         now, job, heard=now)  # fmt: skip
+    return {"gang": identity.to_wire(), "member": report.to_wire(now)}
+
+
+def test_a_peer_cannot_report_into_a_group_no_rank_here_runs(
+    agents: AgentPool, ctx: zmq.Context
+) -> None:
+    agent = trusted_agent(agents)
+    with connect(ctx, agent) as client:
+        with pytest.raises(AgentError, match="no rank of group ring-abc runs on this Mac") as err:
+            client.request("gang.state", gang_body("ring-abc", 1))
+        assert err.value.code == "forbidden"
+        bad = gang_body("ring-abc", 1)
+        bad["member"]["state"] = "melting"  # type: ignore[index]
+        with pytest.raises(AgentError, match="member.state") as err:
+            client.request("gang.state", bad)
+        assert err.value.code == "bad-body"
+    assert agent.log_text().count("refused a gang.state") == 1  # logged once, not per retry
+
+
+def test_a_peer_cannot_speak_for_the_local_rank(
+    two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path, ctx: zmq.Context
+) -> None:
+    start_ranks(two_macs, tmp_path, steps=3000, into=ranks)
+    wait_until(lambda: all(r.steps() >= 10 for r in ranks), 90, "both ranks stepping", ranks)
+    group = json.loads((tmp_path / "hosts.json").read_text())
+    identity = from_environment(
+        {"MLX_RANK": "0", "MLX_HOSTFILE": "h"}, lambda path: json.dumps(group)
+    )
+    assert identity is not None
+    with connect(ctx, two_macs[0].agent) as client:
+        with pytest.raises(AgentError, match="is this Mac's: only its own agent run reports it"):
+            client.request("gang.state", gang_body(identity.group, 0))
+        # A trusted peer may report the other rank (the real rank 1's next report replaces it).
+        members = client.request("gang.state", gang_body(identity.group, 1, "x"))["members"]
+    assert {m["rank"] for m in members} == {0, 1}
+
+
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        (["--group", "ft"], "--group needs --ranks"),
+        (["--ranks", "2"], "--ranks and --rank-hosts need --group"),
+        (["--group", "ft", "--ranks", "2", "--rank", "0"], "names 0 hosts for --ranks 2"),
+        (["--group", "ft", "--ranks", "2", "--rank", "3", "--rank-hosts", "a,b"], "rank 3"),
+        (["--group", "../etc", "--ranks", "2", "--rank", "0", "--rank-hosts", "a,b"], "bad group"),
+    ],
+)
+def test_bad_gang_options_are_one_line_and_exit_2(args: list[str], problem: str) -> None:
+    done = subprocess.run(
+        [console_script("agent"), "run", "--thermal-source", "none", *args, "--", "true"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert problem in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_bad_hostfile_is_said_and_the_rank_runs_alone(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text("[[oops")
+    done = subprocess.run(
+        [console_script("agent"), "run", "--thermal-source", "none", "--", "true"],
+        capture_output=True, text=True, timeout=60,
+        env=subprocess_env(MLX_RANK="0", MLX_HOSTFILE=str(hostfile)),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    warning = [line for line in done.stderr.splitlines() if "MLX_HOSTFILE" in line]
+    assert len(warning) == 1 and "not JSON" in warning[0] and "alone" in warning[0]
+
+
+def test_two_jobs_cannot_be_one_rank(
+    two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path
+) -> None:
+    start_ranks(two_macs, tmp_path, steps=3000, into=ranks)
+    wait_until(lambda: all(r.steps() >= 10 for r in ranks), 90, "both ranks stepping", ranks)
+    done = subprocess.run(
+        [console_script("agent"), "run", "--", "true"], capture_output=True, text=True,
+        timeout=60, env=subprocess_env(
+            MLX_FLEET_HOME=str(two_macs[0].agent.home), MLX_RANK="0",
+            MLX_HOSTFILE=str(tmp_path / "hosts.json"),
+        ),
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "is already job" in done.stderr

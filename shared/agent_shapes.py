@@ -140,7 +140,7 @@ gang_member = s.fields(
         "age_s": s.number(0, 86400.0 * 366),
     }
 )
-"""One rank's report in a gang (docs/protocol.md §13): what its Mac asks for and why."""
+"""One rank's report in a gang (docs/protocol.md §15): what its Mac asks for and why."""
 gang_identity = s.fields(
     {
         "group": s.text(MAX_GROUP_LENGTH, least=1),

@@ -238,6 +238,7 @@ class GangRank:
         self.members: dict[int, MemberState] = {}
         self.enforced = Enforced()
         self.unreachable: dict[str, str] = {}
+        self.silent: tuple[int, ...] = ()
         self.channels = [
             Channel(
                 target,
@@ -288,17 +289,27 @@ class GangRank:
             return None
         return f"cannot tell {name} ({problem}): this rank protects itself alone meanwhile"
 
-    def decide(self) -> tuple[Verdict, tuple[Action, ...]]:
-        """The verdict over every report that counts, and the actions that bring this rank
-        there; a change of what was done is reported at once."""
+    def decide(self) -> tuple[Verdict, tuple[Action, ...], list[str]]:
+        """The verdict over every report that counts, the actions that bring this rank there
+        (a change of what was done is reported at once), and what to say of ranks that fell
+        silent."""
         decided = verdict(self.members, time.time(), self.hold_s)
+        notes = []
+        newly = sorted(set(decided.silent) - set(self.silent))
+        self.silent = decided.silent
+        if newly:
+            ranks = ", ".join(str(rank) for rank in newly)
+            notes.append(
+                f"rank {ranks} silent for {PEER_HOLD_POLLS} polls: its last report no longer "
+                "holds the gang"
+            )
         self.enforced, actions = steer(self.enforced, decided.state)
         if actions and (own := self.members.get(self.identity.rank)) is not None:
             now = time.time()
             report = replace(own, applied=self._applied(), time=now, heard=now)
             self.members[self.identity.rank] = report
             self._tell(report, at_once=True)
-        return decided, actions
+        return decided, actions, notes
 
     def reason(self, action: Action, decided: Verdict) -> str:
         return gang_reason(action, self.identity.world, decided.cause, self.identity.rank)

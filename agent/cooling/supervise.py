@@ -45,7 +45,7 @@ from agent.cooling.events import PREFIX
 from agent.cooling.gang import STOP_ACK_TIMEOUT_S, GangRank
 from agent.thermal import ThermalMonitor, ThermalReading
 from shared.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_THERMAL_STOP
-from shared.gang import PEER_HOLD_POLLS, MemberState
+from shared.gang import MemberState
 from shared.io.files import replace_atomically
 from shared.io.paths import data_subdir
 from shared.policy import Action, CoolingGate, CoolingState, ThermalPolicy
@@ -248,7 +248,6 @@ class Supervisor:
         """Set by `agent run` for a rank of a distributed job: the gang's verdict, not this
         Mac's alone, then drives the actions (agent.cooling.gang)."""
         self._stop_due: float | None = None
-        self._silent: tuple[int, ...] = ()
 
     def run(self, feed: Feed) -> int:
         """Run CMD to its end under `feed`; returns `agent run`'s exit code (CMD's, or 75 after a
@@ -337,22 +336,38 @@ class Supervisor:
             self.gang.own(self.gate.state, celsius, self._source, sensor)
             self._follow_gang(reading)
             return
-        if not decision.actions:
-            return
-        for action in decision.actions:  # signals first: they are what must be prompt
+        if decision.actions:
+            celsius = reading.celsius if reading else None
+            self._apply(decision.actions, decision.cooling, reading, celsius, decision.reason)
+
+    def _apply(
+        self,
+        actions: Sequence[Action],
+        cooling: CoolingState | None,
+        reading: ThermalReading | None,
+        celsius: float | None,
+        reason: str | Callable[[Action], str] | None,
+    ) -> None:
+        """Signals first (they are what must be prompt), then the state file, then the events.
+        A rank of a gang is parked at a stop and ended once every rank applies it."""
+        for action in actions:
             if action is Action.PAUSE:
                 self._signal(signal.SIGSTOP)
             elif action is Action.RESUME:
                 self._signal(signal.SIGCONT)
             elif action is Action.STOP:
                 self._thermal_stop = True
-                self._terminate(signal.SIGTERM)
-        self._write_state(decision.cooling, sample.reading)
-        if self.cooperative and {Action.REDUCE_BATCH, Action.RESTORE_BATCH} & set(decision.actions):
+                if self.gang is None:
+                    self._terminate(signal.SIGTERM)
+                else:
+                    self._signal(signal.SIGSTOP)
+                    self._stop_due = time.monotonic() + STOP_ACK_TIMEOUT_S
+        self._write_state(cooling, reading)
+        if self.cooperative and {Action.REDUCE_BATCH, Action.RESTORE_BATCH} & set(actions):
             self._signal(signal.SIGUSR1)
-        celsius = reading.celsius if reading else None
-        for action in decision.actions:
-            self._emit(action.value, celsius=celsius, detail=decision.reason)
+        for action in actions:
+            detail = reason(action) if callable(reason) else reason
+            self._emit(action.value, celsius=celsius, detail=detail)
 
     # --- a rank of a gang ---------------------------------------------------------------------
 
@@ -370,38 +385,16 @@ class Supervisor:
             self._follow_gang(None)
 
     def _follow_gang(self, reading: ThermalReading | None) -> None:
-        """Apply the gang's verdict: pause and resume with every rank; a stop parks this rank
-        at once and ends it once every rank applies it (or STOP_ACK_TIMEOUT_S passes), so no
-        rank is left in a collective its peer broke."""
+        """Bring this rank to the gang's verdict (agent.cooling.gang.GangRank.decide)."""
         assert self.gang is not None
-        decided, actions = self.gang.decide()
-        if decided.silent != self._silent:
-            newly = sorted(set(decided.silent) - set(self._silent))
-            self._silent = decided.silent
-            if newly:
-                ranks = ", ".join(str(rank) for rank in newly)
-                self._emit(
-                    "gang", detail=f"rank {ranks} silent for {PEER_HOLD_POLLS} polls: "
-                    "its last report no longer holds the gang",
-                )  # fmt: skip
-        if not actions:
-            return
-        for action in actions:
-            if action is Action.PAUSE:
-                self._signal(signal.SIGSTOP)
-            elif action is Action.RESUME:
-                self._signal(signal.SIGCONT)
-            elif action is Action.STOP:
-                self._thermal_stop = True
-                self._signal(signal.SIGSTOP)
-                self._stop_due = time.monotonic() + STOP_ACK_TIMEOUT_S
-        self._write_state(decided.state, reading)
-        if self.cooperative and {Action.REDUCE_BATCH, Action.RESTORE_BATCH} & set(actions):
-            self._signal(signal.SIGUSR1)
-        cause = decided.cause
-        for action in actions:
-            celsius = cause.celsius if cause is not None and action is not Action.RESUME else None
-            self._emit(action.value, celsius=celsius, detail=self.gang.reason(action, decided))
+        decided, actions, notes = self.gang.decide()
+        for note in notes:
+            self._emit("gang", detail=note)
+        if actions:
+            cause = decided.cause
+            celsius = cause.celsius if cause is not None else None
+            self._apply(actions, decided.state, reading, celsius,
+                        lambda action: self.gang.reason(action, decided))  # type: ignore[union-attr]  # fmt: skip
 
     def _stop_when_acknowledged(self) -> None:
         if self._stop_due is None or self._terminating:

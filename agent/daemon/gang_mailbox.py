@@ -1,6 +1,6 @@
 """The daemon's side of a gang (shared.gang): what every rank of a distributed job on this Mac
 said last, kept so each rank's `agent run` learns the others' from its own agent, and a rank
-whose agent is down learns them from its peers' (docs/protocol.md §13).
+whose agent is down learns them from its peers' (docs/protocol.md §15).
 
 A group exists here while a rank on this Mac reports it (with the agent's own key, from
 `agent run`); peers (trusted agent keys) may report only into a group that exists here, with

@@ -261,7 +261,7 @@ class Requests:
 
     @handles("gang.state")
     def gang_state(self, request: Request) -> Reply:
-        """A rank's report into its gang (docs/protocol.md §13): from this Mac's `agent run`
+        """A rank's report into its gang (docs/protocol.md §15): from this Mac's `agent run`
         (the agent's own key, a job it supervises) it keeps the group here; from a peer agent
         it is taken only into a group a rank here reports. Answers every member's last report.
         A refusal is logged, at most once a minute per group, since a peer retries each poll."""

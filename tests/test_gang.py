@@ -251,7 +251,10 @@ def ranks(tmp_path: Path) -> Iterator[list[Rank]]:
             rank.process.wait(timeout=10)
 
 
-def start_ranks(macs: tuple[Mac, Mac], tmp_path: Path, steps: int, into: list[Rank]) -> None:
+def start_ranks(
+    macs: tuple[Mac, Mac], tmp_path: Path, steps: int, into: list[Rank], gate: str = ""
+) -> None:
+    """Rank R on macs[R] under `agent run`; `gate` (step, scheduler): a cooperative job."""
     hostfile = tmp_path / "hosts.json"
     ring = [[f"{mac.address}:{free_port(mac.address)}"] for mac in macs]
     hostfile.write_text(json.dumps(ring))
@@ -261,7 +264,8 @@ def start_ranks(macs: tuple[Mac, Mac], tmp_path: Path, steps: int, into: list[Ra
         log = tmp_path / f"rank-{rank}.stderr"
         env = subprocess_env(
             MLX_FLEET_HOME=str(mac.agent.home), MLX_RANK=str(rank), MLX_HOSTFILE=str(hostfile),
-            STEPS=str(steps), PROGRESS_DIR=str(progress),
+            STEPS=str(steps), PROGRESS_DIR=str(progress), GATE=gate,
+            **({"MLX_FLEET_COOPERATIVE": "1"} if gate else {}),
         )  # fmt: skip
         with open(log, "w") as stderr:
             process = subprocess.Popen(
@@ -480,3 +484,39 @@ def test_two_jobs_cannot_be_one_rank(
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert "is already job" in done.stderr
+
+
+def parked_steps(macs: tuple[Mac, Mac]) -> list[int]:
+    """The step each cooperative rank parked at, from the `.parked` file beside its state file."""
+    steps = []
+    for mac in macs:
+        for path in (mac.agent.home / "jobs").glob("*.cooling.json.parked"):
+            try:
+                steps.append(json.loads(path.read_text())["step"])
+            except (OSError, ValueError):
+                continue
+    return steps
+
+
+@pytest.mark.parametrize("gate", ["step", "scheduler"])
+def test_cooperative_ranks_park_at_the_same_step_boundary(
+    gate: str, two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path, ctx: zmq.Context
+) -> None:
+    hot, cool = two_macs
+    start_ranks(two_macs, tmp_path, steps=3000, into=ranks, gate=gate)
+    wait_until(lambda: all(r.steps() >= 10 for r in ranks), 90, "both ranks stepping", ranks)
+    set_policy(ctx, cool, HOT)
+    wait_until(lambda: len(parked_steps(two_macs)) == 2, 30, "both ranks parked", ranks)
+    first, second = parked_steps(two_macs)
+    assert first == second  # the same step on every rank: no collective in flight
+    parked = [c for r in ranks for c in psutil.Process(r.process.pid).children(recursive=True)
+              if "ring_steps" in " ".join(c.cmdline())]  # fmt: skip
+    assert {p.status() for p in parked} <= {psutil.STATUS_SLEEPING}  # parked, not SIGSTOPped
+    cpu = [sum(p.cpu_times()[:2]) for p in parked]
+    time.sleep(1.0)  # a window to measure that nothing spins, not a wait for a condition
+    assert all(sum(p.cpu_times()[:2]) - before < 0.2 for p, before in zip(parked, cpu, strict=True))
+    set_policy(ctx, cool, COOL)
+    for rank in ranks:
+        assert rank.process.wait(timeout=180) == 0, rank.stderr()
+        assert rank.progress.with_suffix(".done").read_text() == "ok"
+    assert "paused with SIGSTOP" not in ranks[0].stderr() + ranks[1].stderr()

@@ -33,7 +33,7 @@ from shared.gang import (
     verdict,
 )
 from shared.io.keys import Keypair, own_keypair
-from shared.io.transport import AgentClient, HostError
+from shared.io.transport import AgentClient, AgentError, HostError
 from shared.io.trust import peer_key, split_peer
 from shared.policy import Action, CoolingState
 
@@ -43,9 +43,14 @@ LOCAL_EVERY_S = 0.1
 """How often a rank asks its own agent for what peers reported: the pause skew between ranks
 is about this (docs/performance.md), far under Metal's ~5 s command-buffer watchdog."""
 REQUEST_TIMEOUT_S = 2.0
+PARK_TIMEOUT_S = 30.0
+"""How long a cooperative rank (MLX_FLEET_COOPERATIVE=1) may take to park at its next step
+boundary before it is paused with SIGSTOP."""
 FAILURES_TO_SAY = 2
-"""Failed exchanges in a row before a rank says it cannot tell an agent: ranks start a moment
-apart, and a peer's agent refuses reports into a group until its own rank has joined."""
+"""Failed exchanges in a row (no answer) before a rank says it cannot tell an agent."""
+JOIN_GRACE_S = 10.0
+"""How long an agent may refuse a rank's reports before the rank says so: ranks start seconds
+apart, and an agent refuses reports into a group until its own rank has joined."""
 STOP_ACK_TIMEOUT_S = 3.0
 """How long a rank whose Mac stops the gang waits for every reachable rank to apply the stop
 before ending its own command: a peer whose collective broke first would exit with its own code,
@@ -140,6 +145,7 @@ class Channel:
         self.report: MemberState | None = None
         self._sent: MemberState | None = None
         self._failures = 0
+        self._refused_since: float | None = None
         self._wake = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"gang-{target.name}", daemon=True)
@@ -205,6 +211,11 @@ class Channel:
                 client.connect()
             body = {"gang": self.identity.to_wire(), "member": report.to_wire(time.time())}
             reply = client.request("gang.state", body, timeout=REQUEST_TIMEOUT_S)
+        except AgentError as exc:  # it answers, and refuses: most often its rank is starting
+            self._refused_since = self._refused_since or time.monotonic()
+            if time.monotonic() - self._refused_since >= JOIN_GRACE_S:
+                self.news([], self.target.name, str(exc))
+            return client
         except (HostError, zmq.ZMQError) as exc:
             if client is not None:
                 client.close()
@@ -212,7 +223,7 @@ class Channel:
             if self._failures >= FAILURES_TO_SAY:
                 self.news([], self.target.name, str(exc))
             return None
-        self._failures = 0
+        self._failures, self._refused_since = 0, None
         now = time.time()
         members = [MemberState.from_wire(m, now) for m in reply["members"]]
         self.news([m for m in members if m.rank != self.identity.rank], self.target.name, None)

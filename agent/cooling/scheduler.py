@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from agent.cooling.guard import Conditions, GuardReport, RunStopped
+from agent.cooling.step_gate import StepGate
 from agent.thermal import ThermalMonitor, ThermalReading
 from shared.calibration import source_defaults
 from shared.policy import (
@@ -117,6 +118,12 @@ class CoolingScheduler:
         self._stopped_by: ThermalReading | None = None
         self._stop_reason: str | None = None
         self._total_pause_time = 0.0
+        self.gang: StepGate | None = None
+        """A rank of a gang under `agent run`: the gang decides, at step boundaries all ranks
+        agree on (agent.cooling.step_gate); pausing this rank alone would park its peers in a
+        collective."""
+        if StepGate.wanted():
+            self.gang = StepGate()
         if monitor.reading is not None:  # what the monitor read before we listened
             self.observe(monitor.reading)
         monitor.add_listener(self.observe)
@@ -170,7 +177,15 @@ class CoolingScheduler:
     def check_before_step(self, step: int) -> None:
         """Return at once unless paused or stopped; while paused, wait (waking at every poll,
         and every pause_duration at most) until the rule resumes; at stop, raise
-        ThermalShutdownError. A stop reached during a pause raises too."""
+        ThermalShutdownError. A stop reached during a pause raises too. A rank of a gang
+        follows the gang instead (StepGate)."""
+        if self.gang is not None:
+            started = time.monotonic()
+            pauses = self.gang.pauses
+            self.gang.check_before_step(step)
+            if self.gang.pauses != pauses:
+                self._total_pause_time += time.monotonic() - started
+            return
         with self._changed:
             if self.gate.supervision.job is JobState.STOPPING:
                 raise self._shutdown(step)

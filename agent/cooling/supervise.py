@@ -42,7 +42,8 @@ from typing import Any, Protocol
 import psutil
 
 from agent.cooling.events import PREFIX
-from agent.cooling.gang import STOP_ACK_TIMEOUT_S, GangRank
+from agent.cooling.gang import PARK_TIMEOUT_S, STOP_ACK_TIMEOUT_S, GangRank
+from agent.cooling.step_gate import GANG_ENV, STATE_FILE_ENV, parked_path
 from agent.thermal import ThermalMonitor, ThermalReading
 from shared.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_THERMAL_STOP
 from shared.gang import MemberState
@@ -52,7 +53,6 @@ from shared.policy import Action, CoolingGate, CoolingState, ThermalPolicy
 from shared.telemetry import Event
 
 JOB_ENV = "MLX_FLEET_JOB"
-STATE_FILE_ENV = "MLX_FLEET_COOLING_STATE"
 COOPERATIVE_ENV = "MLX_FLEET_COOPERATIVE"
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -248,6 +248,7 @@ class Supervisor:
         """Set by `agent run` for a rank of a distributed job: the gang's verdict, not this
         Mac's alone, then drives the actions (agent.cooling.gang)."""
         self._stop_due: float | None = None
+        self._park_due: float | None = None
 
     def run(self, feed: Feed) -> int:
         """Run CMD to its end under `feed`; returns `agent run`'s exit code (CMD's, or 75 after a
@@ -314,12 +315,13 @@ class Supervisor:
             else:
                 self._on_sample(value)
             self._stop_when_acknowledged()
+            self._park_when_overdue()
         return EXIT_THERMAL_STOP if self._thermal_stop else shell_code(returncode)
 
     def _timeout(self, returncode: int | None) -> float | None:
         """Until the grace ends, and short while CMD is gone but its group is not."""
         limits = [] if returncode is None else [LEFTOVER_POLL_S]
-        for due in (self._kill_at, self._stop_due):
+        for due in (self._kill_at, self._stop_due, self._park_due):
             if due is not None:
                 limits.append(max(0.0, due - time.monotonic()))
         return min(limits, default=None)
@@ -350,17 +352,23 @@ class Supervisor:
     ) -> None:
         """Signals first (they are what must be prompt), then the state file, then the events.
         A rank of a gang is parked at a stop and ended once every rank applies it."""
+        parks_itself = self.gang is not None and self.cooperative
         for action in actions:
             if action is Action.PAUSE:
-                self._signal(signal.SIGSTOP)
+                if parks_itself:  # at its next step boundary (agent.cooling.step_gate)
+                    self._park_due = time.monotonic() + PARK_TIMEOUT_S
+                else:
+                    self._signal(signal.SIGSTOP)
             elif action is Action.RESUME:
+                self._park_due = None
                 self._signal(signal.SIGCONT)
             elif action is Action.STOP:
                 self._thermal_stop = True
                 if self.gang is None:
                     self._terminate(signal.SIGTERM)
                 else:
-                    self._signal(signal.SIGSTOP)
+                    if not parks_itself:
+                        self._signal(signal.SIGSTOP)
                     self._stop_due = time.monotonic() + STOP_ACK_TIMEOUT_S
         self._write_state(cooling, reading)
         if self.cooperative and {Action.REDUCE_BATCH, Action.RESTORE_BATCH} & set(actions):
@@ -395,6 +403,18 @@ class Supervisor:
             celsius = cause.celsius if cause is not None else None
             self._apply(actions, decided.state, reading, celsius,
                         lambda action: self.gang.reason(action, decided))  # type: ignore[union-attr]  # fmt: skip
+
+    def _park_when_overdue(self) -> None:
+        """A cooperative rank that has not parked at a step boundary within PARK_TIMEOUT_S is
+        paused with SIGSTOP (its step is longer than a cooling pause may wait)."""
+        if self._park_due is None or time.monotonic() < self._park_due:
+            return
+        self._park_due = None
+        if not parked_path(self.state_file).exists():
+            self._signal(signal.SIGSTOP)
+            self._emit(
+                "gang", detail=f"no step boundary within {PARK_TIMEOUT_S:g} s: paused with SIGSTOP"
+            )
 
     def _stop_when_acknowledged(self) -> None:
         if self._stop_due is None or self._terminating:
@@ -436,6 +456,8 @@ class Supervisor:
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         env = {**os.environ, JOB_ENV: self.job, STATE_FILE_ENV: str(self.state_file)}
+        if self.gang is not None:
+            env[GANG_ENV] = self.gang.identity.group
         try:
             return subprocess.Popen(self.command, start_new_session=True, env=env)
         except FileNotFoundError:
@@ -477,7 +499,7 @@ class Supervisor:
         data = {
             "job": self.job,
             "state": cooling.value if cooling else None,
-            "reduce_batch": self.gate.supervision.reduced,
+            "reduce_batch": (self.gang.enforced if self.gang else self.gate.supervision).reduced,
             "celsius": reading.celsius if reading else None,
             "source": self._source,
             "simulated": self._simulated,

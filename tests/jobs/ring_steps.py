@@ -4,12 +4,17 @@ size. Each rank writes its step count to $PROGRESS_DIR/rank-R (so a test sees it
 stand still) and `ok` to $PROGRESS_DIR/rank-R.done when every step summed right.
 
     MLX_RANK=R MLX_HOSTFILE=hosts.json STEPS=400 PROGRESS_DIR=DIR python ring_steps.py
+
+GATE=step checks agent.cooling.step_gate.StepGate before each step, GATE=scheduler the seed's
+CoolingScheduler over a RemoteMonitor (which follows the gang under `agent run`): cooperative
+ranks that park at a step boundary instead of being stopped mid-collective.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
@@ -20,7 +25,9 @@ def main() -> int:
     rank, world = group.rank(), group.size()
     steps = int(os.environ.get("STEPS", "400"))
     progress = Path(os.environ["PROGRESS_DIR"]) / f"rank-{rank}"
+    check = gate(os.environ.get("GATE"))
     for step in range(1, steps + 1):
+        check(step)
         summed = mx.distributed.all_sum(mx.ones((1024,)), group=group)
         mx.eval(summed)
         if not bool(mx.all(summed == world).item()):
@@ -30,6 +37,21 @@ def main() -> int:
             progress.write_text(str(step))
     progress.with_suffix(".done").write_text("ok")
     return 0
+
+
+def gate(kind: str | None) -> Callable[[int], None]:
+    if kind == "step":
+        from agent.cooling.step_gate import StepGate
+
+        return StepGate().check_before_step
+    if kind == "scheduler":
+        from agent.cooling.remote import RemoteMonitor
+        from agent.cooling.scheduler import CoolingScheduler
+
+        monitor = RemoteMonitor(poll_interval=0.2)
+        monitor.start()
+        return CoolingScheduler(monitor).check_before_step
+    return lambda step: None
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from coordinator.gang_rows import GangRow, gang_rows
 from shared import safe_text
 from shared.calibration import origin_told
 from shared.display import STATE_STYLES, sparkline, trend_arrow
@@ -308,7 +309,36 @@ def snapshot(dashboard: Dashboard, now: float) -> dict[str, Any]:
         "time": now,
         "hosts": [host_snapshot(view, now) for view in dashboard.hosts.values()],
         "alerts": [alert.__dict__ for alert in in_time_order(dashboard.alerts)],
+        "gangs": [row.to_dict() for row in dashboard_gangs(dashboard)],
     }
+
+
+def dashboard_gangs(dashboard: Dashboard) -> list[GangRow]:
+    """The distributed jobs the reachable hosts list, one row each."""
+    return gang_rows(
+        (view.name, view.jobs, view.sample)
+        for view in dashboard.hosts.values()
+        if view.status == UP
+    )
+
+
+def gang_table(rows: list[GangRow]) -> Table:
+    """One row per distributed job: its ranks and hosts, the hottest rank, the state every
+    rank lives under and the Mac that causes it. Every agent string is shown safe."""
+    table = Table(title="distributed jobs", title_justify="left")
+    for name in ("group", "ranks", "hottest", "state", "because"):
+        table.add_column(name, overflow="fold")
+    for row in rows:
+        hottest = "" if row.hottest is None else f"{row.hottest[0]:.1f} °C {row.hottest[1]}"
+        state = Text(row.state, style=STATE_STYLES.get(CoolingState(row.state), ""))
+        table.add_row(
+            Text(safe_text.shown(f"{row.group} ({row.backend})")),
+            Text(safe_text.shown(row.ranks_text())),
+            Text(safe_text.shown(hottest)),
+            state,
+            Text(safe_text.shown(row.cause_text())),
+        )
+    return table
 
 
 def _state_cell(view: HostView, now: float) -> Text:
@@ -340,8 +370,10 @@ def _jobs_cell(jobs: list[dict[str, Any]]) -> Text:
     for index, job in enumerate(jobs):
         if index:
             cell.append("\n")
-        cell.append(f"{job['kind']} {job['job']} ")
+        cell.append(f"{job['kind']} {safe_text.shown(job['job'])} ")
         cell.append(job["state"], style=JOB_STYLES.get(job["state"], ""))
+        if gang := job.get("gang"):
+            cell.append(f" rank {gang['rank']}/{gang['world']}")
     return cell
 
 
@@ -471,6 +503,8 @@ def render(
         row[SPARK] = Text(sparkline(view.spark(spark)) if view.status == UP else "")
         table.add_row(*(row[name] for name in shown))
     lines: list[RenderableType] = [table]
+    if gangs := dashboard_gangs(dashboard):
+        lines.append(gang_table(gangs))
     left_out = len(dashboard.hosts) - len(views)
     if left_out:
         lines.append(

@@ -27,6 +27,8 @@ import psutil
 import pytest
 import zmq
 
+from coordinator.gang_rows import gang_rows
+from coordinator.keys import add_host_key
 from shared.gang import (
     Enforced,
     GangIdentity,
@@ -197,6 +199,7 @@ def start_mac(agents: AgentPool, tmp_path: Path, address: str, port: int = 0) ->
     from shared.io.trust import trust
 
     trust(own_keypair().public, "test", directory=agent.home / "keys" / "trusted")
+    add_host_key(agent.address, agent.key or "")  # the test's coordinator knows it
     return Mac(agent, address)
 
 
@@ -301,6 +304,13 @@ def wait_until(condition, timeout: float, what: str, ranks: list[Rank]) -> None:
         time.sleep(0.05)
 
 
+def monitor_json(macs: tuple[Mac, Mac]) -> subprocess.CompletedProcess[str]:
+    hosts = ",".join(mac.agent.address for mac in macs)
+    done = cli("coordinator", "monitor", "--hosts", hosts, "--once", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    return done
+
+
 def set_policy(ctx: zmq.Context, mac: Mac, policy: dict[str, float]) -> None:
     with connect(ctx, mac.agent) as client:
         client.request("policy.set", {"policy": policy})
@@ -317,6 +327,13 @@ def test_one_hot_mac_pauses_and_resumes_every_rank(
         lambda: all(job_states(r) == {psutil.STATUS_STOPPED} for r in ranks),
         30, "every rank's job stopped (T)", ranks,
     )  # fmt: skip
+    seen = json.loads(monitor_json(two_macs).stdout)["gangs"]
+    assert len(seen) == 1 and seen[0]["state"] == "pause" and seen[0]["world"] == 2
+    assert seen[0]["ranks"] == {"0": hot.agent.address, "1": cool.agent.address}
+    assert seen[0]["cause"]["rank"] == 0 and seen[0]["cause"]["celsius"] == 70.0
+    hosts = f"{hot.agent.address},{cool.agent.address}"
+    table = cli("coordinator", "monitor", "--hosts", hosts, "--once")
+    assert "distributed jobs" in table.stdout and "2/2 ranks" in table.stdout, table.stdout
     parked = [
         psutil.Process(c.pid)
         for r in ranks
@@ -520,3 +537,22 @@ def test_cooperative_ranks_park_at_the_same_step_boundary(
         assert rank.process.wait(timeout=180) == 0, rank.stderr()
         assert rank.progress.with_suffix(".done").read_text() == "ok"
     assert "paused with SIGSTOP" not in ranks[0].stderr() + ranks[1].stderr()
+
+
+def test_the_monitor_gathers_a_distributed_job_into_one_row() -> None:
+    cause = member(1, CoolingState.PAUSE).to_wire(100.0)
+    gang = {"group": "ring-1", "rank": 0, "world": 3, "hosts": ["a", "b", "c"],
+            "backend": "ring", "state": "pause", "cause": cause}  # fmt: skip
+    listed = [
+        ("mac1", [{"job": "a", "state": "paused", "kind": "run", "gang": gang}],
+         {"celsius": 80.0, "source": "smc", "sensor": "TCMz"}),
+        ("mac2", [{"job": "b", "state": "paused", "kind": "run", "gang": gang | {"rank": 1}}],
+         {"celsius": 104.0, "source": "smc", "sensor": "TCMz"}),
+        ("mac3", [{"job": "c", "state": "exited", "kind": "run", "gang": gang | {"rank": 2}}],
+         {"celsius": 120.0, "source": "smc", "sensor": None}),
+    ]  # fmt: skip
+    (row,) = gang_rows(listed)
+    assert row.ranks == {0: "mac1", 1: "mac2"} and row.state == "pause"
+    assert row.hottest == (104.0, "mac2", "smc · TCMz")  # an exited rank is not in the job
+    assert row.ranks_text() == "2/3 ranks (0:mac1, 1:mac2), 1 not monitored"
+    assert row.cause_text() == "mac1 (rank 1) at 80.0 °C (smc · TCMz)"

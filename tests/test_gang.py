@@ -556,3 +556,22 @@ def test_the_monitor_gathers_a_distributed_job_into_one_row() -> None:
     assert row.hottest == (104.0, "mac2", "smc · TCMz")  # an exited rank is not in the job
     assert row.ranks_text() == "2/3 ranks (0:mac1, 1:mac2), 1 not monitored"
     assert row.cause_text() == "mac1 (rank 1) at 80.0 °C (smc · TCMz)"
+
+
+def test_prometheus_carries_each_rank_and_the_state_its_gang_lives_under() -> None:
+    from prometheus_client import generate_latest
+
+    from shared.io.metrics import TelemetryMetrics
+
+    metrics = TelemetryMetrics()
+    gang = {"group": "ring-1", "rank": 1, "world": 2, "hosts": ["a", "b"], "backend": "ring",
+            "state": "pause", "cause": None}  # fmt: skip
+    sample = {"host": "mac2", "celsius": 70.0, "source": "smc", "state": "ok",
+              "pause_s_total": 0.0, "storage_error": None,
+              "jobs": [{"job": "j1", "state": "paused", "kind": "run", "gang": gang}]}  # fmt: skip
+    metrics.observe_sample(sample)
+    text = generate_latest(metrics.registry).decode()
+    assert ('mlx_fleet_gang_state{backend="ring",group="ring-1",host="mac2",job="j1",rank="1",'
+            'world="2"} 2.0') in text  # fmt: skip
+    metrics.observe_sample(sample | {"jobs": []})
+    assert "mlx_fleet_gang_state{" not in generate_latest(metrics.registry).decode()

@@ -42,6 +42,9 @@ HOST:PORT too). Metrics (docs/monitoring.md):
   last poll; absent without a reading. The vendor's estimates (docs/energy.md).
 - mlx_fleet_energy_joules_total{host,source,rail}: counter of the joules each rail used (from
   the samples' cumulative joules; an agent restart, which resets them, adds its new value).
+- mlx_fleet_gang_state{host,job,group,rank,world,backend}: gauge, for each rank of a
+  distributed job the host runs, the state all the job's ranks live under (0 ok ... 3 stop, as
+  cooling_state); gone when the rank exits.
 """
 
 from __future__ import annotations
@@ -98,6 +101,7 @@ class _Host:
     pause_seen: float = 0.0
     power_shown: set[tuple[str, str]] = field(default_factory=set)
     joules_seen: dict[tuple[str, str], float] = field(default_factory=dict)
+    gangs_shown: set[tuple[str, ...]] = field(default_factory=set)
 
 
 class TelemetryMetrics:
@@ -169,6 +173,16 @@ class TelemetryMetrics:
             [*base, "source", "rail"],
             registry=self.registry,
         )
+        self.gang_state = gauge(
+            "mlx_fleet_gang_state",
+            "A rank of a distributed job: the state all its ranks live under, 0 ok, 1 "
+            "reduce_batch, 2 pause, 3 stop.",
+            "job",
+            "group",
+            "rank",
+            "world",
+            "backend",
+        )
         self._hosts: dict[str, _Host] = {}
 
     # --- hosts ------------------------------------------------------------------------------
@@ -207,6 +221,7 @@ class TelemetryMetrics:
             metric.remove(*labels)
             state.series.discard((metric, labels))
         state.source, state.sensors, state.power_shown = None, set(), set()
+        state.gangs_shown = set()
 
     def host_up(
         self,
@@ -296,6 +311,22 @@ class TelemetryMetrics:
         state.pause_seen = total
         self._set(state, self.storage_ok, 0 if sample["storage_error"] else 1)
         self._observe_power(state, sample.get("power"))
+        self._observe_gangs(state, sample.get("jobs") or [])
+
+    def _observe_gangs(self, state: _Host, jobs: list[Mapping[str, Any]]) -> None:
+        """One series per rank of a distributed job the host runs; gone with the rank."""
+        shown_now = set()
+        for job in jobs:
+            gang = job.get("gang")
+            if not gang or job["state"] == "exited":
+                continue
+            labels = (job["job"], gang["group"], str(gang["rank"]), str(gang["world"]),
+                      gang["backend"])  # fmt: skip
+            shown_now.add(labels)
+            self._set(state, self.gang_state, STATE_VALUES[gang["state"]], *labels)
+        for gone in state.gangs_shown - shown_now:
+            self._drop(state, self.gang_state, *gone)
+        state.gangs_shown = shown_now
 
     def _observe_power(self, state: _Host, power: Mapping[str, Any] | None) -> None:
         """Each rail's watts as a gauge (gone when a poll has none) and its joules added to the

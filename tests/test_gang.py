@@ -255,9 +255,16 @@ def ranks(tmp_path: Path) -> Iterator[list[Rank]]:
 
 
 def start_ranks(
-    macs: tuple[Mac, Mac], tmp_path: Path, steps: int, into: list[Rank], gate: str = ""
+    macs: tuple[Mac, Mac],
+    tmp_path: Path,
+    steps: int,
+    into: list[Rank],
+    gate: str = "",
+    command: list[str] | None = None,
 ) -> None:
-    """Rank R on macs[R] under `agent run`; `gate` (step, scheduler): a cooperative job."""
+    """Rank R on macs[R] under `agent run`: the ring job, or `command`; `gate` (step,
+    scheduler, or any word for `command`): a cooperative job. Each rank's stdout goes to
+    tmp_path/rank-R.stdout."""
     hostfile = tmp_path / "hosts.json"
     ring = [[f"{mac.address}:{free_port(mac.address)}"] for mac in macs]
     hostfile.write_text(json.dumps(ring))
@@ -270,11 +277,11 @@ def start_ranks(
             STEPS=str(steps), PROGRESS_DIR=str(progress), GATE=gate,
             **({"MLX_FLEET_COOPERATIVE": "1"} if gate else {}),
         )  # fmt: skip
-        with open(log, "w") as stderr:
+        job = command or [sys.executable, str(RING_JOB)]
+        with open(log, "w") as stderr, open(tmp_path / f"rank-{rank}.stdout", "w") as stdout:
             process = subprocess.Popen(
-                [console_script("agent"), "run", "--", sys.executable, str(RING_JOB)],
-                env=env, stderr=stderr, stdout=subprocess.DEVNULL, text=True,
-                start_new_session=True,
+                [console_script("agent"), "run", "--", *job], env=env, stderr=stderr,
+                stdout=stdout, text=True, start_new_session=True, cwd=tmp_path,
             )  # fmt: skip
         into.append(Rank(process, progress / f"rank-{rank}", log))
 
@@ -575,3 +582,53 @@ def test_prometheus_carries_each_rank_and_the_state_its_gang_lives_under() -> No
             'world="2"} 2.0') in text  # fmt: skip
     metrics.observe_sample(sample | {"jobs": []})
     assert "mlx_fleet_gang_state{" not in generate_latest(metrics.registry).decode()
+
+
+def write_lora_job(directory: Path) -> None:
+    """A tiny Llama (tests.test_model_dir's), a word-level tokenizer mlx-lm loads offline, and
+    a few lines of data: enough for mlx_lm's lora to train on this CPU in seconds."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from tests.test_model_dir import TINY_LLAMA, write_model
+
+    model, data = directory / "model", directory / "data"
+    model.mkdir()
+    data.mkdir()
+    write_model(model, TINY_LLAMA)
+    vocab = {f"w{i}": i for i in range(TINY_LLAMA["vocab_size"])}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(model / "tokenizer.json"))
+    (model / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "w0"})
+    )
+    for name, lines in (("train", 64), ("valid", 8)):
+        text = "".join(
+            json.dumps({"text": " ".join(f"w{(i * 7 + j) % 500 + 1}" for j in range(24))}) + "\n"
+            for i in range(lines)
+        )
+        (data / f"{name}.jsonl").write_text(text)
+
+
+def test_a_distributed_mlx_lm_lora_parks_every_rank_at_one_step_and_finishes(
+    two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path, ctx: zmq.Context
+) -> None:
+    pytest.importorskip("mlx_lm", reason="the `lm` extra (mlx-lm) is not installed")
+    write_lora_job(tmp_path)
+    hot, cool = two_macs
+    lora = [sys.executable, "-m", "agent.cooling.mlx_lm_lora", "--model", "model", "--train",
+            "--data", "data", "--iters", "400", "--batch-size", "2", "--num-layers", "1",
+            "--steps-per-report", "50", "--steps-per-eval", "100000", "--val-batches", "1",
+            "--adapter-path", "adapters"]  # fmt: skip
+    start_ranks(two_macs, tmp_path, steps=0, into=ranks, gate="lora", command=lora)
+    stdout = tmp_path / "rank-0.stdout"
+    wait_until(lambda: "train_loss" in stdout.read_text(), 180, "lora training", ranks)
+    set_policy(ctx, hot, HOT)
+    wait_until(lambda: len(parked_steps(two_macs)) == 2, 60, "both ranks parked", ranks)
+    first, second = parked_steps(two_macs)
+    assert first == second
+    set_policy(ctx, hot, COOL)
+    for rank in ranks:
+        assert rank.process.wait(timeout=300) == 0, rank.stderr()
+    assert (tmp_path / "adapters" / "adapters.safetensors").exists()
+    assert "paused all 2 ranks" in ranks[1].stderr()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -233,6 +234,25 @@ class Rollout:
             remote("read agent key", f"{agent} keys show"),
         ]
 
+    def peer_steps(self, entry: HostEntry, peers: list[tuple[str, str]]) -> list[Step]:
+        """After every host's key is known: this host's agent trusts every other agent's key
+        as the peer serving at its address, so the ranks of a distributed job on both can
+        tell each other's agents of pauses and stops (docs/monitoring.md)."""
+        login = ["ssh", *self.ssh.options(), self.ssh.destination(entry.ssh_host)]
+        agent = self.layout.quoted("venv", "bin", "agent")
+        commands = [
+            f"{agent} keys trust {shlex.quote(key)} --name {shlex.quote(peer_name(address))} "
+            f"--peer {shlex.quote(address)}"
+            for address, key in peers
+            if address != entry.address
+        ]
+        return [Step("trust peers", [*login, " && ".join(commands)])] if commands else []
+
+
+def peer_name(address: str) -> str:
+    """A trust-store name for the agent at `address` (HOST:PORT): `peer-mac2-6000`."""
+    return ("peer-" + re.sub(r"[^A-Za-z0-9._-]+", "-", address))[:64]
+
 
 def run_host(
     entry: HostEntry, steps: list[Step], on_step: Callable[[str, str], None] | None = None
@@ -336,4 +356,26 @@ def deploy(
                 result.failed, result.error = "record agent key", str(exc)
             else:
                 result.done.append("record agent key")
+    trust_peers(entries, results, rollout, on_step)
     return results
+
+
+def trust_peers(
+    entries: list[HostEntry],
+    results: list[HostResult],
+    rollout: Rollout,
+    on_step: Callable[[str, str], None] | None,
+) -> None:
+    """Every host that made it trusts every other one's agent as a peer (a host's failure here
+    is its own: the others go on)."""
+    peers = [(r.host, r.agent_key) for r in results if r.ok and r.agent_key]
+    todo = [
+        (entry, result, steps)
+        for entry, result in zip(entries, results, strict=True)
+        if result.ok and (steps := rollout.peer_steps(entry, peers))
+    ]
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(todo)))) as pool:
+        done = list(pool.map(lambda job: run_host(job[0], job[2], on_step), todo))
+    for (_, result, _), outcome in zip(todo, done, strict=True):
+        result.done += outcome.done
+        result.failed, result.error = outcome.failed, outcome.error

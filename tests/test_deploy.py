@@ -231,7 +231,7 @@ def test_roll_out_to_two_hosts_is_idempotent_and_skips_a_dead_one(
         assert rows["mac3:5555"]["ok"] is False and rows["mac3:5555"]["failed"] == "prepare"
         for host in (mac1, "mac2:6000"):
             assert rows[host]["ok"], (hosts, rows[host]["error"])
-            assert rows[host]["done"][-1] == "record agent key"
+            assert rows[host]["done"][-2:] == ["record agent key", "trust peers"]
             assert rows[host]["service"].startswith("user (a systemd user service")
         assert not (venv / "stale").exists()
         assert (venv / "mlx-fleet-python").read_text() == (
@@ -255,6 +255,10 @@ def test_roll_out_to_two_hosts_is_idempotent_and_skips_a_dead_one(
         state = json.loads((lab.root / name / "service-state.json").read_text())
         assert state["loaded"] == ["mlx-fleet-agent.service"]
     assert "mac3" not in json.dumps(known)
+    # Each agent trusts the other as the peer at its address (ranks of a gang find it there).
+    mac1_key, mac2_key = known["127.0.0.1:5555"], known["mac2:6000"]
+    assert f"{mac2_key}\tmac2:6000" in remote_agent(homes["mac1"], "keys", "list")
+    assert f"{mac1_key}\t127.0.0.1:5555" in remote_agent(homes["mac2"], "keys", "list")
 
 
 def coordinator(coordinator_cli: str, *args: str) -> subprocess.CompletedProcess:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,11 +71,24 @@ def list_trusted(directory: Path | None = None) -> list[TrustedKey]:
 
 
 def peer_key(host: str, directory: Path | None = None) -> TrustedKey | None:
-    """The trusted agent key serving at `host` (its HOST part), if one was trusted as a peer."""
-    for entry in list_trusted(directory):
-        if entry.peer is not None and split_peer(entry.peer)[0] == host:
+    """The trusted agent key serving at `host`, if one was trusted as a peer: its HOST part
+    is `host`, or, for a name (`coordinator deploy --hosts mac2` trusts `mac2:5555`), resolves
+    to it (mlx.launch's hostfiles hold IPs)."""
+    peers = [entry for entry in list_trusted(directory) if entry.peer is not None]
+    for entry in peers:
+        if split_peer(entry.peer or "")[0] == host:
+            return entry
+    for entry in peers:
+        if host in _addresses(split_peer(entry.peer or "")[0]):
             return entry
     return None
+
+
+def _addresses(name: str) -> set[str]:
+    try:
+        return {info[4][0] for info in socket.getaddrinfo(name, None)}
+    except (OSError, UnicodeError):
+        return set()
 
 
 def split_peer(peer: str) -> tuple[str, int | None]:

@@ -286,6 +286,18 @@ def start_ranks(
         into.append(Rank(process, progress / f"rank-{rank}", log))
 
 
+def job_processes(ranks: list[Rank]) -> list[psutil.Process]:
+    """Every process under the ranks' agent runs: what must be gone once they end."""
+    return [child for rank in ranks for child in psutil.Process(rank.process.pid).children(True)]
+
+
+def alive(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def job_states(rank: Rank) -> set[str]:
     """The states of the rank's command's processes (the children of its agent run)."""
     try:
@@ -371,18 +383,14 @@ def test_a_stop_on_one_mac_ends_every_rank_with_75(
     hot, cool = two_macs
     start_ranks(two_macs, tmp_path, steps=100000, into=ranks)
     wait_until(lambda: all(r.steps() >= 10 for r in ranks), 90, "both ranks stepping", ranks)
+    jobs = job_processes(ranks)
     set_policy(ctx, cool, BURNING)
     for rank in ranks:
         assert rank.process.wait(timeout=60) == 75, rank.stderr()
     for rank in ranks:
         assert "stopped all 2 ranks" in rank.stderr()
         assert "cannot tell" not in rank.stderr()  # ranks starting a moment apart is no fault
-    leftovers = [
-        p
-        for p in psutil.process_iter(["cmdline"])
-        if str(RING_JOB) in " ".join(p.info["cmdline"] or [])
-    ]  # noqa: E501
-    assert leftovers == []
+    assert [job.pid for job in jobs if alive(job)] == []
 
 
 def test_with_a_peer_agent_down_the_hot_mac_protects_itself_and_the_gang_comes_back(

@@ -26,16 +26,23 @@ import pytest
 from coordinator.keys import add_host_key
 from tests.conftest import console_script, subprocess_env
 from tests.fleet_support import AgentPool, AgentProcess, cli
-from tests.test_gang import BURNING, COOL, HOT, RING_JOB, Rank, job_states, wait_until
+from tests.test_gang import (
+    BURNING,
+    COOL,
+    HOT,
+    RING_JOB,
+    Rank,
+    alive,
+    job_processes,
+    job_states,
+    wait_until,
+)
+from tests.test_netns import ip
 
 pytestmark = pytest.mark.timeout(300)
 
 MACS = ("mac1", "mac2", "mac3")
 ADDRESS = "10.254.74.{}"
-
-
-def ip(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
 
 
 @pytest.fixture
@@ -166,11 +173,10 @@ def test_three_macs_pause_resume_and_stop_as_one_gang(
         lambda: all(r.steps() > s for r, s in zip(lab_ranks, steps, strict=True)),
         60, "every rank stepping again", lab_ranks,
     )  # fmt: skip
+    jobs = job_processes(lab_ranks)
     push(lab, started[2], "mac3", BURNING)
     for rank in lab_ranks:
         assert rank.process.wait(timeout=60) == 75, rank.stderr()
         assert "stopped all 3 ranks" in rank.stderr()
     assert "paused all 3 ranks" in lab_ranks[0].stderr()
-    leftovers = [p for p in psutil.process_iter(["cmdline"])
-                 if str(RING_JOB) in " ".join(p.info["cmdline"] or [])]  # fmt: skip
-    assert leftovers == []
+    assert [job.pid for job in jobs if alive(job)] == []

@@ -46,6 +46,7 @@ RUN_ACTIONS = (
     "fallback",
     "rejoin",
     "gang",
+    "summary",
     "exit",
 )
 """The actions of a supervised job's events: what `job.event` may carry (§12)."""

@@ -139,6 +139,7 @@ def test_agent_run_uses_the_daemons_readings_and_policy_and_goes_on_alone_when_i
         "fallback",
         "pause",
         "stop",
+        "summary",
         "exit",
     ]
     fallback = mine[3]

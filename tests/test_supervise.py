@@ -163,7 +163,7 @@ def test_a_cooperative_job_gets_sigusr1_and_reads_reduce_batch_from_the_state_fi
     assert code == EXIT_THERMAL_STOP
     assert seen.read_text().split() == ["True", "False"]
     actions = [event.action for event in events]
-    assert actions == ["start", "reduce_batch", "restore_batch", "pause", "stop", "exit"]
+    assert actions == ["start", "reduce_batch", "restore_batch", "pause", "stop", "summary", "exit"]
     assert events[1].celsius == 80.0 and events[3].celsius == events[4].celsius == 96.0
 
 

@@ -8,6 +8,7 @@ agent.cooling.supervise for the actions and the reduce_batch state file."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sqlite3
@@ -19,6 +20,7 @@ from typing import Annotated
 import typer
 
 from agent.commands.sensors import open_monitor
+from agent.cooling.accounting import SUMMARY_ACTION
 from agent.cooling.events import PREFIX, EventLog, format_line
 from agent.cooling.feed import register
 from agent.cooling.gang import GangRank, group_holder
@@ -29,11 +31,17 @@ from shared.exit_codes import EXIT_SUPERVISOR_FAILED
 from shared.gang import GangIdentity, GangSpecError, from_environment, from_options
 from shared.io.cli import fail, usage_error
 from shared.io.options import PolicyOptions, ThermalOptions, with_options
+from shared.job_account import THROTTLE_WINDOW_S, render
 from shared.protocol import DEFAULT_PORT
 from shared.telemetry import Event
 
 
 def print_event(event: Event) -> None:
+    """One line per event; the job's summary as its few short lines (its detail is JSON)."""
+    if event.action == SUMMARY_ACTION and event.detail:
+        lines = [f"{PREFIX} {line}" for line in render(json.loads(event.detail))]
+        print("\n".join(lines), file=sys.stderr, flush=True)
+        return
     print(format_line(event), file=sys.stderr, flush=True)
 
 
@@ -67,6 +75,15 @@ def run_command(
     grace: Annotated[
         float, typer.Option("--grace", help="Seconds from SIGTERM to SIGKILL when stopping.")
     ] = 30.0,
+    throttle_window: Annotated[
+        float,
+        typer.Option(
+            "--throttle-window",
+            help="Seconds of mlx_lm reports at the start and at the end whose mean tokens/s "
+            "the summary's throttle ratio compares.",
+            metavar="SECONDS",
+        ),
+    ] = THROTTLE_WINDOW_S,
     group: Annotated[
         str | None,
         typer.Option(
@@ -112,7 +129,11 @@ def run_command(
     $MLX_FLEET_COOLING_STATE says so (and SIGUSR1 when CMD runs with
     MLX_FLEET_COOPERATIVE=1). SIGTERM, SIGINT and SIGHUP to agent run go to
     the group too; a second one, SIGKILL at once. Each action is a line on
-    stderr and a row in agent-events.sqlite in the data directory.
+    stderr and a row in agent-events.sqlite in the data directory. At the
+    end a summary (a `summary` event) gives the job's wall time, its time
+    paused and why, time at each pressure level, its hottest reading and,
+    from mlx_lm's reports on CMD's stdout (passed through unchanged), its
+    tokens/s and throttle ratio.
 
     With `agent serve` running on this machine, the readings and the policy
     are the daemon's (the threshold options are not used) and the job shows
@@ -138,12 +159,19 @@ def run_command(
     """
     if not (math.isfinite(grace) and grace >= 0):
         raise usage_error(f"--grace must be >= 0 seconds, got {grace}")
+    if not (math.isfinite(throttle_window) and throttle_window > 0):
+        raise usage_error(f"--throttle-window must be > 0 seconds, got {throttle_window}")
     limits.check()
     identity = gang_identity(group, ranks, rank, rank_hosts)
     with ExitStack() as stack:
         log = stack.enter_context(closing(EventLog()))
         forwards: list[Sink] = []
-        supervisor = Supervisor(command, grace=grace, sinks=[print_event, recorder(log, forwards)])
+        supervisor = Supervisor(
+            command,
+            grace=grace,
+            sinks=[print_event, recorder(log, forwards)],
+            throttle_window_s=throttle_window,
+        )
         try:
             feed, forwarder = register(
                 thermal.thermal_source,

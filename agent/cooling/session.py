@@ -9,6 +9,7 @@ import time
 
 import zmq
 
+from agent.cooling.accounting import sample_energy
 from agent.cooling.supervise import Observation
 from agent.daemon_address import DaemonAddress, find_daemon, pid_alive
 from agent.sensors.base import SourceInfo
@@ -88,7 +89,10 @@ class DaemonSession:
                     continue
                 self._heard = time.monotonic()
                 if message.type == "telemetry.sample":
-                    return Observation(reading_from_wire(message.body), self.policy)
+                    body = message.body
+                    return Observation(
+                        reading_from_wire(body), self.policy, energy=sample_energy(body)
+                    )
                 if message.body["policy"] is not None:
                     self.policy = ThermalPolicy.from_dict(message.body["policy"])
                     self.policy_origin = SET_BY_COORDINATOR

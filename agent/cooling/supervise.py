@@ -41,14 +41,17 @@ from typing import Any, Protocol
 
 import psutil
 
+from agent.cooling.accounting import SUMMARY_ACTION, Energy, RunAccounting
 from agent.cooling.events import PREFIX
 from agent.cooling.gang import PARK_TIMEOUT_S, STOP_ACK_TIMEOUT_S, GangRank
+from agent.cooling.output_tee import environment
 from agent.cooling.step_gate import GANG_ENV, STATE_FILE_ENV, parked_path
 from agent.thermal import ThermalMonitor, ThermalReading
 from shared.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_THERMAL_STOP
 from shared.gang import MemberState
 from shared.io.files import replace_atomically
 from shared.io.paths import data_subdir
+from shared.job_account import THROTTLE_WINDOW_S
 from shared.policy import Action, CoolingGate, CoolingState, ThermalPolicy
 from shared.telemetry import Event
 
@@ -78,6 +81,9 @@ class Observation:
     policy: ThermalPolicy
     note: str | None = None
     note_action: str = "fallback"
+    energy: Energy | None = None
+    """The agent daemon's power meter at this sample (None: readings from this machine's own
+    source, which has no meter)."""
 
 
 class Feed(Protocol):
@@ -226,15 +232,19 @@ class Supervisor:
         grace: float = 30.0,
         job: str | None = None,
         sinks: Sequence[Sink] = (),
+        throttle_window_s: float = THROTTLE_WINDOW_S,
     ) -> None:
         if not command:
             raise ValueError("no command to run")
         self.command = list(command)
         self.grace = grace
         self.job = job or uuid.uuid4().hex[:8]
-        self.sinks = list(sinks)
         # Taken before the caller opens the feed, so a replay's clock starts no earlier than this.
         self.started_at = time.time()
+        self.accounting = RunAccounting(self.job, self.started_at, throttle_window_s)
+        """The job's account (agent.cooling.accounting): fed every reading and event, and CMD's
+        stdout through a tee; its summary is the `summary` event just before `exit`."""
+        self.sinks = [*sinks, self.accounting.on_event]
         self.cooperative = os.environ.get(COOPERATIVE_ENV) == "1"
         self.state_file = data_subdir("jobs") / f"{self.job}.cooling.json"
         self.gate = CoolingGate()
@@ -288,6 +298,7 @@ class Supervisor:
             self.state_file.unlink(missing_ok=True)
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+        self._emit(SUMMARY_ACTION, detail=self.accounting.finish())
         detail = f"code {code}" + (", thermal stop" if self._thermal_stop else "")
         self._emit("exit", detail=detail)
         return code
@@ -327,6 +338,7 @@ class Supervisor:
         return min(limits, default=None)
 
     def _on_sample(self, sample: Observation) -> None:
+        self.accounting.observe(sample.reading, sample.energy)  # first: a gang's rank returns
         if sample.note:
             self._emit(sample.note_action, detail=sample.note)
         if self._terminating:
@@ -455,17 +467,25 @@ class Supervisor:
     # --- the threads and handlers -----------------------------------------------------------
 
     def _spawn(self) -> subprocess.Popen[bytes]:
+        """CMD's stdout goes through the accounting's tee (agent.cooling.output_tee), with
+        PYTHONUNBUFFERED=1 unless set, so its reports arrive as they are printed."""
         env = {**os.environ, JOB_ENV: self.job, STATE_FILE_ENV: str(self.state_file)}
         if self.gang is not None:
             env[GANG_ENV] = self.gang.identity.group
+        stdout = self.accounting.output()
         try:
-            return subprocess.Popen(self.command, start_new_session=True, env=env)
+            process = subprocess.Popen(
+                self.command, start_new_session=True, env=environment(env), stdout=stdout
+            )
         except FileNotFoundError:
             raise LaunchError(EXIT_NOT_FOUND, f"command not found: {self.command[0]}") from None
         except OSError as exc:
             raise LaunchError(
                 EXIT_CANNOT_EXECUTE, f"cannot execute {self.command[0]}: {exc.strerror}"
             ) from None
+        finally:
+            self.accounting.spawned()  # the tee's end closes here, whether CMD started or not
+        return process
 
     def _sample(self, feed: Feed) -> None:
         while (sample := feed.next()) is not None:

@@ -186,7 +186,8 @@ def from_options(group: str, ranks: int, rank: int | None, hosts: Iterable[str])
 @dataclass(frozen=True)
 class MemberState:
     """What one rank's Mac asks for (its own cooling rule's state, the reading behind it) and
-    when it said so, on that Mac's clock (`time`) and, once heard, on the listener's (`heard`)."""
+    when it said so, on that Mac's wall clock (`time`, which orders that rank's reports) and,
+    once heard, on the listener's monotonic clock (`heard`: how fresh it is)."""
 
     rank: int
     host: str
@@ -241,13 +242,17 @@ class MemberState:
 
 
 def merge(known: Mapping[int, MemberState], news: Iterable[MemberState]) -> dict[int, MemberState]:
-    """`known` with each newer report taken, by rank; a stop is never replaced (it is final)."""
+    """`known` with each newer report taken, by rank; a stop is final: only a newer stop
+    (saying it is applied now) replaces it."""
     merged = dict(known)
     for report in news:
         current = merged.get(report.rank)
-        if current is not None and current.state is CoolingState.STOP:
-            continue
-        if current is None or report.state is CoolingState.STOP or _newer(report, current):
+        if current is None:
+            merged[report.rank] = report
+        elif current.state is CoolingState.STOP:
+            if report.state is CoolingState.STOP and _newer(report, current):
+                merged[report.rank] = report  # the same stop, now applied: its ack
+        elif report.state is CoolingState.STOP or _newer(report, current):
             merged[report.rank] = report
     return merged
 

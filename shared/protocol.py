@@ -177,6 +177,10 @@ REQUESTS = frozenset(
     }
 )
 ENVELOPE_KEYS = frozenset({"v", "id", "type", "re", "body"})
+PEER_REQUESTS = frozenset({"hello", "ping", "info", "gang.state"})
+"""All a key trusted as a peer agent (`agent keys trust KEY --peer HOST`) may send: it is
+another Mac's agent key, which every process of that Mac's user holds, so it must not drive this
+agent (set its policy, run or cancel jobs); anything else from it is `forbidden`."""
 OWN_KEY_ONLY = frozenset({"job.event"})
 """Requests an agent takes only from a peer holding its own key (docs/protocol.md §12); any
 other peer's is refused `forbidden` as soon as its type is read, before its body is."""

@@ -41,7 +41,7 @@ from shared.gang import (
     steer,
     verdict,
 )
-from shared.io.transport import AgentError
+from shared.io.transport import AgentClient, AgentError
 from shared.policy import Action, CoolingState
 from tests.conftest import console_script, subprocess_env
 from tests.fleet_support import AgentPool, AgentProcess, cli, connect, trusted_agent
@@ -640,3 +640,22 @@ def test_a_distributed_mlx_lm_lora_parks_every_rank_at_one_step_and_finishes(
         assert rank.process.wait(timeout=300) == 0, rank.stderr()
     assert (tmp_path / "adapters" / "adapters.safetensors").exists()
     assert "paused all 2 ranks" in ranks[1].stderr()
+
+
+def test_a_peer_agents_key_may_only_exchange_gang_states(
+    two_macs: tuple[Mac, Mac], ctx: zmq.Context
+) -> None:
+    """mac1's agent key (every process of mac1's user holds it) is trusted by mac2 as a peer:
+    it may say hello, ping, ask info and report gang states, never drive mac2's agent."""
+    from shared.io.keys import own_keypair
+
+    one, two = two_macs
+    keypair = own_keypair(one.agent.home / "keys")
+    with AgentClient(ctx, two.agent.address, two.agent.key, keypair, 5.0) as client:
+        client.connect()
+        assert client.request("info")["name"]
+        with pytest.raises(AgentError, match="a peer agent's key") as refused:
+            client.request("policy.set", {"policy": HOT})
+        assert refused.value.code == "forbidden"
+        with pytest.raises(AgentError, match="may send only gang.state, hello, info, ping"):
+            client.request("job.list", {})

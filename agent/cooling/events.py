@@ -10,6 +10,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from shared import safe_text
 from shared.io.paths import data_dir
 from shared.io.sqlite import open_store, store_id
 from shared.telemetry import Event
@@ -62,7 +63,8 @@ _INSERT = f"INSERT INTO events ({_COLUMNS}) VALUES ({', '.join('?' * len(Event.c
 
 def format_line(event: Event) -> str:
     """`[mlx-fleet] 12:00:01 pause at 86.0 °C job 3f2a pid 4242 (replay:c.csv, simulated)`;
-    always one line, even for a command with newlines in it."""
+    always one line, even for a command with newlines in it, and no control character (a
+    gang's events carry what peer agents said)."""
     parts = [PREFIX, time.strftime("%H:%M:%S", time.localtime(event.time)), event.action]
     if event.celsius is not None:
         parts.append(f"at {event.celsius:.1f} °C")
@@ -72,8 +74,10 @@ def format_line(event: Event) -> str:
         parts.append(f"pid {event.pid}")
     if event.detail:
         parts[-1] += ":"
-        parts.append(event.detail.replace("\r", "\\r").replace("\n", "\\n"))  # one line
-    parts.append(f"({event.source}, simulated)" if event.simulated else f"({event.source})")
+        one_line = event.detail.replace("\r", "\\r").replace("\n", "\\n")
+        parts.append(safe_text.shown(one_line, cap=None))  # a peer's words are in some
+    source = safe_text.shown(event.source, cap=None)
+    parts.append(f"({source}, simulated)" if event.simulated else f"({source})")
     return " ".join(parts)
 
 

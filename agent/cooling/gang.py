@@ -209,7 +209,7 @@ class Channel:
                     ctx, self.target.address, self.target.server_key, keypair, self.connect_timeout
                 )
                 client.connect()
-            body = {"gang": self.identity.to_wire(), "member": report.to_wire(time.time())}
+            body = {"gang": self.identity.to_wire(), "member": report.to_wire(time.monotonic())}
             reply = client.request("gang.state", body, timeout=REQUEST_TIMEOUT_S)
         except AgentError as exc:  # it answers, and refuses: most often its rank is starting
             self._refused_since = self._refused_since or time.monotonic()
@@ -224,9 +224,16 @@ class Channel:
                 self.news([], self.target.name, str(exc))
             return None
         self._failures, self._refused_since = 0, None
-        now = time.time()
-        members = [MemberState.from_wire(m, now) for m in reply["members"]]
-        self.news([m for m in members if m.rank != self.identity.rank], self.target.name, None)
+        if reply["group"] != self.identity.group:
+            self.news([], self.target.name, f"it answered for group {reply['group']!r}")
+            return client
+        now = time.monotonic()
+        members = [
+            MemberState.from_wire(m, now)
+            for m in reply["members"]
+            if m["rank"] != self.identity.rank and m["rank"] < self.identity.world
+        ]  # a rank outside the job is no member: a broken or hostile agent's
+        self.news(members, self.target.name, None)
         return client
 
 
@@ -275,11 +282,10 @@ class GangRank:
         self, state: CoolingState, celsius: float | None, source: str, sensor: str | None
     ) -> None:
         """This Mac's wish after a poll: sent at once when it changed."""
-        now = time.time()
         before = self.members.get(self.identity.rank)
         report = MemberState(
             self.identity.rank, self.host, state, self._applied(), celsius, source, sensor,
-            now, self.job, heard=now,
+            time.time(), self.job, heard=time.monotonic(),
         )  # fmt: skip
         self.members[self.identity.rank] = report
         self._tell(report, at_once=before is None or before.state is not state)
@@ -304,7 +310,7 @@ class GangRank:
         """The verdict over every report that counts, the actions that bring this rank there
         (a change of what was done is reported at once), and what to say of ranks that fell
         silent."""
-        decided = verdict(self.members, time.time(), self.hold_s)
+        decided = verdict(self.members, time.monotonic(), self.hold_s)
         notes = []
         newly = sorted(set(decided.silent) - set(self.silent))
         self.silent = decided.silent
@@ -316,8 +322,7 @@ class GangRank:
             )
         self.enforced, actions = steer(self.enforced, decided.state)
         if actions and (own := self.members.get(self.identity.rank)) is not None:
-            now = time.time()
-            report = replace(own, applied=self._applied(), time=now, heard=now)
+            report = replace(own, applied=self._applied(), time=time.time(), heard=time.monotonic())
             self.members[self.identity.rank] = report
             self._tell(report, at_once=True)
         return decided, actions, notes

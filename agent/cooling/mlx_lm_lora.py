@@ -41,9 +41,7 @@ def main() -> None:
     if StepGate.wanted():
         gate = StepGate()
         train = lora.train
-        lora.train = functools.partial(
-            train, iterate_batches=gated(trainer.iterate_batches, gate)
-        )
+        lora.train = functools.partial(train, iterate_batches=gated(trainer.iterate_batches, gate))
     lora.main()
 
 

@@ -316,16 +316,16 @@ class Supervisor:
             except Empty:
                 if self._kill_at is not None and time.monotonic() >= self._kill_at:
                     self._kill(f"still running {self.grace:g} s after SIGTERM")
-                continue
+                kind, value = "due", None
             if kind == "exit":
                 returncode = value
             elif kind == "signal":
                 self._on_signal(value)
             elif kind == "gang":
                 self._on_gang_news(*value)
-            else:
+            elif kind == "sample":
                 self._on_sample(value)
-            self._stop_when_acknowledged()
+            self._stop_when_acknowledged()  # on every turn: a due time passes with no news too
             self._park_when_overdue()
         return EXIT_THERMAL_STOP if self._thermal_stop else shell_code(returncode)
 

@@ -126,6 +126,7 @@ class AgentSockets:
         """An XPUB, so the daemon knows whether anyone listens: a SUB sees a PUB."""
         self.subscriptions = Subscriptions()
         self._auth: ThreadAuthenticator | None = None
+        self.trusted: TrustedKeys | None = None
 
     def bind(self) -> str:
         """Bind both sockets; returns the command endpoint actually bound (the port resolved).
@@ -139,11 +140,9 @@ class AgentSockets:
             self.public_key = keypair.public
             self._auth = ThreadAuthenticator(self.ctx, log=logging.getLogger("agent.zap"))
             self._auth.start()
+            self.trusted = TrustedKeys(trusted_dir(), self.throttle)
             self._auth.configure_curve_callback(
-                domain="*",
-                credentials_provider=OwnOrTrustedKeys(
-                    keypair.public, TrustedKeys(trusted_dir(), self.throttle)
-                ),
+                domain="*", credentials_provider=OwnOrTrustedKeys(keypair.public, self.trusted)
             )
         for sock, endpoint in ((self.router, self.endpoint), (self.publisher, self.telemetry)):
             sock.ipv6 = self.ipv6
@@ -200,6 +199,12 @@ class AgentSockets:
         process of its user on its machine (docs/protocol.md §12). Asked only of the types
         that need it (shared.protocol.OWN_KEY_ONLY)."""
         return peer_key(frame) == self.public_key
+
+    def from_peer_agent(self, frame: zmq.Frame | None) -> bool:
+        """Whether a message came from a key trusted as a peer agent (`agent keys trust KEY
+        --peer`): such a key may only exchange gang states (shared.protocol.PEER_REQUESTS)."""
+        trusted = self.trusted
+        return bool(trusted and trusted.peers) and peer_key(frame) in trusted.peers  # type: ignore[union-attr]
 
     def send(self, identity: bytes, message: p.Message) -> None:
         """To one coordinator; a message too large to encode goes as its `too-large` error."""

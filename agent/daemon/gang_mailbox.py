@@ -50,7 +50,7 @@ class GangMailbox:
     ) -> list[MemberState]:
         """Take one member's report; returns every member's last one, this one included.
         GangRefused for a report this Mac's ranks did not ask for."""
-        now = time.time() if now is None else now
+        now = time.monotonic() if now is None else now
         self.expire(now)
         group = self.groups.get(identity.group)
         if member.rank != identity.rank:
@@ -94,7 +94,7 @@ class GangMailbox:
     def of_job(self, job: str, now: float | None = None) -> dict[str, Any] | None:
         """The gang of a supervised job for its listing (info, telemetry, Prometheus): its
         identity, the state every rank lives under and the rank that causes it."""
-        now = time.time() if now is None else now
+        now = time.monotonic() if now is None else now
         for group in self.groups.values():
             if group.job == job:
                 decided = verdict(group.members, now, group.hold_s)

@@ -106,6 +106,13 @@ class Requests:
         message = received.message
         assert isinstance(message, p.Message)
         request = Request(received.identity, message, received.frame)
+        if message.type not in p.PEER_REQUESTS and self.sockets.from_peer_agent(received.frame):
+            allowed = ", ".join(sorted(p.PEER_REQUESTS))
+            why = (
+                f"{message.type}: a peer agent's key (trusted with --peer) may send only {allowed}"
+            )
+            self.sockets.send(received.identity, p.error(p.FORBIDDEN, why, re=message.id))
+            return
         reply = HANDLERS[message.type](self, request)
         if reply is None:
             return
@@ -269,7 +276,7 @@ class Requests:
         try:
             gang_request(body)
             identity = GangIdentity.from_wire(body["gang"])
-            now = time.time()
+            now = time.monotonic()  # `heard` is this agent's own clock: a wall step changes nothing
             member = MemberState.from_wire(body["member"], now)
         except (Invalid, ValueError) as exc:
             raise request.refuse(p.BAD_BODY, f"gang.state: {exc}") from None

@@ -25,10 +25,18 @@ class TrustedKeys:
     def __init__(self, directory: Path, throttle: LogThrottle | None = None) -> None:
         self.directory = directory
         self.throttle = throttle or LogThrottle(log)
+        self.peers: set[str] = set()
+        """The keys let in as peer agents (trusted with --peer): the daemon lets them only
+        exchange gang states. Updated on this (ZAP) thread, read on the daemon's."""
 
     def callback(self, domain: str, key: bytes) -> bool:
         client = key.decode("ascii", "replace")
-        if any(entry.key == client for entry in list_trusted(self.directory)):
+        entry = next((e for e in list_trusted(self.directory) if e.key == client), None)
+        if entry is not None:
+            if entry.peer is not None:
+                self.peers.add(client)
+            else:
+                self.peers.discard(client)
             return True
         self.throttle.log(
             "refused handshakes",

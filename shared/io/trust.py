@@ -59,12 +59,12 @@ def list_trusted(directory: Path | None = None) -> list[TrustedKey]:
     directory = directory or trusted_dir()
     keys = []
     for path in sorted(directory.glob("*.key")):
-        try:
+        try:  # a revoke racing a handshake removes the file between the two reads
             public, _ = zmq.auth.load_certificate(path)
+            peer = _PEER_LINE.search(path.read_text(encoding="utf-8", errors="replace"))
         except (OSError, ValueError) as exc:
             log.warning("ignoring unreadable certificate %s: %s", path, exc)
             continue
-        peer = _PEER_LINE.search(path.read_text(encoding="utf-8", errors="replace"))
         found = peer.group(1) if peer and PEER_PATTERN.fullmatch(peer.group(1)) else None
         keys.append(TrustedKey(path.stem, public.decode("ascii", "replace"), path, found))
     return keys

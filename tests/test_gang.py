@@ -659,3 +659,21 @@ def test_a_peer_agents_key_may_only_exchange_gang_states(
         assert refused.value.code == "forbidden"
         with pytest.raises(AgentError, match="may send only gang.state, hello, info, ping"):
             client.request("job.list", {})
+
+
+def test_two_ranks_may_share_a_mac(
+    agents: AgentPool, tmp_path: Path, ranks: list[Rank], ctx: zmq.Context
+) -> None:
+    """`mlx.launch -n 2` on one host: both ranks under one agent, one gang."""
+    mac = start_mac(agents, tmp_path, "127.0.0.2")
+    start_ranks((mac, mac), tmp_path, steps=3000, into=ranks)
+    wait_until(lambda: all(r.steps() >= 10 for r in ranks), 90, "both ranks stepping", ranks)
+    set_policy(ctx, mac, HOT)
+    wait_until(
+        lambda: all(job_states(r) == {psutil.STATUS_STOPPED} for r in ranks),
+        30, "both ranks stopped (T)", ranks,
+    )  # fmt: skip
+    set_policy(ctx, mac, COOL)
+    for rank in ranks:
+        assert rank.process.wait(timeout=180) == 0, rank.stderr()
+    assert "is already" not in ranks[0].stderr() + ranks[1].stderr()

@@ -242,12 +242,14 @@ def gang_identity(
 
 
 def join_gang(identity: GangIdentity, supervisor: Supervisor, poll_interval: float) -> GangRank:
-    """The gang's side of the supervision; exit 2 when another job on this Mac already holds
-    the group (two jobs cannot be one rank)."""
+    """The gang's side of the supervision; exit 2 when another job on this Mac already is this
+    rank of the group (two jobs cannot be one rank; two ranks may share a Mac)."""
     daemon = find_daemon()
     port = int(daemon.endpoint.rpartition(":")[2]) if daemon else DEFAULT_PORT
-    taken = group_holder(identity.group)
+    taken = group_holder(identity.group, identity.rank)
     if taken is not None:
-        raise usage_error(f"group {identity.group} is already job {taken}'s on this Mac")
+        raise usage_error(
+            f"rank {identity.rank} of group {identity.group} is already job {taken}'s on this Mac"
+        )
     typer.echo(f"{PREFIX} {identity.describe()}", err=True)
     return GangRank(identity, supervisor.job, poll_interval, supervisor.post_gang_news, port)

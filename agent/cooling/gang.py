@@ -99,9 +99,9 @@ def targets(identity: GangIdentity, default_port: int) -> list[Target]:
     return found
 
 
-def group_holder(group: str) -> str | None:
-    """The job on this Mac that already holds `group`, as its agent lists it (None: no agent
-    answers, or none holds it)."""
+def group_holder(group: str, rank: int) -> str | None:
+    """The job on this Mac that already is rank `rank` of `group`, as its agent lists it (None:
+    no agent answers, or none is)."""
     daemon = find_daemon()
     if daemon is None:
         return None
@@ -117,7 +117,7 @@ def group_holder(group: str) -> str | None:
         return None
     for job in jobs:
         gang = job.get("gang")
-        if gang and gang["group"] == group and job["state"] != "exited":
+        if gang and (gang["group"], gang["rank"]) == (group, rank) and job["state"] != "exited":
             return str(job["job"])
     return None
 

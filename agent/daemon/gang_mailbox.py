@@ -11,6 +11,7 @@ a job it does not run, nor speak for the local rank.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,11 +27,20 @@ class GangRefused(ValueError):
 
 
 @dataclass
-class _Group:
+class _Local:
+    """A rank of the group that runs on this Mac: who it is, its job, when it last reported."""
+
     identity: GangIdentity
     job: str
-    hold_s: float
     reported: float
+
+
+@dataclass
+class _Group:
+    world: int
+    hold_s: float
+    local: dict[int, _Local] = field(default_factory=dict)
+    """By rank: two ranks of one job may share a Mac (`mlx.launch -n 2` on one host)."""
     members: dict[int, MemberState] = field(default_factory=dict)
 
 
@@ -55,52 +65,57 @@ class GangMailbox:
         group = self.groups.get(identity.group)
         if member.rank != identity.rank:
             raise GangRefused(f"the member is rank {member.rank}, the sender rank {identity.rank}")
+        if group is not None and identity.world != group.world:
+            raise GangRefused(
+                f"group {identity.group} has {group.world} ranks here, not {identity.world}"
+            )
         if local:
-            if group is not None and group.job != member.job:
+            held = group.local.get(member.rank) if group is not None else None
+            if held is not None and held.job != member.job:
                 raise GangRefused(
-                    f"group {identity.group} is job {group.job}'s on this Mac; job "
-                    f"{member.job} cannot join it as well"
+                    f"rank {member.rank} of group {identity.group} is job {held.job}'s on this "
+                    f"Mac; job {member.job} cannot be it as well"
                 )
-            if group is None or group.identity != identity:
-                kept = group.members if group is not None else {}
-                group = _Group(identity, member.job, hold_s, now, dict(kept))
-                self.groups[identity.group] = group
-            group.reported, group.hold_s = now, hold_s
-        else:
             if group is None:
-                raise GangRefused(f"no rank of group {identity.group} runs on this Mac")
-            if identity.world != group.identity.world:
-                raise GangRefused(
-                    f"group {identity.group} has {group.identity.world} ranks here, "
-                    f"not {identity.world}"
-                )
-            if member.rank == group.identity.rank:
-                raise GangRefused(
-                    f"rank {member.rank} of group {identity.group} is this Mac's: only its own "
-                    "agent run reports it"
-                )
+                group = self.groups[identity.group] = _Group(identity.world, hold_s)
+            group.local[member.rank] = _Local(identity, member.job, now)
+            group.hold_s = hold_s
+        elif group is None:
+            raise GangRefused(f"no rank of group {identity.group} runs on this Mac")
+        elif member.rank in group.local:
+            raise GangRefused(
+                f"rank {member.rank} of group {identity.group} is this Mac's: only its own "
+                "agent run reports it"
+            )
         group.members = merge(group.members, [member])
         return [group.members[rank] for rank in sorted(group.members)]
 
     def expire(self, now: float) -> None:
-        for name in [n for n, g in self.groups.items() if now - g.reported > GROUP_EXPIRES_S]:
-            del self.groups[name]
+        """Local ranks silent for GROUP_EXPIRES_S are forgotten (their agent run was killed)."""
+        self._drop(lambda held: now - held.reported > GROUP_EXPIRES_S)
 
     def forget(self, job: str) -> None:
-        """The job exited: its group goes with it."""
-        for name in [n for n, g in self.groups.items() if g.job == job]:
-            del self.groups[name]
+        """The job exited: its rank goes."""
+        self._drop(lambda held: held.job == job)
+
+    def _drop(self, gone: Callable[[_Local], bool]) -> None:
+        """The local ranks `gone` says, and each group left with none here."""
+        for name, group in list(self.groups.items()):
+            group.local = {rank: held for rank, held in group.local.items() if not gone(held)}
+            if not group.local:
+                del self.groups[name]
 
     def of_job(self, job: str, now: float | None = None) -> dict[str, Any] | None:
         """The gang of a supervised job for its listing (info, telemetry, Prometheus): its
         identity, the state every rank lives under and the rank that causes it."""
         now = time.monotonic() if now is None else now
         for group in self.groups.values():
-            if group.job == job:
-                decided = verdict(group.members, now, group.hold_s)
-                cause = decided.cause
-                return group.identity.to_wire() | {
-                    "state": decided.state.value,
-                    "cause": None if cause is None else cause.to_wire(now),
-                }
+            for held in group.local.values():
+                if held.job == job:
+                    decided = verdict(group.members, now, group.hold_s)
+                    cause = decided.cause
+                    return held.identity.to_wire() | {
+                        "state": decided.state.value,
+                        "cause": None if cause is None else cause.to_wire(now),
+                    }
         return None

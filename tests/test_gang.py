@@ -677,3 +677,16 @@ def test_two_ranks_may_share_a_mac(
     for rank in ranks:
         assert rank.process.wait(timeout=180) == 0, rank.stderr()
     assert "is already" not in ranks[0].stderr() + ranks[1].stderr()
+
+
+def test_a_cooperative_gang_stop_ends_every_rank_at_a_step_boundary(
+    two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path, ctx: zmq.Context
+) -> None:
+    """The job ends itself (GangStopped at one step on every rank), not SIGTERMed mid-step."""
+    hot, cool = two_macs
+    start_ranks(two_macs, tmp_path, steps=100000, into=ranks, gate="step")
+    wait_until(lambda: all(r.steps() >= 10 for r in ranks), 90, "both ranks stepping", ranks)
+    set_policy(ctx, cool, BURNING)
+    for rank in ranks:
+        assert rank.process.wait(timeout=90) == 75, rank.stderr()
+        assert "GangStopped: thermal stop of every rank at step" in rank.stderr()

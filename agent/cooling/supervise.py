@@ -259,6 +259,7 @@ class Supervisor:
         Mac's alone, then drives the actions (agent.cooling.gang)."""
         self._stop_due: float | None = None
         self._park_due: float | None = None
+        self._stop_left_to_cmd = False
 
     def run(self, feed: Feed) -> int:
         """Run CMD to its end under `feed`; returns `agent run`'s exit code (CMD's, or 75 after a
@@ -429,12 +430,23 @@ class Supervisor:
             )
 
     def _stop_when_acknowledged(self) -> None:
+        """End a stopped rank once every rank applies the stop (or STOP_ACK_TIMEOUT_S passed);
+        a cooperative one first gets PARK_TIMEOUT_S to end itself at its next step boundary
+        (agent.cooling.step_gate raises there), never killed mid-step."""
         if self._stop_due is None or self._terminating:
             return
         assert self.gang is not None
-        if self.gang.stop_applied_everywhere() or time.monotonic() >= self._stop_due:
-            self._stop_due = None
-            self._terminate(signal.SIGTERM)
+        due = time.monotonic() >= self._stop_due
+        if not (due or self.gang.stop_applied_everywhere()):
+            return
+        if self.cooperative and not self._stop_left_to_cmd:
+            self._stop_left_to_cmd = True
+            self._stop_due = time.monotonic() + PARK_TIMEOUT_S
+            return
+        if self._stop_left_to_cmd and not due:
+            return
+        self._stop_due = None
+        self._terminate(signal.SIGTERM)
 
     def _on_signal(self, signum: int) -> None:
         """Forward what `agent run` got; a second one (or one during a stop) kills at once."""

@@ -39,6 +39,7 @@ STATE_FILE_ENV = "MLX_FLEET_COOLING_STATE"
 GANG_ENV = "MLX_FLEET_GANG"
 """Set by `agent run` for a rank of a gang: the group's name."""
 PARKED_SUFFIX = ".parked"
+STOPPED_SUFFIX = ".stopped"
 WAKE_EVERY_S = 0.1
 """How often parked ranks ask each other whether the gang resumed: a CPU-stream collective of
 a scalar, every rank having slept the same time, so none spins long in it."""
@@ -54,6 +55,12 @@ class GangStopped(RunStopped):
 
 def parked_path(state_file: Path) -> Path:
     return state_file.with_name(state_file.name + PARKED_SUFFIX)
+
+
+def stopped_path(state_file: Path) -> Path:
+    """Written by a rank that ends itself at the gang's stop: the agreement can reach it before
+    its own `agent run` heard of the stop, which must still exit 75."""
+    return state_file.with_name(state_file.name + STOPPED_SUFFIX)
 
 
 class StepGate:
@@ -116,4 +123,6 @@ class StepGate:
         return int(agreed.item())
 
     def _shutdown(self, step: int) -> GangStopped:
+        assert self.state_file is not None
+        stopped_path(self.state_file).write_text(json.dumps({"step": step, "time": time.time()}))
         return GangStopped(f"thermal stop of every rank at step {step} (agent run says why)")

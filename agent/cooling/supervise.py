@@ -44,11 +44,11 @@ import psutil
 from agent.cooling.accounting import SUMMARY_ACTION, Energy, RunAccounting
 from agent.cooling.events import PREFIX
 from agent.cooling.gang import PARK_TIMEOUT_S, STOP_ACK_TIMEOUT_S, GangRank
+from agent.cooling.gang_follow import GangFollower
 from agent.cooling.output_tee import environment
-from agent.cooling.step_gate import GANG_ENV, STATE_FILE_ENV, parked_path
+from agent.cooling.step_gate import GANG_ENV, STATE_FILE_ENV, stopped_path
 from agent.thermal import ThermalMonitor, ThermalReading
 from shared.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_THERMAL_STOP
-from shared.gang import MemberState
 from shared.io.files import replace_atomically
 from shared.io.paths import data_subdir
 from shared.job_account import THROTTLE_WINDOW_S
@@ -217,7 +217,7 @@ class LaunchError(RuntimeError):
 Sink = Callable[[Event], None]
 
 
-class Supervisor:
+class Supervisor(GangFollower):
     """Runs one command in its own process group and applies the policy's actions to the group.
 
     Everything that changes state runs on the calling (main) thread, fed by one queue: samples from
@@ -297,6 +297,7 @@ class Supervisor:
             if guardian is not None:
                 guardian.release()
             self.state_file.unlink(missing_ok=True)
+            stopped_path(self.state_file).unlink(missing_ok=True)
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         self._emit(SUMMARY_ACTION, detail=self.accounting.finish())
@@ -328,6 +329,9 @@ class Supervisor:
                 self._on_sample(value)
             self._stop_when_acknowledged()  # on every turn: a due time passes with no news too
             self._park_when_overdue()
+        if not self._thermal_stop and stopped_path(self.state_file).exists():
+            self._thermal_stop = True  # CMD ended itself at the gang's stop before we heard it
+            self._emit("gang", detail="the job ended itself at the gang's stop")
         return EXIT_THERMAL_STOP if self._thermal_stop else shell_code(returncode)
 
     def _timeout(self, returncode: int | None) -> float | None:
@@ -389,64 +393,6 @@ class Supervisor:
         for action in actions:
             detail = reason(action) if callable(reason) else reason
             self._emit(action.value, celsius=celsius, detail=detail)
-
-    # --- a rank of a gang ---------------------------------------------------------------------
-
-    def post_gang_news(self, news: tuple[list[MemberState], str, str | None]) -> None:
-        """From a gang channel's thread: what one agent said (agent.cooling.gang.News)."""
-        self._queue.put(("gang", news))
-
-    def _on_gang_news(self, members: list[MemberState], name: str, problem: str | None) -> None:
-        assert self.gang is not None
-        self.gang.hear(members)
-        said = self.gang.reachability(name, problem)
-        if said is not None:
-            self._emit("gang", detail=said)
-        if not self._terminating:
-            self._follow_gang(None)
-
-    def _follow_gang(self, reading: ThermalReading | None) -> None:
-        """Bring this rank to the gang's verdict (agent.cooling.gang.GangRank.decide)."""
-        assert self.gang is not None
-        decided, actions, notes = self.gang.decide()
-        for note in notes:
-            self._emit("gang", detail=note)
-        if actions:
-            cause = decided.cause
-            celsius = cause.celsius if cause is not None else None
-            self._apply(actions, decided.state, reading, celsius,
-                        lambda action: self.gang.reason(action, decided))  # type: ignore[union-attr]  # fmt: skip
-
-    def _park_when_overdue(self) -> None:
-        """A cooperative rank that has not parked at a step boundary within PARK_TIMEOUT_S is
-        paused with SIGSTOP (its step is longer than a cooling pause may wait)."""
-        if self._park_due is None or time.monotonic() < self._park_due:
-            return
-        self._park_due = None
-        if not parked_path(self.state_file).exists():
-            self._signal(signal.SIGSTOP)
-            self._emit(
-                "gang", detail=f"no step boundary within {PARK_TIMEOUT_S:g} s: paused with SIGSTOP"
-            )
-
-    def _stop_when_acknowledged(self) -> None:
-        """End a stopped rank once every rank applies the stop (or STOP_ACK_TIMEOUT_S passed);
-        a cooperative one first gets PARK_TIMEOUT_S to end itself at its next step boundary
-        (agent.cooling.step_gate raises there), never killed mid-step."""
-        if self._stop_due is None or self._terminating:
-            return
-        assert self.gang is not None
-        due = time.monotonic() >= self._stop_due
-        if not (due or self.gang.stop_applied_everywhere()):
-            return
-        if self.cooperative and not self._stop_left_to_cmd:
-            self._stop_left_to_cmd = True
-            self._stop_due = time.monotonic() + PARK_TIMEOUT_S
-            return
-        if self._stop_left_to_cmd and not due:
-            return
-        self._stop_due = None
-        self._terminate(signal.SIGTERM)
 
     def _on_signal(self, signum: int) -> None:
         """Forward what `agent run` got; a second one (or one during a stop) kills at once."""

@@ -142,25 +142,16 @@ gang_member = s.fields(
     }
 )
 """One rank's report in a gang (docs/protocol.md §15): what its Mac asks for and why."""
-gang_identity = s.fields(
-    {
-        "group": s.text(MAX_GROUP_LENGTH, least=1),
-        "rank": s.integer(0, MAX_WORLD - 1),
-        "world": s.integer(2, MAX_WORLD),
-        "hosts": s.list_of(s.text(MAX_ID), MAX_WORLD),
-        "backend": s.one_of(BACKENDS),
-    }
-)
+_gang_fields: dict[str, s.Check] = {
+    "group": s.text(MAX_GROUP_LENGTH, least=1),
+    "rank": s.integer(0, MAX_WORLD - 1),
+    "world": s.integer(2, MAX_WORLD),
+    "hosts": s.list_of(s.text(MAX_ID), MAX_WORLD),
+    "backend": s.one_of(BACKENDS),
+}
+gang_identity = s.fields(_gang_fields)
 gang_listed = s.fields(
-    {
-        "group": s.text(MAX_GROUP_LENGTH, least=1),
-        "rank": s.integer(0, MAX_WORLD - 1),
-        "world": s.integer(2, MAX_WORLD),
-        "hosts": s.list_of(s.text(MAX_ID), MAX_WORLD),
-        "backend": s.one_of(BACKENDS),
-        "state": s.one_of(POLICY_STATES),
-        "cause": s.nil_or(gang_member),
-    }
+    _gang_fields | {"state": s.one_of(POLICY_STATES), "cause": s.nil_or(gang_member)}
 )
 """A supervised job's gang as the agent lists it: who it is, and the state all its ranks live
 under with the rank that causes it."""

@@ -22,6 +22,7 @@ import zmq
 
 from agent.daemon_address import find_daemon
 from shared.gang import (
+    JACCL,
     PEER_HOLD_POLLS,
     Enforced,
     GangIdentity,
@@ -237,6 +238,13 @@ class Channel:
         return client
 
 
+def relays(target: Target, identity: GangIdentity) -> bool:
+    """Whether `target` is an agent this rank hears its peers through, asked every
+    LOCAL_EVERY_S: its own, and under JACCL (whose variables name rank 0's host alone) rank 0's,
+    which every rank reports to. Rank 0's agent is then the one relay between the others."""
+    return target.local or identity.backend == JACCL
+
+
 class GangRank:
     """The gang as this rank sees it: every member's last report, what was done to this rank,
     and the channels to the agents. The supervisor calls observe() on its own thread with each
@@ -253,6 +261,9 @@ class GangRank:
     ) -> None:
         self.identity, self.job, self.host = identity, job, this_host()
         self.hold_s = PEER_HOLD_POLLS * poll_interval
+        self.stop_ack_s = max(STOP_ACK_TIMEOUT_S, 3 * poll_interval)
+        """How long a stopped rank waits for every rank to apply the stop: a relayed report
+        may take a poll or two to come round."""
         self.members: dict[int, MemberState] = {}
         self.enforced = Enforced()
         self.unreachable: dict[str, str] = {}
@@ -261,7 +272,7 @@ class GangRank:
             Channel(
                 target,
                 identity,
-                LOCAL_EVERY_S if target.local else poll_interval,
+                LOCAL_EVERY_S if relays(target, identity) else poll_interval,
                 lambda members, name, problem: post((members, name, problem)),
                 connect_timeout,
             )  # fmt: skip

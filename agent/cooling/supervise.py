@@ -43,7 +43,7 @@ import psutil
 
 from agent.cooling.accounting import SUMMARY_ACTION, Energy, RunAccounting
 from agent.cooling.events import PREFIX
-from agent.cooling.gang import PARK_TIMEOUT_S, STOP_ACK_TIMEOUT_S, GangRank
+from agent.cooling.gang import PARK_TIMEOUT_S, GangRank
 from agent.cooling.gang_follow import GangFollower
 from agent.cooling.output_tee import environment
 from agent.cooling.step_gate import GANG_ENV, STATE_FILE_ENV, stopped_path
@@ -386,7 +386,7 @@ class Supervisor(GangFollower):
                 else:
                     if not parks_itself:
                         self._signal(signal.SIGSTOP)
-                    self._stop_due = time.monotonic() + STOP_ACK_TIMEOUT_S
+                    self._stop_due = time.monotonic() + self.gang.stop_ack_s
         self._write_state(cooling, reading)
         if self.cooperative and {Action.REDUCE_BATCH, Action.RESTORE_BATCH} & set(actions):
             self._signal(signal.SIGUSR1)

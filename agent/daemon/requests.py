@@ -39,6 +39,7 @@ from shared.shapes import Invalid
 log = logging.getLogger("agent.daemon")
 
 REFUSAL_LOG_EVERY_S = 60.0
+MAX_GROUPS_REMEMBERED = 1024
 
 
 class Reply(NamedTuple):
@@ -298,6 +299,8 @@ class Requests:
     def _log_refusal(self, group: str, why: str) -> None:
         now = time.monotonic()
         if now - self._refusals_logged.get(group, -math.inf) >= REFUSAL_LOG_EVERY_S:
+            if len(self._refusals_logged) >= MAX_GROUPS_REMEMBERED:  # names are the peers'
+                self._refusals_logged.clear()
             self._refusals_logged[group] = now
             log.warning("refused a gang.state: %s", why)
 

@@ -375,6 +375,16 @@ def test_one_hot_mac_pauses_and_resumes_every_rank(
     assert "paused all 2 ranks: " in ranks[1].stderr()
     assert "(rank 0) at 70.0 °C" in ranks[1].stderr()
     assert "resumed all 2 ranks" in ranks[0].stderr()
+    monitor_json(two_macs)  # records what the agents kept, the jobs' summaries among it
+    done = cli("coordinator", "history", "--since", "1h", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    jobs = json.loads(done.stdout)["jobs"]
+    assert {job["host"] for job in jobs} == {hot.agent.address, cool.agent.address}
+    for job in jobs:
+        assert job["readable"] and job["paused_s"] > 0 and job["max_celsius"] == 70.0
+        assert job["last_pause"].startswith("paused all 2 ranks: ")
+    table = cli("coordinator", "history", "--since", "1h")
+    assert "agent run jobs" in table.stdout and "paused all 2 ranks" in table.stdout
 
 
 def test_a_stop_on_one_mac_ends_every_rank_with_75(
@@ -690,3 +700,23 @@ def test_a_cooperative_gang_stop_ends_every_rank_at_a_step_boundary(
     for rank in ranks:
         assert rank.process.wait(timeout=90) == 75, rank.stderr()
         assert "GangStopped: thermal stop of every rank at step" in rank.stderr()
+
+
+def test_a_summary_an_agent_wrote_is_checked_before_it_is_shown(tmp_path: Path) -> None:
+
+    from coordinator.job_history import job_summaries
+    from coordinator.telemetry_store import TelemetryStore
+
+    with TelemetryStore(tmp_path / "t.sqlite") as store:
+        rows = [("mac1", 10.0, "summary", "j1", "{not json"),
+                ("mac2", 11.0, "summary", "j2",
+                 json.dumps({"wall_s": "1e9", "paused_s": 3.5, "max_source": 7})),
+                ("mac2", 5.0, "pause", "j2", "paused all 2 ranks: mac2 at 90 °C")]  # fmt: skip
+        store.conn.executemany(
+            "INSERT INTO events (host, time, action, job, detail, source, simulated) "
+            "VALUES (?, ?, ?, ?, ?, 'smc', 0)", rows,
+        )  # fmt: skip
+        bad, odd = job_summaries(store.conn, 0.0, None)
+    assert not bad["readable"] and bad["wall_s"] is None
+    assert odd["readable"] and odd["wall_s"] is None and odd["paused_s"] == 3.5
+    assert odd["max_source"] is None and odd["last_pause"].startswith("paused all 2 ranks")

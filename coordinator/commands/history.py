@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from coordinator.dashboard import NA, duration
 from coordinator.hostfile import HostfileError, parse_hosts
+from coordinator.job_history import job_summaries
 from coordinator.telemetry_stats import (
     THRESHOLDS,
     HostSeries,
@@ -169,7 +171,9 @@ def history(
     ] = None,
 ) -> None:
     """Per host from the recorded telemetry: min / mean / max °C, time at or above each
-    threshold of the policy in force, time paused, pauses and stops, energy and mean power.
+    threshold of the policy in force, time paused, pauses and stops, energy and mean power;
+    then each `agent run` job that ended in the window: its wall and paused time, hottest
+    reading, energy, tokens/s and throttle, and why it last paused.
 
     `coordinator monitor` records what it hears; this reads only that record.
     """
@@ -192,11 +196,12 @@ def history(
     try:
         with TelemetryStore() as store:
             rows, series = read_history(store, start, names, plot is not None)
+            jobs = job_summaries(store.conn, start, names)
     except StoreError as exc:
         raise usage_error(str(exc)) from None
     if rows or fmt == "json":
-        summary = {"since": start, "until": now, "hosts": rows}
-        emit(summary, fmt, lambda data: stats_table(data["hosts"], start))
+        summary = {"since": start, "until": now, "hosts": rows, "jobs": jobs}
+        emit(summary, fmt, lambda data: history_tables(data, start))
     else:
         err.print(
             f"no telemetry recorded since {_stamp(start)}: `coordinator monitor` records it",
@@ -212,6 +217,48 @@ def history(
         except OSError as exc:
             raise fail(f"cannot write {plot}: {exc.strerror or exc}", EXIT_PARTIAL) from None
         err.print(f"wrote {plot}", highlight=False)
+
+
+def history_tables(data: dict[str, Any], since: float) -> RenderableType:
+    """The hosts' table, and under it the jobs that ended in the window, when any did."""
+    if not data["jobs"]:
+        return stats_table(data["hosts"], since)
+    return Group(stats_table(data["hosts"], since), jobs_table(data["jobs"]))
+
+
+def jobs_table(jobs: list[dict[str, Any]]) -> Table:
+    """One row per `agent run` job that ended in the window: its summary (an agent's: every
+    figure checked, every text shown safe) and why it last paused."""
+    table = Table(title="agent run jobs", title_justify="left")
+    for name in ("host", "job", "ended", "wall", "paused", "max °C", "energy J", "tok/s",
+                 "throttle", "last pause"):  # fmt: skip
+        table.add_column(name, overflow="fold", justify="right" if name in RIGHT else "left")
+    for job in jobs:
+        if not job["readable"]:
+            table.add_row(shown(job["host"]), shown(job["job"] or NA), _stamp(job["ended"]),
+                          "summary unreadable", *[""] * 6)  # fmt: skip
+            continue
+        hottest = NA if job["max_celsius"] is None else f"{job['max_celsius']:.1f}"
+        speed = (
+            NA if job["tok_s_first"] is None or job["tok_s_last"] is None
+            else f"{job['tok_s_first']:.0f} → {job['tok_s_last']:.0f}"
+        )  # fmt: skip
+        table.add_row(
+            shown(job["host"]),
+            shown(job["job"] or NA),
+            _stamp(job["ended"]),
+            NA if job["wall_s"] is None else duration(job["wall_s"]),
+            NA if job["paused_s"] is None else duration(job["paused_s"]),
+            hottest,
+            NA if job["energy_j"] is None else f"{job['energy_j']:.0f}",
+            speed,
+            NA if job["throttle"] is None else f"{job['throttle']:.2f}",
+            Text(shown(job["last_pause"] or "", DETAIL_CAP)),
+        )
+    return table
+
+
+RIGHT = ("wall", "paused", "max °C", "energy J", "tok/s", "throttle")
 
 
 def policy_cell(policy: dict[str, Any]) -> Text:

@@ -252,4 +252,10 @@ def join_gang(identity: GangIdentity, supervisor: Supervisor, poll_interval: flo
             f"rank {identity.rank} of group {identity.group} is already job {taken}'s on this Mac"
         )
     typer.echo(f"{PREFIX} {identity.describe()}", err=True)
+    if os.environ.get("MLX_METAL_FAST_SYNCH") == "1":  # docs/monitoring.md, Distributed
+        typer.echo(
+            f"{PREFIX} warning: MLX_METAL_FAST_SYNCH=1 makes a waiting rank spin on the GPU "
+            "(ml-explore/mlx#3830 wedged GPUs so): unset it for a job that may be paused",
+            err=True,
+        )
     return GangRank(identity, supervisor.job, poll_interval, supervisor.post_gang_news, port)

@@ -188,7 +188,7 @@ def main() -> None:
         time.sleep(window)
         solo_peer = (cpu_s(pids[1]) - before_peer) / window
         os.kill(pids[0], signal.SIGCONT)
-    print(f"{machine()}; {cycles} pause/resume cycles, agents polling every 1 s")
+    print(f"machine: {machine()}; {cycles} pause/resume cycles, agents polling every 1 s")
     print(f"{'':34}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}{'p99 × 1 s':>12}")
     for name, values in (("pause skew between ranks", pause_skew),
                          ("resume skew between ranks", resume_skew),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -249,8 +250,8 @@ def run_over(agent_cli: str, capture: Path, seconds: float) -> subprocess.Comple
 
 def actions_said(stderr: str) -> list[str]:
     """The action of each `[mlx-fleet] HH:MM:SS ACTION ...` line."""
-    lines = [line for line in stderr.splitlines() if line.startswith("[mlx-fleet] ")]
-    return [line.split()[2] for line in lines if " job " in line]
+    timed = (re.match(r"\[mlx-fleet\] \d\d:\d\d:\d\d (\S+) ", line) for line in stderr.splitlines())
+    return [match.group(1) for match in timed if match]  # not the summary's lines
 
 
 @pytest.mark.parametrize(

@@ -465,8 +465,9 @@ def test_a_peer_cannot_report_into_a_group_no_rank_here_runs(
 def test_a_peer_cannot_speak_for_the_local_rank(
     two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path, ctx: zmq.Context
 ) -> None:
-    start_ranks(two_macs, tmp_path, steps=3000, into=ranks)
+    start_ranks(two_macs, tmp_path, steps=100000, into=ranks)
     wait_until(lambda: all(r.steps() >= 10 for r in ranks), 90, "both ranks stepping", ranks)
+    wait_until(lambda: listed_gangs(ctx, two_macs[0]), 60, "rank 0's gang listed", ranks)
     group = json.loads((tmp_path / "hosts.json").read_text())
     identity = from_environment(
         {"MLX_RANK": "0", "MLX_HOSTFILE": "h"}, lambda path: json.dumps(group)
@@ -512,11 +513,19 @@ def test_a_bad_hostfile_is_said_and_the_rank_runs_alone(tmp_path: Path) -> None:
     assert len(warning) == 1 and "not JSON" in warning[0] and "alone" in warning[0]
 
 
+def listed_gangs(ctx: zmq.Context, mac: Mac) -> list[dict[str, object]]:
+    """The gangs the agent lists for its jobs (info.ok's jobs)."""
+    with connect(ctx, mac.agent) as client:
+        return [job["gang"] for job in client.request("info")["jobs"] if job.get("gang")]
+
+
 def test_two_jobs_cannot_be_one_rank(
-    two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path
+    two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path, ctx: zmq.Context
 ) -> None:
-    start_ranks(two_macs, tmp_path, steps=3000, into=ranks)
+    start_ranks(two_macs, tmp_path, steps=100000, into=ranks)
     wait_until(lambda: all(r.steps() >= 10 for r in ranks), 90, "both ranks stepping", ranks)
+    # Rank 0 holds its group once its agent run reported (after its first sample).
+    wait_until(lambda: listed_gangs(ctx, two_macs[0]), 60, "rank 0's gang listed", ranks)
     done = subprocess.run(
         [console_script("agent"), "run", "--", "true"], capture_output=True, text=True,
         timeout=60, env=subprocess_env(

@@ -83,8 +83,9 @@ def job_pid(agent_run: subprocess.Popen[str], deadline: float) -> int:
     while time.monotonic() < deadline:
         children = Path(f"/proc/{agent_run.pid}/task/{agent_run.pid}/children")
         for pid in children.read_text().split():
-            if JOB.name.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                return int(pid)
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if args[1:2] == [str(JOB).encode()]:  # python JOB: not a child still between fork
+                return int(pid)  # and exec, whose arguments are agent run's own
         time.sleep(0.01)
     raise BenchError("a rank's job did not start")
 
@@ -108,7 +109,8 @@ def transition(pids: list[int], stopped: bool, logs: Path, timeout: float = 30.0
         if time.monotonic() > deadline:
             said = "".join(path.read_text() for path in sorted(logs.glob("rank-*.log")))
             what = "paused" if stopped else "resumed"
-            raise BenchError(f"ranks not {what} within {timeout} s:\n{said}")
+            states = {pid: state(pid) for pid in pids}
+            raise BenchError(f"ranks not {what} within {timeout} s (states {states}):\n{said}")
         for pid in pids:
             if pid not in seen and (state(pid) == "T") == stopped:
                 seen[pid] = time.monotonic()

@@ -171,8 +171,9 @@ def history(
     ] = None,
 ) -> None:
     """Per host from the recorded telemetry: min / mean / max °C, time at or above each
-    threshold of the policy in force, time paused, pauses and stops, energy and mean power;
-    then each `agent run` job that ended in the window: its wall and paused time, hottest
+    threshold of the policy in force, time paused, pauses and stops, energy and mean power.
+
+    Then each `agent run` job that ended in the window: its wall and paused time, hottest
     reading, energy, tokens/s and throttle, and why it last paused.
 
     `coordinator monitor` records what it hears; this reads only that record.

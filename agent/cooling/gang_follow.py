@@ -65,7 +65,7 @@ class GangFollower:
             )
 
     def _stop_when_acknowledged(self) -> None:
-        """End a stopped rank once every rank applies the stop (or STOP_ACK_TIMEOUT_S passed);
+        """End a stopped rank once every rank applies the stop (or GangRank.stop_ack_s passed);
         a cooperative one first gets PARK_TIMEOUT_S to end itself at its next step boundary
         (agent.cooling.step_gate raises there), never killed mid-step."""
         if self._stop_due is None or self._terminating:

@@ -17,6 +17,7 @@ from shared.energy import RAILS
 from shared.gang import BACKENDS, MAX_GROUP_LENGTH, MAX_WORLD
 from shared.matrix import DECODE, MAX_CELLS, PREFILL, PREFILL_DECODE
 from shared.policy import CoolingState, ThermalPolicy
+from shared.verdict import VERDICTS
 
 MAX_HISTORY_ITEMS = 10_000
 """Samples, and events, in one history.get page (the `limit` an agent takes, §10)."""
@@ -264,6 +265,12 @@ MEASURED = {
     "energy_short_windows": s.nil_or(count),
     "energy_note": maybe_text,
     "sustain": sustain,
+    "ci95_tokens_per_sec": maybe_amount,
+    "warmup_iterations": count,
+    "rewarm_iterations": count,
+    "precision_target": s.nil_or(s.number(0, 1)),
+    "slept_s": maybe_amount,
+    "sleep_clock": maybe_text,
 }
 """A record's fields that a measured cell has (§5 Cell records): absent from a cell that failed
 unmeasured."""
@@ -289,8 +296,17 @@ COORDINATES = {
     "thermal_source": maybe_text,
 }
 """What every record carries, measured or not."""
-RECORD_FIELDS = COORDINATES | MEASURED | {"host": name}
-_record_shape = s.fields(COORDINATES, MEASURED | {"host": name})
+JUDGED = {
+    "verdict": s.one_of(VERDICTS),
+    "verdict_reasons": s.list_of(s.text(64, least=1), MAX_FLAGS),
+    "settings": s.map_of(s.either(scalar, s.map_of(scalar)), 64),
+    "boot_time": s.nil_or(epoch),
+    "injected": s.list_of(s.text(64, least=1), MAX_FLAGS),
+}
+"""What a record says about its own worth (§5 Verdicts), optional so an older agent's records
+still read: a coordinator judges every record again from its fields (shared.verdict)."""
+RECORD_FIELDS = COORDINATES | MEASURED | JUDGED | {"host": name}
+_record_shape = s.fields(COORDINATES, MEASURED | JUDGED | {"host": name})
 """A coordinator's stored records add `host` (the host as it names it)."""
 SPEED_SLACK = 1e-6
 """Relative rounding a mean rate may sit above the best iteration's by."""

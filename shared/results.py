@@ -11,6 +11,7 @@ from typing import Any
 
 from shared.energy import energy_flags
 from shared.matrix import Cell
+from shared.verdict import judge
 
 OK = "ok"
 FAILED = "failed"
@@ -29,7 +30,7 @@ def cell_record(
 ) -> dict[str, Any]:
     """A finished cell: its coordinates, its metrics or its error, what the guard saw, and what
     was `measured` around its iterations (energy, a sustained run's windows: shared.energy,
-    shared.sustain), which may replace metrics it stands for."""
+    shared.sustain), which may replace metrics it stands for; judged (shared.verdict) last."""
     record: dict[str, Any] = cell.to_dict()
     record["status"] = FAILED if error is not None else OK
     record["error"] = error
@@ -45,7 +46,7 @@ def cell_record(
     record["thermal_source"] = thermal.get("thermal_source")
     record.update(measured or {})
     record["flags"] += energy_flags(record)
-    return record
+    return judge(record)
 
 
 def not_run(cells: Iterable[Cell], reason: str) -> list[dict[str, Any]]:
@@ -54,7 +55,7 @@ def not_run(cells: Iterable[Cell], reason: str) -> list[dict[str, Any]]:
     for cell in cells:
         record = cell_record(cell, error=reason)
         record["status"] = NOT_RUN
-        records.append(record)
+        records.append(judge(record))
     return records
 
 

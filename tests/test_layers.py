@@ -121,7 +121,8 @@ USERS_OF_SENSORS = frozenset(
     }
 )
 AGENT_RULES: dict[str, frozenset[str]] = {
-    "sensors": USERS_OF_SENSORS | {"agent.thermal", "agent.power"},
+    "sensors": USERS_OF_SENSORS | {"agent.thermal", "agent.power", "agent.awake"},
+    "awake": USERS_OF_SENSORS | {"agent.thermal", "agent.power"},
     "thermal": USERS_OF_SENSORS | {"agent.power"},
     "power": USERS_OF_SENSORS | {"agent.thermal"},
     "cooling": frozenset({"agent.commands", "agent.daemon", "agent.service"}),

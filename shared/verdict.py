@@ -1,0 +1,132 @@
+"""A cell's verdict: `valid`, or `invalid` with every reason it cannot be published as a speed.
+
+Pure: the verdict is a function of the record's own fields, so an agent, a coordinator that
+trusts no agent (it judges every record again), a stored run read back and a test all reach the
+same one. The reasons and the thresholds are documented in docs/performance.md (Verdicts);
+INFORMATIONAL flags are shown beside the figures but never make a cell invalid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+VALID = "valid"
+INVALID = "invalid"
+VERDICTS = (VALID, INVALID)
+
+COLD = "cold"
+"""No untimed iteration ran before the timed ones (-w 0): kernels compiled inside the clock."""
+NOISY = "noisy"
+"""The 95 % confidence interval of the mean tok/s is wider than the allowed share, or n = 1."""
+SLEPT = "slept"
+"""The sleep-inclusive and sleep-exclusive clocks disagreed over a timed window."""
+PAUSED = "paused"
+HOT = "hot"
+HOT_START = "hot-start"
+"""The cell started above the reduce threshold (or pressure not Nominal) after the cool-start
+wait ran out."""
+LOW_POWER = "low-power"
+ON_BATTERY = "on-battery"
+GPU_ERROR = "gpu-error"
+FAILED = "failed"
+UNVERIFIED = "unverified"
+"""Recorded by an agent that predates verdicts: what a verdict needs is not in the record."""
+REASONS = (
+    COLD,
+    NOISY,
+    SLEPT,
+    PAUSED,
+    HOT,
+    HOT_START,
+    LOW_POWER,
+    ON_BATTERY,
+    GPU_ERROR,
+    FAILED,
+    UNVERIFIED,
+)
+INVALIDATING_FLAGS = (PAUSED, HOT, HOT_START, SLEPT)
+"""Cell flags that are also reasons."""
+INFORMATIONAL = ("simulated", "short-energy-window", "rewarmed", "injected")
+"""Flags that say how a figure was obtained without making it invalid: simulated or injected
+readings (labelled wherever shown), energy windows shorter than the meter's resolution, and
+untimed re-warm iterations after a gap."""
+
+NOISY_SHARE = 0.05
+"""A cell is noisy when the half-width of its mean's 95 % interval exceeds 5 % of the mean
+(or, under `-r auto`, the precision asked for)."""
+SLEPT_TOLERANCE_S = 0.25
+"""Seconds the two clocks may drift apart over a cell's timed windows before it `slept`."""
+LOW_POWER_MODES = ("low",)
+BATTERY_SOURCES = ("battery",)
+
+
+def interval(record: Mapping[str, Any]) -> tuple[float, float] | None:
+    """The record's tok/s 95 % interval (low, high), None where it has none."""
+    mean = record.get("tokens_per_sec")
+    half = record.get("ci95_tokens_per_sec")
+    if mean is None or half is None:
+        return None
+    return mean - half, mean + half
+
+
+def separated(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether the two records' intervals do not overlap: a difference beyond the noise."""
+    first, second = interval(a), interval(b)
+    if first is None or second is None:
+        return False
+    return first[1] < second[0] or second[1] < first[0]
+
+
+def noise_limit(record: Mapping[str, Any]) -> float:
+    """The share of the mean a cell's interval half-width may reach."""
+    return record.get("precision_target") or NOISY_SHARE
+
+
+def is_noisy(record: Mapping[str, Any]) -> bool:
+    mean = record.get("tokens_per_sec")
+    half = record.get("ci95_tokens_per_sec")
+    if not mean or half is None:
+        return True
+    return half > noise_limit(record) * mean
+
+
+def reasons(record: Mapping[str, Any]) -> list[str]:
+    """Every reason the record cannot be published as a speed, in REASONS order."""
+    found: set[str] = set()
+    if record.get("status") != "ok":
+        error = record.get("error") or ""
+        found.add(GPU_ERROR if error.startswith(GPU_ERROR) else FAILED)
+    elif "warmup_iterations" not in record:
+        found.add(UNVERIFIED)
+    else:
+        if not record.get("warmup_iterations"):
+            found.add(COLD)
+        if is_noisy(record):
+            found.add(NOISY)
+        if (record.get("slept_s") or 0.0) > SLEPT_TOLERANCE_S:
+            found.add(SLEPT)
+    found.update(flag for flag in record.get("flags") or () if flag in INVALIDATING_FLAGS)
+    settings = record.get("settings") or {}
+    if settings.get("power_mode") in LOW_POWER_MODES:
+        found.add(LOW_POWER)
+    if settings.get("power_source") in BATTERY_SOURCES:
+        found.add(ON_BATTERY)
+    return [reason for reason in REASONS if reason in found]
+
+
+def judge(record: dict[str, Any]) -> dict[str, Any]:
+    """The record with its verdict and reasons set from its own fields (replacing any it came
+    with: a peer's verdict is never taken on trust)."""
+    found = reasons(record)
+    record["verdict"] = INVALID if found else VALID
+    record["verdict_reasons"] = found
+    return record
+
+
+def verdict_text(record: Mapping[str, Any]) -> str:
+    """`valid`, or `invalid: cold, noisy`: how every table and format spells a verdict."""
+    found = record.get("verdict_reasons") or []
+    if record.get("verdict") == VALID and not found:
+        return VALID
+    return f"{INVALID}: {', '.join(found)}" if found else INVALID

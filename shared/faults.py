@@ -9,7 +9,6 @@ position of a cell in its run's matrix (every cell when absent):
   gpu-error[=KIND]       the job process prints Metal's command-buffer error KIND (Timeout,
                          PageFault, ImpactingInteractivity) and aborts, as Metal does
   reboot                 the boot time read before the cell moves on (a reboot between cells)
-  hot-start[=CELSIUS]    the cool-start wait reads CELSIUS (95) until its bound runs out
   low-power              settings say Low Power Mode is on
   on-battery             settings say the Mac runs on battery
 
@@ -29,7 +28,6 @@ DEFAULTS: dict[str, str | None] = {
     "sleep": "5",
     "gpu-error": "Timeout",
     "reboot": None,
-    "hot-start": "95",
     "low-power": None,
     "on-battery": None,
 }
@@ -64,7 +62,7 @@ def parse(text: str) -> tuple[Fault, ...]:
 def _check_value(kind: str, value: str | None) -> None:
     if kind == "gpu-error" and value not in GPU_ERROR_KINDS:
         raise ValueError(f"{ENV}: gpu-error={value} (known: {', '.join(GPU_ERROR_KINDS)})")
-    if kind in ("sleep", "hot-start"):
+    if kind == "sleep":
         try:
             number = float(value or "")
         except ValueError:

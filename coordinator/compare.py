@@ -8,6 +8,11 @@ output, or the copy it saves under the data directory); by default cells match b
 batch size, and by host too when either report has several. Tests found in one report only, or
 failed in either, are kept and say so instead of getting a speed-up. When either report metered
 energy, each side's tokens per joule (averaged as tok/s is) shows beside the speed-up.
+
+A speed-up whose two 95 % intervals overlap (shared.verdict.separated) is within the noise:
+shown `~1.02x`, `within_noise` in JSON. Rows whose cells differ in a COMPARED setting
+(shared.settings) say which in `settings_differ`; `coordinator compare` refuses them unless
+told to ignore settings.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from rich.table import Table
 from shared.matrix import model_label
 from shared.report import NA, Record, mean_std, per_joule
 from shared.results import OK
+from shared.settings import COMPARED, SETTINGS, differing, setting_text
+from shared.verdict import separated
 
 COMPARE_FORMATS = ("table", "md", "csv", "json")
 BY_COLUMNS: dict[str, Callable[[Record], Hashable]] = {
@@ -33,9 +40,15 @@ BY_COLUMNS: dict[str, Callable[[Record], Hashable]] = {
     "model": lambda cell: model_label(cell["model"], cell.get("bits")),
     "batch": lambda cell: cell["batch_size"],
     "n_batch": lambda cell: cell.get("prefill_step_size"),
+    **{
+        key: (lambda cell, key=key: setting_text((cell.get("settings") or {}).get(key)))
+        for key in SETTINGS
+    },
 }
 """What `--by` may name: the host as the run names it, its hostname, its device (the chip MLX
-runs on), the model (label), the batch size, and llama-bench's n_batch (our prefill step)."""
+runs on), the model (label), the batch size, llama-bench's n_batch (our prefill step), and any
+key of a record's `settings` by its own name (power_mode, os_build, ...; `unknown` where a
+record has none)."""
 
 
 class ReportError(ValueError):
@@ -103,6 +116,7 @@ def side(cells: list[Record] | None) -> dict[str, Any] | None:
     if len(good) == 1:
         summary["tokens_per_sec"] = good[0]["tokens_per_sec"]
         summary["std_tokens_per_sec"] = good[0].get("std_tokens_per_sec")
+        summary["ci95_tokens_per_sec"] = good[0].get("ci95_tokens_per_sec")
     elif good:
         summary["tokens_per_sec"] = statistics.fmean(c["tokens_per_sec"] for c in good)
     per_joule = [c["tokens_per_joule"] for c in good if c.get("tokens_per_joule") is not None]
@@ -120,6 +134,48 @@ def speedup(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | None:
     if speed_a is None or speed_b is None or speed_a <= 0:
         return None
     return speed_b / speed_a
+
+
+def within_noise(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool | None:
+    """Whether the two sides' 95 % intervals overlap; None where either has none (a side that
+    averages several cells has none)."""
+    if a is None or b is None:
+        return None
+    if a.get("ci95_tokens_per_sec") is None or b.get("ci95_tokens_per_sec") is None:
+        return None
+    if a["tokens_per_sec"] is None or b["tokens_per_sec"] is None:
+        return None
+    return not separated(a, b)
+
+
+def settings_differ(
+    cells_a: list[Record] | None, cells_b: list[Record] | None
+) -> dict[str, dict[str, list[str]]]:
+    """The COMPARED settings the two sides' cells differ in: {key: {"a": values, "b": values}}.
+    Empty when a side has no cells, or none with settings (an older run: unknown, not refused)."""
+    with_a = [c for c in cells_a or [] if c.get("settings")]
+    with_b = [c for c in cells_b or [] if c.get("settings")]
+    if not with_a or not with_b:
+        return {}
+    found = differing(with_a, with_b, COMPARED)
+    return {key: {"a": left, "b": right} for key, (left, right) in found.items()}
+
+
+def differing_text(rows: list[Record]) -> str | None:
+    """One line naming every COMPARED setting some row differs in, with each side's values;
+    None when none does."""
+    seen: dict[str, tuple[set[str], set[str]]] = {}
+    for row in rows:
+        for key, values in row.get("settings_differ", {}).items():
+            left, right = seen.setdefault(key, (set(), set()))
+            left.update(values["a"])
+            right.update(values["b"])
+    if not seen:
+        return None
+    return "; ".join(
+        f"{key} {'/'.join(sorted(left))} (A) vs {'/'.join(sorted(right))} (B)"
+        for key, (left, right) in sorted(seen.items())
+    )
 
 
 def _note(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str:
@@ -159,8 +215,13 @@ def compare_reports(
             a=side_a,
             b=side_b,
             speedup=speedup(side_a, side_b),
+            within_noise=within_noise(side_a, side_b),
+            settings_differ=settings_differ(groups_a.get(key), groups_b.get(key)),
             note=_note(side_a, side_b),
         )
+        if row["settings_differ"]:
+            differs = "settings differ: " + ", ".join(row["settings_differ"])
+            row["note"] = "; ".join(filter(None, [row["note"], differs]))
         rows.append(row)
     return rows
 
@@ -186,10 +247,17 @@ def columns(rows: list[Record]) -> list[Column]:
         ("test", lambda row: row["test"]),
         ("tok/s A", lambda row: _figure(row["a"])),
         ("tok/s B", lambda row: _figure(row["b"])),
-        ("speed-up", lambda row: NA if row["speedup"] is None else f"{row['speedup']:.2f}x"),
+        ("speed-up", speedup_text),
         *(ENERGY_COLUMNS if any(_metered(row) for row in rows) else []),
         ("note", lambda row: row["note"]),
     ]
+
+
+def speedup_text(row: Record) -> str:
+    """`1.50x`; `~1.02x` when the two intervals overlap (within the noise)."""
+    if row["speedup"] is None:
+        return NA
+    return ("~" if row.get("within_noise") else "") + f"{row['speedup']:.2f}x"
 
 
 def _metered(row: Record) -> bool:
@@ -215,6 +283,8 @@ def rich_comparison(rows: list[Record], name_a: str, name_b: str) -> Table:
     for row in rows:
         ratio = row["speedup"]
         style = "dim" if ratio is None else "green" if ratio > 1 else "red" if ratio < 1 else None
+        if ratio is not None and row.get("within_noise"):
+            style = None  # within the noise: neither faster nor slower
         table.add_row(*(render(row) for _, render in shown), style=style)
     return table
 

@@ -19,6 +19,7 @@ NOT_RUN = "not run"
 PAUSED_FLAG = "paused"
 HOT_FLAG = "hot"
 SIMULATED_FLAG = "simulated"
+REWARMED_FLAG = "rewarmed"
 
 
 def cell_record(
@@ -46,6 +47,8 @@ def cell_record(
     record["thermal_source"] = thermal.get("thermal_source")
     record.update(measured or {})
     record["flags"] += energy_flags(record)
+    if (record.get("rewarm_iterations") or 0) > 0:
+        record["flags"].append(REWARMED_FLAG)  # informational: re-warmed after a gap
     return judge(record)
 
 

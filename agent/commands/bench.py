@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from agent.awake.assertion import hold_awake
 from agent.commands.sensors import open_meter, open_monitor
 from agent.cooling.scheduler import ActionSink, ThermalGuard, ThermalShutdownError
 from agent.power.meter import EnergyMeter
@@ -213,7 +214,7 @@ def measure(
     )
     started = time.monotonic()
     try:
-        with progress:
+        with hold_awake("agent bench"), progress:
             task = progress.add_task(f"benchmarking {cells[0].name}", total=len(cells))
             records = run_matrix(
                 spec, guard=guard, on_model=report["models"].append, energy=meter, sustain=plan

@@ -19,6 +19,7 @@ from typing import Annotated
 
 import typer
 
+from agent.awake.assertion import hold_awake
 from agent.commands.sensors import open_monitor
 from agent.cooling.accounting import SUMMARY_ACTION
 from agent.cooling.events import PREFIX, EventLog, format_line
@@ -200,7 +201,8 @@ def run_command(
         if identity is not None:
             supervisor.gang = join_gang(identity, supervisor, thermal.poll_interval)
         try:
-            code = supervisor.run(feed)
+            with hold_awake(f"agent run {command[0]}"):
+                code = supervisor.run(feed)
         except LaunchError as exc:
             raise fail(str(exc), exc.code) from None
     raise typer.Exit(code)

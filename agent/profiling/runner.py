@@ -20,13 +20,21 @@ import mlx.nn as nn
 import psutil
 
 from agent.cooling.guard import CellGuard, NullGuard, RunStopped
-from agent.model import BUILTIN_CONFIGS, QUANT_GROUP_SIZE, build_model
+from agent.model import BUILTIN_CONFIGS, DEFAULT_SEED, QUANT_GROUP_SIZE, build_model
 from agent.power.meter import EnergyMeter
 from agent.profiling.footprint import cell_footprint, model_shape, refusal
 from agent.profiling.hf_models import ModelNotFound, locate
 from agent.profiling.memory import MemoryProfiler
+from agent.profiling.settings import (
+    config_digest,
+    mark_injected,
+    run_settings,
+    weights_digest,
+    with_faults,
+)
 from agent.profiling.speed import SpeedProfiler
 from agent.profiling.watch import CellWatch
+from shared import faults as injection
 from shared.clock import now_iso
 from shared.matrix import (
     DECODE,
@@ -50,6 +58,8 @@ class ModelLoadError(Exception):
 class LoadedModel:
     model: nn.Module
     info: dict[str, Any]
+    digest: str | None = None
+    """settings' weights_digest (agent.profiling.settings); None for an in-memory model."""
 
 
 def check_model_dir(path: Path) -> None:
@@ -129,14 +139,14 @@ def load_benchmark_model(
     """A model by name: one of `prebuilt`, a built-in config, an mlx-lm directory, or a Hugging
     Face id (agent.profiling.hf_models: fetched into the cache first when the network allows).
     `label` is its cells' (Cell.label: unique within their matrix), model_label()'s without."""
-    revision = None
+    revision, digest = None, None
     if prebuilt and name in prebuilt:
         model = prebuilt[name]
         kind = "in-memory"
     elif name in BUILTIN_CONFIGS:
         args = BUILTIN_CONFIGS[name]()
         model = build_model(args, bits=16 if bits is None else bits)
-        kind = "builtin"
+        kind, digest = "builtin", config_digest(args, DEFAULT_SEED)
     else:
         try:
             location = locate(name)
@@ -144,6 +154,7 @@ def load_benchmark_model(
             raise ModelLoadError(str(exc)) from None
         model = load_model_dir(location.path, bits)
         kind, revision = "mlx-lm", location.revision
+        digest = weights_digest(location.path)
     info = MemoryProfiler().profile_model(model)
     label = record_model_label(
         {"model": name, "bits": bits, "model_revision": revision}, label=label
@@ -158,18 +169,26 @@ def load_benchmark_model(
         model_type=getattr(model, "model_type", type(model).__name__),
         revision=revision,
     )
-    return LoadedModel(model, info)
+    return LoadedModel(model, info, digest)
 
 
 def measure_cell(
-    model: nn.Module, cell: Cell, spec: MatrixSpec, guard: CellGuard, watch: CellWatch | None = None
+    model: nn.Module,
+    cell: Cell,
+    spec: MatrixSpec,
+    guard: CellGuard,
+    watch: CellWatch | None = None,
+    sleep_s: float = 0.0,
 ) -> dict[str, Any]:
     """One cell, as its mode says: pp, tg, or pp+tg, each after its depth; `watch` hears each
-    timed region (energy) and may plan the steps (a sustained run)."""
+    timed region (energy) and may plan the steps (a sustained run); `sleep_s` is an injected
+    sleep inside the first timed window (MLX_FLEET_INJECT=sleep)."""
     if watch is None:
-        profiler = SpeedProfiler(before_iteration=guard.before_iteration)
+        profiler = SpeedProfiler(before_iteration=guard.before_iteration, injected_sleep_s=sleep_s)
     else:
-        profiler = SpeedProfiler(guard.before_iteration, timing=watch, steps=watch.steps)
+        profiler = SpeedProfiler(
+            guard.before_iteration, timing=watch, steps=watch.steps, injected_sleep_s=sleep_s
+        )
     common = {
         "num_warmup": spec.warmup,
         "num_iterations": spec.iterations,
@@ -250,8 +269,8 @@ def run_matrix(
     memory = machine_memory() if memory_bytes is None else memory_bytes
     if energy is not None:
         energy.measure_idle()
-    watching = Watching(energy, sustain)
     with recommended_wired_limit() as wired:
+        watching = Watching(energy, sustain, run_settings(guard, wired), _faults())
         for record in _run_groups(spec, guard, on_model, models, first, on_begin, memory, watching):
             record["wired_limit_bytes"] = wired
             yield record
@@ -279,8 +298,9 @@ def _run_groups(
         try:
             loaded = load_benchmark_model(group.model, group.bits, models, group.label)
         except Exception as exc:  # any load failure fails its cells, not the run
-            for _, cell in cells:
-                yield cell_record(cell, error=f"model load failed: {error_text(exc)}")
+            for i, cell in cells:
+                record = cell_record(cell, error=f"model load failed: {error_text(exc)}")
+                yield watching.settle(record, i, None)
             continue
         if on_model is not None:
             on_model(loaded.info)
@@ -298,7 +318,7 @@ def _run_groups(
                 )
                 why = refusal(footprint, memory)
                 if why is not None:
-                    yield cell_record(cell, error=why)
+                    yield watching.settle(cell_record(cell, error=why), i, loaded)
                     continue
             if measured and spec.delay_s:
                 time.sleep(spec.delay_s)  # llama-bench's --delay: the machine cools between tests
@@ -307,8 +327,9 @@ def _run_groups(
             guard.begin_cell()
             watch = CellWatch(cell, spec.warmup, guard, watching.energy, watching.sustain)
             metrics, error, stopped = None, None, None
+            sleep_s = float(injection.for_cell(watching.faults, i + 1).get("sleep") or 0.0)
             try:
-                metrics = measure_cell(loaded.model, cell, spec, guard, watch)
+                metrics = measure_cell(loaded.model, cell, spec, guard, watch, sleep_s)
             except RunStopped as exc:
                 error, stopped = error_text(exc), exc
             except Exception as exc:  # out of memory and the like fail one cell
@@ -316,10 +337,12 @@ def _run_groups(
             report = guard.end_cell()
             watched = watch.fields(error if stopped is not None else None)
             record = cell_record(cell, metrics, error, vars(report), watched)
+            if sleep_s and record.get("sleep_clock"):
+                mark_injected(record, ["sleep"])
             record["test_time"] = began
             if loaded.info.get("revision"):
                 record["model_revision"] = loaded.info["revision"]
-            yield record
+            yield watching.settle(record, i, loaded)
             if stopped is not None:
                 raise stopped
         del loaded
@@ -333,6 +356,31 @@ class Watching:
 
     energy: EnergyMeter | None = None
     sustain: SustainPlan | None = None
+    settings: dict[str, Any] | None = None
+    """The run's settings (agent.profiling.settings), given to every record."""
+    faults: tuple[injection.Fault, ...] = ()
+
+    def settle(self, record: dict[str, Any], index: int, loaded: LoadedModel | None) -> Any:
+        """The record with its `settings` (its model's, its cell's injected faults applied)
+        and, when any was injected, its `injected` list."""
+        if self.settings is None:
+            return record
+        settings, injected = with_faults(self.settings, self.faults, index + 1)
+        if loaded is not None:
+            settings.update(
+                model_revision=loaded.info.get("revision"), weights_digest=loaded.digest
+            )
+        record["settings"] = settings
+        mark_injected(record, injected)
+        return record
+
+
+def _faults() -> tuple[injection.Fault, ...]:
+    """MLX_FLEET_INJECT's faults; a bad value injects nothing here (its reader says why)."""
+    try:
+        return injection.from_environ()
+    except ValueError:
+        return ()
 
 
 def machine_memory() -> int:

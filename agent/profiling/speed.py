@@ -16,6 +16,13 @@ iteration; each iteration, warm-up included, starts from its own evaluated copy 
 depth is paid for once, not once per iteration. The filled original stays in memory meanwhile:
 its bytes are left out of the peak and active memory reported, which stay what the work after
 one filling holds.
+
+A timed iteration that starts more than REWARM_GAP_S after the previous iteration ended (a
+cooling pause, any stall) is preceded by one more untimed iteration (`rewarm_iterations`): on
+macOS wired memory is let go after about a second idle and the next decode runs several times
+slower (docs/performance.md, Re-warm after a gap). Each timed window is bracketed, outside it,
+by a sleep-inclusive and a sleep-exclusive clock (agent.awake.clocks): `slept_s` is how far
+they drifted apart, so a window the machine slept through is known.
 """
 
 from __future__ import annotations
@@ -24,12 +31,13 @@ import copy
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 
+from agent.awake.clocks import SleepClocks, SleepWindow, system_clocks
 from agent.profiling.memory import random_tokens, to_gb
 from shared.matrix import DEFAULT_PREFILL_STEP
 from shared.stats import summarize_latencies
@@ -37,6 +45,10 @@ from shared.stats import summarize_latencies
 IterationGate = Callable[[int], None]
 StepPlan = Callable[[int, int], Iterable[int]]
 """(warm-up, iterations) -> the step numbers to run; by default all of them, once."""
+REWARM_GAP_S = 1.0
+"""Seconds between one iteration's end and a timed one's start past which it is re-warmed."""
+SYSTEM_CLOCKS = "system"
+"""SpeedProfiler's default clocks: system_clocks()."""
 
 
 class IterationTiming(Protocol):
@@ -146,22 +158,37 @@ class Measurement:
     """The largest peak over the timed regions alone."""
     active_bytes: int = 0
     """What MLX held at the end of the last timed iteration."""
+    warmup_iterations: int = 0
+    """Untimed iterations run before the first timed one."""
+    rewarm_iterations: int = 0
+    """Untimed iterations run after a gap of more than REWARM_GAP_S, before a timed one."""
+    slept_s: float | None = None
+    """Seconds the machine slept inside the timed windows; None without a clock pair."""
+    sleep_clock: str | None = None
 
 
 class SpeedProfiler:
     """The seed's speed profiler. `before_iteration` (e.g. a cooling gate) runs untimed;
     `timing` hears each timed region start and stop, untimed; `steps` may run the iterations
-    for a time instead of a count (a sustained run)."""
+    for a time instead of a count (a sustained run). `clocks` (by default this system's; None:
+    slept_s unknown) watch each timed window for a sleep; `injected_sleep_s` is a simulated
+    sleep (MLX_FLEET_INJECT=sleep) inside a measurement's first timed window only."""
 
     def __init__(
         self,
         before_iteration: IterationGate | None = None,
         timing: IterationTiming | None = None,
         steps: StepPlan = every_step,
+        clocks: SleepClocks | Literal["system"] | None = SYSTEM_CLOCKS,
+        injected_sleep_s: float = 0.0,
     ):
         self.before_iteration = before_iteration
         self.timing = timing
         self.steps = steps
+        self.clocks = system_clocks() if isinstance(clocks, str) else clocks
+        self.injected_sleep_s = injected_sleep_s
+        self.rewarm_gap_s = REWARM_GAP_S
+        """A gap longer than this re-warms; math.inf turns re-warming off (a bench's baseline)."""
 
     def _measure(
         self,
@@ -178,24 +205,45 @@ class SpeedProfiler:
             raise ValueError("num_iterations must be at least 1")
         mx.clear_cache()
         measurement = Measurement()
+        window = SleepWindow(self.clocks) if self.clocks is not None else None
+        inject = self.injected_sleep_s if window is not None else 0.0
+        ended: float | None = None
         for step in self.steps(num_warmup, num_iterations):
+            counted = step >= num_warmup
             if self.before_iteration is not None:
                 self.before_iteration(step)
             cache = depth.fresh(model)
+            if counted and ended is not None and time.perf_counter() - ended > self.rewarm_gap_s:
+                mx.eval(timed(cache))  # untimed: wakes what the gap let go of
+                measurement.rewarm_iterations += 1
+                cache = depth.fresh(model)
             mx.reset_peak_memory()
             if self.timing is not None:
                 self.timing.started(step)
+            if counted and window is not None:
+                window.start()
+                if inject and self.clocks is not None:
+                    window.clocks = self.clocks.injecting(inject)  # this window's end only
+                    inject = 0.0
             start = time.perf_counter()
             output = timed(cache)
             mx.eval(output)
             elapsed = time.perf_counter() - start
+            if counted and window is not None:
+                window.stop()
             if self.timing is not None:
                 self.timing.stopped(step, elapsed)
-            if step >= num_warmup:
+            ended = time.perf_counter()
+            if not counted:
+                measurement.warmup_iterations += 1
+            else:
                 measurement.samples.append(elapsed)
                 measurement.peak_bytes = max(measurement.peak_bytes, mx.get_peak_memory())
                 measurement.active_bytes = mx.get_active_memory()
             del cache, output
+        if window is not None and self.clocks is not None:
+            measurement.slept_s = window.slept_s
+            measurement.sleep_clock = self.clocks.name
         kept = depth.kept_bytes
         measurement.peak_bytes -= kept
         measurement.active_bytes -= kept
@@ -205,6 +253,10 @@ class SpeedProfiler:
         result = summarize_latencies(measurement.samples, tokens)
         result["peak_memory_gb"] = to_gb(measurement.peak_bytes)
         result["active_memory_gb"] = to_gb(measurement.active_bytes)
+        result["warmup_iterations"] = measurement.warmup_iterations
+        result["rewarm_iterations"] = measurement.rewarm_iterations
+        result["slept_s"] = measurement.slept_s
+        result["sleep_clock"] = measurement.sleep_clock
         return result
 
     def benchmark_tokens_per_sec(

@@ -16,6 +16,7 @@ from coordinator.compare import (
     as_fleet_report,
     compare_reports,
     comparison_text,
+    differing_text,
     parse_by,
     rich_comparison,
 )
@@ -115,14 +116,29 @@ def compare(
             callback=one_of(COMPARE_FORMATS),
         ),
     ] = "table",
+    ignore_settings: Annotated[
+        bool,
+        typer.Option(
+            "--ignore-settings",
+            help="Compare cells whose settings differ (OS build, MLX versions, weights, power "
+            "mode or source, wired limit: docs/protocol.md §5), noting it, instead of refusing.",
+        ),
+    ] = False,
 ) -> None:
-    """Per-test speed-up of B over A (tok/s B / tok/s A): runs or `agent bench` JSON files."""
+    """Per-test speed-up of B over A (tok/s B / tok/s A): runs or `agent bench` JSON files.
+
+    `~1.02x` marks a speed-up within the noise (the two 95 % intervals overlap). Cells whose
+    settings differ are refused (exit 2) unless --ignore-settings; --by may name a setting
+    (power_mode, os_build, ...)."""
     try:
         columns = parse_by(by) if by is not None else None
     except ValueError as exc:
         raise usage_error(str(exc)) from None
     (report_a, name_a), (report_b, name_b) = load_compared(run_a), load_compared(run_b)
     rows = compare_reports(report_a, report_b, columns)
+    differs = differing_text(rows)
+    if differs is not None and not ignore_settings:
+        raise usage_error(f"settings differ: {differs}; --ignore-settings compares them anyway")
     if fmt == "table":
         print_rich(rich_comparison(rows, name_a, name_b))
     else:

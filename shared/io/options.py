@@ -302,7 +302,8 @@ CompareBy = Annotated[
     typer.Option(
         "--by",
         help="Comma list of what matches cells besides the test: host, hostname, device, "
-        "model, batch, n_batch (default: model,batch, and host when a side has several hosts); "
+        "model, batch, n_batch, or a setting by its name (power_mode, os_build, mlx_version, "
+        "...: docs/protocol.md §5) (default: model,batch, and host when a side has several hosts); "
         "cells that share them are averaged, as llama.cpp's compare-llama-bench.py --show does.",
     ),
 ]

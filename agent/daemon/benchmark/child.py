@@ -42,6 +42,7 @@ from typing import Any, BinaryIO
 
 import msgpack
 
+from agent.awake.assertion import hold_awake
 from agent.cooling.scheduler import ThermalGuard
 from agent.power.registry import meter_or_reason
 from agent.profiling.runner import error_text, run_matrix
@@ -154,8 +155,9 @@ def run(request: dict[str, Any], updates: Iterator[dict[str, Any]], out: BinaryI
             energy=meter,
             sustain=SustainPlan.from_dict(sustain) if sustain else None,
         )
-        for record in records:
-            write(out, {"kind": "cell", "record": record})
+        with hold_awake(f"benchmark job (pid {os.getpid()})"):  # records is lazy: cells run here
+            for record in records:
+                write(out, {"kind": "cell", "record": record})
     except JobCancelled:
         status, error = JOB_CANCELLED, "cancelled"
     except Exception as exc:  # a failed job is reported, never a silent exit

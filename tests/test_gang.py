@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -611,6 +612,10 @@ def test_prometheus_carries_each_rank_and_the_state_its_gang_lives_under() -> No
     assert "mlx_fleet_gang_state{" not in generate_latest(metrics.registry).decode()
 
 
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+"""mlx_lm's console colours its reports even into a file."""
+
+
 def write_lora_job(directory: Path) -> None:
     """A tiny Llama (tests.test_model_dir's), a word-level tokenizer mlx-lm loads offline, and
     a few lines of data: enough for mlx_lm's lora to train on this CPU in seconds."""
@@ -644,12 +649,17 @@ def test_a_distributed_mlx_lm_lora_parks_every_rank_at_one_step_and_finishes(
     write_lora_job(tmp_path)
     hot, cool = two_macs
     lora = [sys.executable, "-m", "agent.cooling.mlx_lm_lora", "--model", "model", "--train",
-            "--data", "data", "--iters", "400", "--batch-size", "2", "--num-layers", "1",
+            "--data", "data", "--iters", "1000", "--batch-size", "2", "--num-layers", "1",
             "--steps-per-report", "50", "--steps-per-eval", "100000", "--val-batches", "1",
             "--adapter-path", "adapters"]  # fmt: skip
     start_ranks(two_macs, tmp_path, steps=0, into=ranks, gate="lora", command=lora)
     stdout = tmp_path / "rank-0.stdout"
-    wait_until(lambda: "train_loss" in stdout.read_text(), 180, "lora training", ranks)
+    # Not the heading (printed before the ranks' first step, which under load may be more than
+    # PARK_TIMEOUT_S away): iteration 1's validation report, printed once the loop is stepping.
+    stepping = re.compile(r"^\s*1\s+val\s", re.MULTILINE)
+    wait_until(
+        lambda: stepping.search(ANSI.sub("", stdout.read_text())), 180, "lora training", ranks
+    )
     set_policy(ctx, hot, HOT)
     wait_until(lambda: len(parked_steps(two_macs)) == 2, 60, "both ranks parked", ranks)
     first, second = parked_steps(two_macs)

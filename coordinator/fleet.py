@@ -42,6 +42,7 @@ from shared.io.transport import (
 from shared.job_progress import ProgressClock, cell_work
 from shared.matrix import Cell, MatrixError, MatrixSpec, expand, planned_cells
 from shared.shapes import Invalid
+from shared.verdict import judge
 
 HOST_OK, HOST_FAILED, HOST_RUNNING, HOST_UNREACHABLE = "ok", "failed", "running", "unreachable"
 MACHINE, STARTED, MODEL, CELL, UNREACHABLE, RECONNECTED, DONE = (
@@ -304,6 +305,7 @@ class HostDriver:
     def _cell(self, index: int, record: dict[str, Any]) -> bool:
         """Whether the record was new (and reported); InvalidMessage for one the job cannot
         have sent."""
+        judge(record)  # the verdict from the record's own fields: an agent's is not trusted
         try:
             new = self.job.accept(index, record)
         except Invalid as exc:

@@ -17,7 +17,7 @@ from shared.energy import RAILS
 from shared.gang import BACKENDS, MAX_GROUP_LENGTH, MAX_WORLD
 from shared.matrix import DECODE, MAX_CELLS, PREFILL, PREFILL_DECODE
 from shared.policy import CoolingState, ThermalPolicy
-from shared.verdict import VERDICTS
+from shared.verdict import VERDICTS, judge
 
 MAX_HISTORY_ITEMS = 10_000
 """Samples, and events, in one history.get page (the `limit` an agent takes, §10)."""
@@ -505,8 +505,8 @@ def salvaged(value: Any, checks: dict[str, s.Check]) -> tuple[dict[str, Any], li
 
 
 def salvaged_record(value: Any) -> dict[str, Any]:
-    """A stored cell record as salvaged() keeps it; a record with problems is `failed` and
-    lists them in `invalid`, so every format says so."""
+    """A stored cell record as salvaged() keeps it, judged again (shared.verdict); a record
+    with problems is `failed` and lists them in `invalid`, so every format says so."""
     record, problems = salvaged(value, RECORD_FIELDS)
     for key in TEXT_FIELDS:
         record.setdefault(key, INVALID_TEXT)
@@ -514,7 +514,7 @@ def salvaged_record(value: Any) -> dict[str, Any]:
         record["status"] = "failed"
         record["invalid"] = problems
         record["error"] = "invalid values stored: " + "; ".join(problems)
-    return record
+    return judge(record)  # the verdict from the record's own fields, never the agent's
 
 
 def _fits(check: s.Check, value: Any) -> bool:

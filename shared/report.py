@@ -18,11 +18,14 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from shared.aggregate import ordered
 from shared.energy import not_a_meter
 from shared.matrix import hf_model_id, model_label, named_label
+from shared.reboots import rebooted_hosts
 from shared.results import NOT_RUN, OK
 from shared.safe_text import DETAIL_CAP, EXPORT_CAP, shown
 from shared.sustain_report import markdown_sustain, rich_sustain
+from shared.verdict import judge, verdict_text
 
 FORMATS = ("table", "md", "csv", "json", "jsonl", "sql")
 NA = "N/A"
@@ -95,6 +98,17 @@ def flags(record: Record) -> str:
     return ", ".join(marks)
 
 
+def judged(record: Record) -> Record:
+    """The record with its verdict: as it came, or (a record stored before verdicts) judged
+    from its fields on a copy."""
+    return record if "verdict" in record else judge(dict(record))
+
+
+def verdict(record: Record) -> str:
+    """`valid` or `invalid: cold, noisy` (shared.verdict.verdict_text)."""
+    return verdict_text(judged(record))
+
+
 def record_model_label(record: Record, label: str | None = None) -> str:
     """The cell's model as labelled (`label`, else the one in the record's name, which is
     unique within its matrix: shared.matrix.model_names; else shared.matrix.model_label), a
@@ -132,6 +146,7 @@ COLUMNS: list[Column] = [
     ("peak GB", lambda r: gigabytes(r.get("peak_memory_gb"))),
     ("active GB", lambda r: gigabytes(r.get("active_memory_gb"))),
     ("SoC °C", soc_temperature),
+    ("verdict", verdict),
     ("flags", flags),
 ]
 HOST_COLUMN: Column = ("host", lambda r: str(r.get("host", "")))
@@ -241,6 +256,8 @@ def header_lines(report: dict[str, Any]) -> list[str]:
             lines.append(f"  {energy}")
         if host.get("error"):
             lines.append(f"  FAILED: {host['error']}")
+    for name in rebooted_hosts(report.get("cells", [])):  # boot times differ between cells
+        lines.append(f"{name + ': ' if name else ''}the machine rebooted during it")
     if report.get("interrupted"):
         lines.append("interrupted: only the cells finished before the interrupt are shown")
     return lines
@@ -260,10 +277,12 @@ def rich_table(report: dict[str, Any]) -> Table:
     for name, _ in cols:
         table.add_column(
             name,
-            justify="right" if name not in ("host", "model", "test", "flags") else "left",
+            justify="right"
+            if name not in ("host", "model", "test", "verdict", "flags")
+            else "left",
             overflow="fold",
         )
-    for record in records:
+    for record in ordered(records):
         style = None if record.get("status") == "ok" else "red"
         table.add_row(*(Text(shown(render(record), DETAIL_CAP)) for _, render in cols), style=style)
     return table
@@ -277,7 +296,7 @@ def to_markdown(report: dict[str, Any]) -> str:
     ]
     lines.append("| " + " | ".join(name for name, _ in cols) + " |")
     lines.append("| " + " | ".join("---" for _ in cols) + " |")
-    for record in records:
+    for record in ordered(records):
         cells = (exported(render(record)).replace("|", "\\|") for _, render in cols)
         lines.append("| " + " | ".join(cells) + " |")
     lines += markdown_sustain(records)
@@ -357,6 +376,8 @@ ROW_FIELDS: list[tuple[str, str]] = [
     ("energy_note", "TEXT"),
     *((f"sustain_{key}", "REAL") for key in SUSTAIN_SUMMARY),
     ("status", "TEXT"),
+    ("verdict", "TEXT"),
+    ("verdict_reasons", "TEXT"),
     ("flags", "TEXT"),
     ("error", "TEXT"),
     ("samples_ns", "TEXT"),
@@ -369,8 +390,9 @@ test_time (RFC 3339, UTC, when the cell began), avg_ns / stddev_ns (time of one 
 iteration), avg_ts / stddev_ts (tokens/s: mean and sample deviation of the per-iteration rates),
 cpu_info, gpu_info, backends. The rest are ours: batch_size counts sequences, which llama-bench
 has no column for; energy_* a cell's energy and sustain_* a sustained cell's summary
-(docs/energy.md; energy_simulated says the figures come from a model, not a meter). An unknown
-is empty (csv) or NULL (sql), never a number."""
+(docs/energy.md; energy_simulated says the figures come from a model, not a meter); verdict
+`valid` or `invalid` and verdict_reasons why (shared.verdict; comma-joined in csv and sql).
+An unknown is empty (csv) or NULL (sql), never a number."""
 SQL_TABLE = "mlx_fleet_bench"
 
 
@@ -408,8 +430,9 @@ def bench_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     """Every cell of the report as a ROW_FIELDS row, with its host's machine and its model."""
     machines, models = _machines(report), _models(report)
     rows = []
-    for record in report["cells"]:
+    for record in ordered(report["cells"]):
         host = record.get("host")
+        verdict_of = judged(record)
         machine = machines.get(host) or machines.get(None) or {}
         info = models.get(
             (host if "hosts" in report else None, record["model"], record.get("bits"))
@@ -453,6 +476,8 @@ def bench_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                 "pause_s": record.get("pause_s"),
                 "thermal_source": record.get("thermal_source"),
                 "status": record.get("status"),
+                "verdict": verdict_of.get("verdict"),
+                "verdict_reasons": list(verdict_of.get("verdict_reasons") or []),
                 "flags": ";".join(
                     ["fastest"] * bool(record.get("fastest")) + (record.get("flags") or [])
                 ),
@@ -472,6 +497,7 @@ def to_csv(report: dict[str, Any]) -> str:
     writer.writeheader()
     for row in bench_rows(report):
         row["samples_ns"] = ";".join(map(str, row["samples_ns"]))
+        row["verdict_reasons"] = ",".join(row["verdict_reasons"])
         writer.writerow({key: exported(value) for key, value in row.items()})
     return out.getvalue()
 
@@ -495,6 +521,7 @@ def to_sql(report: dict[str, Any]) -> str:
     names = ", ".join(name for name, _ in ROW_FIELDS)
     for row in bench_rows(report):
         row["samples_ns"] = ";".join(map(str, row["samples_ns"]))
+        row["verdict_reasons"] = ",".join(row["verdict_reasons"])
         values = ", ".join(sql_literal(row[name]) for name, _ in ROW_FIELDS)
         lines.append(f"INSERT INTO {SQL_TABLE} ({names}) VALUES ({values});")
     return "\n".join(lines) + "\n"
@@ -524,7 +551,7 @@ def to_json(report: dict[str, Any]) -> str:
 def to_jsonl(report: dict[str, Any]) -> str:
     """One line per cell: its row (ROW_FIELDS) with llama-bench's samples_ns and samples_ts."""
     lines = []
-    for row, record in zip(bench_rows(report), report["cells"], strict=True):
+    for row, record in zip(bench_rows(report), ordered(report["cells"]), strict=True):
         row["samples_ts"] = record.get("samples_tokens_per_sec") or []
         lines.append(strict_json(row))
     return "\n".join(lines) + ("\n" if lines else "")

@@ -22,6 +22,10 @@ from coordinator.compare import (
 )
 from coordinator.store import RunStore
 from shared.aggregate import mark_fastest
+from shared.matrix import Cell
+from shared.results import cell_record
+from shared.stats import summarize_latencies
+from shared.verdict import separated
 from tests.test_store import failed_cell, fill_run, ok_cell
 
 
@@ -39,9 +43,35 @@ def test_fastest_host_per_cell() -> None:
         on("b", ok_cell(32, 30.0)),
         on("c", ok_cell(32, 20.0)),
         on("a", ok_cell(64, 9.0)),
-        on("b", ok_cell(64, 8.0)),
+        on("b", ok_cell(64, 6.0)),
     ]
     assert fastest_of(cells) == [("b", 32), ("a", 64)]
+    # 9 ± 1 against 8 ± 1: the lead is inside the noise, so nobody is the fastest
+    cells[-1] = on("b", ok_cell(64, 8.0))
+    assert fastest_of(cells) == [("b", 32)]
+
+
+def measured(host: str, samples_s: list[float]) -> dict[str, Any]:
+    """A pp32 cell on `host` whose timed iterations took `samples_s` (real summarising)."""
+    metrics = summarize_latencies(samples_s, 32)
+    return on(host, cell_record(Cell("small", 16, 32, 0, 0, 1), metrics))
+
+
+def test_a_noisy_host_is_fastest_only_beyond_its_noise() -> None:
+    clean = measured("clean", [1.00, 1.01, 0.99, 1.00, 1.00])  # ~32 tok/s, tight
+    noisy = measured("noisy", [0.50, 1.10, 0.60, 1.20, 0.55])  # faster on average, wide
+    assert noisy["tokens_per_sec"] > clean["tokens_per_sec"]
+    assert not separated(noisy, clean)
+    assert fastest_of([clean, noisy]) == []
+    quick = measured("noisy", [0.50, 0.52, 0.49, 0.51, 0.50])  # the same host once it settles
+    assert separated(quick, clean)
+    assert fastest_of([clean, quick]) == [("noisy", 32)]
+
+
+def test_one_iteration_has_no_interval_and_never_wins() -> None:
+    single = measured("a", [0.1])
+    assert single["ci95_tokens_per_sec"] is None
+    assert fastest_of([single, measured("b", [1.0, 1.01, 0.99])]) == []
 
 
 def test_one_host_is_never_the_fastest() -> None:
@@ -67,15 +97,16 @@ def tied_cells() -> list[dict[str, Any]]:
     return [on("a", ok_cell(32, 10.0)), {**on("b", ok_cell(32, 10.0)), "fastest": True}]
 
 
-def test_a_tie_goes_to_the_first() -> None:
+def test_a_tie_marks_nobody() -> None:
     marked = mark_fastest(tied_cells())
-    assert [c.get("fastest") for c in marked] == [True, None]  # the stale mark is dropped
+    assert [c.get("fastest") for c in marked] == [None, None]  # the stale mark is dropped
 
 
 def test_marking_leaves_the_given_cells_unchanged() -> None:
     cells = tied_cells()
     mark_fastest(cells)
     assert "fastest" not in cells[0] and cells[1]["fastest"] is True
+    assert "fastest" not in mark_fastest(cells)[1]
 
 
 def test_marking_marked_cells_again_changes_nothing() -> None:

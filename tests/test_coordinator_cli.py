@@ -114,16 +114,16 @@ def test_show_to_a_file(
         rows = list(csv.DictReader(io.StringIO(text)))
         assert [(r["host"], r["test"], r["avg_ts"]) for r in rows] == [
             ("mac1:5555", "pp32", "150.0"),
-            ("mac1:5555", "pp64", "50.0"),
             ("mac2:5555", "pp32", "160.0"),
+            ("mac1:5555", "pp64", "50.0"),
             ("mac2:5555", "pp64", "40.0"),
         ]
     else:
         lines = [json.loads(line) for line in text.splitlines()]
         assert [(c["hostname"], c["n_prompt"], c["flags"]) for c in lines] == [
             ("mac1", 32, ""),
-            ("mac1", 64, "fastest"),
             ("mac2", 32, "fastest"),
+            ("mac1", 64, "fastest"),
             ("mac2", 64, ""),
         ]
 

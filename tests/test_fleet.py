@@ -12,6 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from shared.verdict import separated
 from tests.conftest import console_script, subprocess_env
 from tests.fleet_support import LONG, QUICK, AgentPool, cli, exchange_keys
 
@@ -45,7 +46,11 @@ def test_two_agents_return_every_cell_in_one_report(agents: AgentPool) -> None:
         assert [c["test"] for c in cells] == ["pp16", "tg4"]
         assert all(c["status"] == "ok" and c["tokens_per_sec"] > 0 for c in cells)
     fastest = [c for c in report["cells"] if c.get("fastest")]
-    assert sorted(c["test"] for c in fastest) == ["pp16", "tg4"]
+    # two agents on one machine: a host is the fastest only where its interval separates
+    for winner in fastest:
+        rivals = [c for c in report["cells"] if c["name"] == winner["name"] and c is not winner]
+        assert rivals and all(separated(winner, rival) for rival in rivals)
+    assert all(c["verdict"] in ("valid", "invalid") for c in report["cells"])
     stored = cli("coordinator", "show", report["run_id"], "--format", "json")
     assert json.loads(stored.stdout)["cells"] == report["cells"]
 

@@ -38,6 +38,7 @@ def ok_cell(seq_len: int, tokens_per_sec: float, batch_size: int = 1) -> dict[st
         {
             "tokens_per_sec": tokens_per_sec,
             "std_tokens_per_sec": 0.5,
+            "ci95_tokens_per_sec": 1.0,
             "latency_ms": 1000.0 * seq_len * batch_size / tokens_per_sec,
             "std_latency_ms": 0.1,
             "peak_memory_gb": 0.25,

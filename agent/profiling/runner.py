@@ -19,6 +19,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import psutil
 
+from agent.awake.boot import boot_time
 from agent.cooling.guard import CellGuard, NullGuard, RunStopped
 from agent.model import BUILTIN_CONFIGS, DEFAULT_SEED, QUANT_GROUP_SIZE, build_model
 from agent.power.meter import EnergyMeter
@@ -350,6 +351,10 @@ def _run_groups(
         mx.clear_cache()
 
 
+REBOOT_INJECTED_S = 3600.0
+"""How far an injected reboot (MLX_FLEET_INJECT=reboot) moves a cell's boot time on."""
+
+
 @dataclass(frozen=True)
 class Watching:
     """What a run measures around every cell's iterations besides their seconds."""
@@ -362,7 +367,13 @@ class Watching:
 
     def settle(self, record: dict[str, Any], index: int, loaded: LoadedModel | None) -> Any:
         """The record with its `settings` (its model's, its cell's injected faults applied)
-        and, when any was injected, its `injected` list."""
+        and, when any was injected, its `injected` list; and the machine's `boot_time`
+        (agent.awake.boot; an injected reboot moves it on by REBOOT_INJECTED_S)."""
+        boot = boot_time()
+        if boot is not None and "reboot" in injection.for_cell(self.faults, index + 1):
+            boot += REBOOT_INJECTED_S
+            mark_injected(record, ["reboot"])
+        record["boot_time"] = boot
         if self.settings is None:
             return record
         settings, injected = with_faults(self.settings, self.faults, index + 1)

@@ -50,6 +50,7 @@ from agent.sensors.base import SourceInfo
 from agent.thermal import ThermalMonitor, ThermalReading
 from agent.thermal.base import reading_from_wire
 from agent.thermal.fed import FedSource
+from shared import faults, gpu_errors
 from shared.matrix import MatrixSpec
 from shared.policy import Action, ThermalPolicy
 from shared.protocol import JOB_CANCELLED, JOB_FAILED, JOB_OK
@@ -121,6 +122,19 @@ def die_with(parent: int) -> None:
         os._exit(EXIT_ORPHANED)
 
 
+def begin(out: BinaryIO, index: int) -> None:
+    """Cell `index` starts: say so; then, when MLX_FLEET_INJECT injects a gpu-error into it,
+    die as Metal's uncaught exception kills MLX: its line on stderr, then SIGABRT."""
+    write(out, {"kind": "begin", "index": index})
+    try:
+        injected = faults.for_cell(faults.from_environ(), index + 1)
+    except ValueError:
+        return
+    if "gpu-error" in injected:
+        print(gpu_errors.LINES[injected["gpu-error"] or "Timeout"], file=sys.stderr, flush=True)
+        os.abort()
+
+
 def run(request: dict[str, Any], updates: Iterator[dict[str, Any]], out: BinaryIO) -> None:
     """Run the matrix under the daemon's readings, streaming every model and cell; always ends
     with one "done"."""
@@ -151,7 +165,7 @@ def run(request: dict[str, Any], updates: Iterator[dict[str, Any]], out: BinaryI
             guard=guard,
             on_model=lambda info: write(out, {"kind": "model", "info": info}),
             first=request.get("first", 0),
-            on_begin=lambda index: write(out, {"kind": "begin", "index": index}),
+            on_begin=lambda index: begin(out, index),
             energy=meter,
             sustain=SustainPlan.from_dict(sustain) if sustain else None,
         )

@@ -28,9 +28,11 @@ from agent.model import BUILTIN_CONFIGS
 from agent.power.meter import EnergyMeter
 from agent.profiling.hf_models import ModelNotFound, locate, names_a_repo, offline
 from agent.profiling.runner import ModelLoadError, check_model_dir, require_mlx_lm
+from agent.profiling.settings import mark_injected
 from agent.sensors.base import SourceInfo
 from agent.thermal import ThermalReading
 from agent.thermal.base import reading_wire
+from shared import faults, gpu_errors
 from shared import protocol as p
 from shared.clock import now_iso
 from shared.io.paths import data_dir, data_subdir
@@ -338,6 +340,9 @@ class BenchJobs:
         job.crashed = True
         said = job.process.last_lines()
         failed = crashed_cells(job.cells[job.done :], job.begun == job.done, job.built, died, said)
+        gpu = job.process.gpu_error()
+        if gpu is not None and len(failed) == 1:  # Metal aborted the cell it measured
+            failed = [gpu_failed(job.cells[job.done], job.done, *gpu)]
         log.warning("job %s: %s; %d cell(s) failed", job.id, died, len(failed))
         for record in failed:
             self._cell(job, record)
@@ -398,6 +403,18 @@ def crashed_cells(
         for c in left
         if (c.model, c.bits) == group
     ]
+
+
+def gpu_failed(cell: Cell, index: int, kind: str, line: str) -> dict[str, Any]:
+    """The record of a cell whose job process Metal aborted: error `gpu-error: KIND: LINE`
+    (shared.gpu_errors), marked injected when MLX_FLEET_INJECT put the error there."""
+    record = cell_record(cell, error=gpu_errors.error_text(kind, line))
+    try:
+        injected = "gpu-error" in faults.for_cell(faults.from_environ(), index + 1)
+    except ValueError:
+        injected = False
+    mark_injected(record, ["gpu-error"] if injected else [])
+    return record
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ from typing import Any
 
 import msgpack
 
+from shared import gpu_errors
+
 TAIL_LINES = 5
 TAIL_CHARS = 8000
 """How much of a dead process's log is read; TAIL_LINES of it are quoted."""
@@ -126,6 +128,20 @@ class JobProcess:
     def last_lines(self) -> str:
         """What this process wrote, for the error of the cell it died on: output_said()."""
         return output_said(self.log, self.log_start)
+
+    def gpu_error(self) -> tuple[str, str] | None:
+        """The Metal command-buffer error (kind, line) the tail of its output reports, if any
+        (shared.gpu_errors): what killed it when Metal's uncaught exception aborted it."""
+        if self.log is None:
+            return None
+        try:
+            with open(self.log, "rb") as handle:
+                end = handle.seek(0, os.SEEK_END)
+                handle.seek(max(self.log_start, end - TAIL_CHARS))
+                text = handle.read().decode("utf-8", "replace")
+        except OSError:
+            return None
+        return gpu_errors.find(text)
 
 
 def output_said(log: Path | None, start: int = 0) -> str:

@@ -1,0 +1,75 @@
+"""Metal's command-buffer errors: recognised in a job process's output (lines quoted in
+tests/fixtures/gpu_errors.txt with their origin), and a cell whose job process Metal aborted
+fails with `gpu-error` while the cells after it run in a new process (a real agent, a real job
+process, the abort injected with MLX_FLEET_INJECT)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import zmq
+
+from shared import gpu_errors
+from shared.faults import GPU_ERROR_KINDS
+from shared.io.keys import own_keypair
+from shared.io.trust import trust
+from tests.fleet_support import AgentPool, connect
+
+FIXTURE = Path(__file__).parent / "fixtures" / "gpu_errors.txt"
+
+
+def fixture_lines() -> list[str]:
+    text = FIXTURE.read_text(encoding="utf-8")
+    return [line for line in text.splitlines() if line and not line.startswith("#")]
+
+
+def test_each_metal_error_line_names_its_kind() -> None:
+    kinds = [gpu_errors.gpu_error(line) for line in fixture_lines()]
+    assert kinds == ["Timeout", "PageFault", "ImpactingInteractivity", "InnocentVictim"]
+    assert gpu_errors.gpu_error("Fatal Python error: Aborted") is None
+    assert gpu_errors.gpu_error("") is None
+
+
+def test_the_injected_lines_are_the_quoted_ones() -> None:
+    assert set(gpu_errors.LINES) == set(GPU_ERROR_KINDS)
+    assert list(gpu_errors.LINES.values()) == fixture_lines()[:3]
+
+
+def test_the_error_line_is_found_among_a_crash_report() -> None:
+    line = fixture_lines()[0]
+    log = f"loading\n{line}\nFatal Python error: Aborted\n\nThread 0x1 (most recent call first):\n"
+    assert gpu_errors.find(log) == ("Timeout", line)
+    assert gpu_errors.find("Fatal Python error: Segmentation fault\n") is None
+
+
+def test_the_cells_error_is_cut() -> None:
+    error = gpu_errors.error_text("Timeout", "x" * 1000)
+    assert error.startswith("gpu-error: Timeout: x")
+    assert len(error) <= len("gpu-error: Timeout: ") + gpu_errors.ERROR_CHARS
+
+
+@pytest.mark.timeout(300)
+def test_a_gpu_error_fails_its_cell_alone(ctx: zmq.Context, agents: AgentPool) -> None:
+    agent = agents.start(wrapper=["env", "MLX_FLEET_INJECT=gpu-error@2"])
+    trust(own_keypair().public, "test", directory=agent.home / "keys" / "trusted")
+    client = connect(ctx, agent)
+    matrix = {
+        "models": ["small"],
+        "n_prompt": [16, 24, 32],
+        "n_gen": [0],
+        "warmup": 0,
+        "iterations": 1,
+    }
+    stream = list(client.stream(client.send("bench.start", {"matrix": matrix})))
+    cells = [m.body["record"] for m in stream if m.type == "bench.cell"]
+    assert [c["test"] for c in cells] == ["pp16", "pp24", "pp32"]
+    assert cells[0]["status"] == "ok" and cells[2]["status"] == "ok"
+    crashed = cells[1]
+    assert crashed["status"] == "failed"
+    assert crashed["error"] == f"gpu-error: Timeout: {gpu_errors.LINES['Timeout']}"
+    assert crashed["verdict_reasons"] == ["gpu-error"]
+    assert crashed["injected"] == ["gpu-error"] and "injected" in crashed["flags"]
+    assert "gpu-error" not in (cells[0].get("injected") or [])
+    assert stream[-1].body["status"] == "ok" and stream[-1].body["cells"] == 3
+    client.close()

@@ -125,4 +125,5 @@ def test_records_without_settings_do_not_refuse_each_other(tmp_path: Path) -> No
         with_settings = store.load_report(store_run(store, {32: (100.0, 1.0)}))
     assert [row["settings_differ"] for row in compare_reports(*plain)] == [{}]
     assert [row["settings_differ"] for row in compare_reports(plain[0], with_settings)] == [{}]
-    assert [row["within_noise"] for row in compare_reports(*plain)] == [None]
+    # Both sides are ok_cell's 100 ± 1 tok/s: the intervals overlap.
+    assert [row["within_noise"] for row in compare_reports(*plain)] == [True]

@@ -85,7 +85,10 @@ def test_every_cell_of_a_fleet_run_carries_its_energy(agents: AgentPool, tmp_pat
 def test_a_sustained_run_on_two_hosts_at_once_with_its_plot(
     agents: AgentPool, tmp_path: Path
 ) -> None:
-    heat = replay(tmp_path, "heat.csv", "seconds,celsius\n0,50\n10,60\n20,70\n")
+    # Rising for 170 s (below the default policy's 75 °C): however late a loaded machine starts
+    # the sustained cell, its 20 s see the heat rise.
+    curve = "".join(f"{t},{40 + t / 5:g}\n" for t in range(0, 171, 5))
+    heat = replay(tmp_path, "heat.csv", "seconds,celsius\n" + curve)
     watts = replay(tmp_path, "watts.csv", "seconds,watts\n0,10\n8,15\n16,20\n")
     options = ("--poll-interval", "0.2")
     first = metered_agent(agents, "mac1", watts, *options, thermal=f"replay:{heat}")

@@ -42,6 +42,7 @@ from shared.io.transport import (
 from shared.job_progress import ProgressClock, cell_work
 from shared.matrix import Cell, MatrixError, MatrixSpec, expand, planned_cells
 from shared.shapes import Invalid
+from shared.stats import MIN_AUTO_REPETITIONS
 from shared.verdict import judge
 
 HOST_OK, HOST_FAILED, HOST_RUNNING, HOST_UNREACHABLE = "ok", "failed", "running", "unreachable"
@@ -305,6 +306,9 @@ class HostDriver:
     def _cell(self, index: int, record: dict[str, Any]) -> bool:
         """Whether the record was new (and reported); InvalidMessage for one the job cannot
         have sent."""
+        wanted = self.spec.get("precision")
+        if record.get("status") == "ok" and (wanted is not None or "precision_target" in record):
+            record["precision_target"] = wanted  # the job's, so no agent loosens its noisy limit
         judge(record)  # the verdict from the record's own fields: an agent's is not trusted
         try:
             new = self.job.accept(index, record)
@@ -326,7 +330,16 @@ class HostDriver:
             time.monotonic(),
             planned_s=float(planned),
             sustained=self.sustain is not None,
+            spread=self._repetition_spread(),
         )
+
+    def _repetition_spread(self) -> float:
+        """ProgressClock's spread: under `-r auto` (a precision) a cell runs from
+        MIN_AUTO_REPETITIONS to `iterations` timed iterations."""
+        most = self.spec.get("iterations")
+        if self.spec.get("precision") is None or not _is_number(most):
+            return 1.0
+        return max(1.0, most / MIN_AUTO_REPETITIONS)
 
     def _size(self, index: int) -> tuple[Hashable, float]:
         """The model (its key) and the work of cell `index`, as far as the plan tells."""

@@ -58,6 +58,9 @@ class ProgressClock:
     """Each cell runs for a planned duration: its work says nothing of its time."""
     slowest_s: float = 0.0
     slowest_s_per_work: float = 0.0
+    spread: float = 1.0
+    """How many times the slowest cell's time a cell of the same work may take: under `-r auto`
+    its most iterations over its fewest (one cell may stop at 3, the next run to the most)."""
     timed_models: set[Hashable] = field(default_factory=set)
     """The models (a key per model and bits) with a cell timed: no build allowance for them."""
 
@@ -76,8 +79,8 @@ class ProgressClock:
         return no_progress_allowance(
             self.host_timeout,
             self.planned_s,
-            self.slowest_s,
-            0.0 if self.sustained else self.slowest_s_per_work,
+            self.spread * self.slowest_s,
+            0.0 if self.sustained else self.spread * self.slowest_s_per_work,
             next_work,
             next_model not in self.timed_models,
         )

@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from shared.stats import MIN_AUTO_REPETITIONS
+
 # Limits per spec (docs/protocol.md §5, Limits): what one job may ask for. They keep a job, its
 # bench.start.ok (every cell's name) and a job.get page that echoes the spec within one message,
 # and refuse a request before it can make the agent do absurd work.
@@ -26,6 +28,9 @@ MAX_BATCH_SIZE = 1024
 MAX_CELL_TOKENS = 4_194_304
 """Tokens one iteration of a cell holds: batch x (depth + prompt + generated)."""
 MAX_ITERATIONS = 1000
+DEFAULT_MAX_REPETITIONS = 50
+"""`-r auto`'s most timed iterations per cell unless --max-repetitions says otherwise: a cell
+that has not reached its precision by then is noisy, and more would rarely change that."""
 MAX_WARMUP = 100
 MAX_DECODE_TOKENS = 8192
 MAX_DELAY_S = 3600.0
@@ -58,7 +63,9 @@ LIST_FIELDS = ("n_prompt", "n_gen", "n_depth", "batch_sizes", "models", "bits")
 class MatrixSpec:
     """Everything a benchmark run varies. `bits=None` keeps a model's stored weights; `n_pg`
     holds (prompt, generated) pairs; `delay_s` is slept between two cells (to let a fanless Mac
-    cool, as llama-bench's --delay)."""
+    cool, as llama-bench's --delay). With a `precision` (`-r auto`) a cell's timed iterations
+    stop once the 95 % half-width of its mean tok/s is within that share of the mean
+    (shared.stats.precise_enough), `iterations` being then the most it runs."""
 
     n_prompt: tuple[int, ...] = DEFAULT_N_PROMPT
     n_gen: tuple[int, ...] = DEFAULT_N_GEN
@@ -71,12 +78,17 @@ class MatrixSpec:
     iterations: int = 5
     prefill_step_size: int = DEFAULT_PREFILL_STEP
     delay_s: float = 0.0
+    precision: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain data; `precision` only when set, so a fixed-count spec still reaches an agent
+        that predates `-r auto` (one that refuses the field refuses only an auto job)."""
         data = asdict(self)
         for key, value in data.items():
             if isinstance(value, tuple):
                 data[key] = [list(v) if isinstance(v, tuple) else v for v in value]
+        if data["precision"] is None:
+            del data["precision"]
         return data
 
     @classmethod
@@ -314,6 +326,7 @@ def validate(spec: MatrixSpec) -> None:
             raise MatrixError(f"bits[{i}]: {bits!r} is not supported; choose from nil, 4, 8, 16")
     _check_count("warmup", "", spec.warmup, 0, MAX_WARMUP)
     _check_count("iterations", "", spec.iterations, 1, MAX_ITERATIONS)
+    _check_precision(spec.precision, spec.iterations)
     _check_count("prefill_step_size", "", spec.prefill_step_size, 1, MAX_SEQ_LEN)
     delay = spec.delay_s
     if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not math.isfinite(delay):
@@ -334,6 +347,25 @@ def validate(spec: MatrixSpec) -> None:
         raise MatrixError(
             f"models, bits, batch_sizes, n_depth, n_prompt, n_gen, n_pg: the matrix has {cells} "
             f"cells; the limit is {MAX_CELLS} per job"
+        )
+
+
+def _check_precision(precision: Any, iterations: int) -> None:
+    """None (a fixed count), or a share of the mean strictly between 0 and 1 with room for
+    the MIN_AUTO_REPETITIONS iterations `-r auto` always runs."""
+    if precision is None:
+        return
+    if (
+        isinstance(precision, bool)
+        or not isinstance(precision, (int, float))
+        or not math.isfinite(precision)
+    ):
+        raise MatrixError(f"precision: {precision!r} is not a number (a share of the mean)")
+    if not 0 < precision < 1:
+        raise MatrixError(f"precision: {precision:g} must be above 0 and below 1")
+    if iterations < MIN_AUTO_REPETITIONS:
+        raise MatrixError(
+            f"iterations: {iterations} must be at least {MIN_AUTO_REPETITIONS} with a precision"
         )
 
 

@@ -45,6 +45,22 @@ def ci95_half_width(samples: Sequence[float]) -> float | None:
     return t975(len(samples) - 1) * statistics.stdev(samples) / math.sqrt(len(samples))
 
 
+MIN_AUTO_REPETITIONS = 3
+"""Timed iterations `-r auto` always runs: two give an interval too wide to trust (t = 12.7)."""
+
+
+def precise_enough(rates: Sequence[float], precision: float, most: int) -> bool:
+    """`-r auto`'s stopping rule: stop once at least MIN_AUTO_REPETITIONS rates are in and the
+    95 % half-width of their mean is at most `precision` x the mean, or once `most` are in.
+    Scale-free, so iterations per second stop where tokens per second would."""
+    if len(rates) >= most:
+        return True
+    if len(rates) < MIN_AUTO_REPETITIONS:
+        return False
+    half = ci95_half_width(rates)
+    return half is not None and half <= precision * statistics.fmean(rates)
+
+
 def summarize_latencies(samples_s: Sequence[float], tokens_per_sample: int) -> dict[str, object]:
     """The seed's speed keys from timed samples, each token rate taken per sample.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,6 +57,18 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(extra)
     return env
+
+
+def run_cli(program: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """One of our console scripts run to its end, output captured, 250 columns so Rich wraps
+    nothing a test reads."""
+    return subprocess.run(
+        [console_script(program), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=subprocess_env(COLUMNS="250"),
+    )
 
 
 @pytest.fixture

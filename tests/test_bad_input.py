@@ -9,17 +9,7 @@ import subprocess
 import pytest
 
 from shared.io.transport import resolve_error
-from tests.conftest import console_script, subprocess_env
-
-
-def run(program: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [console_script(program), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=subprocess_env(COLUMNS="250"),
-    )
+from tests.conftest import run_cli
 
 
 def one_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -33,7 +23,7 @@ def one_line(result: subprocess.CompletedProcess[str]) -> str:
     ("command", "needle"),
     [
         (["agent", "bench", "--bogus"], "No such option: --bogus"),
-        (["agent", "bench", "-r", "x"], "Invalid value for '-r'"),
+        (["agent", "bench", "-r", "x"], "--repetitions: 'x' is not a whole number or auto"),
         (["agent", "bench", "-r"], "Option '-r' requires an argument"),
         (["agent", "benchh"], "No such command 'benchh'"),
         (["agent", "keys", "trust"], "Missing argument 'key'"),
@@ -44,13 +34,13 @@ def one_line(result: subprocess.CompletedProcess[str]) -> str:
     ],
 )
 def test_every_usage_error_is_one_line_naming_the_option(command: list[str], needle: str) -> None:
-    result = run(*command)
+    result = run_cli(*command)
     assert result.returncode == 2 and result.stdout == ""
     assert needle in one_line(result)
 
 
 def test_a_bare_command_still_shows_its_help() -> None:
-    result = run("agent", "keys")
+    result = run_cli("agent", "keys")
     assert "Usage: agent keys" in result.stdout + result.stderr
 
 
@@ -65,19 +55,19 @@ def test_a_bare_command_still_shows_its_help() -> None:
     ],
 )
 def test_an_empty_hosts_is_refused_not_a_local_run(command: list[str]) -> None:
-    result = run(*command)
+    result = run_cli(*command)
     assert result.returncode == 2 and result.stdout == ""
     assert "--hosts is empty" in one_line(result)
 
 
 def test_a_plot_into_a_missing_folder_is_refused_before_anything_runs() -> None:
-    result = run("coordinator", "history", "--plot", "/missing/dir/x.png")
+    result = run_cli("coordinator", "history", "--plot", "/missing/dir/x.png")
     assert result.returncode == 2
     assert "--plot /missing/dir/x.png: folder /missing/dir does not exist" in one_line(result)
 
 
 def test_conflicting_configs_are_refused_by_the_coordinator_too() -> None:
-    result = run("coordinator", "benchmark", "--config-small", "--config", "full")
+    result = run_cli("coordinator", "benchmark", "--config-small", "--config", "full")
     assert result.returncode == 2
     assert "--config-small and --config full conflict" in one_line(result)
 
@@ -109,7 +99,7 @@ def test_a_matrix_beyond_a_limit_is_one_line_naming_the_field(
     """The CLI shows the agent's bad-matrix words as they are: each names the wire field, whose
     option is spelled alike (--n-gen, --n-prompt, --iterations, --batch-sizes), then the
     value and the limit in words (docs/protocol.md §5, The matrix)."""
-    result = run(*command)
+    result = run_cli(*command)
     assert result.returncode == 2 and result.stdout == ""
     assert one_line(result) == f"error: {line}"
 
@@ -121,7 +111,7 @@ def test_a_name_dns_cannot_resolve_says_so() -> None:
         "cannot resolve host no-such-host.invalid: "
     )
     for security in (["--insecure"], []):  # with CURVE, before asking for a key it lacks
-        result = run(
+        result = run_cli(
             "coordinator", "status", "--hosts", "no-such-host.invalid:5555", *security, "-f", "json"
         )
         assert result.returncode == 1  # documented: a host failed

@@ -140,6 +140,7 @@ def test_a_running_job_keeps_others_out_until_it_is_cancelled(
             "batch_sizes[0]: batch size 1000000 is above the limit of 1024",
         ),
         ({"models": ["small"], "n_gen": [9000]}, "n_gen[0]: generation length 9000 is above"),
+        ({"models": ["small"], "precision": 1.5}, "precision: 1.5 must be above 0 and below 1"),
     ],
 )
 def test_the_agent_rejects_a_bad_matrix_with_its_reason(

@@ -36,6 +36,7 @@ from shared.io.options import (
     ReportFormat,
     SustainOptions,
     ThermalOptions,
+    check_sustained_repetitions,
     with_options,
 )
 from shared.io.paths import data_subdir
@@ -74,6 +75,7 @@ def bench(
     check_output(output)
     spec = local_spec(matrix)
     plan = sustained.plan()
+    check_sustained_repetitions(spec, plan)
     monitor = open_monitor(thermal, EXIT_USAGE)
     try:
         policy = limits.in_force(monitor.source.scale)

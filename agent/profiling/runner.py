@@ -182,13 +182,22 @@ def measure_cell(
     sleep_s: float = 0.0,
 ) -> dict[str, Any]:
     """One cell, as its mode says: pp, tg, or pp+tg, each after its depth; `watch` hears each
-    timed region (energy) and may plan the steps (a sustained run); `sleep_s` is an injected
-    sleep inside the first timed window (MLX_FLEET_INJECT=sleep)."""
+    timed region (energy) and may plan the steps (a sustained run, whose duration and not the
+    spec's precision ends it); `sleep_s` is an injected sleep inside the first timed window
+    (MLX_FLEET_INJECT=sleep)."""
     if watch is None:
-        profiler = SpeedProfiler(before_iteration=guard.before_iteration, injected_sleep_s=sleep_s)
+        profiler = SpeedProfiler(
+            before_iteration=guard.before_iteration,
+            injected_sleep_s=sleep_s,
+            precision=spec.precision,
+        )
     else:
         profiler = SpeedProfiler(
-            guard.before_iteration, timing=watch, steps=watch.steps, injected_sleep_s=sleep_s
+            guard.before_iteration,
+            timing=watch,
+            steps=watch.steps,
+            injected_sleep_s=sleep_s,
+            precision=None if watch.sustain is not None else spec.precision,
         )
     common = {
         "num_warmup": spec.warmup,

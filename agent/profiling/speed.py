@@ -40,7 +40,7 @@ from mlx.utils import tree_flatten, tree_map
 from agent.awake.clocks import SleepClocks, SleepWindow, system_clocks
 from agent.profiling.memory import random_tokens, to_gb
 from shared.matrix import DEFAULT_PREFILL_STEP
-from shared.stats import summarize_latencies
+from shared.stats import precise_enough, summarize_latencies
 
 IterationGate = Callable[[int], None]
 StepPlan = Callable[[int, int], Iterable[int]]
@@ -172,7 +172,10 @@ class SpeedProfiler:
     `timing` hears each timed region start and stop, untimed; `steps` may run the iterations
     for a time instead of a count (a sustained run). `clocks` (by default this system's; None:
     slept_s unknown) watch each timed window for a sleep; `injected_sleep_s` is a simulated
-    sleep (MLX_FLEET_INJECT=sleep) inside a measurement's first timed window only."""
+    sleep (MLX_FLEET_INJECT=sleep) inside a measurement's first timed window only. With a
+    `precision` (`-r auto`) a measurement's timed iterations stop at the first that brings
+    the mean's 95 % half-width within that share of it (shared.stats.precise_enough), the
+    iterations asked for being then the most; its record carries the `precision_target`."""
 
     def __init__(
         self,
@@ -181,12 +184,14 @@ class SpeedProfiler:
         steps: StepPlan = every_step,
         clocks: SleepClocks | Literal["system"] | None = SYSTEM_CLOCKS,
         injected_sleep_s: float = 0.0,
+        precision: float | None = None,
     ):
         self.before_iteration = before_iteration
         self.timing = timing
         self.steps = steps
         self.clocks = system_clocks() if isinstance(clocks, str) else clocks
         self.injected_sleep_s = injected_sleep_s
+        self.precision = precision
         self.rewarm_gap_s = REWARM_GAP_S
         """A gap longer than this re-warms; math.inf turns re-warming off (a bench's baseline)."""
 
@@ -241,6 +246,8 @@ class SpeedProfiler:
                 measurement.peak_bytes = max(measurement.peak_bytes, mx.get_peak_memory())
                 measurement.active_bytes = mx.get_active_memory()
             del cache, output
+            if counted and self._precise(measurement, num_iterations):
+                break
         if window is not None and self.clocks is not None:
             measurement.slept_s = window.slept_s
             measurement.sleep_clock = self.clocks.name
@@ -248,6 +255,14 @@ class SpeedProfiler:
         measurement.peak_bytes -= kept
         measurement.active_bytes -= kept
         return measurement
+
+    def _precise(self, measurement: Measurement, most: int) -> bool:
+        """Whether `-r auto` may stop: never without a precision. Iterations per second stand
+        for tokens per second, the rule being scale-free."""
+        if self.precision is None:
+            return False
+        rates = [1 / seconds for seconds in measurement.samples]
+        return precise_enough(rates, self.precision, most)
 
     def _result(self, measurement: Measurement, tokens: int) -> dict[str, Any]:
         result = summarize_latencies(measurement.samples, tokens)
@@ -257,6 +272,8 @@ class SpeedProfiler:
         result["rewarm_iterations"] = measurement.rewarm_iterations
         result["slept_s"] = measurement.slept_s
         result["sleep_clock"] = measurement.sleep_clock
+        if self.precision is not None:
+            result["precision_target"] = self.precision
         return result
 
     def benchmark_tokens_per_sec(

@@ -56,6 +56,7 @@ from shared.io.options import (
     SustainOptions,
     SustainPlot,
     TableFormat,
+    check_sustained_repetitions,
     with_options,
 )
 from shared.io.sqlite import StoreError
@@ -145,9 +146,11 @@ def benchmark(
     plan = sustained.plan()
     check_plot(plot, plan is not None)
     try:
-        spec = matrix.spec().to_dict()
+        matrix_spec = matrix.spec()
     except MatrixError as exc:
         raise usage_error(str(exc)) from None
+    check_sustained_repetitions(matrix_spec, plan)
+    spec = matrix_spec.to_dict()
     sustain = plan.to_dict() if plan else None
     targets = targets_from(hosts, hostfile)
     with open_store() as store:

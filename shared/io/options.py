@@ -28,6 +28,8 @@ from shared.energy import DEFAULT_BASELINE_S
 from shared.io.cli import usage_error
 from shared.matrix import (
     BUILTIN_DEFAULT_BITS,
+    DEFAULT_MAX_REPETITIONS,
+    MAX_ITERATIONS,
     MatrixError,
     MatrixSpec,
     expand,
@@ -36,10 +38,14 @@ from shared.matrix import (
 )
 from shared.report import FORMATS
 from shared.source_names import DEFAULT_POLL_INTERVAL_S, POWER_SOURCE_HELP, SOURCE_HELP
+from shared.stats import MIN_AUTO_REPETITIONS
 from shared.sustain import DEFAULT_WINDOW_S, SustainError, SustainPlan, parse_duration
+from shared.verdict import NOISY_SHARE
 
 TABLE_OR_JSON = ("table", "json")
 DEFAULT_MATRIX = MatrixSpec()
+AUTO = "auto"
+"""`-r auto`: repeat each cell until its interval reaches --precision (shared.stats)."""
 
 
 def one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
@@ -137,13 +143,34 @@ BatchSizes = Annotated[
 ]
 Warmup = Annotated[int, typer.Option("-w", "--warmup", help="Untimed iterations per cell.")]
 Repetitions = Annotated[
-    int,
+    str,
     typer.Option(
         "-r",
         "--repetitions",
         "-i",
         "--iterations",
-        help="Timed iterations per cell. -i/--iterations is an alias.",
+        metavar=f"N|{AUTO}",
+        help=f"Timed iterations per cell, or {AUTO}: at least {MIN_AUTO_REPETITIONS}, then more "
+        "until the 95 % interval of the mean tok/s is within --precision, or "
+        "--max-repetitions (docs/performance.md, Adaptive repetitions). -i/--iterations is an "
+        "alias.",
+    ),
+]
+Precision = Annotated[
+    str | None,
+    typer.Option(
+        "--precision",
+        metavar="SHARE",
+        help=f"With -r {AUTO}: the share of the mean the 95 % half-width may reach, as 0.02 or "
+        f"2% [default: {NOISY_SHARE:.0%}, the noisy limit].",
+    ),
+]
+MaxRepetitions = Annotated[
+    int | None,
+    typer.Option(
+        "--max-repetitions",
+        help=f"With -r {AUTO}: the most timed iterations per cell; a cell that stops here short "
+        f"of --precision is noisy [default: {DEFAULT_MAX_REPETITIONS}].",
     ),
 ]
 PrefillStepSize = Annotated[
@@ -376,7 +403,9 @@ class MatrixOptions:
     n_depth: NDepth = ",".join(map(str, DEFAULT_MATRIX.n_depth))
     batch_sizes: BatchSizes = ",".join(map(str, DEFAULT_MATRIX.batch_sizes))
     warmup: Warmup = DEFAULT_MATRIX.warmup
-    repetitions: Repetitions = DEFAULT_MATRIX.iterations
+    repetitions: Repetitions = str(DEFAULT_MATRIX.iterations)
+    precision: Precision = None
+    max_repetitions: MaxRepetitions = None
     prefill_step_size: PrefillStepSize = DEFAULT_MATRIX.prefill_step_size
     delay: Delay = DEFAULT_MATRIX.delay_s
     config_small: ConfigSmall = False
@@ -396,6 +425,7 @@ class MatrixOptions:
             )
         if models is None:
             models = list(self.model or [])
+        iterations, precision = self.repetitions_plan()
         configs = ["small"] if self.config_small else [self.config] if self.config else []
         if not configs and not models:
             configs = ["full"]
@@ -408,12 +438,63 @@ class MatrixOptions:
             models=(*configs, *models),
             bits=parse_int_list(self.bits, "--bits") if self.bits else (None,),
             warmup=self.warmup,
-            iterations=self.repetitions,
+            iterations=iterations,
+            precision=precision,
             prefill_step_size=self.prefill_step_size,
             delay_s=self.delay,
         )
         expand(spec)
         return spec
+
+    def repetitions_plan(self) -> tuple[int, float | None]:
+        """(timed iterations, None) for -r N; (the most, the precision) for -r auto. Raises
+        MatrixError naming the flag: --precision and --max-repetitions mean nothing without
+        -r auto, and auto needs room for its MIN_AUTO_REPETITIONS."""
+        if self.repetitions.strip().lower() != AUTO:
+            for flag, value in (
+                ("--precision", self.precision),
+                ("--max-repetitions", self.max_repetitions),
+            ):
+                if value is not None:
+                    raise MatrixError(f"{flag} applies to -r {AUTO} only: give -r {AUTO} too")
+            try:
+                return int(self.repetitions), None
+            except ValueError:
+                raise MatrixError(
+                    f"--repetitions: {self.repetitions!r} is not a whole number or {AUTO}"
+                ) from None
+        most = DEFAULT_MAX_REPETITIONS if self.max_repetitions is None else self.max_repetitions
+        if not MIN_AUTO_REPETITIONS <= most <= MAX_ITERATIONS:
+            raise MatrixError(
+                f"--max-repetitions must be {MIN_AUTO_REPETITIONS} to {MAX_ITERATIONS} "
+                f"(-r {AUTO} always runs {MIN_AUTO_REPETITIONS}), got {most}"
+            )
+        return most, NOISY_SHARE if self.precision is None else parse_precision(self.precision)
+
+
+def parse_precision(text: str) -> float:
+    """'0.02' or '2%' as a share of the mean, strictly between 0 and 1 (0 would never stop,
+    1 would stop on any two figures); MatrixError naming --precision otherwise."""
+    number = text.strip()
+    percent = number.endswith("%")
+    try:
+        share = float(number.removesuffix("%")) / (100 if percent else 1)
+    except ValueError:
+        raise MatrixError(
+            f"--precision: {text!r} is not a share of the mean (0.02) or a percentage (2%)"
+        ) from None
+    if not (math.isfinite(share) and 0 < share < 1):
+        raise MatrixError(f"--precision must be above 0 and below 1 (100%), got {text}")
+    return share
+
+
+def check_sustained_repetitions(spec: MatrixSpec, plan: SustainPlan | None) -> None:
+    """Exit 2 for -r auto with --sustain: a sustained cell runs for its duration, not to a
+    precision."""
+    if plan is not None and spec.precision is not None:
+        raise usage_error(
+            f"-r {AUTO} and --sustain conflict: a sustained cell runs for its duration"
+        )
 
 
 @dataclass(frozen=True)

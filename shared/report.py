@@ -21,7 +21,7 @@ from rich.text import Text
 from shared.aggregate import ordered
 from shared.energy import not_a_meter
 from shared.matrix import hf_model_id, model_label, named_label
-from shared.reboots import rebooted_hosts
+from shared.reboots import reboot_panics, rebooted_hosts
 from shared.results import NOT_RUN, OK
 from shared.safe_text import DETAIL_CAP, EXPORT_CAP, shown
 from shared.sustain_report import markdown_sustain, rich_sustain
@@ -240,6 +240,30 @@ def energy_line(energy: dict[str, Any] | None, records: list[Record]) -> str | N
     return text
 
 
+NO_PANIC_REPORT = (
+    "no new panic report in /Library/Logs/DiagnosticReports "
+    "(a power cut, a forced or an ordinary restart leaves none)"
+)
+NO_PANIC_STRING = "no panic string read"
+
+
+def reboot_lines(host: str, records: list[Record]) -> list[str]:
+    """That `host` rebooted during the run, with the panic reports its cells carried after the
+    reboot (shared.reboots), each name and panic string shown() as the peer's words they are;
+    nothing more where its cells did not look (not a Mac, an older agent)."""
+    line = f"{host + ': ' if host else ''}the machine rebooted during it"
+    panics = reboot_panics(records, host)
+    if panics is None:
+        return [line]
+    if not panics:
+        return [f"{line}; {NO_PANIC_REPORT}"]
+    told = [
+        f"panic report {shown(p.get('file'))}: {shown(p.get('panic_string') or NO_PANIC_STRING)}"
+        for p in panics
+    ]
+    return [f"{line}; {told[0]}", *(f"  {more}" for more in told[1:])]
+
+
 def header_lines(report: dict[str, Any]) -> list[str]:
     """Device, model and energy lines: one set per host for a fleet report."""
     hosts = report.get("hosts") or [report]
@@ -257,7 +281,7 @@ def header_lines(report: dict[str, Any]) -> list[str]:
         if host.get("error"):
             lines.append(f"  FAILED: {host['error']}")
     for name in rebooted_hosts(report.get("cells", [])):  # boot times differ between cells
-        lines.append(f"{name + ': ' if name else ''}the machine rebooted during it")
+        lines.extend(reboot_lines(name, report.get("cells", [])))
     if report.get("interrupted"):
         lines.append("interrupted: only the cells finished before the interrupt are shown")
     return lines

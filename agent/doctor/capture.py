@@ -1,6 +1,8 @@
 """`agent doctor --capture FILE`: every raw input this machine's sources read, poll by poll, in
 the capture format (agent.sensors.capture), for a bug report or a test fixture. What cannot be
-read here is left out of the polls, and the header lists why."""
+read here is left out of the polls, and the header lists why. The header also holds what a
+first Mac hands back for parsers only tests have read: `sysctl -n kern.boottime` as it printed,
+and the recent kernel panic reports by name and first line (agent.awake.panics)."""
 
 from __future__ import annotations
 
@@ -183,6 +185,47 @@ OPENERS: dict[str, Callable[[ExitStack], Reader]] = {
 """Each input a capture may hold; `tools.TOOL` are the lines of TOOL, under `tools`."""
 
 
+SYSCTL_TIMEOUT_S = 5.0
+
+
+def boot_facts(sysctl_text: str | None, boot: float | None) -> dict[str, Any]:
+    """`sysctl -n kern.boottime`'s text beside boot_time()'s (sysctlbyname) value, and whether
+    parse_sysctl of the text agrees with it to the second; None for what is not there."""
+    from agent.awake.boot import parse_sysctl
+
+    parsed = parse_sysctl(sysctl_text) if sysctl_text else None
+    agrees = None if parsed is None or boot is None else abs(parsed - boot) < 1.0
+    return {"boot_time": boot, "sysctl": sysctl_text, "sysctl_parsed": parsed, "agrees": agrees}
+
+
+def _sysctl_boottime() -> str | None:
+    """What `sysctl -n kern.boottime` prints; None off a Mac or when it cannot run."""
+    if sys.platform != "darwin":
+        return None
+    try:
+        done = subprocess.run(
+            ["sysctl", "-n", "kern.boottime"],
+            capture_output=True,
+            text=True,
+            timeout=SYSCTL_TIMEOUT_S,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout or None
+
+
+def machine_facts() -> dict[str, Any]:
+    """The header's boot time and recent panic reports (agent.awake.panics: names and first
+    lines only, a report's process table is not for a bug report)."""
+    from agent.awake.boot import boot_time
+    from agent.awake.panics import RECENT_S, scan
+
+    return {
+        "boot": boot_facts(_sysctl_boottime(), boot_time()),
+        "panics": scan(time.time() - RECENT_S),
+    }
+
+
 def capture(
     path: Path, seconds: float, interval_s: float, machine: dict[str, Any]
 ) -> tuple[int, dict[str, Any]]:
@@ -197,7 +240,7 @@ def capture(
                 readers[name] = opener(stack)
             except (SourceUnavailable, SMCError, OSError) as exc:
                 missing[name] = str(exc)
-        facts = {**machine, "inputs": sorted(readers), "missing": missing}
+        facts = {**machine, **machine_facts(), "inputs": sorted(readers), "missing": missing}
         if any(name.startswith("tools.") for name in readers):
             facts["tools_interval_s"] = CAPTURE_TOOL_INTERVAL_S
         polls = 0

@@ -16,7 +16,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -308,6 +308,36 @@ def service_check() -> Check:
     return Check("service", ok, detail, None if ok else f"see {', '.join(report['logs'])}")
 
 
+def panic_check(directories: Sequence[Path] | None = None, now: float | None = None) -> Check:
+    """The kernel panics of the last week (agent.awake.panics): a warning, never required
+    (the agent runs), since a Mac that panicked under MLX is likely to again and a run's cells
+    after a panic are of another boot. `directories`: where to look instead of a Mac's own."""
+    from agent.awake.panics import RECENT_S, scan
+    from shared.reboots import MAX_PANICS
+
+    name = f"kernel panics (last {RECENT_S / 86400:g} days)"
+    if directories is None and sys.platform != "darwin":
+        return Check(
+            name,
+            False,
+            f"not applicable: not a Mac ({platform.system()}); macOS alone writes kernel panic "
+            "reports (/Library/Logs/DiagnosticReports/*.panic)",
+        )
+    found = scan((time.time() if now is None else now) - RECENT_S, directories)
+    if not found:
+        return Check(name, True, "none")
+    latest = found[-1]
+    many = f"at least {len(found)}" if len(found) == MAX_PANICS else str(len(found))
+    said = latest["panic_string"] or "no panic string read"
+    return Check(
+        name,
+        False,
+        f"{many}; the latest {latest['file']}: {said}",
+        "see docs/reliability.md (GPU errors and reboots); the reports are in "
+        "/Library/Logs/DiagnosticReports",
+    )
+
+
 def firewall_check() -> Check:
     python = os.path.realpath(sys.executable)
     if sys.platform != "darwin":
@@ -351,6 +381,7 @@ def report(
         data_checks,
         lambda: port_checks(ports, serving),
         service_check,
+        panic_check,
         firewall_check,
     ]
     checks: list[Check] = []

@@ -1,6 +1,7 @@
 """`agent serve --prometheus`: /metrics scraped over HTTP and parsed with prometheus_client's own
-parser, while a registered `agent run` job is paused and resumed; and the metrics' bookkeeping
-(absent without a reading, a counter that survives an agent restart)."""
+parser, while a registered `agent run` job is paused and resumed and while benchmark jobs run;
+and the metrics' bookkeeping (absent without a reading, a counter that survives an agent
+restart, a benchmark cell's series replaced when it is measured again)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,17 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zmq
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from shared import verdict
+from shared.io import metrics as metrics_module
 from shared.io.metrics import TelemetryMetrics, serve_metrics
+from shared.io.transport import AgentClient
 from tests.conftest import subprocess_env
 from tests.fleet_support import AgentPool, connect, receive, subscriber, trusted_agent
 from tests.test_run_cli import write_curve
@@ -232,6 +237,151 @@ def test_the_exporter_serves_metrics_and_healthz_only() -> None:
             assert refused.value.code == 404, path
     finally:
         server.close()
+
+
+BENCH = ("mlx_fleet_benchmark_tokens_per_second", "mlx_fleet_benchmark_valid")
+REASON = "mlx_fleet_benchmark_invalid_reason"
+
+
+def bench_series(metrics: Samples) -> Samples:
+    return {key: value for key, value in metrics.items() if key[0] in (*BENCH, REASON)}
+
+
+def expected_series(host: str, records: list[dict[str, Any]]) -> Samples:
+    """What the exposition must hold for the latest record of each cell: its own verdict."""
+    latest = {}
+    for record in records:
+        bits = "none" if record["bits"] is None else str(record["bits"])
+        test = record["test"].split(" @ ")[0]
+        labels = {"host": host, "model": record["model"], "bits": bits}
+        labels |= {"batch": str(record["batch_size"]), "depth": str(record["n_depth"])}
+        latest[tuple(sorted((labels | {"test": test}).items()))] = record
+    expected: Samples = {}
+    for labels, record in latest.items():
+        valid = record["verdict"] == verdict.VALID
+        expected[("mlx_fleet_benchmark_valid", labels)] = 1.0 if valid else 0.0
+        if record["status"] == "ok":
+            speed = record["tokens_per_sec"]
+            expected[("mlx_fleet_benchmark_tokens_per_second", labels)] = speed
+        for reason in record["verdict_reasons"]:
+            expected[(REASON, tuple(sorted((*labels, ("reason", reason)))))] = 1.0
+    return expected
+
+
+def run_job(client: AgentClient, matrix: dict[str, Any]) -> list[dict[str, Any]]:
+    """The records a real job streamed, in order."""
+    stream = list(client.stream(client.send("bench.start", {"matrix": matrix})))
+    assert stream[-1].type == "bench.done" and stream[-1].body["status"] == "ok", stream[-1]
+    return [m.body["record"] for m in stream if m.type == "bench.cell"]
+
+
+def test_a_benchmark_jobs_cells_show_with_the_agents_own_verdicts(
+    ctx: zmq.Context, agents: AgentPool
+) -> None:
+    """Through a real agent: every cell's tok/s, verdict and reasons as its record says (this
+    machine is noisy: which verdict is not asserted, only that the gauges agree with it); a
+    second job over the same cells replaces their series, none left over."""
+    agent = trusted_agent(agents, options=["--name", "mac-bench", "--prometheus", "127.0.0.1:0"])
+    found = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", agent.log_text())
+    assert found, agent.log_text()
+    port = int(found.group(1))
+    assert not bench_series(scrape(port))  # nothing measured yet: no series, no NaN
+    matrix = {"n_prompt": [16], "n_gen": [4], "n_depth": [0, 8], "models": ["small"]}
+    matrix |= {"warmup": 0, "iterations": 2}
+    client = connect(ctx, agent, timeout=60)
+    try:
+        first = run_job(client, matrix)
+        assert len(first) == 4 and all(r["verdict"] in verdict.VERDICTS for r in first)
+        assert all(verdict.COLD in r["verdict_reasons"] for r in first)  # -w 0, always
+        expected = expected_series("mac-bench", first)
+        assert bench_series(scrape(port)) == expected
+        depths = {dict(labels)["depth"] for name, labels in expected if name == BENCH[1]}
+        tests = {dict(labels)["test"] for name, labels in expected if name == BENCH[1]}
+        assert depths == {"0", "8"} and tests == {"pp16", "tg4"}
+        second = run_job(client, matrix)
+    finally:
+        client.close()
+    assert bench_series(scrape(port)) == expected_series("mac-bench", second)
+
+
+def cell(**fields: Any) -> dict[str, Any]:
+    """A measured cell record, judged as the agent judges it."""
+    record = {
+        "model": "small",
+        "bits": None,
+        "batch_size": 1,
+        "n_depth": 512,
+        "test": "pp64 @ d512",
+        "status": "ok",
+        "error": None,
+        "tokens_per_sec": 100.0,
+        "ci95_tokens_per_sec": 1.0,
+        "warmup_iterations": 2,
+        "slept_s": 0.0,
+        "flags": [],
+        "settings": {},
+    }
+    return verdict.judge(record | fields)
+
+
+CELL = (
+    ("batch", "1"), ("bits", "none"), ("depth", "512"), ("host", "mac1"), ("model", "small"),
+    ("test", "pp64"),
+)  # fmt: skip
+
+
+def test_a_cell_measured_again_replaces_its_speed_verdict_and_reasons() -> None:
+    metrics = TelemetryMetrics()
+    metrics.observe_cell("mac1", cell(warmup_iterations=0, ci95_tokens_per_sec=20.0))
+    values = bench_series(parse(generate(metrics)))
+    assert values == {
+        (BENCH[0], CELL): 100.0,
+        (BENCH[1], CELL): 0.0,
+        (REASON, tuple(sorted((*CELL, ("reason", "cold"))))): 1.0,
+        (REASON, tuple(sorted((*CELL, ("reason", "noisy"))))): 1.0,
+    }
+    metrics.observe_cell("mac1", cell(tokens_per_sec=120.0))
+    values = bench_series(parse(generate(metrics)))
+    assert values == {(BENCH[0], CELL): 120.0, (BENCH[1], CELL): 1.0}
+
+
+def test_a_failed_cell_has_no_speed_and_an_unknown_reason_is_other() -> None:
+    metrics = TelemetryMetrics()
+    failed = cell(status="failed", error="gpu-error: timeout: Metal aborted", tokens_per_sec=None)
+    assert failed["verdict_reasons"] == ["gpu-error"]
+    metrics.observe_cell("mac1", failed)
+    values = bench_series(parse(generate(metrics)))
+    assert values == {
+        (BENCH[1], CELL): 0.0,
+        (REASON, tuple(sorted((*CELL, ("reason", "gpu-error"))))): 1.0,
+    }
+    newer = cell(bits=4) | {"verdict": "invalid", "verdict_reasons": ["thermal-runaway\n"]}
+    metrics.observe_cell("mac1", newer)  # a newer agent's reason: never a free-text label
+    reasons = {
+        dict(labels)["reason"] for name, labels in parse(generate(metrics)) if name == REASON
+    }
+    assert reasons == {"gpu-error", "other"}
+
+
+def test_a_record_without_a_verdict_is_judged_by_the_same_rule() -> None:
+    metrics = TelemetryMetrics()
+    old = {key: value for key, value in cell().items() if key != "warmup_iterations"}
+    del old["verdict"], old["verdict_reasons"]
+    metrics.observe_cell("mac1", old)
+    values = bench_series(parse(generate(metrics)))
+    assert values[(BENCH[1], CELL)] == 0.0
+    assert values[(REASON, tuple(sorted((*CELL, ("reason", "unverified")))))] == 1.0
+
+
+def test_the_least_recently_measured_cells_go_past_the_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(metrics_module, "BENCH_CELLS_MAX", 2)
+    metrics = TelemetryMetrics()
+    for depth in (0, 1, 2, 0, 3):  # depth 0 measured again: 1 and 2 are the oldest
+        metrics.observe_cell("mac1", cell(n_depth=depth, test=f"pp64 @ d{depth}"))
+    kept = {dict(labels)["depth"] for name, labels in parse(generate(metrics)) if name in BENCH}
+    assert kept == {"0", "3"}
 
 
 def generate(metrics: TelemetryMetrics) -> str:

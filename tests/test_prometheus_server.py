@@ -1,7 +1,8 @@
 """deploy/prometheus and deploy/grafana checked by Prometheus's own tools: `promtool check
 config`, `promtool check rules` and `promtool test rules` (tests/fixtures/prometheus); then a real
 Prometheus on loopback scrapes a real `agent serve --prometheus`, answers a PromQL query for its
-temperature, loads the alert rules, and answers every query of the Grafana dashboard.
+temperature, loads the alert rules, answers every query of the Grafana dashboard, and a
+benchmark job's cells with their verdicts.
 
 Needs Debian's `prometheus` package (prometheus and promtool; .ci/run installs it)."""
 
@@ -20,8 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
 
-from tests.fleet_support import AgentPool, AgentProcess
+from shared.io.keys import own_keypair
+from shared.io.trust import trust
+from tests.fleet_support import AgentPool, AgentProcess, connect
 from tests.test_run_cli import write_curve
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -213,3 +217,37 @@ def test_every_query_of_the_dashboard_answers_from_a_scrape(
         "mlx_fleet_soc_temperature_celsius",
         "mlx_fleet_storage_ok",
     }
+
+
+CELL_KEY = "host, model, bits, batch, depth, test"
+
+
+def test_a_benchmark_jobs_verdicts_answer_promql(prometheus: tuple[str, AgentProcess]) -> None:
+    """A job with no warm-up: every cell is `cold` whatever the machine's noise, so PromQL's
+    speeds of valid cells only (the join docs/monitoring.md shows) are none, and each cell's
+    speed, verdict and reasons are there, labelled alike."""
+    base, agent = prometheus
+    trust(own_keypair().public, "test", directory=agent.home / "keys" / "trusted")
+    matrix = {"n_prompt": [16], "n_gen": [4], "models": ["small"], "warmup": 0, "iterations": 2}
+    context = zmq.Context()
+    try:
+        client = connect(context, agent, timeout=60)
+        stream = list(client.stream(client.send("bench.start", {"matrix": matrix})))
+        client.close()
+    finally:
+        context.destroy(linger=0)
+    records = [m.body["record"] for m in stream if m.type == "bench.cell"]
+    assert len(records) == 2
+    cold = 'mlx_fleet_benchmark_invalid_reason{reason="cold"}'
+    deadline = time.monotonic() + 30
+    while len(found := api(base, "query", query=cold)["result"]) < len(records):
+        assert time.monotonic() < deadline, found  # until a scrape after the job's last cell
+        time.sleep(0.25)
+    assert {series["metric"]["test"] for series in found} == {"pp16", "tg4"}
+    speeds = api(base, "query", query="mlx_fleet_benchmark_tokens_per_second")["result"]
+    by_test = {s["metric"]["test"]: float(s["value"][1]) for s in speeds}
+    assert by_test == {r["test"]: r["tokens_per_sec"] for r in records}
+    speed = f"mlx_fleet_benchmark_tokens_per_second and on({CELL_KEY})"
+    assert api(base, "query", query=f"{speed} mlx_fleet_benchmark_valid == 1")["result"] == []
+    invalid = api(base, "query", query=f"{speed} mlx_fleet_benchmark_valid == 0")["result"]
+    assert len(invalid) == len(records)

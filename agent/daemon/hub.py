@@ -337,6 +337,11 @@ class TelemetryHub:
         if self.metrics is not None:
             self.metrics.observe_event(body)
 
+    def observe_cell(self, record: dict[str, Any]) -> None:
+        """A benchmark cell this agent measured, with the verdict it gave it, for /metrics."""
+        if self.metrics is not None:
+            self.metrics.observe_cell(self.host, record)
+
     @property
     def policy(self) -> ThermalPolicy:
         return self._policy.policy

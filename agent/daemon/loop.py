@@ -119,6 +119,7 @@ class AgentDaemon:
                 self.storage,
                 poll_interval,
                 lambda: hub.meter,
+                hub.observe_cell,
             )
         except (StoreError, OSError) as exc:
             hub.close()

@@ -1,4 +1,5 @@
-"""Prometheus metrics for thermal telemetry: one definition for both exporters.
+"""Prometheus metrics for thermal telemetry and benchmark cells: one definition for both
+exporters.
 
 `agent serve --prometheus HOST:PORT` feeds its own samples and events into a TelemetryMetrics;
 `coordinator monitor --prometheus HOST:PORT` feeds every host's into one made with
@@ -9,6 +10,7 @@
     metrics.host_up(host, build={...}, policy={...})   # every series of the host, counters at 0
     metrics.observe_sample(body)                 # every telemetry.sample body (docs/protocol.md)
     metrics.observe_event(body)                  # every telemetry.event body
+    metrics.observe_cell(host, record)           # every cell record (docs/protocol.md §5)
     metrics.host_down(host)                      # a host went silent: agent_up 0, nothing else
 
 The server answers /metrics and /healthz, and 404 anywhere else.
@@ -45,12 +47,25 @@ HOST:PORT too). Metrics (docs/monitoring.md):
 - mlx_fleet_gang_state{host,job,group,rank,world,backend}: gauge, for each rank of a
   distributed job the host runs, the state all the job's ranks live under (0 ok ... 3 stop, as
   cooling_state); gone when the rank exits.
+- mlx_fleet_benchmark_tokens_per_second{host,model,bits,batch,depth,test}: gauge, the mean
+  tok/s of the latest record of each benchmark cell (`test` is llama-bench's name without its
+  ` @ d<D>`, which is `depth`; `bits` is `none` for a directory's stored weights); absent for
+  a cell that failed.
+- mlx_fleet_benchmark_valid{same labels}: gauge, 1 when that record's verdict is `valid`, 0
+  when `invalid`.
+- mlx_fleet_benchmark_invalid_reason{same labels,reason}: gauge, 1 for each reason of an
+  invalid verdict (shared.verdict.REASONS; anything else is `other`), gone when the cell is
+  measured again. Only the agent's exporter has benchmark series: records travel to the
+  coordinator that started the job, never on the telemetry stream the monitor reads. The
+  BENCH_CELLS_MAX cells measured last are kept per host.
 """
 
 from __future__ import annotations
 
+import math
 import socket
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from socketserver import ThreadingMixIn
@@ -62,6 +77,7 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from shared.policy import CoolingState
 from shared.safe_text import shown
+from shared.verdict import REASONS, VALID, VERDICTS, judge
 
 STATE_VALUES: dict[str, int] = {state.value: state.severity for state in CoolingState}
 """ok 0, reduce_batch 1, pause 2, stop 3: the order of CoolingState."""
@@ -74,6 +90,37 @@ THRESHOLD_LEVELS = {
 }
 """A policy's thresholds by the state each one starts."""
 BUILD_LABELS = ("version", "mlx_version", "chip")
+CELL_LABELS = ("model", "bits", "batch", "depth", "test")
+"""What names a benchmark cell: the same cell measured again replaces its series."""
+OTHER_REASON = "other"
+"""A reason outside shared.verdict.REASONS (a newer agent's, say): label values stay a bounded
+set."""
+BENCH_CELLS_MAX = 1024
+"""Cells kept per host, the least recently measured dropped first: a long-lived agent running
+many matrices must not grow its exposition without end."""
+
+
+def cell_labels(record: Mapping[str, Any]) -> tuple[str, ...]:
+    """A cell record's CELL_LABELS values: depth apart from the test's name, so each label
+    varies alone."""
+    bits = record.get("bits")
+    return (
+        str(record["model"]),
+        "none" if bits is None else str(bits),
+        str(record["batch_size"]),
+        str(record.get("n_depth") or 0),
+        str(record["test"]).partition(" @ ")[0],
+    )
+
+
+def cell_verdict(record: Mapping[str, Any]) -> tuple[bool, list[str]]:
+    """Whether the record is valid and its reasons (bounded: unknown ones are OTHER_REASON),
+    from its own verdict; a record without one is judged by the same rule that gives it."""
+    if record.get("verdict") not in VERDICTS:
+        record = judge(dict(record))
+    found = {r if r in REASONS else OTHER_REASON for r in record.get("verdict_reasons") or ()}
+    reasons = [reason for reason in (*REASONS, OTHER_REASON) if reason in found]
+    return record["verdict"] == VALID and not reasons, reasons
 
 
 def build_labels(version: str | None, machine: Mapping[str, Any]) -> dict[str, str]:
@@ -102,6 +149,10 @@ class _Host:
     power_shown: set[tuple[str, str]] = field(default_factory=set)
     joules_seen: dict[tuple[str, str], float] = field(default_factory=dict)
     gangs_shown: set[tuple[str, ...]] = field(default_factory=set)
+    cells: OrderedDict[tuple[str, ...], list[tuple[Gauge, tuple[str, ...]]]] = field(
+        default_factory=OrderedDict
+    )
+    """Each cell's series (metric, extra labels), least recently measured first."""
 
 
 class TelemetryMetrics:
@@ -183,6 +234,22 @@ class TelemetryMetrics:
             "world",
             "backend",
         )
+        self.bench_tokens = gauge(
+            "mlx_fleet_benchmark_tokens_per_second",
+            "Mean tok/s of the latest record of a benchmark cell.",
+            *CELL_LABELS,
+        )
+        self.bench_valid = gauge(
+            "mlx_fleet_benchmark_valid",
+            "1 when the latest record of a benchmark cell is valid, 0 when invalid.",
+            *CELL_LABELS,
+        )
+        self.bench_reason = gauge(
+            "mlx_fleet_benchmark_invalid_reason",
+            "1 for each reason the latest record of a benchmark cell is invalid.",
+            *CELL_LABELS,
+            "reason",
+        )
         self._hosts: dict[str, _Host] = {}
 
     # --- hosts ------------------------------------------------------------------------------
@@ -221,7 +288,7 @@ class TelemetryMetrics:
             metric.remove(*labels)
             state.series.discard((metric, labels))
         state.source, state.sensors, state.power_shown = None, set(), set()
-        state.gangs_shown = set()
+        state.gangs_shown, state.cells = set(), OrderedDict()
 
     def host_up(
         self,
@@ -366,6 +433,35 @@ class TelemetryMetrics:
             if not state.up:
                 self.host_up(event["host"], instance)
             self.policy_actions.labels(*self._labels(state, event["action"])).inc()
+
+    def observe_cell(
+        self, host: str, record: Mapping[str, Any], instance: str | None = None
+    ) -> None:
+        """A benchmark cell's record: its tok/s (none for a failed cell, never NaN), verdict and
+        reasons replace those of its previous measurement (set before the old ones go, so a
+        scrape meanwhile never misses the cell)."""
+        state = self._host(host, instance)
+        if not state.up:
+            self.host_up(host, instance)
+        key = cell_labels(record)
+        valid, reasons = cell_verdict(record)
+        values: list[tuple[Gauge, float, tuple[str, ...]]] = [
+            (self.bench_valid, 1.0 if valid else 0.0, key)
+        ]
+        speed = record.get("tokens_per_sec")
+        if record.get("status") == "ok" and isinstance(speed, int | float) and math.isfinite(speed):
+            values.append((self.bench_tokens, float(speed), key))
+        values += [(self.bench_reason, 1.0, (*key, reason)) for reason in reasons]
+        for metric, value, extra in values:
+            self._set(state, metric, value, *extra)
+        now = [(metric, extra) for metric, _, extra in values]
+        for metric, extra in state.cells.pop(key, []):
+            if (metric, extra) not in now:
+                self._drop(state, metric, *extra)
+        state.cells[key] = now
+        while len(state.cells) > BENCH_CELLS_MAX:
+            for metric, extra in state.cells.popitem(last=False)[1]:
+                self._drop(state, metric, *extra)
 
 
 def parse_address(text: str) -> tuple[str, int]:

@@ -46,10 +46,11 @@ from shared.stats import MIN_AUTO_REPETITIONS
 from shared.verdict import judge
 
 HOST_OK, HOST_FAILED, HOST_RUNNING, HOST_UNREACHABLE = "ok", "failed", "running", "unreachable"
-MACHINE, STARTED, MODEL, CELL, UNREACHABLE, RECONNECTED, DONE = (
+MACHINE, STARTED, MODEL, COOLING, CELL, UNREACHABLE, RECONNECTED, DONE = (
     "machine",
     "started",
     "model",
+    "cooling",
     "cell",
     "unreachable",
     "reconnected",
@@ -89,7 +90,8 @@ class Settings:
 @dataclass(frozen=True)
 class HostEvent:
     """What a host thread reports. `data` by kind: MACHINE the agent's machine info, STARTED
-    {"job", "cells"}, MODEL a model's info, CELL {"index", "record"}, UNREACHABLE {"error"} (each
+    {"job", "cells"}, MODEL a model's info, COOLING a cell's cool-start wait (shared.cool_start's
+    CoolWait map), CELL {"index", "record"}, UNREACHABLE {"error"} (each
     attempt that failed), RECONNECTED {} (heard again after UNREACHABLE), DONE {"status",
     "error"}."""
 
@@ -287,6 +289,8 @@ class HostDriver:
                     if body["model"] is not None:
                         self.job.models += 1
                         self._report(MODEL, body["model"])
+                    if body.get("cooling") is not None:
+                        self._report(COOLING, body["cooling"])
                     self._progressed([])
                 elif message.type == "bench.cell":
                     if self._cell(body["index"], body["record"]):
@@ -322,9 +326,9 @@ class HostDriver:
     # --- the no-progress bound (shared.job_progress) ------------------------------------------
 
     def _new_clock(self) -> ProgressClock:
-        delay_s = self.spec.get("delay_s") or 0.0
-        sustain_s = (self.sustain or {}).get("duration_s") or 0.0
-        planned = delay_s + sustain_s if _is_number(delay_s) and _is_number(sustain_s) else 0.0
+        waits = [self.spec.get("delay_s"), self.spec.get("cool_start_s")]
+        waits.append((self.sustain or {}).get("duration_s"))
+        planned = sum(w for w in waits if _is_number(w))
         return ProgressClock(
             self.settings.host_timeout,
             time.monotonic(),

@@ -15,8 +15,9 @@ from typing import Any
 from shared import shapes as s
 from shared.energy import RAILS
 from shared.gang import BACKENDS, MAX_GROUP_LENGTH, MAX_WORLD
-from shared.matrix import DECODE, MAX_CELLS, PREFILL, PREFILL_DECODE
+from shared.matrix import DECODE, MAX_CELLS, MAX_COOL_START_S, PREFILL, PREFILL_DECODE
 from shared.policy import CoolingState, ThermalPolicy
+from shared.reboots import MAX_PANICS, PANIC_FILE_CAP, PANIC_TEXT_CAP
 from shared.verdict import VERDICTS, judge
 
 MAX_HISTORY_ITEMS = 10_000
@@ -195,6 +196,18 @@ MODEL_FIELDS: dict[str, s.Check] = {
     "model_type": maybe_text,
     "revision": maybe_text,
 }
+cool_wait = s.fields(
+    {
+        "celsius": celsius,
+        "pressure": maybe_text,
+        "target_c": s.number(-273.15),
+        "waited_s": s.number(0, MAX_COOL_START_S * 2),
+        "limit_s": s.number(0, MAX_COOL_START_S),
+        "done": s.flag,
+        "hot": s.flag,
+        "injected": s.flag,
+    }
+)
 model_info = s.fields(
     {"model": text, "label": text},
     {k: v for k, v in MODEL_FIELDS.items() if k not in ("model", "label")},
@@ -296,11 +309,21 @@ COORDINATES = {
     "thermal_source": maybe_text,
 }
 """What every record carries, measured or not."""
+panic_report = s.fields(
+    {
+        "file": s.text(PANIC_FILE_CAP, least=1),
+        "panic_string": s.nil_or(s.text(PANIC_TEXT_CAP)),
+        "time": s.nil_or(epoch),
+    }
+)
+"""One kernel panic report a Mac's cell carries (agent.awake.panics): its name, the first line
+of its panic string, when it happened."""
 JUDGED = {
     "verdict": s.one_of(VERDICTS),
     "verdict_reasons": s.list_of(s.text(64, least=1), MAX_FLAGS),
     "settings": s.map_of(s.either(scalar, s.map_of(scalar)), 64),
     "boot_time": s.nil_or(epoch),
+    "panics": s.list_of(panic_report, MAX_PANICS),
     "injected": s.list_of(s.text(64, least=1), MAX_FLAGS),
 }
 """What a record says about its own worth (§5 Verdicts), optional so an older agent's records
@@ -418,7 +441,7 @@ BODIES: dict[str, s.Check] = {
     "bench.start.ok": s.fields({"job": ident, "cells": s.list_of(name, MAX_CELLS)}),
     "bench.progress": s.fields(
         {"job": ident, "done": s.integer(0, MAX_CELLS), "total": s.integer(0, MAX_CELLS)},
-        {"model": s.nil_or(model_info)},
+        {"model": s.nil_or(model_info), "cooling": s.nil_or(cool_wait)},
     ),
     "bench.cell": s.fields({"job": ident, "index": s.integer(0, MAX_CELLS - 1), "record": record}),
     "bench.done": s.fields(

@@ -9,6 +9,8 @@ position of a cell in its run's matrix (every cell when absent):
   gpu-error[=KIND]       the job process prints Metal's command-buffer error KIND (Timeout,
                          PageFault, ImpactingInteractivity) and aborts, as Metal does
   reboot                 the boot time read before the cell moves on (a reboot between cells)
+  hot-start[=CELSIUS]    the cell's cool-start wait sees CELSIUS (90) throughout, so it waits
+                         its whole --cool-start-limit and the cell runs flagged hot-start
   low-power              settings say Low Power Mode is on
   on-battery             settings say the Mac runs on battery
 
@@ -28,10 +30,13 @@ DEFAULTS: dict[str, str | None] = {
     "sleep": "5",
     "gpu-error": "Timeout",
     "reboot": None,
+    "hot-start": "90",
     "low-power": None,
     "on-battery": None,
 }
 INJECTED_FLAG = "injected"
+NUMBERS = {"sleep": (0.0, 1e6), "hot-start": (0.0, 200.0)}
+"""The faults whose value is a number, with the open range it must lie in."""
 
 
 @dataclass(frozen=True)
@@ -62,13 +67,14 @@ def parse(text: str) -> tuple[Fault, ...]:
 def _check_value(kind: str, value: str | None) -> None:
     if kind == "gpu-error" and value not in GPU_ERROR_KINDS:
         raise ValueError(f"{ENV}: gpu-error={value} (known: {', '.join(GPU_ERROR_KINDS)})")
-    if kind == "sleep":
+    if kind in NUMBERS:
         try:
             number = float(value or "")
         except ValueError:
             raise ValueError(f"{ENV}: {kind}={value} is not a number") from None
-        if not 0 < number < 1e6:
-            raise ValueError(f"{ENV}: {kind}={value} is out of range")
+        low, high = NUMBERS[kind]
+        if not low < number < high:
+            raise ValueError(f"{ENV}: {kind}={value} is out of range ({low:g} to {high:g})")
 
 
 def _cell_number(text: str) -> int:

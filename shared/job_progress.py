@@ -37,9 +37,9 @@ def no_progress_allowance(
 ) -> float:
     """Seconds the job may go from its last progress to the next before its host fails:
     host_timeout + planned_s (what the next cell is planned to take by the clock: the matrix's
-    delay_s, a sustained run's duration_s) + MODEL_BUILD_TIMEOUTS x host_timeout before the
-    first cell of a model + SLOWEST_CELL_FACTOR x the slowest cell so far, scaled up to the
-    next cell's work when it is larger."""
+    delay_s, its cool_start_s, a sustained run's duration_s) + MODEL_BUILD_TIMEOUTS x
+    host_timeout before the first cell of a model + SLOWEST_CELL_FACTOR x the slowest cell so
+    far, scaled up to the next cell's work when it is larger."""
     allowance = host_timeout + planned_s
     if builds_model:
         allowance += MODEL_BUILD_TIMEOUTS * host_timeout

@@ -34,6 +34,10 @@ that has not reached its precision by then is noisy, and more would rarely chang
 MAX_WARMUP = 100
 MAX_DECODE_TOKENS = 8192
 MAX_DELAY_S = 3600.0
+DEFAULT_COOL_START_S = 120.0
+"""How long `agent bench` and `coordinator benchmark` let a cell wait to cool before it runs
+flagged hot-start (--cool-start-limit): a fanless Mac loses 10-15 °C in a minute or two idle."""
+MAX_COOL_START_S = 3600.0
 MAX_MODEL_LENGTH = 1024
 """Characters of a model's name, directory path or Hugging Face id (macOS's PATH_MAX)."""
 SUPPORTED_BITS = (4, 8, 16)
@@ -65,7 +69,9 @@ class MatrixSpec:
     holds (prompt, generated) pairs; `delay_s` is slept between two cells (to let a fanless Mac
     cool, as llama-bench's --delay). With a `precision` (`-r auto`) a cell's timed iterations
     stop once the 95 % half-width of its mean tok/s is within that share of the mean
-    (shared.stats.precise_enough), `iterations` being then the most it runs."""
+    (shared.stats.precise_enough), `iterations` being then the most it runs. With a
+    `cool_start_s` each cell first waits, that long at most, until the machine is below the
+    policy's reduce threshold and its pressure nominal (agent.cooling.scheduler.ThermalGuard)."""
 
     n_prompt: tuple[int, ...] = DEFAULT_N_PROMPT
     n_gen: tuple[int, ...] = DEFAULT_N_GEN
@@ -79,16 +85,20 @@ class MatrixSpec:
     prefill_step_size: int = DEFAULT_PREFILL_STEP
     delay_s: float = 0.0
     precision: float | None = None
+    cool_start_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data; `precision` only when set, so a fixed-count spec still reaches an agent
-        that predates `-r auto` (one that refuses the field refuses only an auto job)."""
+        """Plain data; `precision` and `cool_start_s` only when set, so a spec without them
+        still reaches an agent that predates them (one that refuses a field refuses only a job
+        that uses it)."""
         data = asdict(self)
         for key, value in data.items():
             if isinstance(value, tuple):
                 data[key] = [list(v) if isinstance(v, tuple) else v for v in value]
         if data["precision"] is None:
             del data["precision"]
+        if not data["cool_start_s"]:
+            del data["cool_start_s"]
         return data
 
     @classmethod
@@ -328,11 +338,8 @@ def validate(spec: MatrixSpec) -> None:
     _check_count("iterations", "", spec.iterations, 1, MAX_ITERATIONS)
     _check_precision(spec.precision, spec.iterations)
     _check_count("prefill_step_size", "", spec.prefill_step_size, 1, MAX_SEQ_LEN)
-    delay = spec.delay_s
-    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not math.isfinite(delay):
-        raise MatrixError(f"delay_s: {delay!r} is not a number of seconds")
-    if not 0 <= delay <= MAX_DELAY_S:
-        raise MatrixError(f"delay_s: {delay:g} s is outside 0..{MAX_DELAY_S:g} s")
+    _check_seconds("delay_s", spec.delay_s, MAX_DELAY_S)
+    _check_seconds("cool_start_s", spec.cool_start_s, MAX_COOL_START_S)
     depth = max(spec.n_depth)
     prompt, generated = max(_tests(spec), key=sum)
     largest = max(spec.batch_sizes) * (depth + prompt + generated)
@@ -348,6 +355,13 @@ def validate(spec: MatrixSpec) -> None:
             f"models, bits, batch_sizes, n_depth, n_prompt, n_gen, n_pg: the matrix has {cells} "
             f"cells; the limit is {MAX_CELLS} per job"
         )
+
+
+def _check_seconds(key: str, value: Any, most: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise MatrixError(f"{key}: {value!r} is not a number of seconds")
+    if not 0 <= value <= most:
+        raise MatrixError(f"{key}: {value:g} s is outside 0..{most:g} s")
 
 
 def _check_precision(precision: Any, iterations: int) -> None:

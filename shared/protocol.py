@@ -121,6 +121,7 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
         "done": (int, True),
         "total": (int, True),
         "model": ((dict, NONE), False),
+        "cooling": ((dict, NONE), False),
     },
     "bench.cell": {"job": (str, True), "index": (int, True), "record": (dict, True)},
     "bench.done": {

@@ -59,15 +59,17 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_cli(program: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    program: str, *args: str, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """One of our console scripts run to its end, output captured, 250 columns so Rich wraps
-    nothing a test reads."""
+    nothing a test reads; `env` added to the test's environment."""
     return subprocess.run(
         [console_script(program), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=subprocess_env(COLUMNS="250"),
+        env=subprocess_env(COLUMNS="250", **(env or {})),
     )
 
 

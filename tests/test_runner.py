@@ -24,7 +24,7 @@ class FailingGuard:
         self.fail_cell = fail_cell
         self.error = error
 
-    def begin_cell(self) -> None:
+    def begin_cell(self, cool_start_s: float = 0.0, injected_c: float | None = None) -> None:
         self.cell += 1
 
     def before_iteration(self, step: int) -> None:

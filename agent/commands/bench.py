@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from agent.awake.assertion import hold_awake
 from agent.commands.sensors import open_meter, open_monitor
-from agent.cooling.scheduler import ActionSink, ThermalGuard, ThermalShutdownError
+from agent.cooling.scheduler import ActionSink, CoolWaitSink, ThermalGuard, ThermalShutdownError
 from agent.power.meter import EnergyMeter
 from agent.profiling.hf_models import ModelNotFound, locate, names_a_repo
 from agent.profiling.machine import machine_info
@@ -26,6 +26,7 @@ from agent.profiling.runner import (
 from agent.thermal import ThermalMonitor, ThermalReading
 from shared.calibration import PolicyInForce
 from shared.clock import now_iso, utc_now
+from shared.cool_start import CoolWait, cool_wait_line
 from shared.exit_codes import EXIT_INTERRUPTED, EXIT_PARTIAL, EXIT_USAGE
 from shared.io.cli import check_output, err, show_report, usage_error
 from shared.io.options import (
@@ -86,7 +87,13 @@ def bench(
     try:
         check_sustain(plan, meter, thermal.poll_interval)
         notice = None if no_cooling else cooling_notice(monitor)
-        guard = ThermalGuard(monitor, policy.policy, enabled=not no_cooling, on_action=notice)
+        guard = ThermalGuard(
+            monitor,
+            policy.policy,
+            enabled=not no_cooling,
+            on_action=notice,
+            on_cool_wait=cool_wait_notice(monitor),
+        )
         report = new_report(spec, monitor, policy, cooling=not no_cooling)
         report["energy"] = energy_header(meter)
         if plan is not None:
@@ -121,6 +128,19 @@ def cooling_notice(monitor: ThermalMonitor) -> ActionSink:
         source = monitor.source.name + (", simulated" if monitor.source.simulated else "")
         because = f": {reason}" if reason else ""
         err.print(f"cooling: {action.value}{at} ({source}){because}", highlight=False, markup=False)
+
+    return say
+
+
+def cool_wait_notice(monitor: ThermalMonitor) -> CoolWaitSink:
+    """A cool start can take minutes before a cell: say on stderr that it waits, from what to
+    what, and how it ended."""
+    source = monitor.source.name + (", simulated" if monitor.source.simulated else "")
+
+    def say(wait: CoolWait) -> None:
+        if wait.waited_s and not wait.done:
+            return  # one line as it starts and one as it ends are enough on a terminal
+        err.print(f"{cool_wait_line(wait)} ({source})", highlight=False, markup=False)
 
     return say
 

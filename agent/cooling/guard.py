@@ -36,8 +36,9 @@ class Conditions:
 
 
 class CellGuard(Protocol):
-    def begin_cell(self) -> None:
-        """Called once before a cell's warm-up."""
+    def begin_cell(self, cool_start_s: float = 0.0, injected_c: float | None = None) -> None:
+        """Called once before a cell's warm-up; may first wait up to `cool_start_s` for the
+        machine to cool (`injected_c`: as if it stayed at that °C, MLX_FLEET_INJECT=hot-start)."""
 
     def now(self) -> Conditions:
         """What it sees now (a sustained cell's windows report it)."""
@@ -52,7 +53,7 @@ class CellGuard(Protocol):
 class NullGuard:
     """No sensor, no policy: temperatures are unknown and nothing is gated."""
 
-    def begin_cell(self) -> None:
+    def begin_cell(self, cool_start_s: float = 0.0, injected_c: float | None = None) -> None:
         pass
 
     def now(self) -> Conditions:

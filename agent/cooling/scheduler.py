@@ -15,6 +15,7 @@ from agent.cooling.guard import Conditions, GuardReport, RunStopped
 from agent.cooling.step_gate import StepGate
 from agent.thermal import ThermalMonitor, ThermalReading
 from shared.calibration import source_defaults
+from shared.cool_start import CoolWait
 from shared.policy import (
     Action,
     CoolingGate,
@@ -24,6 +25,7 @@ from shared.policy import (
     decide,
     pressure_state,
 )
+from shared.verdict import HOT_START
 
 __all__ = [
     "CoolingScheduler",
@@ -88,6 +90,11 @@ def _celsius_max(a: float | None, b: float | None) -> float | None:
 ActionSink = Callable[[Action, ThermalReading | None, str | None], None]
 """Told each action of the rule as it is decided: the action, the poll's reading, and why when
 the reading did not say (a pause ended without a sensor)."""
+CoolWaitSink = Callable[[CoolWait], None]
+"""Told when a cell starts waiting to cool, every COOL_WAIT_REPORT_S while it waits, and when
+the wait ends."""
+COOL_WAIT_REPORT_S = 5.0
+INJECTED = "injected"
 
 
 class CoolingScheduler:
@@ -220,7 +227,8 @@ class ThermalGuard:
     (`--no-cooling`), it only observes. Either way the cell's report carries the SoC °C at its start
     and end, the pause time spent in it, its source, and the flags `paused` (a pause happened),
     `hot` (a reading in the cell made the policy ask for more than ok, i.e. at or above
-    max_speed_temp or a pressure level that asks for action) and `simulated` (sim/replay source).
+    max_speed_temp or a pressure level that asks for action), `hot-start` (it waited its whole
+    cool-start limit and was still hot) and `simulated` (sim/replay source).
     """
 
     def __init__(
@@ -229,25 +237,34 @@ class ThermalGuard:
         policy: ThermalPolicy | None = None,
         enabled: bool = True,
         on_action: ActionSink | None = None,
+        on_cool_wait: CoolWaitSink | None = None,
     ) -> None:
         self.monitor = monitor
         self.enabled = enabled
+        self.on_cool_wait = on_cool_wait
         self.scheduler = CoolingScheduler(monitor, policy, on_action)
         self._start: ThermalReading | None = None
         self._pause_before = 0.0
         self._pauses_before = 0
         self._in_cell = False
         self._hot = False
+        self._hot_start = False
+        self._polled = threading.Condition()
         monitor.add_listener(self._on_reading)
 
     @property
     def policy(self) -> ThermalPolicy:
         return self.scheduler.policy
 
-    def begin_cell(self) -> None:
-        """Note the starting reading. Starts the monitor if nobody did: a gate that reads a
-        monitor which never polls would silently never fire."""
+    def begin_cell(self, cool_start_s: float = 0.0, injected_c: float | None = None) -> None:
+        """Wait (up to `cool_start_s`, when enabled) for a cool start, then note the starting
+        reading. Starts the monitor if nobody did: a gate that reads a monitor which never polls
+        would silently never fire. `injected_c` (MLX_FLEET_INJECT=hot-start) stands in for
+        every reading of the wait, so the wait runs to its limit."""
         self.monitor.start()
+        self._hot_start = (
+            self.enabled and cool_start_s > 0 and self._cool_start(cool_start_s, injected_c)
+        )
         self._start = self.monitor.reading
         self._pause_before = self.scheduler.total_pause_time
         self._pauses_before = len(self.scheduler.pauses)
@@ -276,6 +293,7 @@ class ThermalGuard:
             for flag, present in (
                 ("paused", len(self.scheduler.pauses) > self._pauses_before),
                 ("hot", self._hot),
+                (HOT_START, self._hot_start),
                 ("simulated", self.monitor.source.simulated),
             )
             if present
@@ -290,12 +308,72 @@ class ThermalGuard:
             thermal_source=self.monitor.source.name,
         )
 
+    def _cool_start(self, limit_s: float, injected_c: float | None) -> bool:
+        """Wait until a reading is below the reduce threshold with nominal pressure (ok by the
+        policy), a stop is decided, or `limit_s` has passed; True when it ends still hot. No
+        reading: nothing to wait for (the cell's temperatures then say unknown)."""
+        injected = None
+        if injected_c is not None:
+            injected = ThermalReading(injected_c, INJECTED, simulated=True, sensor=INJECTED)
+
+        def latest() -> ThermalReading | None:
+            return injected or self.monitor.reading
+
+        reading = latest()
+        if not self._is_hot(reading):
+            return False
+        started = time.monotonic()
+        reported = started
+        self._tell_wait(reading, 0.0, limit_s)
+        with self._polled:
+            while True:
+                reading = latest()
+                now = time.monotonic()
+                if not self._is_hot(reading) or now - started >= limit_s or self._stopping():
+                    break
+                if now - reported >= COOL_WAIT_REPORT_S:
+                    self._tell_wait(reading, now - started, limit_s)
+                    reported = now
+                self._polled.wait(min(COOL_WAIT_REPORT_S, limit_s - (now - started)))
+        hot = self._is_hot(reading)
+        self._tell_wait(reading, time.monotonic() - started, limit_s, done=True, hot=hot)
+        return hot
+
+    def _stopping(self) -> bool:
+        return self.scheduler.gate.supervision.job is JobState.STOPPING
+
+    def _tell_wait(
+        self,
+        reading: ThermalReading | None,
+        waited_s: float,
+        limit_s: float,
+        done: bool = False,
+        hot: bool = True,
+    ) -> None:
+        if self.on_cool_wait is None:
+            return
+        self.on_cool_wait(
+            CoolWait(
+                reading.celsius if reading else None,
+                reading.pressure if reading else None,
+                self.policy.max_speed_temp,
+                waited_s,
+                limit_s,
+                done,
+                hot,
+                injected=reading is not None and reading.source == INJECTED,
+            )
+        )
+
     def _is_hot(self, reading: ThermalReading | None) -> bool:
         if reading is None:
             return False
         return decide(self.policy, reading.celsius, reading.pressure) is not CoolingState.OK
 
     def _on_reading(self, reading: ThermalReading | None) -> None:
-        """Every poll, even mid-iteration: a short spike still marks the cell hot."""
+        """Every poll, even mid-iteration: a short spike still marks the cell hot; a cell
+        waiting to cool looks again."""
         if self._in_cell and self._is_hot(reading):
             self._hot = True
+        with self._polled:
+            self._polled.notify_all()

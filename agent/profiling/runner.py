@@ -20,6 +20,7 @@ import mlx.nn as nn
 import psutil
 
 from agent.awake.boot import boot_time
+from agent.awake.panics import since_boot
 from agent.cooling.guard import CellGuard, NullGuard, RunStopped
 from agent.model import BUILTIN_CONFIGS, DEFAULT_SEED, QUANT_GROUP_SIZE, build_model
 from agent.power.meter import EnergyMeter
@@ -333,11 +334,13 @@ def _run_groups(
             if measured and spec.delay_s:
                 time.sleep(spec.delay_s)  # llama-bench's --delay: the machine cools between tests
             measured = True
+            injected = injection.for_cell(watching.faults, i + 1)
+            hot_c = float(injected["hot-start"] or 0) if "hot-start" in injected else None
+            guard.begin_cell(spec.cool_start_s, hot_c)  # may wait for the machine to cool
             began = now_iso()
-            guard.begin_cell()
             watch = CellWatch(cell, spec.warmup, guard, watching.energy, watching.sustain)
             metrics, error, stopped = None, None, None
-            sleep_s = float(injection.for_cell(watching.faults, i + 1).get("sleep") or 0.0)
+            sleep_s = float(injected.get("sleep") or 0.0)
             try:
                 metrics = measure_cell(loaded.model, cell, spec, guard, watch, sleep_s)
             except RunStopped as exc:
@@ -349,6 +352,8 @@ def _run_groups(
             record = cell_record(cell, metrics, error, vars(report), watched)
             if sleep_s and record.get("sleep_clock"):
                 mark_injected(record, ["sleep"])
+            if hot_c is not None and spec.cool_start_s:
+                mark_injected(record, ["hot-start"])
             record["test_time"] = began
             if loaded.info.get("revision"):
                 record["model_revision"] = loaded.info["revision"]
@@ -377,8 +382,12 @@ class Watching:
     def settle(self, record: dict[str, Any], index: int, loaded: LoadedModel | None) -> Any:
         """The record with its `settings` (its model's, its cell's injected faults applied)
         and, when any was injected, its `injected` list; and the machine's `boot_time`
-        (agent.awake.boot; an injected reboot moves it on by REBOOT_INJECTED_S)."""
+        (agent.awake.boot; an injected reboot moves it on by REBOOT_INJECTED_S) with, on a Mac,
+        the `panics` reports written since that boot (agent.awake.panics)."""
         boot = boot_time()
+        panics = since_boot(boot)  # the real boot's: an injected reboot leaves no report
+        if panics is not None:
+            record["panics"] = panics
         if boot is not None and "reboot" in injection.for_cell(self.faults, index + 1):
             boot += REBOOT_INJECTED_S
             mark_injected(record, ["reboot"])

@@ -28,6 +28,7 @@ from coordinator.commands.hosts import (
 from coordinator.embedded import EmbeddedAgent, EmbeddedAgentError
 from coordinator.fleet import (
     CELL,
+    COOLING,
     DEFAULT_HOST_TIMEOUT_S,
     DONE,
     HOST_OK,
@@ -44,6 +45,7 @@ from coordinator.fleet import (
 )
 from coordinator.store import RunStore, UnknownRunError
 from shared import protocol as p
+from shared.cool_start import CoolWait, cool_wait_line
 from shared.exit_codes import EXIT_INTERRUPTED, EXIT_PARTIAL
 from shared.io.cli import check_output, emit, err, fail, show_report, usage_error
 from shared.io.keys import own_keypair
@@ -71,6 +73,7 @@ class FleetProgress:
 
     def __init__(self, names: list[str]) -> None:
         self.unreachable: set[str] = set()
+        self.devices: dict[str, str] = {}
         self.progress = Progress(
             TextColumn("{task.description}", markup=False),
             BarColumn(),
@@ -85,10 +88,12 @@ class FleetProgress:
     def __call__(self, event: HostEvent) -> None:
         task = self.tasks[event.host]
         if event.kind == MACHINE:
-            device = shown(event.data.get("device") or "?")
-            self.progress.update(task, description=f"{event.host}: {device}")
+            self.devices[event.host] = shown(event.data.get("device") or "?")
+            self.progress.update(task, description=f"{event.host}: {self.devices[event.host]}")
         elif event.kind == STARTED:
             self.progress.update(task, total=len(event.data["cells"]))
+        elif event.kind == COOLING:
+            self._cooling(event.host, task, CoolWait.from_dict(event.data))
         elif event.kind == CELL:
             self.progress.advance(task)
         elif event.kind == UNREACHABLE:
@@ -114,6 +119,16 @@ class FleetProgress:
                     highlight=False,
                     markup=False,
                 )
+
+    def _cooling(self, host: str, task: TaskID, wait: CoolWait) -> None:
+        """The bar says the host waits to cool; a wait that ends hot gets a line of its own."""
+        line = cool_wait_line(wait)
+        if not wait.done:
+            self.progress.update(task, description=f"{host}: {line}")
+            return
+        self.progress.update(task, description=f"{host}: {self.devices.get(host, '?')}")
+        if wait.hot:
+            err.print(f"{host}: {line}", highlight=False, markup=False)
 
 
 def interrupt_on_sigterm(signum: int, frame: object) -> None:

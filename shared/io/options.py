@@ -28,6 +28,7 @@ from shared.energy import DEFAULT_BASELINE_S
 from shared.io.cli import usage_error
 from shared.matrix import (
     BUILTIN_DEFAULT_BITS,
+    DEFAULT_COOL_START_S,
     DEFAULT_MAX_REPETITIONS,
     MAX_ITERATIONS,
     MatrixError,
@@ -183,6 +184,20 @@ PrefillStepSize = Annotated[
 Delay = Annotated[
     float,
     typer.Option("--delay", help="Seconds to wait between two cells (lets a fanless Mac cool)."),
+]
+CoolStartLimit = Annotated[
+    float,
+    typer.Option(
+        "--cool-start-limit",
+        metavar="SECONDS",
+        help="The most a cell waits, before it starts, for the machine to get below the "
+        "policy's reduce threshold with nominal pressure; past it the cell runs, flagged "
+        "hot-start.",
+    ),
+]
+NoCoolStart = Annotated[
+    bool,
+    typer.Option("--no-cool-start", help="Start every cell at once, however hot the machine is."),
 ]
 ConfigSmall = Annotated[
     bool, typer.Option("--config-small", help="The ~4M-parameter model: instant, for smoke tests.")
@@ -408,6 +423,8 @@ class MatrixOptions:
     max_repetitions: MaxRepetitions = None
     prefill_step_size: PrefillStepSize = DEFAULT_MATRIX.prefill_step_size
     delay: Delay = DEFAULT_MATRIX.delay_s
+    cool_start_limit: CoolStartLimit = DEFAULT_COOL_START_S
+    no_cool_start: NoCoolStart = False
     config_small: ConfigSmall = False
     config: ConfigName = None
     model: Models = None
@@ -442,6 +459,7 @@ class MatrixOptions:
             precision=precision,
             prefill_step_size=self.prefill_step_size,
             delay_s=self.delay,
+            cool_start_s=0.0 if self.no_cool_start else self.cool_start_limit,
         )
         expand(spec)
         return spec

@@ -20,10 +20,12 @@ The child writes a msgpack stream to file descriptor N:
 {"kind": "model", "info": ...} per built model, {"kind": "begin", "index": i} as cell i starts
 (so a crash is pinned on its cell), {"kind": "cell", "record": ...} per finished cell,
 {"kind": "event", "action", "celsius", "time", "detail"} per action of its gate (the daemon
-publishes them: its view of the job is the job's own), and last {"kind": "done", "status": "ok" |
-"cancelled" | "failed", "error": text or nil}. SIGTERM cancels: the cell being measured is
-dropped and "done" says "cancelled". The child dies with the daemon: SIGKILL from the kernel on
-Linux (PR_SET_PDEATHSIG), and on any system as soon as its stdin reaches its end.
+publishes them: its view of the job is the job's own), {"kind": "cooling", "wait": CoolWait map}
+as a cell waits to start cool and every few seconds of the wait (shared.cool_start), and last
+{"kind": "done", "status": "ok" | "cancelled" | "failed", "error": text or nil}. SIGTERM
+cancels: the cell being measured is dropped and "done" says "cancelled". The child dies with the
+daemon: SIGKILL from the kernel on Linux (PR_SET_PDEATHSIG), and on any system as soon as its
+stdin reaches its end.
 """
 
 from __future__ import annotations
@@ -149,7 +151,11 @@ def run(request: dict[str, Any], updates: Iterator[dict[str, Any]], out: BinaryI
         write(out, {"kind": "event", **event})
 
     monitor = ThermalMonitor(thermal["poll_interval"], source=source)
-    guard = ThermalGuard(monitor, on_action=report)
+    guard = ThermalGuard(
+        monitor,
+        on_action=report,
+        on_cool_wait=lambda wait: write(out, {"kind": "cooling", "wait": wait.to_dict()}),
+    )
     power = request["power"]
     meter = meter_or_reason(
         power["source"], power["baseline_s"], thermal["poll_interval"], power["why"]

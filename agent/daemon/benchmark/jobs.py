@@ -51,6 +51,7 @@ PAGE_ROOM = 1024
 
 Send = Callable[[bytes, p.Message], None]
 Record = Callable[[Event, str], None]
+Measured = Callable[[dict[str, Any]], None]
 
 
 @dataclass
@@ -91,8 +92,9 @@ class Job:
 
 
 class BenchJobs:
-    """`send` reaches a coordinator; `record` publishes a job's event (agent.daemon.hub); `storage`
-    hears of every write the disk refuses."""
+    """`send` reaches a coordinator; `record` publishes a job's event (agent.daemon.hub);
+    `measured` hears of every cell record streamed (the hub's /metrics); `storage` hears of
+    every write the disk refuses."""
 
     def __init__(
         self,
@@ -102,6 +104,7 @@ class BenchJobs:
         storage: StorageHealth,
         poll_interval: float,
         meter: Callable[[], EnergyMeter | None] = lambda: None,
+        measured: Measured = lambda record: None,
     ) -> None:
         """Opens the journal: raises StoreError or OSError when it cannot be. `meter` is the
         daemon's power meter: each job process opens the same source for its cells' energy."""
@@ -109,6 +112,7 @@ class BenchJobs:
         self.record = record
         self.source = source
         self.meter = meter
+        self.measured = measured
         self.storage = storage
         self.poll_interval = poll_interval
         self.journal = Journal(storage=storage)
@@ -276,6 +280,9 @@ class BenchJobs:
                 job.begun = item["index"]
             elif kind == "cell":
                 self._cell(job, item["record"])
+            elif kind == "cooling":  # progress too: a cell waiting to start cool is not stuck
+                waiting = {"done": job.done, "total": job.total, "model": None}
+                self._stream(job, "bench.progress", {**waiting, "cooling": item["wait"]})
             elif kind == "event":  # the job's gate acted: its pauses as the job lives them
                 self._event(job, item["action"], item["celsius"], item["detail"], at=item["time"])
             elif kind == "done":
@@ -293,6 +300,7 @@ class BenchJobs:
     def _cell(self, job: Job, record: dict[str, Any]) -> None:
         self.journal.add_cell(job.id, job.done, record)
         self._stream(job, "bench.cell", {"index": job.done, "record": record})
+        self.measured(record)
         job.done += 1
 
     def _stream(self, job: Job, type_: str, body: dict[str, Any]) -> None:

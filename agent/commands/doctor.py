@@ -33,7 +33,8 @@ def doctor_command(
     seconds: CaptureSeconds = 5.0,
 ) -> None:
     """Python, MLX and its device, a 1-second benchmark, every thermal source side by side,
-    thermal pressure, the data directory and keys, the ports, the service, the firewall.
+    thermal pressure, the data directory and keys, the ports, the service, the firewall (for
+    the image that listens: a framework Python's Python.app), FileVault and Login Items.
 
     With --load, also whether each thermal and power source moves under an MLX load; with
     --capture, instead of the checks, every raw input of every source, poll by poll.

@@ -61,7 +61,7 @@ def ioreport_rail(channel: str, has_gpu_energy: bool) -> str | None:
     five times over: lablup/all-smi#410): names ending in `CPU Energy` (`DIE_<n>_CPU Energy` on
     an Ultra) are cpu; `GPU Energy` is gpu, and `GPU<n>`/`GPU<n>_<m>` only where a sample has no
     `GPU Energy`; top-level `ANE`, `ANE<n>`, `ANE<n>_<m>` and the same of `DRAM` (all-smi#415,
-    macmon crates/lib/src/metrics.rs). Per-core, cluster, SRAM, DTL, ISP, display and PCIe
+    macmon src_lib/metrics.rs). Per-core, cluster, SRAM, DTL, ISP, display and PCIe
     channels name no rail."""
     if channel.endswith("CPU Energy"):
         return CPU

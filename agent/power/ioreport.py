@@ -2,7 +2,8 @@
 /usr/lib/libIOReport.dylib (ctypes).
 
 The calls follow the tools that read it daily (mac-desk-check.md): vladkens/macmon
-crates/lib/src/platform/io_report.rs, context-labs/mactop internal/app/ioreport, and
+src_lib/sources.rs (src/sources.rs before v0.8.1; up to v0.7 it asks per group, v0.8 copies every
+channel and keeps the group's), context-labs/mactop internal/app/ioreport, and
 ml-energy/zeus-apple-silicon apple_energy/apple_energy.hpp: `IOReportCopyChannelsInGroup("Energy
 Model", NULL, 0, 0, 0)`, a mutable copy of it, `IOReportCreateSubscription(NULL, copy, &out, 0,
 NULL)`, `IOReportCreateSamples` at each read and `IOReportCreateSamplesDelta(previous, now,

@@ -1,6 +1,7 @@
 """Whole-system power on Apple Silicon, without root: the SMC's `PSTR` key (watts, `flt `), read
 through agent.sensors.smc's AppleSMC client, as macmon reads it for its sys_power
-(crates/lib/src/metrics.rs: `smc.read_float_val("PSTR")`) and Stats for "System Total".
+(src_lib/metrics.rs, `get_sys_power`: `self.smc.read_float_val("PSTR")`) and Stats for "System
+Total".
 
 PSTR is a power, not a counter: energy is its trapezoid integral between reads.
 """

@@ -1,7 +1,8 @@
 """`coordinator deploy`: roll agents out to a fleet over ssh, idempotently, host by host.
 
-Per host: copy this package's wheel, create (or reuse) a virtual environment, install the wheel,
-trust this coordinator's key, install the agent service, and record the agent's key here. The
+Per host: find a Python MLX can use (unless --remote-python names one), copy this package's
+wheel, create (or reuse) a virtual environment, install the wheel, trust this coordinator's key,
+install the agent service, and record the agent's key here. The
 step list is pure data (so a dry run and the tests see exactly what runs); the shell runs it
 with the system's ssh, every host in parallel, and stops a host at its first failure.
 
@@ -23,7 +24,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from urllib.parse import urlparse
@@ -39,6 +40,29 @@ MIN_REMOTE_PYTHON = "3.10"
 """pyproject's requires-python: what the remote virtual environment must run."""
 MIN_MACOS = 14
 """MLX needs macOS 14 or newer and a native arm64 Python (mac-desk-check.md, MLX)."""
+PYTHON_CANDIDATES = (
+    *(f"/opt/homebrew/bin/python3.{minor}" for minor in (13, 12, 11, 10)),
+    "/opt/homebrew/bin/python3",
+    "/Library/Frameworks/Python.framework/Versions/3.*/bin/python3",
+    "/usr/local/bin/python3",
+)
+"""Where a Mac keeps a usable Python, best first (Homebrew's arm64 prefix, python.org's
+framework, /usr/local); none is on the PATH of a non-interactive ssh session
+(/usr/bin:/bin:/usr/sbin:/sbin), whose `python3` is Apple's 3.9 or the Command Line Tools stub."""
+APPLE_PYTHON = "/usr/bin/python3"
+"""On a Mac, a stub when the Command Line Tools are absent: running it pops their install
+dialog on the screen of whoever is logged in, so it is tried last and only when they are
+installed (a host without xcode-select is no Mac: its /usr/bin/python3 is a real one)."""
+PYTHON_QUESTION = (
+    'import platform, sys; print("%d.%d %s %s" % (sys.version_info[0], sys.version_info[1], '
+    "platform.machine(), platform.system()))"
+)
+"""What each candidate is asked (`3.12 arm64 Darwin`); Python 2 answers too. Under Rosetta
+`platform.machine()` is x86_64 (uname reports Intel to a translated process:
+Homebrew/install#319)."""
+NOT_RUN = "not run"
+"""The probe's answer for Apple's stub without the Command Line Tools."""
+INSTALL_PYTHON = "install one: `brew install python@3.12` or python.org's macOS installer"
 SERVICE_LINE = "service: "
 """How `agent install --auto` says which service it chose (reported per host)."""
 ENSURE_VENV = """\
@@ -118,7 +142,8 @@ class RemoteLayout:
     """Where things live on a host. The directory may start with `~` (the remote shell's)."""
 
     directory: str = DEFAULT_REMOTE_DIR
-    python: str = "python3"
+    python: str | None = None
+    """None: each host's own, found by `find_python`."""
 
     def path(self, *parts: str) -> str:
         return "/".join([self.directory.rstrip("/"), *parts])
@@ -154,6 +179,8 @@ class HostResult:
     agent_key: str | None = None
     service: str | None = None
     """Which service `agent install` chose, and why."""
+    python: str | None = None
+    """The Python that made the virtual environment (found, or --remote-python)."""
 
     @property
     def ok(self) -> bool:
@@ -168,15 +195,102 @@ class HostResult:
             "error": self.error,
             "agent_key": self.agent_key,
             "service": self.service,
+            "python": self.python,
         }
 
 
 def venv_command(layout: RemoteLayout, minimum: str = MIN_REMOTE_PYTHON) -> str:
     """The remote shell command that makes sure the virtual environment is one `layout.python`
     made, at `minimum` or newer (see ENSURE_VENV)."""
+    if layout.python is None:
+        raise ValueError("no remote Python chosen yet")
     return (
         f"{shlex.quote(layout.python)} -c {shlex.quote(ENSURE_VENV)} "
         f"{layout.quoted('venv')} {shlex.quote(minimum)}"
+    )
+
+
+def probe_command() -> str:
+    """One remote command that asks every candidate Python its version and machine: a line
+    `RANK<TAB>PATH<TAB>ANSWER` each (see parse_probe). Run by /bin/sh whatever the login
+    shell is (zsh fails on a glob that matches nothing); only existing files are run, and on a
+    Mac Apple's stub only when `xcode-select -p` names a developer folder with a python3."""
+    on_path, apple = len(PYTHON_CANDIDATES), len(PYTHON_CANDIDATES) + 1
+    say = "printf '%s\\t%s\\t%s\\n'"
+    lines = [
+        f'ask() {{ [ -f "$2" ] && [ -x "$2" ] || return 0; '
+        f'a=$("$2" -c {shlex.quote(PYTHON_QUESTION)} </dev/null 2>/dev/null) || a=failed; '
+        f'{say} "$1" "$2" "${{a:-failed}}"; }}',
+        *(
+            f'for p in {pattern}; do ask {rank} "$p"; done'  # unquoted: the glob expands
+            for rank, pattern in enumerate(PYTHON_CANDIDATES)
+        ),
+        f'p=$(command -v python3) && [ "$p" != {APPLE_PYTHON} ] && ask {on_path} "$p"',
+        "if [ ! -e /usr/bin/xcode-select ] || { d=$(/usr/bin/xcode-select -p 2>/dev/null) "
+        f'&& [ -x "$d/usr/bin/python3" ]; }}; then ask {apple} {APPLE_PYTHON}; '
+        f"else {say} {apple} {APPLE_PYTHON} {shlex.quote(NOT_RUN)}; fi",
+    ]
+    return f"/bin/sh -c {shlex.quote(chr(10).join(lines))}"
+
+
+@dataclass(frozen=True)
+class FoundPython:
+    """One candidate's answer to the probe."""
+
+    rank: int
+    """Its place in the search order (the python.org versions share one)."""
+    path: str
+    answer: str
+    """`3.12 arm64 Darwin` (see PYTHON_QUESTION), `failed` (it did not run) or NOT_RUN."""
+
+    @property
+    def version(self) -> tuple[int, int] | None:
+        match = re.fullmatch(r"(\d+)\.(\d+) \S+ \S+", self.answer)
+        return (int(match[1]), int(match[2])) if match else None
+
+    @property
+    def machine(self) -> str | None:
+        return self.answer.split(" ")[1] if self.version else None
+
+    def usable(self, minimum: str = MIN_REMOTE_PYTHON) -> bool:
+        """New enough and, on a Mac, native arm64 (never x86_64: under Rosetta or on an Intel
+        Mac MLX cannot run); elsewhere the virtualenv step asks no more (ENSURE_VENV)."""
+        need = tuple(int(part) for part in minimum.split("."))
+        if self.version is None or self.version < need:
+            return False
+        return self.machine == "arm64" or not self.answer.endswith(" Darwin")
+
+    def describe(self) -> str:
+        if self.answer == NOT_RUN:
+            return f"{self.path} (not run: no Command Line Tools)"
+        if self.version is None:
+            return f"{self.path} (did not run)"
+        return f"{self.path} ({self.version[0]}.{self.version[1]}, {self.machine})"
+
+
+def parse_probe(stdout: str) -> list[FoundPython]:
+    """The probe's lines in order, each path once (python3 on PATH may be one seen before)."""
+    found: dict[str, FoundPython] = {}
+    for line in stdout.splitlines():
+        rank, _, rest = line.partition("\t")
+        path, _, answer = rest.partition("\t")
+        if rank.isdigit() and path and path not in found:
+            found[path] = FoundPython(int(rank), path, answer.strip())
+    return list(found.values())
+
+
+def choose_python(found: list[FoundPython], minimum: str = MIN_REMOTE_PYTHON) -> FoundPython | None:
+    """The first usable candidate in search order, the newest within a rank."""
+    usable = [python for python in found if python.usable(minimum)]
+    return min(usable, key=lambda p: (p.rank, [-part for part in p.version or ()]), default=None)
+
+
+def no_python_message(found: list[FoundPython], minimum: str = MIN_REMOTE_PYTHON) -> str:
+    """One line: what was found, and what to install (or to pass --remote-python)."""
+    seen = "; ".join(python.describe() for python in found) or "none"
+    return (
+        f"no usable Python on this host (>= {minimum}, native arm64 on a Mac; found: {seen}): "
+        f"{INSTALL_PYTHON}, or pass --remote-python"
     )
 
 
@@ -191,6 +305,16 @@ class Rollout:
     ssh: SshSettings = field(default_factory=SshSettings)
     system: bool = False
     thermal_source: str = "auto"
+
+    def login(self, entry: HostEntry) -> list[str]:
+        return ["ssh", *self.ssh.options(), self.ssh.destination(entry.ssh_host)]
+
+    def probe_step(self, entry: HostEntry) -> Step:
+        """Asks the host which Pythons it has, in one round trip (see probe_command)."""
+        return Step("find python", [*self.login(entry), probe_command()])
+
+    def with_python(self, python: str) -> Rollout:
+        return replace(self, layout=replace(self.layout, python=python))
 
     def install_args(self, entry: HostEntry) -> list[str]:
         """`--auto`: a LaunchDaemon as the login user where nobody is at the screen (reported),
@@ -207,7 +331,7 @@ class Rollout:
     def steps(self, entry: HostEntry, wheel: Path) -> list[Step]:
         """The roll-out of one host, in order; every step is safe to run again."""
         layout = self.layout
-        login = ["ssh", *self.ssh.options(), self.ssh.destination(entry.ssh_host)]
+        login = self.login(entry)
         agent = layout.quoted("venv", "bin", "agent")
         pip = f"{layout.quoted('venv', 'bin', 'python')} -m pip install -q"
         shipped = layout.quoted("dist", wheel.name)
@@ -238,7 +362,7 @@ class Rollout:
         """After every host's key is known: this host's agent trusts every other agent's key
         as the peer serving at its address, so the ranks of a distributed job on both can
         tell each other's agents of pauses and stops (docs/monitoring.md)."""
-        login = ["ssh", *self.ssh.options(), self.ssh.destination(entry.ssh_host)]
+        login = self.login(entry)
         agent = self.layout.quoted("venv", "bin", "agent")
         commands = [
             f"{agent} keys trust {shlex.quote(key)} --name {shlex.quote(peer_name(address))} "
@@ -254,24 +378,56 @@ def peer_name(address: str) -> str:
     return ("peer-" + re.sub(r"[^A-Za-z0-9._-]+", "-", address))[:64]
 
 
+def run_step(step: Step) -> subprocess.CompletedProcess[str] | str:
+    """The step's finished process, or why it failed: its last line of output."""
+    try:
+        with open(step.stdin, "rb") if step.stdin else open(os.devnull, "rb") as stdin:
+            completed = subprocess.run(
+                step.argv, capture_output=True, text=True, timeout=STEP_TIMEOUT_S, stdin=stdin
+            )
+    except subprocess.TimeoutExpired:
+        return f"timed out after {STEP_TIMEOUT_S} s"
+    if completed.returncode != 0:
+        output = (completed.stderr or completed.stdout).strip().splitlines()
+        return output[-1] if output else f"exit code {completed.returncode}"
+    return completed
+
+
+@dataclass(frozen=True)
+class PythonChoice:
+    """What `find_python` made of one host: the Python to use, or why there is none."""
+
+    probe: Step
+    python: FoundPython | None = None
+    error: str | None = None
+
+
+def find_python(entry: HostEntry, rollout: Rollout) -> PythonChoice:
+    """Ask the host for its Pythons (one ssh round trip) and pick the first usable one."""
+    probe = rollout.probe_step(entry)
+    outcome = run_step(probe)
+    if isinstance(outcome, str):
+        return PythonChoice(probe, error=outcome)
+    found = parse_probe(outcome.stdout)
+    chosen = choose_python(found)
+    return PythonChoice(probe, chosen, None if chosen else no_python_message(found))
+
+
+def find_pythons(entries: list[HostEntry], rollout: Rollout) -> list[PythonChoice]:
+    """`find_python` on every host in parallel, in the order given."""
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(entries)))) as pool:
+        return list(pool.map(lambda entry: find_python(entry, rollout), entries))
+
+
 def run_host(
     entry: HostEntry, steps: list[Step], on_step: Callable[[str, str], None] | None = None
 ) -> HostResult:
     """Run the steps in order; the first failure ends this host (the others go on)."""
     result = HostResult(entry.address)
     for step in steps:
-        try:
-            with open(step.stdin, "rb") if step.stdin else open(os.devnull, "rb") as stdin:
-                completed = subprocess.run(
-                    step.argv, capture_output=True, text=True, timeout=STEP_TIMEOUT_S, stdin=stdin
-                )
-        except subprocess.TimeoutExpired:
-            result.failed, result.error = step.name, f"timed out after {STEP_TIMEOUT_S} s"
-            return result
-        if completed.returncode != 0:
-            output = (completed.stderr or completed.stdout).strip().splitlines()
-            result.failed = step.name
-            result.error = output[-1] if output else f"exit code {completed.returncode}"
+        completed = run_step(step)
+        if isinstance(completed, str):
+            result.failed, result.error = step.name, completed
             return result
         result.done.append(step.name)
         if on_step is not None:
@@ -281,6 +437,28 @@ def run_host(
         said = (completed.stderr + completed.stdout).splitlines()
         chosen = [line[len(SERVICE_LINE) :] for line in said if line.startswith(SERVICE_LINE)]
         result.service = chosen[-1] if chosen else result.service
+    return result
+
+
+def roll_out_host(
+    entry: HostEntry,
+    wheel: Path,
+    rollout: Rollout,
+    on_step: Callable[[str, str], None] | None = None,
+) -> HostResult:
+    """One host's roll-out, first finding its Python when --remote-python was not given."""
+    found: list[str] = []
+    if rollout.layout.python is None:
+        choice = find_python(entry, rollout)
+        if choice.python is None:
+            return HostResult(entry.address, failed=choice.probe.name, error=choice.error)
+        rollout = rollout.with_python(choice.python.path)
+        found.append(choice.probe.name)
+        if on_step is not None:
+            on_step(entry.address, f"{choice.probe.name}: {choice.python.describe()}")
+    result = run_host(entry, rollout.steps(entry, wheel), on_step)
+    result.done[:0] = found
+    result.python = rollout.layout.python
     return result
 
 
@@ -341,11 +519,9 @@ def deploy(
             wheel = build_wheel(Path(scratch))
         elif not wheel.is_file():
             raise DeployError(f"wheel {wheel} does not exist")
-        plans = [rollout.steps(entry, wheel) for entry in entries]
         with ThreadPoolExecutor(max_workers=max(1, min(16, len(entries)))) as pool:
             futures = [
-                pool.submit(run_host, entry, steps, on_step)
-                for entry, steps in zip(entries, plans, strict=True)
+                pool.submit(roll_out_host, entry, wheel, rollout, on_step) for entry in entries
             ]
             results = [future.result() for future in futures]
     for result in results:  # one writer for the coordinator's key file

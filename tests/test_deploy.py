@@ -33,6 +33,8 @@ else:
 SSHD = "/usr/sbin/sshd"
 FAKE_MANAGER = Path(__file__).parent / "fakes" / "service_manager.py"
 REMOTE_PYTHON = str(Path(sys.base_prefix) / "bin" / "python3")
+GIVEN_PYTHON = ("--remote-python", "/opt/homebrew/bin/python3.12")
+"""Dry runs here name the Python, so they ask no host for one (test_deploy_python.py does)."""
 
 NO_LAB = (
     "openssh-server is not installed (apt-get install openssh-server)"
@@ -261,6 +263,24 @@ def test_roll_out_to_two_hosts_is_idempotent_and_skips_a_dead_one(
     assert f"{mac1_key}\t127.0.0.1:5555" in remote_agent(homes["mac2"], "keys", "list")
 
 
+@needs_sshd
+def test_dry_run_asks_a_real_host_for_its_python_through_its_login_shell(
+    coordinator_cli: str, lab: Lab, fleet_home: Path
+) -> None:
+    """The probe as sshd and the login shell really pass it on (this lab is Linux: no
+    xcode-select, so /usr/bin/python3 or the first python3 found is a real one)."""
+    lab.add_host("mac1")
+    result = coordinator(
+        coordinator_cli, "deploy", "--hosts", "mac1", "--dry-run", "--ssh-config", str(lab.config)
+    )
+    assert result.returncode == 0, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    chosen = re.fullmatch(r"mac1:5555: python (/\S+) \(3\.\d+, \S+\)", line)
+    assert chosen, line
+    assert f"# python: {chosen[1]}" in result.stdout
+    assert f"'{chosen[1]} -c " in dry_run_steps(result.stdout)["virtualenv"]
+
+
 def coordinator(coordinator_cli: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [coordinator_cli, *args], capture_output=True, text=True, timeout=60, env=subprocess_env()
@@ -291,6 +311,7 @@ def dry_run_with_a_wheel(
         "lab",
         "--wheel",
         str(wheel),
+        *GIVEN_PYTHON,
     )
     assert result.returncode == 0, result.stderr
     return result, dry_run_steps(result.stdout)
@@ -328,20 +349,22 @@ def test_dry_run_trusts_the_coordinator_key_once_one_exists(
     coordinator_cli: str, fleet_home: Path
 ) -> None:
     key = coordinator(coordinator_cli, "keys", "show").stdout.strip()
-    again = coordinator(coordinator_cli, "deploy", "--hosts", "mac1", "--dry-run")
+    again = coordinator(coordinator_cli, "deploy", "--hosts", "mac1", "--dry-run", *GIVEN_PYTHON)
     assert key in dry_run_steps(again.stdout)["trust coordinator"]
 
 
 def test_system_dry_run_runs_every_step_as_the_login_user(coordinator_cli: str) -> None:
     """The system service runs as the login user (UserName), so trust and keys stay in that
     user's data directory; only `agent install` itself gets root, through `sudo -n`."""
-    result = coordinator(coordinator_cli, "deploy", "--hosts", "mac1", "--dry-run", "--system")
+    result = coordinator(
+        coordinator_cli, "deploy", "--hosts", "mac1", "--dry-run", "--system", *GIVEN_PYTHON
+    )
     assert result.returncode == 0, result.stderr
     steps = dry_run_steps(result.stdout)
     assert "install --system --sudo --bind 0.0.0.0:5555" in steps["install service"]
     assert all("sudo -n" not in command for command in steps.values())
     default = dry_run_steps(
-        coordinator(coordinator_cli, "deploy", "--hosts", "mac1", "--dry-run").stdout
+        coordinator(coordinator_cli, "deploy", "--hosts", "mac1", "--dry-run", *GIVEN_PYTHON).stdout
     )
     assert "install --auto --bind 0.0.0.0:5555" in default["install service"]
 
@@ -352,7 +375,14 @@ def test_dry_run_logs_in_with_the_mlx_launch_ssh_alias(
     hostfile = tmp_path / "hosts.json"
     hostfile.write_text(json.dumps([{"ssh": "studio-a", "ips": ["10.0.0.2"]}]))
     result = coordinator(
-        coordinator_cli, "deploy", "--hostfile", str(hostfile), "--dry-run", "--ssh-user", "lab"
+        coordinator_cli,
+        "deploy",
+        "--hostfile",
+        str(hostfile),
+        "--dry-run",
+        "--ssh-user",
+        "lab",
+        *GIVEN_PYTHON,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0] == "# 10.0.0.2:5555"
@@ -477,7 +507,14 @@ def test_a_bad_wheel_or_python_is_one_line_even_in_a_dry_run(
 
 def test_a_dry_run_honours_format_json(coordinator_cli: str) -> None:
     result = coordinator(
-        coordinator_cli, "deploy", "--hosts", "mac1,mac2", "--dry-run", "--format", "json"
+        coordinator_cli,
+        "deploy",
+        "--hosts",
+        "mac1,mac2",
+        "--dry-run",
+        "--format",
+        "json",
+        *GIVEN_PYTHON,
     )
     assert result.returncode == 0, result.stderr
     plans = json.loads(result.stdout)

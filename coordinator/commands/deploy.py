@@ -18,7 +18,9 @@ from coordinator.deploy import (
     RemoteLayout,
     Rollout,
     SshSettings,
+    Step,
     deploy,
+    find_pythons,
 )
 from coordinator.hostfile import HostEntry, HostfileError, parse_hostfile, parse_hosts
 from shared.exit_codes import EXIT_PARTIAL
@@ -45,14 +47,14 @@ def entries_from(hosts: str | None, hostfile: Path | None) -> list[HostEntry]:
         raise usage_error(str(exc)) from None
 
 
-def check_layout(wheel: Path | None, remote_python: str, remote_dir: str) -> None:
+def check_layout(wheel: Path | None, remote_python: str | None, remote_dir: str) -> None:
     """Refuse what no host could use, before anything runs (a dry run too): one line, exit 2."""
     if wheel is not None:
         if not wheel.is_file():
             raise usage_error(f"--wheel {wheel}: no such file (build one: pip wheel --no-deps .)")
         if wheel.suffix != ".whl":
             raise usage_error(f"--wheel {wheel} is not a wheel (*.whl)")
-    if not remote_python.strip():
+    if remote_python is not None and not remote_python.strip():
         raise usage_error(
             "--remote-python is empty: name the Python that makes the remote virtual "
             "environment, e.g. /opt/homebrew/bin/python3.12"
@@ -75,6 +77,49 @@ def results_table(results: list[dict[str, object]]) -> Table:
             style=None if row["ok"] else "red",
         )
     return table
+
+
+def dry_run_plans(entries: list[HostEntry], wheel: Path | None, rollout: Rollout, fmt: str) -> None:
+    """Print each host's commands. Without --remote-python each host is asked which Pythons
+    it has (the one command a dry run runs, and it changes nothing); a host with none, or
+    that cannot be asked, shows only that question, gets one line on stderr, and exit 1."""
+    shown = wheel or Path("mlx_fleet-<version>-py3-none-any.whl")
+    asked = rollout.layout.python is None
+    choices = find_pythons(entries, rollout) if asked else [None] * len(entries)
+    plans: list[dict[str, object]] = []
+    for entry, choice in zip(entries, choices, strict=True):
+        steps: list[Step] = []
+        python, error = rollout.layout.python, None
+        if choice is not None:
+            steps, error = [choice.probe], choice.error
+            python = choice.python.path if choice.python else None
+            found = f"python {choice.python.describe()}" if choice.python else error
+            say(f"{entry.address}: {found}")
+        if python is not None:
+            steps += rollout.with_python(python).steps(entry, shown)
+        plans.append(
+            {
+                "host": entry.address,
+                "python": python,
+                "error": error,
+                "steps": [{"name": step.name, "command": step.shell()} for step in steps],
+            }
+        )
+    if fmt == "json":
+        print(json.dumps(plans, indent=2))
+    else:
+        for plan in plans:
+            print(f"# {plan['host']}")
+            if plan["python"]:
+                print(f"# python: {plan['python']}")
+            for step in plan["steps"]:  # type: ignore[attr-defined]
+                print(f"{step['name']}: {step['command']}")
+    if any(plan["error"] for plan in plans):
+        raise typer.Exit(EXIT_PARTIAL)
+
+
+def say(line: str) -> None:
+    err.print(line, highlight=False, markup=False)
 
 
 def deploy_command(
@@ -107,14 +152,16 @@ def deploy_command(
         ),
     ] = DEFAULT_REMOTE_DIR,
     remote_python: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--remote-python",
-            help=f"The Python (>= {MIN_REMOTE_PYTHON}) that creates the remote "
-            "virtual environment; over ssh on macOS `python3` is often Apple's 3.9: give e.g. "
-            "/opt/homebrew/bin/python3.12.",
+            help=f"The Python (>= {MIN_REMOTE_PYTHON}; on a Mac native arm64) that creates "
+            "the remote virtual environment. Default: each host's first usable one of Homebrew's "
+            "(/opt/homebrew/bin/python3.13 ... 3.10, python3), python.org's (newest first), "
+            "/usr/local/bin/python3, python3 on PATH, and Apple's /usr/bin/python3 only where "
+            "the Command Line Tools are installed (never their install dialog).",
         ),
-    ] = "python3",
+    ] = None,
     system: Annotated[
         bool,
         typer.Option(
@@ -153,42 +200,19 @@ def deploy_command(
         thermal_source,
     )
     if dry_run:
-        shown = wheel or Path("mlx_fleet-<version>-py3-none-any.whl")
-        plans = [
-            {
-                "host": entry.address,
-                "steps": [
-                    {"name": step.name, "command": step.shell()}
-                    for step in rollout.steps(entry, shown)
-                ],
-            }
-            for entry in entries
-        ]
-        if fmt == "json":
-            print(json.dumps(plans, indent=2))
-            return
-        for plan in plans:
-            print(f"# {plan['host']}")
-            for step in plan["steps"]:
-                print(f"{step['name']}: {step['command']}")
+        dry_run_plans(entries, wheel, rollout, fmt)
         return
     try:
         results = deploy(
             entries,
             wheel,
             rollout,
-            on_step=lambda host, step: err.print(
-                f"{host}: {step} ok", highlight=False, markup=False
-            ),
+            on_step=lambda host, step: say(f"{host}: {step} ok"),
         )
     except DeployError as exc:
         raise usage_error(str(exc)) from None
     rows = [r.to_dict() for r in results]
     emit(rows, fmt, results_table)
     if not all(r.ok for r in results):
-        err.print(
-            "some hosts failed: fix them and run the same command again",
-            highlight=False,
-            markup=False,
-        )
+        say("some hosts failed: fix them and run the same command again")
         raise typer.Exit(EXIT_PARTIAL)

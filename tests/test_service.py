@@ -48,17 +48,23 @@ def fake_managers(tmp_path: Path) -> Path:
     return bin_dir
 
 
-SESSION_VARIABLES = ("SSH_TTY", "SSH_CONNECTION", "SUDO_USER")
+SESSION_VARIABLES = ("SSH_TTY", "SSH_CONNECTION", "SUDO_USER", "SUDO_UID")
+USER_UID = os.getuid() or 501
+"""The user these tests act as: this one, or (a suite run as root) 501 through
+MLX_FLEET_SERVICE_UID, since as root `agent install` means a system service."""
+AS_USER = {"MLX_FLEET_SERVICE_UID": str(USER_UID)} if os.getuid() == 0 else {}
 
 
 def agent(
     agent_cli: str, home: Path, *args: str, path_dir: Path | None = None, **env: str
 ) -> subprocess.CompletedProcess:
     """`agent ARGS` as a user logged in at the screen, unless `env` says otherwise (its
-    /dev/console: a file it owns; no ssh, no sudo)."""
+    /dev/console: a file it owns; no ssh, no sudo). An empty value drops the variable."""
     console = home.parent / "console"
     console.touch()
-    extra = {"HOME": str(home), "MLX_FLEET_CONSOLE_DEVICE": str(console), **env}
+    if os.geteuid() == 0:
+        os.chown(console, USER_UID, USER_UID)
+    extra = {"HOME": str(home), "MLX_FLEET_CONSOLE_DEVICE": str(console), **AS_USER, **env}
     if path_dir is not None:
         extra["PATH"] = f"{path_dir}{os.pathsep}{os.environ['PATH']}"
         extra["FAKE_SERVICE_STATE"] = str(path_dir.parent / "service-state.json")
@@ -66,6 +72,8 @@ def agent(
     for name in SESSION_VARIABLES:
         if name not in env:
             environment.pop(name, None)
+    for name in [name for name, value in environment.items() if value == ""]:
+        del environment[name]
     return subprocess.run(
         [agent_cli, *args], capture_output=True, text=True, timeout=120, env=environment
     )
@@ -141,7 +149,7 @@ def test_launchd_dry_run_prints_a_plist(agent_cli: str, home: Path, fleet_home: 
         "--log-file",
         str(fleet_home / "logs" / "agent.log"),
     ]
-    assert plist["RunAtLoad"] is True and plist["KeepAlive"] is True
+    assert plist["RunAtLoad"] is True and plist["KeepAlive"] == {"SuccessfulExit": False}
     assert plist["ThrottleInterval"] > 0 and plist["ProcessType"]
     assert plist["StandardOutPath"].startswith(str(fleet_home))
     assert plist["StandardErrorPath"].startswith(str(fleet_home))
@@ -274,7 +282,7 @@ def launchd_status(agent_cli: str, home: Path, fake_managers: Path) -> dict:
 def test_launchd_install_replaces_an_earlier_install(
     agent_cli: str, home: Path, fake_managers: Path
 ) -> None:
-    uid = os.getuid()
+    uid = USER_UID
     install_launchd(agent_cli, home, fake_managers)
     plist = install_launchd(agent_cli, home, fake_managers)
     bootstraps = [c for c in calls(fake_managers) if c[:2] == ["launchctl", "bootstrap"]]
@@ -309,7 +317,7 @@ def test_launchd_falls_back_to_the_user_domain_without_a_gui(
 ) -> None:
     result = agent(agent_cli, home, "install", "--launchd", path_dir=fake_managers, FAKE_NO_GUI="1")
     assert result.returncode == 0, result.stderr
-    assert f"launchctl bootstrap user/{os.getuid()}" in result.stderr
+    assert f"launchctl bootstrap user/{USER_UID}" in result.stderr
 
 
 def test_systemd_install_status_uninstall_purge(
@@ -581,7 +589,8 @@ def test_deploy_templates_are_what_install_writes() -> None:
 
 
 def test_serve_behaves_as_a_service(agent_cli: str, tmp_path: Path) -> None:
-    """Foreground, timestamped log file, a second instance refused, exit 0 on SIGTERM."""
+    """Foreground, timestamped log file, a second instance refused (or, of the same data
+    directory, exiting 0 with one line), exit 0 on SIGTERM."""
     log_file = tmp_path / "logs" / "agent.log"
     first = subprocess.Popen(
         [
@@ -604,15 +613,27 @@ def test_serve_behaves_as_a_service(agent_cli: str, tmp_path: Path) -> None:
         ready = first.stdout.readline()
         assert ready.startswith("agent serve: listening on tcp://127.0.0.1:"), ready
         port = ready.split("tcp://127.0.0.1:")[1].split()[0]
-        second = subprocess.run(
-            [agent_cli, "serve", "--bind", f"127.0.0.1:{port}", "--thermal-source", "none"],
+        second = [agent_cli, "serve", "--bind", f"127.0.0.1:{port}", "--thermal-source", "none"]
+        elsewhere = subprocess.run(
+            second,
             capture_output=True,
             text=True,
             timeout=60,
-            env=subprocess_env(),
+            env=subprocess_env(MLX_FLEET_HOME=str(tmp_path / "another-data-dir")),
         )
-        assert second.returncode == 2
-        assert f"cannot bind tcp://127.0.0.1:{port}: Address already in use" in second.stderr
+        assert elsewhere.returncode == 2
+        assert f"cannot bind tcp://127.0.0.1:{port}: Address already in use" in elsewhere.stderr
+        # A second copy of this data directory's agent (launchd loaded it twice) gives way:
+        # exit 0, which KeepAlive {SuccessfulExit: false} does not restart.
+        again = subprocess.run(
+            second, capture_output=True, text=True, timeout=60, env=subprocess_env()
+        )
+        assert again.returncode == 0, again.stderr
+        said = again.stderr.strip().splitlines()
+        assert (
+            len(said) == 1
+            and f"is held by this data directory's agent (pid {first.pid})" in (said[0])
+        )
         first.send_signal(signal.SIGTERM)
         assert first.wait(timeout=15) == 0
     finally:
@@ -631,7 +652,7 @@ def test_install_over_ssh_with_nobody_at_the_screen_succeeds(
 ) -> None:
     """Homebrew's domain_target: ssh without /dev/console goes straight to user/<uid>, and the
     plist's LimitLoadToSessionType lets it load there (no gui/ attempt that would exit 125)."""
-    uid = os.getuid()
+    uid = USER_UID
     headless = over_ssh_nobody_at_the_screen(tmp_path)
     result = agent(agent_cli, home, "install", "--launchd", path_dir=fake_managers, **headless)
     assert result.returncode == 0, result.stderr
@@ -639,13 +660,7 @@ def test_install_over_ssh_with_nobody_at_the_screen_succeeds(
     assert [c[2] for c in bootstraps] == [f"user/{uid}"]
     assert fake_state(fake_managers)["loaded"] == [f"user/{uid}/io.mlx-fleet.agent"]
     plist = plistlib.loads((home / "Library/LaunchAgents/io.mlx-fleet.agent.plist").read_bytes())
-    assert plist["LimitLoadToSessionType"] == [
-        "Aqua",
-        "Background",
-        "LoginWindow",
-        "StandardIO",
-        "System",
-    ]
+    assert plist["LimitLoadToSessionType"] == ["Background"]  # no second copy in gui/
 
 
 def test_the_fake_refuses_a_plist_without_session_types_in_the_user_domain(
@@ -654,7 +669,7 @@ def test_the_fake_refuses_a_plist_without_session_types_in_the_user_domain(
     """Why the key is written: without it a job is Aqua-only (duh17/oppi#31)."""
     old = tmp_path / "old.plist"
     old.write_bytes(plistlib.dumps({"Label": "io.mlx-fleet.agent", "ProgramArguments": ["x"]}))
-    refused = launchctl(fake_managers, "bootstrap", f"user/{os.getuid()}", str(old))
+    refused = launchctl(fake_managers, "bootstrap", f"user/{USER_UID}", str(old))
     assert refused.returncode == 5
     assert "Service cannot load in requested session" in refused.stderr
 
@@ -662,7 +677,7 @@ def test_the_fake_refuses_a_plist_without_session_types_in_the_user_domain(
 def test_enable_comes_before_bootstrap_so_a_disabled_label_loads(
     agent_cli: str, home: Path, fake_managers: Path
 ) -> None:
-    uid = os.getuid()
+    uid = USER_UID
     assert launchctl(fake_managers, "disable", f"gui/{uid}/io.mlx-fleet.agent").returncode == 0
     install_launchd(agent_cli, home, fake_managers)
     verbs = [c[1] for c in calls(fake_managers) if c[0] == "launchctl" and c[1] != "print"]
@@ -682,7 +697,7 @@ def test_installing_twice_in_a_row_ends_loaded(
     agent_cli: str, home: Path, fake_managers: Path, linger: dict[str, str]
 ) -> None:
     """The upgrade path: the label lingers ~3 s after bootout; bootstrap must not lose it."""
-    uid = os.getuid()
+    uid = USER_UID
     for _ in range(2):
         result = agent(agent_cli, home, "install", "--launchd", path_dir=fake_managers, **linger)
         assert result.returncode == 0, result.stderr
@@ -696,7 +711,7 @@ def test_uninstall_removes_every_loaded_copy_and_waits_for_them(
 ) -> None:
     """One copy loaded at the desk (gui/), one over ssh (user/): both go, and launchd has
     forgotten both when uninstall returns."""
-    uid = os.getuid()
+    uid = USER_UID
     plist = install_launchd(agent_cli, home, fake_managers)
     assert launchctl(fake_managers, "bootstrap", f"user/{uid}", str(plist)).returncode == 0
     removed = agent(agent_cli, home, "uninstall", "--launchd", path_dir=fake_managers)
@@ -710,7 +725,7 @@ def test_uninstall_removes_every_loaded_copy_and_waits_for_them(
 def test_a_launchctl_failure_names_the_command_its_code_and_the_rollback(
     agent_cli: str, home: Path, fake_managers: Path
 ) -> None:
-    uid = os.getuid()
+    uid = USER_UID
     plist = install_launchd(agent_cli, home, fake_managers)
     again = agent(
         agent_cli,

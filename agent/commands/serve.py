@@ -12,8 +12,9 @@ from typing import Annotated
 
 import typer
 
-from agent.daemon.endpoints import DEFAULT_BIND, ServeError
+from agent.daemon.endpoints import DEFAULT_BIND, PortHeld, ServeError
 from agent.daemon.loop import DEFAULT_RETENTION_DAYS, AgentDaemon, serve
+from agent.daemon_address import DaemonAddress, find_daemon
 from shared.io.cli import err, usage_error
 from shared.io.files import make_private
 from shared.io.options import (
@@ -152,5 +153,22 @@ def serve_command(
             idle_baseline=power.idle_baseline,
         )
         serve(daemon)
+    except PortHeld as exc:
+        holder = find_daemon()
+        if holder is None or not holds_port(holder, exc.endpoint):
+            raise usage_error(str(exc)) from None
+        # A second copy launchd loaded (gui/ after user/): exit 0 so KeepAlive's
+        # SuccessfulExit=false leaves it stopped instead of restarting it every 10 s.
+        logging.getLogger("agent.serve").info(
+            "%s is held by this data directory's agent (pid %d): not starting a second copy",
+            exc.endpoint,
+            holder.pid,
+        )
     except ServeError as exc:
         raise usage_error(str(exc)) from None
+
+
+def holds_port(holder: DaemonAddress, endpoint: str) -> bool:
+    """Whether the live agent of this data directory listens on `endpoint`'s port."""
+    port = endpoint.rpartition(":")[2]
+    return port in (holder.endpoint.rpartition(":")[2], holder.telemetry.rpartition(":")[2])

@@ -15,6 +15,7 @@ from rich.table import Table
 from agent.daemon.endpoints import ServeError, endpoint_for
 from agent.service.control import (
     ServiceError,
+    dry_run_domain,
     dry_run_lines,
     install,
     log_paths,
@@ -31,20 +32,24 @@ from agent.service.files import (
     definition_text,
 )
 from agent.service.launchctl import current_session
-from agent.service.plan import PlanError, make_plan
+from agent.service.plan import PlanError, make_plan, user_scope_under_root
 from agent.service.run_as import invoking_account, root_program_problem
 from agent.service.scope import SudoRefused, auto_scope, escalated, sudo_allows
 from shared.io.cli import emit, err, fail, usage_error
 from shared.io.options import TableFormat
 from shared.source_names import SourceSpecError, parse_source_name
 
-UserScope = Annotated[bool, typer.Option("--user", help="A per-user service (the default).")]
+UserScope = Annotated[
+    bool,
+    typer.Option("--user", help="A per-user service (the default, except as root or under sudo)."),
+]
 SystemScope = Annotated[
     bool,
     typer.Option(
         "--system",
         help="A system-wide service (a LaunchDaemon / system unit: up at boot, with nobody "
-        "logged in); root, or --sudo.",
+        "logged in); root, or --sudo. The default as root or under sudo, as with "
+        "`sudo brew services`.",
     ),
 ]
 Launchd = Annotated[bool, typer.Option("--launchd", help="Force launchd (macOS default).")]
@@ -173,6 +178,9 @@ def install_command(
             raise usage_error("--auto chooses between --user and --system itself")
         system = choose_scope(launchd, systemd, dry_run)
         user = not system
+    refused = user_scope_under_root() if user and not auto else None
+    if refused:
+        raise usage_error(refused)
     plan = plan_for(
         user, system, launchd, systemd, bind, thermal_source, log_file, run_as, data_dir_option
     )
@@ -183,7 +191,7 @@ def install_command(
         raise typer.Exit(code)
     if dry_run:  # the definition alone on stdout, so it can be piped to a parser
         say(f"would write {plan.definition_path}:")
-        print(definition_text(plan), end="")
+        print(definition_text(plan, dry_run_domain(plan)), end="")
         for line in dry_run_lines(plan):
             say(f"would run: {line}")
         return

@@ -79,6 +79,14 @@ class ServeError(ValueError):
     the message says why."""
 
 
+class PortHeld(ServeError):
+    """Binding `endpoint` failed: another process holds its port (EADDRINUSE)."""
+
+    def __init__(self, message: str, endpoint: str) -> None:
+        super().__init__(message)
+        self.endpoint = endpoint
+
+
 def endpoint_for(bind: str) -> tuple[str, bool]:
     """'HOST:PORT' -> ('tcp://HOST:PORT', is_ipv6); port 0 asks for an ephemeral port."""
     host, sep, port_text = bind.strip().rpartition(":")
@@ -157,7 +165,10 @@ class AgentSockets:
             try:
                 sock.bind(endpoint)
             except zmq.ZMQError as exc:
-                raise ServeError(f"cannot bind {endpoint}: {exc}") from None
+                message = f"cannot bind {endpoint}: {exc}"
+                if exc.errno == zmq.EADDRINUSE:
+                    raise PortHeld(message, endpoint) from None
+                raise ServeError(message) from None
         self.telemetry = self.publisher.last_endpoint.decode()
         return self.router.last_endpoint.decode()
 

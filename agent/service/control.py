@@ -15,6 +15,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from agent.service.definition_file import (
+    ROOT_WHEEL,
+    make_folder,
+    refuse_odd_definition,
+    write_definition,
+)
 from agent.service.files import (
     LAUNCHD,
     SYSTEMD,
@@ -94,6 +100,13 @@ def source_problem(plan: InstallPlan, source: str) -> str | None:
     return None if result.returncode == 0 else lines[-1] if lines else "it failed to open"
 
 
+def dry_run_domain(plan: InstallPlan) -> str | None:
+    """The domain a dry run shows (gui/ assumed to exist: a dry run asks launchd nothing)."""
+    if plan.flavour != LAUNCHD:
+        return None
+    return bootstrap_domains(plan.system, current_session(), gui_exists=True)[0]
+
+
 def dry_run_lines(plan: InstallPlan) -> list[str]:
     """The commands an installation runs, as a dry run shows them."""
     if plan.flavour == SYSTEMD:
@@ -103,9 +116,10 @@ def dry_run_lines(plan: InstallPlan) -> list[str]:
         "no longer lists it)"
         for domain in owned_domains(plan.system, plan.uid)
     ]
-    first, *fallback = bootstrap_domains(plan.system, current_session())
+    first, *fallback = bootstrap_domains(plan.system, current_session(), gui_exists=True)
+    probed = "(if `launchctl print gui/<uid>` exits 0) " if first.startswith("gui/") else ""
     lines += [
-        f"launchctl enable {target(first)}",
+        f"launchctl enable {target(first)}  {probed}".rstrip(),
         f"launchctl bootstrap {first} {plan.definition_path}",
     ]
     lines += [f"(if {first} has no session: the same in {other})" for other in fallback]
@@ -158,26 +172,41 @@ def stop(plan: InstallPlan, state: ManagerState, launchctl: Launchctl) -> list[s
     return [check(systemctl(plan, "disable", "--now", UNIT_NAME))]
 
 
-def start(plan: InstallPlan, launchctl: Launchctl) -> list[str]:
-    """Load and start the written definition (launchd: the first domain that has a session)."""
+def definition_owner(plan: InstallPlan) -> tuple[int, int] | None:
+    """root:wheel for a system service (launchd insists); a user's own for a user service."""
+    return ROOT_WHEEL if plan.system else None
+
+
+def write(plan: InstallPlan, domain: str | None = None) -> str:
+    text = definition_text(plan, domain).encode()
+    write_definition(plan.definition_path, text, definition_owner(plan))
+    return f"wrote {plan.definition_path}" + (f" (for {domain})" if domain else "")
+
+
+def launchd_domains(plan: InstallPlan, launchctl: Launchctl) -> list[str]:
+    """Where to bootstrap: Homebrew's domain_target, gui/ only where `print gui/<uid>` finds it."""
+    session = current_session()
+    gui_exists = not plan.system and launchctl.has_domain(f"gui/{session.uid}")
+    return bootstrap_domains(plan.system, session, gui_exists)
+
+
+def start(
+    plan: InstallPlan, launchctl: Launchctl, domains: list[str], booted_out: tuple[str, ...]
+) -> list[str]:
+    """Write the definition and load it (launchd: in the first of `domains` this session can
+    use, the plist written for that domain)."""
     if plan.flavour == SYSTEMD:
-        return [check(command) for command in systemd_commands(plan)]
+        return [write(plan), *[check(command) for command in systemd_commands(plan)]]
     errors = []
-    for domain in bootstrap_domains(plan.system, current_session()):
+    done = []
+    for domain in domains:
+        done.append(write(plan, domain))
         try:
-            return launchctl.start(domain, str(plan.definition_path))
+            path = str(plan.definition_path)
+            return done + launchctl.start(domain, path, booted_out=domain in booted_out)
         except DomainUnsupported as exc:
             errors.append(str(exc))
     raise ServiceError("; ".join(errors))
-
-
-def make_folder(folder: Path, owner: tuple[int, int] | None) -> None:
-    """mkdir -p; folders root creates for another user's service are given to that user."""
-    missing = [path for path in (folder, *folder.parents) if not path.exists()]
-    folder.mkdir(parents=True, exist_ok=True)
-    if owner is not None and os.geteuid() == 0:
-        for path in missing:
-            os.chown(path, *owner)
 
 
 def install(plan: InstallPlan) -> list[str]:
@@ -187,19 +216,17 @@ def install(plan: InstallPlan) -> list[str]:
     restored, and launchd's previous service loaded again), so an installation is never
     reported where none runs."""
     require_root_for_system(plan)
+    path = plan.definition_path
+    refuse_odd_definition(path)
     launchctl = Launchctl()
     state = probe(plan, launchctl) if plan.flavour == LAUNCHD else ManagerState(False)
+    domains = launchd_domains(plan, launchctl) if plan.flavour == LAUNCHD else []
     done = stop(plan, state, launchctl)  # never two copies
     make_folder(plan.stdout_log.parent, plan.owner)
-    path = plan.definition_path
-    make_folder(path.parent, plan.owner if not plan.system else None)
+    make_folder(path.parent, None)
     previous = path.read_bytes() if path.exists() else None
-    path.write_text(definition_text(plan), encoding="utf-8")
-    if plan.owner is not None and not plan.system and os.geteuid() == 0:
-        os.chown(path, *plan.owner)
-    done.append(f"wrote {path}")
     try:
-        return done + start(plan, launchctl)
+        return done + start(plan, launchctl, domains, state.domains)
     except ServiceError as exc:
         raise ServiceError(f"{exc} {rollback(plan, previous, state, launchctl)}") from None
 
@@ -211,17 +238,17 @@ def rollback(
     stopped for this install); says what was done."""
     path = plan.definition_path
     if previous is None:
-        path.unlink()
+        path.unlink(missing_ok=True)
         undone = f"(removed {path})"
     else:
-        path.write_bytes(previous)
+        write_definition(path, previous, definition_owner(plan))
         undone = f"(restored the previous {path})"
     if plan.flavour != LAUNCHD or not state.domains:
         return undone
     if previous is None:
         return f"{undone}; the copy loaded without a definition stays stopped"
     try:
-        launchctl.start(state.domains[0], str(path))
+        launchctl.start(state.domains[0], str(path), booted_out=True)
     except ServiceError as exc:
         return f"{undone}; the previous service, stopped for this install, did not load: {exc}"
     return f"{undone}; the previous service is loaded again in {state.domains[0]}"
@@ -250,6 +277,7 @@ def uninstall(plan: InstallPlan, purge: bool) -> list[str]:
     refuses to guess when that cannot be read)."""
     require_root_for_system(plan)
     path = plan.definition_path
+    refuse_odd_definition(path)
     installed = installed_plan(plan)
     if purge and installed is None:
         raise ServiceRefused(

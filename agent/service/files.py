@@ -21,6 +21,9 @@ from shared.io.paths import HOME_ENV
 UNIT_NAME = "mlx-fleet-agent.service"
 LAUNCHD, SYSTEMD = "launchd", "systemd"
 USER, SYSTEM = "user", "system"
+DAEMONS_ENV = "MLX_FLEET_LAUNCH_DAEMONS"
+"""Stands in for /Library/LaunchDaemons, as MLX_FLEET_CONSOLE_DEVICE does for /dev/console: a
+suite run as root installs its system services into a folder of its own."""
 THROTTLE_INTERVAL_S = 10
 STOP_TIMEOUT_S = 30
 
@@ -63,7 +66,8 @@ class InstallPlan:
     @property
     def definition_path(self) -> Path:
         if self.flavour == LAUNCHD:
-            daemons, agents = Path("/Library/LaunchDaemons"), self.home / "Library/LaunchAgents"
+            daemons = Path(os.environ.get(DAEMONS_ENV) or "/Library/LaunchDaemons")
+            agents = self.home / "Library/LaunchAgents"
             return (daemons if self.system else agents) / f"{LABEL}.plist"
         folder = Path("/etc/systemd/system") if self.system else self.home / ".config/systemd/user"
         return folder / UNIT_NAME
@@ -111,12 +115,21 @@ def service_environment(data_dir: Path) -> dict[str, str]:
     return {HOME_ENV: str(data_dir), "PYTHONUNBUFFERED": "1", "PATH": path}
 
 
-def launchd_plist(plan: InstallPlan) -> dict[str, Any]:
+def session_types(domain: str | None) -> list[str]:
+    """Homebrew's every-session list, except in user/: Background alone there, so a later
+    login at the screen does not load a second copy into gui/ (crc-org/crc#5349)."""
+    return ["Background"] if domain is not None and domain.startswith("user/") else SESSION_TYPES
+
+
+def launchd_plist(plan: InstallPlan, domain: str | None = None) -> dict[str, Any]:
+    """The job for `domain` (None: gui/ or system, the domain its template is written for)."""
     plist: dict[str, Any] = {
         "Label": LABEL,
         "ProgramArguments": plan.program,
         "RunAtLoad": True,
-        "KeepAlive": True,
+        # Restarted unless it exits 0, which serve does when its port is held by this data
+        # directory's own agent: a second copy launchd loaded gives way instead of looping.
+        "KeepAlive": {"SuccessfulExit": False},
         "ThrottleInterval": THROTTLE_INTERVAL_S,
         "ExitTimeOut": STOP_TIMEOUT_S,
         "StandardOutPath": str(plan.stdout_log),
@@ -125,8 +138,7 @@ def launchd_plist(plan: InstallPlan) -> dict[str, Any]:
         "WorkingDirectory": str(plan.data_dir),
         # Benchmarks must not be throttled like a background daemon.
         "ProcessType": "Interactive",
-        # Loadable in gui/, user/ (ssh, nobody at the screen) and system, as Homebrew's are.
-        "LimitLoadToSessionType": SESSION_TYPES,
+        "LimitLoadToSessionType": session_types(domain),
     }
     if plan.system and plan.user:
         plist["UserName"] = plan.user
@@ -159,9 +171,9 @@ WantedBy={target}
 """
 
 
-def definition_text(plan: InstallPlan) -> str:
+def definition_text(plan: InstallPlan, domain: str | None = None) -> str:
     if plan.flavour == LAUNCHD:
-        return plistlib.dumps(launchd_plist(plan), sort_keys=False).decode()
+        return plistlib.dumps(launchd_plist(plan, domain), sort_keys=False).decode()
     return systemd_unit(plan)
 
 

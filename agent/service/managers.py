@@ -3,10 +3,23 @@ they failed, so every error names the exact command, its exit code and the manag
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 
 MANAGER_TIMEOUT_S = 60
+ACT_AS_UID_ENV = "MLX_FLEET_SERVICE_UID"
+"""Stands in for getuid()/geteuid() where the service's scope and launchd domain are chosen, as
+MLX_FLEET_CONSOLE_DEVICE stands in for /dev/console: a suite run as root simulates a user. It
+never grants anything: writing a system service still needs the real euid 0."""
+
+
+def acting_ids() -> tuple[int, int]:
+    """(uid, euid) the scope and domain decisions look at."""
+    stand_in = os.environ.get(ACT_AS_UID_ENV)
+    if stand_in:
+        return int(stand_in), int(stand_in)
+    return os.getuid(), os.geteuid()
 
 
 class ServiceError(Exception):

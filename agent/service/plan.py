@@ -18,8 +18,21 @@ from agent.service.files import (
     serve_program,
     service_environment,
 )
+from agent.service.managers import acting_ids
 from agent.service.run_as import Account, account, default_data_dir, invoking_account
 from shared.io.paths import HOME_ENV, data_dir
+
+
+def user_scope_under_root() -> str | None:
+    """Why `--user` is refused here, or None: under sudo (or as root) it would be root's own
+    LaunchAgent in user/0, its plist and logs root-owned in the caller's home."""
+    if acting_ids()[1] != 0:
+        return None
+    return (
+        "--user as root would install root's own service, with root-owned files in "
+        f"{Path.home()}: drop sudo to install yours, or use --system (a system service "
+        "running as you)"
+    )
 
 
 class PlanError(ValueError):
@@ -54,11 +67,14 @@ def make_plan(
         raise PlanError("choose one of --user and --system")
     if launchd and systemd:
         raise PlanError("choose one of --launchd and --systemd")
+    uid, euid = acting_ids()
+    # Homebrew's System.path/domain_target: root means the boot path and the system domain.
+    system = system or (not user and euid == 0)
     flavour = LAUNCHD if launchd else SYSTEMD if systemd else default_platform_flavour()
     runner = service_account(system, run_as)
     if data_dir_option is not None:
         home = data_dir_option.absolute()
-    elif os.environ.get(HOME_ENV) or runner is None or runner.uid == os.geteuid():
+    elif os.environ.get(HOME_ENV) or runner is None or runner.uid == euid:
         home = data_dir(create=False)
     else:  # root installing another user's service: that user's own data directory
         home = default_data_dir(runner.home)
@@ -69,7 +85,7 @@ def make_plan(
         program=serve_program(sys.executable, bind, thermal_source, log_file),
         data_dir=home,
         home=Path.home(),
-        uid=os.getuid(),
+        uid=uid,
         environment=service_environment(home),
         user=None if runner is None or runner.is_root else runner.name,
         owner=None if runner is None or runner.is_root else (runner.uid, runner.gid),

@@ -2,8 +2,9 @@
 
 `sudo brew services` writes `UserName` into the LaunchDaemon when asked to run as a user, and
 otherwise chowns what a root service runs to root ("protections to avoid users editing root
-services", Homebrew/brew services_cli.rb `take_root_ownership`). We never chown a user's files:
-a root service whose interpreter or package a non-root user could edit is refused, with the fix.
+services", Homebrew/brew Library/Homebrew/services/cli.rb `take_root_ownership`). We never
+chown a user's files: a root service whose interpreter or package a non-root user could edit is
+refused, with the fix. The only folders root chowns are those it creates for a service's user.
 """
 
 from __future__ import annotations

@@ -10,13 +10,21 @@ launchctl behaves as the real one was seen to (each with its source):
 - `bootout` returns before launchd has forgotten the job: for $FAKE_LINGER_S seconds (default 3,
   "the label actually frees ~3 s after bootout", Layr-Labs/d-inference#1102) the label stays:
   `print` still lists it, a second `bootout` exits 36 "Operation now in progress" (Homebrew's
-  services_cli.rb loops on it), and `bootstrap` exits 5 "Input/output error"
+  services/cli.rb loops on it), and `bootstrap` exits 5 "Input/output error"
   (headroomlabs-ai/headroom#1289), or 37 "Operation already in progress" with
   $FAKE_LINGER_CODE=37 (d-inference#1102). $FAKE_LINGER_HIDDEN=1: `print` already says 113
   while `bootstrap` still fails (d-inference#1102: bootstrap ~0.5 s after bootout, refused).
-- $FAKE_NO_GUI: nobody is logged in at the screen, so there is no gui/ domain: `bootstrap
-  gui/<uid>` exits 125 "Domain does not support specified action" (home-manager#4413,
-  Mic92/sops-nix#966).
+- $FAKE_NO_GUI: nobody is logged in at the screen, so there is no gui/ domain: `print gui/<uid>`
+  exits $FAKE_GUI_PROBE_CODE, 112 "Could not find specified domain" by default or 125 (both in
+  duh17/oppi#38), and `bootstrap gui/<uid>` exits 125 "Domain does not support specified
+  action" (home-manager#4413, Mic92/sops-nix#966).
+- $FAKE_GUI_UNUSABLE=CODE: `print gui/<uid>` exits 0 but this session cannot use the domain
+  (cron, tmux or mosh without $SSH_*): `bootstrap gui/<uid>` exits CODE: 5 "Input/output
+  error" (psimaker/vaultsync#89), 112 or 125 (duh17/oppi#38). $FAKE_GUI_ENABLE_CODE=CODE: the
+  same for `enable gui/<uid>/<label>`.
+- $FAKE_BOOTOUT_RACE=CODE: the job exits on its own as `bootout` asks: it is gone, and bootout
+  exits CODE, 113 "Could not find specified service" or 125 (Homebrew's services/cli.rb stops
+  waiting on 3 and 125). The strings are launchctl's own (`launchctl error 112` prints them).
 - A plist whose LimitLoadToSessionType does not include the domain's session (Aqua for gui/,
   Background for user/, System for system; no key means Aqua) does not bootstrap: exit 5, "Service
   cannot load in requested session" (duh17/oppi#31; exit 5 in NousResearch/hermes-agent#13560).
@@ -66,6 +74,12 @@ LAUNCHCTL_PRINT = """{target} = {{
 }}
 """
 SESSIONS = {"gui": "Aqua", "user": "Background", "system": "System"}
+WORDS = {
+    5: "Input/output error",
+    112: "Could not find specified domain",
+    113: "Could not find specified service",
+    125: "Domain does not support specified action",
+}
 
 
 def save() -> None:
@@ -102,11 +116,24 @@ if verb in os.environ.get("FAKE_FAIL", "").split(","):
     fail(1, "Failed to connect to bus: No medium found")
 
 if name == "launchctl":
+    gui = args[1].startswith("gui/") if len(args) > 1 else False
+    if verb == "print" and args[1].count("/") < 2:  # a domain, not a service
+        if gui and os.environ.get("FAKE_NO_GUI"):
+            code = int(os.environ.get("FAKE_GUI_PROBE_CODE", "112"))
+            fail(code, f"Bad request.\nCould not find domain for {args[1]}: {WORDS[code]}")
+        print(f"{args[1]} = {{\n\ttype = {SESSIONS[args[1].split('/')[0]]}\n}}")
+        sys.exit(0)
+    if verb == "enable" and gui and os.environ.get("FAKE_GUI_ENABLE_CODE"):
+        code = int(os.environ["FAKE_GUI_ENABLE_CODE"])
+        fail(code, f"Enable failed: {code}: {WORDS[code]}")
     if verb == "bootstrap":
         domain, path = args[1], args[2]
         target = f"{domain}/io.mlx-fleet.agent"
-        if domain.startswith("gui/") and os.environ.get("FAKE_NO_GUI"):
+        if gui and os.environ.get("FAKE_NO_GUI"):
             fail(125, "Bootstrap failed: 125: Domain does not support specified action")
+        if gui and os.environ.get("FAKE_GUI_UNUSABLE"):
+            code = int(os.environ["FAKE_GUI_UNUSABLE"])
+            fail(code, f"Bootstrap failed: {code}: {WORDS[code]}")
         if target in state["disabled"]:
             fail(119, f"{path}: Service is disabled", "Bootstrap failed: 119: Service is disabled")
         if lingering(target):
@@ -131,6 +158,10 @@ if name == "launchctl":
         if target not in state["loaded"]:
             fail(3, "Boot-out failed: 3: No such process")
         state["loaded"].remove(target)
+        race = os.environ.get("FAKE_BOOTOUT_RACE")
+        if race:  # exited by itself, nothing left to linger
+            save()
+            fail(int(race), f"Boot-out failed: {race}: {WORDS[int(race)]}")
         state["lingering"][target] = time.time() + float(os.environ.get("FAKE_LINGER_S", "3"))
         save()
     elif verb == "print":

@@ -35,8 +35,9 @@ from tests.fakes.hostile_agent import HUGE, MAX_ENVELOPE, HostileAgent, curve_ke
 
 pytestmark = pytest.mark.timeout(180)
 
-BENCH = ["--config-small", "-p", "16", "-n", "4", "-r", "1", "-w", "0"]
-"""Two cells (pp16, tg4): instant on a fake, about a second on a real agent."""
+BENCH = ["--config-small", "-p", "16", "-n", "4", "-r", "1", "-w", "0", "--no-cool-start"]
+"""Two cells (pp16, tg4): instant on a fake, about a second on a real agent (whose simulated
+°C a loaded machine heats: no cool-start wait)."""
 LINKS = ["--insecure", "--connect-timeout", "3"]
 BENCH_LINKS = [*LINKS, "--host-timeout", "10"]
 RUN_BOUND_S = 60.0

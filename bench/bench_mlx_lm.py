@@ -14,17 +14,20 @@ mlx-lm's generation_tps counts G tokens over the time of the G-1 steps after the
 counts G tokens over G steps: the tg ratio expected from the counting alone is (G-1)/G (0.992 at
 G = 128), printed beside it.
 
-With no --model, a Llama-shaped model with random float16 weights and a word-level tokenizer
-is written to a temporary directory (mlx-lm's own llama, saved as its conversion saves it):
-40M parameters, or Llama-3.2-1B's shape with --shape 1b.
+With no --model, Llama-shaped models with random float16 weights and a word-level tokenizer
+are written to a temporary directory (mlx-lm's own llama, saved as its conversion saves it), by
+default two shapes measured in the same rounds and printed side by side: 40m (8 layers, a 32k
+vocabulary) and 16m (issue 26's: 4 layers, an 8k vocabulary), or Llama-3.2-1B's shape with
+--shape 1b; --shape takes a comma-separated list.
 Needs the `lm` extra (pip install -e '.[lm]').
 
-    .venv/bin/python bench/bench_mlx_lm.py [--model DIR | --shape 40m|1b] [-p 512] [-g 128]
+    .venv/bin/python bench/bench_mlx_lm.py [--model DIR | --shape 40m,16m|1b] [-p 512] [-g 128]
         [--repeats 5] [--trials 3] [--quick]
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -32,7 +35,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from support import BenchError, interleave, machine, parser, round_count, run, spread
@@ -63,7 +66,13 @@ LLAMA_1B = LLAMA | {
 }
 """--shape 1b: Llama-3.2-1B's dimensions (1.24B parameters; its rope scaling left out), for a
 machine with the memory and speed for it (a GPU)."""
-SHAPES = {"40m": LLAMA, "1b": LLAMA_1B}
+LLAMA_16M = LLAMA | {"num_hidden_layers": 4, "vocab_size": 8192}
+"""Issue 26's second shape: 4 layers, an 8k vocabulary (16M parameters), where a new user read
+our pp 1.2-1.3x mlx-lm's from two separate runs. The work is the same; mlx-lm's prompt clock
+also holds the queueing of its next decode step, a fixed cost that weighs more the cheaper the
+prompt pass (docs/performance.md)."""
+SHAPES = {"40m": LLAMA, "16m": LLAMA_16M, "1b": LLAMA_1B}
+DEFAULT_SHAPES = "40m,16m"
 QUICK_LLAMA = LLAMA | {
     "hidden_size": 64,
     "num_hidden_layers": 2,
@@ -73,6 +82,22 @@ QUICK_LLAMA = LLAMA | {
     "vocab_size": 1000,
 }
 """--quick: seconds, only checking that both tools still run and print their figures."""
+QUICK_SHAPES = {
+    "40m": QUICK_LLAMA,
+    "16m": QUICK_LLAMA | {"num_hidden_layers": 1, "vocab_size": 500},
+}
+"""--quick's stand-in for each shape (1b's is 40m's)."""
+
+
+def shape_list(text: str) -> list[str]:
+    """--shape's comma-separated names, each one of SHAPES."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in SHAPES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown shape {', '.join(unknown) or text!r}: choose from {', '.join(SHAPES)}"
+        )
+    return list(dict.fromkeys(names))
 
 
 def write_model(directory: Path, config: dict) -> None:
@@ -148,49 +173,71 @@ def main() -> None:
     args.add_argument("-g", "--generation-tokens", type=int, default=128)
     args.add_argument("--trials", type=int, default=3, help="timed runs per tool per round")
     args.add_argument(
-        "--shape", choices=list(SHAPES), default="40m", help="the model written without --model"
+        "--shape",
+        type=shape_list,
+        default=shape_list(DEFAULT_SHAPES),
+        help=f"the models written without --model, comma-separated: {', '.join(SHAPES)} "
+        f"(default {DEFAULT_SHAPES})",
     )
     opts = args.parse_args()
     if importlib.util.find_spec("mlx_lm") is None:
         raise BenchError("mlx-lm is not installed: pip install -e '.[lm]'")
-    config = SHAPES[opts.shape]
+    configs = {name: SHAPES[name] for name in opts.shape}
     if opts.quick:
-        config, opts.prompt_tokens, opts.generation_tokens, opts.trials = QUICK_LLAMA, 16, 4, 1
+        configs = {name: QUICK_SHAPES.get(name, QUICK_LLAMA) for name in opts.shape}
+        opts.prompt_tokens, opts.generation_tokens, opts.trials = 16, 4, 1
     repeats = round_count(opts)
     p, g = opts.prompt_tokens, opts.generation_tokens
     print(f"machine: {machine()}")
     print(f"chip: {chip()}")
     with tempfile.TemporaryDirectory(prefix="bench-mlx-lm-") as scratch:
-        model = opts.model
-        if model is None:
-            model = Path(scratch) / "model"
-            model.mkdir()
-            write_model(model, config)
-            print(f"model: mlx-lm llama, random float16 weights, {json.dumps(config)}")
-        else:
-            print(f"model: {model}")
+        models: dict[str, Path] = {}
+        if opts.model is not None:
+            models["model"] = opts.model
+            print(f"model: {opts.model}")
+        for name, config in configs.items() if opts.model is None else ():
+            models[name] = Path(scratch) / name
+            models[name].mkdir()
+            write_model(models[name], config)
+            print(f"model {name}: mlx-lm llama, random float16 weights, {json.dumps(config)}")
         print(f"pp{p} and tg{g} @ d{p}; {repeats} interleaved rounds, {opts.trials} trials each")
         home = Path(scratch) / "home"
-        rounds = interleave(
-            {
-                "ours": lambda: (
-                    agent_bench(model, ["-p", str(p), "-n", "0"], opts.trials, home),
-                    agent_bench(model, ["-p", "0", "-n", str(g), "-d", str(p)], opts.trials, home),
-                ),
-                "mlx-lm": lambda: mlx_lm(model, p, g, opts.trials),
-            },
-            repeats,
-        )
-    print(f"{'test':<14} {'ours tok/s':>22} {'mlx-lm tok/s':>22} {'ours / mlx-lm':>22}")
+        sides = {}
+        for name, model in models.items():
+            sides[f"ours {name}"] = ours(model, p, g, opts.trials, home)
+            sides[f"mlx-lm {name}"] = theirs(model, p, g, opts.trials)
+        rounds = interleave(sides, repeats)
+    print(
+        f"{'shape':<7} {'test':<14} {'ours tok/s':>22} {'mlx-lm tok/s':>22} {'ours / mlx-lm':>22}"
+    )
     for index, test in enumerate((f"pp{p}", f"tg{g} @ d{p}")):
-        ours, theirs = rounds.figures("ours", index), rounds.figures("mlx-lm", index)
-        ratios = rounds.ratios("ours", "mlx-lm", index)
-        figures = (spread(ours, 1, 1), spread(theirs, 1, 1), spread(ratios, 1, 3))
-        print(f"{test:<14}" + "".join(f" {figure:>22}" for figure in figures))
+        for name in models:
+            ours_figures = rounds.figures(f"ours {name}", index)
+            theirs_figures = rounds.figures(f"mlx-lm {name}", index)
+            ratios = rounds.ratios(f"ours {name}", f"mlx-lm {name}", index)
+            figures = (
+                spread(ours_figures, 1, 1),
+                spread(theirs_figures, 1, 1),
+                spread(ratios, 1, 3),
+            )
+            print(f"{name:<7} {test:<14}" + "".join(f" {figure:>22}" for figure in figures))
     print(
         f"target 0.95-1.05; tg from mlx-lm's counting alone (G-1)/G = {(g - 1) / g:.3f}; "
         "median (min-max) over the rounds, ratios round by round"
     )
+
+
+def ours(model: Path, p: int, g: int, trials: int, home: Path) -> Callable[[], tuple]:
+    """One round of our side: pp<p>, then tg<g> @ d<p> (mlx-lm generates after its prompt)."""
+    return lambda: (
+        agent_bench(model, ["-p", str(p), "-n", "0"], trials, home),
+        agent_bench(model, ["-p", "0", "-n", str(g), "-d", str(p)], trials, home),
+    )
+
+
+def theirs(model: Path, p: int, g: int, trials: int) -> Callable[[], tuple]:
+    """One round of mlx-lm's side: `mlx_lm benchmark -p P -g G -n T`."""
+    return lambda: mlx_lm(model, p, g, trials)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,13 @@ import zmq
 from coordinator.fleet import HostDriver, HostEvent, Settings, Target
 from shared.io.options import MatrixOptions, parse_precision
 from shared.job_progress import ProgressClock
-from shared.matrix import DEFAULT_MAX_REPETITIONS, Cell, MatrixError, MatrixSpec
+from shared.matrix import (
+    DEFAULT_COOL_START_S,
+    DEFAULT_MAX_REPETITIONS,
+    Cell,
+    MatrixError,
+    MatrixSpec,
+)
 from shared.results import cell_record
 from shared.stats import (
     MIN_AUTO_REPETITIONS,
@@ -91,7 +97,8 @@ def test_auto_defaults_to_the_noisy_share_and_the_documented_maximum() -> None:
 def test_a_count_keeps_its_meaning() -> None:
     spec = MatrixOptions(repetitions="7", config_small=True).spec()
     assert spec.iterations == 7 and spec.precision is None
-    assert MatrixOptions(config_small=True).spec() == MatrixSpec(models=("small",))
+    plain = MatrixSpec(models=("small",), cool_start_s=DEFAULT_COOL_START_S)
+    assert MatrixOptions(config_small=True).spec() == plain
 
 
 def test_the_precision_travels_in_the_spec() -> None:

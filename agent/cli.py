@@ -41,7 +41,8 @@ COMMANDS = [
         "doctor",
         "agent.commands.doctor:doctor_command",
         "Python, MLX and its device, a 1-second benchmark, every thermal source side by side, "
-        "thermal pressure, the data directory and keys, the ports, the service, the firewall.",
+        "thermal pressure, the data directory and keys, the ports, the service, the firewall (for "
+        "the image that listens: a framework Python's Python.app), FileVault and Login Items.",
     ),
     LazyCommand(
         "serve",

@@ -24,12 +24,11 @@ import statistics
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from rich.table import Table
-
 from shared.matrix import model_label
 from shared.report import NA, Record, mean_std, per_joule
 from shared.results import OK
 from shared.settings import COMPARED, SETTINGS, differing, setting_text
+from shared.tables import TEXT, WHOLE, WORDS, FitTable
 from shared.verdict import separated
 
 COMPARE_FORMATS = ("table", "md", "csv", "json")
@@ -273,13 +272,19 @@ ENERGY_COLUMNS: list[Column] = [_per_joule("a"), _per_joule("b")]
 """Shown after the speed-up when either report metered energy."""
 
 
-def rich_comparison(rows: list[Record], name_a: str, name_b: str) -> Table:
+COMPARE_FOLDS = ("tok/J A", "tok/J B", "n_batch", "batch", "hosts")
+"""The columns a narrow terminal drops, the first first (shared.tables); the other keys cells
+are matched by, the test, both tok/s, the speed-up and the note always stay."""
+
+
+def rich_comparison(rows: list[Record], name_a: str, name_b: str) -> FitTable:
     """Faster rows in green, slower in red; unmatched or failed tests dimmed."""
-    table = Table(title=f"A = {name_a}, B = {name_b}; speed-up = B/A tok/s")
+    table = FitTable(title=f"A = {name_a}, B = {name_b}; speed-up = B/A tok/s", folds=COMPARE_FOLDS)
     shown = columns(rows)
     for name, _ in shown:
         left = name not in ("batch", "n_batch") and not name.startswith(("tok/", "speed"))
-        table.add_column(name, justify="left" if left else "right", overflow="fold")
+        wrap = TEXT if name == "note" else WORDS if name == "hosts" else WHOLE
+        table.add_column(name, justify="left" if left else "right", wrap=wrap)
     for row in rows:
         ratio = row["speedup"]
         style = "dim" if ratio is None else "green" if ratio > 1 else "red" if ratio < 1 else None

@@ -479,13 +479,24 @@ def source_tree() -> Path | None:
     return path if path and (path / "pyproject.toml").is_file() else None
 
 
+NO_SOURCE_TREE = "this installation has no source tree to build a wheel from: pass --wheel FILE"
+
+
+def wheel_name() -> str:
+    """The file name of the wheel this installation builds (PEP 427), its real version."""
+    return f"mlx_fleet-{metadata.version('mlx-fleet')}-py3-none-any.whl"
+
+
+def wheel_command(tree: Path, out_dir: Path) -> list[str]:
+    """Build the wheel of the project at `tree` into `out_dir`."""
+    return [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out_dir), str(tree)]
+
+
 def build_wheel(out_dir: Path) -> Path:
     """A wheel of this very package, built from its source tree, to ship to every host."""
     tree = source_tree()
     if tree is None:
-        raise DeployError(
-            "this installation has no source tree to build a wheel from: pass --wheel FILE"
-        )
+        raise DeployError(NO_SOURCE_TREE)
     # Built from a clean copy: an in-tree build/ folder could ship stale modules.
     copy = out_dir / "source"
     shutil.copytree(
@@ -496,7 +507,7 @@ def build_wheel(out_dir: Path) -> Path:
         ),
     )
     completed = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out_dir), str(copy)],
+        wheel_command(copy, out_dir),
         capture_output=True,
         text=True,
         timeout=600,

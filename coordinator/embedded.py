@@ -16,10 +16,9 @@ import select
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from shared.io.keys import Keypair
-from shared.io.paths import HOME_ENV, data_dir
+from shared.io.paths import HOME_ENV, data_subdir, private_dir
 from shared.io.trust import trust
 
 READY = re.compile(r"listening on tcp://(\S+) curve-key=(\S+)")
@@ -37,7 +36,7 @@ class EmbeddedAgent:
     def __init__(self, keypair: Keypair, thermal_source: str = "auto") -> None:
         self.keypair = keypair
         self.thermal_source = thermal_source
-        self.home = data_dir() / "embedded-agent"
+        self.home = data_subdir("embedded-agent")
         self.log_path = self.home / "agent.log"
         self.process: subprocess.Popen[str] | None = None
         self.address = ""
@@ -51,11 +50,13 @@ class EmbeddedAgent:
         self.stop()
 
     def start(self) -> None:
-        trusted = _private_dir(self.home / "keys" / "trusted")
+        trusted = private_dir(self.home / "keys" / "trusted")
         (trusted / "coordinator.key").unlink(missing_ok=True)  # this coordinator's key may be new
         trust(self.keypair.public, name="coordinator", directory=trusted)
         env = dict(os.environ, **{HOME_ENV: str(self.home)})
-        with open(self.log_path, "w", encoding="utf-8") as log:
+        log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(log_fd, 0o600)  # one an earlier release made 0644
+        with open(log_fd, "w", encoding="utf-8") as log:
             self.process = subprocess.Popen(
                 [
                     sys.executable,
@@ -115,8 +116,3 @@ class EmbeddedAgent:
             return "\n".join(self.log_path.read_text(encoding="utf-8").splitlines()[-lines:])
         except OSError:
             return "(no log)"
-
-
-def _private_dir(path: Path) -> Path:
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return path

@@ -41,6 +41,10 @@ HOST_COLOURS = (
 """Host lines, in turn: matplotlib's default cycle without its orange, red and olive, which
 read as thresholds."""
 STOP_COLOUR = THRESHOLD_STYLES["stop_temp"][1]
+MIN_SPAN_C = 2.0
+MIN_SPAN_W = 1.0
+"""The least a °C or W axis spans: autoscaled to a near-flat line, a 0.01 W change would fill
+the panel and read as a cliff."""
 Period = tuple[float, float, dict[str, float]]
 
 
@@ -91,6 +95,20 @@ def _threshold_sets(drawn: list[HostSeries]) -> list[tuple[str | None, list[Peri
         end = max(periods[-1][1] for _, periods in sets)
         return [(None, [(start, end, sets[0][1][0][2])])]
     return [(host, periods) for host, periods in sets if periods]
+
+
+def widened(limits: tuple[float, float], span: float) -> tuple[float, float]:
+    """Axis limits at least `span` apart, around the same middle (see MIN_SPAN_C)."""
+    low, high = limits
+    if high - low >= span:
+        return low, high
+    middle = (low + high) / 2
+    return middle - span / 2, middle + span / 2
+
+
+def keep_span(axes: Axes, span: float) -> None:
+    """Widen `axes`' autoscaled y limits to at least `span`."""
+    axes.set_ylim(widened(axes.get_ylim(), span))
 
 
 def plot_text(value: str) -> str:
@@ -151,6 +169,7 @@ def plot_history(hosts: list[HostSeries], title: str) -> Figure:
         title += " (simulated or replayed: not a sensor)"
     axes.set_title(plot_text(title))
     axes.set_ylabel("SoC °C")
+    keep_span(axes, MIN_SPAN_C)
     locator = AutoDateLocator()
     axes.xaxis.set_major_locator(locator)
     axes.xaxis.set_major_formatter(ConciseDateFormatter(locator))
@@ -167,6 +186,7 @@ def _power_panel(axes: Axes, drawn: list[HostSeries]) -> None:
         axes.plot(*_line(series.power, series.silence), linewidth=1.2, color=colour)
     simulated = any(series.power_simulated for series in drawn)
     axes.set_ylabel("W" + (" (simulated)" if simulated else ""))
+    keep_span(axes, MIN_SPAN_W)
     axes.grid(alpha=0.3)
 
 

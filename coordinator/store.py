@@ -129,7 +129,8 @@ def shown_status(status: str, owner: str | None) -> str:
 
 
 def default_store_path() -> Path:
-    return data_dir() / "coordinator.sqlite"
+    """Asking where it is makes nothing: open_store makes the file and its folders (0700)."""
+    return data_dir(create=False) / "coordinator.sqlite"
 
 
 class RunStore:

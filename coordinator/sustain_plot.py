@@ -11,7 +11,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from coordinator.plot import plot_text
+from coordinator.plot import MIN_SPAN_C, MIN_SPAN_W, keep_span, plot_text
 from shared.sustain_report import sustained
 
 PANELS = (("tokens_per_sec", "tok/s"), ("celsius", "SoC °C"), ("watts", "W"))
@@ -21,6 +21,15 @@ UNKNOWN = {
     "watts": "no power reading: no power meter on these hosts",
 }
 """What a panel says instead of an empty axis when no window has its value."""
+MIN_SPAN_SHARE = 0.05
+"""The least the tok/s axis spans, as a share of the mean drawn (°C and W: coordinator.plot)."""
+
+
+def min_span(key: str, values: list[float]) -> float:
+    """The least span of a panel's axis, so a tiny change does not look like a cliff."""
+    if key == "tokens_per_sec":
+        return MIN_SPAN_SHARE * abs(sum(values) / len(values))
+    return MIN_SPAN_C if key == "celsius" else MIN_SPAN_W
 
 
 def _label(record: dict[str, Any], several: bool) -> str:
@@ -57,7 +66,10 @@ def plot_sustain(report: dict[str, Any]) -> Figure:
     for ax, (key, label) in zip(axes, PANELS, strict=True):
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-        if not any(_series(record["sustain"]["windows"], key)[0] for record in runs):
+        drawn = [y for record in runs for y in _series(record["sustain"]["windows"], key)[1]]
+        if drawn:
+            keep_span(ax, min_span(key, drawn))
+        else:
             ax.set_yticks([])
             ax.text(0.5, 0.5, UNKNOWN[key], transform=ax.transAxes, ha="center", va="center")
     axes[-1].set_xlabel("seconds since the first timed iteration (shaded: paused)")

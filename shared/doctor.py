@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.table import Table
 from rich.text import Text
 
 from shared.safe_text import DETAIL_CAP, shown
+from shared.tables import TEXT, WHOLE, WORDS, FitTable
 
 PASS, FAIL = "✓", "✗"
 
@@ -18,13 +18,14 @@ def result_mark(check: dict[str, Any]) -> str:
     return f"{mark} (required)" if check["required"] and not check["ok"] else mark
 
 
-def doctor_table(hosts: list[dict[str, Any]]) -> Table:
+def doctor_table(hosts: list[dict[str, Any]]) -> FitTable:
     """One row per check of every host; a host that sent no report is one row saying why.
     `hosts`: {"host", "report" (or None), "error"} per host."""
     several = len(hosts) > 1
-    table = Table(title="mlx-fleet doctor")
+    table = FitTable(title="mlx-fleet doctor")
     for name in (["host"] if several else []) + ["check", "", "found", "fix"]:
-        table.add_column(name, overflow="fold")
+        wrap = WHOLE if name == "host" else TEXT if name in ("found", "fix") else WORDS
+        table.add_column(name, wrap=wrap)
     for host in hosts:  # an agent's words: shown() and Text, never markup, never escapes
         where = [Text(shown(host["host"]))] if several else []
         report = host.get("report")

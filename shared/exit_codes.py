@@ -17,8 +17,12 @@ EXIT_NOT_FOUND = 127
 """`agent run`: the command does not exist (as shells say)."""
 EXIT_INTERRUPTED = 130
 """Ctrl-C: what finished is still printed and kept."""
+EXIT_TERMINATED = 143
+"""SIGTERM to `agent bench` or `coordinator benchmark` (timeout(1), a CI cancel): taken as
+Ctrl-C, what finished is still printed and kept; 128 + 15, as a shell reports it."""
 
 SUMMARY = (
     "Exit codes: 0 ok, 1 partial failure (a host or cell failed), 2 usage error, "
-    "130 interrupted. `agent run` passes on its command's code (see its --help)."
+    "130 interrupted (143 after SIGTERM). `agent run` passes on its command's code "
+    "(see its --help)."
 )

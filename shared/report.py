@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console, Group
-from rich.table import Table
 from rich.text import Text
 
 from shared.aggregate import ordered
@@ -25,6 +24,7 @@ from shared.reboots import reboot_panics, rebooted_hosts
 from shared.results import NOT_RUN, OK
 from shared.safe_text import DETAIL_CAP, EXPORT_CAP, shown
 from shared.sustain_report import markdown_sustain, rich_sustain
+from shared.tables import NATURAL, TEXT, WHOLE, WORDS, FitTable
 from shared.verdict import judge, verdict_text
 
 FORMATS = ("table", "md", "csv", "json", "jsonl", "sql")
@@ -294,18 +294,20 @@ def rich_report(report: dict[str, Any]) -> Group:
     return Group(header, rich_table(report), *rich_sustain(report["cells"]))
 
 
-def rich_table(report: dict[str, Any]) -> Table:
+BENCH_FOLDS = ("active GB", "peak GB", "tok/J", "W", "latency ms", "batch", "SoC °C", "verdict")
+"""The columns a narrow terminal drops, the first first (shared.tables); host, model, test,
+tok/s and flags (where a failure says why) always stay."""
+
+
+def rich_table(report: dict[str, Any]) -> FitTable:
     records = report["cells"]
-    table = Table(title=Text(shown(report.get("title", "mlx-fleet benchmark"))))
+    title = Text(shown(report.get("title", "mlx-fleet benchmark")))
+    table = FitTable(title=title, folds=BENCH_FOLDS)
     cols = columns_for(records)
     for name, _ in cols:
-        table.add_column(
-            name,
-            justify="right"
-            if name not in ("host", "model", "test", "verdict", "flags")
-            else "left",
-            overflow="fold",
-        )
+        left = name in ("host", "model", "test", "verdict", "flags")
+        wrap = TEXT if name == "flags" else WORDS if name == "verdict" else WHOLE
+        table.add_column(name, justify="left" if left else "right", wrap=wrap)
     for record in ordered(records):
         style = None if record.get("status") == "ok" else "red"
         table.add_row(*(Text(shown(render(record), DETAIL_CAP)) for _, render in cols), style=style)
@@ -582,10 +584,13 @@ def to_jsonl(report: dict[str, Any]) -> str:
 
 
 def render_text(report: dict[str, Any], fmt: str, width: int = 160) -> str:
-    """The report in any of FORMATS as text (the table as Rich draws it at `width`)."""
+    """The report in any of FORMATS as text (the table as Rich draws it at `width`, or at its
+    natural width when wider: a file has no terminal to fold columns for)."""
     if fmt == "table":
-        console = Console(width=width, record=True, file=io.StringIO())
-        console.print(rich_report(report))
+        console = Console(width=NATURAL, record=True, file=io.StringIO())
+        rendered = rich_report(report)
+        console.width = max(width, console.measure(rendered).maximum)
+        console.print(rendered)
         return console.export_text()
     renderers = {
         "md": to_markdown,

@@ -17,9 +17,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from shared.stats import ci95_half_width
+
 DEFAULT_WINDOW_S = 10.0
 STEADY_WINDOWS = 3
-"""Steady state is the mean tok/s of the last this many windows."""
+"""Steady state is the mean tok/s of the last this many full windows after the first (which
+warms up: caches, clocks); with fewer than this many after it, steady is N/A and says why."""
 THROTTLE_DROP = 0.10
 """Throttled: a window's tok/s more than this fraction below the first window's."""
 FULL_WINDOW_SHARE = 0.5
@@ -135,23 +138,47 @@ class SustainWindow:
         }
 
 
+def full_windows(windows: Sequence[Mapping[str, Any]], window_s: float) -> list[Mapping[str, Any]]:
+    """The windows timed for FULL_WINDOW_SHARE of `window_s` or more (all windows with a speed
+    when none is)."""
+    speeds = [w for w in windows if w["tokens_per_sec"] is not None]
+    return [w for w in speeds if w["timed_s"] >= FULL_WINDOW_SHARE * window_s] or speeds
+
+
+def sustained_speed(sustain: Mapping[str, Any]) -> dict[str, float | None]:
+    """A sustained cell's tok/s as every table, plot and export shows it (its record's
+    `tokens_per_sec`): all its tokens over all its timed seconds, the quantity its windows
+    show, where a mean of per-iteration rates would let fast iterations outweigh slow ones.
+    Its spread and 95 % interval are those of its full windows' tok/s. `sustain`: the record's
+    `sustain` field (its windows and window_s)."""
+    windows = sustain["windows"]
+    seconds = sum(w["timed_s"] for w in windows)
+    rates = [w["tokens_per_sec"] for w in full_windows(windows, sustain["window_s"])]
+    return {
+        "tokens_per_sec": sum(w["tokens"] for w in windows) / seconds if seconds > 0 else None,
+        "std_tokens_per_sec": statistics.stdev(rates) if len(rates) > 1 else None,
+        "ci95_tokens_per_sec": ci95_half_width(rates),
+    }
+
+
 def summarize(
     windows: Sequence[Mapping[str, Any]], start_celsius: float | None, window_s: float
 ) -> dict[str, Any]:
     """What a run's windows (SustainWindow.to_dict) say: first-window and steady-state tok/s
-    (the mean of the last STEADY_WINDOWS full windows), their ratio, when tok/s first fell more
-    than THROTTLE_DROP below the first window's (None: never), the temperature rise from the
-    start to the last window, and the mean watts over the windows metered. Full windows: timed
-    for FULL_WINDOW_SHARE of `window_s` or more (all windows with a speed when none is)."""
-    speeds = [w for w in windows if w["tokens_per_sec"] is not None]
-    speeds = [w for w in speeds if w["timed_s"] >= FULL_WINDOW_SHARE * window_s] or speeds
+    (the mean of the last STEADY_WINDOWS full windows after the first; None with fewer:
+    steady_unknown says why), their ratio, when tok/s first fell more than
+    THROTTLE_DROP below the first window's (None: never), the temperature rise from the start
+    to the last window, and the mean watts over the windows metered."""
+    speeds = full_windows(windows, window_s)
     first = speeds[0]["tokens_per_sec"] if speeds else None
-    last = speeds[-STEADY_WINDOWS:]
-    steady = statistics.fmean(w["tokens_per_sec"] for w in last) if last else None
+    later = speeds[1:]
+    steady = None
+    if len(later) >= STEADY_WINDOWS:
+        steady = statistics.fmean(w["tokens_per_sec"] for w in later[-STEADY_WINDOWS:])
     throttled_at = None
     if first:
         throttled_at = next(
-            (w["start_s"] for w in speeds[1:] if w["tokens_per_sec"] < (1 - THROTTLE_DROP) * first),
+            (w["start_s"] for w in later if w["tokens_per_sec"] < (1 - THROTTLE_DROP) * first),
             None,
         )
     temperatures = [w["celsius"] for w in windows if w["celsius"] is not None]
@@ -170,3 +197,15 @@ def summarize(
         "pause_s": sum(w["pause_s"] for w in windows),
         "paused_windows": sum(1 for w in windows if w["paused"]),
     }
+
+
+def steady_unknown(sustain: Mapping[str, Any]) -> str | None:
+    """Why a sustained cell (its record's `sustain` field) has no steady tok/s; None when it
+    has one."""
+    if sustain.get("steady_tokens_per_sec") is not None:
+        return None
+    after = max(0, len(full_windows(sustain["windows"], sustain["window_s"])) - 1)
+    return (
+        f"steady needs {STEADY_WINDOWS} full windows after the first, this run has {after}: "
+        "a longer --sustain or a shorter --sustain-window"
+    )

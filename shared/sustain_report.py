@@ -6,12 +6,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rich.table import Table
-
 from shared.energy import not_a_meter
 from shared.matrix import model_label, named_label
+from shared.sustain import STEADY_WINDOWS, steady_unknown
+from shared.tables import TEXT, WHOLE, FitTable
 
 NA = "N/A"
+RULE = (
+    f"steady = mean of the last {STEADY_WINDOWS} full windows after the first; "
+    "throttle = steady/first"
+)
 Record = dict[str, Any]
 Column = tuple[str, Callable[[Record], str]]
 
@@ -65,6 +69,11 @@ WINDOW_COLUMNS: list[Column] = [
 ]
 
 
+SUMMARY_FOLDS = ("mean W", "paused", "°C rise", "batch", "throttled at", "first tok/s")
+WINDOW_FOLDS = ("W", "iters", "from s", "state")
+"""The columns a narrow terminal drops, the first first (shared.tables)."""
+
+
 def summary_columns(records: list[Record]) -> list[Column]:
     return [HOST, *SUMMARY_COLUMNS] if any("host" in r for r in records) else SUMMARY_COLUMNS
 
@@ -83,22 +92,35 @@ def cell_title(record: Record) -> str:
     return f"{where}{record['name']}" + (f" ({', '.join(labels)})" if labels else "")
 
 
-def rich_sustain(records: list[Record]) -> list[Table]:
+def steady_notes(records: list[Record]) -> list[str]:
+    """Why each cell without a steady tok/s has none (shown under the summary)."""
+    return [
+        f"{cell_title(record)}: {why}"
+        for record in records
+        if (why := steady_unknown(record["sustain"])) is not None
+    ]
+
+
+def rich_sustain(records: list[Record]) -> list[FitTable]:
     """The summary table, then one table of windows per sustained cell."""
     runs = sustained(records)
     if not runs:
         return []
-    summary = Table(
-        title="sustained: steady = mean of the last 3 full windows; throttle = steady/first"
+    summary = FitTable(
+        title=f"sustained: {RULE}",
+        caption="\n".join(steady_notes(runs)) or None,
+        folds=SUMMARY_FOLDS,
     )
     columns = summary_columns(runs)
     for name, _ in columns:
-        summary.add_column(name, overflow="fold")
+        summary.add_column(name, wrap=TEXT if name == "stopped" else WHOLE)
     for record in runs:
         summary.add_row(*(render(record) for _, render in columns))
     tables = [summary]
     for record in runs:
-        table = Table(title=f"windows of {cell_title(record)}", title_justify="left")
+        table = FitTable(
+            title=f"windows of {cell_title(record)}", title_justify="left", folds=WINDOW_FOLDS
+        )
         for name, _ in WINDOW_COLUMNS:
             table.add_column(name, justify="left" if name in ("state", "pause") else "right")
         for window in record["sustain"]["windows"]:
@@ -113,8 +135,9 @@ def markdown_sustain(records: list[Record]) -> list[str]:
     runs = sustained(records)
     if not runs:
         return []
-    lines = ["", "Sustained: steady = mean of the last 3 full windows; throttle = steady/first", ""]
+    lines = ["", f"Sustained: {RULE}", ""]
     lines += _markdown(summary_columns(runs), runs)
+    lines += [f"\n{note}" for note in steady_notes(runs)]
     for record in runs:
         lines += ["", f"Windows of {cell_title(record)}", ""]
         lines += _markdown(WINDOW_COLUMNS, record["sustain"]["windows"])

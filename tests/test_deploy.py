@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -288,12 +290,9 @@ def coordinator(coordinator_cli: str, *args: str) -> subprocess.CompletedProcess
 
 
 def dry_run_steps(stdout: str) -> dict[str, str]:
-    """`name: command` per step (the virtualenv step's script spans lines)."""
-    return dict(
-        match.groups()
-        for line in stdout.splitlines()
-        if (match := re.match(r"([a-z ]+): (ssh .*)", line))
-    )
+    """Each host step's command by name: the script's `# name` line, then its `ssh` line (the
+    virtualenv step's script spans lines)."""
+    return dict(re.findall(r"^# ([a-z ]+)\n(ssh .*)$", stdout, re.MULTILINE))
 
 
 def dry_run_with_a_wheel(
@@ -385,7 +384,7 @@ def test_dry_run_logs_in_with_the_mlx_launch_ssh_alias(
         *GIVEN_PYTHON,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[0] == "# 10.0.0.2:5555"
+    assert "# 10.0.0.2:5555" in result.stdout.splitlines()
     assert all(" lab@studio-a " in command for command in dry_run_steps(result.stdout).values())
     assert "10.0.0.2 " not in result.stdout
 
@@ -491,6 +490,9 @@ def test_hosts_are_required(coordinator_cli: str) -> None:
         (["--wheel", "/etc/hostname"], "is not a wheel (*.whl)"),
         (["--remote-python", ""], "--remote-python is empty"),
         (["--remote-dir", " "], "--remote-dir is empty"),
+        (["--identity", "/no/such/key"], "--identity /no/such/key: no such file"),
+        (["--ssh-config", "/no/such/config"], "--ssh-config /no/such/config: no such file"),
+        (["--ssh-config", "/"], "--ssh-config / is not a file"),
     ],
 )
 @pytest.mark.parametrize("dry_run", [True, False])
@@ -503,6 +505,20 @@ def test_a_bad_wheel_or_python_is_one_line_even_in_a_dry_run(
     assert result.returncode == 2 and result.stdout == ""
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+def test_a_dry_run_without_a_wheel_is_a_script_to_paste(coordinator_cli: str) -> None:
+    """The wheel it would build, by its real name and how to build it: no `<version>`."""
+    result = coordinator(coordinator_cli, "deploy", "--hosts", "mac1", "--dry-run", *GIVEN_PYTHON)
+    assert result.returncode == 0, result.stderr
+    assert "<version>" not in result.stdout
+    lines = result.stdout.splitlines()
+    assert lines[0] == "# build wheel" and " -m pip wheel -q --no-deps -w " in lines[1]
+    wheel = f"mlx_fleet-{metadata.version('mlx-fleet')}-py3-none-any.whl"
+    built = Path(shlex.split(lines[1])[-2]) / wheel
+    assert dry_run_steps(result.stdout)["copy wheel"].endswith(f" < {shlex.quote(str(built))}")
+    commands = [line for line in lines if not line.startswith("#")]
+    assert commands[0] == lines[1] and all(line.startswith("ssh ") for line in commands[1:3])
 
 
 def test_a_dry_run_honours_format_json(coordinator_cli: str) -> None:

@@ -30,6 +30,7 @@ from coordinator.deploy import (
     probe_command,
 )
 from tests.conftest import console_script, subprocess_env
+from tests.test_deploy import dry_run_steps as steps_of
 
 FAKE_MAC = Path(__file__).parent / "fixtures" / "fake-mac"
 HOMEBREW_312 = "/opt/homebrew/bin/python3.12"
@@ -99,14 +100,6 @@ class FakeMac:
 @pytest.fixture
 def mac(tmp_path: Path, fleet_home: Path) -> FakeMac:
     return FakeMac(tmp_path / "mac")
-
-
-def steps_of(stdout: str) -> dict[str, str]:
-    return dict(
-        match.groups()
-        for line in stdout.splitlines()
-        if (match := re.match(r"([a-z ]+): (ssh .*)", line))
-    )
 
 
 def test_homebrew_312_is_chosen_and_the_command_line_tools_stub_never_runs(

@@ -131,3 +131,4 @@ def test_benchmark_suite_keeps_the_seed_api(tmp_path: Path) -> None:
     assert first["soc_temp_c"] == 61.5 and "simulated" in first["flags"]
     assert BenchmarkSuite().bits == 4 and suite.bits == 16
     assert result.to_table().row_count == 2
+    assert "pp16" in str(result) and "object at 0x" not in str(result)  # README: print(result)

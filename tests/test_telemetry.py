@@ -131,7 +131,9 @@ def test_the_hosts_state_is_the_rules_a_spike_pauses_and_lasting_heat_stops_then
 
 def test_trend_is_degrees_per_minute_over_the_last_five() -> None:
     assert trend_c_per_min([50.0, 60.0, 61.0, 62.0, 63.0, 64.0], 1.0) == pytest.approx(60.0)
-    assert trend_c_per_min([70.0, 70.0], 0.5) == 0.0
+    assert trend_c_per_min([70.0] * 5, 0.5) == 0.0
+    # Fewer than the seed's window: no trend (two readings 1 s apart once made +105.7 °C/min).
+    assert trend_c_per_min([50.0, 51.76], 1.0) is None
     assert trend_c_per_min([70.0], 1.0) is None
 
 

@@ -27,8 +27,9 @@ from agent.thermal import ThermalMonitor, ThermalReading
 from shared.calibration import PolicyInForce
 from shared.clock import now_iso, utc_now
 from shared.cool_start import CoolWait, cool_wait_line
-from shared.exit_codes import EXIT_INTERRUPTED, EXIT_PARTIAL, EXIT_USAGE
-from shared.io.cli import check_output, err, show_report, usage_error
+from shared.exit_codes import EXIT_PARTIAL, EXIT_USAGE
+from shared.io.cli import check_output, data_home, err, show_report, usage_error
+from shared.io.files import write_private
 from shared.io.options import (
     MatrixOptions,
     Output,
@@ -41,6 +42,7 @@ from shared.io.options import (
     with_options,
 )
 from shared.io.paths import data_subdir
+from shared.io.signals import interrupted_exit_code, sigterm_as_interrupt
 from shared.matrix import MatrixError, MatrixSpec, expand
 from shared.policy import Action
 from shared.report import progress_line
@@ -77,6 +79,7 @@ def bench(
     spec = local_spec(matrix)
     plan = sustained.plan()
     check_sustained_repetitions(spec, plan)
+    data_home()  # a data dir the run cannot be saved in fails now, not after the matrix
     monitor = open_monitor(thermal, EXIT_USAGE)
     try:
         policy = limits.in_force(monitor.source.scale)
@@ -84,32 +87,35 @@ def bench(
     except BaseException:
         monitor.close()
         raise
-    try:
-        check_sustain(plan, meter, thermal.poll_interval)
-        notice = None if no_cooling else cooling_notice(monitor)
-        guard = ThermalGuard(
-            monitor,
-            policy.policy,
-            enabled=not no_cooling,
-            on_action=notice,
-            on_cool_wait=cool_wait_notice(monitor),
-        )
-        report = new_report(spec, monitor, policy, cooling=not no_cooling)
-        report["energy"] = energy_header(meter)
-        if plan is not None:
-            report["sustain"] = plan.to_dict()
-        measure(report, spec, guard, meter, plan)
-        report["energy"] = energy_header(meter)
-    finally:
-        monitor.close()
-        meter.close()
-    err.print(f"saved {save_run(report)}", highlight=False)  # kept before anything can fail
-    show_report(report, fmt, output)
+    with sigterm_as_interrupt():
+        try:
+            check_sustain(plan, meter, thermal.poll_interval)
+            notice = None if no_cooling else cooling_notice(monitor)
+            guard = ThermalGuard(
+                monitor,
+                policy.policy,
+                enabled=not no_cooling,
+                on_action=notice,
+                on_cool_wait=cool_wait_notice(monitor),
+            )
+            report = new_report(spec, monitor, policy, cooling=not no_cooling)
+            report["energy"] = energy_header(meter)
+            if plan is not None:
+                report["sustain"] = plan.to_dict()
+            measure(report, spec, guard, meter, plan)
+            report["energy"] = energy_header(meter)
+        finally:
+            monitor.close()
+            meter.close()
+        try:
+            show_report(report, fmt, output)
+        finally:
+            saved = keep_run(report)  # after the table: a save that fails loses nothing shown
     if report["interrupted"]:
-        raise typer.Exit(EXIT_INTERRUPTED)
+        raise typer.Exit(interrupted_exit_code())
     if "stopped" in report:
         err.print(f"stopped: {report['stopped']}", highlight=False, markup=False)
-    if failed_cells(report["cells"]):
+    if not saved or failed_cells(report["cells"]):
         raise typer.Exit(EXIT_PARTIAL)
 
 
@@ -260,8 +266,16 @@ def measure(
     report["wall_s"] = time.monotonic() - started
 
 
-def save_run(report: dict[str, Any]) -> Path:
-    """Every run is kept under the data directory, whatever was printed."""
-    path = data_subdir("runs") / f"bench-{utc_now():%Y%m%dT%H%M%S%fZ}.json"
-    path.write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
-    return path
+def keep_run(report: dict[str, Any]) -> bool:
+    """Every run is kept under the data directory (0600), whatever was printed, and stderr says
+    where; a disk that fills or turns read-only mid-run is one line (the caller exits 1), not a
+    traceback under the table."""
+    try:
+        path = data_subdir("runs") / f"bench-{utc_now():%Y%m%dT%H%M%S%fZ}.json"
+        write_private(path, json.dumps(report, indent=2, default=str))
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        err.print(f"error: run not saved: {exc.strerror or exc}{where}", markup=False)
+        return False
+    err.print(f"saved {path}", highlight=False, markup=False)
+    return True

@@ -12,7 +12,7 @@ import typer
 from agent.daemon.endpoints import ServeError, endpoint_for, telemetry_endpoint
 from agent.doctor.checks import report
 from agent.doctor.load_checks import load_checks
-from shared.doctor import doctor_table
+from shared.doctor_verdict import doctor_view
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import emit, err, usage_error
 from shared.io.options import CaptureFile, CaptureSeconds, LoadSeconds, TableFormat
@@ -39,6 +39,8 @@ def doctor_command(
     With --load, also whether each thermal and power source moves under an MLX load; with
     --capture, instead of the checks, every raw input of every source, poll by poll.
 
+    The failed required checks come first; the last line is the verdict ("✓ this machine
+    can run the agent (N optional checks not met)" or "✗ fix these first: ...").
     Exit codes: 0 when the agent can run here (every required check passed), 1 otherwise,
     2 bad usage. --format json is the report to attach to a bug report.
 
@@ -57,7 +59,7 @@ def doctor_command(
     loaded = load_checks(load) if load is not None else []
     found = report((command, telemetry))
     found["checks"] += [asdict(check) for check in loaded]
-    emit(found, fmt, lambda data: doctor_table([{"host": data["host"], "report": data}]))
+    emit(found, fmt, lambda data: doctor_view([{"host": data["host"], "report": data}]))
     if not found["ok"]:
         raise typer.Exit(EXIT_PARTIAL)
 

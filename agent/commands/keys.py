@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from shared.exit_codes import EXIT_PARTIAL
-from shared.io.cli import err, usage_error
+from shared.io.cli import data_home, err, usage_error
 from shared.io.keys import own_keypair
 from shared.io.options import TAKES_A_KEY
 from shared.io.trust import TrustError, list_trusted, revoke, trust
@@ -18,6 +18,12 @@ keys_app = typer.Typer(
     rich_markup_mode=None,
     help="This agent's CURVE key and the coordinator keys it trusts.",
 )
+
+
+@keys_app.callback()
+def keys_entry() -> None:
+    """Every keys command reads or writes the data dir: checked once, before any."""
+    data_home()
 
 
 @keys_app.command("show")

@@ -30,7 +30,7 @@ from agent.daemon_address import find_daemon
 from agent.thermal import ThermalMonitor
 from shared.exit_codes import EXIT_SUPERVISOR_FAILED
 from shared.gang import GangIdentity, GangSpecError, from_environment, from_options
-from shared.io.cli import fail, usage_error
+from shared.io.cli import data_home, fail, usage_error
 from shared.io.options import PolicyOptions, ThermalOptions, with_options
 from shared.job_account import THROTTLE_WINDOW_S, render
 from shared.protocol import DEFAULT_PORT
@@ -164,6 +164,7 @@ def run_command(
         raise usage_error(f"--throttle-window must be > 0 seconds, got {throttle_window}")
     limits.check()
     identity = gang_identity(group, ranks, rank, rank_hosts)
+    data_home()  # its event log and state file: a bad data dir is one line before CMD starts
     with ExitStack() as stack:
         log = stack.enter_context(closing(EventLog()))
         forwards: list[Sink] = []

@@ -14,8 +14,9 @@ from rich.table import Table
 from rich.text import Text
 
 from agent.commands.sensors import open_monitor
+from agent.daemon.telemetry import TREND_WINDOW, trend_c_per_min
 from agent.thermal.base import ThermalReading
-from agent.thermal.monitor import ThermalMonitor, trend_slope
+from agent.thermal.monitor import ThermalMonitor
 from shared.calibration import PolicyInForce
 from shared.display import STATE_STYLES, sparkline, trend_arrow
 from shared.exit_codes import EXIT_PARTIAL
@@ -24,7 +25,6 @@ from shared.io.options import PolicyOptions, TableFormat, ThermalOptions, with_o
 from shared.policy import CoolingState, Supervision, host_state
 
 HISTORY_SHOWN = 30
-TREND_WINDOW = 5  # the seed's is_rising window
 
 
 def kind(reading: ThermalReading | None) -> str:
@@ -83,7 +83,10 @@ def render(
         table.add_row("Sensor", Text(data["sensor"]))
     if history is not None:
         arrow = trend_arrow(per_minute)
-        table.add_row("Trend", f"{arrow} {per_minute:+.1f} °C/min" if arrow else "—")
+        trend = (
+            f"{arrow} {per_minute:+.1f} °C/min" if arrow else f"— (after {TREND_WINDOW} readings)"
+        )
+        table.add_row("Trend", trend)
         table.add_row("History", sparkline(history[-HISTORY_SHOWN:]) or "—")
     table.add_row("Pressure", data["pressure"] or "—")
     policy = data["policy"]
@@ -157,8 +160,7 @@ def _watch(monitor: ThermalMonitor, policy: PolicyInForce, fmt: str, count: int)
             data = snapshot(monitor.source.name, reading, monitor.last_error, state, policy)
             if live:
                 history = monitor.get_history()
-                slope = trend_slope(history[-TREND_WINDOW:])
-                per_minute = None if slope is None else slope * 60.0 / monitor.poll_interval
+                per_minute = trend_c_per_min(history, monitor.poll_interval)
                 live.update(render(data, history, per_minute), refresh=True)
             else:
                 _emit(data, fmt)

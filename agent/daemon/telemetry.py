@@ -26,7 +26,8 @@ from shared.policy import CoolingState
 from shared.telemetry import Event, Sample
 
 TREND_WINDOW = 5
-"""Temperatures in the trend, as `agent temp --watch` shows it."""
+"""Temperatures in the trend (the seed's is_rising window), as `agent temp --watch` and the
+samples show it: none before this many, as two readings a poll apart make noise a slope."""
 EXITED_LINGER_S = 30.0
 """An exited job stays listed this long, so a dashboard sees it end."""
 VANISHED_AFTER_S = 5.0
@@ -59,7 +60,10 @@ STATE_AFTER = {
 
 
 def trend_c_per_min(temperatures: list[float], poll_interval: float) -> float | None:
-    """The least-squares slope of the last TREND_WINDOW temperatures, in °C per minute."""
+    """The least-squares slope of the last TREND_WINDOW temperatures, in °C per minute; None
+    before there are that many."""
+    if len(temperatures) < TREND_WINDOW:
+        return None
     slope = trend_slope(temperatures[-TREND_WINDOW:])
     return None if slope is None else slope * 60.0 / poll_interval
 

@@ -9,7 +9,6 @@ a pass.
 
 from __future__ import annotations
 
-import os
 import platform
 import socket
 import stat
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from shared import protocol as p
-from shared.io.paths import data_dir
+from shared.io.paths import DataDirError, check_folder, data_dir, unwritable
 from shared.source_names import auto_order
 
 BENCH_SECONDS = 1.0
@@ -159,7 +158,8 @@ def policy_check(scale: str | None, idle_celsius: float | None) -> Check:
     from agent.daemon.history import load_policy
     from shared.calibration import SET_BY_COORDINATOR, source_defaults, with_given
 
-    given = load_policy() or {}
+    saved = data_dir(create=False).is_dir()  # looking makes no data dir; `data dir` says why
+    given = (load_policy() if saved else None) or {}
     try:
         in_force = with_given(scale, given, SET_BY_COORDINATOR)
     except ValueError as exc:
@@ -215,16 +215,24 @@ def data_checks() -> list[Check]:
     created by looking."""
     home = data_dir(create=False)
     existing = next((path for path in (home, *home.parents) if path.exists()), Path("/"))
-    if not os.access(existing, os.W_OK):
-        fix = f"make {existing} writable by this user, or set MLX_FLEET_HOME"
-        return [Check("data dir", False, f"{home}: {existing} is not writable", fix, True)]
+    try:
+        if existing == home:
+            check_folder(home, write=True)
+        elif unwritable(existing) is not None or not existing.is_dir():
+            raise DataDirError(f"data dir {home}: {existing} cannot hold it")
+    except DataDirError as exc:
+        fix = f"fix {home} (a directory of this user's, writable, 0700), or set MLX_FLEET_HOME"
+        return [Check("data dir", False, str(exc), fix, True)]
+    mode = stat.S_IMODE(home.stat().st_mode) if home.exists() else 0o700
+    private = not mode & 0o077
+    shown = f"{home} mode {mode:04o}" if home.exists() else f"{home} (made on first use)"
     checks = [
         Check(
             "data dir",
-            True,
-            f"{home}" + ("" if home.exists() else " (made on first use)"),
-            None,
-            True,
+            private,
+            shown + ("" if private else ": others can read it"),
+            None if private else f"chmod 700 {home}",
+            private,  # too open is worth fixing, but the agent runs
         )
     ]
     secret = home / "keys" / "self.key_secret"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rich.console import Console
 from rich.table import Table
 
 from agent.cooling.scheduler import ThermalGuard
@@ -38,6 +39,14 @@ class BenchmarkResult:
             "models": [self.model_info] if self.model_info else [],
         }
         return rich_table(report)
+
+    def __str__(self) -> str:
+        """The table as text, so `print(result)` shows it (a Rich Table prints as its repr):
+        sized to the terminal, in colour on one."""
+        console = Console()
+        with console.capture() as captured:
+            console.print(self.to_table())
+        return captured.get()
 
 
 class BenchmarkSuite:

@@ -12,7 +12,7 @@ from agent.power.meter import CellEnergy, EnergyMeter
 from agent.profiling.speed import every_step
 from agent.profiling.sustain import SustainRecorder
 from shared.matrix import Cell
-from shared.sustain import SustainPlan
+from shared.sustain import SustainPlan, sustained_speed
 
 
 class CellWatch:
@@ -46,10 +46,14 @@ class CellWatch:
 
     def fields(self, stopped: str | None = None) -> dict[str, Any]:
         """The cell's energy fields and, sustained, its `sustain` field (whose windows stand
-        for the per-iteration series, left out: a long run has thousands of iterations)."""
+        for the per-iteration series, left out: a long run has thousands of iterations) and its
+        tok/s as tokens over time (shared.sustain.sustained_speed) in place of the rates' mean."""
         fields: dict[str, Any] = self.energy.fields() if self.energy is not None else {}
         if self.sustain is not None:
             fields["sustain"] = self.sustain.result(stopped)
             fields["samples_ms"] = None
             fields["samples_tokens_per_sec"] = None
+            speed = sustained_speed(fields["sustain"])  # tokens over time, as its windows say
+            if stopped is None and speed["tokens_per_sec"] is not None:
+                fields |= speed
         return fields

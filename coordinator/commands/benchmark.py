@@ -3,7 +3,6 @@ host, a run finished after its coordinator stopped, and jobs stopped from here."
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -46,8 +45,8 @@ from coordinator.fleet import (
 from coordinator.store import RunStore, UnknownRunError
 from shared import protocol as p
 from shared.cool_start import CoolWait, cool_wait_line
-from shared.exit_codes import EXIT_INTERRUPTED, EXIT_PARTIAL
-from shared.io.cli import check_output, emit, err, fail, show_report, usage_error
+from shared.exit_codes import EXIT_PARTIAL
+from shared.io.cli import check_output, data_home, emit, err, fail, show_report, usage_error
 from shared.io.keys import own_keypair
 from shared.io.options import (
     PLOT_EXTRA,
@@ -61,6 +60,7 @@ from shared.io.options import (
     check_sustained_repetitions,
     with_options,
 )
+from shared.io.signals import interrupted_exit_code, sigterm_as_interrupt
 from shared.io.sqlite import StoreError
 from shared.io.transport import AgentClient, AgentError
 from shared.matrix import MatrixError
@@ -129,11 +129,6 @@ class FleetProgress:
         self.progress.update(task, description=f"{host}: {self.devices.get(host, '?')}")
         if wait.hot:
             err.print(f"{host}: {line}", highlight=False, markup=False)
-
-
-def interrupt_on_sigterm(signum: int, frame: object) -> None:
-    """SIGTERM ends a run like Ctrl-C: the jobs are cancelled and what arrived is kept."""
-    raise KeyboardInterrupt
 
 
 @with_options
@@ -253,6 +248,8 @@ def resume(
 
 
 def open_store() -> RunStore:
+    """The run store, after the data dir's one check: a bad one is one line before any host runs."""
+    data_home()
     try:
         return RunStore()
     except StoreError as exc:
@@ -260,14 +257,11 @@ def open_store() -> RunStore:
 
 
 def drive(names: list[str], run: Any) -> FleetResult:
-    """`run(observer)` with a progress bar per host, SIGTERM taken as Ctrl-C."""
-    previous = signal.signal(signal.SIGTERM, interrupt_on_sigterm)
+    """`run(observer)` with a progress bar per host, SIGTERM taken as Ctrl-C (the jobs are
+    cancelled and what arrived is kept)."""
     progress = FleetProgress(names)
-    try:
-        with progress.progress:
-            return run(progress)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with sigterm_as_interrupt(), progress.progress:
+        return run(progress)
 
 
 def finish(
@@ -284,7 +278,7 @@ def finish(
             markup=False,
         )
     if result.interrupted:
-        raise typer.Exit(EXIT_INTERRUPTED)
+        raise typer.Exit(interrupted_exit_code())
     if not result.hosts_ok or failed_cells(report["cells"]):
         raise typer.Exit(EXIT_PARTIAL)
 

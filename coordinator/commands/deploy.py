@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 from pathlib import Path
@@ -14,6 +15,7 @@ from rich.table import Table
 from coordinator.deploy import (
     DEFAULT_REMOTE_DIR,
     MIN_REMOTE_PYTHON,
+    NO_SOURCE_TREE,
     DeployError,
     RemoteLayout,
     Rollout,
@@ -21,6 +23,9 @@ from coordinator.deploy import (
     Step,
     deploy,
     find_pythons,
+    source_tree,
+    wheel_command,
+    wheel_name,
 )
 from coordinator.hostfile import HostEntry, HostfileError, parse_hostfile, parse_hosts
 from shared.exit_codes import EXIT_PARTIAL
@@ -63,6 +68,32 @@ def check_layout(wheel: Path | None, remote_python: str | None, remote_dir: str)
         raise usage_error("--remote-dir is empty: name a folder on the hosts")
 
 
+def check_ssh_files(ssh_config: Path | None, identity: Path | None) -> None:
+    """Refuse an --ssh-config or --identity that ssh could not read, before any host is asked
+    (a dry run too): one line, exit 2, where ssh would fail on every host alike."""
+    for flag, path in (("--ssh-config", ssh_config), ("--identity", identity)):
+        if path is None:
+            continue
+        if not path.exists():
+            raise usage_error(f"{flag} {path}: no such file")
+        if not path.is_file():
+            raise usage_error(f"{flag} {path} is not a file")
+        if not os.access(path, os.R_OK):
+            raise usage_error(f"{flag} {path} is not readable")
+
+
+def dry_run_wheel(wheel: Path | None) -> tuple[Path, Step | None]:
+    """The wheel a dry run's steps ship, and the local step that builds it when --wheel gives
+    none (as the real run builds one from this checkout; without one, refused as it is)."""
+    if wheel is not None:
+        return wheel, None
+    tree = source_tree()
+    if tree is None:
+        raise usage_error(NO_SOURCE_TREE)
+    built = tree / "dist"
+    return built / wheel_name(), Step("build wheel", wheel_command(tree, built))
+
+
 def results_table(results: list[dict[str, object]]) -> Table:
     table = Table(title="mlx-fleet deploy")
     for column in ("host", "result", "steps done", "service", "error"):
@@ -80,10 +111,11 @@ def results_table(results: list[dict[str, object]]) -> Table:
 
 
 def dry_run_plans(entries: list[HostEntry], wheel: Path | None, rollout: Rollout, fmt: str) -> None:
-    """Print each host's commands. Without --remote-python each host is asked which Pythons
+    """Print each host's commands, as a script to paste (the wheel's build first, when
+    --wheel names none), or as JSON. Without --remote-python each host is asked which Pythons
     it has (the one command a dry run runs, and it changes nothing); a host with none, or
     that cannot be asked, shows only that question, gets one line on stderr, and exit 1."""
-    shown = wheel or Path("mlx_fleet-<version>-py3-none-any.whl")
+    shown, build = dry_run_wheel(wheel)
     asked = rollout.layout.python is None
     choices = find_pythons(entries, rollout) if asked else [None] * len(entries)
     plans: list[dict[str, object]] = []
@@ -107,13 +139,15 @@ def dry_run_plans(entries: list[HostEntry], wheel: Path | None, rollout: Rollout
         )
     if fmt == "json":
         print(json.dumps(plans, indent=2))
-    else:
+    else:  # a script to paste: every line a comment or a command
+        if build is not None:
+            print(f"# {build.name}\n{build.shell()}")
         for plan in plans:
             print(f"# {plan['host']}")
             if plan["python"]:
                 print(f"# python: {plan['python']}")
             for step in plan["steps"]:  # type: ignore[attr-defined]
-                print(f"{step['name']}: {step['command']}")
+                print(f"# {step['name']}\n{step['command']}")
     if any(plan["error"] for plan in plans):
         raise typer.Exit(EXIT_PARTIAL)
 
@@ -188,6 +222,7 @@ def deploy_command(
     except SourceSpecError as exc:
         raise usage_error(str(exc)) from None
     check_layout(wheel, remote_python, remote_dir)
+    check_ssh_files(ssh_config, identity)
     entries = entries_from(hosts, hostfile)
     existing = existing_keypair() if dry_run else own_keypair()
     key = existing.public if existing else None

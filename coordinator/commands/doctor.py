@@ -16,7 +16,7 @@ from coordinator.commands.hosts import (
     targets_or_known,
 )
 from shared import protocol as p
-from shared.doctor import doctor_table
+from shared.doctor_verdict import doctor_view
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import emit
 from shared.io.options import TableFormat
@@ -51,7 +51,8 @@ def doctor_command(
     """Each agent's `agent doctor` (Python, MLX, a 1 s benchmark, every thermal source, ports,
     service, firewall...), as its service sees its Mac, in one table.
 
-    Without --hosts or --hostfile: every host with a key from `coordinator keys add`.
+    Without --hosts or --hostfile: every host with a key from `coordinator keys add`. Each
+    host's failed required checks come first, and each host ends with its verdict line.
     Exit codes: 0 when every agent answered and can run, 1 otherwise, 2 bad usage."""
     targets = targets_or_known(hosts, hostfile)
     settings = settings_for(insecure, connect_timeout)
@@ -62,6 +63,6 @@ def doctor_command(
         ask_doctor,
         doctor_refused,
     )
-    emit(rows, fmt, doctor_table)
+    emit(rows, fmt, lambda hosts: doctor_view(hosts, named=True))
     if not all(row["report"] and row["report"]["ok"] for row in rows):
         raise typer.Exit(EXIT_PARTIAL)

@@ -10,7 +10,6 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Group, RenderableType
-from rich.table import Table
 from rich.text import Text
 
 from coordinator.dashboard import NA, duration
@@ -26,11 +25,12 @@ from coordinator.telemetry_stats import (
 )
 from coordinator.telemetry_store import TelemetryStore
 from shared.exit_codes import EXIT_PARTIAL
-from shared.io.cli import check_output, emit, err, fail, usage_error
+from shared.io.cli import check_output, data_home, emit, err, fail, usage_error
 from shared.io.options import TableFormat
 from shared.io.sqlite import StoreError
 from shared.safe_text import DETAIL_CAP, shown
 from shared.source_names import read_from as read_from_name
+from shared.tables import TEXT, WHOLE, WORDS, FitTable
 
 PLOT_EXTRA = "pip install 'mlx-fleet[plot]'"
 
@@ -56,8 +56,30 @@ def read_history(
     return rows, series
 
 
-def stats_table(rows: list[dict[str, Any]], since: float) -> Table:
-    table = Table(title=f"mlx-fleet telemetry since {_stamp(since)}", title_justify="left")
+STATS_FOLDS = (
+    "samples",
+    "energy Wh",
+    "min °C",
+    "≥ reduce",
+    "≥ stop",
+    "stops",
+    "mean °C",
+    "from",
+    "mean W",
+    "policy",
+    "pauses",
+    "to",
+)
+"""The columns of the hosts' table a narrow terminal drops, the first first (shared.tables);
+host, max °C, time at or above pause and time paused always stay."""
+JOBS_FOLDS = ("energy J", "ended", "wall", "throttle", "max °C")
+"""The same for the jobs' table; host, job, paused, tok/s and the last pause always stay."""
+
+
+def stats_table(rows: list[dict[str, Any]], since: float) -> FitTable:
+    table = FitTable(
+        title=f"mlx-fleet telemetry since {_stamp(since)}", title_justify="left", folds=STATS_FOLDS
+    )
     for name in (
         "host",
         "samples",
@@ -79,7 +101,7 @@ def stats_table(rows: list[dict[str, Any]], since: float) -> Table:
         table.add_column(
             name,
             justify="left" if name in ("host", "from", "to", "policy") else "right",
-            overflow="fold",
+            wrap=WORDS if name in ("host", "policy") else WHOLE,  # a host's (simulated) may wrap
         )
     mixed = [mixed_note(row) for row in rows if len(row["read_from"]) > 1]
     if mixed:
@@ -194,6 +216,7 @@ def history(
             if not (exc.name or "").startswith("matplotlib"):
                 raise
             raise usage_error(f"--plot needs matplotlib, the `plot` extra: {PLOT_EXTRA}") from None
+    data_home(write=False)  # a read-only data dir is still read
     try:
         with TelemetryStore() as store:
             rows, series = read_history(store, start, names, plot is not None)
@@ -227,13 +250,14 @@ def history_tables(data: dict[str, Any], since: float) -> RenderableType:
     return Group(stats_table(data["hosts"], since), jobs_table(data["jobs"]))
 
 
-def jobs_table(jobs: list[dict[str, Any]]) -> Table:
+def jobs_table(jobs: list[dict[str, Any]]) -> FitTable:
     """One row per `agent run` job that ended in the window: its summary (an agent's: every
     figure checked, every text shown safe) and why it last paused."""
-    table = Table(title="agent run jobs", title_justify="left")
+    table = FitTable(title="agent run jobs", title_justify="left", folds=JOBS_FOLDS)
     for name in ("host", "job", "ended", "wall", "paused", "max °C", "energy J", "tok/s",
                  "throttle", "last pause"):  # fmt: skip
-        table.add_column(name, overflow="fold", justify="right" if name in RIGHT else "left")
+        wrap = TEXT if name == "last pause" else WHOLE
+        table.add_column(name, wrap=wrap, justify="right" if name in RIGHT else "left")
     for job in jobs:
         if not job["readable"]:
             table.add_row(shown(job["host"]), shown(job["job"] or NA), _stamp(job["ended"]),

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from coordinator.keys import add_host_key
-from shared.io.cli import err, usage_error
+from shared.io.cli import data_home, err, usage_error
 from shared.io.keys import own_keypair
 from shared.io.options import TAKES_A_KEY
 
@@ -17,6 +17,12 @@ keys_app = typer.Typer(
     rich_markup_mode=None,
     help="This coordinator's CURVE key and the agents' keys it expects.",
 )
+
+
+@keys_app.callback()
+def keys_entry() -> None:
+    """Every keys command reads or writes the data dir: checked once, before any."""
+    data_home()
 
 
 @keys_app.command("show")

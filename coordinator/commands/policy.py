@@ -12,7 +12,6 @@ import time
 from typing import Any
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
 from coordinator.commands.hosts import (
@@ -34,6 +33,7 @@ from shared.io.options import PolicyChanges, TableFormat, with_options
 from shared.io.sqlite import StoreError
 from shared.io.transport import AgentClient, AgentError
 from shared.safe_text import shown
+from shared.tables import TEXT, FitTable
 
 APPLIED, REFUSED, UNREACHABLE, SHOWN = "applied", "refused", "unreachable", "shown"
 COLUMNS = (
@@ -59,15 +59,20 @@ def policy_refused(exc: AgentError, row: HostRow) -> None:
     row.update(result=REFUSED, error=str(exc))
 
 
-def policy_table(rows: list[dict[str, Any]]) -> Table:
+POLICY_FOLDS = ("pause step s", "hysteresis °C", "reduce ≥ °C", "stop ≥ °C")
+"""The columns a narrow terminal drops, the first first (shared.tables); host, result, the
+pause threshold and why always stay."""
+
+
+def policy_table(rows: list[dict[str, Any]]) -> FitTable:
     """The hosts' policies; the caption says where each one's numbers came from (`defaults
     for smc`, `set by coordinator policy`, ...), hosts of one origin together."""
-    table = Table(title="mlx-fleet cooling policy", title_justify="left")
+    table = FitTable(title="mlx-fleet cooling policy", title_justify="left", folds=POLICY_FOLDS)
     table.add_column("host")
     table.add_column("result")
     for _, title in COLUMNS:
         table.add_column(title, justify="right")
-    table.add_column("why", overflow="fold")
+    table.add_column("why", wrap=TEXT)
     styles = {APPLIED: "green", SHOWN: "", REFUSED: "bold red", UNREACHABLE: "red"}
     origins: dict[str, list[str]] = {}
     for row in rows:

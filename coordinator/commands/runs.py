@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from coordinator.compare import (
     COMPARE_FORMATS,
@@ -21,7 +20,7 @@ from coordinator.compare import (
     rich_comparison,
 )
 from coordinator.store import RunStore, UnknownRunError
-from shared.io.cli import check_output, emit, err, print_rich, show_report, usage_error
+from shared.io.cli import check_output, data_home, emit, err, print_rich, show_report, usage_error
 from shared.io.options import (
     CompareBy,
     ComparedReport,
@@ -32,10 +31,12 @@ from shared.io.options import (
     one_of,
 )
 from shared.io.sqlite import StoreError
+from shared.tables import WHOLE, WORDS, FitTable
 
 
 def load_reports(*run_ids: str) -> list[dict[str, Any]]:
     """The stored reports; an unknown or ambiguous id is a usage error naming it."""
+    data_home(write=False)  # a read-only data dir is still read
     try:
         with RunStore() as store:
             return [store.load_report(run_id) for run_id in run_ids]
@@ -48,6 +49,7 @@ def runs(
     fmt: TableFormat = "table",
 ) -> None:
     """The stored runs, newest first, with their hosts and ok/failed cell counts."""
+    data_home(write=False)  # a read-only data dir is still read
     try:
         with RunStore() as store:
             listed = store.list_runs(limit)
@@ -59,12 +61,16 @@ def runs(
     emit(listed, fmt, runs_table)
 
 
-def runs_table(listed: list[dict[str, Any]]) -> Table:
-    table = Table(title="mlx-fleet runs")
+RUNS_FOLDS = ("finished", "kind", "started")
+"""The columns a narrow terminal drops, the first first (shared.tables); the run id, its
+status, hosts and cell counts always stay."""
+
+
+def runs_table(listed: list[dict[str, Any]]) -> FitTable:
+    table = FitTable(title="mlx-fleet runs", folds=RUNS_FOLDS)
     for name in ("run", "kind", "started", "finished", "status", "hosts", "ok", "failed"):
-        table.add_column(
-            name, justify="right" if name in ("ok", "failed") else "left", overflow="fold"
-        )
+        wrap = WORDS if name in ("status", "hosts") else WHOLE
+        table.add_column(name, justify="right" if name in ("ok", "failed") else "left", wrap=wrap)
     for run in listed:
         interrupted = run["interrupted"] and run["status"] != "interrupted"
         status = run["status"] + (" (interrupted)" if interrupted else "")

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
 from coordinator.commands.hosts import (
@@ -19,12 +18,13 @@ from coordinator.commands.hosts import (
     targets_or_known,
 )
 from shared.exit_codes import EXIT_PARTIAL
-from shared.io.cli import emit
+from shared.io.cli import data_home, emit
 from shared.io.options import TableFormat
 from shared.io.transport import AgentClient
 from shared.report import NA, hardware_details, memory_text
 from shared.safe_text import shown
 from shared.source_names import read_from
+from shared.tables import TEXT, WHOLE, FitTable
 
 
 def ask_status(client: AgentClient, row: HostRow) -> None:
@@ -52,11 +52,16 @@ def ask_status(client: AgentClient, row: HostRow) -> None:
     return row
 
 
-def status_table(rows: list[dict[str, Any]]) -> Table:
+STATUS_FOLDS = ("memory", "agent", "device", "thermal")
+"""The columns a narrow terminal drops, the first first (shared.tables); host, reachable (or
+why not), SoC °C and the job always stay."""
+
+
+def status_table(rows: list[dict[str, Any]]) -> FitTable:
     """Every cell an agent's words, shown() and as Text: never markup, never an escape."""
-    table = Table(title="mlx-fleet agents")
+    table = FitTable(title="mlx-fleet agents", folds=STATUS_FOLDS)
     for name in ("host", "reachable", "agent", "device", "memory", "thermal", "SoC °C", "job"):
-        table.add_column(name, overflow="fold")
+        table.add_column(name, wrap=TEXT if name in ("reachable", "device") else WHOLE)
     for row in rows:
         if not row["reachable"]:
             table.add_row(*cells(row["host"], f"no: {row['error']}"), style="red")
@@ -99,6 +104,7 @@ def status(
 
     Without --hosts or --hostfile: every host with a key from `coordinator keys add`.
     """
+    data_home()  # this coordinator's keys and known hosts live there
     targets = targets_or_known(hosts, hostfile)
     settings = settings_for(insecure, connect_timeout)
     rows = ask_each(targets, settings, lambda target: {"reachable": False}, ask_status)

@@ -19,6 +19,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from shared.exit_codes import SUMMARY
+from shared.io.paths import DataDirError
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,10 @@ class LazyGroup(TyperGroup):
             return super().invoke(ctx)
         except UsageError as exc:
             raise one_line(exc) from None
+        except DataDirError as exc:  # a command that met the data dir before data_home() did
+            from shared.io.cli import usage_error
+
+            raise usage_error(str(exc)) from None
 
     def list_commands(self, ctx: Any) -> list[str]:
         return [*self.commands, *(name for name in self.lazy if name not in self.commands)]

@@ -18,6 +18,7 @@ from rich.console import Console, RenderableType
 from rich.text import Text
 
 from shared.exit_codes import EXIT_PARTIAL, EXIT_USAGE
+from shared.io.paths import DataDirError, checked_data_dir
 from shared.report import render_text, rich_report
 
 err = Console(stderr=True, soft_wrap=True)  # log lines stay whole, never wrapped
@@ -33,6 +34,16 @@ def fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
 def usage_error(message: str) -> typer.Exit:
     """fail() with exit code 2: the input was bad and nothing was done."""
     return fail(message, EXIT_USAGE)
+
+
+def data_home(write: bool = True) -> Path:
+    """A command's one entry to the data dir (shared.io.paths.checked_data_dir), taken before
+    any work: one it cannot use is `error: data dir PATH: WHY`, exit 2. `write=False` for a
+    command that only reads it (a read-only one is still read)."""
+    try:
+        return checked_data_dir(write)
+    except DataDirError as exc:
+        raise usage_error(str(exc)) from None
 
 
 PIPE_WIDTH = 200

@@ -1,0 +1,52 @@
+"""Nothing lost to a signal: `agent bench` takes SIGTERM (timeout(1), a CI cancel, a scheduler)
+as Ctrl-C, prints the cells that finished, saves the run, and exits 143 (README, Exit codes)."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import console_script
+from tests.fleet_support import subprocess_env
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_sigterm_after_the_first_cell_prints_and_saves_it(fleet_home: Path) -> None:
+    process = subprocess.Popen(
+        [console_script("agent"), "bench", "--config-small", "-p", "16,4096,8192", "-n", "0"]
+        + ["-r", "3", "-w", "0", "-o", "json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+    )
+    try:
+        assert process.stderr is not None
+        seen = []
+        while not seen or "[1/3]" not in seen[-1]:  # a line per cell: stderr is a pipe
+            line = process.stderr.readline()
+            assert line, f"agent bench ended before its first cell: {''.join(seen)}"
+            seen.append(line)
+        assert "pp16" in seen[-1], seen
+        process.send_signal(signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=240)
+    finally:
+        process.kill()
+    assert process.returncode == 143, stderr
+    report = json.loads(stdout)
+    assert report["interrupted"] is True
+    cells = [(c["test"], c["status"]) for c in report["cells"]]
+    assert cells[0] == ("pp16", "ok") and len(cells) == 3
+    assert cells[-1][1] == "not run"
+    saved = re.search(r"^saved (\S+)$", stderr, re.MULTILINE)
+    assert saved is not None, stderr
+    path = Path(saved.group(1))
+    assert path.parent == fleet_home / "runs" and path.stat().st_mode & 0o777 == 0o600
+    assert json.loads(path.read_text(encoding="utf-8"))["cells"] == report["cells"]
+    assert "Traceback" not in stderr

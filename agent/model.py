@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.nn.layers.distributed import shard_linear
 
 DEFAULT_SEED = 0
 QUANT_GROUP_SIZE = 64
@@ -194,6 +195,54 @@ class Model(nn.Module):
 
     def make_cache(self) -> list[KVCache]:
         return [KVCache() for _ in self.layers]
+
+    def shard(self, group: mx.distributed.Group | None = None) -> None:
+        """Tensor-parallel over `group`, as mlx-lm's models/llama.py shards: each rank keeps
+        its share of the heads and of the MLP's hidden units, and the two "sharded-to-all"
+        projections (o_proj, down_proj) all_sum through MLX's distributed backend. Embeddings
+        and norms stay whole on every rank. shard_problem() says first whether it can."""
+        group = group or mx.distributed.init()
+        ranks = group.size()
+        for layer in self.layers:
+            attention, mlp = layer.self_attn, layer.mlp
+            attention.q_proj = shard_linear(attention.q_proj, "all-to-sharded", group=group)
+            attention.k_proj = shard_linear(attention.k_proj, "all-to-sharded", group=group)
+            attention.v_proj = shard_linear(attention.v_proj, "all-to-sharded", group=group)
+            attention.o_proj = shard_linear(attention.o_proj, "sharded-to-all", group=group)
+            attention.n_heads //= ranks
+            attention.n_kv_heads //= ranks
+            mlp.gate_proj = shard_linear(mlp.gate_proj, "all-to-sharded", group=group)
+            mlp.down_proj = shard_linear(mlp.down_proj, "sharded-to-all", group=group)
+            mlp.up_proj = shard_linear(mlp.up_proj, "all-to-sharded", group=group)
+
+
+def shard_problem(args: ModelArgs, bits: int, ranks: int) -> str | None:
+    """Why `args` at `bits` cannot be split tensor-parallel over `ranks`, or None: every rank
+    needs whole heads, and a quantized sharded-to-all layer a whole number of quantization
+    groups in its share of the inputs (mlx.nn's QuantizedShardedToAllLinear re-quantizes
+    each share)."""
+    if ranks < 2:
+        return None
+    shares = {
+        "attention heads": args.num_attention_heads,
+        "key/value heads": args.num_key_value_heads,
+        "MLP hidden units": args.intermediate_size,
+    }
+    for what, count in shares.items():
+        if count % ranks:
+            return f"its {count} {what} do not split evenly over {ranks} ranks"
+    if bits != 16:
+        for what, inputs in (
+            ("o_proj", args.num_attention_heads * args.head_dim),
+            ("down_proj", args.intermediate_size),
+        ):
+            share = inputs // ranks
+            if share % QUANT_GROUP_SIZE:
+                return (
+                    f"{bits}-bit {what} would give each of {ranks} ranks {share} inputs, not a "
+                    f"multiple of the quantization group ({QUANT_GROUP_SIZE})"
+                )
+    return None
 
 
 def build_model(args: ModelArgs, bits: int = 16, seed: int = DEFAULT_SEED) -> Model:

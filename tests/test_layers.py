@@ -129,6 +129,7 @@ AGENT_RULES: dict[str, frozenset[str]] = {
     "doctor": frozenset({"agent.commands"}),
     "daemon": frozenset({"agent.commands"}),
     "profiling": frozenset({"agent.commands", "agent.daemon", "agent.service"}),
+    "cluster": frozenset({"agent.commands", "agent.daemon", "agent.service"}),
 }
 """agent/'s rooms and what each may not import (a module or any of its submodules)."""
 TOP_LEVEL_LIMIT = 12

@@ -1,0 +1,121 @@
+"""One rank of `coordinator netbench`: MLX's own `all_sum` over the whole ring and a
+send/receive ping-pong over each of the ring's links, at each message size, timed around
+`mx.eval` after warm-up. Every rank takes part in every step (a collective waits for all);
+the timings are gathered with one more `all_sum` so that rank 0 can report them all.
+
+    MLX_RANK=R MLX_HOSTFILE=hosts.json python -m agent.cluster.netbench SPEC_JSON
+
+SPEC_JSON: {"sizes": [bytes...], "repetitions": N, "warmup": N, "hosts": [names...]}; rank 0
+prints one JSON line: {"all_sum": {size: [seconds...]}, "send_recv": {"a↔b": {size: [...]}}}.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import mlx.core as mx
+
+from shared.netbench import ELEMENT_BYTES, link_name, ring_edges
+
+
+def timed(
+    step: Callable[[], list[mx.array]],
+    warmup: int,
+    repetitions: int,
+    before: Callable[[], None] = lambda: None,
+) -> list[float]:
+    """Seconds of each repetition of `step` (its arrays evaluated), after `warmup` untimed;
+    `before` runs untimed ahead of each."""
+    for _ in range(warmup):
+        before()
+        mx.eval(*step())
+    seconds = []
+    for _ in range(repetitions):
+        before()
+        start = time.perf_counter()
+        mx.eval(*step())
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+def all_sum_seconds(
+    group: mx.distributed.Group, message: mx.array, warmup: int, repetitions: int
+) -> list[float]:
+    """Each repetition after a barrier, so every rank starts together and the time is the
+    collective's, not the wait for the slowest rank to arrive."""
+    return timed(
+        lambda: [mx.distributed.all_sum(message, group=group)],
+        warmup,
+        repetitions,
+        before=lambda: barrier(group),
+    )
+
+
+def barrier(group: mx.distributed.Group) -> None:
+    """Wait for every rank: a one-element all_sum."""
+    mx.eval(mx.distributed.all_sum(mx.zeros((1,)), group=group))
+
+
+def ping_pong_seconds(
+    group: mx.distributed.Group, message: mx.array, edge: tuple[int, int], warmup: int, reps: int
+) -> list[float]:
+    """One-way seconds over `edge`: half a round trip, timed by its first rank; the ranks off
+    the edge wait at the next barrier."""
+    first, second = edge
+    rank = group.rank()
+    if rank == first:
+
+        def there_and_back() -> list[mx.array]:
+            mx.eval(mx.distributed.send(message, second, group=group))
+            return [mx.distributed.recv_like(message, second, group=group)]
+
+        return [s / 2 for s in timed(there_and_back, warmup, reps)]
+    if rank == second:
+        for _ in range(warmup + reps):
+            echoed = mx.distributed.recv_like(message, first, group=group)
+            mx.eval(mx.distributed.send(echoed, first, group=group))
+    return []
+
+
+def gathered(
+    group: mx.distributed.Group, mine: Sequence[float], owner: int, count: int
+) -> list[float]:
+    """`owner`'s `count` timings on every rank, through an all_sum of zeros elsewhere."""
+    values = mx.array(list(mine) if group.rank() == owner else [0.0] * count, dtype=mx.float32)
+    summed = mx.distributed.all_sum(values, group=group)
+    mx.eval(summed)
+    return summed.tolist()
+
+
+def run(spec: dict) -> dict:
+    group = mx.distributed.init(strict=True)
+    hosts = spec["hosts"]
+    if group.size() != len(hosts):
+        raise SystemExit(f"netbench: {group.size()} ranks for {len(hosts)} hosts")
+    warmup, reps = int(spec["warmup"]), int(spec["repetitions"])
+    result: dict = {"all_sum": {}, "send_recv": {}}
+    for size in spec["sizes"]:
+        message = mx.ones((size // ELEMENT_BYTES,), dtype=mx.float32)
+        mx.eval(message)
+        seconds = all_sum_seconds(group, message, warmup, reps)
+        result["all_sum"][str(size)] = gathered(group, seconds, 0, reps)
+        for edge in ring_edges(hosts):
+            barrier(group)
+            mine = ping_pong_seconds(group, message, edge, warmup, reps)
+            link = result["send_recv"].setdefault(link_name(hosts, edge), {})
+            link[str(size)] = gathered(group, mine, edge[0], reps)
+    return result
+
+
+def main(argv: Sequence[str]) -> int:
+    result = run(json.loads(argv[0]))
+    if mx.distributed.init().rank() == 0:
+        print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,187 @@
+"""What `coordinator netbench` measures over a ring of hosts and how it reads the timings: the
+message sizes, nccl-tests' two bandwidths, and the rule that names a slow link. Pure: the
+timing itself runs in the ranks, through MLX's distributed backend (agent.cluster).
+
+The bandwidths follow nccl-tests' doc/PERFORMANCE.md: the algorithm bandwidth is the bytes of
+the message over the time, the bus bandwidth that times the share of the data each link really
+carries, 2(n-1)/n for an all-reduce and 1 for a send/receive, so that a ring and a single link
+read on the same scale as the wire's speed. Gigabytes are 10**9 bytes, as nccl-tests prints.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from shared.stats import spread
+
+KIB = 1024
+MIB = KIB * KIB
+ELEMENT_BYTES = 4
+"""Messages are float32 vectors: a size is a whole number of them."""
+SMALLEST_BYTES = ELEMENT_BYTES
+LARGEST_BYTES = 1024 * MIB
+DEFAULT_SIZES = tuple(KIB * 4**step for step in range(10))
+"""1 KiB … 256 MiB, each four times the one before: latency at the small end, the link's
+bandwidth at the large end."""
+ALL_SUM, SEND_RECV = "all_sum", "send_recv"
+BUS_SHARE = {ALL_SUM: lambda ranks: 2 * (ranks - 1) / ranks, SEND_RECV: lambda ranks: 1.0}
+SLOW_SHARE = 0.30
+"""A link whose bus bandwidth is at least this far below the median of its siblings' is slow."""
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": KIB,
+    "kib": KIB,
+    "m": MIB,
+    "mib": MIB,
+    "g": 1024 * MIB,
+    "gib": 1024 * MIB,
+}
+_SIZE = re.compile(r"(\d+)\s*([a-z]*)")
+
+
+class NetbenchError(ValueError):
+    """A netbench request that cannot be run: one line naming the problem."""
+
+
+def parse_size(text: str) -> int:
+    """`4096`, `64K`, `64KiB`, `1M`, `1G` (powers of 1024) as bytes."""
+    match = _SIZE.fullmatch(text.strip().lower())
+    if match is None or match.group(2) not in _UNITS:
+        raise NetbenchError(f"size {text.strip()!r} is not a byte count like 4096, 64K or 1M")
+    return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """A comma list of sizes, each a whole number of float32 elements within
+    SMALLEST_BYTES..LARGEST_BYTES, strictly increasing."""
+    sizes = tuple(parse_size(part) for part in text.split(",") if part.strip())
+    if not sizes:
+        raise NetbenchError("no message sizes given")
+    for size in sizes:
+        if not SMALLEST_BYTES <= size <= LARGEST_BYTES:
+            raise NetbenchError(
+                f"size {format_bytes(size)} is outside {format_bytes(SMALLEST_BYTES)} … "
+                f"{format_bytes(LARGEST_BYTES)}"
+            )
+        if size % ELEMENT_BYTES:
+            raise NetbenchError(f"size {size} B is not a whole number of float32 elements")
+    for before, after in zip(sizes, sizes[1:], strict=False):
+        if after <= before:
+            raise NetbenchError(
+                f"sizes must increase: {format_bytes(after)} follows {format_bytes(before)}"
+            )
+    return sizes
+
+
+def format_bytes(size: int) -> str:
+    """1024 → `1 KiB`, 268435456 → `256 MiB`; other counts in bytes."""
+    for unit, scale in (("GiB", 1024 * MIB), ("MiB", MIB), ("KiB", KIB)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale} {unit}"
+    return f"{size} B"
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One operation at one size over `where` (the ring's hosts, or one link): the time of
+    each repetition, in seconds."""
+
+    operation: str
+    size: int
+    ranks: int
+    seconds: tuple[float, ...]
+    where: str = ""
+
+    def summary(self) -> dict[str, float | None]:
+        """Mean and spread of the time (µs), the algorithm and the bus bandwidth (GB/s), each
+        from the repetitions' own figures so the ± is theirs."""
+        if not self.seconds or min(self.seconds) <= 0:
+            raise NetbenchError(f"{self.operation} {format_bytes(self.size)}: no positive timing")
+        algbw = [self.size / second / 1e9 for second in self.seconds]
+        share = BUS_SHARE[self.operation](self.ranks)
+        time_us, alg = spread([s * 1e6 for s in self.seconds]), spread(algbw)
+        bus = spread([value * share for value in algbw])
+        return {
+            "time_us": time_us["mean"],
+            "time_us_std": time_us["std"],
+            "algbw_gbps": alg["mean"],
+            "algbw_gbps_std": alg["std"],
+            "busbw_gbps": bus["mean"],
+            "busbw_gbps_std": bus["std"],
+        }
+
+
+def slow_links(busbw: Mapping[str, float], share: float = SLOW_SHARE) -> dict[str, str]:
+    """The links at least `share` below the median bus bandwidth of the others, each with the
+    figures that say so. One link alone has no siblings and is never called slow."""
+    flagged: dict[str, str] = {}
+    for link, value in busbw.items():
+        others = [other for name, other in busbw.items() if name != link]
+        if not others:
+            continue
+        typical = statistics.median(others)
+        if typical > 0 and value <= (1 - share) * typical:
+            flagged[link] = (
+                f"{value:.3g} GB/s, {1 - value / typical:.0%} below its siblings' "
+                f"median of {typical:.3g} GB/s"
+            )
+    return flagged
+
+
+def ring_edges(hosts: Sequence[str]) -> list[tuple[int, int]]:
+    """The links a ring over `hosts` uses: each rank to the next, the last back to the first
+    (one link for two hosts)."""
+    count = len(hosts)
+    if count < 2:
+        return []
+    if count == 2:
+        return [(0, 1)]
+    return [(rank, (rank + 1) % count) for rank in range(count)]
+
+
+def link_name(hosts: Sequence[str], edge: tuple[int, int]) -> str:
+    """`mac1↔mac2`."""
+    return f"{hosts[edge[0]]}↔{hosts[edge[1]]}"
+
+
+def measured_from(
+    raw: object, sizes: Sequence[int], hosts: Sequence[str], reps: int
+) -> list[Measured]:
+    """Rank 0's report (agent.cluster.netbench's JSON) checked against what was asked: every
+    size of the ring's all_sum and of each of its links, `reps` positive finite timings each.
+    A peer's report is not trusted: NetbenchError names the first thing wrong."""
+    if not isinstance(raw, dict):
+        raise NetbenchError("the report is not a map")
+    found: list[Measured] = []
+    links = raw.get("send_recv")
+    if not isinstance(links, dict):
+        raise NetbenchError("the report has no send_recv map")
+    expected = {link_name(hosts, edge) for edge in ring_edges(hosts)}
+    if set(links) != expected:
+        raise NetbenchError(f"the report's links {sorted(links)} are not {sorted(expected)}")
+    series = [(ALL_SUM, len(hosts), "+".join(hosts), raw.get("all_sum"))]
+    series += [(SEND_RECV, 2, link, links[link]) for link in sorted(expected)]
+    for operation, ranks, where, by_size in series:
+        if not isinstance(by_size, dict):
+            raise NetbenchError(f"{where}: no timings")
+        for size in sizes:
+            seconds = by_size.get(str(size))
+            if not (
+                isinstance(seconds, list)
+                and len(seconds) == reps
+                and all(
+                    isinstance(s, (int, float)) and not isinstance(s, bool) and 0 < s < 1e6
+                    for s in seconds
+                )
+            ):
+                raise NetbenchError(
+                    f"{where} at {format_bytes(size)}: expected {reps} positive timings"
+                )
+            timings = tuple(float(second) for second in seconds)
+            found.append(Measured(operation, size, ranks, timings, where))
+    return found

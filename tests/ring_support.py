@@ -1,0 +1,70 @@
+"""Real ranks of MLX's ring backend on loopback for tests: each started with the environment
+shared.rank_env writes (as mlx.launch would), then waited for with a generous deadline."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from shared.rank_env import RING, Member, rank_launch
+
+ROOT = Path(__file__).resolve().parents[1]
+DEADLINE_S = 300.0
+
+
+def free_port_run(count: int, attempts: int = 200) -> int:
+    """The first of `count` consecutive loopback ports that are free now (a ring's ranks
+    listen on consecutive ports, as mlx.launch counts them)."""
+    for _ in range(attempts):
+        base = random.randint(20000, 60000 - count)
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket()
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError(f"no run of {count} free loopback ports found")
+
+
+def run_ranks(
+    tmp_path: Path, count: int, argv: Sequence[str], env: dict[str, str] | None = None
+) -> list[str]:
+    """Start `count` ring ranks of `argv` on loopback, wait for all, and return each rank's
+    stdout; a rank that fails fails the test with its stderr."""
+    members = [Member(f"rank{rank}", ("127.0.0.1",)) for rank in range(count)]
+    base = free_port_run(count)
+    processes = []
+    for rank in range(count):
+        launch = rank_launch(members, rank, RING, starting_port=base)
+        rank_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {}), **launch.env}
+        for variable, content in launch.files.items():
+            path = tmp_path / f"{variable}-{rank}.json"
+            path.write_text(content)
+            rank_env[variable] = str(path)
+        processes.append(
+            subprocess.Popen(
+                list(argv),
+                env=rank_env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    try:
+        outputs = [process.communicate(timeout=DEADLINE_S) for process in processes]
+    finally:
+        for process in processes:
+            process.kill()
+    for rank, (process, (_, stderr)) in enumerate(zip(processes, outputs, strict=True)):
+        assert process.returncode == 0, f"rank {rank}: {stderr}"
+    return [stdout for stdout, _ in outputs]

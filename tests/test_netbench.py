@@ -1,0 +1,109 @@
+"""The link benchmark: its sizes and bandwidths as nccl-tests defines them (pure), and the
+rank job timing MLX's own all_sum and send/recv over three real ring ranks on loopback."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from shared.netbench import (
+    ALL_SUM,
+    DEFAULT_SIZES,
+    SEND_RECV,
+    Measured,
+    NetbenchError,
+    format_bytes,
+    measured_from,
+    parse_sizes,
+    ring_edges,
+    slow_links,
+)
+from tests.ring_support import run_ranks
+
+
+def test_the_default_sizes_run_from_1_kib_to_256_mib() -> None:
+    assert format_bytes(DEFAULT_SIZES[0]) == "1 KiB"
+    assert format_bytes(DEFAULT_SIZES[-1]) == "256 MiB"
+    assert parse_sizes("1K,64KiB,1M,1g") == (1024, 65536, 1 << 20, 1 << 30)
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("", "no message sizes given"),
+        ("1K,1K", "sizes must increase: 1 KiB follows 1 KiB"),
+        ("1M,64K", "sizes must increase: 64 KiB follows 1 MiB"),
+        ("2G", "size 2 GiB is outside 4 B … 1 GiB"),
+        ("0", "size 0 B is outside 4 B … 1 GiB"),
+        ("6", "size 6 B is not a whole number of float32 elements"),
+        ("1.5M", "size '1.5M' is not a byte count like 4096, 64K or 1M"),
+        ("64X", "size '64X' is not a byte count like 4096, 64K or 1M"),
+    ],
+)
+def test_bad_sizes_are_named(text: str, problem: str) -> None:
+    with pytest.raises(NetbenchError) as caught:
+        parse_sizes(text)
+    assert str(caught.value) == problem
+
+
+def test_bus_bandwidth_is_nccl_tests_share_of_the_algorithm_bandwidth() -> None:
+    # 1 GB in 0.5 s is 2 GB/s; an all-reduce over 4 ranks moves 2(n-1)/n of it on each link
+    ring = Measured(ALL_SUM, 10**9, 4, (0.5, 0.5)).summary()
+    assert ring["algbw_gbps"] == pytest.approx(2.0)
+    assert ring["busbw_gbps"] == pytest.approx(3.0)
+    assert ring["time_us"] == pytest.approx(5e5) and ring["time_us_std"] == 0
+    link = Measured(SEND_RECV, 10**9, 2, (0.25, 0.5)).summary()
+    assert link["busbw_gbps"] == link["algbw_gbps"] == pytest.approx(3.0)
+    assert link["busbw_gbps_std"] == pytest.approx(1.414, rel=1e-3)
+    assert Measured(SEND_RECV, 4, 2, (0.1,)).summary()["busbw_gbps_std"] is None
+
+
+def test_only_the_link_well_below_its_siblings_is_slow() -> None:
+    flagged = slow_links({"a↔b": 1.0, "b↔c": 0.95, "c↔a": 0.5})
+    assert flagged == {"c↔a": "0.5 GB/s, 49% below its siblings' median of 0.975 GB/s"}
+    assert slow_links({"a↔b": 1.0, "b↔c": 0.8, "c↔a": 0.9}) == {}
+    assert slow_links({"a↔b": 0.1}) == {}  # one link has no siblings
+
+
+def test_a_ring_uses_each_link_once() -> None:
+    assert ring_edges(["a"]) == []
+    assert ring_edges(["a", "b"]) == [(0, 1)]
+    assert ring_edges(["a", "b", "c"]) == [(0, 1), (1, 2), (2, 0)]
+
+
+def test_three_ring_ranks_time_every_size_and_every_link(tmp_path: Path) -> None:
+    spec = {"sizes": [1024, 65536], "repetitions": 3, "warmup": 1, "hosts": ["a", "b", "c"]}
+    argv = [sys.executable, "-m", "agent.cluster.netbench", json.dumps(spec)]
+    outputs = run_ranks(tmp_path, 3, argv)
+    assert outputs[1] == outputs[2] == ""  # rank 0 alone reports
+    result = json.loads(outputs[0])
+    assert set(result["send_recv"]) == {"a↔b", "b↔c", "c↔a"}
+    for by_size in [result["all_sum"], *result["send_recv"].values()]:
+        assert set(by_size) == {"1024", "65536"}
+        assert all(len(times) == 3 and min(times) > 0 for times in by_size.values())
+
+
+def test_a_report_is_checked_against_what_was_asked() -> None:
+    hosts = ["a", "b"]
+    good = {"all_sum": {"1024": [0.1, 0.2]}, "send_recv": {"a↔b": {"1024": [0.01, 0.02]}}}
+    found = measured_from(good, [1024], hosts, 2)
+    assert [(m.operation, m.where, m.ranks, m.seconds) for m in found] == [
+        (ALL_SUM, "a+b", 2, (0.1, 0.2)),
+        (SEND_RECV, "a↔b", 2, (0.01, 0.02)),
+    ]
+    bad = [
+        ([], "the report is not a map"),
+        ({"all_sum": {}}, "the report has no send_recv map"),
+        ({"all_sum": {}, "send_recv": {"a↔c": {}}}, "the report's links ['a↔c'] are not ['a↔b']"),
+        ({**good, "all_sum": {"1024": [0.1]}}, "a+b at 1 KiB: expected 2 positive timings"),
+        ({**good, "all_sum": {"1024": [0.1, -1]}}, "a+b at 1 KiB: expected 2 positive timings"),
+        ({**good, "all_sum": {"1024": [0.1, True]}}, "a+b at 1 KiB: expected 2 positive timings"),
+        ({**good, "all_sum": None}, "a+b: no timings"),
+    ]
+    for raw, problem in bad:
+        with pytest.raises(NetbenchError) as caught:
+            measured_from(raw, [1024], hosts, 2)
+        assert str(caught.value) == problem

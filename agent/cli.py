@@ -3,18 +3,32 @@ imported only when that command runs (shared.io.app): only `agent bench` imports
 
 from __future__ import annotations
 
-from shared.io.app import LazyCommand, fleet_app
+from shared.io.app import MATRIX_NAMES, LazyCommand, fleet_app
 
 COMMANDS = [
     LazyCommand(
         "bench",
         "agent.commands.bench:bench",
         "Benchmark prompt processing and generation over llama-bench's matrix, on this Mac.",
+        examples=(
+            "agent bench --config-small -p 32,64 -n 16 -r 2     # a quick smoke test",
+            "agent bench -p 512 -n 128 -d 0,4096 --bits 4,8",
+            "agent bench --model mlx-community/Llama-3.2-1B-Instruct-4bit -n 0",
+            "agent bench --config-small -r auto --precision 2% -o md",
+            "agent bench --config-small -o sql | sqlite3 results.db",
+            "agent bench --config-small --sustain 20m --power-source auto",
+        ),
+        note=MATRIX_NAMES,
     ),
     LazyCommand(
         "temp",
         "agent.commands.temp:temp_command",
         "Show the SoC temperature, its source, the pressure level and the cooling policy's state.",
+        examples=(
+            "agent temp",
+            "agent temp --watch --interval 2",
+            "agent temp --watch --count 10 -o json     # one JSON line per reading",
+        ),
     ),
     LazyCommand(
         "run",
@@ -26,16 +40,23 @@ COMMANDS = [
         "install",
         "agent.commands.service:install_command",
         "Install `agent serve` as a launchd (macOS) or systemd (Linux) service and start it.",
+        examples=(
+            "agent install --dry-run              # print the definition, change nothing",
+            "agent install --bind 0.0.0.0:5555",
+            "agent install --system --sudo",
+        ),
     ),
     LazyCommand(
         "uninstall",
         "agent.commands.service:uninstall_command",
         "Stop and remove the agent service (every loaded copy); data is kept unless --purge.",
+        examples=("agent uninstall", "agent uninstall --purge      # its data and keys too"),
     ),
     LazyCommand(
         "service-status",
         "agent.commands.service:service_status_command",
         "Is the agent service installed and running? Its pid, last exit status and logs.",
+        examples=("agent service-status", "agent service-status --system -o json"),
     ),
     LazyCommand(
         "doctor",
@@ -43,22 +64,50 @@ COMMANDS = [
         "Python, MLX and its device, a 1-second benchmark, every thermal source side by side, "
         "thermal pressure, the data directory and keys, the ports, the service, the firewall (for "
         "the image that listens: a framework Python's Python.app), FileVault and Login Items.",
+        examples=(
+            "agent doctor",
+            "agent doctor --load 60        # does each sensor move under an MLX load?",
+            "agent doctor --capture mac.jsonl --seconds 60    # for a bug report",
+            "agent doctor -o json",
+        ),
     ),
     LazyCommand(
         "serve",
         "agent.commands.serve:serve_command",
         "Serve coordinators over ZeroMQ until SIGTERM: benchmarks, info, job history, and "
         "thermal telemetry.",
+        examples=(
+            "agent serve --bind 0.0.0.0:5555",
+            "agent serve --bind 0.0.0.0:5555 --prometheus 0.0.0.0:9100",
+            "agent serve --thermal-source sim --name lab-sim",
+        ),
     ),
     LazyCommand(
         "keys",
         "agent.commands.keys:keys_app",
         "This agent's CURVE key and the coordinator keys it trusts.",
+        examples=(
+            "agent keys show",
+            'agent keys trust "$(coordinator keys show)" --name laptop',
+            "agent keys list -o json",
+            "agent keys revoke laptop",
+        ),
     ),
 ]
 
 app = fleet_app(
-    "agent", "mlx-fleet agent: true MLX benchmarks and thermal safety on this Mac.", COMMANDS
+    "agent",
+    "mlx-fleet agent: true MLX benchmarks and thermal safety on this Mac.",
+    COMMANDS,
+    (
+        "agent doctor                  # can this machine run the agent?",
+        "agent bench --config-small -p 32,64 -n 16",
+        "agent temp --watch",
+        "agent run -- python train.py",
+        "agent install",
+        "agent bench -h                # any command's options and examples",
+        "agent --install-completion    # tab completion in this shell",
+    ),
 )
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.nn.layers.distributed import shard_linear
+from mlx.utils import tree_flatten
 
 DEFAULT_SEED = 0
 QUANT_GROUP_SIZE = 64
@@ -254,5 +255,6 @@ def build_model(args: ModelArgs, bits: int = 16, seed: int = DEFAULT_SEED) -> Mo
     model.set_dtype(mx.float16)
     if bits != 16:
         nn.quantize(model, group_size=QUANT_GROUP_SIZE, bits=bits)
-    mx.eval(model.parameters())
+    for _, leaf in tree_flatten(model.parameters()):  # a leaf at a time: Ctrl-C lands between
+        mx.eval(leaf)
     return model

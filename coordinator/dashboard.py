@@ -24,6 +24,7 @@ from shared.calibration import origin_told
 from shared.display import STATE_STYLES, sparkline, trend_arrow
 from shared.policy import CoolingState
 from shared.source_names import read_from
+from shared.tables import TEXT, WHOLE, WORDS, FitTable
 
 CONNECTING, UP, UNREACHABLE, INVALID = "connecting", "up", "unreachable", "invalid"
 """A host's status; INVALID: it answered with a message that is not valid (a broken or hostile
@@ -322,12 +323,19 @@ def dashboard_gangs(dashboard: Dashboard) -> list[GangRow]:
     )
 
 
-def gang_table(rows: list[GangRow]) -> Table:
+GANG_WRAPS = {"group": WHOLE, "ranks": WORDS, "hottest": WHOLE, "state": WHOLE, "because": TEXT}
+"""How each gang column gives way (shared.tables): the group, the hottest reading and its host
+never wrap; the ranks wrap between hosts, the cause anywhere."""
+GANG_FOLDS = ("hottest",)
+"""What a narrow terminal drops first (shared.tables): the cause names the Mac that matters."""
+
+
+def gang_table(rows: list[GangRow]) -> FitTable:
     """One row per distributed job: its ranks and hosts, the hottest rank, the state every
     rank lives under and the Mac that causes it. Every agent string is shown safe."""
-    table = Table(title="distributed jobs", title_justify="left")
-    for name in ("group", "ranks", "hottest", "state", "because"):
-        table.add_column(name, overflow="fold")
+    table = FitTable(title="distributed jobs", title_justify="left", folds=GANG_FOLDS)
+    for name, wrap in GANG_WRAPS.items():
+        table.add_column(name, wrap=wrap)
     for row in rows:
         hottest = "" if row.hottest is None else f"{row.hottest[0]:.1f} °C {row.hottest[1]}"
         state = Text(row.state, style=STATE_STYLES.get(CoolingState(row.state), ""))

@@ -56,6 +56,10 @@ MACHINE, STARTED, MODEL, COOLING, CELL, UNREACHABLE, RECONNECTED, DONE = (
     "reconnected",
     "done",
 )
+PAUSE, PHASE, THERMAL = "pause", "phase", "thermal"
+PROGRESS_WANTED = ["pause", "phase"]
+"""bench.progress's optional fields bench.start asks for (`progress`): an agent sends them only
+when asked, so a coordinator that predates them never gets one."""
 DEFAULT_HOST_TIMEOUT_S = 120.0
 """How long a silent host is given to come back before it is failed (its job may still run)."""
 RETRY_S = 1.0
@@ -91,7 +95,9 @@ class Settings:
 class HostEvent:
     """What a host thread reports. `data` by kind: MACHINE the agent's machine info, STARTED
     {"job", "cells"}, MODEL a model's info, COOLING a cell's cool-start wait (shared.cool_start's
-    CoolWait map), CELL {"index", "record"}, UNREACHABLE {"error"} (each
+    CoolWait map), PAUSE a cooling pause (shared.bench_status's PauseView map), PHASE a model
+    build or idle baseline starting (bench.progress's `phase`), THERMAL the agent's thermal
+    source (info.ok's `thermal`), CELL {"index", "record"}, UNREACHABLE {"error"} (each
     attempt that failed), RECONNECTED {} (heard again after UNREACHABLE), DONE {"status",
     "error"}."""
 
@@ -150,9 +156,12 @@ class FleetResult:
 Observer = Callable[[HostEvent], None]
 
 
-def connect(ctx: zmq.Context, target: Target, settings: Settings) -> AgentClient:
+def connect(
+    ctx: zmq.Context, target: Target, settings: Settings, stop: threading.Event | None = None
+) -> AgentClient:
     """A client whose hello the agent answered; HostError says why there is none (a name DNS
-    cannot resolve first: no key is worth adding for a mistyped host)."""
+    cannot resolve first: no key is worth adding for a mistyped host). Setting `stop` (Ctrl-C)
+    ends a connect under way at once."""
     unresolved = resolve_error(target.address)
     if unresolved is not None:
         raise HostError(unresolved)
@@ -164,7 +173,7 @@ def connect(ctx: zmq.Context, target: Target, settings: Settings) -> AgentClient
         )
     server_key = target.server_key if settings.keypair is not None else None
     client = AgentClient(
-        ctx, target.address, server_key, settings.keypair, settings.connect_timeout
+        ctx, target.address, server_key, settings.keypair, settings.connect_timeout, stop
     )
     try:
         client.connect()
@@ -228,7 +237,7 @@ class HostDriver:
         while True:
             client: AgentClient | None = None
             try:
-                with connect(self.ctx, self.target, self.settings) as client:
+                with connect(self.ctx, self.target, self.settings, self.stop) as client:
                     if lost:
                         lost = False
                         self._report(RECONNECTED, {})
@@ -258,6 +267,7 @@ class HostDriver:
             if not self._machine_known:
                 info = client.fetch("info", timeout=self.settings.connect_timeout)
                 self._report(MACHINE, info["machine"])
+                self._report(THERMAL, info["thermal"])
                 self._machine_known = True
             while True:
                 if self.job.id is None and self._start_id is not None:
@@ -274,7 +284,7 @@ class HostDriver:
         """bench.start, then the job's stream as the agent sends it; None once the stream is
         lost (StreamLost) or brings no progress in time: the session then finds the job
         (job.list) if its bench.start.ok was lost, and follows it by job.get."""
-        body: dict[str, Any] = {"matrix": self.spec}
+        body: dict[str, Any] = {"matrix": self.spec, "progress": PROGRESS_WANTED}
         if self.sustain is not None:  # an agent older than sustained runs knows no such field
             body["sustain"] = self.sustain
         start = client.send("bench.start", body)
@@ -291,6 +301,10 @@ class HostDriver:
                         self._report(MODEL, body["model"])
                     if body.get("cooling") is not None:
                         self._report(COOLING, body["cooling"])
+                    if body.get("phase") is not None:
+                        self._report(PHASE, body["phase"])
+                    if body.get("pause") is not None:  # each report of a pause is progress
+                        self._report(PAUSE, body["pause"])
                     self._progressed([])
                 elif message.type == "bench.cell":
                     if self._cell(body["index"], body["record"]):
@@ -583,6 +597,8 @@ def _drive(
 
 def _record(store: RunStore, run_id: str, state: _HostState, event: HostEvent) -> None:
     """One host event into the store, the moment it arrives."""
+    if event.kind in (COOLING, PAUSE, PHASE, THERMAL):
+        return  # the display's alone: nothing to store
     host = event.host
     if event.kind == RECONNECTED:
         state.status = HOST_RUNNING

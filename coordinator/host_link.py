@@ -167,7 +167,7 @@ class HostLink:
             self.stop.wait(RETRY_S)
 
     def _session(self) -> None:
-        with connect(self.ctx, self.target, self.settings) as client:
+        with connect(self.ctx, self.target, self.settings, self.stop) as client:
             info = client.request("info", timeout=self.settings.connect_timeout)
             self.heard_at = time.monotonic()
             sub = telemetry_socket(self.ctx, client, info["telemetry_port"])

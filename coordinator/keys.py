@@ -1,8 +1,8 @@
 """The agents' CURVE server keys this coordinator expects, by HOST:PORT.
 
-Kept in `data_dir()/keys/hosts.json` (`{"mac1:5555": "<40 Z85 characters>"}`) and written by
-`coordinator keys add`. A hostfile's `key` field takes precedence for its host. Knowing the
-server key is what stops a coordinator from talking to an impostor.
+Kept in `data_dir()/keys/hosts.json` (`{"mac1:5555": "<40 Z85 characters>"}`), written by
+`coordinator keys add` and `coordinator keys remove`. A hostfile's `key` field takes precedence
+for its host. Knowing the server key is what stops a coordinator from talking to an impostor.
 """
 
 from __future__ import annotations
@@ -42,6 +42,17 @@ def add_host_key(address: str, key: str) -> str:
     """Remember `key` as the server key of `address`; returns the normalized address."""
     address = normalize(address)
     hosts = known_hosts() | {address: check_key(key)}
+    replace_atomically(hosts_path(), json.dumps(hosts, indent=2, sort_keys=True) + "\n")
+    return address
+
+
+def remove_host_key(address: str) -> str | None:
+    """Forget the key stored for `address`; returns the normalized address, or None when no
+    key was stored for it. ValueError for an address that does not parse."""
+    address = normalize(address)
+    hosts = known_hosts()
+    if hosts.pop(address, None) is None:
+        return None
     replace_atomically(hosts_path(), json.dumps(hosts, indent=2, sort_keys=True) + "\n")
     return address
 

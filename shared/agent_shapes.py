@@ -208,6 +208,26 @@ cool_wait = s.fields(
         "injected": s.flag,
     }
 )
+pause_view = s.fields(
+    {
+        "celsius": celsius,
+        "pressure": maybe_text,
+        "source": text,
+        "sensor": maybe_text,
+        "paused_s": s.number(0, 7 * 86_400),
+        "done": s.flag,
+    }
+)
+phase = s.fields(
+    {"kind": s.one_of(("build", "baseline"))},
+    {
+        "model": text,
+        "label": text,
+        "bits": s.nil_or(s.integer(1, 64)),
+        "param_count": s.nil_or(s.integer(0, 10**15)),
+        "seconds": s.number(0, 86_400),
+    },
+)
 model_info = s.fields(
     {"model": text, "label": text},
     {k: v for k, v in MODEL_FIELDS.items() if k not in ("model", "label")},
@@ -441,7 +461,12 @@ BODIES: dict[str, s.Check] = {
     "bench.start.ok": s.fields({"job": ident, "cells": s.list_of(name, MAX_CELLS)}),
     "bench.progress": s.fields(
         {"job": ident, "done": s.integer(0, MAX_CELLS), "total": s.integer(0, MAX_CELLS)},
-        {"model": s.nil_or(model_info), "cooling": s.nil_or(cool_wait)},
+        {
+            "model": s.nil_or(model_info),
+            "cooling": s.nil_or(cool_wait),
+            "pause": s.nil_or(pause_view),
+            "phase": s.nil_or(phase),
+        },
     ),
     "bench.cell": s.fields({"job": ident, "index": s.integer(0, MAX_CELLS - 1), "record": record}),
     "bench.done": s.fields(

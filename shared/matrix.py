@@ -15,29 +15,29 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+# Limits per spec (docs/protocol.md §5, Limits), in shared.bounds with every other bound: what
+# one job may ask for. They keep a job, its bench.start.ok (every cell's name) and a job.get page
+# that echoes the spec within one message, and refuse a request before it can make the agent do
+# absurd work.
+from shared.bounds import (
+    MAX_BATCH_SIZE,
+    MAX_CELL_TOKENS,
+    MAX_CELLS,
+    MAX_COOL_START_S,
+    MAX_DECODE_TOKENS,
+    MAX_DELAY_S,
+    MAX_ITERATIONS,
+    MAX_SEQ_LEN,
+    MAX_WARMUP,
+)
 from shared.stats import MIN_AUTO_REPETITIONS
 
-# Limits per spec (docs/protocol.md §5, Limits): what one job may ask for. They keep a job, its
-# bench.start.ok (every cell's name) and a job.get page that echoes the spec within one message,
-# and refuse a request before it can make the agent do absurd work.
-MAX_CELLS = 1024
-"""Cells per job, after duplicates are dropped; also the most entries in any of the lists."""
-MAX_SEQ_LEN = 1_048_576
-"""Tokens of a prompt, a depth, or a prefill step."""
-MAX_BATCH_SIZE = 1024
-MAX_CELL_TOKENS = 4_194_304
-"""Tokens one iteration of a cell holds: batch x (depth + prompt + generated)."""
-MAX_ITERATIONS = 1000
 DEFAULT_MAX_REPETITIONS = 50
 """`-r auto`'s most timed iterations per cell unless --max-repetitions says otherwise: a cell
 that has not reached its precision by then is noisy, and more would rarely change that."""
-MAX_WARMUP = 100
-MAX_DECODE_TOKENS = 8192
-MAX_DELAY_S = 3600.0
 DEFAULT_COOL_START_S = 120.0
 """How long `agent bench` and `coordinator benchmark` let a cell wait to cool before it runs
 flagged hot-start (--cool-start-limit): a fanless Mac loses 10-15 °C in a minute or two idle."""
-MAX_COOL_START_S = 3600.0
 MAX_MODEL_LENGTH = 1024
 """Characters of a model's name, directory path or Hugging Face id (macOS's PATH_MAX)."""
 SUPPORTED_BITS = (4, 8, 16)

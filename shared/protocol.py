@@ -76,7 +76,11 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
     "hello": {"client": (str, False), "version": (str, False)},
     "ping": {},
     "info": {},
-    "bench.start": {"matrix": (dict, True), "sustain": ((dict, NONE), False)},
+    "bench.start": {
+        "matrix": (dict, True),
+        "sustain": ((dict, NONE), False),
+        "progress": ((list, NONE), False),
+    },
     "bench.cancel": {"job": (str, True)},
     "job.get": {"job": (str, True), "offset": (int, False)},
     "job.list": {"limit": (int, False)},
@@ -122,6 +126,8 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
         "total": (int, True),
         "model": ((dict, NONE), False),
         "cooling": ((dict, NONE), False),
+        "pause": ((dict, NONE), False),
+        "phase": ((dict, NONE), False),
     },
     "bench.cell": {"job": (str, True), "index": (int, True), "record": (dict, True)},
     "bench.done": {

@@ -49,6 +49,15 @@ def read_from(source: str, sensor: str | None) -> str:
     return source if sensor is None else f"{source} · {sensor}"
 
 
+def short_source(source: str) -> str:
+    """A source as a narrow label names it: a replay by its file's name, not its whole path
+    (`replay:curve.csv`); every other source as it is."""
+    kind, colon, path = source.partition(":")
+    if colon and kind == "replay":
+        return f"{kind}:{path.replace(chr(92), '/').rsplit('/', 1)[-1]}"
+    return source
+
+
 DEFAULT_POLL_INTERVAL_S = 1.0
 """Seconds between two readings of a source, unless an option says otherwise."""
 

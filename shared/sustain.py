@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from shared.bounds import MAX_SUSTAIN_S, MAX_SUSTAIN_WINDOW_S, duration_text
 from shared.stats import ci95_half_width
 
 DEFAULT_WINDOW_S = 10.0
@@ -82,6 +83,14 @@ class SustainPlan:
             raise SustainError(f"{duration} and {window} must be finite")
         if self.window_s <= 0:
             raise SustainError(f"{window} must be longer than 0 s, got {self.window_s:g}")
+        for name, value, most in (
+            (duration, self.duration_s, MAX_SUSTAIN_S),
+            (window, self.window_s, MAX_SUSTAIN_WINDOW_S),
+        ):
+            if value > most:
+                raise SustainError(
+                    f"{name} must be at most {duration_text(most)} ({most:g} s), got {value:g} s"
+                )
         if self.duration_s < 2 * self.window_s:
             raise SustainError(
                 f"{duration} {self.duration_s:g} s is shorter than two windows of "

@@ -7,7 +7,9 @@ column wraps only between words (a list of hosts), a TEXT column (an error, a fi
 Drawn narrower than its natural width, the columns its `folds` name drop in that order until
 the rest fit, and a dim line names them; below RECORD_WIDTH, or when even the
 columns that never drop do not fit, each row is printed as a record, one `header  value` line
-per column. Sized at draw time, so one table serves a terminal, a pipe and a test's Console.
+per column. A table without headers (a `field  value` list, `agent temp`) is one record
+already: it keeps its table form below RECORD_WIDTH while its columns fit. Sized at draw time,
+so one table serves a terminal, a pipe and a test's Console.
 Pure: Rich only.
 """
 
@@ -68,7 +70,7 @@ class FitTable(Table):
             return
         ranges = [self._range(console, options, index) for index in range(len(self.columns))]
         shown = self._kept([least for least, _ in ranges], width)
-        if width < RECORD_WIDTH or shown is None:
+        if (width < RECORD_WIDTH and self.show_header) or shown is None:
             yield from self._records()
             return
         widths = self._widths(shown, ranges, width)

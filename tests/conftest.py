@@ -73,6 +73,30 @@ def run_cli(
     )
 
 
+SERVICE_MANAGER_FAKE = Path(__file__).parent / "fakes" / "service_manager.py"
+"""launchctl and systemctl, faked (tests/test_service*.py)."""
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """An empty folder to be a user's home directory (`agent install`'s LaunchAgents and
+    systemd user units go under it)."""
+    path = tmp_path / "home"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def fake_managers(tmp_path: Path) -> Path:
+    """A PATH directory whose launchctl and systemctl are SERVICE_MANAGER_FAKE; the fake keeps
+    its state beside it (`service-state.json` in its parent)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("launchctl", "systemctl"):
+        (bin_dir / name).symlink_to(SERVICE_MANAGER_FAKE)
+    return bin_dir
+
+
 @pytest.fixture
 def tool_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Fake powermetrics, macmon and sudo (tests/fixtures/fake_tool.py) first on PATH; returns

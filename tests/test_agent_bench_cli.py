@@ -156,16 +156,16 @@ def test_sql_loads_into_sqlite_with_the_whole_llama_bench_matrix(
     ("args", "message"),
     [
         (["--config", "medium"], "unknown config 'medium'"),
-        (["--config-small", "-p", "-1"], "n_prompt[0]: prompt length -1"),
-        (["--config-small", "-s", "2000000"], "n_prompt[0]: prompt length 2000000"),
+        (["--config-small", "-p", "-1"], "--n-prompt item 1: prompt length -1"),
+        (["--config-small", "-s", "2000000"], "--n-prompt item 1: prompt length 2000000"),
         (["--config-small", "-p", "0", "-n", "0"], "n_prompt, n_gen, n_pg: nothing to measure"),
         (["--config-small", "-pg", "8"], "-pg: expected PROMPT,GENERATED"),
         (["--config-small", "-d", "x"], "--n-depth: 'x' is not a list of integers"),
-        (["--config-small", "--delay", "-1"], "delay_s: -1 s is outside"),
+        (["--config-small", "--delay", "-1"], "--delay must be >= 0 seconds, got -1"),
         (["--config-small", "--config", "full"], "--config-small and --config full conflict"),
-        (["--config-small", "-b", "0"], "batch_sizes[0]: batch size 0"),
-        (["--config-small", "--batch-size", "-1"], "batch_sizes[0]: batch size -1"),
-        (["--config-small", "--bits", "2"], "bits[0]: 2 is not supported"),
+        (["--config-small", "-b", "0"], "--batch-sizes item 1: batch size 0"),
+        (["--config-small", "--batch-size", "-1"], "--batch-sizes item 1: batch size -1"),
+        (["--config-small", "--bits", "2"], "--bits item 1: 2 is not supported"),
         (["--model", "/no/such/model"], "model directory /no/such/model does not exist"),
         (["--config-small", "--format", "xml"], "unknown format 'xml'"),
         (["--config-small", "-o", "xml"], "unknown format 'xml'"),
@@ -208,7 +208,10 @@ def test_ctrl_c_prints_the_cells_finished_so_far(agent_cli: str) -> None:
         env=subprocess_env(),
     )
     assert process.stderr is not None
-    first = process.stderr.readline()
+    first = ""
+    while "[1/" not in first:  # past the header's warnings and the build's line
+        first = process.stderr.readline()
+        assert first, "agent bench ended before its first cell"
     assert "[1/2]" in first and "pp8" in first, first
     process.send_signal(signal.SIGINT)
     stdout, stderr = process.communicate(timeout=300)

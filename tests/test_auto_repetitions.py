@@ -166,7 +166,7 @@ def test_a_coordinator_judges_by_its_jobs_precision_not_the_agents(
 
 
 BAD = [
-    (["-r", "0"], "iterations: 0 must be at least 1"),
+    (["-r", "0"], "--repetitions: 0 must be at least 1"),
     (["-r", "abc"], "--repetitions: 'abc' is not a whole number or auto"),
     (["-r", "auto", "--precision", "0"], "--precision must be above 0 and below 1"),
     (["-r", "auto", "--precision", "nan"], "--precision must be above 0 and below 1"),

@@ -26,10 +26,10 @@ def one_line(result: subprocess.CompletedProcess[str]) -> str:
         (["agent", "bench", "-r", "x"], "--repetitions: 'x' is not a whole number or auto"),
         (["agent", "bench", "-r"], "Option '-r' requires an argument"),
         (["agent", "benchh"], "No such command 'benchh'"),
-        (["agent", "keys", "trust"], "Missing argument 'key'"),
-        (["coordinator", "compare", "r-1"], "Missing argument 'run_b'"),
+        (["agent", "keys", "trust"], "Missing argument 'KEY'"),
+        (["coordinator", "compare", "r-1"], "Missing argument 'RUN_B'"),
         (["coordinator", "monitor", "--bogus", "1"], "No such option: --bogus"),
-        (["coordinator", "keys", "add", "mac1"], "Missing argument 'key'"),
+        (["coordinator", "keys", "add", "mac1"], "Missing argument 'KEY'"),
         (["coordinator", "history", "--since"], "Option '--since' requires an argument"),
     ],
 )
@@ -77,28 +77,28 @@ def test_conflicting_configs_are_refused_by_the_coordinator_too() -> None:
     [
         (
             ["agent", "bench", "--config-small", "-n", "9000"],
-            "n_gen[0]: generation length 9000 is above the limit of 8192",
+            "--n-gen item 1: generation length 9000 is above the limit of 8192",
         ),
         (
             ["agent", "bench", "--config-small", "-p", "16,-4"],
-            "n_prompt[1]: prompt length -4 must be 0 or more",
+            "--n-prompt item 2: prompt length -4 must be 0 or more",
         ),
         (
             ["coordinator", "benchmark", "--config-small", "-r", "0"],
-            "iterations: 0 must be at least 1",
+            "--repetitions: 0 must be at least 1",
         ),
         (
             ["coordinator", "benchmark", "--config-small", "--batch-sizes", "1,2000"],
-            "batch_sizes[1]: batch size 2000 is above the limit of 1024",
+            "--batch-sizes item 2: batch size 2000 is above the limit of 1024",
         ),
     ],
 )
 def test_a_matrix_beyond_a_limit_is_one_line_naming_the_field(
     command: list[str], line: str
 ) -> None:
-    """The CLI shows the agent's bad-matrix words as they are: each names the wire field, whose
-    option is spelled alike (--n-gen, --n-prompt, --iterations, --batch-sizes), then the
-    value and the limit in words (docs/protocol.md §5, The matrix)."""
+    """The CLI tells the matrix's words (each names the wire field first: docs/protocol.md §5,
+    The matrix) by the option that sets the field (shared.io.options.as_flags), the item
+    counted from 1, then the value and the limit in words."""
     result = run_cli(*command)
     assert result.returncode == 2 and result.stdout == ""
     assert one_line(result) == f"error: {line}"
@@ -112,7 +112,7 @@ def test_a_name_dns_cannot_resolve_says_so() -> None:
     )
     for security in (["--insecure"], []):  # with CURVE, before asking for a key it lacks
         result = run_cli(
-            "coordinator", "status", "--hosts", "no-such-host.invalid:5555", *security, "-f", "json"
+            "coordinator", "status", "--hosts", "no-such-host.invalid:5555", *security, "-o", "json"
         )
         assert result.returncode == 1  # documented: a host failed
         assert "cannot resolve host no-such-host.invalid" in result.stdout

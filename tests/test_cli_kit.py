@@ -35,9 +35,18 @@ def test_agent_bench_and_coordinator_benchmark_take_the_same_matrix() -> None:
     bench = options_of(command(agent_app, "bench"), MatrixOptions)
     benchmark = options_of(command(coordinator_app, "benchmark"), MatrixOptions)
     assert bench == benchmark and len(bench) == len(fields(MatrixOptions))
-    assert bench["n_prompt"][:2] == (("-p", "--n-prompt", "-s", "--seq-lengths"), "512")
-    assert bench["n_gen"][:2] == (("-n", "--n-gen", "--decode-tokens"), "128")
-    assert bench["repetitions"][:2] == (("-r", "--repetitions", "-i", "--iterations"), "5")
+    assert bench["n_prompt"][:2] == (
+        ("-p", "--n-prompt", "-s", "--seq-lengths", "--prompt-tokens"),
+        "512",
+    )
+    assert bench["n_gen"][:2] == (
+        ("-n", "--n-gen", "--decode-tokens", "--generation-tokens"),
+        "128",
+    )
+    assert bench["repetitions"][:2] == (
+        ("-r", "--repetitions", "-i", "--iterations", "--num-trials"),
+        "5",
+    )
     assert bench["pg"][0] == ("-pg",) and bench["n_depth"][:2] == (("-d", "--n-depth"), "0")
 
 

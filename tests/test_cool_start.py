@@ -182,7 +182,9 @@ def test_a_peers_cooling_progress_is_checked() -> None:
 def test_a_limit_out_of_range_is_one_line(command: list[str]) -> None:
     result = run_cli(*command, "--config-small", "--cool-start-limit", "5000")
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.strip() == "error: cool_start_s: 5000 s is outside 0..3600 s"
+    assert (
+        result.stderr.strip() == "error: --cool-start-limit must be at most 1h (3600 s), got 5000"
+    )
 
 
 # --- end to end ---------------------------------------------------------------------------------

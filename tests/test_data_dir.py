@@ -179,8 +179,11 @@ def test_what_coordinator_benchmark_creates_is_private(tmp_path: Path) -> None:
     done = run("coordinator", ["benchmark", *SMALL, "--format", "json"], home)
     assert done.returncode == 0, done.stderr
     assert (home / "embedded-agent" / "agent.log").exists()
-    public_keys = {k: v for k, v in walk_modes(home).items() if k.endswith(".key")}
+    public_keys = {k: v for k, v in walk_modes(home).items() if k.endswith("self.key")}
     assert walk_modes(home) == public_keys  # a public key may be read: only its secret may not
+    assert set(public_keys.values()) <= {"0644"}, public_keys  # read, never written, by others
+    secrets = list(home.rglob("*.key_secret"))
+    assert secrets and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in secrets)
 
 
 def test_agent_doctor_marks_a_data_dir_that_is_a_file(tmp_path: Path) -> None:

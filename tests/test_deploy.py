@@ -276,7 +276,8 @@ def test_dry_run_asks_a_real_host_for_its_python_through_its_login_shell(
         coordinator_cli, "deploy", "--hosts", "mac1", "--dry-run", "--ssh-config", str(lab.config)
     )
     assert result.returncode == 0, result.stderr
-    [line] = result.stderr.strip().splitlines()
+    made, line = result.stderr.strip().splitlines()  # a first run makes the coordinator's key
+    assert made.startswith("made this coordinator's key")
     chosen = re.fullmatch(r"mac1:5555: python (/\S+) \(3\.\d+, \S+\)", line)
     assert chosen, line
     assert f"# python: {chosen[1]}" in result.stdout
@@ -334,14 +335,23 @@ def test_dry_run_lists_every_step(coordinator_cli: str, tmp_path: Path) -> None:
     assert "sudo" not in result.stdout
 
 
-def test_dry_run_creates_no_key(coordinator_cli: str, fleet_home: Path, tmp_path: Path) -> None:
+def test_a_dry_run_trusts_the_real_key_a_first_run_would_make(
+    coordinator_cli: str, fleet_home: Path, tmp_path: Path
+) -> None:
+    """No placeholder: the line can be pasted. A coordinator without a key makes the one the
+    real run would (and says so); nothing else is written."""
     wheel = tmp_path / "dist dir" / "mlx_fleet-9-py3-none-any.whl"
-    _, steps = dry_run_with_a_wheel(coordinator_cli, wheel)
-    assert (
-        "keys trust '\"'\"'<coordinator key, made on the first real run>'\"'\"' "
-        in steps["trust coordinator"]
-    )
-    assert not (fleet_home / "keys").exists()  # a dry run runs nothing, writes nothing
+    result, steps = dry_run_with_a_wheel(coordinator_cli, wheel)
+    key = coordinator(coordinator_cli, "keys", "show").stdout.strip()
+    assert len(key) == 40 and "<coordinator" not in result.stdout
+    assert f"keys trust '\"'\"'{key}'\"'\"' " in steps["trust coordinator"]
+    assert "made this coordinator's key" in result.stderr
+    assert sorted(p.name for p in (fleet_home / "keys").iterdir()) == [
+        "self.key",
+        "self.key_secret",
+    ]
+    again, _ = dry_run_with_a_wheel(coordinator_cli, wheel)
+    assert again.stdout == result.stdout and "made this" not in again.stderr
 
 
 def test_dry_run_trusts_the_coordinator_key_once_one_exists(

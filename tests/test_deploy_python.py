@@ -29,6 +29,7 @@ from coordinator.deploy import (
     parse_probe,
     probe_command,
 )
+from shared.io.keys import own_keypair
 from tests.conftest import console_script, subprocess_env
 from tests.test_deploy import dry_run_steps as steps_of
 
@@ -99,6 +100,9 @@ class FakeMac:
 
 @pytest.fixture
 def mac(tmp_path: Path, fleet_home: Path) -> FakeMac:
+    """A fake Mac, deployed to by a coordinator that has its key already (a first dry run
+    also makes it, with one more line: tests/test_deploy.py)."""
+    own_keypair()
     return FakeMac(tmp_path / "mac")
 
 
@@ -210,6 +214,7 @@ def test_an_unreachable_host_fails_its_dry_run_with_ssh_s_line(
     coordinator_cli: str, tmp_path: Path, fleet_home: Path
 ) -> None:
     """The real ssh to a port nothing listens on: the host's one line, exit 1, no plan."""
+    own_keypair()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

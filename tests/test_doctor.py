@@ -46,6 +46,18 @@ def test_agent_doctor_reports_every_check_and_exits_0_when_the_agent_can_run() -
         assert not any(found[name]["required"] for name in ("metal", "firewall", "service"))
 
 
+def test_agent_doctor_only_looks_at_a_missing_data_dir(tmp_path: Path) -> None:
+    """A doctor makes nothing: a missing data dir (and the folder it would be made in) is still
+    missing after it, and the check says `agent serve` makes it, ✓: it can be made."""
+    home = tmp_path / "fresh" / "home"
+    result = cli("agent", "doctor", "--format", "json", "--bind", "127.0.0.1:0", home=home)
+    assert not (tmp_path / "fresh").exists(), result.stderr
+    found = checks(json.loads(result.stdout))
+    assert found["data dir"]["ok"] and found["data dir"]["required"], found["data dir"]
+    assert "missing" in found["data dir"]["detail"] and "agent serve" in found["data dir"]["detail"]
+    assert found["agent key"]["ok"]
+
+
 def test_a_port_taken_by_another_program_fails_with_the_fix() -> None:
     with socket.socket() as taken:
         taken.bind(("0.0.0.0", 0))

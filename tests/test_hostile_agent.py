@@ -315,7 +315,7 @@ def benchmark(home: Path, hostile: HostileAgent, benign: str, tty: bool = False)
     hosts = f"{hostile.address},{benign}"
     run = coordinator("benchmark", "--hosts", hosts, *BENCH_LINKS, *BENCH, home=home, tty=tty)
     asked = hostile.requests[since:]
-    runs = coordinator("runs", "-f", "json", home=home)
+    runs = coordinator("runs", "-o", "json", home=home)
     try:
         run_id = json.loads(runs.stdout)[0]["id"]
     except (ValueError, LookupError):
@@ -449,7 +449,7 @@ def test_strings_status(
         "--hosts",
         agent.address,
         *LINKS,
-        "-f",
+        "-o",
         fmt,
         home=fleet_home,
         tty=tty,
@@ -636,10 +636,10 @@ def test_types_status(fake: Callable[[str], HostileAgent], fleet_home: Path, fmt
     """NaN, inf and 1e308 in the machine's numbers, cpu_levels an int, a NaN reading."""
     agent = fake("types")
     run, problems = against(
-        agent, "info", "status", "--hosts", agent.address, *LINKS, "-f", fmt, home=fleet_home
+        agent, "info", "status", "--hosts", agent.address, *LINKS, "-o", fmt, home=fleet_home
     )
     if fmt == "json":
-        problems += not_strict_json(run, "status -f json")
+        problems += not_strict_json(run, "status -o json")
     check(run, problems)
 
 
@@ -706,10 +706,10 @@ def test_types_monitor(fake: Callable[[str], HostileAgent], fleet_home: Path, fm
 @pytest.mark.parametrize("fmt", ["table", "json"])
 def test_types_history(monitored: Callable[[str], Monitored], fmt: str) -> None:
     seen = monitored("telemetry-types")
-    run = coordinator("history", "-f", fmt, home=seen.home)
+    run = coordinator("history", "-o", fmt, home=seen.home)
     problems = hostile_output(run) + seen.unasked("history.get")
     if fmt == "json":
-        problems += not_strict_json(run, "history -f json")
+        problems += not_strict_json(run, "history -o json")
     check(run, problems)
 
 
@@ -718,10 +718,10 @@ def test_types_doctor(fake: Callable[[str], HostileAgent], fleet_home: Path, fmt
     """doctor.ok with `ok` a str, a detail an int, `required` nil."""
     agent = fake("types")
     run, problems = against(
-        agent, "doctor", "doctor", "--hosts", agent.address, *LINKS, "-f", fmt, home=fleet_home
+        agent, "doctor", "doctor", "--hosts", agent.address, *LINKS, "-o", fmt, home=fleet_home
     )
     if fmt == "json":
-        problems += not_strict_json(run, "doctor -f json")
+        problems += not_strict_json(run, "doctor -o json")
     check(run, problems)
 
 

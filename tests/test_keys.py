@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import zmq.auth
 
 from agent.daemon.zap import TrustedKeys
 from coordinator.keys import known_hosts
-from shared.io.keys import new_keypair, own_keypair
+from shared.io.keys import PUBLIC_MODE, new_keypair, own_keypair
 from shared.io.trust import list_trusted, trust, trusted_dir
 from tests.fleet_support import cli
 
@@ -30,6 +31,26 @@ def test_the_secret_is_private(fleet_home: Path) -> None:
     assert stat.S_IMODE(secret.stat().st_mode) == 0o600
     assert stat.S_IMODE((fleet_home / "keys").stat().st_mode) == 0o700
     assert zmq.auth.load_certificate(fleet_home / "keys" / "self.key")[1] is None
+
+
+def test_a_permissive_umask_opens_no_key_file(fleet_home: Path) -> None:
+    """umask 000: the secret and every trusted key stay 0600, the public key 0644 (README,
+    "Data": a public key may be read, never written, by others)."""
+    old = os.umask(0)
+    try:
+        own_keypair()
+        trust(new_keypair()[0], name="lab-mac")
+    finally:
+        os.umask(old)
+    keys = fleet_home / "keys"
+    modes = {str(p.relative_to(keys)): stat.S_IMODE(p.stat().st_mode) for p in keys.rglob("*")}
+    assert modes == {
+        "self.key_secret": 0o600,
+        "self.key": PUBLIC_MODE,
+        "trusted": 0o700,
+        "trusted/lab-mac.key": 0o600,
+    }
+    assert PUBLIC_MODE == 0o644
 
 
 def test_agent_keys_show_prints_the_public_key_alone() -> None:

@@ -103,7 +103,7 @@ def test_cancel_stops_the_jobs_of_a_run(agents: AgentPool) -> None:
 def test_cancel_by_host_stops_whatever_job_runs_there(agents: AgentPool) -> None:
     agent = agents.start("mac1")
     exchange_keys(agent)
-    idle = json.loads(cli("coordinator", "cancel", "--hosts", agent.address, "-f", "json").stdout)
+    idle = json.loads(cli("coordinator", "cancel", "--hosts", agent.address, "-o", "json").stdout)
     assert idle[0]["result"] == "none" and idle[0]["job"] is None
 
 

@@ -25,27 +25,12 @@ from agent.service.files import parse_launchctl_print, parse_systemctl_show
 from agent.service.launchctl import Session
 from agent.service.run_as import editable_by_others
 from agent.service.scope import auto_scope
-from tests.conftest import subprocess_env
+from tests.conftest import SERVICE_MANAGER_FAKE, subprocess_env
 
-FAKE = Path(__file__).parent / "fakes" / "service_manager.py"
+FAKE = SERVICE_MANAGER_FAKE
 FIXTURES = Path(__file__).parent / "fixtures"
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    path = tmp_path / "home"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
-def fake_managers(tmp_path: Path) -> Path:
-    """A PATH directory where launchctl and systemctl are the fake; returns its state file."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name in ("launchctl", "systemctl"):
-        (bin_dir / name).symlink_to(FAKE)
-    return bin_dir
+# `home` and `fake_managers` (the fake on PATH) are tests/conftest.py's, shared with
+# tests/test_service_domains.py.
 
 
 SESSION_VARIABLES = ("SSH_TTY", "SSH_CONNECTION", "SUDO_USER", "SUDO_UID")

@@ -17,11 +17,17 @@ from typing import Any
 import pytest
 from rich.console import Console, RenderableType
 
+from agent.commands.service import status_table as service_table
+from agent.commands.temp import render as temp_view
+from coordinator.commands.benchmark import cancel_table
+from coordinator.commands.deploy import DEPLOY_FOLDS, results_table
 from coordinator.commands.history import JOBS_FOLDS, STATS_FOLDS, history_tables
 from coordinator.commands.policy import POLICY_FOLDS, policy_table
 from coordinator.commands.runs import RUNS_FOLDS, runs_table
 from coordinator.commands.status import STATUS_FOLDS, status_table
 from coordinator.compare import COMPARE_FOLDS, rich_comparison
+from coordinator.dashboard import GANG_FOLDS, gang_table
+from coordinator.gang_rows import GangRow
 from shared.doctor import doctor_table
 from shared.report import BENCH_FOLDS, rich_report
 from shared.sustain_report import SUMMARY_FOLDS, WINDOW_FOLDS
@@ -195,6 +201,28 @@ def runs_rows() -> list[dict[str, Any]]:
     return [run | {"hosts": list(HOSTS), "ok": 12, "failed": 0}]
 
 
+def cancel_rows() -> list[dict[str, Any]]:
+    cancelled = {"host": HOSTS[0], "job": "j-7f3a9c2e", "result": "cancelled", "error": None}
+    refused = {"host": HOSTS[1], "job": None, "result": "unreachable"}
+    refused["error"] = "connection refused: no agent listening on 127.0.0.1:6120 after 3 tries"
+    return [cancelled, refused]
+
+
+def deploy_results() -> list[dict[str, object]]:
+    done = ["check python", "copy wheel", "install wheel", "write service", "restart service"]
+    ok = {"host": HOSTS[0], "ok": True, "failed": None, "done": done, "service": "launchd user"}
+    failed = {"host": HOSTS[1], "ok": False, "failed": "install wheel", "done": done[:2]}
+    failed["error"] = "pip: No matching distribution found for mlx>=0.20 (Python 3.9.6 too old)"
+    return [{**ok, "error": None}, failed]
+
+
+def gang_rows_shown() -> list[GangRow]:
+    cause = {"host": HOSTS[1], "rank": 1, "celsius": 96.4, "source": "smc", "sensor": "TCMz"}
+    row = GangRow("lora-7f3a", 4, "ring", ranks={0: HOSTS[0], 1: HOSTS[1]})
+    row.hottest, row.state, row.cause = (96.4, HOSTS[1], "smc · TCMz"), "reduce_batch", cause
+    return [row]
+
+
 CASES: dict[str, Callable[[], RenderableType]] = {
     "agent bench / benchmark / show": lambda: rich_report(bench_report()),
     "compare": lambda: rich_comparison(compare_rows(), RUN_ID, "r-20261203-1400-aa01"),
@@ -206,8 +234,11 @@ CASES: dict[str, Callable[[], RenderableType]] = {
     "policy": lambda: policy_table(policy_rows()),
     "status": lambda: status_table(status_rows()),
     "doctor": lambda: doctor_table(doctor_hosts()),
+    "cancel": lambda: cancel_table(cancel_rows()),
+    "deploy": lambda: results_table(deploy_results()),
+    "gang": lambda: gang_table(gang_rows_shown()),
 }
-WHOLE = (*HOSTS, RUN_ID, "latency ms", "j-7f3a9c2e", "pause ≥ °C")
+WHOLE = (*HOSTS, RUN_ID, "latency ms", "j-7f3a9c2e", "pause ≥ °C", "lora-7f3a (ring)", "96.4")
 
 
 def every_table(renderable: RenderableType) -> list[FitTable]:
@@ -328,6 +359,8 @@ DOCUMENTED = {
     "`runs`": RUNS_FOLDS,
     "`policy`": POLICY_FOLDS,
     "`status`": STATUS_FOLDS,
+    "`deploy`": DEPLOY_FOLDS,
+    "distributed jobs": GANG_FOLDS,
 }
 
 
@@ -382,3 +415,62 @@ def test_agent_bench_reads_whole_in_a_tmux_pane_80_wide(tmp_path: Path) -> None:
     assert all(FIGURE.search(row) for row in rows), "\n".join(pane)
     table = [line for line in pane if line[:1] in "┏┃┡│└"]
     assert all(len(line) <= 80 for line in table), "\n".join(pane)  # log lines may run on
+
+
+def service_report() -> dict[str, Any]:
+    logs = [
+        "/Users/lab/Library/Logs/mlx-fleet/agent.out.log",
+        "/Users/lab/Library/Logs/mlx-fleet/agent.err.log",
+    ]
+    return {
+        "flavour": "launchd",
+        "scope": "user",
+        "definition": "/Users/lab/Library/LaunchAgents/io.github.mlx-fleet.agent.plist",
+        "installed": True,
+        "loaded": "gui/501",
+        "running": True,
+        "pid": 48213,
+        "last_exit": 0,
+        "logs": logs,
+    }
+
+
+def temp_snapshot() -> dict[str, Any]:
+    policy = {"max_speed_temp": 95, "pause_temp": 114, "stop_temp": 120}
+    return {
+        "source": "smc",
+        "kind": "sensor",
+        "celsius": 70.25,
+        "sensor": "TCMz",
+        "pressure": "nominal",
+        "sensors": {"TCMz": 70.25, "TC0P": 64.125, "Tp09": 58.5},
+        "time": "2026-12-03T13:47:00.125+00:00",
+        "state": "ok",
+        "reason": None,
+        "policy": policy,
+        "policy_origin": "defaults for smc, calibrated for Mac14,6 (M2 Max) on 2026-11-30",
+    }
+
+
+FIELD_LISTS: dict[str, tuple[Callable[[], RenderableType], tuple[str, ...]]] = {
+    "agent service status": (lambda: service_table(service_report()), ("48213", "gui/501")),
+    "agent temp": (
+        lambda: temp_view(temp_snapshot(), [69.5, 70.0, 70.25], 0.75),
+        ("70.2", "64.12", "58.50", "+0.8 °C/min", "2026-12-03T13:47:00.125+00:00", "reduce ≥ 95"),
+    ),
+}
+"""The header-less `field  value` tables, and the figures each must keep whole."""
+
+
+@pytest.mark.parametrize("width", [RECORD_WIDTH - 10, 80, 200])
+@pytest.mark.parametrize("name", FIELD_LISTS)
+def test_field_lists_keep_each_field_and_figure_on_one_line(name: str, width: int) -> None:
+    build, words = FIELD_LISTS[name]
+    lines = drawn(build(), width)
+    screen = "\n".join(lines)
+    assert all(len(line) <= width for line in lines), screen
+    assert whole_on_a_line(lines, set(words)) == [], screen
+    (table,) = every_table(build())
+    fields = {str(getattr(cell, "plain", cell)).strip() for cell in table.columns[0].cells}
+    assert whole_on_a_line(lines, fields) == [], screen
+    assert "not shown at" not in screen

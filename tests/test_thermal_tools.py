@@ -389,7 +389,7 @@ def test_agent_temp_watch_json_streams_one_object_per_reading(
         "--source",
         f"replay:{curve}",
         "--watch",
-        "-f",
+        "-o",
         "json",
         "--interval",
         "0.1",

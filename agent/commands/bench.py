@@ -8,7 +8,16 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    SpinnerColumn,
+    Task,
+    TimeElapsedColumn,
+)
+from rich.text import Text
 
 from agent.awake.assertion import hold_awake
 from agent.commands.sensors import open_meter, open_monitor
@@ -24,6 +33,15 @@ from agent.profiling.runner import (
     run_matrix,
 )
 from agent.thermal import ThermalMonitor, ThermalReading
+from shared.bench_status import (
+    PauseView,
+    activity_label,
+    baseline_label,
+    build_label,
+    no_sensor_warning,
+    pause_label,
+    quantized_cpu_warning,
+)
 from shared.calibration import PolicyInForce
 from shared.clock import now_iso, utc_now
 from shared.cool_start import CoolWait, cool_wait_line
@@ -43,7 +61,7 @@ from shared.io.options import (
 )
 from shared.io.paths import data_subdir
 from shared.io.signals import interrupted_exit_code, sigterm_as_interrupt
-from shared.matrix import MatrixError, MatrixSpec, expand
+from shared.matrix import MatrixError, MatrixSpec, expand, resolve_bits
 from shared.policy import Action
 from shared.report import progress_line
 from shared.results import failed_cells, not_run
@@ -90,7 +108,8 @@ def bench(
     with sigterm_as_interrupt():
         try:
             check_sustain(plan, meter, thermal.poll_interval)
-            notice = None if no_cooling else cooling_notice(monitor)
+            status = BenchStatus()
+            notice = None if no_cooling else cooling_notice(monitor, status)
             guard = ThermalGuard(
                 monitor,
                 policy.policy,
@@ -99,10 +118,11 @@ def bench(
                 on_cool_wait=cool_wait_notice(monitor),
             )
             report = new_report(spec, monitor, policy, cooling=not no_cooling)
+            warn_unprotected(report, spec)
             report["energy"] = energy_header(meter)
             if plan is not None:
                 report["sustain"] = plan.to_dict()
-            measure(report, spec, guard, meter, plan)
+            measure(report, spec, guard, meter, plan, status)
             report["energy"] = energy_header(meter)
         finally:
             monitor.close()
@@ -119,13 +139,61 @@ def bench(
         raise typer.Exit(EXIT_PARTIAL)
 
 
-def cooling_notice(monitor: ThermalMonitor) -> ActionSink:
+class BenchStatus:
+    """What the progress label says: what runs and since when, or the pause the run is in (set
+    from the readings' thread, read at every refresh)."""
+
+    def __init__(self) -> None:
+        self.text, self.since, self.timed = "starting", time.monotonic(), False
+        self.pause: PauseView | None = None
+        self.paused_at = 0.0
+
+    def doing(self, text: str, timed: bool = True) -> None:
+        self.text, self.since, self.timed = text, time.monotonic(), timed
+
+    def label(self, now: float) -> str:
+        pause = self.pause
+        if pause is not None:
+            return pause_label(pause, now - self.paused_at)
+        return activity_label(self.text, now - self.since) if self.timed else self.text
+
+
+class StatusColumn(ProgressColumn):
+    """The label, made at every refresh so its clock ticks."""
+
+    def __init__(self, status: BenchStatus) -> None:
+        super().__init__()
+        self.status = status
+
+    def render(self, task: Task) -> Text:
+        return Text(self.status.label(time.monotonic()))
+
+
+def warn_unprotected(report: dict[str, Any], spec: MatrixSpec) -> None:
+    """The header's warnings: a source with no sensor leaves the cooling policy inert, and
+    quantized cells crawl on MLX's CPU backend (shared.bench_status decides)."""
+    warnings = (
+        no_sensor_warning(report["thermal"]["source"]),
+        quantized_cpu_warning(
+            [resolve_bits(m, b) for m in spec.models for b in spec.bits],
+            report["machine"].get("backend"),
+        ),
+    )
+    for warning in warnings:
+        if warning:
+            err.print(warning, highlight=False, markup=False)
+
+
+def cooling_notice(monitor: ThermalMonitor, status: BenchStatus | None = None) -> ActionSink:
     """A pause can last minutes with no cell finishing: say on stderr when the policy pauses,
-    resumes or stops the run, at which reading and from which source."""
+    resumes or stops the run, at which reading and from which source; the label shows the
+    pause while it lasts."""
 
     def say(action: Action, reading: ThermalReading | None, reason: str | None) -> None:
         if action not in (Action.PAUSE, Action.RESUME, Action.STOP):
             return
+        if status is not None:
+            paused(status, action, reading)
         at = ""
         if reading is not None and reading.celsius is not None:
             at = f" at {reading.celsius:.1f} °C"
@@ -134,6 +202,20 @@ def cooling_notice(monitor: ThermalMonitor) -> ActionSink:
         source = monitor.source.name + (", simulated" if monitor.source.simulated else "")
         because = f": {reason}" if reason else ""
         err.print(f"cooling: {action.value}{at} ({source}){because}", highlight=False, markup=False)
+
+    def paused(status: BenchStatus, action: Action, reading: ThermalReading | None) -> None:
+        if action is not Action.PAUSE:
+            status.pause = None
+            return
+        if status.pause is None:
+            status.paused_at = time.monotonic()
+        status.pause = PauseView(
+            reading.celsius if reading else None,
+            reading.pressure if reading else None,
+            monitor.source.name,
+            reading.sensor if reading else None,
+            0.0,
+        )
 
     return say
 
@@ -228,12 +310,28 @@ def measure(
     guard: ThermalGuard,
     meter: EnergyMeter | None = None,
     plan: SustainPlan | None = None,
+    status: BenchStatus | None = None,
 ) -> None:
-    """Every cell into the report, with a progress bar (a log line per cell when stderr is
-    not a terminal). Ctrl-C and a thermal stop keep what finished and list what did not run."""
+    """Every cell into the report, with a progress bar whose label names the cell, the model
+    building, the idle baseline or the cooling pause, and for how long (a line for each of
+    those when stderr is not a terminal). Ctrl-C and a thermal stop keep what finished and list
+    what did not run."""
     cells = expand(spec)
+    status = status or BenchStatus()
+
+    def phase(phase: dict[str, Any]) -> None:
+        if phase["kind"] == "build":
+            text = build_label(phase["label"], phase.get("param_count"))
+            line = text
+        else:
+            text, line = "idle baseline", baseline_label(phase["seconds"])
+        status.doing(text)
+        if not err.is_terminal:
+            err.print(f"{line}…", highlight=False, markup=False)
+
     progress = Progress(
-        TextColumn("{task.description}"),
+        SpinnerColumn(),
+        StatusColumn(status),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
@@ -243,17 +341,22 @@ def measure(
     started = time.monotonic()
     try:
         with hold_awake("agent bench"), progress:
-            task = progress.add_task(f"benchmarking {cells[0].name}", total=len(cells))
+            task = progress.add_task("bench", total=len(cells))
             records = run_matrix(
-                spec, guard=guard, on_model=report["models"].append, energy=meter, sustain=plan
+                spec,
+                guard=guard,
+                on_model=report["models"].append,
+                on_begin=lambda index: status.doing(cells[index].name),
+                energy=meter,
+                sustain=plan,
+                on_phase=phase,
             )
             for record in records:
                 report["cells"].append(record)
                 done = len(report["cells"])
                 if not err.is_terminal:
                     err.print(f"[{done}/{len(cells)}] {progress_line(record)}", highlight=False)
-                following = cells[done].name if done < len(cells) else "done"
-                progress.update(task, advance=1, description=f"benchmarking {following}")
+                progress.update(task, advance=1)
     except KeyboardInterrupt:
         report["interrupted"] = True
         report["cells"] += not_run(cells[len(report["cells"]) :], "interrupted")

@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
+import json
+import sys
 from typing import Annotated
 
 import typer
 
 from shared.exit_codes import EXIT_PARTIAL
+from shared.io.app import HELP_OPTIONS, TakesAKey, examples
 from shared.io.cli import data_home, err, usage_error
 from shared.io.keys import own_keypair
-from shared.io.options import TAKES_A_KEY
+from shared.io.options import TABLE_OR_JSON, TAKES_A_KEY, output_format
 from shared.io.trust import TrustError, list_trusted, revoke, trust
 
 keys_app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     rich_markup_mode=None,
+    context_settings=HELP_OPTIONS,
     help="This agent's CURVE key and the coordinator keys it trusts.",
+)
+
+KeysFormat = output_format(
+    TABLE_OR_JSON, "table (a line per key: name, key and a peer's address, tab-separated) or json."
 )
 
 
@@ -26,13 +34,27 @@ def keys_entry() -> None:
     data_home()
 
 
-@keys_app.command("show")
+@keys_app.command(
+    "show",
+    epilog=examples(
+        "agent keys show",
+        'coordinator keys add mac1 "$(ssh mac1 agent keys show)"',
+    ),
+)
 def keys_show() -> None:
     """Print this agent's public key alone (give it to `coordinator keys add`)."""
     print(own_keypair().public)
 
 
-@keys_app.command("trust", context_settings=TAKES_A_KEY)
+@keys_app.command(
+    "trust",
+    context_settings=TAKES_A_KEY,
+    cls=TakesAKey,
+    epilog=examples(
+        'agent keys trust "$(coordinator keys show)" --name laptop',
+        'agent keys trust "$(ssh mac2 agent keys show)" --name mac2 --peer 10.0.0.2',
+    ),
+)
 def keys_trust(
     key: Annotated[
         str, typer.Argument(help="A coordinator's public key (`coordinator keys show`).")
@@ -49,10 +71,7 @@ def keys_trust(
     ] = None,
 ) -> None:
     """Let the coordinator holding KEY drive this agent, or, with --peer, the agent of
-    another Mac of the lab exchange gang states with it (a running agent sees it at once).
-
-    Example: agent keys trust "$(ssh mac2 agent keys show)" --name mac2 --peer 10.0.0.2
-    """
+    another Mac of the lab exchange gang states with it (a running agent sees it at once)."""
     try:
         entry = trust(key, name, peer=peer)
     except TrustError as exc:
@@ -61,17 +80,26 @@ def keys_trust(
     err.print(f"trusted {entry.key} as {entry.name}{as_peer}", highlight=False, markup=False)
 
 
-@keys_app.command("list")
-def keys_list() -> None:
+@keys_app.command("list", epilog=examples("agent keys list", "agent keys list -o json"))
+def keys_list(fmt: KeysFormat = "table") -> None:
     """The trusted keys: name and key, one per line (and the address of a peer agent's)."""
     entries = list_trusted()
     if not entries:
         err.print("no coordinator key is trusted yet: `agent keys trust KEY`", highlight=False)
+    if fmt == "json":
+        shown = [{"name": e.name, "key": e.key, "peer": e.peer} for e in entries]
+        sys.stdout.write(json.dumps(shown, indent=2) + "\n")
+        return
     for entry in entries:
         print(f"{entry.name}\t{entry.key}" + (f"\t{entry.peer}" if entry.peer else ""))
 
 
-@keys_app.command("revoke", context_settings=TAKES_A_KEY)
+@keys_app.command(
+    "revoke",
+    context_settings=TAKES_A_KEY,
+    cls=TakesAKey,
+    epilog=examples("agent keys revoke laptop", 'agent keys revoke "$(coordinator keys show)"'),
+)
 def keys_revoke(
     key: Annotated[str, typer.Argument(help="The key, or the name it was trusted under.")],
 ) -> None:

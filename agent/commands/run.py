@@ -9,7 +9,6 @@ agent.cooling.supervise for the actions and the reduce_batch state file."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import sqlite3
 import sys
@@ -28,6 +27,7 @@ from agent.cooling.gang import GangRank, group_holder
 from agent.cooling.supervise import LaunchError, Sink, Supervisor
 from agent.daemon_address import find_daemon
 from agent.thermal import ThermalMonitor
+from shared.bounds import MAX_GRACE_S, MAX_THROTTLE_WINDOW_S, BoundError, check_seconds
 from shared.exit_codes import EXIT_SUPERVISOR_FAILED
 from shared.gang import GangIdentity, GangSpecError, from_environment, from_options
 from shared.io.cli import data_home, fail, usage_error
@@ -150,6 +150,7 @@ def run_command(
     allows it, and a stop on one stops all (each exits 75), agent to agent
     with no coordinator (the peers' keys: agent keys trust KEY --peer HOST).
 
+    \b
     Examples:
       agent run -- python -m mlx_lm lora --model M --train --data D
       mlx.launch --hostfile hosts.json -- agent run -- python train.py
@@ -158,10 +159,11 @@ def run_command(
     2 bad usage (thresholds out of order, unknown source), 125 thermal source
     unusable here, 126 CMD cannot be executed, 127 CMD not found.
     """
-    if not (math.isfinite(grace) and grace >= 0):
-        raise usage_error(f"--grace must be >= 0 seconds, got {grace}")
-    if not (math.isfinite(throttle_window) and throttle_window > 0):
-        raise usage_error(f"--throttle-window must be > 0 seconds, got {throttle_window}")
+    try:
+        check_seconds("--grace", grace, MAX_GRACE_S)
+        check_seconds("--throttle-window", throttle_window, MAX_THROTTLE_WINDOW_S, above_least=True)
+    except BoundError as exc:
+        raise usage_error(str(exc)) from None
     limits.check()
     identity = gang_identity(group, ranks, rank, rank_hosts)
     data_home()  # its event log and state file: a bad data dir is one line before CMD starts

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 import time
 from logging.handlers import RotatingFileHandler
@@ -15,6 +16,7 @@ import typer
 from agent.daemon.endpoints import DEFAULT_BIND, PortHeld, ServeError
 from agent.daemon.loop import DEFAULT_RETENTION_DAYS, AgentDaemon, serve
 from agent.daemon_address import DaemonAddress, find_daemon
+from shared.bounds import MAX_PID
 from shared.io.cli import err, usage_error
 from shared.io.files import make_private
 from shared.io.options import (
@@ -127,6 +129,11 @@ def serve_command(
         raise usage_error(f"--telemetry-port must be 0 to 65535, got {telemetry_port}")
     if name is not None and not name.strip():
         raise usage_error("--name must not be empty")
+    if parent_pid is not None and not 1 <= parent_pid <= MAX_PID:
+        raise usage_error(f"--parent-pid must be a process id, 1 to {MAX_PID}, got {parent_pid}")
+    unusable = bind_problem(bind)
+    if unusable is not None:
+        raise usage_error(unusable)
     os.umask(0o077)  # every file the daemon and its jobs make is this user's alone
     try:
         configure_logging(log_file)
@@ -166,6 +173,34 @@ def serve_command(
         )
     except ServeError as exc:
         raise usage_error(str(exc)) from None
+
+
+WILDCARDS = ("*", "0.0.0.0", "::", "[::]")
+
+
+def bind_problem(bind: str) -> str | None:
+    """Why --bind's HOST cannot be bound, when DNS has no address for it and it is no network
+    interface of this machine (ZeroMQ binds `eth0:5555` too): ZeroMQ would say only `No such
+    device`. None when it may be bound (a malformed HOST:PORT is endpoint_for's to refuse)."""
+    host, sep, port = bind.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or host in WILDCARDS or not port.isdigit():
+        return None
+    try:
+        if host in {name for _, name in socket.if_nameindex()}:
+            return None
+    except OSError:
+        pass
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        why = exc.strerror if isinstance(exc, socket.gaierror) and exc.strerror else exc
+        return (
+            f"--bind {bind}: cannot resolve {host} ({why}), so it cannot be bound: give an "
+            f"address or interface of this machine, e.g. 0.0.0.0:{port} (every interface) "
+            f"or 127.0.0.1:{port}"
+        )
+    return None
 
 
 def holds_port(holder: DaemonAddress, endpoint: str) -> bool:

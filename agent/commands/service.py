@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Annotated, Any, ParamSpec
 
 import typer
-from rich.table import Table
 
 from agent.daemon.endpoints import ServeError, endpoint_for
 from agent.service.control import (
@@ -38,6 +37,7 @@ from agent.service.scope import SudoRefused, auto_scope, escalated, sudo_allows
 from shared.io.cli import emit, err, fail, usage_error
 from shared.io.options import TableFormat
 from shared.source_names import SourceSpecError, parse_source_name
+from shared.tables import TEXT, FitTable
 
 UserScope = Annotated[
     bool,
@@ -313,8 +313,12 @@ def service_status_command(
     emit(report, fmt, status_table)
 
 
-def status_table(report: dict[str, Any]) -> Table:
-    table = Table(show_header=False, title="mlx-fleet agent service")
+def status_table(report: dict[str, Any]) -> FitTable:
+    """A `field  value` list (shared.tables): a field, a pid and an exit status never wrap; a
+    long path or log line wraps in its cell."""
+    table = FitTable(show_header=False, title="mlx-fleet agent service")
+    table.add_column("field")
+    table.add_column("value", wrap=TEXT)
     for key, value in report.items():
         shown = ", ".join(value) if isinstance(value, list) else value
         table.add_row(key, "N/A" if shown is None else str(shown))

@@ -10,19 +10,20 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.live import Live
-from rich.table import Table
 from rich.text import Text
 
 from agent.commands.sensors import open_monitor
 from agent.daemon.telemetry import TREND_WINDOW, trend_c_per_min
 from agent.thermal.base import ThermalReading
 from agent.thermal.monitor import ThermalMonitor
+from shared.bounds import MAX_COUNT
 from shared.calibration import PolicyInForce
 from shared.display import STATE_STYLES, sparkline, trend_arrow
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import print_rich, usage_error
 from shared.io.options import PolicyOptions, TableFormat, ThermalOptions, with_options
 from shared.policy import CoolingState, Supervision, host_state
+from shared.tables import TEXT, FitTable
 
 HISTORY_SHOWN = 30
 
@@ -67,11 +68,12 @@ def snapshot(
 
 def render(
     data: dict[str, Any], history: list[float] | None = None, per_minute: float | None = None
-) -> Table:
-    """The Rich view of a snapshot; with a history (watch mode) also the trend in °C/min."""
-    table = Table(show_header=False, box=None, pad_edge=False)
-    table.add_column(style="bold")
-    table.add_column()
+) -> FitTable:
+    """The Rich view of a snapshot; with a history (watch mode) also the trend in °C/min. A
+    `field  value` list (shared.tables): a reading never wraps, a long reason wraps in its cell."""
+    table = FitTable(show_header=False, box=None, pad_edge=False)
+    table.add_column("field", style="bold")
+    table.add_column("value", wrap=TEXT)
     label = {
         "simulated": " [bold magenta](SIMULATED: not a sensor)[/]",
         "capture": " [bold cyan](CAPTURE: real readings, replayed)[/]",
@@ -125,8 +127,8 @@ def temp_command(
 
     Exit codes: 0 a reading was shown (or none, with why), 1 the source cannot work on this
     machine, 2 bad usage."""
-    if count < 0:
-        raise usage_error(f"--count must be >= 0, got {count}")
+    if not 0 <= count <= MAX_COUNT:
+        raise usage_error(f"--count must be 0 to {MAX_COUNT}, got {count}")
     with open_monitor(thermal, EXIT_PARTIAL) as monitor:
         policy = limits.in_force(monitor.source.scale)
         if watch:

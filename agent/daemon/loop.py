@@ -26,7 +26,7 @@ from agent.daemon.benchmark.jobs import CANCEL_GRACE_S, BenchJobs
 from agent.daemon.endpoints import DEFAULT_BIND, AgentSockets, ServeError, local_address
 from agent.daemon.hub import TelemetryHub
 from agent.daemon.requests import Requests
-from agent.daemon.storage import STATE, DataDirUnusable, StorageHealth, describe, usable_data_dir
+from agent.daemon.storage import STATE, StorageHealth, describe
 from agent.daemon.throttle import LogThrottle
 from agent.daemon_address import DaemonAddress, remove_state, state_path, write_state
 from agent.power.meter import EnergyMeter
@@ -35,6 +35,7 @@ from agent.profiling.machine import machine_info, package_version
 from agent.thermal import SourceSpecError, SourceUnavailable, open_source
 from shared import protocol as p
 from shared.energy import DEFAULT_BASELINE_S
+from shared.io.paths import DataDirError, checked_data_dir
 from shared.io.sqlite import StoreError
 from shared.source_names import DEFAULT_POLL_INTERVAL_S
 
@@ -103,11 +104,11 @@ class AgentDaemon:
         """The hub (history, events, policy) and the jobs (journal) over the data directory;
         ServeError naming the directory or the file and the problem when they cannot be."""
         try:
-            usable_data_dir()
+            checked_data_dir()  # the one check every command makes (shared.io.paths)
             hub = TelemetryHub(
                 self.sockets.publish, poll_interval, retention_days, self.storage, name
             )
-        except DataDirUnusable as exc:
+        except DataDirError as exc:
             raise ServeError(str(exc)) from None
         except (StoreError, OSError) as exc:
             raise ServeError(f"cannot open the agent's data: {describe(exc)}") from None

@@ -12,15 +12,12 @@ Only the daemon's main thread uses it.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from agent.daemon.throttle import LogThrottle
-from shared.io.paths import data_dir
 
 log = logging.getLogger("agent.storage")
 
@@ -105,23 +102,3 @@ class StorageHealth:
     def report(self) -> dict[str, Any]:
         """info.ok's `storage`."""
         return {"ok": not self.failing, "failing": [f.to_wire() for f in self.failing.values()]}
-
-
-class DataDirUnusable(ValueError):
-    """The data directory cannot be used at all; the message names it and the problem."""
-
-
-def usable_data_dir() -> Path:
-    """The data directory, created (0700) when missing, after checking that a file can be made
-    in it: at start, a directory the agent cannot write is a usage error, not a traceback."""
-    path = data_dir(create=False)
-    probe = path / f".write-check.{os.getpid()}"
-    try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
-        probe.unlink()
-    except FileExistsError:
-        raise DataDirUnusable(f"data directory {path} is not usable: not a directory") from None
-    except OSError as exc:
-        raise DataDirUnusable(f"data directory {path} is not usable: {describe(exc)}") from None
-    return path

@@ -225,7 +225,11 @@ def data_checks() -> list[Check]:
         return [Check("data dir", False, str(exc), fix, True)]
     mode = stat.S_IMODE(home.stat().st_mode) if home.exists() else 0o700
     private = not mode & 0o077
-    shown = f"{home} mode {mode:04o}" if home.exists() else f"{home} (made on first use)"
+    shown = (
+        f"{home} mode {mode:04o}"
+        if home.exists()
+        else f"{home} missing: `agent serve` makes it (0700) in {existing}"
+    )
     checks = [
         Check(
             "data dir",
@@ -266,7 +270,8 @@ def port_checks(ports: tuple[int, int], serving: bool) -> list[Check]:
     """The command and telemetry ports can be bound (or this agent is the one holding them)."""
     from agent.daemon_address import find_daemon
 
-    daemon = find_daemon()
+    # find_daemon reads the state file under the data dir, which making its path would create
+    daemon = find_daemon() if data_dir(create=False).is_dir() else None
     checks = []
     for port, role in zip(ports, ("command", "telemetry"), strict=True):
         name = f"port {port} ({role})"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import json
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -18,11 +19,12 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 import psutil
+from mlx.utils import tree_flatten
 
 from agent.awake.boot import boot_time
 from agent.awake.panics import since_boot
 from agent.cooling.guard import CellGuard, NullGuard, RunStopped
-from agent.model import BUILTIN_CONFIGS, DEFAULT_SEED, QUANT_GROUP_SIZE, build_model
+from agent.model import BUILTIN_CONFIGS, DEFAULT_SEED, QUANT_GROUP_SIZE, Model, build_model
 from agent.power.meter import EnergyMeter
 from agent.profiling.footprint import cell_footprint, model_shape, refusal
 from agent.profiling.hf_models import ModelNotFound, locate
@@ -174,6 +176,52 @@ def load_benchmark_model(
     return LoadedModel(model, info, digest)
 
 
+PhaseSink = Callable[[dict[str, Any]], None]
+"""Told what the run does between cells, as bench.progress's `phase` carries it (docs/protocol.md
+§5): {"kind": "build", "model", "label", "bits", "param_count"} as a model starts building,
+{"kind": "baseline", "seconds"} as the idle-power baseline starts."""
+
+
+def builtin_param_count(name: str) -> int | None:
+    """A built-in config's parameter count, before it is built: its arrays are lazy, so making
+    the module costs nothing; None for a model that is not built in."""
+    if name not in BUILTIN_CONFIGS:
+        return None
+    return sum(leaf.size for _, leaf in tree_flatten(Model(BUILTIN_CONFIGS[name]()).parameters()))
+
+
+def build_phase(model: str, bits: int | None, label: str) -> dict[str, Any]:
+    """The `phase` of a model about to be built."""
+    return {
+        "kind": "build",
+        "model": model,
+        "label": label,
+        "bits": bits,
+        "param_count": builtin_param_count(model),
+    }
+
+
+def interruptible(work: Callable[[], Any]) -> Any:
+    """`work()` (a model build: one array of it can take half a minute on a CPU) on a thread of
+    its own while this one waits in steps of 0.1 s, so Ctrl-C or a job's SIGTERM lands at once
+    (MLX lets go of the GIL while it computes); an abandoned build ends with the process."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = work()
+        except BaseException as exc:  # handed to the waiting thread as it was
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name="model-build", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.1)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
 def measure_cell(
     model: nn.Module,
     cell: Cell,
@@ -259,6 +307,7 @@ def run_matrix(
     memory_bytes: int | None = None,
     energy: EnergyMeter | None = None,
     sustain: SustainPlan | None = None,
+    on_phase: PhaseSink | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Yield one record per cell as it finishes, failed cells included.
 
@@ -274,15 +323,21 @@ def run_matrix(
 
     With an `energy` meter its idle baseline is measured first, then every cell's timed
     iterations (shared.energy); with a `sustain` plan each cell runs for its duration, in
-    windows (shared.sustain), and a stop keeps the windows it measured.
+    windows (shared.sustain), and a stop keeps the windows it measured. `on_phase` hears the
+    baseline and each model build as they start (PhaseSink).
     """
     guard = guard or NullGuard()
     memory = machine_memory() if memory_bytes is None else memory_bytes
     if energy is not None:
+        if on_phase is not None and energy.present and energy.baseline_s > 0:
+            on_phase({"kind": "baseline", "seconds": energy.baseline_s})
         energy.measure_idle()
     with recommended_wired_limit() as wired:
         watching = Watching(energy, sustain, run_settings(guard, wired), _faults())
-        for record in _run_groups(spec, guard, on_model, models, first, on_begin, memory, watching):
+        groups = _run_groups(
+            spec, guard, on_model, models, first, on_begin, memory, watching, on_phase
+        )
+        for record in groups:
             record["wired_limit_bytes"] = wired
             yield record
 
@@ -296,6 +351,7 @@ def _run_groups(
     on_begin: Callable[[int], None] | None,
     memory: int,
     watching: Watching,
+    on_phase: PhaseSink | None = None,
 ) -> Iterator[dict[str, Any]]:
     scores_materialized = mx.default_device().type == mx.DeviceType.cpu  # no fused attention
     index = 0
@@ -306,8 +362,14 @@ def _run_groups(
         if indices[-1] < first:
             continue
         cells = [(i, cell) for i, cell in zip(indices, group.cells, strict=True) if i >= first]
+        if on_phase is not None and not (models and group.model in models):
+            on_phase(build_phase(group.model, group.bits, group.label))
         try:
-            loaded = load_benchmark_model(group.model, group.bits, models, group.label)
+            loaded = interruptible(
+                lambda group=group: load_benchmark_model(
+                    group.model, group.bits, models, group.label
+                )
+            )
         except Exception as exc:  # any load failure fails its cells, not the run
             for i, cell in cells:
                 record = cell_record(cell, error=f"model load failed: {error_text(exc)}")

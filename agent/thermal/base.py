@@ -114,6 +114,7 @@ def reading_wire(reading: ThermalReading | None) -> dict[str, Any] | None:
         "time": reading.time,
         "source": reading.source,
         "simulated": reading.simulated,
+        "sensor": reading.sensor,
     }
 
 
@@ -128,4 +129,5 @@ def reading_from_wire(data: Mapping[str, Any] | None) -> ThermalReading | None:
         time=data["time"],
         pressure=data["pressure"],
         simulated=data["simulated"],
+        sensor=data.get("sensor"),
     )

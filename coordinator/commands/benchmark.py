@@ -3,12 +3,21 @@ host, a run finished after its coordinator stopped, and jobs stopped from here."
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
-from rich.table import Table
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    SpinnerColumn,
+    Task,
+    TaskID,
+)
 from rich.text import Text
 
 from coordinator.commands.hosts import (
@@ -32,8 +41,12 @@ from coordinator.fleet import (
     DONE,
     HOST_OK,
     MACHINE,
+    MODEL,
+    PAUSE,
+    PHASE,
     RECONNECTED,
     STARTED,
+    THERMAL,
     UNREACHABLE,
     FleetResult,
     HostEvent,
@@ -44,6 +57,16 @@ from coordinator.fleet import (
 )
 from coordinator.store import RunStore, UnknownRunError
 from shared import protocol as p
+from shared.bench_status import (
+    PauseView,
+    activity_label,
+    baseline_label,
+    build_label,
+    no_sensor_warning,
+    pause_label,
+    pause_line,
+    quantized_cpu_warning,
+)
 from shared.cool_start import CoolWait, cool_wait_line
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import check_output, data_home, emit, err, fail, show_report, usage_error
@@ -63,72 +86,157 @@ from shared.io.options import (
 from shared.io.signals import interrupted_exit_code, sigterm_as_interrupt
 from shared.io.sqlite import StoreError
 from shared.io.transport import AgentClient, AgentError
-from shared.matrix import MatrixError
+from shared.matrix import MatrixError, resolve_bits
 from shared.results import failed_cells
 from shared.safe_text import DETAIL_CAP, shown
+from shared.tables import TEXT, WHOLE, FitTable
+
+
+@dataclass
+class HostStatus:
+    """What one host's label says: what it does and since when, or the pause it is in."""
+
+    name: str
+    text: str = "connecting"
+    since: float = field(default_factory=time.monotonic)
+    timed: bool = False
+    """Whether the label shows the time since `since` (a build, the baseline, a cell)."""
+    pause: PauseView | None = None
+    heard: float = 0.0
+    """When `pause` was heard: its paused_s goes on counting from then."""
+
+    def doing(self, text: str, timed: bool = True) -> None:
+        self.text, self.timed, self.since = text, timed, time.monotonic()
+
+    def label(self, now: float) -> str:
+        if self.pause is not None:
+            return f"{self.name}: {pause_label(self.pause, self.pause.paused_s + now - self.heard)}"
+        if self.timed:
+            return f"{self.name}: {activity_label(self.text, now - self.since)}"
+        return f"{self.name}: {self.text}"
+
+
+class StatusColumn(ProgressColumn):
+    """A host's label, made at every refresh so its clock ticks (task field `status`)."""
+
+    def render(self, task: Task) -> Text:
+        status = task.fields.get("status")
+        return Text(status.label(time.monotonic()) if status else task.description)
 
 
 class FleetProgress:
-    """One Rich progress bar per host on stderr, fed by the fleet's events."""
+    """One Rich progress bar per host on stderr, fed by the fleet's events: each label names the
+    cell running (or the model building, the idle baseline, a cooling pause) and for how long.
+    Where stderr is not a terminal each of those gets a line instead."""
 
-    def __init__(self, names: list[str]) -> None:
+    def __init__(self, names: list[str], bits: list[int | None] | None = None) -> None:
         self.unreachable: set[str] = set()
         self.devices: dict[str, str] = {}
+        self.bits = list(bits or [])
+        self.cells: dict[str, list[str]] = {}
+        self.done: dict[str, int] = {name: 0 for name in names}
+        self.status = {name: HostStatus(name) for name in names}
         self.progress = Progress(
-            TextColumn("{task.description}", markup=False),
+            SpinnerColumn(),
+            StatusColumn(),
             BarColumn(),
             MofNCompleteColumn(),
             console=err,
             transient=True,
         )
         self.tasks: dict[str, TaskID] = {
-            name: self.progress.add_task(f"{name}: connecting", total=None) for name in names
+            name: self.progress.add_task(name, total=None, status=self.status[name])
+            for name in names
         }
 
+    def _say(self, host: str, line: str) -> None:
+        err.print(f"{host}: {line}", highlight=False, markup=False)
+
+    def _next_cell(self, host: str) -> None:
+        cells, done = self.cells.get(host) or [], self.done[host]
+        if done < len(cells):
+            self.status[host].doing(shown(cells[done]))
+
     def __call__(self, event: HostEvent) -> None:
-        task = self.tasks[event.host]
+        task, host, status = self.tasks[event.host], event.host, self.status[event.host]
         if event.kind == MACHINE:
-            self.devices[event.host] = shown(event.data.get("device") or "?")
-            self.progress.update(task, description=f"{event.host}: {self.devices[event.host]}")
+            self.devices[host] = shown(event.data.get("device") or "?")
+            status.doing(self.devices[host], timed=False)
+            slow = quantized_cpu_warning(self.bits, event.data.get("backend"))
+            if slow:
+                self._say(host, slow)
+        elif event.kind == THERMAL:
+            warning = no_sensor_warning(str(event.data.get("source")))
+            if warning:
+                self._say(host, warning)
         elif event.kind == STARTED:
+            self.cells[host] = list(event.data["cells"])
             self.progress.update(task, total=len(event.data["cells"]))
+            self._next_cell(host)
+        elif event.kind == PHASE:
+            self._phase(host, event.data)
+        elif event.kind == MODEL:
+            self._next_cell(host)
+        elif event.kind == PAUSE:
+            self._pause(host, PauseView.from_dict(event.data))
         elif event.kind == COOLING:
-            self._cooling(event.host, task, CoolWait.from_dict(event.data))
+            self._cooling(host, CoolWait.from_dict(event.data))
         elif event.kind == CELL:
+            self.done[host] += 1
             self.progress.advance(task)
+            self._next_cell(host)
         elif event.kind == UNREACHABLE:
-            self.progress.update(task, description=f"{event.host}: unreachable, reconnecting")
-            if event.host not in self.unreachable:  # a line per loss, not per attempt
-                self.unreachable.add(event.host)
-                err.print(
-                    f"{event.host}: unreachable ({shown(event.data['error'], DETAIL_CAP)}); "
-                    "reconnecting",
-                    highlight=False,
-                    markup=False,
+            status.doing("unreachable, reconnecting", timed=False)
+            if host not in self.unreachable:  # a line per loss, not per attempt
+                self.unreachable.add(host)
+                self._say(
+                    host,
+                    f"unreachable ({shown(event.data['error'], DETAIL_CAP)}); reconnecting",
                 )
         elif event.kind == RECONNECTED:
-            self.unreachable.discard(event.host)
-            self.progress.update(task, description=f"{event.host}: reconnected")
-            err.print(f"{event.host}: reconnected", highlight=False, markup=False)
+            self.unreachable.discard(host)
+            status.doing("reconnected", timed=False)
+            self._say(host, "reconnected")
         elif event.kind == DONE:
+            status.pause = None
             outcome = event.data["status"] if event.data["status"] == HOST_OK else "FAILED"
-            self.progress.update(task, description=f"{event.host}: {outcome}")
+            status.doing(outcome, timed=False)
             if event.data["error"]:
-                err.print(
-                    f"{event.host}: {shown(event.data['error'], DETAIL_CAP)}",
-                    highlight=False,
-                    markup=False,
-                )
+                self._say(host, shown(event.data["error"], DETAIL_CAP))
 
-    def _cooling(self, host: str, task: TaskID, wait: CoolWait) -> None:
+    def _phase(self, host: str, phase: dict[str, Any]) -> None:
+        """A model build or the idle baseline starts: the label says which, and for how long."""
+        if phase["kind"] == "build":
+            text = build_label(shown(phase.get("label") or "?"), phase.get("param_count"))
+        else:
+            text = "idle baseline"
+        self.status[host].doing(text)
+        if not err.is_terminal:
+            seconds = phase.get("seconds")
+            planned = baseline_label(seconds) if seconds is not None else text
+            self._say(host, f"{planned if phase['kind'] == 'baseline' else text}…")
+
+    def _pause(self, host: str, pause: PauseView) -> None:
+        """A cooling pause: in the label while it lasts, a `cooling:` line as it starts and ends."""
+        status = self.status[host]
+        if pause.done:
+            if status.pause is not None:
+                self._say(host, pause_line(pause))
+            status.pause = None
+            return
+        if status.pause is None:
+            self._say(host, pause_line(pause))
+        status.pause, status.heard = pause, time.monotonic()
+
+    def _cooling(self, host: str, wait: CoolWait) -> None:
         """The bar says the host waits to cool; a wait that ends hot gets a line of its own."""
         line = cool_wait_line(wait)
         if not wait.done:
-            self.progress.update(task, description=f"{host}: {line}")
+            self.status[host].doing(line, timed=False)
             return
-        self.progress.update(task, description=f"{host}: {self.devices.get(host, '?')}")
+        self._next_cell(host)
         if wait.hot:
-            err.print(f"{host}: {line}", highlight=False, markup=False)
+            self._say(host, line)
 
 
 @with_options
@@ -161,6 +269,7 @@ def benchmark(
         raise usage_error(str(exc)) from None
     check_sustained_repetitions(matrix_spec, plan)
     spec = matrix_spec.to_dict()
+    bits = [resolve_bits(m, b) for m in matrix_spec.models for b in matrix_spec.bits]
     sustain = plan.to_dict() if plan else None
     targets = targets_from(hosts, hostfile)
     with open_store() as store:
@@ -175,6 +284,7 @@ def benchmark(
                         lambda watch: run_fleet(
                             [local_target], spec, store, settings, watch, sustain
                         ),
+                        bits,
                     )
             except EmbeddedAgentError as exc:
                 raise fail(str(exc), EXIT_PARTIAL) from None
@@ -183,6 +293,7 @@ def benchmark(
             result = drive(
                 [t.name for t in targets],
                 lambda watch: run_fleet(targets, spec, store, settings, watch, sustain),
+                bits,
             )
         report = store.load_report(result.run_id)
     if plot is not None:
@@ -256,10 +367,10 @@ def open_store() -> RunStore:
         raise usage_error(str(exc)) from None
 
 
-def drive(names: list[str], run: Any) -> FleetResult:
+def drive(names: list[str], run: Any, bits: list[int | None] | None = None) -> FleetResult:
     """`run(observer)` with a progress bar per host, SIGTERM taken as Ctrl-C (the jobs are
     cancelled and what arrived is kept)."""
-    progress = FleetProgress(names)
+    progress = FleetProgress(names, bits)
     with sigterm_as_interrupt(), progress.progress:
         return run(progress)
 
@@ -346,10 +457,11 @@ def cancel_refused(exc: AgentError, row: HostRow) -> None:
     row.update(result=NOT_RUNNING if exc.code == p.NOT_RUNNING else "refused", error=str(exc))
 
 
-def cancel_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table(title="mlx-fleet cancel", title_justify="left")
+def cancel_table(rows: list[dict[str, Any]]) -> FitTable:
+    """Host, job id and result never wrap (shared.tables); why wraps in its cell."""
+    table = FitTable(title="mlx-fleet cancel", title_justify="left")
     for name in ("host", "job", "result", "why"):
-        table.add_column(name, overflow="fold")
+        table.add_column(name, wrap=TEXT if name == "why" else WHOLE)
     for row in rows:
         style = "red" if row["result"] in (UNREACHABLE_HOST, "refused") else None
         why = Text(shown(row["error"] or "", DETAIL_CAP))

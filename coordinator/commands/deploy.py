@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from coordinator.deploy import (
     DEFAULT_REMOTE_DIR,
@@ -33,8 +32,7 @@ from shared.io.cli import emit, err, usage_error
 from shared.io.keys import existing_keypair, own_keypair
 from shared.io.options import TableFormat, ThermalSourceName
 from shared.source_names import SourceSpecError, parse_source_name
-
-KEY_PLACEHOLDER = "<coordinator key, made on the first real run>"
+from shared.tables import TEXT, WHOLE, WORDS, FitTable
 
 
 def coordinator_name() -> str:
@@ -94,10 +92,16 @@ def dry_run_wheel(wheel: Path | None) -> tuple[Path, Step | None]:
     return built / wheel_name(), Step("build wheel", wheel_command(tree, built))
 
 
-def results_table(results: list[dict[str, object]]) -> Table:
-    table = Table(title="mlx-fleet deploy")
+DEPLOY_FOLDS = ("steps done", "service")
+"""The columns a narrow terminal drops, the first first (shared.tables); host, result and the
+error always stay."""
+
+
+def results_table(results: list[dict[str, object]]) -> FitTable:
+    table = FitTable(title="mlx-fleet deploy", folds=DEPLOY_FOLDS)
     for column in ("host", "result", "steps done", "service", "error"):
-        table.add_column(column, overflow="fold")
+        wrap = TEXT if column == "error" else WORDS if column in ("result", "steps done") else WHOLE
+        table.add_column(column, wrap=wrap)
     for row in results:
         table.add_row(
             str(row["host"]),
@@ -224,10 +228,14 @@ def deploy_command(
     check_layout(wheel, remote_python, remote_dir)
     check_ssh_files(ssh_config, identity)
     entries = entries_from(hosts, hostfile)
-    existing = existing_keypair() if dry_run else own_keypair()
-    key = existing.public if existing else None
+    # The key a real run passes, so a dry run's `trust coordinator` line can be pasted: a
+    # coordinator without one yet makes it, as the real run's first step would.
+    made = dry_run and existing_keypair() is None
+    key = own_keypair().public
+    if made:
+        say("made this coordinator's key (as a real run would): the script trusts it")
     rollout = Rollout(
-        key or KEY_PLACEHOLDER,
+        key,
         coordinator_name(),
         RemoteLayout(remote_dir, remote_python),
         SshSettings(ssh_user, ssh_config, identity),

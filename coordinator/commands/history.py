@@ -3,6 +3,7 @@ last hours, per host, as a table, JSON or a plot."""
 
 from __future__ import annotations
 
+import difflib
 import time
 from datetime import datetime
 from pathlib import Path
@@ -23,7 +24,7 @@ from coordinator.telemetry_stats import (
     hosts_recorded,
     parse_since,
 )
-from coordinator.telemetry_store import TelemetryStore
+from coordinator.telemetry_store import TelemetryStore, recorded_hosts
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import check_output, data_home, emit, err, fail, usage_error
 from shared.io.options import TableFormat
@@ -219,6 +220,8 @@ def history(
     data_home(write=False)  # a read-only data dir is still read
     try:
         with TelemetryStore() as store:
+            if names is not None:
+                check_recorded(store, names)
             rows, series = read_history(store, start, names, plot is not None)
             jobs = job_summaries(store.conn, start, names)
     except StoreError as exc:
@@ -241,6 +244,39 @@ def history(
         except OSError as exc:
             raise fail(f"cannot write {plot}: {exc.strerror or exc}", EXIT_PARTIAL) from None
         err.print(f"wrote {plot}", highlight=False)
+
+
+SHOWN_HOSTS = 10
+"""The most recorded hosts an unknown --hosts message lists."""
+
+
+def unknown_host_message(name: str, known: list[str]) -> str:
+    """`host typo:5555 is not in the telemetry store; did you mean mac1:5555? ...`: the close
+    matches first, then the hosts recorded (the first SHOWN_HOSTS of them)."""
+    said = f"--hosts: host {name} is not in the telemetry store"
+    if not known:
+        return f"{said}: no host is recorded yet (`coordinator monitor` records them)"
+    bare = {host.removesuffix(":5555"): host for host in known}
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+    close += [
+        bare[match]
+        for match in difflib.get_close_matches(name.removesuffix(":5555"), list(bare), 3, 0.6)
+        if bare[match] not in close
+    ]
+    guess = f"; did you mean {', '.join(close[:3])}?" if close else ""
+    listed = ", ".join(known[:SHOWN_HOSTS]) + (", ..." if len(known) > SHOWN_HOSTS else "")
+    return f"{said}{guess} (recorded: {listed})"
+
+
+def check_recorded(store: TelemetryStore, names: list[str]) -> None:
+    """Exit 2 naming the first host of `names` that the store holds nothing of (no sample, no
+    event, ever): a typo, not a host that was quiet in the window."""
+    known = sorted(
+        set(recorded_hosts(store.conn, "samples")) | set(recorded_hosts(store.conn, "events"))
+    )
+    for name in names:
+        if name not in known:
+            raise usage_error(unknown_host_message(name, known))
 
 
 def history_tables(data: dict[str, Any], since: float) -> RenderableType:

@@ -3,8 +3,9 @@ command declares once, and the Settings they make."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -14,8 +15,10 @@ import zmq
 from coordinator.fleet import DEFAULT_HOST_TIMEOUT_S, Settings, Target, connect
 from coordinator.hostfile import HostfileError, parse_hostfile, parse_hosts
 from coordinator.keys import known_hosts, server_key
+from shared.bounds import MAX_CONNECT_TIMEOUT_S, MAX_HOST_TIMEOUT_S, duration_text
 from shared.io.cli import err, usage_error
 from shared.io.keys import own_keypair
+from shared.io.options import at_least_zero, positive
 from shared.io.transport import AgentClient, AgentError, HostError
 
 Hosts = Annotated[
@@ -44,18 +47,19 @@ ConnectTimeout = Annotated[
     float,
     typer.Option(
         "--connect-timeout",
-        min=0.1,
-        help="Seconds a host has to answer before it is reported unreachable.",
+        help="Seconds a host has to answer before it is reported unreachable (above 0, at "
+        f"most {duration_text(MAX_CONNECT_TIMEOUT_S)}).",
+        callback=positive("--connect-timeout", "seconds", MAX_CONNECT_TIMEOUT_S),
     ),
 ]
 HostTimeout = Annotated[
     float,
     typer.Option(
         "--host-timeout",
-        min=0.0,
+        callback=at_least_zero("--host-timeout", "seconds", MAX_HOST_TIMEOUT_S),
         help="Seconds a host that went silent mid-run is given to come back (reconnecting all "
         "the while) before it is failed; its job may still run, and `coordinator resume` "
-        "fetches what it measured.",
+        f"fetches what it measured. At most {duration_text(MAX_HOST_TIMEOUT_S)}.",
     ),
 ]
 Insecure = Annotated[
@@ -115,15 +119,54 @@ Row = TypeVar("Row")
 HostRow = dict[str, Any]
 
 
-def on_every_host(targets: list[Any], ask: Callable[[zmq.Context, Any], Row]) -> list[Row]:
-    """`ask(ctx, target)` for every target at once (one timeout for all, not one per host), in
-    the targets' order."""
+INTERRUPT_WAIT_S = 0.5
+"""After Ctrl-C, how long the hosts' threads get to give up (a connect does at once) before the
+command exits without them."""
+
+
+def on_every_host(
+    targets: list[Any], ask: Callable[[zmq.Context, Any, threading.Event], Row]
+) -> list[Row]:
+    """`ask(ctx, target, stop)` for every target at once (one timeout for all, not one per
+    host), in the targets' order. Ctrl-C sets `stop` (a connect under way gives up at once) and
+    is raised again within INTERRUPT_WAIT_S, whatever a host's thread is still waiting for."""
     ctx = zmq.Context()
+    stop = threading.Event()
+    rows: list[Any] = [None] * len(targets)
+    errors: list[BaseException] = []
+
+    def one(index: int, target: Any) -> None:
+        try:
+            rows[index] = ask(ctx, target, stop)
+        except BaseException as exc:  # handed to the main thread, raised there
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=one, args=(i, t), name=f"ask {i}", daemon=True)
+        for i, t in enumerate(targets)
+    ]
+    for thread in threads:
+        thread.start()
     try:
-        with ThreadPoolExecutor(len(targets)) as pool:
-            return list(pool.map(lambda target: ask(ctx, target), targets))
-    finally:
-        ctx.destroy(linger=0)
+        with err.status(waiting_line(len(targets))):  # drawn on a terminal only
+            for thread in threads:
+                thread.join()
+    except KeyboardInterrupt:
+        stop.set()
+        give_up = time.monotonic() + INTERRUPT_WAIT_S
+        for thread in threads:
+            thread.join(max(0.0, give_up - time.monotonic()))
+        if not any(thread.is_alive() for thread in threads):
+            ctx.destroy(linger=0)
+        raise  # a thread still waiting on its socket dies with the process
+    ctx.destroy(linger=0)
+    if errors:
+        raise errors[0]
+    return rows
+
+
+def waiting_line(count: int) -> str:
+    return f"waiting for {count} host{'' if count == 1 else 's'} to answer…"
 
 
 def report_refusal(exc: AgentError, row: HostRow) -> None:
@@ -144,11 +187,11 @@ def ask_each(
     be reached keeps the row it had, with the reason as its error. No failure stops the other
     hosts."""
 
-    def one(ctx: zmq.Context, target: Target) -> HostRow:
+    def one(ctx: zmq.Context, target: Target, stop: threading.Event) -> HostRow:
         row = {"host": target.name, **start(target)}
         row.setdefault("error", None)
         try:
-            with connect(ctx, target, settings) as client:
+            with connect(ctx, target, settings, stop) as client:
                 ask(client, row)
         except AgentError as exc:
             refused(exc, row)

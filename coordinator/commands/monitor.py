@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import time
 from typing import TYPE_CHECKING, Annotated
@@ -26,12 +25,16 @@ from coordinator.monitor import Monitor
 from coordinator.telemetry_store import TelemetryStore
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import PIPE_WIDTH, emit, err, usage_error
-from shared.io.options import RetentionDays
+from shared.io.options import TABLE_OR_JSON, RetentionDays, output_format
+from shared.io.signals import interrupted_exit_code, sigterm_as_interrupt
 from shared.io.sqlite import StoreError
 
 if TYPE_CHECKING:
     from shared.io.metrics import MetricsServer, TelemetryMetrics
 
+MonitorFormat = output_format(
+    TABLE_OR_JSON, "table (the dashboard) or json (a snapshot; a line a second without --once)."
+)
 REFRESH_S = 0.25
 """How long a step waits for reports: what arrived is recorded within this."""
 DRAW_EVERY_S = 1.0
@@ -68,13 +71,7 @@ def monitor(
             "none) and exit: 0 when every host is reachable and publishing, else 1.",
         ),
     ] = False,
-    fmt: Annotated[
-        str,
-        typer.Option(
-            "--format",
-            help="table (the dashboard) or json (a snapshot; a line a second without --once).",
-        ),
-    ] = "table",
+    fmt: MonitorFormat = "table",
     prometheus: Annotated[
         str | None,
         typer.Option(
@@ -111,13 +108,16 @@ def monitor(
             if once:
                 healthy = show_once(running, fmt)
             else:
-                watch(running, fmt)
+                with sigterm_as_interrupt():
+                    watch(running, fmt)
     except StoreError as exc:
         raise usage_error(str(exc)) from None
     finally:
         if server is not None:
             server.close()
-    if once and not healthy:
+    if not once:
+        raise typer.Exit(interrupted_exit_code())  # the watch ends only at Ctrl-C or SIGTERM
+    if not healthy:
         raise typer.Exit(EXIT_PARTIAL)
 
 
@@ -147,14 +147,10 @@ def terminal_size(console: Console) -> tuple[int, int]:
     return columns, lines
 
 
-def stop_on_sigterm(signum: int, frame: object) -> None:
-    """SIGTERM ends the watch like Ctrl-C: the monitor flushes what it recorded and exits 0."""
-    raise KeyboardInterrupt
-
-
 def watch(running: Monitor, fmt: str) -> None:
-    """The Live dashboard (or JSON lines) until Ctrl-C or SIGTERM."""
-    signal.signal(signal.SIGTERM, stop_on_sigterm)
+    """The Live dashboard (or JSON lines) until Ctrl-C or SIGTERM (shared.io.signals: SIGTERM
+    ends it as Ctrl-C does); the caller then flushes what was recorded and exits 130, or 143
+    after SIGTERM (README, Exit codes)."""
     try:
         if fmt == "json":
             printed = 0.0

@@ -20,6 +20,7 @@ from coordinator.compare import (
     rich_comparison,
 )
 from coordinator.store import RunStore, UnknownRunError
+from shared.bounds import MAX_RUNS_LIMIT
 from shared.io.cli import check_output, data_home, emit, err, print_rich, show_report, usage_error
 from shared.io.options import (
     CompareBy,
@@ -28,10 +29,13 @@ from shared.io.options import (
     ReportFormat,
     RunId,
     TableFormat,
-    one_of,
+    count,
+    output_format,
 )
 from shared.io.sqlite import StoreError
 from shared.tables import WHOLE, WORDS, FitTable
+
+CompareFormat = output_format(COMPARE_FORMATS)
 
 
 def load_reports(*run_ids: str) -> list[dict[str, Any]]:
@@ -45,7 +49,14 @@ def load_reports(*run_ids: str) -> list[dict[str, Any]]:
 
 
 def runs(
-    limit: Annotated[int, typer.Option("--limit", min=1, help="Show at most N runs.")] = 50,
+    limit: Annotated[
+        int,
+        typer.Option(
+            "--limit",
+            help=f"Show at most N runs (1 to {MAX_RUNS_LIMIT}).",
+            callback=count("--limit", 1, MAX_RUNS_LIMIT),
+        ),
+    ] = 50,
     fmt: TableFormat = "table",
 ) -> None:
     """The stored runs, newest first, with their hosts and ok/failed cell counts."""
@@ -114,14 +125,7 @@ def compare(
     run_a: ComparedReport,
     run_b: ComparedReport,
     by: CompareBy = None,
-    fmt: Annotated[
-        str,
-        typer.Option(
-            "--format",
-            help=f"One of {', '.join(COMPARE_FORMATS)}.",
-            callback=one_of(COMPARE_FORMATS),
-        ),
-    ] = "table",
+    fmt: CompareFormat = "table",
     ignore_settings: Annotated[
         bool,
         typer.Option(

@@ -2,8 +2,9 @@
 readable by anyone else.
 
 Files are ZeroMQ certificates (the format `zmq.auth.load_certificate` reads) under
-`data_dir()/keys`: `self.key` (public) and `self.key_secret` (mode 0600, written that way from
-the start, never chmod-ed after the fact).
+`data_dir()/keys`: `self.key` (public, PUBLIC_MODE: it may be read, never written, by others,
+whatever the umask) and `self.key_secret` (mode 0600, written that way from the start, never
+chmod-ed after the fact). Trusted keys (shared.io.trust) are 0600 too.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ import zmq
 import zmq.auth
 from zmq.utils import z85
 
-from shared.io.files import write_private
+from shared.io.files import replace_atomically, write_private
 from shared.io.paths import data_dir
 
 SELF_NAME = "self"
 CURVE_KEY_LENGTH = 40
+PUBLIC_MODE = 0o644
+"""`self.key`'s mode (less what the umask takes): README, "Data": a public key may be read."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,8 @@ def own_keypair(directory: Path | None = None) -> Keypair:
         except FileExistsError:
             pass
         else:
-            (directory / f"{SELF_NAME}.key").write_text(certificate_text(public), encoding="utf-8")
+            public_path = directory / f"{SELF_NAME}.key"
+            replace_atomically(public_path, certificate_text(public), PUBLIC_MODE)
     public_b, secret_b = zmq.auth.load_certificate(secret_path)
     if secret_b is None:
         raise ValueError(f"{secret_path} holds no secret key")

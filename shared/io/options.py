@@ -17,6 +17,22 @@ from typing import Annotated, Any, TypeVar, get_type_hints
 
 import typer
 
+from shared.bounds import (
+    MAX_CAPTURE_S,
+    MAX_COOL_START_S,
+    MAX_DELAY_S,
+    MAX_IDLE_BASELINE_S,
+    MAX_LOAD_S,
+    MAX_POLL_INTERVAL_S,
+    MAX_RETENTION_DAYS,
+    MAX_SUSTAIN_S,
+    MAX_SUSTAIN_WINDOW_S,
+    MAX_WARMUP,
+    BoundError,
+    check_count,
+    check_seconds,
+    duration_text,
+)
 from shared.calibration import (
     SET_ON_COMMAND_LINE,
     PolicyInForce,
@@ -60,14 +76,40 @@ def one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
     return check
 
 
-def positive(flag: str, unit: str = "") -> Callable[[float], float]:
-    """An option callback refusing a number that is not finite and > 0."""
-    return _finite(flag, unit, "> 0", lambda value: value > 0)
+def positive(flag: str, unit: str = "", most: float | None = None) -> Callable[[float], float]:
+    """An option callback refusing a number that is not finite and > 0 (and <= `most`, a bound
+    of shared.bounds, when given)."""
+    return _finite(flag, unit, "> 0", lambda value: value > 0, most)
 
 
-def at_least_zero(flag: str, unit: str = "") -> Callable[[float], float]:
-    """An option callback refusing a number that is not finite and >= 0."""
-    return _finite(flag, unit, ">= 0", lambda value: value >= 0)
+def at_least_zero(flag: str, unit: str = "", most: float | None = None) -> Callable[[float], float]:
+    """An option callback refusing a number that is not finite and >= 0 (and <= `most`)."""
+    return _finite(flag, unit, ">= 0", lambda value: value >= 0, most)
+
+
+def finite_number(flag: str) -> Callable[[float | None], float | None]:
+    """An option callback refusing NaN and the infinities by name (None, not given, passes)."""
+
+    def check(value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
+            raise usage_error(f"{flag} must be a finite number, got {value}")
+        return value
+
+    return check
+
+
+def count(flag: str, least: int, most: int) -> Callable[[int | None], int | None]:
+    """An option callback refusing a whole number outside `least`..`most` (shared.bounds)."""
+
+    def check(value: int | None) -> int | None:
+        if value is None:
+            return None
+        try:
+            return check_count(flag, value, least, most)
+        except BoundError as exc:
+            raise usage_error(str(exc)) from None
+
+    return check
 
 
 def optional(check: Callable[[float], float]) -> Callable[[float | None], float | None]:
@@ -80,13 +122,20 @@ def optional(check: Callable[[float], float]) -> Callable[[float | None], float 
 
 
 def _finite(
-    flag: str, unit: str, bound: str, within: Callable[[float], bool]
+    flag: str, unit: str, bound: str, within: Callable[[float], bool], most: float | None = None
 ) -> Callable[[float], float]:
     shown = f" {unit}" if unit else ""
 
     def check(value: float) -> float:
-        if not (math.isfinite(value) and within(value)):
-            raise usage_error(f"{flag} must be {bound}{shown}, got {value}")
+        if not math.isfinite(value):
+            raise usage_error(f"{flag} must be a finite number, got {value}")
+        if not within(value):
+            raise usage_error(f"{flag} must be {bound}{shown}, got {value:g}")
+        if most is not None and value > most:
+            limit = (
+                f"{duration_text(most)} ({most:g} s)" if unit == "seconds" else f"{most:g}{shown}"
+            )
+            raise usage_error(f"{flag} must be at most {limit}, got {value:g}")
         return value
 
     return check
@@ -94,8 +143,8 @@ def _finite(
 
 TAKES_A_KEY: dict[str, Any] = {"ignore_unknown_options": True}
 """context_settings of a command with a CURVE key argument: a Z85 key may start with '-' (or
-'--'), which Click would otherwise take for an unknown option. The command has no short options,
-so Click hands such an argument on whole."""
+'--'), which Click would otherwise take for an unknown option. Its short options (`-h`) are kept
+from a key's letters by shared.io.app.TakesAKey, the command's class."""
 
 
 # --- single options -----------------------------------------------------------------------------
@@ -107,8 +156,9 @@ NPrompt = Annotated[
         "--n-prompt",
         "-s",
         "--seq-lengths",
-        help="Comma list of prompt lengths: a test pp<N> each (0: none). -s/--seq-lengths is "
-        "an alias.",
+        "--prompt-tokens",
+        help="Comma list of prompt lengths: a test pp<N> each (0: none). -s/--seq-lengths and "
+        "--prompt-tokens (mlx_lm.benchmark's) are aliases.",
     ),
 ]
 NGen = Annotated[
@@ -117,8 +167,10 @@ NGen = Annotated[
         "-n",
         "--n-gen",
         "--decode-tokens",
-        help="Comma list of generation lengths: a test tg<N> each (0: none). --decode-tokens "
-        "is an alias.",
+        "--generation-tokens",
+        help="Comma list of generation lengths: a test tg<N> each (0: none); llama-bench's -n, "
+        "not mlx_lm.benchmark's (its trials: -r here). --decode-tokens and --generation-tokens "
+        "(mlx_lm.benchmark's -g) are aliases.",
     ),
 ]
 NPromptGen = Annotated[
@@ -139,10 +191,22 @@ NDepth = Annotated[
 BatchSizes = Annotated[
     str,
     typer.Option(
-        "-b", "--batch-sizes", "--batch-size", help="Comma list of batch sizes (sequences)."
+        "-b",
+        "--batch-sizes",
+        "--batch-size",
+        help="Comma list of batch sizes (sequences), mlx_lm.benchmark's -b; not llama-bench's -b "
+        "(n_batch: --prefill-step-size here).",
     ),
 ]
-Warmup = Annotated[int, typer.Option("-w", "--warmup", help="Untimed iterations per cell.")]
+Warmup = Annotated[
+    int,
+    typer.Option(
+        "-w",
+        "--warmup",
+        help=f"Untimed iterations per cell (at most {MAX_WARMUP}).",
+        callback=count("--warmup", 0, MAX_WARMUP),
+    ),
+]
 Repetitions = Annotated[
     str,
     typer.Option(
@@ -150,11 +214,12 @@ Repetitions = Annotated[
         "--repetitions",
         "-i",
         "--iterations",
+        "--num-trials",
         metavar=f"N|{AUTO}",
         help=f"Timed iterations per cell, or {AUTO}: at least {MIN_AUTO_REPETITIONS}, then more "
         "until the 95 % interval of the mean tok/s is within --precision, or "
-        "--max-repetitions (docs/performance.md, Adaptive repetitions). -i/--iterations is an "
-        "alias.",
+        "--max-repetitions (docs/performance.md, Adaptive repetitions). -i/--iterations and "
+        "--num-trials (mlx_lm.benchmark's -n) are aliases.",
     ),
 ]
 Precision = Annotated[
@@ -183,7 +248,12 @@ PrefillStepSize = Annotated[
 ]
 Delay = Annotated[
     float,
-    typer.Option("--delay", help="Seconds to wait between two cells (lets a fanless Mac cool)."),
+    typer.Option(
+        "--delay",
+        help="Seconds to wait between two cells (lets a fanless Mac cool); at most "
+        f"{duration_text(MAX_DELAY_S)}.",
+        callback=at_least_zero("--delay", "seconds", MAX_DELAY_S),
+    ),
 ]
 CoolStartLimit = Annotated[
     float,
@@ -192,7 +262,8 @@ CoolStartLimit = Annotated[
         metavar="SECONDS",
         help="The most a cell waits, before it starts, for the machine to get below the "
         "policy's reduce threshold with nominal pressure; past it the cell runs, flagged "
-        "hot-start.",
+        f"hot-start. At most {duration_text(MAX_COOL_START_S)}.",
+        callback=at_least_zero("--cool-start-limit", "seconds", MAX_COOL_START_S),
     ),
 ]
 NoCoolStart = Annotated[
@@ -200,7 +271,12 @@ NoCoolStart = Annotated[
     typer.Option("--no-cool-start", help="Start every cell at once, however hot the machine is."),
 ]
 ConfigSmall = Annotated[
-    bool, typer.Option("--config-small", help="The ~4M-parameter model: instant, for smoke tests.")
+    bool,
+    typer.Option(
+        "--config-small",
+        help="The ~4M-parameter model, for smoke tests: instant in float16 (its default), not "
+        "with --bits 4/8 on MLX's CPU backend (quantized matmuls are 50-400x slower there).",
+    ),
 ]
 ConfigName = Annotated[
     str | None,
@@ -236,7 +312,7 @@ PollInterval = Annotated[
         "--poll-interval",
         "--interval",
         help="Seconds between temperature readings.",
-        callback=positive("--poll-interval", "seconds"),
+        callback=positive("--poll-interval", "seconds", MAX_POLL_INTERVAL_S),
     ),
 ]
 PowerSourceName = Annotated[
@@ -252,7 +328,7 @@ IdleBaseline = Annotated[
         "--idle-baseline",
         help="Seconds of idle power measured before the matrix (at least two of the meter's "
         "intervals), subtracted from each cell's joules for its net energy; 0 skips it.",
-        callback=at_least_zero("--idle-baseline", "seconds"),
+        callback=at_least_zero("--idle-baseline", "seconds", MAX_IDLE_BASELINE_S),
     ),
 ]
 SustainDuration = Annotated[
@@ -261,14 +337,15 @@ SustainDuration = Annotated[
         "--sustain",
         help="Run each cell continuously for DURATION (30s, 20m, 1h) and report it window by "
         "window: tok/s, °C, watts and the policy's state; first-window and steady-state tok/s, "
-        "the throttle ratio and the time to throttle.",
+        f"the throttle ratio and the time to throttle. At most {duration_text(MAX_SUSTAIN_S)}.",
     ),
 ]
 SustainWindowLength = Annotated[
     str | None,
     typer.Option(
         "--sustain-window",
-        help=f"The length of each window of a --sustain run [default: {DEFAULT_WINDOW_S:g}s].",
+        help=f"The length of each window of a --sustain run, at most "
+        f"{duration_text(MAX_SUSTAIN_WINDOW_S)} [default: {DEFAULT_WINDOW_S:g}s].",
     ),
 ]
 PLOT_EXTRA = "pip install 'mlx-fleet[plot]'"
@@ -286,21 +363,31 @@ MaxSpeedTemp = Annotated[
     typer.Option(
         "--max-speed-temp",
         help=f"°C from which the policy asks to reduce the batch{UNSET_POLICY}.",
+        callback=finite_number("--max-speed-temp"),
     ),
 ]
 PauseTemp = Annotated[
-    float, typer.Option("--pause-temp", help=f"°C from which work pauses{UNSET_POLICY}.")
+    float,
+    typer.Option(
+        "--pause-temp",
+        help=f"°C from which work pauses{UNSET_POLICY}.",
+        callback=finite_number("--pause-temp"),
+    ),
 ]
 StopTemp = Annotated[
     float,
     typer.Option(
-        "--stop-temp", help=f"°C at which work stops (after 3 polls in a row){UNSET_POLICY}."
+        "--stop-temp",
+        help=f"°C at which work stops (after 3 polls in a row){UNSET_POLICY}.",
+        callback=finite_number("--stop-temp"),
     ),
 ]
 Hysteresis = Annotated[
     float,
     typer.Option(
-        "--hysteresis", help=f"A pause ends below pause-temp minus this many °C{UNSET_POLICY}."
+        "--hysteresis",
+        help=f"A pause ends below pause-temp minus this many °C{UNSET_POLICY}.",
+        callback=finite_number("--hysteresis"),
     ),
 ]
 
@@ -312,20 +399,29 @@ def unset(option: Any) -> Any:
 
 MaxSpeedGiven, PauseGiven = unset(MaxSpeedTemp), unset(PauseTemp)
 StopGiven, HysteresisGiven = unset(StopTemp), unset(Hysteresis)
-ReportFormat = Annotated[
-    str,
-    typer.Option(
-        "-o",
-        "--output-format",
-        "--format",
-        help=f"One of {', '.join(FORMATS)} (llama-bench's -o; --format is an alias).",
-        callback=one_of(FORMATS),
-    ),
-]
+
+
+def output_format(choices: tuple[str, ...], help: str | None = None) -> Any:
+    """The one format option of every command that prints a format: `-o/--output-format`
+    (llama-bench's -o), `--format` an alias, taking only `choices` (what the command can
+    print); any other value is one line, exit 2."""
+    shown = help or f"One of {', '.join(choices)}."
+    return Annotated[
+        str,
+        typer.Option(
+            "-o",
+            "--output-format",
+            "--format",
+            metavar="FORMAT",
+            help=f"{shown} --format is an alias.",
+            callback=one_of(choices),
+        ),
+    ]
+
+
+ReportFormat = output_format(FORMATS, f"One of {', '.join(FORMATS)} (llama-bench's -o).")
 """A benchmark report's format (shared.report)."""
-TableFormat = Annotated[
-    str, typer.Option("--format", "-f", help="table or json.", callback=one_of(TABLE_OR_JSON))
-]
+TableFormat = output_format(TABLE_OR_JSON, "table (for people) or json (for scripts).")
 """Every other command's: a Rich table for people, JSON for scripts (shared.io.cli.emit)."""
 Output = Annotated[Path | None, typer.Option("--output", help="Write the report to FILE.")]
 RunId = Annotated[
@@ -355,7 +451,7 @@ RetentionDays = Annotated[
     typer.Option(
         "--retention-days",
         help="Telemetry samples and events older than this many days are dropped.",
-        callback=positive("--retention-days"),
+        callback=positive("--retention-days", "days", MAX_RETENTION_DAYS),
     ),
 ]
 AgentName = Annotated[
@@ -373,7 +469,7 @@ LoadSeconds = Annotated[
         metavar="SECONDS",
         help="Also run MLX matmuls for SECONDS and check that every thermal and power source "
         "reads differently under load than at idle (docs/deploy.md).",
-        callback=optional(positive("--load", "seconds")),
+        callback=optional(positive("--load", "seconds", MAX_LOAD_S)),
     ),
 ]
 """`agent doctor --load`'s length (agent.doctor.load_checks)."""
@@ -392,7 +488,7 @@ CaptureSeconds = Annotated[
     typer.Option(
         "--seconds",
         help="With --capture: how long to capture, one poll a second.",
-        callback=positive("--seconds", "seconds"),
+        callback=positive("--seconds", "seconds", MAX_CAPTURE_S),
     ),
 ]
 PrometheusAddress = Annotated[
@@ -461,7 +557,10 @@ class MatrixOptions:
             delay_s=self.delay,
             cool_start_s=0.0 if self.no_cool_start else self.cool_start_limit,
         )
-        expand(spec)
+        try:
+            expand(spec)
+        except MatrixError as exc:
+            raise MatrixError(as_flags(str(exc))) from None
         return spec
 
     def repetitions_plan(self) -> tuple[int, float | None]:
@@ -488,6 +587,38 @@ class MatrixOptions:
                 f"(-r {AUTO} always runs {MIN_AUTO_REPETITIONS}), got {most}"
             )
         return most, NOISY_SHARE if self.precision is None else parse_precision(self.precision)
+
+
+FLAG_OF_FIELD = {
+    "n_prompt": "--n-prompt",
+    "n_gen": "--n-gen",
+    "n_pg": "-pg",
+    "n_depth": "--n-depth",
+    "batch_sizes": "--batch-sizes",
+    "bits": "--bits",
+    "models": "--model",
+    "warmup": "--warmup",
+    "iterations": "--repetitions",
+    "prefill_step_size": "--prefill-step-size",
+    "delay_s": "--delay",
+    "cool_start_s": "--cool-start-limit",
+}
+"""The option that sets each matrix field: validate()'s messages start with the wire field."""
+
+
+def as_flags(message: str) -> str:
+    """validate()'s message with its leading wire field (`n_prompt[0]: ...`) told as the option
+    (`--n-prompt item 1: ...`); a message about several fields is left as it is."""
+    head, sep, rest = message.partition(": ")
+    field, _, index = head.partition("[")
+    flag = FLAG_OF_FIELD.get(field)
+    if not sep or flag is None or "," in head:
+        return message
+    if index:
+        number = index.split("]")[0]
+        if number.isdigit():
+            return f"{flag} item {int(number) + 1}: {rest}"
+    return f"{flag}: {rest}" if head == field else message
 
 
 def parse_precision(text: str) -> float:
@@ -551,8 +682,11 @@ class SustainOptions:
                 parse_duration(self.sustain, "--sustain"),
                 DEFAULT_WINDOW_S if window is None else parse_duration(window, "--sustain-window"),
             )
+            check_seconds("--sustain", plan.duration_s, MAX_SUSTAIN_S, shown=self.sustain)
+            if window is not None:
+                check_seconds("--sustain-window", plan.window_s, MAX_SUSTAIN_WINDOW_S, shown=window)
             plan.check()
-        except SustainError as exc:
+        except (SustainError, BoundError) as exc:
             raise usage_error(str(exc)) from None
         return plan
 

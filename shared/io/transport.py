@@ -27,6 +27,9 @@ HEARTBEAT_INTERVAL_S = 1.0
 HEARTBEAT_LIVENESS = 5
 """An agent silent for this many intervals (pings unanswered) is declared dead: ~5 s."""
 REQUEST_TIMEOUT_S = 10.0
+WAIT_SLICE_S = 0.1
+"""The longest a connect waits before it looks at its stop flag again: Ctrl-C ends it at once,
+not when --connect-timeout runs out."""
 CANCEL_WAIT_S = 10.0
 """After bench.cancel, how long to wait for the job's bench.done before giving up on it."""
 
@@ -106,9 +109,12 @@ WRONG_KEY = (
 )
 
 
-def handshake_diagnosis(events: list[tuple[int, int]], our_key: str | None) -> str | None:
+def handshake_diagnosis(
+    events: list[tuple[int, int]], our_key: str | None, curve: bool = True
+) -> str | None:
     """Why a connection never became usable, from its socket monitor events; None while
-    nothing conclusive happened. Pure, so each case is testable without a network."""
+    nothing conclusive happened. Pure, so each case is testable without a network. Without
+    `curve` (--insecure) no key can be wrong: failed handshakes mean a peer that is no agent."""
     failures = 0
     for event, value in events:
         if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
@@ -127,18 +133,35 @@ def handshake_diagnosis(events: list[tuple[int, int]], our_key: str | None) -> s
             )
         if event in (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
             failures += 1
-    return WRONG_KEY if failures >= HANDSHAKE_FAILURES_TO_CONCLUDE else None
+    if failures < HANDSHAKE_FAILURES_TO_CONCLUDE:
+        return None
+    return WRONG_KEY if curve else NOT_ZMTP
 
 
-def timeout_diagnosis(events: list[tuple[int, int]], timeout: float) -> str:
+NOT_ZMTP = (
+    "the handshake keeps failing without CURVE: is this an mlx-fleet agent? (something else "
+    "may listen on that port: `agent serve` listens on port 5555 by default)"
+)
+
+
+NOT_AN_AGENT = (
+    "TCP connected but the handshake did not complete within {timeout:g} s: is this an "
+    "mlx-fleet agent? (something else may listen on {address}: `agent serve` listens on port "
+    "5555 by default)"
+)
+
+
+def timeout_diagnosis(
+    events: list[tuple[int, int]], timeout: float, address: str = "that port", curve: bool = True
+) -> str:
     """What a connect that timed out without a conclusive event most likely met."""
     kinds = {event for event, _ in events}
     if zmq.EVENT_HANDSHAKE_SUCCEEDED in kinds:
         return f"connected, but the agent did not answer within {timeout:g} s"
     if kinds & {zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL}:
-        return WRONG_KEY
+        return WRONG_KEY if curve else NOT_AN_AGENT.format(timeout=timeout, address=address)
     if zmq.EVENT_CONNECTED in kinds:
-        return f"TCP connected but the handshake did not complete within {timeout:g} s"
+        return NOT_AN_AGENT.format(timeout=timeout, address=address)
     if zmq.EVENT_CONNECT_RETRIED in kinds:
         return (
             f"connection refused for {timeout:g} s: is `agent serve` running on that host and port?"
@@ -189,9 +212,12 @@ class AgentClient:
         server_key: str | None,
         keypair: Keypair | None,
         connect_timeout: float = 5.0,
+        stop: threading.Event | None = None,
     ) -> None:
         self.address = address
         self.connect_timeout = connect_timeout
+        self.stop = stop
+        """Set (Ctrl-C, the run ending): a connect under way gives up at once, HostError."""
         self.keypair = keypair
         self.server_key = server_key
         self.sock = agent_socket(ctx, zmq.DEALER, address, server_key, keypair)
@@ -230,18 +256,28 @@ class AgentClient:
             poller.register(self.sock, zmq.POLLIN)
             poller.register(monitor, zmq.POLLIN)
             while (left := deadline - time.monotonic()) > 0:
-                ready = dict(poller.poll(left * 1000))
+                if self.stop is not None and self.stop.is_set():
+                    raise HostError(f"interrupted while connecting to {self.address}")
+                ready = dict(poller.poll(min(left, WAIT_SLICE_S) * 1000))
                 if ready.get(monitor):
                     event = recv_monitor_message(monitor)
                     events.append((event["event"], event["value"]))
-                    why = handshake_diagnosis(events, self.keypair.public if self.keypair else None)
+                    why = handshake_diagnosis(
+                        events,
+                        self.keypair.public if self.keypair else None,
+                        self.server_key is not None,
+                    )
                     if why is not None:
                         raise HostError(why)
                 if ready.get(self.sock):
                     reply = self._reply_to(hello)
                     if reply is not None:
                         return self._greeted(self._body(reply, "hello.ok"))
-            raise HostError(timeout_diagnosis(events, self.connect_timeout))
+            raise HostError(
+                timeout_diagnosis(
+                    events, self.connect_timeout, self.address, self.server_key is not None
+                )
+            )
         except zmq.ZMQError as exc:
             raise HostError(f"cannot connect to {self.address}: {exc}") from None
         finally:

@@ -21,7 +21,10 @@ The child writes a msgpack stream to file descriptor N:
 (so a crash is pinned on its cell), {"kind": "cell", "record": ...} per finished cell,
 {"kind": "event", "action", "celsius", "time", "detail"} per action of its gate (the daemon
 publishes them: its view of the job is the job's own), {"kind": "cooling", "wait": CoolWait map}
-as a cell waits to start cool and every few seconds of the wait (shared.cool_start), and last
+as a cell waits to start cool and every few seconds of the wait (shared.cool_start),
+{"kind": "phase", "phase": map} as a model starts building or the idle baseline starts
+(agent.profiling.runner.PhaseSink), {"kind": "pause", "pause": PauseView map} as a cooling pause
+starts, every PAUSE_REPORT_S of it and as it ends (shared.bench_status), and last
 {"kind": "done", "status": "ok" | "cancelled" | "failed", "error": text or nil}. SIGTERM
 cancels: the cell being measured is dropped and "done" says "cancelled". The child dies with the
 daemon: SIGKILL from the kernel on Linux (PR_SET_PDEATHSIG), and on any system as soon as its
@@ -53,6 +56,7 @@ from agent.thermal import ThermalMonitor, ThermalReading
 from agent.thermal.base import reading_from_wire
 from agent.thermal.fed import FedSource
 from shared import faults, gpu_errors
+from shared.bench_status import PauseView
 from shared.matrix import MatrixSpec
 from shared.policy import Action, ThermalPolicy
 from shared.protocol import JOB_CANCELLED, JOB_FAILED, JOB_OK
@@ -62,6 +66,8 @@ PR_SET_PDEATHSIG = 1
 """From <linux/prctl.h>."""
 EXIT_ORPHANED = 1
 """Our exit code when the daemon died under us (nobody reads it)."""
+PAUSE_REPORT_S = 5.0
+"""How often a pause under way is reported: each report is progress to a coordinator."""
 
 
 class JobCancelled(BaseException):
@@ -137,14 +143,58 @@ def begin(out: BinaryIO, index: int) -> None:
         os.abort()
 
 
+class PauseReports:
+    """A cooling pause as the job lives it, written as it starts, every PAUSE_REPORT_S while it
+    lasts (so a coordinator sees a paused job progress, not hang) and as it ends."""
+
+    def __init__(self, out: BinaryIO, source: str) -> None:
+        self.out, self.source = out, source
+        self._lock = threading.Lock()
+        self._started: float | None = None
+        self._reading: ThermalReading | None = None
+        self._tick = threading.Event()
+        threading.Thread(target=self._ticks, name="pause-reports", daemon=True).start()
+
+    def heard(self, action: Action, reading: ThermalReading | None) -> None:
+        with self._lock:
+            if action is Action.PAUSE and self._started is None:
+                self._started, self._reading = time.monotonic(), reading
+                self._write(done=False)
+            elif action in (Action.RESUME, Action.STOP) and self._started is not None:
+                self._write(done=True)
+                self._started = None
+
+    def _ticks(self) -> None:
+        while True:
+            self._tick.wait(PAUSE_REPORT_S)
+            with self._lock:
+                if self._started is not None:
+                    self._write(done=False)
+
+    def _write(self, done: bool) -> None:
+        assert self._started is not None
+        reading = self._reading
+        pause = PauseView(
+            reading.celsius if reading else None,
+            reading.pressure if reading else None,
+            self.source,
+            reading.sensor if reading else None,
+            time.monotonic() - self._started,
+            done,
+        )
+        write(self.out, {"kind": "pause", "pause": pause.to_dict()})
+
+
 def run(request: dict[str, Any], updates: Iterator[dict[str, Any]], out: BinaryIO) -> None:
     """Run the matrix under the daemon's readings, streaming every model and cell; always ends
     with one "done"."""
     status, error = JOB_OK, None
     thermal = request["thermal"]
     source = FedSource(SourceInfo(thermal["source"], thermal["simulated"]))
+    pauses = PauseReports(out, thermal["source"])
 
     def report(action: Action, reading: ThermalReading | None, reason: str | None) -> None:
+        pauses.heard(action, reading)
         when = reading.time if reading else time.time()
         celsius = reading.celsius if reading else None
         event = {"action": action.value, "celsius": celsius, "time": when, "detail": reason}
@@ -174,6 +224,7 @@ def run(request: dict[str, Any], updates: Iterator[dict[str, Any]], out: BinaryI
             on_begin=lambda index: begin(out, index),
             energy=meter,
             sustain=SustainPlan.from_dict(sustain) if sustain else None,
+            on_phase=lambda phase: write(out, {"kind": "phase", "phase": phase}),
         )
         with hold_awake(f"benchmark job (pid {os.getpid()})"):  # records is lazy: cells run here
             for record in records:

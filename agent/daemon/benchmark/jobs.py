@@ -21,6 +21,7 @@ from typing import Any
 
 import msgpack
 
+from agent.daemon.benchmark.deadline import Deadline, job_bound, too_long
 from agent.daemon.benchmark.journal import Journal
 from agent.daemon.benchmark.process import JobProcess, exit_text
 from agent.daemon.storage import JOB_LOGS, StorageHealth
@@ -46,6 +47,8 @@ log = logging.getLogger("agent.jobs")
 
 CANCEL_GRACE_S = 5.0
 """How long a cancelled job may take to finish its current cell before it is killed."""
+PROGRESS_FIELDS = frozenset({"pause", "phase"})
+"""bench.progress's optional fields a bench.start may ask for by name (its `progress`)."""
 PAGE_ROOM = 1024
 """Bytes a job.get.ok page keeps free for its envelope (v, id, type, re) and list headers."""
 
@@ -77,6 +80,12 @@ class Job:
     sustain: SustainPlan | None = None
     crashed: bool = False
     """A job process died: its log is kept, even empty, as the cells' errors name it."""
+    deadline: Deadline | None = None
+    """The job's own bound (agent.daemon.benchmark.deadline): past it the agent cancels it."""
+    overran: str | None = None
+    """Why the agent cancelled it, once it ran past its deadline: the job's error."""
+    takes: frozenset[str] = frozenset()
+    """bench.progress's optional fields its bench.start asked for (`progress`): `pause`, `phase`."""
 
     @property
     def total(self) -> int:
@@ -150,7 +159,12 @@ class BenchJobs:
             sustain = self._sustain(request.body.get("sustain"))
         except SustainError as exc:
             raise p.ProtocolError(p.BAD_MATRIX, f"sustain rejected: {exc}", re=request.id) from None
-        return JobPlan(f"j-{p.new_id()[:12]}", spec, expand(spec), sustain)
+        cells = expand(spec)
+        if (why := too_long(len(cells), sustain)) is not None:
+            raise p.ProtocolError(p.BAD_MATRIX, f"sustain rejected: {why}", re=request.id)
+        wanted = request.body.get("progress") or []
+        takes = frozenset(name for name in wanted if name in PROGRESS_FIELDS)  # others: newer
+        return JobPlan(f"j-{p.new_id()[:12]}", spec, cells, sustain, takes)
 
     def _sustain(self, wanted: Any) -> SustainPlan | None:
         """bench.start's `sustain` as a plan whose windows hold a new reading of this agent's
@@ -173,6 +187,12 @@ class BenchJobs:
         self.journal.create_job(plan.id, plan.spec.to_dict(), len(plan.cells), request_id)
         job = Job(plan.id, identity, request_id, plan.spec, plan.cells, process, now_iso())
         job.sustain = plan.sustain
+        job.takes = plan.takes
+        meter = self.meter()
+        baseline = meter.baseline_s if meter is not None and meter.present else 0.0
+        job.deadline = Deadline.starting_now(
+            job_bound(plan.spec, len(plan.cells), plan.sustain, baseline)
+        )
         self.running = job
         self._event(job, "start", detail=f"benchmark: {job.total} cells")
         log.info("job %s: %d cells (pid %d)", job.id, job.total, process.pid)
@@ -256,8 +276,17 @@ class BenchJobs:
             job.kill_at = time.monotonic() + CANCEL_GRACE_S
 
     def enforce_cancel(self) -> None:
-        """Kill a cancelled job that outlived its grace."""
+        """Cancel a job past its own bound; kill a cancelled job that outlived its grace."""
         job = self.running
+        if (
+            job is not None
+            and job.kill_at is None
+            and job.deadline is not None
+            and job.deadline.passed()
+        ):
+            job.overran = job.deadline.reason()
+            log.warning("job %s %s", job.id, job.overran)
+            self.cancel(job)
         if job is not None and job.kill_at is not None and time.monotonic() > job.kill_at:
             log.warning("job %s ignored cancel for %.0f s: killing it", job.id, CANCEL_GRACE_S)
             job.process.kill()
@@ -283,6 +312,9 @@ class BenchJobs:
             elif kind == "cooling":  # progress too: a cell waiting to start cool is not stuck
                 waiting = {"done": job.done, "total": job.total, "model": None}
                 self._stream(job, "bench.progress", {**waiting, "cooling": item["wait"]})
+            elif kind in job.takes:  # "pause", "phase": progress its requester asked for
+                waiting = {"done": job.done, "total": job.total, "model": None}
+                self._stream(job, "bench.progress", {**waiting, kind: item[kind]})
             elif kind == "event":  # the job's gate acted: its pauses as the job lives them
                 self._event(job, item["action"], item["celsius"], item["detail"], at=item["time"])
             elif kind == "done":
@@ -331,7 +363,9 @@ class BenchJobs:
         """The process closed its end: the job is done or cancelled; or the process died, and
         the cells left go to a new one."""
         code = job.process.reap(CANCEL_GRACE_S)
-        if job.outcome is not None:
+        if job.overran is not None:
+            self._finish(job, p.JOB_CANCELLED, job.overran)
+        elif job.outcome is not None:
             self._finish(job, job.outcome["status"], job.outcome["error"])
         elif job.kill_at is not None:
             self._finish(job, p.JOB_CANCELLED, "cancelled (the job process was killed)")
@@ -433,6 +467,8 @@ class JobPlan:
     spec: MatrixSpec
     cells: list[Cell]
     sustain: SustainPlan | None = None
+    takes: frozenset[str] = frozenset()
+    """bench.start's `progress`: the optional bench.progress fields it takes."""
 
 
 def job_page(found: dict[str, Any], offset: int) -> dict[str, Any]:

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import select
 import signal
 import socket
 import statistics
@@ -35,6 +33,7 @@ from pathlib import Path
 
 import zmq
 from support import BenchError, machine, parser, run
+from support import start_agent as support_start_agent
 
 from shared.io.keys import own_keypair
 from shared.io.transport import AgentClient
@@ -43,7 +42,6 @@ from shared.io.trust import trust
 ROOT = Path(__file__).resolve().parent.parent
 JOB = ROOT / "tests" / "jobs" / "ring_steps.py"
 BIN = Path(sys.executable).parent
-READY = re.compile(r"listening on tcp://(\S+) curve-key=(\S+)")
 ADDRESSES = ("127.0.0.2", "127.0.0.3")
 PAUSE = {"max_speed_temp": 50.0, "pause_temp": 60.0, "stop_temp": 95.0, "hysteresis": 2.0}
 ALLOW = {"max_speed_temp": 75.0, "pause_temp": 85.0, "stop_temp": 95.0, "hysteresis": 2.0}
@@ -58,24 +56,11 @@ def free_port(host: str) -> int:
 
 
 def start_agent(stack: ExitStack, home: Path, address: str) -> tuple[str, str]:
+    """An agent reading a constant replayed 70 °C."""
+    home.mkdir(parents=True)
     curve = home / "flat.csv"
-    (home / "keys" / "trusted").mkdir(parents=True)
     curve.write_text("seconds,celsius\n0,70\n1000000,70\n")
-    trust(own_keypair().public, "bench", directory=home / "keys" / "trusted")
-    process = subprocess.Popen(
-        [str(BIN / "agent"), "serve", "--bind", f"{address}:0", "--thermal-source",
-         f"replay:{curve}"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        env={**os.environ, "MLX_FLEET_HOME": str(home)}, start_new_session=True,
-    )  # fmt: skip
-    stack.callback(lambda: (process.kill(), process.wait(10)))
-    assert process.stdout is not None
-    if not select.select([process.stdout], [], [], 120)[0]:
-        raise BenchError(f"the agent on {address} did not get ready")
-    match = READY.search(process.stdout.readline())
-    if match is None:
-        raise BenchError(f"the agent on {address} failed to start")
-    return match.group(1), match.group(2)
+    return support_start_agent(stack, home, address, f"replay:{curve}")
 
 
 def job_pid(agent_run: subprocess.Popen[str], deadline: float) -> int:

@@ -13,12 +13,15 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
+import select
 import statistics
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -216,3 +219,31 @@ def drain(sock: zmq.Socket, received: list[int], stop: threading.Event) -> None:
                 except zmq.Again:
                     break
                 received[0] += 1
+
+
+READY = re.compile(r"listening on tcp://(\S+) curve-key=(\S+)")
+
+
+def start_agent(
+    stack: ExitStack, home: Path, address: str, thermal: str = "none"
+) -> tuple[str, str]:
+    """A real `agent serve` on `address` (port 0) with its own `home`, trusting this
+    MLX_FLEET_HOME's key, ended when `stack` closes; its (address, CURVE key)."""
+    from shared.io.trust import trust
+
+    (home / "keys" / "trusted").mkdir(parents=True)
+    trust(own_keypair().public, "bench", directory=home / "keys" / "trusted")
+    process = subprocess.Popen(
+        [str(Path(sys.executable).parent / "agent"), "serve", "--bind", f"{address}:0",
+         "--thermal-source", thermal],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env={**os.environ, "MLX_FLEET_HOME": str(home)}, start_new_session=True,
+    )  # fmt: skip
+    stack.callback(lambda: (process.kill(), process.wait(10)))
+    assert process.stdout is not None
+    if not select.select([process.stdout], [], [], 120)[0]:
+        raise BenchError(f"the agent on {address} did not get ready")
+    match = READY.search(process.stdout.readline())
+    if match is None:
+        raise BenchError(f"the agent on {address} failed to start")
+    return match.group(1), match.group(2)

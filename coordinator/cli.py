@@ -129,6 +129,15 @@ COMMANDS = [
         ),
     ),
     LazyCommand(
+        "netbench",
+        "coordinator.commands.netbench:netbench",
+        "Link benchmark: MLX all_sum over the ring and send/recv over each link, slow link named.",
+        examples=(
+            "coordinator netbench --hosts mac1,mac2,mac3",
+            "coordinator netbench --hosts mac1,mac2 --sizes 1K,1M,64M -r 10 -o json",
+        ),
+    ),
+    LazyCommand(
         "keys",
         "coordinator.commands.keys:keys_app",
         "This coordinator's CURVE key and the agents' keys it expects.",

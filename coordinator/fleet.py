@@ -80,6 +80,11 @@ class Target:
     name: str
     address: str
     server_key: str | None
+    ips: tuple[str, ...] = ()
+    """Where a distributed job's peers reach it (a hostfile's mlx.launch `ips`); empty: the
+    address's host."""
+    rdma: tuple[str | None, ...] | None = None
+    """Its RDMA device towards each host (mlx.launch's `rdma`), for JACCL; None: none given."""
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,11 @@ Hostfile formats, chosen by suffix (.toml, .json; anything else is tried as JSON
     key = "<40 Z85 characters>"
 
 An mlx.launch entry's agent is reached at its first ip, else at its ssh name, while
-`coordinator deploy` logs in with the ssh name (an alias of the user's ssh config); its other
-mlx fields (rdma, ...) are ignored. `port` and `key` are optional everywhere. Every error names
-the file, the entry (1-based, with its content) and what is wrong.
+`coordinator deploy` logs in with the ssh name (an alias of the user's ssh config); its `ips`
+and `rdma` (its RDMA device towards each host, null towards itself) are what a distributed
+job's ranks use (docs/distributed.md); its other mlx fields are ignored. `port` and `key` are
+optional everywhere. Every error names the file, the entry (1-based, with its content) and
+what is wrong.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ else:
 
 DEFAULT_AGENT_PORT = 5555
 NATIVE_FIELDS = frozenset({"host", "port", "key"})
-MLX_LAUNCH_FIELDS = frozenset({"ssh", "ips"})
+MLX_LAUNCH_FIELDS = frozenset({"ssh", "ips", "rdma"})
 
 
 class HostfileError(ValueError):
@@ -45,6 +47,11 @@ class HostEntry:
     key: str | None = None
     ssh: str | None = None
     """The ssh name deploy logs in with, when not `host` (mlx.launch's `ssh` alias)."""
+    ips: tuple[str, ...] = ()
+    """mlx.launch's `ips`: the addresses a ring's peers reach this host at."""
+    rdma: tuple[str | None, ...] | None = None
+    """mlx.launch's `rdma`: this host's RDMA device towards each host, None towards itself;
+    None when the entry gives none (no JACCL)."""
 
     @property
     def ssh_host(self) -> str:
@@ -142,11 +149,16 @@ def _entry(raw: Any, default_port: int) -> HostEntry:
     """One hostfile entry, native or mlx.launch's; ValueError says what is wrong with it."""
     if not isinstance(raw, dict):
         raise ValueError("an entry must be a table/object")
-    ssh = None
+    ssh, ips, rdma = None, [], None
     if MLX_LAUNCH_FIELDS & raw.keys() and "host" not in raw:
         ips = raw.get("ips") or []
         if not isinstance(ips, list) or not all(isinstance(ip, str) for ip in ips):
             raise ValueError("ips must be a list of addresses")
+        rdma = raw.get("rdma")
+        if rdma is not None and not (
+            isinstance(rdma, list) and all(d is None or isinstance(d, str) for d in rdma)
+        ):
+            raise ValueError("rdma must be a list of device names or null, one per host")
         ssh = raw.get("ssh")
         if ssh is not None and not isinstance(ssh, str):
             raise ValueError("ssh must be a host name")
@@ -167,7 +179,8 @@ def _entry(raw: Any, default_port: int) -> HostEntry:
     from shared.io.keys import check_key  # here: parsing --hosts alone needs no ZeroMQ
 
     key = check_key(raw["key"]) if raw.get("key") is not None else None
-    return HostEntry(host, default_port if port is None else port, key, ssh)
+    devices = None if rdma is None else tuple(rdma)
+    return HostEntry(host, default_port if port is None else port, key, ssh, tuple(ips), devices)
 
 
 def parse_hostfile(path: Path, default_port: int = DEFAULT_AGENT_PORT) -> list[HostEntry]:

@@ -17,6 +17,7 @@ from shared.energy import RAILS
 from shared.gang import BACKENDS, MAX_GROUP_LENGTH, MAX_WORLD
 from shared.matrix import DECODE, MAX_CELLS, MAX_COOL_START_S, PREFILL, PREFILL_DECODE
 from shared.policy import CoolingState, ThermalPolicy
+from shared.rank_shapes import MAX_MEMBERS, RANK_GOT
 from shared.reboots import MAX_PANICS, PANIC_FILE_CAP, PANIC_TEXT_CAP
 from shared.verdict import VERDICTS, judge
 
@@ -508,6 +509,9 @@ BODIES: dict[str, s.Check] = {
         {"group": s.text(MAX_GROUP_LENGTH, least=1), "members": s.list_of(gang_member, MAX_WORLD)}
     ),
     "doctor.ok": s.fields({"report": report}),
+    "rank.start.ok": s.fields({"job": ident, "rank": s.integer(0, MAX_MEMBERS - 1)}),
+    "rank.get.ok": RANK_GOT,
+    "rank.stop.ok": RANK_GOT,
     "error": s.fields({"code": text, "message": text}),
     "telemetry.sample": sample,
     "telemetry.event": event,

@@ -28,6 +28,10 @@ DEFAULT_SIZES = tuple(KIB * 4**step for step in range(10))
 bandwidth at the large end."""
 ALL_SUM, SEND_RECV = "all_sum", "send_recv"
 BUS_SHARE = {ALL_SUM: lambda ranks: 2 * (ranks - 1) / ranks, SEND_RECV: lambda ranks: 1.0}
+OPS_MOST = 20
+"""nccl-tests' default iterations: back-to-back operations per timed repetition."""
+OPS_BYTES = 64 * MIB
+"""Fewer operations per repetition for large messages, so one moves at most this much."""
 SLOW_SHARE = 0.30
 """A link whose bus bandwidth is at least this far below the median of its siblings' is slow."""
 
@@ -42,6 +46,12 @@ _UNITS = {
     "gib": 1024 * MIB,
 }
 _SIZE = re.compile(r"(\d+)\s*([a-z]*)")
+
+
+def ops_per_repetition(size: int) -> int:
+    """How many back-to-back operations one timed repetition runs at `size`: OPS_MOST, fewer
+    above 3 MiB so a repetition moves at most OPS_BYTES, at least one."""
+    return max(1, min(OPS_MOST, OPS_BYTES // size))
 
 
 class NetbenchError(ValueError):
@@ -98,21 +108,25 @@ class Measured:
     where: str = ""
 
     def summary(self) -> dict[str, float | None]:
-        """Mean and spread of the time (µs), the algorithm and the bus bandwidth (GB/s), each
-        from the repetitions' own figures so the ± is theirs."""
+        """The mean time (µs) and its standard deviation over the repetitions; the algorithm
+        and bus bandwidths (GB/s) from the mean time, as nccl-tests computes them (a mean of
+        per-repetition rates would read high whenever the times spread), their ± the time's
+        relative spread carried over (the delta method)."""
         if not self.seconds or min(self.seconds) <= 0:
             raise NetbenchError(f"{self.operation} {format_bytes(self.size)}: no positive timing")
-        algbw = [self.size / second / 1e9 for second in self.seconds]
-        share = BUS_SHARE[self.operation](self.ranks)
-        time_us, alg = spread([s * 1e6 for s in self.seconds]), spread(algbw)
-        bus = spread([value * share for value in algbw])
+        time_s = spread(self.seconds)
+        mean, std = time_s["mean"], time_s["std"]
+        assert mean is not None
+        algbw = self.size / mean / 1e9
+        busbw = algbw * BUS_SHARE[self.operation](self.ranks)
+        relative = None if std is None else std / mean
         return {
-            "time_us": time_us["mean"],
-            "time_us_std": time_us["std"],
-            "algbw_gbps": alg["mean"],
-            "algbw_gbps_std": alg["std"],
-            "busbw_gbps": bus["mean"],
-            "busbw_gbps_std": bus["std"],
+            "time_us": mean * 1e6,
+            "time_us_std": None if std is None else std * 1e6,
+            "algbw_gbps": algbw,
+            "algbw_gbps_std": None if relative is None else algbw * relative,
+            "busbw_gbps": busbw,
+            "busbw_gbps_std": None if relative is None else busbw * relative,
         }
 
 
@@ -185,3 +199,33 @@ def measured_from(
             timings = tuple(float(second) for second in seconds)
             found.append(Measured(operation, size, ranks, timings, where))
     return found
+
+
+def link_bandwidths(found: Sequence[Measured]) -> dict[str, float]:
+    """Each link's best bus bandwidth (its fastest repetition) at the largest size measured:
+    small sizes measure latency, not the wire, and a busy Mac slows some repetitions of any
+    link, while a slow cable slows every one."""
+    largest = max((m.size for m in found if m.operation == SEND_RECV), default=None)
+    return {
+        m.where: m.size / min(m.seconds) / 1e9 * BUS_SHARE[SEND_RECV](m.ranks)
+        for m in found
+        if m.operation == SEND_RECV and m.size == largest
+    }
+
+
+def report_of(found: Sequence[Measured]) -> dict[str, object]:
+    """What `-o json` prints and a table is drawn from: every measurement with its figures,
+    and the slow links with the figures that make them so."""
+    rows = [
+        {
+            "operation": m.operation,
+            "where": m.where,
+            "size": m.size,
+            "ranks": m.ranks,
+            "seconds": list(m.seconds),
+            **m.summary(),
+        }
+        for m in found
+    ]
+    links = link_bandwidths(found)
+    return {"results": rows, "links_best_busbw_gbps": links, "slow_links": slow_links(links)}

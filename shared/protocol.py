@@ -70,6 +70,16 @@ NONE = type(None)
 Types = type | tuple[type, ...]
 NUMBER = (int, float)
 
+RANK_STATE: dict[str, tuple[Types, bool]] = {
+    "job": (str, True),
+    "rank": (int, True),
+    "state": (str, True),
+    "elapsed_s": (NUMBER, True),
+    "error": ((str, NONE), True),
+    "report": ((dict, NONE), True),
+}
+"""rank.get.ok's and rank.stop.ok's body: a rank's state (shared.rank_shapes checks it whole)."""
+
 # type -> {field: (accepted types, required)}; a missing optional field decodes as None.
 SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
     # requests, coordinator -> agent
@@ -95,6 +105,18 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
     "job.event": Event.job_schema(),
     "doctor": {},
     "gang.state": {"gang": (dict, True), "member": (dict, True)},
+    "rank.start": {
+        "job": (str, True),
+        "kind": (str, True),
+        "rank": (int, True),
+        "members": (list, True),
+        "backend": (str, True),
+        "port": (int, True),
+        "spec": (dict, True),
+        "bound_s": (NUMBER, True),
+    },
+    "rank.get": {"job": (str, True)},
+    "rank.stop": {"job": (str, True), "why": (str, False)},
     # replies and the job stream, agent -> coordinator
     "hello.ok": {
         "agent": (str, True),
@@ -161,6 +183,9 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
     "job.list.ok": {"jobs": (list, True)},
     "gang.state.ok": {"group": (str, True), "members": (list, True)},
     "doctor.ok": {"report": (dict, True)},
+    "rank.start.ok": {"job": (str, True), "rank": (int, True)},
+    "rank.get.ok": RANK_STATE,
+    "rank.stop.ok": RANK_STATE,
     "error": {"code": (str, True), "message": (str, True)},
     # telemetry, published by the agent (never requests, never replies)
     "telemetry.sample": Sample.schema(),
@@ -181,6 +206,9 @@ REQUESTS = frozenset(
         "job.event",
         "doctor",
         "gang.state",
+        "rank.start",
+        "rank.get",
+        "rank.stop",
     }
 )
 ENVELOPE_KEYS = frozenset({"v", "id", "type", "re", "body"})

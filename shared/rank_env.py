@@ -94,8 +94,8 @@ def jaccl_devices(members: Sequence[Member]) -> list[list[str | None]]:
 def rank_launch(
     members: Sequence[Member], rank: int, backend: str, starting_port: int = DEFAULT_STARTING_PORT
 ) -> RankLaunch:
-    """Rank `rank`'s environment for `backend` (ring or jaccl; `auto` is resolved before,
-    from what every member's MLX can do)."""
+    """Rank `rank`'s environment for `backend` (ring or jaccl; `auto` is resolved before, by
+    chosen_backend)."""
     if len(members) < 2:
         raise RankEnvError("a distributed group needs at least two members")
     if not 0 <= rank < len(members):
@@ -105,10 +105,26 @@ def rank_launch(
         return RankLaunch(rank, {"MLX_RANK": str(rank)}, {"MLX_HOSTFILE": hostfile})
     if backend == JACCL:
         devices = json.dumps(jaccl_devices(members))
-        coordinator = members[0].ips[0]
-        env = {"MLX_RANK": str(rank), "MLX_JACCL_COORDINATOR": f"{coordinator}:{starting_port}"}
+        first = members[0].ips[0]
+        coordinator = f"[{first}]:{starting_port}" if ":" in first else f"{first}:{starting_port}"
+        env = {"MLX_RANK": str(rank), "MLX_JACCL_COORDINATOR": coordinator}
         return RankLaunch(rank, env, {"MLX_IBV_DEVICES": devices})
     raise RankEnvError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+
+
+JACCL_MACOS = (26, 2)
+
+
+def backends_of(machine: Mapping[str, object], rdma_given: bool) -> list[str]:
+    """The backends a host can run, from its agent's `info` machine map: the ring anywhere
+    MLX runs; JACCL on macOS 26.2 or later where the hostfile names its RDMA devices."""
+    found = [RING]
+    version = machine.get("macos_version")
+    if rdma_given and isinstance(version, str):
+        parts = tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
+        if parts >= JACCL_MACOS:
+            found.append(JACCL)
+    return found
 
 
 def chosen_backend(wanted: str, available: Mapping[str, Sequence[str]]) -> str:
@@ -120,6 +136,5 @@ def chosen_backend(wanted: str, available: Mapping[str, Sequence[str]]) -> str:
         raise RankEnvError(f"unknown backend {wanted!r}; choose from {', '.join(BACKENDS)}")
     lacking = [name for name, each in available.items() if wanted not in each]
     if lacking:
-        why = JACCL_NEEDS if wanted == JACCL else "its MLX has no ring backend"
-        raise RankEnvError(f"{', '.join(lacking)}: no {wanted} backend ({why})")
+        raise RankEnvError(f"{', '.join(lacking)}: no {wanted} backend ({JACCL_NEEDS})")
     return wanted

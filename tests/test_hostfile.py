@@ -131,7 +131,7 @@ def test_mlx_launch_hostfile(tmp_path: Path) -> None:
     )
     entries = parse_hostfile(path)
     assert entries == [
-        HostEntry("10.0.0.2", 5555, None, "mac1"),
+        HostEntry("10.0.0.2", 5555, None, "mac1", ("10.0.0.2", "10.0.1.2"), (None, "rdma_en5")),
         HostEntry("mac2", 5555, None, "mac2"),
         HostEntry("mac3", 5555, None, "mac3"),
         HostEntry("mac4", 6000, KEY, "mac4"),
@@ -142,6 +142,14 @@ def test_mlx_launch_hostfile(tmp_path: Path) -> None:
         ("mac2:5555", "mac2"),
     ]
     assert HostEntry("mac5", 5555).ssh_host == "mac5"
+
+
+@pytest.mark.parametrize("rdma", ["rdma_en5", [None, 5], {"a": 1}])
+def test_mlx_launch_rdma_must_be_a_device_per_host(tmp_path: Path, rdma: object) -> None:
+    path = write(tmp_path, "hosts.json", json.dumps([{"ssh": "mac1", "ips": ["1"], "rdma": rdma}]))
+    with pytest.raises(HostfileError) as caught:
+        parse_hostfile(path)
+    assert "rdma must be a list of device names or null, one per host" in str(caught.value)
 
 
 def test_suffixless_files_are_sniffed(tmp_path: Path) -> None:

@@ -23,6 +23,14 @@ GANG_MEMBER = {
     "job": "3f2a",
     "age_s": 0.0,
 }
+RANK_STATE = {
+    "job": "n-1",
+    "rank": 0,
+    "state": "ok",
+    "elapsed_s": 2.5,
+    "error": None,
+    "report": {"all_sum": {}, "send_recv": {}},
+}
 VALID_BODIES: dict[str, dict[str, Any]] = {
     "gang.state": {
         "gang": {
@@ -34,6 +42,21 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
         },
         "member": GANG_MEMBER,
     },
+    "rank.start": {
+        "job": "n-1",
+        "kind": "netbench",
+        "rank": 1,
+        "members": [{"name": "mac1", "ips": ["10.0.0.1"]}, {"name": "mac2", "ips": ["10.0.0.2"]}],
+        "backend": "ring",
+        "port": 32323,
+        "spec": {"sizes": [1024], "repetitions": 3, "warmup": 1},
+        "bound_s": 600.0,
+    },
+    "rank.get": {"job": "n-1"},
+    "rank.stop": {"job": "n-1", "why": "rank 0 failed"},
+    "rank.start.ok": {"job": "n-1", "rank": 1},
+    "rank.get.ok": RANK_STATE,
+    "rank.stop.ok": {**RANK_STATE, "state": "stopped", "error": "rank 0 failed"},
     "hello": {"client": "coordinator"},
     "ping": {},
     "info": {},

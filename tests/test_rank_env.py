@@ -16,6 +16,7 @@ from shared.rank_env import (
     RING,
     Member,
     RankEnvError,
+    backends_of,
     chosen_backend,
     ports_used,
     rank_launch,
@@ -95,3 +96,11 @@ def test_auto_is_jaccl_only_where_every_member_has_it() -> None:
     assert str(caught.value) == (
         "b: no jaccl backend (JACCL needs macOS 26.2 or later, Thunderbolt 5 and RDMA enabled)"
     )
+
+
+def test_a_host_runs_jaccl_only_on_macos_26_2_with_its_devices_given() -> None:
+    assert backends_of({"macos_version": "26.2"}, rdma_given=True) == [RING, JACCL]
+    assert backends_of({"macos_version": "26.10.1"}, rdma_given=True) == [RING, JACCL]
+    assert backends_of({"macos_version": "26.1"}, rdma_given=True) == [RING]
+    assert backends_of({"macos_version": "26.2"}, rdma_given=False) == [RING]
+    assert backends_of({"macos_version": None, "os": "Linux 6.1"}, rdma_given=True) == [RING]

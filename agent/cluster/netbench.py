@@ -18,40 +18,35 @@ from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 
-from shared.netbench import ELEMENT_BYTES, link_name, ring_edges
+from agent.cluster.lifeline import exit_with_parent
+from shared.netbench import ELEMENT_BYTES, link_name, ops_per_repetition, ring_edges
 
 
 def timed(
-    step: Callable[[], list[mx.array]],
-    warmup: int,
-    repetitions: int,
-    before: Callable[[], None] = lambda: None,
+    step: Callable[[], list[mx.array]], warmup: int, repetitions: int, ops: int
 ) -> list[float]:
-    """Seconds of each repetition of `step` (its arrays evaluated), after `warmup` untimed;
-    `before` runs untimed ahead of each."""
-    for _ in range(warmup):
-        before()
-        mx.eval(*step())
+    """Seconds per operation of each repetition: `ops` back-to-back `step`s (each evaluated),
+    their time over `ops`, as nccl-tests times its iterations; `warmup` repetitions first,
+    untimed."""
     seconds = []
-    for _ in range(repetitions):
-        before()
+    for index in range(warmup + repetitions):
         start = time.perf_counter()
-        mx.eval(*step())
-        seconds.append(time.perf_counter() - start)
+        for _ in range(ops):
+            mx.eval(*step())
+        if index >= warmup:
+            seconds.append((time.perf_counter() - start) / ops)
     return seconds
 
 
 def all_sum_seconds(
-    group: mx.distributed.Group, message: mx.array, warmup: int, repetitions: int
+    group: mx.distributed.Group, message: mx.array, warmup: int, repetitions: int, ops: int
 ) -> list[float]:
-    """Each repetition after a barrier, so every rank starts together and the time is the
-    collective's, not the wait for the slowest rank to arrive."""
-    return timed(
-        lambda: [mx.distributed.all_sum(message, group=group)],
-        warmup,
-        repetitions,
-        before=lambda: barrier(group),
-    )
+    """After one barrier, so every rank starts together, the repetitions back to back: a
+    barrier before each would add its own wake-up to the first operation after it (3 ms on
+    loopback here, bench/bench_netbench.py), which a training loop's back-to-back all_sums do
+    not pay."""
+    barrier(group)
+    return timed(lambda: [mx.distributed.all_sum(message, group=group)], warmup, repetitions, ops)
 
 
 def barrier(group: mx.distributed.Group) -> None:
@@ -60,7 +55,12 @@ def barrier(group: mx.distributed.Group) -> None:
 
 
 def ping_pong_seconds(
-    group: mx.distributed.Group, message: mx.array, edge: tuple[int, int], warmup: int, reps: int
+    group: mx.distributed.Group,
+    message: mx.array,
+    edge: tuple[int, int],
+    warmup: int,
+    repetitions: int,
+    ops: int,
 ) -> list[float]:
     """One-way seconds over `edge`: half a round trip, timed by its first rank; the ranks off
     the edge wait at the next barrier."""
@@ -72,9 +72,9 @@ def ping_pong_seconds(
             mx.eval(mx.distributed.send(message, second, group=group))
             return [mx.distributed.recv_like(message, second, group=group)]
 
-        return [s / 2 for s in timed(there_and_back, warmup, reps)]
+        return [s / 2 for s in timed(there_and_back, warmup, repetitions, ops)]
     if rank == second:
-        for _ in range(warmup + reps):
+        for _ in range((warmup + repetitions) * ops):
             echoed = mx.distributed.recv_like(message, first, group=group)
             mx.eval(mx.distributed.send(echoed, first, group=group))
     return []
@@ -100,17 +100,19 @@ def run(spec: dict) -> dict:
     for size in spec["sizes"]:
         message = mx.ones((size // ELEMENT_BYTES,), dtype=mx.float32)
         mx.eval(message)
-        seconds = all_sum_seconds(group, message, warmup, reps)
+        ops = ops_per_repetition(size)
+        seconds = all_sum_seconds(group, message, warmup, reps, ops)
         result["all_sum"][str(size)] = gathered(group, seconds, 0, reps)
         for edge in ring_edges(hosts):
             barrier(group)
-            mine = ping_pong_seconds(group, message, edge, warmup, reps)
+            mine = ping_pong_seconds(group, message, edge, warmup, reps, ops)
             link = result["send_recv"].setdefault(link_name(hosts, edge), {})
             link[str(size)] = gathered(group, mine, edge[0], reps)
     return result
 
 
 def main(argv: Sequence[str]) -> int:
+    exit_with_parent()
     result = run(json.loads(argv[0]))
     if mx.distributed.init().rank() == 0:
         print(json.dumps(result), flush=True)

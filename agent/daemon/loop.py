@@ -25,6 +25,7 @@ import zmq
 from agent.daemon.benchmark.jobs import CANCEL_GRACE_S, BenchJobs
 from agent.daemon.endpoints import DEFAULT_BIND, AgentSockets, ServeError, local_address
 from agent.daemon.hub import TelemetryHub
+from agent.daemon.ranks import POLL_S, RankJobs
 from agent.daemon.requests import Requests
 from agent.daemon.storage import STATE, StorageHealth, describe
 from agent.daemon.throttle import LogThrottle
@@ -35,7 +36,7 @@ from agent.profiling.machine import machine_info, package_version
 from agent.thermal import SourceSpecError, SourceUnavailable, open_source
 from shared import protocol as p
 from shared.energy import DEFAULT_BASELINE_S
-from shared.io.paths import DataDirError, checked_data_dir
+from shared.io.paths import DataDirError, checked_data_dir, data_dir
 from shared.io.sqlite import StoreError
 from shared.source_names import DEFAULT_POLL_INTERVAL_S
 
@@ -47,6 +48,8 @@ else wakes an idle daemon but a request, the hub's readings (each poll while a s
 or a deferred reply needs the loop, every WRITE_EVERY polls otherwise: TelemetryHub.pace) or
 stop()."""
 DEFAULT_RETENTION_DAYS = 7.0
+RANKS_DIR = "ranks"
+"""Under the data dir: each rank's launch files and output, a folder per job."""
 
 
 class AgentDaemon:
@@ -86,6 +89,7 @@ class AgentDaemon:
             raise
         self.machine = machine_info()
         self.version = package_version("mlx-fleet") or "unknown"
+        self.ranks = RankJobs(data_dir() / RANKS_DIR)
         self.requests = Requests(
             self.sockets,
             self.hub,
@@ -93,6 +97,7 @@ class AgentDaemon:
             self.machine,
             self.version,
             lambda: self._stopping,
+            self.ranks,
         )
         self._stopping = False
         self._wake_read, self._wake_write = os.pipe()
@@ -229,6 +234,7 @@ class AgentDaemon:
             if job is not None and job is self.jobs.running and ready.get(job.fd):
                 self.jobs.read(job)
             self.jobs.enforce_cancel()
+            self.ranks.poll()
             self.throttle.flush()
             self.hub.pace(
                 bool(self.sockets.subscriptions.prefixes)
@@ -255,6 +261,8 @@ class AgentDaemon:
             due.append(job.kill_at)  # infinite once killed: then its pipe's end wakes us
         if self.parent_pid is not None:
             due.append(time.monotonic() + PARENT_CHECK_S)
+        if self.ranks.running is not None:
+            due.append(time.monotonic() + POLL_S)  # its end and its bound
         if not due:
             return None
         return max(0.0, min(due) - time.monotonic()) * 1000 + 1
@@ -299,6 +307,7 @@ class AgentDaemon:
         with contextlib.suppress(OSError):
             remove_state(os.getpid())
         self.requests.deferred.close()
+        self.ranks.close()
         self.hub.close()
         self.sockets.close()
         self.jobs.close()

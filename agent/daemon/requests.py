@@ -23,6 +23,7 @@ from agent.daemon.deferred import DeferredReplies
 from agent.daemon.endpoints import AgentSockets, Received
 from agent.daemon.gang_mailbox import GangRefused
 from agent.daemon.hub import TelemetryHub
+from agent.daemon.ranks import RankJobs, RankRefused, rank_body
 from agent.daemon.telemetry import (
     HISTORY_MAX_LIMIT,
     HISTORY_PAGE_BYTES,
@@ -92,10 +93,12 @@ class Requests:
         machine: dict[str, Any],
         version: str,
         stopping: Callable[[], bool],
+        ranks: RankJobs,
     ) -> None:
         self.sockets = sockets
         self.hub = hub
         self.jobs = jobs
+        self.ranks = ranks
         self.machine = machine
         self.version = version
         self.stopping = stopping
@@ -175,6 +178,9 @@ class Requests:
         error reply never leaves a job behind."""
         if self.stopping():
             raise request.refuse(p.BUSY, "busy: the agent is stopping")
+        rank = self.ranks.running
+        if rank is not None:
+            raise request.refuse(p.BUSY, f"busy: rank {rank.rank} of job {rank.job} is running")
         plan = self.jobs.plan(request.message)
         progress = {"job": plan.id, "done": 0, "total": len(plan.cells)}
         reply = Reply(
@@ -186,6 +192,35 @@ class Requests:
         self.jobs.start(request.identity, request.message.id, plan)
         self.jobs.feed(self.hub.last_reading, self.hub.policy)  # what the daemon read last
         return reply
+
+    @handles("rank.start")
+    def rank_start(self, request: Request) -> Reply:
+        """A rank never runs beside a benchmark job: each would measure the other."""
+        if self.stopping():
+            raise request.refuse(p.BUSY, "busy: the agent is stopping")
+        job = self.jobs.running
+        if job is not None:
+            raise request.refuse(p.BUSY, f"busy: benchmark job {job.id} is running")
+        try:
+            rank = self.ranks.start(request.body)
+        except RankRefused as exc:
+            raise request.refuse(exc.code, str(exc)) from None
+        return Reply("rank.start.ok", {"job": rank.job, "rank": rank.rank})
+
+    @handles("rank.get")
+    def rank_get(self, request: Request) -> Reply:
+        rank = self.ranks.get(request.body["job"])
+        if rank is None:
+            raise request.refuse(p.UNKNOWN_JOB, f"no rank of job {request.body['job']!r} here")
+        return Reply("rank.get.ok", rank_body(rank))
+
+    @handles("rank.stop")
+    def rank_stop(self, request: Request) -> Reply:
+        rank = self.ranks.get(request.body["job"])
+        if rank is None:
+            raise request.refuse(p.UNKNOWN_JOB, f"no rank of job {request.body['job']!r} here")
+        rank.stop(request.body["why"] or "stopped by its coordinator")
+        return Reply("rank.stop.ok", rank_body(rank))
 
     @handles("bench.cancel")
     def bench_cancel(self, request: Request) -> Reply:

@@ -81,7 +81,7 @@ def targets_from(hosts: str | None, hostfile: Path | None) -> list[Target] | Non
             entries = parse_hostfile(hostfile)
         else:
             return None
-        return [Target(e.address, e.address, server_key(e)) for e in entries]
+        return [Target(e.address, e.address, server_key(e), e.ips, e.rdma) for e in entries]
     except (HostfileError, ValueError) as exc:
         raise usage_error(str(exc)) from None
 

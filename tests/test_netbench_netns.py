@@ -1,0 +1,111 @@
+"""`coordinator netbench` across three network namespaces wired as a triangle: each pair of
+"Macs" has its own veth pair and /30, so each link of the ring is its own cable, and one of
+them is rate-limited with `tc ... tbf`. The link benchmark flags that link and only that one.
+
+Each host's ring address is its end of the link its left neighbour reaches it over (rank i-1
+connects to rank i, as MLX's ring does): a's on c-a, b's on a-b, c's on b-c. The coordinator
+runs in a, which reaches c's address through c's end of c-a (a /32 route; Linux answers for
+any of its addresses on any link). The addresses exist only inside the test's namespaces.
+Needs root, `ip` and `tc`; skipped with the reason where the namespaces cannot be made.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import console_script, subprocess_env
+from tests.fleet_support import AgentPool, exchange_keys
+from tests.test_netns import ip
+
+pytestmark = pytest.mark.timeout(600)
+
+LINKS = {
+    ("a", "b"): "10.254.81.{}/30",
+    ("b", "c"): "10.254.82.{}/30",
+    ("c", "a"): "10.254.83.{}/30",
+}
+"""Each link's /30: its first host is .1, its second .2."""
+RING_ADDRESS = {"a": "10.254.83.2", "b": "10.254.81.2", "c": "10.254.82.2"}
+"""Where each host's left neighbour reaches it: a on c-a, b on a-b, c on b-c."""
+SLOW = ("b", "c")
+RATE = "40mbit"
+
+
+def veth(link: tuple[str, str], end: str) -> str:
+    return f"nb{os.getpid() % 100000}{link[0]}{link[1]}{end}"
+
+
+@pytest.fixture
+def triangle() -> Iterator[dict[str, str]]:
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"the `{tool}` command (iproute2) is not installed")
+    names = {host: f"mlxnb{os.getpid()}-{host}" for host in "abc"}
+    created: list[str] = []
+    try:
+        for name in names.values():
+            made = ip("netns", "add", name)
+            if made.returncode != 0:
+                pytest.skip(f"cannot create a network namespace: {made.stderr.strip()}")
+            created.append(name)
+        steps: list[tuple[str, ...]] = []
+        for (first, second), subnet in LINKS.items():
+            one, two = veth((first, second), first), veth((first, second), second)
+            steps.append(
+                ("link", "add", one, "netns", names[first], "type", "veth", "peer", "name", two,
+                 "netns", names[second])
+            )  # fmt: skip
+            for index, (host, dev) in enumerate(((first, one), (second, two)), start=1):
+                steps += [
+                    ("-n", names[host], "addr", "add", subnet.format(index), "dev", dev),
+                    ("-n", names[host], "link", "set", dev, "up"),
+                ]
+        steps += [("-n", name, "link", "set", "lo", "up") for name in names.values()]
+        steps.append(
+            ("-n", names["a"], "route", "add", f"{RING_ADDRESS['c']}/32", "via", "10.254.83.1")
+        )
+        for step in steps:
+            done = ip(*step)
+            if done.returncode != 0:
+                pytest.skip(f"cannot wire the namespaces (ip {' '.join(step)}): {done.stderr}")
+        for host in SLOW:  # both directions of the b-c cable
+            limited = subprocess.run(
+                ["tc", "-n", names[host], "qdisc", "add", "dev", veth(SLOW, host), "root", "tbf",
+                 "rate", RATE, "burst", "32kbit", "latency", "400ms"],
+                capture_output=True, text=True, timeout=30,
+            )  # fmt: skip
+            if limited.returncode != 0:
+                pytest.skip(f"cannot rate-limit a veth with tc: {limited.stderr.strip()}")
+        yield names
+    finally:
+        for name in created:
+            ip("netns", "del", name)
+
+
+def test_the_rate_limited_link_and_only_it_is_flagged(
+    triangle: dict[str, str], agents: AgentPool
+) -> None:
+    hosts = []
+    for host in "abc":
+        agent = agents.start(host, netns=triangle[host], bind_host=RING_ADDRESS[host])
+        exchange_keys(agent)
+        hosts.append(agent.address)
+    result = subprocess.run(
+        ["ip", "netns", "exec", triangle["a"], console_script("coordinator"), "netbench",
+         "--hosts", ",".join(hosts), "--sizes", "64K,4M", "-r", "3", "-o", "json"],
+        capture_output=True, text=True, timeout=500, env=subprocess_env(),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    slow = f"{hosts[1]}↔{hosts[2]}"
+    assert list(report["slow_links"]) == [slow], report["links_best_busbw_gbps"]
+    limited = report["links_best_busbw_gbps"][slow]
+    assert limited < 40e6 / 8 / 1e9 * 1.5  # the tbf rate, 5 MB/s, give or take its burst
+    others = [value for link, value in report["links_best_busbw_gbps"].items() if link != slow]
+    assert min(others) > 3 * limited

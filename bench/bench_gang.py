@@ -32,7 +32,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import zmq
-from support import BenchError, machine, parser, run
+from support import BenchError, machine, parser, require_loopback, run
 from support import start_agent as support_start_agent
 
 from shared.io.keys import own_keypair
@@ -115,11 +115,7 @@ def main() -> None:
     opts = args.parse_args()
     cycles = 2 if opts.quick else opts.cycles
     window = 0.5 if opts.quick else opts.window
-    for address in ADDRESSES:
-        try:
-            socket.socket().bind((address, 0))
-        except OSError:
-            raise BenchError(f"{address} cannot be bound on this machine's loopback") from None
+    require_loopback(ADDRESSES)
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         root = Path(tmp)
         os.environ["MLX_FLEET_HOME"] = str(root / "bench")

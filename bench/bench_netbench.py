@@ -31,6 +31,7 @@ from support import (
     interleave,
     machine,
     parser,
+    require_loopback,
     round_count,
     run,
     spread,
@@ -133,11 +134,7 @@ def main() -> None:
     opts = parser(__doc__).parse_args()
     sizes = [1024, 1 << 20] if opts.quick else [1024, 64 << 10, 1 << 20, 16 << 20]
     reps = 3 if opts.quick else 20
-    for address in ADDRESSES:
-        try:
-            socket.socket().bind((address, 0))
-        except OSError:
-            raise BenchError(f"{address} cannot be bound on this machine's loopback") from None
+    require_loopback(ADDRESSES)
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         root = Path(tmp)
         os.environ["MLX_FLEET_HOME"] = str(root / "coordinator")

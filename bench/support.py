@@ -15,6 +15,7 @@ import os
 import platform
 import re
 import select
+import socket
 import statistics
 import subprocess
 import sys
@@ -219,6 +220,16 @@ def drain(sock: zmq.Socket, received: list[int], stop: threading.Event) -> None:
                 except zmq.Again:
                     break
                 received[0] += 1
+
+
+def require_loopback(addresses: Sequence[str]) -> None:
+    """BenchError unless every address can be bound here (127.0.0.2 and up are loopback on
+    Linux; macOS has only 127.0.0.1 unless aliased)."""
+    for address in addresses:
+        try:
+            socket.socket().bind((address, 0))
+        except OSError:
+            raise BenchError(f"{address} cannot be bound on this machine's loopback") from None
 
 
 READY = re.compile(r"listening on tcp://(\S+) curve-key=(\S+)")

@@ -8,6 +8,7 @@ not the knowledge.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -164,14 +165,59 @@ class LlamaModel(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = [TransformerBlock(args) for _ in range(args.num_hidden_layers)]
+        self.layers: list[TransformerBlock | None] = [
+            TransformerBlock(args) for _ in range(args.num_hidden_layers)
+        ]
         self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.pipeline_group: mx.distributed.Group | None = None
+        self.pipeline_rank = 0
+        self.pipeline_size = 1
+        self.start_idx = 0
+        self.end_idx: int | None = None
+
+    @property
+    def pipeline_layers(self) -> list[TransformerBlock]:
+        """The layers this rank runs: all of them until pipeline() splits them."""
+        return self.layers[self.start_idx : self.end_idx]
+
+    def pipeline(self, group: mx.distributed.Group) -> None:
+        """Split the layers over `group` as mlx-lm's models/pipeline.py (PipelineMixin) does:
+        contiguous runs, the low ranks taking the extra layers, the last rank the first
+        layers and rank 0 the last, so rank 0 ends with the final hidden state. The other
+        ranks' layers become None (their weights are never held), keeping the layer numbers
+        that weight names carry. pipeline_problem() says first whether it can."""
+        problem = pipeline_problem(len(self.layers), group.size())
+        if problem is not None:
+            raise ValueError(problem)
+        self.pipeline_group = group
+        self.pipeline_rank = group.rank()
+        self.pipeline_size = group.size()
+        base, extra = divmod(len(self.layers), self.pipeline_size)
+        split = [base + (1 if rank < extra else 0) for rank in range(self.pipeline_size)]
+        self.start_idx = sum(split[self.pipeline_rank + 1 :])
+        self.end_idx = self.start_idx + split[self.pipeline_rank]
+        self.layers = self.layers[: self.end_idx]
+        self.layers[: self.start_idx] = [None] * self.start_idx
 
     def __call__(self, tokens: mx.array, cache: list[KVCache] | None = None) -> mx.array:
+        """As mlx-lm's pipelined models (models/qwen2.py, deepseek_v3.py) run: every rank
+        embeds (the shape to receive into), takes the previous stage's activations from the
+        rank above, runs its layers, sends them to the rank below, and an all_gather hands
+        rank 0's final hidden state to every rank, so each computes the same logits."""
         h = self.embed_tokens(tokens)
-        layer_caches = cache if cache is not None else [None] * len(self.layers)
-        for layer, layer_cache in zip(self.layers, layer_caches, strict=True):
+        layers = self.pipeline_layers
+        layer_caches = cache if cache is not None else [None] * len(layers)
+        rank, size, group = self.pipeline_rank, self.pipeline_size, self.pipeline_group
+        if rank < size - 1:
+            h = mx.distributed.recv_like(h, rank + 1, group=group)
+        for layer, layer_cache in zip(layers, layer_caches, strict=True):
             h = layer(h, layer_cache)
+        if rank != 0:
+            h = mx.distributed.send(h, rank - 1, group=group)
+            if layer_caches[-1] is not None:  # evaluating the cache alone still sends
+                layer_caches[-1].keys = mx.depends(layer_caches[-1].keys, h)
+        if size > 1:
+            h = mx.distributed.all_gather(h, group=group)[: h.shape[0]]
         return self.norm(h)
 
 
@@ -192,7 +238,8 @@ class Model(nn.Module):
 
     @property
     def layers(self) -> list[TransformerBlock]:
-        return self.model.layers
+        """This rank's layers (all of them unless pipelined), as mlx-lm's models/qwen2.py."""
+        return self.model.pipeline_layers
 
     def make_cache(self) -> list[KVCache]:
         return [KVCache() for _ in self.layers]
@@ -246,8 +293,25 @@ def shard_problem(args: ModelArgs, bits: int, ranks: int) -> str | None:
     return None
 
 
-def build_model(args: ModelArgs, bits: int = 16, seed: int = DEFAULT_SEED) -> Model:
-    """A random-weight model in float16 (`bits=16`) or quantized to 4 or 8 bits, evaluated."""
+def pipeline_problem(layers: int, ranks: int) -> str | None:
+    """Why `layers` layers (ModelArgs.num_hidden_layers, or an mlx-lm model's) cannot be split
+    into a pipeline over `ranks`, or None: every rank needs at least one whole layer (mlx-lm's
+    PipelineMixin refuses an empty stage). Any bits will do: layers move whole."""
+    if ranks > layers:
+        return f"its {layers} layers cannot give each of {ranks} ranks one"
+    return None
+
+
+def build_model(
+    args: ModelArgs,
+    bits: int = 16,
+    seed: int = DEFAULT_SEED,
+    split: Callable[[Model], None] | None = None,
+) -> Model:
+    """A random-weight model in float16 (`bits=16`) or quantized to 4 or 8 bits, evaluated.
+    `split` (Model.shard, LlamaModel.pipeline) runs after quantizing and before anything is
+    evaluated: the weights are the same as unsplit (their random keys are drawn as the arrays
+    are made), but a rank computes and holds only its share."""
     if bits not in SUPPORTED_BITS:
         raise ValueError(f"bits must be one of {SUPPORTED_BITS}, got {bits}")
     mx.random.seed(seed)
@@ -255,6 +319,8 @@ def build_model(args: ModelArgs, bits: int = 16, seed: int = DEFAULT_SEED) -> Mo
     model.set_dtype(mx.float16)
     if bits != 16:
         nn.quantize(model, group_size=QUANT_GROUP_SIZE, bits=bits)
+    if split is not None:
+        split(model)
     for _, leaf in tree_flatten(model.parameters()):  # a leaf at a time: Ctrl-C lands between
         mx.eval(leaf)
     return model

@@ -43,6 +43,7 @@ COMMANDS = [
             "coordinator benchmark --hosts mac1,mac2 -p 512 -n 128 -d 0,4096 --bits 4,8",
             "coordinator benchmark --hostfile hosts.json -r auto -o json --output r.json",
             "coordinator benchmark --hosts mac1,mac2 --sustain 20m --plot out.png",
+            "coordinator benchmark --hosts mac1,mac2,mac1+mac2 -p 512 -n 128   # a group",
         ),
         note=MATRIX_NAMES,
     ),

@@ -202,10 +202,13 @@ class HostDriver:
         stop: threading.Event,
         job: HostJob | None = None,
         sustain: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> None:
         self.ctx, self.target, self.spec, self.settings = ctx, target, spec, settings
         self.sustain = sustain
         """A SustainPlan map: each cell runs for its duration (bench.start's `sustain`)."""
+        self.extra = extra or {}
+        """More of bench.start's fields: a group member's `group` and `check_tokens`."""
         self.emit, self.stop = emit, stop
         self.job = job or HostJob()
         self._start_id: str | None = None
@@ -289,7 +292,7 @@ class HostDriver:
         """bench.start, then the job's stream as the agent sends it; None once the stream is
         lost (StreamLost) or brings no progress in time: the session then finds the job
         (job.list) if its bench.start.ok was lost, and follows it by job.get."""
-        body: dict[str, Any] = {"matrix": self.spec, "progress": PROGRESS_WANTED}
+        body: dict[str, Any] = {"matrix": self.spec, "progress": PROGRESS_WANTED, **self.extra}
         if self.sustain is not None:  # an agent older than sustained runs knows no such field
             body["sustain"] = self.sustain
         start = client.send("bench.start", body)
@@ -504,17 +507,23 @@ class _HostState:
     status: str = HOST_RUNNING
 
 
+CHECK_TOKENS = 8
+"""Greedy tokens every host decodes per model when a run has a group: the group's against a
+member's alone is its correctness check (shared.group_cells.tokens_check)."""
+
+
 def run_fleet(
-    targets: list[Target],
+    targets: list[Any],
     spec: dict[str, Any],
     store: RunStore,
     settings: Settings,
     observer: Observer | None = None,
     sustain: dict[str, Any] | None = None,
 ) -> FleetResult:
-    """Drive every target at once until each is done; Ctrl-C cancels the jobs, keeps what
-    arrived and marks the run interrupted. With `sustain` (a SustainPlan map) every cell runs
-    for its duration on every host at once."""
+    """Drive every target (a Target, or a group: coordinator.group_driver.GroupTarget) at once
+    until each is done; Ctrl-C cancels the jobs, keeps what arrived and marks the run
+    interrupted. With `sustain` (a SustainPlan map) every cell runs for its duration on every
+    host at once."""
     reach = {t.name: (t.address, t.server_key) for t in targets}
     run_id = store.create_run(spec, [t.name for t in targets], reach=reach)
     jobs = {t.name: (t, HostJob()) for t in targets}
@@ -526,10 +535,17 @@ def resume_fleet(
 ) -> FleetResult:
     """Finish a run whose coordinator stopped: follow every host's recorded job to its end and
     fetch each cell the run lacks. Hosts whose job never started cannot be resumed and say so."""
+    from coordinator.group_driver import GroupTarget, Resumed  # it builds on HostDriver
+
     run = store.resumable(run_id)
-    drivers: dict[str, tuple[Target, HostJob]] = {}
+    drivers: dict[str, tuple[Any, Any]] = {}
     for host in run.hosts:
         if host.job is None:
+            continue
+        if host.group is not None:  # every member's job, followed from the first cell lacking
+            group, jobs = GroupTarget.from_stored(host.group)
+            models = frozenset((info.get("model"), info.get("bits")) for info in host.models)
+            drivers[host.name] = (group, Resumed(jobs, frozenset(host.indexes), models))
             continue
         job = HostJob(host.job, set(host.indexes), len(host.models))
         drivers[host.name] = (Target(host.name, host.address, host.server_key), job)
@@ -539,7 +555,7 @@ def resume_fleet(
 
 def _drive(
     run_id: str,
-    hosts: dict[str, tuple[Target, HostJob]],
+    hosts: dict[str, tuple[Any, Any]],
     spec: dict[str, Any],
     store: RunStore,
     settings: Settings,
@@ -553,14 +569,23 @@ def _drive(
         for name, (_, job) in hosts.items()
     }
     ctx = zmq.Context()
-    threads = [
-        threading.Thread(
-            target=HostDriver(ctx, target, spec, settings, events.put, stop, job, sustain).run,
-            name=f"host {name}",
-            daemon=True,
-        )
-        for name, (target, job) in hosts.items()
-    ]
+    from coordinator.group_driver import GroupDriver, GroupTarget, Resumed  # on HostDriver
+
+    grouped = any(isinstance(target, GroupTarget) for target, _ in hosts.values())
+    extra = {"check_tokens": CHECK_TOKENS} if grouped else None
+    ended = {name: threading.Event() for name in hosts}
+    threads = []
+    for name, (target, job) in hosts.items():
+        emit = _telling(events.put, ended[name])
+        if isinstance(target, GroupTarget):
+            resumed = job if isinstance(job, Resumed) else None
+            after = [] if resumed else [ended[other] for other in _sharing(hosts, name)]
+            driver: Any = GroupDriver(
+                ctx, target, spec, settings, emit, stop, CHECK_TOKENS, after, resumed
+            )
+        else:
+            driver = HostDriver(ctx, target, spec, settings, emit, stop, job, sustain, extra)
+        threads.append(threading.Thread(target=driver.run, name=f"host {name}", daemon=True))
     for thread in threads:
         thread.start()
     interrupted = False
@@ -600,6 +625,30 @@ def _drive(
     return FleetResult(run_id, interrupted, hosts_ok, resumable)
 
 
+def _telling(emit: Observer, ended: threading.Event) -> Observer:
+    """`emit`, setting `ended` once the host's DONE has gone out."""
+
+    def emitting(event: HostEvent) -> None:
+        emit(event)
+        if event.kind == DONE:
+            ended.set()
+
+    return emitting
+
+
+def _sharing(hosts: dict[str, tuple[Any, HostJob]], name: str) -> list[str]:
+    """The targets listed before group `name` that share a host with it: it starts once they
+    have ended, as an agent runs one job at a time and two would measure each other. (A
+    resumed run follows jobs that exist: they need no order.)"""
+
+    def machines(target: Any) -> set[str]:
+        return {host.address for host in getattr(target, "hosts", (target,))}
+
+    order = list(hosts)
+    mine = machines(hosts[name][0])
+    return [other for other in order[: order.index(name)] if machines(hosts[other][0]) & mine]
+
+
 def _record(store: RunStore, run_id: str, state: _HostState, event: HostEvent) -> None:
     """One host event into the store, the moment it arrives."""
     if event.kind in (COOLING, PAUSE, PHASE, THERMAL):
@@ -613,7 +662,7 @@ def _record(store: RunStore, run_id: str, state: _HostState, event: HostEvent) -
         state.models.append(event.data)
     elif event.kind == STARTED:
         state.job = event.data["job"]
-        store.set_host_job(run_id, host, event.data["job"])
+        store.set_host_job(run_id, host, event.data["job"], event.data.get("group"))
     elif event.kind == CELL:
         store.add_cell(run_id, host, event.data["record"], event.data["index"])
         return

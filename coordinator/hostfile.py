@@ -1,4 +1,6 @@
-"""Which agents to drive: `--hosts mac1,mac2:6000` or a hostfile in TOML or JSON.
+"""Which agents to drive: `--hosts mac1,mac2:6000` or a hostfile in TOML or JSON; for
+`coordinator benchmark`, groups too: `--hosts mac1,mac2,mac1+mac2` joins mac1 and mac2 into one
+distributed group that runs each cell as one job across them (docs/distributed.md).
 
 Hostfile formats, chosen by suffix (.toml, .json; anything else is tried as JSON, then TOML):
 
@@ -11,8 +13,13 @@ An mlx.launch entry's agent is reached at its first ip, else at its ssh name, wh
 `coordinator deploy` logs in with the ssh name (an alias of the user's ssh config); its `ips`
 and `rdma` (its RDMA device towards each host, null towards itself) are what a distributed
 job's ranks use (docs/distributed.md); its other mlx fields are ignored. `port` and `key` are
-optional everywhere. Every error names the file, the entry (1-based, with its content) and
-what is wrong.
+optional everywhere. A group is an entry of its own, naming its members by the `host` (or
+`ssh`, or first ip) of other entries, so they keep their keys, ips and rdma:
+
+    [[hosts]]                      {"group": ["mac1", "mac2"]}
+    group = ["mac1", "mac2"]
+
+Every error names the file, the entry (1-based, with its content) and what is wrong.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from shared.bench_group import GROUP_JOINER, group_name
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -36,6 +45,13 @@ MLX_LAUNCH_FIELDS = frozenset({"ssh", "ips", "rdma"})
 
 class HostfileError(ValueError):
     """A host list or hostfile that cannot be used; the message names where and why."""
+
+
+@dataclass(frozen=True)
+class GroupEntry:
+    """Hosts joined into one distributed group, in rank order (rank 0 first)."""
+
+    members: tuple[HostEntry, ...]
 
 
 @dataclass(frozen=True)
@@ -115,18 +131,60 @@ def _no_duplicates(entries: list[HostEntry], describe: list[str], source: str) -
 
 def parse_hosts(text: str, default_port: int = DEFAULT_AGENT_PORT) -> list[HostEntry]:
     """The `--hosts` option: 'mac1,mac2:6000,[::1]:5555,127.0.0.1:5556'."""
+    entries = parse_hosts_and_groups(text, default_port)
+    for index, entry in enumerate(entries, start=1):
+        if isinstance(entry, GroupEntry):
+            raise HostfileError(
+                f"--hosts: item {index}: a group ({GROUP_JOINER} joins hosts) runs only in "
+                "`coordinator benchmark`"
+            )
+    return entries  # type: ignore[return-value]
+
+
+def parse_hosts_and_groups(
+    text: str, default_port: int = DEFAULT_AGENT_PORT
+) -> list[HostEntry | GroupEntry]:
+    """`coordinator benchmark`'s --hosts: hosts and groups, 'mac1,mac2,mac1+mac2'."""
     items = text.split(",")
-    entries: list[HostEntry] = []
+    entries: list[HostEntry | GroupEntry] = []
     for index, item in enumerate(items, start=1):
+        where = f"--hosts: item {index} {item.strip()!r}"
+        parts = item.split(GROUP_JOINER)
+        if len(parts) > 1 and not all(part.strip() for part in parts):
+            raise HostfileError(f"{where}: a group joins two or more hosts with {GROUP_JOINER}")
         try:
-            host, port = split_address(item)
+            members = [split_address(part) for part in parts]
         except ValueError as exc:
-            raise HostfileError(f"--hosts: item {index} {item.strip()!r}: {exc}") from None
-        entries.append(HostEntry(host, default_port if port is None else port))
-    _no_duplicates(
-        entries, [f"item {i} {item.strip()!r}" for i, item in enumerate(items, start=1)], "--hosts"
-    )
+            raise HostfileError(f"{where}: {exc}") from None
+        hosts = [HostEntry(host, default_port if port is None else port) for host, port in members]
+        entries.append(hosts[0] if len(hosts) == 1 else group_of(hosts, where))
+    singles = [entry for entry in entries if isinstance(entry, HostEntry)]
+    described = [
+        f"item {i} {item.strip()!r}"
+        for i, (item, entry) in enumerate(zip(items, entries, strict=True), start=1)
+        if isinstance(entry, HostEntry)
+    ]
+    _no_duplicates(singles, described, "--hosts")
+    _no_duplicate_groups(entries, "--hosts")
     return entries
+
+
+def group_of(members: list[HostEntry], where: str) -> GroupEntry:
+    """Members joined into a group; HostfileError for one listed twice."""
+    seen: set[str] = set()
+    for member in members:
+        if member.address in seen:
+            raise HostfileError(f"{where}: a group lists {member.address} twice")
+        seen.add(member.address)
+    return GroupEntry(tuple(members))
+
+
+def _no_duplicate_groups(entries: list[HostEntry | GroupEntry], source: str) -> None:
+    groups = [entry for entry in entries if isinstance(entry, GroupEntry)]
+    names = [group_name([m.address for m in group.members]) for group in groups]
+    for name in names:
+        if names.count(name) > 1:
+            raise HostfileError(f"{source}: the group {name} is listed twice")
 
 
 def _load(path: Path, text: str) -> Any:
@@ -184,7 +242,23 @@ def _entry(raw: Any, default_port: int) -> HostEntry:
 
 
 def parse_hostfile(path: Path, default_port: int = DEFAULT_AGENT_PORT) -> list[HostEntry]:
-    """Every host of a TOML or JSON hostfile (see the module doc), validated."""
+    """Every host of a TOML or JSON hostfile (see the module doc), validated; a group entry
+    is refused (groups run only in `coordinator benchmark`)."""
+    entries = parse_hostfile_and_groups(path, default_port)
+    for entry in entries:
+        if isinstance(entry, GroupEntry):
+            raise HostfileError(
+                f"{path}: a group entry ({group_name([m.address for m in entry.members])}) "
+                "runs only in `coordinator benchmark`"
+            )
+    return entries  # type: ignore[return-value]
+
+
+def parse_hostfile_and_groups(
+    path: Path, default_port: int = DEFAULT_AGENT_PORT
+) -> list[HostEntry | GroupEntry]:
+    """Every host and group of a TOML or JSON hostfile (see the module doc), validated: a
+    group's members name host entries of the same file."""
     try:
         data = _load(path, path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
@@ -198,14 +272,46 @@ def parse_hostfile(path: Path, default_port: int = DEFAULT_AGENT_PORT) -> list[H
         )
     if not raw_entries:
         raise HostfileError(f"{path}: no hosts")
-    entries: list[HostEntry] = []
     described = [
         f"entry {i} {json.dumps(raw, default=str)}" for i, raw in enumerate(raw_entries, start=1)
     ]
+    hosts: list[HostEntry] = []
+    host_described: list[str] = []
     for raw, describe in zip(raw_entries, described, strict=True):
+        if isinstance(raw, dict) and "group" in raw:
+            continue
         try:
-            entries.append(_entry(raw, default_port))
+            hosts.append(_entry(raw, default_port))
         except ValueError as exc:
             raise HostfileError(f"{path}: {describe}: {exc}") from None
-    _no_duplicates(entries, described, str(path))
+        host_described.append(describe)
+    _no_duplicates(hosts, host_described, str(path))
+    by_name = {}
+    for host in hosts:
+        for name in (host.host, host.ssh, host.address, *host.ips[:1]):
+            if name:
+                by_name.setdefault(name, host)
+    entries: list[HostEntry | GroupEntry] = []
+    singles = iter(hosts)
+    for raw, describe in zip(raw_entries, described, strict=True):
+        if not (isinstance(raw, dict) and "group" in raw):
+            entries.append(next(singles))
+            continue
+        entries.append(_group_entry(raw, by_name, f"{path}: {describe}"))
+    _no_duplicate_groups(entries, str(path))
     return entries
+
+
+def _group_entry(raw: dict[str, Any], by_name: dict[str, HostEntry], where: str) -> GroupEntry:
+    """A hostfile's group entry, its members found among the file's hosts."""
+    names = raw["group"]
+    if set(raw) != {"group"}:
+        raise HostfileError(f"{where}: a group entry has only `group`, a list of its members")
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise HostfileError(f"{where}: group must be a list of host names")
+    if len(names) < 2:
+        raise HostfileError(f"{where}: a group needs at least two members")
+    unknown = [name for name in names if name not in by_name]
+    if unknown:
+        raise HostfileError(f"{where}: {', '.join(unknown)}: no host entry of that name")
+    return group_of([by_name[name] for name in names], where)

@@ -1,6 +1,7 @@
 """`coordinator netbench`'s driver: one rank of the link benchmark on every host, each started
 by that host's agent (rank.start, docs/protocol.md §16), watched until rank 0 reports, and
-every rank ended the moment one fails, is unreachable, or the user interrupts."""
+every rank ended the moment one fails, is unreachable, no rank has progressed for longer than
+--host-timeout (a cut link leaves them all blocked in a collective), or the user interrupts."""
 
 from __future__ import annotations
 
@@ -11,13 +12,24 @@ import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import zmq
 
 from coordinator.fleet import Settings, Target, connect
+from coordinator.store import RunStore
+from shared.clock import utc_now
 from shared.io.transport import AgentClient, AgentError, HostError
-from shared.netbench import Measured, NetbenchError, measured_from, ops_per_repetition
+from shared.netbench import (
+    Measured,
+    NetbenchError,
+    measured_from,
+    ops_per_repetition,
+    progress_step,
+    stalled,
+    stored_measurement,
+)
 from shared.rank_env import (
     JACCL,
     Member,
@@ -63,6 +75,10 @@ class NetbenchPlan:
     def spec(self) -> dict[str, Any]:
         return {"sizes": list(self.sizes), "repetitions": self.repetitions, "warmup": self.warmup}
 
+    def step(self, done: int, hosts: list[str]) -> str:
+        """What a rank that reports `done` units of progress is doing."""
+        return progress_step(done, self.sizes, hosts, self.warmup, self.repetitions)
+
 
 def member_of(target: Target) -> Member:
     """A host as its rank's peers see it: the hostfile's mlx.launch `ips` and `rdma`, else
@@ -103,35 +119,63 @@ class RankWatch:
     report: Any = None
     elapsed_s: float = 0.0
     unreachable: bool = False
+    progress: int | None = None
+    """Units of the run its rank has done (None: its agent does not say)."""
+    progress_age_s: float | None = None
+    """Seconds since they last moved."""
+    machine: dict[str, Any] | None = None
+    """Its agent's info.ok `machine`."""
+
+
+@dataclass
+class NetbenchRun:
+    """What a run got, however it ended: what `coordinator netbench` stores (save_run) and
+    prints."""
+
+    plan: NetbenchPlan
+    watches: list[RankWatch]
+    started: datetime = field(default_factory=utc_now)
+    backend: str | None = None
+    """The backend it ran on, once chosen."""
+    found: list[Measured] = field(default_factory=list)
+    """Rank 0's measurements, checked: empty unless the run finished."""
+    error: str | None = None
+    """The one line it failed with."""
+    interrupted: bool = False
+
+    @property
+    def hosts(self) -> list[str]:
+        return [watch.target.name for watch in self.watches]
 
 
 def run_netbench(
-    targets: list[Target],
+    run: NetbenchRun,
     settings: Settings,
-    plan: NetbenchPlan,
     stop: threading.Event,
     on_change: Callable[[list[RankWatch]], None] = lambda watches: None,
-) -> tuple[str, list[Measured]]:
-    """The backend used and rank 0's measurements, checked; NetbenchFailed naming the first
-    host that failed (every rank stopped first), BackendMissing before any rank starts when a
+) -> None:
+    """Run the plan over the watched hosts, filling `run` as it goes: its backend, then rank
+    0's measurements, checked. NetbenchFailed naming the first host that failed (every rank
+    stopped first, the line kept in run.error), BackendMissing before any rank starts when a
     host lacks the backend. KeyboardInterrupt (stop set) stops every rank too."""
     ctx = zmq.Context()
-    watches = [RankWatch(target) for target in targets]
+    plan, watches = run.plan, run.watches
     asking = watches[0]  # the host a connect or rank.start error is about
     try:
         available = {}
         for asking in watches:
             asking.client = connect(ctx, asking.target, settings, stop)
-            machine = asking.client.request("info", timeout=asking.client.connect_timeout)
+            info = asking.client.request("info", timeout=asking.client.connect_timeout)
+            asking.machine = info["machine"]
             available[asking.target.name] = backends_of(
-                machine["machine"], asking.target.rdma is not None
+                info["machine"], asking.target.rdma is not None
             )
         try:
-            backend = chosen_backend(plan.backend, available)
+            run.backend = chosen_backend(plan.backend, available)
         except RankEnvError as exc:
             raise BackendMissing(str(exc)) from None
         members = [member_of(w.target) for w in watches]
-        if backend == JACCL:
+        if run.backend == JACCL:
             try:
                 jaccl_devices(members)
             except RankEnvError as exc:
@@ -140,7 +184,7 @@ def run_netbench(
             "job": plan.job,
             "kind": KIND_NETBENCH,
             "members": [member_body(m) for m in members],
-            "backend": backend,
+            "backend": run.backend,
             "port": plan.port,
             "spec": plan.spec(),
             "bound_s": plan.bound_s(len(members)),
@@ -155,32 +199,56 @@ def run_netbench(
                 raise KeyboardInterrupt
             for watch in watches:
                 follow(watch, plan.job)
-            failure = first_failure(watches)
+            failure = first_failure(watches) or no_progress(watches, plan, settings.host_timeout)
             if failure is not None:
                 raise NetbenchFailed(failure)
             on_change(watches)
-        hosts = [watch.target.name for watch in watches]
         try:
-            return backend, measured_from(watches[0].report, plan.sizes, hosts, plan.repetitions)
+            run.found = measured_from(watches[0].report, plan.sizes, run.hosts, plan.repetitions)
         except NetbenchError as exc:
-            raise NetbenchFailed(f"{hosts[0]}: its report: {exc}") from None
+            raise NetbenchFailed(f"{run.hosts[0]}: its report: {exc}") from None
     except (AgentError, HostError) as exc:
-        why = f"{asking.target.name}: {exc}"
-        stop_all(watches, plan.job, why)
-        raise NetbenchFailed(why) from None
+        run.error = f"{asking.target.name}: {exc}"
+        stop_all(watches, plan.job, run.error)
+        raise NetbenchFailed(run.error) from None
     except BackendMissing:
         raise
     except NetbenchFailed as exc:
-        stop_all(watches, plan.job, str(exc))
+        run.error = str(exc)
+        stop_all(watches, plan.job, run.error)
         raise
     except KeyboardInterrupt:
-        stop_all(watches, plan.job, "interrupted")
+        run.error, run.interrupted = "interrupted", True
+        stop_all(watches, plan.job, run.error)
         raise
     finally:
         for watch in watches:
             if watch.client is not None:
                 watch.client.close()
         ctx.destroy(linger=0)
+
+
+def save_run(store: RunStore, run: NetbenchRun) -> str:
+    """Keep the run, however it ended, as a run of kind netbench (coordinator.run_report reads
+    it back): what was asked and the backend chosen as its spec, each host's rank as it ended,
+    each measurement as a cell of rank 0's host, the line it failed with. Returns its id."""
+    plan = run.plan
+    spec = {
+        **plan.spec(),
+        "job": plan.job,
+        "port": plan.port,
+        "backend_asked": plan.backend,
+        "backend": run.backend,
+    }
+    reach = {w.target.name: (w.target.address, w.target.server_key) for w in run.watches}
+    run_id = store.create_run(spec, run.hosts, KIND_NETBENCH, reach, run.started)
+    for watch in run.watches:
+        store.set_host_info(run_id, watch.target.name, watch.machine, [], watch.state, watch.error)
+    for index, measured in enumerate(run.found):
+        store.add_cell(run_id, run.hosts[0], stored_measurement(measured), index)
+    status = "ok" if run.error is None else "failed"
+    store.finish_run(run_id, status, run.interrupted, run.error)
+    return run_id
 
 
 def first_failure(watches: list[RankWatch]) -> str | None:
@@ -192,6 +260,27 @@ def first_failure(watches: list[RankWatch]) -> str | None:
     failed.sort(key=lambda watch: not watch.unreachable)
     lines = [f"{watch.target.name}: {watch.error}" for watch in failed]
     return lines[0] + (f" (then {'; '.join(lines[1:])})" if len(lines) > 1 else "")
+
+
+def no_progress(watches: list[RankWatch], plan: NetbenchPlan, host_timeout: float) -> str | None:
+    """One line when no running rank has progressed for longer than `host_timeout` (a link
+    cut, a Mac asleep: the ranks wait in a collective until their bound, hours away), naming
+    the host whose rank the others wait on and the step it is in; None while any moves."""
+    running = [w for w in watches if w.state == "running"]
+    seen = [
+        None if w.progress is None or w.progress_age_s is None else (w.progress, w.progress_age_s)
+        for w in running
+    ]
+    laggard = stalled(seen, host_timeout)
+    if laggard is None:
+        return None
+    watch = running[laggard]
+    assert watch.progress is not None and watch.progress_age_s is not None
+    step = plan.step(watch.progress, [w.target.name for w in watches])
+    return (
+        f"{watch.target.name}: no progress for {watch.progress_age_s:.0f} s, past --host-timeout "
+        f"{host_timeout:g}, in {step}; no other rank moved either"
+    )
 
 
 def follow(watch: RankWatch, job: str) -> None:
@@ -206,6 +295,7 @@ def follow(watch: RankWatch, job: str) -> None:
         return
     watch.state, watch.error = got["state"], got["error"]
     watch.report, watch.elapsed_s = got["report"], got["elapsed_s"]
+    watch.progress, watch.progress_age_s = got.get("progress"), got.get("progress_age_s")
 
 
 def stop_all(watches: list[RankWatch], job: str, why: str) -> None:
@@ -214,6 +304,6 @@ def stop_all(watches: list[RankWatch], job: str, why: str) -> None:
     for watch in watches:
         if watch.client is None or watch.state not in ("starting", "running"):
             continue
-        with contextlib.suppress(AgentError, HostError):
-            watch.client.request("rank.stop", {"job": job, "why": why}, timeout=5.0)
-        watch.state = "stopped"
+        with contextlib.suppress(AgentError, HostError):  # unknown-job: none had started
+            got = watch.client.request("rank.stop", {"job": job, "why": why}, timeout=5.0)
+            watch.state, watch.error = got["state"], got["error"]

@@ -1,5 +1,7 @@
-"""A stored run as one fleet report: pure assembly of what the run store holds, with every cell a
-host's job never delivered listed as `not run` (and why), so no format hides what is missing."""
+"""A stored run as one report: pure assembly of what the run store holds. A benchmark run's
+fleet report lists every cell a host's job never delivered as `not run` (and why), so no format
+hides what is missing; a netbench run's is what `coordinator netbench` printed, every figure
+computed again from the stored timings."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ from typing import Any
 
 from shared.agent_shapes import MACHINE_FIELDS, MODEL_FIELDS, salvaged, salvaged_record
 from shared.aggregate import mark_fastest
+from shared.group_cells import mark_groups
 from shared.matrix import planned_cells
+from shared.netbench import measurement_of, report_of
 from shared.results import not_run
 
 RUNNING, INTERRUPTED = "running", "interrupted"
@@ -49,8 +53,45 @@ def fleet_report(
             }
             for host in hosts
         ],
-        "cells": mark_fastest(records),
+        "cells": mark_fastest(mark_groups(records)),
         "interrupted": bool(run["interrupted"]) or status == INTERRUPTED,
+    }
+
+
+def netbench_report(
+    run: Mapping[str, Any],
+    status: str,
+    hosts: list[Mapping[str, Any]],
+    cells: list[Mapping[str, Any]],
+) -> dict[str, Any]:
+    """The report of one netbench run (coordinator.netbench.save_run's rows): its spec, each
+    host's rank as it ended, the line it failed with, and shared.netbench's figures."""
+    spec = json.loads(run["spec"])
+    found = [measurement_of(json.loads(cell["record"])) for cell in cells]
+    return {
+        "title": f"mlx-fleet netbench {run['id']}",
+        "run_id": run["id"],
+        "kind": run["kind"],
+        "started": run["started"],
+        "finished": run["finished"],
+        "status": status,
+        "interrupted": bool(run["interrupted"]) or status == INTERRUPTED,
+        "error": run["error"],
+        "job": spec.get("job"),
+        "hosts": [host["host"] for host in hosts],
+        "backend": spec.get("backend"),
+        "port": spec.get("port"),
+        "spec": spec,
+        "ranks": [
+            {
+                "host": host["host"],
+                "status": host["status"],
+                "error": host["error"],
+                "machine": _stored(host["machine"], MACHINE_FIELDS),
+            }
+            for host in hosts
+        ],
+        **report_of(found),
     }
 
 

@@ -16,13 +16,15 @@ import sqlite3
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from coordinator.run_report import INTERRUPTED, RUNNING, fleet_report
+from coordinator.run_report import INTERRUPTED, RUNNING, fleet_report, netbench_report
 from shared.clock import iso, utc_now
 from shared.io.paths import data_dir
 from shared.io.sqlite import open_store
+from shared.rank_shapes import KIND_NETBENCH
 
 PENDING = "pending"
 OWNER = f"{socket.gethostname()}:{os.getpid()}"
@@ -68,11 +70,20 @@ ALTER TABLE run_hosts ADD COLUMN job TEXT;
 ALTER TABLE cells ADD COLUMN idx INTEGER;
 CREATE UNIQUE INDEX cells_index ON cells (run_id, host, idx)
 """,
+    """
+ALTER TABLE runs ADD COLUMN error TEXT
+""",
+    """
+ALTER TABLE run_hosts ADD COLUMN grouped TEXT
+""",
 )
 """The schema, version by version (shared.io.sqlite.open_store). Version 2 makes runs resumable:
 the coordinator process that drives a run (`owner`, HOSTNAME:PID), how each host is reached, its
 job id once the agent named it, and each cell's index in its job (one row per index: a cell
-fetched twice is kept once)."""
+fetched twice is kept once). Version 3 keeps the one line a run failed with (a netbench run:
+its ranks fail together, so the line, not one host, says why). Version 4 keeps a distributed
+group's members and each one's job (`grouped`: JSON, coordinator.group_driver.GroupTarget
+.stored), so a group's run resumes and cancels as a host's does."""
 
 
 class UnknownRunError(KeyError):
@@ -94,6 +105,8 @@ class RunHost:
     status: str
     indexes: list[int]
     models: list[dict[str, Any]]
+    group: dict[str, Any] | None = None
+    """A distributed group's members and their jobs (GroupTarget.stored); None for a host."""
 
 
 @dataclass(frozen=True)
@@ -160,11 +173,13 @@ class RunStore:
         hosts: list[str],
         kind: str = "benchmark",
         reach: Mapping[str, tuple[str, str | None]] | None = None,
+        started: datetime | None = None,
     ) -> str:
         """Record a new run, owned by this process, before any host answers; `reach` says how
-        each host is reached (HOST:PORT, server key), for `coordinator resume`. Returns its id,
-        e.g. r-20261129-1842-3f2a."""
-        started = utc_now()
+        each host is reached (HOST:PORT, server key), for `coordinator resume`; `started` when
+        it began, if not now (a run stored whole once it ends). Returns its id, e.g.
+        r-20261129-1842-3f2a."""
+        started = started or utc_now()
         with self._lock, self._conn:
             while True:
                 run_id = f"r-{started:%Y%m%d-%H%M}-{secrets.token_hex(2)}"
@@ -225,13 +240,18 @@ class RunStore:
                 ),
             )
 
-    def set_host_job(self, run_id: str, host: str, job: str) -> None:
-        """The agent's job for this host, recorded the moment the agent names it, so a run
-        whose coordinator dies can be resumed."""
+    def set_host_job(
+        self, run_id: str, host: str, job: str, group: dict[str, Any] | None = None
+    ) -> None:
+        """The agent's job for this host (a group's: rank 0's, with every member's in `group`),
+        recorded the moment the agent names it, so a run whose coordinator dies can be
+        resumed."""
+        grouped = None if group is None else json.dumps(group)
         with self._lock, self._conn:
             self._require_run(run_id)
             self._conn.execute(
-                "UPDATE run_hosts SET job = ? WHERE run_id = ? AND host = ?", (job, run_id, host)
+                "UPDATE run_hosts SET job = ?, grouped = ? WHERE run_id = ? AND host = ?",
+                (job, grouped, run_id, host),
             )
 
     def host_models(self, run_id: str, host: str) -> list[dict[str, Any]]:
@@ -269,6 +289,7 @@ class RunStore:
                         row["status"],
                         indexes,
                         json.loads(row["models"]),
+                        json.loads(row["grouped"]) if row["grouped"] else None,
                     )
                 )
         return ResumableRun(full_id, spec, hosts)
@@ -304,13 +325,16 @@ class RunStore:
                 ),
             )
 
-    def finish_run(self, run_id: str, status: str, interrupted: bool = False) -> None:
-        """Close the run; a run never finished (the coordinator was killed) stays "running"."""
+    def finish_run(
+        self, run_id: str, status: str, interrupted: bool = False, error: str | None = None
+    ) -> None:
+        """Close the run (with the line it failed with, if any); a run never finished (the
+        coordinator was killed) stays "running"."""
         with self._lock, self._conn:
             self._require_run(run_id)
             self._conn.execute(
-                "UPDATE runs SET finished = ?, status = ?, interrupted = ? WHERE id = ?",
-                (iso(utc_now()), status, int(interrupted), run_id),
+                "UPDATE runs SET finished = ?, status = ?, interrupted = ?, error = ? WHERE id = ?",
+                (iso(utc_now()), status, int(interrupted), error, run_id),
             )
 
     def list_runs(self, limit: int = 50) -> list[dict[str, Any]]:
@@ -318,6 +342,7 @@ class RunStore:
         with self._lock:
             rows = self._conn.execute(
                 "SELECT r.id, r.kind, r.started, r.finished, r.status, r.interrupted, r.owner, "
+                "r.error, "
                 "(SELECT COUNT(*) FROM cells c WHERE c.run_id = r.id AND c.status = 'ok') AS ok, "
                 "(SELECT COUNT(*) FROM cells c WHERE c.run_id = r.id AND c.status != 'ok') "
                 "AS failed FROM runs r ORDER BY r.started DESC, r.rowid DESC LIMIT ?",
@@ -362,7 +387,8 @@ class RunStore:
         return matches[0]
 
     def load_report(self, run_id: str) -> dict[str, Any]:
-        """The fleet report of a run (id or unique prefix), the fastest host per cell marked."""
+        """The report of a run (id or unique prefix): a benchmark run's fleet report, the
+        fastest host per cell marked, or a netbench run's as `coordinator netbench` prints it."""
         with self._lock:
             full_id = self._resolve(run_id)
             run = self._conn.execute("SELECT * FROM runs WHERE id = ?", (full_id,)).fetchone()
@@ -372,4 +398,5 @@ class RunStore:
             cells = self._conn.execute(
                 "SELECT host, idx, record FROM cells WHERE run_id = ? ORDER BY seq", (full_id,)
             ).fetchall()
-        return fleet_report(run, shown_status(run["status"], run["owner"]), hosts, cells)
+        build = netbench_report if run["kind"] == KIND_NETBENCH else fleet_report
+        return build(run, shown_status(run["status"], run["owner"]), hosts, cells)

@@ -13,10 +13,12 @@ from __future__ import annotations
 from typing import Any
 
 from shared import shapes as s
+from shared.bench_group import CHECK_PROMPT_LENGTH, MAX_CHECK_TOKENS, SHARDINGS
 from shared.energy import RAILS
 from shared.gang import BACKENDS, MAX_GROUP_LENGTH, MAX_WORLD
 from shared.matrix import DECODE, MAX_CELLS, MAX_COOL_START_S, PREFILL, PREFILL_DECODE
 from shared.policy import CoolingState, ThermalPolicy
+from shared.rank_env import JACCL, RING
 from shared.rank_shapes import MAX_MEMBERS, RANK_GOT
 from shared.reboots import MAX_PANICS, PANIC_FILE_CAP, PANIC_TEXT_CAP
 from shared.verdict import VERDICTS, judge
@@ -196,7 +198,17 @@ MODEL_FIELDS: dict[str, s.Check] = {
     "kind": maybe_text,
     "model_type": maybe_text,
     "revision": maybe_text,
+    "greedy_tokens": s.list_of(count, CHECK_PROMPT_LENGTH + MAX_CHECK_TOKENS),
+    "ranks": s.list_of(
+        s.fields(
+            {"host": name},
+            {"param_count": s.nil_or(count), "weight_memory_bytes": s.nil_or(count)},
+        ),
+        MAX_MEMBERS,
+    ),
 }
+"""A model's info (§5 bench.progress): `greedy_tokens` its correctness check; `ranks` (a
+coordinator's record of a group's model) what each rank holds of it."""
 cool_wait = s.fields(
     {
         "celsius": celsius,
@@ -349,8 +361,46 @@ JUDGED = {
 }
 """What a record says about its own worth (§5 Verdicts), optional so an older agent's records
 still read: a coordinator judges every record again from its fields (shared.verdict)."""
-RECORD_FIELDS = COORDINATES | MEASURED | JUDGED | {"host": name}
-_record_shape = s.fields(COORDINATES, MEASURED | JUDGED | {"host": name})
+SHARDED_BACKENDS = (RING, JACCL)
+_group_of = {
+    "members": s.list_of(name, MAX_MEMBERS),
+    "backend": s.one_of(SHARDED_BACKENDS),
+    "sharding": s.one_of(SHARDINGS),
+}
+rank_of_record = s.fields({"rank": s.integer(0, MAX_MEMBERS - 1), "host": name, **_group_of})
+rank_entry = s.fields(
+    {"rank": s.integer(0, MAX_MEMBERS - 1), "host": name},
+    {
+        "weight_memory_bytes": s.nil_or(count),
+        "status": s.one_of(CELL_STATUSES),
+        "error": maybe_text,
+        "tokens_per_sec": maybe_amount,
+        "peak_memory_gb": maybe_amount,
+        "active_memory_gb": maybe_amount,
+        "energy_j": maybe_real,
+        "power_w": maybe_real,
+        "energy_source": maybe_text,
+        "energy_simulated": s.nil_or(s.flag),
+        "energy_note": maybe_text,
+        "soc_temp_c": celsius,
+        "thermal_source": maybe_text,
+        "pause_s": maybe_amount,
+        "flags": s.nil_or(s.list_of(s.text(64, least=1), MAX_FLAGS)),
+        "verdict_reasons": s.nil_or(s.list_of(s.text(64, least=1), MAX_FLAGS)),
+    },
+)
+GROUPED = {
+    "greedy_tokens": s.list_of(count, CHECK_PROMPT_LENGTH + MAX_CHECK_TOKENS),
+    "rank": rank_of_record,
+    "group": s.fields({"ranks": s.integer(2, MAX_MEMBERS), **_group_of}),
+    "ranks": s.list_of(rank_entry, MAX_MEMBERS),
+    "greedy_tokens_agree": s.nil_or(s.flag),
+}
+"""A distributed cell's fields (§17): a rank's record says which rank it is and the greedy
+tokens its model decoded; the coordinator's record of the group's cell (shared.group_cells)
+carries the group and every rank's figures."""
+RECORD_FIELDS = COORDINATES | MEASURED | JUDGED | GROUPED | {"host": name}
+_record_shape = s.fields(COORDINATES, MEASURED | JUDGED | GROUPED | {"host": name})
 """A coordinator's stored records add `host` (the host as it names it)."""
 SPEED_SLACK = 1e-6
 """Relative rounding a mean rate may sit above the best iteration's by."""
@@ -460,6 +510,9 @@ BODIES: dict[str, s.Check] = {
         {"policy_origin": maybe_text},
     ),
     "bench.start.ok": s.fields({"job": ident, "cells": s.list_of(name, MAX_CELLS)}),
+    "bench.check.ok": s.fields(
+        {"cells": s.list_of(name, MAX_CELLS)}, {"models": s.map_of(maybe_text, MAX_CELLS)}
+    ),
     "bench.progress": s.fields(
         {"job": ident, "done": s.integer(0, MAX_CELLS), "total": s.integer(0, MAX_CELLS)},
         {

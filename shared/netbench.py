@@ -14,6 +14,7 @@ import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from shared.stats import spread
 
@@ -130,6 +131,26 @@ class Measured:
         }
 
 
+def stored_measurement(measured: Measured) -> dict[str, object]:
+    """A measurement as the run store keeps it (a cell record, named and `ok`): its raw
+    timings, from which every figure is computed again when it is shown."""
+    return {
+        "name": f"{measured.operation} {measured.where} {format_bytes(measured.size)}",
+        "status": "ok",
+        "operation": measured.operation,
+        "where": measured.where,
+        "size": measured.size,
+        "ranks": measured.ranks,
+        "seconds": list(measured.seconds),
+    }
+
+
+def measurement_of(record: Mapping[str, Any]) -> Measured:
+    """stored_measurement's record as the measurement again."""
+    seconds = tuple(float(second) for second in record["seconds"])
+    return Measured(record["operation"], record["size"], record["ranks"], seconds, record["where"])
+
+
 def slow_links(busbw: Mapping[str, float], share: float = SLOW_SHARE) -> dict[str, str]:
     """The links at least `share` below the median bus bandwidth of the others, each with the
     figures that say so. One link alone has no siblings and is never called slow."""
@@ -199,6 +220,50 @@ def measured_from(
             timings = tuple(float(second) for second in seconds)
             found.append(Measured(operation, size, ranks, timings, where))
     return found
+
+
+def progress_total(sizes: Sequence[int], hosts: Sequence[str], warmup: int, reps: int) -> int:
+    """Units of progress a rank reports over a whole run (progress_step)."""
+    return 1 + len(sizes) * (1 + len(ring_edges(hosts))) * (warmup + reps + 2)
+
+
+def progress_step(
+    done: int, sizes: Sequence[int], hosts: Sequence[str], warmup: int, reps: int
+) -> str:
+    """What a rank that reports `done` units is doing now: every rank counts the same units in
+    the same order, each outside the timed regions: the ring formed; then at each size, for the
+    all_sum and each link in turn, the barrier before it, each repetition (warm-ups first) and
+    the all_sum that gathers its timings. A rank off a link counts that link's repetitions as
+    it starts waiting for them, so `done` names the same step on every rank."""
+    if done <= 0:
+        return "forming the ring"
+    if done >= progress_total(sizes, hosts, warmup, reps):
+        return "reporting, every step done"
+    per_op = warmup + reps + 2
+    links = [link_name(hosts, edge) for edge in ring_edges(hosts)]
+    op_index, within = divmod(done - 1, per_op)
+    size_index, which = divmod(op_index, 1 + len(links))
+    at = format_bytes(sizes[size_index])
+    op = f"all_sum at {at}" if which == 0 else f"send_recv {links[which - 1]} at {at}"
+    if within == 0:
+        return f"the barrier before {op}"
+    if within == per_op - 1:
+        return f"the all_sum gathering the timings of {op}"
+    if within <= warmup:
+        return f"{op}, warm-up {within} of {warmup}"
+    return f"{op}, repetition {within - warmup} of {reps}"
+
+
+def stalled(progress: Sequence[tuple[int, float] | None], host_timeout: float) -> int | None:
+    """The rank to name when no rank has progressed for longer than `host_timeout` (each given
+    as (units done, seconds since its last), None where unknown): the one with the fewest
+    units done, the step the others wait on, the first of those; None while any rank
+    progressed within it. No rank alone is judged: a rank off a link waits, without progress,
+    for as long as that link is measured."""
+    heard = [(rank, seen) for rank, seen in enumerate(progress) if seen is not None]
+    if not heard or min(age for _, (_, age) in heard) <= host_timeout:
+        return None
+    return min(heard, key=lambda item: item[1][0])[0]
 
 
 def link_bandwidths(found: Sequence[Measured]) -> dict[str, float]:

@@ -77,6 +77,8 @@ RANK_STATE: dict[str, tuple[Types, bool]] = {
     "elapsed_s": (NUMBER, True),
     "error": ((str, NONE), True),
     "report": ((dict, NONE), True),
+    "progress": ((int, NONE), False),
+    "progress_age_s": ((*NUMBER, NONE), False),
 }
 """rank.get.ok's and rank.stop.ok's body: a rank's state (shared.rank_shapes checks it whole)."""
 
@@ -90,6 +92,15 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
         "matrix": (dict, True),
         "sustain": ((dict, NONE), False),
         "progress": ((list, NONE), False),
+        "group": ((dict, NONE), False),
+        "check_tokens": ((int, NONE), False),
+    },
+    "bench.check": {
+        "matrix": (dict, True),
+        "sustain": ((dict, NONE), False),
+        "progress": ((list, NONE), False),
+        "group": ((dict, NONE), False),
+        "check_tokens": ((int, NONE), False),
     },
     "bench.cancel": {"job": (str, True)},
     "job.get": {"job": (str, True), "offset": (int, False)},
@@ -142,6 +153,7 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
         "storage": (dict, True),
     },
     "bench.start.ok": {"job": (str, True), "cells": (list, True)},
+    "bench.check.ok": {"cells": (list, True), "models": (dict, False)},
     "bench.progress": {
         "job": (str, True),
         "done": (int, True),
@@ -197,6 +209,7 @@ REQUESTS = frozenset(
         "ping",
         "info",
         "bench.start",
+        "bench.check",
         "bench.cancel",
         "job.get",
         "job.list",

@@ -48,6 +48,7 @@ RANK_START = s.fields(
         "bound_s": s.number(1.0, MAX_BOUND_S),
     }
 )
+MAX_PROGRESS = 10**12
 RANK_GOT = s.fields(
     {
         "job": s.text(most=64, least=1),
@@ -56,8 +57,41 @@ RANK_GOT = s.fields(
         "elapsed_s": s.number(0.0),
         "error": s.nil_or(s.text(most=1000)),
         "report": s.nil_or(s.fields({}, others=lambda value: None)),
-    }
+    },
+    {
+        "progress": s.nil_or(s.integer(0, MAX_PROGRESS)),
+        "progress_age_s": s.nil_or(s.number(0.0)),
+    },
 )
+"""rank.get.ok's body; `progress` (units done, shared.netbench.progress_step) and
+`progress_age_s` (since they last moved) are optional: an agent that predates them sends
+neither, and its rank is then bound by `bound_s` alone."""
+
+
+def group_members(raw_members: list[dict[str, Any]], rank: int) -> list[Member]:
+    """A group's members (already shaped as MEMBER) checked for what a shape cannot say: printable
+    names, IP addresses, at least two members, distinct names, `rank` among them. Shared by
+    rank.start and bench.start's `group`; Invalid names the first problem."""
+    for index, raw in enumerate(raw_members):
+        if not raw["name"].isprintable():
+            raise s.Invalid(f"members[{index}].name", "holds a control character")
+        for ip in raw["ips"]:
+            try:
+                ipaddress.ip_address(ip)
+            except ValueError:
+                raise s.Invalid(f"members[{index}].ips", f"has {ip!r}, not an IP address") from None
+    members = [
+        Member(raw["name"], tuple(raw["ips"]), tuple(raw.get("rdma") or ())) for raw in raw_members
+    ]
+    if len(members) < 2:
+        raise s.Invalid("members", "has fewer than two members")
+    names = [member.name for member in members]
+    if len(set(names)) != len(names):
+        twice = next(name for name in names if names.count(name) > 1)
+        raise s.Invalid("members", f"lists {twice!r} twice")
+    if rank >= len(members):
+        raise s.Invalid("rank", f"is {rank}, not one of 0…{len(members) - 1}")
+    return members
 
 
 def check_rank_start(body: dict[str, Any]) -> list[Member]:
@@ -67,26 +101,7 @@ def check_rank_start(body: dict[str, Any]) -> list[Member]:
     RANK_START(body)
     if not JOB_ID.fullmatch(body["job"]):
         raise s.Invalid("job", "may hold only letters, digits, '-', '_' and '.'")
-    for index, raw in enumerate(body["members"]):
-        if not raw["name"].isprintable():
-            raise s.Invalid(f"members[{index}].name", "holds a control character")
-        for ip in raw["ips"]:
-            try:
-                ipaddress.ip_address(ip)
-            except ValueError:
-                raise s.Invalid(f"members[{index}].ips", f"has {ip!r}, not an IP address") from None
-    members = [
-        Member(raw["name"], tuple(raw["ips"]), tuple(raw.get("rdma") or ()))
-        for raw in body["members"]
-    ]
-    if len(members) < 2:
-        raise s.Invalid("members", "has fewer than two members")
-    names = [member.name for member in members]
-    if len(set(names)) != len(names):
-        twice = next(name for name in names if names.count(name) > 1)
-        raise s.Invalid("members", f"lists {twice!r} twice")
-    if body["rank"] >= len(members):
-        raise s.Invalid("rank", f"is {body['rank']}, not one of 0…{len(members) - 1}")
+    members = group_members(body["members"], body["rank"])
     try:
         NETBENCH_SPEC(body["spec"])
     except s.Invalid as exc:

@@ -11,13 +11,14 @@ import csv
 import io
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from rich.console import Console, Group
 from rich.text import Text
 
 from shared.aggregate import ordered
+from shared.bench_group import group_label
 from shared.energy import not_a_meter
 from shared.matrix import hf_model_id, model_label, named_label
 from shared.reboots import reboot_panics, rebooted_hosts
@@ -89,6 +90,8 @@ def flags(record: Record) -> str:
     marks = list(record.get("flags") or [])
     if record.get("fastest"):
         marks.insert(0, "fastest")
+    if record.get("tokens_check"):
+        marks.append(f"tokens {record['tokens_check']}")
     if record.get("status") == NOT_RUN:
         marks.append(f"not run: {record.get('error')}")
     elif record.get("invalid"):
@@ -149,7 +152,28 @@ COLUMNS: list[Column] = [
     ("verdict", verdict),
     ("flags", flags),
 ]
-HOST_COLUMN: Column = ("host", lambda r: str(r.get("host", "")))
+
+
+def host_label(record: Record) -> str:
+    """The host, or a group as `mac1+mac2 (2 ranks, tensor, ring)`."""
+    group = record.get("group")
+    if not group:
+        return str(record.get("host", ""))
+    return group_label(group["members"], group["sharding"], group["backend"])
+
+
+def speedup(record: Record) -> str:
+    """A group's tok/s over its fastest member's alone on the same cell, `~` where their
+    intervals overlap (a ratio inside the noise, as `coordinator compare` marks one)."""
+    if record.get("speedup") is None:
+        return "" if not record.get("group") else NA
+    within = "" if record.get("speedup_separated") else "~"
+    return f"{within}{record['speedup']:.2f}× {record['speedup_over']}"
+
+
+HOST_COLUMN: Column = ("host", host_label)
+SPEEDUP_COLUMN: Column = ("speed-up", speedup)
+"""Shown when the run has a group (shared.group_cells.mark_groups)."""
 ENERGY_COLUMNS: list[Column] = [("W", watts), ("tok/J", per_joule)]
 """Shown when some cell had a power meter; without any, the header's energy line says N/A."""
 
@@ -159,16 +183,27 @@ def columns_for(records: list[Record]) -> list[Column]:
     if any(r.get("energy_source") for r in records):
         at = next(i for i, (name, _) in enumerate(columns) if name == "SoC °C")
         columns[at:at] = ENERGY_COLUMNS
+    if any(r.get("group") for r in records):
+        at = next(i for i, (name, _) in enumerate(columns) if name == "tok/s") + 1
+        columns.insert(at, SPEEDUP_COLUMN)
     return [HOST_COLUMN, *columns] if any("host" in r for r in records) else columns
 
 
 def model_line(info: dict[str, Any]) -> str:
     params, weights = info.get("param_count"), info.get("weight_memory_gb")
+    if info.get("ranks"):  # a group's: each rank holds its share, and no rank the model
+        shares = ", ".join(f"{share.get('host')} {_count(share)}" for share in info["ranks"])
+        kind = info.get("model_type") or "?"
+        return f"model {info.get('label')} ({kind}) split, params per rank: {shares}"
     return (
         f"model {info.get('label')} ({info.get('model_type') or '?'}): "
         f"{NA if params is None else human_count(params)} params, "
         f"{NA if weights is None else f'{weights:.3f}'} GB weights"
     )
+
+
+def _count(share: dict[str, Any]) -> str:
+    return NA if share.get("param_count") is None else human_count(share["param_count"])
 
 
 def cpu_split(levels: dict[str, int] | None) -> str | None:
@@ -294,9 +329,18 @@ def rich_report(report: dict[str, Any]) -> Group:
     return Group(header, rich_table(report), *rich_sustain(report["cells"]))
 
 
-BENCH_FOLDS = ("active GB", "peak GB", "tok/J", "W", "latency ms", "batch", "SoC °C", "verdict")
+BENCH_FOLDS = (
+    "active GB",
+    "peak GB",
+    "tok/J",
+    "W",
+    "latency ms",
+    "batch",
+    "SoC °C",
+    "verdict",
+)
 """The columns a narrow terminal drops, the first first (shared.tables); host, model, test,
-tok/s and flags (where a failure says why) always stay."""
+tok/s, a group's speed-up and flags (where a failure says why) always stay."""
 
 
 def rich_table(report: dict[str, Any]) -> FitTable:
@@ -306,7 +350,7 @@ def rich_table(report: dict[str, Any]) -> FitTable:
     cols = columns_for(records)
     for name, _ in cols:
         left = name in ("host", "model", "test", "verdict", "flags")
-        wrap = TEXT if name == "flags" else WORDS if name == "verdict" else WHOLE
+        wrap = TEXT if name == "flags" else WORDS if name in ("verdict", "host") else WHOLE
         table.add_column(name, justify="left" if left else "right", wrap=wrap)
     for record in ordered(records):
         style = None if record.get("status") == "ok" else "red"
@@ -320,13 +364,19 @@ def to_markdown(report: dict[str, Any]) -> str:
     lines = [
         f"<!-- {exported(line.strip()).replace('--', '- -')} -->" for line in header_lines(report)
     ]
-    lines.append("| " + " | ".join(name for name, _ in cols) + " |")
-    lines.append("| " + " | ".join("---" for _ in cols) + " |")
-    for record in ordered(records):
-        cells = (exported(render(record)).replace("|", "\\|") for _, render in cols)
-        lines.append("| " + " | ".join(cells) + " |")
+    lines += markdown_table(
+        [name for name, _ in cols], ([render(r) for _, render in cols] for r in ordered(records))
+    )
     lines += markdown_sustain(records)
     return "\n".join(lines) + "\n"
+
+
+def markdown_table(names: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """A Markdown table's lines: each cell exported() and its `|` escaped."""
+    lines = ["| " + " | ".join(names) + " |", "| " + " | ".join("---" for _ in names) + " |"]
+    for row in rows:
+        lines.append("| " + " | ".join(exported(c).replace("|", "\\|") for c in row) + " |")
+    return lines
 
 
 SUSTAIN_SUMMARY = (
@@ -401,6 +451,13 @@ ROW_FIELDS: list[tuple[str, str]] = [
     ("joules_per_token", "REAL"),
     ("energy_note", "TEXT"),
     *((f"sustain_{key}", "REAL") for key in SUSTAIN_SUMMARY),
+    ("ranks", "INTEGER"),
+    ("distributed_backend", "TEXT"),
+    ("sharding", "TEXT"),
+    ("speedup", "REAL"),
+    ("speedup_over", "TEXT"),
+    ("speedup_separated", "INTEGER"),
+    ("tokens_check", "TEXT"),
     ("status", "TEXT"),
     ("verdict", "TEXT"),
     ("verdict_reasons", "TEXT"),
@@ -416,8 +473,11 @@ test_time (RFC 3339, UTC, when the cell began), avg_ns / stddev_ns (time of one 
 iteration), avg_ts / stddev_ts (tokens/s: mean and sample deviation of the per-iteration rates),
 cpu_info, gpu_info, backends. The rest are ours: batch_size counts sequences, which llama-bench
 has no column for; energy_* a cell's energy and sustain_* a sustained cell's summary
-(docs/energy.md; energy_simulated says the figures come from a model, not a meter); verdict
-`valid` or `invalid` and verdict_reasons why (shared.verdict; comma-joined in csv and sql).
+(docs/energy.md; energy_simulated says the figures come from a model, not a meter); ranks,
+distributed_backend and sharding a distributed group's (empty for one host), speedup its tok/s
+over speedup_over's alone (speedup_separated: beyond the noise) and tokens_check its greedy
+tokens against a member's (shared.group_cells); verdict `valid` or `invalid` and
+verdict_reasons why (shared.verdict; comma-joined in csv and sql).
 An unknown is empty (csv) or NULL (sql), never a number."""
 SQL_TABLE = "mlx_fleet_bench"
 
@@ -466,6 +526,7 @@ def bench_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
         info = info or {}
         on_gpu = machine.get("backend") == "gpu"
         sustain = record.get("sustain") or {}
+        group = record.get("group") or {}
         rows.append(
             {
                 "host": host or machine.get("hostname"),
@@ -512,20 +573,39 @@ def bench_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                 **{key: record.get(key) for key in ENERGY_FIELDS},
                 "energy_rails": ";".join(record.get("energy_rails") or []) or None,
                 **{f"sustain_{key}": sustain.get(key) for key in SUSTAIN_SUMMARY},
+                "ranks": group.get("ranks"),
+                "distributed_backend": group.get("backend"),
+                "sharding": group.get("sharding"),
+                "speedup": record.get("speedup"),
+                "speedup_over": record.get("speedup_over"),
+                "speedup_separated": record.get("speedup_separated"),
+                "tokens_check": record.get("tokens_check"),
             }
         )
     return rows
 
 
-def to_csv(report: dict[str, Any]) -> str:
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=[name for name, _ in ROW_FIELDS])
-    writer.writeheader()
-    for row in bench_rows(report):
+def flat_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """bench_rows with their lists joined, as csv and sql hold them."""
+    rows = bench_rows(report)
+    for row in rows:
         row["samples_ns"] = ";".join(map(str, row["samples_ns"]))
         row["verdict_reasons"] = ",".join(row["verdict_reasons"])
+    return rows
+
+
+def rows_csv(fields: Sequence[str], rows: Iterable[dict[str, Any]]) -> str:
+    """Rows as CSV under a header of `fields`, each value exported()."""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(fields))
+    writer.writeheader()
+    for row in rows:
         writer.writerow({key: exported(value) for key, value in row.items()})
     return out.getvalue()
+
+
+def to_csv(report: dict[str, Any]) -> str:
+    return rows_csv([name for name, _ in ROW_FIELDS], flat_rows(report))
 
 
 def sql_literal(value: Any) -> str:
@@ -539,18 +619,22 @@ def sql_literal(value: Any) -> str:
     return "'" + exported(str(value)).replace("'", "''") + "'"
 
 
+def rows_sql(table: str, fields: Sequence[tuple[str, str]], rows: Iterable[dict[str, Any]]) -> str:
+    """CREATE TABLE IF NOT EXISTS `table` with `fields` (name, SQLite type), then one INSERT
+    per row."""
+    columns = ", ".join(f"{name} {kind}" for name, kind in fields)
+    lines = [f"CREATE TABLE IF NOT EXISTS {table} ({columns});"]
+    names = ", ".join(name for name, _ in fields)
+    for row in rows:
+        values = ", ".join(sql_literal(row[name]) for name, _ in fields)
+        lines.append(f"INSERT INTO {table} ({names}) VALUES ({values});")
+    return "\n".join(lines) + "\n"
+
+
 def to_sql(report: dict[str, Any]) -> str:
     """CREATE TABLE IF NOT EXISTS then one INSERT per cell, as llama-bench's `-o sql`, so
     `agent bench -o sql | sqlite3 results.sqlite` keeps adding runs to one table."""
-    columns = ", ".join(f"{name} {kind}" for name, kind in ROW_FIELDS)
-    lines = [f"CREATE TABLE IF NOT EXISTS {SQL_TABLE} ({columns});"]
-    names = ", ".join(name for name, _ in ROW_FIELDS)
-    for row in bench_rows(report):
-        row["samples_ns"] = ";".join(map(str, row["samples_ns"]))
-        row["verdict_reasons"] = ",".join(row["verdict_reasons"])
-        values = ", ".join(sql_literal(row[name]) for name, _ in ROW_FIELDS)
-        lines.append(f"INSERT INTO {SQL_TABLE} ({names}) VALUES ({values});")
-    return "\n".join(lines) + "\n"
+    return rows_sql(SQL_TABLE, ROW_FIELDS, flat_rows(report))
 
 
 def strict_json(value: Any, **options: Any) -> str:

@@ -18,8 +18,11 @@ from shared.netbench import (
     format_bytes,
     measured_from,
     parse_sizes,
+    progress_step,
+    progress_total,
     ring_edges,
     slow_links,
+    stalled,
 )
 from tests.ring_support import run_ranks
 
@@ -118,3 +121,31 @@ def test_a_member_carries_its_rdma_devices_only_where_the_hostfile_gave_them() -
     assert member_body(plain) == {"name": "mac1:5555", "ips": ["10.0.0.1"]}
     rdma = member_of(Target("mac2", "10.0.0.2:5555", None, ("10.0.1.2",), ("rdma_en3", None)))
     assert member_body(rdma) == {"name": "mac2", "ips": ["10.0.1.2"], "rdma": ["rdma_en3", None]}
+
+
+def test_each_unit_of_progress_names_its_step() -> None:
+    hosts, sizes = ["a", "b", "c"], [1024, 4096]
+    total = progress_total(sizes, hosts, 1, 2)
+    assert total == 1 + 2 * 4 * (1 + 2 + 2)
+    steps = [progress_step(done, sizes, hosts, 1, 2) for done in range(total + 1)]
+    assert steps[:7] == [
+        "forming the ring",
+        "the barrier before all_sum at 1 KiB",
+        "all_sum at 1 KiB, warm-up 1 of 1",
+        "all_sum at 1 KiB, repetition 1 of 2",
+        "all_sum at 1 KiB, repetition 2 of 2",
+        "the all_sum gathering the timings of all_sum at 1 KiB",
+        "the barrier before send_recv a↔b at 1 KiB",
+    ]
+    assert steps[18] == "send_recv c↔a at 1 KiB, repetition 1 of 2"
+    assert steps[-2] == "the all_sum gathering the timings of send_recv c↔a at 4 KiB"
+    assert steps[-1] == "reporting, every step done"
+
+
+def test_a_run_stalls_only_when_no_rank_moves() -> None:
+    # rank 2 waits off the link the others measure: its own stillness is no stall
+    assert stalled([(7, 0.5), (7, 0.4), (9, 30.0)], 10.0) is None
+    # nobody moved for 10 s: the rank the others wait on, the fewest units done, is named
+    assert stalled([(9, 12.0), (7, 11.0), (7, 11.5)], 10.0) == 1
+    assert stalled([None, (3, 50.0)], 10.0) == 1
+    assert stalled([None, None], 10.0) is None  # agents that do not say: their bound alone

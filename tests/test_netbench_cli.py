@@ -1,17 +1,23 @@
 """`coordinator netbench` end to end: real agents on loopback each start a rank through
-rank.start, the CLI prints nccl-tests' figures per size and link, `-o json` for scripts; a
-host that is not there, or a rank that cannot form the ring, fails in one line with nothing
-left running; bad input is one line, exit 2, before any host is asked."""
+rank.start, the CLI prints nccl-tests' figures per size and link, `-o json` for scripts; every
+run is stored (a failed one with its error) and `coordinator runs`, `show` and `compare` read
+it back; a host that is not there, or a rank that cannot form the ring, fails in one line with
+nothing left running; bad input is one line, exit 2, before any host is asked."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import sqlite3
 
 import psutil
 import pytest
 
-from tests.fleet_support import AgentPool, cli, exchange_keys
+from coordinator.netbench_report import netbench_comparison_table, netbench_table
+from tests.fleet_support import QUICK, AgentPool, cli, exchange_keys
 from tests.ring_support import free_port_run
+from tests.test_tables_fit import check_fit
 
 SMALL = ["--sizes", "1K,64K", "-r", "2", "-w", "1"]
 
@@ -72,8 +78,86 @@ def test_a_host_that_is_not_there_fails_the_run_in_one_line(agents: AgentPool) -
         "coordinator", "netbench", "--hosts", f"{host},{missing}", *SMALL, "--connect-timeout", "2"
     )
     assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {missing}: ")
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: {missing}: ")
     assert not ranks_running()
+    (listed,) = json.loads(cli("coordinator", "runs", "-o", "json").stdout)
+    assert (listed["kind"], listed["status"]) == ("netbench", "failed")
+    assert listed["id"] in result.stderr  # where it is kept, said before the error line
+    stored = json.loads(cli("coordinator", "show", listed["id"], "-o", "json").stdout)
+    assert "error: " + stored["error"] == line and stored["results"] == []
+    assert [rank["status"] for rank in stored["ranks"]] == ["starting", "starting"]
+    assert stored["ranks"][0]["machine"]["hostname"]  # what it got: the host that answered
+    table = cli("coordinator", "show", listed["id"])
+    assert table.returncode == 0 and "failed: " in table.stdout
+
+
+def test_runs_are_stored_shown_and_compared_like_benchmark_runs(agents: AgentPool) -> None:
+    hosts = started(agents, 2)
+    port = str(free_port_run(2))
+    made = []
+    for _ in range(2):
+        result = cli(
+            "coordinator", "netbench", "--hosts", ",".join(hosts), *SMALL, "--port", port,
+            "-o", "json", timeout=600,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        made.append(json.loads(result.stdout))
+        assert f"run {made[-1]['run_id']} stored" in result.stderr
+    a, b = made
+    listed = json.loads(cli("coordinator", "runs", "-o", "json").stdout)
+    assert [(run["id"], run["kind"], run["ok"]) for run in listed] == [
+        (b["run_id"], "netbench", 4),  # newest first; a cell per operation, link and size
+        (a["run_id"], "netbench", 4),
+    ]
+    assert "netbench" in cli("coordinator", "runs").stdout
+
+    shown = cli("coordinator", "show", a["run_id"], "-o", "json")
+    assert json.loads(shown.stdout) == a  # exactly what netbench printed
+    table = cli("coordinator", "show", a["run_id"])
+    assert "busbw GB/s" in table.stdout and "one link: no sibling" in table.stdout
+    rows = list(
+        csv.DictReader(io.StringIO(cli("coordinator", "show", a["run_id"], "-o", "csv").stdout))
+    )
+    assert [float(row["busbw_gbps"]) for row in rows] == [r["busbw_gbps"] for r in a["results"]]
+    sql = cli("coordinator", "show", a["run_id"], "-o", "sql").stdout
+    with sqlite3.connect(":memory:") as db:
+        db.executescript(sql)
+        assert db.execute("SELECT COUNT(*) FROM mlx_fleet_netbench").fetchone()[0] == 4
+    markdown = cli("coordinator", "show", a["run_id"], "-o", "md").stdout
+    assert "| operation | over | size |" in markdown
+    jsonl = cli("coordinator", "show", a["run_id"], "-o", "jsonl").stdout.splitlines()
+    assert [json.loads(line)["size"] for line in jsonl] == [r["size"] for r in a["results"]]
+
+    compared = json.loads(
+        cli("coordinator", "compare", a["run_id"], b["run_id"], "-o", "json").stdout
+    )
+    assert len(compared["rows"]) == 4
+    for row, first, second in zip(compared["rows"], a["results"], b["results"], strict=True):
+        assert (row["operation"], row["over"], row["size"]) == (
+            first["operation"], first["where"], first["size"]
+        )  # fmt: skip
+        assert row["speedup"] == pytest.approx(second["busbw_gbps"] / first["busbw_gbps"])
+        assert isinstance(row["within_noise"], bool)  # two repetitions: an interval each
+    assert "B/A" in cli("coordinator", "compare", a["run_id"], b["run_id"]).stdout
+    for table in (
+        netbench_comparison_table(compared["rows"], a["run_id"], b["run_id"]),
+        netbench_table(a),
+    ):  # readable at 80 columns: every figure and ratio whole on its line
+        lines = check_fit(table, 80)
+        assert max(map(len, lines)) <= 80
+    for fmt in ("csv", "md"):
+        assert cli("coordinator", "compare", a["run_id"], b["run_id"], "-o", fmt).returncode == 0
+
+    benchmark = cli("coordinator", "benchmark", "--hosts", hosts[0], *QUICK, "-o", "json")
+    assert benchmark.returncode == 0, benchmark.stderr
+    bench_id = json.loads(benchmark.stdout)["run_id"]
+    refused = cli("coordinator", "compare", a["run_id"], bench_id)
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == (
+        f"error: {a['run_id']} is a netbench run and {bench_id} a benchmark run: compare two "
+        "benchmark runs or two netbench runs"
+    )
 
 
 def ranks_running() -> list[psutil.Process]:

@@ -1,6 +1,8 @@
 """`coordinator netbench` across three network namespaces wired as a triangle: each pair of
-"Macs" has its own veth pair and /30, so each link of the ring is its own cable, and one of
-them is rate-limited with `tc ... tbf`. The link benchmark flags that link and only that one.
+"Macs" has its own veth pair and /30, so each link of the ring is its own cable. With one of
+them rate-limited with `tc ... tbf`, the link benchmark flags that link and only that one; with
+one cut mid-run (`ip link set ... down`), the ranks block in a collective and the run fails
+within --host-timeout, naming the host and the step, with no rank left on any host.
 
 Each host's ring address is its end of the link its left neighbour reaches it over (rank i-1
 connects to rank i, as MLX's ring does): a's on c-a, b's on a-b, c's on b-c. The coordinator
@@ -15,12 +17,15 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 
 import pytest
 
+from shared.netbench import progress_step
 from tests.conftest import console_script, subprocess_env
-from tests.fleet_support import AgentPool, exchange_keys
+from tests.fleet_support import AgentPool, AgentProcess, cli, exchange_keys
+from tests.test_netbench_cli import ranks_running
 from tests.test_netns import ip
 
 pytestmark = pytest.mark.timeout(600)
@@ -42,7 +47,8 @@ def veth(link: tuple[str, str], end: str) -> str:
 
 
 @pytest.fixture
-def triangle() -> Iterator[dict[str, str]]:
+def wired() -> Iterator[dict[str, str]]:
+    """The three namespaces, {"a": name, ...}, wired as a triangle; deleted afterwards."""
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             pytest.skip(f"the `{tool}` command (iproute2) is not installed")
@@ -74,28 +80,40 @@ def triangle() -> Iterator[dict[str, str]]:
             done = ip(*step)
             if done.returncode != 0:
                 pytest.skip(f"cannot wire the namespaces (ip {' '.join(step)}): {done.stderr}")
-        for host in SLOW:  # both directions of the b-c cable
-            limited = subprocess.run(
-                ["tc", "-n", names[host], "qdisc", "add", "dev", veth(SLOW, host), "root", "tbf",
-                 "rate", RATE, "burst", "32kbit", "latency", "400ms"],
-                capture_output=True, text=True, timeout=30,
-            )  # fmt: skip
-            if limited.returncode != 0:
-                pytest.skip(f"cannot rate-limit a veth with tc: {limited.stderr.strip()}")
         yield names
     finally:
         for name in created:
             ip("netns", "del", name)
 
 
+@pytest.fixture
+def triangle(wired: dict[str, str]) -> dict[str, str]:
+    """The triangle with its b-c cable limited to RATE."""
+    for host in SLOW:  # both directions of the b-c cable
+        limited = subprocess.run(
+            ["tc", "-n", wired[host], "qdisc", "add", "dev", veth(SLOW, host), "root", "tbf",
+             "rate", RATE, "burst", "32kbit", "latency", "400ms"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        if limited.returncode != 0:
+            pytest.skip(f"cannot rate-limit a veth with tc: {limited.stderr.strip()}")
+    return wired
+
+
+def ring_agents(names: dict[str, str], agents: AgentPool) -> list[AgentProcess]:
+    """An agent in each namespace, at its ring address, trusted by this test's coordinator."""
+    started = []
+    for host in "abc":
+        agent = agents.start(host, netns=names[host], bind_host=RING_ADDRESS[host])
+        exchange_keys(agent)
+        started.append(agent)
+    return started
+
+
 def test_the_rate_limited_link_and_only_it_is_flagged(
     triangle: dict[str, str], agents: AgentPool
 ) -> None:
-    hosts = []
-    for host in "abc":
-        agent = agents.start(host, netns=triangle[host], bind_host=RING_ADDRESS[host])
-        exchange_keys(agent)
-        hosts.append(agent.address)
+    hosts = [agent.address for agent in ring_agents(triangle, agents)]
     result = subprocess.run(
         ["ip", "netns", "exec", triangle["a"], console_script("coordinator"), "netbench",
          "--hosts", ",".join(hosts), "--sizes", "64K,4M", "-r", "3", "-o", "json"],
@@ -109,3 +127,63 @@ def test_the_rate_limited_link_and_only_it_is_flagged(
     assert limited < 40e6 / 8 / 1e9 * 1.5  # the tbf rate, 5 MB/s, give or take its burst
     others = [value for link, value in report["links_best_busbw_gbps"].items() if link != slow]
     assert min(others) > 3 * limited
+
+
+REPETITIONS = 200
+"""Each operation's repetitions: the b-c ping-pong lasts seconds, long enough to cut it in."""
+CUT_TIMEOUT_S = 20
+"""--host-timeout for the cut: short, with room for three ranks to start on a loaded machine."""
+
+
+def progress_of(agent: AgentProcess) -> int:
+    """The units its rank has written (agent.cluster.netbench.Progress); 0 before any."""
+    for path in agent.home.glob("ranks/*/progress"):
+        text = path.read_text().strip()
+        return int(text) if text.isdigit() else 0
+    return 0
+
+
+def step_of(agent: AgentProcess, hosts: list[str]) -> str:
+    """What its rank is doing, by the units it has written."""
+    return progress_step(progress_of(agent), [1 << 20], hosts, 1, REPETITIONS)
+
+
+def test_a_link_cut_mid_run_fails_it_within_the_host_timeout(
+    wired: dict[str, str], agents: AgentPool
+) -> None:
+    started = ring_agents(wired, agents)
+    hosts = [agent.address for agent in started]
+    run = subprocess.Popen(
+        ["ip", "netns", "exec", wired["a"], console_script("coordinator"), "netbench",
+         "--hosts", ",".join(hosts), "--sizes", "1M", "-r", str(REPETITIONS), "-w", "1",
+         "--host-timeout", str(CUT_TIMEOUT_S)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env(),
+    )  # fmt: skip
+    cut = f"send_recv {hosts[1]}↔{hosts[2]}"
+    deadline = time.monotonic() + 300
+    try:
+        # into the b-c ping-pong (MLX's ring sends it over the b-c cable alone), then cut it
+        while not step_of(started[1], hosts).startswith(cut):
+            assert run.poll() is None, run.communicate()[1]
+            assert time.monotonic() < deadline, f"never reached {cut}: {progress_of(started[1])}"
+            time.sleep(0.05)
+        link = ("b", "c")
+        assert ip("-n", wired["b"], "link", "set", veth(link, "b"), "down").returncode == 0
+        cut_at = time.monotonic()
+        _, stderr = run.communicate(timeout=CUT_TIMEOUT_S + 120)
+        took = time.monotonic() - cut_at
+    finally:
+        run.kill()
+    assert run.returncode == 1, stderr
+    line = stderr.strip().splitlines()[-1]
+    assert line.startswith((f"error: {hosts[1]}: ", f"error: {hosts[2]}: ")), line
+    assert f"past --host-timeout {CUT_TIMEOUT_S}, in {cut} at 1 MiB, " in line, line
+    assert CUT_TIMEOUT_S <= took < CUT_TIMEOUT_S + 60  # its heartbeat, not its bound (hours)
+    gone = time.monotonic() + 60
+    while ranks_running():  # every rank stopped, on every host
+        assert time.monotonic() < gone, ranks_running()
+        time.sleep(0.1)
+    (listed,) = json.loads(cli("coordinator", "runs", "-o", "json").stdout)
+    assert (listed["kind"], listed["status"], "error: " + listed["error"]) == (
+        "netbench", "failed", line
+    )  # fmt: skip

@@ -1,7 +1,8 @@
 """A rank as the agent starts it (agent.cluster.rank_process): real processes, real ring ranks
-on loopback. Two ranks run the link benchmark to its report; a rank whose peer never comes is
-ended at its bound, its session with it; a rank whose agent goes away ends; a failing rank says
-why in one line."""
+on loopback. Two ranks run the link benchmark to its report, their progress counted to its
+last unit; a rank whose peer never comes is ended at its bound, its session with it, its
+progress still; a rank whose agent goes away ends; a failing rank says why in one line; ending
+a rank returns at once and a rank that ignores SIGTERM is SIGKILLed by a later poll."""
 
 from __future__ import annotations
 
@@ -16,8 +17,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent.cluster.rank_process import FAILED, OK, RUNNING, STOPPED, RankProcess, python_module
-from shared.netbench import measured_from
+from agent.cluster.rank_process import (
+    FAILED,
+    OK,
+    RUNNING,
+    STOP_GRACE_S,
+    STOPPED,
+    RankProcess,
+    python_module,
+)
+from shared.netbench import measured_from, progress_total
 from shared.rank_env import RING, Member, rank_launch
 from tests.ring_support import ROOT, free_port_run
 
@@ -40,7 +49,15 @@ def no_rank_left() -> Iterator[None]:
     """Whatever a test asserted, every rank it made is ended after it."""
     yield
     while STARTED:
-        STARTED.pop().stop("the test ended")
+        rank = STARTED.pop()
+        rank.stop("the test ended")
+        rank.settle(wait=True)
+
+
+def gone(rank: RankProcess) -> bool:
+    """Polled until its process has ended and been reaped."""
+    rank.poll()
+    return not rank.alive
 
 
 def ranks(tmp_path: Path, count: int, argv: list[str], bound_s: float = DEADLINE_S):
@@ -66,6 +83,9 @@ def test_two_ranks_run_the_link_benchmark_to_its_report(tmp_path: Path) -> None:
     assert pair[1].report is None
     found = measured_from(pair[0].report, SPEC["sizes"], SPEC["hosts"], 2)
     assert len(found) == 4
+    total = progress_total(SPEC["sizes"], SPEC["hosts"], SPEC["warmup"], SPEC["repetitions"])
+    assert [rank.progress for rank in pair] == [total, total]  # every unit, on each rank
+    assert all(0 <= rank.progress_age_s() < DEADLINE_S for rank in pair)
     assert oct((tmp_path / "r0" / "mlx_hostfile.json").stat().st_mode & 0o777) == "0o600"
 
 
@@ -76,7 +96,10 @@ def test_a_rank_whose_peer_never_comes_is_ended_at_its_bound(tmp_path: Path) -> 
     wait_for(lambda: alone.poll() != RUNNING, "the bound")
     assert alone.state == FAILED
     assert alone.error == "rank 0 ran past its bound of 2 s"
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert alone.progress == 0  # still forming the ring: no unit done
+    assert alone.progress_age_s() == pytest.approx(alone.elapsed_s())
+    wait_for(lambda: gone(alone), "its end")
+    assert not psutil.pid_exists(pid)
 
 
 def test_a_rank_ends_when_its_agent_goes_away(tmp_path: Path) -> None:
@@ -103,4 +126,25 @@ def test_a_rank_stopped_early_says_why_and_leaves_nothing(tmp_path: Path) -> Non
     pid = alone._process.pid  # noqa: SLF001
     alone.stop("rank 0 failed: unreachable")
     assert (alone.state, alone.error) == (STOPPED, "rank 0 failed: unreachable")
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    wait_for(lambda: gone(alone), "its end")
+    assert not psutil.pid_exists(pid)
+
+
+def test_stopping_returns_at_once_and_a_later_poll_kills_a_rank_ignoring_sigterm(
+    tmp_path: Path,
+) -> None:
+    code = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ready', flush=True); time.sleep(600)"
+    )
+    stubborn = ranks(tmp_path, 2, [sys.executable, "-c", code])[0]
+    stubborn.start()
+    pid = stubborn._process.pid  # noqa: SLF001
+    wait_for(lambda: "ready" in (tmp_path / "r0" / "stdout").read_text(), "its SIGTERM ignored")
+    asked = time.monotonic()
+    stubborn.stop("test over")
+    assert time.monotonic() - asked < STOP_GRACE_S / 3  # no wait for the grace
+    assert stubborn.state == STOPPED and stubborn.alive  # it ignored SIGTERM: still there
+    wait_for(lambda: gone(stubborn), "the SIGKILL after the grace")
+    assert time.monotonic() - asked >= STOP_GRACE_S
+    assert not psutil.pid_exists(pid)

@@ -1,7 +1,8 @@
 """rank.start, rank.get and rank.stop against real `agent serve` processes on loopback: two
 agents each start one rank of the link benchmark and the ring runs to rank 0's report; the
 agent refuses what it must (a bad body by its field, a second job, a benchmark beside a rank)
-and ends a rank at its bound or when asked."""
+and ends a rank at its bound or when asked; rank.get carries the rank's heartbeat (its units of
+progress and their age)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 import zmq
 
 from shared.io.transport import AgentClient, AgentError
-from shared.netbench import measured_from
+from shared.netbench import measured_from, progress_total
 from tests.fleet_support import AgentPool, connect, trusted_agent
 from tests.ring_support import free_port_run
 
@@ -62,6 +63,27 @@ def test_two_agents_run_a_ring_to_rank_0s_report(agents: AgentPool, ctx: zmq.Con
     assert (zero["state"], one["state"]) == ("ok", "ok"), (zero["error"], one["error"])
     assert one["report"] is None
     assert len(measured_from(zero["report"], SPEC["sizes"], ["a", "b"], 2)) == 4
+    total = progress_total(SPEC["sizes"], ["a", "b"], SPEC["warmup"], SPEC["repetitions"])
+    assert zero["progress"] == one["progress"] == total
+    assert 0 <= zero["progress_age_s"] <= zero["elapsed_s"]
+
+
+def test_a_rank_that_cannot_move_says_so_in_its_heartbeat(
+    agents: AgentPool, ctx: zmq.Context
+) -> None:
+    client = connect(ctx, trusted_agent(agents))
+    client.request("rank.start", start_body("n-7", 0, free_port_run(2)))  # its peer never comes
+    first = client.request("rank.get", {"job": "n-7"})
+    end = time.monotonic() + DEADLINE_S
+    while (later := client.request("rank.get", {"job": "n-7"}))["progress_age_s"] < first[
+        "progress_age_s"
+    ] + 1.0:
+        assert time.monotonic() < end, later
+        time.sleep(0.1)
+    assert first["progress"] == later["progress"] == 0  # the ring never formed
+    assert later["progress_age_s"] == pytest.approx(later["elapsed_s"], abs=0.5)
+    stopped = client.request("rank.stop", {"job": "n-7", "why": "test over"})
+    assert (stopped["state"], stopped["progress"]) == ("stopped", 0)
 
 
 def test_the_agent_refuses_by_field_and_never_runs_two(agents: AgentPool, ctx: zmq.Context) -> None:
@@ -129,7 +151,11 @@ def test_a_rank_ends_with_its_agent(agents: AgentPool, ctx: zmq.Context) -> None
     agent = trusted_agent(agents)
     connect(ctx, agent).request("rank.start", start_body("n-6", 0, free_port_run(2)))
     children = psutil.Process(agent.process.pid).children()
-    assert len(children) == 1 and "agent.cluster.netbench" in " ".join(children[0].cmdline())
+    assert len(children) == 1
+    end = time.monotonic() + DEADLINE_S
+    while "agent.cluster.netbench" not in " ".join(children[0].cmdline()):
+        assert time.monotonic() < end, children[0].cmdline()  # empty until its exec is done
+        time.sleep(0.05)
     agent.kill()  # SIGKILL: the agent gets no chance to end it; the rank's lifeline does
     gone, alive = psutil.wait_procs(children, timeout=DEADLINE_S)
     assert alive == []

@@ -228,7 +228,30 @@ def test_the_file_is_in_wal_mode(store: RunStore) -> None:
 
 def test_the_file_is_versioned_by_its_migrations(store: RunStore) -> None:
     with sqlite3.connect(store.path) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 2
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 4
+
+
+def test_a_version_2_file_is_migrated_and_keeps_the_line_a_run_failed_with(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "v2.sqlite"
+    with sqlite3.connect(path) as raw:
+        for script in MIGRATIONS[:2]:
+            raw.executescript(script)
+        raw.execute("PRAGMA user_version = 2")
+        raw.execute(
+            "INSERT INTO runs (id, kind, started, status, spec) "
+            "VALUES ('r-old', 'benchmark', '2026-01-01T00:00:00+00:00', 'ok', '{}')"
+        )
+    with RunStore(path) as store:
+        run_id = store.create_run({"sizes": [1024]}, ["a", "b"], kind="netbench")
+        store.finish_run(run_id, "failed", error="a: no progress for 20 s")
+        listed = {run["id"]: run for run in store.list_runs()}
+    assert listed["r-old"]["error"] is None
+    assert (listed[run_id]["kind"], listed[run_id]["error"]) == (
+        "netbench",
+        "a: no progress for 20 s",
+    )
 
 
 def test_newer_schema_is_refused(tmp_path: Path) -> None:

@@ -7,11 +7,13 @@ the timings are gathered with one more `all_sum` so that rank 0 can report them 
 
 SPEC_JSON: {"sizes": [bytes...], "repetitions": N, "warmup": N, "hosts": [names...]}; rank 0
 prints one JSON line: {"all_sum": {size: [seconds...]}, "send_recv": {"a↔b": {size: [...]}}}.
+Under an agent, each rank writes its progress (the units done) to the file PROGRESS names.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -19,15 +21,36 @@ from collections.abc import Callable, Sequence
 import mlx.core as mx
 
 from agent.cluster.lifeline import exit_with_parent
+from agent.cluster.rank_process import PROGRESS
 from shared.netbench import ELEMENT_BYTES, link_name, ops_per_repetition, ring_edges
 
 
+class Progress:
+    """Units of the run done (shared.netbench.progress_step names them), written over the
+    file the agent names in PROGRESS so it can tell a rank that moves from one blocked in a
+    collective. One small pwrite each, always between timed regions; without PROGRESS (a rank
+    started by hand) it only counts."""
+
+    def __init__(self, path: str | None) -> None:
+        self.done = 0
+        self._fd = None if not path else os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+
+    def advance(self, units: int = 1) -> None:
+        self.done += units
+        if self._fd is not None:
+            os.pwrite(self._fd, f"{self.done:<20}\n".encode(), 0)  # fixed width: no stale tail
+
+
 def timed(
-    step: Callable[[], list[mx.array]], warmup: int, repetitions: int, ops: int
+    step: Callable[[], list[mx.array]],
+    warmup: int,
+    repetitions: int,
+    ops: int,
+    done: Callable[[], None],
 ) -> list[float]:
     """Seconds per operation of each repetition: `ops` back-to-back `step`s (each evaluated),
     their time over `ops`, as nccl-tests times its iterations; `warmup` repetitions first,
-    untimed."""
+    untimed; `done` after each, outside its timing."""
     seconds = []
     for index in range(warmup + repetitions):
         start = time.perf_counter()
@@ -35,18 +58,26 @@ def timed(
             mx.eval(*step())
         if index >= warmup:
             seconds.append((time.perf_counter() - start) / ops)
+        done()
     return seconds
 
 
 def all_sum_seconds(
-    group: mx.distributed.Group, message: mx.array, warmup: int, repetitions: int, ops: int
+    group: mx.distributed.Group,
+    message: mx.array,
+    warmup: int,
+    repetitions: int,
+    ops: int,
+    done: Callable[[], None],
 ) -> list[float]:
-    """After one barrier, so every rank starts together, the repetitions back to back: a
-    barrier before each would add its own wake-up to the first operation after it (3 ms on
-    loopback here, bench/bench_netbench.py), which a training loop's back-to-back all_sums do
-    not pay."""
-    barrier(group)
-    return timed(lambda: [mx.distributed.all_sum(message, group=group)], warmup, repetitions, ops)
+    """The repetitions back to back after the one barrier before them: a barrier before each
+    would add its own wake-up to the first operation after it (3 ms on loopback here,
+    bench/bench_netbench.py), which a training loop's back-to-back all_sums do not pay."""
+
+    def reduce() -> list[mx.array]:
+        return [mx.distributed.all_sum(message, group=group)]
+
+    return timed(reduce, warmup, repetitions, ops, done)
 
 
 def barrier(group: mx.distributed.Group) -> None:
@@ -61,9 +92,11 @@ def ping_pong_seconds(
     warmup: int,
     repetitions: int,
     ops: int,
+    progress: Progress,
 ) -> list[float]:
-    """One-way seconds over `edge`: half a round trip, timed by its first rank; the ranks off
-    the edge wait at the next barrier."""
+    """One-way seconds over `edge`: half a round trip, timed by its first rank; its second
+    echoes, counting each repetition's echoes as it goes; the ranks off the edge count its
+    repetitions at once and wait at the next collective."""
     first, second = edge
     rank = group.rank()
     if rank == first:
@@ -72,11 +105,16 @@ def ping_pong_seconds(
             mx.eval(mx.distributed.send(message, second, group=group))
             return [mx.distributed.recv_like(message, second, group=group)]
 
-        return [s / 2 for s in timed(there_and_back, warmup, repetitions, ops)]
+        timings = timed(there_and_back, warmup, repetitions, ops, progress.advance)
+        return [s / 2 for s in timings]
     if rank == second:
-        for _ in range((warmup + repetitions) * ops):
-            echoed = mx.distributed.recv_like(message, first, group=group)
-            mx.eval(mx.distributed.send(echoed, first, group=group))
+        for _ in range(warmup + repetitions):
+            for _ in range(ops):
+                echoed = mx.distributed.recv_like(message, first, group=group)
+                mx.eval(mx.distributed.send(echoed, first, group=group))
+            progress.advance()
+    else:
+        progress.advance(warmup + repetitions)
     return []
 
 
@@ -90,30 +128,39 @@ def gathered(
     return summed.tolist()
 
 
-def run(spec: dict) -> dict:
+def run(spec: dict, progress: Progress) -> dict:
+    """Every size's all_sum, then each link's ping-pong, each preceded by a barrier so every
+    rank starts it together and followed by the gathering of its timings; `progress` advanced
+    through the units shared.netbench.progress_step names."""
     group = mx.distributed.init(strict=True)
     hosts = spec["hosts"]
     if group.size() != len(hosts):
         raise SystemExit(f"netbench: {group.size()} ranks for {len(hosts)} hosts")
+    progress.advance()
     warmup, reps = int(spec["warmup"]), int(spec["repetitions"])
     result: dict = {"all_sum": {}, "send_recv": {}}
     for size in spec["sizes"]:
         message = mx.ones((size // ELEMENT_BYTES,), dtype=mx.float32)
         mx.eval(message)
         ops = ops_per_repetition(size)
-        seconds = all_sum_seconds(group, message, warmup, reps, ops)
+        barrier(group)
+        progress.advance()
+        seconds = all_sum_seconds(group, message, warmup, reps, ops, progress.advance)
         result["all_sum"][str(size)] = gathered(group, seconds, 0, reps)
+        progress.advance()
         for edge in ring_edges(hosts):
             barrier(group)
-            mine = ping_pong_seconds(group, message, edge, warmup, reps, ops)
+            progress.advance()
+            mine = ping_pong_seconds(group, message, edge, warmup, reps, ops, progress)
             link = result["send_recv"].setdefault(link_name(hosts, edge), {})
             link[str(size)] = gathered(group, mine, edge[0], reps)
+            progress.advance()
     return result
 
 
 def main(argv: Sequence[str]) -> int:
     exit_with_parent()
-    result = run(json.loads(argv[0]))
+    result = run(json.loads(argv[0]), Progress(os.environ.get(PROGRESS)))
     if mx.distributed.init().rank() == 0:
         print(json.dumps(result), flush=True)
     return 0

@@ -1,7 +1,8 @@
 """The ranks this agent runs for jobs spanning several Macs (rank.start, rank.get, rank.stop in
-docs/protocol.md §5): one at a time, never beside a benchmark job (both would measure each
+docs/protocol.md §16): one at a time, never beside a benchmark job (both would measure each
 other), each in its own process under agent.cluster, ended at its bound by the daemon's loop
-even when no coordinator is left to ask, and ended with the daemon."""
+even when no coordinator is left to ask, and ended with the daemon. Ending one never stalls the
+loop: SIGTERM at once, SIGKILL from a later poll (agent.cluster.rank_process)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from agent.cluster.rank_process import RUNNING, RankProcess, python_module
+from agent.cluster.rank_process import RankProcess, python_module
 from shared import protocol as p
 from shared.rank_env import RankEnvError, rank_launch
 from shared.rank_shapes import KIND_NETBENCH, check_rank_start
@@ -20,7 +21,8 @@ from shared.shapes import Invalid
 log = logging.getLogger("agent.ranks")
 
 POLL_S = 0.2
-"""How often the loop looks at a running rank (its end, its bound)."""
+"""How often the loop looks at a rank whose process lives (its progress, its end, its bound,
+its SIGKILL when it ignores a SIGTERM)."""
 KEPT = 16
 """Finished ranks whose state rank.get still answers."""
 
@@ -40,7 +42,9 @@ class RankJobs:
 
     @property
     def running(self) -> RankProcess | None:
-        return next((rank for rank in self._ranks.values() if rank.state == RUNNING), None)
+        """The rank whose process lives: running, or ended and not yet gone (its ports and
+        cores are still taken, so it is still busy)."""
+        return next((rank for rank in self._ranks.values() if rank.alive), None)
 
     def start(self, body: dict[str, Any]) -> RankProcess:
         """Check rank.start's body and start its rank; RankRefused (bad-body, busy) says why
@@ -77,15 +81,20 @@ class RankJobs:
         return rank
 
     def poll(self) -> None:
-        """What the loop calls while a rank runs: ends one past its bound, logs each end."""
+        """What the loop calls while a rank's process lives: reads its progress, ends one past
+        its bound, SIGKILLs one that outlived its grace, logs each end."""
         rank = self.running
-        if rank is not None and rank.poll() != RUNNING:
+        if rank is None:
+            return
+        was = rank.state
+        if rank.poll() != was:
             log.info("rank %d of job %s: %s %s", rank.rank, rank.job, rank.state, rank.error or "")
 
     def close(self) -> None:
-        """The daemon stops: every rank with it."""
+        """The daemon stops: every rank with it, each gone before this returns."""
         for rank in self._ranks.values():
             rank.stop("the agent stopped")
+            rank.settle(wait=True)
 
 
 def safe_name(job: str) -> str:
@@ -101,6 +110,8 @@ def rank_body(rank: RankProcess) -> dict[str, Any]:
         "rank": rank.rank,
         "state": rank.state,
         "elapsed_s": round(rank.elapsed_s(), 3),
+        "progress": rank.progress,
+        "progress_age_s": round(rank.progress_age_s(), 3),
         "error": rank.error,
         "report": rank.report if isinstance(rank.report, dict) else None,
     }

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import zmq
 
-from agent.daemon.benchmark.jobs import BenchJobs
+from agent.daemon.benchmark.jobs import BenchJobs, model_identity
 from agent.daemon.benchmark.journal import JOB_LIST_MAX
 from agent.daemon.deferred import DeferredReplies
 from agent.daemon.endpoints import AgentSockets, Received
@@ -192,6 +192,16 @@ class Requests:
         self.jobs.start(request.identity, request.message.id, plan)
         self.jobs.feed(self.hub.last_reading, self.hub.policy)  # what the daemon read last
         return reply
+
+    @handles("bench.check")
+    def bench_check(self, request: Request) -> Reply:
+        """bench.start's every check, starting nothing: a coordinator asks each member of a
+        group before any job of its run starts, so a group that cannot run is bad input."""
+        plan = self.jobs.plan(request.message, busy_ok=True)
+        models = {model: model_identity(model) for model in plan.spec.models}
+        return Reply(
+            "bench.check.ok", {"cells": [cell.name for cell in plan.cells], "models": models}
+        )
 
     @handles("rank.start")
     def rank_start(self, request: Request) -> Reply:

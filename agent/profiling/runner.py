@@ -24,11 +24,20 @@ from mlx.utils import tree_flatten
 from agent.awake.boot import boot_time
 from agent.awake.panics import since_boot
 from agent.cooling.guard import CellGuard, NullGuard, RunStopped
-from agent.model import BUILTIN_CONFIGS, DEFAULT_SEED, QUANT_GROUP_SIZE, Model, build_model
+from agent.model import (
+    BUILTIN_CONFIGS,
+    DEFAULT_SEED,
+    QUANT_GROUP_SIZE,
+    Model,
+    ModelArgs,
+    build_model,
+)
 from agent.power.meter import EnergyMeter
 from agent.profiling.footprint import cell_footprint, model_shape, refusal
+from agent.profiling.greedy import greedy_tokens
 from agent.profiling.hf_models import ModelNotFound, locate
 from agent.profiling.memory import MemoryProfiler
+from agent.profiling.rank_group import RankGroup
 from agent.profiling.settings import (
     config_digest,
     mark_injected,
@@ -36,6 +45,7 @@ from agent.profiling.settings import (
     weights_digest,
     with_faults,
 )
+from agent.profiling.sharding import build_sharded, load_sharded_dir
 from agent.profiling.speed import SpeedProfiler
 from agent.profiling.watch import CellWatch
 from shared import faults as injection
@@ -52,6 +62,11 @@ from shared.matrix import (
 from shared.report import record_model_label
 from shared.results import cell_record
 from shared.sustain import SustainPlan
+
+
+class GroupBroken(RuntimeError):
+    """A cell failed on this rank of a group: its peers cannot meet it in the next collective,
+    so the run ends here (each peer's cell fails as its link to this rank goes)."""
 
 
 class ModelLoadError(Exception):
@@ -139,24 +154,32 @@ def load_benchmark_model(
     bits: int | None,
     prebuilt: dict[str, nn.Module] | None = None,
     label: str | None = None,
+    rank_group: RankGroup | None = None,
 ) -> LoadedModel:
     """A model by name: one of `prebuilt`, a built-in config, an mlx-lm directory, or a Hugging
     Face id (agent.profiling.hf_models: fetched into the cache first when the network allows).
-    `label` is its cells' (Cell.label: unique within their matrix), model_label()'s without."""
+    `label` is its cells' (Cell.label: unique within their matrix), model_label()'s without.
+    A rank of a group gets its share of the model, split as the group's sharding says
+    (agent.profiling.sharding); its info then counts only what this rank holds."""
     revision, digest = None, None
     if prebuilt and name in prebuilt:
+        if rank_group is not None:
+            raise ModelLoadError(f"{name} is built in memory: a group cannot split it")
         model = prebuilt[name]
         kind = "in-memory"
     elif name in BUILTIN_CONFIGS:
         args = BUILTIN_CONFIGS[name]()
-        model = build_model(args, bits=16 if bits is None else bits)
+        model = build_builtin(args, 16 if bits is None else bits, rank_group)
         kind, digest = "builtin", config_digest(args, DEFAULT_SEED)
     else:
         try:
             location = locate(name)
         except ModelNotFound as exc:
             raise ModelLoadError(str(exc)) from None
-        model = load_model_dir(location.path, bits)
+        if rank_group is None:
+            model = load_model_dir(location.path, bits)
+        else:
+            model = load_dir_share(location.path, bits, rank_group)
         kind, revision = "mlx-lm", location.revision
         digest = weights_digest(location.path)
     info = MemoryProfiler().profile_model(model)
@@ -174,6 +197,26 @@ def load_benchmark_model(
         revision=revision,
     )
     return LoadedModel(model, info, digest)
+
+
+def build_builtin(args: ModelArgs, bits: int, rank_group: RankGroup | None) -> nn.Module:
+    """A built-in config, whole, or this rank's share of it (its split checked first: a config
+    that cannot split fails its cells on every rank alike)."""
+    if rank_group is None:
+        return build_model(args, bits=bits)
+    sharding = rank_group.spec.sharding
+    try:
+        return build_sharded(args, bits, rank_group.group, sharding)
+    except ValueError as exc:
+        raise ModelLoadError(f"cannot split it {sharding}-parallel: {exc}") from None
+
+
+def load_dir_share(path: Path, bits: int | None, rank_group: RankGroup) -> nn.Module:
+    """This rank's share of an mlx-lm model directory, through mlx_lm's own sharded_load."""
+    check_model_dir(path)
+    require_mlx_lm()
+    check_bits_for_dir(path, [bits])
+    return load_sharded_dir(path, bits, rank_group.group, rank_group.spec.sharding)
 
 
 PhaseSink = Callable[[dict[str, Any]], None]
@@ -229,16 +272,19 @@ def measure_cell(
     guard: CellGuard,
     watch: CellWatch | None = None,
     sleep_s: float = 0.0,
+    rank_group: RankGroup | None = None,
 ) -> dict[str, Any]:
     """One cell, as its mode says: pp, tg, or pp+tg, each after its depth; `watch` hears each
     timed region (energy) and may plan the steps (a sustained run, whose duration and not the
     spec's precision ends it); `sleep_s` is an injected sleep inside the first timed window
-    (MLX_FLEET_INJECT=sleep)."""
+    (MLX_FLEET_INJECT=sleep); a rank of `rank_group` takes its group's choices."""
+    agree = rank_group.leader_says if rank_group is not None else None
     if watch is None:
         profiler = SpeedProfiler(
             before_iteration=guard.before_iteration,
             injected_sleep_s=sleep_s,
             precision=spec.precision,
+            agree=agree,
         )
     else:
         profiler = SpeedProfiler(
@@ -247,6 +293,7 @@ def measure_cell(
             steps=watch.steps,
             injected_sleep_s=sleep_s,
             precision=None if watch.sustain is not None else spec.precision,
+            agree=agree,
         )
     common = {
         "num_warmup": spec.warmup,
@@ -308,6 +355,8 @@ def run_matrix(
     energy: EnergyMeter | None = None,
     sustain: SustainPlan | None = None,
     on_phase: PhaseSink | None = None,
+    rank_group: RankGroup | None = None,
+    check_tokens: int = 0,
 ) -> Iterator[dict[str, Any]]:
     """Yield one record per cell as it finishes, failed cells included.
 
@@ -325,6 +374,11 @@ def run_matrix(
     iterations (shared.energy); with a `sustain` plan each cell runs for its duration, in
     windows (shared.sustain), and a stop keeps the windows it measured. `on_phase` hears the
     baseline and each model build as they start (PhaseSink).
+
+    As a rank of `rank_group` the run holds its share of each model and keeps in lockstep with
+    its peers (agent.profiling.rank_group); a cell that fails on it ends the run (GroupBroken),
+    as its peers can no longer meet it. With `check_tokens` each model first decodes that many
+    greedy tokens (agent.profiling.greedy), in its info and its every record.
     """
     guard = guard or NullGuard()
     memory = machine_memory() if memory_bytes is None else memory_bytes
@@ -333,7 +387,9 @@ def run_matrix(
             on_phase({"kind": "baseline", "seconds": energy.baseline_s})
         energy.measure_idle()
     with recommended_wired_limit() as wired:
-        watching = Watching(energy, sustain, run_settings(guard, wired), _faults())
+        watching = Watching(
+            energy, sustain, run_settings(guard, wired), _faults(), rank_group, check_tokens
+        )
         groups = _run_groups(
             spec, guard, on_model, models, first, on_begin, memory, watching, on_phase
         )
@@ -364,23 +420,29 @@ def _run_groups(
         cells = [(i, cell) for i, cell in zip(indices, group.cells, strict=True) if i >= first]
         if on_phase is not None and not (models and group.model in models):
             on_phase(build_phase(group.model, group.bits, group.label))
+        loaded, failed = None, None
         try:
             loaded = interruptible(
                 lambda group=group: load_benchmark_model(
-                    group.model, group.bits, models, group.label
+                    group.model, group.bits, models, group.label, watching.rank_group
                 )
             )
         except Exception as exc:  # any load failure fails its cells, not the run
+            failed = f"model load failed: {error_text(exc)}"
+        failed = watching.group_load(loaded, failed)
+        if loaded is None or failed is not None:
             for i, cell in cells:
-                record = cell_record(cell, error=f"model load failed: {error_text(exc)}")
-                yield watching.settle(record, i, None)
+                yield watching.settle(cell_record(cell, error=failed), i, None)
             continue
+        if watching.check_tokens:
+            loaded.info["greedy_tokens"] = greedy_tokens(loaded.model, watching.check_tokens)
         if on_model is not None:
             on_model(loaded.info)
         shape = model_shape(loaded.model)
         for i, cell in cells:
             if on_begin is not None:
                 on_begin(i)
+            why = None
             if shape is not None:
                 footprint = cell_footprint(
                     shape,
@@ -390,9 +452,10 @@ def _run_groups(
                     scores_materialized,
                 )
                 why = refusal(footprint, memory)
-                if why is not None:
-                    yield watching.settle(cell_record(cell, error=why), i, loaded)
-                    continue
+            why = watching.group_refusal(why)
+            if why is not None:
+                yield watching.settle(cell_record(cell, error=why), i, loaded)
+                continue
             if measured and spec.delay_s:
                 time.sleep(spec.delay_s)  # llama-bench's --delay: the machine cools between tests
             measured = True
@@ -404,7 +467,9 @@ def _run_groups(
             metrics, error, stopped = None, None, None
             sleep_s = float(injected.get("sleep") or 0.0)
             try:
-                metrics = measure_cell(loaded.model, cell, spec, guard, watch, sleep_s)
+                metrics = measure_cell(
+                    loaded.model, cell, spec, guard, watch, sleep_s, watching.rank_group
+                )
             except RunStopped as exc:
                 error, stopped = error_text(exc), exc
             except Exception as exc:  # out of memory and the like fail one cell
@@ -422,6 +487,8 @@ def _run_groups(
             yield watching.settle(record, i, loaded)
             if stopped is not None:
                 raise stopped
+            if error is not None and watching.rank_group is not None:
+                raise GroupBroken(f"cell {cell.name} failed on this rank: {error}")
         del loaded
         gc.collect()
         mx.clear_cache()
@@ -440,6 +507,36 @@ class Watching:
     settings: dict[str, Any] | None = None
     """The run's settings (agent.profiling.settings), given to every record."""
     faults: tuple[injection.Fault, ...] = ()
+    rank_group: RankGroup | None = None
+    check_tokens: int = 0
+
+    def group_load(self, loaded: LoadedModel | None, failed: str | None) -> str | None:
+        """Why this model's cells fail: this rank's load failure, for a rank of a group also
+        another rank's, or ranks holding different weights (a model directory not the same on
+        every member; another MLX's random weights). Every rank reaches this, loaded or not,
+        so that none waits alone in its collectives."""
+        group = self.rank_group
+        if group is None:
+            return failed
+        names = group.spec.names
+        failing = group.which_say(failed is not None)
+        if failing:
+            return failed or f"model load failed on rank {failing[0]} ({names[failing[0]]})"
+        digests = group.digests_differ(loaded.digest if loaded is not None else None)
+        if digests is None:
+            return None
+        held = ", ".join(f"{name} {digest}" for name, digest in zip(names, digests, strict=True))
+        return f"the ranks hold different weights (digests: {held})"
+
+    def group_refusal(self, why: str | None) -> str | None:
+        """A cell this rank cannot hold (`why`) is refused by every rank of its group."""
+        if self.rank_group is None:
+            return why
+        refusing = self.rank_group.which_say(why is not None)
+        if why is None and refusing:
+            names = self.rank_group.spec.names
+            return f"rank {refusing[0]} ({names[refusing[0]]}) cannot hold this cell"
+        return why
 
     def settle(self, record: dict[str, Any], index: int, loaded: LoadedModel | None) -> Any:
         """The record with its `settings` (its model's, its cell's injected faults applied)
@@ -454,6 +551,17 @@ class Watching:
             boot += REBOOT_INJECTED_S
             mark_injected(record, ["reboot"])
         record["boot_time"] = boot
+        if self.rank_group is not None:
+            spec = self.rank_group.spec
+            record["rank"] = {
+                "rank": spec.rank,
+                "host": spec.host,
+                "members": spec.names,
+                "backend": spec.backend,
+                "sharding": spec.sharding,
+            }
+        if loaded is not None and "greedy_tokens" in loaded.info:
+            record["greedy_tokens"] = loaded.info["greedy_tokens"]
         if self.settings is None:
             return record
         settings, injected = with_faults(self.settings, self.faults, index + 1)

@@ -103,6 +103,25 @@ def weights_digest(directory: Path) -> str | None:
     return "sha256:" + outer.hexdigest()
 
 
+def listing_digest(directory: Path) -> str | None:
+    """What names a directory's weights without reading them: `listing:` + sha256 over the
+    sorted (file name, size) of its *.safetensors, a blob in a Hugging Face cache by its hash
+    (weights_digest's). Cheap enough to answer a request with; two directories of the same
+    names and sizes but other bytes pass it, and fail weights_digest's check when loaded."""
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        return None
+    outer = hashlib.sha256()
+    try:
+        for file in files:
+            blob = file.resolve() if file.is_symlink() else None
+            same = blob.name if blob is not None and blob.parent.name == "blobs" else None
+            outer.update(f"{file.name}\0{same or file.stat().st_size}\n".encode())
+    except OSError:
+        return None
+    return "listing:" + outer.hexdigest()
+
+
 def file_sha256(file: Path) -> str:
     if file.is_symlink():
         target = file.resolve()

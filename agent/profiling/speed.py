@@ -175,7 +175,10 @@ class SpeedProfiler:
     sleep (MLX_FLEET_INJECT=sleep) inside a measurement's first timed window only. With a
     `precision` (`-r auto`) a measurement's timed iterations stop at the first that brings
     the mean's 95 % half-width within that share of it (shared.stats.precise_enough), the
-    iterations asked for being then the most; its record carries the `precision_target`."""
+    iterations asked for being then the most; its record carries the `precision_target`.
+    `agree` makes the choices a rank of a group would otherwise make alone (re-warm, stop
+    early) the group's (agent.profiling.rank_group: rank 0's say), so every rank makes the same
+    collectives."""
 
     def __init__(
         self,
@@ -185,8 +188,10 @@ class SpeedProfiler:
         clocks: SleepClocks | Literal["system"] | None = SYSTEM_CLOCKS,
         injected_sleep_s: float = 0.0,
         precision: float | None = None,
+        agree: Callable[[bool], bool] | None = None,
     ):
         self.before_iteration = before_iteration
+        self.agree = agree
         self.timing = timing
         self.steps = steps
         self.clocks = system_clocks() if isinstance(clocks, str) else clocks
@@ -218,7 +223,9 @@ class SpeedProfiler:
             if self.before_iteration is not None:
                 self.before_iteration(step)
             cache = depth.fresh(model)
-            if counted and ended is not None and time.perf_counter() - ended > self.rewarm_gap_s:
+            if counted and self._agreed(
+                ended is not None and time.perf_counter() - ended > self.rewarm_gap_s
+            ):
                 mx.eval(timed(cache))  # untimed: wakes what the gap let go of
                 measurement.rewarm_iterations += 1
                 cache = depth.fresh(model)
@@ -246,7 +253,11 @@ class SpeedProfiler:
                 measurement.peak_bytes = max(measurement.peak_bytes, mx.get_peak_memory())
                 measurement.active_bytes = mx.get_active_memory()
             del cache, output
-            if counted and self._precise(measurement, num_iterations):
+            if (
+                counted
+                and self.precision is not None
+                and self._agreed(self._precise(measurement, num_iterations))
+            ):
                 break
         if window is not None and self.clocks is not None:
             measurement.slept_s = window.slept_s
@@ -255,6 +266,10 @@ class SpeedProfiler:
         measurement.peak_bytes -= kept
         measurement.active_bytes -= kept
         return measurement
+
+    def _agreed(self, flag: bool) -> bool:
+        """`flag` as the group decides it; this process's own when it runs alone."""
+        return flag if self.agree is None else self.agree(flag)
 
     def _precise(self, measurement: Measurement, most: int) -> bool:
         """Whether `-r auto` may stop: never without a precision. Iterations per second stand

@@ -4,7 +4,7 @@ host, a run finished after its coordinator stopped, and jobs stopped from here."
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,7 +20,9 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from coordinator.commands.group_check import GroupPlan, GroupRefused, prepare
 from coordinator.commands.hosts import (
+    Backend,
     ConnectTimeout,
     Hostfile,
     HostRow,
@@ -28,9 +30,10 @@ from coordinator.commands.hosts import (
     HostTimeout,
     Insecure,
     KnownHosts,
+    RingPort,
     ask_each,
     settings_for,
-    targets_from,
+    targets_and_groups,
     targets_or_known,
 )
 from coordinator.embedded import EmbeddedAgent, EmbeddedAgentError
@@ -55,8 +58,10 @@ from coordinator.fleet import (
     resume_fleet,
     run_fleet,
 )
-from coordinator.store import RunStore, UnknownRunError
+from coordinator.group_driver import GroupTarget
+from coordinator.store import RunHost, RunStore, UnknownRunError
 from shared import protocol as p
+from shared.bench_group import SHARDINGS, TENSOR
 from shared.bench_status import (
     PauseView,
     activity_label,
@@ -81,15 +86,28 @@ from shared.io.options import (
     SustainPlot,
     TableFormat,
     check_sustained_repetitions,
+    one_of,
     with_options,
 )
 from shared.io.signals import interrupted_exit_code, sigterm_as_interrupt
 from shared.io.sqlite import StoreError
 from shared.io.transport import AgentClient, AgentError
 from shared.matrix import MatrixError, resolve_bits
+from shared.rank_env import AUTO, BACKENDS, DEFAULT_STARTING_PORT
 from shared.results import failed_cells
 from shared.safe_text import DETAIL_CAP, shown
 from shared.tables import TEXT, WHOLE, FitTable
+
+Sharding = Annotated[
+    str,
+    typer.Option(
+        "--sharding",
+        metavar="|".join(SHARDINGS).upper(),
+        callback=one_of(SHARDINGS, "sharding"),
+        help="How a group splits each model: tensor (every layer's heads and MLP across the "
+        "ranks, as mlx-lm's shard()) or pipeline (each rank a run of whole layers).",
+    ),
+]
 
 
 @dataclass
@@ -248,6 +266,9 @@ def benchmark(
     plot: SustainPlot = None,
     hosts: Hosts = None,
     hostfile: Hostfile = None,
+    backend: Backend = AUTO,
+    sharding: Sharding = TENSOR,
+    port: RingPort = DEFAULT_STARTING_PORT,
     connect_timeout: ConnectTimeout = 5.0,
     host_timeout: HostTimeout = DEFAULT_HOST_TIMEOUT_S,
     insecure: Insecure = False,
@@ -259,6 +280,10 @@ def benchmark(
     prints the `coordinator resume` command that completes it from the agents' journals.
     With --sustain every host runs each cell for the duration at once, window by window, and
     --plot draws tok/s, °C and watts over time per host.
+
+    `mac1+mac2` in --hosts is a group: each cell runs as one job across both, over MLX's own
+    distributed backend (--backend, --sharding; the ring listens on --port and up), its row
+    beside each host's with its speed-up over the fastest member alone (docs/distributed.md).
     """
     check_output(output)
     plan = sustained.plan()
@@ -271,7 +296,13 @@ def benchmark(
     spec = matrix_spec.to_dict()
     bits = [resolve_bits(m, b) for m in matrix_spec.models for b in matrix_spec.bits]
     sustain = plan.to_dict() if plan else None
-    targets = targets_from(hosts, hostfile)
+    entries = targets_and_groups(hosts, hostfile)
+    targets = None
+    if entries is not None:
+        settings = settings_for(insecure, connect_timeout, host_timeout)
+        targets = groups_checked(
+            entries, spec, settings, GroupPlan(backend, sharding, port, host_timeout), plan
+        )
     with open_store() as store:
         if targets is None:
             keypair = own_keypair()
@@ -289,7 +320,6 @@ def benchmark(
             except EmbeddedAgentError as exc:
                 raise fail(str(exc), EXIT_PARTIAL) from None
         else:
-            settings = settings_for(insecure, connect_timeout, host_timeout)
             result = drive(
                 [t.name for t in targets],
                 lambda watch: run_fleet(targets, spec, store, settings, watch, sustain),
@@ -299,6 +329,27 @@ def benchmark(
     if plot is not None:
         draw_sustain(report, plot)
     finish(result, report, fmt, output, resumable=targets is not None)
+
+
+def groups_checked(
+    entries: list[Any], spec: dict[str, Any], settings: Settings, plan: GroupPlan, sustain: Any
+) -> list[Any]:
+    """The run's targets with every group checked with its members (group_check) and resolved:
+    a group that cannot run is one line and exit 2 before any job starts."""
+    groups = [entry for entry in entries if isinstance(entry, tuple)]
+    if not groups:
+        return entries
+    if sustain is not None:
+        raise usage_error("--sustain: a group's cells do not run sustained; list its hosts alone")
+    if plan.backend not in BACKENDS:
+        raise usage_error(f"--backend {plan.backend!r}: choose from {', '.join(BACKENDS)}")
+    largest = max(len(group) for group in groups)
+    if plan.port + largest - 1 > 65535:
+        raise usage_error(f"--port {plan.port}: {largest} ranks would run past port 65535")
+    try:
+        return prepare(entries, spec, settings, plan)
+    except GroupRefused as exc:
+        raise usage_error(str(exc)) from None
 
 
 def check_plot(plot: Path | None, sustained: bool) -> None:
@@ -424,7 +475,7 @@ def cancel(
                 stored = store.resumable(run)
             except UnknownRunError as exc:
                 raise usage_error(str(exc)) from None
-        jobs = [(Target(h.name, h.address, h.server_key), h.job) for h in stored.hosts if h.job]
+        jobs = [job for host in stored.hosts for job in stored_jobs(host)]
         if not jobs:
             raise usage_error(f"run {stored.id}: no host's job started, nothing to cancel")
     else:
@@ -440,6 +491,19 @@ def cancel(
     emit(rows, fmt, cancel_table)
     if any(row["result"] == UNREACHABLE_HOST for row in rows):
         raise typer.Exit(EXIT_PARTIAL)
+
+
+def stored_jobs(host: RunHost) -> list[tuple[Target, str]]:
+    """The jobs a stored host ran: its own, or for a group each member's rank job, its row
+    named `mac1 (rank 0 of mac1+mac2)`."""
+    if host.group is None:
+        return [(Target(host.name, host.address, host.server_key), host.job)] if host.job else []
+    group, jobs = GroupTarget.from_stored(host.group)
+    return [
+        (replace(member, name=f"{member.name} (rank {rank} of {host.name})"), job)
+        for rank, (member, job) in enumerate(zip(group.hosts, jobs, strict=True))
+        if job is not None
+    ]
 
 
 def cancel_on(client: AgentClient, row: HostRow) -> None:

@@ -13,13 +13,22 @@ import typer
 import zmq
 
 from coordinator.fleet import DEFAULT_HOST_TIMEOUT_S, Settings, Target, connect
-from coordinator.hostfile import HostfileError, parse_hostfile, parse_hosts
+from coordinator.hostfile import (
+    GroupEntry,
+    HostEntry,
+    HostfileError,
+    parse_hostfile,
+    parse_hostfile_and_groups,
+    parse_hosts,
+    parse_hosts_and_groups,
+)
 from coordinator.keys import known_hosts, server_key
 from shared.bounds import MAX_CONNECT_TIMEOUT_S, MAX_HOST_TIMEOUT_S, duration_text
 from shared.io.cli import err, usage_error
 from shared.io.keys import own_keypair
 from shared.io.options import at_least_zero, positive
 from shared.io.transport import AgentClient, AgentError, HostError
+from shared.rank_env import BACKENDS
 
 Hosts = Annotated[
     str | None,
@@ -62,6 +71,24 @@ HostTimeout = Annotated[
         f"fetches what it measured. At most {duration_text(MAX_HOST_TIMEOUT_S)}.",
     ),
 ]
+RingPort = Annotated[
+    int,
+    typer.Option(
+        "--port",
+        min=1024,
+        max=65534,
+        help="The ring's first port (mlx.launch's --starting-port): host i listens on PORT+i.",
+    ),
+]
+Backend = Annotated[
+    str,
+    typer.Option(
+        "--backend",
+        metavar="|".join(BACKENDS).upper(),
+        help="MLX's distributed backend: ring (TCP: Ethernet, Wi-Fi, Thunderbolt bridge), "
+        "jaccl (RDMA over Thunderbolt 5, macOS 26.2+), auto (ring unless JACCL is set up).",
+    ),
+]
 Insecure = Annotated[
     bool,
     typer.Option("--insecure", help="No CURVE: for agents started with `agent serve --insecure`."),
@@ -81,9 +108,38 @@ def targets_from(hosts: str | None, hostfile: Path | None) -> list[Target] | Non
             entries = parse_hostfile(hostfile)
         else:
             return None
-        return [Target(e.address, e.address, server_key(e), e.ips, e.rdma) for e in entries]
+        return [_target(e) for e in entries]
     except (HostfileError, ValueError) as exc:
         raise usage_error(str(exc)) from None
+
+
+def targets_and_groups(
+    hosts: str | None, hostfile: Path | None
+) -> list[Target | tuple[Target, ...]] | None:
+    """`coordinator benchmark`'s hosts: each a Target, each group (`mac1+mac2`, or a hostfile's
+    group entry) the tuple of its members' Targets in rank order; None when neither option was
+    given."""
+    if hosts is not None and hostfile is not None:
+        raise usage_error("give --hosts or --hostfile, not both")
+    if hosts is not None and not hosts.strip(" ,"):
+        raise usage_error("--hosts is empty: name at least one HOST[:PORT]")
+    try:
+        if hosts is not None:
+            entries = parse_hosts_and_groups(hosts)
+        elif hostfile is not None:
+            entries = parse_hostfile_and_groups(hostfile)
+        else:
+            return None
+        return [
+            tuple(_target(m) for m in e.members) if isinstance(e, GroupEntry) else _target(e)
+            for e in entries
+        ]
+    except (HostfileError, ValueError) as exc:
+        raise usage_error(str(exc)) from None
+
+
+def _target(entry: HostEntry) -> Target:
+    return Target(entry.address, entry.address, server_key(entry), entry.ips, entry.rdma)
 
 
 def targets_or_known(hosts: str | None, hostfile: Path | None) -> list[Target]:

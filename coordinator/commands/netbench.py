@@ -3,7 +3,6 @@ distributed backend (the one a distributed fine-tune or model uses), with the sl
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from typing import Annotated, Any
@@ -11,30 +10,36 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from coordinator.commands.hosts import ConnectTimeout, Hostfile, Insecure, settings_for
+from coordinator.commands.benchmark import open_store
+from coordinator.commands.hosts import (
+    Backend,
+    ConnectTimeout,
+    Hostfile,
+    Insecure,
+    RingPort,
+    settings_for,
+)
 from coordinator.commands.hosts import targets_from as hosts_named
+from coordinator.fleet import DEFAULT_HOST_TIMEOUT_S
 from coordinator.netbench import (
     BackendMissing,
     NetbenchFailed,
     NetbenchPlan,
+    NetbenchRun,
     RankWatch,
     run_netbench,
+    save_run,
 )
+from coordinator.netbench_report import netbench_table, netbench_text
+from coordinator.store import RunStore
+from shared.bounds import MAX_HOST_TIMEOUT_S, duration_text
 from shared.exit_codes import EXIT_INTERRUPTED, EXIT_PARTIAL
-from shared.io.cli import data_home, emit, err, usage_error
-from shared.io.options import TableFormat
-from shared.netbench import (
-    ALL_SUM,
-    DEFAULT_SIZES,
-    NetbenchError,
-    format_bytes,
-    parse_sizes,
-    report_of,
-)
+from shared.io.cli import check_output, err, print_rich, usage_error, write_text
+from shared.io.options import Output, ReportFormat, positive
+from shared.netbench import DEFAULT_SIZES, NetbenchError, format_bytes, parse_sizes
 from shared.rank_env import AUTO, BACKENDS, DEFAULT_STARTING_PORT, JACCL
 from shared.rank_shapes import MAX_NETBENCH_REPETITIONS, MAX_NETBENCH_WARMUP
 from shared.safe_text import shown
-from shared.tables import WHOLE, FitTable
 
 NetbenchHosts = Annotated[
     str | None,
@@ -61,28 +66,18 @@ NetRepetitions = Annotated[
 NetWarmup = Annotated[
     int, typer.Option("-w", "--warmup", min=0, max=MAX_NETBENCH_WARMUP, help="Untimed first.")
 ]
-RingPort = Annotated[
-    int,
+RankTimeout = Annotated[
+    float,
     typer.Option(
-        "--port",
-        min=1024,
-        max=65534,
-        help="The ring's first port (mlx.launch's --starting-port): host i listens on PORT+i.",
-    ),
-]
-Backend = Annotated[
-    str,
-    typer.Option(
-        "--backend",
-        metavar="|".join(BACKENDS).upper(),
-        help="MLX's distributed backend: ring (TCP: Ethernet, Wi-Fi, Thunderbolt bridge), "
-        "jaccl (RDMA over Thunderbolt 5, macOS 26.2+), auto (ring unless JACCL is set up).",
+        "--host-timeout",
+        callback=positive("--host-timeout", "seconds", MAX_HOST_TIMEOUT_S),
+        help="Seconds the ranks may all go without progress (a cut link, a Mac asleep) before "
+        "the run fails, naming the host and the step, and every rank is stopped. At most "
+        f"{duration_text(MAX_HOST_TIMEOUT_S)}.",
     ),
 ]
 DEFAULT_SIZES_TEXT = ",".join(format_bytes(size).replace(" ", "")[:-2] for size in DEFAULT_SIZES)
 """1K,4K,…,256M."""
-NETBENCH_FOLDS = ("algbw GB/s", "time µs")
-"""What a narrow terminal drops first: bus bandwidth, the wire's scale, stays."""
 
 
 def netbench(
@@ -93,8 +88,10 @@ def netbench(
     warmup: NetWarmup = 1,
     port: RingPort = DEFAULT_STARTING_PORT,
     backend: Backend = AUTO,
-    fmt: TableFormat = "table",
+    fmt: ReportFormat = "table",
+    output: Output = None,
     connect_timeout: ConnectTimeout = 5.0,
+    host_timeout: RankTimeout = DEFAULT_HOST_TIMEOUT_S,
     insecure: Insecure = False,
 ) -> None:
     """Link benchmark: MLX all_sum over the ring and send/recv over each link, slow link named.
@@ -102,10 +99,11 @@ def netbench(
     Every host's agent starts one rank (no ssh); the ring's ports PORT… must be open between
     the hosts. Latency, algorithm and bus bandwidth per size as nccl-tests prints them; a link
     whose best repetition at the largest size is 30 % or more below its siblings' is flagged
-    (docs/distributed.md). Exit 0 measured, 1 a host
-    or rank failed (named in one line), 2 bad input, 130 interrupted.
+    (docs/distributed.md). The run is stored, however it ends (`coordinator runs`, `show`,
+    `compare`). Exit 0 measured, 1 a host or rank failed or none progressed for
+    --host-timeout (named in one line), 2 bad input, 130 interrupted.
     """
-    data_home()
+    check_output(output)
     try:
         plan_sizes = parse_sizes(sizes)
     except NetbenchError as exc:
@@ -124,8 +122,10 @@ def netbench(
                 f"--backend jaccl: no RDMA devices given for {', '.join(lacking)}: use a "
                 "hostfile in mlx.launch's form with `rdma` for every host (docs/distributed.md)"
             )
+    store = open_store()  # a data dir or store it cannot use: one line, before any host
     plan = NetbenchPlan(plan_sizes, repetitions, warmup, port, backend)
-    settings = settings_for(insecure, connect_timeout)
+    run = NetbenchRun(plan, [RankWatch(target) for target in targets])
+    settings = settings_for(insecure, connect_timeout, host_timeout)
     stop = threading.Event()
     started = time.monotonic()
 
@@ -135,24 +135,32 @@ def netbench(
 
     try:
         with err.status(f"netbench over {len(targets)} hosts ({plan.backend} backend)…"):
-            used, found = run_netbench(targets, settings, plan, stop, progress_every(progress))
+            run_netbench(run, settings, stop, progress_every(progress))
+        report = store.load_report(stored(store, run))
     except KeyboardInterrupt:
         stop.set()
+        stored(store, run)
         err.print("netbench: interrupted; every rank was asked to stop")
         raise typer.Exit(EXIT_INTERRUPTED) from None
     except BackendMissing as exc:
         raise usage_error(shown(str(exc))) from None
     except NetbenchFailed as exc:
+        stored(store, run)
         err.print(Text("error: ", style="red") + Text(shown(str(exc))))
         raise typer.Exit(EXIT_PARTIAL) from None
-    report = {
-        "job": plan.job,
-        "hosts": [target.name for target in targets],
-        "backend": used,
-        "port": plan.port,
-        **report_of(found),
-    }
-    emit(report, fmt, netbench_table)
+    finally:
+        store.close()
+    if fmt == "table" and output is None:
+        print_rich(netbench_table(report))
+    else:
+        write_text(netbench_text(report, fmt), output)
+
+
+def stored(store: RunStore, run: NetbenchRun) -> str:
+    """Keep the run and say where (before any error line: that one ends the output)."""
+    run_id = save_run(store, run)
+    err.print(f"run {run_id} stored: `coordinator show {run_id}`", highlight=False)
+    return run_id
 
 
 def progress_every(say: Any, every_s: float = 10.0) -> Any:
@@ -165,39 +173,3 @@ def progress_every(say: Any, every_s: float = 10.0) -> Any:
             say(watches)
 
     return maybe
-
-
-def figure(mean: float | None, std: float | None) -> str:
-    """Three significant figures, the ± to the same decimals."""
-    if mean is None:
-        return "N/A"
-    decimals = max(0, 2 - math.floor(math.log10(abs(mean)))) if mean else 0
-    return f"{mean:.{decimals}f}" + ("" if std is None else f" ± {std:.{decimals}f}")
-
-
-def netbench_table(report: dict[str, Any]) -> FitTable:
-    """One row per operation, link and size; the slow links named in the caption."""
-    table = FitTable(title=f"mlx-fleet netbench ({report['backend']})", folds=NETBENCH_FOLDS)
-    for name in ("operation", "over", "size", "time µs", "algbw GB/s", "busbw GB/s"):
-        table.add_column(
-            name, wrap=WHOLE, justify="left" if name in ("operation", "over") else "right"
-        )
-    slow = report["slow_links"]
-    for row in report["results"]:
-        flagged = row["operation"] != ALL_SUM and row["where"] in slow
-        table.add_row(
-            Text(row["operation"]),
-            Text(shown(row["where"]) + (" SLOW" if flagged else "")),
-            Text(format_bytes(row["size"])),
-            Text(figure(row["time_us"], row["time_us_std"])),
-            Text(figure(row["algbw_gbps"], row["algbw_gbps_std"])),
-            Text(figure(row["busbw_gbps"], row["busbw_gbps_std"])),
-            style="red" if flagged else None,
-        )
-    if slow:
-        table.caption = "; ".join(f"slow link {shown(link)}: {why}" for link, why in slow.items())
-    elif len(report["links_best_busbw_gbps"]) < 2:
-        table.caption = "one link: no sibling to compare it with"
-    else:
-        table.caption = "no link 30 % or more below its siblings"
-    return table

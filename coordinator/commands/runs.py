@@ -1,4 +1,5 @@
-"""`coordinator runs`, `show` and `compare`: the runs kept in the run store."""
+"""`coordinator runs`, `show` and `compare`: the runs kept in the run store, benchmark and
+netbench runs alike (each shown and compared its own way, never one against the other)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,25 @@ from coordinator.compare import (
     parse_by,
     rich_comparison,
 )
+from coordinator.netbench_report import (
+    compare_netbench,
+    netbench_comparison_table,
+    netbench_comparison_text,
+    netbench_table,
+    netbench_text,
+)
 from coordinator.store import RunStore, UnknownRunError
 from shared.bounds import MAX_RUNS_LIMIT
-from shared.io.cli import check_output, data_home, emit, err, print_rich, show_report, usage_error
+from shared.io.cli import (
+    check_output,
+    data_home,
+    emit,
+    err,
+    print_rich,
+    show_report,
+    usage_error,
+    write_text,
+)
 from shared.io.options import (
     CompareBy,
     ComparedReport,
@@ -33,6 +50,7 @@ from shared.io.options import (
     output_format,
 )
 from shared.io.sqlite import StoreError
+from shared.rank_shapes import KIND_NETBENCH
 from shared.tables import WHOLE, WORDS, FitTable
 
 CompareFormat = output_format(COMPARE_FORMATS)
@@ -67,7 +85,10 @@ def runs(
     except StoreError as exc:
         raise usage_error(str(exc)) from None
     if not listed and fmt == "table":
-        err.print("no runs stored yet: `coordinator benchmark` records one", highlight=False)
+        err.print(
+            "no runs stored yet: `coordinator benchmark` and `coordinator netbench` record them",
+            highlight=False,
+        )
         return
     emit(listed, fmt, runs_table)
 
@@ -99,9 +120,17 @@ def runs_table(listed: list[dict[str, Any]]) -> FitTable:
 
 
 def show(run: RunId, fmt: ReportFormat = "table", output: Output = None) -> None:
-    """A stored run's report, as `coordinator benchmark` printed it."""
+    """A stored run's report, as `coordinator benchmark` printed it.
+
+    A netbench run's as `coordinator netbench` printed it, in the same formats."""
     check_output(output)
-    show_report(load_reports(run)[0], fmt, output)
+    report = load_reports(run)[0]
+    if report["kind"] != KIND_NETBENCH:
+        show_report(report, fmt, output)
+    elif fmt == "table" and output is None:
+        print_rich(netbench_table(report))
+    else:
+        write_text(netbench_text(report, fmt), output)
 
 
 def load_compared(reference: str) -> tuple[dict[str, Any], str]:
@@ -139,12 +168,29 @@ def compare(
 
     `~1.02x` marks a speed-up within the noise (the two 95 % intervals overlap). Cells whose
     settings differ are refused (exit 2) unless --ignore-settings; --by may name a setting
-    (power_mode, os_build, ...)."""
+    (power_mode, os_build, ...). Two netbench runs compare bus bandwidth B/A per operation,
+    ring or link, and size, marked the same way; a netbench run is never compared with a
+    benchmark run."""
     try:
         columns = parse_by(by) if by is not None else None
     except ValueError as exc:
         raise usage_error(str(exc)) from None
     (report_a, name_a), (report_b, name_b) = load_compared(run_a), load_compared(run_b)
+    kinds = [report.get("kind", "benchmark") for report in (report_a, report_b)]
+    if KIND_NETBENCH in kinds:
+        if kinds[0] != kinds[1]:
+            raise usage_error(
+                f"{name_a} is a {kinds[0]} run and {name_b} a {kinds[1]} run: compare two "
+                "benchmark runs or two netbench runs"
+            )
+        if by is not None:
+            raise usage_error("--by matches benchmark cells: netbench runs match by size and link")
+        compared = compare_netbench(report_a, report_b)
+        if fmt == "table":
+            print_rich(netbench_comparison_table(compared, name_a, name_b))
+        else:
+            sys.stdout.write(netbench_comparison_text(compared, name_a, name_b, fmt))
+        return
     rows = compare_reports(report_a, report_b, columns)
     differs = differing_text(rows)
     if differs is not None and not ignore_settings:

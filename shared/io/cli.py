@@ -92,7 +92,11 @@ def show_report(report: dict[str, Any], fmt: str, output: Path | None) -> None:
     if fmt == "table" and output is None:
         print_rich(rich_report(report))
         return
-    text = render_text(report, fmt)
+    write_text(render_text(report, fmt), output)
+
+
+def write_text(text: str, output: Path | None) -> None:
+    """A rendered report on stdout, or written to `output` (saying so on stderr)."""
     if output is None:
         sys.stdout.write(text)
         return

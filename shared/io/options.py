@@ -65,12 +65,12 @@ AUTO = "auto"
 """`-r auto`: repeat each cell until its interval reaches --precision (shared.stats)."""
 
 
-def one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
+def one_of(choices: tuple[str, ...], what: str = "format") -> Callable[[str], str]:
     """An option callback refusing anything but `choices`, as one line, exit 2."""
 
     def check(value: str) -> str:
         if value not in choices:
-            raise usage_error(f"unknown format {value!r}; choose from {', '.join(choices)}")
+            raise usage_error(f"unknown {what} {value!r}; choose from {', '.join(choices)}")
         return value
 
     return check

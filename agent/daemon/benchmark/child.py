@@ -8,7 +8,9 @@ The daemon writes to the child's stdin one msgpack map {"matrix": MatrixSpec dic
 {"source": name, "simulated": bool, "poll_interval": s}, "power": {"source": the daemon's power
 source as it resolved it (or "none"), "baseline_s": the idle baseline, "why": the daemon's reason
 when it has none}, "sustain": a SustainPlan map or nil, "first": the index of the first cell to
-run (a new process after a crash runs the cells left)}, then one {"reading": map or nil,
+run (a new process after a crash runs the cells left), "group": bench.start's `group` or nil (the
+job is then one rank of it: agent.profiling.rank_group), "check_tokens": the greedy tokens each
+model decodes as its correctness check}, then one {"reading": map or nil,
 "policy": ThermalPolicy map} per poll it takes, and {"policy": map} when a coordinator pushes a
 new one, for as long as the job runs. The child never opens a sensor ("one sensor reader serves
 every job"): each poll goes to its ThermalGuard's monitor, whose cooling gate (the one rule,
@@ -40,9 +42,11 @@ import faulthandler
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, BinaryIO
 
 import msgpack
@@ -50,12 +54,14 @@ import msgpack
 from agent.awake.assertion import hold_awake
 from agent.cooling.scheduler import ThermalGuard
 from agent.power.registry import meter_or_reason
-from agent.profiling.runner import error_text, run_matrix
+from agent.profiling.rank_group import StallWatch, join
+from agent.profiling.runner import error_text, interruptible, run_matrix
 from agent.sensors.base import SourceInfo
 from agent.thermal import ThermalMonitor, ThermalReading
 from agent.thermal.base import reading_from_wire
 from agent.thermal.fed import FedSource
 from shared import faults, gpu_errors
+from shared.bench_group import BenchGroup
 from shared.bench_status import PauseView
 from shared.matrix import MatrixSpec
 from shared.policy import Action, ThermalPolicy
@@ -66,6 +72,8 @@ PR_SET_PDEATHSIG = 1
 """From <linux/prctl.h>."""
 EXIT_ORPHANED = 1
 """Our exit code when the daemon died under us (nobody reads it)."""
+EXIT_STALLED = 3
+"""Our exit code when, as a rank of a group, we ended ourselves (StallWatch)."""
 PAUSE_REPORT_S = 5.0
 """How often a pause under way is reported: each report is progress to a coordinator."""
 
@@ -185,10 +193,38 @@ class PauseReports:
         write(self.out, {"kind": "pause", "pause": pause.to_dict()})
 
 
+class BeatingOut:
+    """The stream to the daemon, telling a rank's StallWatch of every item written: the job
+    reporting anything (a cell, a pause) is progress."""
+
+    def __init__(self, out: BinaryIO, beat: Callable[[], None]) -> None:
+        self.out, self.beat = out, beat
+
+    def write(self, data: bytes) -> int:
+        self.beat()
+        return self.out.write(data)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+def stalled(out: BinaryIO, why: str) -> None:
+    """A rank that waited on its group past its limit: say so and end now (its main thread is
+    held in a collective that will not return)."""
+    write(out, {"kind": "done", "status": JOB_FAILED, "error": why})
+    os._exit(EXIT_STALLED)
+
+
 def run(request: dict[str, Any], updates: Iterator[dict[str, Any]], out: BinaryIO) -> None:
     """Run the matrix under the daemon's readings, streaming every model and cell; always ends
     with one "done"."""
     status, error = JOB_OK, None
+    group = BenchGroup.from_wire(request["group"]) if request.get("group") else None
+    watch = None
+    if group is not None:
+        raw = out
+        watch = StallWatch(group.stall_s, lambda why: stalled(raw, why))
+        out = BeatingOut(raw, watch.beat)  # type: ignore[assignment]
     thermal = request["thermal"]
     source = FedSource(SourceInfo(thermal["source"], thermal["simulated"]))
     pauses = PauseReports(out, thermal["source"])
@@ -216,6 +252,11 @@ def run(request: dict[str, Any], updates: Iterator[dict[str, Any]], out: BinaryI
     try:
         spec = MatrixSpec.from_dict(request["matrix"])
         sustain = request.get("sustain")
+        rank_group = None
+        if group is not None and watch is not None:  # joining waits for every peer: in a
+            watch.start()  # thread, so that SIGTERM lands
+            with tempfile.TemporaryDirectory(prefix="mlx-fleet-rank-") as folder:
+                rank_group = interruptible(lambda: join(group, Path(folder), watch.beat))
         records = run_matrix(
             spec,
             guard=guard,
@@ -225,6 +266,8 @@ def run(request: dict[str, Any], updates: Iterator[dict[str, Any]], out: BinaryI
             energy=meter,
             sustain=SustainPlan.from_dict(sustain) if sustain else None,
             on_phase=lambda phase: write(out, {"kind": "phase", "phase": phase}),
+            rank_group=rank_group,
+            check_tokens=request.get("check_tokens") or 0,
         )
         with hold_awake(f"benchmark job (pid {os.getpid()})"):  # records is lazy: cells run here
             for record in records:

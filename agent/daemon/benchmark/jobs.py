@@ -5,7 +5,8 @@ coordinator that asked.
 
 A job process that dies mid-job (a signal, an exit code) fails the cell it was measuring, named
 with how it died and its last lines, and a new process runs the cells left: one cell that
-crashes (out of memory, say) never costs the others.
+crashes (out of memory, say) never costs the others. A rank of a group (bench.start's `group`)
+is the exception: a new process cannot rejoin the ring its peers hold, so its job fails.
 
 Only the daemon's main thread uses this; the loop polls `running.fd` and calls read().
 """
@@ -25,21 +26,24 @@ from agent.daemon.benchmark.deadline import Deadline, job_bound, too_long
 from agent.daemon.benchmark.journal import Journal
 from agent.daemon.benchmark.process import JobProcess, exit_text
 from agent.daemon.storage import JOB_LOGS, StorageHealth
-from agent.model import BUILTIN_CONFIGS
+from agent.model import BUILTIN_CONFIGS, DEFAULT_SEED
 from agent.power.meter import EnergyMeter
 from agent.profiling.hf_models import ModelNotFound, locate, names_a_repo, offline
 from agent.profiling.runner import ModelLoadError, check_model_dir, require_mlx_lm
-from agent.profiling.settings import mark_injected
+from agent.profiling.settings import config_digest, listing_digest, mark_injected
+from agent.profiling.sharding import model_sharding_problem
 from agent.sensors.base import SourceInfo
 from agent.thermal import ThermalReading
 from agent.thermal.base import reading_wire
 from shared import faults, gpu_errors
 from shared import protocol as p
+from shared.bench_group import MAX_CHECK_TOKENS, BenchGroup
 from shared.clock import now_iso
 from shared.io.paths import data_dir, data_subdir
 from shared.matrix import Cell, MatrixError, MatrixSpec, expand
 from shared.policy import ThermalPolicy
 from shared.results import cell_record
+from shared.shapes import Invalid
 from shared.sustain import WIRE_NAMES, SustainError, SustainPlan
 from shared.telemetry import Event
 
@@ -61,11 +65,10 @@ Measured = Callable[[dict[str, Any]], None]
 class Job:
     """The running job, seen from the daemon."""
 
-    id: str
+    plan: JobPlan
+    """What bench.start asked for: the job's id, spec, cells, and how to run them."""
     requester: bytes
     request_id: str
-    spec: MatrixSpec
-    cells: list[Cell]
     process: JobProcess
     """The job process now running its cells (a new one after a crash)."""
     started: str
@@ -77,15 +80,24 @@ class Job:
     journaled_models: set[tuple[str, int | None]] = field(default_factory=set)
     outcome: dict[str, Any] | None = None
     kill_at: float | None = None
-    sustain: SustainPlan | None = None
     crashed: bool = False
     """A job process died: its log is kept, even empty, as the cells' errors name it."""
     deadline: Deadline | None = None
     """The job's own bound (agent.daemon.benchmark.deadline): past it the agent cancels it."""
     overran: str | None = None
     """Why the agent cancelled it, once it ran past its deadline: the job's error."""
-    takes: frozenset[str] = frozenset()
-    """bench.progress's optional fields its bench.start asked for (`progress`): `pause`, `phase`."""
+
+    @property
+    def id(self) -> str:
+        return self.plan.id
+
+    @property
+    def spec(self) -> MatrixSpec:
+        return self.plan.spec
+
+    @property
+    def cells(self) -> list[Cell]:
+        return self.plan.cells
 
     @property
     def total(self) -> int:
@@ -140,10 +152,11 @@ class BenchJobs:
 
     # --- requests -------------------------------------------------------------------------------
 
-    def plan(self, request: p.Message) -> JobPlan:
-        """What `request` (a bench.start) would run, starting nothing. ProtocolError `busy`
-        while a job runs, `bad-matrix` for a matrix this agent cannot run."""
-        if self.running is not None:
+    def plan(self, request: p.Message, busy_ok: bool = False) -> JobPlan:
+        """What `request` (a bench.start or bench.check) would run, starting nothing.
+        ProtocolError `busy` while a job runs (unless `busy_ok`: a check), `bad-matrix` for a
+        matrix this agent cannot run (or cannot split as its `group` asks)."""
+        if self.running is not None and not busy_ok:
             job = self.running
             raise p.ProtocolError(
                 p.BUSY,
@@ -162,9 +175,56 @@ class BenchJobs:
         cells = expand(spec)
         if (why := too_long(len(cells), sustain)) is not None:
             raise p.ProtocolError(p.BAD_MATRIX, f"sustain rejected: {why}", re=request.id)
+        group = self._group(request)
+        if group is not None:
+            self._check_split(spec, group, request)
+        check_tokens = request.body.get("check_tokens") or 0
+        if not 0 <= check_tokens <= MAX_CHECK_TOKENS:
+            raise p.ProtocolError(
+                p.BAD_BODY,
+                f"check_tokens is {check_tokens}, not 0 to {MAX_CHECK_TOKENS}",
+                re=request.id,
+            )
         wanted = request.body.get("progress") or []
         takes = frozenset(name for name in wanted if name in PROGRESS_FIELDS)  # others: newer
-        return JobPlan(f"j-{p.new_id()[:12]}", spec, cells, sustain, takes)
+        return JobPlan(f"j-{p.new_id()[:12]}", spec, cells, sustain, takes, group, check_tokens)
+
+    @staticmethod
+    def _check_split(spec: MatrixSpec, group: BenchGroup, request: p.Message) -> None:
+        """Every model of the matrix splits as the group asks, at every bits: `bad-matrix`
+        naming the first that does not (agent.profiling.sharding)."""
+        for index, model in enumerate(spec.models):
+            for bits in spec.bits:
+                try:
+                    why = model_sharding_problem(model, bits, len(group.members), group.sharding)
+                except ModelNotFound:
+                    continue  # a Hugging Face id not fetched yet: its load checks it
+                if why is not None:
+                    raise p.ProtocolError(
+                        p.BAD_MATRIX,
+                        f"matrix rejected: models[{index}] {model}: {why}",
+                        re=request.id,
+                    )
+
+    @staticmethod
+    def _group(request: p.Message) -> BenchGroup | None:
+        """bench.start's `group`, checked: `bad-body` naming the field; a sustained run is
+        refused for a group (its ranks would end their windows apart and part in a
+        collective)."""
+        raw = request.body.get("group")
+        if raw is None:
+            return None
+        try:
+            group = BenchGroup.from_wire(raw)
+        except Invalid as exc:
+            raise p.ProtocolError(p.BAD_BODY, f"bench.start: {exc}", re=request.id) from None
+        if request.body.get("sustain") is not None:
+            raise p.ProtocolError(
+                p.BAD_MATRIX,
+                "sustain rejected: a group's cells do not run sustained",
+                re=request.id,
+            )
+        return group
 
     def _sustain(self, wanted: Any) -> SustainPlan | None:
         """bench.start's `sustain` as a plan whose windows hold a new reading of this agent's
@@ -183,11 +243,9 @@ class BenchJobs:
     def start(self, identity: bytes, request_id: str, plan: JobPlan) -> Job:
         """Run `plan` (from plan(), with nothing started since) for the coordinator at
         `identity`. Raises OSError when no job process can be started."""
-        process = self._process(plan.id, plan.spec, 0, plan.sustain)
+        process = self._process(plan, 0)
+        job = Job(plan, identity, request_id, process, now_iso())
         self.journal.create_job(plan.id, plan.spec.to_dict(), len(plan.cells), request_id)
-        job = Job(plan.id, identity, request_id, plan.spec, plan.cells, process, now_iso())
-        job.sustain = plan.sustain
-        job.takes = plan.takes
         meter = self.meter()
         baseline = meter.baseline_s if meter is not None and meter.present else 0.0
         job.deadline = Deadline.starting_now(
@@ -220,10 +278,8 @@ class BenchJobs:
 
     # --- the job process ------------------------------------------------------------------------
 
-    def _process(
-        self, job_id: str, spec: MatrixSpec, first: int, sustain: SustainPlan | None
-    ) -> JobProcess:
-        """A job process for the cells of `spec` from index `first`. Raises OSError."""
+    def _process(self, plan: JobPlan, first: int) -> JobProcess:
+        """A job process for the cells of `plan` from index `first`. Raises OSError."""
         source = self.source()
         thermal = {
             "source": source.name,
@@ -237,13 +293,15 @@ class BenchJobs:
             "why": meter.last_error if meter is not None else "the agent has no power source",
         }
         request = {
-            "matrix": spec.to_dict(),
+            "matrix": plan.spec.to_dict(),
             "thermal": thermal,
             "power": power,
-            "sustain": sustain.to_dict() if sustain else None,
+            "sustain": plan.sustain.to_dict() if plan.sustain else None,
             "first": first,
+            "group": plan.group.to_wire() if plan.group else None,
+            "check_tokens": plan.check_tokens,
         }
-        return JobProcess.spawn(request, self._log_path(job_id))
+        return JobProcess.spawn(request, self._log_path(plan.id))
 
     def _log_path(self, job_id: str) -> Path | None:
         """Where the job's output goes; None (nowhere) when the disk refuses the folder."""
@@ -312,7 +370,7 @@ class BenchJobs:
             elif kind == "cooling":  # progress too: a cell waiting to start cool is not stuck
                 waiting = {"done": job.done, "total": job.total, "model": None}
                 self._stream(job, "bench.progress", {**waiting, "cooling": item["wait"]})
-            elif kind in job.takes:  # "pause", "phase": progress its requester asked for
+            elif kind in job.plan.takes:  # "pause", "phase": progress its requester asked for
                 waiting = {"done": job.done, "total": job.total, "model": None}
                 self._stream(job, "bench.progress", {**waiting, kind: item[kind]})
             elif kind == "event":  # the job's gate acted: its pauses as the job lives them
@@ -391,8 +449,12 @@ class BenchJobs:
         if job.done >= job.total:
             self._finish(job, p.JOB_OK, None)
             return
+        if job.plan.group is not None:
+            rank = job.plan.group.rank
+            self._finish(job, p.JOB_FAILED, f"{died}: rank {rank} cannot rejoin its group")
+            return
         try:
-            job.process = self._process(job.id, job.spec, job.done, job.sustain)
+            job.process = self._process(job.plan, job.done)
         except OSError as exc:
             self._finish(job, p.JOB_FAILED, f"{died}; no new job process: {exc}")
             return
@@ -469,6 +531,10 @@ class JobPlan:
     sustain: SustainPlan | None = None
     takes: frozenset[str] = frozenset()
     """bench.start's `progress`: the optional bench.progress fields it takes."""
+    group: BenchGroup | None = None
+    """The distributed group it is one rank of (bench.start's `group`), or None."""
+    check_tokens: int = 0
+    """Greedy tokens each model decodes as the correctness check (bench.start's `check_tokens`)."""
 
 
 def job_page(found: dict[str, Any], offset: int) -> dict[str, Any]:
@@ -520,6 +586,21 @@ def check_matrix(matrix: dict[str, Any]) -> MatrixSpec:
         except ModelLoadError as exc:
             raise ModelLoadError(f"models[{i}]: {exc}") from None
     return spec
+
+
+def model_identity(name: str) -> str | None:
+    """What names a model's weights, cheap enough for a request (bench.check): a built-in
+    config's digest, a directory's listing (agent.profiling.settings.listing_digest); None for
+    a Hugging Face id not fetched yet, or a directory with no weights to list."""
+    if name in BUILTIN_CONFIGS:
+        return config_digest(BUILTIN_CONFIGS[name](), DEFAULT_SEED)
+    try:
+        path = Path(name).expanduser()
+        if names_a_repo(name):
+            path = locate(name, download=False).path
+    except (ModelNotFound, RuntimeError):
+        return None
+    return listing_digest(path)
 
 
 def check_model_on_disk(directory: str) -> None:

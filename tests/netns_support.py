@@ -1,0 +1,93 @@
+"""A small lab of "Macs" in network namespaces for tests: each host its own namespace and
+address, every host's veth plugged into a bridge in a hub namespace, where the coordinator
+runs. Cutting a host's link (its veth's hub end down) cuts it from the coordinator and from
+every peer at once, as pulling its cable would.
+
+The /24 exists only inside the namespaces the lab creates; everything is deleted afterwards.
+Needs root and `ip`; a test skips with the reason where the lab cannot be made.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import pytest
+
+SUBNET = "10.254.91.{}"
+HUB_ADDRESS = SUBNET.format(254)
+
+
+def ip(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+
+
+@dataclass(frozen=True)
+class Lab:
+    hub: str
+    """The hub's namespace: the coordinator runs there."""
+    namespaces: dict[str, str]
+    addresses: dict[str, str]
+    hub_ends: dict[str, str]
+    """Each host's veth end in the hub (on the bridge)."""
+
+    def cut(self, host: str) -> None:
+        """Pull `host`'s cable: its hub end down."""
+        done = ip("-n", self.hub, "link", "set", self.hub_ends[host], "down")
+        assert done.returncode == 0, done.stderr
+
+    def run(self, argv: Sequence[str], **options: object) -> subprocess.CompletedProcess[str]:
+        """`argv` in the hub's namespace (the coordinator's)."""
+        return subprocess.run(["ip", "netns", "exec", self.hub, *argv], **options)  # type: ignore[call-overload]
+
+    def popen(self, argv: Sequence[str], **options: object) -> subprocess.Popen[str]:
+        return subprocess.Popen(["ip", "netns", "exec", self.hub, *argv], **options)  # type: ignore[call-overload]
+
+
+@contextmanager
+def lab(hosts: Sequence[str]) -> Iterator[Lab]:
+    """Hosts `hosts` (short names), each at SUBNET.1, .2, … in its own namespace, all on one
+    bridge in the hub (HUB_ADDRESS)."""
+    if shutil.which("ip") is None:
+        pytest.skip("the `ip` command (iproute2) is not installed")
+    tag = f"mlxg{os.getpid() % 100000}"
+    hub = f"{tag}-hub"
+    namespaces = {host: f"{tag}-{host}" for host in hosts}
+    addresses = {host: SUBNET.format(index) for index, host in enumerate(hosts, start=1)}
+    hub_ends = {host: f"{tag}h{index}" for index, host in enumerate(hosts, start=1)}
+    created: list[str] = []
+    try:
+        for name in (hub, *namespaces.values()):
+            made = ip("netns", "add", name)
+            if made.returncode != 0:
+                pytest.skip(f"cannot create a network namespace: {made.stderr.strip()}")
+            created.append(name)
+        steps: list[tuple[str, ...]] = [
+            ("-n", hub, "link", "add", "br0", "type", "bridge"),
+            ("-n", hub, "addr", "add", f"{HUB_ADDRESS}/24", "dev", "br0"),
+            ("-n", hub, "link", "set", "br0", "up"),
+            ("-n", hub, "link", "set", "lo", "up"),
+        ]
+        for index, host in enumerate(hosts, start=1):
+            inside = f"{tag}v{index}"
+            steps += [
+                ("link", "add", hub_ends[host], "netns", hub, "type", "veth", "peer", "name",
+                 inside, "netns", namespaces[host]),
+                ("-n", hub, "link", "set", hub_ends[host], "master", "br0"),
+                ("-n", hub, "link", "set", hub_ends[host], "up"),
+                ("-n", namespaces[host], "addr", "add", f"{addresses[host]}/24", "dev", inside),
+                ("-n", namespaces[host], "link", "set", inside, "up"),
+                ("-n", namespaces[host], "link", "set", "lo", "up"),
+            ]  # fmt: skip
+        for step in steps:
+            done = ip(*step)
+            if done.returncode != 0:
+                pytest.skip(f"cannot wire the namespaces (ip {' '.join(step)}): {done.stderr}")
+        yield Lab(hub, namespaces, addresses, hub_ends)
+    finally:
+        for name in created:
+            ip("netns", "del", name)

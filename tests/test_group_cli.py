@@ -1,0 +1,134 @@
+"""A group that cannot run is bad input: one line naming the group, the member and why, exit 2,
+nothing on stdout, and no job started on any agent (real agents on loopback, asked by the real
+`coordinator benchmark` before the run: coordinator/commands/group_check.py)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from coordinator.commands.group_check import GroupPlan, GroupRefused, _Answer, checked_backend
+from coordinator.fleet import Target
+from coordinator.group_driver import GroupTarget
+from shared.rank_env import Member
+from tests.conftest import console_script, subprocess_env
+from tests.fleet_support import AgentPool, AgentProcess
+from tests.test_model_shard import TINY, write_model_dir
+
+QUICK = ["--config-small", "-p", "16", "-n", "4", "-r", "1", "-w", "0"]
+
+
+def coordinator(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [console_script("coordinator"), "benchmark", "--insecure", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=subprocess_env(COLUMNS="200"),
+    )
+
+
+def refused(done: subprocess.CompletedProcess[str]) -> str:
+    """The one line of a refusal, checked: exit 2, nothing on stdout, no traceback."""
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stdout == ""
+    lines = [line for line in done.stderr.splitlines() if line and not line.startswith("WARN")]
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    return lines[0]
+
+
+def no_job_ran(*agents: AgentProcess) -> None:
+    for agent in agents:
+        assert agent.journal_cells() == 0
+        assert "job j-" not in agent.log_text()
+
+
+@pytest.fixture
+def two(agents: AgentPool) -> tuple[AgentProcess, AgentProcess]:
+    return agents.start("a", insecure=True), agents.start("b", insecure=True)
+
+
+def test_a_backend_the_members_lack_is_named(two: tuple[AgentProcess, AgentProcess]) -> None:
+    a, b = two
+    line = refused(coordinator("--hosts", f"{a.address}+{b.address}", "--backend", "jaccl", *QUICK))
+    assert line.startswith(f"error: {a.address}+{b.address}: --backend jaccl: ")
+    assert "no jaccl backend" in line and "macOS 26.2" in line
+    no_job_ran(a, b)
+
+
+def test_a_model_that_cannot_split_over_the_group_is_named(agents: AgentPool) -> None:
+    a, b, c = (agents.start(name, insecure=True) for name in "abc")
+    group = "+".join(agent.address for agent in (a, b, c))
+    line = refused(coordinator("--hosts", f"{a.address},{group}", *QUICK))
+    assert f"{group}: {a.address}: matrix rejected: " in line
+    assert "models[0] small" in line and "do not split evenly over 3 ranks" in line
+    no_job_ran(a, b, c)
+
+
+def test_a_sharding_the_model_dir_lacks_is_named(agents: AgentPool, tmp_path: Path) -> None:
+    model = write_model_dir(tmp_path / "llama", {**TINY, "model_type": "llama"})
+    a, b = agents.start("a", insecure=True), agents.start("b", insecure=True)
+    group = f"{a.address}+{b.address}"
+    line = refused(
+        coordinator(
+            "--hosts", group, "--model", str(model), "--sharding", "pipeline", "-p", "16",
+            "-n", "4", "-r", "1", "-w", "0",
+        )
+    )  # fmt: skip
+    assert line.startswith(f"error: {group}: {a.address}: matrix rejected: models[0] ")
+    assert "pipeline" in line
+    no_job_ran(a, b)
+
+
+def test_members_holding_different_weights_are_named(agents: AgentPool, tmp_path: Path) -> None:
+    """The same --model path, ~/tiny, is another model on each member (each agent's HOME)."""
+    homes = {name: tmp_path / f"home-{name}" for name in "ab"}
+    for name, width in (("a", 128), ("b", 256)):
+        homes[name].mkdir()
+        write_model_dir(homes[name] / "tiny", {**TINY, "model_type": "llama", "hidden_size": width})
+    a, b = (
+        agents.start(name, insecure=True, wrapper=["env", f"HOME={homes[name]}"]) for name in "ab"
+    )
+    group = f"{a.address}+{b.address}"
+    line = refused(coordinator("--hosts", group, "--model", "~/tiny", "-p", "16", "-n", "4"))
+    assert f"{group}: its members hold different weights for ~/tiny" in line
+    assert f"{a.address} listing:" in line and f"{b.address} listing:" in line
+    no_job_ran(a, b)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--hosts", "127.0.0.1:1,127.0.0.1:1+"], "a group joins two or more hosts with +"),
+        (["--hosts", "127.0.0.1:1+127.0.0.1:1"], "a group lists 127.0.0.1:1 twice"),
+        (["--sharding", "data"], "unknown sharding 'data'; choose from tensor, pipeline"),
+        (["--backend", "mpi"], "--backend 'mpi': choose from ring, jaccl, auto"),
+        (["--sustain", "1m"], "--sustain: a group's cells do not run sustained"),
+    ],
+)
+def test_a_bad_group_option_is_one_line(args: list[str], message: str) -> None:
+    hosts = [] if "--hosts" in args else ["--hosts", "127.0.0.1:1,127.0.0.1:1+127.0.0.1:2"]
+    assert message in refused(coordinator(*hosts, *args, *QUICK))
+
+
+def test_members_on_different_mlx_are_refused() -> None:
+    """No two MLX versions are installed here: the rule, on the members' `info` machines."""
+    hosts = (Target("a", "10.0.0.1:5555", None), Target("b", "10.0.0.2:5555", None))
+    group = GroupTarget(
+        hosts, (Member("a", ("10.0.0.1",)), Member("b", ("10.0.0.2",))), "auto", "tensor", 32323, 60
+    )
+    plan = GroupPlan("auto", "tensor", 32323, 30.0)
+    answers = [
+        _Answer(machine={"mlx_version": "0.32.4"}),
+        _Answer(machine={"mlx_version": "0.31.1"}),
+    ]
+    with pytest.raises(
+        GroupRefused, match=r"a\+b: its members run different MLX \(a 0.32.4, b 0.31.1\)"
+    ):
+        checked_backend(group, answers, plan)
+    alike = [_Answer(machine={"mlx_version": "0.32.4"})] * 2
+    assert checked_backend(group, alike, plan) == "ring"
+    unreachable = [alike[0], _Answer(unreachable="no reply")]
+    assert checked_backend(group, unreachable, plan) == "ring"  # the run names it, not bad input

@@ -131,11 +131,16 @@ def _no_duplicates(entries: list[HostEntry], describe: list[str], source: str) -
 
 def parse_hosts(text: str, default_port: int = DEFAULT_AGENT_PORT) -> list[HostEntry]:
     """The `--hosts` option: 'mac1,mac2:6000,[::1]:5555,127.0.0.1:5556'."""
-    entries = parse_hosts_and_groups(text, default_port)
-    for index, entry in enumerate(entries, start=1):
+    return _no_group(parse_hosts_and_groups(text, default_port), "--hosts")
+
+
+def _no_group(entries: list[HostEntry | GroupEntry], source: str) -> list[HostEntry]:
+    """The hosts of a command that drives hosts one by one: a group is refused, naming it."""
+    for entry in entries:
         if isinstance(entry, GroupEntry):
+            name = group_name([member.address for member in entry.members])
             raise HostfileError(
-                f"--hosts: item {index}: a group ({GROUP_JOINER} joins hosts) runs only in "
+                f"{source}: the group {name} ({GROUP_JOINER} joins hosts) runs only in "
                 "`coordinator benchmark`"
             )
     return entries  # type: ignore[return-value]
@@ -244,14 +249,7 @@ def _entry(raw: Any, default_port: int) -> HostEntry:
 def parse_hostfile(path: Path, default_port: int = DEFAULT_AGENT_PORT) -> list[HostEntry]:
     """Every host of a TOML or JSON hostfile (see the module doc), validated; a group entry
     is refused (groups run only in `coordinator benchmark`)."""
-    entries = parse_hostfile_and_groups(path, default_port)
-    for entry in entries:
-        if isinstance(entry, GroupEntry):
-            raise HostfileError(
-                f"{path}: a group entry ({group_name([m.address for m in entry.members])}) "
-                "runs only in `coordinator benchmark`"
-            )
-    return entries  # type: ignore[return-value]
+    return _no_group(parse_hostfile_and_groups(path, default_port), str(path))
 
 
 def parse_hostfile_and_groups(

@@ -4,6 +4,7 @@ nothing on stdout, and no job started on any agent (real agents on loopback, ask
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -132,3 +133,24 @@ def test_members_on_different_mlx_are_refused() -> None:
     assert checked_backend(group, alike, plan) == "ring"
     unreachable = [alike[0], _Answer(unreachable="no reply")]
     assert checked_backend(group, unreachable, plan) == "ring"  # the run names it, not bad input
+
+
+def test_a_group_runs_an_mlx_lm_directory_through_sharded_load(
+    agents: AgentPool, tmp_path: Path
+) -> None:
+    """--model DIR on a group: each rank loads its share through mlx_lm's sharded_load, and the
+    split model predicts and decodes the tokens a member does alone."""
+    model = write_model_dir(tmp_path / "qwen2", {**TINY, "model_type": "qwen2"})
+    a, b = agents.start("a", insecure=True), agents.start("b", insecure=True)
+    for sharding in ("tensor", "pipeline"):
+        group = f"{a.address}+{b.address}"
+        done = coordinator(
+            "--hosts", f"{a.address},{group}", "--model", str(model), "--sharding", sharding,
+            "-p", "16", "-n", "4", "-r", "1", "-w", "0", "-o", "json",
+        )  # fmt: skip
+        assert done.returncode in (0, 1), done.stderr  # 1: a cell of one repetition is noisy
+        cells = json.loads(done.stdout)["cells"]
+        split = [c for c in cells if c["host"] == group]
+        assert len(split) == 2 and all(c["status"] == "ok" for c in split), split
+        assert all(c["tokens_check"] == f"same as {a.address}" for c in split)
+        assert {c["group"]["sharding"] for c in split} == {sharding}

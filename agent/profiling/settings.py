@@ -16,6 +16,7 @@ import json
 import platform
 import re
 import subprocess
+from collections.abc import Callable
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -91,16 +92,7 @@ def weights_digest(directory: Path) -> str | None:
     """An mlx-lm directory's weights: `sha256:` over the sorted (file name, file sha256) of its
     *.safetensors. A symlink into a Hugging Face cache's blobs/ is named by its sha256, which is
     used as is; any other file is hashed. None without safetensors or when one cannot be read."""
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        return None
-    outer = hashlib.sha256()
-    try:
-        for file in files:
-            outer.update(f"{file.name}\0{file_sha256(file)}\n".encode())
-    except OSError:
-        return None
-    return "sha256:" + outer.hexdigest()
+    return _files_digest(directory, "sha256:", file_sha256)
 
 
 def listing_digest(directory: Path) -> str | None:
@@ -108,25 +100,34 @@ def listing_digest(directory: Path) -> str | None:
     sorted (file name, size) of its *.safetensors, a blob in a Hugging Face cache by its hash
     (weights_digest's). Cheap enough to answer a request with; two directories of the same
     names and sizes but other bytes pass it, and fail weights_digest's check when loaded."""
+    return _files_digest(directory, "listing:", lambda file: blob_hash(file) or file.stat().st_size)
+
+
+def _files_digest(directory: Path, prefix: str, of: Callable[[Path], object]) -> str | None:
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         return None
     outer = hashlib.sha256()
     try:
         for file in files:
-            blob = file.resolve() if file.is_symlink() else None
-            same = blob.name if blob is not None and blob.parent.name == "blobs" else None
-            outer.update(f"{file.name}\0{same or file.stat().st_size}\n".encode())
+            outer.update(f"{file.name}\0{of(file)}\n".encode())
     except OSError:
         return None
-    return "listing:" + outer.hexdigest()
+    return prefix + outer.hexdigest()
 
 
-def file_sha256(file: Path) -> str:
+def blob_hash(file: Path) -> str | None:
+    """A Hugging Face cache's file is a symlink to blobs/SHA256: its hash, unread."""
     if file.is_symlink():
         target = file.resolve()
         if target.parent.name == "blobs" and re.fullmatch(r"[0-9a-f]{64}", target.name):
             return target.name
+    return None
+
+
+def file_sha256(file: Path) -> str:
+    if (known := blob_hash(file)) is not None:
+        return known
     digest = hashlib.sha256()
     with file.open("rb") as stream:
         while chunk := stream.read(1 << 20):

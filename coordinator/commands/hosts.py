@@ -97,20 +97,8 @@ Insecure = Annotated[
 
 def targets_from(hosts: str | None, hostfile: Path | None) -> list[Target] | None:
     """The hosts named by --hosts / --hostfile, or None when neither was given."""
-    if hosts is not None and hostfile is not None:
-        raise usage_error("give --hosts or --hostfile, not both")
-    if hosts is not None and not hosts.strip(" ,"):
-        raise usage_error("--hosts is empty: name at least one HOST[:PORT]")
-    try:
-        if hosts is not None:
-            entries = parse_hosts(hosts)
-        elif hostfile is not None:
-            entries = parse_hostfile(hostfile)
-        else:
-            return None
-        return [_target(e) for e in entries]
-    except (HostfileError, ValueError) as exc:
-        raise usage_error(str(exc)) from None
+    entries = _entries(hosts, hostfile, parse_hosts, parse_hostfile)
+    return None if entries is None else [_target(e) for e in entries]
 
 
 def targets_and_groups(
@@ -119,21 +107,30 @@ def targets_and_groups(
     """`coordinator benchmark`'s hosts: each a Target, each group (`mac1+mac2`, or a hostfile's
     group entry) the tuple of its members' Targets in rank order; None when neither option was
     given."""
+    entries = _entries(hosts, hostfile, parse_hosts_and_groups, parse_hostfile_and_groups)
+    if entries is None:
+        return None
+    return [
+        tuple(_target(m) for m in e.members) if isinstance(e, GroupEntry) else _target(e)
+        for e in entries
+    ]
+
+
+def _entries(
+    hosts: str | None,
+    hostfile: Path | None,
+    parse_text: Callable[[str], list[Any]],
+    parse_file: Callable[[Path], list[Any]],
+) -> list[Any] | None:
+    """What --hosts or --hostfile names, parsed; a usage error naming the problem."""
     if hosts is not None and hostfile is not None:
         raise usage_error("give --hosts or --hostfile, not both")
     if hosts is not None and not hosts.strip(" ,"):
         raise usage_error("--hosts is empty: name at least one HOST[:PORT]")
     try:
         if hosts is not None:
-            entries = parse_hosts_and_groups(hosts)
-        elif hostfile is not None:
-            entries = parse_hostfile_and_groups(hostfile)
-        else:
-            return None
-        return [
-            tuple(_target(m) for m in e.members) if isinstance(e, GroupEntry) else _target(e)
-            for e in entries
-        ]
+            return parse_text(hosts)
+        return None if hostfile is None else parse_file(hostfile)
     except (HostfileError, ValueError) as exc:
         raise usage_error(str(exc)) from None
 

@@ -121,8 +121,10 @@ class StallWatch:
 
 def join(spec: BenchGroup, folder: Path, beat: Callable[[], None]) -> RankGroup:
     """Write this rank's launch files into `folder`, set its environment as mlx.launch would
-    and join the group; blocks until every rank has joined (a job's cancel ends it). `beat`
-    hears every agreement's collective complete."""
+    and join the group; blocks until every rank has joined, holding the GIL (MLX 0.32's ring
+    setup), so no signal handler or StallWatch runs meanwhile: a cancel ends it by the agent's
+    kill, and a peer that never comes by the job's own bound. `beat` hears every agreement's
+    collective complete."""
     os.environ.update(write_launch_files(spec.launch(), folder))
     group = mx.distributed.init(strict=True, backend=spec.backend)
     if group.size() != len(spec.members):

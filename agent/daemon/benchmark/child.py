@@ -55,7 +55,7 @@ from agent.awake.assertion import hold_awake
 from agent.cooling.scheduler import ThermalGuard
 from agent.power.registry import meter_or_reason
 from agent.profiling.rank_group import StallWatch, join
-from agent.profiling.runner import error_text, interruptible, run_matrix
+from agent.profiling.runner import error_text, run_matrix
 from agent.sensors.base import SourceInfo
 from agent.thermal import ThermalMonitor, ThermalReading
 from agent.thermal.base import reading_from_wire
@@ -253,10 +253,12 @@ def run(request: dict[str, Any], updates: Iterator[dict[str, Any]], out: BinaryI
         spec = MatrixSpec.from_dict(request["matrix"])
         sustain = request.get("sustain")
         rank_group = None
-        if group is not None and watch is not None:  # joining waits for every peer: in a
-            watch.start()  # thread, so that SIGTERM lands
+        if group is not None and watch is not None:
+            # Joining waits for every peer, holding the GIL (MLX 0.32's ring setup): a cancel's
+            # SIGTERM cannot land meanwhile, and the agent kills the job after its grace.
+            watch.start()
             with tempfile.TemporaryDirectory(prefix="mlx-fleet-rank-") as folder:
-                rank_group = interruptible(lambda: join(group, Path(folder), watch.beat))
+                rank_group = join(group, Path(folder), watch.beat)
         records = run_matrix(
             spec,
             guard=guard,

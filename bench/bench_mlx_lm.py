@@ -133,15 +133,26 @@ def output_of(command: Sequence[str], env: dict[str, str]) -> str:
     return done.stdout
 
 
-def mlx_lm(model: Path, prompt: int, generated: int, trials: int) -> tuple[float, float]:
-    """(prompt_tps, generation_tps) as `mlx_lm benchmark` reports their averages."""
-    command = [sys.executable, "-m", "mlx_lm", "benchmark", "--model", str(model)]
-    command += ["-p", str(prompt), "-g", str(generated), "-n", str(trials)]
-    stdout = output_of(command, {**os.environ, "HF_HUB_OFFLINE": "1"})
+def benchmark_args(model: Path, prompt: int, generated: int, trials: int) -> list[str]:
+    """`-m mlx_lm benchmark ...` as the interpreter takes it, here or behind mlx.launch
+    (bench_distributed.py)."""
+    command = ["-m", "mlx_lm", "benchmark", "--model", str(model)]
+    return command + ["-p", str(prompt), "-g", str(generated), "-n", str(trials)]
+
+
+def averages(stdout: str) -> tuple[float, float]:
+    """(prompt_tps, generation_tps) from the "Averages" line `mlx_lm benchmark` prints (its
+    rank 0 alone prints when distributed)."""
     found = AVERAGES.search(stdout)
     if found is None:
         raise BenchError(f"mlx_lm benchmark printed no averages: {stdout[-500:]}")
     return float(found.group(1)), float(found.group(2))
+
+
+def mlx_lm(model: Path, prompt: int, generated: int, trials: int) -> tuple[float, float]:
+    """(prompt_tps, generation_tps) as `mlx_lm benchmark` reports their averages."""
+    command = [sys.executable, *benchmark_args(model, prompt, generated, trials)]
+    return averages(output_of(command, {**os.environ, "HF_HUB_OFFLINE": "1"}))
 
 
 def agent_bench(model: Path, matrix: list[str], trials: int, home: Path) -> float:

@@ -17,10 +17,11 @@ from tests.conftest import subprocess_env
 ROOT = Path(__file__).resolve().parent.parent
 NEEDS_MLX_LM = pytest.mark.skipif(
     importlib.util.find_spec("mlx_lm") is None,
-    reason="bench_mlx_lm compares with mlx-lm, which is not installed (the `lm` extra)",
+    reason="the script compares with mlx-lm, which is not installed (the `lm` extra)",
 )
+MLX_LM_SCRIPTS = {"bench_mlx_lm", "bench_distributed"}
 SCRIPTS = [
-    pytest.param(path, marks=NEEDS_MLX_LM) if path.stem == "bench_mlx_lm" else path
+    pytest.param(path, marks=NEEDS_MLX_LM) if path.stem in MLX_LM_SCRIPTS else path
     for path in sorted((ROOT / "bench").glob("bench_*.py"))
 ]
 

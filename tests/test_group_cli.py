@@ -5,6 +5,7 @@ nothing on stdout, and no job started on any agent (real agents on loopback, ask
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 from pathlib import Path
 
@@ -14,21 +15,12 @@ from coordinator.commands.group_check import GroupPlan, GroupRefused, _Answer, c
 from coordinator.fleet import Target
 from coordinator.group_driver import GroupTarget
 from shared.rank_env import Member
-from tests.conftest import console_script, subprocess_env
 from tests.fleet_support import AgentPool, AgentProcess
+from tests.group_support import insecure_benchmark as coordinator
+from tests.group_support import wait_for_no_rank
 from tests.test_model_shard import TINY, write_model_dir
 
 QUICK = ["--config-small", "-p", "16", "-n", "4", "-r", "1", "-w", "0"]
-
-
-def coordinator(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [console_script("coordinator"), "benchmark", "--insecure", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=subprocess_env(COLUMNS="200"),
-    )
 
 
 def refused(done: subprocess.CompletedProcess[str]) -> str:
@@ -154,3 +146,26 @@ def test_a_group_runs_an_mlx_lm_directory_through_sharded_load(
         assert len(split) == 2 and all(c["status"] == "ok" for c in split), split
         assert all(c["tokens_check"] == f"same as {a.address}" for c in split)
         assert {c["group"]["sharding"] for c in split} == {sharding}
+
+
+def test_a_member_unreachable_at_start_fails_its_group_and_the_hosts_go_on(
+    agents: AgentPool,
+) -> None:
+    a = agents.start("a", insecure=True)
+    with socket.socket() as closed:  # a port nothing listens on once this closes
+        closed.bind(("127.0.0.1", 0))
+        gone = f"127.0.0.1:{closed.getsockname()[1]}"
+    group = f"{a.address}+{gone}"
+    done = coordinator(
+        "--hosts", f"{a.address},{group}", "--connect-timeout", "3", *QUICK, "-o", "json"
+    )
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    alone = [c for c in report["cells"] if c["host"] == a.address]
+    assert len(alone) == 2 and all(c["status"] == "ok" for c in alone)
+    failed = next(h for h in report["hosts"] if h["host"] == group)
+    assert failed["status"] == "failed" and failed["error"].startswith(f"{gone}: "), failed
+    cells = [c for c in report["cells"] if c["host"] == group]
+    assert cells and all(c["status"] != "ok" for c in cells)
+    assert cells[0]["error"].startswith(f"rank 1 ({gone}): ")
+    wait_for_no_rank({"a": a}, within=60)

@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 
 from tests.fleet_support import AgentPool
-from tests.test_group_cli import coordinator
-from tests.test_group_netns import rank_children, wait_for_no_rank
+from tests.group_support import insecure_benchmark as coordinator
+from tests.group_support import rank_children, wait_for_no_rank
 
 CELLS = ["--config-small", "-p", "32", "-n", "0", "-r", "2", "-w", "1", "--no-cool-start"]
 

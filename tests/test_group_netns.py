@@ -11,17 +11,16 @@ from __future__ import annotations
 import json
 import re
 import signal
-import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tests.conftest import console_script, subprocess_env
 from tests.fleet_support import AgentPool, AgentProcess, exchange_keys
+from tests.group_support import group_cells, rank_children, wait_for_no_rank
 from tests.netns_support import Lab, lab
 
 pytestmark = pytest.mark.timeout(600)
@@ -30,7 +29,6 @@ MATRIX = ["--config-small", "-p", "32,64", "-n", "8", "-r", "2", "-w", "1"]
 LONGER = ["--config-small", "-p", "16,32,48,64", "-n", "8", "-d", "0,32", "-r", "4", "-w", "1"]
 """Ten cells: the group is still measuring when a test pulls one of its members."""
 WAIT_S = 240.0
-JOB_CHILD = "agent.daemon.benchmark.child"
 
 
 @pytest.fixture
@@ -59,34 +57,6 @@ def report_of(made: Lab, stderr: str) -> dict:
         env=subprocess_env(),
     )
     return json.loads(shown.stdout)
-
-
-def rank_children(agents: dict[str, AgentProcess]) -> list[psutil.Process]:
-    """The benchmark job processes (ranks) any of the agents started, still alive."""
-    parents = {str(agent.process.pid) for agent in agents.values()}
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        argv = process.info["cmdline"] or []
-        if JOB_CHILD not in argv or "--parent" not in argv:
-            continue
-        if argv[argv.index("--parent") + 1] in parents and process.status() != "zombie":
-            found.append(process)
-    return found
-
-
-def wait_for_no_rank(agents: dict[str, AgentProcess], within: float) -> None:
-    deadline = time.monotonic() + within
-    while rank_children(agents):
-        assert time.monotonic() < deadline, f"rank processes left: {rank_children(agents)}"
-        time.sleep(0.5)
-
-
-def group_cells(home: Path, group: str) -> int:
-    store = home / "coordinator.sqlite"
-    if not store.exists():
-        return 0
-    with sqlite3.connect(store) as db:
-        return db.execute("SELECT count(*) FROM cells WHERE host = ?", (group,)).fetchone()[0]
 
 
 def test_a_group_runs_beside_its_members_in_one_table(

@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import console_script, subprocess_env
 from tests.fleet_support import LONG, AgentPool, AgentProcess
-from tests.test_group_netns import group_cells, rank_children, wait_for_no_rank
+from tests.group_support import group_cells, rank_children, wait_for_no_rank
 
 pytestmark = pytest.mark.timeout(300)
 WAIT_S = 120.0

@@ -523,7 +523,9 @@ def run_fleet(
     """Drive every target (a Target, or a group: coordinator.group_driver.GroupTarget) at once
     until each is done; Ctrl-C cancels the jobs, keeps what arrived and marks the run
     interrupted. With `sustain` (a SustainPlan map) every cell runs for its duration on every
-    host at once."""
+    host at once. Groups are driven after the hosts listed with them (whatever their order in
+    `targets`): a group waits for every host it shares to end (_sharing)."""
+    targets = sorted(targets, key=lambda t: hasattr(t, "members"))  # hosts, then groups
     reach = {t.name: (t.address, t.server_key) for t in targets}
     run_id = store.create_run(spec, [t.name for t in targets], reach=reach)
     jobs = {t.name: (t, HostJob()) for t in targets}
@@ -571,8 +573,13 @@ def _drive(
     ctx = zmq.Context()
     from coordinator.group_driver import GroupDriver, GroupTarget, Resumed  # on HostDriver
 
-    grouped = any(isinstance(target, GroupTarget) for target, _ in hosts.values())
-    extra = {"check_tokens": CHECK_TOKENS} if grouped else None
+    members = {
+        host.address
+        for target, _ in hosts.values()
+        if isinstance(target, GroupTarget)
+        for host in target.hosts
+    }  # each decodes the tokens its groups' are held against (an agent that predates
+    # check_tokens refuses it: a host in no group is never asked for it)
     ended = {name: threading.Event() for name in hosts}
     threads = []
     for name, (target, job) in hosts.items():
@@ -584,6 +591,7 @@ def _drive(
                 ctx, target, spec, settings, emit, stop, CHECK_TOKENS, after, resumed
             )
         else:
+            extra = {"check_tokens": CHECK_TOKENS} if target.address in members else None
             driver = HostDriver(ctx, target, spec, settings, emit, stop, job, sustain, extra)
         threads.append(threading.Thread(target=driver.run, name=f"host {name}", daemon=True))
     for thread in threads:

@@ -45,8 +45,13 @@ from shared.group_cells import cause_first, merge_ranks, weights_of
 from shared.matrix import MatrixError, planned_cells
 from shared.rank_env import Member
 from shared.results import cell_record
+from shared.safe_text import shown
 
 DRAIN_S = 0.2
+
+
+class MemberMisled(Exception):
+    """A member sent what its rank cannot have: the group fails, naming it."""
 
 
 @dataclass(frozen=True)
@@ -61,8 +66,9 @@ class GroupTarget:
     sharding: str
     port: int
     stall_s: float
-    """How long a rank may wait on its group with nothing done before it ends itself
-    (bench.start's `group.stall_s`): a cut link leaves no rank waiting for ever."""
+    """How long a rank's agent lets it write nothing while no coordinator asks anything before
+    it ends the rank (bench.start's `group.stall_s`): a cut link leaves no rank waiting for
+    ever."""
     job: str = field(default_factory=lambda: f"g-{os.urandom(6).hex()}")
 
     @property
@@ -215,6 +221,9 @@ class GroupDriver:
                 self._heard(event)
             self.failure = self._failure()
             self._fail_in_flight()
+        except MemberMisled as exc:
+            self._members_stop.set()
+            self.failure = str(exc)
         except Exception as exc:  # a bug fails the group, visibly, not the run
             self._members_stop.set()
             self.failure = f"coordinator error: {type(exc).__name__}: {exc}"
@@ -291,6 +300,13 @@ class GroupDriver:
         self._report(MODEL, {**built[0], "ranks": shares})  # type: ignore[dict-item]
 
     def _cell(self, rank: int, index: int, record: dict[str, Any]) -> None:
+        """A member's record of cell `index`; one that says it is another rank's (or no
+        rank's) fails the group: its figures cannot be placed."""
+        claimed = record.get("rank") or {}
+        name = self.names[rank]
+        if claimed.get("rank") != rank or claimed.get("host") != name:
+            said = f"rank {claimed.get('rank')} ({shown(str(claimed.get('host')))})"
+            raise MemberMisled(f"{name}: its record of cell {index} is {said}'s, not rank {rank}'s")
         ranks = self.pending.setdefault(index, {})
         ranks[rank] = record
         if len(ranks) == len(self.names):

@@ -54,8 +54,8 @@ class BenchGroup:
     port: int
     sharding: str
     stall_s: float
-    """How long the rank may wait on its group with nothing done before it ends itself
-    (agent.profiling.rank_group.StallWatch)."""
+    """How long the rank's job may write nothing while no coordinator asks its agent anything
+    before the agent ends it (agent.daemon.benchmark.jobs.group_stalled)."""
 
     @classmethod
     def from_wire(cls, body: Any) -> BenchGroup:

@@ -73,7 +73,9 @@ def merge_ranks(
         for rank, (host, record, weight) in enumerate(zip(hosts, records, weights, strict=True))
     ]
     lead.update(_hottest(records, hosts))
-    lead["pause_s"] = sum(r.get("pause_s") or 0.0 for r in records)
+    lead["pause_s"] = max(
+        r.get("pause_s") or 0.0 for r in records
+    )  # the group was held at least this long
     lead["flags"] = _union([r.get("flags") or [] for r in records])
     failed = [(rank, r) for rank, r in enumerate(records) if r.get("status") != "ok"]
     if failed:  # no figure of the group's: each rank's own stays in `ranks`

@@ -164,6 +164,8 @@ def test_a_cut_cable_fails_the_cell_in_the_host_timeout_and_leaves_no_rank(
     check_failed_group(done, report, started["b"].address)
     assert "unreachable" in report["hosts"][-1]["error"]
     assert time.monotonic() - began < WAIT_S
-    # B's rank, cut off from everyone, ends itself once its group has been silent for its
-    # stall limit (2 x --host-timeout, at least 60 s); A's was cancelled by its agent.
+    # B's agent, cut off from everyone, ends B's rank once it has written nothing and nobody
+    # has asked anything for the stall limit (2 x --host-timeout, at least 60 s); A's was
+    # cancelled by its agent at the coordinator's word.
     wait_for_no_rank(started, within=150)
+    assert "no request from a coordinator" in started["b"].log_text()

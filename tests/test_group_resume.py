@@ -22,12 +22,18 @@ pytestmark = pytest.mark.timeout(300)
 WAIT_S = 120.0
 
 
-def killed_mid_group(agents: AgentPool, home: Path) -> tuple[str, dict[str, AgentProcess]]:
+LONGEST = ["--config-small", "-p", "16,32,48,64", "-n", "8", "-d", "0,32,64", "-r", "10", "-w", "1"]
+"""Fifteen cells of ten repetitions: still running when `coordinator cancel` comes."""
+
+
+def killed_mid_group(
+    agents: AgentPool, home: Path, matrix: list[str] = LONG
+) -> tuple[str, dict[str, AgentProcess]]:
     """A group run whose coordinator was SIGKILLed once the group had a cell: its run id."""
     started = {name: agents.start(name, insecure=True) for name in ("a", "b")}
     group = "+".join(agent.address for agent in started.values())
     running = subprocess.Popen(
-        [console_script("coordinator"), "benchmark", "--insecure", "--hosts", group, *LONG],
+        [console_script("coordinator"), "benchmark", "--insecure", "--hosts", group, *matrix],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=subprocess_env(),
@@ -71,7 +77,7 @@ def test_resume_finishes_a_group_whose_coordinator_was_killed(
 
 
 def test_cancel_reaches_every_rank_of_a_group(agents: AgentPool, fleet_home: Path) -> None:
-    run, started = killed_mid_group(agents, fleet_home)
+    run, started = killed_mid_group(agents, fleet_home, LONGEST)
     cancelled = coordinator("cancel", run, "--insecure", "-o", "json")
     assert cancelled.returncode == 0, cancelled.stderr
     rows = json.loads(cancelled.stdout)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.daemon.benchmark.jobs import group_stalled
 from coordinator.hostfile import (
     GroupEntry,
     HostEntry,
@@ -213,3 +214,12 @@ def test_speedup_and_tokens_against_the_members_alone() -> None:
     assert tokens_check({"greedy_tokens": [5, 9, 7]}, [single_a]) == "differ from a at token 2"
     assert tokens_check({"greedy_tokens": [5]}, []).startswith("no member ran this model alone")
     assert tokens_check({}, [single_a]) is None
+
+
+def test_a_rank_is_ended_by_its_agent_only_when_it_and_its_coordinator_are_both_silent() -> None:
+    assert group_stalled(60.0, active_at=0.0, heard_at=0.0, now=59.0) is None
+    assert group_stalled(60.0, active_at=0.0, heard_at=50.0, now=100.0) is None  # still asked
+    assert group_stalled(60.0, active_at=50.0, heard_at=0.0, now=100.0) is None  # still writing
+    why = group_stalled(60.0, active_at=10.0, heard_at=20.0, now=100.0)
+    assert why is not None and why.startswith("no progress with its group and no request")
+    assert "for 80 s (limit 60 s)" in why

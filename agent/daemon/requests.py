@@ -110,6 +110,8 @@ class Requests:
         message = received.message
         assert isinstance(message, p.Message)
         request = Request(received.identity, message, received.frame)
+        if not self.sockets.from_peer_agent(received.frame):
+            self.jobs.heard()  # a coordinator is there (BenchJobs.group_stalled)
         if message.type not in p.PEER_REQUESTS and self.sockets.from_peer_agent(received.frame):
             allowed = ", ".join(sorted(p.PEER_REQUESTS))
             why = (

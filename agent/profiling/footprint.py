@@ -23,9 +23,10 @@ figure reported for the timed decode leaves out.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from shared.bench_group import TENSOR
 from shared.matrix import Cell
 
 HALF = 2
@@ -63,6 +64,21 @@ def model_shape(model: Any) -> ModelShape | None:
         )
     except (AttributeError, TypeError, ValueError, ZeroDivisionError):
         return None
+
+
+def rank_share(shape: ModelShape, ranks: int, sharding: str) -> ModelShape:
+    """What one of `ranks` ranks holds of a model of `shape` split `sharding` (a group's
+    cells, agent.profiling.sharding): tensor divides the heads, key/value heads and MLP units
+    among the ranks (the KV cache and intermediates with them); pipeline gives a rank at most
+    its share of the layers, rounded up."""
+    if sharding == TENSOR:
+        return replace(
+            shape,
+            heads=max(1, shape.heads // ranks),
+            kv_heads=max(1, shape.kv_heads // ranks),
+            intermediate=max(1, shape.intermediate // ranks),
+        )
+    return replace(shape, layers=-(-shape.layers // ranks))
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import threading
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
@@ -35,8 +32,6 @@ class RankGroup:
 
     spec: BenchGroup
     group: mx.distributed.Group
-    beat: Callable[[], None] = field(default=lambda: None)
-    """Told each time a collective of ours completes: the group is alive (StallWatch)."""
 
     @property
     def rank(self) -> int:
@@ -50,17 +45,12 @@ class RankGroup:
         """Rank 0's `flag`, on every rank."""
         return self._sum(int(flag) if self.rank == 0 else 0) > 0
 
-    def any_says(self, flag: bool) -> bool:
-        """Whether `flag` holds on any rank, on every rank."""
-        return self._sum(int(flag)) > 0
-
     def which_say(self, flag: bool) -> list[int]:
         """The ranks where `flag` holds, on every rank."""
         mine = mx.zeros((self.size,), dtype=mx.int32)
         mine[self.rank] = int(flag)
         summed = mx.distributed.all_sum(mine, group=self.group)
         mx.eval(summed)
-        self.beat()
         return [rank for rank, said in enumerate(summed.tolist()) if said]
 
     def digests_differ(self, digest: str | None) -> list[str] | None:
@@ -80,54 +70,16 @@ class RankGroup:
     def _sum(self, value: int) -> int:
         total = mx.distributed.all_sum(mx.array([value], dtype=mx.int32), group=self.group)
         mx.eval(total)
-        self.beat()
         return int(total.item())
 
 
-class StallWatch:
-    """Ends a rank that has waited on its group for `limit_s` with nothing done. A rank blocked
-    in a collective waits for as long as its peer does not answer: for ever when the link to it
-    was cut (no connection reset ever comes) or the peer's host is gone, and no signal handler
-    of ours runs meanwhile. A cut also keeps the coordinator from cancelling it, so the rank
-    ends itself: `on_stall(why)` (the job process reports and exits)."""
-
-    def __init__(
-        self,
-        limit_s: float,
-        on_stall: Callable[[str], None],
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.limit_s, self.on_stall, self.clock = limit_s, on_stall, clock
-        self._last = clock()
-
-    def beat(self) -> None:
-        """Something was done: a collective completed, or the job reported."""
-        self._last = self.clock()
-
-    def start(self) -> None:
-        threading.Thread(target=self._watch, name="rank-stall-watch", daemon=True).start()
-
-    def _watch(self) -> None:
-        while True:
-            idle = self.clock() - self._last
-            if idle > self.limit_s:
-                self.on_stall(
-                    f"no progress with its group for {idle:.0f} s (limit {self.limit_s:g} s): "
-                    "a peer or the link to it is gone"
-                )
-                return
-            time.sleep(min(1.0, self.limit_s / 4))
-
-
-def join(spec: BenchGroup, folder: Path, beat: Callable[[], None]) -> RankGroup:
+def join(spec: BenchGroup, folder: Path) -> RankGroup:
     """Write this rank's launch files into `folder`, set its environment as mlx.launch would
     and join the group; blocks until every rank has joined, holding the GIL (MLX 0.32's ring
-    setup), so no signal handler or StallWatch runs meanwhile: a cancel ends it by the agent's
-    kill, and a peer that never comes by the job's own bound. `beat` hears every agreement's
-    collective complete."""
+    setup), so no signal handler runs meanwhile: the agent's kill ends it (a cancel, or
+    agent.daemon.benchmark.jobs.group_stalled)."""
     os.environ.update(write_launch_files(spec.launch(), folder))
     group = mx.distributed.init(strict=True, backend=spec.backend)
     if group.size() != len(spec.members):
         raise RuntimeError(f"joined a group of {group.size()}, expected {len(spec.members)}")
-    beat()
-    return RankGroup(spec, group, beat)
+    return RankGroup(spec, group)

@@ -33,7 +33,7 @@ from agent.model import (
     build_model,
 )
 from agent.power.meter import EnergyMeter
-from agent.profiling.footprint import cell_footprint, model_shape, refusal
+from agent.profiling.footprint import cell_footprint, model_shape, rank_share, refusal
 from agent.profiling.greedy import greedy_tokens
 from agent.profiling.hf_models import ModelNotFound, locate
 from agent.profiling.memory import MemoryProfiler
@@ -429,16 +429,21 @@ def _run_groups(
             )
         except Exception as exc:  # any load failure fails its cells, not the run
             failed = f"model load failed: {error_text(exc)}"
-        failed = watching.group_load(loaded, failed)
+        if failed is None:
+            failed = watching.ranks_unlike(loaded)
         if loaded is None or failed is not None:
             for i, cell in cells:
                 yield watching.settle(cell_record(cell, error=failed), i, None)
+            if loaded is None and watching.rank_group is not None:
+                raise GroupBroken(f"{failed}: this rank cannot go on with its group")
             continue
         if watching.check_tokens:
             loaded.info["greedy_tokens"] = greedy_tokens(loaded.model, watching.check_tokens)
         if on_model is not None:
             on_model(loaded.info)
-        shape = model_shape(loaded.model)
+        shape = model_shape(loaded.model)  # its config's: the whole model
+        if shape is not None and watching.rank_group is not None:
+            shape = rank_share(shape, watching.rank_group.size, watching.rank_group.spec.sharding)
         for i, cell in cells:
             if on_begin is not None:
                 on_begin(i)
@@ -510,21 +515,20 @@ class Watching:
     rank_group: RankGroup | None = None
     check_tokens: int = 0
 
-    def group_load(self, loaded: LoadedModel | None, failed: str | None) -> str | None:
-        """Why this model's cells fail: this rank's load failure, for a rank of a group also
-        another rank's, or ranks holding different weights (a model directory not the same on
-        every member; another MLX's random weights). Every rank reaches this, loaded or not,
-        so that none waits alone in its collectives."""
+    def ranks_unlike(self, loaded: LoadedModel | None) -> str | None:
+        """For a rank of a group that loaded its model: why the ranks cannot run it together,
+        their weights differing (a model directory not the same on every member, another
+        MLX's random weights), or None. A rank whose load failed never comes here: its peers
+        may be inside the load's own collective (mlx_lm's sharded_load ends in a barrier), where
+        no agreement can meet them, so it ends its job (GroupBroken) and the coordinator
+        cancels theirs."""
         group = self.rank_group
-        if group is None:
-            return failed
-        names = group.spec.names
-        failing = group.which_say(failed is not None)
-        if failing:
-            return failed or f"model load failed on rank {failing[0]} ({names[failing[0]]})"
-        digests = group.digests_differ(loaded.digest if loaded is not None else None)
+        if group is None or loaded is None:
+            return None
+        digests = group.digests_differ(loaded.digest)
         if digests is None:
             return None
+        names = group.spec.names
         held = ", ".join(f"{name} {digest}" for name, digest in zip(names, digests, strict=True))
         return f"the ranks hold different weights (digests: {held})"
 

@@ -34,8 +34,7 @@ from agent.model import (
     shard_problem,
 )
 from agent.profiling.hf_models import locate
-
-SHARDINGS = ("tensor", "pipeline")
+from shared.bench_group import PIPELINE, SHARDINGS, TENSOR
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tiktoken.model", "*.tiktoken")
 """What transformers builds a tokenizer from: sharded_load loads one along with the model."""
@@ -47,9 +46,9 @@ WEIGHT_INDEX = "model.safetensors.index.json"
 def shard_model(model: nn.Module, group: mx.distributed.Group, sharding: str) -> None:
     """Split `model` in place over `group`: the built-in model or any mlx-lm model, through
     the methods mlx-lm's sharded_load calls (Model.shard, Model.model.pipeline)."""
-    if sharding == "tensor":
+    if sharding == TENSOR:
         model.shard(group)
-    elif sharding == "pipeline":
+    elif sharding == PIPELINE:
         model.model.pipeline(group)
     else:
         raise ValueError(unknown_sharding(sharding))
@@ -76,9 +75,9 @@ def unknown_sharding(sharding: str) -> str:
 
 def sharding_problem(args: ModelArgs, bits: int, ranks: int, sharding: str) -> str | None:
     """Why the built-in `args` at `bits` cannot be split `sharding` over `ranks`, or None."""
-    if sharding == "tensor":
+    if sharding == TENSOR:
         return shard_problem(args, bits, ranks)
-    if sharding == "pipeline":
+    if sharding == PIPELINE:
         return pipeline_problem(args.num_hidden_layers, ranks)
     return unknown_sharding(sharding)
 
@@ -96,7 +95,7 @@ def dir_sharding_problem(path: Path, ranks: int, sharding: str) -> str | None:
         return f"{path} has no tokenizer ({', '.join(TOKENIZER_FILES)}), which sharded_load loads"
     model, config = load_model(path, lazy=True, strict=False)
     kind = config.get("model_type", type(model).__name__)
-    if sharding == "tensor":
+    if sharding == TENSOR:
         if not hasattr(model, "shard"):
             return f"mlx-lm's {kind} model has no shard(): it cannot split tensor-parallel"
         return None
@@ -133,7 +132,7 @@ def load_sharded_dir(
     problem = dir_sharding_problem(path, group.size(), sharding)
     if problem is not None:
         raise ValueError(problem)
-    groups = {"tensor_group": group} if sharding == "tensor" else {"pipeline_group": group}
+    groups = {"tensor_group": group} if sharding == TENSOR else {"pipeline_group": group}
     model, _ = sharded_load(path, **groups)
     if bits is None or bits == stored_bits(path):
         return model

@@ -31,6 +31,7 @@ from shared.rank_env import (
     chosen_backend,
     jaccl_devices,
 )
+from shared.safe_text import shown
 
 MIN_STALL_S = 60.0
 
@@ -50,8 +51,9 @@ class GroupPlan:
 
     @property
     def stall_s(self) -> float:
-        """How long a rank may wait on its group with nothing done: twice the time a silent
-        host is given, so that the coordinator names a lost member before its peers end."""
+        """How long a rank's agent lets it write nothing while no coordinator asks anything
+        before it ends the rank (agent.daemon.benchmark.jobs.group_stalled): twice the time a
+        silent host is given, so the coordinator names a lost member before its agent acts."""
         return max(MIN_STALL_S, 2 * self.host_timeout)
 
 
@@ -87,7 +89,7 @@ def prepare(
     answered = on_every_host(checks, _ask_check(settings, spec))
     for (group, _, host), (refused, _) in zip(checks, answered, strict=True):
         if refused is not None:
-            raise GroupRefused(f"{group.name}: {host.name}: {refused}")
+            raise GroupRefused(f"{group.name}: {host.name}: {shown(refused)}")
     for group in resolved.values():
         held = [
             models for (g, _, _), (_, models) in zip(checks, answered, strict=True) if g is group
@@ -105,7 +107,7 @@ def _same_weights(group: GroupTarget, held: list[dict[str, Any] | None]) -> None
     for model in sorted(names):
         seen = {host: models.get(model) for host, models in answers if models and models.get(model)}
         if len(set(seen.values())) > 1:
-            said = ", ".join(f"{host} {digest[:20]}" for host, digest in seen.items())
+            said = ", ".join(f"{host} {shown(str(digest)[:20])}" for host, digest in seen.items())
             raise GroupRefused(
                 f"{group.name}: its members hold different weights for {model} ({said})"
             )
@@ -144,13 +146,13 @@ def checked_backend(group: GroupTarget, answers: list[_Answer], plan: GroupPlan)
     }
     for host, answer in zip(group.hosts, answers, strict=True):
         if answer.refused is not None:
-            raise GroupRefused(f"{group.name}: {host.name}: {answer.refused}")
+            raise GroupRefused(f"{group.name}: {host.name}: {shown(answer.refused)}")
     if len(known) < len(group.hosts):
         # A member is unreachable: the run fails the group, naming it.
         return RING if plan.backend == AUTO else plan.backend
     versions = {name: machine.get("mlx_version") for name, machine in known.items()}
     if len(set(versions.values())) > 1:
-        said = ", ".join(f"{name} {version}" for name, version in versions.items())
+        said = ", ".join(f"{name} {shown(str(version))}" for name, version in versions.items())
         raise GroupRefused(
             f"{group.name}: its members run different MLX ({said}); a group's ranks need the same"
         )

@@ -45,7 +45,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -54,7 +54,7 @@ import msgpack
 from agent.awake.assertion import hold_awake
 from agent.cooling.scheduler import ThermalGuard
 from agent.power.registry import meter_or_reason
-from agent.profiling.rank_group import StallWatch, join
+from agent.profiling.rank_group import join
 from agent.profiling.runner import error_text, run_matrix
 from agent.sensors.base import SourceInfo
 from agent.thermal import ThermalMonitor, ThermalReading
@@ -72,8 +72,6 @@ PR_SET_PDEATHSIG = 1
 """From <linux/prctl.h>."""
 EXIT_ORPHANED = 1
 """Our exit code when the daemon died under us (nobody reads it)."""
-EXIT_STALLED = 3
-"""Our exit code when, as a rank of a group, we ended ourselves (StallWatch)."""
 PAUSE_REPORT_S = 5.0
 """How often a pause under way is reported: each report is progress to a coordinator."""
 
@@ -193,38 +191,11 @@ class PauseReports:
         write(self.out, {"kind": "pause", "pause": pause.to_dict()})
 
 
-class BeatingOut:
-    """The stream to the daemon, telling a rank's StallWatch of every item written: the job
-    reporting anything (a cell, a pause) is progress."""
-
-    def __init__(self, out: BinaryIO, beat: Callable[[], None]) -> None:
-        self.out, self.beat = out, beat
-
-    def write(self, data: bytes) -> int:
-        self.beat()
-        return self.out.write(data)
-
-    def flush(self) -> None:
-        self.out.flush()
-
-
-def stalled(out: BinaryIO, why: str) -> None:
-    """A rank that waited on its group past its limit: say so and end now (its main thread is
-    held in a collective that will not return)."""
-    write(out, {"kind": "done", "status": JOB_FAILED, "error": why})
-    os._exit(EXIT_STALLED)
-
-
 def run(request: dict[str, Any], updates: Iterator[dict[str, Any]], out: BinaryIO) -> None:
     """Run the matrix under the daemon's readings, streaming every model and cell; always ends
     with one "done"."""
     status, error = JOB_OK, None
     group = BenchGroup.from_wire(request["group"]) if request.get("group") else None
-    watch = None
-    if group is not None:
-        raw = out
-        watch = StallWatch(group.stall_s, lambda why: stalled(raw, why))
-        out = BeatingOut(raw, watch.beat)  # type: ignore[assignment]
     thermal = request["thermal"]
     source = FedSource(SourceInfo(thermal["source"], thermal["simulated"]))
     pauses = PauseReports(out, thermal["source"])
@@ -253,12 +224,11 @@ def run(request: dict[str, Any], updates: Iterator[dict[str, Any]], out: BinaryI
         spec = MatrixSpec.from_dict(request["matrix"])
         sustain = request.get("sustain")
         rank_group = None
-        if group is not None and watch is not None:
+        if group is not None:
             # Joining waits for every peer, holding the GIL (MLX 0.32's ring setup): a cancel's
             # SIGTERM cannot land meanwhile, and the agent kills the job after its grace.
-            watch.start()
             with tempfile.TemporaryDirectory(prefix="mlx-fleet-rank-") as folder:
-                rank_group = join(group, Path(folder), watch.beat)
+                rank_group = join(group, Path(folder))
         records = run_matrix(
             spec,
             guard=guard,

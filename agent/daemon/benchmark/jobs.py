@@ -42,6 +42,7 @@ from shared.clock import now_iso
 from shared.io.paths import data_dir, data_subdir
 from shared.matrix import Cell, MatrixError, MatrixSpec, expand
 from shared.policy import ThermalPolicy
+from shared.rank_env import RankEnvError
 from shared.results import cell_record
 from shared.shapes import Invalid
 from shared.sustain import WIRE_NAMES, SustainError, SustainPlan
@@ -86,6 +87,8 @@ class Job:
     """The job's own bound (agent.daemon.benchmark.deadline): past it the agent cancels it."""
     overran: str | None = None
     """Why the agent cancelled it, once it ran past its deadline: the job's error."""
+    active_at: float = field(default_factory=time.monotonic)
+    """When its process last wrote anything (a model, a cell, a pause, a cooling wait)."""
 
     @property
     def id(self) -> str:
@@ -138,6 +141,8 @@ class BenchJobs:
         self.poll_interval = poll_interval
         self.journal = Journal(storage=storage)
         self.running: Job | None = None
+        self.heard_at = time.monotonic()
+        """When the agent last heard a request: a coordinator is there (group_stalled)."""
 
     def recover(self) -> None:
         """Jobs a previous daemon left running did not finish: the journal says so."""
@@ -199,6 +204,8 @@ class BenchJobs:
                     why = model_sharding_problem(model, bits, len(group.members), group.sharding)
                 except ModelNotFound:
                     continue  # a Hugging Face id not fetched yet: its load checks it
+                except Exception as exc:  # a config.json mlx-lm cannot read, and the like
+                    why = f"cannot tell how it splits: {type(exc).__name__}: {exc}"
                 if why is not None:
                     raise p.ProtocolError(
                         p.BAD_MATRIX,
@@ -216,8 +223,12 @@ class BenchJobs:
             return None
         try:
             group = BenchGroup.from_wire(raw)
+            group.launch()  # the ring's ports past 65535, JACCL without devices: refused now
         except Invalid as exc:
             raise p.ProtocolError(p.BAD_BODY, f"bench.start: {exc}", re=request.id) from None
+        except RankEnvError as exc:
+            why = f"bench.start: group: {exc}"
+            raise p.ProtocolError(p.BAD_BODY, why, re=request.id) from None
         if request.body.get("sustain") is not None:
             raise p.ProtocolError(
                 p.BAD_MATRIX,
@@ -333,18 +344,24 @@ class BenchJobs:
             job.process.terminate()
             job.kill_at = time.monotonic() + CANCEL_GRACE_S
 
+    def heard(self) -> None:
+        """A request came in (any: a coordinator following a job pings it or asks job.get)."""
+        self.heard_at = time.monotonic()
+
     def enforce_cancel(self) -> None:
-        """Cancel a job past its own bound; kill a cancelled job that outlived its grace."""
+        """Cancel a job past its own bound, or a group's rank stalled with no coordinator to
+        cancel it (group_stalled); kill a cancelled job that outlived its grace."""
         job = self.running
-        if (
-            job is not None
-            and job.kill_at is None
-            and job.deadline is not None
-            and job.deadline.passed()
-        ):
-            job.overran = job.deadline.reason()
-            log.warning("job %s %s", job.id, job.overran)
-            self.cancel(job)
+        if job is not None and job.kill_at is None:
+            why = None
+            if job.deadline is not None and job.deadline.passed():
+                why = job.deadline.reason()
+            elif job.plan.group is not None:
+                why = group_stalled(job.plan.group.stall_s, job.active_at, self.heard_at)
+            if why is not None:
+                job.overran = why
+                log.warning("job %s %s", job.id, job.overran)
+                self.cancel(job)
         if job is not None and job.kill_at is not None and time.monotonic() > job.kill_at:
             log.warning("job %s ignored cancel for %.0f s: killing it", job.id, CANCEL_GRACE_S)
             job.process.kill()
@@ -359,6 +376,7 @@ class BenchJobs:
         if items is None:
             self._ended(job)
             return
+        job.active_at = time.monotonic()
         for item in items:
             kind = item.get("kind")
             if kind == "model":
@@ -488,6 +506,25 @@ class BenchJobs:
             f" ({error})" if error else "",
         )
         self.running = None
+
+
+def group_stalled(
+    limit_s: float, active_at: float, heard_at: float, now: float | None = None
+) -> str | None:
+    """Why a group's rank is ended by its own agent, or None. A rank blocked in a collective
+    waits for as long as its peer does not answer: for ever when the cable to it was cut (no
+    reset ever comes), and the same cut keeps the coordinator from cancelling it. So a rank that
+    has written nothing for `limit_s` while the agent has heard no request for as long is ended
+    here. A coordinator still asking means the group is watched: a long load, a peer's cooling
+    pause, a long cell are its to judge (it cancels the group when a member fails)."""
+    now = time.monotonic() if now is None else now
+    quiet = now - max(active_at, heard_at)
+    if quiet <= limit_s:
+        return None
+    return (
+        f"no progress with its group and no request from a coordinator for {quiet:.0f} s "
+        f"(limit {limit_s:g} s): a peer or the link to it is gone"
+    )
 
 
 def crashed_cells(

@@ -94,9 +94,10 @@ def is_noisy(record: Mapping[str, Any]) -> bool:
 def reasons(record: Mapping[str, Any]) -> list[str]:
     """Every reason the record cannot be published as a speed, in REASONS order."""
     found: set[str] = set()
-    if record.get("status") != "ok":
-        error = record.get("error") or ""
-        found.add(GPU_ERROR if error.startswith(GPU_ERROR) else FAILED)
+    if record.get("status") != "ok":  # a group's cell: any rank's Metal error (its `ranks`)
+        errors = [record.get("error")] + [rank.get("error") for rank in record.get("ranks") or ()]
+        gpu = any((error or "").startswith(GPU_ERROR) for error in errors)
+        found.add(GPU_ERROR if gpu else FAILED)
     elif "warmup_iterations" not in record:
         found.add(UNVERIFIED)
     else:

@@ -223,3 +223,17 @@ def test_a_rank_is_ended_by_its_agent_only_when_it_and_its_coordinator_are_both_
     why = group_stalled(60.0, active_at=10.0, heard_at=20.0, now=100.0)
     assert why is not None and why.startswith("no progress with its group and no request")
     assert "for 80 s (limit 60 s)" in why
+
+
+def test_a_metal_error_on_any_rank_is_the_group_cells_verdict() -> None:
+    merged = merge_ranks(
+        [
+            rank_record(0, status="failed", error=f"RuntimeError: [ring] {PEER_LOST}"),
+            rank_record(1, status="failed", error="gpu-error: timeout: Command buffer timed out"),
+        ],
+        ["a", "b"],
+        [None, None],
+        "ring",
+        "tensor",
+    )
+    assert merged["verdict_reasons"] == ["gpu-error"]

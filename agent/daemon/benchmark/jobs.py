@@ -632,12 +632,9 @@ def model_identity(name: str) -> str | None:
     if name in BUILTIN_CONFIGS:
         return config_digest(BUILTIN_CONFIGS[name](), DEFAULT_SEED)
     try:
-        path = Path(name).expanduser()
-        if names_a_repo(name):
-            path = locate(name, download=False).path
-    except (ModelNotFound, RuntimeError):
+        return listing_digest(locate(name, download=False).path)
+    except (ModelNotFound, RuntimeError):  # RuntimeError: ~user for a user this Mac lacks
         return None
-    return listing_digest(path)
 
 
 def check_model_on_disk(directory: str) -> None:

@@ -661,7 +661,7 @@ def test_a_distributed_mlx_lm_lora_parks_every_rank_at_one_step_and_finishes(
         lambda: stepping.search(ANSI.sub("", stdout.read_text())), 180, "lora training", ranks
     )
     set_policy(ctx, hot, HOT)
-    wait_until(lambda: len(parked_steps(two_macs)) == 2, 60, "both ranks parked", ranks)
+    wait_until(lambda: len(parked_steps(two_macs)) == 2, 180, "both ranks parked", ranks)
     first, second = parked_steps(two_macs)
     assert first == second
     set_policy(ctx, hot, COOL)

@@ -325,9 +325,14 @@ def measure(
             line = text
         else:
             text, line = "idle baseline", baseline_label(phase["seconds"])
-        status.doing(text)
+        doing(text)
         if not err.is_terminal:
             err.print(f"{line}…", highlight=False, markup=False)
+
+    def doing(text: str) -> None:
+        """A new label, drawn at once: a build shorter than a refresh is still seen."""
+        status.doing(text)
+        progress.refresh()
 
     progress = Progress(
         SpinnerColumn(),
@@ -346,7 +351,7 @@ def measure(
                 spec,
                 guard=guard,
                 on_model=report["models"].append,
-                on_begin=lambda index: status.doing(cells[index].name),
+                on_begin=lambda index: doing(cells[index].name),
                 energy=meter,
                 sustain=plan,
                 on_phase=phase,

@@ -52,10 +52,10 @@ from support import (
     spread,
 )
 
+from shared.bench_group import SHARDINGS
 from shared.rank_env import RING, Member, rank_launch
 
 BIN = Path(sys.executable).parent
-SHARDINGS = ("tensor", "pipeline")
 TIMEOUT_S = 1800
 """The most one side's command may take before the bench gives up on it."""
 

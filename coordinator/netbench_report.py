@@ -5,20 +5,18 @@ per operation, link and size, bus bandwidth B over A. No sockets: `coordinator s
 
 from __future__ import annotations
 
-import io
 import json
 import math
 from typing import Any
 
-from rich.console import Console
 from rich.text import Text
 
 from coordinator.compare import speedup_text
 from shared.netbench import ALL_SUM, format_bytes
-from shared.report import NA, markdown_table, rows_csv, rows_sql, strict_json
+from shared.report import NA, drawn_text, markdown_table, rows_csv, rows_sql, strict_json
 from shared.safe_text import shown
 from shared.stats import ci95_half_width
-from shared.tables import NATURAL, TEXT, WHOLE, FitTable
+from shared.tables import TEXT, WHOLE, FitTable
 
 NETBENCH_FOLDS = ("algbw GB/s", "time µs")
 """What a narrow terminal drops first: bus bandwidth, the wire's scale, stays."""
@@ -115,14 +113,9 @@ def flat_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def netbench_text(report: dict[str, Any], fmt: str, width: int = 160) -> str:
-    """The report in any of shared.report's FORMATS as text (the table at `width`, or wider
-    when it needs to be: a file has no terminal to fold columns for)."""
+    """The report in any of shared.report's FORMATS as text (the table: drawn_text)."""
     if fmt == "table":
-        console = Console(width=NATURAL, record=True, file=io.StringIO())
-        table = netbench_table(report)
-        console.width = max(width, console.measure(table).maximum)
-        console.print(table)
-        return console.export_text()
+        return drawn_text(netbench_table(report), width)
     if fmt == "json":
         return strict_json(report, indent=2) + "\n"
     if fmt == "jsonl":

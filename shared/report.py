@@ -667,15 +667,19 @@ def to_jsonl(report: dict[str, Any]) -> str:
     return "\n".join(lines) + ("\n" if lines else "")
 
 
+def drawn_text(renderable: Any, width: int) -> str:
+    """`renderable` as Rich draws it at `width`, or at its natural width when wider: a file has
+    no terminal to fold columns for."""
+    console = Console(width=NATURAL, record=True, file=io.StringIO())
+    console.width = max(width, console.measure(renderable).maximum)
+    console.print(renderable)
+    return console.export_text()
+
+
 def render_text(report: dict[str, Any], fmt: str, width: int = 160) -> str:
-    """The report in any of FORMATS as text (the table as Rich draws it at `width`, or at its
-    natural width when wider: a file has no terminal to fold columns for)."""
+    """The report in any of FORMATS as text (the table: drawn_text)."""
     if fmt == "table":
-        console = Console(width=NATURAL, record=True, file=io.StringIO())
-        rendered = rich_report(report)
-        console.width = max(width, console.measure(rendered).maximum)
-        console.print(rendered)
-        return console.export_text()
+        return drawn_text(rich_report(report), width)
     renderers = {
         "md": to_markdown,
         "csv": to_csv,

@@ -32,10 +32,10 @@ import psutil
 import zmq
 from support import machine
 
-from shared import protocol as p
 from shared.io.keys import Keypair, own_keypair
 from shared.io.transport import AgentClient, AgentError, HostError
 from shared.io.trust import trust
+from shared.wire import protocol as p
 
 READY = re.compile(r"listening on tcp://(\S+) curve-key=(\S+)")
 JOB = {"models": ["small"], "n_prompt": [8], "n_gen": [0], "warmup": 0, "iterations": 1}

@@ -59,11 +59,11 @@ from support import (
 
 from coordinator.fleet import Settings, Target, run_fleet
 from coordinator.store import RunStore
-from shared import protocol as p
+from shared.benchmark.matrix import MatrixSpec, expand
+from shared.benchmark.results import cell_record
 from shared.io.keys import own_keypair
 from shared.io.transport import AgentClient
-from shared.matrix import MatrixSpec, expand
-from shared.results import cell_record
+from shared.wire import protocol as p
 
 Server = Callable[["mp.Queue[Any]", dict[str, Any]], None]
 BARE_DAEMON = """

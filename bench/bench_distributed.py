@@ -52,8 +52,8 @@ from support import (
     spread,
 )
 
-from shared.bench_group import SHARDINGS
-from shared.rank_env import RING, Member, rank_launch
+from shared.distributed.group import SHARDINGS
+from shared.distributed.rank_env import RING, Member, rank_launch
 
 BIN = Path(sys.executable).parent
 TIMEOUT_S = 1800

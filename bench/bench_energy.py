@@ -41,8 +41,8 @@ from agent.profiling.memory import random_tokens
 from agent.profiling.speed import SpeedProfiler
 from agent.profiling.watch import CellWatch
 from agent.sensors.base import SourceUnavailable
-from shared.matrix import PREFILL, Cell
-from shared.source_names import power_auto_order
+from shared.benchmark.matrix import PREFILL, Cell
+from shared.cooling.sources import power_auto_order
 
 FIDELITY = (0.97, 1.03)
 METERS = ("ioreport", "rapl", "smc", "macmon", "powermetrics")

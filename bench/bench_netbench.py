@@ -38,8 +38,8 @@ from support import (
     start_agent,
 )
 
-from shared.netbench import ALL_SUM, BUS_SHARE, format_bytes, ops_per_repetition
-from shared.rank_env import RING, Member, rank_launch
+from shared.distributed.netbench import ALL_SUM, BUS_SHARE, format_bytes, ops_per_repetition
+from shared.distributed.rank_env import RING, Member, rank_launch
 
 BIN = Path(sys.executable).parent
 ADDRESSES = ("127.0.0.2", "127.0.0.3")

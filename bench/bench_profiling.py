@@ -33,7 +33,7 @@ from agent.profiling import SpeedProfiler
 from agent.profiling.memory import random_tokens
 from agent.profiling.runner import run_matrix
 from agent.profiling.speed import new_cache
-from shared.matrix import MatrixSpec, count_cells
+from shared.benchmark.matrix import MatrixSpec, count_cells
 
 
 def bare_prefill_samples(model, tokens: mx.array, warmup: int, iterations: int) -> list[float]:

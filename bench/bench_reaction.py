@@ -29,8 +29,8 @@ from support import BenchError, machine, parser, round_count, run, spread
 from agent.cooling.events import EventLog
 from agent.cooling.supervise import LocalFeed, Supervisor
 from agent.thermal import ThermalMonitor
+from shared.cooling.policy import ThermalPolicy
 from shared.io.paths import HOME_ENV
-from shared.policy import ThermalPolicy
 
 COOL, HOT, STOP = 60.0, 90.0, 99.0
 POLICY = ThermalPolicy(max_speed_temp=75.0, pause_temp=85.0, stop_temp=95.0)

@@ -43,9 +43,9 @@ from agent.daemon.loop import AgentDaemon
 from agent.daemon.telemetry import sample
 from agent.sensors.base import SourceInfo
 from agent.thermal import ThermalReading
-from shared import protocol as p
+from shared.cooling.policy import CoolingState
 from shared.io.paths import HOME_ENV
-from shared.policy import CoolingState
+from shared.wire import protocol as p
 
 READING = ThermalReading(celsius=71.5, source="bench", pressure=None, simulated=True)
 JOBS = [

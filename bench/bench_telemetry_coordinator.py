@@ -40,9 +40,9 @@ from coordinator.dashboard import UP
 from coordinator.fleet import Settings, Target
 from coordinator.monitor import Monitor
 from coordinator.telemetry_store import TelemetryStore
-from shared import protocol as p
+from shared.cooling.policy import ThermalPolicy
 from shared.io.keys import own_keypair
-from shared.policy import ThermalPolicy
+from shared.wire import protocol as p
 
 BURST_S = 0.01
 """Publishers send their rate in bursts this often: steady, without a sleep per sample."""

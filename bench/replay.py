@@ -1,6 +1,6 @@
 """Agents at the protocol level, for benches that need more agents than memory allows real ones
 (a real agent's benchmark job is an MLX process): each speaks the current protocol exactly
-(shared.protocol builds and checks every message) on its own CURVE ROUTER, answers hello, info,
+(shared.wire.protocol builds and checks every message) on its own CURVE ROUTER, answers hello, info,
 ping and bench.start, and replays a benchmark's cells as a real agent streams them: one
 bench.progress naming the model, then each bench.cell `pace_s` apart, then bench.done.
 
@@ -20,10 +20,10 @@ from typing import Any
 
 import zmq
 
-from shared import protocol as p
-from shared.matrix import Cell, MatrixSpec, expand
-from shared.policy import ThermalPolicy
-from shared.results import cell_record
+from shared.benchmark.matrix import Cell, MatrixSpec, expand
+from shared.benchmark.results import cell_record
+from shared.cooling.policy import ThermalPolicy
+from shared.wire import protocol as p
 
 
 @dataclass(frozen=True)

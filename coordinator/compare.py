@@ -9,10 +9,10 @@ batch size, and by host too when either report has several. Tests found in one r
 failed in either, are kept and say so instead of getting a speed-up. When either report metered
 energy, each side's tokens per joule (averaged as tok/s is) shows beside the speed-up.
 
-A speed-up whose two 95 % intervals overlap (shared.verdict.separated) is within the noise:
-shown `~1.02x`, `within_noise` in JSON. Rows whose cells differ in a COMPARED setting
-(shared.settings) say which in `settings_differ`; `coordinator compare` refuses them unless
-told to ignore settings.
+A speed-up whose two 95 % intervals overlap (shared.benchmark.verdict.separated) is within the
+noise: shown `~1.02x`, `within_noise` in JSON. Rows whose cells differ in a COMPARED setting
+(shared.benchmark.settings) say which in `settings_differ`; `coordinator compare` refuses them
+unless told to ignore settings.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ import statistics
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from shared.matrix import model_label
-from shared.report import NA, Record, mean_std, per_joule
-from shared.results import OK
-from shared.settings import COMPARED, SETTINGS, differing, setting_text
+from shared.benchmark.matrix import model_label
+from shared.benchmark.results import OK
+from shared.benchmark.settings import COMPARED, SETTINGS, differing, setting_text
+from shared.benchmark.verdict import separated
+from shared.reports.benchmark import NA, Record, mean_std, per_joule
 from shared.tables import TEXT, WHOLE, WORDS, FitTable
-from shared.verdict import separated
 
 COMPARE_FORMATS = ("table", "md", "csv", "json")
 BY_COLUMNS: dict[str, Callable[[Record], Hashable]] = {

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.telemetry import Cursor
+from shared.wire.telemetry import Cursor
 
 
 @dataclass

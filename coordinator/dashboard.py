@@ -20,10 +20,10 @@ from rich.text import Text
 
 from coordinator.gang_rows import GangRow, gang_rows
 from shared import safe_text
-from shared.calibration import origin_told
-from shared.display import STATE_STYLES, sparkline, trend_arrow
-from shared.policy import CoolingState
-from shared.source_names import read_from
+from shared.cooling.calibration import origin_told
+from shared.cooling.display import STATE_STYLES, sparkline, trend_arrow
+from shared.cooling.policy import CoolingState
+from shared.cooling.sources import read_from
 from shared.tables import TEXT, WHOLE, WORDS, FitTable
 
 CONNECTING, UP, UNREACHABLE, INVALID = "connecting", "up", "unreachable", "invalid"

@@ -9,7 +9,7 @@ reconnects until --host-timeout, then follows the job with job.get from the firs
 so a link cut loses nothing. A stream lost while the host still answers (ZeroMQ reconnected the
 DEALER by itself, a gap in the cells, a ping.ok naming no job) is followed the same way, on the
 same connection. Cells are keyed by (job, index): never twice, never lost. A job that makes no
-progress for longer than shared.job_progress allows fails its host unless the agent lists it
+progress for longer than shared.benchmark.progress allows fails its host unless the agent lists it
 paused. A host that fails for good (refused, rejected matrix, gone past the timeout, stuck)
 ends with its error; the others go on. A run whose coordinator died is finished later by
 `coordinator resume`, which drives the same HostDrivers over the jobs the run recorded.
@@ -27,7 +27,9 @@ from typing import Any
 import zmq
 
 from coordinator.store import RunStore
-from shared import protocol as p
+from shared.benchmark.matrix import Cell, MatrixError, MatrixSpec, expand, planned_cells
+from shared.benchmark.progress import ProgressClock, cell_work
+from shared.benchmark.verdict import judge
 from shared.io.keys import Keypair
 from shared.io.transport import (
     CANCEL_WAIT_S,
@@ -39,11 +41,9 @@ from shared.io.transport import (
     StreamLost,
     resolve_error,
 )
-from shared.job_progress import ProgressClock, cell_work
-from shared.matrix import Cell, MatrixError, MatrixSpec, expand, planned_cells
 from shared.shapes import Invalid
 from shared.stats import MIN_AUTO_REPETITIONS
-from shared.verdict import judge
+from shared.wire import protocol as p
 
 HOST_OK, HOST_FAILED, HOST_RUNNING, HOST_UNREACHABLE = "ok", "failed", "running", "unreachable"
 MACHINE, STARTED, MODEL, COOLING, CELL, UNREACHABLE, RECONNECTED, DONE = (
@@ -98,13 +98,12 @@ class Settings:
 
 @dataclass(frozen=True)
 class HostEvent:
-    """What a host thread reports. `data` by kind: MACHINE the agent's machine info, STARTED
-    {"job", "cells"}, MODEL a model's info, COOLING a cell's cool-start wait (shared.cool_start's
-    CoolWait map), PAUSE a cooling pause (shared.bench_status's PauseView map), PHASE a model
-    build or idle baseline starting (bench.progress's `phase`), THERMAL the agent's thermal
-    source (info.ok's `thermal`), CELL {"index", "record"}, UNREACHABLE {"error"} (each
-    attempt that failed), RECONNECTED {} (heard again after UNREACHABLE), DONE {"status",
-    "error"}."""
+    """What a host thread reports. `data` by kind: MACHINE the agent's machine info, STARTED {"job",
+    "cells"}, MODEL a model's info, COOLING a cell's cool-start wait (shared.cooling.cool_start's
+    CoolWait map), PAUSE a cooling pause (shared.benchmark.status's PauseView map), PHASE a model
+    build or idle baseline starting (bench.progress's `phase`), THERMAL the agent's thermal source
+    (info.ok's `thermal`), CELL {"index", "record"}, UNREACHABLE {"error"} (each attempt that
+    failed), RECONNECTED {} (heard again after UNREACHABLE), DONE {"status", "error"}."""
 
     host: str
     kind: str
@@ -345,7 +344,8 @@ class HostDriver:
             return True
         return False
 
-    # --- the no-progress bound (shared.job_progress) ------------------------------------------
+    # --- the no-progress bound (shared.benchmark.progress)
+    # ------------------------------------------
 
     def _new_clock(self) -> ProgressClock:
         waits = [self.spec.get("delay_s"), self.spec.get("cool_start_s")]
@@ -509,7 +509,7 @@ class _HostState:
 
 CHECK_TOKENS = 8
 """Greedy tokens every host decodes per model when a run has a group: the group's against a
-member's alone is its correctness check (shared.group_cells.tokens_check)."""
+member's alone is its correctness check (shared.reports.group_cells.tokens_check)."""
 
 
 def run_fleet(

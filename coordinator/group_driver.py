@@ -3,7 +3,7 @@
 
 One HostDriver per member, each on its own connection with its own reconnects and no-progress
 bound, reports to this driver alone; it merges the members' records of each cell into the
-group's (shared.group_cells) and reports the group's events as a HostDriver would. The first
+group's (shared.reports.group_cells) and reports the group's events as a HostDriver would. The first
 member that fails fails the group: every other member's job is cancelled (a rank whose peer is
 gone cannot go on), the cell in flight is recorded failed with that member's reason, and the
 cells already merged stay.
@@ -40,11 +40,11 @@ from coordinator.fleet import (
     Settings,
     Target,
 )
-from shared.bench_group import BenchGroup, group_name
-from shared.group_cells import cause_first, merge_ranks, weights_of
-from shared.matrix import MatrixError, planned_cells
-from shared.rank_env import Member
-from shared.results import cell_record
+from shared.benchmark.matrix import MatrixError, planned_cells
+from shared.benchmark.results import cell_record
+from shared.distributed.group import BenchGroup, group_name
+from shared.distributed.rank_env import Member
+from shared.reports.group_cells import cause_first, merge_ranks, weights_of
 from shared.safe_text import shown
 
 DRAIN_S = 0.2
@@ -57,7 +57,7 @@ class MemberMisled(Exception):
 @dataclass(frozen=True)
 class GroupTarget:
     """Hosts that run each cell as one job, in rank order; `members` as their peers reach
-    them (shared.rank_env.Member: the ring's addresses, JACCL's devices)."""
+    them (shared.distributed.rank_env.Member: the ring's addresses, JACCL's devices)."""
 
     hosts: tuple[Target, ...]
     members: tuple[Member, ...]

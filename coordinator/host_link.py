@@ -20,7 +20,7 @@ from coordinator.cursor_tracker import past
 from coordinator.dashboard import silent_after
 from coordinator.fleet import Settings, Target, connect
 from shared.io.transport import AgentClient, HostError, InvalidMessage, agent_socket
-from shared.telemetry import Cursor
+from shared.wire.telemetry import Cursor
 
 RETRY_S = 2.0
 """Between attempts to reach a host that is down."""

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shared.bench_group import GROUP_JOINER, group_name
+from shared.distributed.group import GROUP_JOINER, group_name
 
 if sys.version_info >= (3, 11):
     import tomllib

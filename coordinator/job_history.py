@@ -1,5 +1,5 @@
-"""The `agent run` jobs of a window, per host, from what `coordinator monitor` recorded: each
-job's `summary` event (shared.job_account: wall time, paused, hottest reading, energy, tokens/s
+"""The `agent run` jobs of a window, per host, from what `coordinator monitor` recorded: each job's
+`summary` event (shared.cooling.job_account: wall time, paused, hottest reading, energy, tokens/s
 and throttle) and the reason of its last pause (a gang's says which Mac paused all its ranks).
 
 An agent wrote the summary's JSON: every field is checked before it is kept (a number must be a

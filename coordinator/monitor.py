@@ -37,11 +37,11 @@ from coordinator.host_link import (
     Session,
 )
 from coordinator.telemetry_store import Row, TelemetryStore
-from shared import protocol as p
-from shared.agent_shapes import check_agent_body
-from shared.calibration import origin_in_detail, origin_told
+from shared.cooling.calibration import origin_in_detail, origin_told
 from shared.shapes import Invalid
-from shared.telemetry import Cursor
+from shared.wire import protocol as p
+from shared.wire.agent_shapes import check_agent_body
+from shared.wire.telemetry import Cursor
 
 if TYPE_CHECKING:
     from shared.io.metrics import TelemetryMetrics

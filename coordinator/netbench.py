@@ -20,8 +20,7 @@ import zmq
 from coordinator.fleet import Settings, Target, connect
 from coordinator.store import RunStore
 from shared.clock import utc_now
-from shared.io.transport import AgentClient, AgentError, HostError
-from shared.netbench import (
+from shared.distributed.netbench import (
     Measured,
     NetbenchError,
     measured_from,
@@ -30,7 +29,7 @@ from shared.netbench import (
     stalled,
     stored_measurement,
 )
-from shared.rank_env import (
+from shared.distributed.rank_env import (
     JACCL,
     Member,
     RankEnvError,
@@ -38,7 +37,8 @@ from shared.rank_env import (
     chosen_backend,
     jaccl_devices,
 )
-from shared.rank_shapes import KIND_NETBENCH, MAX_BOUND_S
+from shared.distributed.rank_shapes import KIND_NETBENCH, MAX_BOUND_S
+from shared.io.transport import AgentClient, AgentError, HostError
 
 POLL_S = 0.25
 BOUND_SLACK_S = 120.0

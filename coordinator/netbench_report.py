@@ -1,6 +1,6 @@
 """A netbench report as people and scripts read it: the table `coordinator netbench` and `show`
-print, the same rows as md, csv, jsonl or sql (shared.report's writers), and two runs compared
-per operation, link and size, bus bandwidth B over A. No sockets: `coordinator show` and
+print, the same rows as md, csv, jsonl or sql (shared.reports.benchmark's writers), and two runs
+compared per operation, link and size, bus bandwidth B over A. No sockets: `coordinator show` and
 `compare` load it from the run store alone."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 from rich.text import Text
 
 from coordinator.compare import speedup_text
-from shared.netbench import ALL_SUM, format_bytes
-from shared.report import NA, drawn_text, markdown_table, rows_csv, rows_sql, strict_json
+from shared.distributed.netbench import ALL_SUM, format_bytes
+from shared.reports.benchmark import NA, drawn_text, markdown_table, rows_csv, rows_sql, strict_json
 from shared.safe_text import shown
 from shared.stats import ci95_half_width
 from shared.tables import TEXT, WHOLE, FitTable
@@ -113,7 +113,7 @@ def flat_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def netbench_text(report: dict[str, Any], fmt: str, width: int = 160) -> str:
-    """The report in any of shared.report's FORMATS as text (the table: drawn_text)."""
+    """The report in any of shared.reports.benchmark's FORMATS as text (the table: drawn_text)."""
     if fmt == "table":
         return drawn_text(netbench_table(report), width)
     if fmt == "json":

@@ -9,12 +9,12 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from shared.agent_shapes import MACHINE_FIELDS, MODEL_FIELDS, salvaged, salvaged_record
-from shared.aggregate import mark_fastest
-from shared.group_cells import mark_groups
-from shared.matrix import planned_cells
-from shared.netbench import measurement_of, report_of
-from shared.results import not_run
+from shared.benchmark.aggregate import mark_fastest
+from shared.benchmark.matrix import planned_cells
+from shared.benchmark.results import not_run
+from shared.distributed.netbench import measurement_of, report_of
+from shared.reports.group_cells import mark_groups
+from shared.wire.agent_shapes import MACHINE_FIELDS, MODEL_FIELDS, salvaged, salvaged_record
 
 RUNNING, INTERRUPTED = "running", "interrupted"
 
@@ -65,7 +65,7 @@ def netbench_report(
     cells: list[Mapping[str, Any]],
 ) -> dict[str, Any]:
     """The report of one netbench run (coordinator.netbench.save_run's rows): its spec, each
-    host's rank as it ended, the line it failed with, and shared.netbench's figures."""
+    host's rank as it ended, the line it failed with, and shared.distributed.netbench's figures."""
     spec = json.loads(run["spec"])
     found = [measurement_of(json.loads(cell["record"])) for cell in cells]
     return {

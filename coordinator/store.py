@@ -22,9 +22,9 @@ from typing import Any
 
 from coordinator.run_report import INTERRUPTED, RUNNING, fleet_report, netbench_report
 from shared.clock import iso, utc_now
+from shared.distributed.rank_shapes import KIND_NETBENCH
 from shared.io.paths import data_dir
 from shared.io.sqlite import open_store
-from shared.rank_shapes import KIND_NETBENCH
 
 PENDING = "pending"
 OWNER = f"{socket.gethostname()}:{os.getpid()}"

@@ -12,7 +12,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from coordinator.plot import MIN_SPAN_C, MIN_SPAN_W, keep_span, plot_text
-from shared.sustain_report import sustained
+from shared.reports.sustain import sustained
 
 PANELS = (("tokens_per_sec", "tok/s"), ("celsius", "SoC °C"), ("watts", "W"))
 UNKNOWN = {

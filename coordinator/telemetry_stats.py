@@ -34,7 +34,7 @@ PAUSED = "COALESCE(job_paused, instr(jobs, ?) > 0)"
 """Whether a sample lists a paused job: the store's flag, or in a row recorded before the flag
 (coordinator.telemetry_store, version 4), its `jobs` text read for PAUSED_JOB."""
 PAUSED_JOB = json.dumps({"state": "paused"})[1:-1]
-"""How a paused job reads in a sample's stored `jobs` (shared.telemetry stores it with
+"""How a paused job reads in a sample's stored `jobs` (shared.wire.telemetry stores it with
 json.dumps): `"state": "paused"` cannot occur inside a JSON string, whose quotes are escaped."""
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _AGO = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", re.IGNORECASE)

@@ -20,7 +20,7 @@ from typing import Any
 
 from shared.io.paths import data_dir
 from shared.io.sqlite import open_store
-from shared.telemetry import Cursor, Event, Sample
+from shared.wire.telemetry import Cursor, Event, Sample
 
 MIGRATIONS = (
     """
@@ -87,7 +87,7 @@ ALTER TABLE policies ADD COLUMN origin TEXT
 """,
 )
 """The schema, version by version (shared.io.sqlite.open_store): version 2 names the columns as
-shared.telemetry does, keeps each row's `seq` as the agent numbered it, and each host's cursor;
+shared.wire.telemetry does, keeps each row's `seq` as the agent numbered it, and each host's cursor;
 version 3 keeps what the agent could not write when it took the sample (storage_error);
 version 4 keeps whether a sample lists a paused job (`coordinator history` counts them without
 parsing `jobs`; NULL in rows recorded before, where it reads `jobs`); version 5 what its power

@@ -1,4 +1,5 @@
-"""What the agent and the coordinator share: pure modules here (protocol, matrix, policy,
-telemetry, results, stats, reports), the I/O helpers both need in shared.io."""
+"""What the agent and the coordinator share, by concept: a small kit at the top (shapes, tables,
+safe_text, stats, bounds, clock, exit_codes), then cooling/, benchmark/, distributed/, wire/ and
+reports/, all pure, and io/, the I/O helpers both sides need (README, Where things are)."""
 
 __version__ = "0.1.0"

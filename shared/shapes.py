@@ -1,6 +1,6 @@
-"""Shapes: checks of nested wire values, built from a few combinators, each naming the first
-problem by its path (`record.tokens_per_sec is a str`). Pure: shared.agent_shapes spells what an
-agent may send with them, so the coordinator can trust nothing it did not check."""
+"""Shapes: checks of nested wire values, built from a few combinators, each naming the first problem
+by its path (`record.tokens_per_sec is a str`). Pure: shared.wire.agent_shapes spells what an agent
+may send with them, so the coordinator can trust nothing it did not check."""
 
 from __future__ import annotations
 

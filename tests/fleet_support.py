@@ -16,10 +16,10 @@ from pathlib import Path
 
 import zmq
 
-from shared import protocol as p
 from shared.io.keys import own_keypair
 from shared.io.transport import AgentClient
 from shared.io.trust import trust
+from shared.wire import protocol as p
 from tests.conftest import console_script, subprocess_env
 
 READY = re.compile(

@@ -1,5 +1,6 @@
 """Real ranks of MLX's ring backend on loopback for tests: each started with the environment
-shared.rank_env writes (as mlx.launch would), then waited for with a generous deadline."""
+shared.distributed.rank_env writes (as mlx.launch would), then waited for with a generous
+deadline."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from shared.rank_env import RING, Member, rank_launch
+from shared.distributed.rank_env import RING, Member, rank_launch
 
 ROOT = Path(__file__).resolve().parents[1]
 DEADLINE_S = 300.0

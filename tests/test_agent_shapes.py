@@ -1,4 +1,4 @@
-"""What an agent sends, checked to its last field (shared.agent_shapes), and what a stored run
+"""What an agent sends, checked to its last field (shared.wire.agent_shapes), and what a stored run
 that predates the checks still shows (salvaged_record, the report's formats)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from coordinator.fleet import HostJob
-from shared.agent_shapes import check_agent_body, salvaged_record
-from shared.report import render_text
+from shared.reports.benchmark import render_text
 from shared.shapes import Invalid
+from shared.wire.agent_shapes import check_agent_body, salvaged_record
 
 RECORD: dict[str, Any] = {
     "model": "small",
@@ -197,7 +197,7 @@ def test_agent_strings_are_escaped_in_every_text_format() -> None:
 
 
 def test_every_type_an_agent_sends_has_a_shape() -> None:
-    from shared import protocol as p
-    from shared.agent_shapes import BODIES
+    from shared.wire import protocol as p
+    from shared.wire.agent_shapes import BODIES
 
     assert set(p.SCHEMAS) - p.REQUESTS == set(BODIES)

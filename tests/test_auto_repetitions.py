@@ -11,23 +11,23 @@ import pytest
 import zmq
 
 from coordinator.fleet import HostDriver, HostEvent, Settings, Target
-from shared.io.options import MatrixOptions, parse_precision
-from shared.job_progress import ProgressClock
-from shared.matrix import (
+from shared.benchmark.matrix import (
     DEFAULT_COOL_START_S,
     DEFAULT_MAX_REPETITIONS,
     Cell,
     MatrixError,
     MatrixSpec,
 )
-from shared.results import cell_record
+from shared.benchmark.progress import ProgressClock
+from shared.benchmark.results import cell_record
+from shared.benchmark.verdict import NOISY, NOISY_SHARE, interval, is_noisy
+from shared.io.options import MatrixOptions, parse_precision
 from shared.stats import (
     MIN_AUTO_REPETITIONS,
     ci95_half_width,
     precise_enough,
     summarize_latencies,
 )
-from shared.verdict import NOISY, NOISY_SHARE, interval, is_noisy
 from tests.conftest import run_cli
 
 

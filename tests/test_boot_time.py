@@ -1,12 +1,13 @@
-"""Boot times (agent.awake.boot) from captured text, and reboots during a run (shared.reboots)."""
+"""Boot times (agent.awake.boot) from captured text, and reboots during a run
+(shared.benchmark.reboots)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from agent.awake.boot import boot_time, parse_proc_stat, parse_sysctl
-from shared.reboots import rebooted, rebooted_hosts
-from shared.report import header_lines
+from shared.benchmark.reboots import rebooted, rebooted_hosts
+from shared.reports.benchmark import header_lines
 
 SYSCTL = "{ sec = 1733112345, usec = 123000 } Mon Dec  2 04:05:45 2024\n"
 """`sysctl -n kern.boottime` as macOS prints it (the struct timeval, then ctime's text)."""

@@ -16,10 +16,10 @@ from agent.daemon.benchmark.deadline import BOUND_ENV, job_bound, too_long
 from coordinator.commands.history import unknown_host_message
 from coordinator.telemetry_store import TelemetryStore
 from shared import bounds
-from shared import protocol as p
+from shared.benchmark.matrix import MatrixError, MatrixSpec
+from shared.benchmark.sustain import SustainError, SustainPlan
 from shared.bounds import BoundError, check_count, check_seconds, duration_text, job_bound_s
-from shared.matrix import MatrixError, MatrixSpec
-from shared.sustain import SustainError, SustainPlan
+from shared.wire import protocol as p
 from tests.conftest import run_cli
 from tests.fleet_support import AgentPool, connect, trusted_agent
 from tests.test_history_stats import sample

@@ -19,9 +19,9 @@ import pytest
 from agent.power.capture import PowerCaptureSource
 from agent.sensors.capture import CaptureFormatError, header_line, poll_line, read_capture
 from agent.thermal.capture import CaptureSource
-from shared.calibration import source_defaults
+from shared.cooling.calibration import source_defaults
+from shared.cooling.policy import Action, CoolingState, Supervision, decide, react
 from shared.exit_codes import EXIT_THERMAL_STOP
-from shared.policy import Action, CoolingState, Supervision, decide, react
 from tests.power_support import powercap_zone
 
 FIXTURES = Path(__file__).parent / "fixtures" / "captures"

@@ -12,8 +12,8 @@ import typer.testing
 
 from agent.cli import app as agent_app
 from coordinator.cli import app as coordinator_app
+from shared.cooling.policy import ThermalPolicy
 from shared.io.options import MatrixOptions, PolicyOptions, ThermalOptions, with_options
-from shared.policy import ThermalPolicy
 
 
 def command(app: typer.Typer, name: str) -> Any:

@@ -21,11 +21,11 @@ from coordinator.compare import (
     speedup,
 )
 from coordinator.store import RunStore
-from shared.aggregate import mark_fastest
-from shared.matrix import Cell
-from shared.results import cell_record
+from shared.benchmark.aggregate import mark_fastest
+from shared.benchmark.matrix import Cell
+from shared.benchmark.results import cell_record
+from shared.benchmark.verdict import separated
 from shared.stats import summarize_latencies
-from shared.verdict import separated
 from tests.test_store import failed_cell, fill_run, ok_cell
 
 

@@ -15,14 +15,14 @@ import zmq
 
 from agent.cooling.scheduler import ThermalGuard
 from agent.thermal import ThermalMonitor, ThermalReading, ThermalSource
-from shared.agent_shapes import check_agent_body
-from shared.cool_start import CoolWait, cool_wait_line
+from shared.benchmark.matrix import MatrixError, MatrixSpec
+from shared.benchmark.verdict import HOT_START
+from shared.cooling.cool_start import CoolWait, cool_wait_line
+from shared.cooling.policy import ThermalPolicy
 from shared.io.keys import own_keypair
 from shared.io.trust import trust
-from shared.matrix import MatrixError, MatrixSpec
-from shared.policy import ThermalPolicy
 from shared.shapes import Invalid
-from shared.verdict import HOT_START
+from shared.wire.agent_shapes import check_agent_body
 from tests.conftest import run_cli
 from tests.fleet_support import AgentPool, connect
 

@@ -10,7 +10,7 @@ import pytest
 from agent.cooling.guard import CellGuard
 from agent.cooling.scheduler import CoolingScheduler, ThermalGuard, ThermalShutdownError
 from agent.thermal import ThermalMonitor, ThermalReading, ThermalSource
-from shared.policy import (
+from shared.cooling.policy import (
     HOT_POLLS_TO_STOP,
     MISSING_POLLS_TO_RESUME,
     Action,
@@ -90,7 +90,7 @@ def test_a_stop_reached_during_a_pause_raises(tmp_path: Path) -> None:
 def test_a_pause_holds_without_a_reading_then_resumes_after_the_missing_polls(
     tmp_path: Path,
 ) -> None:
-    """The one cooling rule (shared.policy.react), as `agent run` applies it."""
+    """The one cooling rule (shared.cooling.policy.react), as `agent run` applies it."""
     actions: list[tuple[Action, ThermalReading | None, str | None]] = []
     with ThermalMonitor(POLL, source=replay(tmp_path, "0,90\n0.1,\n")) as monitor:
         monitor.start()

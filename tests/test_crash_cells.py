@@ -20,9 +20,9 @@ from agent.daemon.benchmark.process import output_said
 from agent.model import ModelArgs, build_model
 from agent.profiling.footprint import cell_footprint, model_shape, refusal
 from agent.profiling.runner import machine_memory, run_matrix
+from shared.benchmark.matrix import Cell, MatrixSpec, expand
 from shared.io.keys import own_keypair
 from shared.io.trust import trust
-from shared.matrix import Cell, MatrixSpec, expand
 from tests.fleet_support import AgentPool, connect, trusted_agent
 
 pytestmark = pytest.mark.timeout(300)

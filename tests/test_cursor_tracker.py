@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from coordinator.cursor_tracker import CursorTracker
-from shared.telemetry import Cursor
+from shared.wire.telemetry import Cursor
 
 
 def numbered(*seqs: int | None) -> list[dict[str, Any]]:

@@ -1,5 +1,5 @@
 """`agent doctor` / `coordinator doctor` end with a verdict, the ✗ that matter first
-(shared.doctor_verdict): pure, fed reports as the agent makes them."""
+(shared.reports.doctor_verdict): pure, fed reports as the agent makes them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.console import Console
 
-from shared.doctor_verdict import doctor_view, ranked, verdict
+from shared.reports.doctor_verdict import doctor_view, ranked, verdict
 
 
 def check(name: str, ok: bool, required: bool = False) -> dict[str, Any]:

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from shared.report import render_text
-from shared.sustain import SustainError, SustainPlan, parse_duration, summarize
+from shared.benchmark.sustain import SustainError, SustainPlan, parse_duration, summarize
+from shared.reports.benchmark import render_text
 from tests.fleet_support import cli
 from tests.power_support import RaplCounter
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from shared.verdict import separated
+from shared.benchmark.verdict import separated
 from tests.conftest import console_script, subprocess_env
 from tests.fleet_support import LONG, QUICK, AgentPool, cli, exchange_keys
 

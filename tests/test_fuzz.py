@@ -13,8 +13,8 @@ import msgpack
 import pytest
 import zmq
 
-from shared import protocol as p
 from shared.io.keys import own_keypair
+from shared.wire import protocol as p
 from tests.fleet_support import AgentPool, AgentProcess, trusted_agent
 from tests.test_protocol import VALID_BODIES
 

@@ -1,9 +1,9 @@
-"""Distributed jobs as gangs (shared.gang, agent.cooling.gang): a real MLX ring job of two ranks,
-each under `agent run` beside its own real `agent serve` (127.0.0.2 and 127.0.0.3, keys
-exchanged with `agent keys trust --peer`), and no coordinator: a policy that makes one Mac ask
-for a pause parks both ranks (state T), they resume together, the job ends with the right
-result; a stop ends both with 75; with one peer's agent down the hot rank protects itself and
-says so, and the restarted agent brings the gang back.
+"""Distributed jobs as gangs (shared.cooling.gang, agent.cooling.gang): a real MLX ring job of two
+ranks, each under `agent run` beside its own real `agent serve` (127.0.0.2 and 127.0.0.3, keys
+exchanged with `agent keys trust --peer`), and no coordinator: a policy that makes one Mac ask for a
+pause parks both ranks (state T), they resume together, the job ends with the right result; a stop
+ends both with 75; with one peer's agent down the hot rank protects itself and says so, and the
+restarted agent brings the gang back.
 
 The temperature is a constant replayed 70 °C on both Macs; what crosses is the policy, pushed
 with policy.set to one agent (the test holds the coordinator key both trust), so nothing hangs
@@ -30,7 +30,7 @@ import zmq
 
 from coordinator.gang_rows import gang_rows
 from coordinator.keys import add_host_key
-from shared.gang import (
+from shared.cooling.gang import (
     Enforced,
     GangIdentity,
     GangSpecError,
@@ -42,8 +42,8 @@ from shared.gang import (
     steer,
     verdict,
 )
+from shared.cooling.policy import Action, CoolingState
 from shared.io.transport import AgentClient, AgentError
-from shared.policy import Action, CoolingState
 from tests.conftest import console_script, subprocess_env
 from tests.fleet_support import AgentPool, AgentProcess, cli, connect, trusted_agent
 

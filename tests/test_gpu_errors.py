@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import zmq
 
-from shared import gpu_errors
-from shared.faults import GPU_ERROR_KINDS
+from shared.benchmark import gpu_errors
+from shared.benchmark.faults import GPU_ERROR_KINDS
 from shared.io.keys import own_keypair
 from shared.io.trust import trust
 from tests.fleet_support import AgentPool, connect

@@ -14,7 +14,7 @@ import pytest
 from coordinator.commands.group_check import GroupPlan, GroupRefused, _Answer, checked_backend
 from coordinator.fleet import Target
 from coordinator.group_driver import GroupTarget
-from shared.rank_env import Member
+from shared.distributed.rank_env import Member
 from tests.fleet_support import AgentPool, AgentProcess
 from tests.group_support import insecure_benchmark as coordinator
 from tests.group_support import wait_for_no_rank

@@ -19,8 +19,8 @@ from coordinator.hostfile import (
     parse_hosts,
     parse_hosts_and_groups,
 )
-from shared.bench_group import BenchGroup, group_label
-from shared.group_cells import PEER_LOST, mark_groups, merge_ranks, tokens_check
+from shared.distributed.group import BenchGroup, group_label
+from shared.reports.group_cells import PEER_LOST, mark_groups, merge_ranks, tokens_check
 from shared.shapes import Invalid
 
 

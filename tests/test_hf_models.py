@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import zmq
 
-from shared import protocol as p
 from shared.io.transport import AgentError
+from shared.wire import protocol as p
 from tests.conftest import subprocess_env
 from tests.fleet_support import AgentPool, connect, trusted_agent
 from tests.test_model_dir import TINY_LLAMA, write_model

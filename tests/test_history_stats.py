@@ -27,7 +27,7 @@ from coordinator.telemetry_stats import (
     threshold_in_force,
 )
 from coordinator.telemetry_store import TelemetryStore
-from shared.telemetry import Cursor
+from shared.wire.telemetry import Cursor
 
 POLICY = {
     "max_speed_temp": 75.0,

@@ -24,7 +24,7 @@ import pytest
 
 from agent.cooling.events import EventLog
 from agent.cooling.output_tee import OutputTee, environment
-from shared.job_account import (
+from shared.cooling.job_account import (
     MAX_LINE,
     NO_METER,
     JobAccount,
@@ -34,7 +34,7 @@ from shared.job_account import (
     parse_report,
     render,
 )
-from shared.telemetry import Event
+from shared.wire.telemetry import Event
 from tests.fleet_support import AgentPool
 
 

@@ -16,7 +16,7 @@ from agent.profiling.machine import (
     parse_profiler_gpu_cores,
     parse_sysctl,
 )
-from shared.report import machine_line
+from shared.reports.benchmark import machine_line
 
 FAKE = Path(__file__).parent / "fakes" / "mac_tools.py"
 TOOLS = ("sysctl", "sw_vers", "ioreg", "system_profiler")

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from shared.matrix import (
+from shared.benchmark.matrix import (
     DECODE,
     PREFILL,
     PREFILL_DECODE,
@@ -25,8 +25,8 @@ from shared.matrix import (
     parse_pair,
     planned_cells,
 )
-from shared.report import record_model_label
-from shared.results import not_run
+from shared.benchmark.results import not_run
+from shared.reports.benchmark import record_model_label
 
 
 def test_cells_are_labelled_like_llama_bench() -> None:

@@ -24,7 +24,7 @@ from coordinator.keys import add_host_key
 from coordinator.monitor import Monitor
 from coordinator.telemetry_store import TelemetryStore
 from shared.io.keys import own_keypair
-from shared.telemetry import Event
+from shared.wire.telemetry import Event
 from tests.conftest import console_script, subprocess_env
 from tests.fleet_support import AgentPool, AgentProcess, cli, trusted_agent
 

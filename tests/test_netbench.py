@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.netbench import (
+from shared.distributed.netbench import (
     ALL_SUM,
     DEFAULT_SIZES,
     SEND_RECV,

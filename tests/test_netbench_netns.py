@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from shared.netbench import progress_step
+from shared.distributed.netbench import progress_step
 from tests.conftest import console_script, subprocess_env
 from tests.fleet_support import AgentPool, AgentProcess, cli, exchange_keys
 from tests.test_netbench_cli import ranks_running

@@ -19,10 +19,10 @@ import pytest
 from agent.awake.panics import BOOT_SLACK_S, MAX_READ, RECENT_S, parse, read, scan, since_boot
 from agent.doctor.capture import boot_facts, machine_facts
 from agent.doctor.checks import panic_check
-from shared.agent_shapes import check_agent_body, salvaged_record
-from shared.reboots import MAX_PANICS, PANIC_TEXT_CAP, reboot_panics
-from shared.report import NO_PANIC_REPORT, header_lines, render_text
+from shared.benchmark.reboots import MAX_PANICS, PANIC_TEXT_CAP, reboot_panics
+from shared.reports.benchmark import NO_PANIC_REPORT, header_lines, render_text
 from shared.shapes import Invalid
+from shared.wire.agent_shapes import check_agent_body, salvaged_record
 from tests.fleet_support import cli
 from tests.test_agent_shapes import RECORD, cell
 from tests.test_doctor import free_port

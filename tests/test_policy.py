@@ -6,14 +6,14 @@ import msgpack
 import pytest
 
 from agent.thermal import ThermalReading
-from shared.calibration import (
+from shared.cooling.calibration import (
     SET_BY_COORDINATOR,
     origin_in_detail,
     origin_told,
     policy_event_detail,
     with_given,
 )
-from shared.policy import (
+from shared.cooling.policy import (
     HOT_POLLS_TO_STOP,
     MISSING_POLLS_TO_RESUME,
     PRESSURE_STATES,

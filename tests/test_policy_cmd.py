@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from coordinator.telemetry_store import TelemetryStore
-from shared.calibration import check_given
+from shared.cooling.calibration import check_given
 from tests.fleet_support import AgentPool, cli
 from tests.test_monitor import known_agent
 

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import zmq
 
-from shared import protocol as p
-from shared.calibration import SET_BY_COORDINATOR, source_defaults
+from shared.cooling.calibration import SET_BY_COORDINATOR, source_defaults
+from shared.cooling.policy import ThermalPolicy
 from shared.io.transport import AgentError
-from shared.policy import ThermalPolicy
+from shared.wire import protocol as p
 from tests.fleet_support import AgentPool, connect, receive, subscriber, trusted_agent
 
 DEFAULT = ThermalPolicy().to_dict()

@@ -32,7 +32,7 @@ from agent.power.streams import MacmonPowerSource, PowermetricsPowerSource
 from agent.power.synthetic import PowerReplaySource, PowerSimSource
 from agent.sensors.base import SourceUnavailable
 from agent.sensors.replay import ReplayFormatError, parse_replay_csv
-from shared.energy import (
+from shared.benchmark.energy import (
     SHORT_WINDOW_FLAG,
     MeterInfo,
     Window,
@@ -40,7 +40,7 @@ from shared.energy import (
     energy_flags,
     whole,
 )
-from shared.source_names import (
+from shared.cooling.sources import (
     KNOWN_POWER_SOURCES,
     SimParams,
     SourceSpecError,

@@ -1,7 +1,7 @@
 """Progress that tells the truth (issue 28, builds 2 and 6): model builds announced with their size,
 labels that name the cell, the idle baseline and a cooling pause, Ctrl-C obeyed mid-build, and
 the warnings owed where the cooling policy cannot act or quantized cells crawl. The words are
-shared.bench_status's (pure); the ends are real processes: `agent bench`, and a two-host
+shared.benchmark.status's (pure); the ends are real processes: `agent bench`, and a two-host
 `coordinator benchmark` over real agents, one of them on a replayed curve that crosses
 pause_temp."""
 
@@ -19,8 +19,7 @@ import pytest
 import zmq
 
 from agent.profiling.runner import builtin_param_count
-from shared.agent_shapes import check_agent_body
-from shared.bench_status import (
+from shared.benchmark.status import (
     PauseView,
     activity_label,
     baseline_label,
@@ -34,6 +33,7 @@ from shared.bench_status import (
 from shared.io.keys import own_keypair
 from shared.io.trust import trust
 from shared.shapes import Invalid
+from shared.wire.agent_shapes import check_agent_body
 from tests.conftest import console_script, run_cli, subprocess_env
 from tests.fleet_support import AgentPool, connect
 

@@ -20,7 +20,7 @@ import zmq
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared import verdict
+from shared.benchmark import verdict
 from shared.io import metrics as metrics_module
 from shared.io.metrics import TelemetryMetrics, serve_metrics
 from shared.io.transport import AgentClient

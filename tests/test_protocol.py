@@ -8,8 +8,8 @@ import msgpack
 import pytest
 import zmq
 
-from shared import protocol as p
 from shared.io.transport import handshake_diagnosis, timeout_diagnosis
+from shared.wire import protocol as p
 
 GANG_MEMBER = {
     "rank": 1,

@@ -10,10 +10,10 @@ import pytest
 import zmq
 
 from agent.daemon.benchmark.jobs import job_page
-from shared import protocol as p
+from shared.benchmark.matrix import MAX_CELLS, MAX_MODEL_LENGTH
 from shared.io.keys import own_keypair
 from shared.io.transport import AgentClient, AgentError
-from shared.matrix import MAX_CELLS, MAX_MODEL_LENGTH
+from shared.wire import protocol as p
 from tests.fleet_support import AgentPool, AgentProcess, connect, trusted_agent
 
 pytestmark = pytest.mark.timeout(120)

@@ -1,6 +1,6 @@
-"""A rank's environment as mlx.launch writes it (shared.rank_env), checked by MLX itself: two
-ranks started with nothing but that environment form a ring and sum across it. JACCL cannot
-run here (macOS 26.2+, Thunderbolt 5): its hostfile rules are checked as mlx.launch checks
+"""A rank's environment as mlx.launch writes it (shared.distributed.rank_env), checked by MLX
+itself: two ranks started with nothing but that environment form a ring and sum across it. JACCL
+cannot run here (macOS 26.2+, Thunderbolt 5): its hostfile rules are checked as mlx.launch checks
 them."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.rank_env import (
+from shared.distributed.rank_env import (
     JACCL,
     RING,
     Member,

@@ -26,8 +26,8 @@ from agent.cluster.rank_process import (
     RankProcess,
     python_module,
 )
-from shared.netbench import measured_from, progress_total
-from shared.rank_env import RING, Member, rank_launch
+from shared.distributed.netbench import measured_from, progress_total
+from shared.distributed.rank_env import RING, Member, rank_launch
 from tests.ring_support import ROOT, free_port_run
 
 DEADLINE_S = 300.0

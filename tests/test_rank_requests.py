@@ -14,8 +14,8 @@ import psutil
 import pytest
 import zmq
 
+from shared.distributed.netbench import measured_from, progress_total
 from shared.io.transport import AgentClient, AgentError
-from shared.netbench import measured_from, progress_total
 from tests.fleet_support import AgentPool, connect, trusted_agent
 from tests.ring_support import free_port_run
 

@@ -23,9 +23,9 @@ import zmq
 from agent import RemoteMonitor
 from agent.cooling import CoolingScheduler, ThermalShutdownError
 from agent.daemon_address import STATE_FILE
-from shared import protocol as p
+from shared.cooling.policy import ThermalPolicy
 from shared.exit_codes import EXIT_THERMAL_STOP
-from shared.policy import ThermalPolicy
+from shared.wire import protocol as p
 from tests.conftest import subprocess_env
 from tests.fleet_support import (
     AgentPool,

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from shared import protocol as p
 from shared.io.transport import AgentError
+from shared.wire import protocol as p
 from tests.conftest import console_script, subprocess_env
 from tests.fleet_support import LONG, AgentPool, AgentProcess, cli, connect, exchange_keys
 

@@ -23,9 +23,9 @@ import psutil
 import pytest
 
 from agent.cooling.events import EventLog
+from shared.cooling.policy import HOT_POLLS_TO_STOP
 from shared.exit_codes import EXIT_THERMAL_STOP
-from shared.policy import HOT_POLLS_TO_STOP
-from shared.telemetry import Event
+from shared.wire.telemetry import Event
 
 POLL_S = 0.1
 # The Done-when bound is poll interval + 100 ms. This slow shared 2-core machine gets this much

@@ -12,9 +12,9 @@ import pytest
 from agent.model import ModelArgs
 from agent.profiling import settings as reader
 from agent.profiling.runner import run_matrix
-from shared.faults import parse
-from shared.matrix import MatrixSpec
-from shared.settings import SETTINGS
+from shared.benchmark.faults import parse
+from shared.benchmark.matrix import MatrixSpec
+from shared.benchmark.settings import SETTINGS
 from tests.conftest import subprocess_env
 from tests.fleet_support import QUICK, cli
 

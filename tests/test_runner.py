@@ -12,7 +12,7 @@ from agent.power.meter import EnergyMeter
 from agent.power.rapl import RaplSource
 from agent.profiling import BenchmarkSuite
 from agent.profiling.runner import run_matrix
-from shared.matrix import MatrixSpec
+from shared.benchmark.matrix import MatrixSpec
 from tests.power_support import powercap_zone
 
 

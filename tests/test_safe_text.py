@@ -8,7 +8,7 @@ import pytest
 from rich.console import Console
 from rich.text import Text
 
-from shared.doctor import doctor_table
+from shared.reports.doctor import doctor_table
 from shared.safe_text import SHOWN_CAP, shown
 
 HOSTILE = {

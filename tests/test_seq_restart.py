@@ -30,11 +30,11 @@ from agent.daemon.hub import TelemetryHub
 from agent.daemon.storage import StorageHealth
 from agent.daemon.throttle import LogThrottle
 from agent.thermal import open_source
-from shared import protocol as p
 from shared.io.keys import own_keypair
 from shared.io.transport import AgentClient
 from shared.io.trust import trust
-from shared.telemetry import Event, Sample
+from shared.wire import protocol as p
+from shared.wire.telemetry import Event, Sample
 from tests.fleet_support import AgentPool, AgentProcess, connect, subscriber
 from tests.test_storage import fill
 

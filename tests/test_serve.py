@@ -15,10 +15,10 @@ import psutil
 import pytest
 import zmq
 
-from shared import protocol as p
 from shared.io.keys import new_keypair, own_keypair
 from shared.io.transport import AgentClient, AgentError, HostError
 from shared.io.trust import trust
+from shared.wire import protocol as p
 from tests.fleet_support import AgentPool, AgentProcess, connect, trusted_agent
 
 pytestmark = pytest.mark.timeout(60)

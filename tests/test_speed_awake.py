@@ -1,5 +1,5 @@
 """The speed profiler's warm-up count, re-warm after a gap and sleep detection, on a real model:
-what the verdict's cold and slept rules read (shared/verdict.py)."""
+what the verdict's cold and slept rules read (shared/benchmark/verdict.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from agent.awake.clocks import SleepWindow, system_clocks
 from agent.model import ModelArgs, build_model
 from agent.profiling.runner import run_matrix
 from agent.profiling.speed import REWARM_GAP_S, SpeedProfiler
-from shared.matrix import MatrixSpec
+from shared.benchmark.matrix import MatrixSpec
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """The versioned-schema helper every store opens with (real SQLite files), the upgrade of files
-earlier releases wrote, and every telemetry table holding exactly shared.telemetry's columns."""
+earlier releases wrote, and every telemetry table holding exactly shared.wire.telemetry's
+columns."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from agent.cooling.events import EventLog
 from agent.daemon.history import MEMORY_SAMPLES, WRITE_EVERY, TelemetryHistory
 from coordinator.telemetry_store import TelemetryStore
 from shared.io.sqlite import StoreError, open_store, store_id
-from shared.telemetry import Event, Sample
+from shared.wire.telemetry import Event, Sample
 
 STEPS = ("CREATE TABLE a (x INTEGER)", "ALTER TABLE a ADD COLUMN y TEXT; CREATE TABLE b (z REAL)")
 
@@ -110,7 +111,7 @@ def test_every_telemetry_table_holds_the_shared_types_columns(tmp_path: Path) ->
 
 def test_files_of_the_unversioned_release_are_upgraded_with_their_rows(tmp_path: Path) -> None:
     """What agent serve and agent run wrote before stores had versions: every row is kept,
-    numbered, with the columns renamed as shared.telemetry names them."""
+    numbered, with the columns renamed as shared.wire.telemetry names them."""
     events, samples = tmp_path / "agent-events.sqlite", tmp_path / "agent-telemetry.sqlite"
     with sqlite3.connect(events) as raw:
         raw.executescript(

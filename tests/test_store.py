@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from coordinator.store import MIGRATIONS, RunStore, UnknownRunError
+from shared.benchmark.matrix import Cell
+from shared.benchmark.results import cell_record
 from shared.io.sqlite import StoreError
-from shared.matrix import Cell
-from shared.report import render_text
-from shared.results import cell_record
+from shared.reports.benchmark import render_text
 
 MACHINE = {
     "hostname": "mac1",

@@ -3,7 +3,7 @@ coordinator and a real agent, an agent whose ROUTER flaps 50 times, a stream tha
 and its bench.done, and the no-progress bound (a stuck job fails its host, a paused one does not).
 
 Bounds: a run that loses its stream ends within the time its job needs plus RESUME_SLACK_S; a
-stuck job fails within its allowance (shared.job_progress) plus STUCK_SLACK_S.
+stuck job fails within its allowance (shared.benchmark.progress) plus STUCK_SLACK_S.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from coordinator.fleet import (
     run_fleet,
 )
 from coordinator.store import RunStore
-from shared.job_progress import MODEL_BUILD_TIMEOUTS, ProgressClock, no_progress_allowance
+from shared.benchmark.progress import MODEL_BUILD_TIMEOUTS, ProgressClock, no_progress_allowance
 from tests.conftest import console_script, subprocess_env
 from tests.fakes.flapping_agent import FlappingAgent
 from tests.fleet_support import LONG, AgentPool, AgentProcess, cli, connect, count_rows

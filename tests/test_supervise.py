@@ -26,9 +26,9 @@ from agent.cooling.supervise import (
     signal_group,
 )
 from agent.thermal import ThermalMonitor, ThermalReading
+from shared.cooling.policy import ThermalPolicy
 from shared.exit_codes import EXIT_NOT_FOUND, EXIT_THERMAL_STOP
-from shared.policy import ThermalPolicy
-from shared.telemetry import Event
+from shared.wire.telemetry import Event
 
 POLICY = ThermalPolicy(max_speed_temp=75, pause_temp=85, stop_temp=95)
 

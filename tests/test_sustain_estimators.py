@@ -1,5 +1,5 @@
-"""One estimator per figure of a sustained run (shared.sustain, shared.sustain_report, the
-plots) and the temperature trend's window: pure functions fed windows and readings."""
+"""One estimator per figure of a sustained run (shared.benchmark.sustain, shared.reports.sustain,
+the plots) and the temperature trend's window: pure functions fed windows and readings."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 
 from agent.commands.temp import render
 from agent.daemon.telemetry import TREND_WINDOW, trend_c_per_min
-from shared.report import render_text
-from shared.sustain import STEADY_WINDOWS, steady_unknown, summarize, sustained_speed
-from shared.sustain_report import markdown_sustain
+from shared.benchmark.sustain import STEADY_WINDOWS, steady_unknown, summarize, sustained_speed
+from shared.reports.benchmark import render_text
+from shared.reports.sustain import markdown_sustain
 
 
 def window(index: int, tokens: int, timed_s: float, celsius: float = 60.0) -> dict[str, Any]:

@@ -28,9 +28,9 @@ from coordinator.commands.status import STATUS_FOLDS, status_table
 from coordinator.compare import COMPARE_FOLDS, rich_comparison
 from coordinator.dashboard import GANG_FOLDS, gang_table
 from coordinator.gang_rows import GangRow
-from shared.doctor import doctor_table
-from shared.report import BENCH_FOLDS, rich_report
-from shared.sustain_report import SUMMARY_FOLDS, WINDOW_FOLDS
+from shared.reports.benchmark import BENCH_FOLDS, rich_report
+from shared.reports.doctor import doctor_table
+from shared.reports.sustain import SUMMARY_FOLDS, WINDOW_FOLDS
 from shared.tables import NATURAL, RECORD_WIDTH, FitTable
 from tests.conftest import console_script
 

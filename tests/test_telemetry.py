@@ -39,10 +39,8 @@ from agent.power.base import PowerReading, PowerSource
 from agent.power.meter import EnergyMeter
 from agent.sensors.base import SourceInfo
 from agent.thermal import ThermalReading, open_source
-from shared import protocol as p
-from shared.energy import SYSTEM
-from shared.io.transport import AgentError
-from shared.policy import (
+from shared.benchmark.energy import SYSTEM
+from shared.cooling.policy import (
     MISSING_POLLS_TO_RESUME,
     CoolingState,
     JobState,
@@ -51,7 +49,9 @@ from shared.policy import (
     host_state,
     updated_policy,
 )
-from shared.telemetry import Event
+from shared.io.transport import AgentError
+from shared.wire import protocol as p
+from shared.wire.telemetry import Event
 from tests.fleet_support import (
     AgentPool,
     connect,

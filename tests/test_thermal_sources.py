@@ -20,7 +20,7 @@ from agent.thermal import (
 )
 from agent.thermal.base import CallableSource, NoneSource
 from agent.thermal.synthetic import ReplaySource, SimSource, sim_step
-from shared.source_names import SimParams, parse_sim_params
+from shared.cooling.sources import SimParams, parse_sim_params
 
 
 def test_known_sources_are_the_documented_names() -> None:

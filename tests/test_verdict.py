@@ -1,14 +1,15 @@
-"""The verdict's rules (shared/verdict.py), the settings comparison (shared/settings.py) and the
-fault-injection grammar (shared/faults.py), on records made by the real record functions."""
+"""The verdict's rules (shared/benchmark/verdict.py), the settings comparison
+(shared/benchmark/settings.py) and the fault-injection grammar (shared/benchmark/faults.py), on
+records made by the real record functions."""
 
 from __future__ import annotations
 
 import pytest
 
-from shared import faults, verdict
-from shared.matrix import Cell
-from shared.results import cell_record
-from shared.settings import differing
+from shared.benchmark import faults, verdict
+from shared.benchmark.matrix import Cell
+from shared.benchmark.results import cell_record
+from shared.benchmark.settings import differing
 from shared.stats import ci95_half_width, summarize_latencies, t975
 
 CELL = Cell("small", 16, 32, 0, 0, 1)

@@ -1,5 +1,5 @@
 """When this machine booted (epoch seconds): each cell records it, and boot times that differ
-between the cells of one run mean the machine rebooted during it (shared.reboots).
+between the cells of one run mean the machine rebooted during it (shared.benchmark.reboots).
 
 macOS: sysctl kern.boottime, a struct timeval (sysctl(3); `sysctl -n kern.boottime` prints it as
 `{ sec = 1733112345, usec = 123 } Mon Dec  2 ...`), read with sysctlbyname through ctypes.

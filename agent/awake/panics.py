@@ -1,5 +1,5 @@
 """The kernel panic reports macOS leaves, by name and panic string: what ended a boot that a
-run's boot times (agent.awake.boot, shared.reboots) say ended.
+run's boot times (agent.awake.boot, shared.benchmark.reboots) say ended.
 
 macOS writes the report of a panic on the boot after it, as `*.panic` in
 /Library/Logs/DiagnosticReports (older reports are moved to its Retired/; some versions use
@@ -31,7 +31,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from shared.reboots import MAX_PANICS, PANIC_FILE_CAP, PANIC_TEXT_CAP
+from shared.benchmark.reboots import MAX_PANICS, PANIC_FILE_CAP, PANIC_TEXT_CAP
 
 REPORTS = "Library/Logs/DiagnosticReports"
 DIRECTORIES = (Path("/") / REPORTS, Path("/") / REPORTS / "Retired", Path.home() / REPORTS)
@@ -43,7 +43,7 @@ RECENT_S = 7 * 86400.0
 """What `agent doctor` and its capture call recent: a week, as kernel_panic_detection.sh."""
 BOOT_SLACK_S = 60.0
 """A report written this long before the recorded boot time still counts as this boot's: the
-boot time moves with clock corrections (shared.reboots.TOLERANCE_S)."""
+boot time moves with clock corrections (shared.benchmark.reboots.TOLERANCE_S)."""
 _PANIC_KEYS = ("macOSPanicString", "panicString")
 _STRING = {key: re.compile(rf'"{key}"\s*:\s*("(?:[^"\\]|\\.)*")') for key in _PANIC_KEYS}
 """The panic string's literal, found without parsing the whole body: a report cut at MAX_READ

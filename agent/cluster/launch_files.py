@@ -1,12 +1,13 @@
-"""The files mlx.launch writes for a rank (shared.rank_env's RankLaunch.files), written where
-the rank's process will read them: 0600 in a 0700 folder, as they name every peer's address."""
+"""The files mlx.launch writes for a rank (shared.distributed.rank_env's RankLaunch.files), written
+where the rank's process will read them: 0600 in a 0700 folder, as they name every peer's
+address."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from shared.rank_env import RankLaunch
+from shared.distributed.rank_env import RankLaunch
 
 
 def write_launch_files(launch: RankLaunch, folder: Path) -> dict[str, str]:

@@ -22,12 +22,12 @@ import mlx.core as mx
 
 from agent.cluster.lifeline import exit_with_parent
 from agent.cluster.rank_process import PROGRESS
-from shared.netbench import ELEMENT_BYTES, link_name, ops_per_repetition, ring_edges
+from shared.distributed.netbench import ELEMENT_BYTES, link_name, ops_per_repetition, ring_edges
 
 
 class Progress:
-    """Units of the run done (shared.netbench.progress_step names them), written over the
-    file the agent names in PROGRESS so it can tell a rank that moves from one blocked in a
+    """Units of the run done (shared.distributed.netbench.progress_step names them), written over
+    the file the agent names in PROGRESS so it can tell a rank that moves from one blocked in a
     collective. One small pwrite each, always between timed regions; without PROGRESS (a rank
     started by hand) it only counts."""
 
@@ -131,7 +131,7 @@ def gathered(
 def run(spec: dict, progress: Progress) -> dict:
     """Every size's all_sum, then each link's ping-pong, each preceded by a barrier so every
     rank starts it together and followed by the gathering of its timings; `progress` advanced
-    through the units shared.netbench.progress_step names."""
+    through the units shared.distributed.netbench.progress_step names."""
     group = mx.distributed.init(strict=True)
     hosts = spec["hosts"]
     if group.size() != len(hosts):

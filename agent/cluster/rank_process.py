@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.cluster.lifeline import LIFELINE
-from shared.rank_env import RankLaunch
+from shared.distributed.rank_env import RankLaunch
 
 RUNNING, OK, FAILED, STOPPED = "running", "ok", "failed", "stopped"
 REPORT_MAX_BYTES = 1024 * 1024

@@ -33,7 +33,9 @@ from agent.profiling.runner import (
     run_matrix,
 )
 from agent.thermal import ThermalMonitor, ThermalReading
-from shared.bench_status import (
+from shared.benchmark.matrix import MatrixError, MatrixSpec, expand, resolve_bits
+from shared.benchmark.results import failed_cells, not_run
+from shared.benchmark.status import (
     PauseView,
     activity_label,
     baseline_label,
@@ -42,9 +44,11 @@ from shared.bench_status import (
     pause_label,
     quantized_cpu_warning,
 )
-from shared.calibration import PolicyInForce
+from shared.benchmark.sustain import SustainError, SustainPlan
 from shared.clock import now_iso, utc_now
-from shared.cool_start import CoolWait, cool_wait_line
+from shared.cooling.calibration import PolicyInForce
+from shared.cooling.cool_start import CoolWait, cool_wait_line
+from shared.cooling.policy import Action
 from shared.exit_codes import EXIT_PARTIAL, EXIT_USAGE
 from shared.io.cli import check_output, data_home, err, show_report, usage_error
 from shared.io.files import write_private
@@ -61,11 +65,7 @@ from shared.io.options import (
 )
 from shared.io.paths import data_subdir
 from shared.io.signals import interrupted_exit_code, sigterm_as_interrupt
-from shared.matrix import MatrixError, MatrixSpec, expand, resolve_bits
-from shared.policy import Action
-from shared.report import progress_line
-from shared.results import failed_cells, not_run
-from shared.sustain import SustainError, SustainPlan
+from shared.reports.benchmark import progress_line
 
 NoCooling = Annotated[
     bool, typer.Option("--no-cooling", help="Only observe temperatures: never pause or stop.")
@@ -171,7 +171,7 @@ class StatusColumn(ProgressColumn):
 
 def warn_unprotected(report: dict[str, Any], spec: MatrixSpec) -> None:
     """The header's warnings: a source with no sensor leaves the cooling policy inert, and
-    quantized cells crawl on MLX's CPU backend (shared.bench_status decides)."""
+    quantized cells crawl on MLX's CPU backend (shared.benchmark.status decides)."""
     warnings = (
         no_sensor_warning(report["thermal"]["source"]),
         quantized_cpu_warning(

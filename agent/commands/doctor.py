@@ -12,10 +12,10 @@ import typer
 from agent.daemon.endpoints import ServeError, endpoint_for, telemetry_endpoint
 from agent.doctor.checks import report
 from agent.doctor.load_checks import load_checks
-from shared.doctor_verdict import doctor_view
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import emit, err, usage_error
 from shared.io.options import CaptureFile, CaptureSeconds, LoadSeconds, TableFormat
+from shared.reports.doctor_verdict import doctor_view
 
 CAPTURE_INTERVAL_S = 1.0
 

@@ -28,13 +28,13 @@ from agent.cooling.supervise import LaunchError, Sink, Supervisor
 from agent.daemon_address import find_daemon
 from agent.thermal import ThermalMonitor
 from shared.bounds import MAX_GRACE_S, MAX_THROTTLE_WINDOW_S, BoundError, check_seconds
+from shared.cooling.gang import GangIdentity, GangSpecError, from_environment, from_options
+from shared.cooling.job_account import THROTTLE_WINDOW_S, render
 from shared.exit_codes import EXIT_SUPERVISOR_FAILED
-from shared.gang import GangIdentity, GangSpecError, from_environment, from_options
 from shared.io.cli import data_home, fail, usage_error
 from shared.io.options import PolicyOptions, ThermalOptions, with_options
-from shared.job_account import THROTTLE_WINDOW_S, render
-from shared.protocol import DEFAULT_PORT
-from shared.telemetry import Event
+from shared.wire.protocol import DEFAULT_PORT
+from shared.wire.telemetry import Event
 
 
 def print_event(event: Event) -> None:

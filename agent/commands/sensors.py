@@ -7,9 +7,9 @@ from agent.power.meter import EnergyMeter
 from agent.power.registry import open_power_source
 from agent.sensors.base import SourceUnavailable
 from agent.thermal.monitor import ThermalMonitor
+from shared.cooling.sources import SourceSpecError, UnknownSourceError
 from shared.io.cli import fail, usage_error
 from shared.io.options import PowerOptions, ThermalOptions
-from shared.source_names import SourceSpecError, UnknownSourceError
 
 
 def open_monitor(thermal: ThermalOptions, unavailable: int) -> ThermalMonitor:

@@ -34,9 +34,9 @@ from agent.service.launchctl import current_session
 from agent.service.plan import PlanError, make_plan, user_scope_under_root
 from agent.service.run_as import invoking_account, root_program_problem
 from agent.service.scope import SudoRefused, auto_scope, escalated, sudo_allows
+from shared.cooling.sources import SourceSpecError, parse_source_name
 from shared.io.cli import emit, err, fail, usage_error
 from shared.io.options import TableFormat
-from shared.source_names import SourceSpecError, parse_source_name
 from shared.tables import TEXT, FitTable
 
 UserScope = Annotated[

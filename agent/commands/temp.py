@@ -17,12 +17,12 @@ from agent.daemon.telemetry import TREND_WINDOW, trend_c_per_min
 from agent.thermal.base import ThermalReading
 from agent.thermal.monitor import ThermalMonitor
 from shared.bounds import MAX_COUNT
-from shared.calibration import PolicyInForce
-from shared.display import STATE_STYLES, sparkline, trend_arrow
+from shared.cooling.calibration import PolicyInForce
+from shared.cooling.display import STATE_STYLES, sparkline, trend_arrow
+from shared.cooling.policy import CoolingState, Supervision, host_state
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import print_rich, usage_error
 from shared.io.options import PolicyOptions, TableFormat, ThermalOptions, with_options
-from shared.policy import CoolingState, Supervision, host_state
 from shared.tables import TEXT, FitTable
 
 HISTORY_SHOWN = 30

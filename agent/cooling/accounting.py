@@ -1,5 +1,5 @@
-"""The supervisor's side of per-job accounting (shared.job_account): what `agent run` feeds it
-and when. Kept out of agent.cooling.supervise, which only calls it at four points: CMD's spawn
+"""The supervisor's side of per-job accounting (shared.cooling.job_account): what `agent run` feeds
+it and when. Kept out of agent.cooling.supervise, which only calls it at four points: CMD's spawn
 (its stdout through an OutputTee), each sample, each event (a sink) and the end of the run.
 
 Readings and events come on the supervisor's thread, report lines on the tee's: one lock keeps
@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 
 from agent.cooling.output_tee import OutputTee
 from agent.thermal import ThermalReading
-from shared.job_account import THROTTLE_WINDOW_S, JobAccount, parse_report
-from shared.telemetry import Event
+from shared.cooling.job_account import THROTTLE_WINDOW_S, JobAccount, parse_report
+from shared.wire.telemetry import Event
 
 SUMMARY_ACTION = "summary"
 

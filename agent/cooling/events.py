@@ -1,4 +1,4 @@
-"""Supervision events (shared.telemetry.Event): kept in SQLite and shown as one stderr line.
+"""Supervision events (shared.wire.telemetry.Event): kept in SQLite and shown as one stderr line.
 
 Kept apart from the supervisor so the daemon can serve (history.get) the records `agent run`
 wrote in the same file, and so every line says when its source is not a sensor.
@@ -13,7 +13,7 @@ from pathlib import Path
 from shared import safe_text
 from shared.io.paths import data_dir
 from shared.io.sqlite import open_store, store_id
-from shared.telemetry import Event
+from shared.wire.telemetry import Event
 
 PREFIX = "[mlx-fleet]"
 
@@ -56,7 +56,7 @@ CREATE INDEX events_time ON events (time)
 """The schema, version by version (shared.io.sqlite.open_store). Version 1 is the file earlier
 releases made without a version; version 2 numbers events with AUTOINCREMENT, so a `seq` is never
 given twice even after pruning (it is the history cursor, docs/protocol.md §10), and stores the
-columns of shared.telemetry.Event."""
+columns of shared.wire.telemetry.Event."""
 _COLUMNS = ", ".join(Event.columns())
 _INSERT = f"INSERT INTO events ({_COLUMNS}) VALUES ({', '.join('?' * len(Event.columns()))})"
 

@@ -30,10 +30,10 @@ from agent.thermal import (
     open_source,
 )
 from agent.thermal.base import NoneSource
-from shared.calibration import SET_BY_COORDINATOR, PolicyInForce
+from shared.cooling.calibration import SET_BY_COORDINATOR, PolicyInForce
 from shared.io.keys import own_keypair
 from shared.io.transport import AgentClient, HostError
-from shared.telemetry import Event
+from shared.wire.telemetry import Event
 
 log = logging.getLogger("agent.remote")
 

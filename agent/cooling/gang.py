@@ -1,5 +1,5 @@
-"""This rank's side of a gang (shared.gang): it tells every member's agent what this Mac asks
-for, hears what the others asked, and turns the one verdict into actions on this rank.
+"""This rank's side of a gang (shared.cooling.gang): it tells every member's agent what this Mac
+asks for, hears what the others asked, and turns the one verdict into actions on this rank.
 
 Every rank reports to its own agent (the agent's own key) and to each peer's (a trusted agent
 key, `agent keys trust KEY --peer HOST`), over the agents' CURVE sockets: no coordinator and no
@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import zmq
 
 from agent.daemon_address import find_daemon
-from shared.gang import (
+from shared.cooling.gang import (
     JACCL,
     PEER_HOLD_POLLS,
     Enforced,
@@ -33,10 +33,10 @@ from shared.gang import (
     steer,
     verdict,
 )
+from shared.cooling.policy import Action, CoolingState
 from shared.io.keys import Keypair, own_keypair
 from shared.io.transport import AgentClient, AgentError, HostError
 from shared.io.trust import peer_key, split_peer
-from shared.policy import Action, CoolingState
 
 log = logging.getLogger("agent.gang")
 

@@ -13,7 +13,7 @@ from typing import Any
 from agent.cooling.gang import PARK_TIMEOUT_S, GangRank
 from agent.cooling.step_gate import parked_path
 from agent.thermal import ThermalReading
-from shared.gang import MemberState
+from shared.cooling.gang import MemberState
 
 
 class GangFollower:

@@ -11,7 +11,7 @@ from agent.cooling.feed import open_fallback
 from agent.cooling.session import DaemonLost, connect_daemon
 from agent.thermal import ThermalMonitor, ThermalSource
 from agent.thermal.fed import FedSource
-from shared.policy import ThermalPolicy
+from shared.cooling.policy import ThermalPolicy
 
 log = logging.getLogger("agent.remote")
 

@@ -1,7 +1,8 @@
 """Acting on temperature: the seed's CoolingScheduler, and the ThermalGuard that gates benchmarks.
 
-The rule itself is shared.policy's CoolingGate (pure, the same `agent run` applies); this module
-only applies it to a polling ThermalMonitor: wait while it says pause, raise when it says stop.
+The rule itself is shared.cooling.policy's CoolingGate (pure, the same `agent run` applies); this
+module only applies it to a polling ThermalMonitor: wait while it says pause, raise when it says
+stop.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from dataclasses import dataclass
 from agent.cooling.guard import Conditions, GuardReport, RunStopped
 from agent.cooling.step_gate import StepGate
 from agent.thermal import ThermalMonitor, ThermalReading
-from shared.calibration import source_defaults
-from shared.cool_start import CoolWait
-from shared.policy import (
+from shared.benchmark.verdict import HOT_START
+from shared.cooling.calibration import source_defaults
+from shared.cooling.cool_start import CoolWait
+from shared.cooling.policy import (
     Action,
     CoolingGate,
     CoolingState,
@@ -25,7 +27,6 @@ from shared.policy import (
     decide,
     pressure_state,
 )
-from shared.verdict import HOT_START
 
 __all__ = [
     "CoolingScheduler",
@@ -98,15 +99,15 @@ INJECTED = "injected"
 
 
 class CoolingScheduler:
-    """Gates training steps (or benchmark iterations) by the one cooling rule (shared.policy's
-    CoolingGate, as `agent run` applies it), fed every poll of the monitor: start() the monitor
-    (or hand it readings). A check costs nothing when all is well.
+    """Gates training steps (or benchmark iterations) by the one cooling rule
+    (shared.cooling.policy's CoolingGate, as `agent run` applies it), fed every poll of the monitor:
+    start() the monitor (or hand it readings). A check costs nothing when all is well.
 
-    A missing reading holds a pause for up to MISSING_POLLS_TO_RESUME polls, then resumes; a
-    stop is final. Without a policy of its own it follows the monitor's `policy` when the monitor
-    has one (a RemoteMonitor carries the agent daemon's, pushed by a coordinator), else the
-    defaults for the monitor's source (shared.calibration). `on_action` hears every action as
-    the rule decides it.
+    A missing reading holds a pause for up to MISSING_POLLS_TO_RESUME polls, then resumes; a stop is
+    final. Without a policy of its own it follows the monitor's `policy` when the monitor has one (a
+    RemoteMonitor carries the agent daemon's, pushed by a coordinator), else the defaults for the
+    monitor's source (shared.cooling.calibration). `on_action` hears every action as the rule
+    decides it.
     """
 
     def __init__(

@@ -15,11 +15,11 @@ from agent.daemon_address import DaemonAddress, find_daemon, pid_alive
 from agent.sensors.base import SourceInfo
 from agent.thermal.base import reading_from_wire
 from agent.thermal.monitor import StopFlag
-from shared import protocol as p
-from shared.calibration import SET_BY_COORDINATOR
+from shared.cooling.calibration import SET_BY_COORDINATOR
+from shared.cooling.policy import ThermalPolicy
 from shared.io.keys import own_keypair
 from shared.io.transport import AgentClient, HostError
-from shared.policy import ThermalPolicy
+from shared.wire import protocol as p
 
 log = logging.getLogger("agent.remote")
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.cooling.guard import RunStopped
-from shared.policy import CoolingState
+from shared.cooling.policy import CoolingState
 
 if TYPE_CHECKING:
     import mlx.core as mx

@@ -1,10 +1,10 @@
 """Supervising a command under the cooling policy: what `agent run -- CMD ARGS...` does.
 
-The pure core, shared.policy's CoolingGate (the one cooling rule, which benchmark jobs follow
-too), turns each poll into actions. A thin shell, `Supervisor`, runs CMD in its own process
-group and applies the actions with signals to the whole group, so a trainer's worker processes
-pause and stop with it: pause -> SIGSTOP, resume -> SIGCONT, stop -> SIGCONT + SIGTERM, then
-SIGKILL after the grace.
+The pure core, shared.cooling.policy's CoolingGate (the one cooling rule, which benchmark jobs
+follow too), turns each poll into actions. A thin shell, `Supervisor`, runs CMD in its own process
+group and applies the actions with signals to the whole group, so a trainer's worker processes pause
+and stop with it: pause -> SIGSTOP, resume -> SIGCONT, stop -> SIGCONT + SIGTERM, then SIGKILL after
+the grace.
 
 Two seams keep the shell independent of where readings come from and where events go:
 - a `Feed` yields samples (a reading and the policy to judge it by). `LocalFeed` polls this
@@ -48,12 +48,12 @@ from agent.cooling.gang_follow import GangFollower
 from agent.cooling.output_tee import environment
 from agent.cooling.step_gate import GANG_ENV, STATE_FILE_ENV, stopped_path
 from agent.thermal import ThermalMonitor, ThermalReading
+from shared.cooling.job_account import THROTTLE_WINDOW_S
+from shared.cooling.policy import Action, CoolingGate, CoolingState, ThermalPolicy
 from shared.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_THERMAL_STOP
 from shared.io.files import replace_atomically
 from shared.io.paths import data_subdir
-from shared.job_account import THROTTLE_WINDOW_S
-from shared.policy import Action, CoolingGate, CoolingState, ThermalPolicy
-from shared.telemetry import Event
+from shared.wire.telemetry import Event
 
 JOB_ENV = "MLX_FLEET_JOB"
 COOPERATIVE_ENV = "MLX_FLEET_COOPERATIVE"

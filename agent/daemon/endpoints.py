@@ -16,9 +16,9 @@ from zmq.auth.thread import ThreadAuthenticator
 
 from agent.daemon.throttle import LogThrottle
 from agent.daemon.zap import OwnOrTrustedKeys, TrustedKeys
-from shared import protocol as p
 from shared.io.keys import own_keypair
 from shared.io.trust import trusted_dir
+from shared.wire import protocol as p
 
 DEFAULT_BIND = f"0.0.0.0:{p.DEFAULT_PORT}"
 NOBLOCK, SNDMORE, POLLIN = int(zmq.NOBLOCK), int(zmq.SNDMORE), int(zmq.POLLIN)
@@ -208,12 +208,12 @@ class AgentSockets:
     def from_own_key(self, frame: zmq.Frame) -> bool:
         """Whether a message (its last frame) came from a peer holding this agent's own key: a
         process of its user on its machine (docs/protocol.md §12). Asked only of the types
-        that need it (shared.protocol.OWN_KEY_ONLY)."""
+        that need it (shared.wire.protocol.OWN_KEY_ONLY)."""
         return peer_key(frame) == self.public_key
 
     def from_peer_agent(self, frame: zmq.Frame | None) -> bool:
         """Whether a message came from a key trusted as a peer agent (`agent keys trust KEY
-        --peer`): such a key may only exchange gang states (shared.protocol.PEER_REQUESTS)."""
+        --peer`): such a key may only exchange gang states (shared.wire.protocol.PEER_REQUESTS)."""
         trusted = self.trusted
         return bool(trusted and trusted.peers) and peer_key(frame) in trusted.peers  # type: ignore[union-attr]
 

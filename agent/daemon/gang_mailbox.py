@@ -1,5 +1,5 @@
-"""The daemon's side of a gang (shared.gang): what every rank of a distributed job on this Mac
-said last, kept so each rank's `agent run` learns the others' from its own agent, and a rank
+"""The daemon's side of a gang (shared.cooling.gang): what every rank of a distributed job on this
+Mac said last, kept so each rank's `agent run` learns the others' from its own agent, and a rank
 whose agent is down learns them from its peers' (docs/protocol.md §15).
 
 A group exists here while a rank on this Mac reports it (with the agent's own key, from
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.gang import GangIdentity, MemberState, merge, verdict
+from shared.cooling.gang import GangIdentity, MemberState, merge, verdict
 
 GROUP_EXPIRES_S = 30.0
 """A group whose local rank has not reported for this long is forgotten (its `agent run` was

@@ -26,11 +26,11 @@ from agent.cooling.events import EventLog
 from agent.daemon.storage import EVENTS, HISTORY, POLICY, StorageHealth
 from agent.daemon.telemetry import page_history
 from agent.daemon.throttle import LogThrottle
+from shared.cooling.policy import check_changes
 from shared.io.files import replace_atomically
 from shared.io.paths import data_dir
 from shared.io.sqlite import open_store, store_id
-from shared.policy import check_changes
-from shared.telemetry import Event, Sample
+from shared.wire.telemetry import Event, Sample
 
 log = logging.getLogger("agent.history")
 
@@ -86,7 +86,7 @@ ALTER TABLE samples ADD COLUMN sensor TEXT
 """The schema, version by version (shared.io.sqlite.open_store). Version 1 is the file earlier
 releases made without a version; version 2 numbers samples (the history cursor, never given
 twice: AUTOINCREMENT's sqlite_sequence row holds the mark, see RESERVED_SEQS) and stores the
-columns of shared.telemetry.Sample; version 3 adds what the agent could not write when it took
+columns of shared.wire.telemetry.Sample; version 3 adds what the agent could not write when it took
 the sample (storage_error); version 4 what its power source read at the same poll (power_w,
 energy_j, power); version 5 which sensor of the source the reading is (sensor; NULL in rows
 recorded before)."""

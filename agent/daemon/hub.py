@@ -37,22 +37,22 @@ from agent.daemon_address import pid_alive
 from agent.power.meter import EnergyMeter
 from agent.sensors.base import SourceInfo
 from agent.thermal import ThermalMonitor, ThermalReading, ThermalSource
-from shared import protocol as p
-from shared.calibration import (
+from shared.cooling.calibration import (
     SET_BY_COORDINATOR,
     PolicyInForce,
     policy_event_detail,
     source_defaults,
     with_given,
 )
-from shared.policy import (
+from shared.cooling.policy import (
     CoolingState,
     Supervision,
     ThermalPolicy,
     check_changes,
     host_state,
 )
-from shared.telemetry import Event
+from shared.wire import protocol as p
+from shared.wire.telemetry import Event
 
 if TYPE_CHECKING:
     from shared.io.metrics import MetricsServer, TelemetryMetrics

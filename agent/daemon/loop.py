@@ -34,11 +34,11 @@ from agent.power.meter import EnergyMeter
 from agent.power.registry import open_power_source
 from agent.profiling.machine import machine_info, package_version
 from agent.thermal import SourceSpecError, SourceUnavailable, open_source
-from shared import protocol as p
-from shared.energy import DEFAULT_BASELINE_S
+from shared.benchmark.energy import DEFAULT_BASELINE_S
+from shared.cooling.sources import DEFAULT_POLL_INTERVAL_S
 from shared.io.paths import DataDirError, checked_data_dir, data_dir
 from shared.io.sqlite import StoreError
-from shared.source_names import DEFAULT_POLL_INTERVAL_S
+from shared.wire import protocol as p
 
 log = logging.getLogger("agent.serve")  # the name its log lines have always carried
 

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from agent.cluster.rank_process import RankProcess, python_module
-from shared import protocol as p
-from shared.rank_env import RankEnvError, rank_launch
-from shared.rank_shapes import KIND_NETBENCH, check_rank_start
+from shared.distributed.rank_env import RankEnvError, rank_launch
+from shared.distributed.rank_shapes import KIND_NETBENCH, check_rank_start
 from shared.shapes import Invalid
+from shared.wire import protocol as p
 
 log = logging.getLogger("agent.ranks")
 

@@ -1,6 +1,6 @@
 """What the daemon answers (docs/protocol.md §5): one method per request type, and HANDLERS, the
 table built from them that is the single list of the requests this agent serves (a test holds
-it equal to shared.protocol.REQUESTS).
+it equal to shared.wire.protocol.REQUESTS).
 
 A handler returns its Reply, or raises ProtocolError, which goes back as an `error` reply, or
 returns None when its reply is deferred (computed on a worker thread and sent by the daemon's loop
@@ -31,11 +31,11 @@ from agent.daemon.telemetry import (
     run_event,
 )
 from agent.doctor.checks import report as doctor_report
-from shared import protocol as p
-from shared.agent_shapes import gang_request
-from shared.gang import PEER_HOLD_POLLS, GangIdentity, MemberState
-from shared.policy import policy_text
+from shared.cooling.gang import PEER_HOLD_POLLS, GangIdentity, MemberState
+from shared.cooling.policy import policy_text
 from shared.shapes import Invalid
+from shared.wire import protocol as p
+from shared.wire.agent_shapes import gang_request
 
 log = logging.getLogger("agent.daemon")
 

@@ -19,11 +19,11 @@ from agent.daemon.gang_mailbox import GangMailbox
 from agent.power.base import PowerReading
 from agent.sensors.base import SourceInfo
 from agent.thermal import ThermalReading, trend_slope
-from shared import protocol as p
-from shared.agent_shapes import MAX_HISTORY_ITEMS
-from shared.agent_shapes import RUN_ACTIONS as shared_run_actions
-from shared.policy import CoolingState
-from shared.telemetry import Event, Sample
+from shared.cooling.policy import CoolingState
+from shared.wire import protocol as p
+from shared.wire.agent_shapes import MAX_HISTORY_ITEMS
+from shared.wire.agent_shapes import RUN_ACTIONS as shared_run_actions
+from shared.wire.telemetry import Event, Sample
 
 TREND_WINDOW = 5
 """Temperatures in the trend (the seed's is_rising window), as `agent temp --watch` and the
@@ -38,7 +38,7 @@ HISTORY_MAX_LIMIT = MAX_HISTORY_ITEMS
 HISTORY_PAGE_BYTES = p.MAX_ENVELOPE_SIZE // 2
 """A history.get page's samples and events hold up to this many packed bytes, half each."""
 RUN_ACTIONS = frozenset(shared_run_actions)
-"""The actions of an `agent run` job (shared.telemetry.Event): what job.event may carry."""
+"""The actions of an `agent run` job (shared.wire.telemetry.Event): what job.event may carry."""
 MAX_JOB_ID_LENGTH = 64
 MAX_SOURCE_LENGTH = 256
 MAX_DETAIL_LENGTH = 16384
@@ -77,7 +77,7 @@ class PowerPoll:
     error: str | None = None
 
     def fields(self) -> dict[str, Any]:
-        """A sample's power_w, energy_j and power (shared.telemetry.Sample)."""
+        """A sample's power_w, energy_j and power (shared.wire.telemetry.Sample)."""
         reading = self.reading
         return {
             "power_w": reading.total_w if reading else None,

@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from shared import protocol as p
+from shared.cooling.sources import auto_order
 from shared.io.paths import DataDirError, check_folder, data_dir, unwritable
-from shared.source_names import auto_order
+from shared.wire import protocol as p
 
 BENCH_SECONDS = 1.0
 MATMUL_SIZE = 256
@@ -156,7 +156,7 @@ def policy_check(scale: str | None, idle_celsius: float | None) -> Check:
     when a threshold a coordinator set is at or below what the sensor reads now (at idle, in a
     doctor run): every job would be held back from its first poll."""
     from agent.daemon.history import load_policy
-    from shared.calibration import SET_BY_COORDINATOR, source_defaults, with_given
+    from shared.cooling.calibration import SET_BY_COORDINATOR, source_defaults, with_given
 
     saved = data_dir(create=False).is_dir()  # looking makes no data dir; `data dir` says why
     given = (load_policy() if saved else None) or {}
@@ -325,7 +325,7 @@ def panic_check(directories: Sequence[Path] | None = None, now: float | None = N
     (the agent runs), since a Mac that panicked under MLX is likely to again and a run's cells
     after a panic are of another boot. `directories`: where to look instead of a Mac's own."""
     from agent.awake.panics import RECENT_S, scan
-    from shared.reboots import MAX_PANICS
+    from shared.benchmark.reboots import MAX_PANICS
 
     name = f"kernel panics (last {RECENT_S / 86400:g} days)"
     if directories is None and sys.platform != "darwin":

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from agent.doctor.checks import Check
 from agent.doctor.load import CANNOT_TELL, Verdict, power_verdict, thermal_verdict, window_watts
 from agent.sensors.base import Source, SourceUnavailable
-from shared.source_names import auto_order, power_auto_order
+from shared.cooling.sources import auto_order, power_auto_order
 
 SAMPLE_INTERVAL_S = 0.5
 IDLE_MAX_S = 3.0

@@ -7,8 +7,8 @@ from __future__ import annotations
 import platform
 import time
 
-from shared.energy import SYSTEM
-from shared.source_names import power_auto_order
+from shared.benchmark.energy import SYSTEM
+from shared.cooling.sources import power_auto_order
 
 POWER_READ_S = 0.5
 """Between a source's two reads: watts need an interval (a counter's first read has none)."""

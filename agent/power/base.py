@@ -1,7 +1,7 @@
 """What every power source gives: cumulative joules per rail since it opened, or None with a
 reason. A counter (IOReport, RAPL) is read as it is; a source that gives watts (the SMC's PSTR,
 macmon, powermetrics, sim, replay) is integrated over time, so every source reads the same way
-and any two readings make an energy window (shared.energy.between)."""
+and any two readings make an energy window (shared.benchmark.energy.between)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.sensors.base import Source
-from shared.energy import MeterInfo, whole
+from shared.benchmark.energy import MeterInfo, whole
 
 _wall_clock, _monotonic = time.time, time.monotonic
 
@@ -51,7 +51,7 @@ class PowerReading:
 
 
 class PowerSource(Source):
-    """A place energy comes from. `rails` are what it measures (shared.energy.RAILS);
+    """A place energy comes from. `rails` are what it measures (shared.benchmark.energy.RAILS);
     `resolution_s` is the shortest window it tells apart: a counter's publication interval, a
     stream's sample interval, 0 for a model."""
 

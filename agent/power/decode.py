@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from agent.sensors.replay import ReplayRows
-from shared.energy import ANE, CPU, DRAM, GPU, SYSTEM
+from shared.benchmark.energy import ANE, CPU, DRAM, GPU, SYSTEM
 
 MAX_PLAUSIBLE_W = 5000.0
 """More than any Mac or workstation draws: a reading above it is a decoding fault."""

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from agent.power.base import NoPowerSource, PowerReading, PowerSource
-from shared.energy import (
+from shared.benchmark.energy import (
     DEFAULT_BASELINE_S,
     NO_METER,
     MeterInfo,
@@ -111,7 +111,7 @@ class CellEnergy:
         self.windows.append(between(start.joules, end.joules, end.monotonic - start.monotonic))
 
     def fields(self) -> dict[str, object]:
-        """The cell's energy fields (shared.energy)."""
+        """The cell's energy fields (shared.benchmark.energy)."""
         meter = self.meter
         if not meter.present:
             return unmeasured(f"{NO_METER}: {meter.last_error or 'none selected'}")

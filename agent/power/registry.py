@@ -1,5 +1,5 @@
 """Power source names -> open sources, and `auto`'s pick (the names themselves:
-shared.source_names)."""
+shared.cooling.sources)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from agent.power.smc import SMCPowerSource
 from agent.power.streams import MacmonPowerSource, PowermetricsPowerSource
 from agent.power.synthetic import PowerReplaySource, PowerSimSource
 from agent.sensors.base import SourceUnavailable, first_reading
-from shared.source_names import (
+from shared.cooling.sources import (
     SourceSpecError,
     UnknownSourceError,
     offered_power_sources,

@@ -17,7 +17,7 @@ from agent.sensors.base import SourceUnavailable
 from agent.sensors.macos_libs import apple_silicon
 from agent.sensors.smc import AppleSMC, SMCError
 from agent.sensors.smc_protocol import decode
-from shared.energy import SYSTEM
+from shared.benchmark.energy import SYSTEM
 
 KEY = "PSTR"
 RESOLUTION_S = 1.0

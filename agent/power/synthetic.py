@@ -12,8 +12,8 @@ from agent.power.base import Integrator, PowerReading, PowerSource
 from agent.power.decode import replay_energy
 from agent.sensors.load import CpuLoad
 from agent.sensors.replay import read_replay_csv, replay_value
-from shared.energy import SYSTEM
-from shared.source_names import SimParams
+from shared.benchmark.energy import SYSTEM
+from shared.cooling.sources import SimParams
 
 
 class PowerSimSource(PowerSource):

@@ -26,8 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from shared.bench_group import TENSOR
-from shared.matrix import Cell
+from shared.benchmark.matrix import Cell
+from shared.distributed.group import TENSOR
 
 HALF = 2
 SCORE_BYTES = 4

@@ -12,7 +12,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from agent.profiling.speed import new_cache
-from shared.bench_group import CHECK_PROMPT_LENGTH as PROMPT_LENGTH
+from shared.distributed.group import CHECK_PROMPT_LENGTH as PROMPT_LENGTH
 
 PROMPT_STRIDE = 997
 """A prime: the prompt's ids spread over any vocabulary larger than PROMPT_LENGTH."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.matrix import ModelId, hf_model_id
+from shared.benchmark.matrix import ModelId, hf_model_id
 
 ALLOW_PATTERNS = [
     "*.json",

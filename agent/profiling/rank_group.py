@@ -20,7 +20,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from agent.cluster.launch_files import write_launch_files
-from shared.bench_group import BenchGroup
+from shared.distributed.group import BenchGroup
 
 DIGEST_BYTES = 16
 """How much of a model digest the ranks compare (of sha256's 32)."""

@@ -48,9 +48,8 @@ from agent.profiling.settings import (
 from agent.profiling.sharding import build_sharded, load_sharded_dir
 from agent.profiling.speed import SpeedProfiler
 from agent.profiling.watch import CellWatch
-from shared import faults as injection
-from shared.clock import now_iso
-from shared.matrix import (
+from shared.benchmark import faults as injection
+from shared.benchmark.matrix import (
     DECODE,
     PREFILL,
     Cell,
@@ -59,9 +58,10 @@ from shared.matrix import (
     expand,
     group_by_model,
 )
-from shared.report import record_model_label
-from shared.results import cell_record
-from shared.sustain import SustainPlan
+from shared.benchmark.results import cell_record
+from shared.benchmark.sustain import SustainPlan
+from shared.clock import now_iso
+from shared.reports.benchmark import record_model_label
 
 
 class GroupBroken(RuntimeError):
@@ -370,9 +370,9 @@ def run_matrix(
     KeyboardInterrupt propagates, and the records already yielded stay the caller's. On Metal
     the run is wired as mlx-lm wires generation; every record says so (`wired_limit_bytes`).
 
-    With an `energy` meter its idle baseline is measured first, then every cell's timed
-    iterations (shared.energy); with a `sustain` plan each cell runs for its duration, in
-    windows (shared.sustain), and a stop keeps the windows it measured. `on_phase` hears the
+    With an `energy` meter its idle baseline is measured first, then every cell's timed iterations
+    (shared.benchmark.energy); with a `sustain` plan each cell runs for its duration, in windows
+    (shared.benchmark.sustain), and a stop keeps the windows it measured. `on_phase` hears the
     baseline and each model build as they start (PhaseSink).
 
     As a rank of `rank_group` the run holds its share of each model and keeps in lockstep with

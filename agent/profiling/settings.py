@@ -1,11 +1,11 @@
-"""The settings every benchmark record carries (docs/protocol.md §5, shared.settings): what
-changes speed besides the code measured — the OS build, the MLX versions, the weights, Low Power
-Mode, the power source, the wired limit, the cooling policy.
+"""The settings every benchmark record carries (docs/protocol.md §5, shared.benchmark.settings):
+what changes speed besides the code measured — the OS build, the MLX versions, the weights, Low
+Power Mode, the power source, the wired limit, the cooling policy.
 
 Every reader says None (unknown) rather than guess. The parse functions are pure and tested on
 captured `pmset` text; the readers call `sw_vers`, `sysctl`, `pmset` on macOS and read sysfs on
-Linux. Injected faults (shared.faults: `low-power`, `on-battery`) override what was read, and
-the record says so in its `injected` list.
+Linux. Injected faults (shared.benchmark.faults: `low-power`, `on-battery`) override what was read,
+and the record says so in its `injected` list.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from shared.faults import INJECTED_FLAG, Fault, for_cell
+from shared.benchmark.faults import INJECTED_FLAG, Fault, for_cell
 
 COMMAND_TIMEOUT_S = 5.0
 SYSFS_POWER = Path("/sys/class/power_supply")

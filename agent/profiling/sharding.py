@@ -34,7 +34,7 @@ from agent.model import (
     shard_problem,
 )
 from agent.profiling.hf_models import locate
-from shared.bench_group import PIPELINE, SHARDINGS, TENSOR
+from shared.distributed.group import PIPELINE, SHARDINGS, TENSOR
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tiktoken.model", "*.tiktoken")
 """What transformers builds a tokenizer from: sharded_load loads one along with the model."""

@@ -39,7 +39,7 @@ from mlx.utils import tree_flatten, tree_map
 
 from agent.awake.clocks import SleepClocks, SleepWindow, system_clocks
 from agent.profiling.memory import random_tokens, to_gb
-from shared.matrix import DEFAULT_PREFILL_STEP
+from shared.benchmark.matrix import DEFAULT_PREFILL_STEP
 from shared.stats import precise_enough, summarize_latencies
 
 IterationGate = Callable[[int], None]

@@ -12,8 +12,8 @@ from agent.cooling.scheduler import ThermalGuard
 from agent.model import ModelArgs, build_model
 from agent.profiling.runner import run_matrix
 from agent.thermal import ThermalMonitor
-from shared.matrix import BUILTIN_DEFAULT_BITS, DEFAULT_SEQ_LENGTHS, MatrixSpec
-from shared.report import rich_table
+from shared.benchmark.matrix import BUILTIN_DEFAULT_BITS, DEFAULT_SEQ_LENGTHS, MatrixSpec
+from shared.reports.benchmark import rich_table
 
 SEED_KEYS = (
     "seq_len",

@@ -1,5 +1,5 @@
-"""A sustained cell: its iterations back to back for a duration, cut into windows of wall time,
-each with its tok/s, °C, watts and the policy's state (shared.sustain says what they mean).
+"""A sustained cell: its iterations back to back for a duration, cut into windows of wall time, each
+with its tok/s, °C, watts and the policy's state (shared.benchmark.sustain says what they mean).
 
 SustainRecorder gives the speed profiler its steps (warm-up, then timed iterations until the
 duration is over) and hears each timed region (agent.profiling.speed.IterationTiming). The gate
@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 from agent.cooling.guard import CellGuard
 from agent.power.base import PowerReading
 from agent.power.meter import EnergyMeter
-from shared.energy import between
-from shared.sustain import SustainPlan, SustainWindow, summarize
+from shared.benchmark.energy import between
+from shared.benchmark.sustain import SustainPlan, SustainWindow, summarize
 
 
 class SustainRecorder:

@@ -11,8 +11,8 @@ from agent.cooling.guard import CellGuard
 from agent.power.meter import CellEnergy, EnergyMeter
 from agent.profiling.speed import every_step
 from agent.profiling.sustain import SustainRecorder
-from shared.matrix import Cell
-from shared.sustain import SustainPlan, sustained_speed
+from shared.benchmark.matrix import Cell
+from shared.benchmark.sustain import SustainPlan, sustained_speed
 
 
 class CellWatch:
@@ -45,9 +45,9 @@ class CellWatch:
             self.sustain.stopped(step, seconds)
 
     def fields(self, stopped: str | None = None) -> dict[str, Any]:
-        """The cell's energy fields and, sustained, its `sustain` field (whose windows stand
-        for the per-iteration series, left out: a long run has thousands of iterations) and its
-        tok/s as tokens over time (shared.sustain.sustained_speed) in place of the rates' mean."""
+        """The cell's energy fields and, sustained, its `sustain` field (whose windows stand for the
+        per-iteration series, left out: a long run has thousands of iterations) and its tok/s as
+        tokens over time (shared.benchmark.sustain.sustained_speed) in place of the rates' mean."""
         fields: dict[str, Any] = self.energy.fields() if self.energy is not None else {}
         if self.sustain is not None:
             fields["sustain"] = self.sustain.result(stopped)

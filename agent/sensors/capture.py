@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, TypeGuard
 
 from agent.sensors.smc import SMCError
-from shared.source_names import SourceSpecError
+from shared.cooling.sources import SourceSpecError
 
 CAPTURE_FORMAT = "mlx-fleet-capture"
 CAPTURE_VERSION = 1

@@ -7,7 +7,7 @@ import bisect
 import math
 from pathlib import Path
 
-from shared.source_names import SourceSpecError
+from shared.cooling.sources import SourceSpecError
 
 
 class ReplayFormatError(SourceSpecError):

@@ -8,7 +8,7 @@ from agent.sensors.replay import ReplayFormatError
 from agent.thermal.base import ThermalReading, ThermalSource
 from agent.thermal.monitor import ThermalMonitor, trend_slope
 from agent.thermal.registry import open_source
-from shared.source_names import KNOWN_SOURCES, SourceSpecError, UnknownSourceError, auto_order
+from shared.cooling.sources import KNOWN_SOURCES, SourceSpecError, UnknownSourceError, auto_order
 
 __all__ = [
     "KNOWN_SOURCES",

@@ -44,7 +44,7 @@ class ThermalSource(Source):
 
     scale: str | None = None
     """The kind of sensor `celsius` is on (`smc`, `iohid`, ...): the policy's defaults are set
-    per scale (shared.calibration). None: no Mac calibrates it (sim, replay, a callable)."""
+    per scale (shared.cooling.calibration). None: no Mac calibrates it (sim, replay, a callable)."""
 
     pushed: bool = False
     """Its readings are handed to the monitor (ThermalMonitor.record) as they arrive, never

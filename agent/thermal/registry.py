@@ -1,4 +1,4 @@
-"""Source names -> open sources, and `auto`'s pick (the names themselves: shared.source_names).
+"""Source names -> open sources, and `auto`'s pick (the names themselves: shared.cooling.sources).
 
 On macOS every hardware source's readings also carry the thermal pressure level from the notify
 API (agent.thermal.pressure), whatever gives the degrees.
@@ -18,7 +18,7 @@ from agent.thermal.pressure import with_pressure
 from agent.thermal.process import MacmonSource, PowermetricsSource
 from agent.thermal.smc import SMCSource
 from agent.thermal.synthetic import ReplaySource, SimSource
-from shared.source_names import auto_order, offered_sources, parse_sim_params, parse_source_name
+from shared.cooling.sources import auto_order, offered_sources, parse_sim_params, parse_source_name
 
 MAC_SOURCES = frozenset({"smc", "iohid", "macmon", "powermetrics"})
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from agent.sensors.load import CpuLoad
 from agent.sensors.replay import read_replay_csv, replay_value
 from agent.thermal.base import ThermalReading, ThermalSource
-from shared.source_names import SimParams
+from shared.cooling.sources import SimParams
 
 
 def sim_step(celsius: float, load: float, dt: float, params: SimParams) -> float:

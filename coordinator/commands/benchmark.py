@@ -60,9 +60,9 @@ from coordinator.fleet import (
 )
 from coordinator.group_driver import GroupTarget
 from coordinator.store import RunHost, RunStore, UnknownRunError
-from shared import protocol as p
-from shared.bench_group import SHARDINGS, TENSOR
-from shared.bench_status import (
+from shared.benchmark.matrix import MatrixError, resolve_bits
+from shared.benchmark.results import failed_cells
+from shared.benchmark.status import (
     PauseView,
     activity_label,
     baseline_label,
@@ -72,7 +72,9 @@ from shared.bench_status import (
     pause_line,
     quantized_cpu_warning,
 )
-from shared.cool_start import CoolWait, cool_wait_line
+from shared.cooling.cool_start import CoolWait, cool_wait_line
+from shared.distributed.group import SHARDINGS, TENSOR
+from shared.distributed.rank_env import AUTO, BACKENDS, DEFAULT_STARTING_PORT
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import check_output, data_home, emit, err, fail, show_report, usage_error
 from shared.io.keys import own_keypair
@@ -92,11 +94,9 @@ from shared.io.options import (
 from shared.io.signals import interrupted_exit_code, sigterm_as_interrupt
 from shared.io.sqlite import StoreError
 from shared.io.transport import AgentClient, AgentError
-from shared.matrix import MatrixError, resolve_bits
-from shared.rank_env import AUTO, BACKENDS, DEFAULT_STARTING_PORT
-from shared.results import failed_cells
 from shared.safe_text import DETAIL_CAP, shown
 from shared.tables import TEXT, WHOLE, FitTable
+from shared.wire import protocol as p
 
 Sharding = Annotated[
     str,

@@ -27,11 +27,11 @@ from coordinator.deploy import (
     wheel_name,
 )
 from coordinator.hostfile import HostEntry, HostfileError, parse_hostfile, parse_hosts
+from shared.cooling.sources import SourceSpecError, parse_source_name
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import emit, err, usage_error
 from shared.io.keys import existing_keypair, own_keypair
 from shared.io.options import TableFormat, ThermalSourceName
-from shared.source_names import SourceSpecError, parse_source_name
 from shared.tables import TEXT, WHOLE, WORDS, FitTable
 
 

@@ -15,12 +15,12 @@ from coordinator.commands.hosts import (
     settings_for,
     targets_or_known,
 )
-from shared import protocol as p
-from shared.doctor_verdict import doctor_view
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import emit
 from shared.io.options import TableFormat
 from shared.io.transport import AgentClient, AgentError
+from shared.reports.doctor_verdict import doctor_view
+from shared.wire import protocol as p
 
 DOCTOR_TIMEOUT_S = 120.0
 """An agent's report takes seconds: a 1 s benchmark and a first reading of every sensor."""

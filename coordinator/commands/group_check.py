@@ -19,10 +19,8 @@ from coordinator.commands.hosts import on_every_host
 from coordinator.fleet import Settings, Target, connect
 from coordinator.group_driver import GroupTarget
 from coordinator.netbench import NetbenchFailed, member_of
-from shared import protocol as p
-from shared.bench_group import group_name
-from shared.io.transport import AgentError, HostError
-from shared.rank_env import (
+from shared.distributed.group import group_name
+from shared.distributed.rank_env import (
     AUTO,
     JACCL,
     RING,
@@ -31,7 +29,9 @@ from shared.rank_env import (
     chosen_backend,
     jaccl_devices,
 )
+from shared.io.transport import AgentError, HostError
 from shared.safe_text import shown
+from shared.wire import protocol as p
 
 MIN_STALL_S = 60.0
 

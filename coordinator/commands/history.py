@@ -25,12 +25,12 @@ from coordinator.telemetry_stats import (
     parse_since,
 )
 from coordinator.telemetry_store import TelemetryStore, recorded_hosts
+from shared.cooling.sources import read_from as read_from_name
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import check_output, data_home, emit, err, fail, usage_error
 from shared.io.options import TableFormat
 from shared.io.sqlite import StoreError
 from shared.safe_text import DETAIL_CAP, shown
-from shared.source_names import read_from as read_from_name
 from shared.tables import TEXT, WHOLE, WORDS, FitTable
 
 PLOT_EXTRA = "pip install 'mlx-fleet[plot]'"

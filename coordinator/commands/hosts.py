@@ -24,11 +24,11 @@ from coordinator.hostfile import (
 )
 from coordinator.keys import known_hosts, server_key
 from shared.bounds import MAX_CONNECT_TIMEOUT_S, MAX_HOST_TIMEOUT_S, duration_text
+from shared.distributed.rank_env import BACKENDS
 from shared.io.cli import err, usage_error
 from shared.io.keys import own_keypair
 from shared.io.options import at_least_zero, positive
 from shared.io.transport import AgentClient, AgentError, HostError
-from shared.rank_env import BACKENDS
 
 Hosts = Annotated[
     str | None,

@@ -33,12 +33,12 @@ from coordinator.netbench import (
 from coordinator.netbench_report import netbench_table, netbench_text
 from coordinator.store import RunStore
 from shared.bounds import MAX_HOST_TIMEOUT_S, duration_text
+from shared.distributed.netbench import DEFAULT_SIZES, NetbenchError, format_bytes, parse_sizes
+from shared.distributed.rank_env import AUTO, BACKENDS, DEFAULT_STARTING_PORT, JACCL
+from shared.distributed.rank_shapes import MAX_NETBENCH_REPETITIONS, MAX_NETBENCH_WARMUP
 from shared.exit_codes import EXIT_INTERRUPTED, EXIT_PARTIAL
 from shared.io.cli import check_output, err, print_rich, usage_error, write_text
 from shared.io.options import Output, ReportFormat, positive
-from shared.netbench import DEFAULT_SIZES, NetbenchError, format_bytes, parse_sizes
-from shared.rank_env import AUTO, BACKENDS, DEFAULT_STARTING_PORT, JACCL
-from shared.rank_shapes import MAX_NETBENCH_REPETITIONS, MAX_NETBENCH_WARMUP
 from shared.safe_text import shown
 
 NetbenchHosts = Annotated[

@@ -26,7 +26,7 @@ from coordinator.commands.hosts import (
 )
 from coordinator.dashboard import NA
 from coordinator.telemetry_store import TelemetryStore
-from shared.calibration import check_given, origin_told
+from shared.cooling.calibration import check_given, origin_told
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import emit, usage_error
 from shared.io.options import PolicyChanges, TableFormat, with_options

@@ -29,6 +29,7 @@ from coordinator.netbench_report import (
 )
 from coordinator.store import RunStore, UnknownRunError
 from shared.bounds import MAX_RUNS_LIMIT
+from shared.distributed.rank_shapes import KIND_NETBENCH
 from shared.io.cli import (
     check_output,
     data_home,
@@ -50,7 +51,6 @@ from shared.io.options import (
     output_format,
 )
 from shared.io.sqlite import StoreError
-from shared.rank_shapes import KIND_NETBENCH
 from shared.tables import WHOLE, WORDS, FitTable
 
 CompareFormat = output_format(COMPARE_FORMATS)

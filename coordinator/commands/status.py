@@ -17,13 +17,13 @@ from coordinator.commands.hosts import (
     settings_for,
     targets_or_known,
 )
+from shared.cooling.sources import read_from
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import data_home, emit
 from shared.io.options import TableFormat
 from shared.io.transport import AgentClient
-from shared.report import NA, hardware_details, memory_text
+from shared.reports.benchmark import NA, hardware_details, memory_text
 from shared.safe_text import shown
-from shared.source_names import read_from
 from shared.tables import TEXT, WHOLE, FitTable
 
 

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from shared.exit_codes import EXIT_PARTIAL, EXIT_USAGE
 from shared.io.paths import DataDirError, checked_data_dir
-from shared.report import render_text, rich_report
+from shared.reports.benchmark import render_text, rich_report
 
 err = Console(stderr=True, soft_wrap=True)  # log lines stay whole, never wrapped
 

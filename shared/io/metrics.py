@@ -54,8 +54,8 @@ HOST:PORT too). Metrics (docs/monitoring.md):
 - mlx_fleet_benchmark_valid{same labels}: gauge, 1 when that record's verdict is `valid`, 0
   when `invalid`.
 - mlx_fleet_benchmark_invalid_reason{same labels,reason}: gauge, 1 for each reason of an
-  invalid verdict (shared.verdict.REASONS; anything else is `other`), gone when the cell is
-  measured again. Only the agent's exporter has benchmark series: records travel to the
+  invalid verdict (shared.benchmark.verdict.REASONS; anything else is `other`), gone when the cell
+  is measured again. Only the agent's exporter has benchmark series: records travel to the
   coordinator that started the job, never on the telemetry stream the monitor reads. The
   BENCH_CELLS_MAX cells measured last are kept per host.
 """
@@ -75,9 +75,9 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
 from prometheus_client.metrics import MetricWrapperBase
 
-from shared.policy import CoolingState
+from shared.benchmark.verdict import REASONS, VALID, VERDICTS, judge
+from shared.cooling.policy import CoolingState
 from shared.safe_text import shown
-from shared.verdict import REASONS, VALID, VERDICTS, judge
 
 STATE_VALUES: dict[str, int] = {state.value: state.severity for state in CoolingState}
 """ok 0, reduce_batch 1, pause 2, stop 3: the order of CoolingState."""
@@ -93,8 +93,8 @@ BUILD_LABELS = ("version", "mlx_version", "chip")
 CELL_LABELS = ("model", "bits", "batch", "depth", "test")
 """What names a benchmark cell: the same cell measured again replaces its series."""
 OTHER_REASON = "other"
-"""A reason outside shared.verdict.REASONS (a newer agent's, say): label values stay a bounded
-set."""
+"""A reason outside shared.benchmark.verdict.REASONS (a newer agent's, say): label values stay a
+bounded set."""
 BENCH_CELLS_MAX = 1024
 """Cells kept per host, the least recently measured dropped first: a long-lived agent running
 many matrices must not grow its exposition without end."""

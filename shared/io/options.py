@@ -17,6 +17,20 @@ from typing import Annotated, Any, TypeVar, get_type_hints
 
 import typer
 
+from shared.benchmark.energy import DEFAULT_BASELINE_S
+from shared.benchmark.matrix import (
+    BUILTIN_DEFAULT_BITS,
+    DEFAULT_COOL_START_S,
+    DEFAULT_MAX_REPETITIONS,
+    MAX_ITERATIONS,
+    MatrixError,
+    MatrixSpec,
+    expand,
+    parse_int_list,
+    parse_pair,
+)
+from shared.benchmark.sustain import DEFAULT_WINDOW_S, SustainError, SustainPlan, parse_duration
+from shared.benchmark.verdict import NOISY_SHARE
 from shared.bounds import (
     MAX_CAPTURE_S,
     MAX_COOL_START_S,
@@ -33,31 +47,17 @@ from shared.bounds import (
     check_seconds,
     duration_text,
 )
-from shared.calibration import (
+from shared.cooling.calibration import (
     SET_ON_COMMAND_LINE,
     PolicyInForce,
     check_given,
     source_defaults,
     with_given,
 )
-from shared.energy import DEFAULT_BASELINE_S
+from shared.cooling.sources import DEFAULT_POLL_INTERVAL_S, POWER_SOURCE_HELP, SOURCE_HELP
 from shared.io.cli import usage_error
-from shared.matrix import (
-    BUILTIN_DEFAULT_BITS,
-    DEFAULT_COOL_START_S,
-    DEFAULT_MAX_REPETITIONS,
-    MAX_ITERATIONS,
-    MatrixError,
-    MatrixSpec,
-    expand,
-    parse_int_list,
-    parse_pair,
-)
-from shared.report import FORMATS
-from shared.source_names import DEFAULT_POLL_INTERVAL_S, POWER_SOURCE_HELP, SOURCE_HELP
+from shared.reports.benchmark import FORMATS
 from shared.stats import MIN_AUTO_REPETITIONS
-from shared.sustain import DEFAULT_WINDOW_S, SustainError, SustainPlan, parse_duration
-from shared.verdict import NOISY_SHARE
 
 TABLE_OR_JSON = ("table", "json")
 DEFAULT_MATRIX = MatrixSpec()
@@ -420,7 +420,7 @@ def output_format(choices: tuple[str, ...], help: str | None = None) -> Any:
 
 
 ReportFormat = output_format(FORMATS, f"One of {', '.join(FORMATS)} (llama-bench's -o).")
-"""A benchmark report's format (shared.report)."""
+"""A benchmark report's format (shared.reports.benchmark)."""
 TableFormat = output_format(TABLE_OR_JSON, "table (for people) or json (for scripts).")
 """Every other command's: a Rich table for people, JSON for scripts (shared.io.cli.emit)."""
 Output = Annotated[Path | None, typer.Option("--output", help="Write the report to FILE.")]
@@ -505,8 +505,8 @@ PrometheusAddress = Annotated[
 
 @dataclass(frozen=True)
 class MatrixOptions:
-    """What to benchmark (shared.matrix), llama-bench's options and names: `agent bench` and
-    `coordinator benchmark` alike."""
+    """What to benchmark (shared.benchmark.matrix), llama-bench's options and names: `agent bench`
+    and `coordinator benchmark` alike."""
 
     n_prompt: NPrompt = ",".join(map(str, DEFAULT_MATRIX.n_prompt))
     n_gen: NGen = ",".join(map(str, DEFAULT_MATRIX.n_gen))
@@ -664,7 +664,8 @@ class PowerOptions:
 
 @dataclass(frozen=True)
 class SustainOptions:
-    """A sustained run: each cell for a duration, reported window by window (shared.sustain)."""
+    """A sustained run: each cell for a duration, reported window by window
+    (shared.benchmark.sustain)."""
 
     sustain: SustainDuration = None
     sustain_window: SustainWindowLength = None
@@ -707,7 +708,7 @@ class PolicyChanges:
 @dataclass(frozen=True)
 class PolicyOptions(PolicyChanges):
     """The same thresholds on a command that enforces them: those given win, the others are the
-    defaults for the source that reads the temperature (shared.calibration)."""
+    defaults for the source that reads the temperature (shared.cooling.calibration)."""
 
     def check(self) -> None:
         """Exit 2 when the thresholds given are out of order among themselves: known before any

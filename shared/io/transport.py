@@ -18,10 +18,10 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from shared import protocol as p
-from shared.agent_shapes import check_agent_body
 from shared.io.keys import Keypair
 from shared.shapes import Invalid
+from shared.wire import protocol as p
+from shared.wire.agent_shapes import check_agent_body
 
 HEARTBEAT_INTERVAL_S = 1.0
 HEARTBEAT_LIVENESS = 5
@@ -302,7 +302,7 @@ class AgentClient:
         return hello
 
     def _receive(self) -> p.Message:
-        """One message off the socket, valid to its last field (shared.agent_shapes), or
+        """One message off the socket, valid to its last field (shared.wire.agent_shapes), or
         InvalidMessage naming the first problem and the agent's version (an agent speaking
         another protocol version: a HostError saying so)."""
         data = self.sock.recv()

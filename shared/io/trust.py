@@ -40,7 +40,7 @@ class TrustedKey:
     path: Path
     peer: str | None = None
     """For another agent of the lab: the address it serves at (HOST or HOST:PORT), where this
-    agent's ranks of a distributed job find it (shared.gang); None for a coordinator."""
+    agent's ranks of a distributed job find it (shared.cooling.gang); None for a coordinator."""
 
 
 def trusted_dir() -> Path:

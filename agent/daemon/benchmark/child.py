@@ -7,30 +7,28 @@ memory starts clean for every job; and the daemon stays free to answer ping and 
 The daemon writes to the child's stdin one msgpack map {"matrix": MatrixSpec dict, "thermal":
 {"source": name, "simulated": bool, "poll_interval": s}, "power": {"source": the daemon's power
 source as it resolved it (or "none"), "baseline_s": the idle baseline, "why": the daemon's reason
-when it has none}, "sustain": a SustainPlan map or nil, "first": the index of the first cell to
-run (a new process after a crash runs the cells left), "group": bench.start's `group` or nil (the
-job is then one rank of it: agent.profiling.rank_group), "check_tokens": the greedy tokens each
-model decodes as its correctness check}, then one {"reading": map or nil,
-"policy": ThermalPolicy map} per poll it takes, and {"policy": map} when a coordinator pushes a
-new one, for as long as the job runs. The child never opens a sensor ("one sensor reader serves
-every job"): each poll goes to its ThermalGuard's monitor, whose cooling gate (the one rule,
-shared.policy.CoolingGate, as `agent run` applies it) decides; its cells name the daemon's source.
-A power meter is a measuring instrument, read around each timed iteration: the child opens the
-daemon's power source itself (agent.power.registry.meter_or_reason), and a source it cannot open
-leaves its cells' energy N/A with the reason.
-The child writes a msgpack stream to file descriptor N:
-{"kind": "model", "info": ...} per built model, {"kind": "begin", "index": i} as cell i starts
-(so a crash is pinned on its cell), {"kind": "cell", "record": ...} per finished cell,
-{"kind": "event", "action", "celsius", "time", "detail"} per action of its gate (the daemon
-publishes them: its view of the job is the job's own), {"kind": "cooling", "wait": CoolWait map}
-as a cell waits to start cool and every few seconds of the wait (shared.cool_start),
-{"kind": "phase", "phase": map} as a model starts building or the idle baseline starts
-(agent.profiling.runner.PhaseSink), {"kind": "pause", "pause": PauseView map} as a cooling pause
-starts, every PAUSE_REPORT_S of it and as it ends (shared.bench_status), and last
-{"kind": "done", "status": "ok" | "cancelled" | "failed", "error": text or nil}. SIGTERM
-cancels: the cell being measured is dropped and "done" says "cancelled". The child dies with the
-daemon: SIGKILL from the kernel on Linux (PR_SET_PDEATHSIG), and on any system as soon as its
-stdin reaches its end.
+when it has none}, "sustain": a SustainPlan map or nil, "first": the index of the first cell to run
+(a new process after a crash runs the cells left), "group": bench.start's `group` or nil (the job is
+then one rank of it: agent.profiling.rank_group), "check_tokens": the greedy tokens each model
+decodes as its correctness check}, then one {"reading": map or nil, "policy": ThermalPolicy map} per
+poll it takes, and {"policy": map} when a coordinator pushes a new one, for as long as the job runs.
+The child never opens a sensor ("one sensor reader serves every job"): each poll goes to its
+ThermalGuard's monitor, whose cooling gate (the one rule, shared.cooling.policy.CoolingGate, as
+`agent run` applies it) decides; its cells name the daemon's source. A power meter is a measuring
+instrument, read around each timed iteration: the child opens the daemon's power source itself
+(agent.power.registry.meter_or_reason), and a source it cannot open leaves its cells' energy N/A
+with the reason. The child writes a msgpack stream to file descriptor N: {"kind": "model", "info":
+...} per built model, {"kind": "begin", "index": i} as cell i starts (so a crash is pinned on its
+cell), {"kind": "cell", "record": ...} per finished cell, {"kind": "event", "action", "celsius",
+"time", "detail"} per action of its gate (the daemon publishes them: its view of the job is the
+job's own), {"kind": "cooling", "wait": CoolWait map} as a cell waits to start cool and every few
+seconds of the wait (shared.cooling.cool_start), {"kind": "phase", "phase": map} as a model starts
+building or the idle baseline starts (agent.profiling.runner.PhaseSink), {"kind": "pause", "pause":
+PauseView map} as a cooling pause starts, every PAUSE_REPORT_S of it and as it ends
+(shared.benchmark.status), and last {"kind": "done", "status": "ok" | "cancelled" | "failed",
+"error": text or nil}. SIGTERM cancels: the cell being measured is dropped and "done" says
+"cancelled". The child dies with the daemon: SIGKILL from the kernel on Linux (PR_SET_PDEATHSIG),
+and on any system as soon as its stdin reaches its end.
 """
 
 from __future__ import annotations
@@ -60,13 +58,13 @@ from agent.sensors.base import SourceInfo
 from agent.thermal import ThermalMonitor, ThermalReading
 from agent.thermal.base import reading_from_wire
 from agent.thermal.fed import FedSource
-from shared import faults, gpu_errors
-from shared.bench_group import BenchGroup
-from shared.bench_status import PauseView
-from shared.matrix import MatrixSpec
-from shared.policy import Action, ThermalPolicy
-from shared.protocol import JOB_CANCELLED, JOB_FAILED, JOB_OK
-from shared.sustain import SustainPlan
+from shared.benchmark import faults, gpu_errors
+from shared.benchmark.matrix import MatrixSpec
+from shared.benchmark.status import PauseView
+from shared.benchmark.sustain import SustainPlan
+from shared.cooling.policy import Action, ThermalPolicy
+from shared.distributed.group import BenchGroup
+from shared.wire.protocol import JOB_CANCELLED, JOB_FAILED, JOB_OK
 
 PR_SET_PDEATHSIG = 1
 """From <linux/prctl.h>."""

@@ -13,9 +13,9 @@ import os
 import time
 from dataclasses import dataclass
 
+from shared.benchmark.matrix import MatrixSpec
+from shared.benchmark.sustain import SustainPlan
 from shared.bounds import MAX_JOB_S, duration_text, job_bound_s
-from shared.matrix import MatrixSpec
-from shared.sustain import SustainPlan
 
 BOUND_ENV = "MLX_FLEET_JOB_BOUND_S"
 """Seconds: every job's bound, in place of the spec's."""

@@ -35,18 +35,18 @@ from agent.profiling.sharding import model_sharding_problem
 from agent.sensors.base import SourceInfo
 from agent.thermal import ThermalReading
 from agent.thermal.base import reading_wire
-from shared import faults, gpu_errors
-from shared import protocol as p
-from shared.bench_group import MAX_CHECK_TOKENS, BenchGroup
+from shared.benchmark import faults, gpu_errors
+from shared.benchmark.matrix import Cell, MatrixError, MatrixSpec, expand
+from shared.benchmark.results import cell_record
+from shared.benchmark.sustain import WIRE_NAMES, SustainError, SustainPlan
 from shared.clock import now_iso
+from shared.cooling.policy import ThermalPolicy
+from shared.distributed.group import MAX_CHECK_TOKENS, BenchGroup
+from shared.distributed.rank_env import RankEnvError
 from shared.io.paths import data_dir, data_subdir
-from shared.matrix import Cell, MatrixError, MatrixSpec, expand
-from shared.policy import ThermalPolicy
-from shared.rank_env import RankEnvError
-from shared.results import cell_record
 from shared.shapes import Invalid
-from shared.sustain import WIRE_NAMES, SustainError, SustainPlan
-from shared.telemetry import Event
+from shared.wire import protocol as p
+from shared.wire.telemetry import Event
 
 log = logging.getLogger("agent.jobs")
 
@@ -548,7 +548,7 @@ def crashed_cells(
 
 def gpu_failed(cell: Cell, index: int, kind: str, line: str) -> dict[str, Any]:
     """The record of a cell whose job process Metal aborted: error `gpu-error: KIND: LINE`
-    (shared.gpu_errors), marked injected when MLX_FLEET_INJECT put the error there."""
+    (shared.benchmark.gpu_errors), marked injected when MLX_FLEET_INJECT put the error there."""
     record = cell_record(cell, error=gpu_errors.error_text(kind, line))
     try:
         injected = "gpu-error" in faults.for_cell(faults.from_environ(), index + 1)

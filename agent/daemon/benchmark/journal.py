@@ -19,7 +19,7 @@ from agent.daemon.throttle import LogThrottle
 from shared.clock import now_iso
 from shared.io.paths import data_dir
 from shared.io.sqlite import open_store
-from shared.protocol import JOB_FAILED, JOB_RUNNING
+from shared.wire.protocol import JOB_FAILED, JOB_RUNNING
 
 MIGRATIONS = (
     """

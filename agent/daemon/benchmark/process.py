@@ -18,7 +18,7 @@ from typing import Any
 
 import msgpack
 
-from shared import gpu_errors
+from shared.benchmark import gpu_errors
 
 TAIL_LINES = 5
 TAIL_CHARS = 8000
@@ -131,7 +131,7 @@ class JobProcess:
 
     def gpu_error(self) -> tuple[str, str] | None:
         """The Metal command-buffer error (kind, line) the tail of its output reports, if any
-        (shared.gpu_errors): what killed it when Metal's uncaught exception aborted it."""
+        (shared.benchmark.gpu_errors): what killed it when Metal's uncaught exception aborted it."""
         if self.log is None:
             return None
         try:

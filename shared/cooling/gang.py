@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from shared.policy import Action, CoolingState
+from shared.cooling.policy import Action, CoolingState
 
 MAX_WORLD = 256
 """The most ranks a gang may have (a lab's Macs; mlx.launch has no limit of its own)."""
@@ -29,7 +29,7 @@ GROUP_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 PEER_HOLD_POLLS = 10
 """Polls a member's last report holds the gang after the member fell silent (its agent down,
-its link cut): as long as a missing reading holds a pause (shared.policy
+its link cut): as long as a missing reading holds a pause (shared.cooling.policy
 MISSING_POLLS_TO_RESUME), so a cut never lets the gang run while a hot rank is parked, and a
 member that never comes back never parks the gang for ever. A stop is final: it holds for good."""
 
@@ -79,7 +79,7 @@ class GangIdentity:
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any]) -> GangIdentity:
-        """From a body shared.agent_shapes.gang_identity already checked; GangSpecError when it
+        """From a body shared.wire.agent_shapes.gang_identity already checked; GangSpecError when it
         is not a gang (a rank outside its world, hosts that do not match it)."""
         hosts = tuple(body["hosts"])
         return cls(body["group"], body["rank"], body["world"], hosts, body["backend"])
@@ -225,7 +225,7 @@ class MemberState:
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any], now: float) -> MemberState:
-        """From a body shared.agent_shapes.gang_member already checked, heard `age_s` before
+        """From a body shared.wire.agent_shapes.gang_member already checked, heard `age_s` before
         `now`."""
         return cls(
             rank=body["rank"],
@@ -299,9 +299,9 @@ class Enforced:
 
 
 def steer(enforced: Enforced, target: CoolingState) -> tuple[Enforced, tuple[Action, ...]]:
-    """The actions that take this rank from what was done to `target`, as shared.policy.react
-    takes a single job: a stop is final; a pause keeps the batch as it was; leaving a pause
-    resumes, then reduces or restores as `target` says."""
+    """The actions that take this rank from what was done to `target`, as
+    shared.cooling.policy.react takes a single job: a stop is final; a pause keeps the batch as it
+    was; leaving a pause resumes, then reduces or restores as `target` says."""
     if enforced.stopped:
         return enforced, ()
     if target is CoolingState.STOP:

@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Group
 from rich.text import Text
 
-from shared.doctor import FAIL, PASS, doctor_table
+from shared.reports.doctor import FAIL, PASS, doctor_table
 from shared.safe_text import shown
 
 Check = Mapping[str, Any]

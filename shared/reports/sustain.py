@@ -1,14 +1,14 @@
-"""Sustained runs in a report: one summary row per cell (and host), then each cell's windows.
-Pure rendering of the `sustain` field of records (shared.sustain); every unknown is N/A."""
+"""Sustained runs in a report: one summary row per cell (and host), then each cell's windows. Pure
+rendering of the `sustain` field of records (shared.benchmark.sustain); every unknown is N/A."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from shared.energy import not_a_meter
-from shared.matrix import model_label, named_label
-from shared.sustain import STEADY_WINDOWS, steady_unknown
+from shared.benchmark.energy import not_a_meter
+from shared.benchmark.matrix import model_label, named_label
+from shared.benchmark.sustain import STEADY_WINDOWS, steady_unknown
 from shared.tables import TEXT, WHOLE, FitTable
 
 NA = "N/A"

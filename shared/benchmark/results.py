@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from shared.energy import energy_flags
-from shared.matrix import Cell
-from shared.verdict import judge
+from shared.benchmark.energy import energy_flags
+from shared.benchmark.matrix import Cell
+from shared.benchmark.verdict import judge
 
 OK = "ok"
 FAILED = "failed"
@@ -29,9 +29,10 @@ def cell_record(
     thermal: dict[str, Any] | None = None,
     measured: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A finished cell: its coordinates, its metrics or its error, what the guard saw, and what
-    was `measured` around its iterations (energy, a sustained run's windows: shared.energy,
-    shared.sustain), which may replace metrics it stands for; judged (shared.verdict) last."""
+    """A finished cell: its coordinates, its metrics or its error, what the guard saw, and what was
+    `measured` around its iterations (energy, a sustained run's windows: shared.benchmark.energy,
+    shared.benchmark.sustain), which may replace metrics it stands for; judged
+    (shared.benchmark.verdict) last."""
     record: dict[str, Any] = cell.to_dict()
     record["status"] = FAILED if error is not None else OK
     record["error"] = error

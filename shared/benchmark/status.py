@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from shared.source_names import read_from, short_source
+from shared.cooling.sources import read_from, short_source
 
 QUANTIZED_BITS = (4, 8)
 """The --bits MLX quantizes to: on its CPU backend they have no fast matmul kernel."""
@@ -69,7 +69,7 @@ class PauseView:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PauseView:
-        """From a map already checked against its shape (shared.agent_shapes)."""
+        """From a map already checked against its shape (shared.wire.agent_shapes)."""
         return cls(**{key: data.get(key) for key in cls.__dataclass_fields__})
 
 

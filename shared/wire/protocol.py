@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from shared.telemetry import Event, Sample
+from shared.wire.telemetry import Event, Sample
 
 PROTOCOL_VERSION = 4
 DEFAULT_PORT = 5555
@@ -80,7 +80,8 @@ RANK_STATE: dict[str, tuple[Types, bool]] = {
     "progress": ((int, NONE), False),
     "progress_age_s": ((*NUMBER, NONE), False),
 }
-"""rank.get.ok's and rank.stop.ok's body: a rank's state (shared.rank_shapes checks it whole)."""
+"""rank.get.ok's and rank.stop.ok's body: a rank's state (shared.distributed.rank_shapes checks it
+whole)."""
 
 # type -> {field: (accepted types, required)}; a missing optional field decodes as None.
 SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {

@@ -29,7 +29,7 @@ class CoolWait:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CoolWait:
-        """From a map already checked against its shape (shared.agent_shapes)."""
+        """From a map already checked against its shape (shared.wire.agent_shapes)."""
         return cls(**{key: data[key] for key in cls.__dataclass_fields__})
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shared.policy import CoolingState
+from shared.cooling.policy import CoolingState
 
 _SPARKS = "▁▂▃▄▅▆▇█"
 STATE_STYLES = {

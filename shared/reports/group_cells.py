@@ -1,7 +1,7 @@
 """A distributed group's cell, from every rank's record of it, and what a table says of it
 beside the single hosts of the same run.
 
-Every member's agent runs the matrix as one rank (shared.bench_group) and sends its own record
+Every member's agent runs the matrix as one rank (shared.distributed.group) and sends its own record
 of each cell. The group's record is rank 0's timing (the ranks meet in every forward pass, so
 rank 0's clock measures the group), with every rank's memory, energy, temperature and
 verdict inputs in `ranks`; what makes a cell invalid on any rank (a pause, heat, a sleep, a
@@ -14,8 +14,8 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from shared.agent_shapes import MEASURED
-from shared.verdict import BATTERY_SOURCES, LOW_POWER_MODES, judge, separated
+from shared.benchmark.verdict import BATTERY_SOURCES, LOW_POWER_MODES, judge, separated
+from shared.wire.agent_shapes import MEASURED
 
 Record = dict[str, Any]
 
@@ -199,7 +199,7 @@ def _tokens_agree(records: Sequence[Mapping[str, Any]]) -> bool | None:
 def mark_groups(cells: list[Record]) -> list[Record]:
     """Each group record with its `speedup` over the fastest of its members alone on the same
     cell (`speedup_over` names it; none when no member has an ok record; `speedup_separated`
-    whether their 95 % intervals part, shared.verdict.separated) and `tokens_check`:
+    whether their 95 % intervals part, shared.benchmark.verdict.separated) and `tokens_check`:
     `same as HOST` / `differ from HOST at token N` against a member's greedy tokens for the
     same model, or why there is no check."""
     by_cell: dict[tuple[str, str], Record] = {}

@@ -35,7 +35,7 @@ class _Record:
 
     @classmethod
     def schema(cls) -> dict[str, tuple[Types, bool]]:
-        """The body's fields as shared.protocol.SCHEMAS spells them: `host` and every field,
+        """The body's fields as shared.wire.protocol.SCHEMAS spells them: `host` and every field,
         all required (nil where the types allow it)."""
         return {"host": (str, True)} | {f.name: (f.metadata["wire"], True) for f in fields(cls)}
 
@@ -165,8 +165,8 @@ class Sample(_Record):
     """What the agent cannot write now (a full disk, say: agent.daemon.storage); None when all is
     written."""
     power_w: float | None = _spec((*_NUMBER, _NIL), "REAL", default=None)
-    """The machine's watts over the last poll (shared.energy.whole of the rails); None without
-    a power source or a reading."""
+    """The machine's watts over the last poll (shared.benchmark.energy.whole of the rails); None
+    without a power source or a reading."""
     energy_j: float | None = _spec((*_NUMBER, _NIL), "REAL", default=None)
     """The machine's joules since the agent's power source opened (a counter: lower after an
     agent restart)."""
@@ -203,7 +203,7 @@ class Event(_Record):
 
     @classmethod
     def job_schema(cls) -> dict[str, tuple[Types, bool]]:
-        """shared.protocol's `job.event` body: an event of a local job (no host; a job id).
+        """shared.wire.protocol's `job.event` body: an event of a local job (no host; a job id).
         A field that may be nil may be omitted (it decodes as nil): `job`, `action`, `time`,
         `source` and `simulated` are required (docs/protocol.md §12)."""
         schema = {

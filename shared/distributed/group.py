@@ -5,7 +5,7 @@ MLX's backends, with the model split how. Every member's agent gets the same gro
 group's.
 
 Pure: the shape and the checks a shape cannot make, the names a table shows, and the rank's
-environment (shared.rank_env, as mlx.launch writes it).
+environment (shared.distributed.rank_env, as mlx.launch writes it).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared import shapes as s
-from shared.rank_env import JACCL, RING, Member, RankLaunch, rank_launch
-from shared.rank_shapes import JOB_ID, MAX_MEMBERS, MEMBER, group_members
+from shared.distributed.rank_env import JACCL, RING, Member, RankLaunch, rank_launch
+from shared.distributed.rank_shapes import JOB_ID, MAX_MEMBERS, MEMBER, group_members
 
 TENSOR, PIPELINE = "tensor", "pipeline"
 SHARDINGS = (TENSOR, PIPELINE)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import re
 
 KINDS = ("Timeout", "PageFault", "ImpactingInteractivity")
-"""The kinds shared.faults injects; gpu_error() names any kIOGPUCommandBufferCallbackError."""
+"""The kinds shared.benchmark.faults injects; gpu_error() names any
+kIOGPUCommandBufferCallbackError."""
 PREFIX = (
     "libc++abi: terminating due to uncaught exception of type std::runtime_error: "
     "[METAL] Command buffer execution failed: "
@@ -51,7 +52,7 @@ def find(text: str) -> tuple[str, str] | None:
 
 
 def error_text(kind: str, line: str) -> str:
-    """A failed cell's error for a GPU error: `gpu-error: KIND: LINE` (shared.verdict's
+    """A failed cell's error for a GPU error: `gpu-error: KIND: LINE` (shared.benchmark.verdict's
     reason `gpu-error` reads the prefix), the line cut to ERROR_CHARS."""
     cut = line if len(line) <= ERROR_CHARS else line[: ERROR_CHARS - 1] + "…"
     return f"gpu-error: {kind}: {cut}"

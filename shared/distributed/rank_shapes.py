@@ -9,8 +9,8 @@ import re
 from typing import Any
 
 from shared import shapes as s
-from shared.netbench import ELEMENT_BYTES, LARGEST_BYTES, SMALLEST_BYTES
-from shared.rank_env import JACCL, RING, Member
+from shared.distributed.netbench import ELEMENT_BYTES, LARGEST_BYTES, SMALLEST_BYTES
+from shared.distributed.rank_env import JACCL, RING, Member
 
 KIND_NETBENCH = "netbench"
 RANK_KINDS = (KIND_NETBENCH,)
@@ -63,7 +63,7 @@ RANK_GOT = s.fields(
         "progress_age_s": s.nil_or(s.number(0.0)),
     },
 )
-"""rank.get.ok's body; `progress` (units done, shared.netbench.progress_step) and
+"""rank.get.ok's body; `progress` (units done, shared.distributed.netbench.progress_step) and
 `progress_age_s` (since they last moved) are optional: an agent that predates them sends
 neither, and its rank is then bound by `bound_s` alone."""
 

@@ -9,7 +9,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from shared.policy import ThermalPolicy, policy_text, updated_policy
+from shared.cooling.policy import ThermalPolicy, policy_text, updated_policy
 
 SEED_POLICY = ThermalPolicy()
 """The seed's 75/85/95 °C: for the sources no Mac calibrates (sim, replay, a callable)."""

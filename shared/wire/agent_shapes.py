@@ -1,6 +1,6 @@
 """What an agent may send, checked as strictly as the agent checks what it receives.
 
-shared.protocol checks a body's top level (its fields and their types); these shapes check what
+shared.wire.protocol checks a body's top level (its fields and their types); these shapes check what
 lies inside (a cell record, a sample's power map, every page of history) against docs/protocol.md
 §5 and §10: types, required keys, enums, finite numbers, integers a store can hold, counts within
 the spec's limits. A coordinator checks every reply, stream message and telemetry message with
@@ -13,15 +13,15 @@ from __future__ import annotations
 from typing import Any
 
 from shared import shapes as s
-from shared.bench_group import CHECK_PROMPT_LENGTH, MAX_CHECK_TOKENS, SHARDINGS
-from shared.energy import RAILS
-from shared.gang import BACKENDS, MAX_GROUP_LENGTH, MAX_WORLD
-from shared.matrix import DECODE, MAX_CELLS, MAX_COOL_START_S, PREFILL, PREFILL_DECODE
-from shared.policy import CoolingState, ThermalPolicy
-from shared.rank_env import JACCL, RING
-from shared.rank_shapes import MAX_MEMBERS, RANK_GOT
-from shared.reboots import MAX_PANICS, PANIC_FILE_CAP, PANIC_TEXT_CAP
-from shared.verdict import VERDICTS, judge
+from shared.benchmark.energy import RAILS
+from shared.benchmark.matrix import DECODE, MAX_CELLS, MAX_COOL_START_S, PREFILL, PREFILL_DECODE
+from shared.benchmark.reboots import MAX_PANICS, PANIC_FILE_CAP, PANIC_TEXT_CAP
+from shared.benchmark.verdict import VERDICTS, judge
+from shared.cooling.gang import BACKENDS, MAX_GROUP_LENGTH, MAX_WORLD
+from shared.cooling.policy import CoolingState, ThermalPolicy
+from shared.distributed.group import CHECK_PROMPT_LENGTH, MAX_CHECK_TOKENS, SHARDINGS
+from shared.distributed.rank_env import JACCL, RING
+from shared.distributed.rank_shapes import MAX_MEMBERS, RANK_GOT
 
 MAX_HISTORY_ITEMS = 10_000
 """Samples, and events, in one history.get page (the `limit` an agent takes, §10)."""
@@ -360,7 +360,7 @@ JUDGED = {
     "injected": s.list_of(s.text(64, least=1), MAX_FLAGS),
 }
 """What a record says about its own worth (§5 Verdicts), optional so an older agent's records
-still read: a coordinator judges every record again from its fields (shared.verdict)."""
+still read: a coordinator judges every record again from its fields (shared.benchmark.verdict)."""
 SHARDED_BACKENDS = (RING, JACCL)
 _group_of = {
     "members": s.list_of(name, MAX_MEMBERS),
@@ -397,7 +397,7 @@ GROUPED = {
     "greedy_tokens_agree": s.nil_or(s.flag),
 }
 """A distributed cell's fields (§17): a rank's record says which rank it is and the greedy
-tokens its model decoded; the coordinator's record of the group's cell (shared.group_cells)
+tokens its model decoded; the coordinator's record of the group's cell (shared.reports.group_cells)
 carries the group and every rank's figures."""
 RECORD_FIELDS = COORDINATES | MEASURED | JUDGED | GROUPED | {"host": name}
 _record_shape = s.fields(COORDINATES, MEASURED | JUDGED | GROUPED | {"host": name})
@@ -574,7 +574,7 @@ BODIES: dict[str, s.Check] = {
 
 def check_agent_body(type_: str, body: dict[str, Any]) -> None:
     """Invalid naming the first problem of an agent's `type_` message body (top level already
-    checked by shared.protocol); a type an agent never sends is one."""
+    checked by shared.wire.protocol); a type an agent never sends is one."""
     shape = BODIES.get(type_)
     if shape is None:
         raise s.Invalid("", f"{type_} is not a message an agent sends")
@@ -610,8 +610,8 @@ def salvaged(value: Any, checks: dict[str, s.Check]) -> tuple[dict[str, Any], li
 
 
 def salvaged_record(value: Any) -> dict[str, Any]:
-    """A stored cell record as salvaged() keeps it, judged again (shared.verdict); a record
-    with problems is `failed` and lists them in `invalid`, so every format says so."""
+    """A stored cell record as salvaged() keeps it, judged again (shared.benchmark.verdict); a
+    record with problems is `failed` and lists them in `invalid`, so every format says so."""
     record, problems = salvaged(value, RECORD_FIELDS)
     for key in TEXT_FIELDS:
         record.setdefault(key, INVALID_TEXT)

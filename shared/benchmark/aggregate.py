@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.results import OK
-from shared.verdict import separated
+from shared.benchmark.results import OK
+from shared.benchmark.verdict import separated
 
 Record = dict[str, Any]
 
@@ -51,7 +51,7 @@ def ordered(records: list[Record]) -> list[Record]:
 
 def mark_fastest(cells: list[Record]) -> list[Record]:
     """Copies of `cells` with "fastest": True on the quickest ok record of each cell name, only
-    where its 95 % interval separates from every other host's on that cell (shared.verdict
+    where its 95 % interval separates from every other host's on that cell (shared.benchmark.verdict
     .separated): a lead inside the noise is no lead.
 
     A cell is only raced when at least two hosts have an ok result for it: one host alone is not

@@ -17,16 +17,16 @@ from typing import Any
 from rich.console import Console, Group
 from rich.text import Text
 
-from shared.aggregate import ordered
-from shared.bench_group import group_label
-from shared.energy import not_a_meter
-from shared.matrix import hf_model_id, model_label, named_label
-from shared.reboots import reboot_panics, rebooted_hosts
-from shared.results import NOT_RUN, OK
+from shared.benchmark.aggregate import ordered
+from shared.benchmark.energy import not_a_meter
+from shared.benchmark.matrix import hf_model_id, model_label, named_label
+from shared.benchmark.reboots import reboot_panics, rebooted_hosts
+from shared.benchmark.results import NOT_RUN, OK
+from shared.benchmark.verdict import judge, verdict_text
+from shared.distributed.group import group_label
+from shared.reports.sustain import markdown_sustain, rich_sustain
 from shared.safe_text import DETAIL_CAP, EXPORT_CAP, shown
-from shared.sustain_report import markdown_sustain, rich_sustain
 from shared.tables import NATURAL, TEXT, WHOLE, WORDS, FitTable
-from shared.verdict import judge, verdict_text
 
 FORMATS = ("table", "md", "csv", "json", "jsonl", "sql")
 NA = "N/A"
@@ -108,15 +108,16 @@ def judged(record: Record) -> Record:
 
 
 def verdict(record: Record) -> str:
-    """`valid` or `invalid: cold, noisy` (shared.verdict.verdict_text)."""
+    """`valid` or `invalid: cold, noisy` (shared.benchmark.verdict.verdict_text)."""
     return verdict_text(judged(record))
 
 
 def record_model_label(record: Record, label: str | None = None) -> str:
-    """The cell's model as labelled (`label`, else the one in the record's name, which is
-    unique within its matrix: shared.matrix.model_names; else shared.matrix.model_label), a
-    Hugging Face id given without a revision followed by the commit the agent resolved it to.
-    A record stored before labels were made unique shows the label it was named with."""
+    """The cell's model as labelled (`label`, else the one in the record's name, which is unique
+    within its matrix: shared.benchmark.matrix.model_names; else
+    shared.benchmark.matrix.model_label), a Hugging Face id given without a revision followed by the
+    commit the agent resolved it to. A record stored before labels were made unique shows the label
+    it was named with."""
     label = label or named_label(record) or model_label(record["model"], record.get("bits"))
     revision = record.get("model_revision")
     model_id = hf_model_id(record["model"])
@@ -173,7 +174,7 @@ def speedup(record: Record) -> str:
 
 HOST_COLUMN: Column = ("host", host_label)
 SPEEDUP_COLUMN: Column = ("speed-up", speedup)
-"""Shown when the run has a group (shared.group_cells.mark_groups)."""
+"""Shown when the run has a group (shared.reports.group_cells.mark_groups)."""
 ENERGY_COLUMNS: list[Column] = [("W", watts), ("tok/J", per_joule)]
 """Shown when some cell had a power meter; without any, the header's energy line says N/A."""
 
@@ -284,8 +285,8 @@ NO_PANIC_STRING = "no panic string read"
 
 def reboot_lines(host: str, records: list[Record]) -> list[str]:
     """That `host` rebooted during the run, with the panic reports its cells carried after the
-    reboot (shared.reboots), each name and panic string shown() as the peer's words they are;
-    nothing more where its cells did not look (not a Mac, an older agent)."""
+    reboot (shared.benchmark.reboots), each name and panic string shown() as the peer's words they
+    are; nothing more where its cells did not look (not a Mac, an older agent)."""
     line = f"{host + ': ' if host else ''}the machine rebooted during it"
     panics = reboot_panics(records, host)
     if panics is None:
@@ -476,8 +477,8 @@ has no column for; energy_* a cell's energy and sustain_* a sustained cell's sum
 (docs/energy.md; energy_simulated says the figures come from a model, not a meter); ranks,
 distributed_backend and sharding a distributed group's (empty for one host), speedup its tok/s
 over speedup_over's alone (speedup_separated: beyond the noise) and tokens_check its greedy
-tokens against a member's (shared.group_cells); verdict `valid` or `invalid` and
-verdict_reasons why (shared.verdict; comma-joined in csv and sql).
+tokens against a member's (shared.reports.group_cells); verdict `valid` or `invalid` and
+verdict_reasons why (shared.benchmark.verdict; comma-joined in csv and sql).
 An unknown is empty (csv) or NULL (sql), never a number."""
 SQL_TABLE = "mlx_fleet_bench"
 

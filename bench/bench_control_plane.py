@@ -57,8 +57,9 @@ from support import (
     thread_cpu_seconds,
 )
 
-from coordinator.fleet import Settings, Target, run_fleet
-from coordinator.store import RunStore
+from coordinator.hosts.link import Settings, Target
+from coordinator.runs.fleet import run_fleet
+from coordinator.runs.store import RunStore
 from shared.benchmark.matrix import MatrixSpec, expand
 from shared.benchmark.results import cell_record
 from shared.io.keys import own_keypair

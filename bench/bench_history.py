@@ -38,7 +38,7 @@ PLAIN = (
 
 def fill(path: Path, hosts: int, seconds: int, end: float) -> None:
     """`hosts` x `seconds` samples at 1 Hz ending at `end`, through TelemetryStore.add."""
-    from coordinator.telemetry_store import TelemetryStore
+    from coordinator.telemetry.store import TelemetryStore
     from shared.cooling.policy import ThermalPolicy
 
     rng = random.Random(1)

@@ -36,10 +36,10 @@ from typing import Any
 import zmq
 from support import BenchError, interleave, machine, parser, round_count, run, spread
 
-from coordinator.dashboard import UP
-from coordinator.fleet import Settings, Target
-from coordinator.monitor import Monitor
-from coordinator.telemetry_store import TelemetryStore
+from coordinator.hosts.link import Settings, Target
+from coordinator.telemetry.dashboard import UP
+from coordinator.telemetry.monitor import Monitor
+from coordinator.telemetry.store import TelemetryStore
 from shared.cooling.policy import ThermalPolicy
 from shared.io.keys import own_keypair
 from shared.wire import protocol as p

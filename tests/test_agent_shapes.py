@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.fleet import HostJob
+from coordinator.runs.driver import HostJob
 from shared.reports.benchmark import render_text
 from shared.shapes import Invalid
 from shared.wire.agent_shapes import check_agent_body, salvaged_record

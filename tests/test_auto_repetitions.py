@@ -10,7 +10,8 @@ import threading
 import pytest
 import zmq
 
-from coordinator.fleet import HostDriver, HostEvent, Settings, Target
+from coordinator.hosts.link import Settings, Target
+from coordinator.runs.driver import HostDriver, HostEvent
 from shared.benchmark.matrix import (
     DEFAULT_COOL_START_S,
     DEFAULT_MAX_REPETITIONS,

@@ -14,7 +14,7 @@ import zmq
 
 from agent.daemon.benchmark.deadline import BOUND_ENV, job_bound, too_long
 from coordinator.commands.history import unknown_host_message
-from coordinator.telemetry_store import TelemetryStore
+from coordinator.telemetry.store import TelemetryStore
 from shared import bounds
 from shared.benchmark.matrix import MatrixError, MatrixSpec
 from shared.benchmark.sustain import SustainError, SustainPlan

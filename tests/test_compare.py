@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.compare import (
+from coordinator.reports.compare import (
     ReportError,
     as_fleet_report,
     compare_reports,
@@ -20,7 +20,7 @@ from coordinator.compare import (
     side,
     speedup,
 )
-from coordinator.store import RunStore
+from coordinator.runs.store import RunStore
 from shared.benchmark.aggregate import mark_fastest
 from shared.benchmark.matrix import Cell
 from shared.benchmark.results import cell_record

@@ -8,8 +8,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from coordinator.compare import compare_reports, parse_by
-from coordinator.store import RunStore
+from coordinator.reports.compare import compare_reports, parse_by
+from coordinator.runs.store import RunStore
 from shared.exit_codes import EXIT_USAGE
 from tests.conftest import subprocess_env
 from tests.test_store import MACHINE, ok_cell

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.store import RunStore
+from coordinator.runs.store import RunStore
 from tests.conftest import subprocess_env
 from tests.test_store import fill_run
 

@@ -1,10 +1,11 @@
-"""The monitor's cursor bookkeeping (coordinator.cursor_tracker): pure, with numbered messages."""
+"""The monitor's cursor bookkeeping (coordinator.telemetry.cursor_tracker): pure, with numbered
+messages."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from coordinator.cursor_tracker import CursorTracker
+from coordinator.telemetry.cursor_tracker import CursorTracker
 from shared.wire.telemetry import Cursor
 
 

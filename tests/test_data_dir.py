@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.store import RunStore
+from coordinator.runs.store import RunStore
 from tests.conftest import console_script
 from tests.fleet_support import subprocess_env
 

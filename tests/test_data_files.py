@@ -6,8 +6,8 @@ from __future__ import annotations
 from agent.cooling.events import default_events_path
 from agent.daemon.benchmark.journal import default_journal_path
 from agent.daemon.history import default_samples_path
-from coordinator.store import default_store_path
-from coordinator.telemetry_store import default_telemetry_path
+from coordinator.runs.store import default_store_path
+from coordinator.telemetry.store import default_telemetry_path
 
 
 def test_every_store_has_its_own_file() -> None:

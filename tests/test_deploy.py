@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.deploy import MIN_REMOTE_PYTHON, RemoteLayout, direct_url_path, venv_command
+from coordinator.hosts.deploy import MIN_REMOTE_PYTHON, RemoteLayout, direct_url_path, venv_command
 from tests.conftest import subprocess_env
 
 if sys.version_info >= (3, 11):

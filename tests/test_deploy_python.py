@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.deploy import (
+from coordinator.hosts.deploy import (
     PYTHON_QUESTION,
     FoundPython,
     choose_python,

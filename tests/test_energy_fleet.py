@@ -16,9 +16,9 @@ import pytest
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
-from coordinator.compare import compare_reports, comparison_text
-from coordinator.sustain_plot import plot_sustain
-from coordinator.telemetry_store import TelemetryStore
+from coordinator.reports.compare import compare_reports, comparison_text
+from coordinator.reports.sustain_plot import plot_sustain
+from coordinator.telemetry.store import TelemetryStore
 from shared.io.metrics import TelemetryMetrics
 from tests.fleet_support import (
     QUICK,

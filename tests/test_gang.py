@@ -28,8 +28,8 @@ import psutil
 import pytest
 import zmq
 
-from coordinator.gang_rows import gang_rows
-from coordinator.keys import add_host_key
+from coordinator.hosts.keys import add_host_key
+from coordinator.telemetry.gang_rows import gang_rows
 from shared.cooling.gang import (
     Enforced,
     GangIdentity,
@@ -723,8 +723,8 @@ def test_a_cooperative_gang_stop_ends_every_rank_at_a_step_boundary(
 
 def test_a_summary_an_agent_wrote_is_checked_before_it_is_shown(tmp_path: Path) -> None:
 
-    from coordinator.job_history import job_summaries
-    from coordinator.telemetry_store import TelemetryStore
+    from coordinator.telemetry.job_history import job_summaries
+    from coordinator.telemetry.store import TelemetryStore
 
     with TelemetryStore(tmp_path / "t.sqlite") as store:
         rows = [("mac1", 10.0, "summary", "j1", "{not json"),

@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from coordinator.keys import add_host_key
+from coordinator.hosts.keys import add_host_key
 from tests.conftest import console_script, subprocess_env
 from tests.fleet_support import AgentPool, AgentProcess, cli
 from tests.test_gang import (

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from coordinator.commands.group_check import GroupPlan, GroupRefused, _Answer, checked_backend
-from coordinator.fleet import Target
-from coordinator.group_driver import GroupTarget
+from coordinator.hosts.link import Target
+from coordinator.runs.group_driver import GroupTarget
 from shared.distributed.rank_env import Member
 from tests.fleet_support import AgentPool, AgentProcess
 from tests.group_support import insecure_benchmark as coordinator

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent.daemon.benchmark.jobs import group_stalled
-from coordinator.hostfile import (
+from coordinator.hosts.hostfile import (
     GroupEntry,
     HostEntry,
     HostfileError,

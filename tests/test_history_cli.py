@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.telemetry_store import TelemetryStore
+from coordinator.telemetry.store import TelemetryStore
 from tests.conftest import subprocess_env
 from tests.fleet_support import cli
 from tests.test_history_stats import POLICY, event, job, sample

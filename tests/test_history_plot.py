@@ -18,9 +18,9 @@ from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.dates import date2num  # noqa: E402
 
 from coordinator.commands.history import read_history  # noqa: E402
-from coordinator.plot import HOST_COLOURS, THRESHOLD_STYLES, plot_history, write_plot  # noqa: E402
-from coordinator.telemetry_stats import HostSeries  # noqa: E402
-from coordinator.telemetry_store import TelemetryStore  # noqa: E402
+from coordinator.reports.plot import HOST_COLOURS, THRESHOLD_STYLES, plot_history, write_plot  # noqa: E402
+from coordinator.telemetry.stats import HostSeries  # noqa: E402
+from coordinator.telemetry.store import TelemetryStore  # noqa: E402
 from tests.test_history_stats import POLICY, event, job, sample  # noqa: E402
 
 T0 = 1_800_000_000.0

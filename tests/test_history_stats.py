@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from coordinator.commands.history import policy_cell, read_history
-from coordinator.telemetry_stats import (
+from coordinator.telemetry.stats import (
     PLOT_POINTS,
     SPACING_PROBES,
     THRESHOLDS,
@@ -26,7 +26,7 @@ from coordinator.telemetry_stats import (
     policy_at,
     threshold_in_force,
 )
-from coordinator.telemetry_store import TelemetryStore
+from coordinator.telemetry.store import TelemetryStore
 from shared.wire.telemetry import Cursor
 
 POLICY = {

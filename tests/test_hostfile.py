@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.hostfile import (
+from coordinator.hosts.hostfile import (
     DEFAULT_AGENT_PORT,
     HostEntry,
     HostfileError,

@@ -10,7 +10,7 @@ import zmq
 import zmq.auth
 
 from agent.daemon.zap import TrustedKeys
-from coordinator.keys import known_hosts
+from coordinator.hosts.keys import known_hosts
 from shared.io.keys import PUBLIC_MODE, new_keypair, own_keypair
 from shared.io.trust import list_trusted, trust, trusted_dir
 from tests.fleet_support import cli

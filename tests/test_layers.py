@@ -1,8 +1,11 @@
-"""The import rules of the layout (README, Development): agent/ and coordinator/ meet only in
+"""The import rules of the layout (README, Where things are): agent/ and coordinator/ meet only in
 shared/, and shared/'s pure modules touch no socket, database, thread, process or signal. Inside
 agent/, each room imports only the rooms below it: the sensors (sensors/, thermal/, power/) no
 room that uses them, service/ nothing of the agent's but itself, cooling/ neither the daemon, the
-service nor a command, and only agent/cli.py the commands, which alone speak Typer.
+service nor a command, and only agent/cli.py the commands, which alone speak Typer. Inside
+coordinator/, hosts/ imports no other room, runs/ and telemetry/ never each other, reports/ no run.
+Inside shared/, the kit at the top imports no room, cooling/ no other concept room, benchmark/
+and distributed/ never each other, wire/ no report. No package has an import circle.
 
 Imports are read with `ast`, so one inside a function counts as much as one at the top."""
 
@@ -243,3 +246,211 @@ def test_the_rules_catch_a_violation(tmp_path: Path) -> None:
         "shared.io.keys.own_keypair",
         "zmq.auth",
     ]
+
+
+COORDINATOR = ROOT / "coordinator"
+COORDINATOR_RULES: dict[str, frozenset[str]] = {
+    "hosts": frozenset(
+        {"coordinator.runs", "coordinator.telemetry", "coordinator.reports", "coordinator.commands"}
+    ),
+    "runs": frozenset({"coordinator.telemetry", "coordinator.commands"}),
+    "telemetry": frozenset({"coordinator.runs", "coordinator.reports", "coordinator.commands"}),
+    "reports": frozenset({"coordinator.runs", "coordinator.commands"}),
+    "commands": frozenset(),
+}
+"""coordinator/'s rooms and what each may not import (a module or any of its submodules)."""
+COORDINATOR_TOP = frozenset({"__init__.py", "cli.py"})
+
+SHARED = ROOT / "shared"
+SHARED_KIT = frozenset(
+    {"shapes", "tables", "safe_text", "stats", "bounds", "clock", "exit_codes", "__init__"}
+)
+"""The small kit at shared/'s top: what every room may use."""
+SHARED_ROOMS = ("cooling", "benchmark", "distributed", "wire", "reports", "io")
+SHARED_RULES: dict[str, frozenset[str]] = {
+    "kit": frozenset(f"shared.{room}" for room in SHARED_ROOMS),
+    "cooling": frozenset(f"shared.{room}" for room in SHARED_ROOMS if room != "cooling"),
+    "benchmark": frozenset({"shared.distributed", "shared.wire", "shared.reports"}),
+    "distributed": frozenset({"shared.benchmark", "shared.wire", "shared.reports"}),
+    "wire": frozenset({"shared.reports"}),
+    "reports": frozenset(),
+    "io": frozenset(),
+}
+"""shared/'s rooms and what each may not import, beside the purity rule (IO_MODULES)."""
+SHARED_ROOM_LIMIT = 14
+SHARED_MODULE_LIMIT = 700
+"""Lines: a module of shared/ past this is several concepts."""
+
+
+def room_of(path: Path, package_dir: Path) -> str | None:
+    """The folder of a package that `path` sits in; None for a module at the package's top."""
+    parts = path.relative_to(package_dir).parts
+    return parts[0] if len(parts) > 1 else None
+
+
+def coordinator_breaks(path: Path) -> list[str]:
+    room = room_of(path, COORDINATOR) or ""
+    found = set(offending(path, COORDINATOR_RULES.get(room, frozenset())))
+    found |= set(cli_breaks(path, COORDINATOR, "coordinator"))
+    return sorted(found)
+
+
+def shared_breaks(path: Path) -> list[str]:
+    room = room_of(path, SHARED) or "kit"
+    return offending(path, SHARED_RULES.get(room, frozenset()))
+
+
+def test_coordinator_rooms_import_only_what_their_rules_allow() -> None:
+    breaks = {
+        str(path.relative_to(ROOT)): found
+        for path in modules("coordinator")
+        if (found := coordinator_breaks(path))
+    }
+    assert breaks == {}
+
+
+def test_coordinator_rooms_are_the_known_ones() -> None:
+    """At most six rooms: the five folders and cli.py. A new folder gets its rules here first."""
+    rooms = {room for path in modules("coordinator") if (room := room_of(path, COORDINATOR))}
+    top = {path.name for path in modules("coordinator") if room_of(path, COORDINATOR) is None}
+    assert rooms == set(COORDINATOR_RULES)
+    assert top <= COORDINATOR_TOP, sorted(top - COORDINATOR_TOP)
+
+
+def test_shared_rooms_import_only_what_their_rules_allow() -> None:
+    breaks = {
+        str(path.relative_to(ROOT)): found
+        for path in modules("shared")
+        if (found := shared_breaks(path))
+    }
+    assert breaks == {}
+
+
+def test_shared_rooms_are_the_known_ones() -> None:
+    rooms = {room for path in modules("shared") if (room := room_of(path, SHARED))}
+    top = {path.stem for path in modules("shared") if room_of(path, SHARED) is None}
+    assert rooms == set(SHARED_ROOMS)
+    assert top <= SHARED_KIT, sorted(top - SHARED_KIT)
+    assert len(rooms) + len(top - {"__init__"}) <= SHARED_ROOM_LIMIT
+
+
+def test_shared_modules_stay_one_concept_long() -> None:
+    long = {
+        str(path.relative_to(ROOT)): lines
+        for path in modules("shared")
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > SHARED_MODULE_LIMIT
+    }
+    assert long == {}
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    """Module name → the package's modules it imports (a package's __init__ by its own name)."""
+    names = {
+        ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): path
+        for path in modules(package)
+    }
+    return {
+        name: {other for other in imported(path) if other in names and other != name}
+        for name, path in names.items()
+    }
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of `graph` (its strongly connected components of two or more)."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(name: str) -> None:
+        order[name] = low[name] = len(order)
+        stack.append(name)
+        for other in sorted(graph[name]):
+            if other not in order:
+                visit(other)
+                low[name] = min(low[name], low[other])
+            elif other in stack:
+                low[name] = min(low[name], order[other])
+        if low[name] == order[name]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == name:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for name in sorted(graph):
+        if name not in order:
+            visit(name)
+    return found
+
+
+@pytest.mark.parametrize("package", ["agent", "coordinator", "shared"])
+def test_no_import_circles(package: str) -> None:
+    assert circles(import_graph(package)) == []
+
+
+def test_the_circle_finder_finds_one() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert circles(graph) == [["a", "b", "c"]]
+
+
+def test_the_coordinator_and_shared_rules_catch_a_violation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each rule, on a scratch module written into a room for the test."""
+    coordinator_cases = {
+        "hosts/scratch.py": "from coordinator.runs.store import RunStore\n",
+        "runs/scratch.py": "def f():\n    import coordinator.telemetry.monitor\n",
+        "telemetry/scratch.py": "from coordinator.runs.fleet import run_fleet\n",
+        "reports/scratch.py": "from coordinator.runs.store import RunStore\n",
+        "runs/typer_scratch.py": "import typer\n",
+    }
+    shared_cases = {
+        "scratch.py": "from shared.wire.protocol import DEFAULT_PORT\n",
+        "cooling/scratch.py": "from shared.benchmark.matrix import Cell\n",
+        "benchmark/scratch.py": "from shared.distributed.group import BenchGroup\n",
+        "distributed/scratch.py": "import shared.benchmark.verdict\n",
+        "wire/scratch.py": "from shared.reports.benchmark import render_text\n",
+    }
+    monkeypatch.setattr(sys.modules[__name__], "COORDINATOR", tmp_path / "coordinator")
+    monkeypatch.setattr(sys.modules[__name__], "SHARED", tmp_path / "shared")
+    found = {}
+    for package, cases, check in (
+        ("coordinator", coordinator_cases, coordinator_breaks),
+        ("shared", shared_cases, shared_breaks),
+    ):
+        for name, text in cases.items():
+            path = tmp_path / package / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            found[f"{package}/{name}"] = check(path)
+    assert found == {
+        "coordinator/hosts/scratch.py": [
+            "coordinator.runs.store",
+            "coordinator.runs.store.RunStore",
+        ],
+        "coordinator/runs/scratch.py": ["coordinator.telemetry.monitor"],
+        "coordinator/telemetry/scratch.py": [
+            "coordinator.runs.fleet",
+            "coordinator.runs.fleet.run_fleet",
+        ],
+        "coordinator/reports/scratch.py": [
+            "coordinator.runs.store",
+            "coordinator.runs.store.RunStore",
+        ],
+        "coordinator/runs/typer_scratch.py": ["typer"],
+        "shared/scratch.py": ["shared.wire.protocol", "shared.wire.protocol.DEFAULT_PORT"],
+        "shared/cooling/scratch.py": ["shared.benchmark.matrix", "shared.benchmark.matrix.Cell"],
+        "shared/benchmark/scratch.py": [
+            "shared.distributed.group",
+            "shared.distributed.group.BenchGroup",
+        ],
+        "shared/distributed/scratch.py": ["shared.benchmark.verdict"],
+        "shared/wire/scratch.py": [
+            "shared.reports.benchmark",
+            "shared.reports.benchmark.render_text",
+        ],
+    }

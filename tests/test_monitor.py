@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from agent.cooling.events import EventLog
-from coordinator.dashboard import UNREACHABLE, UP
-from coordinator.fleet import Settings, Target
-from coordinator.keys import add_host_key
-from coordinator.monitor import Monitor
-from coordinator.telemetry_store import TelemetryStore
+from coordinator.hosts.keys import add_host_key
+from coordinator.hosts.link import Settings, Target
+from coordinator.telemetry.dashboard import UNREACHABLE, UP
+from coordinator.telemetry.monitor import Monitor
+from coordinator.telemetry.store import TelemetryStore
 from shared.io.keys import own_keypair
 from shared.wire.telemetry import Event
 from tests.conftest import console_script, subprocess_env
@@ -306,7 +306,7 @@ def test_an_event_stamped_before_the_newest_recorded_sample_is_still_backfilled(
 
 
 def test_the_monitor_prunes_past_the_retention_while_it_runs(tmp_path: Path) -> None:
-    from coordinator.monitor import PRUNE_EVERY_S, Arrivals
+    from coordinator.telemetry.monitor import PRUNE_EVERY_S, Arrivals
     from tests.test_history_stats import sample
 
     now = time.time()

@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 from rich.text import Text
 
-from coordinator.dashboard import (
+from coordinator.telemetry.dashboard import (
     COLUMNS,
     CRITICAL,
     INFO,

@@ -114,8 +114,8 @@ def test_a_report_is_checked_against_what_was_asked() -> None:
 
 
 def test_a_member_carries_its_rdma_devices_only_where_the_hostfile_gave_them() -> None:
-    from coordinator.fleet import Target
-    from coordinator.netbench import member_body, member_of
+    from coordinator.hosts.link import Target
+    from coordinator.runs.netbench import member_body, member_of
 
     plain = member_of(Target("mac1:5555", "10.0.0.1:5555", None))
     assert member_body(plain) == {"name": "mac1:5555", "ips": ["10.0.0.1"]}

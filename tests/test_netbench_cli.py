@@ -14,7 +14,7 @@ import sqlite3
 import psutil
 import pytest
 
-from coordinator.netbench_report import netbench_comparison_table, netbench_table
+from coordinator.reports.netbench import netbench_comparison_table, netbench_table
 from tests.fleet_support import QUICK, AgentPool, cli, exchange_keys
 from tests.ring_support import free_port_run
 from tests.test_tables_fit import check_fit

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.telemetry_store import TelemetryStore
+from coordinator.telemetry.store import TelemetryStore
 from shared.cooling.calibration import check_given
 from tests.fleet_support import AgentPool, cli
 from tests.test_monitor import known_agent

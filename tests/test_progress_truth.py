@@ -255,7 +255,7 @@ def test_the_fleet_bar_says_each_hosts_warnings_and_pause(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from coordinator.commands.benchmark import FleetProgress
-    from coordinator.fleet import MACHINE, PAUSE, PHASE, STARTED, THERMAL, HostEvent
+    from coordinator.runs.driver import MACHINE, PAUSE, PHASE, STARTED, THERMAL, HostEvent
 
     progress = FleetProgress(["mac1"], [4])
     progress(HostEvent("mac1", MACHINE, {"device": "AMD EPYC", "backend": "cpu"}))

@@ -11,7 +11,7 @@ import pytest
 
 from agent.cooling.events import EventLog
 from agent.daemon.history import MEMORY_SAMPLES, WRITE_EVERY, TelemetryHistory
-from coordinator.telemetry_store import TelemetryStore
+from coordinator.telemetry.store import TelemetryStore
 from shared.io.sqlite import StoreError, open_store, store_id
 from shared.wire.telemetry import Event, Sample
 
@@ -192,7 +192,7 @@ def test_samples_recorded_before_sensors_were_kept_read_as_none(tmp_path: Path) 
     """The agent's history and the coordinator's store of the previous version gain `sensor`:
     their rows read as None (no sensor said), and new rows keep it."""
     from agent.daemon.history import MIGRATIONS as HISTORY_STEPS
-    from coordinator.telemetry_store import MIGRATIONS as STORE_STEPS
+    from coordinator.telemetry.store import MIGRATIONS as STORE_STEPS
 
     history_path, store_path = tmp_path / "agent-telemetry.sqlite", tmp_path / "c.sqlite"
     old = ("time", "celsius", "source", "simulated", "pause_s_total", "jobs")

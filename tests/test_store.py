@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.store import MIGRATIONS, RunStore, UnknownRunError
+from coordinator.runs.store import MIGRATIONS, RunStore, UnknownRunError
 from shared.benchmark.matrix import Cell
 from shared.benchmark.results import cell_record
 from shared.io.sqlite import StoreError
@@ -286,7 +286,7 @@ import os, signal, sys
 sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
 from collections.abc import Iterator
 from pathlib import Path
-from coordinator.store import RunStore
+from coordinator.runs.store import RunStore
 from tests.test_store import ok_cell
 store = RunStore(Path({str(path)!r}))
 run_id = store.create_run({{}}, ["mac1:5555"])

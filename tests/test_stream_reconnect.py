@@ -26,17 +26,10 @@ from typing import Any
 import pytest
 import zmq
 
-from coordinator.fleet import (
-    CELL,
-    DONE,
-    HOST_FAILED,
-    HOST_OK,
-    HostEvent,
-    Settings,
-    Target,
-    run_fleet,
-)
-from coordinator.store import RunStore
+from coordinator.hosts.link import Settings, Target
+from coordinator.runs.driver import CELL, DONE, HOST_FAILED, HOST_OK, HostEvent
+from coordinator.runs.fleet import run_fleet
+from coordinator.runs.store import RunStore
 from shared.benchmark.progress import MODEL_BUILD_TIMEOUTS, ProgressClock, no_progress_allowance
 from tests.conftest import console_script, subprocess_env
 from tests.fakes.flapping_agent import FlappingAgent

@@ -101,7 +101,7 @@ def test_the_sustained_tables_say_why_steady_is_na() -> None:
 
 
 def test_an_axis_keeps_its_minimum_span() -> None:
-    from coordinator.plot import widened
+    from coordinator.reports.plot import widened
 
     assert widened((10.0, 10.01), 1.0) == pytest.approx((9.505, 10.505))
     assert widened((40.0, 80.0), 2.0) == (40.0, 80.0)
@@ -109,7 +109,7 @@ def test_an_axis_keeps_its_minimum_span() -> None:
 
 def test_a_flat_sustain_plot_does_not_draw_a_cliff() -> None:
     pytest.importorskip("matplotlib")
-    from coordinator.sustain_plot import plot_sustain
+    from coordinator.reports.sustain_plot import plot_sustain
 
     windows = [window(i, 1000 + i, 10.0, celsius=60.0 + i / 100) for i in range(4)]
     for i, w in enumerate(windows):

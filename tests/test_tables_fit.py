@@ -25,9 +25,9 @@ from coordinator.commands.history import JOBS_FOLDS, STATS_FOLDS, history_tables
 from coordinator.commands.policy import POLICY_FOLDS, policy_table
 from coordinator.commands.runs import RUNS_FOLDS, runs_table
 from coordinator.commands.status import STATUS_FOLDS, status_table
-from coordinator.compare import COMPARE_FOLDS, rich_comparison
-from coordinator.dashboard import GANG_FOLDS, gang_table
-from coordinator.gang_rows import GangRow
+from coordinator.reports.compare import COMPARE_FOLDS, rich_comparison
+from coordinator.telemetry.dashboard import GANG_FOLDS, gang_table
+from coordinator.telemetry.gang_rows import GangRow
 from shared.reports.benchmark import BENCH_FOLDS, rich_report
 from shared.reports.doctor import doctor_table
 from shared.reports.sustain import SUMMARY_FOLDS, WINDOW_FOLDS

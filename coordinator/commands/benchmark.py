@@ -36,11 +36,10 @@ from coordinator.commands.hosts import (
     targets_and_groups,
     targets_or_known,
 )
-from coordinator.embedded import EmbeddedAgent, EmbeddedAgentError
-from coordinator.fleet import (
+from coordinator.hosts.link import DEFAULT_HOST_TIMEOUT_S, Settings, Target
+from coordinator.runs.driver import (
     CELL,
     COOLING,
-    DEFAULT_HOST_TIMEOUT_S,
     DONE,
     HOST_OK,
     MACHINE,
@@ -51,15 +50,12 @@ from coordinator.fleet import (
     STARTED,
     THERMAL,
     UNREACHABLE,
-    FleetResult,
     HostEvent,
-    Settings,
-    Target,
-    resume_fleet,
-    run_fleet,
 )
-from coordinator.group_driver import GroupTarget
-from coordinator.store import RunHost, RunStore, UnknownRunError
+from coordinator.runs.embedded import EmbeddedAgent, EmbeddedAgentError
+from coordinator.runs.fleet import FleetResult, resume_fleet, run_fleet
+from coordinator.runs.group_driver import GroupTarget
+from coordinator.runs.store import RunHost, RunStore, UnknownRunError
 from shared.benchmark.matrix import MatrixError, resolve_bits
 from shared.benchmark.results import failed_cells
 from shared.benchmark.status import (
@@ -85,7 +81,6 @@ from shared.io.options import (
     ReportFormat,
     RunId,
     SustainOptions,
-    SustainPlot,
     TableFormat,
     check_sustained_repetitions,
     one_of,
@@ -106,6 +101,14 @@ Sharding = Annotated[
         callback=one_of(SHARDINGS, "sharding"),
         help="How a group splits each model: tensor (every layer's heads and MLP across the "
         "ranks, as mlx-lm's shard()) or pipeline (each rank a run of whole layers).",
+    ),
+]
+SustainPlot = Annotated[
+    Path | None,
+    typer.Option(
+        "--plot",
+        help="With --sustain: also draw tok/s, °C and watts over time per host into this PNG "
+        f"(needs matplotlib: {PLOT_EXTRA}).",
     ),
 ]
 
@@ -360,7 +363,7 @@ def check_plot(plot: Path | None, sustained: bool) -> None:
         raise usage_error("--plot draws a sustained run: give --sustain DURATION too")
     check_output(plot, "--plot")
     try:
-        import coordinator.sustain_plot  # noqa: F401 - only checking that matplotlib is there
+        import coordinator.reports.sustain_plot  # noqa: F401 - only checking that matplotlib is there
     except ImportError as exc:
         if not (exc.name or "").startswith("matplotlib"):
             raise
@@ -369,7 +372,7 @@ def check_plot(plot: Path | None, sustained: bool) -> None:
 
 def draw_sustain(report: dict[str, Any], plot: Path) -> None:
     """The plot of what the hosts measured; a run without one window says so instead."""
-    from coordinator.sustain_plot import write_sustain_plot
+    from coordinator.reports.sustain_plot import write_sustain_plot
 
     try:
         write_sustain_plot(report, plot)

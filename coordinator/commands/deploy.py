@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from coordinator.deploy import (
+from coordinator.hosts.deploy import (
     DEFAULT_REMOTE_DIR,
     MIN_REMOTE_PYTHON,
     NO_SOURCE_TREE,
@@ -26,7 +26,7 @@ from coordinator.deploy import (
     wheel_command,
     wheel_name,
 )
-from coordinator.hostfile import HostEntry, HostfileError, parse_hostfile, parse_hosts
+from coordinator.hosts.hostfile import HostEntry, HostfileError, parse_hostfile, parse_hosts
 from shared.cooling.sources import SourceSpecError, parse_source_name
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import emit, err, usage_error

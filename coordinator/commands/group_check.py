@@ -16,9 +16,9 @@ from typing import Any
 import zmq
 
 from coordinator.commands.hosts import on_every_host
-from coordinator.fleet import Settings, Target, connect
-from coordinator.group_driver import GroupTarget
-from coordinator.netbench import NetbenchFailed, member_of
+from coordinator.hosts.link import Settings, Target, connect
+from coordinator.runs.group_driver import GroupTarget
+from coordinator.runs.netbench import NetbenchFailed, member_of
 from shared.distributed.group import group_name
 from shared.distributed.rank_env import (
     AUTO,

@@ -13,10 +13,10 @@ import typer
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from coordinator.dashboard import NA, duration
-from coordinator.hostfile import HostfileError, parse_hosts
-from coordinator.job_history import job_summaries
-from coordinator.telemetry_stats import (
+from coordinator.hosts.hostfile import HostfileError, parse_hosts
+from coordinator.telemetry.dashboard import NA, duration
+from coordinator.telemetry.job_history import job_summaries
+from coordinator.telemetry.stats import (
     THRESHOLDS,
     HostSeries,
     host_series,
@@ -24,16 +24,14 @@ from coordinator.telemetry_stats import (
     hosts_recorded,
     parse_since,
 )
-from coordinator.telemetry_store import TelemetryStore, recorded_hosts
+from coordinator.telemetry.store import TelemetryStore, recorded_hosts
 from shared.cooling.sources import read_from as read_from_name
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import check_output, data_home, emit, err, fail, usage_error
-from shared.io.options import TableFormat
+from shared.io.options import PLOT_EXTRA, TableFormat
 from shared.io.sqlite import StoreError
 from shared.safe_text import DETAIL_CAP, shown
 from shared.tables import TEXT, WHOLE, WORDS, FitTable
-
-PLOT_EXTRA = "pip install 'mlx-fleet[plot]'"
 
 
 def _stamp(epoch: float) -> str:
@@ -45,7 +43,7 @@ def read_history(
 ) -> tuple[list[dict[str, Any]], list[HostSeries]]:
     """Every host with samples in the window, in the order asked for (else by name): its
     statistics, and with `plot` its series at plot resolution. Host by host, in SQL: nothing
-    holds the window's samples (coordinator.telemetry_stats)."""
+    holds the window's samples (coordinator.telemetry.stats)."""
     names = hosts_recorded(store.conn, since, hosts)
     policies = store.policies(names)
     rows, series = [], []
@@ -212,7 +210,7 @@ def history(
         raise usage_error(str(exc)) from None
     if plot is not None:
         try:
-            from coordinator.plot import plot_history, write_plot
+            from coordinator.reports.plot import plot_history, write_plot
         except ImportError as exc:
             if not (exc.name or "").startswith("matplotlib"):
                 raise

@@ -12,8 +12,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 import zmq
 
-from coordinator.fleet import DEFAULT_HOST_TIMEOUT_S, Settings, Target, connect
-from coordinator.hostfile import (
+from coordinator.hosts.hostfile import (
     GroupEntry,
     HostEntry,
     HostfileError,
@@ -22,7 +21,8 @@ from coordinator.hostfile import (
     parse_hosts,
     parse_hosts_and_groups,
 )
-from coordinator.keys import known_hosts, server_key
+from coordinator.hosts.keys import known_hosts, server_key
+from coordinator.hosts.link import DEFAULT_HOST_TIMEOUT_S, Settings, Target, connect
 from shared.bounds import MAX_CONNECT_TIMEOUT_S, MAX_HOST_TIMEOUT_S, duration_text
 from shared.distributed.rank_env import BACKENDS
 from shared.io.cli import err, usage_error

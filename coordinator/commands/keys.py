@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from coordinator.keys import add_host_key, known_hosts, remove_host_key
+from coordinator.hosts.keys import add_host_key, known_hosts, remove_host_key
 from shared.io.app import HELP_OPTIONS, TakesAKey, examples
 from shared.io.cli import data_home, err, usage_error
 from shared.io.keys import own_keypair

@@ -20,9 +20,9 @@ from coordinator.commands.hosts import (
     settings_for,
     targets_or_known,
 )
-from coordinator.dashboard import UP, render, snapshot
-from coordinator.monitor import Monitor
-from coordinator.telemetry_store import TelemetryStore
+from coordinator.telemetry.dashboard import UP, render, snapshot
+from coordinator.telemetry.monitor import Monitor
+from coordinator.telemetry.store import TelemetryStore
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import PIPE_WIDTH, emit, err, usage_error
 from shared.io.options import TABLE_OR_JSON, RetentionDays, output_format

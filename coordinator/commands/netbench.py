@@ -20,8 +20,9 @@ from coordinator.commands.hosts import (
     settings_for,
 )
 from coordinator.commands.hosts import targets_from as hosts_named
-from coordinator.fleet import DEFAULT_HOST_TIMEOUT_S
-from coordinator.netbench import (
+from coordinator.hosts.link import DEFAULT_HOST_TIMEOUT_S
+from coordinator.reports.netbench import netbench_table, netbench_text
+from coordinator.runs.netbench import (
     BackendMissing,
     NetbenchFailed,
     NetbenchPlan,
@@ -30,8 +31,7 @@ from coordinator.netbench import (
     run_netbench,
     save_run,
 )
-from coordinator.netbench_report import netbench_table, netbench_text
-from coordinator.store import RunStore
+from coordinator.runs.store import RunStore
 from shared.bounds import MAX_HOST_TIMEOUT_S, duration_text
 from shared.distributed.netbench import DEFAULT_SIZES, NetbenchError, format_bytes, parse_sizes
 from shared.distributed.rank_env import AUTO, BACKENDS, DEFAULT_STARTING_PORT, JACCL

@@ -24,8 +24,8 @@ from coordinator.commands.hosts import (
     settings_for,
     targets_or_known,
 )
-from coordinator.dashboard import NA
-from coordinator.telemetry_store import TelemetryStore
+from coordinator.telemetry.dashboard import NA
+from coordinator.telemetry.store import TelemetryStore
 from shared.cooling.calibration import check_given, origin_told
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import emit, usage_error

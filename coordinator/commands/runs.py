@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from coordinator.compare import (
+from coordinator.reports.compare import (
     COMPARE_FORMATS,
     ReportError,
     as_fleet_report,
@@ -20,14 +20,14 @@ from coordinator.compare import (
     parse_by,
     rich_comparison,
 )
-from coordinator.netbench_report import (
+from coordinator.reports.netbench import (
     compare_netbench,
     netbench_comparison_table,
     netbench_comparison_text,
     netbench_table,
     netbench_text,
 )
-from coordinator.store import RunStore, UnknownRunError
+from coordinator.runs.store import RunStore, UnknownRunError
 from shared.bounds import MAX_RUNS_LIMIT
 from shared.distributed.rank_shapes import KIND_NETBENCH
 from shared.io.cli import (
@@ -41,8 +41,6 @@ from shared.io.cli import (
     write_text,
 )
 from shared.io.options import (
-    CompareBy,
-    ComparedReport,
     Output,
     ReportFormat,
     RunId,
@@ -54,6 +52,24 @@ from shared.io.sqlite import StoreError
 from shared.tables import WHOLE, WORDS, FitTable
 
 CompareFormat = output_format(COMPARE_FORMATS)
+ComparedReport = Annotated[
+    str,
+    typer.Argument(
+        help="A run id (or a unique prefix), or an `agent bench` / `coordinator show` JSON file."
+    ),
+]
+"""One side of `coordinator compare`."""
+CompareBy = Annotated[
+    str | None,
+    typer.Option(
+        "--by",
+        help="Comma list of what matches cells besides the test: host, hostname, device, "
+        "model, batch, n_batch, or a setting by its name (power_mode, os_build, mlx_version, "
+        "...: docs/protocol.md §5) (default: model,batch, and host when a side has several hosts); "
+        "cells that share them are averaged, as llama.cpp's compare-llama-bench.py --show does.",
+    ),
+]
+"""`coordinator compare`'s columns (coordinator.reports.compare.BY_COLUMNS)."""
 
 
 def load_reports(*run_ids: str) -> list[dict[str, Any]]:

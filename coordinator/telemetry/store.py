@@ -111,7 +111,7 @@ class TelemetryStore:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or default_telemetry_path()
         self.conn = open_store(self.path, MIGRATIONS, what="telemetry store", rows_by_name=True)
-        """Also for the queries of coordinator.telemetry_stats, on the same thread."""
+        """Also for the queries of coordinator.telemetry.stats, on the same thread."""
 
     def close(self) -> None:
         self.conn.close()

@@ -18,7 +18,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 from matplotlib.figure import Figure
 
-from coordinator.telemetry_stats import THRESHOLDS, HostSeries
+from coordinator.telemetry.stats import THRESHOLDS, HostSeries
 from shared.safe_text import shown
 
 THRESHOLD_STYLES = {

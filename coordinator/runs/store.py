@@ -20,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from coordinator.run_report import INTERRUPTED, RUNNING, fleet_report, netbench_report
+from coordinator.runs.report import INTERRUPTED, RUNNING, fleet_report, netbench_report
 from shared.clock import iso, utc_now
 from shared.distributed.rank_shapes import KIND_NETBENCH
 from shared.io.paths import data_dir
@@ -82,7 +82,7 @@ the coordinator process that drives a run (`owner`, HOSTNAME:PID), how each host
 job id once the agent named it, and each cell's index in its job (one row per index: a cell
 fetched twice is kept once). Version 3 keeps the one line a run failed with (a netbench run:
 its ranks fail together, so the line, not one host, says why). Version 4 keeps a distributed
-group's members and each one's job (`grouped`: JSON, coordinator.group_driver.GroupTarget
+group's members and each one's job (`grouped`: JSON, coordinator.runs.group_driver.GroupTarget
 .stored), so a group's run resumes and cancels as a host's does."""
 
 

@@ -64,7 +64,7 @@ def netbench_report(
     hosts: list[Mapping[str, Any]],
     cells: list[Mapping[str, Any]],
 ) -> dict[str, Any]:
-    """The report of one netbench run (coordinator.netbench.save_run's rows): its spec, each
+    """The report of one netbench run (coordinator.runs.netbench.save_run's rows): its spec, each
     host's rank as it ended, the line it failed with, and shared.distributed.netbench's figures."""
     spec = json.loads(run["spec"])
     found = [measurement_of(json.loads(cell["record"])) for cell in cells]

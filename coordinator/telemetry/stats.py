@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from coordinator.telemetry_store import recorded_hosts
+from coordinator.telemetry.store import recorded_hosts
 
 THRESHOLDS = ("max_speed_temp", "pause_temp", "stop_temp")
 GAP_FACTOR = 3.0
@@ -32,7 +32,7 @@ PLOT_POINTS = 2000
 """A plot reads at most this many points per host (bucket means): about two per pixel."""
 PAUSED = "COALESCE(job_paused, instr(jobs, ?) > 0)"
 """Whether a sample lists a paused job: the store's flag, or in a row recorded before the flag
-(coordinator.telemetry_store, version 4), its `jobs` text read for PAUSED_JOB."""
+(coordinator.telemetry.store, version 4), its `jobs` text read for PAUSED_JOB."""
 PAUSED_JOB = json.dumps({"state": "paused"})[1:-1]
 """How a paused job reads in a sample's stored `jobs` (shared.wire.telemetry stores it with
 json.dumps): `"state": "paused"` cannot occur inside a JSON string, whose quotes are escaped."""

@@ -17,8 +17,8 @@ from typing import Any
 
 import zmq
 
-from coordinator.fleet import Settings, Target, connect
-from coordinator.store import RunStore
+from coordinator.hosts.link import Settings, Target, connect
+from coordinator.runs.store import RunStore
 from shared.clock import utc_now
 from shared.distributed.netbench import (
     Measured,
@@ -229,7 +229,7 @@ def run_netbench(
 
 
 def save_run(store: RunStore, run: NetbenchRun) -> str:
-    """Keep the run, however it ended, as a run of kind netbench (coordinator.run_report reads
+    """Keep the run, however it ended, as a run of kind netbench (coordinator.runs.report reads
     it back): what was asked and the backend chosen as its spec, each host's rank as it ended,
     each measurement as a cell of rank 0's host, the line it failed with. Returns its id."""
     plan = run.plan

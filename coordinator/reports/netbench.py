@@ -11,7 +11,7 @@ from typing import Any
 
 from rich.text import Text
 
-from coordinator.compare import speedup_text
+from coordinator.reports.compare import speedup_text
 from shared.distributed.netbench import ALL_SUM, format_bytes
 from shared.reports.benchmark import NA, drawn_text, markdown_table, rows_csv, rows_sql, strict_json
 from shared.safe_text import shown

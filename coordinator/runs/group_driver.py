@@ -20,7 +20,8 @@ from typing import Any
 
 import zmq
 
-from coordinator.fleet import (
+from coordinator.hosts.link import Settings, Target
+from coordinator.runs.driver import (
     CELL,
     COOLING,
     DONE,
@@ -37,8 +38,6 @@ from coordinator.fleet import (
     HostDriver,
     HostEvent,
     HostJob,
-    Settings,
-    Target,
 )
 from shared.benchmark.matrix import MatrixError, planned_cells
 from shared.benchmark.results import cell_record

@@ -16,9 +16,9 @@ from typing import Any
 
 import zmq
 
-from coordinator.cursor_tracker import past
-from coordinator.dashboard import silent_after
-from coordinator.fleet import Settings, Target, connect
+from coordinator.hosts.link import Settings, Target, connect
+from coordinator.telemetry.cursor_tracker import past
+from coordinator.telemetry.dashboard import silent_after
 from shared.io.transport import AgentClient, HostError, InvalidMessage, agent_socket
 from shared.wire.telemetry import Cursor
 

@@ -2,14 +2,14 @@
 
 The main thread reads every host's SUB in one poll, decodes each message, and alone touches the
 store, the dashboard and the metrics, so none of them needs a lock and a whole batch is written in
-one transaction. Each host's requests (hello, info, history.get, ping) wait on a HostLink thread
-of its own (coordinator.host_link), which only reports back; one thread reading every SUB, not
-one per host, is what lets the monitor keep up with a flood of samples (docs/performance.md).
+one transaction. Each host's requests (hello, info, history.get, ping) wait on a HostLink thread of
+its own (coordinator.telemetry.host_link), which only reports back; one thread reading every SUB,
+not one per host, is what lets the monitor keep up with a flood of samples (docs/performance.md).
 
 A host is backfilled with history.get when its session begins, from the cursor recorded for it
 (the last sample and event numbers held with nothing missing before them, docs/protocol.md §10),
 and again whenever a live sample or event skips a number, so what PUB dropped is filled in however
-old its time stamp (coordinator.cursor_tracker).
+old its time stamp (coordinator.telemetry.cursor_tracker).
 """
 
 from __future__ import annotations
@@ -20,10 +20,17 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from coordinator.cursor_tracker import CursorTracker
-from coordinator.dashboard import DOWN, INVALID, SPARK_WINDOW_S, UNREACHABLE, UP, Dashboard
-from coordinator.fleet import Settings, Target
-from coordinator.host_link import (
+from coordinator.hosts.link import Settings, Target
+from coordinator.telemetry.cursor_tracker import CursorTracker
+from coordinator.telemetry.dashboard import (
+    DOWN,
+    INVALID,
+    SPARK_WINDOW_S,
+    UNREACHABLE,
+    UP,
+    Dashboard,
+)
+from coordinator.telemetry.host_link import (
     CONNECTED,
     LOST,
     PAGE,
@@ -36,7 +43,7 @@ from coordinator.host_link import (
     Reports,
     Session,
 )
-from coordinator.telemetry_store import Row, TelemetryStore
+from coordinator.telemetry.store import Row, TelemetryStore
 from shared.cooling.calibration import origin_in_detail, origin_told
 from shared.shapes import Invalid
 from shared.wire import protocol as p

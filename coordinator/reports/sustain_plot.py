@@ -1,7 +1,7 @@
 """`coordinator benchmark --sustain ... --plot FILE.png`: tok/s, °C and watts over the time of a
 sustained run, one line per host (and cell, when a run has several), paused windows marked.
 Needs matplotlib, the optional `plot` extra, which is why nothing imports this module at import
-time; drawn on a bare Figure with the Agg canvas, never pyplot, as coordinator.plot is.
+time; drawn on a bare Figure with the Agg canvas, never pyplot, as coordinator.reports.plot is.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from coordinator.plot import MIN_SPAN_C, MIN_SPAN_W, keep_span, plot_text
+from coordinator.reports.plot import MIN_SPAN_C, MIN_SPAN_W, keep_span, plot_text
 from shared.reports.sustain import sustained
 
 PANELS = (("tokens_per_sec", "tok/s"), ("celsius", "SoC °C"), ("watts", "W"))
@@ -22,7 +22,8 @@ UNKNOWN = {
 }
 """What a panel says instead of an empty axis when no window has its value."""
 MIN_SPAN_SHARE = 0.05
-"""The least the tok/s axis spans, as a share of the mean drawn (°C and W: coordinator.plot)."""
+"""The least the tok/s axis spans, as a share of the mean drawn (°C and W:
+coordinator.reports.plot)."""
 
 
 def min_span(key: str, values: list[float]) -> float:

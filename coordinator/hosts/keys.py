@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from coordinator.hostfile import DEFAULT_AGENT_PORT, HostEntry, split_address
+from coordinator.hosts.hostfile import DEFAULT_AGENT_PORT, HostEntry, split_address
 from shared.io.files import replace_atomically
 from shared.io.keys import check_key, keys_dir
 

@@ -30,8 +30,8 @@ from pathlib import Path
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
-from coordinator.hostfile import HostEntry
-from coordinator.keys import add_host_key
+from coordinator.hosts.hostfile import HostEntry
+from coordinator.hosts.keys import add_host_key
 
 DEFAULT_REMOTE_DIR = "~/.mlx-fleet"
 SSH_TIMEOUT_S = 10

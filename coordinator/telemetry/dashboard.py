@@ -18,7 +18,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from coordinator.gang_rows import GangRow, gang_rows
+from coordinator.telemetry.gang_rows import GangRow, gang_rows
 from shared import safe_text
 from shared.cooling.calibration import origin_told
 from shared.cooling.display import STATE_STYLES, sparkline, trend_arrow

@@ -25,13 +25,13 @@ from agent.cooling.scheduler import ActionSink, CoolWaitSink, ThermalGuard, Ther
 from agent.power.meter import EnergyMeter
 from agent.profiling.hf_models import ModelNotFound, locate, names_a_repo
 from agent.profiling.machine import machine_info
-from agent.profiling.runner import (
+from agent.profiling.model_dir import (
     ModelLoadError,
     check_bits_for_dir,
     check_model_dir,
     require_mlx_lm,
-    run_matrix,
 )
+from agent.profiling.runner import run_matrix
 from agent.thermal import ThermalMonitor, ThermalReading
 from shared.benchmark.matrix import MatrixError, MatrixSpec, expand, resolve_bits
 from shared.benchmark.results import failed_cells, not_run

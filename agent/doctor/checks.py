@@ -16,10 +16,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from agent.doctor.check import Check
+from agent.doctor.firewall import firewall_check
+from agent.doctor.mac_setup import filevault_check, login_items_check
 from shared.cooling.sources import auto_order
 from shared.io.paths import DataDirError, check_folder, data_dir, unwritable
 from shared.wire import protocol as p
@@ -27,15 +30,6 @@ from shared.wire import protocol as p
 BENCH_SECONDS = 1.0
 MATMUL_SIZE = 256
 SOURCE_READ_INTERVAL_S = 0.5
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    ok: bool
-    detail: str
-    fix: str | None = None
-    required: bool = False
 
 
 def python_check() -> Check:
@@ -356,9 +350,6 @@ def report(
     skip_bench: str | None = None,
 ) -> dict[str, Any]:
     """Every check, in the order a first run meets them, with this machine's facts."""
-    from agent.doctor.firewall import firewall_check
-    from agent.doctor.mac_setup import filevault_check, login_items_check
-
     steps: list[Callable[[], Check | list[Check]]] = [
         python_check,
         mlx_checks,

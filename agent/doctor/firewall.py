@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from agent.doctor.checks import Check
+from agent.doctor.check import Check
 
 FIREWALL = "/usr/libexec/ApplicationFirewall/socketfilterfw"
 TOOL_TIMEOUT_S = 10.0

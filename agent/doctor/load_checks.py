@@ -11,7 +11,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
-from agent.doctor.checks import Check
+from agent.doctor.check import Check
 from agent.doctor.load import CANNOT_TELL, Verdict, power_verdict, thermal_verdict, window_watts
 from agent.sensors.base import Source, SourceUnavailable
 from shared.cooling.sources import auto_order, power_auto_order

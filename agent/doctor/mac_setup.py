@@ -18,7 +18,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from agent.doctor.checks import Check
+from agent.doctor.check import Check
 
 TOOL_TIMEOUT_S = 15.0
 """A bound on each tool: a doctor that waits forever on one says nothing of the rest."""

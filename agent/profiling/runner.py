@@ -7,10 +7,9 @@ run goes on; a guard (see agent.cooling.guard) gates every iteration and annotat
 from __future__ import annotations
 
 import gc
-import json
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,13 @@ from agent.profiling.footprint import cell_footprint, model_shape, rank_share, r
 from agent.profiling.greedy import greedy_tokens
 from agent.profiling.hf_models import ModelNotFound, locate
 from agent.profiling.memory import MemoryProfiler
+from agent.profiling.model_dir import (
+    ModelLoadError,
+    check_bits_for_dir,
+    check_model_dir,
+    require_mlx_lm,
+    stored_bits,
+)
 from agent.profiling.rank_group import RankGroup
 from agent.profiling.settings import (
     config_digest,
@@ -69,67 +75,12 @@ class GroupBroken(RuntimeError):
     so the run ends here (each peer's cell fails as its link to this rank goes)."""
 
 
-class ModelLoadError(Exception):
-    """A model that cannot be loaded; the message says why and what to do."""
-
-
 @dataclass
 class LoadedModel:
     model: nn.Module
     info: dict[str, Any]
     digest: str | None = None
     """settings' weights_digest (agent.profiling.settings); None for an in-memory model."""
-
-
-def check_model_dir(path: Path) -> None:
-    """Fail early, before anything runs, for a directory that is not an mlx-lm model."""
-    try:
-        _check_model_dir(path)
-    except OSError as exc:  # a name too long, a folder we may not read, ...
-        raise ModelLoadError(f"model directory {path} cannot be read: {exc.strerror}") from None
-
-
-def _check_model_dir(path: Path) -> None:
-    if path.exists() and not path.is_dir():
-        raise ModelLoadError(f"{path} is a file, not a model directory")
-    if not path.is_dir():
-        raise ModelLoadError(f"model directory {path} does not exist")
-    if not (path / "config.json").is_file():
-        raise ModelLoadError(f"{path} is not an mlx-lm model directory: no config.json")
-    if not any(path.glob("*.safetensors")):
-        raise ModelLoadError(f"{path} is not an mlx-lm model directory: no *.safetensors")
-
-
-def stored_bits(path: Path) -> int | None:
-    """The bits a model directory is stored quantized at (config.json), None for float."""
-    try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"{path}/config.json cannot be read: {exc}") from None
-    quantization = config.get("quantization") or config.get("quantization_config") or {}
-    bits = quantization.get("bits") if isinstance(quantization, dict) else None
-    return int(bits) if bits else None
-
-
-def check_bits_for_dir(path: Path, bits: Iterable[int | None]) -> None:
-    """A quantized directory cannot be re-quantized: refuse other --bits before running."""
-    stored = stored_bits(path)
-    for wanted in bits:
-        if stored is not None and wanted is not None and wanted != stored:
-            raise ModelLoadError(
-                f"{path} is stored quantized at {stored} bits; --bits {wanted} "
-                "would need the float weights"
-            )
-
-
-def require_mlx_lm() -> None:
-    try:
-        import mlx_lm  # noqa: F401 - only checking that the `lm` extra is installed
-    except ImportError:
-        raise ModelLoadError(
-            "benchmarking a model directory needs mlx-lm, which is not installed: "
-            "pip install 'mlx-fleet[lm]'"
-        ) from None
 
 
 def load_model_dir(path: Path, bits: int | None) -> nn.Module:

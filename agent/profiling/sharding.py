@@ -34,6 +34,7 @@ from agent.model import (
     shard_problem,
 )
 from agent.profiling.hf_models import locate
+from agent.profiling.model_dir import stored_bits
 from shared.distributed.group import PIPELINE, SHARDINGS, TENSOR
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tiktoken.model", "*.tiktoken")
@@ -121,13 +122,11 @@ def model_sharding_problem(name: str, bits: int | None, ranks: int, sharding: st
 def load_sharded_dir(
     path: Path, bits: int | None, group: mx.distributed.Group, sharding: str
 ) -> nn.Module:
-    """This rank's share of the mlx-lm model in `path` (runner.check_model_dir and
+    """This rank's share of the mlx-lm model in `path` (model_dir.check_model_dir and
     check_bits_for_dir passed), loaded by mlx_lm's sharded_load: a pipeline rank reads only
     its layers' weight files. `bits` as runner.load_model_dir honours it: None or the stored
     bits keep the stored weights, others re-quantize the float16 weights after the split."""
     from mlx_lm.utils import sharded_load
-
-    from agent.profiling.runner import stored_bits  # not at the top: runner imports us
 
     problem = dir_sharding_problem(path, group.size(), sharding)
     if problem is not None:

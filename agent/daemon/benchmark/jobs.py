@@ -29,7 +29,7 @@ from agent.daemon.storage import JOB_LOGS, StorageHealth
 from agent.model import BUILTIN_CONFIGS, DEFAULT_SEED
 from agent.power.meter import EnergyMeter
 from agent.profiling.hf_models import ModelNotFound, locate, names_a_repo, offline
-from agent.profiling.runner import ModelLoadError, check_model_dir, require_mlx_lm
+from agent.profiling.model_dir import ModelLoadError, check_model_dir, require_mlx_lm
 from agent.profiling.settings import config_digest, listing_digest, mark_injected
 from agent.profiling.sharding import model_sharding_problem
 from agent.sensors.base import SourceInfo

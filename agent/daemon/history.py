@@ -13,7 +13,6 @@ Only the daemon's main thread uses it.
 
 from __future__ import annotations
 
-import json
 import logging
 import sqlite3
 from collections import deque
@@ -23,45 +22,31 @@ from pathlib import Path
 from typing import Any
 
 from agent.cooling.events import EventLog
+from agent.cooling.policy_file import policy_path, save_policy
 from agent.daemon.storage import EVENTS, HISTORY, POLICY, StorageHealth
 from agent.daemon.telemetry import page_history
 from agent.daemon.throttle import LogThrottle
-from shared.cooling.policy import check_changes
-from shared.io.files import replace_atomically
 from shared.io.paths import data_dir
 from shared.io.sqlite import open_store, store_id
-from shared.wire.telemetry import Event, Sample
+from shared.wire.telemetry import FIRST_SAMPLE_ROW, Event, Sample
 
 log = logging.getLogger("agent.history")
 
+_FIRST_ROW = Sample.column_sql(FIRST_SAMPLE_ROW, {"trend_c_per_min": "trend"})
+_FIRST_ROW_RENAMED = Sample.column_sql(FIRST_SAMPLE_ROW)
+
 MIGRATIONS = (
-    """
+    f"""
 CREATE TABLE IF NOT EXISTS samples (
-    time     REAL NOT NULL,
-    host     TEXT NOT NULL,
-    celsius  REAL,
-    pressure TEXT,
-    source   TEXT NOT NULL,
-    simulated INTEGER NOT NULL,
-    state    TEXT,
-    trend    REAL,
-    pause_s_total REAL NOT NULL,
-    jobs     TEXT NOT NULL
+    host TEXT NOT NULL,
+{_FIRST_ROW}
 );
 CREATE INDEX IF NOT EXISTS samples_time ON samples (time)
 """,
-    """
+    f"""
 CREATE TABLE samples_2 (
-    seq             INTEGER PRIMARY KEY AUTOINCREMENT,
-    time            REAL NOT NULL,
-    celsius         REAL,
-    pressure        TEXT,
-    source          TEXT NOT NULL,
-    simulated       INTEGER NOT NULL,
-    state           TEXT,
-    trend_c_per_min REAL,
-    pause_s_total   REAL NOT NULL,
-    jobs            TEXT NOT NULL
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+{_FIRST_ROW_RENAMED}
 );
 INSERT INTO samples_2 (time, celsius, pressure, source, simulated, state, trend_c_per_min,
                        pause_s_total, jobs)
@@ -71,17 +56,9 @@ DROP TABLE samples;
 ALTER TABLE samples_2 RENAME TO samples;
 CREATE INDEX samples_time ON samples (time)
 """,
-    """
-ALTER TABLE samples ADD COLUMN storage_error TEXT
-""",
-    """
-ALTER TABLE samples ADD COLUMN power_w REAL;
-ALTER TABLE samples ADD COLUMN energy_j REAL;
-ALTER TABLE samples ADD COLUMN power TEXT
-""",
-    """
-ALTER TABLE samples ADD COLUMN sensor TEXT
-""",
+    Sample.added_sql("samples", ("storage_error",)),
+    Sample.added_sql("samples", ("power_w", "energy_j", "power")),
+    Sample.added_sql("samples", ("sensor",)),
 )
 """The schema, version by version (shared.io.sqlite.open_store). Version 1 is the file earlier
 releases made without a version; version 2 numbers samples (the history cursor, never given
@@ -120,33 +97,6 @@ Page = tuple[list[dict[str, Any]], list[dict[str, Any]], bool]
 
 def default_samples_path() -> Path:
     return data_dir() / "agent-telemetry.sqlite"
-
-
-def policy_path() -> Path:
-    return data_dir() / "policy.json"
-
-
-def load_policy(path: Path | None = None) -> dict[str, float] | None:
-    """The thresholds a coordinator set (only those: the rest are the source's defaults), else
-    None. A file that cannot be used is reported and the defaults enforced: a safe policy beats
-    none."""
-    path = path or policy_path()
-    try:
-        given = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(given, dict):
-            raise ValueError("not a JSON object")
-        check_changes(given)
-        return {key: float(value) for key, value in given.items()}
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, TypeError, AttributeError) as exc:
-        log.error("cannot use the saved policy %s (%s): enforcing the defaults", path, exc)
-        return None
-
-
-def save_policy(given: Mapping[str, float], path: Path | None = None) -> None:
-    """Replace the saved thresholds atomically; raises OSError."""
-    replace_atomically(path or policy_path(), json.dumps(dict(given)))
 
 
 class SavedPolicy:

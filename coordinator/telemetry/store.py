@@ -20,21 +20,15 @@ from typing import Any
 
 from shared.io.paths import data_dir
 from shared.io.sqlite import open_store
-from shared.wire.telemetry import Cursor, Event, Sample
+from shared.wire.telemetry import FIRST_SAMPLE_ROW, Cursor, Event, Sample
+
+_FIRST_ROW = Sample.column_sql(FIRST_SAMPLE_ROW, {"trend_c_per_min": "trend"})
 
 MIGRATIONS = (
-    """
+    f"""
 CREATE TABLE samples (
-    host          TEXT NOT NULL,
-    time          REAL NOT NULL,
-    celsius       REAL,
-    pressure      TEXT,
-    source        TEXT NOT NULL,
-    simulated     INTEGER NOT NULL,
-    state         TEXT,
-    trend         REAL,
-    pause_s_total REAL NOT NULL,
-    jobs          TEXT NOT NULL,
+    host TEXT NOT NULL,
+{_FIRST_ROW},
     PRIMARY KEY (host, time)
 ) WITHOUT ROWID;
 CREATE TABLE events (
@@ -68,20 +62,12 @@ CREATE TABLE cursors (
     events  INTEGER NOT NULL
 )
 """,
-    """
-ALTER TABLE samples ADD COLUMN storage_error TEXT
-""",
+    Sample.added_sql("samples", ("storage_error",)),
     """
 ALTER TABLE samples ADD COLUMN job_paused INTEGER
 """,
-    """
-ALTER TABLE samples ADD COLUMN power_w REAL;
-ALTER TABLE samples ADD COLUMN energy_j REAL;
-ALTER TABLE samples ADD COLUMN power TEXT
-""",
-    """
-ALTER TABLE samples ADD COLUMN sensor TEXT
-""",
+    Sample.added_sql("samples", ("power_w", "energy_j", "power")),
+    Sample.added_sql("samples", ("sensor",)),
     """
 ALTER TABLE policies ADD COLUMN origin TEXT
 """,

@@ -101,6 +101,20 @@ class _Record:
         )
 
     @classmethod
+    def column_sql(cls, names: tuple[str, ...], renamed: dict[str, str] | None = None) -> str:
+        """`names` as a CREATE TABLE spells them, each with its declared SQL type (`renamed`:
+        the name a column had when a store first made it), one per line: every store makes its
+        rows from this one declaration."""
+        types = {f.name: f.metadata["sql"] for f in fields(cls)}
+        return ",\n".join(f"    {(renamed or {}).get(name, name)} {types[name]}" for name in names)
+
+    @classmethod
+    def added_sql(cls, table: str, names: tuple[str, ...]) -> str:
+        """The ALTER TABLE statements that add `names` to `table`, with their declared types."""
+        types = {f.name: f.metadata["sql"] for f in fields(cls)}
+        return ";\n".join(f"ALTER TABLE {table} ADD COLUMN {name} {types[name]}" for name in names)
+
+    @classmethod
     def from_row(cls, row: Any, seq: int | None = None) -> Any:
         """From the values of columns() (a tuple or sqlite3.Row in that order)."""
         stored = [f for f in fields(cls) if f.name not in cls.STORED_NOT]
@@ -179,6 +193,22 @@ class Sample(_Record):
     from a source that names none (and in rows recorded before it was kept)."""
     seq: int | None = _spec(int, "INTEGER", default=None)
     """None until the agent's store numbers it; always a number on the wire."""
+
+
+FIRST_SAMPLE_ROW = (
+    "time",
+    "celsius",
+    "pressure",
+    "source",
+    "simulated",
+    "state",
+    "trend_c_per_min",
+    "pause_s_total",
+    "jobs",
+)
+"""The sample row both stores first made (the agent's history and the coordinator's telemetry
+store, each with its `host`; `trend_c_per_min` then named `trend`): later columns came one
+migration at a time, so a file made then is brought up to date by the same steps."""
 
 
 @dataclass(frozen=True)

@@ -141,6 +141,27 @@ def shown_status(status: str, owner: str | None) -> str:
     return status
 
 
+def resolve_id(conn: sqlite3.Connection, run_id: str) -> str:
+    """The full id of the one run in `conn` whose id is `run_id` or starts with it (at least one
+    character); UnknownRunError names none, or the runs it could be."""
+    if conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone():
+        return run_id
+    escaped = run_id.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    matches = [
+        row["id"]
+        for row in conn.execute(
+            "SELECT id FROM runs WHERE id LIKE ? ESCAPE '\\' ORDER BY started LIMIT 6",
+            (escaped + "%",),
+        )
+    ]
+    if not run_id or not matches:
+        raise UnknownRunError(f"unknown run {run_id!r}; `coordinator runs` lists them")
+    if len(matches) > 1:
+        shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
+        raise UnknownRunError(f"run id {run_id!r} is ambiguous: it matches {shown}")
+    return matches[0]
+
+
 def default_store_path() -> Path:
     """Asking where it is makes nothing: open_store makes the file and its folders (0700)."""
     return data_dir(create=False) / "coordinator.sqlite"
@@ -369,22 +390,7 @@ class RunStore:
             return self._resolve(run_id)
 
     def _resolve(self, run_id: str) -> str:
-        if self._conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone():
-            return run_id
-        escaped = run_id.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        matches = [
-            row["id"]
-            for row in self._conn.execute(
-                "SELECT id FROM runs WHERE id LIKE ? ESCAPE '\\' ORDER BY started LIMIT 6",
-                (escaped + "%",),
-            )
-        ]
-        if not run_id or not matches:
-            raise UnknownRunError(f"unknown run {run_id!r}; `coordinator runs` lists them")
-        if len(matches) > 1:
-            shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
-            raise UnknownRunError(f"run id {run_id!r} is ambiguous: it matches {shown}")
-        return matches[0]
+        return resolve_id(self._conn, run_id)
 
     def load_report(self, run_id: str) -> dict[str, Any]:
         """The report of a run (id or unique prefix): a benchmark run's fleet report, the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
@@ -12,12 +13,53 @@ import typer
 from agent.daemon.endpoints import ServeError, endpoint_for, telemetry_endpoint
 from agent.doctor.checks import report
 from agent.doctor.load_checks import load_checks
+from shared.bounds import MAX_CAPTURE_S, MAX_LOAD_S
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import emit, err, usage_error
-from shared.io.options import CaptureFile, CaptureSeconds, LoadSeconds, TableFormat
+from shared.io.options import TableFormat, positive
 from shared.reports.doctor_verdict import doctor_view
 
 CAPTURE_INTERVAL_S = 1.0
+
+
+def optional(check: Callable[[float], float]) -> Callable[[float | None], float | None]:
+    """`check` for an option that may be left out: None (not given) passes."""
+
+    def maybe(value: float | None) -> float | None:
+        return None if value is None else check(value)
+
+    return maybe
+
+
+LoadSeconds = Annotated[
+    float | None,
+    typer.Option(
+        "--load",
+        metavar="SECONDS",
+        help="Also run MLX matmuls for SECONDS and check that every thermal and power source "
+        "reads differently under load than at idle (docs/deploy.md).",
+        callback=optional(positive("--load", "seconds", MAX_LOAD_S)),
+    ),
+]
+"""`agent doctor --load`'s length (agent.doctor.load_checks)."""
+CaptureFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--capture",
+        metavar="FILE",
+        help="Instead of the checks, write every raw input of every thermal source here, poll "
+        "by poll (docs/thermal.md, Captures): attach it to a bug report.",
+        dir_okay=False,
+    ),
+]
+CaptureSeconds = Annotated[
+    float,
+    typer.Option(
+        "--seconds",
+        help="With --capture: how long to capture, one poll a second.",
+        callback=positive("--seconds", "seconds", MAX_CAPTURE_S),
+    ),
+]
 
 
 def doctor_command(

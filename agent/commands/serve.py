@@ -20,9 +20,7 @@ from shared.bounds import MAX_PID
 from shared.io.cli import err, usage_error
 from shared.io.files import make_private
 from shared.io.options import (
-    AgentName,
     PowerOptions,
-    PrometheusAddress,
     RetentionDays,
     ThermalOptions,
     with_options,
@@ -31,6 +29,22 @@ from shared.io.options import (
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s: %(message)s"
 LOG_ROTATE_BYTES = 10 * 1024 * 1024
 LOG_BACKUPS = 5
+
+PrometheusAddress = Annotated[
+    str | None,
+    typer.Option(
+        "--prometheus",
+        help="Also serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks a free one).",
+    ),
+]
+AgentName = Annotated[
+    str | None,
+    typer.Option(
+        "--name",
+        help="This agent's name: the `host` of its telemetry and of every Prometheus series "
+        "(default: the hostname).",
+    ),
+]
 
 
 class LogFile(RotatingFileHandler):

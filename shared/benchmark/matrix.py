@@ -290,6 +290,22 @@ def parse_pair(text: str, what: str) -> tuple[int, int]:
     return values[0], values[1]
 
 
+def parse_precision(text: str) -> float:
+    """'0.02' or '2%' as a share of the mean, strictly between 0 and 1 (0 would never stop,
+    1 would stop on any two figures); MatrixError naming --precision otherwise."""
+    number = text.strip()
+    percent = number.endswith("%")
+    try:
+        share = float(number.removesuffix("%")) / (100 if percent else 1)
+    except ValueError:
+        raise MatrixError(
+            f"--precision: {text!r} is not a share of the mean (0.02) or a percentage (2%)"
+        ) from None
+    if not (math.isfinite(share) and 0 < share < 1):
+        raise MatrixError(f"--precision must be above 0 and below 1 (100%), got {text}")
+    return share
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 

@@ -1,8 +1,9 @@
-"""Every command-line option of `agent` and `coordinator`, declared once: its flags, its help,
-its default and the check of its value. Commands take related options whole, as an option group
-(a frozen dataclass of options) expanded by `with_options`, so `agent bench` and `coordinator
-benchmark` cannot drift apart on the matrix, nor `agent bench`, `agent run`, `agent temp` and
-`agent serve` on the thermal source and the policy.
+"""The command-line options of `agent` and `coordinator` that two or more commands take,
+each declared once: its flags, its help, its default and the check of its value. One command's
+own options live in that command's module (agent/commands/, coordinator/commands/). Commands take
+related options whole, as an option group (a frozen dataclass of options) expanded by
+`with_options`, so `agent bench` and `coordinator benchmark` cannot drift apart on the matrix, nor
+`agent bench`, `agent run`, `agent temp` and `agent serve` on the thermal source and the policy.
 """
 
 from __future__ import annotations
@@ -28,15 +29,14 @@ from shared.benchmark.matrix import (
     expand,
     parse_int_list,
     parse_pair,
+    parse_precision,
 )
 from shared.benchmark.sustain import DEFAULT_WINDOW_S, SustainError, SustainPlan, parse_duration
 from shared.benchmark.verdict import NOISY_SHARE
 from shared.bounds import (
-    MAX_CAPTURE_S,
     MAX_COOL_START_S,
     MAX_DELAY_S,
     MAX_IDLE_BASELINE_S,
-    MAX_LOAD_S,
     MAX_POLL_INTERVAL_S,
     MAX_RETENTION_DAYS,
     MAX_SUSTAIN_S,
@@ -110,15 +110,6 @@ def count(flag: str, least: int, most: int) -> Callable[[int | None], int | None
             raise usage_error(str(exc)) from None
 
     return check
-
-
-def optional(check: Callable[[float], float]) -> Callable[[float | None], float | None]:
-    """`check` for an option that may be left out: None (not given) passes."""
-
-    def maybe(value: float | None) -> float | None:
-        return None if value is None else check(value)
-
-    return maybe
 
 
 def _finite(
@@ -349,14 +340,6 @@ SustainWindowLength = Annotated[
     ),
 ]
 PLOT_EXTRA = "pip install 'mlx-fleet[plot]'"
-SustainPlot = Annotated[
-    Path | None,
-    typer.Option(
-        "--plot",
-        help="With --sustain: also draw tok/s, °C and watts over time per host into this PNG "
-        f"(needs matplotlib: {PLOT_EXTRA}).",
-    ),
-]
 UNSET_POLICY = "; unset: as it is, or the thermal source's default (docs/thermal.md)"
 MaxSpeedTemp = Annotated[
     float,
@@ -428,74 +411,12 @@ RunId = Annotated[
     str, typer.Argument(help="A run id, or a unique prefix of one (`coordinator runs` lists them).")
 ]
 """A stored run, as `coordinator show`, `compare`, `resume` and `cancel` take it."""
-ComparedReport = Annotated[
-    str,
-    typer.Argument(
-        help="A run id (or a unique prefix), or an `agent bench` / `coordinator show` JSON file."
-    ),
-]
-"""One side of `coordinator compare`."""
-CompareBy = Annotated[
-    str | None,
-    typer.Option(
-        "--by",
-        help="Comma list of what matches cells besides the test: host, hostname, device, "
-        "model, batch, n_batch, or a setting by its name (power_mode, os_build, mlx_version, "
-        "...: docs/protocol.md §5) (default: model,batch, and host when a side has several hosts); "
-        "cells that share them are averaged, as llama.cpp's compare-llama-bench.py --show does.",
-    ),
-]
-"""`coordinator compare`'s columns (coordinator.compare.BY_COLUMNS)."""
 RetentionDays = Annotated[
     float,
     typer.Option(
         "--retention-days",
         help="Telemetry samples and events older than this many days are dropped.",
         callback=positive("--retention-days", "days", MAX_RETENTION_DAYS),
-    ),
-]
-AgentName = Annotated[
-    str | None,
-    typer.Option(
-        "--name",
-        help="This agent's name: the `host` of its telemetry and of every Prometheus series "
-        "(default: the hostname).",
-    ),
-]
-LoadSeconds = Annotated[
-    float | None,
-    typer.Option(
-        "--load",
-        metavar="SECONDS",
-        help="Also run MLX matmuls for SECONDS and check that every thermal and power source "
-        "reads differently under load than at idle (docs/deploy.md).",
-        callback=optional(positive("--load", "seconds", MAX_LOAD_S)),
-    ),
-]
-"""`agent doctor --load`'s length (agent.doctor.load_checks)."""
-CaptureFile = Annotated[
-    Path | None,
-    typer.Option(
-        "--capture",
-        metavar="FILE",
-        help="Instead of the checks, write every raw input of every thermal source here, poll "
-        "by poll (docs/thermal.md, Captures): attach it to a bug report.",
-        dir_okay=False,
-    ),
-]
-CaptureSeconds = Annotated[
-    float,
-    typer.Option(
-        "--seconds",
-        help="With --capture: how long to capture, one poll a second.",
-        callback=positive("--seconds", "seconds", MAX_CAPTURE_S),
-    ),
-]
-PrometheusAddress = Annotated[
-    str | None,
-    typer.Option(
-        "--prometheus",
-        help="Also serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks a free one).",
     ),
 ]
 
@@ -619,22 +540,6 @@ def as_flags(message: str) -> str:
         if number.isdigit():
             return f"{flag} item {int(number) + 1}: {rest}"
     return f"{flag}: {rest}" if head == field else message
-
-
-def parse_precision(text: str) -> float:
-    """'0.02' or '2%' as a share of the mean, strictly between 0 and 1 (0 would never stop,
-    1 would stop on any two figures); MatrixError naming --precision otherwise."""
-    number = text.strip()
-    percent = number.endswith("%")
-    try:
-        share = float(number.removesuffix("%")) / (100 if percent else 1)
-    except ValueError:
-        raise MatrixError(
-            f"--precision: {text!r} is not a share of the mean (0.02) or a percentage (2%)"
-        ) from None
-    if not (math.isfinite(share) and 0 < share < 1):
-        raise MatrixError(f"--precision must be above 0 and below 1 (100%), got {text}")
-    return share
 
 
 def check_sustained_repetitions(spec: MatrixSpec, plan: SustainPlan | None) -> None:

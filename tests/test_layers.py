@@ -129,7 +129,7 @@ AGENT_RULES: dict[str, frozenset[str]] = {
     "thermal": USERS_OF_SENSORS | {"agent.power"},
     "power": USERS_OF_SENSORS | {"agent.thermal"},
     "cooling": frozenset({"agent.commands", "agent.daemon", "agent.service"}),
-    "doctor": frozenset({"agent.commands"}),
+    "doctor": frozenset({"agent.commands", "agent.daemon"}),
     "daemon": frozenset({"agent.commands"}),
     "profiling": frozenset({"agent.commands", "agent.daemon", "agent.service"}),
     "cluster": frozenset({"agent.commands", "agent.daemon", "agent.service"}),

@@ -23,7 +23,8 @@ from queue import SimpleQueue
 from typing import TYPE_CHECKING, Any
 
 from agent.cooling.events import EventLog
-from agent.daemon.history import WRITE_EVERY, SavedPolicy, TelemetryHistory, load_policy
+from agent.cooling.policy_file import load_policy
+from agent.daemon.history import WRITE_EVERY, SavedPolicy, TelemetryHistory
 from agent.daemon.storage import StorageHealth
 from agent.daemon.telemetry import (
     TREND_WINDOW,

@@ -149,7 +149,7 @@ def policy_check(scale: str | None, idle_celsius: float | None) -> Check:
     """The policy the daemon will enforce here and where its numbers came from, with a warning
     when a threshold a coordinator set is at or below what the sensor reads now (at idle, in a
     doctor run): every job would be held back from its first poll."""
-    from agent.daemon.history import load_policy
+    from agent.cooling.policy_file import load_policy
     from shared.cooling.calibration import SET_BY_COORDINATOR, source_defaults, with_given
 
     saved = data_dir(create=False).is_dir()  # looking makes no data dir; `data dir` says why

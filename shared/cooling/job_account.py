@@ -195,18 +195,10 @@ class _Window:
         return self.sum / self.count if self.count else None
 
 
-class JobAccount:
-    """What one job did, fed as it happens (each call with its epoch time, in time order; a
-    time earlier than the last one counts as no time at all).
-
-    - reading(): each poll's reading (celsius, source, sensor, pressure; all None: no
-      reading). Its pressure level holds until the next poll (the last one until the end);
-      before the first poll and after a poll without a reading the level is `unknown`.
-    - action(): the supervisor's pause/resume/stop/reduce_batch/restore_batch (and forward,
-      kill, exit, which end a pause as their SIGCONT does), with the reading's celsius and the
-      supervisor's reason. A pause lasts until what ends it, or the end of the job.
-    - report_line(): a line of CMD's output; mlx_lm's reports (parse_report) are kept.
-    - meter(): a cumulative energy counter (joules since the meter opened), when one exists.
+class Throughput:
+    """mlx_lm's training reports over one job: counts, the last loss and iteration, the mean
+    Tokens/sec, the throttle ratio and the series. A concern of its own (JobAccount's other
+    half is time: pauses, levels, readings), fed only by JobAccount.report().
 
     The throttle ratio is the mean Tokens/sec of the train reports that arrived in the last
     `window_s` seconds (after the latest report's time − window_s) over the mean of those in
@@ -216,14 +208,167 @@ class JobAccount:
     and the series are sums, only the last window's reports are kept.
     """
 
+    def __init__(self, started_at: float, window_s: float) -> None:
+        self.started_at = started_at
+        self.window_s = window_s
+        self.bucket_s = window_s / 2
+        self._train = 0
+        self._val = 0
+        self._val_s = 0.0
+        self._all = _Window()
+        self._first_at: float | None = None
+        self._first = _Window()
+        self.recent: deque[tuple[float, float]] = deque()
+        self._buckets: dict[int, _Window] = {}
+        self._last: TrainReport | None = None
+        self._last_val: TrainReport | None = None
+        self._peak_mem_gb: float | None = None
+        self._trained_tokens: int | None = None
+        self._report_at = started_at
+
+    def report(self, report: TrainReport, at: float) -> None:
+        at = self._report_at = max(at, self._report_at)  # arrival order is time order
+        if report.kind == "val":
+            self._val += 1
+            self._val_s += report.val_s or 0.0
+            self._last_val = report
+            return
+        tokens = report.tokens_per_s
+        if tokens is None:
+            return
+        self._train += 1
+        self._last = report
+        if report.peak_mem_gb is not None:
+            self._peak_mem_gb = max(self._peak_mem_gb or 0.0, report.peak_mem_gb)
+        if report.trained_tokens is not None:
+            self._trained_tokens = report.trained_tokens
+        self._all.add(tokens)
+        if self._first_at is None:
+            self._first_at = at
+        if at <= self._first_at + self.window_s:
+            self._first.add(tokens)
+        self.recent.append((at, tokens))
+        while self.recent and self.recent[0][0] <= at - self.window_s:
+            self.recent.popleft()
+        index = max(0, int((at - self.started_at) // self.bucket_s))
+        self._buckets.setdefault(index, _Window()).add(tokens)
+
+    def summary(self) -> dict[str, Any]:
+        """The reports' part of JobAccount.summary()."""
+        first, last = self._throttle_windows()
+        return {
+            "train_reports": self._train,
+            "val_reports": self._val,
+            "val_s": round(self._val_s, 3) if self._val else None,
+            "last_iteration": self._last.iteration if self._last else None,
+            "trained_tokens": self._trained_tokens,
+            "peak_mem_gb": self._peak_mem_gb,
+            "train_loss_last": self._last.train_loss if self._last else None,
+            "val_loss_last": self._last_val.val_loss if self._last_val else None,
+            "tok_s_mean": _rounded(self._all.mean),
+            "tok_s_first": _rounded(first),
+            "tok_s_last": _rounded(last),
+            "throttle": None
+            if first is None or last is None or first <= 0
+            else round(last / first, 4),
+            "throttle_window_s": self.window_s,
+            "tok_s_bucket_s": None,
+            "tok_s_series": [],
+        } | self._series()
+
+    def _throttle_windows(self) -> tuple[float | None, float | None]:
+        if self._first_at is None or not self.recent:
+            return self._first.mean, None
+        latest = self.recent[-1][0]
+        if latest - self._first_at < 2 * self.window_s:
+            return self._first.mean, None
+        recent = [tokens for _, tokens in self.recent]
+        return self._first.mean, sum(recent) / len(recent)
+
+    def _series(self) -> dict[str, Any]:
+        """[[seconds since the job's start, mean tokens/s], ...], one point per bucket that
+        had reports; buckets are merged two by two until at most MAX_SERIES_POINTS remain."""
+        if not self._buckets:
+            return {}
+        buckets = {index: (w.sum, w.count) for index, w in self._buckets.items()}
+        width = 1
+        while max(buckets) // width >= MAX_SERIES_POINTS:
+            width *= 2
+        merged: dict[int, tuple[float, int]] = {}
+        for index, (total, count) in buckets.items():
+            key = index // width
+            old = merged.get(key, (0.0, 0))
+            merged[key] = (old[0] + total, old[1] + count)
+        step = self.bucket_s * width
+        return {
+            "tok_s_bucket_s": step,
+            "tok_s_series": [
+                [round(key * step, 3), round(total / count, 3)]
+                for key, (total, count) in sorted(merged.items())
+            ],
+        }
+
+
+class EnergyTally:
+    """A meter's cumulative joules over one job: the last counter less the first, or why there
+    is none. Its own concept because a meter may be absent, restart or be simulated, none of
+    which touches the job's time."""
+
+    def __init__(self) -> None:
+        self._energy: tuple[float, float] | None = None  # (first counter, last counter)
+        self._note: str | None = NO_METER
+        self._source: str | None = None
+
+    def meter(
+        self, joules: float | None, note: str | None = None, source: str | None = None
+    ) -> None:
+        """See JobAccount.meter(): a counter that goes back (a restarted meter) is refused."""
+        if source is not None:
+            self._source = source
+        if joules is None or not math.isfinite(joules):
+            if self._energy is None:
+                self._note = note or self._note
+            return
+        if self._energy is None:
+            self._energy, self._note = (joules, joules), None
+        elif joules >= self._energy[1]:
+            self._energy = (self._energy[0], joules)
+
+    def summary(self) -> dict[str, Any]:
+        """The energy part of JobAccount.summary()."""
+        return {
+            "energy_j": None if self._energy is None else self._energy[1] - self._energy[0],
+            "energy_note": self._note,
+            "energy_source": self._source,
+        }
+
+
+class JobAccount:
+    """What one job did, fed as it happens (each call with its epoch time, in time order; a
+    time earlier than the last one counts as no time at all). The time is kept here (wall,
+    pauses, batch reductions, pressure levels, the hottest reading); the training reports go
+    to a Throughput and the meter's counter to an EnergyTally.
+
+    - reading(): each poll's reading (celsius, source, sensor, pressure; all None: no
+      reading). Its pressure level holds until the next poll (the last one until the end);
+      before the first poll and after a poll without a reading the level is `unknown`.
+    - action(): the supervisor's pause/resume/stop/reduce_batch/restore_batch (and forward,
+      kill, exit, which end a pause as their SIGCONT does), with the reading's celsius and the
+      supervisor's reason. A pause lasts until what ends it, or the end of the job.
+    - report_line(): a line of CMD's output; mlx_lm's reports (parse_report) are kept, and
+      give the throttle ratio over `window_s` (Throughput).
+    - meter(): a cumulative energy counter (joules since the meter opened), when one exists.
+    """
+
     def __init__(self, job: str, started_at: float, window_s: float = THROTTLE_WINDOW_S) -> None:
         if not (math.isfinite(window_s) and window_s > 0):
             raise ValueError(f"the throttle window must be > 0 seconds, got {window_s}")
         self.job = job
         self.started_at = started_at
         self.window_s = window_s
-        self.bucket_s = window_s / 2
         self.ended_at: float | None = None
+        self.throughput = Throughput(started_at, window_s)
+        self.energy = EnergyTally()
         self._now = started_at
         self._level = UNKNOWN
         self._pressure_s: dict[str, float] = {}
@@ -236,22 +381,11 @@ class JobAccount:
         self._reduced_since: float | None = None
         self._reduced_s = 0.0
         self._reductions = 0
-        self._energy: tuple[float, float] | None = None  # (first counter, last counter)
-        self._energy_note: str | None = NO_METER
-        self._energy_source: str | None = None
-        self._train = 0
-        self._val = 0
-        self._val_s = 0.0
-        self._all = _Window()
-        self._first_at: float | None = None
-        self._first = _Window()
-        self._recent: deque[tuple[float, float]] = deque()
-        self._buckets: dict[int, _Window] = {}
-        self._last: TrainReport | None = None
-        self._last_val: TrainReport | None = None
-        self._peak_mem_gb: float | None = None
-        self._trained_tokens: int | None = None
-        self._report_at = started_at
+
+    @property
+    def _recent(self) -> deque[tuple[float, float]]:
+        """The last window's train reports (the throughput's): all that is kept of them."""
+        return self.throughput.recent
 
     # --- feeding ------------------------------------------------------------------------
 
@@ -306,33 +440,8 @@ class JobAccount:
         return report
 
     def report(self, report: TrainReport, at: float) -> None:
-        if self.ended_at is not None:
-            return
-        at = self._report_at = max(at, self._report_at)  # arrival order is time order
-        if report.kind == "val":
-            self._val += 1
-            self._val_s += report.val_s or 0.0
-            self._last_val = report
-            return
-        tokens = report.tokens_per_s
-        if tokens is None:
-            return
-        self._train += 1
-        self._last = report
-        if report.peak_mem_gb is not None:
-            self._peak_mem_gb = max(self._peak_mem_gb or 0.0, report.peak_mem_gb)
-        if report.trained_tokens is not None:
-            self._trained_tokens = report.trained_tokens
-        self._all.add(tokens)
-        if self._first_at is None:
-            self._first_at = at
-        if at <= self._first_at + self.window_s:
-            self._first.add(tokens)
-        self._recent.append((at, tokens))
-        while self._recent and self._recent[0][0] <= at - self.window_s:
-            self._recent.popleft()
-        index = max(0, int((at - self.started_at) // self.bucket_s))
-        self._buckets.setdefault(index, _Window()).add(tokens)
+        if self.ended_at is None:
+            self.throughput.report(report, at)
 
     def meter(
         self, at: float, joules: float | None, note: str | None = None, source: str | None = None
@@ -340,18 +449,8 @@ class JobAccount:
         """A meter's cumulative joules (None: no reading now, `note` says why), from `source`
         (the whole Mac's meter, labelled simulated when it is). Energy is the last counter less
         the first; a counter that goes back (a restarted meter) is refused."""
-        if self.ended_at is not None:
-            return
-        if source is not None:
-            self._energy_source = source
-        if joules is None or not math.isfinite(joules):
-            if self._energy is None:
-                self._energy_note = note or self._energy_note
-            return
-        if self._energy is None:
-            self._energy, self._energy_note = (joules, joules), None
-        elif joules >= self._energy[1]:
-            self._energy = (self._energy[0], joules)
+        if self.ended_at is None:
+            self.energy.meter(joules, note, source)
 
     def finish(self, at: float) -> None:
         """The job is over (its group gone): open pauses and levels end here, and nothing fed
@@ -373,7 +472,6 @@ class JobAccount:
             pauses[-1]["s"] = round(end - self._paused_since, 3)
         reduced = self._reduced_s + (end - self._reduced_since if self._reduced_since else 0.0)
         hottest = self._max
-        first, last = self._throttle_windows()
         return {
             "job": self.job,
             "wall_s": round(max(0.0, end - self.started_at), 3),
@@ -391,27 +489,9 @@ class JobAccount:
             "max_source": hottest[1] if hottest else None,
             "max_sensor": hottest[2] if hottest else None,
             "max_at_s": round(hottest[3] - self.started_at, 3) if hottest else None,
-            "energy_j": None if self._energy is None else self._energy[1] - self._energy[0],
-            "energy_note": self._energy_note,
-            "energy_source": self._energy_source,
-            "train_reports": self._train,
-            "val_reports": self._val,
-            "val_s": round(self._val_s, 3) if self._val else None,
-            "last_iteration": self._last.iteration if self._last else None,
-            "trained_tokens": self._trained_tokens,
-            "peak_mem_gb": self._peak_mem_gb,
-            "train_loss_last": self._last.train_loss if self._last else None,
-            "val_loss_last": self._last_val.val_loss if self._last_val else None,
-            "tok_s_mean": _rounded(self._all.mean),
-            "tok_s_first": _rounded(first),
-            "tok_s_last": _rounded(last),
-            "throttle": None
-            if first is None or last is None or first <= 0
-            else round(last / first, 4),
-            "throttle_window_s": self.window_s,
-            "tok_s_bucket_s": None,
-            "tok_s_series": [],
-        } | self._series()
+            **self.energy.summary(),
+            **self.throughput.summary(),
+        }
 
     def summary_lines(self) -> list[str]:
         return render(self.summary())
@@ -452,38 +532,6 @@ class JobAccount:
             return f"pressure {pressure}" + (f" ({where})" if where else "")
         value = celsius if celsius is not None else degrees
         return f"{value:.1f} °C" + (f" {where}" if where else "")
-
-    def _throttle_windows(self) -> tuple[float | None, float | None]:
-        if self._first_at is None or not self._recent:
-            return self._first.mean, None
-        latest = self._recent[-1][0]
-        if latest - self._first_at < 2 * self.window_s:
-            return self._first.mean, None
-        recent = [tokens for _, tokens in self._recent]
-        return self._first.mean, sum(recent) / len(recent)
-
-    def _series(self) -> dict[str, Any]:
-        """[[seconds since the job's start, mean tokens/s], ...], one point per bucket that
-        had reports; buckets are merged two by two until at most MAX_SERIES_POINTS remain."""
-        if not self._buckets:
-            return {}
-        buckets = {index: (w.sum, w.count) for index, w in self._buckets.items()}
-        width = 1
-        while max(buckets) // width >= MAX_SERIES_POINTS:
-            width *= 2
-        merged: dict[int, tuple[float, int]] = {}
-        for index, (total, count) in buckets.items():
-            key = index // width
-            old = merged.get(key, (0.0, 0))
-            merged[key] = (old[0] + total, old[1] + count)
-        step = self.bucket_s * width
-        return {
-            "tok_s_bucket_s": step,
-            "tok_s_series": [
-                [round(key * step, 3), round(total / count, 3)]
-                for key, (total, count) in sorted(merged.items())
-            ],
-        }
 
 
 def _rounded(value: float | None) -> float | None:

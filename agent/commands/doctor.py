@@ -16,7 +16,7 @@ from agent.doctor.load_checks import load_checks
 from shared.bounds import MAX_CAPTURE_S, MAX_LOAD_S
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import emit, err, usage_error
-from shared.io.options import TableFormat, positive
+from shared.io.options import TableFormat, bounded_option, positive
 from shared.reports.doctor_verdict import doctor_view
 
 CAPTURE_INTERVAL_S = 1.0
@@ -52,14 +52,9 @@ CaptureFile = Annotated[
         dir_okay=False,
     ),
 ]
-CaptureSeconds = Annotated[
-    float,
-    typer.Option(
-        "--seconds",
-        help="With --capture: how long to capture, one poll a second.",
-        callback=positive("--seconds", "seconds", MAX_CAPTURE_S),
-    ),
-]
+CaptureSeconds = bounded_option(
+    "--seconds", "With --capture: how long to capture, one poll a second.", "seconds", MAX_CAPTURE_S
+)
 
 
 def doctor_command(

@@ -27,7 +27,7 @@ from shared.bounds import MAX_CONNECT_TIMEOUT_S, MAX_HOST_TIMEOUT_S, duration_te
 from shared.distributed.rank_env import BACKENDS
 from shared.io.cli import err, usage_error
 from shared.io.keys import own_keypair
-from shared.io.options import at_least_zero, positive
+from shared.io.options import at_least_zero, bounded_option
 from shared.io.transport import AgentClient, AgentError, HostError
 
 Hosts = Annotated[
@@ -52,15 +52,13 @@ Hostfile = Annotated[
         "--hostfile", help="TOML or JSON list of hosts (host, port, key); mlx.launch's JSON too."
     ),
 ]
-ConnectTimeout = Annotated[
-    float,
-    typer.Option(
-        "--connect-timeout",
-        help="Seconds a host has to answer before it is reported unreachable (above 0, at "
-        f"most {duration_text(MAX_CONNECT_TIMEOUT_S)}).",
-        callback=positive("--connect-timeout", "seconds", MAX_CONNECT_TIMEOUT_S),
-    ),
-]
+ConnectTimeout = bounded_option(
+    "--connect-timeout",
+    "Seconds a host has to answer before it is reported unreachable (above 0, at most "
+    f"{duration_text(MAX_CONNECT_TIMEOUT_S)}).",
+    "seconds",
+    MAX_CONNECT_TIMEOUT_S,
+)
 HostTimeout = Annotated[
     float,
     typer.Option(

@@ -38,7 +38,7 @@ from shared.distributed.rank_env import AUTO, BACKENDS, DEFAULT_STARTING_PORT, J
 from shared.distributed.rank_shapes import MAX_NETBENCH_REPETITIONS, MAX_NETBENCH_WARMUP
 from shared.exit_codes import EXIT_INTERRUPTED, EXIT_PARTIAL
 from shared.io.cli import check_output, err, print_rich, usage_error, write_text
-from shared.io.options import Output, ReportFormat, positive
+from shared.io.options import Output, ReportFormat, bounded_option
 from shared.safe_text import shown
 
 NetbenchHosts = Annotated[
@@ -66,16 +66,14 @@ NetRepetitions = Annotated[
 NetWarmup = Annotated[
     int, typer.Option("-w", "--warmup", min=0, max=MAX_NETBENCH_WARMUP, help="Untimed first.")
 ]
-RankTimeout = Annotated[
-    float,
-    typer.Option(
-        "--host-timeout",
-        callback=positive("--host-timeout", "seconds", MAX_HOST_TIMEOUT_S),
-        help="Seconds the ranks may all go without progress (a cut link, a Mac asleep) before "
-        "the run fails, naming the host and the step, and every rank is stopped. At most "
-        f"{duration_text(MAX_HOST_TIMEOUT_S)}.",
-    ),
-]
+RankTimeout = bounded_option(
+    "--host-timeout",
+    "Seconds the ranks may all go without progress (a cut link, a Mac asleep) before the run "
+    "fails, naming the host and the step, and every rank is stopped. At most "
+    f"{duration_text(MAX_HOST_TIMEOUT_S)}.",
+    "seconds",
+    MAX_HOST_TIMEOUT_S,
+)
 DEFAULT_SIZES_TEXT = ",".join(format_bytes(size).replace(" ", "")[:-2] for size in DEFAULT_SIZES)
 """1K,4K,…,256M."""
 

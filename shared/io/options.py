@@ -98,6 +98,14 @@ def finite_number(flag: str) -> Callable[[float | None], float | None]:
     return check
 
 
+def bounded_option(flag: str, help: str, unit: str, most: float, *aliases: str) -> Any:
+    """A float option that must be finite, above 0 and at most `most` (a bound of
+    shared.bounds), refused in one line naming `flag` otherwise: every duration the CLIs take."""
+    return Annotated[
+        float, typer.Option(flag, *aliases, help=help, callback=positive(flag, unit, most))
+    ]
+
+
 def count(flag: str, least: int, most: int) -> Callable[[int | None], int | None]:
     """An option callback refusing a whole number outside `least`..`most` (shared.bounds)."""
 
@@ -297,15 +305,13 @@ ThermalSourceName = Annotated[
         "--thermal-source", "--source", help=f"Where temperatures come from: {SOURCE_HELP}"
     ),
 ]
-PollInterval = Annotated[
-    float,
-    typer.Option(
-        "--poll-interval",
-        "--interval",
-        help="Seconds between temperature readings.",
-        callback=positive("--poll-interval", "seconds", MAX_POLL_INTERVAL_S),
-    ),
-]
+PollInterval = bounded_option(
+    "--poll-interval",
+    "Seconds between temperature readings.",
+    "seconds",
+    MAX_POLL_INTERVAL_S,
+    "--interval",
+)
 PowerSourceName = Annotated[
     str,
     typer.Option(
@@ -341,38 +347,21 @@ SustainWindowLength = Annotated[
 ]
 PLOT_EXTRA = "pip install 'mlx-fleet[plot]'"
 UNSET_POLICY = "; unset: as it is, or the thermal source's default (docs/thermal.md)"
-MaxSpeedTemp = Annotated[
-    float,
-    typer.Option(
-        "--max-speed-temp",
-        help=f"°C from which the policy asks to reduce the batch{UNSET_POLICY}.",
-        callback=finite_number("--max-speed-temp"),
-    ),
-]
-PauseTemp = Annotated[
-    float,
-    typer.Option(
-        "--pause-temp",
-        help=f"°C from which work pauses{UNSET_POLICY}.",
-        callback=finite_number("--pause-temp"),
-    ),
-]
-StopTemp = Annotated[
-    float,
-    typer.Option(
-        "--stop-temp",
-        help=f"°C at which work stops (after 3 polls in a row){UNSET_POLICY}.",
-        callback=finite_number("--stop-temp"),
-    ),
-]
-Hysteresis = Annotated[
-    float,
-    typer.Option(
-        "--hysteresis",
-        help=f"A pause ends below pause-temp minus this many °C{UNSET_POLICY}.",
-        callback=finite_number("--hysteresis"),
-    ),
-]
+
+
+def policy_option(flag: str, meaning: str) -> Any:
+    """A cooling policy's number (°C): finite, or refused by name; unset keeps what is in force."""
+    return Annotated[
+        float, typer.Option(flag, help=f"{meaning}{UNSET_POLICY}.", callback=finite_number(flag))
+    ]
+
+
+MaxSpeedTemp = policy_option(
+    "--max-speed-temp", "°C from which the policy asks to reduce the batch"
+)
+PauseTemp = policy_option("--pause-temp", "°C from which work pauses")
+StopTemp = policy_option("--stop-temp", "°C at which work stops (after 3 polls in a row)")
+Hysteresis = policy_option("--hysteresis", "A pause ends below pause-temp minus this many °C")
 
 
 def unset(option: Any) -> Any:
@@ -411,14 +400,12 @@ RunId = Annotated[
     str, typer.Argument(help="A run id, or a unique prefix of one (`coordinator runs` lists them).")
 ]
 """A stored run, as `coordinator show`, `compare`, `resume` and `cancel` take it."""
-RetentionDays = Annotated[
-    float,
-    typer.Option(
-        "--retention-days",
-        help="Telemetry samples and events older than this many days are dropped.",
-        callback=positive("--retention-days", "days", MAX_RETENTION_DAYS),
-    ),
-]
+RetentionDays = bounded_option(
+    "--retention-days",
+    "Telemetry samples and events older than this many days are dropped.",
+    "days",
+    MAX_RETENTION_DAYS,
+)
 
 
 # --- option groups ------------------------------------------------------------------------------

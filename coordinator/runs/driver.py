@@ -47,6 +47,8 @@ MACHINE, STARTED, MODEL, COOLING, CELL, UNREACHABLE, RECONNECTED, DONE = (
     "done",
 )
 PAUSE, PHASE, THERMAL = "pause", "phase", "thermal"
+DISPLAY_ONLY = frozenset({COOLING, PAUSE, PHASE, THERMAL})
+"""Events for the progress display alone: a run stores none of them."""
 PROGRESS_WANTED = ["pause", "phase"]
 """bench.progress's optional fields bench.start asks for (`progress`): an agent sends them only
 when asked, so a coordinator that predates them never gets one."""

@@ -21,7 +21,7 @@ import zmq
 from coordinator.hosts.link import Settings, Target
 from coordinator.runs.driver import (
     CELL,
-    COOLING,
+    DISPLAY_ONLY,
     DONE,
     HOST_FAILED,
     HOST_OK,
@@ -29,11 +29,8 @@ from coordinator.runs.driver import (
     HOST_UNREACHABLE,
     MACHINE,
     MODEL,
-    PAUSE,
-    PHASE,
     RECONNECTED,
     STARTED,
-    THERMAL,
     UNREACHABLE,
     HostDriver,
     HostEvent,
@@ -211,8 +208,8 @@ def _sharing(hosts: dict[str, tuple[Any, HostJob]], name: str) -> list[str]:
 
 def _record(store: RunStore, run_id: str, state: _HostState, event: HostEvent) -> None:
     """One host event into the store, the moment it arrives."""
-    if event.kind in (COOLING, PAUSE, PHASE, THERMAL):
-        return  # the display's alone: nothing to store
+    if event.kind in DISPLAY_ONLY:
+        return
     host = event.host
     if event.kind == RECONNECTED:
         state.status = HOST_RUNNING

@@ -155,10 +155,11 @@ class _Host:
     """Each cell's series (metric, extra labels), least recently measured first."""
 
 
-class TelemetryMetrics:
-    """The metrics in a registry of their own, updated from telemetry bodies. Not thread-safe on
-    its own bookkeeping: feed it from one thread. With `instance`, every series also carries
-    the host's HOST:PORT (the coordinator's exporter), and a host is keyed by it."""
+class MetricFamilies:
+    """Every metric both exporters expose (the module's docstring lists them), declared once in a
+    registry of its own: name, help and labels. Apart from TelemetryMetrics, which feeds them from
+    telemetry bodies, so that what is exposed reads in one place. With `instance`, every metric
+    also carries the host's HOST:PORT (the coordinator's exporter)."""
 
     def __init__(self, registry: CollectorRegistry | None = None, instance: bool = False) -> None:
         self.registry = registry or CollectorRegistry()
@@ -250,6 +251,15 @@ class TelemetryMetrics:
             *CELL_LABELS,
             "reason",
         )
+
+
+class TelemetryMetrics(MetricFamilies):
+    """The metrics (MetricFamilies) updated from telemetry bodies, host by host. Not thread-safe
+    on its own bookkeeping: feed it from one thread. With `instance`, a host is keyed by its
+    HOST:PORT (the coordinator's exporter), which every series also carries."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, instance: bool = False) -> None:
+        super().__init__(registry, instance)
         self._hosts: dict[str, _Host] = {}
 
     # --- hosts ------------------------------------------------------------------------------

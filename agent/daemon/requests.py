@@ -17,8 +17,9 @@ from typing import Any, NamedTuple
 
 import zmq
 
-from agent.daemon.benchmark.jobs import BenchJobs, model_identity
+from agent.daemon.benchmark.jobs import BenchJobs
 from agent.daemon.benchmark.journal import JOB_LIST_MAX
+from agent.daemon.benchmark.plan import model_identity
 from agent.daemon.deferred import DeferredReplies
 from agent.daemon.endpoints import AgentSockets, Received
 from agent.daemon.gang_mailbox import GangRefused

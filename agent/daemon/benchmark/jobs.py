@@ -8,7 +8,9 @@ with how it died and its last lines, and a new process runs the cells left: one 
 crashes (out of memory, say) never costs the others. A rank of a group (bench.start's `group`)
 is the exception: a new process cannot rejoin the ring its peers hold, so its job fails.
 
-Only the daemon's main thread uses this; the loop polls `running.fd` and calls read().
+Only the daemon's main thread uses this; the loop polls `running.fd` and calls read(). A request
+is checked in plan.py, a job process started in launch.py, and what the job did is said in
+stream.py.
 """
 
 from __future__ import annotations
@@ -16,107 +18,44 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import msgpack
 
-from agent.daemon.benchmark.deadline import Deadline, job_bound, too_long
+from agent.daemon.benchmark.deadline import Deadline, job_bound
+from agent.daemon.benchmark.job import Job
 from agent.daemon.benchmark.journal import Journal
-from agent.daemon.benchmark.process import JobProcess, exit_text
-from agent.daemon.storage import JOB_LOGS, StorageHealth
-from agent.model import BUILTIN_CONFIGS, DEFAULT_SEED
+from agent.daemon.benchmark.launch import JobLauncher
+from agent.daemon.benchmark.plan import JobPlan, JobPlanner
+from agent.daemon.benchmark.process import exit_text
+from agent.daemon.benchmark.stream import JobStream, Measured, Record, Send
+from agent.daemon.storage import StorageHealth
 from agent.power.meter import EnergyMeter
-from agent.profiling.hf_models import ModelNotFound, locate, names_a_repo, offline
-from agent.profiling.model_dir import ModelLoadError, check_model_dir, require_mlx_lm
-from agent.profiling.settings import config_digest, listing_digest, mark_injected
-from agent.profiling.sharding import model_sharding_problem
+from agent.profiling.settings import mark_injected
 from agent.sensors.base import SourceInfo
 from agent.thermal import ThermalReading
 from agent.thermal.base import reading_wire
 from shared.benchmark import faults, gpu_errors
-from shared.benchmark.matrix import Cell, MatrixError, MatrixSpec, expand
+from shared.benchmark.matrix import Cell
 from shared.benchmark.results import cell_record
-from shared.benchmark.sustain import WIRE_NAMES, SustainError, SustainPlan
 from shared.clock import now_iso
 from shared.cooling.policy import ThermalPolicy
-from shared.distributed.group import MAX_CHECK_TOKENS, BenchGroup
-from shared.distributed.rank_env import RankEnvError
-from shared.io.paths import data_dir, data_subdir
-from shared.shapes import Invalid
 from shared.wire import protocol as p
-from shared.wire.telemetry import Event
 
 log = logging.getLogger("agent.jobs")
 
 CANCEL_GRACE_S = 5.0
 """How long a cancelled job may take to finish its current cell before it is killed."""
-PROGRESS_FIELDS = frozenset({"pause", "phase"})
-"""bench.progress's optional fields a bench.start may ask for by name (its `progress`)."""
 PAGE_ROOM = 1024
 """Bytes a job.get.ok page keeps free for its envelope (v, id, type, re) and list headers."""
 
-Send = Callable[[bytes, p.Message], None]
-Record = Callable[[Event, str], None]
-Measured = Callable[[dict[str, Any]], None]
-
-
-@dataclass
-class Job:
-    """The running job, seen from the daemon."""
-
-    plan: JobPlan
-    """What bench.start asked for: the job's id, spec, cells, and how to run them."""
-    requester: bytes
-    request_id: str
-    process: JobProcess
-    """The job process now running its cells (a new one after a crash)."""
-    started: str
-    done: int = 0
-    begun: int | None = None
-    """The index of the cell the process said it is measuring."""
-    built: set[tuple[str, int | None]] = field(default_factory=set)
-    """The (model, bits) the current process has built."""
-    journaled_models: set[tuple[str, int | None]] = field(default_factory=set)
-    outcome: dict[str, Any] | None = None
-    kill_at: float | None = None
-    crashed: bool = False
-    """A job process died: its log is kept, even empty, as the cells' errors name it."""
-    deadline: Deadline | None = None
-    """The job's own bound (agent.daemon.benchmark.deadline): past it the agent cancels it."""
-    overran: str | None = None
-    """Why the agent cancelled it, once it ran past its deadline: the job's error."""
-    active_at: float = field(default_factory=time.monotonic)
-    """When its process last wrote anything (a model, a cell, a pause, a cooling wait)."""
-
-    @property
-    def id(self) -> str:
-        return self.plan.id
-
-    @property
-    def spec(self) -> MatrixSpec:
-        return self.plan.spec
-
-    @property
-    def cells(self) -> list[Cell]:
-        return self.plan.cells
-
-    @property
-    def total(self) -> int:
-        return len(self.cells)
-
-    @property
-    def fd(self) -> int:
-        return self.process.fd
-
-    def summary(self) -> dict[str, Any]:
-        """info.ok's `job`."""
-        return {"id": self.id, "done": self.done, "total": self.total, "started": self.started}
-
 
 class BenchJobs:
-    """`send` reaches a coordinator; `record` publishes a job's event (agent.daemon.hub);
+    """The one job this agent runs at a time: started from a checked plan (JobPlanner), fed
+    the daemon's readings and policy, read as its process writes (JobStream says what it did),
+    cancelled, and carried on in a new process (JobLauncher) after a crash.
+
+    `send` reaches a coordinator; `record` publishes a job's event (agent.daemon.hub);
     `measured` hears of every cell record streamed (the hub's /metrics); `storage` hears of
     every write the disk refuses."""
 
@@ -132,14 +71,11 @@ class BenchJobs:
     ) -> None:
         """Opens the journal: raises StoreError or OSError when it cannot be. `meter` is the
         daemon's power meter: each job process opens the same source for its cells' energy."""
-        self.send = send
-        self.record = record
-        self.source = source
         self.meter = meter
-        self.measured = measured
-        self.storage = storage
-        self.poll_interval = poll_interval
         self.journal = Journal(storage=storage)
+        self.planner = JobPlanner(meter, poll_interval)
+        self.launcher = JobLauncher(source, meter, poll_interval, storage)
+        self.stream = JobStream(self.journal, send, record, source, measured)
         self.running: Job | None = None
         self.heard_at = time.monotonic()
         """When the agent last heard a request: a coordinator is there (group_stalled)."""
@@ -159,8 +95,8 @@ class BenchJobs:
 
     def plan(self, request: p.Message, busy_ok: bool = False) -> JobPlan:
         """What `request` (a bench.start or bench.check) would run, starting nothing.
-        ProtocolError `busy` while a job runs (unless `busy_ok`: a check), `bad-matrix` for a
-        matrix this agent cannot run (or cannot split as its `group` asks)."""
+        ProtocolError `busy` while a job runs (unless `busy_ok`: a check), and the planner's
+        (JobPlanner.plan) for a request this agent cannot run."""
         if self.running is not None and not busy_ok:
             job = self.running
             raise p.ProtocolError(
@@ -169,92 +105,12 @@ class BenchJobs:
                 "try again later",
                 re=request.id,
             )
-        try:
-            spec = check_matrix(request.body["matrix"])
-        except (MatrixError, ModelLoadError) as exc:
-            raise p.ProtocolError(p.BAD_MATRIX, f"matrix rejected: {exc}", re=request.id) from None
-        try:
-            sustain = self._sustain(request.body.get("sustain"))
-        except SustainError as exc:
-            raise p.ProtocolError(p.BAD_MATRIX, f"sustain rejected: {exc}", re=request.id) from None
-        cells = expand(spec)
-        if (why := too_long(len(cells), sustain)) is not None:
-            raise p.ProtocolError(p.BAD_MATRIX, f"sustain rejected: {why}", re=request.id)
-        group = self._group(request)
-        if group is not None:
-            self._check_split(spec, group, request)
-        check_tokens = request.body.get("check_tokens") or 0
-        if not 0 <= check_tokens <= MAX_CHECK_TOKENS:
-            raise p.ProtocolError(
-                p.BAD_BODY,
-                f"check_tokens is {check_tokens}, not 0 to {MAX_CHECK_TOKENS}",
-                re=request.id,
-            )
-        wanted = request.body.get("progress") or []
-        takes = frozenset(name for name in wanted if name in PROGRESS_FIELDS)  # others: newer
-        return JobPlan(f"j-{p.new_id()[:12]}", spec, cells, sustain, takes, group, check_tokens)
-
-    @staticmethod
-    def _check_split(spec: MatrixSpec, group: BenchGroup, request: p.Message) -> None:
-        """Every model of the matrix splits as the group asks, at every bits: `bad-matrix`
-        naming the first that does not (agent.profiling.sharding)."""
-        for index, model in enumerate(spec.models):
-            for bits in spec.bits:
-                try:
-                    why = model_sharding_problem(model, bits, len(group.members), group.sharding)
-                except ModelNotFound:
-                    continue  # a Hugging Face id not fetched yet: its load checks it
-                except Exception as exc:  # a config.json mlx-lm cannot read, and the like
-                    why = f"cannot tell how it splits: {type(exc).__name__}: {exc}"
-                if why is not None:
-                    raise p.ProtocolError(
-                        p.BAD_MATRIX,
-                        f"matrix rejected: models[{index}] {model}: {why}",
-                        re=request.id,
-                    )
-
-    @staticmethod
-    def _group(request: p.Message) -> BenchGroup | None:
-        """bench.start's `group`, checked: `bad-body` naming the field; a sustained run is
-        refused for a group (its ranks would end their windows apart and part in a
-        collective)."""
-        raw = request.body.get("group")
-        if raw is None:
-            return None
-        try:
-            group = BenchGroup.from_wire(raw)
-            group.launch()  # the ring's ports past 65535, JACCL without devices: refused now
-        except Invalid as exc:
-            raise p.ProtocolError(p.BAD_BODY, f"bench.start: {exc}", re=request.id) from None
-        except RankEnvError as exc:
-            why = f"bench.start: group: {exc}"
-            raise p.ProtocolError(p.BAD_BODY, why, re=request.id) from None
-        if request.body.get("sustain") is not None:
-            raise p.ProtocolError(
-                p.BAD_MATRIX,
-                "sustain rejected: a group's cells do not run sustained",
-                re=request.id,
-            )
-        return group
-
-    def _sustain(self, wanted: Any) -> SustainPlan | None:
-        """bench.start's `sustain` as a plan whose windows hold a new reading of this agent's
-        power meter and thermal source; SustainError naming what does not."""
-        if wanted is None:
-            return None
-        plan = SustainPlan.from_dict(wanted)
-        meter = self.meter()
-        if meter is not None and meter.present:
-            plan.check(
-                meter.info().resolution_s, f"the power meter {meter.source.name}", WIRE_NAMES
-            )
-        plan.check(self.poll_interval, "the agent's thermal poll", WIRE_NAMES)
-        return plan
+        return self.planner.plan(request)
 
     def start(self, identity: bytes, request_id: str, plan: JobPlan) -> Job:
         """Run `plan` (from plan(), with nothing started since) for the coordinator at
         `identity`. Raises OSError when no job process can be started."""
-        process = self._process(plan, 0)
+        process = self.launcher.launch(plan, 0)
         job = Job(plan, identity, request_id, process, now_iso())
         self.journal.create_job(plan.id, plan.spec.to_dict(), len(plan.cells), request_id)
         meter = self.meter()
@@ -263,7 +119,7 @@ class BenchJobs:
             job_bound(plan.spec, len(plan.cells), plan.sustain, baseline)
         )
         self.running = job
-        self._event(job, "start", detail=f"benchmark: {job.total} cells")
+        self.stream.event(job, "start", detail=f"benchmark: {job.total} cells")
         log.info("job %s: %d cells (pid %d)", job.id, job.total, process.pid)
         return job
 
@@ -288,43 +144,6 @@ class BenchJobs:
         return job_page(found, offset)
 
     # --- the job process ------------------------------------------------------------------------
-
-    def _process(self, plan: JobPlan, first: int) -> JobProcess:
-        """A job process for the cells of `plan` from index `first`. Raises OSError."""
-        source = self.source()
-        thermal = {
-            "source": source.name,
-            "simulated": source.simulated,
-            "poll_interval": self.poll_interval,
-        }
-        meter = self.meter()
-        power = {
-            "source": meter.source.spec if meter is not None and meter.present else "none",
-            "baseline_s": meter.baseline_s if meter is not None else 0.0,
-            "why": meter.last_error if meter is not None else "the agent has no power source",
-        }
-        request = {
-            "matrix": plan.spec.to_dict(),
-            "thermal": thermal,
-            "power": power,
-            "sustain": plan.sustain.to_dict() if plan.sustain else None,
-            "first": first,
-            "group": plan.group.to_wire() if plan.group else None,
-            "check_tokens": plan.check_tokens,
-        }
-        return JobProcess.spawn(request, self._log_path(plan.id))
-
-    def _log_path(self, job_id: str) -> Path | None:
-        """Where the job's output goes; None (nowhere) when the disk refuses the folder."""
-        try:
-            folder = data_subdir("job-logs")
-            path = folder / f"{job_id}.log"
-            path.touch(mode=0o600)
-        except OSError as exc:
-            self.storage.failed(JOB_LOGS, data_dir(create=False) / "job-logs", exc)
-            return None
-        self.storage.written(JOB_LOGS)
-        return path
 
     def feed(self, reading: ThermalReading | None, policy: ThermalPolicy) -> None:
         """One of the daemon's polls (None: no reading) and the policy in force, to the job
@@ -380,60 +199,21 @@ class BenchJobs:
         for item in items:
             kind = item.get("kind")
             if kind == "model":
-                self._model(job, item["info"])
+                self.stream.model(job, item["info"])
             elif kind == "begin":
                 job.begun = item["index"]
             elif kind == "cell":
-                self._cell(job, item["record"])
+                self.stream.cell(job, item["record"])
             elif kind == "cooling":  # progress too: a cell waiting to start cool is not stuck
-                waiting = {"done": job.done, "total": job.total, "model": None}
-                self._stream(job, "bench.progress", {**waiting, "cooling": item["wait"]})
+                self.stream.progress(job, "cooling", item["wait"])
             elif kind in job.plan.takes:  # "pause", "phase": progress its requester asked for
-                waiting = {"done": job.done, "total": job.total, "model": None}
-                self._stream(job, "bench.progress", {**waiting, kind: item[kind]})
+                self.stream.progress(job, kind, item[kind])
             elif kind == "event":  # the job's gate acted: its pauses as the job lives them
-                self._event(job, item["action"], item["celsius"], item["detail"], at=item["time"])
+                self.stream.event(
+                    job, item["action"], item["celsius"], item["detail"], at=item["time"]
+                )
             elif kind == "done":
                 job.outcome = item
-
-    def _model(self, job: Job, info: dict[str, Any]) -> None:
-        key = (info["model"], info["bits"])
-        job.built.add(key)
-        if key in job.journaled_models:
-            return  # built again by a new process after a crash
-        job.journaled_models.add(key)
-        self.journal.add_model(job.id, info)
-        self._stream(job, "bench.progress", {"done": job.done, "total": job.total, "model": info})
-
-    def _cell(self, job: Job, record: dict[str, Any]) -> None:
-        self.journal.add_cell(job.id, job.done, record)
-        self._stream(job, "bench.cell", {"index": job.done, "record": record})
-        self.measured(record)
-        job.done += 1
-
-    def _stream(self, job: Job, type_: str, body: dict[str, Any]) -> None:
-        self.send(job.requester, p.make(type_, {"job": job.id, **body}, re=job.request_id))
-
-    def _event(
-        self,
-        job: Job,
-        action: str,
-        celsius: float | None = None,
-        detail: str | None = None,
-        at: float | None = None,
-    ) -> None:
-        source = self.source()
-        event = Event(
-            time=time.time() if at is None else at,
-            job=job.id,
-            pid=job.process.pid,
-            action=action,
-            source=source.name,
-            simulated=source.simulated,
-            celsius=celsius,
-            detail=detail,
-        )
-        self.record(event, p.KIND_BENCH)
 
     def _ended(self, job: Job) -> None:
         """The process closed its end: the job is done or cancelled; or the process died, and
@@ -463,7 +243,7 @@ class BenchJobs:
             failed = [gpu_failed(job.cells[job.done], job.done, *gpu)]
         log.warning("job %s: %s; %d cell(s) failed", job.id, died, len(failed))
         for record in failed:
-            self._cell(job, record)
+            self.stream.cell(job, record)
         if job.done >= job.total:
             self._finish(job, p.JOB_OK, None)
             return
@@ -472,12 +252,12 @@ class BenchJobs:
             self._finish(job, p.JOB_FAILED, f"{died}: rank {rank} cannot rejoin its group")
             return
         try:
-            job.process = self._process(job.plan, job.done)
+            job.process = self.launcher.launch(job.plan, job.done)
         except OSError as exc:
             self._finish(job, p.JOB_FAILED, f"{died}; no new job process: {exc}")
             return
         job.begun, job.built = None, set()
-        self._event(
+        self.stream.event(
             job,
             "start",
             detail=f"benchmark: {job.total - job.done} cells left, in a new job process "
@@ -485,26 +265,8 @@ class BenchJobs:
         )
 
     def _finish(self, job: Job, status: str, error: str | None) -> None:
-        """Say how the job ended, once."""
-        self.journal.finish_job(job.id, status, error)
-        self._event(job, "exit", detail=status + (f": {error}" if error else ""))
-        log_path = job.process.log
-        if (
-            not job.crashed
-            and log_path is not None
-            and log_path.exists()
-            and log_path.stat().st_size == 0
-        ):
-            log_path.unlink()  # only a job that said something, or lost a process, keeps its log
-        self._stream(job, "bench.done", {"status": status, "error": error, "cells": job.done})
-        log.info(
-            "job %s %s: %d/%d cells%s",
-            job.id,
-            status,
-            job.done,
-            job.total,
-            f" ({error})" if error else "",
-        )
+        """Say how the job ended, once; no job runs after."""
+        self.stream.finish(job, status, error)
         self.running = None
 
 
@@ -558,22 +320,6 @@ def gpu_failed(cell: Cell, index: int, kind: str, line: str) -> dict[str, Any]:
     return record
 
 
-@dataclass(frozen=True)
-class JobPlan:
-    """A job about to start: its id, its spec and its cells in run order."""
-
-    id: str
-    spec: MatrixSpec
-    cells: list[Cell]
-    sustain: SustainPlan | None = None
-    takes: frozenset[str] = frozenset()
-    """bench.start's `progress`: the optional bench.progress fields it takes."""
-    group: BenchGroup | None = None
-    """The distributed group it is one rank of (bench.start's `group`), or None."""
-    check_tokens: int = 0
-    """Greedy tokens each model decodes as the correctness check (bench.start's `check_tokens`)."""
-
-
 def job_page(found: dict[str, Any], offset: int) -> dict[str, Any]:
     """job.get.ok's body: the journaled job (Journal.get_job) with as many of its records from
     `offset` as fit in one message beside everything else it echoes (the spec, the models)."""
@@ -600,55 +346,3 @@ def job_page(found: dict[str, Any], offset: int) -> dict[str, Any]:
     if following < len(found["records"]):
         page["next"] = following
     return page
-
-
-def check_matrix(matrix: dict[str, Any]) -> MatrixSpec:
-    """The matrix as this agent would run it: the models named (a bench.start never falls back
-    to the default model), model directories are paths on THIS machine, Hugging Face ids are
-    resolved here (the job fetches one not cached yet; offline, one not cached is refused now).
-    Raises MatrixError or ModelLoadError naming the problem, and the wire field first
-    (`models[1]: ...`)."""
-    if "models" not in matrix:
-        raise MatrixError(
-            "models: missing; name the models to run (a config such as small or full, a "
-            "model directory on the agent, or a Hugging Face id ORG/NAME)"
-        )
-    spec = MatrixSpec.from_dict(matrix)
-    directories = [(i, m) for i, m in enumerate(spec.models) if m not in BUILTIN_CONFIGS]
-    if directories:
-        require_mlx_lm()
-    for i, directory in directories:
-        try:
-            check_model_on_disk(directory)
-        except ModelLoadError as exc:
-            raise ModelLoadError(f"models[{i}]: {exc}") from None
-    return spec
-
-
-def model_identity(name: str) -> str | None:
-    """What names a model's weights, cheap enough for a request (bench.check): a built-in
-    config's digest, a directory's listing (agent.profiling.settings.listing_digest); None for
-    a Hugging Face id not fetched yet, or a directory with no weights to list."""
-    if name in BUILTIN_CONFIGS:
-        return config_digest(BUILTIN_CONFIGS[name](), DEFAULT_SEED)
-    try:
-        return listing_digest(locate(name, download=False).path)
-    except (ModelNotFound, RuntimeError):  # RuntimeError: ~user for a user this Mac lacks
-        return None
-
-
-def check_model_on_disk(directory: str) -> None:
-    """A model directory of this machine, or a Hugging Face id it can fetch (or holds, offline);
-    ModelLoadError naming the problem."""
-    try:
-        path = Path(directory).expanduser()
-    except RuntimeError as exc:  # ~user for a user this machine does not have
-        raise ModelLoadError(f"model directory {directory}: {exc}") from None
-    if names_a_repo(directory):
-        if not offline():
-            return  # the job process downloads it
-        try:
-            path = locate(directory, download=False).path
-        except ModelNotFound as exc:
-            raise ModelLoadError(str(exc)) from None
-    check_model_dir(path)

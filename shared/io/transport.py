@@ -415,84 +415,113 @@ class AgentClient:
         after HEARTBEAT_LIVENESS silent intervals, and StreamLost as soon as the stream cannot
         be whole (lost_stream). `check` is called at every turn and may raise to end the stream
         (the coordinator's no-progress bound). When `stop` is set the job is cancelled and the
-        stream still runs to the agent's bench.done (or CANCEL_WAIT_S).
+        stream still runs to the agent's bench.done (or CANCEL_WAIT_S). See JobStream.
         """
         with self._watched() as links:
-            yield from self._stream(start, stop, check, links)
+            yield from JobStream(self, start, stop, check, links)
 
-    def _stream(
+
+class JobStream:
+    """One job's stream on an AgentClient, as AgentClient.stream() yields it: the heartbeats
+    that tell a busy agent from a dead one (Paranoid Pirate), the cancel when `stop` is set, and
+    the checks that the stream is whole. Apart from AgentClient because a request/reply never
+    pings, cancels or counts cells; it uses the client's socket and message checks as they are."""
+
+    def __init__(
         self,
+        client: AgentClient,
         start: p.Message,
         stop: threading.Event | None,
         check: Callable[[], None] | None,
         links: LinkWatch,
-    ) -> Iterator[p.Message]:
-        job_id: str | None = None
-        cancel_by: float | None = None
-        liveness = HEARTBEAT_LIVENESS
-        cells = 0  # received in a row from index 0: they come in run order
-        job_pings: set[str] = set()  # sent once the job was known: their ping.ok must name it
-        poller = self._poller(links)
+    ) -> None:
+        self.client, self.start, self.links = client, start, links
+        self.stop, self.check = stop, check
+        self.job_id: str | None = None
+        self.cancel_by: float | None = None
+        self.liveness = HEARTBEAT_LIVENESS
+        self.cells = 0  # received in a row from index 0: they come in run order
+        self.job_pings: set[str] = set()  # sent once the job was known: their ping.ok names it
+
+    def __iter__(self) -> Iterator[p.Message]:
+        client = self.client
+        poller = client._poller(self.links)
         while True:
-            if check is not None:
-                check()
-            if stop is not None and stop.is_set() and job_id and cancel_by is None:
-                self.send("bench.cancel", {"job": job_id})
-                cancel_by = time.monotonic() + CANCEL_WAIT_S
-            if cancel_by is not None and time.monotonic() > cancel_by:
-                raise HostError(
-                    f"job {job_id} did not stop within {CANCEL_WAIT_S:g} s of bench.cancel"
-                )
+            if self.check is not None:
+                self.check()
+            self._cancel_when_stopped()
             ready = dict(poller.poll(HEARTBEAT_INTERVAL_S * 1000))
-            if ready.get(links.monitor):
-                why = lost_stream(self.address, links.events())
+            if ready.get(self.links.monitor):
+                why = lost_stream(client.address, self.links.events())
                 if why is not None:
                     raise StreamLost(why)
             if not ready:
-                liveness -= 1
-                if liveness == 0:
-                    silent = time.monotonic() - self.last_heard
-                    raise HostError(
-                        f"the agent stopped answering (silent for {silent:.0f} s, "
-                        f"{HEARTBEAT_LIVENESS} pings unanswered)"
-                    )
-                ping = self.send("ping")
-                if job_id is not None:
-                    job_pings.add(ping.id)
+                self._quiet()
                 continue
-            if not ready.get(self.sock):
+            if not ready.get(client.sock):
                 continue
-            liveness = HEARTBEAT_LIVENESS
-            message = self._receive()
-            if message.type == "ping.ok" and message.re in job_pings:
-                job_pings.discard(message.re)
-                if message.body["job"] != job_id:
-                    running = message.body["job"]
-                    raise StreamLost(
-                        f"a ping.ok says the agent runs {'no job' if running is None else running}"
-                        f", not job {job_id}: its stream was lost"
-                    )
-            if message.re != start.id:
+            self.liveness = HEARTBEAT_LIVENESS
+            message = client._receive()
+            if not self._answers_start(message):
                 continue  # a heartbeat reply, a cancel reply, or something stale
-            if message.type == "error":
-                raise AgentError(message.body["code"], message.body["message"])
-            if message.type == "bench.start.ok":
-                job_id = message.body["job"]
-            elif message.type == "bench.cell":
-                index = message.body["index"]
-                if index > cells:
-                    raise StreamLost(
-                        f"cell {index} came where cell {cells} was due: "
-                        f"the stream lost {index - cells}"
-                    )
-                cells = max(cells, index + 1)
-            elif message.type == "bench.done" and message.body["cells"] > cells:
-                raise StreamLost(
-                    f"bench.done counts {message.body['cells']} cells, the stream brought {cells}"
-                )
             yield message
             if message.type == "bench.done":
                 return
+
+    def _cancel_when_stopped(self) -> None:
+        """bench.cancel once `stop` is set and the job is known; HostError when the job has
+        not stopped CANCEL_WAIT_S later."""
+        job_id = self.job_id
+        if self.stop is not None and self.stop.is_set() and job_id and self.cancel_by is None:
+            self.client.send("bench.cancel", {"job": job_id})
+            self.cancel_by = time.monotonic() + CANCEL_WAIT_S
+        if self.cancel_by is not None and time.monotonic() > self.cancel_by:
+            raise HostError(f"job {job_id} did not stop within {CANCEL_WAIT_S:g} s of bench.cancel")
+
+    def _quiet(self) -> None:
+        """A heartbeat interval without a message: a ping, or HostError after
+        HEARTBEAT_LIVENESS of them."""
+        self.liveness -= 1
+        if self.liveness == 0:
+            silent = time.monotonic() - self.client.last_heard
+            raise HostError(
+                f"the agent stopped answering (silent for {silent:.0f} s, "
+                f"{HEARTBEAT_LIVENESS} pings unanswered)"
+            )
+        ping = self.client.send("ping")
+        if self.job_id is not None:
+            self.job_pings.add(ping.id)
+
+    def _answers_start(self, message: p.Message) -> bool:
+        """Whether `message` belongs to the stream; StreamLost when it shows the stream is not
+        whole (a ping.ok naming another job, a cell missed, bench.done counting more)."""
+        job_id, cells = self.job_id, self.cells
+        if message.type == "ping.ok" and message.re in self.job_pings:
+            self.job_pings.discard(message.re)
+            if message.body["job"] != job_id:
+                running = message.body["job"]
+                raise StreamLost(
+                    f"a ping.ok says the agent runs {'no job' if running is None else running}"
+                    f", not job {job_id}: its stream was lost"
+                )
+        if message.re != self.start.id:
+            return False
+        if message.type == "error":
+            raise AgentError(message.body["code"], message.body["message"])
+        if message.type == "bench.start.ok":
+            self.job_id = message.body["job"]
+        elif message.type == "bench.cell":
+            index = message.body["index"]
+            if index > cells:
+                raise StreamLost(
+                    f"cell {index} came where cell {cells} was due: the stream lost {index - cells}"
+                )
+            self.cells = max(cells, index + 1)
+        elif message.type == "bench.done" and message.body["cells"] > cells:
+            raise StreamLost(
+                f"bench.done counts {message.body['cells']} cells, the stream brought {cells}"
+            )
+        return True
 
 
 def lost_stream(address: str, events: list[int]) -> str | None:

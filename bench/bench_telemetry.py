@@ -98,7 +98,7 @@ def measure(count: int, secure: bool, repeats: int) -> None:
 
     def full_path() -> None:
         now = time.time()
-        daemon.hub._on_reading(now, replace(READING, time=now), daemon.hub._read_power())
+        daemon.hub._on_reading(now, replace(READING, time=now), daemon.hub.instruments.read_power())
 
     source = SourceInfo("bench", True)
     taken = sample(time.time(), READING, source, CoolingState.OK, 0.4, 0.0, JOBS)

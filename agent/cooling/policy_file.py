@@ -1,6 +1,6 @@
 """policy.json: the thresholds a coordinator set, kept on disk so that a restart enforces what
 was pushed. Its own module in cooling/, below both its readers: the daemon, which enforces and
-saves it (agent.daemon.history's SavedPolicy), and `agent doctor`, which shows the policy in
+saves it (agent.daemon.policy's SavedPolicy), and `agent doctor`, which shows the policy in
 force; so doctor reads it without importing the daemon."""
 
 from __future__ import annotations

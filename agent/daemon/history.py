@@ -1,7 +1,7 @@
-"""What the daemon keeps: its telemetry history (every sample numbered and kept in memory, the
-latest ones, and in SQLite, written WRITE_EVERY at a time; every event in agent-events.sqlite,
-shared with `agent run`; both pruned to a retention, served in pages after a cursor) and the
-policy it enforces (policy.json, so a restart keeps what a coordinator pushed).
+"""What the daemon keeps of its telemetry: every sample numbered and kept in memory (the latest
+ones) and in SQLite (written WRITE_EVERY at a time); every event in agent-events.sqlite, shared
+with `agent run`; both pruned to a retention, served in pages after a cursor. The policy it
+enforces is kept apart (agent.daemon.policy).
 
 A sample or event number is never given twice by one history, whatever moment the agent dies
 at (docs/protocol.md §10, History): a sample is numbered only below a mark set aside on disk
@@ -16,14 +16,12 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections import deque
-from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from agent.cooling.events import EventLog
-from agent.cooling.policy_file import policy_path, save_policy
-from agent.daemon.storage import EVENTS, HISTORY, POLICY, StorageHealth
+from agent.daemon.storage import EVENTS, HISTORY, StorageHealth
 from agent.daemon.telemetry import page_history
 from agent.daemon.throttle import LogThrottle
 from shared.io.paths import data_dir
@@ -97,32 +95,6 @@ Page = tuple[list[dict[str, Any]], list[dict[str, Any]], bool]
 
 def default_samples_path() -> Path:
     return data_dir() / "agent-telemetry.sqlite"
-
-
-class SavedPolicy:
-    """policy.json (the thresholds a coordinator set), written whenever they change; one the
-    disk refused is reported and written again at the next retry(): the policy is enforced all
-    the same."""
-
-    def __init__(self, storage: StorageHealth, path: Path | None = None) -> None:
-        self.storage = storage
-        self.path = path or policy_path()
-        self._unsaved: dict[str, float] | None = None
-
-    def save(self, given: Mapping[str, float]) -> None:
-        self._unsaved = dict(given)
-        self.retry()
-
-    def retry(self) -> None:
-        if self._unsaved is None:
-            return
-        try:
-            save_policy(self._unsaved, self.path)
-        except OSError as exc:
-            self.storage.failed(POLICY, self.path, exc)
-            return
-        self._unsaved = None
-        self.storage.written(POLICY)
 
 
 class TelemetryHistory:

@@ -1,30 +1,32 @@
-"""The daemon's telemetry hub: ONE ThermalMonitor read all the time, each reading judged by the
-policy in force, published, stored and counted; the supervised jobs' events likewise; and the
-policy itself (persisted, changed by policy.set). docs/protocol.md §10-§12.
+"""The daemon's telemetry hub: ONE ThermalMonitor read all the time (agent.daemon.instruments),
+each reading judged by the policy in force, published, stored and counted; the supervised jobs'
+events likewise; and the policy itself (agent.daemon.policy: persisted, changed by policy.set).
+docs/protocol.md §10-§12.
 
-The monitor's thread only hands readings over (a queue and a wake-up pipe the daemon's loop
-polls); everything stateful happens on the daemon's main thread, so nothing here needs a lock.
-The monitor's thread reads the power meter with each reading, so a sample's figures are its
-poll's. While nothing needs each reading as it is taken (no subscriber, job, /metrics, deferred
-reply or refused write), that thread wakes the loop only when the history's next write is due:
-the loop takes every reading taken so far whenever anything else wakes it, so nobody sees the
-difference but the CPU (docs/performance.md, The idle daemon).
+The monitor's thread only hands readings over (agent.daemon.handoff: a queue and a wake-up
+pipe the daemon's loop polls); everything stateful happens on the daemon's main thread, so
+nothing here needs a lock. The monitor's thread reads the power meter with each reading, so a
+sample's figures are its poll's. While nothing needs each reading as it is taken (no
+subscriber, job, /metrics, deferred reply or refused write), that thread wakes the loop only
+when the history's next write is due: the loop takes every reading taken so far whenever
+anything else wakes it, so nobody sees the difference but the CPU (docs/performance.md, The
+idle daemon).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import time
 from collections import deque
 from collections.abc import Callable
-from queue import SimpleQueue
 from typing import TYPE_CHECKING, Any
 
 from agent.cooling.events import EventLog
-from agent.cooling.policy_file import load_policy
-from agent.daemon.history import WRITE_EVERY, SavedPolicy, TelemetryHistory
+from agent.daemon.handoff import ReadingHandoff
+from agent.daemon.history import WRITE_EVERY, TelemetryHistory
+from agent.daemon.instruments import Instruments
+from agent.daemon.policy import EnforcedPolicy
 from agent.daemon.storage import StorageHealth
 from agent.daemon.telemetry import (
     TREND_WINDOW,
@@ -36,22 +38,9 @@ from agent.daemon.telemetry import (
 )
 from agent.daemon_address import pid_alive
 from agent.power.meter import EnergyMeter
-from agent.sensors.base import SourceInfo
 from agent.thermal import ThermalMonitor, ThermalReading, ThermalSource
-from shared.cooling.calibration import (
-    SET_BY_COORDINATOR,
-    PolicyInForce,
-    policy_event_detail,
-    source_defaults,
-    with_given,
-)
-from shared.cooling.policy import (
-    CoolingState,
-    Supervision,
-    ThermalPolicy,
-    check_changes,
-    host_state,
-)
+from shared.cooling.calibration import policy_event_detail
+from shared.cooling.policy import CoolingState, Supervision, ThermalPolicy, host_state
 from shared.wire import protocol as p
 from shared.wire.telemetry import Event
 
@@ -64,34 +53,6 @@ PRUNE_EVERY_S = 300.0
 """History is pruned this often, or ten times per retention period when that is shorter."""
 
 Publish = Callable[[str, dict[str, Any]], None]
-
-
-class TappedSource(ThermalSource):
-    """A source that hands every read's outcome (None too) to `on_read`: how the one monitor's
-    thread tells the daemon about each reading as it is taken."""
-
-    def __init__(
-        self, inner: ThermalSource, on_read: Callable[[ThermalReading | None], None]
-    ) -> None:
-        super().__init__()
-        self.inner = inner
-        self.name = inner.name
-        self.simulated = inner.simulated
-        self.scale = inner.scale
-        self.last_error = inner.last_error
-        self._on_read = on_read
-
-    def read(self) -> ThermalReading | None:
-        reading = None
-        try:
-            reading = self.inner.read()
-        finally:  # a source that raises still makes a sample: one without a reading
-            self.last_error = self.inner.last_error
-            self._on_read(reading)
-        return reading
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def reading_sensors(reading: ThermalReading | None) -> dict[str, float | None]:
@@ -126,11 +87,7 @@ class TelemetryHub:
         self.retention_days = retention_days
         self.storage = storage
         self.host = name or socket.gethostname()
-        self._given = load_policy() or {}
-        """The thresholds a coordinator set: the rest are the defaults for the source's scale."""
-        self._scale: str | None = None
-        self._policy = self._resolve(loud=False)  # start() knows the scale, and says
-        self.saved_policy = SavedPolicy(storage)
+        self._policy = EnforcedPolicy(storage)
         self.jobs = JobTable()
         events = EventLog()
         try:
@@ -138,22 +95,14 @@ class TelemetryHub:
         except BaseException:
             events.close()
             raise
-        self.source = SourceInfo("none", False)
-        self.monitor: ThermalMonitor | None = None
-        self.meter: EnergyMeter | None = None
-        """The power source read at each poll (owned from start()); None: no meter."""
-        self.last_power: PowerPoll | None = None
+        self.instruments = Instruments(poll_interval)
         self.metrics: TelemetryMetrics | None = None
         self.last_reading: ThermalReading | None = None
         self._metrics_server: MetricsServer | None = None
-        self._readings: SimpleQueue[tuple[float, ThermalReading | None, PowerPoll | None]] = (
-            SimpleQueue()
-        )
+        self.handoff = ReadingHandoff(lambda: self.history.unwritten_samples, WRITE_EVERY)
         """Each poll's time, reading and power, from the monitor's thread."""
-        self.each_reading = True
-        """Whether the monitor's thread wakes the loop at every reading (see pace())."""
-        self.wake_fd, self._wake_write = os.pipe()
-        os.set_blocking(self._wake_write, False)
+        self.wake_fd = self.handoff.fd
+        """The loop polls it: woken(), then drain()."""
         self._state: CoolingState | None = None
         self._host = Supervision()
         """The host as the rule sees it, poll after poll (its samples' state)."""
@@ -163,13 +112,15 @@ class TelemetryHub:
     def start(self, source: ThermalSource, meter: EnergyMeter | None = None) -> None:
         """Poll `source` (the hub owns it from now on) every poll interval, in the background,
         and read `meter` (owned too) at each poll when it measures anything."""
-        self.meter = meter
-        self.source = SourceInfo(source.name, source.simulated)
-        self._scale = source.scale
-        self._policy = self._resolve()
-        self.monitor = ThermalMonitor(self.poll_interval, source=TappedSource(source, self._tap))
-        self.monitor.start()
-        log.info("monitoring %s every %g s; %s", self.source.name, self.poll_interval, self._policy)
+        self._policy.on_scale(source.scale)
+        self.instruments.start(source, meter, self._tap)
+        in_force = self._policy.in_force
+        log.info(
+            "monitoring %s every %g s; %s",
+            self.instruments.source.name,
+            self.poll_interval,
+            in_force,
+        )
 
     def serve_metrics(self, address: str, version: str, machine: dict[str, Any]) -> int:
         """Prometheus /metrics at HOST:PORT, every series of this host there from the start;
@@ -191,79 +142,39 @@ class TelemetryHub:
     def close(self) -> None:
         """Stop monitoring; store the readings still waiting, then close."""
         try:
-            if self.monitor is not None:
-                self.monitor.close()
-                self.monitor.source.close()  # the monitor leaves a source it was given open
+            if self.instruments.stop():
                 self.drain()
         finally:
-            if self.meter is not None:
-                self.meter.close()
+            self.instruments.close_meter()
             if self._metrics_server is not None:
                 self._metrics_server.close()
             self.history.close()
             self.history.events.close()
-            os.close(self.wake_fd)
-            os.close(self._wake_write)
+            self.handoff.close()
 
-    def thermal(self) -> dict[str, Any]:
-        """info.ok's `thermal`: the latest polled reading, never waiting on the sensor."""
-        reading = self.monitor.reading if self.monitor else None
-        return {
-            "source": self.source.name,
-            "simulated": self.source.simulated,
-            "reading": reading.to_dict() if reading else None,
-            "error": self.monitor.last_error if self.monitor else None,
-        }
-
-    def power(self) -> dict[str, Any]:
-        """info.ok's `power`: the meter (or `none`, with why) and its latest reading."""
-        meter = self.meter
-        info = meter.info() if meter is not None else None
-        poll = self.last_power
-        return {
-            "source": info.source if info else "none",
-            "simulated": bool(info and info.simulated),
-            "rails": list(info.rails) if info else [],
-            "resolution_s": info.resolution_s if meter is not None and meter.present else None,
-            "reading": poll.reading.to_dict() if poll and poll.reading else None,
-            "error": meter.last_error if meter is not None else "no power source",
-        }
-
-    def _read_power(self) -> PowerPoll | None:
-        """On the monitor's thread, with each reading (the meter's only reader)."""
-        meter = self.meter
-        if meter is None or not meter.present:
-            return None
-        reading = meter.read()
-        source = SourceInfo(meter.source.name, meter.source.simulated)
-        return PowerPoll(source, reading, meter.last_error)
+    @property
+    def monitor(self) -> ThermalMonitor | None:
+        return self.instruments.monitor
 
     # --- readings -------------------------------------------------------------------------------
 
     def _tap(self, reading: ThermalReading | None) -> None:
         """On the monitor's thread: hand the reading and the power of the moment to the main
-        loop, and wake it when it wants each reading or when the readings waiting and the
-        samples not yet written fill a write (a deque's len is safe to read from here)."""
-        readings = self._readings
-        readings.put((time.time(), reading, self._read_power()))
-        if self.each_reading or readings.qsize() + self.history.unwritten_samples >= WRITE_EVERY:
-            try:  # noqa: SIM105 - contextlib.suppress is three Python calls more, every poll
-                os.write(self._wake_write, b"r")
-            except BlockingIOError:
-                pass  # a wake-up is pending already
+        loop (the handoff wakes it when due; a deque's len is safe to read from here)."""
+        self.handoff.put((time.time(), reading, self.instruments.read_power()))
 
     def woken(self) -> None:
         """The loop polled `wake_fd` readable: take the wake-up (drain() takes the readings)."""
-        os.read(self.wake_fd, 4096)
+        self.handoff.pipe.take()
 
     def drain(self) -> list[ThermalReading | None]:
         """Every reading taken since the last drain, each published and stored, oldest first.
         The loop calls it whenever it wakes, so whatever woke it sees every reading taken."""
         readings = []
-        while not self._readings.empty():  # this thread is the queue's only reader
-            taken_at, reading, power = self._readings.get_nowait()
-            self._on_reading(taken_at, reading, power)
-            readings.append(reading)
+        while taken := self.handoff.take():  # and any taken meanwhile
+            for taken_at, reading, power in taken:
+                self._on_reading(taken_at, reading, power)
+                readings.append(reading)
         return readings
 
     def pace(self, watched: bool) -> None:
@@ -273,15 +184,20 @@ class TelemetryHub:
         writes are retried at each poll). Otherwise only when the history's next write is due,
         so a SIGKILL loses no more than it did (WRITE_EVERY), and a daemon nobody watches wakes
         its loop once every WRITE_EVERY polls instead of every poll."""
-        self.each_reading = bool(
+        self.handoff.each_reading = bool(
             watched or self.jobs.jobs or self.metrics is not None or self.storage.failing
         )
+
+    @property
+    def each_reading(self) -> bool:
+        """Whether the monitor's thread wakes the loop at every reading (see pace())."""
+        return self.handoff.each_reading
 
     def retry_writes(self) -> None:
         """Write what the disk refused before (events, the policy; the samples' history asks
         again with each sample)."""
         self.history.flush()
-        self.saved_policy.retry()
+        self._policy.retry()
 
     def _on_reading(
         self, now: float, reading: ThermalReading | None, power: PowerPoll | None
@@ -291,7 +207,7 @@ class TelemetryHub:
         given twice); /metrics sees it either way."""
         self.retry_writes()
         if power is not None:
-            self.last_power = power
+            self.instruments.last_power = power
         self.last_reading = reading
         self._host, self._state = host_state(self.policy, reading, self._host)
         if reading is not None and reading.celsius is not None:
@@ -303,7 +219,7 @@ class TelemetryHub:
         taken = sample(
             now,
             reading,
-            self.source,
+            self.instruments.source,
             self._state,
             trend_c_per_min(list(self._temperatures), self.poll_interval),
             self.jobs.pause_s_total(now),
@@ -352,27 +268,11 @@ class TelemetryHub:
         """Where the numbers in force came from: a coordinator, or the source's defaults."""
         return self._policy.origin
 
-    def _resolve(self, loud: bool = True) -> PolicyInForce:
-        """The coordinator's thresholds over the source's defaults; the defaults alone, logged,
-        when the saved ones are out of order with them (saved on another source's scale)."""
-        try:
-            return with_given(self._scale, self._given, SET_BY_COORDINATOR)
-        except ValueError as exc:
-            if loud:
-                log.error("cannot use the saved policy (%s): enforcing the defaults", exc)
-            return source_defaults(self._scale)
-
     def set_policy(self, changes: dict[str, Any]) -> ThermalPolicy:
-        """Validate, persist, apply, announce; returns the policy in force. ValueError naming
-        the problem leaves the old policy in force."""
-        check_changes(changes)
-        given = {**self._given, **{key: float(value) for key, value in changes.items()}}
-        in_force = with_given(self._scale, given, SET_BY_COORDINATOR)
-        if given != self._given:
-            self.saved_policy.save(given)  # enforced even when the disk refuses it
-            self._given = given
-        if in_force != self._policy:
-            self._policy = in_force
+        """Validate, persist, apply (EnforcedPolicy.change), announce; returns the policy in
+        force. ValueError naming the problem leaves the old policy in force."""
+        if self._policy.change(changes):
+            in_force = self._policy.in_force
             policy = in_force.policy
             if self.metrics is not None:
                 self.metrics.set_policy(self.host, policy.to_dict(), origin=in_force.origin)
@@ -383,8 +283,8 @@ class TelemetryHub:
                     job=None,
                     pid=None,
                     action="policy",
-                    source=self.source.name,
-                    simulated=self.source.simulated,
+                    source=self.instruments.source.name,
+                    simulated=self.instruments.source.simulated,
                     detail=policy_event_detail(in_force),
                     policy=policy.to_dict(),
                 )

@@ -121,10 +121,10 @@ class AgentDaemon:
             jobs = BenchJobs(
                 self.sockets.send,
                 hub.event,
-                lambda: hub.source,
+                lambda: hub.instruments.source,
                 self.storage,
                 poll_interval,
-                lambda: hub.meter,
+                lambda: hub.instruments.meter,
                 hub.observe_cell,
             )
         except (StoreError, OSError) as exc:

@@ -1,0 +1,104 @@
+"""The policy the daemon enforces: the thresholds a coordinator set (policy.set), over the
+defaults for the scale of the thermal source read, kept in policy.json so that a restart
+enforces what was pushed. Its own module because how the policy in force is made and kept is
+one thing, and what the telemetry hub does with it (judge each reading, announce a change,
+agent.daemon.hub) another."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from agent.cooling.policy_file import load_policy, policy_path, save_policy
+from agent.daemon.storage import POLICY, StorageHealth
+from shared.cooling.calibration import (
+    SET_BY_COORDINATOR,
+    PolicyInForce,
+    source_defaults,
+    with_given,
+)
+from shared.cooling.policy import ThermalPolicy, check_changes
+
+log = logging.getLogger("agent.hub")  # the name its log lines have always carried
+
+
+class SavedPolicy:
+    """policy.json (the thresholds a coordinator set), written whenever they change; one the
+    disk refused is reported and written again at the next retry(): the policy is enforced all
+    the same."""
+
+    def __init__(self, storage: StorageHealth, path: Path | None = None) -> None:
+        self.storage = storage
+        self.path = path or policy_path()
+        self._unsaved: dict[str, float] | None = None
+
+    def save(self, given: Mapping[str, float]) -> None:
+        self._unsaved = dict(given)
+        self.retry()
+
+    def retry(self) -> None:
+        if self._unsaved is None:
+            return
+        try:
+            save_policy(self._unsaved, self.path)
+        except OSError as exc:
+            self.storage.failed(POLICY, self.path, exc)
+            return
+        self._unsaved = None
+        self.storage.written(POLICY)
+
+
+class EnforcedPolicy:
+    """The policy in force and where its numbers came from; the saved thresholds are read at
+    construction, and the source's scale is known once the daemon opens it (on_scale)."""
+
+    def __init__(self, storage: StorageHealth) -> None:
+        self._given = load_policy() or {}
+        """The thresholds a coordinator set: the rest are the defaults for the source's scale."""
+        self._scale: str | None = None
+        self.in_force = self._resolve(loud=False)  # on_scale() knows the scale, and says
+        self.saved = SavedPolicy(storage)
+
+    @property
+    def policy(self) -> ThermalPolicy:
+        return self.in_force.policy
+
+    @property
+    def origin(self) -> str:
+        """Where the numbers in force came from: a coordinator, or the source's defaults."""
+        return self.in_force.origin
+
+    def on_scale(self, scale: str | None) -> None:
+        """The thermal source is open: its scale's defaults under the coordinator's numbers."""
+        self._scale = scale
+        self.in_force = self._resolve()
+
+    def _resolve(self, loud: bool = True) -> PolicyInForce:
+        """The coordinator's thresholds over the source's defaults; the defaults alone, logged,
+        when the saved ones are out of order with them (saved on another source's scale)."""
+        try:
+            return with_given(self._scale, self._given, SET_BY_COORDINATOR)
+        except ValueError as exc:
+            if loud:
+                log.error("cannot use the saved policy (%s): enforcing the defaults", exc)
+            return source_defaults(self._scale)
+
+    def change(self, changes: dict[str, Any]) -> bool:
+        """Validate, persist and apply; whether the policy in force changed. ValueError naming
+        the problem leaves the old policy in force."""
+        check_changes(changes)
+        given = {**self._given, **{key: float(value) for key, value in changes.items()}}
+        in_force = with_given(self._scale, given, SET_BY_COORDINATOR)
+        if given != self._given:
+            self.saved.save(given)  # enforced even when the disk refuses it
+            self._given = given
+        if in_force == self.in_force:
+            return False
+        self.in_force = in_force
+        return True
+
+    def retry(self) -> None:
+        """Write the thresholds again if the disk refused them."""
+        self.saved.retry()

@@ -76,56 +76,17 @@ class FakeJob:
     next_cell_at: float = 0.0
 
 
-class FlappingAgent:
-    """See the module's docstring; `port` is known once start() returns."""
+class FlappingRouter:
+    """The ROUTER socket and its flap: closed, down for `down_s`, bound again on the same port
+    (when it flaps, `flaps` times over `flap_s`, is the job's: FlappingAgent); and what is sent
+    on it. FlappingAgent.__init__ sets the state."""
 
-    def __init__(
-        self,
-        cell_s: float = 0.2,
-        flaps: int = 0,
-        flap_s: float = 8.0,
-        flap_after: int = 2,
-        down_s: float = 0.04,
-        stall_after: int | None = None,
-        pause_after: int | None = None,
-        pause_s: float = 0.0,
-        drop_cells: frozenset[int] | set[int] = frozenset(),
-        drop_done: bool = False,
-    ) -> None:
-        self.cell_s, self.flaps, self.flap_s, self.flap_after = cell_s, flaps, flap_s, flap_after
-        self.down_s = down_s
-        self.stall_after, self.pause_after, self.pause_s = stall_after, pause_after, pause_s
-        self.drop_cells, self.drop_done = drop_cells, drop_done
-        self.port = 0
-        self.requests: Counter[str] = Counter()
-        """Requests received, by type."""
-        self.flapped = 0
-        self.ended_at: float | None = None
-        """time.monotonic() when the job journaled its last cell."""
-        self.job: FakeJob | None = None
-        self.infos_while_paused = 0
-        self._flap_at: list[float] = []
-        self._stop = threading.Event()
-        self._ready = threading.Event()
-        self._ctx = zmq.Context()
-        self._sock: zmq.Socket | None = None
-        self._thread = threading.Thread(target=self._run, name="flapping agent", daemon=True)
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> FlappingAgent:
-        self._thread.start()
-        assert self._ready.wait(10), "the fake agent did not bind"
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-        self._ctx.destroy(linger=0)
-
-    # --- the socket -----------------------------------------------------------------------
+    port: int
+    down_s: float
+    flapped: int
+    job: FakeJob | None
+    _ctx: zmq.Context
+    _sock: zmq.Socket | None
 
     def _bind(self) -> None:
         sock = self._ctx.socket(zmq.ROUTER)
@@ -163,61 +124,15 @@ class FlappingAgent:
         assert self.job is not None
         self._send(self.job.identity, type_, {"job": self.job.id, **body}, self.job.request)
 
-    # --- the loop -------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        self._bind()
-        self._ready.set()
-        while not self._stop.is_set():
-            now = time.monotonic()
-            if self._flap_at and now >= self._flap_at[0]:
-                self._flap_at.pop(0)
-                self._flap()
-            self._advance(now)
-            assert self._sock is not None
-            if self._sock.poll(10):
-                frames = self._sock.recv_multipart()
-                if len(frames) == 2:
-                    self._answer(frames[0], frames[1])
-        if self._sock is not None:
-            self._sock.close(linger=0)
+class FlappingRequests(FlappingRouter):
+    """The requests it answers (hello, ping, info, bench.start, bench.cancel, job.get, job.list),
+    each from the job as it stands: info.ok lists a job paused by `pause_after` as `paused`, and
+    ping.ok and info.ok still name a job wedged by `stall_after`."""
 
-    def _advance(self, now: float) -> None:
-        """The job's next cell, when it is due and the job neither stalls nor pauses."""
-        job = self.job
-        if job is None or job.state != "running":
-            return
-        done = len(job.records)
-        if job.paused_until is not None:
-            if now < job.paused_until:
-                return
-            job.paused_until = None
-            job.next_cell_at = now + self.cell_s
-        if done == self.pause_after and self.pause_s and not job.paused_once:
-            job.paused_once = True
-            job.paused_until = now + self.pause_s
-            return
-        if self.stall_after is not None and done >= self.stall_after:
-            return
-        if now < job.next_cell_at:
-            return
-        cell = job.cells[done]
-        record = measured(cell)
-        job.records.append(record)
-        job.next_cell_at = now + self.cell_s
-        if done not in self.drop_cells:
-            self._stream("bench.cell", {"index": done, "record": record})
-        if done + 1 == self.flap_after and self.flaps:
-            step = self.flap_s / self.flaps
-            self._flap_at = [now + step * (k + 1) for k in range(self.flaps)]
-        if len(job.records) == len(job.cells):
-            job.state, job.finished = "ok", time.time()
-            self.ended_at = time.monotonic()
-            if not self.drop_done:
-                done_body = {"status": "ok", "error": None, "cells": len(job.records)}
-                self._stream("bench.done", done_body)
-
-    # --- requests -------------------------------------------------------------------------
+    cell_s: float
+    requests: Counter[str]
+    infos_while_paused: int
 
     def _answer(self, identity: bytes, data: bytes) -> None:
         try:
@@ -361,6 +276,113 @@ class FlappingAgent:
                 }
             )
         return "job.list.ok", {"jobs": jobs}
+
+
+class FlappingAgent(FlappingRequests):
+    """See the module's docstring; `port` is known once start() returns. The job's pace and what
+    it does to it (`stall_after`, `pause_after`/`pause_s`, `drop_cells`, `drop_done`, and when
+    the flaps begin) are here, with its thread and loop; the flapping socket is FlappingRouter's,
+    the answers FlappingRequests'."""
+
+    def __init__(
+        self,
+        cell_s: float = 0.2,
+        flaps: int = 0,
+        flap_s: float = 8.0,
+        flap_after: int = 2,
+        down_s: float = 0.04,
+        stall_after: int | None = None,
+        pause_after: int | None = None,
+        pause_s: float = 0.0,
+        drop_cells: frozenset[int] | set[int] = frozenset(),
+        drop_done: bool = False,
+    ) -> None:
+        self.cell_s, self.flaps, self.flap_s, self.flap_after = cell_s, flaps, flap_s, flap_after
+        self.down_s = down_s
+        self.stall_after, self.pause_after, self.pause_s = stall_after, pause_after, pause_s
+        self.drop_cells, self.drop_done = drop_cells, drop_done
+        self.port = 0
+        self.requests: Counter[str] = Counter()
+        """Requests received, by type."""
+        self.flapped = 0
+        self.ended_at: float | None = None
+        """time.monotonic() when the job journaled its last cell."""
+        self.job: FakeJob | None = None
+        self.infos_while_paused = 0
+        self._flap_at: list[float] = []
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._ctx = zmq.Context()
+        self._sock: zmq.Socket | None = None
+        self._thread = threading.Thread(target=self._run, name="flapping agent", daemon=True)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> FlappingAgent:
+        self._thread.start()
+        assert self._ready.wait(10), "the fake agent did not bind"
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self._ctx.destroy(linger=0)
+
+    # --- the loop -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        self._bind()
+        self._ready.set()
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if self._flap_at and now >= self._flap_at[0]:
+                self._flap_at.pop(0)
+                self._flap()
+            self._advance(now)
+            assert self._sock is not None
+            if self._sock.poll(10):
+                frames = self._sock.recv_multipart()
+                if len(frames) == 2:
+                    self._answer(frames[0], frames[1])
+        if self._sock is not None:
+            self._sock.close(linger=0)
+
+    def _advance(self, now: float) -> None:
+        """The job's next cell, when it is due and the job neither stalls nor pauses."""
+        job = self.job
+        if job is None or job.state != "running":
+            return
+        done = len(job.records)
+        if job.paused_until is not None:
+            if now < job.paused_until:
+                return
+            job.paused_until = None
+            job.next_cell_at = now + self.cell_s
+        if done == self.pause_after and self.pause_s and not job.paused_once:
+            job.paused_once = True
+            job.paused_until = now + self.pause_s
+            return
+        if self.stall_after is not None and done >= self.stall_after:
+            return
+        if now < job.next_cell_at:
+            return
+        cell = job.cells[done]
+        record = measured(cell)
+        job.records.append(record)
+        job.next_cell_at = now + self.cell_s
+        if done not in self.drop_cells:
+            self._stream("bench.cell", {"index": done, "record": record})
+        if done + 1 == self.flap_after and self.flaps:
+            step = self.flap_s / self.flaps
+            self._flap_at = [now + step * (k + 1) for k in range(self.flaps)]
+        if len(job.records) == len(job.cells):
+            job.state, job.finished = "ok", time.time()
+            self.ended_at = time.monotonic()
+            if not self.drop_done:
+                done_body = {"status": "ok", "error": None, "cells": len(job.records)}
+                self._stream("bench.done", done_body)
 
 
 def cells_of(matrix: dict[str, Any]) -> list[dict[str, Any]]:

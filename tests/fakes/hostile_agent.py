@@ -216,79 +216,29 @@ class Job:
     finished: str | None = None
 
 
-class HostileAgent:
-    """One fake agent on a thread of its own (start()/stop(), or a `with` block). Everything it
-    was asked is in `requests`, so a test can tell what the coordinator did after a bad reply."""
+class FakeAgentCore:
+    """What every part of the hostile agent shares: its state (HostileAgent.__init__ sets it),
+    how a field is corrupted in this mode (text(): `strings`; big(): `huge`; number(): `types`
+    and `telemetry-types`), sending on the command socket, and the jobs it lists."""
 
-    def __init__(
-        self,
-        mode: str = "benign",
-        *,
-        name: str = "fake",
-        curve: tuple[bytes, bytes] | None = None,
-        poll_interval: float = 0.25,
-        flood_s: float = 10.0,
-    ) -> None:
-        if mode not in MODES:
-            raise ValueError(f"unknown mode {mode!r}; one of {', '.join(MODES)}")
-        self.mode = mode
-        self.name = name
-        self.curve = curve
-        self.poll_interval = poll_interval
-        self.flood_s = flood_s
-        self.requests: list[str] = []
-        self.jobs: dict[str, Job] = {}
-        self.samples: list[dict[str, Any]] = []
-        self.events: list[dict[str, Any]] = []
-        self.flood_sent = 0
-        self._flood_began: float | None = None
-        self._identities: set[bytes] = set()
-        self._seq = itertools.count(1)
-        self._event_seq = itertools.count(1)
-        self._stop = threading.Event()
-        self._ctx = zmq.Context()
-        self.router = self._socket(zmq.ROUTER)
-        self.pub = self._socket(zmq.XPUB)
-        self.port = self.router.bind_to_random_port("tcp://127.0.0.1")
-        self.telemetry_port = self.pub.bind_to_random_port("tcp://127.0.0.1")
-        self._thread = threading.Thread(target=self._serve, name=f"hostile-{mode}", daemon=True)
-
-    # --- life cycle --------------------------------------------------------------------------
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def public_key(self) -> str | None:
-        return self.curve[0].decode("ascii") if self.curve else None
-
-    def start(self) -> HostileAgent:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
-        self._ctx.destroy(linger=0)
-
-    def __enter__(self) -> HostileAgent:
-        return self.start()
-
-    def __exit__(self, *_: object) -> None:
-        self.stop()
-
-    def _socket(self, kind: int) -> zmq.Socket:
-        sock = self._ctx.socket(kind)
-        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
-        sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
-        sock.setsockopt(zmq.LINGER, 0)
-        if self.curve is not None:
-            sock.curve_server = True
-            sock.curve_publickey, sock.curve_secretkey = self.curve
-        return sock
+    mode: str
+    name: str
+    curve: tuple[bytes, bytes] | None
+    poll_interval: float
+    flood_s: float
+    requests: list[str]
+    jobs: dict[str, Job]
+    samples: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+    flood_sent: int
+    router: zmq.Socket
+    pub: zmq.Socket
+    port: int
+    telemetry_port: int
+    _flood_began: float | None
+    _identities: set[bytes]
+    _seq: Iterator[int]
+    _event_seq: Iterator[int]
 
     # --- strings -----------------------------------------------------------------------------
 
@@ -304,58 +254,30 @@ class HostileAgent:
         """`bad` in `types` (replies) or `telemetry-types` (samples, events, history)."""
         return bad if self.mode == ("telemetry-types" if telemetry else "types") else value
 
-    # --- the loop ----------------------------------------------------------------------------
+    # --- sending and listing -----------------------------------------------------------------
 
-    def _serve(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self.router, zmq.POLLIN)
-        poller.register(self.pub, zmq.POLLIN)
-        next_sample = time.monotonic()
-        while not self._stop.is_set():
-            flooding = self._flooding()
-            for sock, _ in poller.poll(0 if flooding else 20):
-                if sock is self.pub:
-                    self.pub.recv_multipart()  # a (un)subscription: nothing to do
-                    continue
-                self._receive()
-            if flooding:
-                self._flood_burst()
-            if time.monotonic() >= next_sample:
-                next_sample = time.monotonic() + self.poll_interval
-                self._publish_sample()
+    def _send(self, identity: bytes, type_: str, body: dict[str, Any], re: str | None) -> None:
+        data = envelope(type_, body, re)
+        self.router.send_multipart([identity, data])
 
-    def _receive(self) -> None:
-        frames = self.router.recv_multipart()
-        identity, rest = frames[0], frames[1:]
-        self._identities.add(identity)
-        if len(rest) != 1:
-            self._send(identity, "error", {"code": "malformed", "message": "one frame"}, None)
-            return
-        try:
-            envelope = msgpack.unpackb(rest[0], raw=False, strict_map_key=False)
-        except Exception:
-            self._send(identity, "error", {"code": "malformed", "message": "not msgpack"}, None)
-            return
-        if not isinstance(envelope, dict) or not isinstance(envelope.get("id"), str):
-            self._send(identity, "error", {"code": "malformed", "message": "no id"}, None)
-            return
-        request_id, type_ = envelope["id"], envelope.get("type")
-        if envelope.get("v") != PROTOCOL or isinstance(envelope.get("v"), bool):
-            message = f"this agent speaks protocol {PROTOCOL}"
-            self._send(identity, "error", {"code": "bad-version", "message": message}, request_id)
-            return
-        body = envelope.get("body")
-        if type_ not in REQUESTS:
-            message = self.text(f"unknown type {type_!r}")
-            self._send(identity, "error", {"code": "unknown-type", "message": message}, request_id)
-            return
-        if not isinstance(body, dict):
-            self._send(identity, "error", {"code": "bad-body", "message": "body"}, request_id)
-            return
-        self.requests.append(type_)
-        if self._flood_began is None:
-            self._flood_began = time.monotonic()
-        self._answer(identity, type_, body, request_id)
+    def _running(self) -> str | None:
+        return next((job.id for job in self.jobs.values() if job.state == "running"), None)
+
+    def _supervised(self, telemetry: bool = False) -> dict[str, Any]:
+        melting = self.mode == ("telemetry-types" if telemetry else "types")
+        return {
+            "job": "run-1",
+            "pid": 4242,
+            "command": self.text("python -m mlx_lm lora --train"),
+            "state": "melting" if melting else "running",
+            "kind": "run",
+        }
+
+
+class Replies(FakeAgentCore):
+    """Every request dispatched, and the answers about the host itself (hello, ping, info,
+    policy.get, doctor): where `types`, `strings` and `huge-info` corrupt info.ok and doctor.ok,
+    `protocol3` names another protocol, and the `reply-*` modes answer wrongly on purpose."""
 
     def _answer(self, identity: bytes, type_: str, body: dict[str, Any], rid: str) -> None:
         if type_ != "hello" and self.mode.startswith("reply-") and type_ != "ping":
@@ -395,15 +317,6 @@ class HostileAgent:
             self._send(identity, "error", {"code": "internal", "message": message}, rid)
         else:
             self._send(identity, f"{type_}.ok", {}, rid)
-
-    def _send(self, identity: bytes, type_: str, body: dict[str, Any], re: str | None) -> None:
-        data = envelope(type_, body, re)
-        self.router.send_multipart([identity, data])
-
-    def _running(self) -> str | None:
-        return next((job.id for job in self.jobs.values() if job.state == "running"), None)
-
-    # --- replies -----------------------------------------------------------------------------
 
     def _hello(self) -> dict[str, Any]:
         return {
@@ -503,16 +416,6 @@ class HostileAgent:
             policy["stop_temp"] = math.inf
         return {"policy": policy, "origin": self.text("the seed's defaults")}
 
-    def _supervised(self, telemetry: bool = False) -> dict[str, Any]:
-        melting = self.mode == ("telemetry-types" if telemetry else "types")
-        return {
-            "job": "run-1",
-            "pid": 4242,
-            "command": self.text("python -m mlx_lm lora --train"),
-            "state": "melting" if melting else "running",
-            "kind": "run",
-        }
-
     def _doctor(self) -> dict[str, Any]:
         checks = []
         for name in ("python", "mlx", "metal", "benchmark", "thermal: sim", "data dir"):
@@ -537,80 +440,11 @@ class HostileAgent:
             "machine": self._machine(),
         }
 
-    def _history(self, body: dict[str, Any]) -> dict[str, Any]:
-        samples_after = body.get("samples_after") or 0
-        events_after = body.get("events_after") or 0
-        page = min(body.get("limit") or 1000, 200)
-        samples = [s for s in self.samples if s["seq"] > samples_after]
-        events = [e for e in self.events if e["seq"] > events_after]
-        truncated = len(samples) > page or len(events) > page
-        listed: list[dict[str, Any] | None] = list(samples[:page])
-        if self.mode == "telemetry-types":
-            listed = [None, *listed]
-        return {
-            "history": f"hist-{self.name}-{self.port}",
-            "samples": listed,
-            "events": events[:page],
-            "truncated": truncated,
-        }
 
-    def _job_list(self) -> dict[str, Any]:
-        jobs = []
-        for job in reversed(self.jobs.values()):
-            jobs.append(
-                {
-                    "job": job.id,
-                    "request": job.request,
-                    "state": "melting" if self.mode == "types" else job.state,
-                    "total": -1 if self.mode == "types" else len(job.cells),
-                    "done": len(job.records),
-                    "error": None,
-                    "started": job.started,
-                    "finished": job.finished,
-                }
-            )
-        return {"jobs": jobs}
-
-    def _job_get(self, identity: bytes, body: dict[str, Any], rid: str) -> None:
-        job = self.jobs.get(body.get("job"))  # type: ignore[arg-type]
-        if job is None:
-            message = self.text("no such job")
-            self._send(identity, "error", {"code": "unknown-job", "message": message}, rid)
-            return
-        offset = body.get("offset") or 0
-        reply = {
-            "job": job.id,
-            "state": "melting" if self.mode == "types" else job.state,
-            "error": self.big("one cell failed") if self.mode in ("strings", "huge") else None,
-            "spec": job.spec,
-            "models": [self._model(job.cells[0]["model"])] if job.cells else [],
-            "records": job.records[offset:],
-            "offset": offset,
-            "next": None,
-            "started": job.started,
-            "finished": job.finished,
-        }
-        self._send(identity, "job.get.ok", reply, rid)
-
-    def _cancel(self, identity: bytes, body: dict[str, Any], rid: str) -> None:
-        job = self.jobs.get(body.get("job"))  # type: ignore[arg-type]
-        if job is None:
-            message = self.text("no such job")
-            self._send(identity, "error", {"code": "unknown-job", "message": message}, rid)
-            return
-        message = self.text(f"job {job.id} already ended")
-        self._send(identity, "error", {"code": "not-running", "message": message}, rid)
-
-    def _model(self, model: str) -> dict[str, Any]:
-        # §5 lists "label, param_count, weight_memory_gb, ..."; the coordinator wants `model`.
-        return {
-            "model": self.text(model),
-            "label": self.text(model),
-            "param_count": 4_000_000,
-            "weight_memory_gb": self.number(0.008, math.nan),
-        }
-
-    # --- benchmark jobs ----------------------------------------------------------------------
+class BenchJobs(FakeAgentCore):
+    """A benchmark job: bench.start and its stream, job.get, job.list and bench.cancel. Where
+    `cell-types`, `cells-range`, `cells-dup` and `cells-malformed` break the stream, `types`
+    the job listings, and `strings`/`huge` fail its last cell."""
 
     def _bench(self, identity: bytes, body: dict[str, Any], rid: str) -> None:
         matrix = body.get("matrix")
@@ -744,7 +578,67 @@ class HostileAgent:
         """§5: every job-stream message carries `re` = the bench.start id, to its identity."""
         self._send(job.identity, type_, {"job": job.id, **body}, job.request)
 
-    # --- telemetry ---------------------------------------------------------------------------
+    def _job_get(self, identity: bytes, body: dict[str, Any], rid: str) -> None:
+        job = self.jobs.get(body.get("job"))  # type: ignore[arg-type]
+        if job is None:
+            message = self.text("no such job")
+            self._send(identity, "error", {"code": "unknown-job", "message": message}, rid)
+            return
+        offset = body.get("offset") or 0
+        reply = {
+            "job": job.id,
+            "state": "melting" if self.mode == "types" else job.state,
+            "error": self.big("one cell failed") if self.mode in ("strings", "huge") else None,
+            "spec": job.spec,
+            "models": [self._model(job.cells[0]["model"])] if job.cells else [],
+            "records": job.records[offset:],
+            "offset": offset,
+            "next": None,
+            "started": job.started,
+            "finished": job.finished,
+        }
+        self._send(identity, "job.get.ok", reply, rid)
+
+    def _job_list(self) -> dict[str, Any]:
+        jobs = []
+        for job in reversed(self.jobs.values()):
+            jobs.append(
+                {
+                    "job": job.id,
+                    "request": job.request,
+                    "state": "melting" if self.mode == "types" else job.state,
+                    "total": -1 if self.mode == "types" else len(job.cells),
+                    "done": len(job.records),
+                    "error": None,
+                    "started": job.started,
+                    "finished": job.finished,
+                }
+            )
+        return {"jobs": jobs}
+
+    def _cancel(self, identity: bytes, body: dict[str, Any], rid: str) -> None:
+        job = self.jobs.get(body.get("job"))  # type: ignore[arg-type]
+        if job is None:
+            message = self.text("no such job")
+            self._send(identity, "error", {"code": "unknown-job", "message": message}, rid)
+            return
+        message = self.text(f"job {job.id} already ended")
+        self._send(identity, "error", {"code": "not-running", "message": message}, rid)
+
+    def _model(self, model: str) -> dict[str, Any]:
+        # §5 lists "label, param_count, weight_memory_gb, ..."; the coordinator wants `model`.
+        return {
+            "model": self.text(model),
+            "label": self.text(model),
+            "param_count": 4_000_000,
+            "weight_memory_gb": self.number(0.008, math.nan),
+        }
+
+
+class Telemetry(FakeAgentCore):
+    """The telemetry socket and history.get: a sample every poll_interval and an event now and
+    then (`telemetry-types` corrupts them, and history.get.ok's samples), and the `flood` and
+    `junk` window that starts with the first request."""
 
     def _sample(self) -> dict[str, Any]:
         seq = next(self._seq)
@@ -803,7 +697,22 @@ class HostileAgent:
             del self.events[:-10000]
             self.pub.send_multipart([b"event", envelope("telemetry.event", event, None)])
 
-    # --- flood -------------------------------------------------------------------------------
+    def _history(self, body: dict[str, Any]) -> dict[str, Any]:
+        samples_after = body.get("samples_after") or 0
+        events_after = body.get("events_after") or 0
+        page = min(body.get("limit") or 1000, 200)
+        samples = [s for s in self.samples if s["seq"] > samples_after]
+        events = [e for e in self.events if e["seq"] > events_after]
+        truncated = len(samples) > page or len(events) > page
+        listed: list[dict[str, Any] | None] = list(samples[:page])
+        if self.mode == "telemetry-types":
+            listed = [None, *listed]
+        return {
+            "history": f"hist-{self.name}-{self.port}",
+            "samples": listed,
+            "events": events[:page],
+            "truncated": truncated,
+        }
 
     def _flooding(self) -> bool:
         if self.mode not in ("flood", "junk") or self._flood_began is None:
@@ -835,6 +744,139 @@ class HostileAgent:
                 with contextlib.suppress(zmq.ZMQError):
                     self.router.send_multipart([identity, *frames], zmq.NOBLOCK)
                 self.flood_sent += 1
+
+
+class HostileAgent(Replies, BenchJobs, Telemetry):
+    """One fake agent on a thread of its own (start()/stop(), or a `with` block). Everything it
+    was asked is in `requests`, so a test can tell what the coordinator did after a bad reply.
+
+    Its sockets, loop and the reading of requests are here; what it answers comes from Replies
+    (the host, the `reply-*` modes), BenchJobs (the job stream, the `cells-*` modes) and
+    Telemetry (samples, events, `flood`, `junk`), and the corruption of each field in
+    `strings`, `huge` and `types` from FakeAgentCore."""
+
+    def __init__(
+        self,
+        mode: str = "benign",
+        *,
+        name: str = "fake",
+        curve: tuple[bytes, bytes] | None = None,
+        poll_interval: float = 0.25,
+        flood_s: float = 10.0,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; one of {', '.join(MODES)}")
+        self.mode = mode
+        self.name = name
+        self.curve = curve
+        self.poll_interval = poll_interval
+        self.flood_s = flood_s
+        self.requests: list[str] = []
+        self.jobs: dict[str, Job] = {}
+        self.samples: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.flood_sent = 0
+        self._flood_began: float | None = None
+        self._identities: set[bytes] = set()
+        self._seq = itertools.count(1)
+        self._event_seq = itertools.count(1)
+        self._stop = threading.Event()
+        self._ctx = zmq.Context()
+        self.router = self._socket(zmq.ROUTER)
+        self.pub = self._socket(zmq.XPUB)
+        self.port = self.router.bind_to_random_port("tcp://127.0.0.1")
+        self.telemetry_port = self.pub.bind_to_random_port("tcp://127.0.0.1")
+        self._thread = threading.Thread(target=self._serve, name=f"hostile-{mode}", daemon=True)
+
+    # --- life cycle --------------------------------------------------------------------------
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def public_key(self) -> str | None:
+        return self.curve[0].decode("ascii") if self.curve else None
+
+    def start(self) -> HostileAgent:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        self._ctx.destroy(linger=0)
+
+    def __enter__(self) -> HostileAgent:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def _socket(self, kind: int) -> zmq.Socket:
+        sock = self._ctx.socket(kind)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
+        sock.setsockopt(zmq.LINGER, 0)
+        if self.curve is not None:
+            sock.curve_server = True
+            sock.curve_publickey, sock.curve_secretkey = self.curve
+        return sock
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        poller.register(self.pub, zmq.POLLIN)
+        next_sample = time.monotonic()
+        while not self._stop.is_set():
+            flooding = self._flooding()
+            for sock, _ in poller.poll(0 if flooding else 20):
+                if sock is self.pub:
+                    self.pub.recv_multipart()  # a (un)subscription: nothing to do
+                    continue
+                self._receive()
+            if flooding:
+                self._flood_burst()
+            if time.monotonic() >= next_sample:
+                next_sample = time.monotonic() + self.poll_interval
+                self._publish_sample()
+
+    def _receive(self) -> None:
+        frames = self.router.recv_multipart()
+        identity, rest = frames[0], frames[1:]
+        self._identities.add(identity)
+        if len(rest) != 1:
+            self._send(identity, "error", {"code": "malformed", "message": "one frame"}, None)
+            return
+        try:
+            envelope = msgpack.unpackb(rest[0], raw=False, strict_map_key=False)
+        except Exception:
+            self._send(identity, "error", {"code": "malformed", "message": "not msgpack"}, None)
+            return
+        if not isinstance(envelope, dict) or not isinstance(envelope.get("id"), str):
+            self._send(identity, "error", {"code": "malformed", "message": "no id"}, None)
+            return
+        request_id, type_ = envelope["id"], envelope.get("type")
+        if envelope.get("v") != PROTOCOL or isinstance(envelope.get("v"), bool):
+            message = f"this agent speaks protocol {PROTOCOL}"
+            self._send(identity, "error", {"code": "bad-version", "message": message}, request_id)
+            return
+        body = envelope.get("body")
+        if type_ not in REQUESTS:
+            message = self.text(f"unknown type {type_!r}")
+            self._send(identity, "error", {"code": "unknown-type", "message": message}, request_id)
+            return
+        if not isinstance(body, dict):
+            self._send(identity, "error", {"code": "bad-body", "message": "body"}, request_id)
+            return
+        self.requests.append(type_)
+        if self._flood_began is None:
+            self._flood_began = time.monotonic()
+        self._answer(identity, type_, body, request_id)
 
 
 def envelope(type_: str, body: dict[str, Any], re: str | None) -> bytes:

@@ -1,89 +1,40 @@
-"""What the daemon answers (docs/protocol.md §5): one method per request type, and HANDLERS, the
-table built from them that is the single list of the requests this agent serves (a test holds
-it equal to shared.wire.protocol.REQUESTS).
+"""What the daemon answers (docs/protocol.md §5): one method per request type, and HANDLERS
+(agent.daemon.handling), the table built from them that is the single list of the requests this
+agent serves (a test holds it equal to shared.wire.protocol.REQUESTS). The handlers are kept by
+concern: the agent's own state here (hello, ping, info, history, policy, doctor), a
+coordinator's benchmark jobs and ranks in job_requests.py, the supervised `agent run` jobs and
+their gangs in run_requests.py; Requests, which answers each message, is all of them.
 
-A handler returns its Reply, or raises ProtocolError, which goes back as an `error` reply, or
-returns None when its reply is deferred (computed on a worker thread and sent by the daemon's loop
-through send_finished()). The daemon's parts it reads and changes are given at construction.
+The daemon's parts a handler reads and changes are given at construction.
 """
 
 from __future__ import annotations
 
-import logging
-import math
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
-
-import zmq
+from typing import Any
 
 from agent.daemon.benchmark.jobs import BenchJobs
-from agent.daemon.benchmark.journal import JOB_LIST_MAX
-from agent.daemon.benchmark.plan import model_identity
 from agent.daemon.deferred import DeferredReplies
 from agent.daemon.endpoints import AgentSockets, Received
-from agent.daemon.gang_mailbox import GangRefused
+from agent.daemon.handling import HANDLERS, Reply, Request, check_cursor, check_limit, handles
 from agent.daemon.hub import TelemetryHub
-from agent.daemon.ranks import RankJobs, RankRefused, rank_body
+from agent.daemon.job_requests import JobRequests
+from agent.daemon.ranks import RankJobs
+from agent.daemon.run_requests import RunRequests
 from agent.daemon.telemetry import (
     HISTORY_MAX_LIMIT,
     HISTORY_PAGE_BYTES,
     history_limit,
-    run_event,
 )
 from agent.doctor.checks import report as doctor_report
-from shared.cooling.gang import PEER_HOLD_POLLS, GangIdentity, MemberState
 from shared.cooling.policy import policy_text
-from shared.shapes import Invalid
 from shared.wire import protocol as p
-from shared.wire.agent_shapes import gang_request
 
-log = logging.getLogger("agent.daemon")
-
-REFUSAL_LOG_EVERY_S = 60.0
-MAX_GROUPS_REMEMBERED = 1024
+__all__ = ["HANDLERS", "Reply", "Request", "Requests"]
 
 
-class Reply(NamedTuple):
-    """The reply's type and body, and the stream messages that follow it at once (same `re`)."""
-
-    type: str
-    body: dict[str, Any]
-    then: tuple[tuple[str, dict[str, Any]], ...] = ()
-
-
-class Request(NamedTuple):
-    identity: bytes
-    message: p.Message
-    frame: zmq.Frame | None
-    """The message's last frame under CURVE, None without: see endpoints.peer_key."""
-
-    @property
-    def body(self) -> dict[str, Any]:
-        return self.message.body
-
-    def refuse(self, code: str, message: str) -> p.ProtocolError:
-        """The error answering this request."""
-        return p.ProtocolError(code, message, re=self.message.id)
-
-
-Handler = Callable[["Requests", Request], Reply | None]
-HANDLERS: dict[str, Handler] = {}
-
-
-def handles(type_: str) -> Callable[[Handler], Handler]:
-    """Register the decorated method as the handler of request `type_`."""
-
-    def register(handler: Handler) -> Handler:
-        if type_ in HANDLERS:
-            raise ValueError(f"two handlers for {type_}")
-        HANDLERS[type_] = handler
-        return handler
-
-    return register
-
-
-class Requests:
+class Requests(JobRequests, RunRequests):
     """The handlers, over the daemon's sockets, telemetry hub and benchmark jobs."""
 
     def __init__(
@@ -105,6 +56,7 @@ class Requests:
         self.stopping = stopping
         self.deferred = DeferredReplies()
         self._refusals_logged: dict[str, float] = {}
+        """When a gang.state was last refused, by group (RunRequests)."""
 
     def answer(self, received: Received) -> None:
         """Reply to one request: its handler's reply, or an `error` (a deferred reply later)."""
@@ -175,83 +127,6 @@ class Requests:
             },
         )
 
-    @handles("bench.start")
-    def bench_start(self, request: Request) -> Reply:
-        """Every refusal (busy, bad-matrix, too-large) comes before the job process starts: an
-        error reply never leaves a job behind."""
-        if self.stopping():
-            raise request.refuse(p.BUSY, "busy: the agent is stopping")
-        rank = self.ranks.running
-        if rank is not None:
-            raise request.refuse(p.BUSY, f"busy: rank {rank.rank} of job {rank.job} is running")
-        plan = self.jobs.plan(request.message)
-        progress = {"job": plan.id, "done": 0, "total": len(plan.cells)}
-        reply = Reply(
-            "bench.start.ok",
-            {"job": plan.id, "cells": [cell.name for cell in plan.cells]},
-            then=(("bench.progress", progress),),
-        )
-        p.encode(p.make(reply.type, reply.body, re=request.message.id))  # too-large: refused
-        self.jobs.start(request.identity, request.message.id, plan)
-        self.jobs.feed(self.hub.last_reading, self.hub.policy)  # what the daemon read last
-        return reply
-
-    @handles("bench.check")
-    def bench_check(self, request: Request) -> Reply:
-        """bench.start's every check, starting nothing: a coordinator asks each member of a
-        group before any job of its run starts, so a group that cannot run is bad input."""
-        plan = self.jobs.plan(request.message, busy_ok=True)
-        models = {model: model_identity(model) for model in plan.spec.models}
-        return Reply(
-            "bench.check.ok", {"cells": [cell.name for cell in plan.cells], "models": models}
-        )
-
-    @handles("rank.start")
-    def rank_start(self, request: Request) -> Reply:
-        """A rank never runs beside a benchmark job: each would measure the other."""
-        if self.stopping():
-            raise request.refuse(p.BUSY, "busy: the agent is stopping")
-        job = self.jobs.running
-        if job is not None:
-            raise request.refuse(p.BUSY, f"busy: benchmark job {job.id} is running")
-        try:
-            rank = self.ranks.start(request.body)
-        except RankRefused as exc:
-            raise request.refuse(exc.code, str(exc)) from None
-        return Reply("rank.start.ok", {"job": rank.job, "rank": rank.rank})
-
-    @handles("rank.get")
-    def rank_get(self, request: Request) -> Reply:
-        rank = self.ranks.get(request.body["job"])
-        if rank is None:
-            raise request.refuse(p.UNKNOWN_JOB, f"no rank of job {request.body['job']!r} here")
-        return Reply("rank.get.ok", rank_body(rank))
-
-    @handles("rank.stop")
-    def rank_stop(self, request: Request) -> Reply:
-        rank = self.ranks.get(request.body["job"])
-        if rank is None:
-            raise request.refuse(p.UNKNOWN_JOB, f"no rank of job {request.body['job']!r} here")
-        rank.stop(request.body["why"] or "stopped by its coordinator")
-        return Reply("rank.stop.ok", rank_body(rank))
-
-    @handles("bench.cancel")
-    def bench_cancel(self, request: Request) -> Reply:
-        self.jobs.cancel_by_id(request.body["job"], request.message)
-        return Reply("bench.cancel.ok", {"job": request.body["job"]})
-
-    @handles("job.get")
-    def job_get(self, request: Request) -> Reply:
-        offset = request.body["offset"] or 0
-        check_cursor(request, "offset")
-        return Reply("job.get.ok", self.jobs.page(request.body["job"], offset, request.message))
-
-    @handles("job.list")
-    def job_list(self, request: Request) -> Reply:
-        check_limit(request, JOB_LIST_MAX)
-        jobs = self.jobs.journal.list_jobs(request.body["limit"] or JOB_LIST_MAX)
-        return Reply("job.list.ok", {"jobs": jobs})
-
     @handles("history.get")
     def history_get(self, request: Request) -> Reply:
         check_limit(request, HISTORY_MAX_LIMIT)
@@ -302,56 +177,6 @@ class Requests:
             "policy.set.ok", {"policy": policy.to_dict(), "origin": self.hub.policy_origin}
         )
 
-    @handles("job.event")
-    def job_event(self, request: Request) -> Reply:
-        """An event of an `agent run` job on this machine: we list and publish it (and record
-        it when `agent run` could not). Only a process holding the agent's own key (its user,
-        on this machine) may send one, so a coordinator cannot make up local jobs: the
-        socket refused any other's, `forbidden`, before reading its body (AgentSockets)."""
-        try:
-            event = run_event(request.body)
-        except ValueError as exc:
-            raise request.refuse(p.BAD_BODY, f"job.event: {exc}") from None
-        self.hub.event(event, p.KIND_RUN)
-        return Reply("job.event.ok", {"job": request.body["job"]})
-
-    @handles("gang.state")
-    def gang_state(self, request: Request) -> Reply:
-        """A rank's report into its gang (docs/protocol.md §15): from this Mac's `agent run`
-        (the agent's own key, a job it supervises) it keeps the group here; from a peer agent
-        it is taken only into a group a rank here reports. Answers every member's last report.
-        A refusal is logged, at most once a minute per group, since a peer retries each poll."""
-        body = request.body
-        try:
-            gang_request(body)
-            identity = GangIdentity.from_wire(body["gang"])
-            now = time.monotonic()  # `heard` is this agent's own clock: a wall step changes nothing
-            member = MemberState.from_wire(body["member"], now)
-        except (Invalid, ValueError) as exc:
-            raise request.refuse(p.BAD_BODY, f"gang.state: {exc}") from None
-        supervised = self.hub.jobs.jobs.get(member.job)
-        local = supervised is not None and supervised.kind == p.KIND_RUN
-        if local and request.frame is not None:
-            local = self.sockets.from_own_key(request.frame)
-        hold_s = PEER_HOLD_POLLS * self.hub.poll_interval
-        try:
-            members = self.hub.jobs.gangs.report(identity, member, local, hold_s, now)
-        except GangRefused as exc:
-            self._log_refusal(identity.group, str(exc))
-            raise request.refuse(p.FORBIDDEN, f"gang.state: {exc}") from None
-        return Reply(
-            "gang.state.ok",
-            {"group": identity.group, "members": [m.to_wire(now) for m in members]},
-        )
-
-    def _log_refusal(self, group: str, why: str) -> None:
-        now = time.monotonic()
-        if now - self._refusals_logged.get(group, -math.inf) >= REFUSAL_LOG_EVERY_S:
-            if len(self._refusals_logged) >= MAX_GROUPS_REMEMBERED:  # names are the peers'
-                self._refusals_logged.clear()
-            self._refusals_logged[group] = now
-            log.warning("refused a gang.state: %s", why)
-
     @handles("doctor")
     def doctor(self, request: Request) -> None:
         """This agent's `agent doctor` report, as its service sees the machine. It takes
@@ -365,24 +190,4 @@ class Requests:
             request.message.id,
             "doctor.ok",
             lambda: {"report": doctor_report(ports, serving=True, skip_bench=skip)},
-        )
-
-
-def check_limit(request: Request, most: int) -> None:
-    """A page's `limit`: nil (the default) or 1 to `most`; `bad-body` naming the range
-    otherwise, never a silent cut (docs/protocol.md §5)."""
-    limit = request.body["limit"]
-    if limit is not None and not 1 <= limit <= most:
-        raise request.refuse(
-            p.BAD_BODY, f"{request.message.type}: limit must be 1 to {most}, got {limit}"
-        )
-
-
-def check_cursor(request: Request, name: str) -> None:
-    """An offset or a cursor: 0 to MAX_WIRE_INT; `bad-body` naming the field otherwise."""
-    value = request.body[name]
-    if value is not None and not 0 <= value <= p.MAX_WIRE_INT:
-        raise request.refuse(
-            p.BAD_BODY,
-            f"{request.message.type}: {name} must be 0 to {p.MAX_WIRE_INT}, got {value}",
         )

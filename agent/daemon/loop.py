@@ -29,11 +29,12 @@ from agent.daemon.ranks import POLL_S, RankJobs
 from agent.daemon.requests import Requests
 from agent.daemon.storage import STATE, StorageHealth, describe
 from agent.daemon.throttle import LogThrottle
+from agent.daemon.wake import WakePipe
 from agent.daemon_address import DaemonAddress, remove_state, state_path, write_state
 from agent.power.meter import EnergyMeter
 from agent.power.registry import open_power_source
 from agent.profiling.machine import machine_info, package_version
-from agent.thermal import SourceSpecError, SourceUnavailable, open_source
+from agent.thermal import SourceSpecError, SourceUnavailable, ThermalSource, open_source
 from shared.benchmark.energy import DEFAULT_BASELINE_S
 from shared.cooling.sources import DEFAULT_POLL_INTERVAL_S
 from shared.io.paths import DataDirError, checked_data_dir, data_dir
@@ -83,7 +84,9 @@ class AgentDaemon:
         self.prometheus = prometheus
         self._unwritten_state: DaemonAddress | None = None
         try:
-            self.hub, self.jobs = self._open_stores(poll_interval, retention_days, name)
+            self.hub, self.jobs = open_stores(
+                self.sockets, self.storage, poll_interval, retention_days, name
+            )
         except ServeError:
             self.sockets.close()
             raise
@@ -100,37 +103,7 @@ class AgentDaemon:
             self.ranks,
         )
         self._stopping = False
-        self._wake_read, self._wake_write = os.pipe()
-        os.set_blocking(self._wake_write, False)
-
-    def _open_stores(
-        self, poll_interval: float, retention_days: float, name: str | None
-    ) -> tuple[TelemetryHub, BenchJobs]:
-        """The hub (history, events, policy) and the jobs (journal) over the data directory;
-        ServeError naming the directory or the file and the problem when they cannot be."""
-        try:
-            checked_data_dir()  # the one check every command makes (shared.io.paths)
-            hub = TelemetryHub(
-                self.sockets.publish, poll_interval, retention_days, self.storage, name
-            )
-        except DataDirError as exc:
-            raise ServeError(str(exc)) from None
-        except (StoreError, OSError) as exc:
-            raise ServeError(f"cannot open the agent's data: {describe(exc)}") from None
-        try:
-            jobs = BenchJobs(
-                self.sockets.send,
-                hub.event,
-                lambda: hub.instruments.source,
-                self.storage,
-                poll_interval,
-                lambda: hub.instruments.meter,
-                hub.observe_cell,
-            )
-        except (StoreError, OSError) as exc:
-            hub.close()
-            raise ServeError(f"cannot open the agent's data: {describe(exc)}") from None
-        return hub, jobs
+        self._wake = WakePipe()
 
     @property
     def public_key(self) -> str | None:
@@ -144,17 +117,12 @@ class AgentDaemon:
         """Bind the command and telemetry sockets, then start monitoring; returns the command
         endpoint actually bound (the port resolved). Raises ServeError, everything closed."""
         try:
-            source = open_source(self.thermal_source, interval_s=self.hub.poll_interval)
-        except (SourceSpecError, SourceUnavailable) as exc:
+            source, meter = open_instruments(
+                self.thermal_source, self.power_source, self.hub.poll_interval, self.idle_baseline
+            )
+        except ServeError:
             self.close()
-            raise ServeError(f"thermal source: {exc}") from None
-        try:
-            power = open_power_source(self.power_source, interval_s=self.hub.poll_interval)
-        except (SourceSpecError, SourceUnavailable) as exc:
-            source.close()
-            self.close()
-            raise ServeError(f"power source: {exc}") from None
-        meter = EnergyMeter(power, self.idle_baseline)
+            raise
         try:
             endpoint = self.sockets.bind()
             if self.prometheus:
@@ -193,8 +161,7 @@ class AgentDaemon:
         """Ask the loop to end (safe from a signal handler: a signal interrupts the loop's
         poll, which runs this handler and polls again, to find the wake-up pipe readable)."""
         self._stopping = True
-        with contextlib.suppress(BlockingIOError):  # a wake-up is pending already
-            os.write(self._wake_write, b"s")
+        self._wake.wake()
 
     def serve_forever(self) -> None:
         """Serve until stop(); then cancel the job and keep serving (pings, info) until it has
@@ -203,7 +170,7 @@ class AgentDaemon:
         poller.register(self.sockets.router, zmq.POLLIN)
         poller.register(self.sockets.publisher, zmq.POLLIN)  # (un)subscriptions
         poller.register(self.hub.wake_fd, zmq.POLLIN)
-        poller.register(self._wake_read, zmq.POLLIN)
+        poller.register(self._wake.fd, zmq.POLLIN)
         deadline: float | None = None
         while True:
             if self.parent_pid is not None and os.getppid() != self.parent_pid:
@@ -221,8 +188,8 @@ class AgentDaemon:
             ready = dict(poller.poll(self._sleep_ms(deadline)))
             if job is not None:
                 poller.unregister(job.fd)
-            if ready.get(self._wake_read):
-                os.read(self._wake_read, 64)  # stop() woke us: the loop's top handles it
+            if ready.get(self._wake.fd):
+                self._wake.take()  # stop() woke us: the loop's top handles it
             if ready.get(self.sockets.publisher):
                 self.sockets.read_subscriptions()  # first: a new subscriber gets this reading
             if ready.get(self.hub.wake_fd):
@@ -311,8 +278,56 @@ class AgentDaemon:
         self.hub.close()
         self.sockets.close()
         self.jobs.close()
-        os.close(self._wake_read)
-        os.close(self._wake_write)
+        self._wake.close()
+
+
+def open_stores(
+    sockets: AgentSockets,
+    storage: StorageHealth,
+    poll_interval: float,
+    retention_days: float,
+    name: str | None,
+) -> tuple[TelemetryHub, BenchJobs]:
+    """The hub (history, events, policy) and the jobs (journal) over the data directory;
+    ServeError naming the directory or the file and the problem when they cannot be."""
+    try:
+        checked_data_dir()  # the one check every command makes (shared.io.paths)
+        hub = TelemetryHub(sockets.publish, poll_interval, retention_days, storage, name)
+    except DataDirError as exc:
+        raise ServeError(str(exc)) from None
+    except (StoreError, OSError) as exc:
+        raise ServeError(f"cannot open the agent's data: {describe(exc)}") from None
+    try:
+        jobs = BenchJobs(
+            sockets.send,
+            hub.event,
+            lambda: hub.instruments.source,
+            storage,
+            poll_interval,
+            lambda: hub.instruments.meter,
+            hub.observe_cell,
+        )
+    except (StoreError, OSError) as exc:
+        hub.close()
+        raise ServeError(f"cannot open the agent's data: {describe(exc)}") from None
+    return hub, jobs
+
+
+def open_instruments(
+    thermal_source: str, power_source: str, poll_interval: float, idle_baseline: float
+) -> tuple[ThermalSource, EnergyMeter]:
+    """The thermal source and the power meter `agent serve` was told to read; ServeError
+    naming which cannot be opened, nothing left open."""
+    try:
+        source = open_source(thermal_source, interval_s=poll_interval)
+    except (SourceSpecError, SourceUnavailable) as exc:
+        raise ServeError(f"thermal source: {exc}") from None
+    try:
+        power = open_power_source(power_source, interval_s=poll_interval)
+    except (SourceSpecError, SourceUnavailable) as exc:
+        source.close()
+        raise ServeError(f"power source: {exc}") from None
+    return source, EnergyMeter(power, idle_baseline)
 
 
 def serve(daemon: AgentDaemon) -> None:

@@ -6,6 +6,7 @@ wrote in the same file, and so every line says when its source is not a sensor.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -59,6 +60,11 @@ given twice even after pruning (it is the history cursor, docs/protocol.md §10)
 columns of shared.wire.telemetry.Event."""
 _COLUMNS = ", ".join(Event.columns())
 _INSERT = f"INSERT INTO events ({_COLUMNS}) VALUES ({', '.join('?' * len(Event.columns()))})"
+
+
+def warn(message: str) -> None:
+    """A warning of `agent run`'s on stderr, under the prefix of its event lines."""
+    print(f"{PREFIX} warning: {message}", file=sys.stderr, flush=True)
 
 
 def format_line(event: Event) -> str:

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import zmq
 
+from agent.cooling.local_feed import LocalFeed, Observation
 from agent.cooling.session import (
     CLOSE_WAIT_S,
     CONNECT_TIMEOUT_S,
@@ -20,7 +21,6 @@ from agent.cooling.session import (
     DaemonSession,
     connect_daemon,
 )
-from agent.cooling.supervise import LocalFeed, Observation
 from agent.daemon_address import DaemonAddress, find_daemon
 from agent.thermal import (
     SourceSpecError,

@@ -1,7 +1,8 @@
 """The gang side of `agent run`'s Supervisor (agent.cooling.supervise): how a rank of a
 distributed job follows its gang's verdict (agent.cooling.gang.GangRank), kept apart so the
-supervisor itself stays one concept. A mixin: it uses the supervisor's signals, events and
-_apply, and adds the gang's deadlines (a stop's acks, a cooperative rank's park)."""
+supervisor itself stays one concept. A mixin: it uses the supervisor's process group
+(agent.cooling.process_group), its outputs (agent.cooling.run_outputs) and _apply, and adds
+the gang's deadlines (a stop's acks, a cooperative rank's park)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from queue import SimpleQueue
 from typing import Any
 
 from agent.cooling.gang import PARK_TIMEOUT_S, GangRank
+from agent.cooling.process_group import CommandGroup
+from agent.cooling.run_outputs import RunOutputs
 from agent.cooling.step_gate import parked_path
 from agent.thermal import ThermalReading
 from shared.cooling.gang import MemberState
@@ -20,6 +23,8 @@ class GangFollower:
     """What a Supervisor does as a rank of a gang (`gang` set); nothing while `gang` is None."""
 
     gang: GangRank | None
+    group: CommandGroup
+    outputs: RunOutputs
     cooperative: bool
     state_file: Any
     _queue: SimpleQueue[tuple[str, Any]]
@@ -36,8 +41,8 @@ class GangFollower:
         self.gang.hear(members)
         said = self.gang.reachability(name, problem)
         if said is not None:
-            self._emit("gang", detail=said)
-        if not self._terminating:
+            self.outputs.emit("gang", detail=said)
+        if not self.group.terminating:
             self._follow_gang(None)
 
     def _follow_gang(self, reading: ThermalReading | None) -> None:
@@ -45,7 +50,7 @@ class GangFollower:
         assert self.gang is not None
         decided, actions, notes = self.gang.decide()
         for note in notes:
-            self._emit("gang", detail=note)
+            self.outputs.emit("gang", detail=note)
         if actions:
             cause = decided.cause
             celsius = cause.celsius if cause is not None else None
@@ -59,8 +64,8 @@ class GangFollower:
             return
         self._park_due = None
         if not parked_path(self.state_file).exists():
-            self._signal(signal.SIGSTOP)
-            self._emit(
+            self.group.signal(signal.SIGSTOP)
+            self.outputs.emit(
                 "gang", detail=f"no step boundary within {PARK_TIMEOUT_S:g} s: paused with SIGSTOP"
             )
 
@@ -68,7 +73,7 @@ class GangFollower:
         """End a stopped rank once every rank applies the stop (or GangRank.stop_ack_s passed);
         a cooperative one first gets PARK_TIMEOUT_S to end itself at its next step boundary
         (agent.cooling.step_gate raises there), never killed mid-step."""
-        if self._stop_due is None or self._terminating:
+        if self._stop_due is None or self.group.terminating:
             return
         assert self.gang is not None
         due = time.monotonic() >= self._stop_due
@@ -81,4 +86,4 @@ class GangFollower:
         if self._stop_left_to_cmd and not due:
             return
         self._stop_due = None
-        self._terminate(signal.SIGTERM)
+        self.group.terminate(signal.SIGTERM)

@@ -10,7 +10,7 @@ import time
 import zmq
 
 from agent.cooling.accounting import sample_energy
-from agent.cooling.supervise import Observation
+from agent.cooling.local_feed import Observation
 from agent.daemon_address import DaemonAddress, find_daemon, pid_alive
 from agent.sensors.base import SourceInfo
 from agent.thermal.base import reading_from_wire

@@ -1,6 +1,5 @@
 """What the agent daemon publishes, as pure functions: samples, events, the supervised jobs and
-their pause time, history pages and the retention cutoff (docs/protocol.md
-§10-§12).
+their pause time, history pages and the retention cutoff (docs/protocol.md §10-§12).
 
 Nothing here reads a sensor, a socket, a clock or a disk, so every rule is tested directly and the
 daemon (agent/daemon/loop.py) stays a thin shell around it.

@@ -150,9 +150,8 @@ def sample_for(
 
 def mlx_step() -> tuple[Callable[[], None], int, str]:
     """One iteration of the load, compiled and run; the matrices it multiplies at once; the
-    device it runs on. A fast device
-    multiplies a batch of matrices per evaluation, so that waiting on each one does not leave
-    it idle: about STEP_S of work per iteration."""
+    device it runs on. A fast device multiplies a batch of matrices per evaluation, so that
+    waiting on each one does not leave it idle: about STEP_S of work per iteration."""
     import mlx.core as mx
 
     def batch(size: int) -> Callable[[], None]:

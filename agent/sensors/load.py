@@ -19,8 +19,8 @@ class CpuLoad:
     On Linux the counters come straight from /proc/stat's first line, the file held open:
     psutil parses the whole file in Python, much of an idle `agent serve --thermal-source
     sim`'s sensor thread at 1 Hz (docs/performance.md, The wire and the idle daemon). Elsewhere
-    they are psutil's. Each object counts its own interval, so
-    the thermal and the power model no longer shorten each other's."""
+    they are psutil's. Each object counts its own interval, so the thermal and the power model
+    no longer shorten each other's."""
 
     def __init__(self) -> None:
         self._last = cpu_counters()

@@ -1,7 +1,7 @@
-"""One job process (`python -m agent.daemon.benchmark.child`, agent/daemon/benchmark/child.py) seen
-from the daemon: started with its
-request on stdin, its msgpack stream read off a pipe, its stdout and stderr in a log file, and
-its end told in words (an exit code, or the signal that killed it, and its last lines).
+"""One job process (`python -m agent.daemon.benchmark.child`, agent/daemon/benchmark/child.py)
+seen from the daemon: started with its request on stdin, its msgpack stream read off a pipe, its
+stdout and stderr in a log file, and its end told in words (an exit code, or the signal that
+killed it, and its last lines).
 
 Only the daemon's main thread uses it.
 """
@@ -46,8 +46,7 @@ class JobProcess:
     @classmethod
     def spawn(cls, request: dict[str, Any], log: Path | None) -> JobProcess:
         """Start `python -m agent.daemon.benchmark.child` with `request` as its first input. Its
-        output goes to
-        `log` (appended, mode 0600), or nowhere when None. Raises OSError."""
+        output goes to `log` (appended, mode 0600), or nowhere when None. Raises OSError."""
         read_fd, write_fd = os.pipe()
         log_fd = (
             os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

@@ -1,6 +1,6 @@
 """The running benchmark job, seen from the daemon: its plan, its requester, the process now
 running its cells and how far it got. Its own module, below the parts that each handle one side
-of it (agent.daemon.benchmark.jobs runs it, agent.daemon.benchmark.stream says what it did), so
+of it (agent.daemon.benchmark.jobs runs it, agent.daemon.benchmark.reporter says what it did), so
 that they share it without importing each other."""
 
 from __future__ import annotations

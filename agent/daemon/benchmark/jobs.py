@@ -10,7 +10,7 @@ is the exception: a new process cannot rejoin the ring its peers hold, so its jo
 
 Only the daemon's main thread uses this; the loop polls `running.fd` and calls read(). A request
 is checked in plan.py, a job process started in launch.py, and what the job did is said in
-stream.py.
+reporter.py.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from agent.daemon.benchmark.journal import Journal
 from agent.daemon.benchmark.launch import JobLauncher
 from agent.daemon.benchmark.plan import JobPlan, JobPlanner
 from agent.daemon.benchmark.process import exit_text
-from agent.daemon.benchmark.stream import JobStream, Measured, Record, Send
+from agent.daemon.benchmark.reporter import JobReporter, Measured, Record, Send
 from agent.daemon.storage import StorageHealth
 from agent.power.meter import EnergyMeter
 from agent.profiling.settings import mark_injected
@@ -52,7 +52,7 @@ PAGE_ROOM = 1024
 
 class BenchJobs:
     """The one job this agent runs at a time: started from a checked plan (JobPlanner), fed
-    the daemon's readings and policy, read as its process writes (JobStream says what it did),
+    the daemon's readings and policy, read as its process writes (JobReporter says what it did),
     cancelled, and carried on in a new process (JobLauncher) after a crash.
 
     `send` reaches a coordinator; `record` publishes a job's event (agent.daemon.hub);
@@ -75,7 +75,7 @@ class BenchJobs:
         self.journal = Journal(storage=storage)
         self.planner = JobPlanner(meter, poll_interval)
         self.launcher = JobLauncher(source, meter, poll_interval, storage)
-        self.stream = JobStream(self.journal, send, record, source, measured)
+        self.reporter = JobReporter(self.journal, send, record, source, measured)
         self.running: Job | None = None
         self.heard_at = time.monotonic()
         """When the agent last heard a request: a coordinator is there (group_stalled)."""
@@ -119,7 +119,7 @@ class BenchJobs:
             job_bound(plan.spec, len(plan.cells), plan.sustain, baseline)
         )
         self.running = job
-        self.stream.event(job, "start", detail=f"benchmark: {job.total} cells")
+        self.reporter.event(job, "start", detail=f"benchmark: {job.total} cells")
         log.info("job %s: %d cells (pid %d)", job.id, job.total, process.pid)
         return job
 
@@ -199,17 +199,17 @@ class BenchJobs:
         for item in items:
             kind = item.get("kind")
             if kind == "model":
-                self.stream.model(job, item["info"])
+                self.reporter.model(job, item["info"])
             elif kind == "begin":
                 job.begun = item["index"]
             elif kind == "cell":
-                self.stream.cell(job, item["record"])
+                self.reporter.cell(job, item["record"])
             elif kind == "cooling":  # progress too: a cell waiting to start cool is not stuck
-                self.stream.progress(job, "cooling", item["wait"])
+                self.reporter.progress(job, "cooling", item["wait"])
             elif kind in job.plan.takes:  # "pause", "phase": progress its requester asked for
-                self.stream.progress(job, kind, item[kind])
+                self.reporter.progress(job, kind, item[kind])
             elif kind == "event":  # the job's gate acted: its pauses as the job lives them
-                self.stream.event(
+                self.reporter.event(
                     job, item["action"], item["celsius"], item["detail"], at=item["time"]
                 )
             elif kind == "done":
@@ -243,7 +243,7 @@ class BenchJobs:
             failed = [gpu_failed(job.cells[job.done], job.done, *gpu)]
         log.warning("job %s: %s; %d cell(s) failed", job.id, died, len(failed))
         for record in failed:
-            self.stream.cell(job, record)
+            self.reporter.cell(job, record)
         if job.done >= job.total:
             self._finish(job, p.JOB_OK, None)
             return
@@ -257,7 +257,7 @@ class BenchJobs:
             self._finish(job, p.JOB_FAILED, f"{died}; no new job process: {exc}")
             return
         job.begun, job.built = None, set()
-        self.stream.event(
+        self.reporter.event(
             job,
             "start",
             detail=f"benchmark: {job.total - job.done} cells left, in a new job process "
@@ -266,7 +266,7 @@ class BenchJobs:
 
     def _finish(self, job: Job, status: str, error: str | None) -> None:
         """Say how the job ended, once; no job runs after."""
-        self.stream.finish(job, status, error)
+        self.reporter.finish(job, status, error)
         self.running = None
 
 

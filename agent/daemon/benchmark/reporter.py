@@ -25,7 +25,7 @@ Record = Callable[[Event, str], None]
 Measured = Callable[[dict[str, Any]], None]
 
 
-class JobStream:
+class JobReporter:
     """`send` reaches a coordinator; `record` publishes a job's event (agent.daemon.hub);
     `measured` hears of every cell record streamed (the hub's /metrics); `source` labels the
     events."""

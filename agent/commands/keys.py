@@ -9,41 +9,21 @@ from typing import Annotated
 import typer
 
 from shared.exit_codes import EXIT_PARTIAL
-from shared.io.app import HELP_OPTIONS, TakesAKey, examples
-from shared.io.cli import data_home, err, usage_error
-from shared.io.keys import own_keypair
+from shared.io.app import TakesAKey, examples
+from shared.io.cli import err, usage_error
+from shared.io.keys_group import keys_group
 from shared.io.options import TABLE_OR_JSON, TAKES_A_KEY, output_format
 from shared.io.trust import TrustError, list_trusted, revoke, trust
 
-keys_app = typer.Typer(
-    no_args_is_help=True,
-    add_completion=False,
-    rich_markup_mode=None,
-    context_settings=HELP_OPTIONS,
-    help="This agent's CURVE key and the coordinator keys it trusts.",
+keys_app = keys_group(
+    "This agent's CURVE key and the coordinator keys it trusts.",
+    "Print this agent's public key alone (give it to `coordinator keys add`).",
+    ("agent keys show", 'coordinator keys add mac1 "$(ssh mac1 agent keys show)"'),
 )
 
 KeysFormat = output_format(
     TABLE_OR_JSON, "table (a line per key: name, key and a peer's address, tab-separated) or json."
 )
-
-
-@keys_app.callback()
-def keys_entry() -> None:
-    """Every keys command reads or writes the data dir: checked once, before any."""
-    data_home()
-
-
-@keys_app.command(
-    "show",
-    epilog=examples(
-        "agent keys show",
-        'coordinator keys add mac1 "$(ssh mac1 agent keys show)"',
-    ),
-)
-def keys_show() -> None:
-    """Print this agent's public key alone (give it to `coordinator keys add`)."""
-    print(own_keypair().public)
 
 
 @keys_app.command(

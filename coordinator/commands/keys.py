@@ -9,40 +9,20 @@ from typing import Annotated
 import typer
 
 from coordinator.hosts.keys import add_host_key, known_hosts, remove_host_key
-from shared.io.app import HELP_OPTIONS, TakesAKey, examples
-from shared.io.cli import data_home, err, usage_error
-from shared.io.keys import own_keypair
+from shared.io.app import TakesAKey, examples
+from shared.io.cli import err, usage_error
+from shared.io.keys_group import keys_group
 from shared.io.options import TABLE_OR_JSON, TAKES_A_KEY, output_format
 
-keys_app = typer.Typer(
-    no_args_is_help=True,
-    add_completion=False,
-    rich_markup_mode=None,
-    context_settings=HELP_OPTIONS,
-    help="This coordinator's CURVE key and the agents' keys it expects.",
+keys_app = keys_group(
+    "This coordinator's CURVE key and the agents' keys it expects.",
+    "Print this coordinator's public key alone (give it to `agent keys trust`).",
+    ("coordinator keys show", 'ssh mac1 agent keys trust "$(coordinator keys show)" --name laptop'),
 )
 
 KeysFormat = output_format(
     TABLE_OR_JSON, "table (a line per agent: HOST:PORT and key, tab-separated) or json."
 )
-
-
-@keys_app.callback()
-def keys_entry() -> None:
-    """Every keys command reads or writes the data dir: checked once, before any."""
-    data_home()
-
-
-@keys_app.command(
-    "show",
-    epilog=examples(
-        "coordinator keys show",
-        'ssh mac1 agent keys trust "$(coordinator keys show)" --name laptop',
-    ),
-)
-def keys_show() -> None:
-    """Print this coordinator's public key alone (give it to `agent keys trust`)."""
-    print(own_keypair().public)
 
 
 @keys_app.command(

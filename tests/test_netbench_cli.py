@@ -75,7 +75,7 @@ def test_a_host_that_is_not_there_fails_the_run_in_one_line(agents: AgentPool) -
     (host,) = started(agents, 1)
     missing = f"127.0.0.1:{free_port_run(1)}"
     result = cli(
-        "coordinator", "netbench", "--hosts", f"{host},{missing}", *SMALL, "--connect-timeout", "2"
+        "coordinator", "netbench", "--hosts", f"{host},{missing}", *SMALL, "--connect-timeout", "1"
     )
     assert result.returncode == 1
     line = result.stderr.strip().splitlines()[-1]

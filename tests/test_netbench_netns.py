@@ -182,8 +182,8 @@ def test_a_link_cut_mid_run_fails_it_within_the_host_timeout(
     assert f"past --host-timeout {CUT_TIMEOUT_S}, in {cut} at 1 MiB, " in line, line
     assert CUT_TIMEOUT_S <= took < CUT_TIMEOUT_S + 60  # its heartbeat, not its bound (hours)
     gone = time.monotonic() + 60
-    while ranks_running():  # every rank stopped, on every host
-        assert time.monotonic() < gone, ranks_running()
+    while ranks_running(agents):  # every rank stopped, on every host
+        assert time.monotonic() < gone, ranks_running(agents)
         time.sleep(0.1)
     (listed,) = json.loads(cli("coordinator", "runs", "-o", "json").stdout)
     assert (listed["kind"], listed["status"], "error: " + listed["error"]) == (

@@ -28,7 +28,9 @@ from tests.fleet_support import AgentPool, AgentProcess, cli, exchange_keys
 from tests.test_netbench_cli import ranks_running
 from tests.test_netns import ip
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("netns")]
+"""One xdist worker runs the netns tests one after another (`--dist loadgroup`): they share the
+machine's namespace table and its /run/netns mount, and time links on a busy machine."""
 
 LINKS = {
     ("a", "b"): "10.254.81.{}/30",

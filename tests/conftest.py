@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -74,6 +75,47 @@ subprocess.Popen = TiedPopen  # type: ignore[misc]  # subprocess.run and asyncio
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     assert threading.get_ident() == TESTS_THREAD, "tests run in another thread than conftest's"
+
+
+# --- slow tests ----------------------------------------------------------------------------------
+
+SLOW_S = 2.0
+"""A test is marked `slow` (@pytest.mark.slow, or in its module's pytestmark) when its setup, call
+and teardown took more than this in a measured run of the whole suite (`pytest --durations=0`,
+4 workers on a 2-core VM). The rest is the inner loop: `pytest -m "not slow"`."""
+UNMARKED_MOST_S = 15.0
+"""In the inner loop, an unmarked test whose call runs longer than this fails, telling to mark
+it slow. Generous on purpose: every unmarked test measured well under SLOW_S (the slowest about
+2 s with 4 workers on 2 cores), so only a test that really belongs to the slow ones reaches it,
+not a quick one slowed by a loaded machine. The guard watches the inner loop only (a run whose
+-m leaves slow tests out): there it keeps the loop short, and a full run, which may be loaded
+(CI, busy loops), never fails on time."""
+
+
+def inner_loop(config: pytest.Config) -> bool:
+    """Whether this run leaves the slow tests out (`-m "not slow"`, or an -m that says so)."""
+    return "not slow" in (config.getoption("markexpr") or "")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Slow tests first, each group in its collected order: xdist hands tests out in this
+    order, and a long test handed out last would be the whole run's tail."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    began = time.monotonic()
+    result = yield
+    took = time.monotonic() - began
+    unmarked = item.get_closest_marker("slow") is None
+    if took > UNMARKED_MOST_S and unmarked and inner_loop(item.config):
+        pytest.fail(
+            f"{item.nodeid} ran {took:.0f} s, over the inner loop's {UNMARKED_MOST_S:g} s: "
+            "mark it @pytest.mark.slow (tests/conftest.py, SLOW_S), or make it quicker",
+            pytrace=False,
+        )
+    return result
 
 
 @pytest.fixture(autouse=True)

@@ -1,15 +1,29 @@
-"""Fixtures shared by the whole suite: an isolated data directory and the console scripts."""
+"""Fixtures shared by the whole suite: an isolated data directory and the console scripts; and
+how the suite runs (in parallel, every process it starts tied to it, slow tests marked).
+
+Every process a test starts dies with the run. On Linux each child the tests' thread starts
+(subprocess.Popen, hence subprocess.run, in a test, a helper or the code under test) gets
+PR_SET_PDEATHSIG = SIGKILL: when the pytest process (or its xdist worker) dies, even by SIGKILL,
+the kernel kills its children at once, so no `agent serve`, sshd or CLI outlives a killed run.
+The signal fires when the *thread* that started the child ends, so children started from other
+threads are left as they are (such a thread may end long before its child should); agents
+started with `agents.start` also get `--parent-pid` (any OS). A child's own children are its
+business: an agent's jobs and ranks die with it by their own lifeline.
+"""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import zmq
@@ -22,6 +36,86 @@ if TYPE_CHECKING:
 # start would never see theirs. A handler, unlike SIG_IGN, is reset to the default at exec.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+PR_SET_PDEATHSIG = 1
+"""From <linux/prctl.h>."""
+TESTS_THREAD = threading.get_ident()
+"""The thread that imports this conftest: the one pytest runs the tests in (pytest_sessionstart
+checks), which lives as long as the run."""
+
+
+def dies_with_this_process(then: Callable[[], object] | None = None) -> Callable[[], None]:
+    """A preexec_fn: the child gets SIGKILL when this process's current thread ends (it was
+    started by it), and ends at once if that already happened between fork and prctl."""
+    parent = os.getpid()
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+        if then is not None:
+            then()
+
+    return preexec
+
+
+class TiedPopen(subprocess.Popen):
+    """subprocess.Popen whose children, started by the tests' thread on Linux, die with it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if sys.platform.startswith("linux") and threading.get_ident() == TESTS_THREAD:
+            kwargs["preexec_fn"] = dies_with_this_process(kwargs.get("preexec_fn"))
+        super().__init__(*args, **kwargs)
+
+
+subprocess.Popen = TiedPopen  # type: ignore[misc]  # subprocess.run and asyncio's too
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    assert threading.get_ident() == TESTS_THREAD, "tests run in another thread than conftest's"
+
+
+# --- slow tests ----------------------------------------------------------------------------------
+
+SLOW_S = 2.0
+"""A test is marked `slow` (@pytest.mark.slow, or in its module's pytestmark) when its setup, call
+and teardown took more than this in a measured run of the whole suite (`pytest --durations=0`,
+4 workers on a 2-core VM). The rest is the inner loop: `pytest -m "not slow"`."""
+UNMARKED_MOST_S = 15.0
+"""In the inner loop, an unmarked test whose call runs longer than this fails, telling to mark
+it slow. Generous on purpose: every unmarked test measured well under SLOW_S (the slowest about
+2 s with 4 workers on 2 cores), so only a test that really belongs to the slow ones reaches it,
+not a quick one slowed by a loaded machine. The guard watches the inner loop only (a run whose
+-m leaves slow tests out): there it keeps the loop short, and a full run, which may be loaded
+(CI, busy loops), never fails on time."""
+
+
+def inner_loop(config: pytest.Config) -> bool:
+    """Whether this run leaves the slow tests out (`-m "not slow"`, or an -m that says so)."""
+    return "not slow" in (config.getoption("markexpr") or "")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Slow tests first, each group in its collected order: xdist hands tests out in this
+    order, and a long test handed out last would be the whole run's tail."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    began = time.monotonic()
+    result = yield
+    took = time.monotonic() - began
+    unmarked = item.get_closest_marker("slow") is None
+    if took > UNMARKED_MOST_S and unmarked and inner_loop(item.config):
+        pytest.fail(
+            f"{item.nodeid} ran {took:.0f} s, over the inner loop's {UNMARKED_MOST_S:g} s: "
+            "mark it @pytest.mark.slow (tests/conftest.py, SLOW_S), or make it quicker",
+            pytrace=False,
+        )
+    return result
 
 
 @pytest.fixture(autouse=True)

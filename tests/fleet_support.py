@@ -141,6 +141,8 @@ class AgentPool:
             "--thermal-source",
             thermal,
             *(["--insecure"] if insecure else []),
+            "--parent-pid",  # it stops when the test run ends, however it ends
+            str(os.getpid()),
             *options,
         ]
         command = [*wrapper, *command]

@@ -191,7 +191,7 @@ def test_status_reports_reachable_and_unreachable_agents(agents: AgentPool) -> N
     exchange_keys(simulated)
     exchange_keys(gone)
     gone.kill()
-    result = cli("coordinator", "status", "--format", "json", "--connect-timeout", "5")
+    result = cli("coordinator", "status", "--format", "json", "--connect-timeout", "1")
     assert result.returncode == 1
     rows = {row["host"]: row for row in json.loads(result.stdout)}
     up = rows[simulated.address]

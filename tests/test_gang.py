@@ -265,7 +265,7 @@ def start_ranks(
 ) -> None:
     """Rank R on macs[R] under `agent run`: the ring job, or `command`; `gate` (step,
     scheduler, or any word for `command`): a cooperative job. Each rank's stdout goes to
-    tmp_path/rank-R.stdout."""
+    tmp_path/rank-R.stdout. The ring job ends after `steps`, or once told (finish_soon)."""
     hostfile = tmp_path / "hosts.json"
     ring = [[f"{mac.address}:{free_port(mac.address)}"] for mac in macs]
     hostfile.write_text(json.dumps(ring))
@@ -276,6 +276,7 @@ def start_ranks(
         env = subprocess_env(
             MLX_FLEET_HOME=str(mac.agent.home), MLX_RANK=str(rank), MLX_HOSTFILE=str(hostfile),
             STEPS=str(steps), PROGRESS_DIR=str(progress), GATE=gate,
+            FINISH_FILE=str(tmp_path / "finish"),
             **({"MLX_FLEET_COOPERATIVE": "1"} if gate else {}),
         )  # fmt: skip
         job = command or [sys.executable, str(RING_JOB)]
@@ -285,6 +286,18 @@ def start_ranks(
                 stdout=stdout, text=True, start_new_session=True, cwd=tmp_path,
             )  # fmt: skip
         into.append(Rank(process, progress / f"rank-{rank}", log))
+
+
+def finish_soon(ranks: list[Rank], tmp_path: Path, more: int = 20) -> None:
+    """Once every rank has stepped `more` steps past where it stands, tell the ring job to end
+    (its FINISH_FILE): what the test waited for has been seen, the rest of STEPS (long enough
+    for a pause to land on the slowest machine) need not run."""
+    steps = [rank.steps() for rank in ranks]
+    wait_until(
+        lambda: all(r.steps() >= s + more for r, s in zip(ranks, steps, strict=True)),
+        90, "every rank stepping on", ranks,
+    )  # fmt: skip
+    (tmp_path / "finish").touch()
 
 
 def job_processes(ranks: list[Rank]) -> list[psutil.Process]:
@@ -370,6 +383,7 @@ def test_one_hot_mac_pauses_and_resumes_every_rank(
         lambda: all(job_states(r) and psutil.STATUS_STOPPED not in job_states(r) for r in ranks),
         30, "every rank resumed", ranks,
     )  # fmt: skip
+    finish_soon(ranks, tmp_path)
     for rank in ranks:
         assert rank.process.wait(timeout=180) == 0, rank.stderr()
         assert rank.progress.with_suffix(".done").read_text() == "ok"
@@ -431,6 +445,7 @@ def test_with_a_peer_agent_down_the_hot_mac_protects_itself_and_the_gang_comes_b
         lambda: "127.0.0.3 answers again" in ranks[0].stderr(), 30, "the gang told again", ranks
     )
     set_policy(ctx, hot, COOL)
+    finish_soon(ranks, tmp_path)
     for rank in ranks:
         assert rank.process.wait(timeout=180) == 0, rank.stderr()
         assert rank.progress.with_suffix(".done").read_text() == "ok"
@@ -568,6 +583,7 @@ def test_cooperative_ranks_park_at_the_same_step_boundary(
     time.sleep(1.0)  # a window to measure that nothing spins, not a wait for a condition
     assert all(sum(p.cpu_times()[:2]) - before < 0.2 for p, before in zip(parked, cpu, strict=True))
     set_policy(ctx, cool, COOL)
+    finish_soon(ranks, tmp_path)
     for rank in ranks:
         assert rank.process.wait(timeout=180) == 0, rank.stderr()
         assert rank.progress.with_suffix(".done").read_text() == "ok"
@@ -703,6 +719,7 @@ def test_two_ranks_may_share_a_mac(
         30, "both ranks stopped (T)", ranks,
     )  # fmt: skip
     set_policy(ctx, mac, COOL)
+    finish_soon(ranks, tmp_path)
     for rank in ranks:
         assert rank.process.wait(timeout=180) == 0, rank.stderr()
     assert "is already" not in ranks[0].stderr() + ranks[1].stderr()

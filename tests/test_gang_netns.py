@@ -39,7 +39,9 @@ from tests.test_gang import (
 )
 from tests.test_netns import ip
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("netns")]
+"""One xdist worker runs the netns tests one after another (`--dist loadgroup`): they share the
+machine's namespace table and its /run/netns mount, and time links on a busy machine."""
 
 MACS = ("mac1", "mac2", "mac3")
 ADDRESS = "10.254.74.{}"

@@ -157,7 +157,7 @@ def test_a_member_unreachable_at_start_fails_its_group_and_the_hosts_go_on(
         gone = f"127.0.0.1:{closed.getsockname()[1]}"
     group = f"{a.address}+{gone}"
     done = coordinator(
-        "--hosts", f"{a.address},{group}", "--connect-timeout", "3", *QUICK, "-o", "json"
+        "--hosts", f"{a.address},{group}", "--connect-timeout", "1", *QUICK, "-o", "json"
     )
     assert done.returncode == 1, done.stderr
     report = json.loads(done.stdout)

@@ -23,7 +23,9 @@ from tests.fleet_support import AgentPool, AgentProcess, exchange_keys
 from tests.group_support import group_cells, rank_children, wait_for_no_rank
 from tests.netns_support import Lab, lab
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("netns")]
+"""One xdist worker runs the netns tests one after another (`--dist loadgroup`): they share the
+machine's namespace table and its /run/netns mount, and time links on a busy machine."""
 
 MATRIX = ["--config-small", "-p", "32,64", "-n", "8", "-r", "2", "-w", "1"]
 LONGER = ["--config-small", "-p", "16,32,48,64", "-n", "8", "-d", "0,32", "-r", "4", "-w", "1"]

@@ -75,12 +75,12 @@ def test_a_host_that_is_not_there_fails_the_run_in_one_line(agents: AgentPool) -
     (host,) = started(agents, 1)
     missing = f"127.0.0.1:{free_port_run(1)}"
     result = cli(
-        "coordinator", "netbench", "--hosts", f"{host},{missing}", *SMALL, "--connect-timeout", "2"
+        "coordinator", "netbench", "--hosts", f"{host},{missing}", *SMALL, "--connect-timeout", "1"
     )
     assert result.returncode == 1
     line = result.stderr.strip().splitlines()[-1]
     assert line.startswith(f"error: {missing}: ")
-    assert not ranks_running()
+    assert not ranks_running(agents)
     (listed,) = json.loads(cli("coordinator", "runs", "-o", "json").stdout)
     assert (listed["kind"], listed["status"]) == ("netbench", "failed")
     assert listed["id"] in result.stderr  # where it is kept, said before the error line
@@ -160,10 +160,16 @@ def test_runs_are_stored_shown_and_compared_like_benchmark_runs(agents: AgentPoo
     )
 
 
-def ranks_running() -> list[psutil.Process]:
+def ranks_running(agents: AgentPool) -> list[psutil.Process]:
+    """The link benchmark's rank processes that `agents` (this test's) started, even those whose
+    agent is gone: known by the MLX_FLEET_HOME their agent passed on, so that the ranks of tests
+    running beside this one (xdist) are not counted."""
+    homes = {str(agent.home) for agent in agents.agents}
     found = []
-    for process in psutil.process_iter(["cmdline"]):
-        if "agent.cluster.netbench" in " ".join(process.info["cmdline"] or []):
+    for process in psutil.process_iter(["cmdline", "environ"]):
+        if "agent.cluster.netbench" in " ".join(process.info["cmdline"] or []) and (
+            (process.info["environ"] or {}).get("MLX_FLEET_HOME") in homes
+        ):
             found.append(process)
     return found
 
@@ -217,7 +223,7 @@ def test_jaccl_on_hosts_that_lack_it_is_refused_before_any_rank(
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "no jaccl backend (JACCL needs macOS 26.2" in lines[0]
-    assert not ranks_running()
+    assert not ranks_running(agents)
 
 
 def test_auto_runs_the_ring_where_jaccl_cannot(tmp_path, agents: AgentPool) -> None:
@@ -263,7 +269,7 @@ def test_an_agent_killed_mid_run_fails_it_and_leaves_no_rank(agents: AgentPool) 
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env(),
     )  # fmt: skip
     deadline = time.monotonic() + 120
-    while len(ranks_running()) < 2:
+    while len(ranks_running(agents)) < 2:
         assert run.poll() is None and time.monotonic() < deadline, (
             run.stderr.read() if run.stderr else ""
         )
@@ -273,6 +279,6 @@ def test_an_agent_killed_mid_run_fails_it_and_leaves_no_rank(agents: AgentPool) 
     assert run.returncode == 1, stderr
     assert stderr.strip().splitlines()[-1].startswith(f"error: {second.address}: ")
     gone = time.monotonic() + 60
-    while ranks_running():
-        assert time.monotonic() < gone, ranks_running()
+    while ranks_running(agents):
+        assert time.monotonic() < gone, ranks_running(agents)
         time.sleep(0.1)

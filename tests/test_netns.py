@@ -19,7 +19,9 @@ import pytest
 from tests.conftest import console_script, subprocess_env
 from tests.fleet_support import LONG, QUICK, AgentPool, exchange_keys
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("netns")]
+"""One xdist worker runs the netns tests one after another (`--dist loadgroup`): they share the
+machine's namespace table and its /run/netns mount, and time links on a busy machine."""
 
 SUBNET = "10.254.73.{}/30"
 ADDRESSES = {"mac1": "10.254.73.1", "mac2": "10.254.73.2"}

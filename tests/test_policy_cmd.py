@@ -52,7 +52,7 @@ def test_out_of_order_thresholds_are_named(given: dict[str, float], named: str) 
 
 
 def policy(*args: str) -> subprocess.CompletedProcess[str]:
-    return cli("coordinator", "policy", "--format", "json", "--connect-timeout", "5", *args)
+    return cli("coordinator", "policy", "--format", "json", "--connect-timeout", "1", *args)
 
 
 def by_host(result: subprocess.CompletedProcess[str]) -> dict[str, dict[str, Any]]:

@@ -156,14 +156,17 @@ def test_agent_bench_names_each_cell_when_stderr_is_a_terminal() -> None:
 
 # --- coordinator benchmark: a host that pauses --------------------------------------------------
 
-PAUSING_CURVE_PERIOD_S = 6
-"""The replayed curve: 1 s at 70 °C, then 5 s at 92 °C (above pause_temp 85), for 20 minutes."""
+PAUSING_CURVE_PERIOD_S = 3
+"""The replayed curve: 1 s at 70 °C, then 2 s at 92 °C (above pause_temp 85), for 20 minutes.
+Periodic, so a job pauses wherever in the curve it starts (the replay's clock starts with the
+agent, the job some seconds later): every cool second is shorter than the jobs' delays (0.6 s,
+1.2 s) plus their work, so each job meets a hot window; a slower (busier) machine meets more."""
 
 
 def pausing_curve(path: Path) -> Path:
     rows = ["seconds,celsius"]
     for start in range(0, 1200, PAUSING_CURVE_PERIOD_S):
-        rows += [f"{start},70", f"{start + 0.9},70", f"{start + 1},92", f"{start + 5.9},92"]
+        rows += [f"{start},70", f"{start + 0.9},70", f"{start + 1},92", f"{start + 2.9},92"]
     path.write_text("\n".join(rows) + "\n")
     return path
 
@@ -177,7 +180,7 @@ def test_a_paused_host_shows_its_pause_and_the_run_completes(
         "hot", insecure=True, thermal=f"replay:{curve}", options=["--poll-interval", "0.2"]
     )
     cool = agents.start("cool", insecure=True)  # no sensor: its host says so
-    cells = ["-p", "16,32,48", "-n", "8", "-r", "20", "-w", "0", "--delay", "0.6"]
+    cells = ["-p", "16,32,48", "-n", "8", "-r", "10", "-w", "0", "--delay", "0.6"]
     result = run_cli(
         "coordinator", "benchmark", "--config-small", *cells, "--no-cool-start",
         "--hosts", f"{hot.address},{cool.address}", "--insecure", "-o", "json",
@@ -201,7 +204,7 @@ def test_a_paused_host_shows_its_pause_and_the_run_completes(
 def test_agent_bench_shows_a_pause_in_its_label(tmp_path: Path) -> None:
     curve = pausing_curve(tmp_path / "pausing.csv")
     result = run_cli(
-        "agent", "bench", "--config-small", "-p", "16,32", "-n", "0", "-r", "20", "-w", "0",
+        "agent", "bench", "--config-small", "-p", "16,32", "-n", "0", "-r", "10", "-w", "0",
         "--delay", "1.2",
         "--no-cool-start", "--thermal-source", f"replay:{curve}", "--poll-interval", "0.2",
         "-o", "json",
@@ -229,7 +232,7 @@ def test_an_agent_sends_the_new_fields_only_to_a_coordinator_that_asks(
         "n_prompt": [16, 24, 32],
         "n_gen": [0],
         "warmup": 0,
-        "iterations": 20,
+        "iterations": 10,
         "delay_s": 0.6,  # the cells span more than the curve's cool second: one pauses
     }
     try:

@@ -135,7 +135,17 @@ def test_the_agent_refuses_by_field_and_never_runs_two(agents: AgentPool, ctx: z
     assert (stopped["state"], stopped["error"]) == ("stopped", "test over")
     unknown = refused(lambda: client.request("rank.get", {"job": "n-9"}))
     assert unknown.code == "unknown-job"
-    client.request("bench.start", {"matrix": matrix})
+    # A stopped rank keeps the agent busy until its process is gone (SIGTERM now, reaped at a
+    # later poll of the agent's loop): on a loaded machine that outlasts one request.
+    end = time.monotonic() + DEADLINE_S
+    while True:
+        try:
+            client.request("bench.start", {"matrix": matrix})
+            break
+        except AgentError as error:
+            assert error.code == "busy" and "rank 0 of job n-3" in str(error), str(error)
+            assert time.monotonic() < end, "the stopped rank kept the agent busy"
+            time.sleep(0.1)
 
 
 def test_a_rank_whose_peer_never_comes_fails_at_its_bound(

@@ -38,6 +38,9 @@ USER_UID = os.getuid() or 501
 """The user these tests act as: this one, or (a suite run as root) 501 through
 MLX_FLEET_SERVICE_UID, since as root `agent install` means a system service."""
 AS_USER = {"MLX_FLEET_SERVICE_UID": str(USER_UID)} if os.getuid() == 0 else {}
+LAUNCHD_LINGER = {"FAKE_LINGER_S": "3"}
+"""The fake launchctl's label lingers after bootout as launchd's does (~3 s): for the tests
+about lingering; the others run with the fake's default, no linger."""
 
 
 def agent(
@@ -683,6 +686,7 @@ def test_installing_twice_in_a_row_ends_loaded(
 ) -> None:
     """The upgrade path: the label lingers ~3 s after bootout; bootstrap must not lose it."""
     uid = USER_UID
+    linger = {**LAUNCHD_LINGER, **linger}
     for _ in range(2):
         result = agent(agent_cli, home, "install", "--launchd", path_dir=fake_managers, **linger)
         assert result.returncode == 0, result.stderr
@@ -699,7 +703,9 @@ def test_uninstall_removes_every_loaded_copy_and_waits_for_them(
     uid = USER_UID
     plist = install_launchd(agent_cli, home, fake_managers)
     assert launchctl(fake_managers, "bootstrap", f"user/{uid}", str(plist)).returncode == 0
-    removed = agent(agent_cli, home, "uninstall", "--launchd", path_dir=fake_managers)
+    removed = agent(
+        agent_cli, home, "uninstall", "--launchd", path_dir=fake_managers, **LAUNCHD_LINGER
+    )
     assert removed.returncode == 0, removed.stderr
     for domain in (f"gui/{uid}", f"user/{uid}"):
         assert f"launchctl bootout {domain}/io.mlx-fleet.agent" in removed.stderr

@@ -408,7 +408,9 @@ def test_agent_temp_watch_table_shows_trend_and_history(tmp_path: Path, agent_cl
     curve = tmp_path / "curve.csv"
     curve.write_text("0,60\n0.1,62\n0.2,64\n0.3,66\n0.4,68\n")
     result = agent_temp(
-        agent_cli, "--source", f"replay:{curve}", "--watch", "--interval", "0.1", "--count", "6"
+        agent_cli,
+        *("--source", f"replay:{curve}", "--watch", "--interval", "0.1", "--count", "6"),
+        env={"COLUMNS": "250"},  # the curve's path (longer under xdist's popen-gwN) on one line
     )
     assert result.returncode == 0, result.stderr
     assert "Trend" in result.stdout and "↑" in result.stdout

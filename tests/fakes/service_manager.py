@@ -7,13 +7,15 @@ disabled) lives in $FAKE_SERVICE_STATE so successive calls agree, as the real ma
 launchctl behaves as the real one was seen to (each with its source):
 - `print` of a service the domain does not have exits 113 (mac-desk-check.md, launchd).
 - `bootout` of a job that is not loaded exits 3 "No such process" (same).
-- `bootout` returns before launchd has forgotten the job: for $FAKE_LINGER_S seconds (default 3,
+- `bootout` returns before launchd has forgotten the job: for $FAKE_LINGER_S seconds (launchd:
   "the label actually frees ~3 s after bootout", Layr-Labs/d-inference#1102) the label stays:
   `print` still lists it, a second `bootout` exits 36 "Operation now in progress" (Homebrew's
   services/cli.rb loops on it), and `bootstrap` exits 5 "Input/output error"
   (headroomlabs-ai/headroom#1289), or 37 "Operation already in progress" with
   $FAKE_LINGER_CODE=37 (d-inference#1102). $FAKE_LINGER_HIDDEN=1: `print` already says 113
   while `bootstrap` still fails (d-inference#1102: bootstrap ~0.5 s after bootout, refused).
+  $FAKE_LINGER_S defaults to 0, no linger: only the tests about lingering wait one out (they
+  set 3, launchd's), so the other install tests do not spend 3 s in every bootout.
 - $FAKE_NO_GUI: nobody is logged in at the screen, so there is no gui/ domain: `print gui/<uid>`
   exits $FAKE_GUI_PROBE_CODE, 112 "Could not find specified domain" by default or 125 (both in
   duh17/oppi#38), and `bootstrap gui/<uid>` exits 125 "Domain does not support specified
@@ -162,7 +164,7 @@ if name == "launchctl":
         if race:  # exited by itself, nothing left to linger
             save()
             fail(int(race), f"Boot-out failed: {race}: {WORDS[int(race)]}")
-        state["lingering"][target] = time.time() + float(os.environ.get("FAKE_LINGER_S", "3"))
+        state["lingering"][target] = time.time() + float(os.environ.get("FAKE_LINGER_S", "0"))
         save()
     elif verb == "print":
         target = args[1]

@@ -167,6 +167,19 @@ def run_cli(
     )
 
 
+def piped(argv: list[str], **options: Any) -> subprocess.Popen[str]:
+    """`argv` started with its output piped as text, in the test's environment: a command a
+    test reads while it runs or signals before it ends (`options` more of Popen's)."""
+    return subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+        **options,
+    )
+
+
 SERVICE_MANAGER_FAKE = Path(__file__).parent / "fakes" / "service_manager.py"
 """launchctl and systemctl, faked (tests/test_service*.py)."""
 

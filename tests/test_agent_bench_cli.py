@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import subprocess_env
+from tests.conftest import piped, subprocess_env
 
 QUICK = ["--config-small", "-p", "16", "-n", "2", "-r", "1", "-w", "0"]
 
@@ -186,7 +186,7 @@ def test_bad_input_exits_2_with_one_line(agent_cli: str, args: list[str], messag
 
 
 def test_ctrl_c_prints_the_cells_finished_so_far(agent_cli: str) -> None:
-    process = subprocess.Popen(
+    process = piped(
         [
             agent_cli,
             "bench",
@@ -202,10 +202,6 @@ def test_ctrl_c_prints_the_cells_finished_so_far(agent_cli: str) -> None:
             "--format",
             "json",
         ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=subprocess_env(),
     )
     assert process.stderr is not None
     first = ""

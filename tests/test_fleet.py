@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from shared.benchmark.verdict import separated
-from tests.conftest import console_script, subprocess_env
+from tests.conftest import console_script, piped, subprocess_env
 from tests.fleet_support import LONG, QUICK, AgentPool, cli, exchange_keys
 
 pytestmark = pytest.mark.timeout(90)
@@ -88,7 +88,7 @@ def test_sigkill_mid_run_keeps_the_other_host_and_the_finished_cells(agents: Age
     survivor, victim = agents.start("mac1"), agents.start("mac2")
     exchange_keys(survivor)
     exchange_keys(victim)
-    coordinator = subprocess.Popen(
+    coordinator = piped(
         [
             console_script("coordinator"),
             "benchmark",
@@ -100,10 +100,6 @@ def test_sigkill_mid_run_keeps_the_other_host_and_the_finished_cells(agents: Age
             "--format",
             "json",
         ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=subprocess_env(),
     )
     try:
         victim.wait_for_coordinator_cells(coordinator, 1)
@@ -209,7 +205,7 @@ def test_status_reports_reachable_and_unreachable_agents(agents: AgentPool) -> N
 def test_ctrl_c_cancels_the_jobs_and_keeps_what_arrived(agents: AgentPool) -> None:
     agent = agents.start("mac1")
     exchange_keys(agent)
-    coordinator = subprocess.Popen(
+    coordinator = piped(
         [
             console_script("coordinator"),
             "benchmark",
@@ -219,10 +215,6 @@ def test_ctrl_c_cancels_the_jobs_and_keeps_what_arrived(agents: AgentPool) -> No
             "--format",
             "json",
         ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=subprocess_env(),
     )
     try:
         agent.wait_for_coordinator_cells(coordinator, 1)

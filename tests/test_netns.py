@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import console_script, subprocess_env
+from tests.conftest import console_script, piped, subprocess_env
 from tests.fleet_support import LONG, QUICK, AgentPool, exchange_keys
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("netns")]
@@ -126,7 +126,7 @@ def test_a_link_cut_for_15_s_mid_run_loses_no_cell(
     host unreachable, reconnects when the link is back and fetches every cell it missed."""
     agent = agents.start("mac2", netns=namespaces["mac2"], bind_host=ADDRESSES["mac2"])
     exchange_keys(agent)
-    coordinator = subprocess.Popen(
+    coordinator = piped(
         [
             "ip",
             "netns",
@@ -140,10 +140,6 @@ def test_a_link_cut_for_15_s_mid_run_loses_no_cell(
             "--format",
             "json",
         ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=subprocess_env(),
     )
     veth = VETHS["mac1"]
     try:

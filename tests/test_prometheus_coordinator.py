@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import console_script, subprocess_env
+from tests.conftest import console_script, piped
 from tests.fleet_support import AgentPool
 from tests.test_monitor import known_agent, run_job, supervised
 
@@ -57,7 +57,7 @@ def test_metrics_of_every_host_parse_and_ctrl_c_ends_the_monitor(
         known_agent(agents, "gone", 60.0, tmp_path),
     )
     gone.kill()
-    process = subprocess.Popen(
+    process = piped(
         [
             console_script("coordinator"),
             "monitor",
@@ -68,10 +68,6 @@ def test_metrics_of_every_host_parse_and_ctrl_c_ends_the_monitor(
             "--prometheus",
             "127.0.0.1:0",
         ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=subprocess_env(),
     )
     monitoring.append(process)
     assert process.stderr is not None

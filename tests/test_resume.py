@@ -15,14 +15,14 @@ import zmq
 
 from shared.io.transport import AgentError
 from shared.wire import protocol as p
-from tests.conftest import console_script, subprocess_env
+from tests.conftest import console_script, piped
 from tests.fleet_support import LONG, AgentPool, AgentProcess, cli, connect, exchange_keys
 
 pytestmark = pytest.mark.timeout(180)
 
 
 def start_benchmark(*agents: AgentProcess, extra: tuple[str, ...] = ()) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    return piped(
         [
             console_script("coordinator"),
             "benchmark",
@@ -33,10 +33,6 @@ def start_benchmark(*agents: AgentProcess, extra: tuple[str, ...] = ()) -> subpr
             "--format",
             "json",
         ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=subprocess_env(),
         start_new_session=True,
     )
 

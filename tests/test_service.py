@@ -25,7 +25,7 @@ from agent.service.files import parse_launchctl_print, parse_systemctl_show
 from agent.service.launchctl import Session
 from agent.service.run_as import editable_by_others
 from agent.service.scope import auto_scope
-from tests.conftest import SERVICE_MANAGER_FAKE, subprocess_env
+from tests.conftest import SERVICE_MANAGER_FAKE, piped, subprocess_env
 
 FAKE = SERVICE_MANAGER_FAKE
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -580,7 +580,7 @@ def test_serve_behaves_as_a_service(agent_cli: str, tmp_path: Path) -> None:
     """Foreground, timestamped log file, a second instance refused (or, of the same data
     directory, exiting 0 with one line), exit 0 on SIGTERM."""
     log_file = tmp_path / "logs" / "agent.log"
-    first = subprocess.Popen(
+    first = piped(
         [
             agent_cli,
             "serve",
@@ -591,10 +591,6 @@ def test_serve_behaves_as_a_service(agent_cli: str, tmp_path: Path) -> None:
             "--log-file",
             str(log_file),
         ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=subprocess_env(),
     )
     try:
         assert first.stdout is not None

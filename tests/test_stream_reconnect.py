@@ -13,7 +13,6 @@ import math
 import selectors
 import socket
 import struct
-import subprocess
 import threading
 import time
 from collections import Counter
@@ -31,7 +30,7 @@ from coordinator.runs.driver import CELL, DONE, HOST_FAILED, HOST_OK, HostEvent
 from coordinator.runs.fleet import run_fleet
 from coordinator.runs.store import RunStore
 from shared.benchmark.progress import MODEL_BUILD_TIMEOUTS, ProgressClock, no_progress_allowance
-from tests.conftest import console_script, subprocess_env
+from tests.conftest import console_script, piped
 from tests.fakes.flapping_agent import FlappingAgent
 from tests.fleet_support import LONG, AgentPool, AgentProcess, cli, connect, count_rows
 
@@ -226,7 +225,7 @@ def test_a_link_reset_mid_job_loses_no_cell_and_ends_in_time(
         assert cli("agent", "keys", "trust", coordinator_key, home=agent.home).returncode == 0
         assert cli("coordinator", "keys", "add", proxy.address, str(agent.key)).returncode == 0
         began = time.monotonic()
-        coordinator = subprocess.Popen(
+        coordinator = piped(
             [
                 console_script("coordinator"),
                 "benchmark",
@@ -238,10 +237,6 @@ def test_a_link_reset_mid_job_loses_no_cell_and_ends_in_time(
                 "--format",
                 "json",
             ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=subprocess_env(),
         )
         store = fleet_home / "coordinator.sqlite"
         try:

@@ -1,8 +1,9 @@
 """`coordinator netbench` across three network namespaces wired as a triangle: each pair of
 "Macs" has its own veth pair and /30, so each link of the ring is its own cable. With one of
-them rate-limited with `tc ... tbf`, the link benchmark flags that link and only that one; with
-one cut mid-run (`ip link set ... down`), the ranks block in a collective and the run fails
-within --host-timeout, naming the host and the step, with no rank left on any host.
+them rate-limited with `tc ... tbf` (the others too, to ten times its rate), the link benchmark
+flags that link and only that one; with one cut mid-run (`ip link set ... down`), the ranks
+block in a collective and the run fails within --host-timeout, naming the host and the step,
+with no rank left on any host.
 
 Each host's ring address is its end of the link its left neighbour reaches it over (rank i-1
 connects to rank i, as MLX's ring does): a's on c-a, b's on a-b, c's on b-c. The coordinator
@@ -42,6 +43,10 @@ RING_ADDRESS = {"a": "10.254.83.2", "b": "10.254.81.2", "c": "10.254.82.2"}
 """Where each host's left neighbour reaches it: a on c-a, b on a-b, c on b-c."""
 SLOW = ("b", "c")
 RATE = "40mbit"
+OTHERS_RATE = "400mbit"
+"""The other cables, shaped too: unshaped, a link's bandwidth is what the CPU has left, and on a
+busy machine one measured a quarter of its sibling (flagged slow); shaped, each measures its
+rate, ten times the slow one's."""
 
 
 def veth(link: tuple[str, str], end: str) -> str:
@@ -90,15 +95,17 @@ def wired() -> Iterator[dict[str, str]]:
 
 @pytest.fixture
 def triangle(wired: dict[str, str]) -> dict[str, str]:
-    """The triangle with its b-c cable limited to RATE."""
-    for host in SLOW:  # both directions of the b-c cable
-        limited = subprocess.run(
-            ["tc", "-n", wired[host], "qdisc", "add", "dev", veth(SLOW, host), "root", "tbf",
-             "rate", RATE, "burst", "32kbit", "latency", "400ms"],
-            capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
-        if limited.returncode != 0:
-            pytest.skip(f"cannot rate-limit a veth with tc: {limited.stderr.strip()}")
+    """The triangle with its b-c cable limited to RATE, the others to OTHERS_RATE."""
+    for link in LINKS:
+        rate, burst = (RATE, "32kbit") if link == SLOW else (OTHERS_RATE, "256kbit")
+        for host in link:  # both directions of the cable
+            limited = subprocess.run(
+                ["tc", "-n", wired[host], "qdisc", "add", "dev", veth(link, host), "root", "tbf",
+                 "rate", rate, "burst", burst, "latency", "400ms"],
+                capture_output=True, text=True, timeout=30,
+            )  # fmt: skip
+            if limited.returncode != 0:
+                pytest.skip(f"cannot rate-limit a veth with tc: {limited.stderr.strip()}")
     return wired
 
 

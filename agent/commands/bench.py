@@ -31,7 +31,7 @@ from agent.profiling.model_dir import (
     check_model_dir,
     require_mlx_lm,
 )
-from agent.profiling.runner import run_matrix
+from agent.profiling.runner import exit_beside_an_abandoned_build, run_matrix
 from agent.thermal import ThermalMonitor, ThermalReading
 from shared.benchmark.matrix import MatrixError, MatrixSpec, expand, resolve_bits
 from shared.benchmark.results import failed_cells, not_run
@@ -132,6 +132,7 @@ def bench(
         finally:
             saved = keep_run(report)  # after the table: a save that fails loses nothing shown
     if report["interrupted"]:
+        exit_beside_an_abandoned_build(interrupted_exit_code())
         raise typer.Exit(interrupted_exit_code())
     if "stopped" in report:
         err.print(f"stopped: {report['stopped']}", highlight=False, markup=False)

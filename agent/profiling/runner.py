@@ -7,6 +7,8 @@ run goes on; a guard (see agent.cooling.guard) gates every iteration and annotat
 from __future__ import annotations
 
 import gc
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -195,6 +197,20 @@ def build_phase(model: str, bits: int | None, label: str) -> dict[str, Any]:
     }
 
 
+ABANDONED_BUILDS: list[threading.Thread] = []
+"""The builds an interrupt left running (interruptible)."""
+
+
+def exit_beside_an_abandoned_build(code: int) -> None:
+    """End the process at once with `code` (its output flushed) while a build an interrupt
+    abandoned still runs: a normal exit tears MLX down under that thread, and the C++ runtime
+    aborts ("terminate called without an active exception": SIGABRT, not `code`). Else return."""
+    if any(thread.is_alive() for thread in ABANDONED_BUILDS):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def interruptible(work: Callable[[], Any]) -> Any:
     """`work()` (a model build: one array of it can take half a minute on a CPU) on a thread of
     its own while this one waits in steps of 0.1 s, so Ctrl-C or a job's SIGTERM lands at once
@@ -209,8 +225,12 @@ def interruptible(work: Callable[[], Any]) -> Any:
 
     thread = threading.Thread(target=run, name="model-build", daemon=True)
     thread.start()
-    while thread.is_alive():
-        thread.join(0.1)
+    try:
+        while thread.is_alive():
+            thread.join(0.1)
+    except BaseException:
+        ABANDONED_BUILDS.append(thread)
+        raise
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]

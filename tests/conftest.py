@@ -79,15 +79,16 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 # --- slow tests ----------------------------------------------------------------------------------
 
-SLOW_S = 2.0
-"""A test is marked `slow` (@pytest.mark.slow, or in its module's pytestmark) when its setup, call
-and teardown took more than this in a measured run of the whole suite (`pytest --durations=0`,
-4 workers on a 2-core VM). The rest is the inner loop: `pytest -m "not slow"`."""
+SLOW_S = 1.0
+"""A test is marked `slow` (@pytest.mark.slow) when its setup, call and teardown took more than
+this in a measured run of the whole suite (`pytest --durations=0`, 4 workers on a 2-core VM; a
+parametrized test when any of its cases did). The rest is the inner loop: `pytest -m "not
+slow"`."""
 UNMARKED_MOST_S = 15.0
 """In the inner loop, an unmarked test whose call runs longer than this fails, telling to mark
-it slow. Generous on purpose: every unmarked test measured well under SLOW_S (the slowest about
-2 s with 4 workers on 2 cores), so only a test that really belongs to the slow ones reaches it,
-not a quick one slowed by a loaded machine. The guard watches the inner loop only (a run whose
+it slow. Generous on purpose: every unmarked test measured under SLOW_S with 4 workers on 2
+cores, so only a test that really belongs to the slow ones reaches it, not a quick one slowed
+by a loaded machine. The guard watches the inner loop only (a run whose
 -m leaves slow tests out): there it keeps the loop short, and a full run, which may be loaded
 (CI, busy loops), never fails on time."""
 

@@ -29,6 +29,7 @@ def run_agent(agent_cli: str, *args: str, timeout: float = 300) -> subprocess.Co
     )
 
 
+@pytest.mark.slow
 def test_quick_start_prints_the_table(agent_cli: str, fleet_home: Path) -> None:
     result = run_agent(
         agent_cli, "bench", "--config-small", "-p", "32,64", "-n", "16", "-d", "0,32", "-r", "2"
@@ -53,6 +54,7 @@ def test_quick_start_prints_the_table(agent_cli: str, fleet_home: Path) -> None:
     assert len(json.loads(saved[0].read_text())["cells"]) == 6
 
 
+@pytest.mark.slow
 def test_json_carries_samples_and_machine_fields(agent_cli: str) -> None:
     result = run_agent(agent_cli, "bench", *QUICK, "-i", "2", "-b", "1,2", "--format", "json")
     assert result.returncode == 0, result.stderr
@@ -102,6 +104,7 @@ the same in ours."""
 
 
 @pytest.mark.parametrize("fmt", ["md", "csv", "jsonl"])
+@pytest.mark.slow
 def test_other_formats(agent_cli: str, fmt: str, tmp_path: Path) -> None:
     out = tmp_path / f"report.{fmt}"
     result = run_agent(agent_cli, "bench", *QUICK, "-o", fmt, "--output", str(out))
@@ -126,6 +129,7 @@ def test_other_formats(agent_cli: str, fmt: str, tmp_path: Path) -> None:
         assert all(len(line["samples_ns"]) == len(line["samples_ts"]) == 1 for line in lines)
 
 
+@pytest.mark.slow
 def test_sql_loads_into_sqlite_with_the_whole_llama_bench_matrix(
     agent_cli: str, tmp_path: Path
 ) -> None:
@@ -177,6 +181,7 @@ def test_sql_loads_into_sqlite_with_the_whole_llama_bench_matrix(
         (["--model", "/etc/hostname"], "is a file, not a model directory"),
     ],
 )
+@pytest.mark.slow
 def test_bad_input_exits_2_with_one_line(agent_cli: str, args: list[str], message: str) -> None:
     result = run_agent(agent_cli, "bench", *args)
     assert result.returncode == 2
@@ -279,6 +284,7 @@ def thermal_bench(agent_cli: str, curve: Path, *extra: str) -> subprocess.Comple
     )
 
 
+@pytest.mark.slow
 def test_a_thermal_pause_is_flagged_and_kept_out_of_the_latencies(
     agent_cli: str, tmp_path: Path
 ) -> None:
@@ -315,6 +321,7 @@ def test_a_thermal_stop_ends_the_run_and_keeps_what_was_measured(
     assert "cooling: stop at 97.0 °C (replay:" in result.stderr
 
 
+@pytest.mark.slow
 def test_no_cooling_only_observes(agent_cli: str, tmp_path: Path) -> None:
     curve = tmp_path / "curve.csv"
     curve.write_text("0,97\n")

@@ -198,6 +198,7 @@ def test_help_documents_auto() -> None:
         assert words in text
 
 
+@pytest.mark.slow
 def test_a_real_auto_run_is_consistent() -> None:
     """Consistency only: this machine is noisy, so whether a cell is valid is not asserted."""
     result = run_cli(

@@ -104,6 +104,7 @@ def test_a_matrix_beyond_a_limit_is_one_line_naming_the_field(
     assert one_line(result) == f"error: {line}"
 
 
+@pytest.mark.slow
 def test_a_name_dns_cannot_resolve_says_so() -> None:
     assert resolve_error("127.0.0.1:5555") is None and resolve_error("localhost:5555") is None
     assert resolve_error("[::1]:5555") is None

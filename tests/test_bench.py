@@ -33,6 +33,7 @@ def test_every_bench_script_is_run_here() -> None:
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: path.stem)
+@pytest.mark.slow
 def test_a_bench_script_still_measures(script: Path, tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, str(script), "--quick"],

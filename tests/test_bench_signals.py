@@ -17,6 +17,7 @@ from tests.fleet_support import subprocess_env
 pytestmark = pytest.mark.timeout(300)
 
 
+@pytest.mark.slow
 def test_sigterm_after_the_first_cell_prints_and_saves_it(fleet_home: Path) -> None:
     process = subprocess.Popen(
         [console_script("agent"), "bench", "--config-small", "-p", "16,4096,8192", "-n", "0"]

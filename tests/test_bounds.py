@@ -202,6 +202,7 @@ SMALL = ["--config-small"]
         (["agent", "temp", "--count", "10000000"], "--count must be 0 to 1000000"),
     ],
 )
+@pytest.mark.slow
 def test_an_over_bound_option_is_one_line_naming_it(command: list[str], needle: str) -> None:
     result = run_cli(*command, timeout=60)
     assert result.returncode == 2, result.stderr
@@ -238,6 +239,7 @@ def test_serve_names_a_bind_address_that_cannot_resolve() -> None:
 # --- the agent's own bound on a job -------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_agent_ends_a_job_past_its_bound_with_its_coordinator_gone(
     agents: AgentPool, monkeypatch: pytest.MonkeyPatch, ctx: zmq.Context
 ) -> None:

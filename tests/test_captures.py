@@ -263,6 +263,7 @@ def actions_said(stderr: str) -> list[str]:
     ],
     ids=["nominal-moderate", "heavy", "trapping"],
 )
+@pytest.mark.slow
 def test_agent_run_over_a_capture_of_a_busy_mac(
     agent_cli: str, tmp_path: Path, pressure: Callable[[int], int], code: int, expected: set[str]
 ) -> None:
@@ -352,6 +353,7 @@ def test_a_poll_of_the_wrong_shape_is_refused_naming_its_line(
     ],
     ids=["missing", "empty", "other-format", "other-version", "bad-poll", "bad-line"],
 )
+@pytest.mark.slow
 def test_a_capture_that_cannot_be_replayed_is_one_line_and_exit_2(
     agent_cli: str, tmp_path: Path, content: str | None, needle: str
 ) -> None:
@@ -378,6 +380,7 @@ def test_a_capture_that_cannot_be_replayed_is_one_line_and_exit_2(
         read_capture(path)
 
 
+@pytest.mark.slow
 def test_a_doctor_capture_on_this_machine_round_trips_through_agent_temp(
     agent_cli: str, tmp_path: Path
 ) -> None:
@@ -451,6 +454,7 @@ def test_rapl_counters_in_a_capture_go_through_the_rapl_meter(tmp_path: Path) ->
     assert reading is not None and reading.joules == {"cpu": pytest.approx(4.0)}
 
 
+@pytest.mark.slow
 def test_a_capture_holds_the_tools_lines_and_power_files_and_replays_both(
     agent_cli: str, tool_log: Path, tmp_path: Path
 ) -> None:

@@ -248,6 +248,7 @@ def test_the_completion_script_is_typers_for_the_console_script(program: str) ->
     assert "--install-completion" in cli(program, "-h").stdout
 
 
+@pytest.mark.slow
 def test_coordinator_keys_list_and_remove_on_a_real_data_dir(fleet_home: Path) -> None:
     key = new_keypair()[0]
     assert cli("coordinator", "keys", "add", "mac1", key).returncode == 0
@@ -276,6 +277,7 @@ def test_coordinator_keys_list_and_remove_on_a_real_data_dir(fleet_home: Path) -
     assert "no agent key is stored yet" in empty.stderr
 
 
+@pytest.mark.slow
 def test_coordinator_keys_on_a_data_dir_that_is_a_file(tmp_path: Path) -> None:
     home = tmp_path / "a-file"
     home.write_text("not a folder\n")
@@ -285,6 +287,7 @@ def test_coordinator_keys_on_a_data_dir_that_is_a_file(tmp_path: Path) -> None:
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+@pytest.mark.slow
 def test_agent_keys_list_as_json(fleet_home: Path) -> None:
     key = new_keypair()[0]
     assert cli("agent", "keys", "trust", key, "--name", "laptop").returncode == 0
@@ -293,6 +296,7 @@ def test_agent_keys_list_as_json(fleet_home: Path) -> None:
     assert cli("agent", "keys", "list").stdout == f"laptop\t{key}\n"
 
 
+@pytest.mark.slow
 def test_a_key_starting_with_a_dash_is_a_key_even_holding_h(fleet_home: Path) -> None:
     """`-h` is a short option now: a key such as `-h...` or `-xoh...` is still a key."""
     key = next(

@@ -8,6 +8,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from coordinator.reports.compare import compare_reports, parse_by
 from coordinator.runs.store import RunStore
 from shared.exit_codes import EXIT_USAGE
@@ -36,6 +38,7 @@ def bench(agent_cli: str, output: Path, **env: str) -> Path:
     return output
 
 
+@pytest.mark.slow
 def test_a_low_power_run_is_refused_unless_settings_are_ignored(
     agent_cli: str, coordinator_cli: str, tmp_path: Path
 ) -> None:
@@ -61,6 +64,7 @@ def test_a_low_power_run_is_refused_unless_settings_are_ignored(
     assert all(row["settings_differ"] == {} for row in json.loads(same.stdout)["rows"])
 
 
+@pytest.mark.slow
 def test_by_a_setting(agent_cli: str, coordinator_cli: str, tmp_path: Path) -> None:
     normal = bench(agent_cli, tmp_path / "normal.json")
     low = bench(agent_cli, tmp_path / "low.json", MLX_FLEET_INJECT="low-power")
@@ -92,6 +96,7 @@ def store_run(store: RunStore, speeds: dict[int, tuple[float, float]], **setting
     return run_id
 
 
+@pytest.mark.slow
 def test_speedups_within_the_noise_are_marked(coordinator_cli: str, fleet_home: Path) -> None:
     with RunStore() as store:
         first = store_run(store, {32: (100.0, 3.0), 64: (50.0, 1.0)})

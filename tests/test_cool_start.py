@@ -190,6 +190,7 @@ def test_a_limit_out_of_range_is_one_line(command: list[str]) -> None:
 # --- end to end ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_agent_bench_waits_for_a_replayed_curve_to_cool(tmp_path: Path) -> None:
     curve = tmp_path / "cooling.csv"
     curve.write_text("seconds,celsius\n0,88\n2,86\n4,70\n600,70\n")
@@ -204,6 +205,7 @@ def test_agent_bench_waits_for_a_replayed_curve_to_cool(tmp_path: Path) -> None:
     assert HOT_START not in cell["flags"] and cell["soc_temp_start_c"] == 70.0
 
 
+@pytest.mark.slow
 def test_a_real_agent_reports_the_wait_and_flags_the_injected_cell(
     ctx: zmq.Context, agents: AgentPool
 ) -> None:
@@ -230,6 +232,7 @@ def test_a_real_agent_reports_the_wait_and_flags_the_injected_cell(
     assert HOT_START not in second["flags"] and "hot-start" not in (second.get("injected") or [])
 
 
+@pytest.mark.slow
 def test_coordinator_benchmark_says_a_cell_started_hot() -> None:
     result = run_cli(
         "coordinator", "benchmark", "--config-small", "-p", "16", "-n", "0", "-r", "1",

@@ -42,6 +42,7 @@ class ScriptedSource(ThermalSource):
         return self._reading(celsius, pressure=pressure)
 
 
+@pytest.mark.slow
 def test_replayed_curve_drives_reduce_pause_resume_and_shutdown(tmp_path: Path) -> None:
     """70 -> 90 -> 70 -> 96 °C through a real monitor thread: the lasting 96 °C pauses first,
     and stops once it has lasted HOT_POLLS_TO_STOP polls."""
@@ -227,6 +228,7 @@ def test_enabled_guard_raises_at_stop_and_still_reports_the_cell(tmp_path: Path)
     assert "hot" in report.flags and "paused" in report.flags, "a stop comes after a pause"
 
 
+@pytest.mark.slow
 def test_a_spike_inside_one_long_iteration_still_marks_the_cell_hot() -> None:
     """The monitor keeps only 2 readings, and the spike is hundreds of polls before the cell
     ends: the guard must see every reading as it is polled, not what history still holds."""

@@ -128,6 +128,7 @@ def test_show_to_a_file(
         ]
 
 
+@pytest.mark.slow
 def test_compare(coordinator_cli: str, two_runs: tuple[str, str]) -> None:
     first, second = two_runs
     result = run_cli(coordinator_cli, "compare", first, second, "--format", "json")
@@ -162,6 +163,7 @@ def test_compare(coordinator_cli: str, two_runs: tuple[str, str]) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_compare_takes_agent_bench_json_files(
     coordinator_cli: str, agent_cli: str, tmp_path: Path
 ) -> None:
@@ -200,6 +202,7 @@ def test_compare_takes_agent_bench_json_files(
         ["compare", "/no/such/report.json", "r-"],
     ],
 )
+@pytest.mark.slow
 def test_usage_errors_exit_2(
     coordinator_cli: str, two_runs: tuple[str, str], args: list[str]
 ) -> None:
@@ -224,6 +227,7 @@ def test_an_ambiguous_run_id_is_named_with_every_run_it_matches(
         assert run_id in ambiguous.stderr
 
 
+@pytest.mark.slow
 def test_corrupt_store_is_reported(coordinator_cli: str, fleet_home: Path) -> None:
     fleet_home.mkdir(parents=True, exist_ok=True)
     (fleet_home / "coordinator.sqlite").write_bytes(b"garbage" * 200)

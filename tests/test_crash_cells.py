@@ -44,6 +44,7 @@ def small_shape_footprint(cell: Cell) -> int:
     return cell_footprint(shape, 8_000_000, cell, CRASHING_STEP, scores_materialized=True).total
 
 
+@pytest.mark.slow
 def test_a_cell_that_kills_its_job_process_fails_alone(ctx: zmq.Context, agents: AgentPool) -> None:
     if shutil.which("prlimit") is None:
         pytest.skip("needs prlimit(1) (util-linux) to give the agent a memory limit")
@@ -117,6 +118,7 @@ def test_a_model_without_a_config_is_not_estimated() -> None:
     assert model_shape(object()) is None
 
 
+@pytest.mark.slow
 def test_a_job_process_dies_with_its_agent(ctx: zmq.Context, agents: AgentPool) -> None:
     agent = trusted_agent(agents)
     client = connect(ctx, agent)

@@ -100,6 +100,7 @@ def full_home(tmp_path: Path) -> Iterator[Path]:
 
 
 @pytest.mark.parametrize(("program", "args"), COMMANDS, ids=name)
+@pytest.mark.slow
 def test_a_data_dir_that_is_a_file(tmp_path: Path, program: str, args: list[str]) -> None:
     home = tmp_path / "file"
     home.write_text("x", encoding="utf-8")
@@ -107,15 +108,18 @@ def test_a_data_dir_that_is_a_file(tmp_path: Path, program: str, args: list[str]
 
 
 @pytest.mark.parametrize(("program", "args"), COMMANDS, ids=name)
+@pytest.mark.slow
 def test_a_read_only_data_dir(read_only_home: Path, program: str, args: list[str]) -> None:
     assert_one_line(run(program, args, read_only_home), read_only_home, "Read-only file system")
 
 
 @pytest.mark.parametrize(("program", "args"), COMMANDS, ids=name)
+@pytest.mark.slow
 def test_a_full_data_dir(full_home: Path, program: str, args: list[str]) -> None:
     assert_one_line(run(program, args, full_home), full_home, "No space left on device")
 
 
+@pytest.mark.slow
 def test_a_data_dir_its_owner_cannot_write(tmp_path: Path) -> None:
     home = tmp_path / "locked"
     home.mkdir(mode=0o500)
@@ -173,6 +177,7 @@ def test_what_agent_bench_creates_is_private(tmp_path: Path) -> None:
     assert stat.S_IMODE((tmp_path / "fresh").stat().st_mode) == 0o700  # made on the way
 
 
+@pytest.mark.slow
 def test_what_coordinator_benchmark_creates_is_private(tmp_path: Path) -> None:
     """The embedded agent's home too: its folders, keys, log, journals and job logs."""
     home = tmp_path / "home"
@@ -186,6 +191,7 @@ def test_what_coordinator_benchmark_creates_is_private(tmp_path: Path) -> None:
     assert secrets and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in secrets)
 
 
+@pytest.mark.slow
 def test_agent_doctor_marks_a_data_dir_that_is_a_file(tmp_path: Path) -> None:
     home = tmp_path / "file"
     home.write_text("x", encoding="utf-8")

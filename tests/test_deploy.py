@@ -195,6 +195,7 @@ def remote_agent(home: Path, *args: str) -> str:
 
 @needs_sshd
 @pytest.mark.timeout(1500)
+@pytest.mark.slow
 def test_roll_out_to_two_hosts_is_idempotent_and_skips_a_dead_one(
     coordinator_cli: str, lab: Lab, fleet_home: Path, tmp_path: Path
 ) -> None:
@@ -266,6 +267,7 @@ def test_roll_out_to_two_hosts_is_idempotent_and_skips_a_dead_one(
 
 
 @needs_sshd
+@pytest.mark.slow
 def test_dry_run_asks_a_real_host_for_its_python_through_its_login_shell(
     coordinator_cli: str, lab: Lab, fleet_home: Path
 ) -> None:
@@ -335,6 +337,7 @@ def test_dry_run_lists_every_step(coordinator_cli: str, tmp_path: Path) -> None:
     assert "sudo" not in result.stdout
 
 
+@pytest.mark.slow
 def test_a_dry_run_trusts_the_real_key_a_first_run_would_make(
     coordinator_cli: str, fleet_home: Path, tmp_path: Path
 ) -> None:
@@ -354,6 +357,7 @@ def test_a_dry_run_trusts_the_real_key_a_first_run_would_make(
     assert again.stdout == result.stdout and "made this" not in again.stderr
 
 
+@pytest.mark.slow
 def test_dry_run_trusts_the_coordinator_key_once_one_exists(
     coordinator_cli: str, fleet_home: Path
 ) -> None:
@@ -362,6 +366,7 @@ def test_dry_run_trusts_the_coordinator_key_once_one_exists(
     assert key in dry_run_steps(again.stdout)["trust coordinator"]
 
 
+@pytest.mark.slow
 def test_system_dry_run_runs_every_step_as_the_login_user(coordinator_cli: str) -> None:
     """The system service runs as the login user (UserName), so trust and keys stay in that
     user's data directory; only `agent install` itself gets root, through `sudo -n`."""
@@ -446,6 +451,7 @@ MAC_TOOLS = Path(__file__).parent / "fakes" / "mac_tools.py"
         ("m2-max", "hw.optional.arm64=0", "an Intel Mac: MLX needs Apple Silicon (arm64)"),
     ],
 )
+@pytest.mark.slow
 def test_virtualenv_step_refuses_a_mac_mlx_cannot_run_on(
     tmp_path: Path, mac: str, changed: str, refusal: str
 ) -> None:
@@ -506,6 +512,7 @@ def test_hosts_are_required(coordinator_cli: str) -> None:
     ],
 )
 @pytest.mark.parametrize("dry_run", [True, False])
+@pytest.mark.slow
 def test_a_bad_wheel_or_python_is_one_line_even_in_a_dry_run(
     coordinator_cli: str, args: list[str], message: str, dry_run: bool
 ) -> None:
@@ -517,6 +524,7 @@ def test_a_bad_wheel_or_python_is_one_line_even_in_a_dry_run(
     assert len(lines) == 1 and message in lines[0], result.stderr
 
 
+@pytest.mark.slow
 def test_a_dry_run_without_a_wheel_is_a_script_to_paste(coordinator_cli: str) -> None:
     """The wheel it would build, by its real name and how to build it: no `<version>`."""
     result = coordinator(coordinator_cli, "deploy", "--hosts", "mac1", "--dry-run", *GIVEN_PYTHON)
@@ -531,6 +539,7 @@ def test_a_dry_run_without_a_wheel_is_a_script_to_paste(coordinator_cli: str) ->
     assert commands[0] == lines[1] and all(line.startswith("ssh ") for line in commands[1:3])
 
 
+@pytest.mark.slow
 def test_a_dry_run_honours_format_json(coordinator_cli: str) -> None:
     result = coordinator(
         coordinator_cli,

@@ -106,6 +106,7 @@ def mac(tmp_path: Path, fleet_home: Path) -> FakeMac:
     return FakeMac(tmp_path / "mac")
 
 
+@pytest.mark.slow
 def test_homebrew_312_is_chosen_and_the_command_line_tools_stub_never_runs(
     mac: FakeMac,
 ) -> None:
@@ -129,6 +130,7 @@ def test_homebrew_312_is_chosen_and_the_command_line_tools_stub_never_runs(
     assert steps["find python"] == login + shlex.quote(probe).splitlines()[0]
 
 
+@pytest.mark.slow
 def test_no_usable_python_stops_the_host_with_one_line_naming_what_to_install(
     mac: FakeMac,
 ) -> None:
@@ -149,6 +151,7 @@ def test_no_usable_python_stops_the_host_with_one_line_naming_what_to_install(
     assert plans[0]["python"] is None and plans[0]["error"].startswith("no usable Python")
 
 
+@pytest.mark.slow
 def test_search_order_homebrew_first_then_python_org_newest_first(mac: FakeMac) -> None:
     for version in ("3.9", "3.11", "3.13"):
         mac.python(FRAMEWORK.format(version), f"{version} arm64 Darwin")
@@ -159,6 +162,7 @@ def test_search_order_homebrew_first_then_python_org_newest_first(mac: FakeMac) 
     assert "python /opt/homebrew/bin/python3.10 (3.10, arm64)" in mac.deploy().stderr
 
 
+@pytest.mark.slow
 def test_apple_python_runs_only_with_the_command_line_tools_and_is_still_too_old(
     mac: FakeMac,
 ) -> None:
@@ -183,6 +187,7 @@ def test_a_host_without_xcode_select_is_no_mac_and_its_usr_bin_python3_is_asked(
     assert result.stderr.strip() == "mac1:5555: python /usr/bin/python3 (3.11, x86_64)"
 
 
+@pytest.mark.slow
 def test_a_real_run_uses_the_python_it_found_or_fails_the_host_at_find_python(
     mac: FakeMac, tmp_path: Path
 ) -> None:

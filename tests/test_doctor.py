@@ -25,6 +25,7 @@ def checks(report: dict) -> dict[str, dict]:
     return {check["name"]: check for check in report["checks"]}
 
 
+@pytest.mark.slow
 def test_agent_doctor_reports_every_check_and_exits_0_when_the_agent_can_run() -> None:
     port = free_port()
     result = cli("agent", "doctor", "--format", "json", "--bind", f"0.0.0.0:{port}")
@@ -46,6 +47,7 @@ def test_agent_doctor_reports_every_check_and_exits_0_when_the_agent_can_run() -
         assert not any(found[name]["required"] for name in ("metal", "firewall", "service"))
 
 
+@pytest.mark.slow
 def test_agent_doctor_only_looks_at_a_missing_data_dir(tmp_path: Path) -> None:
     """A doctor makes nothing: a missing data dir (and the folder it would be made in) is still
     missing after it, and the check says `agent serve` makes it, ✓: it can be made."""
@@ -58,6 +60,7 @@ def test_agent_doctor_only_looks_at_a_missing_data_dir(tmp_path: Path) -> None:
     assert found["agent key"]["ok"]
 
 
+@pytest.mark.slow
 def test_a_port_taken_by_another_program_fails_with_the_fix() -> None:
     with socket.socket() as taken:
         taken.bind(("0.0.0.0", 0))
@@ -69,6 +72,7 @@ def test_a_port_taken_by_another_program_fails_with_the_fix() -> None:
     assert "✗" in row and "cannot bind" in row and "--bind" in row
 
 
+@pytest.mark.slow
 def test_the_ports_of_this_machines_running_agent_are_not_a_failure(agents: AgentPool) -> None:
     agent = agents.start("mac1")
     result = cli("agent", "doctor", "--format", "json", "--bind", agent.address, home=agent.home)
@@ -76,6 +80,7 @@ def test_the_ports_of_this_machines_running_agent_are_not_a_failure(agents: Agen
     assert found[f"port {agent.port} (command)"]["detail"].startswith("in use by agent serve")
 
 
+@pytest.mark.slow
 def test_coordinator_doctor_collects_every_agent_into_one_table(
     agents: AgentPool, tmp_path: Path
 ) -> None:
@@ -101,6 +106,7 @@ def test_coordinator_doctor_collects_every_agent_into_one_table(
     assert "connection refused" in table.stdout
 
 
+@pytest.mark.slow
 def test_the_agent_answers_pings_while_its_doctor_report_is_made(agents: AgentPool) -> None:
     """The report takes over a second (its benchmark alone): it is deferred, the loop goes on."""
     agent = trusted_agent(agents)
@@ -127,6 +133,7 @@ def test_doctor_bad_input_is_one_line_exit_2(fmt: str) -> None:
     assert "bad --bind 'nonsense'" in result.stderr
 
 
+@pytest.mark.slow
 def test_doctor_shows_the_policy_in_force_and_warns_of_thresholds_below_the_idle_reading(
     tmp_path: Path, fleet_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -116,6 +116,7 @@ def doctor_load(seconds: str, sysfs: Path, monkeypatch: pytest.MonkeyPatch) -> d
 
 
 @ON_LINUX
+@pytest.mark.slow
 def test_sources_that_stay_put_under_a_real_load_fail(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -140,6 +141,7 @@ def test_sources_that_stay_put_under_a_real_load_fail(
 
 
 @ON_LINUX
+@pytest.mark.slow
 def test_sources_that_are_not_there_are_unavailable_with_their_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -254,6 +254,7 @@ def test_a_missing_sfltool_is_said_not_raised(tmp_path: Path) -> None:
     assert not check.ok and "not found" in check.detail
 
 
+@pytest.mark.slow
 def test_agent_doctor_passes_without_numpy(tmp_path: Path) -> None:
     """The base install has no numpy (only mlx-lm brings it): every required check passes
     with `import numpy` failing, the benchmark included."""
@@ -278,6 +279,7 @@ def test_agent_doctor_passes_without_numpy(tmp_path: Path) -> None:
         assert found["login items"]["detail"].startswith("not applicable: not a Mac")
 
 
+@pytest.mark.slow
 def test_the_benchmark_fails_when_mlx_multiplies_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
     """The reference is computed apart from the matmul kernels, so a wrong kernel shows."""
     import mlx.core as mx

@@ -61,6 +61,7 @@ def sysfs_root(tmp_path: Path) -> Iterator[Path]:
         yield Path(root)
 
 
+@pytest.mark.slow
 def test_rapl_cells_match_a_counter_running_at_a_known_rate_and_wrapping(
     sysfs_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -97,6 +98,7 @@ def test_rapl_cells_match_a_counter_running_at_a_known_rate_and_wrapping(
         assert "simulated" not in record["flags"] or record["thermal_source"] == "sim"
 
 
+@pytest.mark.slow
 def test_replayed_watts_give_the_same(tmp_path: Path) -> None:
     curve = tmp_path / "watts.csv"
     curve.write_text("seconds,watts\n0,12.5\n")
@@ -108,6 +110,7 @@ def test_replayed_watts_give_the_same(tmp_path: Path) -> None:
         assert record["energy_net_j"] is None  # no baseline: unknown, not zero
 
 
+@pytest.mark.slow
 def test_every_format_shows_energy_and_labels_a_replay(tmp_path: Path) -> None:
     curve = tmp_path / "watts.csv"
     curve.write_text("0,12.5\n")
@@ -127,6 +130,7 @@ def test_every_format_shows_energy_and_labels_a_replay(tmp_path: Path) -> None:
             assert mark in shown.stdout, (fmt, mark)
 
 
+@pytest.mark.slow
 def test_no_meter_is_na_with_why(tmp_path: Path) -> None:
     report = bench_json(*SMALL, "--power-source", "none")
     assert report["energy"]["present"] is False
@@ -137,6 +141,7 @@ def test_no_meter_is_na_with_why(tmp_path: Path) -> None:
     assert "energy: N/A" in table.stdout
 
 
+@pytest.mark.slow
 def test_bad_power_sources_and_sustains_are_one_line_exit_2(tmp_path: Path) -> None:
     for args, why in (
         (("--power-source", "wattmeter"), "unknown power source 'wattmeter'; this machine offers"),
@@ -153,6 +158,7 @@ def test_bad_power_sources_and_sustains_are_one_line_exit_2(tmp_path: Path) -> N
         assert len(lines) == 1 and why in lines[0], (args, lines)
 
 
+@pytest.mark.slow
 def test_sustained_run_under_a_rising_curve_pauses_and_reports_windows(tmp_path: Path) -> None:
     """The issue's own run: 30 s in 5 s windows under a replayed temperature that climbs past
     the pause threshold and falls back, with a replayed power curve beside it."""
@@ -205,6 +211,7 @@ def test_sustained_run_under_a_rising_curve_pauses_and_reports_windows(tmp_path:
     assert f"Windows of {where}small/f16 pp16 b1" in render_text(report, "md")
 
 
+@pytest.mark.slow
 def test_a_stop_ends_a_sustained_cell_with_the_windows_it_measured(tmp_path: Path) -> None:
     heat = tmp_path / "heat.csv"
     heat.write_text("seconds,celsius\n0,50\n7,97\n")

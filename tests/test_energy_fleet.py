@@ -53,6 +53,7 @@ def metered_agent(
     return agent
 
 
+@pytest.mark.slow
 def test_every_cell_of_a_fleet_run_carries_its_energy(agents: AgentPool, tmp_path: Path) -> None:
     watts = replay(tmp_path, "watts.csv", "0,20\n")
     first = metered_agent(agents, "mac1", watts)
@@ -82,6 +83,7 @@ def test_every_cell_of_a_fleet_run_carries_its_energy(agents: AgentPool, tmp_pat
     assert "tok/J A" in compared.stdout and "tok/J B" in compared.stdout
 
 
+@pytest.mark.slow
 def test_a_sustained_run_on_two_hosts_at_once_with_its_plot(
     agents: AgentPool, tmp_path: Path
 ) -> None:
@@ -134,6 +136,7 @@ def test_a_sustain_plot_says_what_no_host_could_read() -> None:
     ]
 
 
+@pytest.mark.slow
 def test_a_sustain_the_agent_cannot_meter_is_refused_by_it(
     agents: AgentPool, tmp_path: Path
 ) -> None:
@@ -151,6 +154,7 @@ def test_a_sustain_the_agent_cannot_meter_is_refused_by_it(
     assert no_plot.returncode == 2 and "give --sustain" in no_plot.stderr
 
 
+@pytest.mark.slow
 def test_samples_info_monitor_and_metrics_carry_power(
     agents: AgentPool, tmp_path: Path, ctx: zmq.Context
 ) -> None:
@@ -214,6 +218,7 @@ def test_energy_metrics_survive_an_agent_restart_and_drop_a_vanished_rail() -> N
     assert registry.get_sample_value("mlx_fleet_power_watts", labels) is None
 
 
+@pytest.mark.slow
 def test_history_reports_energy_and_mean_power_and_plots_a_power_panel(tmp_path: Path) -> None:
     start = time.time() - 120
     with TelemetryStore() as store:
@@ -261,6 +266,7 @@ def test_compare_shows_tokens_per_joule_of_both_runs() -> None:
 
 
 @pytest.mark.skipif(platform.system() != "Linux", reason="rapl is what Linux offers")
+@pytest.mark.slow
 def test_doctor_lists_every_power_source_with_its_reading(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

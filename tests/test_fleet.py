@@ -31,6 +31,7 @@ def host_entry(report: dict, host: str) -> dict:
     return next(h for h in report["hosts"] if h["host"] == host)
 
 
+@pytest.mark.slow
 def test_two_agents_return_every_cell_in_one_report(agents: AgentPool) -> None:
     first, second = agents.start("mac1"), agents.start("mac2")
     exchange_keys(first)
@@ -55,6 +56,7 @@ def test_two_agents_return_every_cell_in_one_report(agents: AgentPool) -> None:
     assert json.loads(stored.stdout)["cells"] == report["cells"]
 
 
+@pytest.mark.slow
 def test_the_embedded_agent_is_the_default(fleet_home: Path) -> None:
     result = benchmark("--config-small", "-s", "32,64", "-n", "8", "-d", "0,32", "-i", "1")
     assert result.returncode == 0, result.stderr
@@ -65,6 +67,7 @@ def test_the_embedded_agent_is_the_default(fleet_home: Path) -> None:
     assert "stopped" in log  # the local agent was stopped, not left running
 
 
+@pytest.mark.slow
 def test_an_untrusted_coordinator_is_told_which_host_refused(agents: AgentPool) -> None:
     trusting, refusing = agents.start("mac1"), agents.start("mac2")
     exchange_keys(trusting)
@@ -84,6 +87,7 @@ def test_an_untrusted_coordinator_is_told_which_host_refused(agents: AgentPool) 
     assert "refused a coordinator" in refusing.log_text()
 
 
+@pytest.mark.slow
 def test_sigkill_mid_run_keeps_the_other_host_and_the_finished_cells(agents: AgentPool) -> None:
     survivor, victim = agents.start("mac1"), agents.start("mac2")
     exchange_keys(survivor)
@@ -122,6 +126,7 @@ def test_sigkill_mid_run_keeps_the_other_host_and_the_finished_cells(agents: Age
     assert f"coordinator resume {report['run_id']}" in err
 
 
+@pytest.mark.slow
 def test_an_unreachable_host_is_reported_and_the_others_go_on(agents: AgentPool) -> None:
     live, gone = agents.start("mac1"), agents.start("mac2")
     exchange_keys(live)
@@ -144,6 +149,7 @@ def test_an_unreachable_host_is_reported_and_the_others_go_on(agents: AgentPool)
     assert time.monotonic() - began < 30
 
 
+@pytest.mark.slow
 def test_a_hostfile_carries_the_keys(agents: AgentPool, tmp_path: Path) -> None:
     agent = agents.start("mac1")
     coordinator_key = cli("coordinator", "keys", "show").stdout.strip()
@@ -164,6 +170,7 @@ def test_a_malformed_hostfile_exits_2_naming_file_and_entry(tmp_path: Path) -> N
     assert f"{hostfile}: entry 2 " in result.stderr and "bad port 'http'" in result.stderr
 
 
+@pytest.mark.slow
 def test_the_agents_reason_for_rejecting_a_matrix_reaches_the_user(agents: AgentPool) -> None:
     agent = agents.start("mac1")
     exchange_keys(agent)
@@ -182,6 +189,7 @@ def test_the_agents_reason_for_rejecting_a_matrix_reaches_the_user(agents: Agent
     assert "/models/not-on-this-mac does not exist" in error
 
 
+@pytest.mark.slow
 def test_status_reports_reachable_and_unreachable_agents(agents: AgentPool) -> None:
     simulated, gone = agents.start("mac1", thermal="sim"), agents.start("mac2")
     exchange_keys(simulated)
@@ -202,6 +210,7 @@ def test_status_reports_reachable_and_unreachable_agents(agents: AgentPool) -> N
     assert "(simulated)" in table.stdout and "idle" in table.stdout
 
 
+@pytest.mark.slow
 def test_ctrl_c_cancels_the_jobs_and_keeps_what_arrived(agents: AgentPool) -> None:
     agent = agents.start("mac1")
     exchange_keys(agent)
@@ -234,6 +243,7 @@ def test_ctrl_c_cancels_the_jobs_and_keeps_what_arrived(agents: AgentPool) -> No
     assert "cancelled" in agent.log_text()
 
 
+@pytest.mark.slow
 def test_the_embedded_agent_does_not_outlive_a_killed_coordinator(fleet_home: Path) -> None:
     coordinator = subprocess.Popen(
         [console_script("coordinator"), "benchmark", *LONG, "--format", "json"],

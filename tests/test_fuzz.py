@@ -255,6 +255,7 @@ def jobs_journaled(agent: AgentProcess) -> int:
         return conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
 
 
+@pytest.mark.slow
 def test_thousands_of_malformed_messages_each_get_their_error(
     ctx: zmq.Context, agents: AgentPool
 ) -> None:

@@ -349,6 +349,7 @@ def set_policy(ctx: zmq.Context, mac: Mac, policy: dict[str, float]) -> None:
         client.request("policy.set", {"policy": policy})
 
 
+@pytest.mark.slow
 def test_one_hot_mac_pauses_and_resumes_every_rank(
     two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path, ctx: zmq.Context
 ) -> None:
@@ -402,6 +403,7 @@ def test_one_hot_mac_pauses_and_resumes_every_rank(
     assert "agent run jobs" in table.stdout and "paused all 2 ranks" in table.stdout
 
 
+@pytest.mark.slow
 def test_a_stop_on_one_mac_ends_every_rank_with_75(
     two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path, ctx: zmq.Context
 ) -> None:
@@ -418,6 +420,7 @@ def test_a_stop_on_one_mac_ends_every_rank_with_75(
     assert [job.pid for job in jobs if alive(job)] == []
 
 
+@pytest.mark.slow
 def test_with_a_peer_agent_down_the_hot_mac_protects_itself_and_the_gang_comes_back(
     agents: AgentPool, two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path,
     ctx: zmq.Context,
@@ -478,6 +481,7 @@ def test_a_peer_cannot_report_into_a_group_no_rank_here_runs(
     assert agent.log_text().count("refused a gang.state") == 1  # logged once, not per retry
 
 
+@pytest.mark.slow
 def test_a_peer_cannot_speak_for_the_local_rank(
     two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path, ctx: zmq.Context
 ) -> None:
@@ -507,6 +511,7 @@ def test_a_peer_cannot_speak_for_the_local_rank(
         (["--group", "../etc", "--ranks", "2", "--rank", "0", "--rank-hosts", "a,b"], "bad group"),
     ],
 )
+@pytest.mark.slow
 def test_bad_gang_options_are_one_line_and_exit_2(args: list[str], problem: str) -> None:
     done = subprocess.run(
         [console_script("agent"), "run", "--thermal-source", "none", *args, "--", "true"],
@@ -535,6 +540,7 @@ def listed_gangs(ctx: zmq.Context, mac: Mac) -> list[dict[str, object]]:
         return [job["gang"] for job in client.request("info")["jobs"] if job.get("gang")]
 
 
+@pytest.mark.slow
 def test_two_jobs_cannot_be_one_rank(
     two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path, ctx: zmq.Context
 ) -> None:
@@ -566,6 +572,7 @@ def parked_steps(macs: tuple[Mac, Mac]) -> list[int]:
 
 
 @pytest.mark.parametrize("gate", ["step", "scheduler"])
+@pytest.mark.slow
 def test_cooperative_ranks_park_at_the_same_step_boundary(
     gate: str, two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path, ctx: zmq.Context
 ) -> None:
@@ -658,6 +665,7 @@ def write_lora_job(directory: Path) -> None:
         (data / f"{name}.jsonl").write_text(text)
 
 
+@pytest.mark.slow
 def test_a_distributed_mlx_lm_lora_parks_every_rank_at_one_step_and_finishes(
     two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path, ctx: zmq.Context
 ) -> None:
@@ -687,6 +695,7 @@ def test_a_distributed_mlx_lm_lora_parks_every_rank_at_one_step_and_finishes(
     assert "paused all 2 ranks" in ranks[1].stderr()
 
 
+@pytest.mark.slow
 def test_a_peer_agents_key_may_only_exchange_gang_states(
     two_macs: tuple[Mac, Mac], ctx: zmq.Context
 ) -> None:
@@ -706,6 +715,7 @@ def test_a_peer_agents_key_may_only_exchange_gang_states(
             client.request("job.list", {})
 
 
+@pytest.mark.slow
 def test_two_ranks_may_share_a_mac(
     agents: AgentPool, tmp_path: Path, ranks: list[Rank], ctx: zmq.Context
 ) -> None:
@@ -725,6 +735,7 @@ def test_two_ranks_may_share_a_mac(
     assert "is already" not in ranks[0].stderr() + ranks[1].stderr()
 
 
+@pytest.mark.slow
 def test_a_cooperative_gang_stop_ends_every_rank_at_a_step_boundary(
     two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path, ctx: zmq.Context
 ) -> None:

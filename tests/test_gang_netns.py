@@ -158,6 +158,7 @@ def push(lab: dict[str, str], agent: AgentProcess, mac: str, policy: dict[str, f
     assert done.returncode == 0, done.stderr + done.stdout
 
 
+@pytest.mark.slow
 def test_three_macs_pause_resume_and_stop_as_one_gang(
     lab: dict[str, str], agents: AgentPool, lab_ranks: list[Rank], tmp_path: Path
 ) -> None:

@@ -50,6 +50,7 @@ def test_the_cells_error_is_cut() -> None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_a_gpu_error_fails_its_cell_alone(ctx: zmq.Context, agents: AgentPool) -> None:
     agent = agents.start(wrapper=["env", "MLX_FLEET_INJECT=gpu-error@2"])
     trust(own_keypair().public, "test", directory=agent.home / "keys" / "trusted")

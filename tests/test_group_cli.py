@@ -43,6 +43,7 @@ def two(agents: AgentPool) -> tuple[AgentProcess, AgentProcess]:
     return agents.start("a", insecure=True), agents.start("b", insecure=True)
 
 
+@pytest.mark.slow
 def test_a_backend_the_members_lack_is_named(two: tuple[AgentProcess, AgentProcess]) -> None:
     a, b = two
     line = refused(coordinator("--hosts", f"{a.address}+{b.address}", "--backend", "jaccl", *QUICK))
@@ -51,6 +52,7 @@ def test_a_backend_the_members_lack_is_named(two: tuple[AgentProcess, AgentProce
     no_job_ran(a, b)
 
 
+@pytest.mark.slow
 def test_a_model_that_cannot_split_over_the_group_is_named(agents: AgentPool) -> None:
     a, b, c = (agents.start(name, insecure=True) for name in "abc")
     group = "+".join(agent.address for agent in (a, b, c))
@@ -60,6 +62,7 @@ def test_a_model_that_cannot_split_over_the_group_is_named(agents: AgentPool) ->
     no_job_ran(a, b, c)
 
 
+@pytest.mark.slow
 def test_a_sharding_the_model_dir_lacks_is_named(agents: AgentPool, tmp_path: Path) -> None:
     model = write_model_dir(tmp_path / "llama", {**TINY, "model_type": "llama"})
     a, b = agents.start("a", insecure=True), agents.start("b", insecure=True)
@@ -75,6 +78,7 @@ def test_a_sharding_the_model_dir_lacks_is_named(agents: AgentPool, tmp_path: Pa
     no_job_ran(a, b)
 
 
+@pytest.mark.slow
 def test_members_holding_different_weights_are_named(agents: AgentPool, tmp_path: Path) -> None:
     """The same --model path, ~/tiny, is another model on each member (each agent's HOME)."""
     homes = {name: tmp_path / f"home-{name}" for name in "ab"}
@@ -101,6 +105,7 @@ def test_members_holding_different_weights_are_named(agents: AgentPool, tmp_path
         (["--sustain", "1m"], "--sustain: a group's cells do not run sustained"),
     ],
 )
+@pytest.mark.slow
 def test_a_bad_group_option_is_one_line(args: list[str], message: str) -> None:
     hosts = [] if "--hosts" in args else ["--hosts", "127.0.0.1:1,127.0.0.1:1+127.0.0.1:2"]
     assert message in refused(coordinator(*hosts, *args, *QUICK))
@@ -127,6 +132,7 @@ def test_members_on_different_mlx_are_refused() -> None:
     assert checked_backend(group, unreachable, plan) == "ring"  # the run names it, not bad input
 
 
+@pytest.mark.slow
 def test_a_group_runs_an_mlx_lm_directory_through_sharded_load(
     agents: AgentPool, tmp_path: Path
 ) -> None:
@@ -148,6 +154,7 @@ def test_a_group_runs_an_mlx_lm_directory_through_sharded_load(
         assert {c["group"]["sharding"] for c in split} == {sharding}
 
 
+@pytest.mark.slow
 def test_a_member_unreachable_at_start_fails_its_group_and_the_hosts_go_on(
     agents: AgentPool,
 ) -> None:

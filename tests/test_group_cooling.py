@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.fleet_support import AgentPool
 from tests.group_support import insecure_benchmark as coordinator
 from tests.group_support import rank_children, wait_for_no_rank
@@ -15,6 +17,7 @@ from tests.group_support import rank_children, wait_for_no_rank
 CELLS = ["--config-small", "-p", "32", "-n", "0", "-r", "2", "-w", "1", "--no-cool-start"]
 
 
+@pytest.mark.slow
 def test_a_pause_on_one_member_holds_the_group_and_marks_its_cell(
     agents: AgentPool, tmp_path: Path
 ) -> None:
@@ -35,6 +38,7 @@ def test_a_pause_on_one_member_holds_the_group_and_marks_its_cell(
     assert not rank_children({"a": a, "b": b})
 
 
+@pytest.mark.slow
 def test_a_stop_on_one_member_stops_the_group(agents: AgentPool, tmp_path: Path) -> None:
     curve = tmp_path / "curve.csv"
     curve.write_text("0,97\n")  # at the stop threshold (95 °C) throughout

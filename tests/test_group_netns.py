@@ -61,6 +61,7 @@ def report_of(made: Lab, stderr: str) -> dict:
     return json.loads(shown.stdout)
 
 
+@pytest.mark.slow
 def test_a_group_runs_beside_its_members_in_one_table(
     hosts: tuple[Lab, dict[str, AgentProcess]],
 ) -> None:
@@ -148,6 +149,7 @@ def check_failed_group(done: subprocess.CompletedProcess[str], report: dict, b: 
     assert len(singles) == 2 * 10 and all(c["status"] == "ok" for c in singles)
 
 
+@pytest.mark.slow
 def test_a_killed_rank_agent_fails_the_cell_and_leaves_no_rank(
     hosts: tuple[Lab, dict[str, AgentProcess]], fleet_home: Path
 ) -> None:
@@ -157,6 +159,7 @@ def test_a_killed_rank_agent_fails_the_cell_and_leaves_no_rank(
     wait_for_no_rank(started, within=60)
 
 
+@pytest.mark.slow
 def test_a_cut_cable_fails_the_cell_in_the_host_timeout_and_leaves_no_rank(
     hosts: tuple[Lab, dict[str, AgentProcess]], fleet_home: Path
 ) -> None:

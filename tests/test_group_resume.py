@@ -62,6 +62,7 @@ def coordinator(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_resume_finishes_a_group_whose_coordinator_was_killed(
     agents: AgentPool, fleet_home: Path
 ) -> None:
@@ -76,6 +77,7 @@ def test_resume_finishes_a_group_whose_coordinator_was_killed(
     assert not rank_children(started)
 
 
+@pytest.mark.slow
 def test_cancel_reaches_every_rank_of_a_group(agents: AgentPool, fleet_home: Path) -> None:
     run, started = killed_mid_group(agents, fleet_home, LONGEST)
     cancelled = coordinator("cancel", run, "--insecure", "-o", "json")

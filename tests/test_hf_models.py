@@ -48,6 +48,7 @@ def bench(agent_cli: str, model: str, *args: str) -> subprocess.CompletedProcess
     )
 
 
+@pytest.mark.slow
 def test_an_id_runs_offline_from_the_cache(agent_cli: str, hf_home: Path) -> None:
     result = bench(agent_cli, REPO, "-o", "json")
     assert result.returncode == 0, result.stderr
@@ -62,6 +63,7 @@ def test_an_id_runs_offline_from_the_cache(agent_cli: str, hf_home: Path) -> Non
 
 
 @pytest.mark.parametrize("revision", ["main", "v1", COMMIT])
+@pytest.mark.slow
 def test_a_revision_names_a_branch_a_tag_or_a_commit(
     agent_cli: str, hf_home: Path, revision: str
 ) -> None:
@@ -80,6 +82,7 @@ def test_a_revision_names_a_branch_a_tag_or_a_commit(
         (f"{REPO}@v9", [f"{REPO}@v9", "--revision v9", "not in the Hugging Face cache"]),
     ],
 )
+@pytest.mark.slow
 def test_a_model_missing_offline_is_one_line_naming_it(
     agent_cli: str, hf_home: Path, model: str, needles: list[str]
 ) -> None:
@@ -89,6 +92,7 @@ def test_a_model_missing_offline_is_one_line_naming_it(
     assert len(lines) == 1 and all(needle in lines[0] for needle in needles), result.stderr
 
 
+@pytest.mark.slow
 def test_the_agent_resolves_an_id_on_its_own_machine(
     ctx: zmq.Context, agents: AgentPool, hf_home: Path
 ) -> None:

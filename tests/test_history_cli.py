@@ -56,6 +56,7 @@ def history(*args: str) -> subprocess.CompletedProcess[str]:
     return cli("coordinator", "history", *args)
 
 
+@pytest.mark.slow
 def test_statistics_per_host_from_the_record(recorded: float) -> None:
     result = history("--since", "1h", "--format", "json")
     assert result.returncode == 0, result.stderr
@@ -83,6 +84,7 @@ def test_statistics_per_host_from_the_record(recorded: float) -> None:
     assert "combine readings" not in table.stdout  # one source and sensor per host
 
 
+@pytest.mark.slow
 def test_readings_of_several_sensors_are_said_to_be_mixed(tmp_path: Path) -> None:
     """A host whose agent changed source (or sensor) within the window: its figures combine
     readings that may differ by tens of °C, and the table says so under the table."""
@@ -110,11 +112,13 @@ def test_readings_of_several_sensors_are_said_to_be_mixed(tmp_path: Path) -> Non
     ) in text
 
 
+@pytest.mark.slow
 def test_hosts_narrow_the_window(recorded: float) -> None:
     only = json.loads(history("--hosts", "mac2", "--format", "json").stdout)["hosts"]
     assert [row["host"] for row in only] == ["mac2:5555"]
 
 
+@pytest.mark.slow
 def test_since_narrows_the_window(recorded: float) -> None:
     recent = json.loads(history("--since", "2m", "--format", "json").stdout)["hosts"]
     assert 110 <= recent[0]["samples"] <= 120 and recent[0]["pauses"] == 0
@@ -123,6 +127,7 @@ def test_since_narrows_the_window(recorded: float) -> None:
     assert 9 <= late[0]["samples"] <= 10
 
 
+@pytest.mark.slow
 def test_plot_writes_a_png_of_the_record(recorded: float, tmp_path: Path) -> None:
     out = tmp_path / "out.png"
     result = history("--since", "1h", "--plot", str(out))
@@ -132,6 +137,7 @@ def test_plot_writes_a_png_of_the_record(recorded: float, tmp_path: Path) -> Non
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
 
+@pytest.mark.slow
 def test_nothing_recorded(tmp_path: Path) -> None:
     empty = history("--since", "1h")
     assert empty.returncode == 0 and "no telemetry recorded since" in empty.stderr
@@ -140,6 +146,7 @@ def test_nothing_recorded(tmp_path: Path) -> None:
     assert not (tmp_path / "out.png").exists()
 
 
+@pytest.mark.slow
 def test_bad_input_exits_2() -> None:
     assert "expected a duration such as 30m" in history("--since", "soon").stderr
     assert history("--since", "soon").returncode == 2

@@ -458,6 +458,7 @@ def test_strings_status(
 
 
 @pytest.mark.parametrize("tty", [False, True], ids=["pipe", "pty"])
+@pytest.mark.slow
 def test_strings_benchmark(
     bench_of: Callable[[str], Stored],
     fake: Callable[[str], HostileAgent],
@@ -491,6 +492,7 @@ def test_strings_benchmark_keeps_the_benign_host(bench_of: Callable[[str], Store
         ("sql", False),
     ],
 )
+@pytest.mark.slow
 def test_strings_show(bench_of: Callable[[str], Stored], fmt: str, tty: bool) -> None:
     """The stored run replays every string the agent sent, in every output format."""
     shown = bench_of("strings").show(fmt, tty=tty)
@@ -501,6 +503,7 @@ def test_strings_show(bench_of: Callable[[str], Stored], fmt: str, tty: bool) ->
 
 
 @pytest.mark.parametrize("tty", [False, True], ids=["pipe", "pty"])
+@pytest.mark.slow
 def test_strings_monitor(
     fake: Callable[[str], HostileAgent],
     monitored: Callable[[str], Monitored],
@@ -528,6 +531,7 @@ def test_strings_monitor(
 
 
 @pytest.mark.parametrize("tty", [False, True], ids=["pipe", "pty"])
+@pytest.mark.slow
 def test_strings_history(monitored: Callable[[str], Monitored], tty: bool) -> None:
     """What monitor recorded from the hostile agent, read back later (no agent involved)."""
     seen = monitored("strings")
@@ -545,6 +549,7 @@ def test_strings_doctor(fake: Callable[[str], HostileAgent], fleet_home: Path, t
     check(run, problems)
 
 
+@pytest.mark.slow
 def test_strings_status_under_curve(tmp_path: Path, fleet_home: Path) -> None:
     """The same payloads through CURVE: the fake is a CURVE server with a zmq.auth keypair
     that accepts any client key; the coordinator learns its key with `keys add`."""
@@ -566,6 +571,7 @@ def test_strings_status_under_curve(tmp_path: Path, fleet_home: Path) -> None:
 
 
 @pytest.mark.parametrize("command", ["status", "doctor", "benchmark"])
+@pytest.mark.slow
 def test_strings_in_an_error_message(
     fake: Callable[[str], HostileAgent], fleet_home: Path, command: str
 ) -> None:
@@ -594,6 +600,7 @@ def test_huge_status(fake: Callable[[str], HostileAgent], fleet_home: Path) -> N
     check(run, problems)
 
 
+@pytest.mark.slow
 def test_huge_benchmark(bench_of: Callable[[str], Stored]) -> None:
     """A failed cell's error and bench.done's error are 4 MB each."""
     stored = bench_of("huge")
@@ -602,17 +609,20 @@ def test_huge_benchmark(bench_of: Callable[[str], Stored]) -> None:
 
 
 @pytest.mark.parametrize("fmt", ["table", "json", "csv", "md", "sql"])
+@pytest.mark.slow
 def test_huge_show(bench_of: Callable[[str], Stored], fmt: str) -> None:
     shown = bench_of("huge").show(fmt)
     check(shown, hostile_output(shown))
 
 
+@pytest.mark.slow
 def test_huge_monitor(monitored: Callable[[str], Monitored]) -> None:
     """Every sample's storage_error and every event's detail are 4 MB."""
     seen = monitored("huge")
     check(seen.run, hostile_output(seen.run) + seen.unasked("history.get"))
 
 
+@pytest.mark.slow
 def test_huge_history(monitored: Callable[[str], Monitored]) -> None:
     seen = monitored("huge")
     run = coordinator("history", home=seen.home)
@@ -643,6 +653,7 @@ def test_types_status(fake: Callable[[str], HostileAgent], fleet_home: Path, fmt
     check(run, problems)
 
 
+@pytest.mark.slow
 def test_types_benchmark_names_the_host_and_field(bench_of: Callable[[str], Stored]) -> None:
     """tokens_per_sec "fast": a protocol error of that host naming the field, like
     `mac3 sent an invalid bench.cell: tokens_per_sec is a str (agent 0.1.0)`."""
@@ -655,6 +666,7 @@ def test_types_benchmark_names_the_host_and_field(bench_of: Callable[[str], Stor
     check(stored.run, problems + benign_cells_complete(stored))
 
 
+@pytest.mark.slow
 def test_types_benchmark_stores_no_bad_cell(bench_of: Callable[[str], Stored]) -> None:
     """Neither the "fast" record, the NaN one nor index -1 is stored as a measured cell."""
     stored = bench_of("cell-types")
@@ -672,6 +684,7 @@ def test_types_benchmark_stores_no_bad_cell(bench_of: Callable[[str], Stored]) -
 
 
 @pytest.mark.parametrize("fmt", ["table", "json", "csv", "md", "sql"])
+@pytest.mark.slow
 def test_types_show(bench_of: Callable[[str], Stored], fmt: str) -> None:
     """What was stored of the ill-typed run prints; `-o json` is strict JSON."""
     shown = bench_of("cell-types").show(fmt)
@@ -682,6 +695,7 @@ def test_types_show(bench_of: Callable[[str], Stored], fmt: str) -> None:
 
 
 @pytest.mark.parametrize("fmt", ["table", "json"])
+@pytest.mark.slow
 def test_types_monitor(fake: Callable[[str], HostileAgent], fleet_home: Path, fmt: str) -> None:
     """seq 2**63, NaN celsius, inf trend, state "melting", a nil inside history samples."""
     agent = fake("telemetry-types")
@@ -704,6 +718,7 @@ def test_types_monitor(fake: Callable[[str], HostileAgent], fleet_home: Path, fm
 
 
 @pytest.mark.parametrize("fmt", ["table", "json"])
+@pytest.mark.slow
 def test_types_history(monitored: Callable[[str], Monitored], fmt: str) -> None:
     seen = monitored("telemetry-types")
     run = coordinator("history", "-o", fmt, home=seen.home)
@@ -728,6 +743,7 @@ def test_types_doctor(fake: Callable[[str], HostileAgent], fleet_home: Path, fmt
 # --- 3. cells not checked against the job ---------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cells_out_of_range_are_refused(bench_of: Callable[[str], Stored]) -> None:
     """Indexes 7, 2**63 and -1 of a 2-cell job: a protocol error naming the host and `index`,
     none stored, the run ends, the benign host complete."""
@@ -753,6 +769,7 @@ def test_cells_out_of_range_are_refused(bench_of: Callable[[str], Stored]) -> No
     check(stored.run, problems + benign_cells_complete(stored))
 
 
+@pytest.mark.slow
 def test_cells_a_second_record_never_replaces_the_first(bench_of: Callable[[str], Stored]) -> None:
     stored = bench_of("cells-dup")
     problems = hostile_output(stored.run) + stored.unasked("bench.start")
@@ -770,6 +787,7 @@ def test_cells_a_second_record_never_replaces_the_first(bench_of: Callable[[str]
     check(stored.run, problems + benign_cells_complete(stored))
 
 
+@pytest.mark.slow
 def test_cells_malformed_stream_still_ends(bench_of: Callable[[str], Stored]) -> None:
     """A bench.cell without `record`, a bench.done without `status` and `cells`: reported with
     the host and the field, the run ends within its bound, the benign host complete."""
@@ -811,6 +829,7 @@ def test_protocol3_status_names_both_versions(
     check(run, problems)
 
 
+@pytest.mark.slow
 def test_protocol3_benchmark_stops_at_hello(
     fake: Callable[[str], HostileAgent], fleet_home: Path
 ) -> None:
@@ -849,6 +868,7 @@ def refused_not_silent(run: Run) -> list[str]:
         ("doctor", "reply-wrong-type"),
     ],
 )
+@pytest.mark.slow
 def test_invalid_reply_is_not_silence(
     fake: Callable[[str], HostileAgent], fleet_home: Path, command: str, mode: str
 ) -> None:
@@ -863,6 +883,7 @@ def test_invalid_reply_is_not_silence(
     check(run, problems + refused_not_silent(run))
 
 
+@pytest.mark.slow
 def test_invalid_history_page_is_not_unreachable(
     monitored: Callable[[str], Monitored],
 ) -> None:
@@ -888,16 +909,19 @@ def flooded(agent: HostileAgent) -> list[str]:
     return [] if agent.flood_sent >= 1000 else [f"the fake sent only {agent.flood_sent} messages"]
 
 
+@pytest.mark.slow
 def test_flood_monitor_ends(flooding: HostileAgent, fleet_home: Path) -> None:
     run = coordinator("monitor", "--once", "--hosts", flooding.address, *LINKS, home=fleet_home)
     check(run, hostile_output(run) + flooded(flooding))
 
 
+@pytest.mark.slow
 def test_flood_status_ends(flooding: HostileAgent, fleet_home: Path) -> None:
     run = coordinator("status", "--hosts", flooding.address, *LINKS, home=fleet_home)
     check(run, hostile_output(run) + flooded(flooding))
 
 
+@pytest.mark.slow
 def test_flood_benchmark_keeps_the_benign_host(
     flooding: HostileAgent, fake: Callable[[str], HostileAgent], fleet_home: Path
 ) -> None:
@@ -906,6 +930,7 @@ def test_flood_benchmark_keeps_the_benign_host(
     check(stored.run, problems + benign_cells_complete(stored))
 
 
+@pytest.mark.slow
 def test_flood_of_samples_still_reads_the_host(fleet_home: Path) -> None:
     """Valid samples, only too many: the host is up and publishing, so `monitor --once` shows
     its reading and exits 0 (not `unreachable`, not silent)."""
@@ -930,6 +955,7 @@ LIVE_FLOOD_S = 20.0
 """How long the live monitor is flooded: on 2 cores a libzmq abort came after 20-25 s."""
 
 
+@pytest.mark.slow
 def test_flood_live_monitor_survives(fleet_home: Path) -> None:
     """The live dashboard (no --once) under a flood of valid samples stays up for the whole
     window and ends on Ctrl-C; bench/coordinator_flood.py measures its memory meanwhile."""

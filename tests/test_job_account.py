@@ -464,6 +464,7 @@ def said(stderr: str) -> str:
 
 
 @pytest.mark.parametrize("flush", ["1", "0"])
+@pytest.mark.slow
 def test_a_paused_trainer_gets_its_summary_and_its_output_unchanged(
     agent_cli: str, fleet_home: Path, tmp_path: Path, flush: str
 ) -> None:
@@ -502,6 +503,7 @@ def test_a_paused_trainer_gets_its_summary_and_its_output_unchanged(
     assert err.index("[mlx-fleet] job ") < err.index(" exit job ")
 
 
+@pytest.mark.slow
 def test_the_users_pythonunbuffered_stays_and_stderr_is_not_teed(agent_cli: str) -> None:
     script = (
         "import os, sys; print(repr(os.environ.get('PYTHONUNBUFFERED'))); "
@@ -535,6 +537,7 @@ NOISY_OUT = (
 )
 
 
+@pytest.mark.slow
 def test_cmds_output_reaches_a_slow_reader_byte_for_byte(agent_cli: str, fleet_home: Path) -> None:
     """agent run's stdout is read 4 KiB at a time while CMD writes 1 MiB and more."""
     agent = subprocess.Popen(
@@ -583,6 +586,7 @@ def read_pty(master: int, agent: subprocess.Popen[bytes], timeout: float = 60.0)
     raise AssertionError(f"agent run still writing after {timeout} s: {data!r}")
 
 
+@pytest.mark.slow
 def test_on_a_terminal_cmd_still_sees_one(agent_cli: str, fleet_home: Path) -> None:
     """agent run's stdout is a pty: CMD's is a pty too, of the same size, and what CMD writes
     arrives as if written to the terminal itself (\n becomes \r\n once). The row is mlx_lm
@@ -615,6 +619,7 @@ def test_on_a_terminal_cmd_still_sees_one(agent_cli: str, fleet_home: Path) -> N
 
 
 @pytest.mark.parametrize("terminal", [False, True])
+@pytest.mark.slow
 def test_a_process_outside_the_group_holding_stdout_does_not_keep_agent_run(
     agent_cli: str, escaped: Path, terminal: bool
 ) -> None:
@@ -641,6 +646,7 @@ def test_a_process_outside_the_group_holding_stdout_does_not_keep_agent_run(
     assert escaped.read_text().strip()  # it was there, and is killed after the test
 
 
+@pytest.mark.slow
 def test_energy_comes_from_agent_serves_meter_labelled_as_it_is(
     agent_cli: str, fleet_home: Path, agents: AgentPool
 ) -> None:

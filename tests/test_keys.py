@@ -6,6 +6,7 @@ import os
 import stat
 from pathlib import Path
 
+import pytest
 import zmq
 import zmq.auth
 
@@ -53,12 +54,14 @@ def test_a_permissive_umask_opens_no_key_file(fleet_home: Path) -> None:
     assert PUBLIC_MODE == 0o644
 
 
+@pytest.mark.slow
 def test_agent_keys_show_prints_the_public_key_alone() -> None:
     result = cli("agent", "keys", "show")
     assert result.returncode == 0, result.stderr
     assert result.stdout == own_keypair().public + "\n"
 
 
+@pytest.mark.slow
 def test_agent_trust_list_revoke(fleet_home: Path) -> None:
     key = "[b]" + new_keypair()[0][3:]  # Z85 text Rich would take for markup: shown as it is
     trusted = cli("agent", "keys", "trust", key, "--name", "lab-mac")
@@ -77,11 +80,13 @@ def test_agent_trust_list_revoke(fleet_home: Path) -> None:
     assert missing.returncode == 1 and "no trusted key" in missing.stderr
 
 
+@pytest.mark.slow
 def test_a_bad_key_is_a_usage_error() -> None:
     short = cli("agent", "keys", "trust", "tooshort")
     assert short.returncode == 2 and "40 Z85 characters" in short.stderr
 
 
+@pytest.mark.slow
 def test_a_bad_name_is_a_usage_error() -> None:
     key = new_keypair()[0]
     bad_name = cli("agent", "keys", "trust", key, "--name", "../evil")
@@ -111,6 +116,7 @@ def test_the_zap_check_sees_a_revocation_at_once() -> None:
     assert not check.callback("*", key)
 
 
+@pytest.mark.slow
 def test_coordinator_keys() -> None:
     shown = cli("coordinator", "keys", "show")
     assert shown.stdout == own_keypair().public + "\n"
@@ -135,6 +141,7 @@ def dash_key() -> str:
             return public
 
 
+@pytest.mark.slow
 def test_a_key_that_starts_with_a_dash_is_taken_everywhere_a_key_is(fleet_home: Path) -> None:
     key = dash_key()
     trusted = cli("agent", "keys", "trust", key, "--name", "dashing")

@@ -58,6 +58,7 @@ NEEDS_MLX = {"bench", "serve"}
 
 
 @pytest.mark.parametrize("entry", AGENT_COMMANDS, ids=lambda entry: entry.name)
+@pytest.mark.slow
 def test_an_agent_command_imports_mlx_only_when_it_runs_mlx(entry: LazyCommand) -> None:
     held = imported_by("agent", entry.name, "--help")
     assert held & {"matplotlib", "prometheus_client", "mlx_lm"} == set()

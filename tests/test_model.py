@@ -72,6 +72,7 @@ def test_decoding_through_the_cache_matches_one_full_pass() -> None:
     assert all(layer.offset == 24 for layer in cache)
 
 
+@pytest.mark.slow
 def test_chunked_prefill_after_a_cached_prefix_matches_one_full_pass() -> None:
     model = float32_model()
     tokens = mx.random.randint(0, 4096, (1, 300), key=mx.random.key(2))

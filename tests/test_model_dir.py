@@ -58,6 +58,7 @@ def bench(agent_cli: str, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_a_model_directory_is_benchmarked(agent_cli: str, model_dir: Path) -> None:
     result = bench(
         agent_cli,
@@ -88,6 +89,7 @@ def test_a_model_directory_is_benchmarked(agent_cli: str, model_dir: Path) -> No
     assert [c["status"] for c in report["cells"]] == ["ok"] * 4
 
 
+@pytest.mark.slow
 def test_stored_weights_are_used_without_bits(agent_cli: str, model_dir: Path) -> None:
     result = bench(
         agent_cli,
@@ -110,6 +112,7 @@ def test_stored_weights_are_used_without_bits(agent_cli: str, model_dir: Path) -
     assert json.loads(result.stdout)["models"][0]["label"] == f"{model_dir.name}/stored (f16)"
 
 
+@pytest.mark.slow
 def test_same_named_directories_are_told_apart(
     agent_cli: str, model_dir: Path, tmp_path: Path
 ) -> None:

@@ -74,6 +74,7 @@ def assert_same_decode(alone: dict[str, Any], ranks: list[dict[str, Any]], shard
 
 @pytest.mark.parametrize("sharding", ["tensor", "pipeline"])
 @pytest.mark.parametrize("bits", [16, 4])
+@pytest.mark.slow
 def test_two_ranks_decode_the_tokens_one_host_does(
     tmp_path: Path, bits: int, sharding: str
 ) -> None:
@@ -82,6 +83,7 @@ def test_two_ranks_decode_the_tokens_one_host_does(
 
 
 @pytest.mark.parametrize("sharding", ["tensor", "pipeline"])
+@pytest.mark.slow
 def test_each_rank_holds_half_the_layers_and_the_whole_embedding(
     tmp_path: Path, sharding: str
 ) -> None:
@@ -127,6 +129,7 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     ("kind", "sharding", "bits"),
     [("llama", "tensor", ""), ("llama", "tensor", "4"), ("qwen2", "pipeline", "")],
 )
+@pytest.mark.slow
 def test_a_model_dir_split_decodes_the_tokens_one_host_does(
     tmp_path: Path, model_dirs: dict[str, Path], kind: str, sharding: str, bits: str
 ) -> None:

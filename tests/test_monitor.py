@@ -95,6 +95,7 @@ def wait_for_job_state(agent: AgentProcess, state: str) -> None:
     raise AssertionError(f"no {state} job on {agent.address}:\n{agent.log_text()}")
 
 
+@pytest.mark.slow
 def test_once_json_gives_every_hosts_reading_source_state_and_jobs(
     agents: AgentPool, supervised: list[subprocess.Popen[str]], tmp_path: Path
 ) -> None:
@@ -135,6 +136,7 @@ def test_once_json_gives_every_hosts_reading_source_state_and_jobs(
     assert (read_from["source"], read_from["sensor"]) == (rows[hot.address]["source"], "replay")
 
 
+@pytest.mark.slow
 def test_an_unreachable_host_is_reported_within_the_connect_timeout(
     agents: AgentPool, tmp_path: Path
 ) -> None:
@@ -154,6 +156,7 @@ def test_an_unreachable_host_is_reported_within_the_connect_timeout(
     assert down["celsius"] is None and down["jobs"] == []
 
 
+@pytest.mark.slow
 def test_a_late_monitor_backfills_what_it_missed_and_history_reads_it(
     agents: AgentPool, supervised: list[subprocess.Popen[str]], tmp_path: Path
 ) -> None:
@@ -188,6 +191,7 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_a_host_that_dies_and_returns_is_reconnected_and_recorded_again(
     agents: AgentPool, tmp_path: Path
 ) -> None:
@@ -224,6 +228,7 @@ def test_a_host_that_dies_and_returns_is_reconnected_and_recorded_again(
 
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.slow
 def test_json_lines_until_ctrl_c_or_sigterm(
     agents: AgentPool, tmp_path: Path, stop: signal.Signals
 ) -> None:
@@ -269,6 +274,7 @@ def recorded_jobs(address: str) -> list[str | None]:
         return [e["job"] for e in store.events(0).get(address, [])]
 
 
+@pytest.mark.slow
 def test_an_event_stamped_before_the_newest_recorded_sample_is_still_backfilled(
     agents: AgentPool, tmp_path: Path
 ) -> None:

@@ -63,6 +63,7 @@ def wait_for(tmux: list[str], host: str, width: int) -> list[str]:
     return lines
 
 
+@pytest.mark.slow
 def test_the_dashboard_reads_at_80_columns_and_repaints_on_resize(
     agents: AgentPool, tmux: list[str], tmp_path: Path
 ) -> None:

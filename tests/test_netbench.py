@@ -78,6 +78,7 @@ def test_a_ring_uses_each_link_once() -> None:
     assert ring_edges(["a", "b", "c"]) == [(0, 1), (1, 2), (2, 0)]
 
 
+@pytest.mark.slow
 def test_three_ring_ranks_time_every_size_and_every_link(tmp_path: Path) -> None:
     spec = {"sizes": [1024, 65536], "repetitions": 3, "warmup": 1, "hosts": ["a", "b", "c"]}
     argv = [sys.executable, "-m", "agent.cluster.netbench", json.dumps(spec)]

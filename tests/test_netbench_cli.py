@@ -31,6 +31,7 @@ def started(agents: AgentPool, count: int) -> list[str]:
     return names
 
 
+@pytest.mark.slow
 def test_three_hosts_give_every_link_and_the_ring(agents: AgentPool) -> None:
     hosts = started(agents, 3)
     port = str(free_port_run(3))
@@ -71,6 +72,7 @@ def test_three_hosts_give_every_link_and_the_ring(agents: AgentPool) -> None:
     assert "busbw GB/s" in table.stdout and "one link: no sibling" in table.stdout
 
 
+@pytest.mark.slow
 def test_a_host_that_is_not_there_fails_the_run_in_one_line(agents: AgentPool) -> None:
     (host,) = started(agents, 1)
     missing = f"127.0.0.1:{free_port_run(1)}"
@@ -92,6 +94,7 @@ def test_a_host_that_is_not_there_fails_the_run_in_one_line(agents: AgentPool) -
     assert table.returncode == 0 and "failed: " in table.stdout
 
 
+@pytest.mark.slow
 def test_runs_are_stored_shown_and_compared_like_benchmark_runs(agents: AgentPool) -> None:
     hosts = started(agents, 2)
     port = str(free_port_run(2))
@@ -188,6 +191,7 @@ def ranks_running(agents: AgentPool) -> list[psutil.Process]:
         (["--hosts", "a,b,c", "--port", "65534"], "3 hosts would run past port 65535"),
     ],
 )
+@pytest.mark.slow
 def test_bad_input_is_one_line_before_any_host_is_asked(
     args: list[str], problem: str | None
 ) -> None:
@@ -215,6 +219,7 @@ def jaccl_hostfile(tmp_path, agents: AgentPool) -> tuple[str, list[str]]:
     return str(path), addresses
 
 
+@pytest.mark.slow
 def test_jaccl_on_hosts_that_lack_it_is_refused_before_any_rank(
     tmp_path, agents: AgentPool
 ) -> None:
@@ -226,6 +231,7 @@ def test_jaccl_on_hosts_that_lack_it_is_refused_before_any_rank(
     assert not ranks_running(agents)
 
 
+@pytest.mark.slow
 def test_auto_runs_the_ring_where_jaccl_cannot(tmp_path, agents: AgentPool) -> None:
     hostfile, addresses = jaccl_hostfile(tmp_path, agents)
     port = str(free_port_run(2))
@@ -254,6 +260,7 @@ def test_jaccl_without_rdma_devices_is_one_line() -> None:
     )
 
 
+@pytest.mark.slow
 def test_an_agent_killed_mid_run_fails_it_and_leaves_no_rank(agents: AgentPool) -> None:
     import subprocess
     import time

@@ -119,6 +119,7 @@ def ring_agents(names: dict[str, str], agents: AgentPool) -> list[AgentProcess]:
     return started
 
 
+@pytest.mark.slow
 def test_the_rate_limited_link_and_only_it_is_flagged(
     triangle: dict[str, str], agents: AgentPool
 ) -> None:
@@ -159,6 +160,7 @@ def step_of(agent: AgentProcess, hosts: list[str]) -> str:
     return progress_step(progress_of(agent), [1 << 20], hosts, 1, REPETITIONS)
 
 
+@pytest.mark.slow
 def test_a_link_cut_mid_run_fails_it_within_the_host_timeout(
     wired: dict[str, str], agents: AgentPool
 ) -> None:

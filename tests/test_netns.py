@@ -82,6 +82,7 @@ def namespaces() -> Iterator[dict[str, str]]:
             ip("netns", "del", name)
 
 
+@pytest.mark.slow
 def test_benchmark_across_two_namespaces(namespaces: dict[str, str], agents: AgentPool) -> None:
     started = {
         role: agents.start(role, netns=namespaces[role], bind_host=ADDRESSES[role])
@@ -119,6 +120,7 @@ def test_benchmark_across_two_namespaces(namespaces: dict[str, str], agents: Age
     assert f" {ADDRESSES['mac1']}/" not in ip("-o", "addr", "show").stdout
 
 
+@pytest.mark.slow
 def test_a_link_cut_for_15_s_mid_run_loses_no_cell(
     namespaces: dict[str, str], agents: AgentPool
 ) -> None:

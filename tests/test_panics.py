@@ -266,6 +266,7 @@ def test_doctor_warns_of_the_panics_of_the_last_week(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(sys.platform == "darwin", reason="a Mac lists its own panic reports")
+@pytest.mark.slow
 def test_agent_doctor_says_kernel_panics_are_not_applicable_off_a_mac() -> None:
     result = cli("agent", "doctor", "--format", "json", "--bind", f"0.0.0.0:{free_port()}")
     found = {check["name"]: check for check in json.loads(result.stdout)["checks"]}

@@ -59,6 +59,7 @@ def by_host(result: subprocess.CompletedProcess[str]) -> dict[str, dict[str, Any
     return {row["host"]: row for row in json.loads(result.stdout)}
 
 
+@pytest.mark.slow
 def test_a_push_is_applied_shown_refused_with_the_reason_and_recorded(
     agents: AgentPool, tmp_path: Path
 ) -> None:
@@ -93,6 +94,7 @@ def test_a_push_is_applied_shown_refused_with_the_reason_and_recorded(
         assert part in row
 
 
+@pytest.mark.slow
 def test_an_unreachable_host_fails_the_push_and_others_apply_it(
     agents: AgentPool, tmp_path: Path
 ) -> None:
@@ -107,6 +109,7 @@ def test_an_unreachable_host_fails_the_push_and_others_apply_it(
     assert "connection refused" in rows[gone.address]["error"]
 
 
+@pytest.mark.slow
 def test_thresholds_out_of_order_exit_2_before_any_host_is_asked() -> None:
     result = cli(
         "coordinator",

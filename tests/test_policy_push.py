@@ -40,6 +40,7 @@ def ctx() -> Iterator[zmq.Context]:
         ({"pause_duration": 0}, "pause_duration must be > 0"),
     ],
 )
+@pytest.mark.slow
 def test_a_bad_policy_is_refused_with_its_reason_and_the_old_one_stays(
     ctx: zmq.Context, agents: AgentPool, policy: dict[str, Any], needle: str
 ) -> None:
@@ -52,6 +53,7 @@ def test_a_bad_policy_is_refused_with_its_reason_and_the_old_one_stays(
     client.close()
 
 
+@pytest.mark.slow
 def test_a_policy_is_applied_announced_and_kept_across_a_restart(
     ctx: zmq.Context, agents: AgentPool
 ) -> None:
@@ -86,6 +88,7 @@ def test_a_policy_is_applied_announced_and_kept_across_a_restart(
     again.close()
 
 
+@pytest.mark.slow
 def test_an_unusable_saved_policy_falls_back_to_the_default_loudly(
     ctx: zmq.Context, agents: AgentPool
 ) -> None:

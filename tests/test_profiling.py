@@ -29,6 +29,7 @@ def bare_latency_ms(model, tokens: mx.array, iterations: int) -> float:
     return min(samples) * 1000
 
 
+@pytest.mark.slow
 def test_prefill_latency_agrees_with_a_bare_eval_loop(small_model) -> None:
     result = SpeedProfiler().benchmark_tokens_per_sec(
         small_model, seq_len=64, num_warmup=1, num_iterations=3
@@ -54,6 +55,7 @@ def test_prefill_latency_agrees_with_a_bare_eval_loop(small_model) -> None:
         assert key in result
 
 
+@pytest.mark.slow
 def test_decode_uses_the_cache_so_per_token_time_grows_slowly(small_model) -> None:
     profiler = SpeedProfiler()
     short = profiler.benchmark_autoregressive(
@@ -82,6 +84,7 @@ def test_iteration_gate_runs_untimed(small_model) -> None:
     assert max(result["samples_ms"]) < 300
 
 
+@pytest.mark.slow
 def test_peak_memory_is_reset_per_measurement(small_model) -> None:
     profiler = SpeedProfiler()
     big = profiler.benchmark_tokens_per_sec(
@@ -93,6 +96,7 @@ def test_peak_memory_is_reset_per_measurement(small_model) -> None:
     assert small["peak_memory_gb"] < big["peak_memory_gb"]
 
 
+@pytest.mark.slow
 def test_profile_forward_reports_activation_memory(small_model) -> None:
     profiler = MemoryProfiler()
     weights = profiler.profile_model(small_model)["weight_memory_gb"]
@@ -112,6 +116,7 @@ def test_at_least_one_iteration_is_required(small_model) -> None:
         SpeedProfiler().benchmark_tokens_per_sec(small_model, seq_len=8, num_iterations=0)
 
 
+@pytest.mark.slow
 def test_decode_peak_excludes_the_untimed_prefill(small_model) -> None:
     """The context's prefill (1024 x vocab logits) happens before the clock: not in the peak."""
     profiler = SpeedProfiler()

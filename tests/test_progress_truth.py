@@ -113,6 +113,7 @@ class Lines:
         return True
 
 
+@pytest.mark.slow
 def test_a_bare_agent_bench_announces_its_build_and_obeys_ctrl_c() -> None:
     """The default `full` model takes minutes to build on this CPU: the build is announced at
     once, with its size, and SIGINT ends it promptly with exit 130 and the partial report."""
@@ -142,6 +143,7 @@ def test_a_bare_agent_bench_announces_its_build_and_obeys_ctrl_c() -> None:
     assert report["interrupted"] and all(c["status"] != "ok" for c in report["cells"])
 
 
+@pytest.mark.slow
 def test_agent_bench_names_each_cell_when_stderr_is_a_terminal() -> None:
     """Rich drawn as on a terminal (TTY_COMPATIBLE): the label names the build and the cell."""
     result = run_cli(
@@ -172,6 +174,7 @@ def pausing_curve(path: Path) -> Path:
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_a_paused_host_shows_its_pause_and_the_run_completes(
     agents: AgentPool, tmp_path: Path
 ) -> None:
@@ -201,6 +204,7 @@ def test_a_paused_host_shows_its_pause_and_the_run_completes(
     assert paused, "the hot host paused in no cell"
 
 
+@pytest.mark.slow
 def test_agent_bench_shows_a_pause_in_its_label(tmp_path: Path) -> None:
     curve = pausing_curve(tmp_path / "pausing.csv")
     result = run_cli(
@@ -218,6 +222,7 @@ def test_agent_bench_shows_a_pause_in_its_label(tmp_path: Path) -> None:
     assert len(cells) == 2 and all(c["status"] == "ok" for c in cells)
 
 
+@pytest.mark.slow
 def test_an_agent_sends_the_new_fields_only_to_a_coordinator_that_asks(
     ctx: zmq.Context, agents: AgentPool, tmp_path: Path
 ) -> None:

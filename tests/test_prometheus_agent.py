@@ -53,6 +53,7 @@ def scrape(port: int) -> Samples:
         return parse(response.read().decode())
 
 
+@pytest.mark.slow
 def test_metrics_follow_samples_and_policy_actions(
     ctx: zmq.Context, agents: AgentPool, agent_cli: str, tmp_path: Path
 ) -> None:
@@ -275,6 +276,7 @@ def run_job(client: AgentClient, matrix: dict[str, Any]) -> list[dict[str, Any]]
     return [m.body["record"] for m in stream if m.type == "bench.cell"]
 
 
+@pytest.mark.slow
 def test_a_benchmark_jobs_cells_show_with_the_agents_own_verdicts(
     ctx: zmq.Context, agents: AgentPool
 ) -> None:

@@ -46,6 +46,7 @@ def monitoring() -> Iterator[list[subprocess.Popen[str]]]:
         process.communicate(timeout=10)
 
 
+@pytest.mark.slow
 def test_metrics_of_every_host_parse_and_ctrl_c_ends_the_monitor(
     agents: AgentPool,
     supervised: list[subprocess.Popen[str]],

@@ -155,6 +155,7 @@ def query_until(base: str, promql: str, timeout: float = 60) -> list[dict[str, A
     return result
 
 
+@pytest.mark.slow
 def test_a_real_prometheus_scrapes_a_real_agent(prometheus: tuple[str, AgentProcess]) -> None:
     base, agent = prometheus
     (series,) = query_until(base, 'mlx_fleet_soc_temperature_celsius{host="mac-test"}')
@@ -188,6 +189,7 @@ def dashboard_queries() -> list[str]:
     return queries
 
 
+@pytest.mark.slow
 def test_every_query_of_the_dashboard_answers_from_a_scrape(
     prometheus: tuple[str, AgentProcess],
 ) -> None:
@@ -222,6 +224,7 @@ def test_every_query_of_the_dashboard_answers_from_a_scrape(
 CELL_KEY = "host, model, bits, batch, depth, test"
 
 
+@pytest.mark.slow
 def test_a_benchmark_jobs_verdicts_answer_promql(prometheus: tuple[str, AgentProcess]) -> None:
     """A job with no warm-up: every cell is `cold` whatever the machine's noise, so PromQL's
     speeds of valid cells only (the join docs/monitoring.md shows) are none, and each cell's

@@ -50,6 +50,7 @@ def arrives(ctx: zmq.Context, size: int, wait_s: float) -> bool:
         dealer.close()
 
 
+@pytest.mark.slow
 def test_the_largest_message_that_arrives_under_curve_is_the_usable_size(
     ctx: zmq.Context,
 ) -> None:

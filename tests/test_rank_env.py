@@ -42,6 +42,7 @@ def test_the_ring_hostfile_counts_ports_up_by_rank_and_address() -> None:
     assert ports_used(members, 40000) == range(40000, 40003)
 
 
+@pytest.mark.slow
 def test_two_ranks_started_with_that_environment_sum_across_the_ring(tmp_path: Path) -> None:
     outputs = run_ranks(tmp_path, 2, [sys.executable, "-c", SUM_ACROSS])
     assert sorted(output.strip() for output in outputs) == ["0 2 3.0", "1 2 3.0"]

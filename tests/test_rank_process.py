@@ -89,6 +89,7 @@ def test_two_ranks_run_the_link_benchmark_to_its_report(tmp_path: Path) -> None:
     assert oct((tmp_path / "r0" / "mlx_hostfile.json").stat().st_mode & 0o777) == "0o600"
 
 
+@pytest.mark.slow
 def test_a_rank_whose_peer_never_comes_is_ended_at_its_bound(tmp_path: Path) -> None:
     alone = ranks(tmp_path, 2, python_module("agent.cluster.netbench", json.dumps(SPEC)), 2.0)[0]
     alone.start()
@@ -130,6 +131,7 @@ def test_a_rank_stopped_early_says_why_and_leaves_nothing(tmp_path: Path) -> Non
     assert not psutil.pid_exists(pid)
 
 
+@pytest.mark.slow
 def test_stopping_returns_at_once_and_a_later_poll_kills_a_rank_ignoring_sigterm(
     tmp_path: Path,
 ) -> None:

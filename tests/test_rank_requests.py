@@ -54,6 +54,7 @@ def refused(call: Callable[[], object]) -> AgentError:
     return caught.value
 
 
+@pytest.mark.slow
 def test_two_agents_run_a_ring_to_rank_0s_report(agents: AgentPool, ctx: zmq.Context) -> None:
     first, second = (connect(ctx, trusted_agent(agents, name)) for name in ("a", "b"))
     port = free_port_run(2)
@@ -68,6 +69,7 @@ def test_two_agents_run_a_ring_to_rank_0s_report(agents: AgentPool, ctx: zmq.Con
     assert 0 <= zero["progress_age_s"] <= zero["elapsed_s"]
 
 
+@pytest.mark.slow
 def test_a_rank_that_cannot_move_says_so_in_its_heartbeat(
     agents: AgentPool, ctx: zmq.Context
 ) -> None:
@@ -148,6 +150,7 @@ def test_the_agent_refuses_by_field_and_never_runs_two(agents: AgentPool, ctx: z
             time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_a_rank_whose_peer_never_comes_fails_at_its_bound(
     agents: AgentPool, ctx: zmq.Context
 ) -> None:
@@ -157,6 +160,7 @@ def test_a_rank_whose_peer_never_comes_fails_at_its_bound(
     assert (got["state"], got["error"]) == ("failed", "rank 1 ran past its bound of 2 s")
 
 
+@pytest.mark.slow
 def test_a_rank_ends_with_its_agent(agents: AgentPool, ctx: zmq.Context) -> None:
     agent = trusted_agent(agents)
     connect(ctx, agent).request("rank.start", start_body("n-6", 0, free_port_run(2)))

@@ -60,6 +60,7 @@ def is_event(action: str) -> Callable[[p.Message], bool]:
     return lambda m: m.type == "telemetry.event" and m.body["action"] == action
 
 
+@pytest.mark.slow
 def test_agent_run_uses_the_daemons_readings_and_policy_and_goes_on_alone_when_it_dies(
     ctx: zmq.Context, agents: AgentPool, agent_cli: str, tmp_path: Path
 ) -> None:
@@ -148,6 +149,7 @@ def test_agent_run_uses_the_daemons_readings_and_policy_and_goes_on_alone_when_i
     assert group_members(pid) == []
 
 
+@pytest.mark.slow
 def test_a_cooling_scheduler_on_a_remote_monitor_follows_the_daemon(
     ctx: zmq.Context, agents: AgentPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -250,6 +252,7 @@ def monitored_jobs(agent: AgentProcess) -> list[dict[str, object]]:
     return list(hosts[0]["jobs"]) if hosts else []
 
 
+@pytest.mark.slow
 def test_agent_run_shows_up_again_under_a_restarted_daemon(
     ctx: zmq.Context, agents: AgentPool, agent_cli: str, tmp_path: Path
 ) -> None:
@@ -289,6 +292,7 @@ def test_agent_run_shows_up_again_under_a_restarted_daemon(
     assert re.search(r" rejoin job \S+ pid \d+: agent serve \(pid \d+\) answers", stderr)
 
 
+@pytest.mark.slow
 def test_agent_run_started_before_its_daemon_joins_it(
     agents: AgentPool, agent_cli: str, tmp_path: Path
 ) -> None:

@@ -43,6 +43,7 @@ def latest_run() -> dict:
     return json.loads(listed.stdout)[0]
 
 
+@pytest.mark.slow
 def test_resume_completes_a_run_whose_coordinator_was_killed(agents: AgentPool) -> None:
     hosts = [agents.start("mac1"), agents.start("mac2")]
     for agent in hosts:
@@ -78,6 +79,7 @@ def test_resume_of_an_unknown_run_is_a_usage_error() -> None:
     ]
 
 
+@pytest.mark.slow
 def test_cancel_stops_the_jobs_of_a_run(agents: AgentPool) -> None:
     agent = agents.start("mac1")
     exchange_keys(agent)
@@ -96,6 +98,7 @@ def test_cancel_stops_the_jobs_of_a_run(agents: AgentPool) -> None:
     assert again[0]["result"] == "not running"  # the job ended: nothing left to stop
 
 
+@pytest.mark.slow
 def test_cancel_by_host_stops_whatever_job_runs_there(agents: AgentPool) -> None:
     agent = agents.start("mac1")
     exchange_keys(agent)
@@ -103,6 +106,7 @@ def test_cancel_by_host_stops_whatever_job_runs_there(agents: AgentPool) -> None
     assert idle[0]["result"] == "none" and idle[0]["job"] is None
 
 
+@pytest.mark.slow
 def test_the_job_list_finds_a_job_by_the_request_that_started_it(
     ctx: zmq.Context, agents: AgentPool
 ) -> None:

@@ -155,6 +155,7 @@ def events(home: Path) -> list[Event]:
         log.close()
 
 
+@pytest.mark.slow
 def test_pause_resume_and_stop_follow_a_replayed_curve_within_the_poll_interval(
     agent_run: Start, fleet_home: Path, tmp_path: Path
 ) -> None:
@@ -228,6 +229,7 @@ def unshare_net() -> list[str]:
     pytest.skip("cannot create a network namespace here (needs unshare and privileges)")
 
 
+@pytest.mark.slow
 def test_enforces_the_policy_with_nothing_reachable(
     agent_run: Start, fleet_home: Path, tmp_path: Path
 ) -> None:
@@ -265,6 +267,7 @@ def test_enforces_the_policy_with_nothing_reachable(
         (["--", sys.executable, "-c", "import sys; sys.exit(42)", "--pause-temp", "1"], 42),
     ],
 )
+@pytest.mark.slow
 def test_cmds_exit_code_is_agent_runs(agent_cli: str, cmd: list[str], code: int) -> None:
     """With or without --, and whatever options follow CMD (they are CMD's, not ours)."""
     result = subprocess.run(
@@ -299,6 +302,7 @@ def test_a_command_that_does_not_exist_exits_127_naming_it(agent_cli: str) -> No
         (["--pause-tmp", "90"], ["--pause-tmp"]),
     ],
 )
+@pytest.mark.slow
 def test_bad_input_exits_2_naming_the_problem_and_runs_nothing(
     agent_cli: str, tmp_path: Path, options: list[str], named: list[str]
 ) -> None:
@@ -315,6 +319,7 @@ def test_bad_input_exits_2_naming_the_problem_and_runs_nothing(
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_a_job_that_ignores_sigterm_is_killed_after_the_grace(
     agent_run: Start, fleet_home: Path, tmp_path: Path
 ) -> None:
@@ -364,6 +369,7 @@ def test_what_cmd_forked_does_not_outlive_agent_run(agent_cli: str, tmp_path: Pa
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+@pytest.mark.slow
 def test_a_signal_to_agent_run_ends_the_paused_group_too(
     agent_run: Start, tmp_path: Path, signum: signal.Signals
 ) -> None:
@@ -431,6 +437,7 @@ def test_a_source_this_machine_cannot_read_exits_125_and_runs_nothing(
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_a_sigkilled_agent_run_leaves_no_process_of_its_command(
     agent_cli: str, tmp_path: Path
 ) -> None:

@@ -147,6 +147,7 @@ def test_agent_bench_records_carry_settings(agent_cli: str) -> None:
     assert all(cell["settings"]["thermal_source"] for cell in cells)
 
 
+@pytest.mark.slow
 def test_a_daemon_job_records_settings(fleet_home: Path) -> None:
     """The embedded agent's job (agent.daemon.benchmark.child) carries them to the report."""
     result = cli("coordinator", "benchmark", *QUICK, "--format", "json")

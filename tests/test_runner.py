@@ -106,6 +106,7 @@ def test_a_model_that_cannot_load_fails_its_cells_only(tmp_path: Path) -> None:
     assert "does not exist" in records[0]["error"]
 
 
+@pytest.mark.slow
 def test_each_model_is_built_once_per_bits() -> None:
     models: list[dict] = []
     list(run_matrix(tiny_spec(bits=(16, 8), n_prompt=(8,), n_gen=(0,)), on_model=models.append))

@@ -191,6 +191,7 @@ def run_life(
         sub.close()
 
 
+@pytest.mark.slow
 def test_no_number_is_given_twice_by_an_agent_killed_again_and_again(
     ctx: zmq.Context, agents: AgentPool, tmp_path: Path
 ) -> None:

@@ -84,6 +84,7 @@ def test_a_job_streams_every_cell_then_job_get_returns_them(
     client.close()
 
 
+@pytest.mark.slow
 def test_a_running_job_keeps_others_out_until_it_is_cancelled(
     ctx: zmq.Context, agents: AgentPool
 ) -> None:
@@ -143,6 +144,7 @@ def test_a_running_job_keeps_others_out_until_it_is_cancelled(
         ({"models": ["small"], "precision": 1.5}, "precision: 1.5 must be above 0 and below 1"),
     ],
 )
+@pytest.mark.slow
 def test_the_agent_rejects_a_bad_matrix_with_its_reason(
     ctx: zmq.Context, agents: AgentPool, matrix: dict[str, Any], needle: str
 ) -> None:
@@ -206,6 +208,7 @@ def test_malformed_messages_get_error_replies(
     assert p.decode(sock.recv()).type == "ping.ok"
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_job_keeps_its_cells_and_exits_0(
     ctx: zmq.Context, agents: AgentPool
 ) -> None:
@@ -237,6 +240,7 @@ def test_sigterm_when_idle_exits_at_once(agents: AgentPool) -> None:
     assert "stopped" in agent.log_text()
 
 
+@pytest.mark.slow
 def test_a_killed_job_process_fails_its_cell_and_a_new_one_runs_the_rest(
     ctx: zmq.Context, agents: AgentPool
 ) -> None:
@@ -305,6 +309,7 @@ def test_an_untrusted_coordinator_is_refused_and_others_served(
     assert connect(ctx, agent).request("ping")["job"] is None
 
 
+@pytest.mark.slow
 def test_a_wrong_server_key_or_a_security_mismatch_is_named(
     ctx: zmq.Context, agents: AgentPool
 ) -> None:
@@ -323,6 +328,7 @@ def test_a_wrong_server_key_or_a_security_mismatch_is_named(
     plain.close()
 
 
+@pytest.mark.slow
 def test_nobody_listening_is_reported_within_the_timeout(
     ctx: zmq.Context, agents: AgentPool
 ) -> None:

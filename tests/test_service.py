@@ -151,6 +151,7 @@ def test_launchd_dry_run_only_says_what_it_would_do(agent_cli: str, home: Path) 
     assert not (home / "Library").exists()
 
 
+@pytest.mark.slow
 def test_log_file_passes_through_to_serve(agent_cli: str, home: Path, tmp_path: Path) -> None:
     """launchd never rotates its output files, so serve's rotated --log-file is its default;
     systemd's journal rotates, so a unit logs there unless asked."""
@@ -188,6 +189,7 @@ def test_install_refuses_what_serve_would_refuse(
     assert not (home / ".config").exists() and calls(fake_managers) == []
 
 
+@pytest.mark.slow
 def test_install_refuses_a_source_that_cannot_open_here(
     agent_cli: str, home: Path, fake_managers: Path
 ) -> None:
@@ -267,6 +269,7 @@ def launchd_status(agent_cli: str, home: Path, fake_managers: Path) -> dict:
     return json.loads(status.stdout)
 
 
+@pytest.mark.slow
 def test_launchd_install_replaces_an_earlier_install(
     agent_cli: str, home: Path, fake_managers: Path
 ) -> None:
@@ -279,6 +282,7 @@ def test_launchd_install_replaces_an_earlier_install(
     assert state["loaded"] == [f"gui/{uid}/io.mlx-fleet.agent"]
 
 
+@pytest.mark.slow
 def test_launchd_status_reports_the_installed_agent(
     agent_cli: str, home: Path, fake_managers: Path, fleet_home: Path
 ) -> None:
@@ -289,6 +293,7 @@ def test_launchd_status_reports_the_installed_agent(
     assert report["logs"][0].startswith(str(fleet_home))
 
 
+@pytest.mark.slow
 def test_launchd_uninstall_removes_the_service_but_keeps_the_data(
     agent_cli: str, home: Path, fake_managers: Path, fleet_home: Path
 ) -> None:
@@ -300,6 +305,7 @@ def test_launchd_uninstall_removes_the_service_but_keeps_the_data(
     assert not after["installed"] and not after["running"]
 
 
+@pytest.mark.slow
 def test_launchd_falls_back_to_the_user_domain_without_a_gui(
     agent_cli: str, home: Path, fake_managers: Path
 ) -> None:
@@ -308,6 +314,7 @@ def test_launchd_falls_back_to_the_user_domain_without_a_gui(
     assert f"launchctl bootstrap user/{USER_UID}" in result.stderr
 
 
+@pytest.mark.slow
 def test_systemd_install_status_uninstall_purge(
     agent_cli: str, home: Path, fake_managers: Path, fleet_home: Path
 ) -> None:
@@ -336,6 +343,7 @@ def test_systemd_install_status_uninstall_purge(
     assert not unit.exists() and not fleet_home.exists()
 
 
+@pytest.mark.slow
 def test_purge_removes_the_installed_services_data_not_this_shells(
     agent_cli: str, home: Path, fake_managers: Path, tmp_path: Path
 ) -> None:
@@ -366,6 +374,7 @@ def test_purge_removes_the_installed_services_data_not_this_shells(
         assert not service_home.exists() and shell_home.is_dir()
 
 
+@pytest.mark.slow
 def test_purge_without_an_installed_service_refuses_to_guess(
     agent_cli: str, home: Path, fake_managers: Path, fleet_home: Path
 ) -> None:
@@ -393,6 +402,7 @@ def test_purge_without_an_installed_service_refuses_to_guess(
         ("--systemd", "enable", ".config/systemd/user/mlx-fleet-agent.service"),
     ],
 )
+@pytest.mark.slow
 def test_a_refused_install_rolls_the_definition_back(
     agent_cli: str, home: Path, fake_managers: Path, flavour: str, failing: str, definition: str
 ) -> None:
@@ -427,6 +437,7 @@ def test_a_refused_install_rolls_the_definition_back(
 
 
 @pytest.mark.parametrize(("flavour", "stop"), [("--launchd", "bootout"), ("--systemd", "disable")])
+@pytest.mark.slow
 def test_uninstall_reports_a_service_it_could_not_stop(
     agent_cli: str, home: Path, fake_managers: Path, flavour: str, stop: str
 ) -> None:
@@ -446,6 +457,7 @@ def test_uninstall_reports_a_service_it_could_not_stop(
 
 
 @pytest.mark.parametrize(("flavour", "query"), [("--launchd", "print"), ("--systemd", "show")])
+@pytest.mark.slow
 def test_status_says_unknown_when_the_manager_cannot_be_asked(
     agent_cli: str, home: Path, fake_managers: Path, flavour: str, query: str
 ) -> None:
@@ -576,6 +588,7 @@ def test_deploy_templates_are_what_install_writes() -> None:
             assert plistlib.loads(text.encode())["Label"] == "io.mlx-fleet.agent"
 
 
+@pytest.mark.slow
 def test_serve_behaves_as_a_service(agent_cli: str, tmp_path: Path) -> None:
     """Foreground, timestamped log file, a second instance refused (or, of the same data
     directory, exiting 0 with one line), exit 0 on SIGTERM."""
@@ -631,6 +644,7 @@ def test_serve_behaves_as_a_service(agent_cli: str, tmp_path: Path) -> None:
 # --- launchd as Homebrew drives it, against a launchctl that fails as the real one does ------
 
 
+@pytest.mark.slow
 def test_install_over_ssh_with_nobody_at_the_screen_succeeds(
     agent_cli: str, home: Path, fake_managers: Path, tmp_path: Path
 ) -> None:
@@ -658,6 +672,7 @@ def test_the_fake_refuses_a_plist_without_session_types_in_the_user_domain(
     assert "Service cannot load in requested session" in refused.stderr
 
 
+@pytest.mark.slow
 def test_enable_comes_before_bootstrap_so_a_disabled_label_loads(
     agent_cli: str, home: Path, fake_managers: Path
 ) -> None:
@@ -677,6 +692,7 @@ def test_enable_comes_before_bootstrap_so_a_disabled_label_loads(
         {"FAKE_LINGER_HIDDEN": "1", "FAKE_LINGER_CODE": "5"},  # ... and on 5
     ],
 )
+@pytest.mark.slow
 def test_installing_twice_in_a_row_ends_loaded(
     agent_cli: str, home: Path, fake_managers: Path, linger: dict[str, str]
 ) -> None:
@@ -691,6 +707,7 @@ def test_installing_twice_in_a_row_ends_loaded(
     assert report["running"] and report["domains"] == [f"gui/{uid}"]
 
 
+@pytest.mark.slow
 def test_uninstall_removes_every_loaded_copy_and_waits_for_them(
     agent_cli: str, home: Path, fake_managers: Path, tmp_path: Path
 ) -> None:
@@ -709,6 +726,7 @@ def test_uninstall_removes_every_loaded_copy_and_waits_for_them(
     assert fake_state(fake_managers)["loaded"] == [] and not plist.exists()
 
 
+@pytest.mark.slow
 def test_a_launchctl_failure_names_the_command_its_code_and_the_rollback(
     agent_cli: str, home: Path, fake_managers: Path
 ) -> None:
@@ -756,6 +774,7 @@ def test_auto_dry_run_says_what_it_chose(
     assert "service: user (a systemd user service" in linux.stderr
 
 
+@pytest.mark.slow
 def test_a_system_service_runs_as_the_user_who_asked(agent_cli: str, home: Path) -> None:
     """`sudo agent install --system`: UserName is sudo's caller, unless --run-as says."""
     plist = agent(

@@ -49,6 +49,7 @@ def assert_loaded_once(fake_managers: Path, domain: str, plist: Path, owner: int
     return plistlib.loads(plist.read_bytes())
 
 
+@pytest.mark.slow
 def test_over_ssh_with_no_console_user(
     agent_cli: str, home: Path, fake_managers: Path, tmp_path: Path
 ) -> None:
@@ -62,6 +63,7 @@ def test_over_ssh_with_no_console_user(
     assert plist["KeepAlive"] == {"SuccessfulExit": False}
 
 
+@pytest.mark.slow
 def test_a_reinstall_replaces_a_plist_of_another_mode_and_owner(
     agent_cli: str, home: Path, fake_managers: Path
 ) -> None:
@@ -81,6 +83,7 @@ def test_a_reinstall_replaces_a_plist_of_another_mode_and_owner(
 
 
 @ROOT_ONLY
+@pytest.mark.slow
 def test_under_sudo_a_launch_daemon_running_as_the_caller(
     agent_cli: str, home: Path, fake_managers: Path, tmp_path: Path, fleet_home: Path
 ) -> None:
@@ -122,6 +125,7 @@ def no_ssh_no_gui(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("probe", ["112", "125"])
+@pytest.mark.slow
 def test_no_ssh_and_no_gui_probes_gui_and_goes_to_user(
     agent_cli: str, home: Path, fake_managers: Path, tmp_path: Path, probe: str
 ) -> None:
@@ -145,6 +149,7 @@ def test_no_ssh_and_no_gui_probes_gui_and_goes_to_user(
         {"FAKE_GUI_ENABLE_CODE": "5"},
     ],
 )
+@pytest.mark.slow
 def test_a_gui_domain_this_session_cannot_use_falls_back_to_user(
     agent_cli: str, home: Path, fake_managers: Path, tmp_path: Path, unusable: dict[str, str]
 ) -> None:
@@ -156,6 +161,7 @@ def test_a_gui_domain_this_session_cannot_use_falls_back_to_user(
     assert plist["LimitLoadToSessionType"] == ["Background"]
 
 
+@pytest.mark.slow
 def test_a_reinstall_at_the_screen_waits_out_a_lingering_gui_label(
     agent_cli: str, home: Path, fake_managers: Path
 ) -> None:
@@ -169,6 +175,7 @@ def test_a_reinstall_at_the_screen_waits_out_a_lingering_gui_label(
 
 
 @pytest.mark.parametrize("code", ["113", "125"])
+@pytest.mark.slow
 def test_an_uninstall_racing_the_jobs_exit_is_done(
     agent_cli: str, home: Path, fake_managers: Path, code: str
 ) -> None:

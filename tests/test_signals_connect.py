@@ -118,6 +118,7 @@ def http_port() -> Iterator[int]:
 
 
 @pytest.mark.parametrize("curve", [False, True], ids=["insecure", "curve"])
+@pytest.mark.slow
 def test_an_http_server_on_the_port_is_named_not_an_agent(http_port: int, curve: bool) -> None:
     address = f"127.0.0.1:{http_port}"
     if curve:  # a key for it, as `coordinator keys add` records one

@@ -61,6 +61,7 @@ def test_one_warmup_is_recorded(small_model) -> None:
     assert (result["warmup_iterations"], result["rewarm_iterations"]) == (1, 0)
 
 
+@pytest.mark.slow
 def test_a_gap_before_a_timed_iteration_rewarms_it(small_model) -> None:
     def gate(step: int) -> None:
         if step == 2:  # the second timed iteration: a cooling pause past the gap

@@ -74,6 +74,7 @@ def stored_seqs(home: Path) -> list[int]:
         return [row[0] for row in conn.execute("SELECT seq FROM samples ORDER BY seq")]
 
 
+@pytest.mark.slow
 def test_an_agent_on_a_full_disk_keeps_serving_and_records_again_when_space_returns(
     ctx: zmq.Context, agents: AgentPool, tmpfs: Path
 ) -> None:

@@ -214,6 +214,7 @@ def test_the_clock_times_cells_and_gives_each_new_model_its_build() -> None:
     assert sustained.allowance("a", 1e6) == 10.0 + 60.0 + 3 * 61.0  # its duration, not work
 
 
+@pytest.mark.slow
 def test_a_link_reset_mid_job_loses_no_cell_and_ends_in_time(
     agents: AgentPool, fleet_home: Path, ctx: zmq.Context
 ) -> None:
@@ -283,6 +284,7 @@ def job_seconds(ctx: zmq.Context, agent: AgentProcess) -> float:
     return span.total_seconds() + 1.0
 
 
+@pytest.mark.slow
 def test_fifty_router_flaps_lose_no_cell(store: RunStore, fake: list[FlappingAgent]) -> None:
     cells, cell_s = 50, 0.2
     agent = FlappingAgent(cell_s=cell_s, flaps=50, flap_s=8.0, flap_after=2)
@@ -300,6 +302,7 @@ def test_fifty_router_flaps_lose_no_cell(store: RunStore, fake: list[FlappingAge
     assert len(events.cells(before=agent.ended_at)) >= cells // 4
 
 
+@pytest.mark.slow
 def test_a_lost_cell_and_a_lost_bench_done_are_fetched(
     store: RunStore, fake: list[FlappingAgent]
 ) -> None:
@@ -317,6 +320,7 @@ def test_a_lost_cell_and_a_lost_bench_done_are_fetched(
     assert elapsed < cells * cell_s + RESUME_SLACK_S
 
 
+@pytest.mark.slow
 def test_a_job_that_never_progresses_fails_its_host(
     store: RunStore, fake: list[FlappingAgent]
 ) -> None:
@@ -334,6 +338,7 @@ def test_a_job_that_never_progresses_fails_its_host(
     assert allowance < elapsed < allowance + STUCK_SLACK_S
 
 
+@pytest.mark.slow
 def test_a_paused_job_is_not_failed(store: RunStore, fake: list[FlappingAgent]) -> None:
     host_timeout, cells, cell_s = 1.0, 6, 0.2
     # Paused after two cells for several times what the allowance grants then.

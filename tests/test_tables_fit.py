@@ -383,6 +383,7 @@ def test_a_pipe_gets_the_natural_width() -> None:
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux for a real terminal")
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_agent_bench_reads_whole_in_a_tmux_pane_80_wide(tmp_path: Path) -> None:
     tmux = ["tmux", "-S", str(tmp_path / "tmux.sock")]
     done = tmp_path / "done"

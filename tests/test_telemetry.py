@@ -407,6 +407,7 @@ def test_a_subscriber_after_another_left_gets_samples(ctx: zmq.Context, agents: 
     assert again.body["seq"] > 1  # ... and starts again for the next subscriber
 
 
+@pytest.mark.slow
 def test_telemetry_refuses_an_untrusted_subscriber(ctx: zmq.Context, agents: AgentPool) -> None:
     agent = agents.start("strict", options=["--poll-interval", "0.1"])  # trusts nobody
     sub = subscriber(ctx, agent)
@@ -420,6 +421,7 @@ def test_telemetry_is_plain_when_insecure(ctx: zmq.Context, agents: AgentPool) -
     assert sample.body["source"] == "none" and sample.body["state"] is None
 
 
+@pytest.mark.slow
 def test_history_is_pruned_to_the_retention(ctx: zmq.Context, agents: AgentPool) -> None:
     retention_s = 2.0
     agent = trusted_agent(
@@ -458,6 +460,7 @@ def live_seqs(sock: zmq.Socket, until: Callable[[list[int]], bool]) -> list[int]
 
 
 @pytest.mark.parametrize("stop", ["SIGKILL", "SIGTERM"])
+@pytest.mark.slow
 def test_what_a_stopped_agents_history_keeps_and_that_no_number_is_given_twice(
     ctx: zmq.Context, agents: AgentPool, stop: str
 ) -> None:
@@ -598,6 +601,7 @@ def main_thread_wakeups(pid: int) -> int:
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux's /proc")
+@pytest.mark.slow
 def test_an_agent_nobody_watches_sleeps_through_most_polls_yet_answers_with_every_reading(
     ctx: zmq.Context, agents: AgentPool
 ) -> None:
@@ -634,6 +638,7 @@ def journal_models(home: Path) -> int:
     return len(json.loads(row[0])) if row else 0
 
 
+@pytest.mark.slow
 def test_a_benchmark_job_is_gated_by_the_daemons_readings_with_no_coordinator_there(
     ctx: zmq.Context, agents: AgentPool, tmp_path: Path
 ) -> None:
@@ -693,6 +698,7 @@ def test_a_benchmark_job_is_gated_by_the_daemons_readings_with_no_coordinator_th
     returning.close()
 
 
+@pytest.mark.slow
 def test_the_daemons_view_of_a_benchmark_job_is_the_jobs_own_gate(
     ctx: zmq.Context, agents: AgentPool, tmp_path: Path
 ) -> None:

@@ -333,6 +333,7 @@ def test_agent_temp_labels_replay_as_not_a_sensor(tmp_path: Path, agent_cli: str
     assert "SIMULATED: not a sensor" in table.stdout
 
 
+@pytest.mark.slow
 def test_agent_temp_without_a_sensor_says_unavailable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, agent_cli: str
 ) -> None:
@@ -404,6 +405,7 @@ def test_agent_temp_watch_json_streams_one_object_per_reading(
     assert all(line["simulated"] for line in lines)
 
 
+@pytest.mark.slow
 def test_agent_temp_watch_table_shows_trend_and_history(tmp_path: Path, agent_cli: str) -> None:
     curve = tmp_path / "curve.csv"
     curve.write_text("0,60\n0.1,62\n0.2,64\n0.3,66\n0.4,68\n")

@@ -5,7 +5,9 @@ where that shows."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +28,19 @@ SCRIPTS = [
 ]
 
 pytestmark = pytest.mark.timeout(400)
+TIED = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"]
+"""A bench script as pid 1 of a PID namespace of its own (util-linux; root): when it ends, the
+kernel ends every process it started (agents, `agent run`s, ranks), and unshare's child dies with
+unshare, which tests/conftest.py ties to this test's process: a killed run leaves none of them."""
+
+
+@functools.cache
+def tied_where_possible() -> list[str]:
+    """TIED where this machine lets us make a PID namespace, else nothing (the script as is)."""
+    if shutil.which("unshare") is None:
+        return []
+    made = subprocess.run([*TIED, "true"], capture_output=True, timeout=60)
+    return TIED if made.returncode == 0 else []
 
 
 def test_every_bench_script_is_run_here() -> None:
@@ -36,7 +51,7 @@ def test_every_bench_script_is_run_here() -> None:
 @pytest.mark.slow
 def test_a_bench_script_still_measures(script: Path, tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, str(script), "--quick"],
+        [*tied_where_possible(), sys.executable, str(script), "--quick"],
         capture_output=True,
         text=True,
         cwd=ROOT,

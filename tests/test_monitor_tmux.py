@@ -25,10 +25,29 @@ TITLE = "mlx-fleet thermal monitor"
 
 @pytest.fixture
 def tmux(tmp_path: Path) -> Iterator[list[str]]:
-    """The tmux command line of a server of this test's own (its socket under tmp_path)."""
-    command = ["tmux", "-S", str(tmp_path / "tmux.sock")]
+    """The tmux command line of a server of this test's own (its socket under tmp_path). The
+    server runs in the foreground (-D) as this test's child, so that it, and the monitor in its
+    pane, die with the test run however it ends (tests/conftest.py); a daemon would outlive it."""
+    socket_path = tmp_path / "tmux.sock"
+    command = ["tmux", "-S", str(socket_path)]
+    server = subprocess.Popen(
+        [*command, "-D"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while not socket_path.is_socket():  # else the first command would start a daemon server
+        assert server.poll() is None, f"tmux -D exited {server.returncode}"
+        assert time.monotonic() < deadline, "tmux -D made no socket"
+        time.sleep(0.05)
     yield command
     subprocess.run([*command, "kill-server"], capture_output=True, timeout=10)
+    try:
+        server.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait(timeout=10)
 
 
 def screen(tmux: list[str]) -> list[str]:

@@ -45,8 +45,12 @@ STARTED: list[RankProcess] = []
 
 
 @pytest.fixture(autouse=True)
-def no_rank_left() -> Iterator[None]:
-    """Whatever a test asserted, every rank it made is ended after it."""
+def no_rank_left(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Whatever a test asserted, every rank it made is ended after it. Ranks get this checkout
+    on PYTHONPATH (RankProcess passes os.environ on) for this test only: left in the worker's
+    environment, every later CLI a test starts there would find the checkout's egg-info before
+    the installed distribution (`coordinator deploy` then saw no source tree)."""
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH") or str(ROOT))
     yield
     while STARTED:
         rank = STARTED.pop()
@@ -63,7 +67,6 @@ def gone(rank: RankProcess) -> bool:
 def ranks(tmp_path: Path, count: int, argv: list[str], bound_s: float = DEADLINE_S):
     members = [Member(f"m{rank}", ("127.0.0.1",)) for rank in range(count)]
     base = free_port_run(count)
-    os.environ.setdefault("PYTHONPATH", str(ROOT))
     made = [
         RankProcess(
             "n-test", rank_launch(members, rank, RING, base), argv, tmp_path / f"r{rank}", bound_s

@@ -135,15 +135,20 @@ def first(samples: list[Sample], after: float, stopped: bool) -> int:
     raise AssertionError(f"never {'stopped' if stopped else 'running'} after {after}")
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes in the group, found independently of agent.cooling.supervise."""
+def group_members(pgid: int, born_before: float | None = None) -> list[int]:
+    """Live (non-zombie) processes in the group, found independently of agent.cooling.supervise;
+    with `born_before` (a time.time()), only those started before it: once the group is gone
+    its number may be a new group's (pids wrap, at 32768 on Linux by default, within minutes
+    when tests run in parallel)."""
     members = []
-    for proc in psutil.process_iter(["status"]):
+    for proc in psutil.process_iter(["status", "create_time"]):
         try:
-            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                members.append(proc.pid)
+            if os.getpgid(proc.pid) != pgid or proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
         except ProcessLookupError:
             continue
+        if born_before is None or proc.info["create_time"] < born_before:
+            members.append(proc.pid)
     return members
 
 
@@ -458,11 +463,12 @@ def test_a_sigkilled_agent_run_leaves_no_process_of_its_command(
     (cmd,) = [c for c in psutil.Process(run.pid).children() if c.cmdline()[0] == "sh"]
     pgid = os.getpgid(cmd.pid)
     assert len(group_members(pgid)) >= 2
+    killed = time.time()
     run.kill()
     run.wait(timeout=10)
     deadline = time.monotonic() + 60
-    while group_members(pgid):
-        assert time.monotonic() < deadline, f"left running: {group_members(pgid)}"
+    while group_members(pgid, born_before=killed):
+        assert time.monotonic() < deadline, f"left running: {group_members(pgid, killed)}"
         time.sleep(0.1)
     assert run.stderr is not None
     assert "agent run is gone: ending its command" in run.stderr.read()

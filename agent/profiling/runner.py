@@ -197,15 +197,15 @@ def build_phase(model: str, bits: int | None, label: str) -> dict[str, Any]:
     }
 
 
-ABANDONED_BUILDS: list[threading.Thread] = []
-"""The builds an interrupt left running (interruptible)."""
+BUILDS: list[threading.Thread] = []
+"""The builds interruptible() started and has not seen end: those an interrupt abandoned."""
 
 
 def exit_beside_an_abandoned_build(code: int) -> None:
     """End the process at once with `code` (its output flushed) while a build an interrupt
     abandoned still runs: a normal exit tears MLX down under that thread, and the C++ runtime
     aborts ("terminate called without an active exception": SIGABRT, not `code`). Else return."""
-    if any(thread.is_alive() for thread in ABANDONED_BUILDS):
+    if any(thread.is_alive() for thread in BUILDS):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
@@ -224,13 +224,11 @@ def interruptible(work: Callable[[], Any]) -> Any:
             outcome["error"] = exc
 
     thread = threading.Thread(target=run, name="model-build", daemon=True)
+    BUILDS.append(thread)  # before start(): an interrupt may land while start() waits for it
     thread.start()
-    try:
-        while thread.is_alive():
-            thread.join(0.1)
-    except BaseException:
-        ABANDONED_BUILDS.append(thread)
-        raise
+    while thread.is_alive():
+        thread.join(0.1)
+    BUILDS.remove(thread)  # not reached when interrupted: the build is left running
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]

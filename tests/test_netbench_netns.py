@@ -191,7 +191,9 @@ def test_a_link_cut_mid_run_fails_it_within_the_host_timeout(
     line = stderr.strip().splitlines()[-1]
     assert line.startswith((f"error: {hosts[1]}: ", f"error: {hosts[2]}: ")), line
     assert f"past --host-timeout {CUT_TIMEOUT_S}, in {cut} at 1 MiB, " in line, line
-    assert CUT_TIMEOUT_S <= took < CUT_TIMEOUT_S + 60  # its heartbeat, not its bound (hours)
+    # its heartbeat, not its bound (hours); counted from the last progress the coordinator saw,
+    # which its poll may have seen up to a poll before the cut
+    assert CUT_TIMEOUT_S - 2 <= took < CUT_TIMEOUT_S + 60
     gone = time.monotonic() + 60
     while ranks_running(agents):  # every rank stopped, on every host
         assert time.monotonic() < gone, ranks_running(agents)

@@ -1,5 +1,9 @@
 """What the group tests share: the rank processes an agent left, the coordinator's stored cells
-of a group, and `coordinator benchmark` against insecure agents."""
+of a group, and `coordinator benchmark` against insecure agents, each run on ring ports of its own.
+
+Every member of a loopback group listens on 127.0.0.1, so two group tests on the default
+starting port (mlx.launch's 32323) would join each other's rings when xdist runs them side by
+side: each run takes a free run of ports (`--port`) instead."""
 
 from __future__ import annotations
 
@@ -12,8 +16,16 @@ import psutil
 
 from tests.conftest import console_script, subprocess_env
 from tests.fleet_support import AgentProcess
+from tests.ring_support import free_port_run
 
 JOB_CHILD = "agent.daemon.benchmark.child"
+RING_PORTS = 8
+"""Ports a test's group run takes: one per member and address, for the largest test group."""
+
+
+def ring_port() -> list[str]:
+    """`--port` at the first of RING_PORTS loopback ports free now."""
+    return ["--port", str(free_port_run(RING_PORTS))]
 
 
 def rank_children(agents: dict[str, AgentProcess]) -> list[psutil.Process]:
@@ -56,7 +68,7 @@ def group_cells(home: Path, group: str) -> int:
 
 def insecure_benchmark(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [console_script("coordinator"), "benchmark", "--insecure", *args],
+        [console_script("coordinator"), "benchmark", "--insecure", *ring_port(), *args],
         capture_output=True,
         text=True,
         timeout=120,

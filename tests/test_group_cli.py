@@ -18,6 +18,7 @@ from shared.distributed.rank_env import Member
 from tests.fleet_support import AgentPool, AgentProcess
 from tests.group_support import insecure_benchmark as coordinator
 from tests.group_support import wait_for_no_rank
+from tests.ring_support import free_port_run
 from tests.test_model_shard import TINY, write_model_dir
 
 QUICK = ["--config-small", "-p", "16", "-n", "4", "-r", "1", "-w", "0"]
@@ -49,6 +50,24 @@ def test_a_backend_the_members_lack_is_named(two: tuple[AgentProcess, AgentProce
     line = refused(coordinator("--hosts", f"{a.address}+{b.address}", "--backend", "jaccl", *QUICK))
     assert line.startswith(f"error: {a.address}+{b.address}: --backend jaccl: ")
     assert "no jaccl backend" in line and "macOS 26.2" in line
+    no_job_ran(a, b)
+
+
+@pytest.mark.slow
+def test_a_ring_port_another_ring_holds_is_named(two: tuple[AgentProcess, AgentProcess]) -> None:
+    """Two rings on one port would join each other's ranks (MLX listens with SO_REUSEPORT,
+    mlx/distributed/utils.cpp): the member whose port is held refuses the group before any job."""
+    a, b = two
+    port = free_port_run(2)
+    with socket.socket() as other_ring:
+        other_ring.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        other_ring.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other_ring.bind(("127.0.0.1", port + 1))  # rank 1's: b's
+        other_ring.listen()
+        group = f"{a.address}+{b.address}"
+        line = refused(coordinator("--hosts", group, "--port", str(port), *QUICK))
+    assert line.startswith(f"error: {group}: {b.address}: bench.start: group: "), line
+    assert f"port 127.0.0.1:{port + 1} is in use on this machine" in line
     no_job_ran(a, b)
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import console_script, subprocess_env
 from tests.fleet_support import LONG, AgentPool, AgentProcess
-from tests.group_support import group_cells, rank_children, wait_for_no_rank
+from tests.group_support import group_cells, rank_children, ring_port, wait_for_no_rank
 
 pytestmark = pytest.mark.timeout(300)
 WAIT_S = 120.0
@@ -33,7 +33,15 @@ def killed_mid_group(
     started = {name: agents.start(name, insecure=True) for name in ("a", "b")}
     group = "+".join(agent.address for agent in started.values())
     running = subprocess.Popen(
-        [console_script("coordinator"), "benchmark", "--insecure", "--hosts", group, *matrix],
+        [
+            console_script("coordinator"),
+            "benchmark",
+            "--insecure",
+            *ring_port(),
+            "--hosts",
+            group,
+            *matrix,
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=subprocess_env(),

@@ -18,6 +18,7 @@ from shared.distributed.rank_env import (
     RankEnvError,
     backends_of,
     chosen_backend,
+    listens_on,
     ports_used,
     rank_launch,
 )
@@ -40,6 +41,8 @@ def test_the_ring_hostfile_counts_ports_up_by_rank_and_address() -> None:
         ["10.0.0.2:40002"],
     ]
     assert ports_used(members, 40000) == range(40000, 40003)
+    assert listens_on(members, 0, RING, 40000) == [("10.0.0.1", 40000), ("10.0.1.1", 40001)]
+    assert listens_on(members, 1, RING, 40000) == [("10.0.0.2", 40002)]
 
 
 @pytest.mark.slow
@@ -56,6 +59,8 @@ def test_jaccl_takes_mlx_launchs_device_matrix_and_rank_0_as_coordinator() -> No
     launch = rank_launch(members, 0, JACCL, starting_port=40000)
     assert launch.env == {"MLX_RANK": "0", "MLX_JACCL_COORDINATOR": "10.0.0.1:40000"}
     assert json.loads(launch.files["MLX_IBV_DEVICES"]) == [[None, "rdma_en2"], ["rdma_en2", None]]
+    assert listens_on(members, 0, JACCL, 40000) == [("10.0.0.1", 40000)]  # the coordinator
+    assert listens_on(members, 1, JACCL, 40000) == []  # only connects
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ progress and their age)."""
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -173,3 +174,28 @@ def test_a_rank_ends_with_its_agent(agents: AgentPool, ctx: zmq.Context) -> None
     agent.kill()  # SIGKILL: the agent gets no chance to end it; the rank's lifeline does
     gone, alive = psutil.wait_procs(children, timeout=DEADLINE_S)
     assert alive == []
+
+
+def test_a_rank_whose_port_another_ring_holds_is_refused_before_it_starts(
+    agents: AgentPool, ctx: zmq.Context
+) -> None:
+    """MLX's ring listens with SO_REUSEADDR and SO_REUSEPORT (mlx/distributed/utils.cpp), so a
+    second ring on a held port would bind and join the first one's ranks: the agent asks first."""
+    client = connect(ctx, trusted_agent(agents))
+    port = free_port_run(2)
+    with socket.socket() as other_ring:
+        other_ring.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        other_ring.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other_ring.bind(("127.0.0.1", port))
+        other_ring.listen()
+        error = refused(lambda: client.request("rank.start", start_body("n-5", 0, port)))
+        assert error.code == "cannot-listen", str(error)
+        assert f"port 127.0.0.1:{port} is in use on this machine" in str(error)
+        assert "choose another --port" in str(error)
+        assert refused(lambda: client.request("rank.get", {"job": "n-5"})).code == "unknown-job"
+        away = [{"name": "a", "ips": ["192.0.2.1"]}, {"name": "b", "ips": ["127.0.0.1"]}]
+        error = refused(
+            lambda: client.request("rank.start", start_body("n-6", 0, port, members=away))
+        )
+        assert error.code == "cannot-listen"
+        assert "192.0.2.1 is not an address of this machine" in str(error), str(error)

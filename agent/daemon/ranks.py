@@ -12,8 +12,9 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from agent.cluster.ports import listen_problem
 from agent.cluster.rank_process import RankProcess, python_module
-from shared.distributed.rank_env import RankEnvError, rank_launch
+from shared.distributed.rank_env import RankEnvError, listens_on, rank_launch
 from shared.distributed.rank_shapes import KIND_NETBENCH, check_rank_start
 from shared.shapes import Invalid
 from shared.wire import protocol as p
@@ -58,6 +59,9 @@ class RankJobs:
             raise RankRefused(p.BAD_BODY, f"rank.start: job {body['job']!r} was started already")
         if self.running is not None:
             raise RankRefused(p.BUSY, f"busy: rank {self.running.rank} of job {self.running.job}")
+        listening = listens_on(members, body["rank"], body["backend"], body["port"])
+        if (why := listen_problem(listening)) is not None:
+            raise RankRefused(p.CANNOT_LISTEN, f"rank.start: {why}")
         spec = {**body["spec"], "hosts": [member.name for member in members]}
         assert body["kind"] == KIND_NETBENCH  # the only kind the shape admits
         argv = python_module("agent.cluster.netbench", json.dumps(spec))

@@ -70,6 +70,19 @@ def ports_used(members: Sequence[Member], starting_port: int) -> range:
     return range(starting_port, starting_port + sum(len(member.ips) for member in members))
 
 
+def listens_on(
+    members: Sequence[Member], rank: int, backend: str, starting_port: int
+) -> list[tuple[str, int]]:
+    """The addresses rank `rank` listens on: a ring rank on its own hostfile entries, JACCL's
+    rank 0 on the coordinator address (the other JACCL ranks only connect)."""
+    if backend == RING:
+        port = starting_port + sum(len(member.ips) for member in members[:rank])
+        return [(ip, port + i) for i, ip in enumerate(members[rank].ips)]
+    if backend == JACCL and rank == 0 and members[0].ips:
+        return [(members[0].ips[0], starting_port)]
+    return []
+
+
 def jaccl_devices(members: Sequence[Member]) -> list[list[str | None]]:
     """mlx.launch's checks of a JACCL hostfile: one device per rank, None towards itself,
     a device towards every other rank."""

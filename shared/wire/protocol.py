@@ -46,6 +46,7 @@ NOT_RUNNING = "not-running"
 BAD_POLICY = "bad-policy"
 FORBIDDEN = "forbidden"
 INTERNAL = "internal"
+CANNOT_LISTEN = "cannot-listen"
 
 # Job and host outcomes carried by bench.done and job.get.ok.
 JOB_RUNNING = "running"

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.cluster.ports import listen_problem
 from agent.daemon.benchmark.deadline import too_long
 from agent.model import BUILTIN_CONFIGS, DEFAULT_SEED
 from agent.power.meter import EnergyMeter
@@ -21,7 +22,7 @@ from agent.profiling.sharding import model_sharding_problem
 from shared.benchmark.matrix import Cell, MatrixError, MatrixSpec, expand
 from shared.benchmark.sustain import WIRE_NAMES, SustainError, SustainPlan
 from shared.distributed.group import MAX_CHECK_TOKENS, BenchGroup
-from shared.distributed.rank_env import RankEnvError
+from shared.distributed.rank_env import RankEnvError, listens_on
 from shared.shapes import Invalid
 from shared.wire import protocol as p
 
@@ -103,7 +104,8 @@ class JobPlanner:
 
     @staticmethod
     def _group(request: p.Message) -> BenchGroup | None:
-        """bench.start's `group`, checked: `bad-body` naming the field; a sustained run is
+        """bench.start's `group`, checked: `bad-body` naming the field, `cannot-listen` when
+        its rank could not listen where the group says (agent.cluster.ports); a sustained run is
         refused for a group (its ranks would end their windows apart and part in a
         collective)."""
         raw = request.body.get("group")
@@ -117,6 +119,9 @@ class JobPlanner:
         except RankEnvError as exc:
             why = f"bench.start: group: {exc}"
             raise p.ProtocolError(p.BAD_BODY, why, re=request.id) from None
+        listening = listens_on(group.members, group.rank, group.backend, group.port)
+        if (why := listen_problem(listening)) is not None:
+            raise p.ProtocolError(p.CANNOT_LISTEN, f"bench.start: group: {why}", re=request.id)
         if request.body.get("sustain") is not None:
             raise p.ProtocolError(
                 p.BAD_MATRIX,

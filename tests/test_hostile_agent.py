@@ -55,6 +55,9 @@ OWN_TTY_CODES = re.compile(rb"\x1b\[[0-9;?]*[mKABCDGhl]")
 """What the coordinator itself may send a terminal: SGR colours, cursor moves, line erase,
 cursor show/hide. Anything else (OSC 52/0/8, CSI 6n, CSI 2J...) came from an agent."""
 FORGED_ROW = re.compile(r"^\s*FAKE ROW")
+MARKUP_SHOWN = re.compile(r"[^\s│┃|](?<!\[reverse\])MARKUP")
+"""The payload's `[reverse]MARKUP[/reverse]` parsed as Rich markup: `MARKUP` left bare after
+the payload's text before it (a wrap that breaks a cell right before it leaves a border)."""
 """The agent's newline made a line of its own (a table wraps a cell inside its borders)."""
 NO_ANSWER = re.compile(
     r"did not answer|not answering|no reply|no answer|timed? ?out|unreachable", re.I
@@ -220,6 +223,8 @@ def escapes(data: bytes, text: str, tty: bool, where: str) -> list[str]:
         problems.append(
             f"a bidi/zero-width character in the {where}: {snippet(text, match.start())}"
         )
+    if match := MARKUP_SHOWN.search(text):
+        problems.append(f"Rich markup rendered in the {where}: {snippet(text, match.start())}")
     for line in text.replace("\r", "").split("\n"):
         if FORGED_ROW.match(line):
             problems.append(f"a forged row in the {where}: {line[:80]!r}")

@@ -294,8 +294,7 @@ def jobs_table(jobs: list[dict[str, Any]]) -> FitTable:
         table.add_column(name, wrap=wrap, justify="right" if name in RIGHT else "left")
     for job in jobs:
         if not job["readable"]:
-            table.add_row(shown(job["host"]), shown(job["job"] or NA), _stamp(job["ended"]),
-                          "summary unreadable", *[""] * 6)  # fmt: skip
+            table.add_row(*_job_names(job), _stamp(job["ended"]), "summary unreadable", *[""] * 6)
             continue
         hottest = NA if job["max_celsius"] is None else f"{job['max_celsius']:.1f}"
         speed = (
@@ -303,8 +302,7 @@ def jobs_table(jobs: list[dict[str, Any]]) -> FitTable:
             else f"{job['tok_s_first']:.0f} → {job['tok_s_last']:.0f}"
         )  # fmt: skip
         table.add_row(
-            shown(job["host"]),
-            shown(job["job"] or NA),
+            *_job_names(job),
             _stamp(job["ended"]),
             NA if job["wall_s"] is None else duration(job["wall_s"]),
             NA if job["paused_s"] is None else duration(job["paused_s"]),
@@ -315,6 +313,11 @@ def jobs_table(jobs: list[dict[str, Any]]) -> FitTable:
             Text(shown(job["last_pause"] or "", DETAIL_CAP)),
         )
     return table
+
+
+def _job_names(job: dict[str, Any]) -> tuple[Text, Text]:
+    """The host and the job id an agent named, as Text: an agent's words are never markup."""
+    return Text(shown(job["host"])), Text(shown(job["job"] or NA))
 
 
 RIGHT = ("wall", "paused", "max °C", "energy J", "tok/s", "throttle")

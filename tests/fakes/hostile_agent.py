@@ -77,6 +77,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import json
 import math
 import secrets
 import signal
@@ -105,13 +106,15 @@ PAYLOAD = (
     "\x1b[2J"
     "\x9b6n"
     "[link=file:///etc/passwd]x[/link]"
+    "[reverse]MARKUP[/reverse]"
     "[/]"
     "[bold red]"
     "\u202e"
     "\u200b"
     "\nFAKE ROW"
 )
-"""Every terminal/markup payload of issue 24, in one string that ends by forging a row."""
+"""Every terminal/markup payload of issue 24, in one string that ends by forging a row.
+`[reverse]MARKUP[/reverse]` is the markup a pipe shows: parsed, it leaves `MARKUP` bare."""
 HUGE = "\x00huge\x00"
 """Placeholder for the field a `huge` message fills to the size limit."""
 MODES = (
@@ -679,20 +682,29 @@ class Telemetry(FakeAgentCore):
             "celsius": self.number(88.0, math.nan, telemetry=True),
             "action": action,
             "pid": 4242,
-            "job": "run-1",
+            "job": self.text("run-1"),
             "source": self.text("sim"),
             "simulated": True,
-            "detail": self.big("python -m mlx_lm lora --train"),
+            "detail": self._summary()
+            if action == "summary"
+            else self.big("python -m mlx_lm lora --train"),
             "policy": None,
         }
+
+    def _summary(self) -> str:
+        """§10 `summary`: the job's account as JSON (docs/monitoring.md, Job summary), its
+        texts corrupted in `strings`."""
+        account = {"wall_s": 60.0, "paused_s": 1.5, "pauses": 1, "max_celsius": 88.0}
+        texts = {"max_source": "sim", "max_sensor": "TCMz", "energy_note": "sim"}
+        return json.dumps(account | {key: self.text(value) for key, value in texts.items()})
 
     def _publish_sample(self) -> None:
         sample = self._sample()
         self.samples.append(sample)
         del self.samples[:-3600]
         self.pub.send_multipart([b"sample", envelope("telemetry.sample", sample, None)])
-        if len(self.samples) % 10 == 1:
-            event = self._event("pause" if len(self.events) % 2 == 0 else "resume")
+        if len(self.samples) % 10 in (1, 2):  # a pause and a job's summary come early
+            event = self._event(("pause", "summary", "resume")[len(self.events) % 3])
             self.events.append(event)
             del self.events[:-10000]
             self.pub.send_multipart([b"event", envelope("telemetry.event", event, None)])

@@ -8,16 +8,18 @@ import math
 
 import pytest
 
+from shared.cooling.throttle import ThrottleVerdict
 from shared.cooling.throttle_point import (
-    DROP_POLLS,
     CalibrationSample,
     NoThrottle,
     ThrottlePoint,
     calibrated_thresholds,
     find_throttle_point,
+    first_throttle,
     hold_step,
-    lasting_drop,
 )
+
+OK, THROTTLING = ThrottleVerdict(False), ThrottleVerdict(True, ("GPU 0.80 GHz of 1.40",), True)
 
 AMBIENT, FULL_RISE, TAU_S, LIMIT = 30.0, 90.0, 60.0, 95.0
 """Flat out at full clock the die settles FULL_RISE above ambient; the firmware throttles above
@@ -75,6 +77,7 @@ def test_it_finds_the_onset_the_duty_and_both_operating_points() -> None:
     assert abs(point.onset_c - LIMIT) < 1.0
     assert abs(point.sensor_onsets["TCMz"] - (LIMIT - 4.0)) < 1.0
     assert point.sensor == "Tg0k" and point.signal == "gpu clock"
+    assert point.sustained_hz == CLOCK and point.evidence == "GPU 0.80 GHz of 1.40 sustained"
     expected_ttt = -TAU_S * math.log(1 - (LIMIT - AMBIENT) / FULL_RISE)
     assert abs(point.time_to_throttle_s - expected_ttt) < 2.0
     sustainable = (LIMIT - AMBIENT) / FULL_RISE
@@ -85,11 +88,6 @@ def test_it_finds_the_onset_the_duty_and_both_operating_points() -> None:
     assert point.throttled.duty == 1.0
     assert point.held.clock_hz == pytest.approx(CLOCK)
     assert point.held.celsius is not None and point.held.celsius < LIMIT
-
-
-def test_a_firmware_stepping_its_clock_around_its_limit_is_found_too() -> None:
-    point = find_throttle_point(run_model(hysteresis=0.0), "smc", False, 1.8e9)
-    assert abs(point.onset_c - LIMIT) < 1.0
 
 
 def test_without_a_clock_the_work_rate_tells_the_onset() -> None:
@@ -109,10 +107,11 @@ def test_too_few_polls_under_load_cannot_say() -> None:
         find_throttle_point(run_model(sustained_s=2.0, held_s=0), "smc", False, 1.8e9)
 
 
-def test_a_dip_shorter_than_the_polls_is_no_drop() -> None:
-    assert lasting_drop([100, 90, 100, 100, 100, 100], 100) is None
-    assert lasting_drop([100, 98, 90, *[90] * DROP_POLLS], 100) == 2
-    assert lasting_drop([100, 60, 100, 60, 100], 100) == 1  # stepping down and up: down
+def test_the_onset_is_the_first_poll_of_the_first_drop_that_lasted() -> None:
+    low = ThrottleVerdict(False, low=True)
+    assert first_throttle([OK, low, OK, low, low, THROTTLING, THROTTLING]) == 3
+    assert first_throttle([OK, THROTTLING]) == 1
+    assert first_throttle([OK, low, low, OK]) is None
 
 
 def test_the_record_round_trips_and_refuses_what_it_does_not_write() -> None:

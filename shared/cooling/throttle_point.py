@@ -3,12 +3,12 @@ cold and then held below the point where the firmware started to throttle (docs/
 Calibrating a Mac). Pure: samples in, a ThrottlePoint out; the load, the sensors and the clock
 are agent.cooling.calibrate's.
 
-The onset is where the speed signal (the GPU clock, else the CPU's P-cluster clock, else the
-load's own work rate: issue 41's second signal, the only one on a Mac whose clock channel is
-missing) first drops below its early level by DROP_MARGIN and stays down for DROP_POLLS polls,
-read on every sensor. The duty cycle is the share of time the load ran while the Mac was held
-at the onset; with the work rate at both operating points (throttled by the firmware, held
-below onset) it says what preventing throttling costs on this Mac."""
+The onset is where the speed signal (the GPU clock, else the load's own work rate: issue 41's
+second signal, the only one on a Mac whose clock channel is missing) first drops and stays down,
+by the throttle rule every display applies (shared.cooling.throttle: its margin, for its
+polls), read on every sensor. The duty cycle is the share of time the load ran while the Mac
+was held at the onset; with the work rate at both operating points (throttled by the firmware,
+held below onset) it says what preventing throttling costs on this Mac."""
 
 from __future__ import annotations
 
@@ -19,18 +19,18 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-DROP_MARGIN = 0.05
-"""A drop is the signal below (1 - DROP_MARGIN) of its early level: above the polls' own
-jitter (an idle GPU's clock reads a few per cent apart interval to interval), well below the
-15-65 % the firmware takes off a throttled GPU (issue 41's evidence)."""
-DROP_POLLS = 3
-"""Polls in a row the drop must last: a one-poll dip is a scheduling hiccup, not a throttle."""
-REFERENCE_POLLS = 5
-"""Polls under load, after the first (which began idle), whose median is the early level."""
+from shared.cooling.throttle import (
+    EARLY_READINGS,
+    POLLS,
+    ThrottlePoll,
+    ThrottleVerdict,
+    judge,
+    throttled_evidence,
+)
+
 SETTLE_SHARE = 0.5
 """The share of each operating phase left out before its steady figures are taken (the
 firmware settling after onset, the hold's first approach to its cap)."""
-
 HOLD_BELOW_C = 0.5
 """The hold's cap below the onset: the load runs while the reading is under it."""
 RECOVER_BELOW_C = 5.0
@@ -43,8 +43,9 @@ PHASES = ("idle", "sustained", "recovering", "held")
 a while after, for its operating point), resting until the clock can recover, held below the
 onset (hold_step)."""
 
-SIGNALS = ("gpu clock", "cpu clock", "work rate")
+SIGNALS = ("gpu clock", "work rate")
 """The speed signals, in the order one is picked: the first every loaded poll has."""
+WORK_UNIT = "work/s"
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class CalibrationSample:
     sensor: str | None = None
     sensors: Mapping[str, float] = field(default_factory=dict)
     gpu_hz: float | None = None
-    cpu_hz: float | None = None
+    gpu_active: float | None = None
     work: float = 0.0
     running: float = 0.0
 
@@ -117,6 +118,13 @@ class ThrottlePoint:
     held: OperatingPoint | None
     duty_cycle: float | None
     start_c: float | None
+    evidence: str | None = None
+
+    @property
+    def sustained_hz(self) -> float | None:
+        """The GPU clock this Mac sustains before it throttles (the throttle rule's reference,
+        shared.cooling.throttle); None when the onset was read on the work rate."""
+        return self.reference if self.signal == "gpu clock" else None
 
     def origin(self) -> str:
         """`calibrated on this Mac 2026-12-06: onset 101.5 °C (smc · Tg0k)`: where a calibrated
@@ -141,6 +149,7 @@ class ThrottlePoint:
             "held": None if self.held is None else self.held.to_dict(),
             "duty_cycle": self.duty_cycle,
             "start_c": self.start_c,
+            "evidence": self.evidence,
         }
 
     @classmethod
@@ -177,6 +186,7 @@ class ThrottlePoint:
             held=None if held is None else OperatingPoint.from_dict(held),
             duty_cycle=_number(data, "duty_cycle", low=0.0, high=1.0, optional=True),
             start_c=_number(data, "start_c", optional=True),
+            evidence=_text(data, "evidence", optional=True),
         )
 
 
@@ -186,60 +196,57 @@ class NoThrottle(ValueError):
 
 def speed_signal(samples: Sequence[CalibrationSample]) -> str:
     """The signal the onset is read on: the GPU clock when every loaded poll has one, else the
-    CPU's, else the work rate (which every loaded poll has)."""
+    work rate (which every loaded poll has). One signal, not both: a rate on a shared machine
+    moves with its neighbours' work, a clock does not."""
     loaded = [s for s in samples if s.phase == "sustained"]
-    if loaded and all(s.gpu_hz is not None for s in loaded):
-        return "gpu clock"
-    if loaded and all(s.cpu_hz is not None for s in loaded):
-        return "cpu clock"
-    return "work rate"
+    return "gpu clock" if loaded and all(s.gpu_hz for s in loaded) else "work rate"
 
 
-def signal_value(sample: CalibrationSample, previous: CalibrationSample, signal: str) -> float:
-    """The sample's value of `signal` over its interval (work per second for the work rate)."""
-    if signal == "gpu clock" and sample.gpu_hz is not None:
-        return sample.gpu_hz
-    if signal == "cpu clock" and sample.cpu_hz is not None:
-        return sample.cpu_hz
+def throttle_poll(
+    sample: CalibrationSample, previous: CalibrationSample, signal: str
+) -> ThrottlePoll:
+    """The poll the throttle rule judges: the clock (the GPU's active share as read, else the
+    load's own share of the interval), or the work per second over the interval."""
+    if signal == "gpu clock":
+        active = sample.running if sample.gpu_active is None else sample.gpu_active
+        return ThrottlePoll(gpu_hz=sample.gpu_hz, gpu_active=active)
     interval = sample.time - previous.time
-    return sample.work / interval if interval > 0 else 0.0
+    rate = sample.work / interval if interval > 0 else None
+    return ThrottlePoll(rate=rate, rate_unit=WORK_UNIT)
 
 
-def lasting_drop(values: Sequence[float], reference: float) -> int | None:
-    """The index of the first value below (1 - DROP_MARGIN) of the reference that starts
-    DROP_POLLS values whose mean is below it too (a firmware that steps its clock down and up
-    around its limit stays down on average); None when none does."""
-    floor = reference * (1.0 - DROP_MARGIN)
-    for index in range(len(values) - DROP_POLLS + 1):
-        if values[index] < floor and statistics.fmean(values[index : index + DROP_POLLS]) < floor:
-            return index
+def first_throttle(verdicts: Sequence[ThrottleVerdict]) -> int | None:
+    """The first poll of the first drop that lasted: where the rule's first throttling verdict
+    began to read low (it counts POLLS low polls in a row); None when it never throttled."""
+    start = None
+    for index, verdict in enumerate(verdicts):
+        if verdict.throttling:
+            return index if start is None else start
+        start = (index if start is None else start) if verdict.low else None
     return None
 
 
 def find_throttle_point(
     samples: Sequence[CalibrationSample], source: str, simulated: bool, calibrated_at: float
 ) -> ThrottlePoint:
-    """The throttle point in a calibration's samples (idle, then sustained, then held, in time
-    order). NoThrottle when the sustained load never throttled; ValueError when the samples
-    cannot say (too few polls under load, no temperature at the onset)."""
+    """The throttle point in a calibration's samples (PHASES in time order). NoThrottle when
+    the sustained load never throttled; ValueError when the samples cannot say (too few polls
+    under load, no temperature at the onset)."""
     sustained = [i for i, s in enumerate(samples) if s.phase == "sustained" and i > 0]
-    if len(sustained) < REFERENCE_POLLS + 1 + DROP_POLLS:
+    if len(sustained) < EARLY_READINGS + POLLS:
         raise ValueError(f"{len(sustained)} polls under load: too few to find a throttle point")
     signal = speed_signal(samples)
-    values = [signal_value(samples[i], samples[i - 1], signal) for i in sustained]
-    reference = statistics.median(values[1 : 1 + REFERENCE_POLLS])
-    if not reference > 0:
-        raise ValueError(f"the {signal} read {reference:g} under load: it cannot show a throttle")
-    first = lasting_drop(values[1 + REFERENCE_POLLS :], reference)
+    polls = [throttle_poll(samples[i], samples[i - 1], signal) for i in sustained]
+    verdicts = judge(polls)
+    first = first_throttle(verdicts)
     if first is None:
         hottest = max((s.celsius for s in samples if s.celsius is not None), default=None)
         seen = "no reading" if hottest is None else f"{hottest:.1f} °C at the hottest"
         raise NoThrottle(f"the {signal} never dropped and stayed down ({seen})")
-    at = sustained[first + 1 + REFERENCE_POLLS]
+    at = sustained[first]
     before, after = samples[at - 1], samples[at]
     if before.celsius is None or after.celsius is None:
         raise ValueError("no temperature reading at the throttle onset")
-    load_start = samples[sustained[0] - 1].time
     onset_time = (before.time + after.time) / 2
     tail = [samples[i] for i in sustained if samples[i].time >= onset_time]
     idle = [s.celsius for s in samples if s.phase == "idle" and s.celsius is not None]
@@ -255,14 +262,24 @@ def find_throttle_point(
             for name, value in after.sensors.items()
             if name in before.sensors
         },
-        time_to_throttle_s=max(0.0, onset_time - load_start),
+        time_to_throttle_s=max(0.0, onset_time - samples[sustained[0] - 1].time),
         signal=signal,
-        reference=reference,
+        reference=reference(polls[:first], signal),
         throttled=steady_point(tail, signal),
         held=held,
         duty_cycle=None if held is None else held.duty,
         start_c=idle[-1] if idle else samples[sustained[0]].celsius,
+        evidence=throttled_evidence(verdicts[first:]),
     )
+
+
+def reference(before: Sequence[ThrottlePoll], signal: str) -> float:
+    """What the rule measured the drop against (shared.cooling.throttle): the highest clock
+    under load, or the best of the first EARLY_READINGS rates, before the onset; 0 when the
+    load throttled from its first poll."""
+    if signal == "gpu clock":
+        return max((p.gpu_hz or 0.0 for p in before if p.clock_loaded), default=0.0)
+    return max((p.rate or 0.0 for p in before[:EARLY_READINGS]), default=0.0)
 
 
 def operating_point(
@@ -274,17 +291,16 @@ def operating_point(
 
 def steady_point(polls: Sequence[CalibrationSample], signal: str) -> OperatingPoint | None:
     """Work per wall second, duty, mean °C and clock over the intervals in the last
-    (1 - SETTLE_SHARE) of the polls' time; None with fewer than DROP_POLLS intervals there."""
+    (1 - SETTLE_SHARE) of the polls' time; None with fewer than POLLS intervals there."""
     if len(polls) < 2:
         return None
     cut = polls[0].time + (polls[-1].time - polls[0].time) * SETTLE_SHARE
     steady = [(a, b) for a, b in zip(polls, polls[1:], strict=False) if a.time >= cut]
     seconds = sum(b.time - a.time for a, b in steady)
-    if len(steady) < DROP_POLLS or seconds <= 0:
+    if len(steady) < POLLS or seconds <= 0:
         return None
     temps = [b.celsius for _, b in steady if b.celsius is not None]
-    clock = {"gpu clock": "gpu_hz", "cpu clock": "cpu_hz"}.get(signal)
-    clocks = [v for _, b in steady if clock and b.running > 0 and (v := getattr(b, clock))]
+    clocks = [b.gpu_hz for _, b in steady if signal == "gpu clock" and b.running and b.gpu_hz]
     return OperatingPoint(
         work_rate=sum(b.work for _, b in steady) / seconds,
         duty=min(1.0, sum(b.running * (b.time - a.time) for a, b in steady) / seconds),

@@ -1,7 +1,7 @@
 """The import rules of the layout (README, Where things are): agent/ and coordinator/ meet only in
 shared/, and shared/'s pure modules touch no socket, database, thread, process or signal. Inside
-agent/, each room imports only the rooms below it: the sensors (sensors/, thermal/, power/) no
-room that uses them, service/ nothing of the agent's but itself, cooling/ neither the daemon, the
+agent/, each room imports only the rooms below it: the sensors (sensors/, clocks/, thermal/, power/)
+no room that uses them, service/ nothing of the agent's but itself, cooling/ neither the daemon, the
 service nor a command, and only agent/cli.py the commands, which alone speak Typer. Inside
 coordinator/, hosts/ imports no other room, runs/ and telemetry/ never each other, reports/ no run.
 Inside shared/, the kit at the top imports no room, cooling/ no other concept room, benchmark/
@@ -134,7 +134,8 @@ USERS_OF_SENSORS = frozenset(
     }
 )
 AGENT_RULES: dict[str, frozenset[str]] = {
-    "sensors": USERS_OF_SENSORS | {"agent.thermal", "agent.power", "agent.awake"},
+    "sensors": USERS_OF_SENSORS | {"agent.thermal", "agent.power", "agent.awake", "agent.clocks"},
+    "clocks": USERS_OF_SENSORS | {"agent.thermal", "agent.power", "agent.awake"},
     "awake": USERS_OF_SENSORS | {"agent.thermal", "agent.power"},
     "thermal": USERS_OF_SENSORS | {"agent.power"},
     "power": USERS_OF_SENSORS | {"agent.thermal"},

@@ -43,3 +43,36 @@ def apple_silicon() -> bool:
     value, size = ctypes.c_int(0), ctypes.c_size_t(ctypes.sizeof(ctypes.c_int))
     found = sysctlbyname(b"hw.optional.arm64", ctypes.byref(value), ctypes.byref(size), None, 0)
     return found == 0 and value.value == 1
+
+
+def bind_or_unavailable(
+    lib: ctypes.CDLL, source: str, name: str, restype: Any, *argtypes: Any
+) -> Any:
+    """bind(), with a symbol this macOS lacks (a private framework's, renamed or gone) said as
+    the source being unavailable, never an AttributeError."""
+    try:
+        return bind(lib, name, restype, *argtypes)
+    except AttributeError:
+        raise SourceUnavailable(f"{source}: {name} is missing from {lib._name}") from None
+
+
+def sysctl_text(name: str) -> str | None:
+    """A string sysctl (`machdep.cpu.brand_string`: `Apple M4 Pro`); None when it has none."""
+    libc = load(LIBSYSTEM, "sysctl")
+    sysctlbyname = bind(
+        libc,
+        "sysctlbyname",
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_void_p,
+        ctypes.POINTER(ctypes.c_size_t),
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+    )
+    size = ctypes.c_size_t(0)
+    if sysctlbyname(name.encode(), None, ctypes.byref(size), None, 0) != 0 or not size.value:
+        return None
+    buffer = ctypes.create_string_buffer(size.value)
+    if sysctlbyname(name.encode(), buffer, ctypes.byref(size), None, 0) != 0:
+        return None
+    return buffer.value.decode("utf-8", "replace")

@@ -285,8 +285,9 @@ def test_the_benchmark_fails_when_mlx_multiplies_wrong(monkeypatch: pytest.Monke
     import mlx.core as mx
 
     from agent.doctor.checks import bench_check
+    from agent.profiling.device_probe import DeviceProbe, matmul_speed
 
     right = mx.matmul
     monkeypatch.setattr(mx, "matmul", lambda a, b: right(a, b) * 2)
-    check = bench_check()
+    check = bench_check(DeviceProbe({}, matmul_speed(0.1)))
     assert not check.ok and check.required and check.fix == "MLX computes wrong results"

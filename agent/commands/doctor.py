@@ -11,8 +11,10 @@ from typing import Annotated
 import typer
 
 from agent.daemon.endpoints import ServeError, endpoint_for, telemetry_endpoint
+from agent.doctor.check import Check
 from agent.doctor.checks import report
 from agent.doctor.load_checks import load_checks
+from agent.profiling.device_probe import probe_device
 from shared.bounds import MAX_CAPTURE_S, MAX_LOAD_S
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import emit, err, usage_error
@@ -93,12 +95,21 @@ def doctor_command(
     command = int(endpoint.rpartition(":")[2].replace("*", "0"))
     telemetry = int(telemetry_endpoint(endpoint, None).rpartition(":")[2].replace("*", "0"))
     # The load runs first, so its idle window is not the cooling-off of the benchmark.
-    loaded = load_checks(load) if load is not None else []
+    loaded = loaded_checks(load) if load is not None else []
     found = report((command, telemetry))
     found["checks"] += [asdict(check) for check in loaded]
     emit(found, fmt, lambda data: doctor_view([{"host": data["host"], "report": data}]))
     if not found["ok"]:
         raise typer.Exit(EXIT_PARTIAL)
+
+
+def loaded_checks(seconds: float) -> list[Check]:
+    """--load's checks, run in this process only once a probe child has used the device: a
+    device whose first use aborts MLX is a failed check here, not the end of doctor."""
+    probe = probe_device()
+    if probe.facts is None:
+        return [Check("load", False, f"no MLX load: {probe.failure}", probe.fix)]
+    return load_checks(seconds)
 
 
 def write_capture(path: Path, seconds: float, fmt: str) -> None:

@@ -33,6 +33,7 @@ from agent.daemon.wake import WakePipe
 from agent.daemon_address import DaemonAddress, remove_state, state_path, write_state
 from agent.power.meter import EnergyMeter
 from agent.power.registry import open_power_source
+from agent.profiling.device_probe import NO_DEVICE_FIX
 from agent.profiling.machine import machine_info, package_version
 from agent.thermal import SourceSpecError, SourceUnavailable, ThermalSource, open_source
 from shared.benchmark.energy import DEFAULT_BASELINE_S
@@ -90,7 +91,13 @@ class AgentDaemon:
         except ServeError:
             self.sockets.close()
             raise
-        self.machine = machine_info()
+        self.machine = machine_info()  # MLX's device asked in a child: an abort there is said
+        if self.machine.get("device_error"):
+            log.warning(
+                "MLX device unknown, serving degraded: %s. Fix: %s",
+                self.machine["device_error"],
+                NO_DEVICE_FIX,
+            )
         self.version = package_version("mlx-fleet") or "unknown"
         self.ranks = RankJobs(data_dir() / RANKS_DIR)
         self.requests = Requests(

@@ -23,12 +23,19 @@ from typing import Any
 from agent.doctor.check import Check
 from agent.doctor.firewall import firewall_check
 from agent.doctor.mac_setup import filevault_check, login_items_check
+from agent.profiling.device_probe import (
+    MATMUL_SIZE,
+    MIN_MLX,
+    DeviceProbe,
+    older_than_minimum,
+    probe_device,
+)
+from agent.profiling.machine import machine_info, package_version
 from shared.cooling.sources import auto_order
 from shared.io.paths import DataDirError, check_folder, data_dir, unwritable
 from shared.wire import protocol as p
 
 BENCH_SECONDS = 1.0
-MATMUL_SIZE = 256
 SOURCE_READ_INTERVAL_S = 0.5
 
 
@@ -52,19 +59,36 @@ def python_check() -> Check:
     return Check("python", True, f"arm64 Python {version}", required=True)
 
 
-def mlx_checks() -> list[Check]:
-    try:
-        import mlx.core as mx
-    except ImportError as exc:
-        return [Check("mlx", False, f"import mlx.core failed: {exc}", "pip install mlx", True)]
-    device = mx.default_device()
-    found = Check("mlx", True, f"MLX {mx.__version__}, default device {device}", required=True)
-    if mx.metal.is_available():
-        working = mx.device_info().get("max_recommended_working_set_size", 0) / 2**30
-        return [found, Check("metal", True, f"Metal, recommended working set {working:.1f} GiB")]
+def mlx_checks(probe: DeviceProbe) -> list[Check]:
+    """MLX's version against the floor that reports a missing Metal device instead of aborting,
+    and its device as the probe child saw it (agent.profiling.device_probe): an abort, crash or
+    hang there is a failed check with the fix, never the end of doctor."""
+    version = (probe.facts or {}).get("mlx_version") or package_version("mlx")
+    if version is None:
+        return [Check("mlx", False, "MLX is not installed", "pip install mlx", True)]
+    floor = ".".join(map(str, MIN_MLX))
+    checks = [
+        Check("mlx", True, f"MLX {version}", required=True)
+        if not older_than_minimum(version)
+        else Check(
+            "mlx",
+            False,
+            f"MLX {version} is older than {floor}, the first that reports a Metal device list "
+            "macOS left empty as an error instead of aborting (ml-explore/mlx#3397, #3428)",
+            f"pip install -U 'mlx>={floor}'",
+        )
+    ]
+    if probe.facts is None:
+        failure = probe.failure or "no answer"
+        return [*checks, Check("mlx device", False, failure, probe.fix, required=True)]
+    facts = probe.facts
+    checks.append(Check("mlx device", True, f"default device {facts['backend']}", required=True))
+    if facts.get("metal"):
+        working = (facts.get("metal_working_set_bytes") or 0) / 2**30
+        return [*checks, Check("metal", True, f"Metal, recommended working set {working:.1f} GiB")]
     on_mac = sys.platform == "darwin"
     return [
-        found,
+        *checks,
         Check(
             "metal",
             False,
@@ -76,29 +100,14 @@ def mlx_checks() -> list[Check]:
     ]
 
 
-def bench_check(skip: str | None = None) -> Check:
-    """A 1-second matmul: MLX computes right and at what speed. The reference needs nothing but
-    MLX (numpy is not a dependency): the same product summed elementwise on `mx.cpu`, a path
-    independent of the matmul kernels even where the CPU is the default device."""
+def bench_check(probe: DeviceProbe, skip: str | None = None) -> Check:
+    """The probe child's 1-second matmul (agent.profiling.device_probe.matmul_speed): MLX
+    computes right and at what speed."""
     if skip:
         return Check("benchmark", True, f"skipped: {skip}")
-    try:
-        import mlx.core as mx
-
-        x = mx.random.normal((MATMUL_SIZE, MATMUL_SIZE), key=mx.random.key(0))
-        result = mx.matmul(x, x)
-        mx.eval(result)  # warm-up: kernels compile on first use
-        with mx.stream(mx.cpu):
-            expected = mx.sum(x[:, :, None] * x[None, :, :], axis=1)
-            error = (mx.max(mx.abs(result - expected)) / mx.max(mx.abs(expected))).item()
-        runs, started = 0, time.perf_counter()
-        while time.perf_counter() - started < BENCH_SECONDS:
-            mx.eval(mx.matmul(x, x))
-            runs += 1
-        elapsed = time.perf_counter() - started
-    except Exception as exc:  # whatever MLX raises, the check says it
-        return Check("benchmark", False, f"{type(exc).__name__}: {exc}", "reinstall mlx", True)
-    gflops = 2 * MATMUL_SIZE**3 * runs / elapsed / 1e9
+    if probe.bench is None:
+        return Check("benchmark", False, probe.failure or "not measured", probe.fix, True)
+    gflops, error = probe.bench["gflops"], probe.bench["error"]
     # Relative to the largest entry: MLX's CUDA backend multiplies float32 at TF32 precision
     # (an H200 with MLX 0.32.4 read 1.4e-3 against numpy's product; Metal and the CPU ~1e-7);
     # wrong results read ~1.
@@ -350,10 +359,11 @@ def report(
     skip_bench: str | None = None,
 ) -> dict[str, Any]:
     """Every check, in the order a first run meets them, with this machine's facts."""
+    probe = probe_device(None if skip_bench else BENCH_SECONDS)
     steps: list[Callable[[], Check | list[Check]]] = [
         python_check,
-        mlx_checks,
-        lambda: bench_check(skip_bench),
+        lambda: mlx_checks(probe),
+        lambda: bench_check(probe, skip_bench),
         thermal_checks,
         pressure_check,
         power_source_checks,
@@ -369,12 +379,7 @@ def report(
     for step in steps:
         found = step()
         checks.extend(found if isinstance(found, list) else [found])
-    try:
-        from agent.profiling.machine import machine_info
-
-        machine: dict[str, Any] | None = machine_info()
-    except Exception:  # no MLX: the checks above say why
-        machine = None
+    machine = machine_info(probe)
     return {
         "host": socket.gethostname(),
         "ok": all(check.ok for check in checks if check.required),

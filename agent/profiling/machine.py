@@ -19,9 +19,9 @@ import sys
 from importlib import metadata
 from typing import Any
 
-import mlx.core as mx
 import psutil
 
+from agent.profiling.device_probe import DeviceProbe, probe_device
 from agent.profiling.memory import to_gb
 
 GIB = 2**30
@@ -157,22 +157,26 @@ def host_facts() -> dict[str, Any]:
     }
 
 
-def mlx_facts() -> dict[str, Any]:
-    """MLX's version and device; on Metal the working set it recommends (what mlx-lm wires)."""
-    device = dict(mx.device_info())
+def mlx_facts(probe: DeviceProbe) -> dict[str, Any]:
+    """MLX's version and device as the probe child found them (agent.profiling.device_probe);
+    when it found nothing, the device is "unknown" and `device_error` says why."""
+    if probe.facts is not None:
+        return {**probe.facts, "device_error": None}
     return {
-        "mlx_version": mx.__version__,
-        "backend": mx.default_device().type.name,
-        "device": device.get("device_name"),
-        "architecture": device.get("architecture", platform.machine()),
-        "metal": mx.metal.is_available(),
-        "metal_working_set_bytes": device.get("max_recommended_working_set_size"),
+        "mlx_version": package_version("mlx"),
+        "backend": None,
+        "device": "unknown",
+        "architecture": platform.machine(),
+        "metal": None,
+        "metal_working_set_bytes": None,
+        "device_error": probe.failure,
     }
 
 
-def machine_info() -> dict[str, Any]:
+def machine_info(probe: DeviceProbe | None = None) -> dict[str, Any]:
+    """This machine's facts; `probe`: a device probe already run (else one is run now)."""
     facts = host_facts()
-    mlx = mlx_facts()
+    mlx = mlx_facts(probe or probe_device())
     return {
         "hostname": socket.gethostname(),
         **facts,

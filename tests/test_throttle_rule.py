@@ -171,3 +171,17 @@ def test_onset_is_where_the_clock_dropped_and_stayed_down() -> None:
     assert onset(judge([ok, low, low, ok], calibrated_hz=1.40 * GHZ)) is None  # recovered
     assert onset(judge([ok, low, low], calibrated_hz=1.40 * GHZ)) is None  # never counted
     assert onset([]) is None
+
+
+def test_first_throttled_is_where_the_first_throttling_stretch_began() -> None:
+    ok, low, idle = busy(1.40), busy(1.10), busy(0.2, active=0.0)
+    series = [ok, low, ok, low, idle, low, low, ok, low, low, low]
+    verdicts = judge(series, calibrated_hz=1.40 * GHZ)
+    assert throttle.first_throttled(verdicts) == 8  # the idle poll broke the stretch at 3
+    assert throttle.first_throttled(judge([ok, low, low, ok], 1.40 * GHZ)) is None
+
+
+def test_early_readings_is_the_number_of_readings_that_set_the_best() -> None:
+    assert judge(rates(100, 80, 80, 80), early_readings=1)[-1].throttling is True
+    assert judge(rates(100, 80, 80, 80), early_readings=0)[-1].throttling is True  # at least 1
+    assert judge(rates(100, 80, 80, 80))[-1].throttling is False  # still the early five

@@ -126,3 +126,33 @@ def test_bad_faults_get_one_line(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message) as caught:
         faults.parse(text)
     assert "\n" not in str(caught.value)
+
+
+def test_a_cell_whose_iterations_slowed_down_was_measured_throttling() -> None:
+    """A slowdown injected into the timed iterations (a replayed throttle: the same work taking
+    25 % longer from the sixth on) makes the cell `throttled` by the throttle rule."""
+    steady = [0.100, 0.101, 0.0995, 0.1002, 0.1001]
+    record = measured(steady + [0.125, 0.126, 0.125])
+    assert "throttled" in record["verdict_reasons"]
+    assert verdict.throttle_evidence(record) == "256 tok/s of 322"
+    # two slow iterations are not three in a row; within the margin is not throttling
+    assert "throttled" not in measured(steady + [0.125, 0.126, 0.1])["verdict_reasons"]
+    assert "throttled" not in measured(steady + [0.11, 0.11, 0.11])["verdict_reasons"]
+
+
+def test_a_cell_measured_under_a_low_gpu_clock_was_throttling() -> None:
+    fast = [0.100, 0.101, 0.0995, 0.1002, 0.1001]
+    low = {"sustained_hz": 1.4e9, "samples": [[1.4e9, 0.9]] + [[1.1e9, 0.95]] * 3}
+    record = measured(fast, gpu_clock=low)
+    assert record["verdict_reasons"] == ["throttled"]
+    assert verdict.verdict_text(record) == "invalid: throttled"
+    assert verdict.throttle_evidence(record) == "GPU 1.10 GHz of 1.40 sustained"
+    idle = {"sustained_hz": 1.4e9, "samples": [[0.4e9, 0.02]] * 6}  # not under load: no verdict
+    assert measured(fast, gpu_clock=idle)["verdict"] == "valid"
+    junk = {"sustained_hz": "fast", "samples": [[None, None], "x", [1, 2, 3]]}
+    assert measured(fast, gpu_clock=junk)["verdict"] == "valid"  # a peer's junk judges nothing
+
+
+def test_a_sustained_cell_is_never_throttled_its_curve_is_the_measurement() -> None:
+    record = measured([0.1] * 5 + [0.2] * 5, sustain={"windows": []})
+    assert "throttled" not in record["verdict_reasons"]

@@ -18,14 +18,16 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from shared.bounds import MAX_SUSTAIN_S, MAX_SUSTAIN_WINDOW_S, duration_text
+from shared.cooling.throttle import ThrottlePoll, first_throttled, judge
 from shared.stats import ci95_half_width
 
 DEFAULT_WINDOW_S = 10.0
 STEADY_WINDOWS = 3
 """Steady state is the mean tok/s of the last this many full windows after the first (which
 warms up: caches, clocks); with fewer than this many after it, steady is N/A and says why."""
-THROTTLE_DROP = 0.10
-"""Throttled: a window's tok/s more than this fraction below the first window's."""
+SUSTAIN_EARLY_WINDOWS = 1
+"""The throttle rule's early best for a sustained run (shared.cooling.throttle, its margin and
+polls): the first full window's tok/s, each window being seconds of work already."""
 FULL_WINDOW_SHARE = 0.5
 """A window counts for first, steady and throttled speed only when its timed iterations cover at
 least this share of a window: a sliver (one iteration just after a pause, the run's last
@@ -175,8 +177,9 @@ def summarize(
 ) -> dict[str, Any]:
     """What a run's windows (SustainWindow.to_dict) say: first-window and steady-state tok/s
     (the mean of the last STEADY_WINDOWS full windows after the first; None with fewer:
-    steady_unknown says why), their ratio, when tok/s first fell more than
-    THROTTLE_DROP below the first window's (None: never), the temperature rise from the start
+    steady_unknown says why), their ratio, when the run first throttled by the throttle rule
+    over its full windows' tok/s (the start of the first low window; None: never), the
+    temperature rise from the start
     to the last window, and the mean watts over the windows metered."""
     speeds = full_windows(windows, window_s)
     first = speeds[0]["tokens_per_sec"] if speeds else None
@@ -184,12 +187,12 @@ def summarize(
     steady = None
     if len(later) >= STEADY_WINDOWS:
         steady = statistics.fmean(w["tokens_per_sec"] for w in later[-STEADY_WINDOWS:])
-    throttled_at = None
-    if first:
-        throttled_at = next(
-            (w["start_s"] for w in later if w["tokens_per_sec"] < (1 - THROTTLE_DROP) * first),
-            None,
-        )
+    verdicts = judge(
+        [ThrottlePoll(rate=w["tokens_per_sec"]) for w in speeds],
+        early_readings=SUSTAIN_EARLY_WINDOWS,
+    )
+    onset = first_throttled(verdicts)
+    throttled_at = None if onset is None else speeds[onset]["start_s"]
     temperatures = [w["celsius"] for w in windows if w["celsius"] is not None]
     start = start_celsius if start_celsius is not None else (temperatures or [None])[0]
     metered = [w for w in windows if w["joules"] is not None]

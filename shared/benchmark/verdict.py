@@ -11,6 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from shared.cooling.throttle import ThrottlePoll, throttled_evidence
+from shared.cooling.throttle import judge as judge_throttle
+
 VALID = "valid"
 INVALID = "invalid"
 VERDICTS = (VALID, INVALID)
@@ -26,6 +29,10 @@ HOT = "hot"
 HOT_START = "hot-start"
 """The cell started above the reduce threshold (or pressure not Nominal) after the cool-start
 wait ran out."""
+THROTTLED = "throttled"
+"""The cell was measured while the Mac throttled (shared.cooling.throttle's rule): its timed
+iterations' rate fell below the cell's own early best, or the GPU clock the agent read during
+the cell below the sustained one, by the rule's margin for its number of polls."""
 LOW_POWER = "low-power"
 ON_BATTERY = "on-battery"
 GPU_ERROR = "gpu-error"
@@ -39,6 +46,7 @@ REASONS = (
     PAUSED,
     HOT,
     HOT_START,
+    THROTTLED,
     LOW_POWER,
     ON_BATTERY,
     GPU_ERROR,
@@ -107,6 +115,8 @@ def reasons(record: Mapping[str, Any]) -> list[str]:
             found.add(NOISY)
         if (record.get("slept_s") or 0.0) > SLEPT_TOLERANCE_S:
             found.add(SLEPT)
+        if throttle_evidence(record) is not None:
+            found.add(THROTTLED)
     found.update(flag for flag in record.get("flags") or () if flag in INVALIDATING_FLAGS)
     settings = record.get("settings") or {}
     if settings.get("power_mode") in LOW_POWER_MODES:
@@ -114,6 +124,33 @@ def reasons(record: Mapping[str, Any]) -> list[str]:
     if settings.get("power_source") in BATTERY_SOURCES:
         found.add(ON_BATTERY)
     return [reason for reason in REASONS if reason in found]
+
+
+def _numbers(values: Any) -> list[Any]:
+    return list(values) if isinstance(values, (list, tuple)) else []
+
+
+def throttle_evidence(record: Mapping[str, Any]) -> str | None:
+    """Why the cell was measured throttling (`312 tok/s of 402`, `GPU 1.10 GHz of 1.40
+    sustained`), None when it was not or cannot be told. Two series, each judged by the rule:
+    the timed iterations' rates (`samples_tokens_per_sec`) and the GPU clock the agent read
+    during the cell (`gpu_clock`: its `samples` as [hz, active share] and the sustained clock
+    the agent knew then). A sustained cell is left out: its throttling is what it measures
+    (its windows' curve, shared.benchmark.sustain)."""
+    if record.get("sustain"):
+        return None
+    rates = [ThrottlePoll(rate=rate) for rate in _numbers(record.get("samples_tokens_per_sec"))]
+    clock = record.get("gpu_clock")
+    clock = clock if isinstance(clock, Mapping) else {}
+    clocks = [
+        ThrottlePoll(gpu_hz=pair[0], gpu_active=pair[1])
+        for pair in _numbers(clock.get("samples"))
+        if isinstance(pair, (list, tuple)) and len(pair) == 2
+    ]
+    sustained = clock.get("sustained_hz")
+    return throttled_evidence(judge_throttle(rates)) or throttled_evidence(
+        judge_throttle(clocks, sustained if isinstance(sustained, (int, float)) else None)
+    )
 
 
 def judge(record: dict[str, Any]) -> dict[str, Any]:

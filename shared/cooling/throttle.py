@@ -100,6 +100,9 @@ class ThrottleWatch:
 
     sustained_hz: float | None = None
     sustained_origin: str | None = None
+    early_readings: int = EARLY_READINGS
+    """How many first rate readings make the early best: EARLY_READINGS for reports and
+    iterations; 1 for a sustained run's windows, each already seconds of work."""
     best_rate: float | None = None
     rates_seen: int = 0
     clock_low: int = 0
@@ -108,10 +111,12 @@ class ThrottleWatch:
     """The last rate reading's evidence, which a poll without a fresh one holds."""
 
     @classmethod
-    def start(cls, calibrated_hz: float | None = None) -> ThrottleWatch:
+    def start(
+        cls, calibrated_hz: float | None = None, early_readings: int = EARLY_READINGS
+    ) -> ThrottleWatch:
         """A watch for a run: with the Mac's calibrated sustained clock when it has one."""
         hz = _positive(calibrated_hz)
-        return cls(sustained_hz=hz, sustained_origin=CALIBRATED if hz else None)
+        return cls(hz, CALIBRATED if hz else None, max(1, early_readings))
 
     def observe(self, poll: ThrottlePoll) -> tuple[ThrottleWatch, ThrottleVerdict]:
         """The watch after `poll`, and the verdict for it."""
@@ -149,7 +154,7 @@ class ThrottleWatch:
         rate = _positive(poll.rate)
         if rate is None:
             return self, None if self.rate_text is None else (self.rate_low, self.rate_text)
-        if self.rates_seen < EARLY_READINGS:
+        if self.rates_seen < self.early_readings:
             best = max(rate, self.best_rate or 0.0)
             text = rate_evidence(rate, best, poll.rate_unit)
             watch = replace(self, best_rate=best, rates_seen=self.rates_seen + 1, rate_text=text)
@@ -176,10 +181,12 @@ def _figure(value: float) -> str:
 
 
 def judge(
-    polls: Iterable[ThrottlePoll], calibrated_hz: float | None = None
+    polls: Iterable[ThrottlePoll],
+    calibrated_hz: float | None = None,
+    early_readings: int = EARLY_READINGS,
 ) -> list[ThrottleVerdict]:
     """The verdict for each poll of a run, in order (a record's or a calibration's series)."""
-    watch = ThrottleWatch.start(calibrated_hz)
+    watch = ThrottleWatch.start(calibrated_hz, early_readings)
     verdicts = []
     for poll in polls:
         watch, verdict = watch.observe(poll)
@@ -203,6 +210,21 @@ def onset(verdicts: Sequence[ThrottleVerdict]) -> int | None:
         start = index if start is None else start
         throttled = throttled or bool(verdict.throttling)
     return start if throttled else None
+
+
+def first_throttled(verdicts: Sequence[ThrottleVerdict]) -> int | None:
+    """Where the run first throttled: the index of the first low poll of the first low stretch
+    that the rule called throttling; None when it never did. A poll without a verdict breaks
+    a stretch, as it breaks the rule's count."""
+    start = None
+    for index, verdict in enumerate(verdicts):
+        if not verdict.low:
+            start = None
+            continue
+        start = index if start is None else start
+        if verdict.throttling:
+            return start
+    return None
 
 
 def throttled_evidence(verdicts: Iterable[ThrottleVerdict]) -> str | None:

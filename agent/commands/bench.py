@@ -21,6 +21,7 @@ from rich.text import Text
 
 from agent.awake.assertion import hold_awake
 from agent.commands.sensors import open_meter, open_monitor
+from agent.cooling.calibration_file import policy_defaults
 from agent.cooling.scheduler import ActionSink, CoolWaitSink, ThermalGuard, ThermalShutdownError
 from agent.power.meter import EnergyMeter
 from agent.profiling.hf_models import ModelNotFound, locate, names_a_repo
@@ -100,7 +101,9 @@ def bench(
     data_home()  # a data dir the run cannot be saved in fails now, not after the matrix
     monitor = open_monitor(thermal, EXIT_USAGE)
     try:
-        policy = limits.in_force(monitor.source.scale)
+        policy = limits.in_force(
+            monitor.source.scale, policy_defaults(monitor.source.scale, monitor.source.name)
+        )
         meter = open_meter(power, thermal.poll_interval)
     except BaseException:
         monitor.close()

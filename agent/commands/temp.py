@@ -13,6 +13,7 @@ from rich.live import Live
 from rich.text import Text
 
 from agent.commands.sensors import open_monitor
+from agent.cooling.calibration_file import policy_defaults
 from agent.daemon.telemetry import TREND_WINDOW, trend_c_per_min
 from agent.thermal.base import ThermalReading
 from agent.thermal.monitor import ThermalMonitor
@@ -130,7 +131,9 @@ def temp_command(
     if not 0 <= count <= MAX_COUNT:
         raise usage_error(f"--count must be 0 to {MAX_COUNT}, got {count}")
     with open_monitor(thermal, EXIT_PARTIAL) as monitor:
-        policy = limits.in_force(monitor.source.scale)
+        policy = limits.in_force(
+            monitor.source.scale, policy_defaults(monitor.source.scale, monitor.source.name)
+        )
         if watch:
             _watch(monitor, policy, fmt, count)
         else:

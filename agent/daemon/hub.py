@@ -112,7 +112,7 @@ class TelemetryHub:
     def start(self, source: ThermalSource, meter: EnergyMeter | None = None) -> None:
         """Poll `source` (the hub owns it from now on) every poll interval, in the background,
         and read `meter` (owned too) at each poll when it measures anything."""
-        self._policy.on_scale(source.scale)
+        self._policy.on_scale(source.scale, source.name)
         self.instruments.start(source, meter, self._tap)
         in_force = self._policy.in_force
         log.info(
@@ -198,6 +198,8 @@ class TelemetryHub:
         again with each sample)."""
         self.history.flush()
         self._policy.retry()
+        if self._policy.recalibrated():
+            self._announce_policy()
 
     def _on_reading(
         self, now: float, reading: ThermalReading | None, power: PowerPoll | None
@@ -265,28 +267,34 @@ class TelemetryHub:
 
     @property
     def policy_origin(self) -> str:
-        """Where the numbers in force came from: a coordinator, or the source's defaults."""
+        """Where the numbers in force came from: a coordinator, a calibration, or the source's
+        defaults."""
         return self._policy.origin
 
     def set_policy(self, changes: dict[str, Any]) -> ThermalPolicy:
         """Validate, persist, apply (EnforcedPolicy.change), announce; returns the policy in
         force. ValueError naming the problem leaves the old policy in force."""
         if self._policy.change(changes):
-            in_force = self._policy.in_force
-            policy = in_force.policy
-            if self.metrics is not None:
-                self.metrics.set_policy(self.host, policy.to_dict(), origin=in_force.origin)
-            log.info("new %s", in_force)
-            self.event(
-                Event(
-                    time=time.time(),
-                    job=None,
-                    pid=None,
-                    action="policy",
-                    source=self.instruments.source.name,
-                    simulated=self.instruments.source.simulated,
-                    detail=policy_event_detail(in_force),
-                    policy=policy.to_dict(),
-                )
-            )
+            self._announce_policy()
         return self.policy
+
+    def _announce_policy(self) -> None:
+        """A new policy in force (set by a coordinator, or a calibration): logged, a `policy`
+        event, /metrics."""
+        in_force = self._policy.in_force
+        policy = in_force.policy
+        if self.metrics is not None:
+            self.metrics.set_policy(self.host, policy.to_dict(), origin=in_force.origin)
+        log.info("new %s", in_force)
+        self.event(
+            Event(
+                time=time.time(),
+                job=None,
+                pid=None,
+                action="policy",
+                source=self.instruments.source.name,
+                simulated=self.instruments.source.simulated,
+                detail=policy_event_detail(in_force),
+                policy=policy.to_dict(),
+            )
+        )

@@ -1,5 +1,6 @@
-"""The policy the daemon enforces: the thresholds a coordinator set (policy.set), over the
-defaults for the scale of the thermal source read, kept in policy.json so that a restart
+"""The policy the daemon enforces: the thresholds a coordinator set (policy.set), over this
+Mac's calibration (`agent calibrate`, calibration.json) made with the thermal source read, else
+the defaults for the source's scale; the thresholds kept in policy.json so that a restart
 enforces what was pushed. Its own module because how the policy in force is made and kept is
 one thing, and what the telemetry hub does with it (judge each reading, announce a change,
 agent.daemon.hub) another."""
@@ -11,14 +12,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from agent.cooling.calibration_file import calibration_stamp, policy_defaults
 from agent.cooling.policy_file import load_policy, policy_path, save_policy
 from agent.daemon.storage import POLICY, StorageHealth
-from shared.cooling.calibration import (
-    SET_BY_COORDINATOR,
-    PolicyInForce,
-    source_defaults,
-    with_given,
-)
+from shared.cooling.calibration import SET_BY_COORDINATOR, PolicyInForce, with_given
 from shared.cooling.policy import ThermalPolicy, check_changes
 
 log = logging.getLogger("agent.hub")  # the name its log lines have always carried
@@ -52,12 +49,16 @@ class SavedPolicy:
 
 class EnforcedPolicy:
     """The policy in force and where its numbers came from; the saved thresholds are read at
-    construction, and the source's scale is known once the daemon opens it (on_scale)."""
+    construction, and the source and its scale are known once the daemon opens it (on_scale),
+    when the calibration is read."""
 
     def __init__(self, storage: StorageHealth) -> None:
         self._given = load_policy() or {}
-        """The thresholds a coordinator set: the rest are the defaults for the source's scale."""
+        """The thresholds a coordinator set: the rest are the defaults under them."""
         self._scale: str | None = None
+        self._source: str | None = None
+        self._stamp = calibration_stamp()
+        self._defaults = policy_defaults(None, None)
         self.in_force = self._resolve(loud=False)  # on_scale() knows the scale, and says
         self.saved = SavedPolicy(storage)
 
@@ -67,30 +68,46 @@ class EnforcedPolicy:
 
     @property
     def origin(self) -> str:
-        """Where the numbers in force came from: a coordinator, or the source's defaults."""
+        """Where the numbers in force came from: a coordinator, a calibration, or the source's
+        defaults."""
         return self.in_force.origin
 
-    def on_scale(self, scale: str | None) -> None:
-        """The thermal source is open: its scale's defaults under the coordinator's numbers."""
+    def on_scale(self, scale: str | None, source: str | None = None) -> None:
+        """The thermal source is open: its calibration or its scale's defaults under the
+        coordinator's numbers."""
         self._scale = scale
+        self._source = source
+        self._stamp = calibration_stamp()
+        self._defaults = policy_defaults(scale, source)
         self.in_force = self._resolve()
 
+    def recalibrated(self) -> bool:
+        """Read the calibration again when its file changed since it was read (`agent
+        calibrate` wrote one, here or in its own process); whether the policy in force
+        changed. A stat per call: the daemon asks at each poll it wakes for."""
+        stamp = calibration_stamp()
+        if stamp == self._stamp:
+            return False
+        previous = self.in_force
+        self.on_scale(self._scale, self._source)
+        return self.in_force != previous
+
     def _resolve(self, loud: bool = True) -> PolicyInForce:
-        """The coordinator's thresholds over the source's defaults; the defaults alone, logged,
-        when the saved ones are out of order with them (saved on another source's scale)."""
+        """The coordinator's thresholds over the defaults; the defaults alone, logged, when the
+        saved ones are out of order with them (saved on another source's scale)."""
         try:
-            return with_given(self._scale, self._given, SET_BY_COORDINATOR)
+            return with_given(self._scale, self._given, SET_BY_COORDINATOR, self._defaults)
         except ValueError as exc:
             if loud:
                 log.error("cannot use the saved policy (%s): enforcing the defaults", exc)
-            return source_defaults(self._scale)
+            return self._defaults
 
     def change(self, changes: dict[str, Any]) -> bool:
         """Validate, persist and apply; whether the policy in force changed. ValueError naming
         the problem leaves the old policy in force."""
         check_changes(changes)
         given = {**self._given, **{key: float(value) for key, value in changes.items()}}
-        in_force = with_given(self._scale, given, SET_BY_COORDINATOR)
+        in_force = with_given(self._scale, given, SET_BY_COORDINATOR, self._defaults)
         if given != self._given:
             self.saved.save(given)  # enforced even when the disk refuses it
             self._given = given

@@ -126,7 +126,7 @@ def thermal_checks() -> list[Check]:
     from agent.thermal import open_source
 
     checks = []
-    picked: tuple[str | None, float | None] = (None, None)
+    picked: tuple[str | None, float | None, str | None] = (None, None, None)
     for name in (*auto_order(platform.system()), "auto"):
         try:
             with open_source(name, interval_s=SOURCE_READ_INTERVAL_S) as source:
@@ -150,21 +150,23 @@ def thermal_checks() -> list[Check]:
             Check(f"thermal: {name}", True, f"{degrees}{sensor}{pressure}{chose}{unknown}")
         )
         if name == "auto":
-            picked = (scale, reading.celsius)
+            picked = (scale, reading.celsius, chosen)
     return [*checks, policy_check(*picked)]
 
 
-def policy_check(scale: str | None, idle_celsius: float | None) -> Check:
+def policy_check(scale: str | None, idle_celsius: float | None, source: str | None = None) -> Check:
     """The policy the daemon will enforce here and where its numbers came from, with a warning
     when a threshold a coordinator set is at or below what the sensor reads now (at idle, in a
     doctor run): every job would be held back from its first poll."""
+    from agent.cooling.calibration_file import policy_defaults
     from agent.cooling.policy_file import load_policy
-    from shared.cooling.calibration import SET_BY_COORDINATOR, source_defaults, with_given
+    from shared.cooling.calibration import SET_BY_COORDINATOR, with_given
 
     saved = data_dir(create=False).is_dir()  # looking makes no data dir; `data dir` says why
     given = (load_policy() if saved else None) or {}
+    defaults = policy_defaults(scale, source)
     try:
-        in_force = with_given(scale, given, SET_BY_COORDINATOR)
+        in_force = with_given(scale, given, SET_BY_COORDINATOR, defaults)
     except ValueError as exc:
         fix = "coordinator policy with thresholds in order"
         return Check("policy", False, f"the saved policy cannot apply here: {exc}", fix)
@@ -181,8 +183,7 @@ def policy_check(scale: str | None, idle_celsius: float | None) -> Check:
         False,
         f"{in_force}: {', '.join(low)} °C is at or below the {idle_celsius:.1f} °C "
         f"{scale or 'the sensor'} reads now: every job is held back from its first poll",
-        f"coordinator policy with thresholds above it; this source's own are "
-        f"{source_defaults(scale)}",
+        f"coordinator policy with thresholds above it; this source's own are {defaults}",
     )
 
 

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from shared.cooling.policy import ThermalPolicy, policy_text, updated_policy
+from shared.cooling.throttle_point import ThrottlePoint, calibrated_thresholds
 
 SEED_POLICY = ThermalPolicy()
 """The seed's 75/85/95 °C: for the sources no Mac calibrates (sim, replay, a callable)."""
@@ -34,6 +35,8 @@ ORDERED = (
 
 SET_BY_COORDINATOR = "set by coordinator policy"
 SET_ON_COMMAND_LINE = "set on the command line"
+CALIBRATED_ON = "calibrated on this Mac"
+"""How a calibrated policy's origin begins (ThrottlePoint.origin())."""
 
 
 @dataclass(frozen=True)
@@ -57,10 +60,29 @@ def source_defaults(scale: str | None) -> PolicyInForce:
     return PolicyInForce(SEED_POLICY, "the seed's defaults")
 
 
-def with_given(scale: str | None, given: Mapping[str, float], origin: str) -> PolicyInForce:
-    """The source's defaults with what an operator set on top (`given` wins); ValueError naming
-    the problem when the result is out of order. Nothing given: the defaults, as they are."""
-    defaults = source_defaults(scale)
+def calibrated_defaults(
+    scale: str | None, source: str | None, calibrated: ThrottlePoint | None
+) -> PolicyInForce:
+    """The policy under an operator's: this Mac's calibration when it was made with `source`
+    (the source's name, as its readings carry it: a calibration on another sensor reads on
+    another scale), else the table's defaults for the source's scale."""
+    table = source_defaults(scale)
+    if calibrated is None or calibrated.source != source:
+        return table
+    thresholds = calibrated_thresholds(calibrated, table.policy.stop_temp)
+    return PolicyInForce(updated_policy(table.policy, thresholds), calibrated.origin())
+
+
+def with_given(
+    scale: str | None,
+    given: Mapping[str, float],
+    origin: str,
+    base: PolicyInForce | None = None,
+) -> PolicyInForce:
+    """The defaults (`base`: calibrated_defaults(); the source's table without it) with what an
+    operator set on top (`given` wins); ValueError naming the problem when the result is out of
+    order. Nothing given: the defaults, as they are."""
+    defaults = base or source_defaults(scale)
     if not given:
         return defaults
     policy = updated_policy(defaults.policy, given)
@@ -104,5 +126,12 @@ def origin_in_detail(detail: object) -> str | None:
     a detail that does not say (an older agent), or is not text."""
     if not isinstance(detail, str) or not detail.endswith(")") or " (" not in detail:
         return None
-    origin = origin_told(detail[detail.rindex(" (") + 2 : -1])
-    return origin if origin and origin.startswith(SET_BY_COORDINATOR) else None
+    depth = 0
+    for index in range(len(detail) - 1, -1, -1):  # the parenthesis the last one closes
+        depth += {")": 1, "(": -1}.get(detail[index], 0)
+        if depth == 0:
+            break
+    if depth or detail[index - 1 : index] != " ":
+        return None
+    origin = origin_told(detail[index + 1 : -1])
+    return origin if origin and origin.startswith((SET_BY_COORDINATOR, CALIBRATED_ON)) else None

@@ -610,23 +610,24 @@ class PolicyOptions(PolicyChanges):
         except ValueError as exc:
             raise usage_error(str(exc)) from None
 
-    def for_scale(self, scale: str | None) -> PolicyInForce:
-        """The policy for a source of this scale; ValueError naming the thresholds out of order
-        with the source's defaults (and saying they are its defaults)."""
+    def for_scale(self, scale: str | None, base: PolicyInForce | None = None) -> PolicyInForce:
+        """The policy for a source of this scale, over `base` (a calibration's; the source's
+        table without it); ValueError naming the thresholds out of order with those defaults
+        (and saying which they are)."""
         try:
-            return with_given(scale, self.given(), SET_ON_COMMAND_LINE)
+            return with_given(scale, self.given(), SET_ON_COMMAND_LINE, base)
         except ValueError as exc:
-            defaults = source_defaults(scale)
+            defaults = base or source_defaults(scale)
             raise ValueError(
                 f"{exc}; the thresholds not given are the {defaults.origin} "
                 f"({defaults.policy.max_speed_temp:g}/{defaults.policy.pause_temp:g}/"
                 f"{defaults.policy.stop_temp:g} °C): give them too"
             ) from None
 
-    def in_force(self, scale: str | None) -> PolicyInForce:
+    def in_force(self, scale: str | None, base: PolicyInForce | None = None) -> PolicyInForce:
         """for_scale(), or exit 2 naming the problem."""
         try:
-            return self.for_scale(scale)
+            return self.for_scale(scale, base)
         except ValueError as exc:
             raise usage_error(str(exc)) from None
 

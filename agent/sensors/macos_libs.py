@@ -19,12 +19,33 @@ def load(path: str, source: str) -> ctypes.CDLL:
         raise SourceUnavailable(f"{source}: cannot load {path}: {exc}") from exc
 
 
-def bind(lib: ctypes.CDLL, name: str, restype: Any, *argtypes: Any) -> Any:
+def bind(lib: ctypes.CDLL, name: str, restype: Any, *argtypes: Any, source: str = "") -> Any:
+    """`lib`'s function `name`, typed. A symbol this macOS lacks (a private framework's IOKit,
+    IOReport or SMC call renamed or gone) is SourceUnavailable, "source unavailable: NAME
+    missing", prefixed by `source`: never the AttributeError ctypes raises, which no source's
+    caller catches (docs/thermal.md, Never abort)."""
+    try:
+        function = getattr(lib, name)
+    except AttributeError:
+        raise _missing(lib, name, source) from None
     # Every pointer restype must be c_void_p: the default int truncates 64-bit pointers.
-    function = getattr(lib, name)
     function.restype = restype
     function.argtypes = list(argtypes)
     return function
+
+
+def variable(ctype: Any, lib: ctypes.CDLL, name: str, source: str = "") -> Any:
+    """`lib`'s global `name` (`mach_task_self_`, `kCFTypeDictionaryKeyCallBacks`) as `ctype`;
+    a missing one is SourceUnavailable as bind() says it, not in_dll's ValueError."""
+    try:
+        return ctype.in_dll(lib, name)
+    except ValueError:
+        raise _missing(lib, name, source) from None
+
+
+def _missing(lib: ctypes.CDLL, name: str, source: str) -> SourceUnavailable:
+    said = f"source unavailable: {name} missing from {lib._name}"
+    return SourceUnavailable(f"{source}: {said}" if source else said)
 
 
 def apple_silicon() -> bool:
@@ -48,12 +69,8 @@ def apple_silicon() -> bool:
 def bind_or_unavailable(
     lib: ctypes.CDLL, source: str, name: str, restype: Any, *argtypes: Any
 ) -> Any:
-    """bind(), with a symbol this macOS lacks (a private framework's, renamed or gone) said as
-    the source being unavailable, never an AttributeError."""
-    try:
-        return bind(lib, name, restype, *argtypes)
-    except AttributeError:
-        raise SourceUnavailable(f"{source}: {name} is missing from {lib._name}") from None
+    """bind(), its unavailability prefixed by `source`."""
+    return bind(lib, name, restype, *argtypes, source=source)
 
 
 def sysctl_text(name: str) -> str | None:

@@ -13,7 +13,7 @@ import ctypes
 from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint32, c_void_p
 
 from agent.sensors.base import SourceUnavailable
-from agent.sensors.macos_libs import IOKIT, LIBSYSTEM, bind, load
+from agent.sensors.macos_libs import IOKIT, LIBSYSTEM, bind, load, variable
 from agent.sensors.smc_protocol import (
     KEY_COUNT,
     KEY_NOT_FOUND,
@@ -65,7 +65,7 @@ class AppleSMC:
             c_void_p,
             POINTER(c_size_t),
         )
-        task = c_uint32.in_dll(libsystem, "mach_task_self_").value  # mach_task_self()
+        task = variable(c_uint32, libsystem, "mach_task_self_", "smc").value  # mach_task_self()
         iterator = c_uint32()
         if get_services(_MAIN_PORT, matching(b"AppleSMC"), ctypes.byref(iterator)) != 0:
             raise SourceUnavailable("smc: no AppleSMC service")

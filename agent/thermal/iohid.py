@@ -13,7 +13,7 @@ from ctypes import c_bool, c_char_p, c_double, c_int, c_int32, c_int64, c_long, 
 from typing import Protocol
 
 from agent.sensors.base import SourceUnavailable
-from agent.sensors.macos_libs import CORE_FOUNDATION, IOKIT, bind, load
+from agent.sensors.macos_libs import CORE_FOUNDATION, IOKIT, bind, load, variable
 from agent.thermal.base import ThermalReading, ThermalSource
 from agent.thermal.parsers import NoDieStreak, hottest, select_die_sensors
 
@@ -60,6 +60,10 @@ class _HIDTemperatures:
         )
         self._float_value = bind(iokit, "IOHIDEventGetFloatValue", c_double, _P, c_int32)
 
+        callbacks = {
+            kind: variable(_P, cf, f"kCFTypeDictionary{kind}CallBacks", "iohid")
+            for kind in ("Key", "Value")
+        }
         self._client = create_client(None)
         if not self._client:
             raise SourceUnavailable("iohid: IOHIDEventSystemClientCreate returned NULL")
@@ -74,8 +78,8 @@ class _HIDTemperatures:
             keys,
             values,
             2,
-            ctypes.addressof(_P.in_dll(cf, "kCFTypeDictionaryKeyCallBacks")),
-            ctypes.addressof(_P.in_dll(cf, "kCFTypeDictionaryValueCallBacks")),
+            ctypes.addressof(callbacks["Key"]),
+            ctypes.addressof(callbacks["Value"]),
         )
         set_matching(self._client, matching)
         for ref in (*keys, *values, matching):

@@ -33,6 +33,7 @@ def test_known_sources_are_the_documented_names() -> None:
         "powermetrics",
         "linux",
         "sim",
+        "sim:plant[:PRESET][,k=v...]",
         "replay:PATH",
         "capture:FILE",
     )
@@ -59,7 +60,7 @@ def test_mac_sources_off_macos_fail_with_the_reason_and_what_this_machine_offers
 ) -> None:
     with pytest.raises(SourceUnavailable, match="needs macOS") as refused:
         open_source(name)
-    offers = "auto, none, linux, sim, replay:PATH, capture:FILE"
+    offers = "auto, none, linux, sim, sim:plant[:PRESET], replay:PATH, capture:FILE"
     assert str(refused.value).endswith(f"; this machine offers: {offers}")
 
 

@@ -14,19 +14,21 @@ from agent.thermal.base import NoneSource, ThermalSource
 from agent.thermal.capture import CaptureSource
 from agent.thermal.iohid import IOHIDSource
 from agent.thermal.linux import LinuxSysfsSource
+from agent.thermal.plant import PlantSource
 from agent.thermal.pressure import with_pressure
 from agent.thermal.process import MacmonSource, PowermetricsSource
 from agent.thermal.smc import SMCSource
 from agent.thermal.synthetic import ReplaySource, SimSource
-from shared.cooling.sources import auto_order, offered_sources, parse_sim_params, parse_source_name
+from shared.cooling.plant import PlantParams
+from shared.cooling.sources import auto_order, offered_sources, parse_sim_spec, parse_source_name
 
 MAC_SOURCES = frozenset({"smc", "iohid", "macmon", "powermetrics"})
 
 
 def open_source(name: str, *, interval_s: float = 1.0) -> ThermalSource:
     """Open a source by name: auto, none, smc, iohid, macmon, powermetrics, linux,
-    sim[:k=v,...], replay:PATH, capture:FILE. interval_s paces the streaming tools (macmon,
-    powermetrics).
+    sim[:k=v,...], sim:plant[:PRESET][,k=v...], replay:PATH, capture:FILE. interval_s paces
+    the streaming tools (macmon, powermetrics).
 
     Raises UnknownSourceError / SourceSpecError for a bad name or spec, SourceUnavailable when the
     source cannot work on this machine (its message lists what this machine offers).
@@ -41,7 +43,7 @@ def open_source(name: str, *, interval_s: float = 1.0) -> ThermalSource:
 def _open(name: str, interval_s: float) -> ThermalSource:
     kind, argument = parse_source_name(name)
     openers: dict[str, Callable[[], ThermalSource]] = {
-        "sim": lambda: SimSource(parse_sim_params(argument)),
+        "sim": lambda: _open_sim(argument),
         "replay": lambda: ReplaySource(argument),
         "capture": lambda: CaptureSource(argument),
         "auto": lambda: _open_auto(interval_s),
@@ -54,6 +56,12 @@ def _open(name: str, interval_s: float) -> ThermalSource:
     }
     source = openers[kind]()
     return with_pressure(source) if kind in MAC_SOURCES else source
+
+
+def _open_sim(argument: str) -> ThermalSource:
+    """sim's first-order model, or the thermal plant for `sim:plant...`."""
+    params = parse_sim_spec(argument)
+    return PlantSource(params) if isinstance(params, PlantParams) else SimSource(params)
 
 
 def _open_auto(interval_s: float) -> ThermalSource:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 
+from shared.cooling.plant import PlantParams, PlantSpecError, parse_plant_spec
+
 
 class SourceSpecError(ValueError):
     """The user asked for a source in a way that cannot work: unknown name, bad parameters, a
@@ -24,6 +26,7 @@ KNOWN_SOURCES: tuple[str, ...] = (
     "powermetrics",
     "linux",
     "sim",
+    "sim:plant[:PRESET][,k=v...]",
     "replay:PATH",
     "capture:FILE",
 )
@@ -108,7 +111,15 @@ def auto_order(system: str) -> tuple[str, ...]:
 
 def offered_sources(system: str) -> tuple[str, ...]:
     """The names that can work on this OS (what a refusal lists)."""
-    return ("auto", "none", *auto_order(system), "sim", "replay:PATH", "capture:FILE")
+    return (
+        "auto",
+        "none",
+        *auto_order(system),
+        "sim",
+        "sim:plant[:PRESET]",
+        "replay:PATH",
+        "capture:FILE",
+    )
 
 
 def power_auto_order(system: str) -> tuple[str, ...]:
@@ -179,6 +190,22 @@ def parse_sim_params(spec: str) -> SimParams:
     return replace(SimParams(), **values)
 
 
+PLANT = "plant"
+"""`sim:plant[:PRESET][,k=v...]`: the thermal plant (shared.cooling.plant) instead of sim's
+first-order model."""
+
+
+def parse_sim_spec(spec: str) -> SimParams | PlantParams:
+    """What follows `sim:` -> the plant's constants for `plant[...]`, else sim's parameters.
+    Raises SourceSpecError naming what is wrong."""
+    if spec.strip().lower().startswith(PLANT):
+        try:
+            return parse_plant_spec(spec.strip()[len(PLANT) :])
+        except PlantSpecError as exc:
+            raise SourceSpecError(str(exc)) from None
+    return parse_sim_params(spec)
+
+
 def parse_source_name(name: str) -> tuple[str, str]:
     """A source name as (kind, argument), checked without opening anything, so an installer can
     refuse a name `agent serve` would refuse before a service crash-loops on it.
@@ -202,7 +229,7 @@ def _parse_name(name: str, what: str, known: tuple[str, ...], replay: str) -> tu
     kind, sep, argument = name.strip().partition(":")
     kind = kind.lower()
     if kind == "sim":
-        parse_sim_params(argument)
+        parse_sim_spec(argument) if what == "thermal" else parse_sim_params(argument)
     elif kind in ("replay", "capture") and kind in {entry.partition(":")[0] for entry in known}:
         if not argument:
             placeholder = replay if kind == "replay" else "capture:FILE"

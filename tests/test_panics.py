@@ -9,7 +9,9 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -131,15 +133,17 @@ def test_a_scan_lists_the_panic_reports_modified_since_oldest_first(tmp_path: Pa
     placed(reports, "python3_2026-04-24-101503.ips", 3_000.0, "{}")  # not a panic report
     (reports / "folder.panic").mkdir()
     directories = [reports, retired, tmp_path / "absent"]
-    found = scan(0.0, directories)
+    scanned = scan(0.0, directories)
+    assert scanned.unreadable == [] and scanned.cannot_tell() is None, "absent: nothing there"
+    found = scanned.reports
     assert [r["file"] for r in found] == [OLD, WATCHDOG, IOGPU]
     assert found[2] == {
         "file": IOGPU,
         "panic_string": IOGPU_LINE,
         "time": datetime(2026, 4, 24, 17, 15, 3, tzinfo=timezone.utc).timestamp(),
     }
-    assert [r["file"] for r in scan(2_000.0, directories)] == [WATCHDOG, IOGPU]
-    assert scan(3_000.5, directories) == []
+    assert [r["file"] for r in scan(2_000.0, directories).reports] == [WATCHDOG, IOGPU]
+    assert scan(3_000.5, directories).reports == []
 
 
 def test_a_scan_keeps_the_newest_reports_and_finds_nothing_off_a_mac_unasked(
@@ -147,11 +151,11 @@ def test_a_scan_keeps_the_newest_reports_and_finds_nothing_off_a_mac_unasked(
 ) -> None:
     for n in range(MAX_PANICS + 4):
         placed(tmp_path, f"Kernel-{n:02d}.panic", 100.0 + n, "panic(cpu 0): x\n")
-    found = scan(0.0, [tmp_path])
+    found = scan(0.0, [tmp_path]).reports
     assert len(found) == MAX_PANICS and found[-1]["file"] == f"Kernel-{MAX_PANICS + 3:02d}.panic"
     assert found[0]["file"] == "Kernel-04.panic"
     monkeypatch.setattr(sys, "platform", "linux")
-    assert scan(0.0) == []
+    assert scan(0.0).reports == []
 
 
 def test_a_record_carries_the_reports_of_this_boot(
@@ -169,6 +173,75 @@ def test_a_record_carries_the_reports_of_this_boot(
     assert since_boot(boot + 3600, [tmp_path]) is None
     monkeypatch.setattr(sys, "platform", "darwin")
     assert since_boot(boot + 3600, [tmp_path]) == [], "on a Mac: looked, found none"
+
+
+def unlistable(root: Path) -> Path:
+    """A report folder that is there but cannot be listed, for root too: a file where the
+    folder should be (NotADirectoryError). Root reads a mode-0 folder, so a permission test
+    needs another user: test_a_folder_the_service_account_cannot_list_is_cannot_tell."""
+    path = root / "DiagnosticReports"
+    path.write_text("not a folder", encoding="utf-8")
+    return path
+
+
+def test_a_folder_that_cannot_be_listed_is_cannot_tell_not_no_panics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = unlistable(tmp_path)
+    scanned = scan(0.0, [folder, tmp_path / "absent"])
+    assert scanned.reports == [] and scanned.unreadable == [f"{folder}: Not a directory"]
+    assert scanned.cannot_tell() == f"cannot tell: cannot read {folder}: Not a directory"
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert since_boot(0.0, [folder]) is None, "cannot tell: no `panics` in the record"
+    readable = tmp_path / "readable"
+    placed(readable, IOGPU, 100.0)
+    assert [r["file"] for r in since_boot(0.0, [folder, readable]) or []] == [IOGPU]
+    check = panic_check([folder], 1_000.0)
+    assert not check.ok and not check.required and check.detail == scanned.cannot_tell()
+    assert check.fix is not None and "sudo ls" in check.fix
+    both = panic_check([folder, readable], 1_000.0)
+    assert both.detail.startswith(f"at least 1; the latest {IOGPU}: ")
+    assert both.detail.endswith(f"({scanned.cannot_tell()})")
+
+
+def scan_as_nobody(folder: Path) -> dict[str, Any]:
+    """scan() in a forked child that dropped root for nobody (uid/gid 65534), as a service
+    account outside the folder's group: the kernel refuses its listing, as macOS refuses a
+    standard account the root-owned /Library/Logs/DiagnosticReports (mac-desk-check.md N12)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            found = scan(0.0, [folder])
+            os.write(write_end, json.dumps(asdict(found)).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as reader:
+        told = reader.read()
+    os.waitpid(pid, 0)
+    return json.loads(told)
+
+
+NOBODY = 65534
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="dropping to another user needs root")
+def test_a_folder_the_service_account_cannot_list_is_cannot_tell() -> None:
+    top = Path(tempfile.mkdtemp(prefix="panics-"))  # not under pytest's root-only tmp folder
+    try:
+        top.chmod(0o755)
+        folder = top / "DiagnosticReports"
+        folder.mkdir(mode=0o700)
+        placed(folder, IOGPU, 100.0)
+        assert [r["file"] for r in scan(0.0, [folder]).reports] == [IOGPU], "root lists it"
+        as_nobody = scan_as_nobody(folder)
+        assert as_nobody == {"reports": [], "unreadable": [f"{folder}: Permission denied"]}
+    finally:
+        shutil.rmtree(top)
 
 
 PANIC = {"file": IOGPU, "panic_string": IOGPU_LINE, "time": 1777050903.0}

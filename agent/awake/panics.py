@@ -27,6 +27,7 @@ import re
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -135,24 +136,52 @@ def read(path: Path) -> tuple[str | None, float | None]:
     return parse(data.decode("utf-8", errors="replace"))
 
 
-def scan(since: float, directories: Sequence[Path] | None = None) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Scan:
+    """The reports found, and each folder that is there but could not be listed ("PATH: why"):
+    with one, "none found" is "cannot tell" (a service account outside the admin group, say:
+    osquery's kernel_panics reads the folder only as root, rtrouton's kernel_panic_detection.sh
+    runs as root)."""
+
+    reports: list[dict[str, Any]]
+    unreadable: list[str]
+
+    def cannot_tell(self) -> str | None:
+        """Why "no panics" cannot be said: the folders that could not be read; else None."""
+        if not self.unreadable:
+            return None
+        return "cannot tell: cannot read " + "; ".join(self.unreadable)
+
+
+def _listed(directory: Path, unreadable: list[str]) -> list[Path]:
+    """The folder's entries; none for an absent folder (nothing written there), and none with
+    the reason in `unreadable` for one that is there but this user may not list, or no folder."""
+    try:
+        return list(directory.iterdir())
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        unreadable.append(f"{directory}: {exc.strerror or exc}")
+        return []
+
+
+def scan(since: float, directories: Sequence[Path] | None = None) -> Scan:
     """The `*.panic` reports modified at or after `since` (epoch seconds), oldest first, the
     newest MAX_PANICS: {file: its name, panic_string: its first line or None, time: when the
-    panic happened or None}. `directories`: DIRECTORIES on a Mac, none elsewhere."""
+    panic happened or None}; and the folders it could not read. `directories`: DIRECTORIES on
+    a Mac, none elsewhere."""
     if directories is None:
         directories = DIRECTORIES if sys.platform == "darwin" else ()
     found: list[tuple[float, Path]] = []
+    unreadable: list[str] = []
     for directory in directories:
-        try:
-            entries = list(directory.iterdir())
-        except OSError:  # absent, or not this user's to list
-            continue
-        for path in entries:
+        for path in _listed(directory, unreadable):
             if not path.name.endswith(".panic"):
                 continue
             try:
                 stat = path.stat()
-            except OSError:
+            except OSError as exc:  # a report whose time this user cannot learn
+                unreadable.append(f"{path}: {exc.strerror or exc}")
                 continue
             if stat.st_mtime >= since and path.is_file():
                 found.append((stat.st_mtime, path))
@@ -161,7 +190,7 @@ def scan(since: float, directories: Sequence[Path] | None = None) -> list[dict[s
     for _, path in found[-MAX_PANICS:]:
         panic, when = read(path)
         reports.append({"file": path.name[:PANIC_FILE_CAP], "panic_string": panic, "time": when})
-    return reports
+    return Scan(reports, unreadable)
 
 
 def since_boot(
@@ -169,8 +198,11 @@ def since_boot(
 ) -> list[dict[str, Any]] | None:
     """The reports written since this boot (BOOT_SLACK_S before it): the panic that ended the
     boot before. A list on a Mac, empty when none; elsewhere only when some were found (there is
-    nowhere to look by default); None without a boot time to count from."""
+    nowhere to look by default); None without a boot time to count from, and None ("cannot
+    tell") when none was found but a folder could not be read."""
     if boot is None:
         return None
     found = scan(boot - BOOT_SLACK_S, directories)
-    return found if found or sys.platform == "darwin" else None
+    if not found.reports and found.unreadable:
+        return None
+    return found.reports if found.reports or sys.platform == "darwin" else None

@@ -220,9 +220,11 @@ def machine_facts() -> dict[str, Any]:
     from agent.awake.boot import boot_time
     from agent.awake.panics import RECENT_S, scan
 
+    panics = scan(time.time() - RECENT_S)
     return {
         "boot": boot_facts(_sysctl_boottime(), boot_time()),
-        "panics": scan(time.time() - RECENT_S),
+        "panics": panics.reports,
+        **({"panics_unreadable": panics.unreadable} if panics.unreadable else {}),
     }
 
 

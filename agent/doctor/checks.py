@@ -324,6 +324,12 @@ def service_check() -> Check:
     return Check("service", ok, detail, None if ok else f"see {', '.join(report['logs'])}")
 
 
+UNREADABLE_PANICS_FIX = (
+    "this account cannot list the panic reports: look by hand (sudo ls -l "
+    "/Library/Logs/DiagnosticReports), or run the agent as an account that may list them"
+)
+
+
 def panic_check(directories: Sequence[Path] | None = None, now: float | None = None) -> Check:
     """The kernel panics of the last week (agent.awake.panics): a warning, never required
     (the agent runs), since a Mac that panicked under MLX is likely to again and a run's cells
@@ -339,16 +345,20 @@ def panic_check(directories: Sequence[Path] | None = None, now: float | None = N
             f"not applicable: not a Mac ({platform.system()}); macOS alone writes kernel panic "
             "reports (/Library/Logs/DiagnosticReports/*.panic)",
         )
-    found = scan((time.time() if now is None else now) - RECENT_S, directories)
+    scanned = scan((time.time() if now is None else now) - RECENT_S, directories)
+    found, cannot_tell = scanned.reports, scanned.cannot_tell()
     if not found:
+        if cannot_tell:
+            return Check(name, False, cannot_tell, UNREADABLE_PANICS_FIX)
         return Check(name, True, "none")
     latest = found[-1]
-    many = f"at least {len(found)}" if len(found) == MAX_PANICS else str(len(found))
+    many = f"at least {len(found)}" if len(found) == MAX_PANICS or cannot_tell else str(len(found))
     said = latest["panic_string"] or "no panic string read"
     return Check(
         name,
         False,
-        f"{many}; the latest {latest['file']}: {said}",
+        f"{many}; the latest {latest['file']}: {said}"
+        + (f" ({cannot_tell})" if cannot_tell else ""),
         "see docs/reliability.md (GPU errors and reboots); the reports are in "
         "/Library/Logs/DiagnosticReports",
     )

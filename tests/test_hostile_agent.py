@@ -31,7 +31,15 @@ from typing import Any
 import pytest
 
 from tests.conftest import console_script
-from tests.fakes.hostile_agent import HUGE, MAX_ENVELOPE, HostileAgent, curve_keypair, envelope
+from tests.fakes.hostile_agent import (
+    BAD_INDEX_LATENCIES,
+    BAD_INDEXES,
+    HUGE,
+    MAX_ENVELOPE,
+    HostileAgent,
+    curve_keypair,
+    envelope,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -758,7 +766,7 @@ def test_cells_out_of_range_are_refused(bench_of: Callable[[str], Stored]) -> No
         problems.append(
             f"no line names both {stored.hostile} and index: {stored.run.text[-1500:]!r}"
         )
-    marks = {"77.70", "88.80", "66.60"}
+    marks = {f"{latency:.2f}" for latency in BAD_INDEX_LATENCIES}
     for line in table_rows(stored.run, stored.hostile):
         if any(mark in line for mark in marks):
             problems.append(f"an out-of-range cell was printed as a row: {line[:160]!r}")
@@ -767,10 +775,62 @@ def test_cells_out_of_range_are_refused(bench_of: Callable[[str], Stored]) -> No
         if len(hostile) > 2:
             problems.append(f"{len(hostile)} cells stored for a 2-cell job")
         latencies = {cell.get("latency_ms") for cell in hostile}
-        if latencies & {77.7, 88.8, 66.6}:
+        if latencies & set(BAD_INDEX_LATENCIES):
             problems.append(
                 f"an out-of-range cell was stored: latency_ms {sorted(map(str, latencies))}"
             )
+    check(stored.run, problems + benign_cells_complete(stored))
+
+
+@pytest.mark.parametrize(
+    ("index", "latency"), list(zip(BAD_INDEXES, BAD_INDEX_LATENCIES, strict=True)), ids=repr
+)
+@pytest.mark.slow
+def test_each_bad_cell_index_fails_its_host_alone(
+    fake: Callable[[str], HostileAgent], tmp_path: Path, index: Any, latency: float
+) -> None:
+    """Each of the issue's indexes by itself (2 of 2 cells, 99, -1, '0', 0.5, true, 2**63):
+    no row for it, one line naming the host and the index, cell 0 kept, the benign host whole."""
+    with HostileAgent("cells-range", name="mac3", bad_index=index) as hostile:
+        stored = benchmark(tmp_path, hostile, fake("benign").address)
+    problems = hostile_output(stored.run) + stored.unasked("bench.start")
+    named = [line for line in lines_naming(stored.run, stored.hostile, "index") if line[0] != "│"]
+    if len(named) != 1:
+        problems.append(f"{len(named)} lines name {stored.hostile} and index: {named}")
+    for line in table_rows(stored.run, stored.hostile, f"{latency:.2f}"):
+        problems.append(f"the cell of index {index!r} was printed as a row: {line[:160]!r}")
+    if stored.run.returncode != 1:
+        problems.append(f"exit {stored.run.returncode}, not 1 (a host failed)")
+    if stored.run_id:
+        hostile_cells = [cell for cell in stored.cells() if cell.get("host") == stored.hostile]
+        kept = [(cell.get("test"), cell.get("status")) for cell in hostile_cells]
+        if ("pp16", "ok") not in kept or len(hostile_cells) > 2:
+            problems.append(f"the hostile host's stored cells are {kept}: cell 0 alone is due")
+    check(stored.run, problems + benign_cells_complete(stored))
+
+
+@pytest.mark.parametrize("mode", ["start-dropped", "start-unanswered"])
+@pytest.mark.slow
+def test_a_lost_start_reply_is_found_with_job_list(
+    fake: Callable[[str], HostileAgent], tmp_path: Path, mode: str
+) -> None:
+    """bench.start.ok never comes while every ping is answered: the coordinator asks job.list
+    well within --host-timeout (10 s), then follows the job it started (start-unanswered) or
+    starts it again (start-dropped, which never started one); both hosts complete, exit 0."""
+    with HostileAgent(mode, name="mac3") as hostile:
+        stored = benchmark(tmp_path, hostile, fake("benign").address)
+    problems = hostile_output(stored.run) + stored.unasked("job.list")
+    if stored.run.elapsed >= 10:
+        problems.append(f"ended after {stored.run.elapsed:.0f} s, not within --host-timeout 10")
+    if stored.run.returncode != 0:
+        problems.append(f"exit {stored.run.returncode}: {stored.run.text[-1500:]!r}")
+    starts = stored.asked.count("bench.start")
+    if starts != (2 if mode == "start-dropped" else 1):
+        problems.append(f"{starts} bench.start sent (asked {stored.asked})")
+    if stored.run_id:
+        tests = {c.get("test") for c in stored.cells() if c.get("host") == stored.hostile}
+        if tests != BENIGN_CELLS:
+            problems.append(f"the host's stored cells are {sorted(map(str, tests))}")
     check(stored.run, problems + benign_cells_complete(stored))
 
 

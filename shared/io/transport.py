@@ -441,7 +441,9 @@ class JobStream:
         self.cancel_by: float | None = None
         self.liveness = HEARTBEAT_LIVENESS
         self.cells = 0  # received in a row from index 0: they come in run order
+        self.total: int | None = None  # the job's cells, once bench.start.ok named them
         self.job_pings: set[str] = set()  # sent once the job was known: their ping.ok names it
+        self.start_pings: set[str] = set()  # sent before: answered first, the start's reply is lost
 
     def __iter__(self) -> Iterator[p.Message]:
         client = self.client
@@ -489,13 +491,19 @@ class JobStream:
                 f"{HEARTBEAT_LIVENESS} pings unanswered)"
             )
         ping = self.client.send("ping")
-        if self.job_id is not None:
-            self.job_pings.add(ping.id)
+        (self.job_pings if self.job_id is not None else self.start_pings).add(ping.id)
 
     def _answers_start(self, message: p.Message) -> bool:
         """Whether `message` belongs to the stream; StreamLost when it shows the stream is not
-        whole (a ping.ok naming another job, a cell missed, bench.done counting more)."""
+        whole (a ping.ok naming another job, a ping answered before bench.start, a cell missed,
+        bench.done counting more); InvalidMessage for a cell the job does not have."""
         job_id, cells = self.job_id, self.cells
+        if message.type == "ping.ok" and message.re in self.start_pings and job_id is None:
+            # An agent answers in order (docs/protocol.md §6): bench.start's reply was lost.
+            raise StreamLost(
+                "the agent answered a ping sent after bench.start, but not bench.start: its "
+                "reply was lost"
+            )
         if message.type == "ping.ok" and message.re in self.job_pings:
             self.job_pings.discard(message.re)
             if message.body["job"] != job_id:
@@ -509,9 +517,14 @@ class JobStream:
         if message.type == "error":
             raise AgentError(message.body["code"], message.body["message"])
         if message.type == "bench.start.ok":
-            self.job_id = message.body["job"]
+            self.job_id, self.total = message.body["job"], len(message.body["cells"])
         elif message.type == "bench.cell":
             index = message.body["index"]
+            if self.total is not None and index >= self.total:
+                raise InvalidMessage(
+                    f"bench.cell: index is {index}, but its job has {self.total} cells",
+                    self.client.agent_version,
+                )
             if index > cells:
                 raise StreamLost(
                     f"cell {index} came where cell {cells} was due: the stream lost {index - cells}"

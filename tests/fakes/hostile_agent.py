@@ -47,12 +47,20 @@ Modes, each with the line of protocol.md it breaks or the real failure it models
   `tokens_per_sec: "fast"` (§5 Cell records: number), NaN / inf / 1e308 in a record, and a
   bench.cell with index -1 (§5: 0-based).
 - `cells-range`: bench.cell `index` not checked against the job (§5: 0-based, in run order,
-  bench.start.ok names 2 cells): index 7, index 2**63 and index -1 besides the real two.
+  bench.start.ok names 2 cells): BAD_INDEXES (2, 99, -1, "0", 0.5, true, 2**63, 7) besides
+  the real two.
 - `cells-dup`: a second bench.cell for index 0 with tokens_per_sec 999999 (§6: "Cells are
   identified by (job, index): a cell received twice is kept once": the first must stay).
 - `cells-malformed`: a bench.cell without `record` and a bench.done without `status` and
   `cells` (§5 tables: every field listed is required); the run must still end (§6: follow
   the job with job.get until its state is no longer running).
+- `start-dropped`: the first bench.start is lost (a link flap): no reply, no job, and every
+  ping answered `job` nil; a bench.start sent again is served (§6: a coordinator that lost the
+  bench.start.ok finds its job with job.list).
+- `start-unanswered`: the first bench.start starts the job, which runs to its end, but its
+  reply and stream are lost: job.list names it by `request`, job.get holds its records.
+- `progress-forever`: the job starts and never ends, while a bench.progress (no model, no
+  cell) comes every poll interval (§6 No progress: progress is a new cell or a model built).
 - `protocol3`: hello.ok.protocol 3 while every envelope's `v` is 4 (§8: "A coordinator learns
   the agent's version from hello.ok.protocol before sending anything else").
 - `reply-wrong-type`: every request after hello is answered with a well-formed envelope of the
@@ -128,6 +136,9 @@ MODES = (
     "cells-range",
     "cells-dup",
     "cells-malformed",
+    "start-dropped",
+    "start-unanswered",
+    "progress-forever",
     "protocol3",
     "reply-wrong-type",
     "reply-invalid",
@@ -150,6 +161,11 @@ REQUESTS = {
     "job.event",
     "doctor",
 }
+BAD_INDEXES: tuple[Any, ...] = (2, 99, -1, "0", 0.5, True, 2**63, 7)
+"""`cells-range`'s indexes for a 2-cell job: one past the end, far past, negative, a str, a
+float, a bool (msgpack's true, which Python's int check lets through), beyond int64."""
+BAD_INDEX_LATENCIES = (22.2, 99.9, 66.6, 33.3, 55.5, 11.1, 88.8, 77.7)
+"""Each bad index's record is whole and consistent; its latency (ms) marks it in a table."""
 POLICY = {
     "max_speed_temp": 75.0,
     "pause_temp": 85.0,
@@ -229,7 +245,10 @@ class FakeAgentCore:
     curve: tuple[bytes, bytes] | None
     poll_interval: float
     flood_s: float
+    bad_index: tuple[type, Any] | None
     requests: list[str]
+    _dropped: bool
+    _progressing: Job | None
     jobs: dict[str, Job]
     samples: list[dict[str, Any]]
     events: list[dict[str, Any]]
@@ -455,6 +474,9 @@ class BenchJobs(FakeAgentCore):
             message = self.text("models must be given")
             self._send(identity, "error", {"code": "bad-matrix", "message": message}, rid)
             return
+        if self.mode == "start-dropped" and not self.jobs and not self._dropped:
+            self._dropped = True  # a link flap lost the request: no reply, no job
+            return
         running = self._running()
         if running is not None:
             message = self.text(f"job {running} is running")
@@ -466,7 +488,14 @@ class BenchJobs(FakeAgentCore):
         job = Job(new_id(), rid, identity, matrix, cells)
         self.jobs[job.id] = job
         names = [self.text(cell["name"]) for cell in cells]
+        if self.mode == "start-unanswered":  # the job runs, its reply and stream are lost
+            job.records = [self._record(job, index) for index in range(len(cells))]
+            job.state, job.finished = "ok", now_rfc3339()
+            return
         self._send(identity, "bench.start.ok", {"job": job.id, "cells": names}, rid)
+        if self.mode == "progress-forever":  # the job never ends; bench.progress never stops
+            self._progressing = job
+            return
         self._stream(job, "bench.progress", {"done": 0, "total": len(cells), "model": None})
         model = self._model(cells[0]["model"]) if cells else None
         self._stream(job, "bench.progress", {"done": 0, "total": len(cells), "model": model})
@@ -484,6 +513,11 @@ class BenchJobs(FakeAgentCore):
             error = self.big("one cell failed") if self.mode in ("strings", "huge") else None
             self._stream(job, "bench.done", {"status": "ok", "error": error, "cells": sent})
 
+    def _progress_again(self, job: Job) -> None:
+        """`progress-forever`: the same bench.progress again (no model, no cell), as an agent
+        whose job hangs in a loop that still reports would send."""
+        self._stream(job, "bench.progress", {"done": 0, "total": len(job.cells), "model": None})
+
     def _cells(self, job: Job) -> Iterator[tuple[int | None, dict[str, Any]]]:
         """(index, record) for every bench.cell of this mode's stream; journals the good ones."""
         good = [self._record(job, index) for index in range(len(job.cells))]
@@ -499,9 +533,9 @@ class BenchJobs(FakeAgentCore):
             # Whole, consistent records (latencies 77.7, 88.8, 66.6 ms mark them): only the
             # index is wrong.
             yield 0, good[0]
-            yield 7, self._record(job, len(good) - 1, latency=77.7)
-            yield 2**63, self._record(job, len(good) - 1, latency=88.8)
-            yield -1, self._record(job, len(good) - 1, latency=66.6)
+            for bad, latency in zip(BAD_INDEXES, BAD_INDEX_LATENCIES, strict=True):
+                if self.bad_index is None or self.bad_index == (type(bad), bad):
+                    yield bad, self._record(job, len(good) - 1, latency=latency)
             yield from enumerate(good[1:], start=1)
             return
         if self.mode == "cells-dup":
@@ -624,6 +658,11 @@ class BenchJobs(FakeAgentCore):
         if job is None:
             message = self.text("no such job")
             self._send(identity, "error", {"code": "unknown-job", "message": message}, rid)
+            return
+        if job.state == "running":  # progress-forever's: §5, bench.cancel stops it
+            job.state, job.finished = "cancelled", now_rfc3339()
+            self._send(identity, "bench.cancel.ok", {"job": job.id}, rid)
+            self._stream(job, "bench.done", {"status": "cancelled", "error": None, "cells": 0})
             return
         message = self.text(f"job {job.id} already ended")
         self._send(identity, "error", {"code": "not-running", "message": message}, rid)
@@ -775,7 +814,9 @@ class HostileAgent(Replies, BenchJobs, Telemetry):
         curve: tuple[bytes, bytes] | None = None,
         poll_interval: float = 0.25,
         flood_s: float = 10.0,
+        bad_index: Any = None,
     ) -> None:
+        """`bad_index`: `cells-range` sends that one of BAD_INDEXES alone (None: all)."""
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; one of {', '.join(MODES)}")
         self.mode = mode
@@ -783,6 +824,9 @@ class HostileAgent(Replies, BenchJobs, Telemetry):
         self.curve = curve
         self.poll_interval = poll_interval
         self.flood_s = flood_s
+        self.bad_index = None if bad_index is None else (type(bad_index), bad_index)
+        self._dropped = False
+        self._progressing = None
         self.requests: list[str] = []
         self.jobs: dict[str, Job] = {}
         self.samples: list[dict[str, Any]] = []
@@ -856,6 +900,8 @@ class HostileAgent(Replies, BenchJobs, Telemetry):
             if time.monotonic() >= next_sample:
                 next_sample = time.monotonic() + self.poll_interval
                 self._publish_sample()
+                if self._progressing is not None and self._progressing.state == "running":
+                    self._progress_again(self._progressing)
 
     def _receive(self) -> None:
         frames = self.router.recv_multipart()

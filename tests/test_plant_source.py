@@ -20,6 +20,8 @@ from agent.thermal import open_source
 from agent.thermal.plant import PLANT_STATE_ENV, PlantSource, read_plant_state
 from shared.cooling.clocks import ClockReading
 from shared.cooling.plant import PRESETS
+from tests.conftest import console_script, subprocess_env
+from tests.fleet_support import AgentPool
 
 SPIN = "while True: pass"
 
@@ -129,3 +131,42 @@ def test_a_started_process_finds_the_plants_state_in_its_environment(
     assert float(child.stdout) == 1.0
     source.close()
     assert not source.state_path.exists() and read_plant_state(path) is None
+
+
+@pytest.mark.slow
+def test_the_daemons_plant_heats_from_the_jobs_agent_run_supervises(
+    agents: AgentPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(PLANT_STATE_ENV, raising=False)
+    agent = agents.start(thermal="sim:plant:air,speed=60", options=["--poll-interval", "0.2"])
+    states = agent.home / "plant"
+    run = subprocess.Popen(
+        [console_script("agent"), "run", "--", sys.executable, "-c", SPIN],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env=subprocess_env(MLX_FLEET_HOME=str(agent.home)),
+    )
+    try:
+        daemon_state = wait_for_state(states, lambda state: state["duty"] >= 0.9)
+        assert daemon_state["simulated"] is True
+        run.send_signal(signal.SIGTERM)  # agent run ends CMD, then itself
+        run.wait(timeout=30)
+        wait_for_state(states, lambda state: state["duty"] <= 0.02)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+
+
+def wait_for_state(folder: Path, condition, deadline_s: float = 30.0) -> dict:  # type: ignore[no-untyped-def]
+    """The agent daemon's plant state (its one file in `folder`) once `condition` holds."""
+    deadline = time.monotonic() + deadline_s
+    state: dict | None = None  # type: ignore[type-arg]
+    while time.monotonic() < deadline:
+        for path in folder.glob("*.json"):
+            state = read_plant_state(path)
+            if state is not None and condition(state):
+                return state
+        time.sleep(0.1)
+    pytest.fail(f"the daemon's plant never got there: {state}")

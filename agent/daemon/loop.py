@@ -36,6 +36,7 @@ from agent.power.registry import open_power_source
 from agent.profiling.device_probe import NO_DEVICE_FIX
 from agent.profiling.machine import machine_info, package_version
 from agent.thermal import SourceSpecError, SourceUnavailable, ThermalSource, open_source
+from agent.thermal.plant import PlantSource
 from shared.benchmark.energy import DEFAULT_BASELINE_S
 from shared.cooling.sources import DEFAULT_POLL_INTERVAL_S
 from shared.io.paths import DataDirError, checked_data_dir, data_dir
@@ -130,6 +131,8 @@ class AgentDaemon:
         except ServeError:
             self.close()
             raise
+        if isinstance(source, PlantSource):  # heated by the jobs it supervises, too
+            source.heat_from(self.hub.jobs.live_pgids)
         try:
             endpoint = self.sockets.bind()
             if self.prometheus:

@@ -202,6 +202,12 @@ class JobTable:
             entry.exited_at = event.time
             self.gangs.forget(entry.job)
 
+    def live_pgids(self) -> tuple[int, ...]:
+        """The process groups of the jobs not yet exited (what the thermal plant heats from);
+        safe from another thread: the table is copied in one step."""
+        jobs = self.jobs.copy().values()
+        return tuple(job.pid for job in jobs if job.pid and job.state != p.SUPERVISED_EXITED)
+
     def pause_s_total(self, now: float) -> float:
         """Finished pauses plus the ones going on, every job counted."""
         ongoing = sum(

@@ -51,7 +51,8 @@ class JobLoad:
     starts counting."""
 
     def __init__(self, roots: Callable[[], Iterable[int]] = tuple, own_pid: int | None = None):
-        self._roots = roots
+        self.roots = roots
+        """The pids of more job process trees (settable: the daemon names its jobs once open)."""
         self._own_pid = os.getpid() if own_pid is None else own_pid
         self._last: dict[TaskKey, float] | None = None
 
@@ -68,7 +69,7 @@ class JobLoad:
         found: dict[int, psutil.Process] = {}
         with contextlib.suppress(psutil.Error):
             found.update((p.pid, p) for p in psutil.Process(self._own_pid).children(True))
-        for pid in self._roots():
+        for pid in self.roots():
             try:
                 root = psutil.Process(pid)
                 found.setdefault(pid, root)

@@ -81,7 +81,8 @@ class PlantSource(ThermalSource):
         self.plant = Plant(params)
         self.name = plant_spec(params)
         self.clock_source = PlantClocks(self)
-        self._load = load or JobLoad(roots)
+        self._job = JobLoad(roots)
+        self._load = load or self._job
         self._load()  # the first call only starts the interval
         self._monotonic = monotonic
         self._last = monotonic()
@@ -98,6 +99,11 @@ class PlantSource(ThermalSource):
         self.plant.advance(wall * self.plant.params.speed, duty)
         self._write_state()
         return self._reading(self.plant.celsius, sensor=SENSOR)
+
+    def heat_from(self, roots: Callable[[], Iterable[int]]) -> None:
+        """Count the process trees rooted at `roots()` too (asked at every read): the agent
+        daemon names the process groups of the jobs `agent run` supervises with its readings."""
+        self._job.roots = roots
 
     def close(self) -> None:
         """Removes the state file unless a caller named it (they read it after)."""

@@ -835,6 +835,31 @@ def test_a_lost_start_reply_is_found_with_job_list(
 
 
 @pytest.mark.slow
+def test_a_job_that_only_reports_progress_fails_at_its_allowance(
+    fake: Callable[[str], HostileAgent], tmp_path: Path
+) -> None:
+    """A job that never ends while a bench.progress (no model, no cell) comes every 0.25 s:
+    the host fails at the no-progress allowance of docs/protocol.md §6 (with --host-timeout 2:
+    2 s + 4 x 2 s before a model's first cell), named `made no progress`, and the
+    run ends with exit 1."""
+    with HostileAgent("progress-forever", name="mac3") as hostile:
+        since = len(hostile.requests)
+        hosts = f"{hostile.address},{fake('benign').address}"
+        run = coordinator(
+            "benchmark", "--hosts", hosts, *LINKS, "--host-timeout", "2", *BENCH, home=tmp_path
+        )
+        asked = hostile.requests[since:]
+    problems = hostile_output(run)
+    if not lines_naming(run, hostile.address, "made no progress"):
+        problems.append(f"no line says {hostile.address} made no progress: {run.text[-1500:]!r}")
+    if run.returncode != 1:
+        problems.append(f"exit {run.returncode}, not 1 (a host failed)")
+    if "info" not in asked[1:]:
+        problems.append(f"never asked info whether the job was paused (asked {asked})")
+    check(run, problems)
+
+
+@pytest.mark.slow
 def test_cells_a_second_record_never_replaces_the_first(bench_of: Callable[[str], Stored]) -> None:
     stored = bench_of("cells-dup")
     problems = hostile_output(stored.run) + stored.unasked("bench.start")

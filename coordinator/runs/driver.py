@@ -6,7 +6,8 @@ reconnects until --host-timeout, then follows the job with job.get from the firs
 so a link cut loses nothing. A stream lost while the host still answers (ZeroMQ reconnected the
 DEALER by itself, a gap in the cells, a ping.ok naming no job) is followed the same way, on the
 same connection. Cells are keyed by (job, index): never twice, never lost. A job that makes no
-progress for longer than its allowance (coordinator.runs.pace) fails its host unless the agent
+progress (a new cell or a model built: a bench.progress that brings neither only shows what it
+does) for longer than its allowance (coordinator.runs.pace) fails its host unless the agent
 lists it paused.
 """
 
@@ -233,16 +234,17 @@ class HostDriver:
                 if message.type == "bench.start.ok":
                     self._started(body["job"], body["cells"])
                 elif message.type == "bench.progress":
-                    if body["model"] is not None:
+                    if body["model"] is not None:  # progress: a model built
                         self.job.models += 1
                         self._report(MODEL, body["model"])
+                        self.pace.progressed()
                     if body.get("cooling") is not None:
                         self._report(COOLING, body["cooling"])
                     if body.get("phase") is not None:
                         self._report(PHASE, body["phase"])
-                    if body.get("pause") is not None:  # each report of a pause is progress
+                    if body.get("pause") is not None:  # not progress: info says if paused
+                        self._paused = True
                         self._report(PAUSE, body["pause"])
-                    self.pace.progressed()
                 elif message.type == "bench.cell":
                     if self._cell(body["index"], body["record"]):
                         self.pace.progressed([body["index"]])

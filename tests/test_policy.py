@@ -137,8 +137,15 @@ def test_every_pressure_level_maps_to_a_state() -> None:
 
 
 def test_states_are_ordered_by_severity() -> None:
-    assert [state.severity for state in (OK, REDUCE, PAUSE, STOP)] == [0, 1, 2, 3]
-    assert [state.value for state in CoolingState] == ["ok", "reduce_batch", "pause", "stop"]
+    pace = CoolingState.PACE
+    assert [state.severity for state in (OK, REDUCE, pace, PAUSE, STOP)] == [0, 1, 2, 3, 4]
+    assert [state.value for state in CoolingState] == [
+        "ok",
+        "reduce_batch",
+        "pace",
+        "pause",
+        "stop",
+    ]
 
 
 def test_dict_round_trip_survives_msgpack() -> None:

@@ -14,12 +14,22 @@ from dataclasses import asdict, dataclass, fields, replace
 from enum import Enum
 from typing import Any, Protocol
 
+from shared.cooling.pace import (
+    PACE_MIN_DUTY,
+    PACE_SLICE_S,
+    PaceSettings,
+    Pacing,
+    advance,
+    check_pace,
+)
+
 
 class CoolingState(str, Enum):
     """What the policy asks for, ordered from harmless to fatal."""
 
     OK = "ok"
     REDUCE_BATCH = "reduce_batch"
+    PACE = "pace"
     PAUSE = "pause"
     STOP = "stop"
 
@@ -47,10 +57,15 @@ PRESSURE_STATES: dict[str, CoolingState] = {
 
 @dataclass(frozen=True)
 class ThermalPolicy:
-    """The seed's thresholds (°C) and pause step (s), plus an optional resume hysteresis (°C).
+    """The seed's thresholds (°C) and pause step (s), plus an optional resume hysteresis (°C)
+    and an optional pace tier (shared.cooling.pace).
 
     Above max_speed_temp the trainer should shrink its batch; at pause_temp it pauses; at stop_temp
-    it stops. A pause ends below pause_temp - hysteresis (0 keeps the seed's behaviour).
+    it stops. A pause ends below pause_temp - hysteresis (0 keeps the seed's behaviour). With a
+    pace_temp (a cap under pause_temp: the Mac's calibrated throttle onset, or an operator's) a
+    supervised job is duty-cycled in slices of pace_slice seconds, never below pace_min_duty, to
+    hold the Mac under it. None (the default) leaves throttling to the firmware: holding below
+    the onset costs throughput, so preventing throttling is the lab's choice (docs/thermal.md).
     """
 
     max_speed_temp: float = 75.0
@@ -58,6 +73,9 @@ class ThermalPolicy:
     stop_temp: float = 95.0
     pause_duration: float = 0.5
     hysteresis: float = 0.0
+    pace_temp: float | None = None
+    pace_slice: float = PACE_SLICE_S
+    pace_min_duty: float = PACE_MIN_DUTY
 
     def __post_init__(self) -> None:
         if not self.max_speed_temp < self.pause_temp < self.stop_temp:
@@ -75,6 +93,14 @@ class ThermalPolicy:
                 f"hysteresis {self.hysteresis} °C must be below pause_temp "
                 f"{self.pause_temp} °C, or a pause could never end"
             )
+        check_pace(self.pace_temp, self.pace_slice, self.pace_min_duty, self.pause_temp)
+
+    @property
+    def pace(self) -> PaceSettings | None:
+        """The pace tier, when the policy has one."""
+        if self.pace_temp is None:
+            return None
+        return PaceSettings(self.pace_temp, self.pace_slice, self.pace_min_duty)
 
     @property
     def resume_temp(self) -> float:
@@ -82,16 +108,41 @@ class ThermalPolicy:
         return self.pause_temp - self.hysteresis
 
     def to_dict(self) -> dict[str, float]:
-        return asdict(self)
+        """Every number; a pace key only where it is not its default, so a policy without
+        pacing is the same map an older peer knows (docs/protocol.md §11)."""
+        data = asdict(self)
+        for key in PACE_KEYS:
+            if data[key] == PACE_DEFAULTS[key]:
+                del data[key]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ThermalPolicy:
-        """Missing keys take the defaults; unknown keys are an error, not silently dropped."""
+        """Missing keys take the defaults; unknown keys are an error, not silently dropped; a
+        nil pace_temp is no pace tier."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(map(str, set(data) - known))  # a key may be anything on the wire
         if unknown:
             raise ValueError(f"unknown ThermalPolicy keys: {', '.join(unknown)}")
-        return cls(**{key: float(value) for key, value in data.items()})
+        return cls(**{key: _number(key, value) for key, value in data.items()})
+
+
+def _number(key: str, value: Any) -> float | None:
+    if value is None and key == "pace_temp":
+        return None
+    try:
+        return float(value)
+    except TypeError:
+        raise ValueError(f"{key} must be a number, got {value!r}") from None
+
+
+PACE_DEFAULTS: dict[str, float | None] = {
+    "pace_temp": None,
+    "pace_slice": PACE_SLICE_S,
+    "pace_min_duty": PACE_MIN_DUTY,
+}
+"""The policy's optional keys, the pace tier's, and their defaults (sent only when not)."""
+PACE_KEYS = tuple(PACE_DEFAULTS)
 
 
 def pressure_state(pressure: str | None) -> CoolingState | None:
@@ -167,6 +218,8 @@ class Action(str, Enum):
     STOP = "stop"
     REDUCE_BATCH = "reduce_batch"
     RESTORE_BATCH = "restore_batch"
+    PACE = "pace"
+    PACE_END = "pace_end"
 
 
 @dataclass(frozen=True)
@@ -174,13 +227,21 @@ class Supervision:
     """What has been done to a job so far: its state, whether it was told to reduce, how many
     polls in a row have had no reading, how many have read at or above stop_temp (`hot`), and
     how many of its pause have read at or above pause_temp (`stuck`). A poll without a reading
-    leaves `hot` and `stuck` as they were: it says nothing of the heat."""
+    leaves `hot` and `stuck` as they were: it says nothing of the heat. `paced`: the job runs
+    duty-cycled at `pacing.duty` (the pace tier's controller, kept through a pause)."""
 
     job: JobState = JobState.RUNNING
     reduced: bool = False
     missing: int = 0
     hot: int = 0
     stuck: int = 0
+    paced: bool = False
+    pacing: Pacing = Pacing()
+
+    @property
+    def duty(self) -> float | None:
+        """The share of each slice the job runs, while it is paced."""
+        return self.pacing.duty if self.paced else None
 
 
 @dataclass(frozen=True)
@@ -218,17 +279,60 @@ def stop_reason(
     return None
 
 
+POLL_S = 1.0
+"""The gap react() assumes between two readings given without a time: the default poll."""
+
+
+def pace_reading(
+    current: Supervision,
+    policy: ThermalPolicy,
+    celsius: float | None,
+    at: float | None,
+    clock_ratio: float | None,
+) -> Pacing:
+    """The pace tier's controller after this poll (shared.cooling.pace): reset without a pace
+    tier, unchanged without degrees."""
+    settings = policy.pace
+    if settings is None:
+        return Pacing()
+    if celsius is None:
+        return current.pacing
+    if at is None:
+        at = (current.pacing.at or 0.0) + POLL_S
+    paused = current.job is JobState.PAUSED
+    return advance(current.pacing, settings, celsius, at, clock_ratio, paused)
+
+
+def pace_reason(policy: ThermalPolicy, pacing: Pacing, celsius: float | None) -> str:
+    """Why the job is paced, or why pacing gave way to a pause."""
+    assert policy.pace_temp is not None
+    degrees = "no reading" if celsius is None else f"{celsius:.1f} °C"
+    if pacing.holding:
+        return (
+            f"pacing cannot hold {policy.pace_temp:g} °C: {degrees} at the lowest duty "
+            f"{policy.pace_min_duty:.0%} for {pacing.over} polls"
+        )
+    return (
+        f"{degrees}, cap {policy.pace_temp:g} °C: running {pacing.duty:.0%} of every "
+        f"{policy.pace_slice:g} s"
+    )
+
+
 def react(
     current: Supervision,
     policy: ThermalPolicy,
     celsius: float | None,
     pressure: str | None = None,
+    at: float | None = None,
+    clock_ratio: float | None = None,
 ) -> Decision:
     """The next supervision after one poll (`celsius` and `pressure` both None: no reading), and
     its actions. A stop is final and needs stop_reason(); a reading at or above stop_temp
     short of it pauses. A pause ends when decide() (with the hysteresis of a paused job) asks
-    for less, or after MISSING_POLLS_TO_RESUME polls without a reading; reduce/restore are told
-    once per change."""
+    for less, or after MISSING_POLLS_TO_RESUME polls without a reading; reduce/restore and
+    pace/pace_end are told once per change. With a pace tier, `at` (the reading's time, s)
+    and `clock_ratio` (the clock over the sustained one, None when unknown) feed its controller;
+    a pace that cannot hold pauses."""
     if current.job is JobState.STOPPING:
         return Decision(current, None)
     paused = current.job is JobState.PAUSED
@@ -237,25 +341,34 @@ def react(
         if paused and missing >= MISSING_POLLS_TO_RESUME:
             reason = f"no reading for {missing} polls: resuming without a sensor"
             resumed = replace(current, job=JobState.RUNNING, missing=0, stuck=0)
-            return Decision(resumed, None, (Action.RESUME,), reason)
+            actions = (Action.RESUME, Action.PACE) if current.pacing.paced else (Action.RESUME,)
+            return Decision(replace(resumed, paced=current.pacing.paced), None, actions, reason)
         return Decision(replace(current, missing=missing), None)
     hot, stuck = current.hot, current.stuck  # a level without degrees says nothing of them
     if celsius is not None:
         hot = hot + 1 if celsius >= policy.stop_temp else 0
         stuck = stuck + 1 if paused and celsius >= policy.pause_temp else 0
+    pacing = pace_reading(current, policy, celsius, at, clock_ratio)
     reason = stop_reason(policy, celsius, pressure, hot, stuck)
     if reason is not None:
         stopping = Supervision(JobState.STOPPING, current.reduced, hot=hot, stuck=stuck)
         return Decision(stopping, CoolingState.STOP, (Action.STOP,), reason)
     cooling = decide(policy, celsius, pressure, currently_paused=paused)
-    if cooling in (CoolingState.PAUSE, CoolingState.STOP):
-        pausing = Supervision(JobState.PAUSED, current.reduced, hot=hot, stuck=stuck)
-        return Decision(pausing, CoolingState.PAUSE, () if paused else (Action.PAUSE,))
+    if cooling in (CoolingState.PAUSE, CoolingState.STOP) or pacing.holding:
+        pausing = Supervision(JobState.PAUSED, current.reduced, hot=hot, stuck=stuck, pacing=pacing)
+        by_pace = cooling not in (CoolingState.PAUSE, CoolingState.STOP)
+        why = pace_reason(policy, pacing, celsius) if by_pace else None
+        actions = () if paused else (Action.PAUSE,)
+        return Decision(pausing, CoolingState.PAUSE, actions, why if actions else None)
     actions = [Action.RESUME] if paused else []
     reduce = cooling is CoolingState.REDUCE_BATCH
     if reduce != current.reduced:
         actions.append(Action.REDUCE_BATCH if reduce else Action.RESTORE_BATCH)
-    return Decision(Supervision(JobState.RUNNING, reduce, hot=hot), cooling, tuple(actions))
+    if pacing.paced != current.paced:
+        actions.append(Action.PACE if pacing.paced else Action.PACE_END)
+    why = pace_reason(policy, pacing, celsius) if Action.PACE in actions else None
+    state = Supervision(JobState.RUNNING, reduce, hot=hot, paced=pacing.paced, pacing=pacing)
+    return Decision(state, CoolingState.PACE if pacing.paced else cooling, tuple(actions), why)
 
 
 class Reading(Protocol):
@@ -267,6 +380,9 @@ class Reading(Protocol):
     @property
     def pressure(self) -> str | None: ...
 
+    @property
+    def time(self) -> float: ...
+
 
 class CoolingGate:
     """The rule applied poll after poll: one per supervised job, fed every poll (None when the
@@ -276,36 +392,49 @@ class CoolingGate:
     def __init__(self) -> None:
         self.supervision = Supervision()
 
-    def observe(self, policy: ThermalPolicy, reading: Reading | None) -> Decision:
-        celsius, pressure = (reading.celsius, reading.pressure) if reading else (None, None)
-        decision = react(self.supervision, policy, celsius, pressure)
+    def observe(
+        self, policy: ThermalPolicy, reading: Reading | None, clock_ratio: float | None = None
+    ) -> Decision:
+        decision = react(self.supervision, policy, *_inputs(reading), clock_ratio)
         self.supervision = decision.state
         return decision
 
     @property
     def state(self) -> CoolingState:
-        """What the job lives under now: stop, pause, reduce_batch or ok."""
+        """What the job lives under now: stop, pause, pace, reduce_batch or ok."""
         return supervision_state(self.supervision)
 
 
+def _inputs(reading: Reading | None) -> tuple[float | None, str | None, float | None]:
+    if reading is None:
+        return None, None, None
+    return reading.celsius, reading.pressure, reading.time
+
+
 def supervision_state(supervision: Supervision) -> CoolingState:
-    """What a job under this supervision lives under: stop, pause, reduce_batch or ok."""
+    """What a job under this supervision lives under: stop, pause, pace, reduce_batch or ok."""
     if supervision.job is JobState.STOPPING:
         return CoolingState.STOP
     if supervision.job is JobState.PAUSED:
         return CoolingState.PAUSE
+    if supervision.paced:
+        return CoolingState.PACE
     return CoolingState.REDUCE_BATCH if supervision.reduced else CoolingState.OK
 
 
 def host_react(
-    current: Supervision, policy: ThermalPolicy, celsius: float | None, pressure: str | None
+    current: Supervision,
+    policy: ThermalPolicy,
+    celsius: float | None,
+    pressure: str | None,
+    at: float | None = None,
 ) -> Supervision:
     """The rule for a host, as if one job ran on it (what its samples' `state` says): the same
     as react(), except that a stop is not final, since there is no job to end: the poll after
     one starts from a pause with the counts kept, so a lasting heat stays `stop`."""
     if current.job is JobState.STOPPING:
         current = replace(current, job=JobState.PAUSED)
-    return react(current, policy, celsius, pressure).state
+    return react(current, policy, celsius, pressure, at).state
 
 
 def host_state(
@@ -313,26 +442,30 @@ def host_state(
 ) -> tuple[Supervision, CoolingState | None]:
     """What the rule says of a host now (host_react: a spike pauses, a stop needs the heat to
     last), and the supervision to carry to its next poll; the state is None without a reading.
-    What a daemon's samples and `agent temp` show."""
-    celsius, pressure = (reading.celsius, reading.pressure) if reading else (None, None)
-    supervision = host_react(previous, policy, celsius, pressure)
+    What a daemon's samples and `agent temp` show; a paced host's duty is the supervision's."""
+    celsius, pressure, at = _inputs(reading)
+    supervision = host_react(previous, policy, celsius, pressure, at)
     if knows_nothing(celsius, pressure):
         return supervision, None
     return supervision, supervision_state(supervision)
 
 
 def policy_text(policy: ThermalPolicy) -> str:
-    """`max_speed_temp=75 pause_temp=85 ...`: the detail of a `policy` event."""
+    """`max_speed_temp=75 pause_temp=85 ...`: the detail of a `policy` event (the pace keys
+    only with a pace tier)."""
     return " ".join(f"{key}={value:g}" for key, value in policy.to_dict().items())
 
 
 def check_changes(changes: Mapping[str, Any]) -> None:
-    """ValueError naming a key ThermalPolicy has not, or a value that is not a finite number;
-    the order of the thresholds depends on those not given, and is checked with them."""
+    """ValueError naming a key ThermalPolicy has not, or a value that is not a finite number
+    (pace_temp may be None: no pace tier); the order of the thresholds depends on those not
+    given, and is checked with them."""
     unknown = sorted(map(str, set(changes) - {f.name for f in fields(ThermalPolicy)}))
     if unknown:
         raise ValueError(f"unknown ThermalPolicy keys: {', '.join(unknown)}")
     for key, value in changes.items():
+        if key == "pace_temp" and value is None:
+            continue  # nil: no pace tier
         if (
             isinstance(value, bool)
             or not isinstance(value, (int, float))

@@ -1,0 +1,199 @@
+"""The pace tier's pure parts: the controller (shared.cooling.pace), its place in the one cooling
+rule (shared.cooling.policy.react) and the policy's pace parameters."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.cooling.pace import (
+    PACE_HOLD_POLLS,
+    PACE_MARGIN_C,
+    Pacing,
+    PaceSettings,
+    advance,
+    slice_phase,
+)
+from shared.cooling.policy import (
+    Action,
+    CoolingState,
+    JobState,
+    Supervision,
+    ThermalPolicy,
+    react,
+    updated_policy,
+)
+
+CAP = 80.0
+SETTINGS = PaceSettings(CAP, 0.2, 0.2)
+POLICY = ThermalPolicy(70.0, 85.0, 95.0, pace_temp=CAP)
+
+
+def run(pacing: Pacing, temps: list[float], start: float = 0.0, **kw: float | None) -> Pacing:
+    for i, celsius in enumerate(temps):
+        pacing = advance(pacing, SETTINGS, celsius, start + i, **kw)  # type: ignore[arg-type]
+    return pacing
+
+
+def test_well_below_the_cap_the_job_runs_at_full_speed_and_the_integral_stays_empty() -> None:
+    pacing = run(Pacing(), [60.0] * 50)
+    assert (pacing.duty, pacing.integral, pacing.paced) == (1.0, 0.0, False)
+
+
+def test_above_the_set_point_the_duty_falls_and_keeps_falling_while_it_stays_there() -> None:
+    one = run(Pacing(), [CAP])
+    assert one.duty == pytest.approx(1 - 0.1 * PACE_MARGIN_C)
+    later = run(Pacing(), [CAP] * 5)
+    assert later.duty < one.duty
+    assert later.paced
+
+
+def test_the_duty_never_leaves_its_bounds_and_the_integral_does_not_wind_up() -> None:
+    hot = run(Pacing(), [CAP + 10] * 500)
+    assert hot.duty == SETTINGS.min_duty
+    assert hot.integral >= SETTINGS.min_duty - 1.0
+    # no windup: once it is cool again the job is back at full speed within a few polls
+    cooled = run(hot, [CAP - 20] * 10, start=500)
+    assert cooled.duty == 1.0
+
+
+def test_at_the_set_point_the_integral_holds_the_duty_it_found() -> None:
+    found = run(Pacing(), [CAP] * 30)
+    held = run(found, [SETTINGS.set_point] * 30, start=30)
+    assert held.duty == pytest.approx(1.0 + found.integral)
+    assert held.integral == found.integral
+
+
+def test_a_clock_below_the_sustained_one_cuts_the_duty_even_below_the_cap() -> None:
+    cool = run(Pacing(), [CAP - 5] * 3)
+    throttled = run(Pacing(), [CAP - 5] * 3, clock_ratio=0.85)
+    within_margin = run(Pacing(), [CAP - 5] * 3, clock_ratio=0.99)
+    assert cool.duty == within_margin.duty == 1.0
+    assert throttled.duty < 1.0
+
+
+def test_a_gap_between_readings_is_integrated_as_at_most_ten_seconds() -> None:
+    first = advance(Pacing(), SETTINGS, CAP + 1, 0.0)
+    after_gap = advance(first, SETTINGS, CAP + 1, 3600.0)
+    after_ten = advance(first, SETTINGS, CAP + 1, 10.0)
+    assert after_gap == Pacing(after_ten.duty, after_ten.integral, 3600.0, 0, False)
+
+
+def test_the_minimum_duty_that_cannot_hold_the_cap_hands_over_to_a_pause_until_the_set_point() -> (
+    None
+):
+    pacing = run(Pacing(), [CAP + 3] * (PACE_HOLD_POLLS + 30))
+    assert pacing.holding
+    still = advance(pacing, SETTINGS, CAP - 0.5, 1000.0, paused=True)
+    assert still.holding and still.integral == pacing.integral  # frozen while paused
+    done = advance(still, SETTINGS, SETTINGS.set_point, 1001.0, paused=True)
+    assert not done.holding
+
+
+@pytest.mark.parametrize("duty", [0.2, 0.5, 0.9])
+def test_slices_are_aligned_on_the_wall_clock_and_run_first(duty: float) -> None:
+    slice_s = 0.2
+    base = 1_700_000_000.0
+    running, until = slice_phase(base + 0.01, slice_s, duty)
+    assert running and until == pytest.approx(base + duty * slice_s)
+    running, until = slice_phase(base + duty * slice_s + 0.001, slice_s, duty)
+    assert not running and until == pytest.approx(base + slice_s)
+    # the share of time running over many slices is the duty
+    steps = [base + i * 0.001 for i in range(2000)]
+    share = sum(slice_phase(t, slice_s, duty)[0] for t in steps) / len(steps)
+    assert share == pytest.approx(duty, abs=0.01)
+
+
+# --- the pace tier in the one rule ------------------------------------------------------------
+
+
+def test_the_rule_paces_between_reduce_batch_and_pause_and_says_why() -> None:
+    decision = react(Supervision(), POLICY, CAP, at=0.0)
+    assert decision.cooling is CoolingState.PACE
+    assert decision.actions == (Action.REDUCE_BATCH, Action.PACE)
+    assert decision.reason is not None and "cap 80 °C" in decision.reason
+    assert decision.state.duty is not None and decision.state.duty < 1.0
+    again = react(decision.state, POLICY, CAP, at=1.0)
+    assert again.actions == () and again.state.duty < decision.state.duty  # type: ignore[operator]
+
+
+def test_pacing_ends_once_the_controller_gives_back_full_speed() -> None:
+    state = react(Supervision(), POLICY, CAP, at=0.0).state
+    for i in range(1, 200):
+        decision = react(state, POLICY, 50.0, at=float(i))
+        state = decision.state
+        if Action.PACE_END in decision.actions:
+            break
+    assert state.duty is None and not state.paced
+    assert CoolingState.PACE is not decision.cooling
+
+
+def test_pause_temp_still_pauses_a_paced_job_and_the_resume_paces_again() -> None:
+    state = react(Supervision(), POLICY, CAP, at=0.0).state
+    paused = react(state, POLICY, 86.0, at=1.0)
+    assert paused.actions == (Action.PAUSE,) and paused.state.job is JobState.PAUSED
+    resumed = react(paused.state, POLICY, CAP, at=2.0)
+    assert resumed.actions == (Action.RESUME, Action.PACE)
+
+
+def test_a_pace_that_cannot_hold_pauses_the_job_and_says_so() -> None:
+    state = Supervision()
+    decisions = []
+    for i in range(PACE_HOLD_POLLS + 40):
+        decision = react(state, POLICY, CAP + 3, at=float(i))
+        state = decision.state
+        decisions.append(decision)
+    pauses = [d for d in decisions if Action.PAUSE in d.actions]
+    assert len(pauses) == 1
+    assert pauses[0].reason is not None and "pacing cannot hold 80 °C" in pauses[0].reason
+    assert state.job is JobState.PAUSED
+    cooled = react(state, POLICY, SETTINGS.set_point - 0.5, at=1000.0)
+    assert cooled.actions[0] is Action.RESUME and cooled.state.paced
+
+
+def test_without_a_pace_tier_the_rule_is_the_seeds() -> None:
+    plain = ThermalPolicy(70.0, 85.0, 95.0)
+    decision = react(Supervision(), plain, CAP, at=0.0)
+    assert decision.cooling is CoolingState.REDUCE_BATCH
+    assert decision.actions == (Action.REDUCE_BATCH,)
+
+
+# --- the policy's pace parameters -------------------------------------------------------------
+
+
+def test_a_policy_without_a_pace_tier_is_the_map_older_peers_know() -> None:
+    assert set(ThermalPolicy().to_dict()) == {
+        "max_speed_temp",
+        "pause_temp",
+        "stop_temp",
+        "pause_duration",
+        "hysteresis",
+    }
+    paced = ThermalPolicy(pace_temp=80.0, pace_slice=0.1)
+    assert paced.to_dict()["pace_temp"] == 80.0
+    assert ThermalPolicy.from_dict(paced.to_dict()) == paced
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"pace_temp": 85.5}, "pace_temp must be between"),
+        ({"pace_temp": 90.0}, "pace_temp must be between"),
+        ({"pace_slice": 1.0}, "pace_slice must be 0.05 to 0.5 seconds, got 1.0"),
+        ({"pace_slice": 0.0}, "pace_slice must be 0.05 to 0.5 seconds"),
+        ({"pace_min_duty": 0.0}, "pace_min_duty must be 0.05 to 0.9, got 0.0"),
+        ({"pace_min_duty": 1.0}, "pace_min_duty must be 0.05 to 0.9"),
+        ({"pace_temp": "hot"}, "pace_temp must be a finite number"),
+    ],
+)
+def test_pace_parameters_out_of_range_are_one_line_naming_them(
+    changes: dict[str, object], words: str
+) -> None:
+    with pytest.raises(ValueError, match=words) as caught:
+        updated_policy(ThermalPolicy(), changes)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_nil_pace_temp_turns_the_pace_tier_off() -> None:
+    paced = updated_policy(ThermalPolicy(), {"pace_temp": 80.0})
+    assert paced.pace == PaceSettings(80.0)
+    assert updated_policy(paced, {"pace_temp": None}).pace is None

@@ -8,8 +8,8 @@ import pytest
 from shared.cooling.pace import (
     PACE_HOLD_POLLS,
     PACE_MARGIN_C,
-    Pacing,
     PaceSettings,
+    Pacing,
     advance,
     slice_phase,
 )

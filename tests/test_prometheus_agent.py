@@ -106,6 +106,8 @@ def test_metrics_follow_samples_and_policy_actions(
         "resume": 1.0,
         "reduce_batch": 1.0,
         "restore_batch": 0.0,
+        "pace": 0.0,
+        "pace_end": 0.0,
         "stop": 0.0,
     }
     assert metrics[("mlx_fleet_pause_seconds_total", host)] > 0.3
@@ -221,7 +223,7 @@ def test_an_exit_event_is_not_a_policy_action() -> None:
     metrics.observe_event({"host": "mac1", "action": "exit"})
     values = parse(generate(metrics))
     counted = {k: v for k, v in values.items() if k[0] == "mlx_fleet_policy_actions_total"}
-    assert len(counted) == 5 and set(counted.values()) == {0.0}
+    assert len(counted) == 7 and set(counted.values()) == {0.0}
 
 
 def test_the_exporter_serves_metrics_and_healthz_only() -> None:

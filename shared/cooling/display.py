@@ -11,6 +11,7 @@ _SPARKS = "▁▂▃▄▅▆▇█"
 STATE_STYLES = {
     CoolingState.OK: "green",
     CoolingState.REDUCE_BATCH: "yellow",
+    CoolingState.PACE: "bold cyan",
     CoolingState.PAUSE: "bold dark_orange",
     CoolingState.STOP: "bold red",
 }

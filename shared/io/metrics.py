@@ -23,10 +23,10 @@ HOST:PORT too). Metrics (docs/monitoring.md):
   (never NaN, never a made-up number).
 - mlx_fleet_sensor_temperature_celsius{host,sensor}: gauge, each sensor of the latest reading
   (the agent's exporter: the wire carries the SoC figure alone).
-- mlx_fleet_cooling_state{host}: gauge, 0 ok, 1 reduce_batch, 2 pause, 3 stop; absent without a
-  reading.
+- mlx_fleet_cooling_state{host}: gauge, 0 ok, 1 reduce_batch, 1.5 pace, 2 pause, 3 stop; absent
+  without a reading.
 - mlx_fleet_policy_threshold_celsius{host,level}: gauge, the policy in force: the °C at which
-  the host reaches `level` (reduce_batch, pause, stop).
+  the host reaches `level` (reduce_batch, pace with a pace tier, pause, stop).
 - mlx_fleet_policy_info{host,origin}: gauge, 1: where the thresholds' numbers came from
   (`defaults for smc`, `set by coordinator policy`, ...); absent while the agent has not said.
 - mlx_fleet_pause_seconds_total{host}: counter of seconds supervised jobs spent paused (from the
@@ -79,12 +79,14 @@ from shared.benchmark.verdict import REASONS, VALID, VERDICTS, judge
 from shared.cooling.policy import CoolingState
 from shared.safe_text import shown
 
-STATE_VALUES: dict[str, int] = {state.value: state.severity for state in CoolingState}
-"""ok 0, reduce_batch 1, pause 2, stop 3: the order of CoolingState."""
-POLICY_ACTIONS = ("pause", "resume", "reduce_batch", "restore_batch", "stop")
+STATE_VALUES: dict[str, float] = {"ok": 0, "reduce_batch": 1, "pace": 1.5, "pause": 2, "stop": 3}
+"""The order of CoolingState; pace, which came later, sits between reduce_batch and pause so the
+values dashboards already compare keep their meaning."""
+POLICY_ACTIONS = ("pause", "resume", "reduce_batch", "restore_batch", "pace", "pace_end", "stop")
 """Event actions the cooling policy takes; the others (start, exit, kill, ...) are not counted."""
 THRESHOLD_LEVELS = {
     "max_speed_temp": CoolingState.REDUCE_BATCH.value,
+    "pace_temp": CoolingState.PACE.value,
     "pause_temp": CoolingState.PAUSE.value,
     "stop_temp": CoolingState.STOP.value,
 }
@@ -181,7 +183,7 @@ class MetricFamilies:
         )
         self.cooling_state = gauge(
             "mlx_fleet_cooling_state",
-            "What the host's policy says now: 0 ok, 1 reduce_batch, 2 pause, 3 stop.",
+            "What the host's policy says now: 0 ok, 1 reduce_batch, 1.5 pace, 2 pause, 3 stop.",
         )
         self.threshold = gauge(
             "mlx_fleet_policy_threshold_celsius",
@@ -358,7 +360,10 @@ class TelemetryMetrics(MetricFamilies):
         state.policy, state.policy_origin = dict(policy), origin
         if state.up:
             for key, level in THRESHOLD_LEVELS.items():
-                self._set(state, self.threshold, float(policy[key]), level)
+                if policy.get(key) is not None:
+                    self._set(state, self.threshold, float(policy[key]), level)
+                else:  # a pace tier turned off
+                    self._drop(state, self.threshold, level)
             if origin is not None:
                 self._set(state, self.policy_info, 1, origin)
 

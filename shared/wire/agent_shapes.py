@@ -51,6 +51,8 @@ RUN_ACTIONS = (
     "fallback",
     "rejoin",
     "gang",
+    "pace",
+    "pace_end",
     "summary",
     "exit",
 )
@@ -82,7 +84,10 @@ rails = s.list_of(s.one_of(RAILS), len(RAILS))
 by_rail = s.map_of(real, len(RAILS) + 8)
 
 
-_policy_fields = s.fields({key: real for key in ThermalPolicy().to_dict()})
+_policy_fields = s.fields(
+    {key: real for key in ThermalPolicy().to_dict()},
+    {"pace_temp": s.nil_or(real), "pace_slice": real, "pace_min_duty": real},
+)
 
 
 def _policy(value: Any) -> None:

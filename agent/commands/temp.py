@@ -55,6 +55,7 @@ def snapshot(
         "sensor": reading.sensor if reading else None,
         "pressure": reading.pressure if reading else None,
         "sensors": dict(reading.sensors) if reading else {},
+        "note": reading.note if reading else None,
         "time": (
             datetime.fromtimestamp(reading.time, timezone.utc).isoformat(timespec="milliseconds")
             if reading
@@ -84,6 +85,8 @@ def render(
     table.add_row("SoC °C", f"{celsius:.1f}" if celsius is not None else "[red]unavailable[/]")
     if data["sensor"]:
         table.add_row("Sensor", Text(data["sensor"]))
+    if data.get("note"):
+        table.add_row("Note", Text(data["note"], style="yellow"))
     if history is not None:
         arrow = trend_arrow(per_minute)
         trend = (

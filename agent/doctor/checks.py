@@ -124,6 +124,7 @@ def thermal_checks() -> list[Check]:
     smc, iohid and macmon on this very Mac), and what `auto` picks."""
     from agent.sensors.base import SourceUnavailable
     from agent.thermal import open_source
+    from agent.thermal.smc_die import NOT_COVERED
 
     checks = []
     picked: tuple[str | None, float | None, str | None] = (None, None, None)
@@ -146,8 +147,10 @@ def thermal_checks() -> list[Check]:
         chose = f" -> {chosen}" if name == "auto" else ""
         odd = ", ".join(f"{key} ({kind.strip() or repr(kind)})" for key, kind in skipped.items())
         unknown = f"; skipped, of a type no decoder knows: {odd}" if odd else ""
+        note = f"; {reading.note}" if reading.note else ""
+        covered = not (reading.note or "").startswith(NOT_COVERED)  # the GPU unseen: a warning
         checks.append(
-            Check(f"thermal: {name}", True, f"{degrees}{sensor}{pressure}{chose}{unknown}")
+            Check(f"thermal: {name}", covered, f"{degrees}{sensor}{pressure}{chose}{unknown}{note}")
         )
         if name == "auto":
             picked = (scale, reading.celsius, chosen)

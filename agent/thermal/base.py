@@ -25,6 +25,9 @@ class ThermalReading:
     pressure: str | None = None
     simulated: bool = False
     sensor: str | None = None
+    note: str | None = None
+    """What a reader must know about this reading: that a part is not covered, or covered by
+    another sensor (the smc source's GPU keys: agent.thermal.smc_die.GpuWatch)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -35,6 +38,7 @@ class ThermalReading:
             "sensors": dict(self.sensors),
             "pressure": self.pressure,
             "simulated": self.simulated,
+            "note": self.note,
         }
 
 
@@ -60,6 +64,7 @@ class ThermalSource(Source):
         sensors: Mapping[str, float] | None = None,
         pressure: str | None = None,
         sensor: str | None = None,
+        note: str | None = None,
     ) -> ThermalReading:
         """A reading; its `sensor` is the one given, else the sensor whose value `celsius` is."""
         self.last_error = None
@@ -73,6 +78,7 @@ class ThermalSource(Source):
             pressure=pressure,
             simulated=self.simulated,
             sensor=sensor,
+            note=note,
         )
 
 

@@ -107,7 +107,8 @@ class CaptureSource(ThermalSource):
     def _decoder(self) -> ThermalSource:
         capture, player = self.player.capture, self.player
         if capture.has("smc"):
-            return SMCSource(CapturedSMC(player))
+            hid = capture.has("iohid")
+            return SMCSource(CapturedSMC(player), (lambda: CapturedHID(player)) if hid else None)
         if capture.has("iohid"):
             return IOHIDSource(lambda: CapturedHID(player))
         if capture.has_tool("macmon"):

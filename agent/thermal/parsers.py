@@ -195,6 +195,21 @@ def select_die_sensors(
     return dies
 
 
+_GPU_SENSOR = re.compile(r"^(PMU\d* TP\d+g|GPU MTR Temp Sensor\d*)$", re.IGNORECASE)
+"""The HID die sensors that are the GPU: `PMU TP*g` (M2 Max/Pro, aristocratos/btop#1601) and
+`GPU MTR Temp Sensor*` (base M1; exelban/stats Modules/Sensors/values.swift HIDSensorsList
+"GPU core %")."""
+
+
+def select_gpu_sensors(
+    values: Mapping[str, float] | Iterable[tuple[str, float]],
+) -> dict[str, float]:
+    """The GPU's die sensors among IOHID's (name, °C) pairs: the smc source's fallback when the
+    SMC's GPU keys cannot be used (agent.thermal.smc_die.GpuWatch)."""
+    dies = select_die_sensors(values)
+    return {name: value for name, value in dies.items() if _GPU_SENSOR.match(name)}
+
+
 class NoDieStreak:
     """Counts reads in a row that found no plausible die sensor. HID services are re-created
     across sleep (macmon, Stats and mactop make a client per read: mac-desk-check.md), and a

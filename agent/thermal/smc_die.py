@@ -64,14 +64,107 @@ def _hottest(values: Mapping[str, float], prefixes: str | tuple[str, ...]) -> st
     return max(keys, key=lambda key: values[key]) if keys else None
 
 
-def choose_die(values: Mapping[str, float | None]) -> DieChoice | None:
-    """The hotter of the CPU die (TCMz, else the hottest of Tp*/Te* and TCMb) and the hottest
-    Tg* key, placeholders left out; None when nothing plausible was read."""
-    kept = {key: value for key, value in values.items() if plausible_die(value)}
+def choose_die(
+    values: Mapping[str, float | None], gpu: Mapping[str, float] | None = None
+) -> DieChoice | None:
+    """The hotter of the CPU die (TCMz, else the hottest of Tp*/Te* and TCMb) and the GPU,
+    placeholders left out; None when nothing plausible was read. The GPU is the hottest Tg*
+    key of `values`, or, given `gpu`, the hottest of those figures instead (GpuWatch's usable
+    key, or the HID GPU sensors when the Tg* keys cannot be used)."""
+    kept = {
+        key: value
+        for key, value in values.items()
+        if plausible_die(value) and (gpu is None or not key.startswith(GPU_PREFIX))
+    }
     cpu = DIE_MAX if DIE_MAX in kept else _hottest(kept, (*CPU_PREFIXES, DIE_AVERAGE))
-    parts = [key for key in (cpu, DIE_AVERAGE, _hottest(kept, GPU_PREFIX)) if key in kept]
+    if gpu is None:
+        gpu_key = _hottest(kept, GPU_PREFIX)
+    else:
+        usable = {key: value for key, value in gpu.items() if plausible_die(value)}
+        gpu_key = max(usable, key=lambda key: usable[key]) if usable else None
+        kept.update(usable)
+    parts = [key for key in (cpu, DIE_AVERAGE, gpu_key) if key in kept]
     if not parts:
         return None
     sensors = {key: kept[key] for key in dict.fromkeys(parts)}
     hottest = max((key for key in sensors if key != DIE_AVERAGE or key == cpu), key=sensors.get)
     return DieChoice(hottest, sensors[hottest], sensors)
+
+
+# --- are the GPU keys live? ---------------------------------------------------------------------
+
+PLACEHOLDER_C = 40.0
+"""The value whole blocks of SMC keys park at: iSMC's M3 Max (`ismc-m3-max-2`) and M4 Max
+reports hold `TCMz` = `TCMb` = 40.0 with 48-54 keys at exactly 40.0 (tests/fixtures/captures/
+README.md). A GPU key reading exactly 40.0 is taken for that placeholder: at a real 40 °C no
+tier acts anyway, so leaving it out never hides heat."""
+FROZEN_POLLS = 10
+"""Polls in a row in which every GPU key reads the same value, bit for bit, after which the
+GPU keys count as frozen (10 s at the agent's 1 s poll). The float32 keys read to a fraction of
+a degree (iSMC's M3 Max: `Tg01` 43.42449188232422), so a live GPU of 8 to 84 keys that repeats
+every one of them exactly for ten polls is a firmware placeholder, not a die at rest; a real
+Mac must still confirm it (docs/thermal.md, Not verified on hardware)."""
+NOT_COVERED = "GPU not covered"
+
+
+@dataclass(frozen=True)
+class GpuKeys:
+    """What the GPU keys of a poll say: the hottest usable key and its value, or why none is
+    usable (`problem`)."""
+
+    key: str | None
+    celsius: float | None
+    problem: str | None = None
+
+
+def gpu_keys_now(values: Mapping[str, float | None]) -> GpuKeys:
+    """One poll's Tg* keys: the hottest plausible one that is not the 40.0 placeholder, or why
+    there is none: no Tg* key (gone, as on some Macs under macOS 26: narugit/smctemp#44), none
+    readable, every one at 0 or a sentinel (as a powered-down GPU reads, vladkens/macmon#12,
+    and as some Macs read under load on macOS 26.2+, crystalidea/macs-fan-control#891), or at
+    the placeholder."""
+    gpu = {key: value for key, value in values.items() if key.startswith(GPU_PREFIX)}
+    if not gpu:
+        return GpuKeys(None, None, "the SMC lists no GPU key (Tg*)")
+    read = {key: value for key, value in gpu.items() if value is not None and math.isfinite(value)}
+    if not read:
+        return GpuKeys(None, None, f"none of the {len(gpu)} GPU keys (Tg*) could be read")
+    live = {key: value for key, value in read.items() if plausible_die(value)}
+    usable = {key: value for key, value in live.items() if value != PLACEHOLDER_C}
+    if usable:
+        key = max(usable, key=lambda key: usable[key])
+        return GpuKeys(key, usable[key])
+    if live:
+        return GpuKeys(
+            None, None, f"the GPU keys (Tg*) read {PLACEHOLDER_C:g} °C, a placeholder ({len(live)})"
+        )
+    return GpuKeys(
+        None,
+        None,
+        f"every GPU key (Tg*, {len(read)}) reads 0 or a sentinel "
+        f"(at most {max(read.values()):g} °C)",
+    )
+
+
+class GpuWatch:
+    """gpu_keys_now() of each poll, and the GPU keys frozen once they have repeated every value
+    for FROZEN_POLLS polls in a row; a change of any key makes them live again."""
+
+    def __init__(self, polls: int = FROZEN_POLLS) -> None:
+        self.polls = polls
+        self._last: tuple[tuple[str, float | None], ...] | None = None
+        self.same = 0
+
+    def check(self, values: Mapping[str, float | None]) -> GpuKeys:
+        gpu = tuple(sorted((k, v) for k, v in values.items() if k.startswith(GPU_PREFIX)))
+        self.same = self.same + 1 if gpu == self._last else 1
+        self._last = gpu
+        now = gpu_keys_now(values)
+        if now.key is None or self.same < self.polls:
+            return now
+        return GpuKeys(
+            None,
+            None,
+            f"the GPU keys (Tg*, {len(gpu)}) have repeated every value for {self.same} polls "
+            f"({now.key} {now.celsius:g} °C): frozen",
+        )

@@ -115,7 +115,12 @@ MACHINE_FIELDS: dict[str, s.Check] = {
 machine = s.fields({}, MACHINE_FIELDS, others=open_value)
 reading = s.fields(
     {"celsius": celsius, "source": text, "time": epoch, "simulated": s.flag},
-    {"sensor": maybe_text, "pressure": maybe_text, "sensors": s.nil_or(s.map_of(celsius))},
+    {
+        "sensor": maybe_text,
+        "pressure": maybe_text,
+        "sensors": s.nil_or(s.map_of(celsius)),
+        "note": maybe_text,
+    },
 )
 thermal = s.fields(
     {"source": text, "simulated": s.flag, "reading": s.nil_or(reading), "error": maybe_text}

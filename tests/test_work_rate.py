@@ -4,14 +4,22 @@ step-gate work reports."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import zmq
 
 from agent.cooling.output_tee import OutputTee
+from agent.cooling.work_report import WorkFile, WorkReport, checked_tokens, work_path
 from shared.cooling.job_account import TrainReport, parse_report
 from shared.cooling.throttle import ThrottlePoll, judge
+from shared.wire import protocol as p
+from tests.fleet_support import AgentPool, receive, subscriber
 
 FIXTURES = Path(__file__).parent / "fixtures" / "mlx_lm"
 
@@ -88,3 +96,101 @@ def test_the_rule_reads_the_reports_as_work_rates(tmp_path: Path) -> None:
     verdicts = judge(polls)
     assert [v.throttling for v in verdicts] == [False] * 6
     assert verdicts[-1].text == "7679 tok/s of 7270"
+
+
+# --- a custom loop's work, through the step gate ---------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [-1, -0.5, float("nan"), float("inf"), "100", None, True])
+def test_a_work_report_that_is_no_count_of_tokens_is_refused_in_one_line(bad: object) -> None:
+    with pytest.raises(ValueError, match=r"^report_work: tokens must be ") as refused:
+        checked_tokens(bad)
+    assert "\n" not in str(refused.value)
+
+
+def test_the_loops_totals_become_a_rate_by_its_own_clock(tmp_path: Path) -> None:
+    state = tmp_path / "job.cooling.json"
+    report, read = WorkReport(state), WorkFile(state)
+    assert read.rate() is None  # nothing written yet
+    report.add(0)
+    assert work_path(state).exists() and read.rate() is None  # one total: no rate yet
+    written = json.loads(work_path(state).read_text())
+    later = written | {"tokens": 500.0, "time": written["time"] + 2}
+    work_path(state).write_text(json.dumps(later))
+    assert read.rate() == pytest.approx(250.0)
+    assert read.rate() is None  # no new work since
+    work_path(state).write_text("{not json")
+    assert read.rate() is None
+    WorkReport(None).add(10)  # outside agent run: checked, written nowhere
+
+
+LOOP = r"""
+import sys, time
+from agent.cooling.step_gate import StepGate
+
+gate = StepGate()
+start = time.monotonic()
+step = 0
+while time.monotonic() - start < float(sys.argv[1]):
+    gate.check_before_step(step)
+    slow = time.monotonic() - start > float(sys.argv[2])
+    time.sleep(0.03 if slow else 0.01)  # the same work, three times slower: a throttle
+    gate.report_work(100)
+    step += 1
+gate.report_work(-1)
+"""
+
+
+@pytest.mark.slow
+def test_a_custom_loops_work_reports_reach_agent_run_and_the_agent(
+    agent_cli: str, fleet_home: Path, agents: AgentPool, tmp_path: Path
+) -> None:
+    """A loop reporting 100 tokens a step under `agent run`, registered with `agent serve`:
+    the agent's samples list the job's tok/s; when its steps slow down threefold, agent run
+    records `throttling` with the figures, and the samples say the Mac throttles, why and by
+    which job. A negative report ends the loop with one line naming it."""
+    agent = agents.start("serve", home=fleet_home, options=["--poll-interval", "0.2"])
+    ctx = zmq.Context()
+    sock = subscriber(ctx, agent)
+    try:
+        loop = tmp_path / "loop.py"
+        loop.write_text(LOOP)
+        run = subprocess.Popen(
+            [agent_cli, "run", "--", sys.executable, str(loop), "9", "4"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        seen: list[p.Message] = []
+        rated = receive(sock, lambda m: any(w["rate"] for w in job_works(m)), 60, seen)
+        work = job_works(rated)[0]
+        assert work["unit"] == "tok/s" and work["rate"] > 0 and work["time"] > 0
+        throttled = receive(sock, lambda m: m.body.get("throttling") is True, 60, seen)
+        evidence = throttled.body["throttle_evidence"]
+        assert re.fullmatch(r"job \w+: \d+ tok/s of \d+", evidence), evidence
+        now, best = map(int, re.findall(r"(\d+) tok/s of (\d+)", evidence)[0])
+        assert now < 0.85 * best
+        out, err = run.communicate(timeout=60)
+    finally:
+        sock.close()
+        ctx.term()
+    assert run.returncode == 1, err
+    assert "ValueError: report_work: tokens must be a finite number >= 0, got -1" in err.decode()
+    events = {e.action: e for e in recorded_events(fleet_home)}
+    assert re.fullmatch(r"\d+ tok/s of \d+", events["throttling"].detail or "")
+    assert not list((fleet_home / "jobs").glob("*.work"))  # agent run cleaned up
+
+
+def job_works(message: p.Message) -> list[dict]:
+    if message.type != "telemetry.sample":
+        return []
+    return [job["work"] for job in message.body["jobs"] if job.get("work")]
+
+
+def recorded_events(home: Path) -> list:
+    from agent.cooling.events import EventLog
+
+    log = EventLog(home / "agent-events.sqlite")
+    try:
+        return log.since()
+    finally:
+        log.close()

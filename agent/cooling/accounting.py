@@ -49,6 +49,7 @@ class RunAccounting:
         self.account = JobAccount(job, started_at, window_s)
         self.tee: OutputTee | None = None
         self._lock = threading.Lock()
+        self._fresh_rate: float | None = None
 
     def output(self) -> int | None:
         """CMD's stdout for Popen: the tee's end, or None (inherit agent run's) without one."""
@@ -90,9 +91,17 @@ class RunAccounting:
             self.account.finish(time.time())
             return self.account.detail()
 
+    def reported_rate(self) -> float | None:
+        """The tok/s of the latest train report since the last call; None without one."""
+        with self._lock:
+            rate, self._fresh_rate = self._fresh_rate, None
+            return rate
+
     def _line(self, line: str, at: float) -> None:
         """On the tee's thread: parsed outside the lock, so the supervisor never waits on it."""
         report = parse_report(line)
         if report is not None:
             with self._lock:
                 self.account.report(report, at)
+                if report.kind == "train":
+                    self._fresh_rate = report.tokens_per_s

@@ -10,6 +10,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from agent.cooling.events import warn
 from agent.cooling.local_feed import Feed
@@ -44,9 +45,15 @@ class RunOutputs:
         return self.feed.simulated if self.feed else False
 
     def write_state(
-        self, cooling: CoolingState | None, reading: ThermalReading | None, reduced: bool
+        self,
+        cooling: CoolingState | None,
+        reading: ThermalReading | None,
+        reduced: bool,
+        work: dict[str, Any] | None = None,
     ) -> None:
-        """The cooperative jobs' view, replaced atomically so a reader never sees half of it."""
+        """The cooperative jobs' view, replaced atomically so a reader never sees half of it;
+        `work`: the job's speed and throttle verdict (agent.cooling.job_speed), which the agent
+        reads for its samples."""
         data = {
             "job": self.job,
             "state": cooling.value if cooling else None,
@@ -55,6 +62,7 @@ class RunOutputs:
             "source": self.source,
             "simulated": self.simulated,
             "time": time.time(),
+            "work": work,
         }
         try:
             replace_atomically(self.state_file, json.dumps(data))

@@ -11,6 +11,7 @@ docs/monitoring.md "Distributed fine-tunes"). So a cooperative job parks itself 
     for step in range(steps):
         gate.check_before_step(step)   # returns at once unless the gang pauses or stops
         ...one training step, ending in mx.eval...
+        gate.report_work(tokens)       # optional: the step's tokens, for the job's tok/s
 
 Every rank asks `agent run`'s state file ($MLX_FLEET_COOLING_STATE) what the gang lives under,
 and the ranks agree with one CPU-stream `all_max` of a scalar, so all park at the same step even
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.cooling.guard import RunStopped
+from agent.cooling.work_report import WorkReport
 from shared.cooling.policy import CoolingState
 
 if TYPE_CHECKING:
@@ -75,6 +77,7 @@ class StepGate:
         self.group = group if group is not None else mx.distributed.init()
         self.mx: Any = mx
         self.pauses = 0
+        self.work = WorkReport(self.state_file)
 
     @classmethod
     def wanted(cls) -> bool:
@@ -102,6 +105,12 @@ class StepGate:
             parked.unlink(missing_ok=True)
         if decision == STOP:
             raise self._shutdown(step)
+
+    def report_work(self, tokens: float) -> None:
+        """The step just done processed `tokens` tokens: `agent run` shows the job's tokens/s
+        and judges throttling by it (agent.cooling.work_report). ValueError, one line, for a
+        negative or non-numeric count."""
+        self.work.add(tokens)
 
     def _local(self) -> int:
         """What `agent run` says the gang lives under; RUN when its file cannot be read (it is

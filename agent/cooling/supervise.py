@@ -39,6 +39,7 @@ from typing import Any
 from agent.cooling.accounting import SUMMARY_ACTION, RunAccounting
 from agent.cooling.gang import PARK_TIMEOUT_S, GangRank
 from agent.cooling.gang_follow import GangFollower
+from agent.cooling.job_speed import JobSpeed
 from agent.cooling.local_feed import Feed, LocalFeed, Observation
 from agent.cooling.output_tee import environment
 from agent.cooling.process_group import (
@@ -53,7 +54,7 @@ from agent.cooling.run_outputs import RunOutputs, Sink
 from agent.cooling.step_gate import GANG_ENV, STATE_FILE_ENV, stopped_path
 from agent.thermal import ThermalReading
 from shared.cooling.job_account import THROTTLE_WINDOW_S
-from shared.cooling.policy import Action, CoolingGate, CoolingState
+from shared.cooling.policy import Action, CoolingGate, CoolingState, JobState
 from shared.exit_codes import EXIT_THERMAL_STOP
 from shared.io.paths import data_subdir
 
@@ -112,6 +113,9 @@ class Supervisor(GangFollower):
             self.job, [*sinks, self.accounting.on_event], self.state_file, lambda: self.pid
         )
         self.gate = CoolingGate()
+        self.speed = JobSpeed(self.state_file, self.accounting.reported_rate)
+        """The job's work rate and throttle verdict, in the state file each poll it changes."""
+        self._state_written: tuple[CoolingState | None, ThermalReading | None] = (None, None)
         self._queue: SimpleQueue[tuple[str, Any]] = SimpleQueue()
         self._thermal_stop = False
         self.gang: GangRank | None = None
@@ -157,6 +161,7 @@ class Supervisor(GangFollower):
                 guardian.release()
             self.state_file.unlink(missing_ok=True)
             stopped_path(self.state_file).unlink(missing_ok=True)
+            self.speed.close()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         self.outputs.emit(SUMMARY_ACTION, detail=self.accounting.finish())
@@ -214,10 +219,24 @@ class Supervisor(GangFollower):
             celsius, sensor = (reading.celsius, reading.sensor) if reading else (None, None)
             self.gang.own(self.gate.state, celsius, self.outputs.source, sensor)
             self._follow_gang(reading)
-            return
-        if decision.actions:
+        elif decision.actions:
             celsius = reading.celsius if reading else None
             self._apply(decision.actions, decision.cooling, reading, celsius, decision.reason)
+        self._judge_speed()
+
+    def _judge_speed(self) -> None:
+        """The job's work rate this poll, judged (agent.cooling.job_speed): into the state file
+        when it changed, an event when the verdict did."""
+        before = self.speed.work
+        if self.gang is not None:
+            running = not (self.gang.enforced.paused or self.gang.enforced.stopped)
+        else:
+            running = self.gate.supervision.job is JobState.RUNNING
+        change = self.speed.poll(running and not self.group.terminating)
+        if self.speed.work != before:
+            self._write_state(*self._state_written)
+        if change is not None:
+            self.outputs.emit(change[0], detail=change[1])
 
     def _apply(
         self,
@@ -305,5 +324,6 @@ class Supervisor(GangFollower):
         return self.group.pid
 
     def _write_state(self, cooling: CoolingState | None, reading: ThermalReading | None) -> None:
+        self._state_written = (cooling, reading)
         reduced = (self.gang.enforced if self.gang else self.gate.supervision).reduced
-        self.outputs.write_state(cooling, reading, reduced)
+        self.outputs.write_state(cooling, reading, reduced, self.speed.work)

@@ -57,6 +57,7 @@ CREATE INDEX samples_time ON samples (time)
     Sample.added_sql("samples", ("storage_error",)),
     Sample.added_sql("samples", ("power_w", "energy_j", "power")),
     Sample.added_sql("samples", ("sensor",)),
+    Sample.added_sql("samples", ("throttling", "throttle_evidence")),
 )
 """The schema, version by version (shared.io.sqlite.open_store). Version 1 is the file earlier
 releases made without a version; version 2 numbers samples (the history cursor, never given
@@ -64,7 +65,7 @@ twice: AUTOINCREMENT's sqlite_sequence row holds the mark, see RESERVED_SEQS) an
 columns of shared.wire.telemetry.Sample; version 3 adds what the agent could not write when it took
 the sample (storage_error); version 4 what its power source read at the same poll (power_w,
 energy_j, power); version 5 which sensor of the source the reading is (sensor; NULL in rows
-recorded before)."""
+recorded before); version 6 whether the Mac throttled and why (throttling, throttle_evidence)."""
 _COLUMNS = ", ".join(("seq", *Sample.columns()))
 _INSERT = (
     f"INSERT INTO samples ({_COLUMNS}) VALUES ({', '.join('?' * (len(Sample.columns()) + 1))})"

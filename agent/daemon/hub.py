@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from agent.cooling.events import EventLog
+from agent.cooling.job_speed import stated_work
 from agent.daemon.handoff import ReadingHandoff
 from agent.daemon.history import WRITE_EVERY, TelemetryHistory
 from agent.daemon.instruments import Instruments
@@ -41,6 +42,7 @@ from agent.power.meter import EnergyMeter
 from agent.thermal import ThermalMonitor, ThermalReading, ThermalSource
 from shared.cooling.calibration import policy_event_detail
 from shared.cooling.policy import CoolingState, Supervision, ThermalPolicy, host_state
+from shared.io.paths import data_subdir
 from shared.wire import protocol as p
 from shared.wire.telemetry import Event
 
@@ -108,6 +110,8 @@ class TelemetryHub:
         """The host as the rule sees it, poll after poll (its samples' state)."""
         self._temperatures: deque[float] = deque(maxlen=TREND_WINDOW)
         self._next_prune = 0.0
+        self.jobs_dir = data_subdir("jobs")
+        """Where `agent run` keeps each job's state, its work rate in it (§12)."""
 
     def start(self, source: ThermalSource, meter: EnergyMeter | None = None) -> None:
         """Poll `source` (the hub owns it from now on) every poll interval, in the background,
@@ -214,10 +218,13 @@ class TelemetryHub:
         self._host, self._state = host_state(self.policy, reading, self._host)
         if reading is not None and reading.celsius is not None:
             self._temperatures.append(reading.celsius)
+        throttle = None
         if self.jobs.jobs:  # (an idle daemon's polls skip the job table's upkeep)
             for event in self.jobs.vanished(lambda pgid: pid_alive(-pgid), now):  # any in group
                 self.event(event)
             self.jobs.expire(now)
+            self.jobs.read_work(lambda job: stated_work(self.jobs_dir, job))
+            throttle = self.jobs.throttle()
         taken = sample(
             now,
             reading,
@@ -228,6 +235,7 @@ class TelemetryHub:
             self.jobs.listed(),
             self.storage.error,
             power,
+            throttle,
         )
         added = self.history.add_sample(taken)
         if self.history.late:  # taken while the disk refused to set numbers aside

@@ -19,6 +19,7 @@ from agent.power.base import PowerReading
 from agent.sensors.base import SourceInfo
 from agent.thermal import ThermalReading, trend_slope
 from shared.cooling.policy import CoolingState
+from shared.cooling.throttle import ThrottleVerdict, combined, job_work, work_verdict
 from shared.wire import protocol as p
 from shared.wire.agent_shapes import MAX_HISTORY_ITEMS
 from shared.wire.agent_shapes import RUN_ACTIONS as shared_run_actions
@@ -101,9 +102,11 @@ def sample(
     jobs: list[dict[str, Any]],
     storage_error: str | None = None,
     power: PowerPoll | None = None,
+    throttle: ThrottleVerdict | None = None,
 ) -> Sample:
     """The sample of one poll (not yet numbered); `now` stands in for the time when there is no
-    reading. `power` is None when the agent has no power source."""
+    reading. `power` is None when the agent has no power source; `throttle` is the throttle
+    rule's verdict on this poll (shared.cooling.throttle; None: no verdict)."""
     return Sample(
         time=reading.time if reading else now,
         celsius=reading.celsius if reading else None,
@@ -117,6 +120,8 @@ def sample(
         storage_error=storage_error,
         sensor=reading.sensor if reading else None,
         **(power.fields() if power else {}),
+        throttling=throttle.throttling if throttle else None,
+        throttle_evidence=throttle.text if throttle else None,
     )
 
 
@@ -161,15 +166,18 @@ class SupervisedJob:
     paused_since: float | None = None
     exited_at: float | None = None
     gone_since: float | None = None
+    work: dict[str, Any] | None = None
+    """A `run` job's speed and throttle verdict as its `agent run` states it (§12)."""
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        entry = {
             "job": self.job,
             "pid": self.pid,
             "command": self.command,
             "state": self.state,
             "kind": self.kind,
         }
+        return entry if self.work is None else entry | {"work": self.work}
 
 
 class JobTable:
@@ -251,6 +259,21 @@ class JobTable:
             if j.exited_at is not None and now - j.exited_at > EXITED_LINGER_S
         ]:
             del self.jobs[job.job]
+
+    def read_work(self, stated: Callable[[str], object]) -> None:
+        """Each unfinished `run` job's work as `stated(job)` gives it (its `agent run`'s state
+        file), checked (shared.cooling.throttle.job_work): an unreadable one is no work."""
+        for job in self.jobs.values():
+            if job.kind == p.KIND_RUN and job.state != p.SUPERVISED_EXITED:
+                job.work = job_work(stated(job.job))
+
+    def throttle(self) -> ThrottleVerdict:
+        """What the running jobs' work rates say of throttling, each labelled `job ID`."""
+        return combined(
+            (f"job {job.job}", work_verdict(job.work))
+            for job in self.jobs.values()
+            if job.state == p.SUPERVISED_RUNNING
+        )
 
     def listed(self) -> list[dict[str, Any]]:
         """Each job's wire entry; a rank of a distributed job also lists its gang."""

@@ -71,6 +71,7 @@ ALTER TABLE samples ADD COLUMN job_paused INTEGER
     """
 ALTER TABLE policies ADD COLUMN origin TEXT
 """,
+    Sample.added_sql("samples", ("throttling", "throttle_evidence")),
 )
 """The schema, version by version (shared.io.sqlite.open_store): version 2 names the columns as
 shared.wire.telemetry does, keeps each row's `seq` as the agent numbered it, and each host's cursor;
@@ -80,7 +81,8 @@ parsing `jobs`; NULL in rows recorded before, where it reads `jobs`); version 5 
 source read at the same poll (power_w, energy_j, power); version 6 which sensor of the
 source each reading is (sensor; NULL in rows recorded before); version 7 where a policy's
 numbers came from (origin: `defaults for smc`, `set by coordinator policy`, ...; NULL when the
-agent did not say). Every query filters by host and time, which the samples' primary key and
+agent did not say); version 8 whether the Mac throttled and why (throttling,
+throttle_evidence; NULL in rows recorded before). Every query filters by host and time, which the samples' primary key and
 the events' unique key index."""
 
 Row = tuple[str, dict[str, Any]]

@@ -230,3 +230,63 @@ def first_throttled(verdicts: Sequence[ThrottleVerdict]) -> int | None:
 def throttled_evidence(verdicts: Iterable[ThrottleVerdict]) -> str | None:
     """The evidence of the first throttling verdict among `verdicts`; None when none throttles."""
     return next((v.text for v in verdicts if v.throttling), None)
+
+
+# --- a job's work as `agent run` states it, and the Mac's verdict from every signal -----------
+
+WORK_UNITS = ("tok/s",)
+"""The units a job's work rate is stated in (mlx_lm's reports, a step gate's tokens)."""
+MAX_EVIDENCE = 200
+"""Characters of one signal's evidence kept from a job's state: its figures, never more."""
+
+
+def job_work(value: object) -> dict[str, object] | None:
+    """A job's `work` map as `agent run` writes it in its state file (docs/protocol.md §12):
+    {"rate": tok/s or nil, "unit", "time": when it was read or nil, "throttling": bool or nil,
+    "evidence": text or nil}; None for anything else (a file being replaced, another
+    version's), never a guess."""
+    if not isinstance(value, dict) or value.get("unit") not in WORK_UNITS:
+        return None
+    rate, at, throttling = value.get("rate"), value.get("time"), value.get("throttling")
+    evidence = value.get("evidence")
+    if rate is not None and _positive(rate) is None:
+        return None
+    if at is not None and (_positive(at) is None):
+        return None
+    if throttling is not None and not isinstance(throttling, bool):
+        return None
+    if evidence is not None and not (
+        isinstance(evidence, str) and len(evidence) <= MAX_EVIDENCE and evidence.isprintable()
+    ):
+        return None
+    return {
+        "rate": rate,
+        "unit": value["unit"],
+        "time": at,
+        "throttling": throttling,
+        "evidence": evidence,
+    }
+
+
+def work_verdict(work: dict[str, object] | None) -> ThrottleVerdict:
+    """The verdict a job's work map states (no verdict without one)."""
+    if work is None or work.get("throttling") is None:
+        return ThrottleVerdict(None)
+    evidence = work.get("evidence")
+    return ThrottleVerdict(bool(work["throttling"]), (str(evidence),) if evidence else ())
+
+
+def combined(verdicts: Iterable[tuple[str | None, ThrottleVerdict]]) -> ThrottleVerdict:
+    """The Mac's verdict from its signals' (the clock's; each supervised job's work rate's,
+    labelled `job ID`): throttling when any throttles, with their evidence; not throttling when
+    any judged and none throttles; no verdict when none judged. Evidence reads `GPU 1.10 GHz of
+    1.40 sustained; job 3f2a: 312 tok/s of 402`."""
+    judged = [(label, v) for label, v in verdicts if v.throttling is not None]
+    if not judged:
+        return ThrottleVerdict(None)
+    throttling = any(v.throttling for _, v in judged)
+    shown = [(label, v) for label, v in judged if v.throttling or not throttling]
+    evidence = tuple(
+        f"{label}: {text}" if label else text for label, v in shown for text in v.evidence
+    )
+    return ThrottleVerdict(throttling, evidence, any(v.low for _, v in judged))

@@ -19,6 +19,8 @@ from shared.benchmark.reboots import MAX_PANICS, PANIC_FILE_CAP, PANIC_TEXT_CAP
 from shared.benchmark.verdict import VERDICTS, judge
 from shared.cooling.gang import BACKENDS, MAX_GROUP_LENGTH, MAX_WORLD
 from shared.cooling.policy import CoolingState, ThermalPolicy
+from shared.cooling.throttle import MAX_EVIDENCE as MAX_WORK_EVIDENCE
+from shared.cooling.throttle import WORK_UNITS
 from shared.distributed.group import CHECK_PROMPT_LENGTH, MAX_CHECK_TOKENS, SHARDINGS
 from shared.distributed.rank_env import JACCL, RING
 from shared.distributed.rank_shapes import MAX_MEMBERS, RANK_GOT
@@ -53,6 +55,8 @@ RUN_ACTIONS = (
     "gang",
     "pace",
     "pace_end",
+    "throttling",
+    "throttle_end",
     "summary",
     "exit",
 )
@@ -61,6 +65,8 @@ EVENT_ACTIONS = (*RUN_ACTIONS, "policy")
 """A telemetry event's actions: a job's, and the agent's own `policy`."""
 POLICY_STATES = tuple(state.value for state in CoolingState)
 
+MAX_EVIDENCE = 1024
+"""Characters of a sample's throttle evidence: a few figures per signal, a job's id with each."""
 MAX_TEXT = 16_384
 """Characters of any string an agent sends: its longest honest ones are a command line (cut to
 16,384, docs/protocol.md §12) and a crashed job's last lines (at most 8,000)."""
@@ -170,6 +176,16 @@ gang_listed = s.fields(
 )
 """A supervised job's gang as the agent lists it: who it is, and the state all its ranks live
 under with the rank that causes it."""
+job_work = s.fields(
+    {
+        "rate": maybe_amount,
+        "unit": s.one_of(WORK_UNITS),
+        "time": s.nil_or(epoch),
+        "throttling": s.nil_or(s.flag),
+        "evidence": s.nil_or(s.text(MAX_WORK_EVIDENCE)),
+    }
+)
+"""A `run` job's speed as its `agent run` states it (docs/protocol.md §10, §12)."""
 gang_request = s.fields({"gang": gang_identity, "member": gang_member})
 """gang.state, which agents (and `agent run`) send each other: checked by the agent."""
 supervised = s.fields(
@@ -180,7 +196,7 @@ supervised = s.fields(
         "state": s.one_of(SUPERVISED_STATES),
         "kind": s.one_of(("bench", "run")),
     },
-    {"gang": s.nil_or(gang_listed)},
+    {"gang": s.nil_or(gang_listed), "work": s.nil_or(job_work)},
 )
 supervised_jobs = s.list_of(supervised, MAX_SUPERVISED)
 storage = s.fields(
@@ -458,7 +474,8 @@ sample = s.fields(
         "energy_j": maybe_real,
         "power": s.nil_or(sample_power),
         "sensor": maybe_text,
-    }
+    },
+    {"throttling": s.nil_or(s.flag), "throttle_evidence": s.nil_or(s.text(MAX_EVIDENCE))},
 )
 event = s.fields(
     {

@@ -20,11 +20,14 @@ _NUMBER = (int, float)
 Types = type | tuple[type, ...]
 
 
-def _spec(wire: Types, sql: str, stored: str = "plain", default: Any = MISSING) -> Any:
-    """A field's wire types, its SQL column type, and how it is stored: plain, "bool" (0/1),
-    "json" (text) or "json-repeats" (text, for a value that repeats from one record to the
-    next)."""
-    return field(default=default, metadata={"wire": wire, "sql": sql, "stored": stored})
+def _spec(
+    wire: Types, sql: str, stored: str = "plain", default: Any = MISSING, optional: bool = False
+) -> Any:
+    """A field's wire types, its SQL column type, and how it is stored: plain, "bool" (0/1,
+    NULL for nil), "json" (text) or "json-repeats" (text, for a value that repeats from one
+    record to the next). `optional`: a peer that predates it may leave it out (nil)."""
+    metadata = {"wire": wire, "sql": sql, "stored": stored, "optional": optional}
+    return field(default=default, metadata=metadata)
 
 
 class _Record:
@@ -36,8 +39,10 @@ class _Record:
     @classmethod
     def schema(cls) -> dict[str, tuple[Types, bool]]:
         """The body's fields as shared.wire.protocol.SCHEMAS spells them: `host` and every field,
-        all required (nil where the types allow it)."""
-        return {"host": (str, True)} | {f.name: (f.metadata["wire"], True) for f in fields(cls)}
+        required (nil where the types allow it) but those added as optional."""
+        return {"host": (str, True)} | {
+            f.name: (f.metadata["wire"], not f.metadata["optional"]) for f in fields(cls)
+        }
 
     @classmethod
     def columns(cls) -> tuple[str, ...]:
@@ -126,7 +131,7 @@ class _Record:
 
 def _store(kind: str, value: Any) -> Any:
     if kind == "bool":
-        return int(value)
+        return None if value is None else int(value)
     if kind == "json":
         return None if value is None else json.dumps(value)
     if kind == "json-repeats":
@@ -154,7 +159,7 @@ def _repeated_json(value: Any) -> str:
 
 def _load(kind: str, value: Any) -> Any:
     if kind == "bool":
-        return bool(value)
+        return None if value is None else bool(value)
     if kind in ("json", "json-repeats"):
         return None if value is None else json.loads(value)
     return value
@@ -191,6 +196,12 @@ class Sample(_Record):
     """Which of the source's sensors `celsius` is (`TCMz`, `PMU TP1g`, `replay`, ...): readings
     of different sources or sensors differ by up to tens of °C. None without a reading, or
     from a source that names none (and in rows recorded before it was kept)."""
+    throttling: bool | None = _spec((bool, _NIL), "INTEGER", "bool", None, optional=True)
+    """Whether the Mac throttles under load by the throttle rule (shared.cooling.throttle): its
+    GPU clock, or a supervised job's work rate; None without load or a signal (no verdict)."""
+    throttle_evidence: str | None = _spec((str, _NIL), "TEXT", default=None, optional=True)
+    """What the signals read (`GPU 1.10 GHz of 1.40 sustained`, `job 3f2a: 312 tok/s of
+    402`), the throttling ones when it throttles; None without a verdict."""
     seq: int | None = _spec(int, "INTEGER", default=None)
     """None until the agent's store numbers it; always a number on the wire."""
 

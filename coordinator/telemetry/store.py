@@ -82,8 +82,8 @@ source read at the same poll (power_w, energy_j, power); version 6 which sensor 
 source each reading is (sensor; NULL in rows recorded before); version 7 where a policy's
 numbers came from (origin: `defaults for smc`, `set by coordinator policy`, ...; NULL when the
 agent did not say); version 8 whether the Mac throttled and why (throttling,
-throttle_evidence; NULL in rows recorded before). Every query filters by host and time, which the samples' primary key and
-the events' unique key index."""
+throttle_evidence; NULL in rows recorded before). Every query filters by host and time, which
+the samples' primary key and the events' unique key index."""
 
 Row = tuple[str, dict[str, Any]]
 """(host, body): the host as the coordinator names it (HOST:PORT), the message body as sent."""

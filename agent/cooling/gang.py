@@ -88,15 +88,16 @@ def targets(identity: GangIdentity, default_port: int) -> list[Target]:
     """This Mac's agent (when one runs) and every peer Mac's, each found through the trust
     store's --peer entries; a peer without one is a Target with its problem."""
     found = [target for target in (local_target(),) if target is not None]
-    for host in identity.peers:
-        entry = peer_key(host)
-        if entry is None:
-            why = f"no trusted agent key for it: `agent keys trust KEY --peer {host}`"
-            found.append(Target(host, f"{host}:{default_port}", None, problem=why))
-            continue
-        _, port = split_peer(entry.peer or host)
+    for peer in identity.peers:  # HOST or HOST:PORT (--rank-hosts): the port is the agent's
+        host, port = split_peer(peer)
         address = f"[{host}]" if ":" in host else host
-        found.append(Target(host, f"{address}:{port or default_port}", entry.key))
+        entry = peer_key(host, port=port)
+        if entry is None:
+            why = f"no trusted agent key for it: `agent keys trust KEY --peer {peer}`"
+            found.append(Target(peer, f"{address}:{port or default_port}", None, problem=why))
+            continue
+        port = port or split_peer(entry.peer or peer)[1] or default_port
+        found.append(Target(peer, f"{address}:{port}", entry.key))
     return found
 
 
@@ -339,7 +340,23 @@ class GangRank:
         return decided, actions, notes
 
     def reason(self, action: Action, decided: Verdict) -> str:
-        return gang_reason(action, self.identity.world, decided.cause, self.identity.rank)
+        return gang_reason(
+            action, self.identity.world, decided.cause, self.identity.rank, self.untold(decided)
+        )
+
+    def untold(self, decided: Verdict) -> dict[int, str]:
+        """The ranks whose reports do not reach this rank (never heard, or silent past the
+        hold), each with why: what its agent's channel said, when it said something."""
+        heard = {rank for rank in self.members if rank not in decided.silent}
+        hosts = self.identity.hosts
+        untold = {}
+        for rank in range(self.identity.world):
+            if rank in heard:
+                continue
+            problem = self.unreachable.get(hosts[rank]) if hosts[rank] else None
+            state = "silent" if rank in decided.silent else "never heard"
+            untold[rank] = f"{hosts[rank] or '?'}: {state}" + (f", {problem}" if problem else "")
+        return untold
 
     def stop_applied_everywhere(self) -> bool:
         """Every member that reports applies the stop (or was never heard from)."""

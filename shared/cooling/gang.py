@@ -317,16 +317,38 @@ def steer(enforced: Enforced, target: CoolingState) -> tuple[Enforced, tuple[Act
     return Enforced(reduced=reduce), tuple(actions)
 
 
-def gang_reason(action: Action, world: int, cause: MemberState | None, own_rank: int) -> str:
+def gang_reason(
+    action: Action,
+    world: int,
+    cause: MemberState | None,
+    own_rank: int,
+    untold: Mapping[int, str] | None = None,
+) -> str:
     """What an event of a gang action says: `paused all 3 ranks: mac2 (rank 1) at 104.0 °C
-    (smc · TCMz)`; a resume names no cause (every Mac allows it)."""
+    (smc · TCMz)`; a resume names no cause (every Mac allows it). `untold`: the ranks this rank
+    neither hears nor can tell, each with why: then the line counts only the others and names
+    each of those, never `all` (a gang said paused while a rank runs is the worst kind of
+    wrong for a safety feature)."""
     verbs = {
         Action.PAUSE: "paused",
         Action.STOP: "stopped",
         Action.REDUCE_BATCH: "reduced the batch of",
         Action.RESTORE_BATCH: "restored the batch of",
     }
+    verb = "resumed" if action is Action.RESUME or cause is None else verbs[action]
+    if untold:
+        told = [rank for rank in range(world) if rank not in untold]
+        ranks = f"{len(told)} of {world} ranks ({', '.join(map(str, told))})"
+    else:
+        ranks = f"all {world} ranks"
     if action is Action.RESUME or cause is None:
-        return f"resumed all {world} ranks: every rank's Mac allows it"
-    who = f"{cause.host} (rank {cause.rank}{', this Mac' if cause.rank == own_rank else ''})"
-    return f"{verbs[action]} all {world} ranks: {who} at {cause.reading_text()}"
+        why = "every rank's Mac allows it" if not untold else "every rank heard allows it"
+    else:
+        who = f"{cause.host} (rank {cause.rank}{', this Mac' if cause.rank == own_rank else ''})"
+        why = f"{who} at {cause.reading_text()}"
+    said = f"{verb} {ranks}: {why}"
+    if untold:
+        said += "; not told: " + "; ".join(
+            f"rank {rank} ({reason})" for rank, reason in sorted(untold.items())
+        )
+    return said

@@ -12,6 +12,7 @@ import hashlib
 import logging
 import re
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,17 +71,23 @@ def list_trusted(directory: Path | None = None) -> list[TrustedKey]:
     return keys
 
 
-def peer_key(host: str, directory: Path | None = None) -> TrustedKey | None:
-    """The trusted agent key serving at `host`, if one was trusted as a peer: its HOST part
-    is `host`, or, for a name (`coordinator deploy --hosts mac2` trusts `mac2:5555`), resolves
-    to it (mlx.launch's hostfiles hold IPs)."""
+def peer_key(
+    host: str, directory: Path | None = None, port: int | None = None
+) -> TrustedKey | None:
+    """The trusted agent key serving at `host` (and `port`, when given), if one was trusted as
+    a peer: its HOST part is `host`, or, for a name (`coordinator deploy --hosts mac2` trusts
+    `mac2:5555`), resolves to it (mlx.launch's hostfiles hold IPs); a PORT both name must be
+    the same, so two agents of one Mac (or two namespaces behind one name) stay apart."""
     peers = [entry for entry in list_trusted(directory) if entry.peer is not None]
-    for entry in peers:
-        if split_peer(entry.peer or "")[0] == host:
-            return entry
-    for entry in peers:
-        if host in _addresses(split_peer(entry.peer or "")[0]):
-            return entry
+
+    def serves(entry: TrustedKey, same: Callable[[str], bool]) -> bool:
+        entry_host, entry_port = split_peer(entry.peer or "")
+        return same(entry_host) and (port is None or entry_port in (None, port))
+
+    for same in (lambda name: name == host, lambda name: host in _addresses(name)):
+        found = [entry for entry in peers if serves(entry, same)]
+        if found:  # an entry naming the very port before one naming none
+            return min(found, key=lambda entry: split_peer(entry.peer or "")[1] is None)
     return None
 
 

@@ -228,6 +228,8 @@ def test_snapshot_for_scripts() -> None:
         "sensor": "replay",
         "simulated": True,
         "state": "ok",
+        "throttling": None,
+        "throttle_evidence": None,
         "trend_c_per_min": None,
         "power_w": None,
         "energy_j": None,
@@ -368,3 +370,53 @@ def test_an_agents_escape_sequences_and_markup_never_reach_the_terminal() -> Non
     assert "\x1b" not in text and "\x9b" not in text
     assert "\\x1b]0;owned\\x07[/]" in text and "\\x9b2J" in text
     assert not [line for line in text.splitlines() if line.startswith("mac2")]
+
+
+def test_throttling_is_shown_beside_the_state_and_the_jobs_work_rate_beside_the_job() -> None:
+    """A sample that says the Mac throttles (the throttle rule, docs/thermal.md): the state
+    cell says so, the job its rate and verdict, one alert as it starts, and the job's own
+    throttling events get a line."""
+    board = Dashboard(["mac1:5555"])
+    board.connected("mac1:5555", "mac1", INFO_OK, now=0.0)
+    work = {"rate": 402.4, "unit": "tok/s", "time": 999.0, "throttling": False,
+            "evidence": "402 tok/s of 402"}  # fmt: skip
+    running = job("running") | {"work": work}
+    board.sample("mac1:5555", sample(1000.0, 70, jobs=[running]) | {"throttling": False}, now=1.0)
+    slow = running | {"work": work | {"rate": 312.0, "throttling": True,
+                                      "evidence": "312 tok/s of 402"}}  # fmt: skip
+    throttled = sample(1001.0, 71, jobs=[slow]) | {
+        "throttling": True,
+        "throttle_evidence": "job j1: 312 tok/s of 402",
+    }
+    board.sample("mac1:5555", throttled, now=2.0)
+    board.sample("mac1:5555", throttled | {"time": 1002.0}, now=3.0)  # said once
+    board.event("mac1:5555", event(1001.0, "throttling", detail="312 tok/s of 402"))
+    text = text_of(board, 3.0)
+    assert "ok throttling" in text
+    assert "run j1 running 312 tok/s throttling" in text
+    assert alerts(board) == [
+        (WARNING, "throttling: job j1: 312 tok/s of 402"),
+        (WARNING, "throttling: job j1 (pid 4242): 312 tok/s of 402"),
+    ]
+    assert host_snapshot(board.hosts["mac1:5555"], 3.0)["throttle_evidence"] == (
+        "job j1: 312 tok/s of 402"
+    )
+
+
+def test_prometheus_throttling_is_one_zero_or_absent() -> None:
+    from prometheus_client import generate_latest
+
+    from shared.io.metrics import TelemetryMetrics
+
+    metrics = TelemetryMetrics()
+
+    def exported(throttling: bool | None) -> str:
+        metrics.observe_sample(sample(1000.0, 70) | {"throttling": throttling})
+        return generate_latest(metrics.registry).decode()
+
+    assert 'mlx_fleet_throttling{host="mac1"} 1.0' in exported(True)
+    assert 'mlx_fleet_throttling{host="mac1"} 0.0' in exported(False)
+    assert "mlx_fleet_throttling{" not in exported(None)  # no verdict: no number
+    exported(True)
+    metrics.observe_sample(sample(1001.0, 70))  # an older agent's sample, without the field
+    assert "mlx_fleet_throttling{" not in generate_latest(metrics.registry).decode()

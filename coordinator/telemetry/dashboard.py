@@ -55,9 +55,12 @@ EVENT_ALERTS = {
     "resume": (INFO, "resumed"),
     "stop": (CRITICAL, "stopped"),
     "kill": (CRITICAL, "killed"),
+    "throttling": (WARNING, "throttling:"),
+    "throttle_end": (INFO, "throttling ended:"),
 }
 """Job events worth a line: the rest (start, exit, reduce_batch, ...) are in the store."""
 NA = "—"
+THROTTLING_STYLE = "bold dark_orange"
 
 
 def silent_after(poll_interval: float | None) -> float:
@@ -194,6 +197,14 @@ class Dashboard:
                 self._alert(
                     now, name, level, f"reached {body['state']} at {_celsius(body['celsius'])}"
                 )
+            if (
+                live
+                and previous is not None
+                and body.get("throttling")
+                and not previous.get("throttling")
+            ):
+                evidence = body.get("throttle_evidence") or "no evidence given"
+                self._alert(now, name, WARNING, f"throttling: {evidence}")
         if live:
             if view.silent:
                 self._alert(now, name, INFO, "publishing again")
@@ -286,6 +297,8 @@ def host_snapshot(view: HostView, now: float) -> dict[str, Any]:
         "sensor": sample.get("sensor"),
         "simulated": sample.get("simulated"),
         "state": sample.get("state"),
+        "throttling": sample.get("throttling"),
+        "throttle_evidence": sample.get("throttle_evidence"),
         "trend_c_per_min": sample.get("trend_c_per_min"),
         "power_w": sample.get("power_w"),
         "energy_j": sample.get("energy_j"),
@@ -355,9 +368,10 @@ def _state_cell(view: HostView, now: float) -> Text:
     if view.silent and view.heard is not None:
         return Text(f"silent {now - view.heard:.0f} s", style="bold red")
     state = view.sample["state"] if view.sample else None
-    if state is None:
-        return Text(NA)
-    return Text(state, style=STATE_STYLES[CoolingState(state)])
+    cell = Text(NA) if state is None else Text(state, style=STATE_STYLES[CoolingState(state)])
+    if view.sample and view.sample.get("throttling"):
+        cell.append(" throttling", style=THROTTLING_STYLE)
+    return cell
 
 
 def _watts_cell(sample: dict[str, Any]) -> Text:
@@ -382,7 +396,17 @@ def _jobs_cell(jobs: list[dict[str, Any]]) -> Text:
         cell.append(job["state"], style=JOB_STYLES.get(job["state"], ""))
         if gang := job.get("gang"):
             cell.append(f" rank {gang['rank']}/{gang['world']}")
+        if work := job.get("work"):
+            _append_work(cell, work)
     return cell
+
+
+def _append_work(cell: Text, work: dict[str, Any]) -> None:
+    """A job's latest work rate, and `throttling` when its rate says so."""
+    if work["rate"] is not None:
+        cell.append(f" {work['rate']:.0f} {work['unit']}")
+    if work["throttling"]:
+        cell.append(" throttling", style=THROTTLING_STYLE)
 
 
 def _fitting(views: list[HostView], lines: int) -> list[HostView]:

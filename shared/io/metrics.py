@@ -25,6 +25,9 @@ HOST:PORT too). Metrics (docs/monitoring.md):
   (the agent's exporter: the wire carries the SoC figure alone).
 - mlx_fleet_cooling_state{host}: gauge, 0 ok, 1 reduce_batch, 1.5 pace, 2 pause, 3 stop; absent
   without a reading.
+- mlx_fleet_throttling{host}: gauge, 1 while the host throttles under load by the throttle rule
+  (its GPU clock or a supervised job's work rate: docs/thermal.md, Throttling as a state), 0
+  under load without it; absent with no verdict (no load, no signal).
 - mlx_fleet_policy_threshold_celsius{host,level}: gauge, the policy in force: the °C at which
   the host reaches `level` (reduce_batch, pace with a pace tier, pause, stop).
 - mlx_fleet_policy_info{host,origin}: gauge, 1: where the thresholds' numbers came from
@@ -184,6 +187,11 @@ class MetricFamilies:
         self.cooling_state = gauge(
             "mlx_fleet_cooling_state",
             "What the host's policy says now: 0 ok, 1 reduce_batch, 1.5 pace, 2 pause, 3 stop.",
+        )
+        self.throttling = gauge(
+            "mlx_fleet_throttling",
+            "1 while the host throttles under load (the throttle rule), 0 without; absent with no"
+            " verdict.",
         )
         self.threshold = gauge(
             "mlx_fleet_policy_threshold_celsius",
@@ -386,6 +394,11 @@ class TelemetryMetrics(MetricFamilies):
             self._drop(state, self.cooling_state)
         else:
             self._set(state, self.cooling_state, cooling)
+        throttling = sample.get("throttling")
+        if throttling is None:
+            self._drop(state, self.throttling)
+        else:
+            self._set(state, self.throttling, 1 if throttling else 0)
         total = float(sample["pause_s_total"])
         added = total - state.pause_seen if total >= state.pause_seen else total  # restarted
         if added > 0:

@@ -33,11 +33,12 @@ Reader = Callable[[], Any]
 
 def _smc(stack: ExitStack) -> Reader:
     from agent.thermal.smc import apple_smc
-    from agent.thermal.smc_die import die_keys
+    from agent.thermal.smc_die import FABRIC_PREFIX, die_keys
 
     smc = apple_smc()
     stack.callback(smc.close)
-    keys = die_keys(smc.keys())
+    every = smc.keys()
+    keys = die_keys(every) + [key for key in every if key.startswith(FABRIC_PREFIX)]
 
     def read() -> dict[str, list[str]]:
         found = {}

@@ -25,6 +25,10 @@ from typing import TypeGuard
 DIE_MAX, DIE_AVERAGE = "TCMz", "TCMb"
 CPU_PREFIXES = ("Tp", "Te")
 GPU_PREFIX = "Tg"
+FABRIC_PREFIX = "Tf"
+"""iSMC's "GPU Fabric" keys (M3 and later): never read by the source, since on iSMC's M3 dumps they
+follow the CPU die (docs/thermal.md, GPU keys), but held in `agent doctor --capture` files so
+that a real Mac's capture under load can confirm it."""
 
 
 SMC_MIN_C = 20.0

@@ -126,7 +126,12 @@ def probe_device(bench_s: float | None = None, timeout_s: float = PROBE_TIMEOUT_
     command = [sys.executable, "-m", __name__, *(["--bench", str(bench_s)] if bench_s else [])]
     try:
         done = subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout_s, check=False
+            command,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
         )
     except subprocess.TimeoutExpired as exc:  # run() killed it
         out, err = (

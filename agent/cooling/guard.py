@@ -8,7 +8,7 @@ a latency), and at the end of the cell. The thermal guard lives in agent.cooling
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass
@@ -23,6 +23,9 @@ class GuardReport:
     pause_s: float = 0.0
     flags: list[str] = field(default_factory=list)
     thermal_source: str | None = None
+    gpu_clock: dict[str, Any] | None = None
+    """The GPU clock the agent read during the cell, one [hz, active share] per poll, and the
+    sustained clock it knew (the throttle rule's reference): a record's `gpu_clock`."""
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from agent.cooling.guard import Conditions, GuardReport, RunStopped
 from agent.cooling.step_gate import StepGate
@@ -250,6 +251,7 @@ class ThermalGuard:
         self._in_cell = False
         self._hot = False
         self._hot_start = False
+        self._clock: dict[str, Any] | None = None
         self._polled = threading.Condition()
         monitor.add_listener(self._on_reading)
 
@@ -270,7 +272,18 @@ class ThermalGuard:
         self._pause_before = self.scheduler.total_pause_time
         self._pauses_before = len(self.scheduler.pauses)
         self._hot = self._is_hot(self._start)
+        self._clock = None
         self._in_cell = True
+
+    def record_clock(self, clock: dict[str, Any]) -> None:
+        """One of the agent's polls of the GPU clock ({gpu_hz, gpu_active, sustained_hz}), kept
+        while a cell runs: its record's `gpu_clock`, which its verdict judges."""
+        if not self._in_cell:
+            return
+        if self._clock is None:
+            self._clock = {"sustained_hz": None, "samples": []}
+        self._clock["sustained_hz"] = clock.get("sustained_hz")
+        self._clock["samples"].append([clock.get("gpu_hz"), clock.get("gpu_active")])
 
     def before_iteration(self, step: int) -> None:
         if self.enabled:
@@ -307,6 +320,7 @@ class ThermalGuard:
             pause_s=paused_s,
             flags=flags,
             thermal_source=self.monitor.source.name,
+            gpu_clock=self._clock,
         )
 
     def _cool_start(self, limit_s: float, injected_c: float | None) -> bool:

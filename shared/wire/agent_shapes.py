@@ -65,6 +65,10 @@ EVENT_ACTIONS = (*RUN_ACTIONS, "policy")
 """A telemetry event's actions: a job's, and the agent's own `policy`."""
 POLICY_STATES = tuple(state.value for state in CoolingState)
 
+MAX_CLOCK_HZ = 1e10
+"""A GPU clock past 10 GHz is no Apple GPU's (they run near 1.4 GHz)."""
+MAX_CELL_CLOCK_SAMPLES = 100_000
+"""A cell's clock readings, one per poll: a day's sustained cell at 1 Hz is 86,400."""
 MAX_EVIDENCE = 1024
 """Characters of a sample's throttle evidence: a few figures per signal, a job's id with each."""
 MAX_TEXT = 16_384
@@ -384,6 +388,14 @@ JUDGED = {
     "boot_time": s.nil_or(epoch),
     "panics": s.list_of(panic_report, MAX_PANICS),
     "injected": s.list_of(s.text(64, least=1), MAX_FLAGS),
+    "gpu_clock": s.fields(
+        {
+            "sustained_hz": s.nil_or(s.number(0, MAX_CLOCK_HZ)),
+            "samples": s.list_of(
+                s.list_of(s.nil_or(s.number(0, MAX_CLOCK_HZ)), 2), MAX_CELL_CLOCK_SAMPLES
+            ),
+        }
+    ),
 }
 """What a record says about its own worth (§5 Verdicts), optional so an older agent's records
 still read: a coordinator judges every record again from its fields (shared.benchmark.verdict)."""

@@ -118,6 +118,8 @@ def follow(updates: Iterator[dict[str, Any]], source: FedSource, guard: ThermalG
             reading = reading_from_wire(update["reading"])
             source.feed(reading)
             guard.monitor.record(reading)
+        if isinstance(update.get("clock"), dict):
+            guard.record_clock(update["clock"])
     source.end("the agent stopped sending readings")
     os._exit(EXIT_ORPHANED)
 

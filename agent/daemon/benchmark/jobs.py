@@ -145,13 +145,18 @@ class BenchJobs:
 
     # --- the job process ------------------------------------------------------------------------
 
-    def feed(self, reading: ThermalReading | None, policy: ThermalPolicy) -> None:
+    def feed(
+        self,
+        reading: ThermalReading | None,
+        policy: ThermalPolicy,
+        clock: dict[str, Any] | None = None,
+    ) -> None:
         """One of the daemon's polls (None: no reading) and the policy in force, to the job
-        process, whose cooling gate decides on it (docs/protocol.md §13)."""
+        process, whose cooling gate decides on it, and the GPU clock of the poll when the agent
+        read one, for its cells' records (docs/protocol.md §13)."""
         if self.running is not None:
-            self.running.process.send(
-                {"reading": reading_wire(reading), "policy": policy.to_dict()}
-            )
+            update = {"reading": reading_wire(reading), "policy": policy.to_dict()}
+            self.running.process.send(update if clock is None else update | {"clock": clock})
 
     def feed_policy(self, policy: ThermalPolicy) -> None:
         """A new policy, for the job's gate to judge its next polls by."""

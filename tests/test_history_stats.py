@@ -27,7 +27,7 @@ from coordinator.telemetry.stats import (
     threshold_in_force,
 )
 from coordinator.telemetry.store import TelemetryStore
-from shared.wire.telemetry import Cursor
+from shared.wire.telemetry import CLOCK_COLUMNS, Cursor
 
 POLICY = {
     "max_speed_temp": 75.0,
@@ -196,6 +196,10 @@ def direct_stats(
     actions = [event["action"] for event in events]
     metered = [row for row in rows if row["power_w"] is not None]
     watts = [row["power_w"] for row in metered]
+
+    def clock(key: str) -> list[float]:
+        return [row[key] for row in rows if row.get(key) is not None]
+
     read_from: dict[tuple[str, str | None], int] = {}  # in the order they first gave a reading
     for row in rows:
         if row["celsius"] is not None:
@@ -225,6 +229,14 @@ def direct_stats(
         "metered_s": len(metered) * spacing,
         "power_sources": sorted({row["power"]["source"] for row in metered}),
         "power_simulated": any(row["power"]["simulated"] for row in metered),
+        "gpu_min_hz": min(clock("gpu_hz"), default=None),
+        "gpu_mean_hz": statistics.fmean(clock("gpu_hz")) if clock("gpu_hz") else None,
+        "gpu_max_hz": max(clock("gpu_hz"), default=None),
+        "gpu_mean_active": statistics.fmean(clock("gpu_active")) if clock("gpu_active") else None,
+        "cpu_p_mean_hz": statistics.fmean(clock("cpu_p_hz")) if clock("cpu_p_hz") else None,
+        "cpu_e_mean_hz": None,
+        "clock_sources": sorted({row["clock_source"] for row in rows if row.get("clock_source")}),
+        "clock_simulated": any(row.get("clock_simulated") for row in rows),
     }
 
 
@@ -255,6 +267,17 @@ def jittery_curve(count: int, seed: int) -> list[dict[str, Any]]:
             "joules": {},
             "error": "no reading yet" if watts is None else None,
         }
+        if index % 13:  # the rest: an older agent's samples, with no clock field
+            idle = index % 3 == 0
+            body |= {
+                "gpu_hz": None if idle else round(rng.uniform(0.4e9, 1.4e9)),
+                "gpu_active": 0.0 if idle else round(rng.uniform(0.1, 1.0), 3),
+                "cpu_p_hz": round(rng.uniform(1e9, 4e9)),
+                "cpu_e_hz": None,
+                "clock_source": "plant" if index % 7 == 0 else "ioreport",
+                "clock_simulated": index % 7 == 0,
+                "clock_note": None,
+            }
         rows.append(body)
     return rows
 
@@ -272,7 +295,8 @@ def test_statistics_in_sql_equal_a_direct_computation(tmp_path: Path, count: int
         stats = host_stats(store.conn, "mac1", since, store.policies()["mac1"])
     expected = direct_stats(rows[1:], [e for e in events if e["time"] >= since], policies)
     assert stats.pop("host") == "mac1"
-    for key in ("mean_c", "energy_j", "mean_power_w"):  # sums taken in another order
+    for key in ("mean_c", "energy_j", "mean_power_w", "gpu_mean_hz", "gpu_mean_active",
+                "cpu_p_mean_hz"):  # sums taken in another order  # fmt: skip
         assert stats.pop(key) == pytest.approx(expected.pop(key), rel=1e-12)
     assert stats == expected
 
@@ -355,7 +379,9 @@ def test_store_keeps_each_sample_and_event_once(tmp_path: Path) -> None:
         assert again == (1, [])  # only the sample at 3 is new
         by_host = store.samples(2, ["a:1"])
         assert list(by_host) == ["a:1"] and by_host["a:1"] == [
-            {k: v for k, v in sample(t, c).items() if k != "host"} for t, c in ((2, 71), (3, 72))
+            dict.fromkeys(CLOCK_COLUMNS)  # an older agent's: read back as nil
+            | {k: v for k, v in sample(t, c).items() if k != "host"}
+            for t, c in ((2, 71), (3, 72))
         ]
         assert [e["action"] for e in store.events(0)["a:1"]] == ["pause", "policy"]
     with TelemetryStore(tmp_path / "t.sqlite") as reopened:

@@ -26,6 +26,7 @@ from coordinator.telemetry.dashboard import (
     silent_after,
     snapshot,
 )
+from shared.wire.telemetry import CLOCK_COLUMNS
 from tests.test_history_stats import POLICY, event, job, sample
 
 INFO_OK = {
@@ -241,6 +242,7 @@ def test_snapshot_for_scripts() -> None:
         "policy_origin": "defaults for smc",
         "poll_interval": 0.1,
         "age_s": 1.0,
+        **dict.fromkeys(CLOCK_COLUMNS),  # an older agent's sample: no clock
     }
     assert down["reachable"] is False and down["error"] == "connection refused for 1 s"
     assert down["status"] == "unreachable"
@@ -336,7 +338,7 @@ def test_a_narrow_terminal_narrows_the_sparkline_then_drops_columns() -> None:
     shown, spark = fit_columns(widths, everything - 5)
     assert shown == list(COLUMNS) and spark == SPARK_WIDTH - 5
     shown, spark = fit_columns(widths, 80)
-    assert shown == ["host", "SoC °C", "last 5 min", "trend", "state", "jobs"]
+    assert shown == ["host", "SoC °C", "GPU GHz", "last 5 min", "state", "jobs"]
     assert MIN_SPARK_WIDTH <= spark < SPARK_WIDTH
     assert fit_columns(widths, 20)[0] == ["host", "SoC °C"]
     header = drawn(lab(), 100)[1:4]

@@ -15,6 +15,9 @@ class ClockSource(Source):
     granted state), carried by each reading."""
 
     note: str | None = None
+    counts_intervals: bool = False
+    """Its reading covers the interval since the previous read (IOReport's residencies): a
+    single read needs one taken a moment before."""
 
     @abstractmethod
     def read(self) -> ClockReading | None:

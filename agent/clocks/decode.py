@@ -13,6 +13,8 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from shared.cooling.clocks import MAX_CLOCK_HZ
+
 ENTRY_BYTES = 8
 """A `voltage-states*` entry: frequency then voltage, each a little-endian u32 (macmon
 src_lib/sources.rs `get_dvfs_mhz`: `freqs[i] = u32::from_le_bytes(x[0..4])`, volts x[4..8])."""
@@ -21,10 +23,6 @@ HZ_BELOW = 1e8
 later CPU tables in kHz (macmon `cpu_freq_scale` by chip name), but the unit is per table, not
 per chip: an M4's GPU `voltage-states9` is still Hz (oshi/oshi#3674, which measured every real
 maximum at or below 4.7e6 in kHz or at or above 3.38e8 in Hz). So the magnitude decides."""
-MAX_CLOCK_HZ = 10e9
-"""No Apple Silicon clock comes near 10 GHz (the fastest table entry published is 4.6 GHz, M5
-Max: oshi/oshi#3673); a decoded frequency above it is a decoding fault. The wire bound too
-(shared.wire.agent_shapes)."""
 
 GPU_TABLE = "voltage-states9"
 E_TABLE = "voltage-states1-sram"

@@ -253,6 +253,7 @@ class IOReportClockSource(ClockSource):
     weighted by the DVFS tables (agent.clocks.decode)."""
 
     name = SOURCE
+    counts_intervals = True
 
     def __init__(
         self,

@@ -12,13 +12,17 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
+from agent.clocks.base import ClockSource
+from agent.clocks.registry import open_clock_source
 from agent.commands.sensors import open_monitor
 from agent.cooling.calibration_file import policy_defaults
-from agent.daemon.telemetry import TREND_WINDOW, trend_c_per_min
+from agent.daemon.telemetry import TREND_WINDOW, ClockPoll, trend_c_per_min
+from agent.sensors.base import SourceInfo
 from agent.thermal.base import ThermalReading
 from agent.thermal.monitor import ThermalMonitor
 from shared.bounds import MAX_COUNT
 from shared.cooling.calibration import PolicyInForce
+from shared.cooling.clocks import clock_summary
 from shared.cooling.display import STATE_STYLES, sparkline, trend_arrow
 from shared.cooling.policy import CoolingState, Supervision, host_state
 from shared.exit_codes import EXIT_PARTIAL
@@ -27,6 +31,9 @@ from shared.io.options import PolicyOptions, TableFormat, ThermalOptions, with_o
 from shared.tables import TEXT, FitTable
 
 HISTORY_SHOWN = 30
+CLOCK_WINDOW_S = 0.5
+"""A single `agent temp` reads the clocks over this long when its source counts intervals
+(IOReport's residencies: a clock is an average over time)."""
 
 
 def kind(reading: ThermalReading | None) -> str:
@@ -45,8 +52,10 @@ def snapshot(
     reason: str | None,
     state: CoolingState | None,
     policy: PolicyInForce,
+    clocks: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The JSON shape of one observation; `kind` and `simulated` say whether it is a sensor."""
+    """The JSON shape of one observation; `kind` and `simulated` say whether it is a sensor.
+    `clocks`: a sample's clock fields (agent.daemon.telemetry.ClockPoll)."""
     return {
         "source": reading.source if reading else source,
         "kind": kind(reading),
@@ -65,7 +74,15 @@ def snapshot(
         "reason": None if reading else reason,
         "policy": policy.policy.to_dict(),
         "policy_origin": policy.origin,
+        "clocks": clocks,
     }
+
+
+def read_clocks(clock: ClockSource) -> dict[str, Any]:
+    """The clock fields of a sample, read now (never raises: a source says why it has none)."""
+    return ClockPoll(
+        SourceInfo(clock.name, clock.simulated), clock.read(), clock.last_error
+    ).fields()
 
 
 def render(
@@ -95,6 +112,15 @@ def render(
         table.add_row("Trend", trend)
         table.add_row("History", sparkline(history[-HISTORY_SHOWN:]) or "—")
     table.add_row("Pressure", data["pressure"] or "—")
+    if data.get("clocks") is not None:
+        clocks = data["clocks"]
+        summary = clock_summary(clocks)
+        if summary.startswith("unavailable"):
+            table.add_row("Clocks", Text(summary, style="red"))
+        else:
+            table.add_row("Clocks", Text(f"{summary} [{clocks['clock_source']}]"))
+            if clocks["clock_note"]:
+                table.add_row("  means", Text(clocks["clock_note"]))
     policy = data["policy"]
     thresholds = (
         f"reduce ≥ {policy['max_speed_temp']:g}, pause ≥ {policy['pause_temp']:g}, "
@@ -133,16 +159,22 @@ def temp_command(
     machine, 2 bad usage."""
     if not 0 <= count <= MAX_COUNT:
         raise usage_error(f"--count must be 0 to {MAX_COUNT}, got {count}")
-    with open_monitor(thermal, EXIT_PARTIAL) as monitor:
+    with open_monitor(thermal, EXIT_PARTIAL) as monitor, open_clock_source(monitor.source) as clock:
         policy = limits.in_force(
             monitor.source.scale, policy_defaults(monitor.source.scale, monitor.source.name)
         )
         if watch:
-            _watch(monitor, policy, fmt, count)
+            _watch(monitor, clock, policy, fmt, count)
         else:
+            started = time.monotonic()
             reading = monitor.read()
             _, state = host_state(policy.policy, reading, Supervision())
-            _emit(snapshot(monitor.source.name, reading, monitor.last_error, state, policy), fmt)
+            if clock.counts_intervals:
+                time.sleep(max(0.0, CLOCK_WINDOW_S - (time.monotonic() - started)))
+            data = snapshot(
+                monitor.source.name, reading, monitor.last_error, state, policy, read_clocks(clock)
+            )
+            _emit(data, fmt)
 
 
 def _emit(data: dict[str, Any], fmt: str) -> None:
@@ -153,7 +185,9 @@ def _emit(data: dict[str, Any], fmt: str) -> None:
         print_rich(render(data))
 
 
-def _watch(monitor: ThermalMonitor, policy: PolicyInForce, fmt: str, count: int) -> None:
+def _watch(
+    monitor: ThermalMonitor, clock: ClockSource, policy: PolicyInForce, fmt: str, count: int
+) -> None:
     """Poll in the background and show each tick: JSON lines, or a Live table with the trend."""
     monitor.start()
     supervision = Supervision()
@@ -165,7 +199,9 @@ def _watch(monitor: ThermalMonitor, policy: PolicyInForce, fmt: str, count: int)
         while True:
             reading = monitor.reading
             supervision, state = host_state(policy.policy, reading, supervision)
-            data = snapshot(monitor.source.name, reading, monitor.last_error, state, policy)
+            data = snapshot(
+                monitor.source.name, reading, monitor.last_error, state, policy, read_clocks(clock)
+            )
             if live:
                 history = monitor.get_history()
                 per_minute = trend_c_per_min(history, monitor.poll_interval)

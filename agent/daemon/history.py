@@ -26,7 +26,7 @@ from agent.daemon.telemetry import page_history
 from agent.daemon.throttle import LogThrottle
 from shared.io.paths import data_dir
 from shared.io.sqlite import open_store, store_id
-from shared.wire.telemetry import FIRST_SAMPLE_ROW, Event, Sample
+from shared.wire.telemetry import CLOCK_COLUMNS, FIRST_SAMPLE_ROW, Event, Sample
 
 log = logging.getLogger("agent.history")
 
@@ -58,6 +58,7 @@ CREATE INDEX samples_time ON samples (time)
     Sample.added_sql("samples", ("power_w", "energy_j", "power")),
     Sample.added_sql("samples", ("sensor",)),
     Sample.added_sql("samples", ("throttling", "throttle_evidence")),
+    Sample.added_sql("samples", CLOCK_COLUMNS),
 )
 """The schema, version by version (shared.io.sqlite.open_store). Version 1 is the file earlier
 releases made without a version; version 2 numbers samples (the history cursor, never given
@@ -65,7 +66,8 @@ twice: AUTOINCREMENT's sqlite_sequence row holds the mark, see RESERVED_SEQS) an
 columns of shared.wire.telemetry.Sample; version 3 adds what the agent could not write when it took
 the sample (storage_error); version 4 what its power source read at the same poll (power_w,
 energy_j, power); version 5 which sensor of the source the reading is (sensor; NULL in rows
-recorded before); version 6 whether the Mac throttled and why (throttling, throttle_evidence)."""
+recorded before); version 6 whether the Mac throttled and why (throttling, throttle_evidence);
+version 7 the clocks (CLOCK_COLUMNS: NULL in rows recorded before)."""
 _COLUMNS = ", ".join(("seq", *Sample.columns()))
 _INSERT = (
     f"INSERT INTO samples ({_COLUMNS}) VALUES ({', '.join('?' * (len(Sample.columns()) + 1))})"

@@ -31,6 +31,7 @@ from agent.daemon.policy import EnforcedPolicy
 from agent.daemon.storage import StorageHealth
 from agent.daemon.telemetry import (
     TREND_WINDOW,
+    ClockPoll,
     JobTable,
     PowerPoll,
     retention_cutoff,
@@ -165,7 +166,10 @@ class TelemetryHub:
     def _tap(self, reading: ThermalReading | None) -> None:
         """On the monitor's thread: hand the reading and the power of the moment to the main
         loop (the handoff wakes it when due; a deque's len is safe to read from here)."""
-        self.handoff.put((time.time(), reading, self.instruments.read_power()))
+        instruments = self.instruments
+        self.handoff.put(
+            (time.time(), reading, instruments.read_power(), instruments.read_clocks())
+        )
 
     def woken(self) -> None:
         """The loop polled `wake_fd` readable: take the wake-up (drain() takes the readings)."""
@@ -176,8 +180,8 @@ class TelemetryHub:
         The loop calls it whenever it wakes, so whatever woke it sees every reading taken."""
         readings = []
         while taken := self.handoff.take():  # and any taken meanwhile
-            for taken_at, reading, power in taken:
-                self._on_reading(taken_at, reading, power)
+            for taken_at, reading, power, clocks in taken:
+                self._on_reading(taken_at, reading, power, clocks)
                 readings.append(reading)
         return readings
 
@@ -206,7 +210,11 @@ class TelemetryHub:
             self._announce_policy()
 
     def _on_reading(
-        self, now: float, reading: ThermalReading | None, power: PowerPoll | None
+        self,
+        now: float,
+        reading: ThermalReading | None,
+        power: PowerPoll | None,
+        clocks: ClockPoll | None = None,
     ) -> None:
         """One poll, taken at `now`: judge, store, publish, prune. A sample is published
         only once the history numbered it (a number set aside on disk before: it is never
@@ -236,6 +244,7 @@ class TelemetryHub:
             self.storage.error,
             power,
             throttle,
+            clocks,
         )
         added = self.history.add_sample(taken)
         if self.history.late:  # taken while the disk refused to set numbers aside

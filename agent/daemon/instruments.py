@@ -1,16 +1,18 @@
 """The instruments the daemon reads: ONE thermal source, polled by a ThermalMonitor in the
-background, and the power meter, read on the monitor's thread with each reading so that a
-sample's figures are its poll's. Its own module because reading the instruments is one thing
-and what the telemetry hub does with each poll (judge, store, publish, agent.daemon.hub)
-another."""
+background, and the power meter and the clock source, read on the monitor's thread with each
+reading so that a sample's figures are its poll's. Its own module because reading the
+instruments is one thing and what the telemetry hub does with each poll (judge, store, publish,
+agent.daemon.hub) another."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+from agent.clocks.base import ClockSource
+from agent.clocks.registry import open_clock_source
 from agent.daemon.handoff import TappedSource
-from agent.daemon.telemetry import PowerPoll
+from agent.daemon.telemetry import ClockPoll, PowerPoll
 from agent.power.meter import EnergyMeter
 from agent.sensors.base import SourceInfo
 from agent.thermal import ThermalMonitor, ThermalReading, ThermalSource
@@ -28,6 +30,9 @@ class Instruments:
         """The power source read at each poll (owned from start()); None: no meter."""
         self.last_power: PowerPoll | None = None
         """The power of the latest poll the loop took."""
+        self.clock: ClockSource | None = None
+        """The clocks read at each poll (agent.clocks.registry: the thermal source's own, else
+        this machine's, else none saying why); owned from start()."""
 
     def start(
         self,
@@ -38,6 +43,7 @@ class Instruments:
         """Poll `source` (owned from now on) every poll interval, in the background, each
         outcome to `on_read` on the monitor's thread; `meter` is owned too."""
         self.meter = meter
+        self.clock = open_clock_source(source)
         self.source = SourceInfo(source.name, source.simulated)
         self.monitor = ThermalMonitor(self.poll_interval, source=TappedSource(source, on_read))
         self.monitor.start()
@@ -50,6 +56,14 @@ class Instruments:
         reading = meter.read()
         source = SourceInfo(meter.source.name, meter.source.simulated)
         return PowerPoll(source, reading, meter.last_error)
+
+    def read_clocks(self) -> ClockPoll | None:
+        """On the monitor's thread, with each reading (the clock source's only reader)."""
+        clock = self.clock
+        if clock is None:
+            return None
+        reading = clock.read()
+        return ClockPoll(SourceInfo(clock.name, clock.simulated), reading, clock.last_error)
 
     def thermal(self) -> dict[str, Any]:
         """info.ok's `thermal`: the latest polled reading, never waiting on the sensor."""
@@ -84,5 +98,9 @@ class Instruments:
         return True
 
     def close_meter(self) -> None:
+        """Close the power meter and the clock source (a thermal source's own clock closes
+        twice: a source's close is safe to repeat)."""
         if self.meter is not None:
             self.meter.close()
+        if self.clock is not None:
+            self.clock.close()

@@ -18,6 +18,7 @@ from agent.daemon.gang_mailbox import GangMailbox
 from agent.power.base import PowerReading
 from agent.sensors.base import SourceInfo
 from agent.thermal import ThermalReading, trend_slope
+from shared.cooling.clocks import ClockReading
 from shared.cooling.policy import CoolingState
 from shared.cooling.throttle import (
     ThrottlePoll,
@@ -99,6 +100,28 @@ class PowerPoll:
         }
 
 
+@dataclass(frozen=True)
+class ClockPoll:
+    """What the clock source gave at a poll: its reading, or why there is none."""
+
+    source: SourceInfo
+    reading: ClockReading | None
+    error: str | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """A sample's clock fields (shared.wire.telemetry.Sample, CLOCK_COLUMNS)."""
+        reading = self.reading
+        return {
+            "gpu_hz": reading.gpu_hz if reading else None,
+            "gpu_active": reading.gpu_active if reading else None,
+            "cpu_p_hz": reading.cpu_p_hz if reading else None,
+            "cpu_e_hz": reading.cpu_e_hz if reading else None,
+            "clock_source": reading.source if reading else self.source.name,
+            "clock_simulated": reading.simulated if reading else self.source.simulated,
+            "clock_note": reading.note if reading else self.error,
+        }
+
+
 def sample(
     now: float,
     reading: ThermalReading | None,
@@ -110,10 +133,12 @@ def sample(
     storage_error: str | None = None,
     power: PowerPoll | None = None,
     throttle: ThrottleVerdict | None = None,
+    clocks: ClockPoll | None = None,
 ) -> Sample:
     """The sample of one poll (not yet numbered); `now` stands in for the time when there is no
     reading. `power` is None when the agent has no power source; `throttle` is the throttle
-    rule's verdict on this poll (shared.cooling.throttle; None: no verdict)."""
+    rule's verdict on this poll (shared.cooling.throttle; None: no verdict); `clocks` None when
+    the agent reads none (its fields then stay nil)."""
     return Sample(
         time=reading.time if reading else now,
         celsius=reading.celsius if reading else None,
@@ -129,6 +154,7 @@ def sample(
         **(power.fields() if power else {}),
         throttling=throttle.throttling if throttle else None,
         throttle_evidence=throttle.text if throttle else None,
+        **(clocks.fields() if clocks else {}),
     )
 
 

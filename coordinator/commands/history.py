@@ -25,6 +25,7 @@ from coordinator.telemetry.stats import (
     parse_since,
 )
 from coordinator.telemetry.store import TelemetryStore, recorded_hosts
+from shared.cooling.clocks import REPLAYED_SOURCE, clock_label, ghz
 from shared.cooling.sources import read_from as read_from_name
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import check_output, data_home, emit, err, fail, usage_error
@@ -57,6 +58,7 @@ def read_history(
 
 STATS_FOLDS = (
     "samples",
+    "GPU GHz",
     "energy Wh",
     "min °C",
     "≥ reduce",
@@ -76,6 +78,8 @@ JOBS_FOLDS = ("energy J", "ended", "wall", "throttle", "max °C")
 
 
 def stats_table(rows: list[dict[str, Any]], since: float) -> FitTable:
+    """The hosts' table; its GPU GHz column only while some host's samples read a GPU clock."""
+    clocked = any(row.get("gpu_max_hz") is not None for row in rows)
     table = FitTable(
         title=f"mlx-fleet telemetry since {_stamp(since)}", title_justify="left", folds=STATS_FOLDS
     )
@@ -96,6 +100,7 @@ def stats_table(rows: list[dict[str, Any]], since: float) -> FitTable:
         "stops",
         "energy Wh",
         "mean W",
+        *(["GPU GHz"] if clocked else []),
     ):
         table.add_column(
             name,
@@ -127,8 +132,21 @@ def stats_table(rows: list[dict[str, Any]], since: float) -> FitTable:
             str(row["stops"]),
             _power_figure(row, "energy_j", 1 / 3600, ".2f"),
             _power_figure(row, "mean_power_w", 1, ".1f"),
+            *([gpu_range(row)] if clocked else []),
         )
     return table
+
+
+def gpu_range(row: dict[str, Any]) -> str:
+    """The GPU clock's min–max over the window's polls that read one, labelled `sim` (a
+    model's) or `rep` (a capture's); n/a when none did."""
+    low, high = row.get("gpu_min_hz"), row.get("gpu_max_hz")
+    if low is None or high is None:
+        return NA
+    text = ghz(low) if ghz(low) == ghz(high) else f"{ghz(low)}–{ghz(high)}"
+    label = clock_label(REPLAYED_SOURCE if REPLAYED_SOURCE in row["clock_sources"] else None,
+                        row["clock_simulated"])  # fmt: skip
+    return text + {"simulated": " sim", "replayed": " rep"}.get(label, "")
 
 
 def _host_cell(row: dict[str, Any]) -> Text:

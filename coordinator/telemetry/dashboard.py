@@ -21,10 +21,12 @@ from rich.text import Text
 from coordinator.telemetry.gang_rows import GangRow, gang_rows
 from shared import safe_text
 from shared.cooling.calibration import origin_told
+from shared.cooling.clocks import clock_label, ghz
 from shared.cooling.display import STATE_STYLES, sparkline, trend_arrow
 from shared.cooling.policy import CoolingState
 from shared.cooling.sources import read_from
 from shared.tables import TEXT, WHOLE, WORDS, FitTable
+from shared.wire.telemetry import CLOCK_COLUMNS
 
 CONNECTING, UP, UNREACHABLE, INVALID = "connecting", "up", "unreachable", "invalid"
 """A host's status; INVALID: it answered with a message that is not valid (a broken or hostile
@@ -304,6 +306,7 @@ def host_snapshot(view: HostView, now: float) -> dict[str, Any]:
         "energy_j": sample.get("energy_j"),
         "power_source": (sample.get("power") or {}).get("source"),
         "power_simulated": (sample.get("power") or {}).get("simulated"),
+        **{key: sample.get(key) for key in CLOCK_COLUMNS},
         "pause_s_total": sample.get("pause_s_total"),
         "jobs": view.jobs,
         "policy": view.policy,
@@ -385,6 +388,24 @@ def _watts_cell(sample: dict[str, Any]) -> Text:
     return cell
 
 
+def _clock_cell(sample: dict[str, Any]) -> Text:
+    """The GPU's clock and active share at the last poll (the P cluster's where a host reads
+    no GPU clock: cpufreq), labelled when simulated or replayed; n/a without a clock."""
+    gpu_hz, active, p_hz = sample.get("gpu_hz"), sample.get("gpu_active"), sample.get("cpu_p_hz")
+    if gpu_hz is not None:
+        cell = Text(f"{ghz(gpu_hz)}" + ("" if active is None else f" {active * 100:.0f}%"))
+    elif active is not None:
+        cell = Text("idle")
+    elif p_hz is not None:
+        cell = Text(f"P {ghz(p_hz)}")
+    else:
+        return Text(NA)
+    label = clock_label(sample.get("clock_source"), sample.get("clock_simulated"))
+    if label:
+        cell.append(" sim" if label == "simulated" else " rep", style="bold magenta")
+    return cell
+
+
 def _jobs_cell(jobs: list[dict[str, Any]]) -> Text:
     if not jobs:
         return Text(NA, style="dim")
@@ -421,10 +442,12 @@ def _fitting(views: list[HostView], lines: int) -> list[HostView]:
 
 
 WATTS = "W"
+CLOCK = "GPU GHz"
 COLUMNS = (
     "host",
     "SoC °C",
     WATTS,
+    CLOCK,
     "last 5 min",
     "trend",
     "pressure",
@@ -433,7 +456,8 @@ COLUMNS = (
     "paused",
     "source",
 )
-"""Every column; W only while some host's agent has a power source (render)."""
+"""Every column; W only while some host's agent has a power source, GPU GHz only while some
+host's samples carry a clock (render)."""
 SPARK = "last 5 min"
 KEPT_FIRST = (
     "host",
@@ -441,6 +465,7 @@ KEPT_FIRST = (
     "state",
     SPARK,
     "jobs",
+    CLOCK,
     "trend",
     WATTS,
     "paused",
@@ -448,7 +473,7 @@ KEPT_FIRST = (
     "source",
 )
 """Which columns a narrow terminal keeps: the first ones; the rest drop from the end."""
-RIGHT = ("SoC °C", WATTS, "paused")
+RIGHT = ("SoC °C", WATTS, CLOCK, "paused")
 
 
 def _cells(view: HostView, now: float) -> dict[str, Text]:
@@ -457,6 +482,7 @@ def _cells(view: HostView, now: float) -> dict[str, Text]:
     if view.status != UP or sample is None:
         jobs = _jobs_cell(view.jobs if view.status == UP else [])
         cells = {"SoC °C": Text(NA), WATTS: Text(NA), "pressure": Text(NA), "paused": Text(NA)}
+        cells[CLOCK] = Text(NA)
         cells |= {"source": Text(NA), "trend": Text(""), "jobs": jobs}
     else:
         temperature = Text(NA if sample["celsius"] is None else f"{sample['celsius']:.1f}")
@@ -466,6 +492,7 @@ def _cells(view: HostView, now: float) -> dict[str, Text]:
         cells = {  # what an agent sends is Text, never read as markup
             "SoC °C": temperature,
             WATTS: _watts_cell(sample),
+            CLOCK: _clock_cell(sample),
             "trend": Text("" if trend is None else f"{trend_arrow(trend)} {trend:+.1f}/min"),
             "pressure": Text(safe_text.shown(sample["pressure"] or NA)),
             "jobs": _jobs_cell(view.jobs),
@@ -515,10 +542,11 @@ def render(
         views = _fitting(views, height - TABLE_FRAME_LINES - len(alerts) - 1)
     rows = [_cells(view, now) for view in views]
     metered = any((view.sample or {}).get("power") for view in views)
+    clocked = any(_clock_cell(view.sample or {}).plain != NA for view in views)
     widths = {
         name: max([len(name), *(_cell_width(row[name]) for row in rows)])
         for name in COLUMNS
-        if name != SPARK and (metered or name != WATTS)
+        if name != SPARK and (metered or name != WATTS) and (clocked or name != CLOCK)
     }
     shown, spark = fit_columns(widths, width)
     table = Table(title="mlx-fleet thermal monitor", title_justify="left")

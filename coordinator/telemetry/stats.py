@@ -131,7 +131,8 @@ def host_stats(
         above_params += params
     row = conn.execute(
         "SELECT COUNT(*), MIN(celsius), AVG(celsius), MAX(celsius), MAX(simulated), "
-        f"COUNT(*) FILTER (WHERE {PAUSED}), {_READ_FROM}, {_POWER}{''.join(above_sql)} {_WINDOW}",
+        f"COUNT(*) FILTER (WHERE {PAUSED}), {_READ_FROM}, {_POWER}, {_CLOCKS}{''.join(above_sql)} "
+        f"{_WINDOW}",
         (PAUSED_JOB, *above_params, host, since),
     ).fetchone()
     count, low, mean, high, simulated, paused, *rest = tuple(row)
@@ -139,7 +140,8 @@ def host_stats(
     first = conn.execute(f"SELECT MIN(time) {_WINDOW}", (host, since)).fetchone()[0]
     last = conn.execute(f"SELECT MAX(time) {_WINDOW}", (host, since)).fetchone()[0]
     read_from, rest = rest[: len(READ_FROM_COLUMNS)], rest[len(READ_FROM_COLUMNS) :]
-    power, above = rest[: len(POWER_COLUMNS)], rest[len(POWER_COLUMNS) :]
+    power, rest = rest[: len(POWER_COLUMNS)], rest[len(POWER_COLUMNS) :]
+    clocks, above = rest[: len(CLOCK_STATS)], rest[len(CLOCK_STATS) :]
     spacing = usual_spacing(conn, host, since, first, last, count)
     pauses, stops = conn.execute(
         "SELECT COUNT(*) FILTER (WHERE action = 'pause'), COUNT(*) FILTER (WHERE action = "
@@ -166,6 +168,7 @@ def host_stats(
         "read_from": readings_by_sensor(conn, host, since, count, read_from),
         "policy": policy_at(policies, last),
         **host_energy(power, spacing),
+        **host_clocks(conn, host, since, clocks),
     }
 
 
@@ -239,6 +242,43 @@ def host_energy(power: Sequence[Any], spacing: float) -> dict[str, Any]:
         "power_sources": sorted(name for name in json.loads(sources) if name is not None),
         "power_simulated": bool(simulated),
     }
+
+
+CLOCK_STATS = {
+    "gpu_min_hz": "MIN(gpu_hz)",
+    "gpu_mean_hz": "AVG(gpu_hz)",
+    "gpu_max_hz": "MAX(gpu_hz)",
+    "gpu_mean_active": "AVG(gpu_active)",
+    "cpu_p_mean_hz": "AVG(cpu_p_hz)",
+    "cpu_e_mean_hz": "AVG(cpu_e_hz)",
+    "clock_source_first": "MIN(clock_source)",
+    "clock_source_last": "MAX(clock_source)",
+    "clock_simulated": "MAX(clock_simulated)",
+}
+"""What host_clocks needs of host_stats' one pass: the GPU clock's range and mean over the polls
+that read one (an idle GPU's polls have none), its mean active share, the clusters' means, and
+which clock sources gave them (rows recorded before clocks were kept add nothing)."""
+_CLOCKS = ", ".join(CLOCK_STATS.values())
+
+
+def host_clocks(
+    conn: sqlite3.Connection, host: str, since: float, values: Sequence[Any]
+) -> dict[str, Any]:
+    """From CLOCK_STATS' values: the figures, the clock sources of the window, sorted (a second
+    pass only when there are several), and whether any was a model's (`clock_simulated`)."""
+    figures = dict(zip(CLOCK_STATS, values, strict=True))
+    first, last = figures.pop("clock_source_first"), figures.pop("clock_source_last")
+    if first == last:
+        figures["clock_sources"] = [] if first is None else [first]
+    else:
+        rows = conn.execute(
+            f"SELECT DISTINCT clock_source {_WINDOW} AND clock_source IS NOT NULL "
+            "ORDER BY clock_source",
+            (host, since),
+        )
+        figures["clock_sources"] = [row[0] for row in rows]
+    figures["clock_simulated"] = bool(figures["clock_simulated"])
+    return figures
 
 
 @dataclass(frozen=True)

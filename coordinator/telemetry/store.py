@@ -20,7 +20,7 @@ from typing import Any
 
 from shared.io.paths import data_dir
 from shared.io.sqlite import open_store
-from shared.wire.telemetry import FIRST_SAMPLE_ROW, Cursor, Event, Sample
+from shared.wire.telemetry import CLOCK_COLUMNS, FIRST_SAMPLE_ROW, Cursor, Event, Sample
 
 _FIRST_ROW = Sample.column_sql(FIRST_SAMPLE_ROW, {"trend_c_per_min": "trend"})
 
@@ -72,6 +72,7 @@ ALTER TABLE samples ADD COLUMN job_paused INTEGER
 ALTER TABLE policies ADD COLUMN origin TEXT
 """,
     Sample.added_sql("samples", ("throttling", "throttle_evidence")),
+    Sample.added_sql("samples", CLOCK_COLUMNS),
 )
 """The schema, version by version (shared.io.sqlite.open_store): version 2 names the columns as
 shared.wire.telemetry does, keeps each row's `seq` as the agent numbered it, and each host's cursor;
@@ -82,8 +83,9 @@ source read at the same poll (power_w, energy_j, power); version 6 which sensor 
 source each reading is (sensor; NULL in rows recorded before); version 7 where a policy's
 numbers came from (origin: `defaults for smc`, `set by coordinator policy`, ...; NULL when the
 agent did not say); version 8 whether the Mac throttled and why (throttling,
-throttle_evidence; NULL in rows recorded before). Every query filters by host and time, which
-the samples' primary key and the events' unique key index."""
+throttle_evidence; NULL in rows recorded before); version 9 the clocks (CLOCK_COLUMNS; NULL in
+rows recorded before, and from an agent that predates them). Every query filters by host and
+time, which the samples' primary key and the events' unique key index."""
 
 Row = tuple[str, dict[str, Any]]
 """(host, body): the host as the coordinator names it (HOST:PORT), the message body as sent."""

@@ -9,7 +9,14 @@ guess."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+MAX_CLOCK_HZ = 10e9
+"""No Apple Silicon or workstation clock comes near 10 GHz (the fastest DVFS entry published is
+4.6 GHz, an M5 Max's P cluster: oshi/oshi#3673): a decoded frequency above it is a decoding fault,
+and a peer's is refused (shared.wire.agent_shapes)."""
 
 
 @dataclass(frozen=True)
@@ -28,3 +35,40 @@ class ClockReading:
     source: str
     simulated: bool = False
     note: str | None = None
+
+
+REPLAYED_SOURCE = "capture"
+"""A capture's clocks: a real Mac's, replayed."""
+
+
+def clock_label(source: str | None, simulated: bool | None) -> str:
+    """How clocks must be labelled wherever shown: `simulated` (a model's), `replayed` (a
+    capture's), or nothing for a machine's own."""
+    if simulated:
+        return "simulated"
+    return "replayed" if source == REPLAYED_SOURCE else ""
+
+
+def ghz(hz: float | None) -> str:
+    return "—" if hz is None else f"{hz / 1e9:.2f}"
+
+
+def clock_summary(sample: Mapping[str, Any]) -> str:
+    """One line of a sample's clocks (its gpu_hz ... clock_note fields, any missing as nil):
+    `GPU 1.10 GHz 84 % · P 3.20 · E 2.06 GHz`, `GPU idle` when the GPU ran no clock, its
+    label in parentheses, or `clocks unavailable: <why>`."""
+    figures = [sample.get(key) for key in ("gpu_hz", "gpu_active", "cpu_p_hz", "cpu_e_hz")]
+    if all(value is None for value in figures):
+        why = sample.get("clock_note") or "no clock source"
+        return why if why.startswith("unavailable") else f"unavailable: {why}"
+    gpu_hz, gpu_active, p_hz, e_hz = figures
+    if gpu_active is not None and gpu_hz is None:
+        gpu = "GPU idle"
+    elif gpu_hz is not None:
+        share = "" if gpu_active is None else f" {gpu_active * 100:.0f} %"
+        gpu = f"GPU {ghz(gpu_hz)} GHz{share}"
+    else:
+        gpu = "GPU —"
+    label = clock_label(sample.get("clock_source"), sample.get("clock_simulated"))
+    text = f"{gpu} · P {ghz(p_hz)} · E {ghz(e_hz)} GHz"
+    return f"{text} ({label})" if label else text

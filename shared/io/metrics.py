@@ -47,6 +47,14 @@ HOST:PORT too). Metrics (docs/monitoring.md):
   last poll; absent without a reading. The vendor's estimates (docs/energy.md).
 - mlx_fleet_energy_joules_total{host,source,rail}: counter of the joules each rail used (from
   the samples' cumulative joules; an agent restart, which resets them, adds its new value).
+- mlx_fleet_gpu_frequency_hertz{host,source,kind}: gauge, the GPU's clock averaged over its
+  active time in the last poll (docs/thermal.md, Clocks); `kind` is `measured`, `simulated` (the
+  thermal plant's) or `replayed` (a capture's); absent while the GPU was idle or the host reads
+  no clock.
+- mlx_fleet_gpu_active_ratio{host,source,kind}: gauge, the share of the last poll the GPU was
+  active (0 to 1); absent without a clock.
+- mlx_fleet_cpu_frequency_hertz{host,source,kind,cluster}: gauge, the P and E clusters' clocks
+  (cpufreq on Linux: the fastest and slowest kind of CPU); absent without a clock.
 - mlx_fleet_gang_state{host,job,group,rank,world,backend}: gauge, for each rank of a
   distributed job the host runs, the state all the job's ranks live under (0 ok ... 3 stop, as
   cooling_state); gone when the rank exits.
@@ -79,6 +87,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
 from prometheus_client.metrics import MetricWrapperBase
 
 from shared.benchmark.verdict import REASONS, VALID, VERDICTS, judge
+from shared.cooling.clocks import clock_label
 from shared.cooling.policy import CoolingState
 from shared.safe_text import shown
 
@@ -154,6 +163,7 @@ class _Host:
     power_shown: set[tuple[str, str]] = field(default_factory=set)
     joules_seen: dict[tuple[str, str], float] = field(default_factory=dict)
     gangs_shown: set[tuple[str, ...]] = field(default_factory=set)
+    clocks_shown: set[tuple[Gauge, tuple[str, ...]]] = field(default_factory=set)
     cells: OrderedDict[tuple[str, ...], list[tuple[Gauge, tuple[str, ...]]]] = field(
         default_factory=OrderedDict
     )
@@ -235,6 +245,25 @@ class MetricFamilies:
             [*base, "source", "rail"],
             registry=self.registry,
         )
+        self.gpu_frequency = gauge(
+            "mlx_fleet_gpu_frequency_hertz",
+            "The GPU's clock over its active time in the host's last poll.",
+            "source",
+            "kind",
+        )
+        self.gpu_active = gauge(
+            "mlx_fleet_gpu_active_ratio",
+            "The share of the host's last poll its GPU was active, 0 to 1.",
+            "source",
+            "kind",
+        )
+        self.cpu_frequency = gauge(
+            "mlx_fleet_cpu_frequency_hertz",
+            "Each CPU cluster's clock (P, E) over its active time in the host's last poll.",
+            "source",
+            "kind",
+            "cluster",
+        )
         self.gang_state = gauge(
             "mlx_fleet_gang_state",
             "A rank of a distributed job: the state all its ranks live under, 0 ok, 1 "
@@ -308,7 +337,7 @@ class TelemetryMetrics(MetricFamilies):
             metric.remove(*labels)
             state.series.discard((metric, labels))
         state.source, state.sensors, state.power_shown = None, set(), set()
-        state.gangs_shown, state.cells = set(), OrderedDict()
+        state.gangs_shown, state.cells, state.clocks_shown = set(), OrderedDict(), set()
 
     def host_up(
         self,
@@ -406,7 +435,27 @@ class TelemetryMetrics(MetricFamilies):
         state.pause_seen = total
         self._set(state, self.storage_ok, 0 if sample["storage_error"] else 1)
         self._observe_power(state, sample.get("power"))
+        self._observe_clocks(state, sample)
         self._observe_gangs(state, sample.get("jobs") or [])
+
+    def _observe_clocks(self, state: _Host, sample: Mapping[str, Any]) -> None:
+        """The clocks of the sample's poll, each labelled with its source and kind; a clock the
+        poll lacks (idle GPU, no source, an older agent) is gone, never a stale value."""
+        source = sample.get("clock_source") or ""
+        kind = clock_label(source, sample.get("clock_simulated")) or "measured"
+        wanted = {
+            (self.gpu_frequency, (source, kind)): sample.get("gpu_hz"),
+            (self.gpu_active, (source, kind)): sample.get("gpu_active"),
+            (self.cpu_frequency, (source, kind, "P")): sample.get("cpu_p_hz"),
+            (self.cpu_frequency, (source, kind, "E")): sample.get("cpu_e_hz"),
+        }
+        shown_now = {key for key, value in wanted.items() if value is not None}
+        for metric, extra in state.clocks_shown - shown_now:
+            self._drop(state, metric, *extra)
+        for (metric, extra), value in wanted.items():
+            if value is not None:
+                self._set(state, metric, float(value), *extra)
+        state.clocks_shown = shown_now
 
     def _observe_gangs(self, state: _Host, jobs: list[Mapping[str, Any]]) -> None:
         """One series per rank of a distributed job the host runs; gone with the rank."""

@@ -17,6 +17,7 @@ from shared.benchmark.energy import RAILS
 from shared.benchmark.matrix import DECODE, MAX_CELLS, MAX_COOL_START_S, PREFILL, PREFILL_DECODE
 from shared.benchmark.reboots import MAX_PANICS, PANIC_FILE_CAP, PANIC_TEXT_CAP
 from shared.benchmark.verdict import VERDICTS, judge
+from shared.cooling.clocks import MAX_CLOCK_HZ
 from shared.cooling.gang import BACKENDS, MAX_GROUP_LENGTH, MAX_WORLD
 from shared.cooling.policy import CoolingState, ThermalPolicy
 from shared.cooling.throttle import MAX_EVIDENCE as MAX_WORK_EVIDENCE
@@ -468,6 +469,8 @@ def record(value: Any) -> None:
         )
 
 
+hertz = s.nil_or(s.number(0, MAX_CLOCK_HZ))
+"""A clock: finite, 0 to MAX_CLOCK_HZ (a frequency beyond it is a decoding fault)."""
 sample = s.fields(
     {
         "host": name,
@@ -487,7 +490,17 @@ sample = s.fields(
         "power": s.nil_or(sample_power),
         "sensor": maybe_text,
     },
-    {"throttling": s.nil_or(s.flag), "throttle_evidence": s.nil_or(s.text(MAX_EVIDENCE))},
+    {  # optional: an older agent's samples lack them (docs/protocol.md §10)
+        "throttling": s.nil_or(s.flag),
+        "throttle_evidence": s.nil_or(s.text(MAX_EVIDENCE)),
+        "gpu_hz": hertz,
+        "gpu_active": s.nil_or(s.number(0, 1)),
+        "cpu_p_hz": hertz,
+        "cpu_e_hz": hertz,
+        "clock_source": maybe_text,
+        "clock_simulated": s.nil_or(s.flag),
+        "clock_note": maybe_text,
+    },
 )
 event = s.fields(
     {

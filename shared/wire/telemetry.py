@@ -65,7 +65,16 @@ class _Record:
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Any:
         """From a validated body (a wire message's, or body() output); `host` is not kept."""
+        body = cls.completed(body)
         return cls(**{f.name: body[f.name] for f in fields(cls)})
+
+    @classmethod
+    def completed(cls, body: dict[str, Any]) -> dict[str, Any]:
+        """`body` with each optional field it lacks (an older agent's) at its default."""
+        missing = {
+            f.name: f.default for f in fields(cls) if f.metadata["optional"] and f.name not in body
+        }
+        return {**body, **missing} if missing else body
 
     def row(self) -> tuple[Any, ...]:
         """The values of columns(), as stored."""
@@ -77,7 +86,10 @@ class _Record:
         (a lab's telemetry), so the values are taken in one call and only those stored
         differently are converted."""
         take, converted = cls._row_plan()
-        row = take(body)
+        try:
+            row = take(body)
+        except KeyError:  # an older agent's body, without the optional fields
+            row = take(cls.completed(body))
         if not converted:
             return row
         values = list(row)
@@ -202,9 +214,36 @@ class Sample(_Record):
     throttle_evidence: str | None = _spec((str, _NIL), "TEXT", default=None, optional=True)
     """What the signals read (`GPU 1.10 GHz of 1.40 sustained`, `job 3f2a: 312 tok/s of
     402`), the throttling ones when it throttles; None without a verdict."""
+    gpu_hz: float | None = _spec((*_NUMBER, _NIL), "REAL", default=None, optional=True)
+    """The GPU's clock (Hz) averaged over its active time in the last poll (docs/thermal.md,
+    Clocks); None: idle, or no clock source (`clock_note` says why)."""
+    gpu_active: float | None = _spec((*_NUMBER, _NIL), "REAL", default=None, optional=True)
+    """The share of the last poll the GPU was active, 0 to 1."""
+    cpu_p_hz: float | None = _spec((*_NUMBER, _NIL), "REAL", default=None, optional=True)
+    """The performance (M5: Super) cluster's clock (Hz) over its active time."""
+    cpu_e_hz: float | None = _spec((*_NUMBER, _NIL), "REAL", default=None, optional=True)
+    """The efficiency (M5 Pro/Max: Performance) cluster's clock (Hz)."""
+    clock_source: str | None = _spec((str, _NIL), "TEXT", default=None, optional=True)
+    """Where the clocks came from (`ioreport`, `cpufreq`, `capture`, the plant's, `none`)."""
+    clock_simulated: bool | None = _spec((bool, _NIL), "INTEGER", "bool", None, optional=True)
+    """The clocks are a model's (the thermal plant), not a machine's."""
+    clock_note: str | None = _spec((str, _NIL), "TEXT", default=None, optional=True)
+    """What the clocks mean on this machine (requested or granted state), or why there are
+    none (`unavailable: ...`)."""
     seq: int | None = _spec(int, "INTEGER", default=None)
     """None until the agent's store numbers it; always a number on the wire."""
 
+
+CLOCK_COLUMNS = (
+    "gpu_hz",
+    "gpu_active",
+    "cpu_p_hz",
+    "cpu_e_hz",
+    "clock_source",
+    "clock_simulated",
+    "clock_note",
+)
+"""The clock fields (issue 41), added to both stores in one migration."""
 
 FIRST_SAMPLE_ROW = (
     "time",

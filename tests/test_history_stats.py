@@ -27,7 +27,7 @@ from coordinator.telemetry.stats import (
     threshold_in_force,
 )
 from coordinator.telemetry.store import TelemetryStore
-from shared.wire.telemetry import CLOCK_COLUMNS, Cursor
+from shared.wire.telemetry import Cursor, Sample
 
 POLICY = {
     "max_speed_temp": 75.0,
@@ -379,9 +379,8 @@ def test_store_keeps_each_sample_and_event_once(tmp_path: Path) -> None:
         assert again == (1, [])  # only the sample at 3 is new
         by_host = store.samples(2, ["a:1"])
         assert list(by_host) == ["a:1"] and by_host["a:1"] == [
-            dict.fromkeys(CLOCK_COLUMNS)  # an older agent's: read back as nil
-            | {k: v for k, v in sample(t, c).items() if k != "host"}
-            for t, c in ((2, 71), (3, 72))
+            {k: v for k, v in Sample.completed(sample(t, c)).items() if k != "host"}
+            for t, c in ((2, 71), (3, 72))  # an older agent's: its absent fields read as nil
         ]
         assert [e["action"] for e in store.events(0)["a:1"]] == ["pause", "policy"]
     with TelemetryStore(tmp_path / "t.sqlite") as reopened:

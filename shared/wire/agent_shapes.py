@@ -66,8 +66,6 @@ EVENT_ACTIONS = (*RUN_ACTIONS, "policy")
 """A telemetry event's actions: a job's, and the agent's own `policy`."""
 POLICY_STATES = tuple(state.value for state in CoolingState)
 
-MAX_CLOCK_HZ = 1e10
-"""A GPU clock past 10 GHz is no Apple GPU's (they run near 1.4 GHz)."""
 MAX_CELL_CLOCK_SAMPLES = 100_000
 """A cell's clock readings, one per poll: a day's sustained cell at 1 Hz is 86,400."""
 MAX_EVIDENCE = 1024

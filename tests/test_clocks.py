@@ -256,3 +256,33 @@ def test_a_thermal_sources_own_clock_comes_first(tmp_path, monkeypatch) -> None:
         assert isinstance(chosen, NoClockSource)
         assert chosen.last_error is not None
         assert chosen.last_error.startswith("unavailable: cpufreq: no scaling_cur_freq")
+
+
+def test_a_thermal_plants_clock_is_read_as_a_clock_source(tmp_path) -> None:
+    """The plant's clock (agent.thermal.plant.PlantClocks) is no ClockSource: read through one,
+    labelled simulated, and a failing read is a None reading with the reason."""
+    from agent.thermal.plant import PlantSource
+    from shared.cooling.plant import parse_plant_spec
+
+    plant = PlantSource(
+        parse_plant_spec(":air"), load=lambda: 0.0, state_path=tmp_path / "plant.json"
+    )
+    try:
+        clock = open_clock_source(plant)
+        reading = clock.read()
+        assert reading is not None and reading.simulated and clock.simulated
+        assert reading.source.startswith("plant") and reading.gpu_hz is not None
+    finally:
+        plant.close()
+
+    class Broken:
+        name = "broken"
+
+        def read(self) -> None:
+            raise RuntimeError("the model diverged")
+
+    class WithBroken:
+        clock_source = Broken()
+
+    broken = open_clock_source(WithBroken())
+    assert broken.read() is None and broken.last_error == "broken: the model diverged"

@@ -37,6 +37,17 @@ COMMANDS = [
         {"allow_interspersed_args": False},
     ),
     LazyCommand(
+        "calibrate",
+        "agent.commands.calibrate:calibrate_command",
+        "Learn where this Mac throttles (a sustained MLX load, then held below it) and keep it "
+        "as its calibrated policy.",
+        examples=(
+            "agent calibrate                       # 30 minutes, the sensor auto picks",
+            "agent calibrate --minutes 45 -o json",
+            "agent calibrate --thermal-source sim:plant:air,speed=60 --minutes 1",
+        ),
+    ),
+    LazyCommand(
         "install",
         "agent.commands.service:install_command",
         "Install `agent serve` as a launchd (macOS) or systemd (Linux) service and start it.",

@@ -36,6 +36,9 @@ MAX_LOAD_S = HOUR
 """`agent doctor --load`."""
 MAX_CAPTURE_S = DAY
 """`agent doctor --capture --seconds`."""
+MAX_CALIBRATE_MINUTES = 600.0
+"""`agent calibrate --minutes` (and `coordinator calibrate`'s, a `calibrate.start`'s): ten
+hours, past any Mac's time to throttle and a hold after it."""
 MAX_GRACE_S = HOUR
 """`agent run --grace`."""
 MAX_THROTTLE_WINDOW_S = DAY

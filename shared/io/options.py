@@ -34,6 +34,7 @@ from shared.benchmark.matrix import (
 from shared.benchmark.sustain import DEFAULT_WINDOW_S, SustainError, SustainPlan, parse_duration
 from shared.benchmark.verdict import NOISY_SHARE
 from shared.bounds import (
+    MAX_CALIBRATE_MINUTES,
     MAX_COOL_START_S,
     MAX_DELAY_S,
     MAX_IDLE_BASELINE_S,
@@ -311,6 +312,12 @@ PollInterval = bounded_option(
     "seconds",
     MAX_POLL_INTERVAL_S,
     "--interval",
+)
+CalibrateMinutes = bounded_option(
+    "--minutes",
+    "Minutes the calibration runs: flat out until the Mac throttles, then held below it.",
+    "minutes",
+    MAX_CALIBRATE_MINUTES,
 )
 PowerSourceName = Annotated[
     str,

@@ -31,8 +31,11 @@ from shared.cooling.throttle import (
 SETTLE_SHARE = 0.5
 """The share of each operating phase left out before its steady figures are taken (the
 firmware settling after onset, the hold's first approach to its cap)."""
-HOLD_BELOW_C = 0.5
-"""The hold's cap below the onset: the load runs while the reading is under it."""
+HOLD_BELOW_C = 1.0
+"""The hold's cap below the onset: the load runs while the reading is under it. A poll of load
+heats the die some tenths of a degree near the onset (the fanless plant, a poll of 6 s of its
+time: 0.5 °C); a cap closer than that lets it cross the onset, the firmware lowers the clock,
+and the hold measures a duty at a lowered clock."""
 RECOVER_BELOW_C = 5.0
 """Before the hold, the load rests until the reading is this far below the onset: a firmware
 restores its clock only some degrees below where it lowered it (hysteresis), and a hold at a
@@ -257,11 +260,7 @@ def find_throttle_point(
         calibrated_at=calibrated_at,
         onset_c=_midpoint(before.celsius, after.celsius),
         sensor=after.sensor,
-        sensor_onsets={
-            name: _midpoint(before.sensors[name], value)
-            for name, value in after.sensors.items()
-            if name in before.sensors
-        },
+        sensor_onsets=sensor_onsets(before, after),
         time_to_throttle_s=max(0.0, onset_time - samples[sustained[0] - 1].time),
         signal=signal,
         reference=reference(polls[:first], signal),
@@ -271,6 +270,19 @@ def find_throttle_point(
         start_c=idle[-1] if idle else samples[sustained[0]].celsius,
         evidence=throttled_evidence(verdicts[first:]),
     )
+
+
+def sensor_onsets(before: CalibrationSample, after: CalibrationSample) -> dict[str, float]:
+    """Every sensor's reading at the onset (between the two polls); a source that names only
+    the sensor its reading is gives that one."""
+    found = {
+        name: _midpoint(before.sensors[name], value)
+        for name, value in after.sensors.items()
+        if name in before.sensors
+    }
+    if not found and after.sensor and before.celsius is not None and after.celsius is not None:
+        found[after.sensor] = _midpoint(before.celsius, after.celsius)
+    return found
 
 
 def reference(before: Sequence[ThrottlePoll], signal: str) -> float:

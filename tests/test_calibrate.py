@@ -1,0 +1,175 @@
+"""`agent calibrate` end to end (issue 41, Build 4): the real command, its real MLX load in a
+child process, on the thermal plant (`sim:plant:air`, run faster than the wall clock): it finds
+the preset's throttle onset within 1 °C and its sustainable duty within 5 %, stores it, and a
+real `agent serve` started afterwards (twice) enforces it and names its origin. Bad input and
+interrupted runs store nothing and keep the previous policy."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.cooling.calibration_file import calibration_path, load_calibration, save_calibration
+from shared.cooling.plant import PRESETS, unthrottled_optimum
+from shared.cooling.throttle_point import ThrottlePoint, find_throttle_point
+from tests.conftest import console_script, piped, run_cli
+from tests.fleet_support import AgentPool
+from tests.test_throttle_point import run_model
+
+PLANT = "sim:plant:air,speed=120"
+"""The fanless preset, 2 minutes of a Mac per wall second: it throttles about 5 s in."""
+AIR = PRESETS["air"]
+
+
+def earlier_calibration() -> ThrottlePoint:
+    point = find_throttle_point(run_model(), "smc", False, 1796428800.0)  # 2026-12-05
+    save_calibration(point)
+    return point
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("minutes", "said"),
+    [
+        ("0", "--minutes must be > 0 minutes, got 0"),
+        ("-1", "--minutes must be > 0 minutes, got -1"),
+        ("1e9", "--minutes must be at most 600 minutes, got 1e+09"),
+        ("nan", "--minutes must be a finite number, got nan"),
+    ],
+)
+def test_minutes_out_of_range_is_one_line(minutes: str, said: str) -> None:
+    done = run_cli("agent", "calibrate", "--minutes", minutes, "--thermal-source", PLANT)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [f"error: {said}"]
+    assert not calibration_path().exists()
+
+
+@pytest.mark.slow
+def test_no_sensor_is_one_line_and_nothing_stored() -> None:
+    kept = earlier_calibration()
+    done = run_cli("agent", "calibrate", "--thermal-source", "none", "--minutes", "1")
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert done.stderr.startswith("error: no sensor: none:")
+    assert load_calibration() == kept
+
+
+@pytest.mark.slow
+def test_no_mlx_device_is_one_line(tmp_path: Path) -> None:
+    """MLX as a Mac with no Metal device leaves it: the device's first use fails (a fake mlx
+    package, first on the load child's path; ml-explore/mlx#3428's RuntimeError)."""
+    fake = tmp_path / "fake" / "mlx"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "core.py").write_text(
+        "def default_device():\n    raise RuntimeError('No Metal device available')\n"
+    )
+    done = run_cli(
+        "agent",
+        "calibrate",
+        "--thermal-source",
+        PLANT,
+        "--minutes",
+        "1",
+        env={"PYTHONPATH": str(tmp_path / "fake")},
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "error: no MLX load can run here: RuntimeError: No Metal device available"
+    ]
+    assert not calibration_path().exists()
+
+
+@pytest.mark.slow
+def test_a_running_job_refuses_it(agents: AgentPool, fleet_home: Path) -> None:
+    """A job `agent run` supervises under this Mac's daemon: the calibration would measure it."""
+    agents.start(home=fleet_home)
+    job = piped(
+        [console_script("agent"), "run", "--", sys.executable, "-c", "input()"],
+        stdin=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            done = run_cli("agent", "calibrate", "--thermal-source", PLANT, "--minutes", "1")
+            if done.returncode == 2 and "a job is running" in done.stderr:
+                break
+            assert time.monotonic() < deadline, done.stderr
+            time.sleep(0.5)
+        assert len(done.stderr.strip().splitlines()) == 1
+        assert "agent run job" in done.stderr
+        assert not calibration_path().exists()
+    finally:
+        job.kill()
+        job.communicate()
+
+
+@pytest.mark.slow
+def test_on_the_plant_it_finds_the_presets_onset_and_duty_and_a_restart_keeps_it(
+    agents: AgentPool, fleet_home: Path
+) -> None:
+    done = run_cli(
+        "agent", "calibrate", "--thermal-source", PLANT, "--minutes", "0.5", "-o", "json"
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    point = ThrottlePoint.from_dict(report["calibration"])
+    assert abs(point.onset_c - AIR.limit_c) <= 1.0, point
+    sustainable = unthrottled_optimum(AIR, AIR.limit_c)
+    assert point.duty_cycle is not None and abs(point.duty_cycle - sustainable) <= 0.05, point
+    assert point.simulated and point.signal == "gpu clock"
+    assert point.throttled is not None and point.held is not None
+    assert report["policy"]["pause_temp"] == round(point.onset_c, 1)
+    assert report["policy_origin"] == point.origin()
+    assert point.origin().startswith("calibrated on this Mac ")
+    assert f"({PLANT} · plant die, simulated)" in point.origin()
+    assert "calibrate:" in done.stderr and "flat out" in done.stderr
+    assert load_calibration() == point
+    for _ in range(2):  # started, then started again: the stored policy survives
+        agent = agents.start(home=fleet_home, thermal=PLANT)
+        deadline = time.monotonic() + 30
+        while point.origin() not in agent.log_text():
+            assert time.monotonic() < deadline, agent.log_text()
+            time.sleep(0.1)
+        agent.kill()
+    shown = run_cli("agent", "temp", "--thermal-source", PLANT, "-o", "json")
+    assert json.loads(shown.stdout)["policy_origin"] == point.origin()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("how", "code", "said"),
+    [(signal.SIGTERM, 143, "interrupted"), (signal.SIGINT, 130, "interrupted")],
+)
+def test_interrupted_it_stores_nothing_and_says_the_previous_policy_stays(
+    how: signal.Signals, code: int, said: str
+) -> None:
+    kept = earlier_calibration()
+    run = piped([console_script("agent"), "calibrate", "--thermal-source", PLANT, "--minutes", "1"])
+    assert run.stderr is not None
+    for line in run.stderr:  # interrupted under load, not while starting
+        if "flat out" in line:
+            break
+    run.send_signal(how)
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == code, err
+    assert f"calibrate: {said}; nothing stored, the previous policy stays" in err
+    assert kept.origin() in err
+    assert load_calibration() == kept
+
+
+@pytest.mark.slow
+def test_a_thermal_stop_ends_it_and_stores_nothing() -> None:
+    done = run_cli(
+        "agent", "calibrate", "--thermal-source", PLANT, "--minutes", "1", "--stop-temp", "80"
+    )
+    assert done.returncode == 75, done.stderr
+    assert "calibrate: stopped by the heat: " in done.stderr
+    assert "at or above 80 °C for 3 polls; nothing stored" in done.stderr
+    assert not calibration_path().exists()

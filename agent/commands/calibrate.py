@@ -55,9 +55,13 @@ def calibrate_command(
     stop_temp: StopGiven = None,
     fmt: TableFormat = "table",
 ) -> None:
-    """Learn where this Mac throttles: a sustained MLX load from cold, every sensor against the
-    clock and the work rate, then the load held below the onset; stored as the Mac's calibrated
-    policy (pause at the onset), under any thresholds a coordinator set.
+    """Learn where this Mac throttles (a sustained MLX load, then held below it) and keep it as
+    its calibrated policy.
+
+    From cold, flat out until the clock (else the work rate) drops and stays down: every sensor's
+    reading there is its onset; then held just under it, for the duty that holds it and the
+    work rate it leaves. Stored as the Mac's calibrated policy (pause at the onset), under any
+    thresholds a coordinator set.
 
     Nothing is stored when it is interrupted (Ctrl-C, SIGTERM), stopped by the heat, or finds
     no onset: the previous policy stays. Exit codes: 0 calibrated, 1 no onset found (or the

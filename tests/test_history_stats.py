@@ -66,6 +66,9 @@ def sample(
         "power_w": None,
         "energy_j": None,
         "power": None,
+        "throttling": None,
+        "throttle_evidence": None,
+        "started": None,
         "seq": int(at),
     }
 

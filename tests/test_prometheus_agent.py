@@ -148,6 +148,53 @@ def after_a_restart() -> TelemetryMetrics:
     return metrics
 
 
+PAUSED = ("mlx_fleet_pause_seconds_total", (("host", "mac1"),))
+
+
+@pytest.mark.parametrize(
+    ("totals", "expected"),
+    [
+        # (pause_s_total, started) per sample; the counter's value after them
+        ([(120.3, 1000.0), (120.0, 1000.0), (120.0, 1000.0)], 120.3),  # a resume stamped late
+        ([(50.0, 1000.0), (120.0, 1000.0), (60.0, 1000.0), (125.0, 1000.0)], 125.0),  # replayed
+        ([(120.0, 1000.0), (5.0, 2000.0), (8.0, 2000.0)], 128.0),  # restarted: a new `started`
+        ([(120.0, 1000.0), (130.0, 2000.0)], 250.0),  # restarted, already past the old total
+        ([(120.0, 1000.0), (100.0, None), (121.0, 1000.0)], 121.0),  # a row without it
+        ([(120.0, None), (5.0, None)], 125.0),  # an older agent: a decrease is its restart
+    ],
+    ids=["late-resume", "replayed", "restart", "restart-past", "row-without", "older-agent"],
+)
+def test_the_pause_counter_counts_each_second_once(
+    totals: list[tuple[float, float | None]], expected: float
+) -> None:
+    """Issue 42: a 120 s pause counted twice when the total went down by a late-stamped resume:
+    a restart is told by the samples' `started`, never by a decrease."""
+    metrics = TelemetryMetrics()
+    for total, started in totals:
+        metrics.observe_sample({**SAMPLE, "pause_s_total": total, "started": started})
+    assert parse(generate(metrics))[PAUSED] == pytest.approx(expected)
+
+
+def test_an_agent_never_says_less_pause_than_it_said() -> None:
+    """The agent's own total: a resume that `agent run` stamped before the last poll's time
+    takes back nothing the poll counted."""
+    from agent.daemon.telemetry import JobTable
+    from shared.wire.telemetry import Event
+
+    def event(action: str, at: float) -> Event:
+        return Event(time=at, job="j1", pid=42, action=action, source="sim", simulated=True)
+
+    table = JobTable()
+    table.apply(Event(time=0.0, job="j1", pid=42, action="start", source="sim",
+                      simulated=True, detail="python train.py"), "run")  # fmt: skip
+    table.apply(event("pause", 10.0), "run")
+    assert table.pause_s_total(130.3) == pytest.approx(120.3)
+    table.apply(event("resume", 130.0), "run")  # stamped 0.3 s before the poll above
+    assert table.pause_s_total(131.0) == pytest.approx(120.3)
+    table.apply(event("pause", 200.0), "run")
+    assert table.pause_s_total(210.0) == pytest.approx(130.0)
+
+
 def test_no_reading_exports_no_temperature_no_state_never_nan() -> None:
     text = generate(without_a_reading())
     assert "mlx_fleet_soc_temperature_celsius{" not in text and "NaN" not in text

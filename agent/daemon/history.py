@@ -59,6 +59,7 @@ CREATE INDEX samples_time ON samples (time)
     Sample.added_sql("samples", ("sensor",)),
     Sample.added_sql("samples", ("throttling", "throttle_evidence")),
     Sample.added_sql("samples", CLOCK_COLUMNS),
+    Sample.added_sql("samples", ("started",)),
 )
 """The schema, version by version (shared.io.sqlite.open_store). Version 1 is the file earlier
 releases made without a version; version 2 numbers samples (the history cursor, never given
@@ -67,7 +68,8 @@ columns of shared.wire.telemetry.Sample; version 3 adds what the agent could not
 the sample (storage_error); version 4 what its power source read at the same poll (power_w,
 energy_j, power); version 5 which sensor of the source the reading is (sensor; NULL in rows
 recorded before); version 6 whether the Mac throttled and why (throttling, throttle_evidence);
-version 7 the clocks (CLOCK_COLUMNS: NULL in rows recorded before)."""
+version 7 the clocks (CLOCK_COLUMNS: NULL in rows recorded before); version 8 when the agent
+that took it started (started: its counters' restarts)."""
 _COLUMNS = ", ".join(("seq", *Sample.columns()))
 _INSERT = (
     f"INSERT INTO samples ({_COLUMNS}) VALUES ({', '.join('?' * (len(Sample.columns()) + 1))})"

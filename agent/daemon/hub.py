@@ -90,6 +90,8 @@ class TelemetryHub:
         self.retention_days = retention_days
         self.storage = storage
         self.host = name or socket.gethostname()
+        self.started = time.time()
+        """When this agent started: every sample says so, a client's restart of its counters."""
         self._policy = EnforcedPolicy(storage)
         self.jobs = JobTable()
         events = EventLog()
@@ -245,6 +247,7 @@ class TelemetryHub:
             power,
             throttle,
             clocks,
+            self.started,
         )
         added = self.history.add_sample(taken)
         if self.history.late:  # taken while the disk refused to set numbers aside

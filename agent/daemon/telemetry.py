@@ -134,11 +134,13 @@ def sample(
     power: PowerPoll | None = None,
     throttle: ThrottleVerdict | None = None,
     clocks: ClockPoll | None = None,
+    started: float | None = None,
 ) -> Sample:
     """The sample of one poll (not yet numbered); `now` stands in for the time when there is no
     reading. `power` is None when the agent has no power source; `throttle` is the throttle
     rule's verdict on this poll (shared.cooling.throttle; None: no verdict); `clocks` None when
-    the agent reads none (its fields then stay nil)."""
+    the agent reads none (its fields then stay nil); `started` when the agent started (its
+    counters count from then)."""
     return Sample(
         time=reading.time if reading else now,
         celsius=reading.celsius if reading else None,
@@ -155,6 +157,7 @@ def sample(
         throttling=throttle.throttling if throttle else None,
         throttle_evidence=throttle.text if throttle else None,
         **(clocks.fields() if clocks else {}),
+        started=started,
     )
 
 
@@ -244,6 +247,7 @@ class JobTable:
         self.jobs: dict[str, SupervisedJob] = {}
         self.gangs = GangMailbox()
         self._paused_s = 0.0
+        self._said_s = 0.0  # the most pause_s_total said: it never goes down
 
     def apply(self, event: Event, kind: str) -> None:
         """`start` lists the job (its detail is the command); the actions in STATE_AFTER move it;
@@ -274,13 +278,16 @@ class JobTable:
         return tuple(job.pid for job in jobs if job.pid and job.state != p.SUPERVISED_EXITED)
 
     def pause_s_total(self, now: float) -> float:
-        """Finished pauses plus the ones going on, every job counted."""
+        """Finished pauses plus the ones going on, every job counted; never less than it said
+        before (a resume stamped by `agent run` before this poll's time would take back what
+        the poll counted, and a counter that goes down reads as a restart)."""
         ongoing = sum(
             max(0.0, now - job.paused_since)
             for job in self.jobs.values()
             if job.paused_since is not None
         )
-        return self._paused_s + ongoing
+        self._said_s = max(self._said_s, self._paused_s + ongoing)
+        return self._said_s
 
     def vanished(self, alive: Callable[[int], bool], now: float) -> list[Event]:
         """Exit events for `run` jobs whose process group (`alive(pgid)`) has been gone for

@@ -73,6 +73,7 @@ ALTER TABLE policies ADD COLUMN origin TEXT
 """,
     Sample.added_sql("samples", ("throttling", "throttle_evidence")),
     Sample.added_sql("samples", CLOCK_COLUMNS),
+    Sample.added_sql("samples", ("started",)),
 )
 """The schema, version by version (shared.io.sqlite.open_store): version 2 names the columns as
 shared.wire.telemetry does, keeps each row's `seq` as the agent numbered it, and each host's cursor;
@@ -84,7 +85,8 @@ source each reading is (sensor; NULL in rows recorded before); version 7 where a
 numbers came from (origin: `defaults for smc`, `set by coordinator policy`, ...; NULL when the
 agent did not say); version 8 whether the Mac throttled and why (throttling,
 throttle_evidence; NULL in rows recorded before); version 9 the clocks (CLOCK_COLUMNS; NULL in
-rows recorded before, and from an agent that predates them). Every query filters by host and
+rows recorded before, and from an agent that predates them); version 10 when the agent that
+took it started (started: its counters' restarts; NULL before). Every query filters by host and
 time, which the samples' primary key and the events' unique key index."""
 
 Row = tuple[str, dict[str, Any]]

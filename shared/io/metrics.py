@@ -33,7 +33,8 @@ HOST:PORT too). Metrics (docs/monitoring.md):
 - mlx_fleet_policy_info{host,origin}: gauge, 1: where the thresholds' numbers came from
   (`defaults for smc`, `set by coordinator policy`, ...); absent while the agent has not said.
 - mlx_fleet_pause_seconds_total{host}: counter of seconds supervised jobs spent paused (from the
-  samples' pause_s_total; an agent restart, which resets that total, adds its new value).
+  samples' pause_s_total; an agent restart, told by a new `started` in its samples, adds the new
+  total; a total that goes down otherwise adds nothing).
 - mlx_fleet_policy_actions_total{host,action}: counter of the actions the policy took on jobs
   (pause, resume, reduce_batch, restore_batch, stop), each at 0 from the host's start.
 - mlx_fleet_agent_up{host}: gauge, 1 while the host's telemetry arrives; 0 for a host that is
@@ -160,6 +161,8 @@ class _Host:
     source: str | None = None
     sensors: set[str] = field(default_factory=set)
     pause_seen: float = 0.0
+    started: float | None = None
+    """When the agent started, as its samples say (None: not said yet, or an older agent)."""
     power_shown: set[tuple[str, str]] = field(default_factory=set)
     joules_seen: dict[tuple[str, str], float] = field(default_factory=dict)
     gangs_shown: set[tuple[str, ...]] = field(default_factory=set)
@@ -429,10 +432,13 @@ class TelemetryMetrics(MetricFamilies):
         else:
             self._set(state, self.throttling, 1 if throttling else 0)
         total = float(sample["pause_s_total"])
-        added = total - state.pause_seen if total >= state.pause_seen else total  # restarted
-        if added > 0:
-            self.pause_seconds.labels(*self._labels(state)).inc(added)
-        state.pause_seen = total
+        restarted = _restarted(state, sample.get("started"), total)
+        if restarted:
+            state.joules_seen.clear()
+        seen = 0.0 if restarted else state.pause_seen
+        if total > seen:
+            self.pause_seconds.labels(*self._labels(state)).inc(total - seen)
+        state.pause_seen = max(seen, total)  # a total that went down was counted already
         self._set(state, self.storage_ok, 0 if sample["storage_error"] else 1)
         self._observe_power(state, sample.get("power"))
         self._observe_clocks(state, sample)
@@ -610,3 +616,16 @@ def serve_metrics(registry: CollectorRegistry, address: str) -> MetricsServer:
     thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
     thread.start()
     return MetricsServer(server, thread)
+
+
+def _restarted(state: _Host, started: Any, pause_total: float) -> bool:
+    """Whether the agent restarted since its last sample seen: told by a new `started` (when
+    its samples say it), never by a counter that went down, which a late-stamped resume or a
+    replayed sample also makes (issue 42: a 120 s pause counted twice). An older agent that
+    says no `started` falls back to its pause total going down."""
+    if isinstance(started, (int, float)) and not isinstance(started, bool):
+        before, state.started = state.started, float(started)
+        return before is not None and before != state.started
+    if state.started is not None:
+        return False  # a sample without it (a row stored before) from an agent that says it
+    return pause_total < state.pause_seen

@@ -498,6 +498,7 @@ sample = s.fields(
         "clock_source": maybe_text,
         "clock_simulated": s.nil_or(s.flag),
         "clock_note": maybe_text,
+        "started": s.nil_or(epoch),
     },
 )
 event = s.fields(

@@ -230,6 +230,9 @@ class Sample(_Record):
     clock_note: str | None = _spec((str, _NIL), "TEXT", default=None, optional=True)
     """What the clocks mean on this machine (requested or granted state), or why there are
     none (`unavailable: ...`)."""
+    started: float | None = _spec((*_NUMBER, _NIL), "REAL", default=None, optional=True)
+    """When the agent that took it started (epoch s): `pause_s_total` and the joules count from
+    then, so a client tells a restart by a new `started`, never by a counter that went down."""
     seq: int | None = _spec(int, "INTEGER", default=None)
     """None until the agent's store numbers it; always a number on the wire."""
 

@@ -390,6 +390,9 @@ def test_a_doctor_capture_on_this_machine_round_trips_through_agent_temp(
     zone.mkdir(parents=True)
     (zone / "type").write_text("x86_pkg_temp\n")
     (zone / "temp").write_text("45000\n")
+    cpufreq = tmp_path / "sys" / "devices" / "system" / "cpu" / "cpu0" / "cpufreq"
+    cpufreq.mkdir(parents=True)
+    (cpufreq / "scaling_cur_freq").write_text("2400000\n")
     env = {**os.environ, "MLX_FLEET_SYSFS_ROOT": str(tmp_path / "sys")}
     path = tmp_path / "here.jsonl"
     captured = subprocess.run(
@@ -410,6 +413,9 @@ def test_a_doctor_capture_on_this_machine_round_trips_through_agent_temp(
     reading = json.loads(shown.stdout)
     assert (reading["celsius"], reading["source"], reading["kind"]) == (45.0, "capture", "capture")
     assert reading["policy_origin"] == "defaults for linux"
+    clocks = reading["clocks"]  # cpufreq's files, captured and replayed (agent.clocks.capture)
+    assert (clocks["cpu_p_hz"], clocks["clock_source"]) == (2.4e9, "capture")
+    assert "replayed" in clocks["clock_note"] and clocks["gpu_hz"] is None
 
 
 # --- power ------------------------------------------------------------------------------------

@@ -286,3 +286,93 @@ def test_a_thermal_plants_clock_is_read_as_a_clock_source(tmp_path) -> None:
 
     broken = open_clock_source(WithBroken())
     assert broken.read() is None and broken.last_error == "broken: the model diverged"
+
+
+# --- captures ---------------------------------------------------------------------------------
+
+
+def states_row(channel: str, states: list[tuple[str, int]]) -> list:
+    """A capture's `ioreport_states` row (agent.sensors.capture.INPUTS): cumulative ticks per
+    state as IOReportStateGetResidency reads them, named as IOReportStateGetNameForIndex."""
+    group, subgroup = ("GPU Stats", "GPU Performance States") if channel == "GPUPH" else (
+        "CPU Stats", "CPU Core Performance States")  # fmt: skip
+    return [group, subgroup, channel, [[name, ticks] for name, ticks in states]]
+
+
+def clock_capture(path, polls: list[dict], header: dict | None = None):
+    from agent.sensors.capture import header_line, poll_line
+
+    machine = {"chip": "Apple M4 Max", "pmgr": {
+        "voltage-states9": table_blob([0, 1_000_000_000, 1_400_000_000]).hex(),
+        "voltage-states1-sram": table_blob([1_000_000, 2_000_000]).hex(),
+        "voltage-states5-sram": table_blob([2_000_000, 4_000_000]).hex(),
+    }} if header is None else header  # fmt: skip
+    path.write_text("\n".join([header_line(machine), *map(poll_line, polls)]) + "\n")
+    return path
+
+
+def test_a_captures_residencies_replay_its_clocks_labelled_replayed(tmp_path) -> None:
+    """Two polls' cumulative counters make each interval, as two live reads do; the tables and
+    the chip's note come from the header (agent doctor --capture writes both)."""
+    from agent.thermal.capture import CaptureSource
+
+    def poll(t: int, off: int, p2: int, pcpu: int) -> dict:
+        return {
+            "t": t,
+            "iohid": {"PMU tdie1": 60.0 + t},
+            "ioreport_states": [
+                states_row("GPUPH", [("OFF", off), ("P1", 0), ("P2", p2)]),
+                states_row("PCPU0", [("IDLE", 100), ("V0P1", 0), ("V1P0", pcpu)]),
+            ],
+        }
+
+    polls = [poll(0, 1000, 0, 0), poll(1, 1010, 90, 50), poll(2, 1110, 90, 50)]
+    path = clock_capture(tmp_path / "clocks.jsonl", polls)
+    clock = [0.0]
+    with CaptureSource(str(path), lambda: clock[0]) as source:
+        clocks = open_clock_source(source)
+        assert clocks is source.clock_source
+        assert clocks.read() is None and "no interval" in (clocks.last_error or "")
+        clock[0] = 1.0
+        reading = clocks.read()
+        assert reading is not None
+        assert reading.gpu_hz == pytest.approx(1.4e9) and reading.gpu_active == pytest.approx(0.9)
+        assert reading.cpu_p_hz == pytest.approx(4e9) and reading.cpu_e_hz is None
+        assert reading.source == "capture" and not reading.simulated
+        assert (
+            reading.note is not None and "requested" in reading.note and "replayed" in reading.note
+        )
+        clock[0] = 2.0
+        idle = clocks.read()
+        assert idle is not None and idle.gpu_hz is None and idle.gpu_active == 0.0
+
+
+def test_a_capture_without_clocks_gives_none_never_this_machines(tmp_path) -> None:
+    from agent.thermal.capture import CaptureSource
+
+    path = clock_capture(tmp_path / "bare.jsonl", [{"t": 0, "iohid": {"PMU tdie1": 60.0}}])
+    with CaptureSource(str(path)) as source:
+        clocks = open_clock_source(source)
+        assert isinstance(clocks, NoClockSource)
+        assert "holds no clock input" in (clocks.last_error or "")
+
+
+@pytest.mark.parametrize(
+    ("polls", "header", "said"),
+    [
+        ([{"t": 0, "iohid": {"x": 1.0}, "ioreport_states": [["G", None, "C", [["S", -1]]]]}], None,
+         "ioreport_states: expected"),
+        ([{"t": 0, "iohid": {"x": 1.0}, "ioreport_states": {}}], None, "must be a list"),
+        ([{"t": 0, "iohid": {"x": 1.0}, "ioreport_states": []}], {"chip": "x"}, "`pmgr` tables"),
+        ([{"t": 0, "iohid": {"x": 1.0}, "ioreport_states": []}], {"pmgr": {"k": "zz"}}, "hex"),
+    ],
+)  # fmt: skip
+def test_a_capture_with_bad_clock_input_is_refused_naming_it(
+    tmp_path, polls: list, header: dict | None, said: str
+) -> None:
+    from agent.sensors.capture import CaptureFormatError
+    from agent.thermal.capture import CaptureSource
+
+    path = clock_capture(tmp_path / "bad.jsonl", polls, header)
+    with pytest.raises(CaptureFormatError, match=said):
+        CaptureSource(str(path))

@@ -2,7 +2,8 @@
 the capture format (agent.sensors.capture), for a bug report or a test fixture. What cannot be
 read here is left out of the polls, and the header lists why. The header also holds what a
 first Mac hands back for parsers only tests have read: `sysctl -n kern.boottime` as it printed,
-and the recent kernel panic reports by name and first line (agent.awake.panics)."""
+the recent kernel panic reports by name and first line (agent.awake.panics), and the pmgr DVFS
+tables the clock residencies are decoded with (agent.clocks)."""
 
 from __future__ import annotations
 
@@ -77,7 +78,8 @@ def _pressure(stack: ExitStack) -> Reader:
 
 
 def _sysfs(stack: ExitStack) -> Reader:
-    """The files the `linux` thermal source and the `rapl` meter read."""
+    """The files the `linux` thermal source, the `rapl` meter and the `cpufreq` clocks read."""
+    from agent.clocks.cpufreq import CPU_DIRS, CURRENT, MAXIMUM
     from agent.power.rapl import POWERCAP_FILES, zone_dirs
     from agent.thermal.linux import collect_sysfs
 
@@ -91,10 +93,17 @@ def _sysfs(stack: ExitStack) -> Reader:
             for name in POWERCAP_FILES:
                 with suppress(OSError):  # energy_uj is root's alone since Linux 5.10
                     files[f"{directory}/{name}"] = view.read(f"{directory}/{name}")
+        for path in view.glob(f"{CPU_DIRS}/{CURRENT}"):
+            directory = path.rsplit("/", 1)[0]
+            for name in (CURRENT, MAXIMUM):
+                with suppress(OSError):  # a CPU going offline meanwhile
+                    files[f"{directory}/{name}"] = view.read(f"{directory}/{name}")
         return files
 
     if not read():
-        raise SourceUnavailable(f"no thermal zone, hwmon or powercap file under {view.root}")
+        raise SourceUnavailable(
+            f"no thermal zone, hwmon, powercap or cpufreq file under {view.root}"
+        )
     return read
 
 
@@ -112,6 +121,41 @@ def _ioreport(stack: ExitStack) -> Reader:
             return []
 
     return read
+
+
+def _ioreport_states(stack: ExitStack) -> Reader:
+    """The clock channels' cumulative residencies (agent.clocks.ioreport), as read: a replay
+    takes two polls' difference, as the live source takes two reads'."""
+    from agent.clocks.ioreport import live_states
+
+    states = live_states()
+    stack.callback(states.close)
+
+    def read() -> list[list[Any]]:
+        try:
+            sample = states.sample()
+        except OSError:
+            return []
+        return [
+            [group, subgroup or None, channel, [[name, ticks] for name, ticks in residencies]]
+            for (group, subgroup, channel), residencies in sample.items()
+            if all(ticks >= 0 for _, ticks in residencies)  # a count, or not recorded
+        ]
+
+    return read
+
+
+def clock_tables() -> dict[str, Any]:
+    """The header's `pmgr`: the DVFS tables as hex (agent.clocks.decode.PMGR_KEYS), so a
+    replay decodes the residencies with this Mac's own; `pmgr_missing` says why not."""
+    if sys.platform != "darwin":
+        return {}
+    from agent.clocks.ioreport import read_pmgr
+
+    try:
+        return {"pmgr": {key: blob.hex() for key, blob in read_pmgr().items()}}
+    except (SourceUnavailable, OSError) as exc:
+        return {"pmgr_missing": str(exc)}
 
 
 def _lines_of(stack: ExitStack, name: str, argv: list[str]) -> Reader:
@@ -179,6 +223,7 @@ OPENERS: dict[str, Callable[[ExitStack], Reader]] = {
     "iohid": _iohid,
     "pressure": _pressure,
     "ioreport": _ioreport,
+    "ioreport_states": _ioreport_states,
     "tools.macmon": _macmon,
     "tools.powermetrics": _powermetrics,
     "sysfs": _sysfs,

@@ -23,9 +23,11 @@ from shared.cooling.sources import SourceSpecError
 
 CAPTURE_FORMAT = "mlx-fleet-capture"
 CAPTURE_VERSION = 1
-INPUTS = ("smc", "iohid", "pressure", "ioreport", "tools", "sysfs")
+INPUTS = ("smc", "iohid", "pressure", "ioreport", "ioreport_states", "tools", "sysfs")
 """What a poll may hold: SMC keys {key: [type, hex bytes]}, HID sensors {product: °C}, the
-notify pressure state (0-4), IOReport deltas [[group, subgroup, channel, unit, value]], tool
+notify pressure state (0-4), IOReport deltas [[group, subgroup, channel, unit, value]], the
+clock channels' cumulative residencies [[group, subgroup, channel, [[state, ticks], ...]]]
+(agent.clocks: the header then holds the pmgr DVFS tables, `pmgr` {key: hex}, and `chip`), tool
 lines {"macmon": [...], "powermetrics": [...]}, Linux files {path under /sys: text}."""
 
 
@@ -115,8 +117,15 @@ def check_poll(poll: Mapping[str, Any], previous_t: float | None) -> None:
     for name in ("smc", "iohid", "tools", "sysfs"):
         if not isinstance(poll.get(name, {}), dict):
             raise ValueError(f"`{name}` must be an object")
-    if not isinstance(poll.get("ioreport", []), list):
-        raise ValueError("`ioreport` must be a list of rows")
+    for name in ("ioreport", "ioreport_states"):
+        if not isinstance(poll.get(name, []), list):
+            raise ValueError(f"`{name}` must be a list of rows")
+    for row in poll.get("ioreport_states", []):
+        if not _state_row(row):
+            raise ValueError(
+                "ioreport_states: expected [group, subgroup or null, channel, [[state, a count "
+                f">= 0], ...]], got {row!r}"
+            )
     for key, entry in poll.get("smc", {}).items():
         if not (
             isinstance(entry, list)
@@ -154,6 +163,29 @@ def check_poll(poll: Mapping[str, Any], previous_t: float | None) -> None:
                 "ioreport: expected [group, subgroup or null, channel, unit, a count >= 0], "
                 f"got {row!r}"
             )
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _state_row(row: object) -> bool:
+    """[group, subgroup or null, channel, [[state, ticks >= 0], ...]] (a clock channel)."""
+    return (
+        isinstance(row, list)
+        and len(row) == 4
+        and isinstance(row[0], str)
+        and (row[1] is None or isinstance(row[1], str))
+        and isinstance(row[2], str)
+        and isinstance(row[3], list)
+        and all(
+            isinstance(state, list)
+            and len(state) == 2
+            and isinstance(state[0], str)
+            and _count(state[1])
+            for state in row[3]
+        )
+    )
 
 
 def _finite(value: object) -> TypeGuard[float]:

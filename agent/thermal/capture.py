@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from agent.clocks.capture import capture_clock_source
 from agent.sensors.base import SourceUnavailable
 from agent.sensors.capture import (
     CapturedSMC,
@@ -103,6 +104,8 @@ class CaptureSource(ThermalSource):
         self.player = CapturePlayer(capture, clock)
         self.decoder = self._decoder()
         self.scale = self.decoder.scale
+        self.clock_source = capture_clock_source(self.player)
+        """The capture's own clocks, replayed (agent.clocks.registry.open_clock_source)."""
 
     def _decoder(self) -> ThermalSource:
         capture, player = self.player.capture, self.player

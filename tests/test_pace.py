@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from shared.cooling.pace import (
+    PACE_GAIN_P,
     PACE_HOLD_POLLS,
     PACE_MARGIN_C,
     PaceSettings,
@@ -41,7 +42,7 @@ def test_well_below_the_cap_the_job_runs_at_full_speed_and_the_integral_stays_em
 
 def test_above_the_set_point_the_duty_falls_and_keeps_falling_while_it_stays_there() -> None:
     one = run(Pacing(), [CAP])
-    assert one.duty == pytest.approx(1 - 0.1 * PACE_MARGIN_C)
+    assert one.duty == pytest.approx(1 - PACE_GAIN_P * PACE_MARGIN_C)
     later = run(Pacing(), [CAP] * 5)
     assert later.duty < one.duty
     assert later.paced
@@ -72,9 +73,9 @@ def test_a_clock_below_the_sustained_one_cuts_the_duty_even_below_the_cap() -> N
 
 
 def test_a_gap_between_readings_is_integrated_as_at_most_ten_seconds() -> None:
-    first = advance(Pacing(), SETTINGS, CAP + 1, 0.0)
-    after_gap = advance(first, SETTINGS, CAP + 1, 3600.0)
-    after_ten = advance(first, SETTINGS, CAP + 1, 10.0)
+    first = advance(Pacing(), SETTINGS, CAP - 1, 0.0)
+    after_gap = advance(first, SETTINGS, CAP - 1, 3600.0)
+    after_ten = advance(first, SETTINGS, CAP - 1, 10.0)
     assert after_gap == Pacing(after_ten.duty, after_ten.integral, 3600.0, 0, False)
 
 

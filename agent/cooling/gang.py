@@ -291,13 +291,20 @@ class GangRank:
             channel.join()
 
     def own(
-        self, state: CoolingState, celsius: float | None, source: str, sensor: str | None
+        self,
+        state: CoolingState,
+        celsius: float | None,
+        source: str,
+        sensor: str | None,
+        pace: tuple[float, float] | None = None,
     ) -> None:
-        """This Mac's wish after a poll: sent at once when it changed."""
+        """This Mac's wish after a poll (with its duty and slice while it asks for pace): sent
+        at once when the state changed."""
         before = self.members.get(self.identity.rank)
+        duty, slice_s = pace or (None, None)
         report = MemberState(
             self.identity.rank, self.host, state, self._applied(), celsius, source, sensor,
-            time.time(), self.job, heard=time.monotonic(),
+            time.time(), self.job, heard=time.monotonic(), duty=duty, slice_s=slice_s,
         )  # fmt: skip
         self.members[self.identity.rank] = report
         self._tell(report, at_once=before is None or before.state is not state)
@@ -367,6 +374,8 @@ class GangRank:
             return CoolingState.STOP
         if self.enforced.paused:
             return CoolingState.PAUSE
+        if self.enforced.paced:
+            return CoolingState.PACE
         return CoolingState.REDUCE_BATCH if self.enforced.reduced else CoolingState.OK
 
     def _tell(self, report: MemberState, at_once: bool) -> None:

@@ -17,6 +17,8 @@ from agent.cooling.run_outputs import RunOutputs
 from agent.cooling.step_gate import parked_path
 from agent.thermal import ThermalReading
 from shared.cooling.gang import MemberState
+from shared.cooling.pace import PACE_SLICE_S
+from shared.cooling.policy import CoolingState
 
 
 class GangFollower:
@@ -56,6 +58,8 @@ class GangFollower:
             celsius = cause.celsius if cause is not None else None
             self._apply(actions, decided.state, reading, celsius,
                         lambda action: self.gang.reason(action, decided))  # type: ignore[union-attr]  # fmt: skip
+        paced = decided.state is CoolingState.PACE and decided.duty is not None
+        self._pace_at(decided.duty if paced else None, decided.slice_s or PACE_SLICE_S, reading)
 
     def _park_when_overdue(self) -> None:
         """A cooperative rank that has not parked at a step boundary within PARK_TIMEOUT_S is

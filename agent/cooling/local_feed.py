@@ -13,6 +13,7 @@ from typing import Protocol
 
 from agent.cooling.accounting import Energy
 from agent.thermal import ThermalMonitor, ThermalReading
+from shared.cooling.clocks import ClockReading
 from shared.cooling.policy import ThermalPolicy
 
 
@@ -29,6 +30,9 @@ class Observation:
     energy: Energy | None = None
     """The agent daemon's power meter at this sample (None: readings from this machine's own
     source, which has no meter)."""
+    clock: ClockReading | None = None
+    """The clocks read with it, where the source carries its own (the thermal plant's): the
+    pace tier's second input."""
 
 
 class Feed(Protocol):
@@ -73,7 +77,13 @@ class LocalFeed:
         with self._lock:
             if self._closed.is_set():
                 return None
-            return Observation(self.monitor.read(), self.policy)
+            return Observation(self.monitor.read(), self.policy, clock=self._clock())
+
+    def _clock(self) -> ClockReading | None:
+        """The source's own clock, read right after its temperature (None without one)."""
+        clocks = getattr(self.monitor.source, "clock_source", None)
+        reading = clocks.read() if clocks is not None else None
+        return reading if isinstance(reading, ClockReading) else None
 
     def close(self) -> None:
         self._closed.set()

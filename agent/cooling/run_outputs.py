@@ -50,14 +50,18 @@ class RunOutputs:
         reading: ThermalReading | None,
         reduced: bool,
         work: dict[str, Any] | None = None,
+        pace: tuple[float, float] | None = None,
     ) -> None:
         """The cooperative jobs' view, replaced atomically so a reader never sees half of it;
         `work`: the job's speed and throttle verdict (agent.cooling.job_speed), which the agent
-        reads for its samples."""
+        reads for its samples; `pace` (duty, slice s) while the job is paced
+        (agent.cooling.step_gate reads it)."""
         data = {
             "job": self.job,
             "state": cooling.value if cooling else None,
             "reduce_batch": reduced,
+            "duty": pace[0] if pace else None,
+            "slice_s": pace[1] if pace else None,
             "celsius": reading.celsius if reading else None,
             "source": self.source,
             "simulated": self.simulated,

@@ -42,6 +42,7 @@ from agent.cooling.gang_follow import GangFollower
 from agent.cooling.job_speed import JobSpeed
 from agent.cooling.local_feed import Feed, LocalFeed, Observation
 from agent.cooling.output_tee import environment
+from agent.cooling.pacer import Pacer
 from agent.cooling.process_group import (
     CommandGroup,
     Guardian,
@@ -124,6 +125,9 @@ class Supervisor(GangFollower):
         self._stop_due: float | None = None
         self._park_due: float | None = None
         self._stop_left_to_cmd = False
+        self.pacer = Pacer(self.group)
+        """Duty-cycles the group while the rule (or the gang) paces it; a cooperative job paces
+        itself at its step boundaries from the state file's duty (agent.cooling.step_gate)."""
 
     def run(self, feed: Feed) -> int:
         """Run CMD to its end under `feed`; returns `agent run`'s exit code (CMD's, or 75 after a
@@ -135,6 +139,7 @@ class Supervisor(GangFollower):
         try:
             self._write_state(None, None)
             proc = self._spawn()
+            self.pacer.start()
             if guardian is not None:
                 guardian.watch(proc.pid)
             self.outputs.emit("start", detail=shlex.join(self.group.command), at=self.started_at)
@@ -151,6 +156,7 @@ class Supervisor(GangFollower):
             ).start()
             code = self._supervise(proc.pid)
         finally:
+            self.pacer.close()
             feed.close()
             if self.gang is not None:
                 self.gang.close()
@@ -214,14 +220,18 @@ class Supervisor(GangFollower):
         if self.group.terminating:
             return
         reading = sample.reading
-        decision = self.gate.observe(sample.policy, reading)
+        decision = self.gate.observe(sample.policy, reading, self.pacer.clock_ratio(sample.clock))
         if self.gang is not None:
             celsius, sensor = (reading.celsius, reading.sensor) if reading else (None, None)
-            self.gang.own(self.gate.state, celsius, self.outputs.source, sensor)
+            duty = self.gate.supervision.duty
+            pace = None if duty is None else (duty, sample.policy.pace_slice)
+            self.gang.own(self.gate.state, celsius, self.outputs.source, sensor, pace)
             self._follow_gang(reading)
-        elif decision.actions:
-            celsius = reading.celsius if reading else None
-            self._apply(decision.actions, decision.cooling, reading, celsius, decision.reason)
+        else:
+            if decision.actions:
+                celsius = reading.celsius if reading else None
+                self._apply(decision.actions, decision.cooling, reading, celsius, decision.reason)
+            self._pace_at(self.gate.supervision.duty, sample.policy.pace_slice, reading)
         self._judge_speed()
 
     def _judge_speed(self) -> None:
@@ -232,11 +242,19 @@ class Supervisor(GangFollower):
             running = not (self.gang.enforced.paused or self.gang.enforced.stopped)
         else:
             running = self.gate.supervision.job is JobState.RUNNING
-        change = self.speed.poll(running and not self.group.terminating)
+        paced = self.pacer.told is not None  # its rate is the duty's share: no throttle sign
+        change = self.speed.poll(running and not paced and not self.group.terminating)
         if self.speed.work != before:
             self._write_state(*self._state_written)
         if change is not None:
             self.outputs.emit(change[0], detail=change[1])
+
+    def _pace_at(self, duty: float | None, slice_s: float, reading: ThermalReading | None) -> None:
+        """Duty-cycle the job at `duty` (None: not paced), and tell a cooperative job when that
+        changes (the state file)."""
+        duty = None if self.group.terminating else duty
+        if self.pacer.steer(duty, slice_s, signals=not self.cooperative):
+            self._write_state(self.gate.state if self.gang is None else None, reading)
 
     def _apply(
         self,
@@ -249,6 +267,8 @@ class Supervisor(GangFollower):
         """Signals first (they are what must be prompt), then the state file, then the events.
         A rank of a gang is parked at a stop and ended once every rank applies it."""
         parks_itself = self.gang is not None and self.cooperative
+        if {Action.PAUSE, Action.STOP} & set(actions):
+            self.pacer.set(None, 0.0)  # no slice of the pacer's may continue what stops here
         for action in actions:
             if action is Action.PAUSE:
                 if parks_itself:  # at its next step boundary (agent.cooling.step_gate)
@@ -276,6 +296,7 @@ class Supervisor(GangFollower):
     def _on_signal(self, signum: int) -> None:
         """Forward what `agent run` got; a second one (or one during a stop) kills at once."""
         name = signal.Signals(signum).name
+        self.pacer.set(None, 0.0)
         if self.group.terminating:
             self._kill(f"{name} while stopping")
             return
@@ -326,4 +347,4 @@ class Supervisor(GangFollower):
     def _write_state(self, cooling: CoolingState | None, reading: ThermalReading | None) -> None:
         self._state_written = (cooling, reading)
         reduced = (self.gang.enforced if self.gang else self.gate.supervision).reduced
-        self.outputs.write_state(cooling, reading, reduced, self.speed.work)
+        self.outputs.write_state(cooling, reading, reduced, self.speed.work, self.pacer.told)

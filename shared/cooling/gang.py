@@ -200,6 +200,9 @@ class MemberState:
     time: float
     job: str = ""
     heard: float = 0.0
+    duty: float | None = None
+    """While the Mac asks for pace: the duty its controller wants, and its slice (s)."""
+    slice_s: float | None = None
 
     def reading_text(self) -> str:
         """`104.0 °C (smc · TCMz)`: the reading behind the state, with its source and sensor."""
@@ -221,6 +224,8 @@ class MemberState:
             "time": self.time,
             "job": self.job,
             "age_s": 0.0 if now is None else max(0.0, now - self.heard),
+            "duty": self.duty,
+            "slice_s": self.slice_s,
         }
 
     @classmethod
@@ -238,6 +243,8 @@ class MemberState:
             time=body["time"],
             job=body["job"],
             heard=now - body["age_s"],
+            duty=body.get("duty"),
+            slice_s=body.get("slice_s"),
         )
 
 
@@ -265,11 +272,14 @@ def _newer(report: MemberState, current: MemberState) -> bool:
 @dataclass(frozen=True)
 class Verdict:
     """The state every rank lives under, the member that asks for it (None when all are ok),
-    and the ranks whose reports no longer count (silent for PEER_HOLD_POLLS)."""
+    and the ranks whose reports no longer count (silent for PEER_HOLD_POLLS); under pace, the
+    duty and slice every rank runs at (the lowest duty any member asks for, with its slice)."""
 
     state: CoolingState
     cause: MemberState | None
     silent: tuple[int, ...] = ()
+    duty: float | None = None
+    slice_s: float | None = None
 
 
 def verdict(members: Mapping[int, MemberState], now: float, hold_s: float) -> Verdict:
@@ -286,7 +296,23 @@ def verdict(members: Mapping[int, MemberState], now: float, hold_s: float) -> Ve
             worst = report
     if worst is None or worst.state is CoolingState.OK:
         return Verdict(CoolingState.OK, None, tuple(silent))
+    if worst.state is CoolingState.PACE:
+        return paced(members, worst, tuple(silent))
     return Verdict(worst.state, worst, tuple(silent))
+
+
+def paced(
+    members: Mapping[int, MemberState], worst: MemberState, silent: tuple[int, ...]
+) -> Verdict:
+    """A gang under pace: the lowest duty a counted member asks for (the lowest rank on a tie),
+    so every rank computes the same duty and slice and runs in the same slices."""
+    pacing = [
+        members[rank]
+        for rank in sorted(members)
+        if rank not in silent and members[rank].state is CoolingState.PACE
+    ]
+    lowest = min(pacing, key=lambda m: 1.0 if m.duty is None else m.duty, default=worst)
+    return Verdict(CoolingState.PACE, lowest, silent, lowest.duty, lowest.slice_s)
 
 
 @dataclass(frozen=True)
@@ -296,6 +322,7 @@ class Enforced:
     paused: bool = False
     reduced: bool = False
     stopped: bool = False
+    paced: bool = False
 
 
 def steer(enforced: Enforced, target: CoolingState) -> tuple[Enforced, tuple[Action, ...]]:
@@ -309,12 +336,17 @@ def steer(enforced: Enforced, target: CoolingState) -> tuple[Enforced, tuple[Act
     if target is CoolingState.PAUSE:
         if enforced.paused:
             return enforced, ()
-        return replace(enforced, paused=True), (Action.PAUSE,)
+        return replace(enforced, paused=True, paced=False), (Action.PAUSE,)
     actions = [Action.RESUME] if enforced.paused else []
-    reduce = target is CoolingState.REDUCE_BATCH
+    reduce = target is CoolingState.REDUCE_BATCH or (
+        target is CoolingState.PACE and enforced.reduced
+    )  # pace keeps the batch as it was, as a pause does
     if reduce != enforced.reduced:
         actions.append(Action.REDUCE_BATCH if reduce else Action.RESTORE_BATCH)
-    return Enforced(reduced=reduce), tuple(actions)
+    pace = target is CoolingState.PACE
+    if pace != (enforced.paced and not enforced.paused):
+        actions.append(Action.PACE if pace else Action.PACE_END)
+    return Enforced(reduced=reduce, paced=pace), tuple(actions)
 
 
 def gang_reason(
@@ -334,14 +366,19 @@ def gang_reason(
         Action.STOP: "stopped",
         Action.REDUCE_BATCH: "reduced the batch of",
         Action.RESTORE_BATCH: "restored the batch of",
+        Action.PACE: "paced",
+        Action.PACE_END: "ended the pacing of",
     }
-    verb = "resumed" if action is Action.RESUME or cause is None else verbs[action]
+    if action is Action.PACE_END:
+        verb = verbs[action]
+    else:
+        verb = "resumed" if action is Action.RESUME or cause is None else verbs[action]
     if untold:
         told = [rank for rank in range(world) if rank not in untold]
         ranks = f"{len(told)} of {world} ranks ({', '.join(map(str, told))})"
     else:
         ranks = f"all {world} ranks"
-    if action is Action.RESUME or cause is None:
+    if action in (Action.RESUME, Action.PACE_END) or cause is None:
         why = "every rank's Mac allows it" if not untold else "every rank heard allows it"
     else:
         who = f"{cause.host} (rank {cause.rank}{', this Mac' if cause.rank == own_rank else ''})"

@@ -38,15 +38,19 @@ PACE_MIN_DUTY = 0.2
 pause does the same for the heat, and pacing that far down means the cap is close to idle."""
 MIN_DUTY_RANGE = (0.05, 0.9)
 
-PACE_MARGIN_C = 1.0
-"""The set point sits this far under the cap, so the controller's overshoot on a step of load
-(about a degree on the fanless plant) stays under the cap."""
-PACE_GAIN_P = 0.1
-"""Duty per °C of error: a degree over the set point cuts a tenth of the duty at once."""
-PACE_GAIN_I = 0.01
-"""Duty per °C·s of error: a degree over the set point for 10 s cuts another tenth. Slower
-than the die (seconds) and quicker than the chassis (minutes), so the integral finds the
-steady duty without oscillating (docs/thermal.md has the closed-loop runs)."""
+PACE_MARGIN_C = 2.0
+"""The set point sits this far under the cap. A firmware that throttled at its limit restores
+the clock only once the die is back under the limit less its hysteresis (2 °C in the plant's
+model, shared.cooling.plant), so a cap at the throttle onset must be held below that, and the
+controller's overshoot on a step of load (under a degree at a 1 s poll) stays under the cap.
+On the fanless plant it costs 3 % of the work the cap itself would allow (docs/thermal.md)."""
+PACE_GAIN_P = 0.3
+"""Duty per °C of error: a degree over the set point cuts 30 % of the duty at once."""
+PACE_GAIN_I = 0.03
+"""Duty per °C·s of error: a degree over the set point for 10 s cuts another 30 %. The die's
+time constant is minutes (the fanless plant's is 860 s), so the integral finds the steady duty
+well inside it without oscillating; closed-loop runs against the plant at 1–120 × its speed
+settle at the set point with under a degree of overshoot (docs/thermal.md)."""
 CLOCK_MARGIN = 0.03
 """A clock more than 3 % under the sustained one counts as throttling (DVFS steps on Apple
 GPUs are 5–10 % apart, so a smaller dip is averaging noise)."""
@@ -159,3 +163,27 @@ def slice_phase(now: float, slice_s: float, duty: float) -> tuple[bool, float]:
 def pace_text(duty: float | None) -> str:
     """`pace 62 %`: a paced state as tables show it."""
     return "pace" if duty is None else f"pace {duty * 100:.0f} %"
+
+
+@dataclass(frozen=True)
+class ClockReference:
+    """The sustained GPU clock a clock reading is compared with: the highest seen while the GPU
+    was active for at least MIN_ACTIVE of the interval (a paced job keeps it active for about
+    its duty), or a calibrated one given at the start."""
+
+    sustained_hz: float | None = None
+
+
+MIN_ACTIVE = 0.05
+"""An idle GPU sits in a low state by choice: below this active share its clock says nothing."""
+
+
+def clock_ratio(
+    reference: ClockReference, gpu_hz: float | None, gpu_active: float | None
+) -> tuple[ClockReference, float | None]:
+    """The reference after this reading, and the clock over the sustained one (None when
+    either is unknown, or the GPU was idle)."""
+    if gpu_hz is None or gpu_active is None or not gpu_hz > 0 or not gpu_active >= MIN_ACTIVE:
+        return reference, None
+    sustained = max(reference.sustained_hz or 0.0, gpu_hz)
+    return ClockReference(sustained), gpu_hz / sustained

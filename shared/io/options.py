@@ -369,6 +369,15 @@ MaxSpeedTemp = policy_option(
 PauseTemp = policy_option("--pause-temp", "°C from which work pauses")
 StopTemp = policy_option("--stop-temp", "°C at which work stops (after 3 polls in a row)")
 Hysteresis = policy_option("--hysteresis", "A pause ends below pause-temp minus this many °C")
+PaceTemp = policy_option(
+    "--pace-temp",
+    "°C the pace tier holds the Mac under by duty-cycling the job (at most pause-temp: its "
+    "calibrated onset, say)",
+)
+PaceSlice = policy_option("--pace-slice", "Seconds of each pace slice, 0.05 to 0.5")
+PaceMinDuty = policy_option(
+    "--pace-min-duty", "Lowest share of a slice a paced job runs, 0.05 to 0.9"
+)
 
 
 def unset(option: Any) -> Any:
@@ -378,6 +387,8 @@ def unset(option: Any) -> Any:
 
 MaxSpeedGiven, PauseGiven = unset(MaxSpeedTemp), unset(PauseTemp)
 StopGiven, HysteresisGiven = unset(StopTemp), unset(Hysteresis)
+PaceTempGiven, PaceSliceGiven = unset(PaceTemp), unset(PaceSlice)
+PaceMinDutyGiven = unset(PaceMinDuty)
 
 
 def output_format(choices: tuple[str, ...], help: str | None = None) -> Any:
@@ -599,6 +610,9 @@ class PolicyChanges:
     pause_temp: PauseGiven = None
     stop_temp: StopGiven = None
     hysteresis: HysteresisGiven = None
+    pace_temp: PaceTempGiven = None
+    pace_slice: PaceSliceGiven = None
+    pace_min_duty: PaceMinDutyGiven = None
 
     def given(self) -> dict[str, float]:
         return {f.name: value for f in fields(self) if (value := getattr(self, f.name)) is not None}

@@ -163,7 +163,8 @@ gang_member = s.fields(
         "time": epoch,
         "job": s.text(MAX_ID),
         "age_s": s.number(0, 86400.0 * 366),
-    }
+    },
+    {"duty": s.nil_or(s.number(0.0, 1.0)), "slice_s": s.nil_or(s.number(0.0, 1.0))},
 )
 """One rank's report in a gang (docs/protocol.md §15): what its Mac asks for and why."""
 _gang_fields: dict[str, s.Check] = {
@@ -175,7 +176,8 @@ _gang_fields: dict[str, s.Check] = {
 }
 gang_identity = s.fields(_gang_fields)
 gang_listed = s.fields(
-    _gang_fields | {"state": s.one_of(POLICY_STATES), "cause": s.nil_or(gang_member)}
+    _gang_fields | {"state": s.one_of(POLICY_STATES), "cause": s.nil_or(gang_member)},
+    {"duty": s.nil_or(s.number(0.0, 1.0))},
 )
 """A supervised job's gang as the agent lists it: who it is, and the state all its ranks live
 under with the rank that causes it."""

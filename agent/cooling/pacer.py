@@ -1,0 +1,116 @@
+"""The pace tier's shell: duty-cycles CMD's process group (SIGSTOP/SIGCONT) in the wall-clock
+slices shared.cooling.pace.slice_phase lays out, on a thread of its own so a slice's edges do
+not wait for the supervisor's next poll.
+
+The supervisor (agent.cooling.supervise) sets the duty after every poll (the rule's, or the
+gang's: every rank sets the same duty and the slices are aligned on the wall clock, so the
+ranks stop and run together). Every signal is sent under one lock that set() takes too: once
+set(None) returns the pacer sends nothing more, so a pause's SIGSTOP or a stop's SIGTERM that
+follows is never undone by a slice's SIGCONT.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from dataclasses import dataclass
+
+from agent.cooling.process_group import CommandGroup
+from shared.cooling.clocks import ClockReading
+from shared.cooling.pace import ClockReference, clock_ratio, slice_phase
+
+
+@dataclass
+class PaceCount:
+    """What the pacer did: slices it stopped the job in, their total and the longest stop (s)."""
+
+    stops: int = 0
+    stopped_s: float = 0.0
+    longest_stop_s: float = 0.0
+
+
+class Pacer:
+    """One job's duty cycle. start() once CMD runs; set() the duty (None: not paced, the job
+    left running); close() at the end."""
+
+    def __init__(self, group: CommandGroup) -> None:
+        self.group = group
+        self.count = PaceCount()
+        self.told: tuple[float, float] | None = None
+        """(duty, slice s) the job is paced at, as its state file says; None: not paced."""
+        self._clock = ClockReference()
+        self._duty: float | None = None
+        self._slice_s = 0.2
+        self._stopped_at: float | None = None
+        self._closed = False
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="supervise-pace", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def duty(self) -> float | None:
+        return self._duty
+
+    def set(self, duty: float | None, slice_s: float) -> None:
+        """Pace at `duty` from the next slice edge; None ends pacing, continuing the job if a
+        slice had stopped it. Nothing the pacer sends follows this call's return but for the
+        new duty."""
+        with self._changed:
+            if duty is None or duty >= 1.0:
+                duty = None
+                self._run_job()
+            if (duty, slice_s) != (self._duty, self._slice_s):
+                self._duty, self._slice_s = duty, slice_s
+                self._changed.notify()
+
+    def steer(self, duty: float | None, slice_s: float, signals: bool) -> bool:
+        """Pace at `duty` (with signals, unless the job paces itself at its step boundaries);
+        True when what the job is told (`told`) changed."""
+        if signals:
+            self.set(duty, slice_s)
+        pace = None if duty is None else (round(duty, 3), slice_s)
+        changed, self.told = pace != self.told, pace
+        return changed
+
+    def clock_ratio(self, clock: ClockReading | None) -> float | None:
+        """The clock over the sustained one seen so far (None: unknown): the controller's
+        second input."""
+        gpu = (clock.gpu_hz, clock.gpu_active) if clock else (None, None)
+        self._clock, ratio = clock_ratio(self._clock, *gpu)
+        return ratio
+
+    def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._duty = None
+            self._stopped_at = None  # whoever closes us ends or continues the group itself
+            self._changed.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2.0)
+
+    def _run(self) -> None:
+        with self._changed:
+            while not self._closed:
+                if self._duty is None:
+                    self._changed.wait()
+                    continue
+                running, until = slice_phase(time.time(), self._slice_s, self._duty)
+                if running:
+                    self._run_job()
+                elif self._stopped_at is None and self.group.signal(signal.SIGSTOP):
+                    self._stopped_at = time.monotonic()
+                self._changed.wait(max(0.0, until - time.time()))
+
+    def _run_job(self) -> None:
+        """SIGCONT the group if a slice stopped it; counts the stop (lock held)."""
+        if self._stopped_at is None:
+            return
+        self.group.signal(signal.SIGCONT)
+        stopped = time.monotonic() - self._stopped_at
+        self._stopped_at = None
+        self.count.stops += 1
+        self.count.stopped_s += stopped
+        self.count.longest_stop_s = max(self.count.longest_stop_s, stopped)

@@ -1,0 +1,137 @@
+"""The pace tier closed-loop against the thermal plant (agent.thermal.plant): the same busy job
+under `agent run`, on the fanless preset, under the pause tier and under the pace tier at the
+same cap, side by side; and a real mlx_lm lora fine-tune paced to its end.
+
+What is measured comes from outside the supervisor: the job's process state read from /proc
+(`T` while stopped) every couple of milliseconds, and the plant's own state file (its die, its
+clock, the work done). The plant runs 20 times faster than a Mac (`speed=20`, labelled in its
+name) from 98 °C, so a fanless Air's minutes of heat pass in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import console_script, subprocess_env
+
+CAP = 105.0
+"""The plant's throttle onset (its firmware's limit): what `agent calibrate` finds, the cap."""
+PLANT = "sim:plant:air,speed=20,start_c=98"
+THRESHOLDS = ["--max-speed-temp", "95", "--stop-temp", "115", "--hysteresis", "2"]
+PAUSE_TIER = [*THRESHOLDS, "--pause-temp", f"{CAP:g}"]
+PACE_TIER = [*PAUSE_TIER, "--pace-temp", f"{CAP:g}"]
+BUSY = "import os, sys, time\nprint(os.getpid(), flush=True)\nend = time.time() + {s}\n" + (
+    "while time.time() < end: pass\n"
+)
+
+
+@dataclass
+class Watched:
+    """What the watcher saw of one job: each stop (T) as (start, end) monotonic seconds, and
+    the plant's hottest die and whether it throttled, polled from its state file."""
+
+    stops: list[tuple[float, float]] = field(default_factory=list)
+    max_celsius: float = 0.0
+    plant: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def longest_stop_s(self) -> float:
+        return max((end - start for start, end in self.stops), default=0.0)
+
+
+def proc_state(pid: int) -> str | None:
+    """The one-letter state in /proc/PID/stat (after the command name's closing parenthesis)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2]
+
+
+def watch(pid: int, plant_state: Path, seen: Watched, done: threading.Event) -> None:
+    stopped_at: float | None = None
+    next_plant = 0.0
+    while not done.is_set():
+        state, now = proc_state(pid), time.monotonic()
+        if state is None:
+            break
+        if state == "T" and stopped_at is None:
+            stopped_at = now
+        elif state != "T" and stopped_at is not None:
+            seen.stops.append((stopped_at, now))
+            stopped_at = None
+        if now >= next_plant:
+            next_plant = now + 0.05
+            try:
+                plant = json.loads(plant_state.read_text())
+            except (OSError, ValueError):
+                plant = None
+            if plant:
+                seen.max_celsius = max(seen.max_celsius, plant["celsius"])
+        time.sleep(0.002)
+
+
+def supervised(tmp_path: Path, name: str, policy: list[str], command: list[str]) -> Watched:
+    """`command` (whose first line of output is its pid) under `agent run` on the plant; what
+    the watcher saw and the plant's final state."""
+    plant_state = tmp_path / f"{name}.plant.json"
+    env = subprocess_env(MLX_FLEET_PLANT_STATE=str(plant_state))
+    run = subprocess.Popen(
+        [console_script("agent"), "run", "--thermal-source", PLANT, "--poll-interval", "0.25",
+         *policy, "--", *command],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert run.stdout is not None
+    pid = int(run.stdout.readline())
+    seen, done = Watched(), threading.Event()
+    watcher = threading.Thread(target=watch, args=(pid, plant_state, seen, done), daemon=True)
+    watcher.start()
+    try:
+        stdout, stderr = run.communicate(timeout=600)
+    finally:
+        done.set()
+        watcher.join(timeout=10)
+    assert run.returncode == 0, stderr
+    seen.plant = json.loads(plant_state.read_text())
+    (tmp_path / f"{name}.stderr").write_text(stderr)
+    (tmp_path / f"{name}.stdout").write_text(stdout)
+    return seen
+
+
+@pytest.mark.slow
+def test_the_same_load_under_pause_and_under_pace_side_by_side(tmp_path: Path) -> None:
+    busy = [sys.executable, "-c", BUSY.format(s=25)]
+    paused = supervised(tmp_path, "pause", PAUSE_TIER, busy)
+    paced = supervised(tmp_path, "pace", PACE_TIER, busy)
+    report = {
+        tier: {
+            "work": run.plant["work"],
+            "throttled_share": run.plant["throttled_s"] / run.plant["plant_time_s"],
+            "max_c": run.max_celsius,
+            "stops": len(run.stops),
+            "longest_stop_s": run.longest_stop_s,
+        }
+        for tier, run in (("pause", paused), ("pace", paced))
+    }
+    print(json.dumps(report, indent=1))
+    pace, pause = report["pace"], report["pause"]
+    # paced: many short stops, none near a second, seen in /proc as state T
+    assert pace["stops"] >= 20 and pace["longest_stop_s"] < 0.5
+    assert pace["longest_stop_s"] < pause["longest_stop_s"]
+    # held under the cap: the firmware never throttled, while the pause tier let it
+    assert pace["max_c"] < CAP and pace["throttled_share"] == 0.0
+    assert pause["max_c"] > pace["max_c"]
+    # and the work done is the pause tier's, within the noise of a crowded 2-core machine
+    assert pace["work"] >= 0.9 * pause["work"]
+    events = (tmp_path / "pace.stderr").read_text()
+    assert re.search(r"pace at 10\d\.\d °C .*cap 105 °C: running \d+% of every 0.2 s", events)
+    assert " pause " not in events

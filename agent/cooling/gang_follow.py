@@ -18,7 +18,7 @@ from agent.cooling.step_gate import parked_path
 from agent.thermal import ThermalReading
 from shared.cooling.gang import MemberState
 from shared.cooling.pace import PACE_SLICE_S
-from shared.cooling.policy import CoolingState
+from shared.cooling.policy import CoolingGate, CoolingState, ThermalPolicy
 
 
 class GangFollower:
@@ -28,6 +28,7 @@ class GangFollower:
     group: CommandGroup
     outputs: RunOutputs
     cooperative: bool
+    gate: CoolingGate
     state_file: Any
     _queue: SimpleQueue[tuple[str, Any]]
     _stop_due: float | None
@@ -37,6 +38,14 @@ class GangFollower:
     def post_gang_news(self, news: tuple[list[MemberState], str, str | None]) -> None:
         """From a gang channel's thread: what one agent said (agent.cooling.gang.News)."""
         self._queue.put(("gang", news))
+
+    def _tell_gang(self, reading: ThermalReading | None, policy: ThermalPolicy) -> None:
+        """This Mac's own wish after a poll, to every member (with its duty while it paces)."""
+        assert self.gang is not None
+        celsius, sensor = (reading.celsius, reading.sensor) if reading else (None, None)
+        duty = self.gate.supervision.duty
+        pace = None if duty is None else (duty, policy.pace_slice)
+        self.gang.own(self.gate.state, celsius, self.outputs.source, sensor, pace)
 
     def _on_gang_news(self, members: list[MemberState], name: str, problem: str | None) -> None:
         assert self.gang is not None

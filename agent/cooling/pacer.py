@@ -14,11 +14,15 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from agent.cooling.process_group import CommandGroup
+from agent.thermal import ThermalReading
 from shared.cooling.clocks import ClockReading
 from shared.cooling.pace import ClockReference, clock_ratio, slice_phase
+from shared.cooling.policy import Action, CoolingGate, Decision, ThermalPolicy
 
 
 @dataclass
@@ -31,8 +35,8 @@ class PaceCount:
 
 
 class Pacer:
-    """One job's duty cycle. start() once CMD runs; set() the duty (None: not paced, the job
-    left running); close() at the end."""
+    """One job's duty cycle: set() the duty (None: not paced, the job left running) once CMD
+    runs; close() at the end."""
 
     def __init__(self, group: CommandGroup) -> None:
         self.group = group
@@ -46,9 +50,6 @@ class Pacer:
         self._closed = False
         self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="supervise-pace", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
 
     @property
     def duty(self) -> float | None:
@@ -65,6 +66,14 @@ class Pacer:
             if (duty, slice_s) != (self._duty, self._slice_s):
                 self._duty, self._slice_s = duty, slice_s
                 self._changed.notify()
+            if duty is not None and not self._thread.is_alive() and not self._closed:
+                self._thread.start()  # the first pace: a job never paced costs no thread
+
+    def before(self, actions: Sequence[Action]) -> None:
+        """Before a pause's or a stop's signals: pacing ends first, so no slice's SIGCONT
+        undoes them."""
+        if {Action.PAUSE, Action.STOP} & set(actions):
+            self.set(None, 0.0)
 
     def steer(self, duty: float | None, slice_s: float, signals: bool) -> bool:
         """Pace at `duty` (with signals, unless the job paces itself at its step boundaries);
@@ -114,3 +123,34 @@ class Pacer:
         self.count.stops += 1
         self.count.stopped_s += stopped
         self.count.longest_stop_s = max(self.count.longest_stop_s, stopped)
+
+
+class PaceFollower:
+    """The pace side of `agent run`'s Supervisor (agent.cooling.supervise), a mixin like its
+    gang side: after every poll its `pacer` duty-cycles the group at the rule's duty (or the
+    gang's), and a cooperative job, which paces itself at its step boundaries
+    (agent.cooling.step_gate), is told through the state file when the duty changes."""
+
+    pacer: Pacer
+    group: CommandGroup
+    cooperative: bool
+    gate: CoolingGate
+    gang: Any
+    _write_state: Callable[[Any, ThermalReading | None], None]
+    _apply: Callable[..., None]
+
+    def _follow_rule(
+        self, decision: Decision, reading: ThermalReading | None, policy: ThermalPolicy
+    ) -> None:
+        """A job of its own (no gang): the rule's actions, then its duty."""
+        if decision.actions:
+            celsius = reading.celsius if reading else None
+            self._apply(decision.actions, decision.cooling, reading, celsius, decision.reason)
+        self._pace_at(self.gate.supervision.duty, policy.pace_slice, reading)
+
+    def _pace_at(self, duty: float | None, slice_s: float, reading: ThermalReading | None) -> None:
+        """Duty-cycle the job at `duty` (None: not paced), and tell a cooperative job when that
+        changes (the state file)."""
+        duty = None if self.group.terminating else duty
+        if self.pacer.steer(duty, slice_s, signals=not self.cooperative):
+            self._write_state(self.gate.state if self.gang is None else None, reading)

@@ -42,7 +42,7 @@ from agent.cooling.gang_follow import GangFollower
 from agent.cooling.job_speed import JobSpeed
 from agent.cooling.local_feed import Feed, LocalFeed, Observation
 from agent.cooling.output_tee import environment
-from agent.cooling.pacer import Pacer
+from agent.cooling.pacer import PaceFollower, Pacer
 from agent.cooling.process_group import (
     CommandGroup,
     Guardian,
@@ -82,7 +82,7 @@ FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 LEFTOVER_POLL_S = 0.05  # how often to look for what a finished CMD left in its group
 
 
-class Supervisor(GangFollower):
+class Supervisor(GangFollower, PaceFollower):
     """Runs one command in its own process group and applies the policy's actions to the
     group.
 
@@ -126,8 +126,6 @@ class Supervisor(GangFollower):
         self._park_due: float | None = None
         self._stop_left_to_cmd = False
         self.pacer = Pacer(self.group)
-        """Duty-cycles the group while the rule (or the gang) paces it; a cooperative job paces
-        itself at its step boundaries from the state file's duty (agent.cooling.step_gate)."""
 
     def run(self, feed: Feed) -> int:
         """Run CMD to its end under `feed`; returns `agent run`'s exit code (CMD's, or 75 after a
@@ -139,7 +137,6 @@ class Supervisor(GangFollower):
         try:
             self._write_state(None, None)
             proc = self._spawn()
-            self.pacer.start()
             if guardian is not None:
                 guardian.watch(proc.pid)
             self.outputs.emit("start", detail=shlex.join(self.group.command), at=self.started_at)
@@ -222,39 +219,26 @@ class Supervisor(GangFollower):
         reading = sample.reading
         decision = self.gate.observe(sample.policy, reading, self.pacer.clock_ratio(sample.clock))
         if self.gang is not None:
-            celsius, sensor = (reading.celsius, reading.sensor) if reading else (None, None)
-            duty = self.gate.supervision.duty
-            pace = None if duty is None else (duty, sample.policy.pace_slice)
-            self.gang.own(self.gate.state, celsius, self.outputs.source, sensor, pace)
+            self._tell_gang(reading, sample.policy)
             self._follow_gang(reading)
         else:
-            if decision.actions:
-                celsius = reading.celsius if reading else None
-                self._apply(decision.actions, decision.cooling, reading, celsius, decision.reason)
-            self._pace_at(self.gate.supervision.duty, sample.policy.pace_slice, reading)
+            self._follow_rule(decision, reading, sample.policy)
         self._judge_speed()
 
     def _judge_speed(self) -> None:
-        """The job's work rate this poll, judged (agent.cooling.job_speed): into the state file
-        when it changed, an event when the verdict did."""
+        """The job's work rate this poll, judged (agent.cooling.job_speed; not while paced: the
+        rate is then the duty's share): into the state file when it changed, an event when the
+        verdict did."""
         before = self.speed.work
         if self.gang is not None:
             running = not (self.gang.enforced.paused or self.gang.enforced.stopped)
         else:
             running = self.gate.supervision.job is JobState.RUNNING
-        paced = self.pacer.told is not None  # its rate is the duty's share: no throttle sign
-        change = self.speed.poll(running and not paced and not self.group.terminating)
+        change = self.speed.poll(running and self.pacer.told is None and not self.group.terminating)
         if self.speed.work != before:
             self._write_state(*self._state_written)
         if change is not None:
             self.outputs.emit(change[0], detail=change[1])
-
-    def _pace_at(self, duty: float | None, slice_s: float, reading: ThermalReading | None) -> None:
-        """Duty-cycle the job at `duty` (None: not paced), and tell a cooperative job when that
-        changes (the state file)."""
-        duty = None if self.group.terminating else duty
-        if self.pacer.steer(duty, slice_s, signals=not self.cooperative):
-            self._write_state(self.gate.state if self.gang is None else None, reading)
 
     def _apply(
         self,
@@ -267,8 +251,7 @@ class Supervisor(GangFollower):
         """Signals first (they are what must be prompt), then the state file, then the events.
         A rank of a gang is parked at a stop and ended once every rank applies it."""
         parks_itself = self.gang is not None and self.cooperative
-        if {Action.PAUSE, Action.STOP} & set(actions):
-            self.pacer.set(None, 0.0)  # no slice of the pacer's may continue what stops here
+        self.pacer.before(actions)
         for action in actions:
             if action is Action.PAUSE:
                 if parks_itself:  # at its next step boundary (agent.cooling.step_gate)

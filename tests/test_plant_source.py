@@ -170,3 +170,33 @@ def wait_for_state(folder: Path, condition, deadline_s: float = 30.0) -> dict:  
                 return state
         time.sleep(0.1)
     pytest.fail(f"the daemon's plant never got there: {state}")
+
+
+@pytest.mark.slow
+def test_agent_run_heats_its_own_plant_with_cmd_which_sees_the_plants_clock(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "plant.json"
+    follower = (
+        "import time; from agent.thermal.plant import read_plant_state\n"
+        "print('clock', read_plant_state()['clock_factor'], flush=True)\n"
+        "t = time.monotonic()\n"
+        "while time.monotonic() - t < 3: pass\n"
+    )
+    result = subprocess.run(
+        [
+            *(console_script("agent"), "run", "--thermal-source", "sim:plant:air,speed=60"),
+            *("--poll-interval", "0.2", "--", sys.executable, "-c", follower),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=subprocess_env(**{PLANT_STATE_ENV: str(state)}),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "clock 1.0" in result.stdout
+    plant = read_plant_state(state)
+    assert plant is not None and plant["plant_time_s"] > 0
+    # CMD spun for 3 s of the run: the plant did that work (its start and end aside)
+    assert plant["work"] / plant["plant_time_s"] >= 0.6
+    assert plant["celsius"] > PRESETS["air"].steady_c(7, 0.0) + 5

@@ -376,3 +376,24 @@ def test_a_capture_with_bad_clock_input_is_refused_naming_it(
     path = clock_capture(tmp_path / "bad.jsonl", polls, header)
     with pytest.raises(CaptureFormatError, match=said):
         CaptureSource(str(path))
+
+
+def test_a_missing_channel_is_said_beside_the_clocks_there_are() -> None:
+    """An unknown is said, never left blank: a table whose channel IOReport lacks."""
+    tables = ClockTables(gpu=[1e9], cpu_e=[1e9], cpu_p=[2e9])
+    deltas = {(CPU_GROUP, CPU_CORE_STATES, "PCPU0"): [("IDLE", 1), ("V0P0", 1)]}
+    clocks = interval_clocks(deltas, tables)
+    assert clocks.cpu_p_hz == 2e9 and clocks.gpu_hz is None and clocks.gpu_active is None
+    assert clocks.problems == (
+        "no GPUPH channel in IOReport's GPU Performance States",
+        "no E-cluster core channel in IOReport's CPU Core Performance States",
+    )
+    source = IOReportClockSource(
+        RecordedStates([deltas, {key: [(n, t * 2) for n, t in v] for key, v in deltas.items()}]),
+        {"voltage-states9": table_blob([0, 1_000_000_000]),
+         "voltage-states5-sram": table_blob([2_000_000])},
+        "Apple M2",
+    )  # fmt: skip
+    reading = source.read()
+    assert reading is not None and reading.note is not None
+    assert reading.note.endswith("no GPUPH channel in IOReport's GPU Performance States")

@@ -77,6 +77,7 @@ class CapturedIOReportClocks(ClockSource):
         if clocks.gpu_active is None and clocks.cpu_p_hz is None and clocks.cpu_e_hz is None:
             return self._fail("capture: " + ("; ".join(clocks.problems) or "no residency"))
         self.last_error = "; ".join(clocks.problems) or None
+        note = self.note if self.last_error is None else f"{self.note}; {self.last_error}"
         return ClockReading(
             time.time(),
             clocks.gpu_hz,
@@ -84,7 +85,7 @@ class CapturedIOReportClocks(ClockSource):
             clocks.cpu_p_hz,
             clocks.cpu_e_hz,
             self.name,
-            note=self.note,
+            note=note,
         )
 
 

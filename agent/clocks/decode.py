@@ -241,6 +241,12 @@ def interval_clocks(deltas: Mapping[Channel, Residencies], tables: ClockTables) 
                 continue
             if clock is not None:
                 tiers[tier].append(clock)
+    gpu_channel = (GPU_GROUP, GPU_STATES, GPU_CHANNEL)
+    if tables.gpu is not None and gpu_channel not in deltas:
+        problems.append(f"no {GPU_CHANNEL} channel in IOReport's {GPU_STATES}")
+    for tier, table in (("P", tables.cpu_p), ("E", tables.cpu_e)):
+        if table is not None and not tiers[tier]:
+            problems.append(f"no {tier}-cluster core channel in IOReport's {CPU_CORE_STATES}")
     cpu = {tier: _tier_hz(clocks, tables.cpu_p if tier == "P" else tables.cpu_e)
            for tier, clocks in tiers.items()}  # fmt: skip
     return Clocks(gpu_hz, gpu_active, cpu["P"], cpu["E"], tuple(problems))

@@ -309,6 +309,7 @@ class IOReportClockSource(ClockSource):
             why = "; ".join(clocks.problems) or "no residency in the interval"
             return self._fail(f"{SOURCE}: {why}")
         self.last_error = "; ".join(clocks.problems) or None
+        note = self.note if self.last_error is None else f"{self.note}; {self.last_error}"
         return ClockReading(
             time.time(),
             clocks.gpu_hz,
@@ -316,7 +317,7 @@ class IOReportClockSource(ClockSource):
             clocks.cpu_p_hz,
             clocks.cpu_e_hz,
             self.name,
-            note=self.note,
+            note=note,
         )
 
     def close(self) -> None:

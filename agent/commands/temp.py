@@ -16,13 +16,12 @@ from agent.clocks.base import ClockSource
 from agent.clocks.registry import open_clock_source
 from agent.commands.sensors import open_monitor
 from agent.cooling.calibration_file import policy_defaults
-from agent.daemon.telemetry import TREND_WINDOW, ClockPoll, trend_c_per_min
-from agent.sensors.base import SourceInfo
+from agent.daemon.telemetry import TREND_WINDOW, trend_c_per_min
 from agent.thermal.base import ThermalReading
 from agent.thermal.monitor import ThermalMonitor
 from shared.bounds import MAX_COUNT
 from shared.cooling.calibration import PolicyInForce
-from shared.cooling.clocks import clock_summary
+from shared.cooling.clocks import clock_summary, sample_fields
 from shared.cooling.display import STATE_STYLES, sparkline, trend_arrow
 from shared.cooling.policy import CoolingState, Supervision, host_state
 from shared.exit_codes import EXIT_PARTIAL
@@ -55,7 +54,7 @@ def snapshot(
     clocks: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The JSON shape of one observation; `kind` and `simulated` say whether it is a sensor.
-    `clocks`: a sample's clock fields (agent.daemon.telemetry.ClockPoll)."""
+    `clocks`: a sample's clock fields (shared.cooling.clocks.sample_fields)."""
     return {
         "source": reading.source if reading else source,
         "kind": kind(reading),
@@ -80,9 +79,8 @@ def snapshot(
 
 def read_clocks(clock: ClockSource) -> dict[str, Any]:
     """The clock fields of a sample, read now (never raises: a source says why it has none)."""
-    return ClockPoll(
-        SourceInfo(clock.name, clock.simulated), clock.read(), clock.last_error
-    ).fields()
+    reading = clock.read()
+    return sample_fields(reading, clock.name, clock.simulated, clock.last_error)
 
 
 def render(

@@ -18,7 +18,7 @@ from agent.daemon.gang_mailbox import GangMailbox
 from agent.power.base import PowerReading
 from agent.sensors.base import SourceInfo
 from agent.thermal import ThermalReading, trend_slope
-from shared.cooling.clocks import ClockReading
+from shared.cooling.clocks import ClockReading, sample_fields
 from shared.cooling.policy import CoolingState
 from shared.cooling.throttle import (
     ThrottlePoll,
@@ -110,16 +110,7 @@ class ClockPoll:
 
     def fields(self) -> dict[str, Any]:
         """A sample's clock fields (shared.wire.telemetry.Sample, CLOCK_COLUMNS)."""
-        reading = self.reading
-        return {
-            "gpu_hz": reading.gpu_hz if reading else None,
-            "gpu_active": reading.gpu_active if reading else None,
-            "cpu_p_hz": reading.cpu_p_hz if reading else None,
-            "cpu_e_hz": reading.cpu_e_hz if reading else None,
-            "clock_source": reading.source if reading else self.source.name,
-            "clock_simulated": reading.simulated if reading else self.source.simulated,
-            "clock_note": reading.note if reading else self.error,
-        }
+        return sample_fields(self.reading, self.source.name, self.source.simulated, self.error)
 
 
 def sample(

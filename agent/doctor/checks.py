@@ -217,6 +217,28 @@ def pressure_check() -> Check:
     return Check("thermal pressure", True, f"{level} (notify API, no root)")
 
 
+CLOCK_WINDOW_S = 0.5
+"""How long doctor reads the clocks over when its source counts intervals (IOReport)."""
+
+
+def clock_check() -> Check:
+    """This machine's clocks (agent.clocks.registry) as the agent's samples carry them: the
+    figures and what they mean on this chip (requested or granted state), or why there are
+    none. Not required: without a clock the throttle rule reads the jobs' work rate."""
+    from agent.clocks.registry import open_clock_source
+    from shared.cooling.clocks import clock_summary, sample_fields
+
+    with open_clock_source() as clock:
+        if clock.counts_intervals:
+            time.sleep(CLOCK_WINDOW_S)
+        reading = clock.read()
+        fields = sample_fields(reading, clock.name, clock.simulated, clock.last_error)
+    summary = clock_summary(fields)
+    if summary.startswith("unavailable"):
+        return Check("clocks", False, summary, "throttling is then seen by the work rate alone")
+    return Check("clocks", True, f"{summary} ({fields['clock_source']}); {fields['clock_note']}")
+
+
 def data_checks() -> list[Check]:
     """The data directory is writable and the secret key is this user's alone; nothing is
     created by looking."""
@@ -380,6 +402,7 @@ def report(
         lambda: bench_check(probe, skip_bench),
         thermal_checks,
         pressure_check,
+        clock_check,
         power_source_checks,
         data_checks,
         lambda: port_checks(ports, serving),

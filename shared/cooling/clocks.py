@@ -37,6 +37,22 @@ class ClockReading:
     note: str | None = None
 
 
+def sample_fields(
+    reading: ClockReading | None, source: str, simulated: bool, error: str | None
+) -> dict[str, Any]:
+    """A telemetry sample's clock fields (shared.wire.telemetry.CLOCK_COLUMNS) from a clock
+    source's reading, or from its name and why it has none."""
+    return {
+        "gpu_hz": reading.gpu_hz if reading else None,
+        "gpu_active": reading.gpu_active if reading else None,
+        "cpu_p_hz": reading.cpu_p_hz if reading else None,
+        "cpu_e_hz": reading.cpu_e_hz if reading else None,
+        "clock_source": reading.source if reading else source,
+        "clock_simulated": reading.simulated if reading else simulated,
+        "clock_note": reading.note if reading else error,
+    }
+
+
 REPLAYED_SOURCE = "capture"
 """A capture's clocks: a real Mac's, replayed."""
 

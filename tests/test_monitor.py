@@ -344,3 +344,26 @@ def test_an_error_applying_a_new_session_ends_the_monitor_with_it_not_a_hang(
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 running.step(0.5)
+
+
+@pytest.mark.slow
+def test_a_plants_simulated_clock_reaches_the_monitor_history_and_their_labels(
+    agents: AgentPool, tmp_path: Path
+) -> None:
+    """An agent on the thermal plant: its clock (the plant's own, agent.clocks.registry) in
+    every sample, shown `sim` by `monitor --once` and `history`, simulated in their JSON."""
+    agent = trusted_agent(agents, "plant", thermal="sim:plant:air", options=POLL)
+    add_host_key(agent.address, agent.key)
+    result = monitor_once(agent.address)
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(result.stdout)["hosts"]
+    assert row["gpu_hz"] > 0 and 0 <= row["gpu_active"] <= 1
+    assert row["clock_simulated"] is True and row["clock_source"].startswith("plant")
+    assert "simulated" in row["clock_note"]
+    table = cli("coordinator", "monitor", "--hosts", agent.address, "--once")
+    assert "GPU GHz" in table.stdout and " sim" in table.stdout, table.stdout
+    recorded = json.loads(
+        cli("coordinator", "history", "--hosts", agent.address, "--format", "json").stdout
+    )["hosts"][0]
+    assert recorded["gpu_max_hz"] == pytest.approx(row["gpu_hz"], rel=0.5)
+    assert recorded["clock_simulated"] is True

@@ -397,3 +397,18 @@ def test_a_missing_channel_is_said_beside_the_clocks_there_are() -> None:
     reading = source.read()
     assert reading is not None and reading.note is not None
     assert reading.note.endswith("no GPUPH channel in IOReport's GPU Performance States")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="binds this process's libc")
+def test_a_symbol_the_os_lacks_is_the_source_unavailable_naming_it() -> None:
+    """How the ctypes layer meets a private symbol renamed or gone in a macOS release."""
+    import ctypes
+
+    from agent.sensors.macos_libs import bind_or_unavailable
+
+    libc = ctypes.CDLL(None)
+    assert bind_or_unavailable(libc, "ioreport", "getpid", ctypes.c_int)() > 0
+    with pytest.raises(
+        SourceUnavailable, match="ioreport: source unavailable: IOReportStateGetResidency missing"
+    ):
+        bind_or_unavailable(libc, "ioreport", "IOReportStateGetResidency", ctypes.c_int64)

@@ -4,13 +4,20 @@ agent read during it travels with the cell (ThermalGuard.record_clock, the recor
 
 from __future__ import annotations
 
+import re
+
+import pytest
+import zmq
+
 from agent.cooling.scheduler import ThermalGuard
 from agent.thermal import ThermalMonitor
+from agent.thermal.plant import PLANT_STATE_ENV
 from shared.benchmark import verdict
 from shared.benchmark.matrix import Cell
 from shared.benchmark.results import cell_record
 from shared.cooling.policy import ThermalPolicy
 from shared.stats import summarize_latencies
+from tests.fleet_support import AgentPool, connect, trusted_agent
 
 CELL = Cell("small", 16, 32, 0, 0, 1)
 STEADY = [0.100, 0.101, 0.0995, 0.1002, 0.1001]
@@ -49,3 +56,46 @@ def test_the_clock_read_during_a_cell_is_its_records_and_judges_it() -> None:
     assert verdict.throttle_evidence(record) == "GPU 1.10 GHz of 1.40 sustained"
     assert verdict.verdict_text(measured(steady)) == "valid"
     assert "gpu_clock" not in measured(unclocked)  # no clock read: nothing claimed
+
+
+HIGH = {"max_speed_temp": 120.0, "pause_temp": 130.0, "stop_temp": 140.0}
+"""Thresholds above the plant's 105 °C limit: the firmware throttles, the policy never acts."""
+
+
+@pytest.mark.slow
+def test_a_cell_measured_on_a_throttling_plant_is_invalid_throttled(
+    agents: AgentPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real agent on the fanless plant (sim:plant:air at 60 plant seconds a wall second, 5 °C
+    under its limit): its benchmark job's load heats the plant past 105 °C within seconds, the
+    plant's firmware steps the GPU clock down, and the cells measured then are judged throttled
+    by the agent's clock readings (their gpu_clock), evidence and all."""
+    monkeypatch.delenv(PLANT_STATE_ENV, raising=False)
+    agent = trusted_agent(
+        agents, thermal="sim:plant:air,speed=60,start_c=100", options=["--poll-interval", "0.2"]
+    )
+    matrix = {"n_prompt": [128], "n_gen": [0], "models": ["small"], "warmup": 1,
+              "iterations": 30}  # fmt: skip
+    context = zmq.Context()
+    try:
+        client = connect(context, agent, timeout=60)
+        client.request("policy.set", {"policy": HIGH})
+        cells = 2
+        records = []
+        for _ in range(cells):
+            stream = client.stream(client.send("bench.start", {"matrix": matrix}))
+            records += [m.body["record"] for m in stream if m.type == "bench.cell"]
+        history = client.request("history.get", {"samples_after": 0, "events_after": 0})
+        client.close()
+    finally:
+        context.destroy(linger=0)
+    throttled = [r for r in records if "throttled" in r["verdict_reasons"]]
+    assert throttled, [(r.get("gpu_clock"), r["verdict_reasons"]) for r in records]
+    record = throttled[-1]
+    evidence = verdict.throttle_evidence(record) or ""
+    # the clock's (this machine's CPU, shared with other work, may slow the iterations too)
+    assert re.search(r"(^|; )GPU \d\.\d\d GHz of 1\.40 sustained$", evidence), evidence
+    assert record["gpu_clock"]["sustained_hz"] == 1.398e9  # the plant's top state, seen first
+    assert "simulated" in record["flags"]  # the plant is labelled: not a sensor
+    said = [x["throttle_evidence"] for x in history["samples"] if x.get("throttling")]
+    assert said and all(re.fullmatch(r"GPU \d\.\d\d GHz of 1\.40 sustained", e) for e in said)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.cooling.events import EventLog
 from agent.cooling.job_speed import stated_work
+from agent.daemon.clock_throttle import ClockThrottle
 from agent.daemon.handoff import ReadingHandoff
 from agent.daemon.history import WRITE_EVERY, TelemetryHistory
 from agent.daemon.instruments import Instruments
@@ -43,6 +44,7 @@ from agent.power.meter import EnergyMeter
 from agent.thermal import ThermalMonitor, ThermalReading, ThermalSource
 from shared.cooling.calibration import policy_event_detail
 from shared.cooling.policy import CoolingState, Supervision, ThermalPolicy, host_state
+from shared.cooling.throttle import combined
 from shared.io.paths import data_subdir
 from shared.wire import protocol as p
 from shared.wire.telemetry import Event
@@ -115,11 +117,14 @@ class TelemetryHub:
         self._next_prune = 0.0
         self.jobs_dir = data_subdir("jobs")
         """Where `agent run` keeps each job's state, its work rate in it (§12)."""
+        self.clock_throttle = ClockThrottle("none")
+        """The throttle rule on the GPU clock the agent reads (agent.daemon.clock_throttle)."""
 
     def start(self, source: ThermalSource, meter: EnergyMeter | None = None) -> None:
         """Poll `source` (the hub owns it from now on) every poll interval, in the background,
         and read `meter` (owned too) at each poll when it measures anything."""
         self._policy.on_scale(source.scale, source.name)
+        self.clock_throttle.source = source.name
         self.instruments.start(source, meter, self._tap)
         in_force = self._policy.in_force
         log.info(
@@ -177,14 +182,15 @@ class TelemetryHub:
         """The loop polled `wake_fd` readable: take the wake-up (drain() takes the readings)."""
         self.handoff.pipe.take()
 
-    def drain(self) -> list[ThermalReading | None]:
-        """Every reading taken since the last drain, each published and stored, oldest first.
-        The loop calls it whenever it wakes, so whatever woke it sees every reading taken."""
+    def drain(self) -> list[tuple[ThermalReading | None, dict[str, Any] | None]]:
+        """Every reading taken since the last drain, each published and stored, oldest first,
+        with its poll's GPU clock as a benchmark job takes it (None without one). The loop calls
+        it whenever it wakes, so whatever woke it sees every reading taken."""
         readings = []
         while taken := self.handoff.take():  # and any taken meanwhile
             for taken_at, reading, power, clocks in taken:
                 self._on_reading(taken_at, reading, power, clocks)
-                readings.append(reading)
+                readings.append((reading, self.clock_throttle.last_clock))
         return readings
 
     def pace(self, watched: bool) -> None:
@@ -228,13 +234,13 @@ class TelemetryHub:
         self._host, self._state = host_state(self.policy, reading, self._host)
         if reading is not None and reading.celsius is not None:
             self._temperatures.append(reading.celsius)
-        throttle = None
         if self.jobs.jobs:  # (an idle daemon's polls skip the job table's upkeep)
             for event in self.jobs.vanished(lambda pgid: pid_alive(-pgid), now):  # any in group
                 self.event(event)
             self.jobs.expire(now)
             self.jobs.read_work(lambda job: stated_work(self.jobs_dir, job))
-            throttle = self.jobs.throttle()
+        clock = self.clock_throttle.observe(clocks.reading if clocks is not None else None)
+        throttle = combined([(None, clock), (None, self.jobs.throttle())])
         taken = sample(
             now,
             reading,

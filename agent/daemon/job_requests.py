@@ -44,7 +44,8 @@ class JobRequests:
         )
         p.encode(p.make(reply.type, reply.body, re=request.message.id))  # too-large: refused
         self.jobs.start(request.identity, request.message.id, plan)
-        self.jobs.feed(self.hub.last_reading, self.hub.policy)  # what the daemon read last
+        last_clock = self.hub.clock_throttle.last_clock
+        self.jobs.feed(self.hub.last_reading, self.hub.policy, last_clock)  # the last poll's
         return reply
 
     @handles("bench.check")

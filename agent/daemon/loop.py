@@ -225,8 +225,8 @@ class AgentDaemon:
         """Every reading the hub holds: judged, stored, published, fed to the running job."""
         readings = self.hub.drain()
         if readings:
-            for reading in readings:
-                self.jobs.feed(reading, self.hub.policy)
+            for reading, clock in readings:
+                self.jobs.feed(reading, self.hub.policy, clock)
             self._retry_writes()
 
     def _sleep_ms(self, deadline: float | None) -> float | None:

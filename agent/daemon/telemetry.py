@@ -20,14 +20,7 @@ from agent.sensors.base import SourceInfo
 from agent.thermal import ThermalReading, trend_slope
 from shared.cooling.clocks import ClockReading, sample_fields
 from shared.cooling.policy import CoolingState
-from shared.cooling.throttle import (
-    ThrottlePoll,
-    ThrottleVerdict,
-    ThrottleWatch,
-    combined,
-    job_work,
-    work_verdict,
-)
+from shared.cooling.throttle import ThrottleVerdict, combined, job_work, work_verdict
 from shared.wire import protocol as p
 from shared.wire.agent_shapes import MAX_HISTORY_ITEMS
 from shared.wire.agent_shapes import RUN_ACTIONS as shared_run_actions
@@ -150,30 +143,6 @@ def sample(
         **(clocks.fields() if clocks else {}),
         started=started,
     )
-
-
-class ClockThrottle:
-    """The throttle rule on this Mac's GPU clock, poll after poll (shared.cooling.throttle):
-    against the sustained clock of its calibration made with the thermal source read (`agent
-    calibrate`), else the highest GPU clock seen under load since the agent started."""
-
-    def __init__(self, calibrated_hz: float | None = None) -> None:
-        self.calibrated_hz = calibrated_hz
-        self.watch = ThrottleWatch.start(calibrated_hz)
-
-    def calibrate(self, calibrated_hz: float | None) -> None:
-        """A new calibration (or none): the reference starts over from it."""
-        if calibrated_hz != self.calibrated_hz:
-            self.calibrated_hz = calibrated_hz
-            self.watch = ThrottleWatch.start(calibrated_hz)
-
-    def observe(self, gpu_hz: float | None, gpu_active: float | None) -> ThrottleVerdict:
-        self.watch, verdict = self.watch.observe(ThrottlePoll(gpu_hz, gpu_active))
-        return verdict
-
-    def poll_map(self, gpu_hz: float | None, gpu_active: float | None) -> dict[str, Any]:
-        """A poll's clock as a benchmark job takes it (docs/protocol.md §13)."""
-        return {"gpu_hz": gpu_hz, "gpu_active": gpu_active, "sustained_hz": self.watch.sustained_hz}
 
 
 # --- supervised jobs --------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from agent.clocks.base import ClockSource
 from agent.sensors.job_load import JobLoad
 from agent.thermal.base import ThermalReading, ThermalSource
 from shared.cooling.clocks import ClockReading
@@ -37,12 +38,14 @@ def scale_label(params: PlantParams) -> str:
     return "plant time = wall time" if params.speed == 1 else f"plant time x{params.speed:g}"
 
 
-class PlantClocks:
-    """The plant's clock as a clock source (what the clocks work reads into samples)."""
+class PlantClocks(ClockSource):
+    """The plant's clock as a clock source (what the clocks work reads into samples: a
+    ClockSource, so agent.clocks.registry.open_clock_source takes it as the plant's own)."""
 
     simulated = True
 
     def __init__(self, source: PlantSource) -> None:
+        super().__init__()
         self._source = source
         self.name = f"plant:{source.plant.params.preset}"
 

@@ -132,11 +132,12 @@ def _numbers(values: Any) -> list[Any]:
 
 def throttle_evidence(record: Mapping[str, Any]) -> str | None:
     """Why the cell was measured throttling (`312 tok/s of 402`, `GPU 1.10 GHz of 1.40
-    sustained`), None when it was not or cannot be told. Two series, each judged by the rule:
-    the timed iterations' rates (`samples_tokens_per_sec`) and the GPU clock the agent read
-    during the cell (`gpu_clock`: its `samples` as [hz, active share] and the sustained clock
-    the agent knew then). A sustained cell is left out: its throttling is what it measures
-    (its windows' curve, shared.benchmark.sustain)."""
+    sustained`, joined by `; ` when both say so), None when it was not or cannot be told.
+    Two series, each judged by the rule: the timed iterations' rates
+    (`samples_tokens_per_sec`) and the GPU clock the agent read during the cell (`gpu_clock`:
+    its `samples` as [hz, active share] and the sustained clock the agent knew then). A
+    sustained cell is left out: its throttling is what it measures (its windows' curve,
+    shared.benchmark.sustain)."""
     if record.get("sustain"):
         return None
     rates = [ThrottlePoll(rate=rate) for rate in _numbers(record.get("samples_tokens_per_sec"))]
@@ -148,9 +149,13 @@ def throttle_evidence(record: Mapping[str, Any]) -> str | None:
         if isinstance(pair, (list, tuple)) and len(pair) == 2
     ]
     sustained = clock.get("sustained_hz")
-    return throttled_evidence(judge_throttle(rates)) or throttled_evidence(
-        judge_throttle(clocks, sustained if isinstance(sustained, (int, float)) else None)
+    found = (
+        throttled_evidence(judge_throttle(rates)),
+        throttled_evidence(
+            judge_throttle(clocks, sustained if isinstance(sustained, (int, float)) else None)
+        ),
     )
+    return "; ".join(text for text in found if text) or None
 
 
 def judge(record: dict[str, Any]) -> dict[str, Any]:

@@ -44,7 +44,6 @@ from agent.power.meter import EnergyMeter
 from agent.thermal import ThermalMonitor, ThermalReading, ThermalSource
 from shared.cooling.calibration import policy_event_detail
 from shared.cooling.policy import CoolingState, Supervision, ThermalPolicy, host_state
-from shared.cooling.throttle import combined
 from shared.io.paths import data_subdir
 from shared.wire import protocol as p
 from shared.wire.telemetry import Event
@@ -117,8 +116,7 @@ class TelemetryHub:
         self._next_prune = 0.0
         self.jobs_dir = data_subdir("jobs")
         """Where `agent run` keeps each job's state, its work rate in it (§12)."""
-        self.clock_throttle = ClockThrottle("none")
-        """The throttle rule on the GPU clock the agent reads (agent.daemon.clock_throttle)."""
+        self.clock_throttle = ClockThrottle("none")  # the rule on the GPU clock read
 
     def start(self, source: ThermalSource, meter: EnergyMeter | None = None) -> None:
         """Poll `source` (the hub owns it from now on) every poll interval, in the background,
@@ -184,8 +182,8 @@ class TelemetryHub:
 
     def drain(self) -> list[tuple[ThermalReading | None, dict[str, Any] | None]]:
         """Every reading taken since the last drain, each published and stored, oldest first,
-        with its poll's GPU clock as a benchmark job takes it (None without one). The loop calls
-        it whenever it wakes, so whatever woke it sees every reading taken."""
+        with its poll's GPU clock for a benchmark job (None: none read): the loop calls it
+        whenever it wakes, so whatever woke it sees every reading taken."""
         readings = []
         while taken := self.handoff.take():  # and any taken meanwhile
             for taken_at, reading, power, clocks in taken:
@@ -239,8 +237,7 @@ class TelemetryHub:
                 self.event(event)
             self.jobs.expire(now)
             self.jobs.read_work(lambda job: stated_work(self.jobs_dir, job))
-        clock = self.clock_throttle.observe(clocks.reading if clocks is not None else None)
-        throttle = combined([(None, clock), (None, self.jobs.throttle())])
+        throttle = self.jobs.throttle(self.clock_throttle.observe(clocks and clocks.reading))
         taken = sample(
             now,
             reading,

@@ -291,13 +291,15 @@ class JobTable:
             if job.kind == p.KIND_RUN and job.state != p.SUPERVISED_EXITED:
                 job.work = job_work(stated(job.job))
 
-    def throttle(self) -> ThrottleVerdict:
-        """What the running jobs' work rates say of throttling, each labelled `job ID`."""
-        return combined(
+    def throttle(self, clock: ThrottleVerdict) -> ThrottleVerdict:
+        """The Mac's verdict: the GPU clock's (`clock`) with what the running jobs' work rates
+        say, each of those labelled `job ID`."""
+        jobs = (
             (f"job {job.job}", work_verdict(job.work))
             for job in self.jobs.values()
             if job.state == p.SUPERVISED_RUNNING
         )
+        return combined([(None, clock), *jobs])
 
     def listed(self) -> list[dict[str, Any]]:
         """Each job's wire entry; a rank of a distributed job also lists its gang."""

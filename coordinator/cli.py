@@ -119,6 +119,15 @@ COMMANDS = [
         ),
     ),
     LazyCommand(
+        "calibrate",
+        "coordinator.commands.calibrate:calibrate",
+        "Have every host learn where it throttles (`agent calibrate` on each, at once).",
+        examples=(
+            "coordinator calibrate --hosts mac1,mac2",
+            "coordinator calibrate --hosts mac1,mac2 --minutes 45 -o json",
+        ),
+    ),
+    LazyCommand(
         "history",
         "coordinator.commands.history:history",
         "Per host from the recorded telemetry: min / mean / max °C, time at or above each "

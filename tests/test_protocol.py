@@ -31,7 +31,63 @@ RANK_STATE = {
     "error": None,
     "report": {"all_sum": {}, "send_recv": {}},
 }
+CALIBRATION = {
+    "source": "smc",
+    "simulated": False,
+    "calibrated_at": 1796515200.0,
+    "onset_c": 101.5,
+    "sensor": "Tg0k",
+    "sensor_onsets": {"Tg0k": 101.5, "TCMz": 97.0},
+    "time_to_throttle_s": 540.0,
+    "signal": "gpu clock",
+    "reference": 1.398e9,
+    "throttled": {
+        "work_rate": 40.0,
+        "duty": 1.0,
+        "celsius": 101.2,
+        "clock_hz": 1.1e9,
+        "seconds": 300.0,
+    },
+    "held": {
+        "work_rate": 31.0,
+        "duty": 0.55,
+        "celsius": 100.3,
+        "clock_hz": 1.398e9,
+        "seconds": 400.0,
+    },
+    "duty_cycle": 0.55,
+    "start_c": 41.0,
+    "evidence": "GPU 1.11 GHz of 1.40 sustained",
+}
 VALID_BODIES: dict[str, dict[str, Any]] = {
+    "calibrate.start": {"minutes": 30},
+    "calibrate.get": {},
+    "calibrate.start.ok": {"minutes": 30.0, "source": "smc"},
+    "calibrate.get.ok": {
+        "state": "running",
+        "minutes": 30.0,
+        "source": "smc",
+        "progress": {
+            "phase": "sustained",
+            "elapsed_s": 120.0,
+            "total_s": 1800.0,
+            "celsius": 88.5,
+            "sensor": "Tg0k",
+            "gpu_hz": 1.398e9,
+            "onset_c": None,
+        },
+        "error": None,
+        "calibration": CALIBRATION,
+        "origin": "calibrated on this Mac 2026-12-06: onset 101.5 °C (smc · Tg0k)",
+        "policy": {
+            "max_speed_temp": 96.5,
+            "pause_temp": 101.5,
+            "stop_temp": 120.0,
+            "pause_duration": 0.5,
+            "hysteresis": 0.0,
+        },
+        "policy_origin": "calibrated on this Mac 2026-12-06: onset 101.5 °C (smc · Tg0k)",
+    },
     "gang.state": {
         "gang": {
             "group": "ring-0123456789ab",

@@ -3,9 +3,11 @@ shared.cooling.throttle_point reads it) and keep it as the Mac's calibrated poli
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
@@ -27,6 +29,7 @@ from shared.cooling.calibration import SOURCE_POLICIES, PolicyInForce
 from shared.cooling.throttle_point import NoThrottle, OperatingPoint, ThrottlePoint
 from shared.exit_codes import EXIT_PARTIAL, EXIT_THERMAL_STOP, EXIT_USAGE
 from shared.io.cli import data_home, fail, usage_error
+from shared.io.files import replace_atomically
 from shared.io.options import (
     CalibrateMinutes,
     StopGiven,
@@ -39,6 +42,7 @@ from shared.safe_text import shown
 
 PREFIX = "calibrate:"
 PROGRESS_EVERY_S = 10.0
+FILE_EVERY_S = 1.0
 DEFAULT_MINUTES = 30.0
 PHASE_TEXT = {
     "idle": "idle, for the start temperature",
@@ -54,6 +58,14 @@ def calibrate_command(
     minutes: CalibrateMinutes = DEFAULT_MINUTES,
     stop_temp: StopGiven = None,
     fmt: TableFormat = "table",
+    progress_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--progress-file",
+            hidden=True,
+            help="Rewrite this file with the progress as JSON every second (agent serve's).",
+        ),
+    ] = None,
 ) -> None:
     """Learn where this Mac throttles (a sustained MLX load, then held below it) and keep it as
     its calibrated policy.
@@ -76,12 +88,18 @@ def calibrate_command(
         job = running_job()
         if job is not None:
             raise usage_error(f"a job is running ({shown(job)}): calibrate an idle Mac")
-        _calibrate(thermal, minutes, stop_temp, fmt)
+        _calibrate(thermal, minutes, stop_temp, fmt, progress_file)
     finally:
         os.close(lock)
 
 
-def _calibrate(thermal: ThermalOptions, minutes: float, stop_temp: float | None, fmt: str) -> None:
+def _calibrate(
+    thermal: ThermalOptions,
+    minutes: float,
+    stop_temp: float | None,
+    fmt: str,
+    progress_file: Path | None,
+) -> None:
     monitor = open_monitor(thermal, EXIT_USAGE)
     source = monitor.source
     clocks = own_clocks(source) or open_clock_source(source)
@@ -99,7 +117,7 @@ def _calibrate(thermal: ThermalOptions, minutes: float, stop_temp: float | None,
         except NoLoad as exc:
             raise usage_error(str(exc)) from None
         _say(f"{PREFIX} {minutes:g} min on {source.name} ({_scale_text(source)}), load on {device}")
-        shown = Shown()
+        shown = Shown(progress_file)
         run = Calibration(monitor, clocks, minutes, thermal.poll_interval, stop, shown)
         with sigterm_as_interrupt():
             try:
@@ -147,13 +165,22 @@ def default_stop(scale: str | None) -> float | None:
 
 
 class Shown:
-    """Progress on stderr: each phase as it starts, and a line every PROGRESS_EVERY_S."""
+    """Progress on stderr: each phase as it starts, and a line every PROGRESS_EVERY_S; with a
+    `file`, the latest progress there as JSON every FILE_EVERY_S (what agent serve reads)."""
 
-    def __init__(self) -> None:
+    def __init__(self, file: Path | None = None) -> None:
         self.phase: str | None = None
         self.next_s = 0.0
+        self.file = file
+        self.file_next_s = 0.0
 
     def __call__(self, progress: Progress) -> None:
+        if self.file is not None and (
+            progress.phase != self.phase or progress.elapsed_s >= self.file_next_s
+        ):
+            self.file_next_s = progress.elapsed_s + FILE_EVERY_S
+            with contextlib.suppress(OSError):  # progress is a courtesy; the run goes on
+                replace_atomically(self.file, json.dumps(progress.to_dict()))
         if progress.phase == self.phase and progress.elapsed_s < self.next_s:
             return
         started = progress.phase != self.phase

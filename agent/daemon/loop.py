@@ -284,6 +284,8 @@ class AgentDaemon:
         with contextlib.suppress(OSError):
             remove_state(os.getpid())
         self.requests.deferred.close()
+        if self.requests.calibration is not None:
+            self.requests.calibration.close()
         self.ranks.close()
         self.hub.close()
         self.sockets.close()

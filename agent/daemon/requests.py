@@ -3,7 +3,8 @@
 agent serves (a test holds it equal to shared.wire.protocol.REQUESTS). The handlers are kept by
 concern: the agent's own state here (hello, ping, info, history, policy, doctor), a
 coordinator's benchmark jobs and ranks in job_requests.py, the supervised `agent run` jobs and
-their gangs in run_requests.py; Requests, which answers each message, is all of them.
+their gangs in run_requests.py, a calibration in calibration_requests.py; Requests, which
+answers each message, is all of them.
 
 The daemon's parts a handler reads and changes are given at construction.
 """
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agent.daemon.benchmark.jobs import BenchJobs
+from agent.daemon.calibration_requests import CalibrationRequests
 from agent.daemon.deferred import DeferredReplies
 from agent.daemon.endpoints import AgentSockets, Received
 from agent.daemon.handling import HANDLERS, Reply, Request, check_cursor, check_limit, handles
@@ -34,7 +36,7 @@ from shared.wire import protocol as p
 __all__ = ["HANDLERS", "Reply", "Request", "Requests"]
 
 
-class Requests(JobRequests, RunRequests):
+class Requests(JobRequests, RunRequests, CalibrationRequests):
     """The handlers, over the daemon's sockets, telemetry hub and benchmark jobs."""
 
     def __init__(

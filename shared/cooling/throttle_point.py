@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from shared import shapes as s
 from shared.cooling.throttle import (
     EARLY_READINGS,
     POLLS,
@@ -191,6 +192,26 @@ class ThrottlePoint:
             start_c=_number(data, "start_c", optional=True),
             evidence=_text(data, "evidence", optional=True),
         )
+
+
+CALIBRATION_STATES = ("none", "running", "ok", "failed", "refused", "stopped", "interrupted")
+"""What calibrate.get says of the last calibration an agent ran (docs/protocol.md §18)."""
+_maybe_celsius = s.nil_or(s.number(-273.15))
+calibrate_progress = s.fields(
+    {"phase": s.one_of(PHASES), "elapsed_s": s.number(0), "total_s": s.number(0)}
+    | {"celsius": _maybe_celsius, "onset_c": _maybe_celsius, "gpu_hz": s.nil_or(s.number(0))}
+    | {"sensor": s.nil_or(s.text(200))}
+)
+"""A calibration's progress on the wire (agent.cooling.calibrate's Progress)."""
+
+
+def calibration(value: Any) -> None:
+    """A check (shared.shapes) of a calibration on the wire: what ThrottlePoint.to_dict()
+    writes, each field as from_dict() takes it."""
+    try:
+        ThrottlePoint.from_dict(value)
+    except (ValueError, TypeError) as exc:
+        raise s.Invalid("", f"is not a calibration: {exc}") from None
 
 
 class NoThrottle(ValueError):

@@ -17,11 +17,13 @@ from shared.benchmark.energy import RAILS
 from shared.benchmark.matrix import DECODE, MAX_CELLS, MAX_COOL_START_S, PREFILL, PREFILL_DECODE
 from shared.benchmark.reboots import MAX_PANICS, PANIC_FILE_CAP, PANIC_TEXT_CAP
 from shared.benchmark.verdict import VERDICTS, judge
+from shared.bounds import MAX_CALIBRATE_MINUTES
 from shared.cooling.clocks import MAX_CLOCK_HZ
 from shared.cooling.gang import BACKENDS, MAX_GROUP_LENGTH, MAX_WORLD
 from shared.cooling.policy import CoolingState, ThermalPolicy
 from shared.cooling.throttle import MAX_EVIDENCE as MAX_WORK_EVIDENCE
 from shared.cooling.throttle import WORK_UNITS
+from shared.cooling.throttle_point import CALIBRATION_STATES, calibrate_progress, calibration
 from shared.distributed.group import CHECK_PROMPT_LENGTH, MAX_CHECK_TOKENS, SHARDINGS
 from shared.distributed.rank_env import JACCL, RING
 from shared.distributed.rank_shapes import MAX_MEMBERS, RANK_GOT
@@ -97,6 +99,9 @@ _policy_fields = s.fields(
     {key: real for key in ThermalPolicy().to_dict()},
     {"pace_temp": s.nil_or(real), "pace_slice": real, "pace_min_duty": real},
 )
+
+
+calibrate_minutes = s.number(0, MAX_CALIBRATE_MINUTES)
 
 
 def _policy(value: Any) -> None:
@@ -618,6 +623,13 @@ BODIES: dict[str, s.Check] = {
     "rank.start.ok": s.fields({"job": ident, "rank": s.integer(0, MAX_MEMBERS - 1)}),
     "rank.get.ok": RANK_GOT,
     "rank.stop.ok": RANK_GOT,
+    "calibrate.start.ok": s.fields({"minutes": calibrate_minutes, "source": name}),
+    "calibrate.get.ok": s.fields(
+        {"state": s.one_of(CALIBRATION_STATES), "minutes": s.nil_or(calibrate_minutes)}
+        | {"progress": s.nil_or(calibrate_progress), "calibration": s.nil_or(calibration)}
+        | {key: maybe_text for key in ("source", "error", "origin")}
+        | {"policy": _policy, "policy_origin": text}
+    ),
     "error": s.fields({"code": text, "message": text}),
     "telemetry.sample": sample,
     "telemetry.event": event,

@@ -130,6 +130,8 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
     },
     "rank.get": {"job": (str, True)},
     "rank.stop": {"job": (str, True), "why": (str, False)},
+    "calibrate.start": {"minutes": (NUMBER, True)},
+    "calibrate.get": {},
     # replies and the job stream, agent -> coordinator
     "hello.ok": {
         "agent": (str, True),
@@ -200,6 +202,18 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
     "rank.start.ok": {"job": (str, True), "rank": (int, True)},
     "rank.get.ok": RANK_STATE,
     "rank.stop.ok": RANK_STATE,
+    "calibrate.start.ok": {"minutes": (NUMBER, True), "source": (str, True)},
+    "calibrate.get.ok": {
+        "state": (str, True),
+        "minutes": ((NUMBER, NONE), True),
+        "source": ((str, NONE), True),
+        "progress": ((dict, NONE), True),
+        "error": ((str, NONE), True),
+        "calibration": ((dict, NONE), True),
+        "origin": ((str, NONE), True),
+        "policy": (dict, True),
+        "policy_origin": (str, True),
+    },
     "error": {"code": (str, True), "message": (str, True)},
     # telemetry, published by the agent (never requests, never replies)
     "telemetry.sample": Sample.schema(),
@@ -224,6 +238,8 @@ REQUESTS = frozenset(
         "rank.start",
         "rank.get",
         "rank.stop",
+        "calibrate.start",
+        "calibrate.get",
     }
 )
 ENVELOPE_KEYS = frozenset({"v", "id", "type", "re", "body"})

@@ -18,8 +18,8 @@ import pytest
 from agent.cooling.calibration_file import calibration_path, load_calibration, save_calibration
 from shared.cooling.plant import PRESETS, unthrottled_optimum
 from shared.cooling.throttle_point import ThrottlePoint, find_throttle_point
-from tests.conftest import console_script, piped, run_cli
-from tests.fleet_support import AgentPool
+from tests.conftest import console_script, piped, run_cli, subprocess_env
+from tests.fleet_support import AgentPool, cli, exchange_keys
 from tests.test_throttle_point import run_model
 
 PLANT = "sim:plant:air,speed=120"
@@ -173,3 +173,54 @@ def test_a_thermal_stop_ends_it_and_stores_nothing() -> None:
     assert "calibrate: stopped by the heat: " in done.stderr
     assert "at or above 80 °C for 3 polls; nothing stored" in done.stderr
     assert not calibration_path().exists()
+
+
+@pytest.mark.slow
+def test_coordinator_calibrate_follows_each_host_and_its_policy_names_the_calibration(
+    agents: AgentPool,
+) -> None:
+    agent = agents.start(thermal=PLANT)
+    exchange_keys(agent)
+    done = cli(
+        "coordinator", "calibrate", "--hosts", agent.address, "--minutes", "0.5", "-o", "json"
+    )
+    assert done.returncode == 0, done.stderr + agent.log_text()
+    (row,) = json.loads(done.stdout)
+    assert row["result"] == "calibrated", row
+    point = ThrottlePoint.from_dict(row["calibration"])
+    assert abs(point.onset_c - AIR.limit_c) <= 1.0, point
+    assert f"{agent.address}: " in done.stderr and "flat out" in done.stderr
+    deadline = time.monotonic() + 30  # in force from the agent's next poll
+    while True:
+        shown = cli("coordinator", "policy", "--hosts", agent.address, "-o", "json")
+        (policy,) = json.loads(shown.stdout)
+        if policy["origin"] == point.origin():
+            break
+        assert time.monotonic() < deadline, policy
+        time.sleep(0.5)
+    assert policy["policy"]["pause_temp"] == round(point.onset_c, 1)
+
+
+@pytest.mark.slow
+def test_coordinator_calibrate_is_refused_by_a_busy_host(agents: AgentPool) -> None:
+    agent = agents.start(thermal=PLANT)
+    exchange_keys(agent)
+    job = subprocess.Popen(  # beside the agent: its data directory
+        [console_script("agent"), "run", "--", sys.executable, "-c", "input()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(MLX_FLEET_HOME=str(agent.home)),
+    )
+    try:
+        assert job.stderr is not None
+        for line in job.stderr:
+            if "start job" in line:
+                break
+        done = cli("coordinator", "calibrate", "--hosts", agent.address, "--minutes", "1")
+        assert done.returncode == 1, done.stderr
+        assert "refused" in done.stdout and "cannot calibrate now: agent run job" in done.stdout
+    finally:
+        job.kill()
+        job.communicate()

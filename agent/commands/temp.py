@@ -16,6 +16,7 @@ from agent.clocks.base import ClockSource
 from agent.clocks.registry import open_clock_source
 from agent.commands.sensors import open_monitor
 from agent.cooling.calibration_file import policy_defaults
+from agent.daemon.clock_throttle import ClockThrottle
 from agent.daemon.telemetry import TREND_WINDOW, trend_c_per_min
 from agent.thermal.base import ThermalReading
 from agent.thermal.monitor import ThermalMonitor
@@ -24,6 +25,7 @@ from shared.cooling.calibration import PolicyInForce
 from shared.cooling.clocks import clock_summary, sample_fields
 from shared.cooling.display import STATE_STYLES, sparkline, trend_arrow
 from shared.cooling.policy import CoolingState, Supervision, host_state
+from shared.cooling.throttle import POLLS
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import print_rich, usage_error
 from shared.io.options import PolicyOptions, TableFormat, ThermalOptions, with_options
@@ -77,10 +79,29 @@ def snapshot(
     }
 
 
-def read_clocks(clock: ClockSource) -> dict[str, Any]:
-    """The clock fields of a sample, read now (never raises: a source says why it has none)."""
+def read_clocks(clock: ClockSource, throttle: ClockThrottle | None = None) -> dict[str, Any]:
+    """The clock fields of a sample, read now (never raises: a source says why it has none);
+    with `throttle` (--watch), also its verdict on them: `throttling` and `throttle_evidence`
+    (docs/thermal.md, Throttling as a state; the clock alone: `agent temp` runs no job)."""
     reading = clock.read()
-    return sample_fields(reading, clock.name, clock.simulated, clock.last_error)
+    fields = sample_fields(reading, clock.name, clock.simulated, clock.last_error)
+    if throttle is None:
+        return fields
+    verdict = throttle.observe(reading)
+    return fields | {"throttling": verdict.throttling, "throttle_evidence": verdict.text}
+
+
+def throttle_cell(clocks: dict[str, Any]) -> Text:
+    """The throttle rule's verdict on the clock: `yes: GPU 1.10 GHz of 1.40 sustained`, `no`,
+    or why there is none (one reading: the rule needs POLLS; no load, no clock)."""
+    if "throttling" not in clocks:
+        return Text(f"— (the rule needs {POLLS} polls under load: agent temp --watch)")
+    evidence = clocks["throttle_evidence"]
+    if clocks["throttling"] is None:
+        return Text("— (no load on the GPU, or no clock: no verdict)")
+    if clocks["throttling"]:
+        return Text(f"yes: {evidence}", style="bold dark_orange")
+    return Text(f"no ({evidence})" if evidence else "no")
 
 
 def render(
@@ -119,6 +140,7 @@ def render(
             table.add_row("Clocks", Text(f"{summary} [{clocks['clock_source']}]"))
             if clocks["clock_note"]:
                 table.add_row("  means", Text(clocks["clock_note"]))
+        table.add_row("Throttling", throttle_cell(clocks))
     policy = data["policy"]
     thresholds = (
         f"reduce ≥ {policy['max_speed_temp']:g}, pause ≥ {policy['pause_temp']:g}, "
@@ -186,9 +208,11 @@ def _emit(data: dict[str, Any], fmt: str) -> None:
 def _watch(
     monitor: ThermalMonitor, clock: ClockSource, policy: PolicyInForce, fmt: str, count: int
 ) -> None:
-    """Poll in the background and show each tick: JSON lines, or a Live table with the trend."""
+    """Poll in the background and show each tick: JSON lines, or a Live table with the trend
+    and the throttle rule's verdict on the clock (agent.daemon.clock_throttle)."""
     monitor.start()
     supervision = Supervision()
+    throttle = ClockThrottle(monitor.source.name)
     live = Live(auto_refresh=False, console=Console()) if fmt == "table" else None
     shown = 0
     try:
@@ -197,9 +221,8 @@ def _watch(
         while True:
             reading = monitor.reading
             supervision, state = host_state(policy.policy, reading, supervision)
-            data = snapshot(
-                monitor.source.name, reading, monitor.last_error, state, policy, read_clocks(clock)
-            )
+            clocks = read_clocks(clock, throttle)
+            data = snapshot(monitor.source.name, reading, monitor.last_error, state, policy, clocks)
             if live:
                 history = monitor.get_history()
                 per_minute = trend_c_per_min(history, monitor.poll_interval)

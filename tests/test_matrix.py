@@ -127,7 +127,10 @@ def test_duplicates_are_measured_once() -> None:
         ({"n_pg": ((8, 2), (8, 0))}, "n_pg[1][1]: generation length 0 must be at least 1"),
         ({"batch_sizes": (0,)}, "batch_sizes[0]: batch size 0 must be at least 1"),
         ({"batch_sizes": (1, -2)}, "batch_sizes[1]: batch size -2"),
-        ({"bits": (4, 3)}, "bits[1]: 3 is not supported; choose from nil, 4, 8, 16"),
+        (
+            {"bits": (4, 3)},
+            "bits[1]: 3 is not supported; choose from 4, 8, 16 (or none given: the model's own)",
+        ),
         ({"iterations": 0}, "iterations: 0 must be at least 1"),
         ({"warmup": -1}, "warmup: -1 must be 0 or more"),
         ({"warmup": 1.5}, "warmup: 1.5 is not an integer"),

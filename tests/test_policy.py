@@ -46,7 +46,7 @@ def test_defaults_are_the_seeds() -> None:
 
 @pytest.mark.parametrize(
     ("max_speed", "pause", "stop"),
-    [(85, 85, 95), (90, 85, 95), (75, 95, 95), (75, 96, 95), (float("nan"), 85, 95)],
+    [(85, 85, 95), (90, 85, 95), (75, 95, 95), (75, 96, 95)],
 )
 def test_thresholds_out_of_order_name_all_three(
     max_speed: float, pause: float, stop: float
@@ -56,6 +56,13 @@ def test_thresholds_out_of_order_name_all_three(
     message = str(excinfo.value)
     for name in ("max_speed_temp", "pause_temp", "stop_temp"):
         assert name in message
+
+
+@pytest.mark.parametrize("name", ["max_speed_temp", "pause_temp", "stop_temp"])
+def test_a_threshold_that_is_not_a_number_is_named_not_out_of_order(name: str) -> None:
+    """Issue 42: NaN compares false, so it was told "out of order"; it is not a number."""
+    with pytest.raises(ValueError, match=f"^{name} must be a finite number"):
+        ThermalPolicy(**{name: float("nan")})
 
 
 @pytest.mark.parametrize("field", ["pause_duration", "hysteresis"])

@@ -18,7 +18,8 @@ from agent.profiling.device_probe import probe_device
 from shared.bounds import MAX_CAPTURE_S, MAX_LOAD_S
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import emit, err, usage_error
-from shared.io.options import TableFormat, bounded_option, positive
+from shared.io.given import conflict, needs
+from shared.io.options import TableFormat, positive
 from shared.reports.doctor_verdict import doctor_view
 
 CAPTURE_INTERVAL_S = 1.0
@@ -54,9 +55,16 @@ CaptureFile = Annotated[
         dir_okay=False,
     ),
 ]
-CaptureSeconds = bounded_option(
-    "--seconds", "With --capture: how long to capture, one poll a second.", "seconds", MAX_CAPTURE_S
-)
+DEFAULT_CAPTURE_S = 5.0
+CaptureSeconds = Annotated[
+    float | None,
+    typer.Option(
+        "--seconds",
+        help=f"With --capture: how long to capture, one poll a second (default "
+        f"{DEFAULT_CAPTURE_S:g}).",
+        callback=optional(positive("--seconds", "seconds", MAX_CAPTURE_S)),
+    ),
+]
 
 
 def doctor_command(
@@ -69,7 +77,7 @@ def doctor_command(
     ] = "0.0.0.0:5555",
     load: LoadSeconds = None,
     capture: CaptureFile = None,
-    seconds: CaptureSeconds = 5.0,
+    seconds: CaptureSeconds = None,
 ) -> None:
     """Python, MLX and its device, a 1-second benchmark, every thermal source side by side,
     thermal pressure, the data directory and keys, the ports, the service, the firewall (for
@@ -85,8 +93,10 @@ def doctor_command(
 
     Example: agent doctor --capture mac.jsonl --seconds 60 (exit 1 when nothing could be
     read here)."""
+    needs("--seconds", seconds, "--capture", capture is not None)
+    conflict("--load", load, "--capture", capture is not None)
     if capture is not None:
-        write_capture(capture, seconds, fmt)
+        write_capture(capture, DEFAULT_CAPTURE_S if seconds is None else seconds, fmt)
         return
     try:
         endpoint, _ = endpoint_for(bind)

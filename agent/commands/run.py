@@ -229,8 +229,8 @@ def gang_identity(
     environment; an environment that names one badly is said in one line, and CMD is
     supervised alone (a fine-tune is never refused for it)."""
     if group is None:
-        if ranks is not None or rank_hosts is not None:
-            raise usage_error("--ranks and --rank-hosts need --group")
+        if ranks is not None or rank_hosts is not None or rank is not None:
+            raise usage_error("--rank, --ranks and --rank-hosts need --group")
         try:
             return from_environment(os.environ, lambda path: Path(path).read_text("utf-8"))
         except GangSpecError as exc:

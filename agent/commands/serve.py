@@ -15,7 +15,7 @@ import typer
 
 from agent.daemon.endpoints import DEFAULT_BIND, PortHeld, ServeError
 from agent.daemon.loop import DEFAULT_RETENTION_DAYS, AgentDaemon, serve
-from agent.daemon_address import DaemonAddress, find_daemon
+from agent.daemon_address import DaemonAddress, find_daemon, pid_alive
 from shared.bounds import MAX_PID
 from shared.io.cli import err, usage_error
 from shared.io.files import make_private
@@ -145,6 +145,8 @@ def serve_command(
         raise usage_error("--name must not be empty")
     if parent_pid is not None and not 1 <= parent_pid <= MAX_PID:
         raise usage_error(f"--parent-pid must be a process id, 1 to {MAX_PID}, got {parent_pid}")
+    if parent_pid is not None and not pid_alive(parent_pid):
+        raise usage_error(f"--parent-pid {parent_pid}: no such process (it must be running)")
     unusable = bind_problem(bind)
     if unusable is not None:
         raise usage_error(unusable)

@@ -28,6 +28,7 @@ from shared.cooling.policy import CoolingState, Supervision, host_state
 from shared.cooling.throttle import POLLS
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import print_rich, usage_error
+from shared.io.given import needs
 from shared.io.options import PolicyOptions, TableFormat, ThermalOptions, with_options
 from shared.tables import TEXT, FitTable
 
@@ -179,6 +180,7 @@ def temp_command(
     machine, 2 bad usage."""
     if not 0 <= count <= MAX_COUNT:
         raise usage_error(f"--count must be 0 to {MAX_COUNT}, got {count}")
+    needs("--count", count or None, "--watch", watch)
     with open_monitor(thermal, EXIT_PARTIAL) as monitor, open_clock_source(monitor.source) as clock:
         policy = limits.in_force(
             monitor.source.scale, policy_defaults(monitor.source.scale, monitor.source.name)

@@ -73,6 +73,7 @@ from shared.distributed.group import SHARDINGS, TENSOR
 from shared.distributed.rank_env import AUTO, BACKENDS, DEFAULT_STARTING_PORT
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import check_output, data_home, emit, err, fail, show_report, usage_error
+from shared.io.given import path_given
 from shared.io.keys import own_keypair
 from shared.io.options import (
     PLOT_EXTRA,
@@ -109,6 +110,7 @@ SustainPlot = Annotated[
         "--plot",
         help="With --sustain: also draw tok/s, °C and watts over time per host into this PNG "
         f"(needs matplotlib: {PLOT_EXTRA}).",
+        parser=path_given("--plot", ".png"),
     ),
 ]
 
@@ -469,7 +471,9 @@ def cancel(
     ran) or unreachable. The cells finished so far stay in the agents' journals.
 
     Exit 0 when every host answered, 1 otherwise."""
-    if (run is None) == (hosts is None and hostfile is None):
+    if run is not None and (hosts is not None or hostfile is not None):
+        raise usage_error("give a run id or --hosts / --hostfile to cancel, not both")
+    if run is None and hosts is None and hostfile is None:
         raise usage_error("give a run id, or --hosts / --hostfile, to cancel")
     settings = settings_for(insecure, connect_timeout)
     if run is not None:

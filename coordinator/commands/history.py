@@ -29,6 +29,7 @@ from shared.cooling.clocks import REPLAYED_SOURCE, clock_label, ghz
 from shared.cooling.sources import read_from as read_from_name
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import check_output, data_home, emit, err, fail, usage_error
+from shared.io.given import path_given
 from shared.io.options import PLOT_EXTRA, TableFormat
 from shared.io.sqlite import StoreError
 from shared.safe_text import DETAIL_CAP, shown
@@ -206,6 +207,7 @@ def history(
             help="Also draw temperature per host over time, thresholds and pauses (and a "
             "power panel when the hosts metered power), "
             f"into this PNG (needs matplotlib: {PLOT_EXTRA}).",
+            parser=path_given("--plot", ".png"),
         ),
     ] = None,
 ) -> None:

@@ -153,7 +153,11 @@ def load_compared(reference: str) -> tuple[dict[str, Any], str]:
     """(the report, its name) for a run id or a JSON report file; exit 2 naming what is
     wrong with it."""
     path = Path(reference)
-    if not (path.is_file() or reference.endswith(".json")):
+    try:
+        is_file = path.is_file()
+    except OSError:  # a name too long for a file (ENAMETOOLONG): a run id, or nothing
+        is_file = False
+    if not (is_file or reference.endswith(".json")):
         report = load_reports(reference)[0]
         return report, report["run_id"]
     try:

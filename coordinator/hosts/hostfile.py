@@ -232,8 +232,10 @@ def _entry(raw: Any, default_port: int) -> HostEntry:
         if unknown:
             raise ValueError(f"unknown field(s) {', '.join(unknown)}; expected host, port, key")
         address = raw.get("host")
-    if not isinstance(address, str) or not address.strip():
+    if address is None or (isinstance(address, str) and not address.strip()):
         raise ValueError("missing host")
+    if not isinstance(address, str):
+        raise ValueError(f"host is {type(address).__name__} {address!r}, not a host name")
     host, port = split_address(address)
     if "port" in raw:
         if port is not None:

@@ -8,6 +8,7 @@ for its host. Knowing the server key is what stops a coordinator from talking to
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from coordinator.hosts.hostfile import DEFAULT_AGENT_PORT, HostEntry, split_address
@@ -19,9 +20,18 @@ def hosts_path() -> Path:
     return keys_dir() / "hosts.json"
 
 
+HOST_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,252}[A-Za-z0-9_])?")
+"""A host name or an IPv4 address: letters, digits, '.', '-', '_' (as resolvers take them)."""
+
+
 def normalize(address: str) -> str:
     """'mac1' -> 'mac1:5555': the one spelling keys are stored under. ValueError if bad."""
     host, port = split_address(address)
+    if not HOST_NAME.fullmatch(host) and ":" not in host:  # an IPv6 address was checked
+        raise ValueError(
+            f"bad host {host!r}: a key is stored for one host (a name or an address), "
+            "never a group or a pattern"
+        )
     return HostEntry(host, DEFAULT_AGENT_PORT if port is None else port).address
 
 

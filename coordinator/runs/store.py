@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.runs.report import INTERRUPTED, RUNNING, fleet_report, netbench_report
+from shared import safe_text
 from shared.clock import iso, utc_now
 from shared.distributed.rank_shapes import KIND_NETBENCH
 from shared.io.paths import data_dir
@@ -141,9 +142,18 @@ def shown_status(status: str, owner: str | None) -> str:
     return status
 
 
+MAX_RUN_ID = 100
+"""The longest run id (or prefix) looked up: ours are about 20 characters."""
+
+
 def resolve_id(conn: sqlite3.Connection, run_id: str) -> str:
     """The full id of the one run in `conn` whose id is `run_id` or starts with it (at least one
     character); UnknownRunError names none, or the runs it could be."""
+    if len(run_id) > MAX_RUN_ID:  # SQLite refuses a LIKE pattern this long ("too complex")
+        raise UnknownRunError(
+            f"unknown run {safe_text.shown(run_id, 40)!r}: {len(run_id)} characters, and a run "
+            f"id has at most {MAX_RUN_ID}; `coordinator runs` lists them"
+        )
     if conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone():
         return run_id
     escaped = run_id.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")

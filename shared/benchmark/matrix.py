@@ -349,7 +349,10 @@ def validate(spec: MatrixSpec) -> None:
         check_model_name(model, f"models[{i}]")
     for i, bits in enumerate(spec.bits):
         if bits is not None and (not _is_int(bits) or bits not in SUPPORTED_BITS):
-            raise MatrixError(f"bits[{i}]: {bits!r} is not supported; choose from nil, 4, 8, 16")
+            raise MatrixError(
+                f"bits[{i}]: {bits!r} is not supported; choose from 4, 8, 16 (or none given: "
+                "the model's own)"
+            )
     _check_count("warmup", "", spec.warmup, 0, MAX_WARMUP)
     _check_count("iterations", "", spec.iterations, 1, MAX_ITERATIONS)
     _check_precision(spec.precision, spec.iterations)

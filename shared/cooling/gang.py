@@ -112,6 +112,8 @@ def _json_file(env: Mapping[str, str], name: str, read: Callable[[str], str]) ->
         text = read(path)
     except OSError as exc:
         raise GangSpecError(f"{name} {path}: cannot be read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise GangSpecError(f"{name} {path}: not UTF-8 text, so not a JSON hostfile") from None
     if not text.strip():
         return None  # mlx.launch writes an empty hostfile for a job on one host
     try:
@@ -169,7 +171,12 @@ def from_environment(env: Mapping[str, str], read: Callable[[str], str]) -> Gang
 def from_options(group: str, ranks: int, rank: int | None, hosts: Iterable[str]) -> GangIdentity:
     """`agent run --group NAME --ranks N --rank R --rank-hosts H0,H1,...`: a gang for a launcher
     that sets nothing. Every rank's Mac must be named: the ranks find each other's agents there."""
-    listed = tuple(h.strip() for h in hosts if h.strip())
+    given = [h.strip() for h in hosts]
+    if "" in given and len(given) > 1:
+        raise GangSpecError(
+            f"--rank-hosts item {given.index('') + 1} is empty: one HOST or HOST:PORT per rank"
+        )
+    listed = tuple(h for h in given if h)
     if rank is None:
         raise GangSpecError("--group needs --rank (or MLX_RANK in the environment)")
     if len(listed) != ranks:

@@ -78,6 +78,12 @@ class ThermalPolicy:
     pace_min_duty: float = PACE_MIN_DUTY
 
     def __post_init__(self) -> None:
+        for name in ("max_speed_temp", "pause_temp", "stop_temp"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{name} must be a number (°C), got {value!r}")
+            if not math.isfinite(value):  # NaN is never "out of order": it compares false
+                raise ValueError(f"{name} must be a finite number (°C), got {value}")
         if not self.max_speed_temp < self.pause_temp < self.stop_temp:
             raise ValueError(
                 "thresholds out of order: need max_speed_temp < pause_temp < stop_temp, got "

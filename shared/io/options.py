@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
@@ -44,7 +43,6 @@ from shared.bounds import (
     MAX_SUSTAIN_WINDOW_S,
     MAX_WARMUP,
     BoundError,
-    check_count,
     check_seconds,
     duration_text,
 )
@@ -57,6 +55,16 @@ from shared.cooling.calibration import (
 )
 from shared.cooling.sources import DEFAULT_POLL_INTERVAL_S, POWER_SOURCE_HELP, SOURCE_HELP
 from shared.io.cli import usage_error
+from shared.io.given import (  # the option callbacks, where every command takes them from
+    apart_from,
+    at_least_zero,
+    count,
+    finite_number,
+    not_empty,
+    one_of,
+    path_given,
+    positive,
+)
 from shared.reports.benchmark import FORMATS
 from shared.stats import MIN_AUTO_REPETITIONS
 
@@ -66,79 +74,12 @@ AUTO = "auto"
 """`-r auto`: repeat each cell until its interval reaches --precision (shared.stats)."""
 
 
-def one_of(choices: tuple[str, ...], what: str = "format") -> Callable[[str], str]:
-    """An option callback refusing anything but `choices`, as one line, exit 2."""
-
-    def check(value: str) -> str:
-        if value not in choices:
-            raise usage_error(f"unknown {what} {value!r}; choose from {', '.join(choices)}")
-        return value
-
-    return check
-
-
-def positive(flag: str, unit: str = "", most: float | None = None) -> Callable[[float], float]:
-    """An option callback refusing a number that is not finite and > 0 (and <= `most`, a bound
-    of shared.bounds, when given)."""
-    return _finite(flag, unit, "> 0", lambda value: value > 0, most)
-
-
-def at_least_zero(flag: str, unit: str = "", most: float | None = None) -> Callable[[float], float]:
-    """An option callback refusing a number that is not finite and >= 0 (and <= `most`)."""
-    return _finite(flag, unit, ">= 0", lambda value: value >= 0, most)
-
-
-def finite_number(flag: str) -> Callable[[float | None], float | None]:
-    """An option callback refusing NaN and the infinities by name (None, not given, passes)."""
-
-    def check(value: float | None) -> float | None:
-        if value is not None and not math.isfinite(value):
-            raise usage_error(f"{flag} must be a finite number, got {value}")
-        return value
-
-    return check
-
-
 def bounded_option(flag: str, help: str, unit: str, most: float, *aliases: str) -> Any:
     """A float option that must be finite, above 0 and at most `most` (a bound of
     shared.bounds), refused in one line naming `flag` otherwise: every duration the CLIs take."""
     return Annotated[
         float, typer.Option(flag, *aliases, help=help, callback=positive(flag, unit, most))
     ]
-
-
-def count(flag: str, least: int, most: int) -> Callable[[int | None], int | None]:
-    """An option callback refusing a whole number outside `least`..`most` (shared.bounds)."""
-
-    def check(value: int | None) -> int | None:
-        if value is None:
-            return None
-        try:
-            return check_count(flag, value, least, most)
-        except BoundError as exc:
-            raise usage_error(str(exc)) from None
-
-    return check
-
-
-def _finite(
-    flag: str, unit: str, bound: str, within: Callable[[float], bool], most: float | None = None
-) -> Callable[[float], float]:
-    shown = f" {unit}" if unit else ""
-
-    def check(value: float) -> float:
-        if not math.isfinite(value):
-            raise usage_error(f"{flag} must be a finite number, got {value}")
-        if not within(value):
-            raise usage_error(f"{flag} must be {bound}{shown}, got {value:g}")
-        if most is not None and value > most:
-            limit = (
-                f"{duration_text(most)} ({most:g} s)" if unit == "seconds" else f"{most:g}{shown}"
-            )
-            raise usage_error(f"{flag} must be at most {limit}, got {value:g}")
-        return value
-
-    return check
 
 
 TAKES_A_KEY: dict[str, Any] = {"ignore_unknown_options": True}
@@ -263,13 +204,17 @@ CoolStartLimit = Annotated[
         help="The most a cell waits, before it starts, for the machine to get below the "
         "policy's reduce threshold with nominal pressure; past it the cell runs, flagged "
         f"hot-start. At most {duration_text(MAX_COOL_START_S)}.",
-        callback=at_least_zero("--cool-start-limit", "seconds", MAX_COOL_START_S),
+        callback=apart_from(
+            "--cool-start-limit",
+            "--no-cool-start",
+            at_least_zero("--cool-start-limit", "seconds", MAX_COOL_START_S),
+        ),
     ),
 ]
 NoCoolStart = Annotated[
-    bool,
-    typer.Option("--no-cool-start", help="Start every cell at once, however hot the machine is."),
-]
+    bool, typer.Option("--no-cool-start", help="Start every cell at once, however hot it is.",
+                       callback=apart_from("--no-cool-start", "--cool-start-limit")),
+]  # fmt: skip
 ConfigSmall = Annotated[
     bool,
     typer.Option(
@@ -290,6 +235,7 @@ Models = Annotated[
         "--model",
         help="An mlx-lm model directory (config.json + safetensors), or a Hugging Face id "
         "ORG/NAME[@REVISION] resolved as mlx-lm does; repeatable.",
+        callback=not_empty("--model"),
     ),
 ]
 Bits = Annotated[
@@ -298,14 +244,13 @@ Bits = Annotated[
         "--bits",
         help="Comma list of 4, 8, 16 (16 = float16). Default: 4 for full, 16 for "
         "small, the stored weights for --model.",
+        callback=not_empty("--bits"),
     ),
 ]
 ThermalSourceName = Annotated[
-    str,
-    typer.Option(
-        "--thermal-source", "--source", help=f"Where temperatures come from: {SOURCE_HELP}"
-    ),
-]
+    str, typer.Option("--thermal-source", "--source", callback=not_empty("--thermal-source"),
+                      help=f"Where temperatures come from: {SOURCE_HELP}"),
+]  # fmt: skip
 PollInterval = bounded_option(
     "--poll-interval",
     "Seconds between temperature readings.",
@@ -413,7 +358,10 @@ ReportFormat = output_format(FORMATS, f"One of {', '.join(FORMATS)} (llama-bench
 """A benchmark report's format (shared.reports.benchmark)."""
 TableFormat = output_format(TABLE_OR_JSON, "table (for people) or json (for scripts).")
 """Every other command's: a Rich table for people, JSON for scripts (shared.io.cli.emit)."""
-Output = Annotated[Path | None, typer.Option("--output", help="Write the report to FILE.")]
+Output = Annotated[
+    Path | None,
+    typer.Option("--output", help="Write the report to FILE.", parser=path_given("--output")),
+]
 RunId = Annotated[
     str, typer.Argument(help="A run id, or a unique prefix of one (`coordinator runs` lists them).")
 ]
@@ -475,7 +423,7 @@ class MatrixOptions:
             n_depth=parse_int_list(self.n_depth, "--n-depth"),
             batch_sizes=parse_int_list(self.batch_sizes, "--batch-sizes"),
             models=(*configs, *models),
-            bits=parse_int_list(self.bits, "--bits") if self.bits else (None,),
+            bits=parse_int_list(self.bits, "--bits") if self.bits is not None else (None,),
             warmup=self.warmup,
             iterations=iterations,
             precision=precision,

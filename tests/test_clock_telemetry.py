@@ -167,6 +167,7 @@ def test_history_gives_the_gpu_clocks_range_labelled(tmp_path: Path) -> None:
     assert (stats["gpu_min_hz"], stats["gpu_max_hz"]) == (0.84e9, 1.4e9)
     assert stats["gpu_mean_active"] == pytest.approx(0.5)
     assert stats["clock_sources"] == ["capture"] and stats["clock_simulated"] is False
+    assert stats["clock_notes"] == []  # none said
     assert gpu_range(stats) == "0.84–1.40 rep"
     console = Console(width=250, record=True, color_system=None)
     console.print(stats_table([stats], 0.0))

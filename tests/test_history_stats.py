@@ -240,6 +240,7 @@ def direct_stats(
         "cpu_e_mean_hz": None,
         "clock_sources": sorted({row["clock_source"] for row in rows if row.get("clock_source")}),
         "clock_simulated": any(row.get("clock_simulated") for row in rows),
+        "clock_notes": sorted({row["clock_note"] for row in rows if row.get("clock_note")}),
     }
 
 
@@ -279,7 +280,7 @@ def jittery_curve(count: int, seed: int) -> list[dict[str, Any]]:
                 "cpu_e_hz": None,
                 "clock_source": "plant" if index % 7 == 0 else "ioreport",
                 "clock_simulated": index % 7 == 0,
-                "clock_note": None,
+                "clock_note": "simulated" if index % 7 == 0 else "M4: requested",
             }
         rows.append(body)
     return rows

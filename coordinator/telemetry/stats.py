@@ -261,11 +261,16 @@ which clock sources gave them (rows recorded before clocks were kept add nothing
 _CLOCKS = ", ".join(CLOCK_STATS.values())
 
 
+MAX_NOTES = 8
+"""The clock notes a host's history lists at most (a note changes only with its machine)."""
+
+
 def host_clocks(
     conn: sqlite3.Connection, host: str, since: float, values: Sequence[Any]
 ) -> dict[str, Any]:
     """From CLOCK_STATS' values: the figures, the clock sources of the window, sorted (a second
-    pass only when there are several), and whether any was a model's (`clock_simulated`)."""
+    pass only when there are several), whether any was a model's (`clock_simulated`), and what
+    the agents said the clocks mean (`clock_notes`: the notes of the polls with a clock)."""
     figures = dict(zip(CLOCK_STATS, values, strict=True))
     first, last = figures.pop("clock_source_first"), figures.pop("clock_source_last")
     if first == last:
@@ -278,6 +283,14 @@ def host_clocks(
         )
         figures["clock_sources"] = [row[0] for row in rows]
     figures["clock_simulated"] = bool(figures["clock_simulated"])
+    figures["clock_notes"] = []
+    if figures["clock_sources"]:  # what the clocks meant, as each agent said (requested ...)
+        rows = conn.execute(
+            f"SELECT DISTINCT clock_note {_WINDOW} AND clock_note IS NOT NULL AND (gpu_active "
+            f"IS NOT NULL OR cpu_p_hz IS NOT NULL OR cpu_e_hz IS NOT NULL) LIMIT {MAX_NOTES}",
+            (host, since),
+        )
+        figures["clock_notes"] = sorted(row[0] for row in rows)
     return figures
 
 

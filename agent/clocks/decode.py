@@ -281,7 +281,7 @@ def ioreport_note(chip: str) -> str:
         )
     if generation is not None and generation >= 5:
         return (
-            "M5: GPU clock granted from macOS 26A5388g, requested before (FB23754032); "
-            "CPU unconfirmed"
+            "M5: GPU clock granted as of macOS 26A5388g, stuck at the top state in an earlier "
+            "build (FB23754032); CPU unconfirmed"
         )
     return f"{chip or 'this chip'}: requested or granted state unconfirmed (docs/thermal.md)"

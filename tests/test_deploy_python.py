@@ -162,6 +162,29 @@ def test_search_order_homebrew_first_then_python_org_newest_first(mac: FakeMac) 
     assert "python /opt/homebrew/bin/python3.10 (3.10, arm64)" in mac.deploy().stderr
 
 
+@pytest.mark.parametrize(
+    ("path", "shown"),
+    [
+        ("/opt/local/bin/python3.12", "/opt/local/bin/python3.12"),
+        ("$HOME/.pyenv/versions/3.12.4/bin/python3", "/.pyenv/versions/3.12.4/bin/python3"),
+        (
+            "$HOME/.local/share/uv/python/cpython-3.12.8-macos-aarch64-none/bin/python3",
+            "/.local/share/uv/python/cpython-3.12.8-macos-aarch64-none/bin/python3",
+        ),
+        ("$HOME/miniforge3/bin/python3", "/miniforge3/bin/python3"),
+        ("/opt/miniconda3/bin/python3", "/opt/miniconda3/bin/python3"),
+    ],
+    ids=["macports", "pyenv", "uv", "miniforge", "miniconda"],
+)
+@pytest.mark.slow
+def test_macports_pyenv_uv_and_conda_pythons_are_found(mac: FakeMac, path: str, shown: str) -> None:
+    """Issue 42: a Mac whose only Python came from MacPorts, pyenv, uv or conda was told it
+    had none. ($HOME is the fake Mac's root, so its paths show from `/`.)"""
+    mac.python(path.replace("$HOME", ""), NATIVE_312)
+    result = mac.deploy()
+    assert f"mac1:5555: python {shown} (3.12, arm64)" in result.stderr, result.stderr
+
+
 @pytest.mark.slow
 def test_apple_python_runs_only_with_the_command_line_tools_and_is_still_too_old(
     mac: FakeMac,

@@ -40,15 +40,30 @@ MIN_REMOTE_PYTHON = "3.10"
 """pyproject's requires-python: what the remote virtual environment must run."""
 MIN_MACOS = 14
 """MLX needs macOS 14 or newer and a native arm64 Python (mac-desk-check.md, MLX)."""
+CONDA_BASES = (
+    "$HOME/miniforge3",
+    "$HOME/miniconda3",
+    "$HOME/anaconda3",
+    "/opt/homebrew/Caskroom/miniforge/base",
+    "/opt/miniconda3",
+)
+"""Where conda's installers (Miniforge, Miniconda, Anaconda, Homebrew's miniforge cask) put
+their base environment's Python."""
 PYTHON_CANDIDATES = (
     *(f"/opt/homebrew/bin/python3.{minor}" for minor in (13, 12, 11, 10)),
     "/opt/homebrew/bin/python3",
     "/Library/Frameworks/Python.framework/Versions/3.*/bin/python3",
     "/usr/local/bin/python3",
+    "/opt/local/bin/python3.1[0-9]",
+    "$HOME/.pyenv/versions/3.*/bin/python3",
+    "$HOME/.local/share/uv/python/cpython-3.*/bin/python3",
+    *(f"{base}/bin/python3" for base in CONDA_BASES),
 )
 """Where a Mac keeps a usable Python, best first (Homebrew's arm64 prefix, python.org's
-framework, /usr/local); none is on the PATH of a non-interactive ssh session
-(/usr/bin:/bin:/usr/sbin:/sbin), whose `python3` is Apple's 3.9 or the Command Line Tools stub."""
+framework, /usr/local, MacPorts' /opt/local, pyenv's and uv's installs, a conda base); none is
+on the PATH of a non-interactive ssh session (/usr/bin:/bin:/usr/sbin:/sbin), whose `python3`
+is Apple's 3.9 or the Command Line Tools stub. Each pattern is expanded by the host's /bin/sh
+(`$HOME` its login's), and a pattern that matches nothing asks nothing."""
 APPLE_PYTHON = "/usr/bin/python3"
 """On a Mac, a stub when the Command Line Tools are absent: running it pops their install
 dialog on the screen of whoever is logged in, so it is tried last and only when they are

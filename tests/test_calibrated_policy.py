@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
+from dataclasses import replace
 
 import pytest
 
@@ -16,10 +18,15 @@ from agent.cooling.calibration_file import (
     policy_defaults,
     save_calibration,
 )
+from agent.cooling.events import EventLog
 from agent.cooling.policy_file import save_policy
+from agent.daemon.history import TelemetryHistory
 from agent.daemon.policy import EnforcedPolicy
 from agent.daemon.storage import StorageHealth
+from agent.daemon.telemetry import sample
 from agent.daemon.throttle import LogThrottle
+from agent.sensors.base import SourceInfo
+from agent.thermal.base import ThermalReading
 from shared.cooling.calibration import (
     SET_BY_COORDINATOR,
     calibrated_defaults,
@@ -27,7 +34,13 @@ from shared.cooling.calibration import (
     policy_event_detail,
     with_given,
 )
-from shared.cooling.throttle_point import ThrottlePoint, find_throttle_point
+from shared.cooling.throttle import ThrottleVerdict
+from shared.cooling.throttle_point import (
+    ThrottlePoint,
+    find_throttle_point,
+    passive_onsets,
+    stale_note,
+)
 from tests.test_throttle_point import run_model
 
 DAY = 1796515200.0  # 2026-12-06
@@ -89,3 +102,51 @@ def test_the_daemon_enforces_it_under_the_coordinator_and_sees_a_new_one(
     assert restarted.policy.stop_temp == 118.0
     assert restarted.policy.pause_temp == round(point.onset_c, 1)
     assert restarted.origin == f"{SET_BY_COORDINATOR}, the rest {point.origin()}"
+
+
+def test_where_ordinary_work_began_to_throttle_is_learned() -> None:
+    polls = [(90.0, False), (99.0, True), (99.5, True), (None, None), (97.0, True), (96.0, None)]
+    assert passive_onsets(polls) == [99.0, 97.0]
+    assert stale_note(101.5, [100.0, 99.9]) is None  # within STALE_MARGIN_C: it holds
+    assert stale_note(101.5, [98.0]) is None  # once could be a neighbour's heat
+    assert stale_note(101.5, [98.0, 97.0, 101.0]) == (
+        "looks stale: throttling began at 97.5 °C (2 times since)"
+    )
+
+
+def test_throttling_under_its_onset_makes_the_calibration_look_stale_and_a_restart_remembers(
+    point: ThrottlePoint,
+) -> None:
+    """From the daemon's own history: live samples, then a new daemon reading them back."""
+    stored = replace(point, source="smc", calibrated_at=time.time() - 60)
+    save_calibration(stored)
+    storage = StorageHealth(LogThrottle(logging.getLogger("test")))
+    enforced = EnforcedPolicy(storage)
+    enforced.on_scale("smc", "smc")
+    history = TelemetryHistory("mac", EventLog())
+    enforced.learn_from(history)
+    assert enforced.origin == stored.origin()
+    under = stored.onset_c - 5.0
+    changed = []
+    for celsius, throttling in [(under, True), (under, True), (60.0, False), (under, True)]:
+        taken = sample(
+            time.time(),
+            ThermalReading(celsius, "smc", sensor="Tg0k"),
+            SourceInfo("smc", False),
+            None,
+            None,
+            0.0,
+            [],
+            throttle=ThrottleVerdict(throttling),
+        )
+        changed.append(enforced.observe(taken.celsius, taken.throttling))
+        history.add_sample(taken)
+    assert changed == [False, False, False, True]
+    assert enforced.origin.startswith(f"{stored.origin()}; looks stale: throttling began at ")
+    history.close()
+    restarted = EnforcedPolicy(storage)
+    restarted.on_scale("smc", "smc")
+    reopened = TelemetryHistory("mac", EventLog())
+    restarted.learn_from(reopened)
+    assert restarted.origin == enforced.origin
+    reopened.close()

@@ -346,3 +346,26 @@ class TelemetryHistory:
 
     def _recent_after(self, seq: int, since: float, count: int) -> list[Sample]:
         return [s for s in self._recent if (s.seq or 0) > seq and s.time > since][:count]
+
+
+def throttle_polls(
+    history: TelemetryHistory, source: str, since: float
+) -> list[tuple[float | None, bool | None]]:
+    """(°C, throttling) of every sample of `source` stamped after `since`, oldest first, the
+    stored then those only in memory: what shared.cooling.throttle_point.passive_onsets learns
+    from."""
+    rows = history._conn.execute(  # noqa: SLF001  # the store's own module
+        "SELECT seq, celsius, throttling FROM samples WHERE source = ? AND time > ? ORDER BY seq",
+        (source, since),
+    ).fetchall()
+    last = rows[-1][0] if rows else 0
+    polls = [
+        (celsius, None if throttling is None else bool(throttling))
+        for _, celsius, throttling in rows
+    ]
+    polls += [
+        (s.celsius, s.throttling)
+        for s in history._recent  # noqa: SLF001
+        if (s.seq or 0) > last and s.source == source and s.time > since
+    ]
+    return polls

@@ -28,7 +28,7 @@ from agent.daemon.clock_throttle import ClockThrottle
 from agent.daemon.handoff import ReadingHandoff
 from agent.daemon.history import WRITE_EVERY, TelemetryHistory
 from agent.daemon.instruments import Instruments
-from agent.daemon.policy import EnforcedPolicy
+from agent.daemon.policy import EnforcedPolicy, policy_event
 from agent.daemon.storage import StorageHealth
 from agent.daemon.telemetry import (
     TREND_WINDOW,
@@ -42,7 +42,6 @@ from agent.daemon.telemetry import (
 from agent.daemon_address import pid_alive
 from agent.power.meter import EnergyMeter
 from agent.thermal import ThermalMonitor, ThermalReading, ThermalSource
-from shared.cooling.calibration import policy_event_detail
 from shared.cooling.policy import CoolingState, Supervision, ThermalPolicy, host_state
 from shared.io.paths import data_subdir
 from shared.wire import protocol as p
@@ -122,6 +121,7 @@ class TelemetryHub:
         """Poll `source` (the hub owns it from now on) every poll interval, in the background,
         and read `meter` (owned too) at each poll when it measures anything."""
         self._policy.on_scale(source.scale, source.name)
+        self._policy.learn_from(self.history)
         self.clock_throttle.source = source.name
         self.instruments.start(source, meter, self._tap)
         in_force = self._policy.in_force
@@ -213,6 +213,7 @@ class TelemetryHub:
         self.history.flush()
         self._policy.retry()
         if self._policy.recalibrated():
+            self._policy.learn_from(self.history)
             self._announce_policy()
 
     def _on_reading(
@@ -252,6 +253,8 @@ class TelemetryHub:
             clocks,
             self.started,
         )
+        if self._policy.observe(taken.celsius, taken.throttling):
+            self._announce_policy()  # the calibration looks stale: every display says so
         added = self.history.add_sample(taken)
         if self.history.late:  # taken while the disk refused to set numbers aside
             for late in self.history.take_late():
@@ -305,19 +308,7 @@ class TelemetryHub:
         """A new policy in force (set by a coordinator, or a calibration): logged, a `policy`
         event, /metrics."""
         in_force = self._policy.in_force
-        policy = in_force.policy
         if self.metrics is not None:
-            self.metrics.set_policy(self.host, policy.to_dict(), origin=in_force.origin)
+            self.metrics.set_policy(self.host, in_force.policy.to_dict(), origin=in_force.origin)
         log.info("new %s", in_force)
-        self.event(
-            Event(
-                time=time.time(),
-                job=None,
-                pid=None,
-                action="policy",
-                source=self.instruments.source.name,
-                simulated=self.instruments.source.simulated,
-                detail=policy_event_detail(in_force),
-                policy=policy.to_dict(),
-            )
-        )
+        self.event(policy_event(in_force, self.instruments.source))

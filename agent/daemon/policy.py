@@ -8,15 +8,26 @@ agent.daemon.hub) another."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from agent.cooling.calibration_file import calibration_stamp, policy_defaults
+from agent.cooling.calibration_file import calibration_stamp, load_calibration
 from agent.cooling.policy_file import load_policy, policy_path, save_policy
+from agent.daemon.history import TelemetryHistory, throttle_polls
 from agent.daemon.storage import POLICY, StorageHealth
-from shared.cooling.calibration import SET_BY_COORDINATOR, PolicyInForce, with_given
+from agent.thermal.base import ThermalSource
+from shared.cooling.calibration import (
+    SET_BY_COORDINATOR,
+    PolicyInForce,
+    calibrated_defaults,
+    policy_event_detail,
+    with_given,
+)
 from shared.cooling.policy import ThermalPolicy, check_changes
+from shared.cooling.throttle_point import ThrottlePoint, passive_onsets, stale_note
+from shared.wire.telemetry import Event
 
 log = logging.getLogger("agent.hub")  # the name its log lines have always carried
 
@@ -58,7 +69,12 @@ class EnforcedPolicy:
         self._scale: str | None = None
         self._source: str | None = None
         self._stamp = calibration_stamp()
-        self._defaults = policy_defaults(None, None)
+        self._calibrated: ThrottlePoint | None = None
+        """This Mac's calibration, when made with the source read."""
+        self._seen: list[float] = []
+        """Where throttling began in ordinary work since the calibration (passive_onsets)."""
+        self._throttling = False
+        self._defaults = calibrated_defaults(None, None, None)
         self.in_force = self._resolve(loud=False)  # on_scale() knows the scale, and says
         self.saved = SavedPolicy(storage)
 
@@ -78,8 +94,33 @@ class EnforcedPolicy:
         self._scale = scale
         self._source = source
         self._stamp = calibration_stamp()
-        self._defaults = policy_defaults(scale, source)
+        point = load_calibration()
+        self._calibrated = point if point is not None and point.source == source else None
+        self._seen = []
+        self._defaults = calibrated_defaults(scale, source, self._calibrated)
         self.in_force = self._resolve()
+
+    def learn_from(self, history: TelemetryHistory) -> None:
+        """Where throttling began in the samples since the calibration (shared.cooling.
+        throttle_point.passive_onsets), read once its source is known and at each new one."""
+        if self._calibrated is None or self._source is None:
+            return
+        polls = throttle_polls(history, self._source, self._calibrated.calibrated_at)
+        self._seen = passive_onsets(polls)
+        self._throttling = bool(polls and polls[-1][1])
+        self.in_force = self._resolve()
+
+    def observe(self, celsius: float | None, throttling: bool | None) -> bool:
+        """One sample's reading and throttle verdict: a beginning of throttling is learned;
+        whether the policy's origin changed with it (the calibration now looks stale)."""
+        began = bool(throttling) and not self._throttling and celsius is not None
+        self._throttling = bool(throttling)
+        if not began or self._calibrated is None:
+            return False
+        self._seen.append(celsius)  # type: ignore[arg-type]  # began: a number
+        previous = self.in_force
+        self.in_force = self._resolve()
+        return self.in_force != previous
 
     def recalibrated(self) -> bool:
         """Read the calibration again when its file changed since it was read (`agent
@@ -95,12 +136,16 @@ class EnforcedPolicy:
     def _resolve(self, loud: bool = True) -> PolicyInForce:
         """The coordinator's thresholds over the defaults; the defaults alone, logged, when the
         saved ones are out of order with them (saved on another source's scale)."""
+        defaults = self._defaults
+        note = self._calibrated and stale_note(self._calibrated.onset_c, self._seen)
+        if note:
+            defaults = PolicyInForce(defaults.policy, f"{defaults.origin}; {note}")
         try:
-            return with_given(self._scale, self._given, SET_BY_COORDINATOR, self._defaults)
+            return with_given(self._scale, self._given, SET_BY_COORDINATOR, defaults)
         except ValueError as exc:
             if loud:
                 log.error("cannot use the saved policy (%s): enforcing the defaults", exc)
-            return self._defaults
+            return defaults
 
     def change(self, changes: dict[str, Any]) -> bool:
         """Validate, persist and apply; whether the policy in force changed. ValueError naming
@@ -119,3 +164,17 @@ class EnforcedPolicy:
     def retry(self) -> None:
         """Write the thresholds again if the disk refused them."""
         self.saved.retry()
+
+
+def policy_event(in_force: PolicyInForce, source: ThermalSource) -> Event:
+    """The `policy` event announcing a new policy in force, its origin ending its detail."""
+    return Event(
+        time=time.time(),
+        job=None,
+        pid=None,
+        action="policy",
+        source=source.name,
+        simulated=source.simulated,
+        detail=policy_event_detail(in_force),
+        policy=in_force.policy.to_dict(),
+    )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -351,6 +351,37 @@ def hold_step(celsius: float | None, onset_c: float, recovered: bool) -> tuple[b
         return False, recovered
     recovered = recovered or celsius <= onset_c - RECOVER_BELOW_C
     return recovered and celsius < onset_c - HOLD_BELOW_C, recovered
+
+
+STALE_MARGIN_C = 2.0
+"""Throttling that begins this far under a calibration's onset says the calibration no longer
+holds (a dustier fan, a warmer room, a macOS update): a drop the rule sees starts at or above
+the onset, since it needs POLLS low polls before it calls one."""
+STALE_SEEN = 2
+"""How many such beginnings make a calibration look stale: one could be a neighbour's heat."""
+
+
+def passive_onsets(polls: Iterable[tuple[float | None, bool | None]]) -> list[float]:
+    """Where throttling began in ordinary work, learned from the agent's samples ((°C,
+    throttling) in time order): the reading of each poll the throttle rule first calls
+    throttling after one it did not. A poll without a verdict (no load) ends a stretch."""
+    onsets, before = [], False
+    for celsius, throttling in polls:
+        if throttling and not before and celsius is not None:
+            onsets.append(celsius)
+        before = bool(throttling)
+    return onsets
+
+
+def stale_note(onset_c: float, seen: Sequence[float]) -> str | None:
+    """`looks stale: throttling began at 97.1 °C (3 times since)` (the median), when STALE_SEEN
+    or more of the passive onsets `seen` since the calibration are STALE_MARGIN_C under its
+    onset; None while it holds. Short: it ends the policy's origin, which displays cap."""
+    below = [c for c in seen if c < onset_c - STALE_MARGIN_C]
+    if len(below) < STALE_SEEN:
+        return None
+    median = statistics.median(below)
+    return f"looks stale: throttling began at {median:.1f} °C ({len(below)} times since)"
 
 
 def calibrated_thresholds(point: ThrottlePoint, stop_temp: float) -> dict[str, float]:

@@ -218,6 +218,11 @@ def direct_stats(
         "spacing_s": spacing,
         "seconds_above": {name: above(name) for name in THRESHOLDS},
         "seconds_paused": len(paused) * spacing,
+        "seconds_throttled": (
+            sum(1 for row in rows if row.get("throttling")) * spacing
+            if any(row.get("throttling") is not None for row in rows)
+            else None
+        ),
         "pauses": actions.count("pause"),
         "stops": actions.count("stop"),
         "sources": sorted({row["source"] for row in rows}),
@@ -281,6 +286,8 @@ def jittery_curve(count: int, seed: int) -> list[dict[str, Any]]:
                 "clock_source": "plant" if index % 7 == 0 else "ioreport",
                 "clock_simulated": index % 7 == 0,
                 "clock_note": "simulated" if index % 7 == 0 else "M4: requested",
+                "throttling": None if idle else index % 4 == 0,
+                "throttle_evidence": None if idle else "GPU 0.97 GHz of 1.40 sustained",
             }
         rows.append(body)
     return rows

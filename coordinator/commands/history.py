@@ -70,6 +70,7 @@ STATS_FOLDS = (
     "mean W",
     "policy",
     "pauses",
+    "throttled",
     "to",
 )
 """The columns of the hosts' table a narrow terminal drops, the first first (shared.tables);
@@ -79,8 +80,10 @@ JOBS_FOLDS = ("energy J", "ended", "wall", "throttle", "max °C")
 
 
 def stats_table(rows: list[dict[str, Any]], since: float) -> FitTable:
-    """The hosts' table; its GPU GHz column only while some host's samples read a GPU clock."""
+    """The hosts' table; its GPU GHz column only while some host's samples read a GPU clock, its
+    throttled column while some host's samples judged throttling."""
     clocked = any(row.get("gpu_max_hz") is not None for row in rows)
+    judged = any(row.get("seconds_throttled") is not None for row in rows)
     table = FitTable(
         title=f"mlx-fleet telemetry since {_stamp(since)}", title_justify="left", folds=STATS_FOLDS
     )
@@ -97,6 +100,7 @@ def stats_table(rows: list[dict[str, Any]], since: float) -> FitTable:
         "≥ pause",
         "≥ stop",
         "paused",
+        *(["throttled"] if judged else []),
         "pauses",
         "stops",
         "energy Wh",
@@ -129,6 +133,7 @@ def stats_table(rows: list[dict[str, Any]], since: float) -> FitTable:
                 for k in THRESHOLDS
             ),
             duration(row["seconds_paused"]),
+            *([_throttled(row)] if judged else []),
             str(row["pauses"]),
             str(row["stops"]),
             _power_figure(row, "energy_j", 1 / 3600, ".2f"),
@@ -136,6 +141,12 @@ def stats_table(rows: list[dict[str, Any]], since: float) -> FitTable:
             *([gpu_range(row)] if clocked else []),
         )
     return table
+
+
+def _throttled(row: dict[str, Any]) -> str:
+    """Time the host's samples said it throttled; n/a when none judged (an older agent's)."""
+    seconds = row.get("seconds_throttled")
+    return NA if seconds is None else duration(seconds)
 
 
 def gpu_range(row: dict[str, Any]) -> str:

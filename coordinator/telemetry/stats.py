@@ -33,6 +33,9 @@ PLOT_POINTS = 2000
 PAUSED = "COALESCE(job_paused, instr(jobs, ?) > 0)"
 """Whether a sample lists a paused job: the store's flag, or in a row recorded before the flag
 (coordinator.telemetry.store, version 4), its `jobs` text read for PAUSED_JOB."""
+THROTTLED = "COUNT(*) FILTER (WHERE throttling = 1), COUNT(throttling)"
+"""The samples that said the host throttled, and those with any verdict (none: the window's
+agents predate the throttle rule, or nothing ran: its time throttled is unknown, not 0)."""
 PAUSED_JOB = json.dumps({"state": "paused"})[1:-1]
 """How a paused job reads in a sample's stored `jobs` (shared.wire.telemetry stores it with
 json.dumps): `"state": "paused"` cannot occur inside a JSON string, whose quotes are escaped."""
@@ -121,9 +124,10 @@ def host_stats(
     conn: sqlite3.Connection, host: str, since: float, policies: Policies
 ) -> dict[str, Any]:
     """Min / mean / max °C, seconds at or above each threshold of the policy in force, seconds
-    with a job paused, the energy and mean watts its power source read (each reading over the
-    usual spacing, as the rest), and the pauses and stops its events count: one pass over the
-    host's samples in the window, one over its events."""
+    with a job paused, seconds throttling (the samples' throttle verdict), the energy and mean
+    watts its power source read (each reading over the usual spacing, as the rest), and the
+    pauses and stops its events count: one pass over the host's samples in the window, one
+    over its events."""
     above_sql, above_params = [], []
     for name in THRESHOLDS if policies else ():
         expression, params = threshold_in_force(policies, name)
@@ -131,11 +135,11 @@ def host_stats(
         above_params += params
     row = conn.execute(
         "SELECT COUNT(*), MIN(celsius), AVG(celsius), MAX(celsius), MAX(simulated), "
-        f"COUNT(*) FILTER (WHERE {PAUSED}), {_READ_FROM}, {_POWER}, {_CLOCKS}{''.join(above_sql)} "
-        f"{_WINDOW}",
+        f"COUNT(*) FILTER (WHERE {PAUSED}), {THROTTLED}, {_READ_FROM}, {_POWER}, {_CLOCKS}"
+        f"{''.join(above_sql)} {_WINDOW}",
         (PAUSED_JOB, *above_params, host, since),
     ).fetchone()
-    count, low, mean, high, simulated, paused, *rest = tuple(row)
+    count, low, mean, high, simulated, paused, throttled, judged, *rest = tuple(row)
     # a lone MIN or MAX is one seek of the key on (host, time), not a share of the pass
     first = conn.execute(f"SELECT MIN(time) {_WINDOW}", (host, since)).fetchone()[0]
     last = conn.execute(f"SELECT MAX(time) {_WINDOW}", (host, since)).fetchone()[0]
@@ -161,6 +165,7 @@ def host_stats(
             name: above[index] * spacing if above else None for index, name in enumerate(THRESHOLDS)
         },
         "seconds_paused": paused * spacing,
+        "seconds_throttled": throttled * spacing if judged else None,
         "pauses": pauses,
         "stops": stops,
         "sources": sources_read(conn, host, since, read_from),

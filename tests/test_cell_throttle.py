@@ -99,3 +99,16 @@ def test_a_cell_measured_on_a_throttling_plant_is_invalid_throttled(
     assert "simulated" in record["flags"]  # the plant is labelled: not a sensor
     said = [x["throttle_evidence"] for x in history["samples"] if x.get("throttling")]
     assert said and all(re.fullmatch(r"GPU \d\.\d\d GHz of 1\.40 sustained", e) for e in said)
+
+
+def test_a_sustained_cell_keeps_no_clock_samples() -> None:
+    """Its windows are its curve, and a day of polls would not fit a message."""
+    with ThermalMonitor(source="none") as monitor:
+        guard = ThermalGuard(monitor, ThermalPolicy())
+        guard.begin_cell()
+        guard.record_clock(clock(1.1))
+        report = guard.end_cell()
+    metrics = summarize_latencies(STEADY, CELL.tokens) | {"warmup_iterations": 1}
+    sustain = {"windows": [], "window_s": 10.0}
+    record = cell_record(CELL, metrics, thermal=vars(report), measured={"sustain": sustain})
+    assert "gpu_clock" not in record

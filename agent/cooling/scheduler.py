@@ -28,6 +28,7 @@ from shared.cooling.policy import (
     decide,
     pressure_state,
 )
+from shared.wire.agent_shapes import MAX_CELL_CLOCK_SAMPLES
 
 __all__ = [
     "CoolingScheduler",
@@ -282,6 +283,8 @@ class ThermalGuard:
             return
         if self._clock is None:
             self._clock = {"sustained_hz": None, "samples": []}
+        if len(self._clock["samples"]) >= MAX_CELL_CLOCK_SAMPLES:
+            return  # what a record may carry
         self._clock["sustained_hz"] = clock.get("sustained_hz")
         self._clock["samples"].append([clock.get("gpu_hz"), clock.get("gpu_active")])
 

@@ -46,8 +46,8 @@ def cell_record(
     record["pause_s"] = thermal.get("pause_s", 0.0)
     record["flags"] = list(thermal.get("flags", []))
     record["thermal_source"] = thermal.get("thermal_source")
-    if thermal.get("gpu_clock"):
-        record["gpu_clock"] = thermal["gpu_clock"]
+    if thermal.get("gpu_clock") and not (measured or {}).get("sustain"):
+        record["gpu_clock"] = thermal["gpu_clock"]  # a sustained cell's curve is its windows
     record.update(measured or {})
     record["flags"] += energy_flags(record)
     if (record.get("rewarm_iterations") or 0) > 0:

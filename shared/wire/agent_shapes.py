@@ -68,8 +68,9 @@ EVENT_ACTIONS = (*RUN_ACTIONS, "policy")
 """A telemetry event's actions: a job's, and the agent's own `policy`."""
 POLICY_STATES = tuple(state.value for state in CoolingState)
 
-MAX_CELL_CLOCK_SAMPLES = 100_000
-"""A cell's clock readings, one per poll: a day's sustained cell at 1 Hz is 86,400."""
+MAX_CELL_CLOCK_SAMPLES = 20_000
+"""A cell's clock readings, one per poll (5.5 hours at 1 Hz); a job keeps no more (a sustained
+cell keeps none: its windows are its curve)."""
 MAX_EVIDENCE = 1024
 """Characters of a sample's throttle evidence: a few figures per signal, a job's id with each."""
 MAX_TEXT = 16_384

@@ -31,6 +31,7 @@ from agent.doctor.mac_setup import (
     filevault_on,
     login_items_check,
     login_items_verdict,
+    service_folders_check,
 )
 from tests.conftest import run_cli
 from tests.test_doctor import checks, free_port
@@ -291,3 +292,41 @@ def test_the_benchmark_fails_when_mlx_multiplies_wrong(monkeypatch: pytest.Monke
     monkeypatch.setattr(mx, "matmul", lambda a, b: right(a, b) * 2)
     check = bench_check(DeviceProbe({}, matmul_speed(0.1)))
     assert not check.ok and check.required and check.fix == "MLX computes wrong results"
+
+
+@pytest.mark.parametrize(
+    ("where", "place"),
+    [
+        ("Documents/mlx-fleet/.venv/bin/python3", "~/Documents"),
+        ("Downloads/x/bin/python3", "~/Downloads"),
+        ("Library/CloudStorage/Dropbox/venv/bin/python3", "a cloud drive"),
+    ],
+)
+def test_doctor_says_a_service_cannot_read_a_private_folder(
+    tmp_path: Path, where: str, place: str
+) -> None:
+    home = tmp_path / "home"
+    check = service_folders_check([("interpreter", home / where)], home)
+    assert not check.ok and f"is in {place}" in check.detail and "TCC" in check.detail
+    assert check.fix is not None and "move the virtual environment" in check.fix
+
+
+def test_doctor_passes_folders_a_service_can_read_and_names_a_volume(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    fine = service_folders_check([("interpreter", home / "mlx-fleet/.venv/bin/python3")], home)
+    assert fine.ok, fine.detail
+    volume = service_folders_check([("package", Path("/Volumes/Ext/mlx-fleet/agent"))], home)
+    assert not volume.ok and "external or network volume (/Volumes/Ext)" in volume.detail
+
+
+def test_a_link_into_a_private_folder_is_followed(tmp_path: Path) -> None:
+    """A venv's python may link elsewhere: the target is checked too."""
+    home = tmp_path / "home"
+    target = home / "Documents" / "python3"
+    target.parent.mkdir(parents=True)
+    target.touch()
+    link = tmp_path / "venv" / "python3"
+    link.parent.mkdir()
+    link.symlink_to(target)
+    check = service_folders_check([("interpreter", link)], home)
+    assert not check.ok and "~/Documents" in check.detail

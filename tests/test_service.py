@@ -836,3 +836,39 @@ def test_sudo_that_wants_a_password_is_refused_with_the_fix(home: Path) -> None:
     assert result.returncode == 2, result.stderr
     last = " ".join(result.stderr.split())
     assert "needs root: `sudo -n` refused: sudo: a password is required" in last
+
+
+@pytest.mark.parametrize(
+    ("folder", "said"),
+    [
+        ("Documents/fleet", "~/Documents"),
+        ("Desktop/fleet", "~/Desktop"),
+        ("Library/Mobile Documents/com~apple~CloudDocs/fleet", "iCloud Drive"),
+    ],
+)
+def test_a_launchd_service_in_a_private_folder_is_refused_with_the_fix(
+    agent_cli: str, home: Path, fleet_home: Path, folder: str, said: str
+) -> None:
+    """Issue 42: a launchd job cannot read ~/Documents and the like (TCC): the service exited
+    'Operation not permitted' while running it by hand worked. One line, the fix, exit 2."""
+    data = home / folder
+    result = agent(
+        agent_cli, home, "install", "--launchd", "--user", "--dry-run", "--data-dir", str(data)
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert f"data directory {data} is in {said}" in lines[0]
+    assert "Operation not permitted" in lines[0] and "--data-dir" in lines[0]
+
+
+def test_a_systemd_service_has_no_private_folders(
+    agent_cli: str, home: Path, fleet_home: Path
+) -> None:
+    """TCC is macOS's: a systemd service with its data under ~/Documents is installed."""
+    data = home / "Documents" / "fleet"
+    result = agent(
+        agent_cli, home, "install", "--systemd", "--user", "--dry-run", "--data-dir", str(data)
+    )
+    assert result.returncode == 0, result.stderr

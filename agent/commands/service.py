@@ -32,6 +32,7 @@ from agent.service.files import (
 )
 from agent.service.launchctl import current_session
 from agent.service.plan import PlanError, make_plan, user_scope_under_root
+from agent.service.privacy import first_protected, protected_message
 from agent.service.run_as import invoking_account, root_program_problem
 from agent.service.scope import SudoRefused, auto_scope, escalated, sudo_allows
 from shared.cooling.sources import SourceSpecError, parse_source_name
@@ -121,6 +122,28 @@ def check_root_program(plan: InstallPlan) -> None:
         )
 
 
+def service_paths(plan: InstallPlan) -> list[tuple[str, Path]]:
+    """What a service reads and writes, as agent.service.privacy checks them."""
+    import agent
+
+    package = Path(agent.__file__).parent
+    return [
+        ("interpreter", Path(plan.program[0])),
+        ("package", package),
+        ("data directory", plan.data_dir),
+    ]
+
+
+def check_private_folders(plan: InstallPlan) -> None:
+    """A launchd service whose files lie where macOS's privacy controls keep launchd jobs out
+    (~/Documents, iCloud Drive, /Volumes/...) would fail to start: refused, with the fix."""
+    if plan.flavour != LAUNCHD:
+        return
+    found = first_protected(service_paths(plan), plan.home)
+    if found is not None:
+        raise usage_error(protected_message(*found))
+
+
 def install_command(
     user: UserScope = False,
     system: SystemScope = False,
@@ -184,6 +207,7 @@ def install_command(
     plan = plan_for(
         user, system, launchd, systemd, bind, thermal_source, log_file, run_as, data_dir_option
     )
+    check_private_folders(plan)
     if plan.system and os.geteuid() != 0 and (sudo or auto) and not dry_run:
         code = through_sudo(plan, run_as, bind, thermal_source, log_file, launchd, systemd)
         if code == 0 and auto:

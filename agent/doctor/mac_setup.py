@@ -17,12 +17,16 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from agent.doctor.check import Check
+from agent.service.privacy import first_protected, protected_message
 
 TOOL_TIMEOUT_S = 15.0
 """A bound on each tool: a doctor that waits forever on one says nothing of the rest."""
 FILEVAULT = "FileVault"
+SERVICE_FOLDERS = "service folders"
+PROTECTED_SAID = "~/Documents, ~/Desktop, ~/Downloads, iCloud Drive, a cloud drive or /Volumes"
 LOGIN_ITEMS = "login items"
 _FILEVAULT = re.compile(r"FileVault is (On|Off)\.")
 
@@ -97,6 +101,32 @@ def filevault_check(at_screen: bool | None = None, tool: str = "fdesetup") -> Ch
         said = ran.text.splitlines()[0] if ran.text else "no answer"
         return Check(FILEVAULT, False, f"cannot tell: `{tool} status` said {said!r}")
     return filevault_verdict(on, at_screen)
+
+
+def service_folders_check(
+    paths: list[tuple[str, Path]] | None = None, home: Path | None = None
+) -> Check:
+    """Whether the interpreter, the package and the data directory a service would use lie
+    outside the folders macOS's privacy controls keep from launchd jobs (agent.service.privacy).
+    `paths` and `home` given instead of this Mac's: then it runs off a Mac too."""
+    if paths is None:
+        if sys.platform != "darwin":
+            return not_a_mac(SERVICE_FOLDERS, "macOS keeps ~/Documents and the like from services")
+        import agent
+        from shared.io.paths import data_dir
+
+        paths = [
+            ("interpreter", Path(sys.executable)),
+            ("package", Path(agent.__file__).parent),
+            ("data directory", data_dir(create=False)),
+        ]
+    found = first_protected(paths, home or Path.home())
+    if found is None:
+        return Check(SERVICE_FOLDERS, True, f"none in {PROTECTED_SAID}: a launchd job reads them")
+    what, path, place = found
+    message = protected_message(what, path, place)
+    said, _, fix = message.partition("; ")
+    return Check(SERVICE_FOLDERS, False, said, fix)
 
 
 @dataclass(frozen=True)

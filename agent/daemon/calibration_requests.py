@@ -22,6 +22,7 @@ from agent.cooling.calibration_file import load_calibration
 from agent.daemon.benchmark.jobs import BenchJobs
 from agent.daemon.handling import Reply, Request, handles
 from agent.daemon.hub import TelemetryHub
+from agent.daemon.ranks import RankJobs
 from shared.bounds import MAX_CALIBRATE_MINUTES
 from shared.exit_codes import (
     EXIT_INTERRUPTED,
@@ -130,6 +131,7 @@ class CalibrationRequests:
 
     hub: TelemetryHub
     jobs: BenchJobs
+    ranks: RankJobs
     calibration: CalibrationChild | None = None
 
     @handles("calibrate.start")
@@ -156,6 +158,8 @@ class CalibrationRequests:
             return f"benchmark job {self.jobs.running.id} is running"
         if self.hub.jobs.jobs:
             return f"agent run job {next(iter(self.hub.jobs.jobs))} is running"
+        if self.ranks.running is not None:
+            return f"rank {self.ranks.running.rank} of job {self.ranks.running.job} is running"
         return None
 
     @handles("calibrate.get")

@@ -26,6 +26,15 @@ class JobRequests:
     hub: TelemetryHub
     stopping: Callable[[], bool]
 
+    def refuse_while_calibrating(self, request: Request) -> None:
+        """`busy` while this Mac calibrates (agent.daemon.calibration_requests): a job beside
+        the calibration's load would heat the Mac the calibration measures."""
+        calibration = getattr(self, "calibration", None)
+        if calibration is not None and calibration.state == "running":
+            raise request.refuse(
+                p.BUSY, f"busy: a calibration is running ({calibration.minutes:g} min)"
+            )
+
     @handles("bench.start")
     def bench_start(self, request: Request) -> Reply:
         """Every refusal (busy, bad-matrix, too-large) comes before the job process starts: an
@@ -35,6 +44,7 @@ class JobRequests:
         rank = self.ranks.running
         if rank is not None:
             raise request.refuse(p.BUSY, f"busy: rank {rank.rank} of job {rank.job} is running")
+        self.refuse_while_calibrating(request)
         plan = self.jobs.plan(request.message)
         progress = {"job": plan.id, "done": 0, "total": len(plan.cells)}
         reply = Reply(
@@ -66,6 +76,7 @@ class JobRequests:
         job = self.jobs.running
         if job is not None:
             raise request.refuse(p.BUSY, f"busy: benchmark job {job.id} is running")
+        self.refuse_while_calibrating(request)
         try:
             rank = self.ranks.start(request.body)
         except RankRefused as exc:

@@ -70,3 +70,32 @@ def test_history_counts_the_time_the_samples_said_the_host_throttled(tmp_path: P
     console = Console(width=250, record=True, color_system=None)
     console.print(stats_table([mac2], 0.0))
     assert "throttled" not in console.export_text()  # no host judged: no column
+
+
+def test_a_captures_clocks_replay_its_throttling(tmp_path: Path) -> None:
+    """A capture (agent doctor --capture's format) of a GPU flat out at 1.40 GHz for five
+    seconds, then at 1.00 GHz: replayed through the capture's own clock source into the rule
+    the agent applies (agent.daemon.clock_throttle), it reads throttling from the third low
+    poll on, with the figures; and a capture is labelled replayed in every reading."""
+    from agent.thermal.capture import CaptureSource
+    from tests.test_clocks import clock_capture, states_row
+
+    polls, fast, slow = [], 0, 0
+    for second in range(12):
+        if second:
+            fast, slow = (fast + 100, slow) if second <= 5 else (fast, slow + 100)
+        row = states_row("GPUPH", [("OFF", 0), ("P1", slow), ("P2", fast)])
+        polls.append({"t": second, "iohid": {"PMU tdie1": 80.0}, "ioreport_states": [row]})
+    path = clock_capture(tmp_path / "throttling.jsonl", polls)
+    now = [0.0]
+    with CaptureSource(str(path), lambda: now[0]) as source:
+        clocks = open_clock_source(source)
+        throttle = ClockThrottle(source.name)
+        verdicts = []
+        for second in range(1, 12):
+            now[0] = float(second)
+            reading = clocks.read()
+            assert reading is not None and reading.source == "capture"
+            verdicts.append(throttle.observe(reading))
+    assert [v.throttling for v in verdicts] == [False] * 7 + [True] * 4
+    assert verdicts[-1].text == "GPU 1.00 GHz of 1.40 sustained"

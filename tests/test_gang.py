@@ -28,6 +28,7 @@ import psutil
 import pytest
 import zmq
 
+from agent.cooling.gang import LOCAL_EVERY_S
 from coordinator.hosts.keys import add_host_key
 from coordinator.telemetry.gang_rows import gang_rows
 from shared.cooling.gang import (
@@ -401,6 +402,71 @@ def test_one_hot_mac_pauses_and_resumes_every_rank(
         assert job["last_pause"].startswith("paused all 2 ranks: ")
     table = cli("coordinator", "history", "--since", "1h")
     assert "agent run jobs" in table.stdout and "paused all 2 ranks" in table.stdout
+
+
+PACED = {**HOT, "pause_temp": 85.0, "pace_temp": 71.0}
+"""70 °C is over the set point (the cap less 2 °C): that Mac paces, the other is cool."""
+
+
+def stops_seen(pids: list[int], seconds: float) -> list[list[float]]:
+    """When each process entered state T (/proc/PID/stat), sampled every millisecond or so for
+    `seconds` (a window to measure in, not a wait for a condition)."""
+    starts: list[list[float]] = [[] for _ in pids]
+    was = ["" for _ in pids]
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for i, pid in enumerate(pids):
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                continue
+            state = stat[stat.rindex(")") + 2]
+            if state == "T" and was[i] != "T":
+                starts[i].append(time.monotonic())
+            was[i] = state
+        time.sleep(0.001)
+    return starts
+
+
+@pytest.mark.slow
+def test_one_warm_mac_paces_every_rank_in_the_same_slices(
+    two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path, ctx: zmq.Context
+) -> None:
+    warm, cool = two_macs
+    start_ranks(two_macs, tmp_path, steps=3000, into=ranks)
+    wait_until(lambda: all(r.steps() >= 10 for r in ranks), 90, "both ranks stepping", ranks)
+    set_policy(ctx, warm, PACED)
+    wait_until(
+        lambda: all("paced all 2 ranks" in r.stderr() for r in ranks), 30, "both ranks paced",
+        ranks,
+    )  # fmt: skip
+    pids = [
+        c.pid
+        for r in ranks
+        for c in psutil.Process(r.process.pid).children(recursive=True)
+        if "ring_steps" in " ".join(c.cmdline())
+    ]
+    assert len(pids) == 2
+    first, second = stops_seen(pids, 4.0)
+    # five slices a second, each stopping both ranks: well under a second apart from the other
+    assert len(first) >= 10 and len(second) >= 10, (first, second)
+    skews = [min(abs(a - b) for b in second) for a in first]
+    assert max(skews) <= LOCAL_EVERY_S, skews  # the gang rule's bound for a pause's skew
+    steps = [r.steps() for r in ranks]
+    wait_until(
+        lambda: all(r.steps() > s for r, s in zip(ranks, steps, strict=True)), 30,
+        "paced ranks still stepping", ranks,
+    )  # fmt: skip
+    set_policy(ctx, warm, {"pace_temp": None})
+    wait_until(
+        lambda: all("ended the pacing of all 2 ranks" in r.stderr() for r in ranks), 30,
+        "pacing ended on both ranks", ranks,
+    )  # fmt: skip
+    finish_soon(ranks, tmp_path)
+    for rank in ranks:
+        assert rank.process.wait(timeout=180) == 0, rank.stderr()
+        assert rank.progress.with_suffix(".done").read_text() == "ok"
+    assert "(rank 0) at 70.0 °C" in ranks[1].stderr()
 
 
 @pytest.mark.slow

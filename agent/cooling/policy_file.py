@@ -10,7 +10,7 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
-from shared.cooling.policy import check_changes
+from shared.cooling.policy import check_changes, given_numbers
 from shared.io.files import replace_atomically
 from shared.io.paths import data_dir
 
@@ -21,7 +21,7 @@ def policy_path() -> Path:
     return data_dir() / "policy.json"
 
 
-def load_policy(path: Path | None = None) -> dict[str, float] | None:
+def load_policy(path: Path | None = None) -> dict[str, float | None] | None:
     """The thresholds a coordinator set (only those: the rest are the source's defaults), else
     None. A file that cannot be used is reported and the defaults enforced: a safe policy beats
     none."""
@@ -31,7 +31,7 @@ def load_policy(path: Path | None = None) -> dict[str, float] | None:
         if not isinstance(given, dict):
             raise ValueError("not a JSON object")
         check_changes(given)
-        return {key: float(value) for key, value in given.items()}
+        return given_numbers(given)
     except FileNotFoundError:
         return None
     except (OSError, ValueError, TypeError, AttributeError) as exc:

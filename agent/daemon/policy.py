@@ -25,7 +25,7 @@ from shared.cooling.calibration import (
     policy_event_detail,
     with_given,
 )
-from shared.cooling.policy import ThermalPolicy, check_changes
+from shared.cooling.policy import ThermalPolicy, check_changes, given_numbers
 from shared.cooling.throttle_point import ThrottlePoint, passive_onsets, stale_note
 from shared.wire.telemetry import Event
 
@@ -40,7 +40,7 @@ class SavedPolicy:
     def __init__(self, storage: StorageHealth, path: Path | None = None) -> None:
         self.storage = storage
         self.path = path or policy_path()
-        self._unsaved: dict[str, float] | None = None
+        self._unsaved: dict[str, float | None] | None = None
 
     def save(self, given: Mapping[str, float]) -> None:
         self._unsaved = dict(given)
@@ -151,7 +151,7 @@ class EnforcedPolicy:
         """Validate, persist and apply; whether the policy in force changed. ValueError naming
         the problem leaves the old policy in force."""
         check_changes(changes)
-        given = {**self._given, **{key: float(value) for key, value in changes.items()}}
+        given = {**self._given, **given_numbers(changes)}
         in_force = with_given(self._scale, given, SET_BY_COORDINATOR, self._defaults)
         if given != self._given:
             self.saved.save(given)  # enforced even when the disk refuses it

@@ -480,6 +480,12 @@ def check_changes(changes: Mapping[str, Any]) -> None:
             raise ValueError(f"{key} must be a finite number, got {value!r}")
 
 
+def given_numbers(changes: Mapping[str, Any]) -> dict[str, float | None]:
+    """Changes check_changes() passed, as kept: each a float, a nil pace_temp kept (it turns a
+    pace tier off over one a calibration or an earlier change set)."""
+    return {key: None if value is None else float(value) for key, value in changes.items()}
+
+
 def updated_policy(current: ThermalPolicy, changes: Mapping[str, Any]) -> ThermalPolicy:
     """`current` with `changes` applied; ValueError naming the problem (an unknown key, a value
     that is not a finite number, thresholds out of order), in which case nothing changes."""

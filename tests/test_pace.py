@@ -27,6 +27,8 @@ from shared.cooling.policy import (
 CAP = 80.0
 SETTINGS = PaceSettings(CAP, 0.2, 0.2)
 POLICY = ThermalPolicy(70.0, 85.0, 95.0, pace_temp=CAP)
+WARM = CAP - PACE_MARGIN_C + 0.5
+"""Half a degree over the set point: paced, not yet at the lowest duty."""
 
 
 def run(pacing: Pacing, temps: list[float], start: float = 0.0, **kw: float | None) -> Pacing:
@@ -41,9 +43,9 @@ def test_well_below_the_cap_the_job_runs_at_full_speed_and_the_integral_stays_em
 
 
 def test_above_the_set_point_the_duty_falls_and_keeps_falling_while_it_stays_there() -> None:
-    one = run(Pacing(), [CAP])
-    assert one.duty == pytest.approx(1 - PACE_GAIN_P * PACE_MARGIN_C)
-    later = run(Pacing(), [CAP] * 5)
+    one = run(Pacing(), [WARM])
+    assert one.duty == pytest.approx(1 - PACE_GAIN_P * 0.5)
+    later = run(Pacing(), [WARM] * 5)
     assert later.duty < one.duty
     assert later.paced
 
@@ -108,12 +110,12 @@ def test_slices_are_aligned_on_the_wall_clock_and_run_first(duty: float) -> None
 
 
 def test_the_rule_paces_between_reduce_batch_and_pause_and_says_why() -> None:
-    decision = react(Supervision(), POLICY, CAP, at=0.0)
+    decision = react(Supervision(), POLICY, WARM, at=0.0)
     assert decision.cooling is CoolingState.PACE
     assert decision.actions == (Action.REDUCE_BATCH, Action.PACE)
     assert decision.reason is not None and "cap 80 °C" in decision.reason
     assert decision.state.duty is not None and decision.state.duty < 1.0
-    again = react(decision.state, POLICY, CAP, at=1.0)
+    again = react(decision.state, POLICY, WARM, at=1.0)
     assert again.actions == () and again.state.duty < decision.state.duty  # type: ignore[operator]
 
 

@@ -10,6 +10,7 @@ name) from 98 °C, so a fanless Air's minutes of heat pass in seconds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -19,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import console_script, subprocess_env
@@ -29,9 +31,7 @@ PLANT = "sim:plant:air,speed=20,start_c=98"
 THRESHOLDS = ["--max-speed-temp", "95", "--stop-temp", "115", "--hysteresis", "2"]
 PAUSE_TIER = [*THRESHOLDS, "--pause-temp", f"{CAP:g}"]
 PACE_TIER = [*PAUSE_TIER, "--pace-temp", f"{CAP:g}"]
-BUSY = "import os, sys, time\nprint(os.getpid(), flush=True)\nend = time.time() + {s}\n" + (
-    "while time.time() < end: pass\n"
-)
+BUSY = "import time\nend = time.time() + {s}\nwhile time.time() < end: pass\n"
 
 
 @dataclass
@@ -80,9 +80,21 @@ def watch(pid: int, plant_state: Path, seen: Watched, done: threading.Event) -> 
         time.sleep(0.002)
 
 
+def command_pid(run: subprocess.Popen[str]) -> int:
+    """CMD's pid: the child of `agent run` that is not its guardian."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for child in psutil.Process(run.pid).children():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if "guardian.py" not in " ".join(child.cmdline()):
+                    return child.pid
+        time.sleep(0.01)
+    pytest.fail("agent run started no command within 60 s")
+
+
 def supervised(tmp_path: Path, name: str, policy: list[str], command: list[str]) -> Watched:
-    """`command` (whose first line of output is its pid) under `agent run` on the plant; what
-    the watcher saw and the plant's final state."""
+    """`command` under `agent run` on the plant; what the watcher saw and the plant's final
+    state."""
     plant_state = tmp_path / f"{name}.plant.json"
     env = subprocess_env(MLX_FLEET_PLANT_STATE=str(plant_state))
     run = subprocess.Popen(
@@ -90,8 +102,7 @@ def supervised(tmp_path: Path, name: str, policy: list[str], command: list[str])
          *policy, "--", *command],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
     )  # fmt: skip
-    assert run.stdout is not None
-    pid = int(run.stdout.readline())
+    pid = command_pid(run)
     seen, done = Watched(), threading.Event()
     watcher = threading.Thread(target=watch, args=(pid, plant_state, seen, done), daemon=True)
     watcher.start()
@@ -135,3 +146,28 @@ def test_the_same_load_under_pause_and_under_pace_side_by_side(tmp_path: Path) -
     events = (tmp_path / "pace.stderr").read_text()
     assert re.search(r"pace at 10\d\.\d °C .*cap 105 °C: running \d+% of every 0.2 s", events)
     assert " pause " not in events
+
+
+@pytest.mark.slow
+def test_a_real_mlx_lm_lora_fine_tune_is_paced_never_throttles_and_finishes(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("mlx_lm", reason="the `lm` extra (mlx-lm) is not installed")
+    from tests.test_gang import write_lora_job
+
+    write_lora_job(tmp_path)
+    lora = [sys.executable, "-m", "mlx_lm", "lora", "--model", "model", "--train", "--data",
+            "data", "--iters", "1500", "--batch-size", "2", "--num-layers", "1",
+            "--steps-per-report", "100", "--steps-per-eval", "100000", "--val-batches", "1",
+            "--adapter-path", "adapters"]  # fmt: skip
+    run = supervised(tmp_path, "lora", PACE_TIER, lora)
+    print(
+        f"{len(run.stops)} stops, longest {run.longest_stop_s:.3f} s, max {run.max_celsius:.2f} °C"
+    )
+    events = (tmp_path / "lora.stderr").read_text()
+    assert "pace at " in events, events
+    assert len(run.stops) >= 20 and run.longest_stop_s < 0.5  # its stop/continue slices
+    assert run.plant["throttled_s"] == 0.0 and run.max_celsius < CAP  # never throttled
+    assert (tmp_path / "adapters" / "adapters.safetensors").exists()  # and it finished
+    reports = re.sub(r"\x1b\[[0-9;]*m", "", (tmp_path / "lora.stdout").read_text())
+    assert re.search(r"Iter 1500|1,500/1,500", reports)  # either of mlx_lm's report formats

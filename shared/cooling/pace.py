@@ -44,13 +44,15 @@ the clock only once the die is back under the limit less its hysteresis (2 °C i
 model, shared.cooling.plant), so a cap at the throttle onset must be held below that, and the
 controller's overshoot on a step of load (under a degree at a 1 s poll) stays under the cap.
 On the fanless plant it costs 3 % of the work the cap itself would allow (docs/thermal.md)."""
-PACE_GAIN_P = 0.3
-"""Duty per °C of error: a degree over the set point cuts 30 % of the duty at once."""
-PACE_GAIN_I = 0.03
-"""Duty per °C·s of error: a degree over the set point for 10 s cuts another 30 %. The die's
+PACE_GAIN_P = 0.5
+"""Duty per °C of error: a degree over the set point halves the duty at once. Strong, because
+a job of several busy threads (MLX's CPU stream beside its main thread) heats alike until its
+duty is under 1/threads: the controller must get there within a degree or two."""
+PACE_GAIN_I = 0.05
+"""Duty per °C·s of error: a degree over the set point for 10 s cuts another half. The die's
 time constant is minutes (the fanless plant's is 860 s), so the integral finds the steady duty
-well inside it without oscillating; closed-loop runs against the plant at 1–120 × its speed
-settle at the set point with under a degree of overshoot (docs/thermal.md)."""
+well inside it without oscillating: closed-loop runs against the plant settle at the set point
+with at most a degree of overshoot for up to 15 plant seconds a poll (docs/thermal.md)."""
 CLOCK_MARGIN = 0.03
 """A clock more than 3 % under the sustained one counts as throttling (DVFS steps on Apple
 GPUs are 5–10 % apart, so a smaller dip is averaging noise)."""

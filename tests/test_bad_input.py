@@ -31,6 +31,12 @@ def one_line(result: subprocess.CompletedProcess[str]) -> str:
         (["coordinator", "monitor", "--bogus", "1"], "No such option: --bogus"),
         (["coordinator", "keys", "add", "mac1"], "Missing argument 'KEY'"),
         (["coordinator", "history", "--since"], "Option '--since' requires an argument"),
+        (["agent", "run", "--pace-slice", "2", "--", "true"], "--pace-slice must be 0.05 to 0.5"),
+        (["agent", "run", "--pace-min-duty", "0", "--", "true"], "--pace-min-duty must be 0.05"),
+        (
+            ["coordinator", "policy", "--pause-temp", "90", "--pace-temp", "95"],
+            "--pace-temp must be above 2 °C and at most --pause-temp 90 °C",
+        ),
     ],
 )
 def test_every_usage_error_is_one_line_naming_the_option(command: list[str], needle: str) -> None:

@@ -61,8 +61,9 @@ def test_every_agent_command_takes_the_thermal_options_alike(name: str) -> None:
 def test_the_policy_options_unset_take_the_thermal_sources_defaults(name: str) -> None:
     exposed = options_of(command(agent_app, name), PolicyOptions)
     assert {key: value[1] for key, value in exposed.items()} == dict.fromkeys(
-        ("max_speed_temp", "pause_temp", "stop_temp", "hysteresis")
-    )
+        ("max_speed_temp", "pause_temp", "stop_temp", "hysteresis", "pace_temp", "pace_slice",
+         "pace_min_duty")
+    )  # fmt: skip
     smc = PolicyOptions().in_force("smc")
     assert str(smc) == "policy 95/114/120 °C (defaults for smc)"
     given = PolicyOptions(stop_temp=118.0).in_force("smc")

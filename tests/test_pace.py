@@ -179,11 +179,11 @@ def test_a_policy_without_a_pace_tier_is_the_map_older_peers_know() -> None:
 @pytest.mark.parametrize(
     ("changes", "words"),
     [
-        ({"pace_temp": 85.5}, "pace_temp must be between"),
-        ({"pace_temp": 90.0}, "pace_temp must be between"),
-        ({"pace_slice": 1.0}, "pace_slice must be 0.05 to 0.5 seconds, got 1.0"),
+        ({"pace_temp": 85.5}, "pace_temp must be above 2 °C and at most pause_temp 85 °C"),
+        ({"pace_temp": 1.0}, "pace_temp must be above"),
+        ({"pace_slice": 1.0}, "pace_slice must be 0.05 to 0.5 seconds, got 1$"),
         ({"pace_slice": 0.0}, "pace_slice must be 0.05 to 0.5 seconds"),
-        ({"pace_min_duty": 0.0}, "pace_min_duty must be 0.05 to 0.9, got 0.0"),
+        ({"pace_min_duty": 0.0}, "pace_min_duty must be 0.05 to 0.9, got 0$"),
         ({"pace_min_duty": 1.0}, "pace_min_duty must be 0.05 to 0.9"),
         ({"pace_temp": "hot"}, "pace_temp must be a finite number"),
     ],

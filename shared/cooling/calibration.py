@@ -9,6 +9,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from shared.cooling.pace import PACE_MIN_DUTY, PACE_SLICE_S, check_pace
 from shared.cooling.policy import ThermalPolicy, policy_text, updated_policy
 from shared.cooling.throttle_point import ThrottlePoint, calibrated_thresholds
 
@@ -49,7 +50,9 @@ class PolicyInForce:
 
     def __str__(self) -> str:
         p = self.policy
-        return f"policy {p.max_speed_temp:g}/{p.pause_temp:g}/{p.stop_temp:g} °C ({self.origin})"
+        pace = "" if p.pace_temp is None else f", paced under {p.pace_temp:g} °C"
+        thresholds = f"{p.max_speed_temp:g}/{p.pause_temp:g}/{p.stop_temp:g} °C{pace}"
+        return f"policy {thresholds} ({self.origin})"
 
 
 def source_defaults(scale: str | None) -> PolicyInForce:
@@ -106,6 +109,13 @@ def check_given(given: dict[str, float]) -> None:
             )
     if given.get("hysteresis", 0.0) < 0:
         raise ValueError(f"--hysteresis must be >= 0 °C, got {given['hysteresis']:g}")
+    check_pace(
+        given.get("pace_temp"),
+        given.get("pace_slice", PACE_SLICE_S),
+        given.get("pace_min_duty", PACE_MIN_DUTY),
+        given.get("pause_temp", math.inf),
+        lambda key: f"--{key.replace('_', '-')}",
+    )
 
 
 def policy_event_detail(in_force: PolicyInForce) -> str:

@@ -22,6 +22,7 @@ Pure: numbers in, numbers out; the supervisor (agent.cooling.pacer) sends the si
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 PACE_SLICE_S = 0.2
@@ -80,19 +81,28 @@ class PaceSettings:
         return self.cap - PACE_MARGIN_C
 
 
-def check_pace(cap: float | None, slice_s: float, min_duty: float, pause_temp: float) -> None:
-    """ValueError naming the first pace parameter out of range."""
+def check_pace(
+    cap: float | None,
+    slice_s: float,
+    min_duty: float,
+    pause_temp: float,
+    name: Callable[[str], str] = str,
+) -> None:
+    """ValueError naming the first pace parameter out of range (by `name` of its key: a
+    policy's key, or a command's option)."""
     if cap is not None and not (math.isfinite(cap) and PACE_MARGIN_C < cap <= pause_temp):
         raise ValueError(
-            f"pace_temp must be between {PACE_MARGIN_C:g} °C and pause_temp {pause_temp:g} °C "
-            f"(pacing holds at or below the pause), got {cap}"
+            f"{name('pace_temp')} must be above {PACE_MARGIN_C:g} °C and at most "
+            f"{name('pause_temp')} {pause_temp:g} °C (pacing holds below the pause), got {cap:g}"
         )
     low, high = SLICE_RANGE_S
     if not (math.isfinite(slice_s) and low <= slice_s <= high):
-        raise ValueError(f"pace_slice must be {low:g} to {high:g} seconds, got {slice_s}")
+        raise ValueError(
+            f"{name('pace_slice')} must be {low:g} to {high:g} seconds, got {slice_s:g}"
+        )
     low, high = MIN_DUTY_RANGE
     if not (math.isfinite(min_duty) and low <= min_duty <= high):
-        raise ValueError(f"pace_min_duty must be {low:g} to {high:g}, got {min_duty}")
+        raise ValueError(f"{name('pace_min_duty')} must be {low:g} to {high:g}, got {min_duty:g}")
 
 
 @dataclass(frozen=True)

@@ -8,14 +8,13 @@ import math
 
 import pytest
 
-from shared.cooling.throttle import ThrottleVerdict
+from shared.cooling.throttle import ThrottleVerdict, first_throttled
 from shared.cooling.throttle_point import (
     CalibrationSample,
     NoThrottle,
     ThrottlePoint,
     calibrated_thresholds,
     find_throttle_point,
-    first_throttle,
     hold_step,
 )
 
@@ -109,9 +108,9 @@ def test_too_few_polls_under_load_cannot_say() -> None:
 
 def test_the_onset_is_the_first_poll_of_the_first_drop_that_lasted() -> None:
     low = ThrottleVerdict(False, low=True)
-    assert first_throttle([OK, low, OK, low, low, THROTTLING, THROTTLING]) == 3
-    assert first_throttle([OK, THROTTLING]) == 1
-    assert first_throttle([OK, low, low, OK]) is None
+    assert first_throttled([OK, low, OK, low, low, THROTTLING, THROTTLING]) == 3
+    assert first_throttled([OK, THROTTLING]) == 1
+    assert first_throttled([OK, low, low, OK]) is None
 
 
 def test_the_record_round_trips_and_refuses_what_it_does_not_write() -> None:

@@ -13,7 +13,6 @@ from shared.cooling.throttle import (
     ThrottleVerdict,
     ThrottleWatch,
     judge,
-    onset,
 )
 
 GHZ = 1e9
@@ -162,15 +161,6 @@ def test_both_signals_evidence() -> None:
     # either signal is enough: a clock that holds does not clear a falling rate
     polls[-POLLS:] = [ThrottlePoll(gpu_hz=1.4 * GHZ, gpu_active=1.0, rate=300)] * POLLS
     assert judge(polls)[-1] == ThrottleVerdict(True, ("300 tok/s of 400",), low=True)
-
-
-def test_onset_is_where_the_clock_dropped_and_stayed_down() -> None:
-    ok, low, idle = busy(1.40), busy(1.10), busy(0.2, active=0.0)
-    series = [ok, ok, low, low, ok, ok, low, idle, low, low, low]
-    assert onset(judge(series, calibrated_hz=1.40 * GHZ)) == 6
-    assert onset(judge([ok, low, low, ok], calibrated_hz=1.40 * GHZ)) is None  # recovered
-    assert onset(judge([ok, low, low], calibrated_hz=1.40 * GHZ)) is None  # never counted
-    assert onset([]) is None
 
 
 def test_first_throttled_is_where_the_first_throttling_stretch_began() -> None:

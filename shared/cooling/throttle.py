@@ -194,24 +194,6 @@ def judge(
     return verdicts
 
 
-def onset(verdicts: Sequence[ThrottleVerdict]) -> int | None:
-    """Where throttling set in for good: the index of the first low poll from which every
-    judged poll stays low to the run's end, with throttling among them (the clock dropped and
-    stayed down); None when the run does not end throttling. Polls without a verdict (no load)
-    neither break nor start the stretch."""
-    start = None
-    throttled = False
-    for index, verdict in enumerate(verdicts):
-        if verdict.throttling is None:
-            continue
-        if not verdict.low:
-            start, throttled = None, False
-            continue
-        start = index if start is None else start
-        throttled = throttled or bool(verdict.throttling)
-    return start if throttled else None
-
-
 def first_throttled(verdicts: Sequence[ThrottleVerdict]) -> int | None:
     """Where the run first throttled: the index of the first low poll of the first low stretch
     that the rule called throttling; None when it never did. A poll without a verdict breaks

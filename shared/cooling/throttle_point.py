@@ -24,7 +24,7 @@ from shared.cooling.throttle import (
     EARLY_READINGS,
     POLLS,
     ThrottlePoll,
-    ThrottleVerdict,
+    first_throttled,
     judge,
     throttled_evidence,
 )
@@ -239,17 +239,6 @@ def throttle_poll(
     return ThrottlePoll(rate=rate, rate_unit=WORK_UNIT)
 
 
-def first_throttle(verdicts: Sequence[ThrottleVerdict]) -> int | None:
-    """The first poll of the first drop that lasted: where the rule's first throttling verdict
-    began to read low (it counts POLLS low polls in a row); None when it never throttled."""
-    start = None
-    for index, verdict in enumerate(verdicts):
-        if verdict.throttling:
-            return index if start is None else start
-        start = (index if start is None else start) if verdict.low else None
-    return None
-
-
 def find_throttle_point(
     samples: Sequence[CalibrationSample], source: str, simulated: bool, calibrated_at: float
 ) -> ThrottlePoint:
@@ -262,7 +251,7 @@ def find_throttle_point(
     signal = speed_signal(samples)
     polls = [throttle_poll(samples[i], samples[i - 1], signal) for i in sustained]
     verdicts = judge(polls)
-    first = first_throttle(verdicts)
+    first = first_throttled(verdicts)
     if first is None:
         hottest = max((s.celsius for s in samples if s.celsius is not None), default=None)
         seen = "no reading" if hottest is None else f"{hottest:.1f} °C at the hottest"

@@ -31,7 +31,9 @@ from agent.doctor.mac_setup import (
     filevault_on,
     login_items_check,
     login_items_verdict,
+    pmset_settings,
     service_folders_check,
+    sleep_check,
 )
 from tests.conftest import run_cli
 from tests.test_doctor import checks, free_port
@@ -330,3 +332,40 @@ def test_a_link_into_a_private_folder_is_followed(tmp_path: Path) -> None:
     link.symlink_to(target)
     check = service_folders_check([("interpreter", link)], home)
     assert not check.ok and "~/Documents" in check.detail
+
+
+@pytest.mark.parametrize(
+    ("mode", "fixture", "ok", "said", "fix"),
+    [
+        ("ok", "pmset-g-sleeps.txt", False, "sleeps after 1 min idle", "sudo pmset -a sleep 0"),
+        ("ok", "pmset-g-sleeps.txt", False, "stays off", "sudo pmset -a autorestart 1"),
+        ("ok", "pmset-g-awake.txt", True, "never sleeps when idle; restarts after", None),
+        ("fail", "pmset-g-awake.txt", False, "said 'pmset: failed to read settings'", None),
+    ],
+)
+def test_doctor_reads_pmset_and_says_what_makes_an_idle_mac_unreachable(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+    fixture: str,
+    ok: bool,
+    said: str,
+    fix: str | None,
+) -> None:
+    """Issue 42: a stock Mac mini sleeps after a minute idle (tuist#13017) and its idle agent
+    looks dead; doctor reads `pmset -g` and gives the fix."""
+    tool = install_fakes(tmp_path / "bin", "pmset")["pmset"]
+    monkeypatch.setenv("FAKE_PMSET", mode)
+    monkeypatch.setenv("FAKE_PMSET_FILE", str(FIXTURES / "mac-setup" / fixture))
+    check = sleep_check(str(tool))
+    assert check.ok is ok and not check.required and said in check.detail, check
+    if fix is not None:
+        assert check.fix is not None and fix in check.fix
+
+
+def test_pmset_settings_take_the_first_word_of_each_setting_in_use() -> None:
+    text = (FIXTURES / "mac-setup" / "pmset-g-sleeps.txt").read_text()
+    settings = pmset_settings(text)
+    assert settings["sleep"] == "1" and settings["autorestart"] == "0"
+    assert settings["hibernatefile"] == "/var/vm/sleepimage"
+    assert pmset_settings("Currently in use:\n sleep (none)\n") == {}

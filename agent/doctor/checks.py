@@ -22,7 +22,12 @@ from typing import Any
 
 from agent.doctor.check import Check
 from agent.doctor.firewall import firewall_check
-from agent.doctor.mac_setup import filevault_check, login_items_check, service_folders_check
+from agent.doctor.mac_setup import (
+    filevault_check,
+    login_items_check,
+    service_folders_check,
+    sleep_check,
+)
 from agent.profiling.device_probe import (
     MATMUL_SIZE,
     MIN_MLX,
@@ -411,6 +416,7 @@ def report(
         firewall_check,
         filevault_check,
         login_items_check,
+        sleep_check,
         service_folders_check,
     ]
     checks: list[Check] = []

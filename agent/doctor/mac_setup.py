@@ -26,6 +26,7 @@ TOOL_TIMEOUT_S = 15.0
 """A bound on each tool: a doctor that waits forever on one says nothing of the rest."""
 FILEVAULT = "FileVault"
 SERVICE_FOLDERS = "service folders"
+SLEEP = "sleep"
 PROTECTED_SAID = "~/Documents, ~/Desktop, ~/Downloads, iCloud Drive, a cloud drive or /Volumes"
 LOGIN_ITEMS = "login items"
 _FILEVAULT = re.compile(r"FileVault is (On|Off)\.")
@@ -101,6 +102,57 @@ def filevault_check(at_screen: bool | None = None, tool: str = "fdesetup") -> Ch
         said = ran.text.splitlines()[0] if ran.text else "no answer"
         return Check(FILEVAULT, False, f"cannot tell: `{tool} status` said {said!r}")
     return filevault_verdict(on, at_screen)
+
+
+def pmset_settings(text: str) -> dict[str, str]:
+    """`pmset -g`'s settings in use: {key: its first word}, from its ` key  value` lines after
+    "Currently in use:" (`sleep 1 (sleep prevented by sharingd)` -> {"sleep": "1"})."""
+    settings: dict[str, str] = {}
+    in_use = False
+    for line in text.splitlines():
+        if line.strip().endswith(":"):
+            in_use = line.strip() == "Currently in use:"
+            continue
+        words = line.split()
+        if in_use and len(words) >= 2 and not words[1].startswith("("):
+            settings[words[0]] = words[1]
+    return settings
+
+
+def sleep_verdict(settings: dict[str, str]) -> Check:
+    """A Mac that sleeps when idle stops answering the coordinator between jobs (it looks
+    dead); one that stays off after a power cut is gone until someone presses its button."""
+    sleep, restart = settings.get("sleep"), settings.get("autorestart")
+    if sleep is None or not sleep.isdigit():
+        return Check(SLEEP, False, "cannot tell: `pmset -g` lists no system sleep timer")
+    problems, fixes = [], []
+    if int(sleep) > 0:
+        problems.append(
+            f"the Mac sleeps after {sleep} min idle: an idle agent stops answering and the "
+            "coordinator sees it down"
+        )
+        fixes.append("sudo pmset -a sleep 0 (System Settings > Energy: prevent automatic sleeping)")
+    if restart == "0":
+        problems.append("after a power cut it stays off until someone presses its button")
+        fixes.append("sudo pmset -a autorestart 1 (start up automatically after a power failure)")
+    if not problems:
+        said = "never sleeps when idle" + ("; restarts after a power cut" if restart else "")
+        return Check(SLEEP, True, said)
+    return Check(SLEEP, False, "; ".join(problems), "; ".join(fixes))
+
+
+def sleep_check(tool: str | None = None) -> Check:
+    """`pmset -g` (readable without root): the system sleep timer and autorestart. `tool`
+    given instead of this Mac's pmset: then it runs off a Mac too."""
+    if tool is None:
+        if sys.platform != "darwin":
+            return not_a_mac(SLEEP, "macOS's idle sleep and restart after a power cut")
+        tool = "pmset"
+    ran = run_tool([tool, "-g"])
+    if ran.status != 0:
+        said = ran.text.splitlines()[0] if ran.text else "no answer"
+        return Check(SLEEP, False, f"cannot tell: `{tool} -g` said {said!r}")
+    return sleep_verdict(pmset_settings(ran.text))
 
 
 def service_folders_check(

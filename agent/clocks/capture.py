@@ -7,7 +7,6 @@ never this machine's (they would be another machine's clocks beside its temperat
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 
 from agent.clocks.base import ClockSource, NoClockSource
@@ -15,10 +14,9 @@ from agent.clocks.cpufreq import CPU_DIRS, CURRENT, CpufreqSource
 from agent.clocks.decode import (
     Channel,
     Residencies,
-    interval_clocks,
+    clocks_between,
     ioreport_note,
     pmgr_tables,
-    state_delta,
 )
 from agent.sensors.base import SourceUnavailable
 from agent.sensors.capture import CapturedSysfs, CaptureFormatError, CapturePlayer, Poll
@@ -65,28 +63,8 @@ class CapturedIOReportClocks(ClockSource):
         held = [poll for poll in polls if STATES in poll]
         if len(held) < 2:
             return self._fail("capture: no interval of residencies yet (two polls hold one)")
-        before, after = poll_states(held[-2]), poll_states(held[-1])
-        deltas = {}
-        for channel, residencies in after.items():
-            if channel in before:
-                try:
-                    deltas[channel] = state_delta(before[channel], residencies)
-                except ValueError:
-                    continue
-        clocks = interval_clocks(deltas, self.tables)
-        if clocks.gpu_active is None and clocks.cpu_p_hz is None and clocks.cpu_e_hz is None:
-            return self._fail("capture: " + ("; ".join(clocks.problems) or "no residency"))
-        self.last_error = "; ".join(clocks.problems) or None
-        note = self.note if self.last_error is None else f"{self.note}; {self.last_error}"
-        return ClockReading(
-            time.time(),
-            clocks.gpu_hz,
-            clocks.gpu_active,
-            clocks.cpu_p_hz,
-            clocks.cpu_e_hz,
-            self.name,
-            note=note,
-        )
+        clocks = clocks_between(poll_states(held[-2]), poll_states(held[-1]), self.tables)
+        return self._from_clocks(clocks, "capture")
 
 
 class ReplayedCpufreq(ClockSource):

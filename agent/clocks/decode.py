@@ -252,6 +252,21 @@ def interval_clocks(deltas: Mapping[Channel, Residencies], tables: ClockTables) 
     return Clocks(gpu_hz, gpu_active, cpu["P"], cpu["E"], tuple(problems))
 
 
+def clocks_between(
+    before: Mapping[Channel, Residencies], after: Mapping[Channel, Residencies], tables: ClockTables
+) -> Clocks:
+    """The clocks between two cumulative samples of every channel (a channel whose counters
+    reset, or that only one sample holds, is left out: its interval cannot be told)."""
+    deltas = {}
+    for channel, residencies in after.items():
+        if channel in before:
+            try:
+                deltas[channel] = state_delta(before[channel], residencies)
+            except ValueError:
+                continue
+    return interval_clocks(deltas, tables)
+
+
 def _tier_hz(clocks: list[ActiveClock], table: list[float] | None) -> float | None:
     if not clocks or table is None:
         return None

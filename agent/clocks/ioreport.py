@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import sys
-import time
 from ctypes import POINTER, c_char_p, c_int, c_int32, c_int64, c_long, c_uint32, c_uint64, c_void_p
 from typing import Any, Protocol
 
@@ -23,11 +22,9 @@ from agent.clocks.decode import (
     Channel,
     ClockTables,
     Residencies,
-    interval_clocks,
+    clocks_between,
     ioreport_note,
-    plausible_hz,
     pmgr_tables,
-    state_delta,
 )
 from agent.sensors.base import SourceUnavailable
 from agent.sensors.macos_libs import (
@@ -267,10 +264,10 @@ class IOReportClockSource(ClockSource):
             states = live_states()
             try:
                 properties = read_pmgr()
+                chip = sysctl_text("machdep.cpu.brand_string")
             except SourceUnavailable:
                 states.close()
                 raise
-            chip = sysctl_text("machdep.cpu.brand_string")
         self._states = states
         self.tables: ClockTables = pmgr_tables(properties or {})
         self.chip = chip or ""
@@ -294,31 +291,7 @@ class IOReportClockSource(ClockSource):
             return None
         if previous is None:
             return self._fail(f"{SOURCE}: no earlier sample to count from yet")
-        deltas: dict[Channel, Residencies] = {}
-        for channel, residencies in now.items():
-            if channel in previous:
-                try:
-                    deltas[channel] = state_delta(previous[channel], residencies)
-                except ValueError:
-                    continue  # that channel's interval cannot be told; the next one can
-        clocks = interval_clocks(deltas, self.tables)
-        figures = (clocks.gpu_hz, clocks.cpu_p_hz, clocks.cpu_e_hz)
-        if not all(map(plausible_hz, figures)):
-            return self._fail(f"{SOURCE}: a decoded clock out of range {figures}")
-        if clocks.gpu_active is None and all(value is None for value in figures):
-            why = "; ".join(clocks.problems) or "no residency in the interval"
-            return self._fail(f"{SOURCE}: {why}")
-        self.last_error = "; ".join(clocks.problems) or None
-        note = self.note if self.last_error is None else f"{self.note}; {self.last_error}"
-        return ClockReading(
-            time.time(),
-            clocks.gpu_hz,
-            clocks.gpu_active,
-            clocks.cpu_p_hz,
-            clocks.cpu_e_hz,
-            self.name,
-            note=note,
-        )
+        return self._from_clocks(clocks_between(previous, now, self.tables), SOURCE)
 
     def close(self) -> None:
         self._states.close()

@@ -161,3 +161,17 @@ def test_doctor_shows_the_policy_in_force_and_warns_of_thresholds_below_the_idle
     assert "policy 50/61/70 °C (set by coordinator policy)" in warned["detail"]
     assert "reduce ≥ 50, pause ≥ 61 °C is at or below the 62.0 °C linux reads" in warned["detail"]
     assert "85/95/100" in warned["fix"]
+
+
+@pytest.mark.parametrize(
+    ("resolution", "window"),
+    [(2.3, 4.6), (1.0, 2.0), (0.001, 0.5), (0.0, 0.5), (60.0, 10.0)],
+    ids=["ioreport", "smc", "rapl", "model", "slowest"],
+)
+def test_doctor_reads_a_power_source_over_two_of_its_updates(
+    resolution: float, window: float
+) -> None:
+    """Issue 42: half a second is shorter than the ~2 s between IOReport's counter updates."""
+    from agent.doctor.power import read_window
+
+    assert read_window(resolution) == pytest.approx(window)

@@ -11,7 +11,19 @@ from shared.benchmark.energy import SYSTEM
 from shared.cooling.sources import power_auto_order
 
 POWER_READ_S = 0.5
-"""Between a source's two reads: watts need an interval (a counter's first read has none)."""
+"""The shortest window between a source's two reads: watts need an interval (a counter's first
+read has none)."""
+RESOLUTIONS_READ = 2
+"""A window holds this many of the source's update intervals: IOReport publishes its energy
+counters every ~2.3 s (agent/power/ioreport.py), so half a second often held no update at all
+(issue 42) and one interval may hold one update or two."""
+MOST_POWER_READ_S = 10.0
+"""However slow a source says it is, doctor waits no longer than this on it."""
+
+
+def read_window(resolution_s: float, least: float = POWER_READ_S) -> float:
+    """How long doctor reads a source whose updates are `resolution_s` apart."""
+    return min(MOST_POWER_READ_S, max(least, RESOLUTIONS_READ * resolution_s))
 
 
 def power_checks(interval_s: float = POWER_READ_S) -> list[tuple[str, bool, str]]:
@@ -23,8 +35,9 @@ def power_checks(interval_s: float = POWER_READ_S) -> list[tuple[str, bool, str]
     for name in (*power_auto_order(platform.system()), "auto"):
         try:
             with open_power_source(name, interval_s=interval_s) as source:
+                window = read_window(source.resolution_s, interval_s)
                 source.read()
-                time.sleep(interval_s)
+                time.sleep(window)
                 reading = source.read()
                 reason, picked = source.last_error, source.name
                 resolution, simulated = source.resolution_s, source.simulated
@@ -36,7 +49,10 @@ def power_checks(interval_s: float = POWER_READ_S) -> list[tuple[str, bool, str]
             continue
         parts = ", ".join(f"{rail} {watts:.2f}" for rail, watts in sorted(reading.watts.items()))
         whole = "the system rail" if SYSTEM in reading.watts else "the rails' sum"
-        detail = f"{reading.total_w:.2f} W ({parts}; total is {whole}), resolution {resolution:g} s"
+        detail = (
+            f"{reading.total_w:.2f} W over {window:g} s ({parts}; total is {whole}), resolution "
+            f"{resolution:g} s"
+        )
         if simulated:
             detail += ", SIMULATED: not a meter"
         if name == "auto":

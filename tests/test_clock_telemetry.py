@@ -16,7 +16,7 @@ from coordinator.commands.history import gpu_range, read_history, stats_table
 from coordinator.telemetry.dashboard import Dashboard, host_snapshot, render
 from coordinator.telemetry.store import TelemetryStore
 from shared import shapes as s
-from shared.cooling.clocks import MAX_CLOCK_HZ, clock_summary
+from shared.cooling.clocks import MAX_CLOCK_HZ, ClockReading, clock_summary, sample_fields
 from shared.io.metrics import TelemetryMetrics
 from shared.wire import protocol as p
 from shared.wire.agent_shapes import check_agent_body
@@ -172,3 +172,29 @@ def test_history_gives_the_gpu_clocks_range_labelled(tmp_path: Path) -> None:
     console = Console(width=250, record=True, color_system=None)
     console.print(stats_table([stats], 0.0))
     assert "GPU GHz" in console.export_text()
+
+
+@pytest.mark.parametrize(
+    ("figures", "said"),
+    [
+        ({"gpu_hz": math.nan}, "gpu_hz nan is no clock"),
+        ({"cpu_p_hz": -1e3}, "cpu_p_hz -1000.0 is no clock"),
+        ({"cpu_e_hz": MAX_CLOCK_HZ * 10}, "is no clock"),
+        ({"gpu_active": 1.2}, "gpu_active 1.2 is not a share"),
+    ],
+)
+def test_an_implausible_clock_is_unavailable_at_the_agent_not_a_refused_sample(
+    figures: dict[str, float], said: str
+) -> None:
+    """A driver's bogus figure (cpufreq's, a decoding fault) would make the coordinator refuse
+    the whole sample: the agent sends the clocks as unavailable, saying why."""
+    values = {"gpu_hz": 1e9, "gpu_active": 0.5, "cpu_p_hz": 3e9, "cpu_e_hz": 2e9} | figures
+    reading = ClockReading(1.0, **values, source="cpufreq")
+    fields = sample_fields(reading, "cpufreq", False, None)
+    assert [fields[key] for key in values] == [None] * 4
+    assert (
+        fields["clock_note"].startswith("unavailable: cpufreq: ") and said in fields["clock_note"]
+    )
+    check_agent_body("telemetry.sample", sample(1.0, 70.0) | fields)
+    good = ClockReading(1.0, 1e9, 0.5, 3e9, 2e9, source="cpufreq")
+    assert sample_fields(good, "cpufreq", False, None)["gpu_hz"] == 1e9

@@ -9,6 +9,7 @@ guess."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -37,11 +38,27 @@ class ClockReading:
     note: str | None = None
 
 
+def implausible(reading: ClockReading) -> str | None:
+    """What in a reading no machine gives (a frequency not finite, below 0 or past
+    MAX_CLOCK_HZ, an active share outside 0…1), or None: a peer refuses such a sample whole."""
+    for name in ("gpu_hz", "cpu_p_hz", "cpu_e_hz"):
+        value = getattr(reading, name)
+        if value is not None and not (math.isfinite(value) and 0.0 <= value <= MAX_CLOCK_HZ):
+            return f"{name} {value!r} is no clock"
+    active = reading.gpu_active
+    if active is not None and not (math.isfinite(active) and 0.0 <= active <= 1.0):
+        return f"gpu_active {active!r} is not a share of 0 to 1"
+    return None
+
+
 def sample_fields(
     reading: ClockReading | None, source: str, simulated: bool, error: str | None
 ) -> dict[str, Any]:
     """A telemetry sample's clock fields (shared.wire.telemetry.CLOCK_COLUMNS) from a clock
-    source's reading, or from its name and why it has none."""
+    source's reading, or from its name and why it has none (a reading with an implausible
+    figure is none: it would cost the whole sample at the coordinator)."""
+    if reading is not None and (wrong := implausible(reading)) is not None:
+        reading, error = None, f"unavailable: {source}: {wrong}"
     return {
         "gpu_hz": reading.gpu_hz if reading else None,
         "gpu_active": reading.gpu_active if reading else None,

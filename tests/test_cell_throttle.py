@@ -4,7 +4,10 @@ agent read during it travels with the cell (ThermalGuard.record_clock, the recor
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+from pathlib import Path
 
 import pytest
 import zmq
@@ -17,6 +20,7 @@ from shared.benchmark.matrix import Cell
 from shared.benchmark.results import cell_record
 from shared.cooling.policy import ThermalPolicy
 from shared.stats import summarize_latencies
+from tests.conftest import subprocess_env
 from tests.fleet_support import AgentPool, connect, trusted_agent
 
 CELL = Cell("small", 16, 32, 0, 0, 1)
@@ -112,3 +116,41 @@ def test_a_sustained_cell_keeps_no_clock_samples() -> None:
     sustain = {"windows": [], "window_s": 10.0}
     record = cell_record(CELL, metrics, thermal=vars(report), measured={"sustain": sustain})
     assert "gpu_clock" not in record
+
+
+@pytest.mark.slow
+def test_agent_bench_judges_its_cells_by_the_clock_it_reads(
+    agent_cli: str, fleet_home: Path, tmp_path: Path
+) -> None:
+    """`agent bench` reading a capture (a real Mac's format, replayed) whose GPU runs flat out at
+    1.00 GHz, on a Mac calibrated at a 1.40 GHz sustained clock (a calibration made with that
+    source, as `agent calibrate` stores it): every cell it measures there carries the clock
+    and is judged throttled; the capture's figures are labelled replayed."""
+    from agent.cooling.calibration_file import save_calibration
+    from shared.cooling.throttle_point import find_throttle_point
+    from tests.test_clocks import clock_capture, states_row
+    from tests.test_throttle_point import run_model
+
+    fleet_home.mkdir(parents=True, exist_ok=True)
+    point = find_throttle_point(run_model(), "capture", False, 1796515200.0)
+    assert point.sustained_hz == 1.4e9
+    save_calibration(point)
+    polls = [
+        {
+            "t": step * 0.5,
+            "iohid": {"PMU tdie1": 60.0},
+            "ioreport_states": [states_row("GPUPH", [("OFF", 0), ("P1", step * 50), ("P2", 0)])],
+        }
+        for step in range(600)
+    ]
+    capture = clock_capture(tmp_path / "throttled.jsonl", polls)
+    result = subprocess.run(
+        [agent_cli, "bench", "--config-small", "-p", "64", "-n", "0", "-r", "40", "-w", "1",
+         "--thermal-source", f"capture:{capture}", "--poll-interval", "0.2", "-o", "json"],
+        capture_output=True, text=True, timeout=300, env=subprocess_env(),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (cell,) = json.loads(result.stdout)["cells"]
+    assert cell["gpu_clock"]["sustained_hz"] == 1.4e9
+    assert "throttled" in cell["verdict_reasons"]
+    assert "GPU 1.00 GHz of 1.40 sustained" in (verdict.throttle_evidence(cell) or "")

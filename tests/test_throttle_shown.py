@@ -12,7 +12,7 @@ from rich.console import Console
 from agent.clocks.base import NoClockSource
 from agent.clocks.registry import open_clock_source
 from agent.commands.temp import read_clocks, throttle_cell
-from agent.daemon.clock_throttle import ClockThrottle
+from agent.cooling.clock_throttle import ClockThrottle
 from agent.thermal.registry import open_source
 from coordinator.commands.history import read_history, stats_table
 from coordinator.telemetry.store import TelemetryStore
@@ -75,7 +75,7 @@ def test_history_counts_the_time_the_samples_said_the_host_throttled(tmp_path: P
 def test_a_captures_clocks_replay_its_throttling(tmp_path: Path) -> None:
     """A capture (agent doctor --capture's format) of a GPU flat out at 1.40 GHz for five
     seconds, then at 1.00 GHz: replayed through the capture's own clock source into the rule
-    the agent applies (agent.daemon.clock_throttle), it reads throttling from the third low
+    the agent applies (agent.cooling.clock_throttle), it reads throttling from the third low
     poll on, with the figures; and a capture is labelled replayed in every reading."""
     from agent.thermal.capture import CaptureSource
     from tests.test_clocks import clock_capture, states_row

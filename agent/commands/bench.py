@@ -22,6 +22,7 @@ from rich.text import Text
 from agent.awake.assertion import hold_awake
 from agent.commands.sensors import open_meter, open_monitor
 from agent.cooling.calibration_file import policy_defaults
+from agent.cooling.clock_throttle import follow_clock
 from agent.cooling.scheduler import ActionSink, CoolWaitSink, ThermalGuard, ThermalShutdownError
 from agent.power.meter import EnergyMeter
 from agent.profiling.hf_models import ModelNotFound, locate, names_a_repo
@@ -108,6 +109,7 @@ def bench(
     except BaseException:
         monitor.close()
         raise
+    clock = None
     with sigterm_as_interrupt():
         try:
             check_sustain(plan, meter, thermal.poll_interval)
@@ -120,6 +122,7 @@ def bench(
                 on_action=notice,
                 on_cool_wait=cool_wait_notice(monitor),
             )
+            clock = follow_clock(monitor, guard)
             report = new_report(spec, monitor, policy, cooling=not no_cooling)
             warn_unprotected(report, spec)
             report["energy"] = energy_header(meter)
@@ -130,6 +133,8 @@ def bench(
         finally:
             monitor.close()
             meter.close()
+            if clock is not None:
+                clock.close()
         try:
             show_report(report, fmt, output)
         finally:

@@ -16,7 +16,7 @@ from agent.clocks.base import ClockSource
 from agent.clocks.registry import open_clock_source
 from agent.commands.sensors import open_monitor
 from agent.cooling.calibration_file import policy_defaults
-from agent.daemon.clock_throttle import ClockThrottle
+from agent.cooling.clock_throttle import ClockThrottle
 from agent.daemon.telemetry import TREND_WINDOW, trend_c_per_min
 from agent.thermal.base import ThermalReading
 from agent.thermal.monitor import ThermalMonitor
@@ -211,7 +211,7 @@ def _watch(
     monitor: ThermalMonitor, clock: ClockSource, policy: PolicyInForce, fmt: str, count: int
 ) -> None:
     """Poll in the background and show each tick: JSON lines, or a Live table with the trend
-    and the throttle rule's verdict on the clock (agent.daemon.clock_throttle)."""
+    and the throttle rule's verdict on the clock (agent.cooling.clock_throttle)."""
     monitor.start()
     supervision = Supervision()
     throttle = ClockThrottle(monitor.source.name)

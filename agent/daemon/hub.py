@@ -22,9 +22,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from agent.cooling.clock_throttle import ClockThrottle
 from agent.cooling.events import EventLog
 from agent.cooling.job_speed import stated_work
-from agent.daemon.clock_throttle import ClockThrottle
 from agent.daemon.handoff import ReadingHandoff
 from agent.daemon.history import WRITE_EVERY, TelemetryHistory
 from agent.daemon.instruments import Instruments

@@ -220,3 +220,42 @@ def test_a_real_auto_run_is_consistent() -> None:
         assert is_noisy(cell) == noisy and (NOISY in cell["verdict_reasons"]) == noisy
         if len(rates) < 6:  # stopped early: it reached its precision
             assert not noisy
+
+
+def _cell(reasons: list[str], target: float | None, samples: int = 5) -> dict:
+    return {
+        "status": "ok",
+        "verdict": "invalid" if reasons else "valid",
+        "verdict_reasons": reasons,
+        "precision_target": target,
+        "samples_ms": [10.0] * samples,
+    }
+
+
+def test_auto_tables_show_the_repetitions_each_cell_took() -> None:
+    """Issue 42: -r auto tables did not show how many repetitions each cell took."""
+    from shared.reports.benchmark import columns_for
+
+    fixed = [name for name, _ in columns_for([_cell([], None)])]
+    assert "reps" not in fixed
+    auto = dict(columns_for([_cell([], 0.05, samples=7)]))
+    assert auto["reps"](_cell([], 0.05, samples=7)) == "7"
+    assert auto["reps"]({"status": "failed"}) == "N/A"
+
+
+@pytest.mark.parametrize(
+    ("cells", "said"),
+    [
+        ([_cell([], None)], None),
+        ([_cell(["noisy"], None), _cell([], None)], "1 of 2 cells are invalid: noisy"),
+        ([_cell(["cold", "noisy"], None)], "`-r auto` repeats each cell until"),
+        ([_cell(["noisy"], 0.05)], "raise --max-repetitions"),
+    ],
+    ids=["none", "count", "fixed", "auto"],
+)
+def test_noisy_cells_point_to_r_auto(cells: list[dict], said: str | None) -> None:
+    """Issue 42: most cells of a quick run were `invalid: noisy` with no hint toward -r auto."""
+    from shared.benchmark.verdict import noisy_hint
+
+    hint = noisy_hint(cells)
+    assert (hint is None) if said is None else (hint is not None and said in hint)

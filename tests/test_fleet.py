@@ -241,6 +241,8 @@ def test_ctrl_c_cancels_the_jobs_and_keeps_what_arrived(agents: AgentPool) -> No
     assert all("cancelled" in c["error"] for c in unmeasured)
     assert "cancelled" in host_entry(report, agent.address)["error"]
     assert "cancelled" in agent.log_text()
+    assert "every job was asked to stop; `coordinator resume" in err, err  # issue 42
+    assert "may still" not in err
 
 
 @pytest.mark.slow

@@ -431,6 +431,24 @@ def drive(names: list[str], run: Any, bits: list[int | None] | None = None) -> F
         return run(progress)
 
 
+def resume_hint(result: FleetResult) -> str:
+    """What is left on the agents and the commands for it. Interrupted, every job was asked to
+    stop (bench.cancel): what is left is the cells finished before that which did not arrive,
+    and a job whose agent did not hear the request (issue 42: the hint said "cancelled" and then
+    "some cells may still be on the agents")."""
+    run = result.run_id
+    if result.interrupted:
+        return (
+            f"every job was asked to stop; `coordinator resume {run}` fetches the cells they "
+            f"finished that did not arrive here, and `coordinator cancel {run}` stops a job "
+            "whose agent did not hear (an unreachable host's)"
+        )
+    return (
+        f"the jobs of the hosts that failed may still run: `coordinator resume {run}` fetches "
+        f"their cells, `coordinator cancel {run}` stops them"
+    )
+
+
 def finish(
     result: FleetResult, report: dict[str, Any], fmt: str, output: Any, resumable: bool
 ) -> None:
@@ -438,12 +456,7 @@ def finish(
     show_report(report, fmt, output)
     err.print(f"run {result.run_id} stored: `coordinator show {result.run_id}`", highlight=False)
     if resumable and result.resumable:
-        err.print(
-            f"some cells may still be on the agents: `coordinator resume {result.run_id}` "
-            f"fetches them (`coordinator cancel {result.run_id}` stops the jobs)",
-            highlight=False,
-            markup=False,
-        )
+        err.print(resume_hint(result), highlight=False, markup=False)
     if result.interrupted:
         raise typer.Exit(interrupted_exit_code())
     if not result.hosts_ok or failed_cells(report["cells"]):

@@ -173,3 +173,15 @@ def verdict_text(record: Mapping[str, Any]) -> str:
     if record.get("verdict") == VALID and not found:
         return VALID
     return f"{INVALID}: {', '.join(found)}" if found else INVALID
+
+
+def noisy_hint(records: list[Mapping[str, Any]]) -> str | None:
+    """A pointer for cells judged noisy (their 95 % interval wider than the target): to -r auto
+    when they ran a fixed count, to more repetitions when -r auto ran out of them."""
+    noisy = [r for r in records if NOISY in (r.get("verdict_reasons") or [])]
+    if not noisy:
+        return None
+    said = f"{len(noisy)} of {len(records)} cells are invalid: noisy (run-to-run spread too wide)"
+    if all(r.get("precision_target") is None for r in noisy):
+        return f"{said}: `-r auto` repeats each cell until its interval is tight"
+    return f"{said} after the most repetitions -r auto may run: raise --max-repetitions"

@@ -17,6 +17,7 @@ import typer
 from rich.console import Console, RenderableType
 from rich.text import Text
 
+from shared.benchmark.verdict import noisy_hint
 from shared.exit_codes import EXIT_PARTIAL, EXIT_USAGE
 from shared.io.paths import DataDirError, checked_data_dir
 from shared.reports.benchmark import render_text, rich_report
@@ -88,11 +89,15 @@ def check_output(output: Path | None, flag: str = "--output") -> None:
 
 
 def show_report(report: dict[str, Any], fmt: str, output: Path | None) -> None:
-    """A benchmark report on stdout (a table sized to the terminal) or written to `output`."""
+    """A benchmark report on stdout (a table sized to the terminal) or written to `output`,
+    then a hint on stderr for noisy cells."""
     if fmt == "table" and output is None:
         print_rich(rich_report(report))
-        return
-    write_text(render_text(report, fmt), output)
+    else:
+        write_text(render_text(report, fmt), output)
+    hint = noisy_hint(report.get("cells") or [])
+    if hint is not None:
+        err.print(hint, highlight=False, markup=False)
 
 
 def write_text(text: str, output: Path | None) -> None:

@@ -175,6 +175,8 @@ def speedup(record: Record) -> str:
 HOST_COLUMN: Column = ("host", host_label)
 SPEEDUP_COLUMN: Column = ("speed-up", speedup)
 """Shown when the run has a group (shared.reports.group_cells.mark_groups)."""
+REPS_COLUMN: Column = ("reps", lambda r: str(len(r["samples_ms"])) if r.get("samples_ms") else NA)
+"""Under -r auto (a cell with a `precision_target`): the timed repetitions each cell took."""
 ENERGY_COLUMNS: list[Column] = [("W", watts), ("tok/J", per_joule)]
 """Shown when some cell had a power meter; without any, the header's energy line says N/A."""
 
@@ -187,6 +189,9 @@ def columns_for(records: list[Record]) -> list[Column]:
     if any(r.get("group") for r in records):
         at = next(i for i, (name, _) in enumerate(columns) if name == "tok/s") + 1
         columns.insert(at, SPEEDUP_COLUMN)
+    if any(r.get("precision_target") is not None for r in records):
+        at = next(i for i, (name, _) in enumerate(columns) if name == "latency ms") + 1
+        columns.insert(at, REPS_COLUMN)
     return [HOST_COLUMN, *columns] if any("host" in r for r in records) else columns
 
 
@@ -332,6 +337,7 @@ def rich_report(report: dict[str, Any]) -> Group:
 
 BENCH_FOLDS = (
     "active GB",
+    "reps",
     "peak GB",
     "tok/J",
     "W",

@@ -663,3 +663,21 @@ def test_energy_comes_from_agent_serves_meter_labelled_as_it_is(
     assert summary["energy_j"] is not None and summary["energy_j"] > 0
     assert summary["energy_source"] == "sim, simulated: not a meter"
     assert "(the whole Mac's, sim, simulated: not a meter)" in said(err)
+
+
+def test_the_time_the_jobs_own_speed_throttled() -> None:
+    """From each `throttling` event to its `throttle_end` (or the job's end), as agent run
+    records them (agent.cooling.job_speed)."""
+    account = JobAccount("j", 1000.0)
+    account.action("throttling", 1010.0, reason="312 tok/s of 402")
+    account.action("throttling", 1015.0)  # still the same stretch
+    account.action("throttle_end", 1030.0)
+    account.action("throttling", 1050.0)
+    account.finish(1060.0)
+    summary = account.summary()
+    assert (summary["throttled_s"], summary["throttlings"]) == (30.0, 2)
+    assert "throttling 30.0s" in " ".join(account.summary_lines())
+    quiet = JobAccount("k", 0.0)
+    quiet.finish(10.0)
+    assert quiet.summary()["throttlings"] == 0
+    assert "throttling" not in " ".join(quiet.summary_lines())

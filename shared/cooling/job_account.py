@@ -343,6 +343,28 @@ class EnergyTally:
         }
 
 
+class _Stretches:
+    """Stretches of time something held (the job's own speed throttling, by `agent run`'s
+    throttling / throttle_end events): how many, and their seconds up to a moment."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._seconds = 0.0
+        self._since: float | None = None
+
+    def begin(self, at: float) -> None:
+        if self._since is None:
+            self._since, self.count = at, self.count + 1
+
+    def end(self, at: float) -> None:
+        if self._since is not None:
+            self._seconds += max(0.0, at - self._since)
+            self._since = None
+
+    def seconds(self, at: float) -> float:
+        return self._seconds + (max(0.0, at - self._since) if self._since is not None else 0.0)
+
+
 class JobAccount:
     """What one job did, fed as it happens (each call with its epoch time, in time order; a
     time earlier than the last one counts as no time at all). The time is kept here (wall,
@@ -381,6 +403,7 @@ class JobAccount:
         self._reduced_since: float | None = None
         self._reduced_s = 0.0
         self._reductions = 0
+        self._throttled = _Stretches()
 
     @property
     def _recent(self) -> deque[tuple[float, float]]:
@@ -431,6 +454,10 @@ class JobAccount:
         elif action in ("restore_batch", "exit") and self._reduced_since is not None:
             self._reduced_s += self._now - self._reduced_since
             self._reduced_since = None
+        if action == "throttling":
+            self._throttled.begin(self._now)
+        elif action in ("throttle_end", "exit"):
+            self._throttled.end(self._now)
 
     def report_line(self, line: str, at: float) -> TrainReport | None:
         """Keep `line` if it is a report; returns what it was."""
@@ -480,6 +507,8 @@ class JobAccount:
             "pause_list": pauses,
             "reduced_s": round(reduced, 3),
             "reductions": self._reductions,
+            "throttled_s": round(self._throttled.seconds(end), 3),
+            "throttlings": self._throttled.count,
             "pressure_s": {
                 level: round(seconds, 3)
                 for level in (*PRESSURE_LEVELS, UNKNOWN)
@@ -576,6 +605,8 @@ def render(summary: Mapping[str, Any]) -> list[str]:
         parts.append("never paused")
     if summary["reductions"]:
         parts.append(f"batch reduced {duration(summary['reduced_s'])}")
+    if summary.get("throttlings"):
+        parts.append(f"throttling {duration(summary['throttled_s'])}")
     levels = " · ".join(f"{lvl} {duration(s)}" for lvl, s in summary["pressure_s"].items())
     parts.append(f"pressure {levels or 'unknown'}")
     hottest = summary["max_celsius"]

@@ -218,6 +218,12 @@ def direct_stats(
         "spacing_s": spacing,
         "seconds_above": {name: above(name) for name in THRESHOLDS},
         "seconds_paused": len(paused) * spacing,
+        "seconds_paced": sum(1 for row in rows if row["state"] == "pace") * spacing,
+        "mean_duty": (
+            sum(duties) / len(duties)
+            if (duties := [row["duty"] for row in rows if row.get("duty") is not None])
+            else None
+        ),
         "seconds_throttled": (
             sum(1 for row in rows if row.get("throttling")) * spacing
             if any(row.get("throttling") is not None for row in rows)
@@ -251,8 +257,8 @@ def direct_stats(
 
 def jittery_curve(count: int, seed: int) -> list[dict[str, Any]]:
     """`count` samples about a second apart (jitter, two silences, missing readings), hot
-    stretches with the job paused, from two sources (one of them from two sensors); watts
-    from two power sources (one simulated), some polls without a reading."""
+    stretches with the job paused, warm ones paced, from two sources (one of them from two
+    sensors); watts from two power sources (one simulated), some polls without a reading."""
     rng = random.Random(seed)
     rows, at = [], NOW
     for index in range(count):
@@ -289,6 +295,8 @@ def jittery_curve(count: int, seed: int) -> list[dict[str, Any]]:
                 "throttling": None if idle else index % 4 == 0,
                 "throttle_evidence": None if idle else "GPU 0.97 GHz of 1.40 sustained",
             }
+        if celsius is not None and 80.0 <= celsius < 85.0:  # the pace tier held it
+            body |= {"state": "pace", "duty": round(rng.uniform(0.2, 0.99), 3)}
         rows.append(body)
     return rows
 

@@ -3,12 +3,20 @@ rule (shared.cooling.policy.react) and the policy's pace parameters."""
 
 from __future__ import annotations
 
-import pytest
+import json
+from pathlib import Path
 
+import pytest
+from prometheus_client import generate_latest
+
+from coordinator.telemetry.dashboard import UP, HostView, _state_cell
+from coordinator.telemetry.gang_rows import gang_rows
+from shared.cooling.gang import Enforced, MemberState, gang_reason, steer, verdict
 from shared.cooling.pace import (
     PACE_GAIN_P,
     PACE_HOLD_POLLS,
     PACE_MARGIN_C,
+    PACE_MIN_DUTY,
     PaceSettings,
     Pacing,
     advance,
@@ -23,6 +31,8 @@ from shared.cooling.policy import (
     react,
     updated_policy,
 )
+from shared.io.metrics import TelemetryMetrics
+from tests.conftest import run_cli
 
 CAP = 80.0
 SETTINGS = PaceSettings(CAP, 0.2, 0.2)
@@ -200,3 +210,66 @@ def test_a_nil_pace_temp_turns_the_pace_tier_off() -> None:
     paced = updated_policy(ThermalPolicy(), {"pace_temp": 80.0})
     assert paced.pace == PaceSettings(80.0)
     assert updated_policy(paced, {"pace_temp": None}).pace is None
+
+
+# --- the pace state everywhere a policy state is shown ----------------------------------------
+
+
+def test_prometheus_has_the_pace_state_between_reduce_and_pause_and_its_duty() -> None:
+    metrics = TelemetryMetrics()
+    sample = {"host": "mac1", "celsius": 81.0, "source": "smc", "sensor": "Tg0k",
+              "state": "pace", "duty": 0.4, "pause_s_total": 0.0, "storage_error": None,
+              "power_w": None, "energy_j": None, "power": None}  # fmt: skip
+    metrics.observe_sample(sample)
+    metrics.set_policy("mac1", POLICY.to_dict())
+    text = generate_latest(metrics.registry).decode()
+    assert 'mlx_fleet_cooling_state{host="mac1"} 1.5' in text
+    assert 'mlx_fleet_pace_duty_ratio{host="mac1"} 0.4' in text
+    assert 'mlx_fleet_policy_threshold_celsius{host="mac1",level="pace"} 80.0' in text
+    metrics.observe_sample(sample | {"state": "ok", "duty": None})
+    metrics.set_policy("mac1", ThermalPolicy(70.0, 85.0, 95.0).to_dict())
+    text = generate_latest(metrics.registry).decode()
+    assert 'mlx_fleet_cooling_state{host="mac1"} 0.0' in text
+    assert "mlx_fleet_pace_duty_ratio{" not in text and 'level="pace"' not in text
+
+
+def test_the_monitor_and_a_gang_row_show_the_duty() -> None:
+    view = HostView("mac1", status=UP, sample={"state": "pace", "duty": 0.46})
+    assert _state_cell(view, 0.0).plain == "pace 46 %"
+    rows = gang_rows([("mac1", [{"job": "j", "state": "running", "gang": {
+        "group": "ring-1", "rank": 0, "world": 2, "backend": "ring", "state": "pace",
+        "duty": 0.3, "cause": None}}], None)])  # fmt: skip
+    assert rows[0].duty == 0.3 and rows[0].to_dict()["state"] == "pace"
+
+
+def test_a_gang_paces_at_the_lowest_duty_any_member_asks_for_with_its_slice() -> None:
+    def member(rank: int, state: CoolingState, duty: float | None) -> MemberState:
+        slice_s = None if duty is None else 0.1 * (rank + 1)
+        return MemberState(rank, f"mac{rank}", state, state, 80.0, "smc", "TCMz", 100.0,
+                           "job", 100.0, duty, slice_s)  # fmt: skip
+
+    paced = verdict({0: member(0, CoolingState.PACE, 0.7), 1: member(1, CoolingState.PACE, 0.4),
+                     2: member(2, CoolingState.OK, None)}, 100.0, 10.0)  # fmt: skip
+    assert (paced.state, paced.duty, paced.slice_s) == (CoolingState.PACE, 0.4, 0.2)
+    assert paced.cause is not None and paced.cause.rank == 1
+    enforced, actions = steer(Enforced(), CoolingState.PACE)
+    assert actions == (Action.PACE,) and enforced.paced
+    paused, actions = steer(enforced, CoolingState.PAUSE)
+    assert actions == (Action.PAUSE,)
+    back, actions = steer(paused, CoolingState.PACE)
+    assert actions == (Action.RESUME, Action.PACE)
+    assert steer(back, CoolingState.OK)[1] == (Action.PACE_END,)
+    assert gang_reason(Action.PACE_END, 2, None, 0).startswith("ended the pacing of all 2 ranks")
+
+
+@pytest.mark.slow
+def test_agent_temp_shows_the_pace_state_and_its_duty(tmp_path: Path) -> None:
+    curve = tmp_path / "warm.csv"
+    curve.write_text("seconds,celsius\n0,84\n1000,84\n")
+    done = run_cli("agent", "temp", "--thermal-source", f"replay:{curve}", "--pace-temp", "80",
+                   "-o", "json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["state"] == "pace" and data["duty"] == PACE_MIN_DUTY
+    table = run_cli("agent", "temp", "--thermal-source", f"replay:{curve}", "--pace-temp", "80")
+    assert "pace 20 %" in table.stdout and "paced under 80 °C" in table.stdout

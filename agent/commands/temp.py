@@ -24,6 +24,7 @@ from shared.bounds import MAX_COUNT
 from shared.cooling.calibration import PolicyInForce
 from shared.cooling.clocks import clock_summary, sample_fields
 from shared.cooling.display import STATE_STYLES, sparkline, trend_arrow
+from shared.cooling.pace import pace_text
 from shared.cooling.policy import CoolingState, Supervision, host_state
 from shared.cooling.throttle import POLLS
 from shared.exit_codes import EXIT_PARTIAL
@@ -55,9 +56,11 @@ def snapshot(
     state: CoolingState | None,
     policy: PolicyInForce,
     clocks: dict[str, Any] | None = None,
+    duty: float | None = None,
 ) -> dict[str, Any]:
     """The JSON shape of one observation; `kind` and `simulated` say whether it is a sensor.
-    `clocks`: a sample's clock fields (shared.cooling.clocks.sample_fields)."""
+    `clocks`: a sample's clock fields (shared.cooling.clocks.sample_fields); `duty`: the pace
+    tier's while the state is pace."""
     return {
         "source": reading.source if reading else source,
         "kind": kind(reading),
@@ -73,6 +76,7 @@ def snapshot(
             else None
         ),
         "state": state.value if state else None,
+        "duty": duty if state else None,
         "reason": None if reading else reason,
         "policy": policy.policy.to_dict(),
         "policy_origin": policy.origin,
@@ -145,13 +149,16 @@ def render(
     policy = data["policy"]
     thresholds = (
         f"reduce ≥ {policy['max_speed_temp']:g}, pause ≥ {policy['pause_temp']:g}, "
-        f"stop ≥ {policy['stop_temp']:g} °C; {data['policy_origin']}"
+        f"stop ≥ {policy['stop_temp']:g} °C"
+        + (f", paced under {policy['pace_temp']:g} °C" if policy.get("pace_temp") else "")
+        + f"; {data['policy_origin']}"
     )
     if data["state"] is None:
         table.add_row("Policy", f"no reading, nothing to act on ({thresholds})")
     else:
         style = STATE_STYLES[CoolingState(data["state"])]
-        table.add_row("Policy", f"[{style}]{data['state']}[/] ({thresholds})")
+        state = pace_text(data["duty"]) if data["state"] == "pace" else data["state"]
+        table.add_row("Policy", f"[{style}]{state}[/] ({thresholds})")
     for name, value in data["sensors"].items():
         table.add_row(f"  {name}", f"{value:.2f}")
     if data["reason"]:
@@ -190,12 +197,13 @@ def temp_command(
         else:
             started = time.monotonic()
             reading = monitor.read()
-            _, state = host_state(policy.policy, reading, Supervision())
+            host, state = host_state(policy.policy, reading, Supervision())
             if clock.counts_intervals:
                 time.sleep(max(0.0, CLOCK_WINDOW_S - (time.monotonic() - started)))
             data = snapshot(
-                monitor.source.name, reading, monitor.last_error, state, policy, read_clocks(clock)
-            )
+                monitor.source.name, reading, monitor.last_error, state, policy,
+                read_clocks(clock), host.duty,
+            )  # fmt: skip
             _emit(data, fmt)
 
 
@@ -224,7 +232,10 @@ def _watch(
             reading = monitor.reading
             supervision, state = host_state(policy.policy, reading, supervision)
             clocks = read_clocks(clock, throttle)
-            data = snapshot(monitor.source.name, reading, monitor.last_error, state, policy, clocks)
+            data = snapshot(
+                monitor.source.name, reading, monitor.last_error, state, policy, clocks,
+                supervision.duty,
+            )  # fmt: skip
             if live:
                 history = monitor.get_history()
                 per_minute = trend_c_per_min(history, monitor.poll_interval)

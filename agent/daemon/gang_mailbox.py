@@ -114,8 +114,13 @@ class GangMailbox:
                 if held.job == job:
                     decided = verdict(group.members, now, group.hold_s)
                     cause = decided.cause
-                    return held.identity.to_wire() | {
-                        "state": decided.state.value,
-                        "cause": None if cause is None else cause.to_wire(now),
-                    }
+                    paced = {} if decided.duty is None else {"duty": decided.duty}
+                    return (
+                        held.identity.to_wire()
+                        | paced
+                        | {
+                            "state": decided.state.value,
+                            "cause": None if cause is None else cause.to_wire(now),
+                        }
+                    )
         return None

@@ -60,6 +60,7 @@ CREATE INDEX samples_time ON samples (time)
     Sample.added_sql("samples", ("throttling", "throttle_evidence")),
     Sample.added_sql("samples", CLOCK_COLUMNS),
     Sample.added_sql("samples", ("started",)),
+    Sample.added_sql("samples", ("duty",)),
 )
 """The schema, version by version (shared.io.sqlite.open_store). Version 1 is the file earlier
 releases made without a version; version 2 numbers samples (the history cursor, never given
@@ -69,7 +70,8 @@ the sample (storage_error); version 4 what its power source read at the same pol
 energy_j, power); version 5 which sensor of the source the reading is (sensor; NULL in rows
 recorded before); version 6 whether the Mac throttled and why (throttling, throttle_evidence);
 version 7 the clocks (CLOCK_COLUMNS: NULL in rows recorded before); version 8 when the agent
-that took it started (started: its counters' restarts)."""
+that took it started (started: its counters' restarts); version 9 the pace tier's duty (duty;
+NULL when not paced, and in rows recorded before)."""
 _COLUMNS = ", ".join(("seq", *Sample.columns()))
 _INSERT = (
     f"INSERT INTO samples ({_COLUMNS}) VALUES ({', '.join('?' * (len(Sample.columns()) + 1))})"

@@ -252,6 +252,7 @@ class TelemetryHub:
             throttle,
             clocks,
             self.started,
+            self._host.duty if self._state is not None else None,
         )
         if self._policy.observe(taken.celsius, taken.throttling):
             self._announce_policy()  # the calibration looks stale: every display says so

@@ -119,12 +119,13 @@ def sample(
     throttle: ThrottleVerdict | None = None,
     clocks: ClockPoll | None = None,
     started: float | None = None,
+    duty: float | None = None,
 ) -> Sample:
     """The sample of one poll (not yet numbered); `now` stands in for the time when there is no
     reading. `power` is None when the agent has no power source; `throttle` is the throttle
     rule's verdict on this poll (shared.cooling.throttle; None: no verdict); `clocks` None when
     the agent reads none (its fields then stay nil); `started` when the agent started (its
-    counters count from then)."""
+    counters count from then); `duty` the pace tier's while the state is pace."""
     return Sample(
         time=reading.time if reading else now,
         celsius=reading.celsius if reading else None,
@@ -142,6 +143,7 @@ def sample(
         throttle_evidence=throttle.text if throttle else None,
         **(clocks.fields() if clocks else {}),
         started=started,
+        duty=duty,
     )
 
 

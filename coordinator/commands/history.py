@@ -71,6 +71,7 @@ STATS_FOLDS = (
     "policy",
     "pauses",
     "throttled",
+    "paced",
     "to",
 )
 """The columns of the hosts' table a narrow terminal drops, the first first (shared.tables);
@@ -84,6 +85,7 @@ def stats_table(rows: list[dict[str, Any]], since: float) -> FitTable:
     throttled column while some host's samples judged throttling."""
     clocked = any(row.get("gpu_max_hz") is not None for row in rows)
     judged = any(row.get("seconds_throttled") is not None for row in rows)
+    paced = any(row.get("seconds_paced") for row in rows)
     table = FitTable(
         title=f"mlx-fleet telemetry since {_stamp(since)}", title_justify="left", folds=STATS_FOLDS
     )
@@ -100,6 +102,7 @@ def stats_table(rows: list[dict[str, Any]], since: float) -> FitTable:
         "≥ pause",
         "≥ stop",
         "paused",
+        *(["paced"] if paced else []),
         *(["throttled"] if judged else []),
         "pauses",
         "stops",
@@ -133,6 +136,7 @@ def stats_table(rows: list[dict[str, Any]], since: float) -> FitTable:
                 for k in THRESHOLDS
             ),
             duration(row["seconds_paused"]),
+            *([_paced(row)] if paced else []),
             *([_throttled(row)] if judged else []),
             str(row["pauses"]),
             str(row["stops"]),
@@ -141,6 +145,12 @@ def stats_table(rows: list[dict[str, Any]], since: float) -> FitTable:
             *([gpu_range(row)] if clocked else []),
         )
     return table
+
+
+def _paced(row: dict[str, Any]) -> str:
+    """Time the pace tier held the host duty-cycled, with the mean duty: `4m 10s at 46 %`."""
+    seconds, duty = row.get("seconds_paced") or 0.0, row.get("mean_duty")
+    return duration(seconds) + ("" if duty is None else f" at {duty * 100:.0f} %")
 
 
 def _throttled(row: dict[str, Any]) -> str:

@@ -23,6 +23,7 @@ from shared import safe_text
 from shared.cooling.calibration import origin_told
 from shared.cooling.clocks import clock_label, ghz
 from shared.cooling.display import STATE_STYLES, sparkline, trend_arrow
+from shared.cooling.pace import pace_text
 from shared.cooling.policy import CoolingState
 from shared.cooling.sources import read_from
 from shared.tables import TEXT, WHOLE, WORDS, FitTable
@@ -354,7 +355,8 @@ def gang_table(rows: list[GangRow]) -> FitTable:
         table.add_column(name, wrap=wrap)
     for row in rows:
         hottest = "" if row.hottest is None else f"{row.hottest[0]:.1f} °C {row.hottest[1]}"
-        state = Text(row.state, style=STATE_STYLES.get(CoolingState(row.state), ""))
+        shown_state = pace_text(row.duty) if row.state == "pace" else row.state
+        state = Text(shown_state, style=STATE_STYLES.get(CoolingState(row.state), ""))
         table.add_row(
             Text(safe_text.shown(f"{row.group} ({row.backend})")),
             Text(safe_text.shown(row.ranks_text())),
@@ -370,9 +372,11 @@ def _state_cell(view: HostView, now: float) -> Text:
         return Text(view.status, style="bold red" if view.status in DOWN else "dim")
     if view.silent and view.heard is not None:
         return Text(f"silent {now - view.heard:.0f} s", style="bold red")
-    state = view.sample["state"] if view.sample else None
-    cell = Text(NA) if state is None else Text(state, style=STATE_STYLES[CoolingState(state)])
-    if view.sample and view.sample.get("throttling"):
+    sample = view.sample or {}
+    state = sample.get("state")
+    shown_state = pace_text(sample.get("duty")) if state == "pace" else state  # `pace 46 %`
+    cell = Text(NA) if state is None else Text(shown_state, style=STATE_STYLES[CoolingState(state)])
+    if sample.get("throttling"):
         cell.append(" throttling", style=THROTTLING_STYLE)
     return cell
 

@@ -19,6 +19,8 @@ class GangRow:
     hottest: tuple[float, str, str] | None = None
     """(°C, host, where it was read) of the hottest monitored rank."""
     state: str = "ok"
+    duty: float | None = None
+    """Under pace: the share of each slice every rank runs."""
     cause: dict[str, Any] | None = None
     """The member report that asks for `state` (docs/protocol.md §15), as the lowest rank
     listed tells it."""
@@ -53,6 +55,7 @@ class GangRow:
                 "read_from": self.hottest[2],
             },
             "state": self.state,
+            "duty": self.duty,
             "cause": self.cause,
         }
 
@@ -75,6 +78,7 @@ def gang_rows(
             row.ranks[gang["rank"]] = host
             if lowest is None or gang["rank"] < lowest:
                 row.state, row.cause = gang["state"], gang["cause"]
+                row.duty = gang.get("duty")
             celsius = (sample or {}).get("celsius")
             if celsius is not None and (row.hottest is None or celsius > row.hottest[0]):
                 sensor = (sample or {}).get("sensor")

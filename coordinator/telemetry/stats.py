@@ -36,6 +36,8 @@ PAUSED = "COALESCE(job_paused, instr(jobs, ?) > 0)"
 THROTTLED = "COUNT(*) FILTER (WHERE throttling = 1), COUNT(throttling)"
 """The samples that said the host throttled, and those with any verdict (none: the window's
 agents predate the throttle rule, or nothing ran: its time throttled is unknown, not 0)."""
+PACED = "COUNT(*) FILTER (WHERE state = 'pace'), AVG(duty)"
+"""The samples whose host the pace tier held duty-cycled, and the mean duty over them."""
 PAUSED_JOB = json.dumps({"state": "paused"})[1:-1]
 """How a paused job reads in a sample's stored `jobs` (shared.wire.telemetry stores it with
 json.dumps): `"state": "paused"` cannot occur inside a JSON string, whose quotes are escaped."""
@@ -124,7 +126,8 @@ def host_stats(
     conn: sqlite3.Connection, host: str, since: float, policies: Policies
 ) -> dict[str, Any]:
     """Min / mean / max °C, seconds at or above each threshold of the policy in force, seconds
-    with a job paused, seconds throttling (the samples' throttle verdict), the energy and mean
+    with a job paused, seconds throttling (the samples' throttle verdict), seconds paced and
+    the mean duty then (the pace tier's), the energy and mean
     watts its power source read (each reading over the usual spacing, as the rest), and the
     pauses and stops its events count: one pass over the host's samples in the window, one
     over its events."""
@@ -135,11 +138,12 @@ def host_stats(
         above_params += params
     row = conn.execute(
         "SELECT COUNT(*), MIN(celsius), AVG(celsius), MAX(celsius), MAX(simulated), "
-        f"COUNT(*) FILTER (WHERE {PAUSED}), {THROTTLED}, {_READ_FROM}, {_POWER}, {_CLOCKS}"
+        f"COUNT(*) FILTER (WHERE {PAUSED}), {THROTTLED}, {PACED}, {_READ_FROM}, {_POWER}, "
+        f"{_CLOCKS}"
         f"{''.join(above_sql)} {_WINDOW}",
         (PAUSED_JOB, *above_params, host, since),
     ).fetchone()
-    count, low, mean, high, simulated, paused, throttled, judged, *rest = tuple(row)
+    count, low, mean, high, simulated, paused, throttled, judged, paced, duty, *rest = tuple(row)
     # a lone MIN or MAX is one seek of the key on (host, time), not a share of the pass
     first = conn.execute(f"SELECT MIN(time) {_WINDOW}", (host, since)).fetchone()[0]
     last = conn.execute(f"SELECT MAX(time) {_WINDOW}", (host, since)).fetchone()[0]
@@ -166,6 +170,8 @@ def host_stats(
         },
         "seconds_paused": paused * spacing,
         "seconds_throttled": throttled * spacing if judged else None,
+        "seconds_paced": paced * spacing,
+        "mean_duty": duty,
         "pauses": pauses,
         "stops": stops,
         "sources": sources_read(conn, host, since, read_from),

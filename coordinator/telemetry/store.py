@@ -74,6 +74,7 @@ ALTER TABLE policies ADD COLUMN origin TEXT
     Sample.added_sql("samples", ("throttling", "throttle_evidence")),
     Sample.added_sql("samples", CLOCK_COLUMNS),
     Sample.added_sql("samples", ("started",)),
+    Sample.added_sql("samples", ("duty",)),
 )
 """The schema, version by version (shared.io.sqlite.open_store): version 2 names the columns as
 shared.wire.telemetry does, keeps each row's `seq` as the agent numbered it, and each host's cursor;
@@ -86,7 +87,8 @@ numbers came from (origin: `defaults for smc`, `set by coordinator policy`, ...;
 agent did not say); version 8 whether the Mac throttled and why (throttling,
 throttle_evidence; NULL in rows recorded before); version 9 the clocks (CLOCK_COLUMNS; NULL in
 rows recorded before, and from an agent that predates them); version 10 when the agent that
-took it started (started: its counters' restarts; NULL before). Every query filters by host and
+took it started (started: its counters' restarts; NULL before); version 11 the pace tier's
+duty (duty; NULL when not paced, and before). Every query filters by host and
 time, which the samples' primary key and the events' unique key index."""
 
 Row = tuple[str, dict[str, Any]]

@@ -59,6 +59,8 @@ HOST:PORT too). Metrics (docs/monitoring.md):
 - mlx_fleet_gang_state{host,job,group,rank,world,backend}: gauge, for each rank of a
   distributed job the host runs, the state all the job's ranks live under (0 ok ... 3 stop, as
   cooling_state); gone when the rank exits.
+- mlx_fleet_pace_duty_ratio{host}: gauge, while the host's state is pace, the share of each
+  slice its jobs run (the pace tier's duty, 0 to 1); absent otherwise.
 - mlx_fleet_benchmark_tokens_per_second{host,model,bits,batch,depth,test}: gauge, the mean
   tok/s of the latest record of each benchmark cell (`test` is llama-bench's name without its
   ` @ d<D>`, which is `depth`; `bits` is `none` for a directory's stored weights); absent for
@@ -206,6 +208,7 @@ class MetricFamilies:
             "1 while the host throttles under load (the throttle rule), 0 without; absent with no"
             " verdict.",
         )
+        self.pace_duty = gauge("mlx_fleet_pace_duty_ratio", "While paced: each slice's share run.")
         self.threshold = gauge(
             "mlx_fleet_policy_threshold_celsius",
             "The policy in force: °C at which the host reaches `level`.",
@@ -270,7 +273,7 @@ class MetricFamilies:
         self.gang_state = gauge(
             "mlx_fleet_gang_state",
             "A rank of a distributed job: the state all its ranks live under, 0 ok, 1 "
-            "reduce_batch, 2 pause, 3 stop.",
+            "reduce_batch, 1.5 pace, 2 pause, 3 stop.",
             "job",
             "group",
             "rank",
@@ -326,6 +329,13 @@ class TelemetryMetrics(MetricFamilies):
         labels = self._labels(state, *extra)
         metric.labels(*labels).set(value)
         state.series.add((metric, labels))
+
+    def _set_known(self, state: _Host, metric: Gauge, value: float | None, *extra: str) -> None:
+        """Set `metric`, or drop it while its value is unknown (never a made-up number)."""
+        if value is None:
+            self._drop(state, metric, *extra)
+        else:
+            self._set(state, metric, float(value), *extra)
 
     def _drop(self, state: _Host, metric: MetricWrapperBase, *extra: str) -> None:
         labels = self._labels(state, *extra)
@@ -400,10 +410,7 @@ class TelemetryMetrics(MetricFamilies):
         state.policy, state.policy_origin = dict(policy), origin
         if state.up:
             for key, level in THRESHOLD_LEVELS.items():
-                if policy.get(key) is not None:
-                    self._set(state, self.threshold, float(policy[key]), level)
-                else:  # a pace tier turned off
-                    self._drop(state, self.threshold, level)
+                self._set_known(state, self.threshold, policy.get(key), level)  # pace: optional
             if origin is not None:
                 self._set(state, self.policy_info, 1, origin)
 
@@ -421,16 +428,10 @@ class TelemetryMetrics(MetricFamilies):
         if sample["celsius"] is not None:
             self._set(state, self.temperature, sample["celsius"], sample["source"])
             state.source = sample["source"]
-        cooling = STATE_VALUES.get(sample["state"] or "")
-        if cooling is None:
-            self._drop(state, self.cooling_state)
-        else:
-            self._set(state, self.cooling_state, cooling)
+        self._set_known(state, self.cooling_state, STATE_VALUES.get(sample["state"] or ""))
+        self._set_known(state, self.pace_duty, sample.get("duty"))
         throttling = sample.get("throttling")
-        if throttling is None:
-            self._drop(state, self.throttling)
-        else:
-            self._set(state, self.throttling, 1 if throttling else 0)
+        self._set_known(state, self.throttling, None if throttling is None else int(throttling))
         total = float(sample["pause_s_total"])
         restarted = _restarted(state, sample.get("started"), total)
         if restarted:

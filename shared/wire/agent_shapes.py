@@ -507,6 +507,7 @@ sample = s.fields(
         "clock_simulated": s.nil_or(s.flag),
         "clock_note": maybe_text,
         "started": s.nil_or(epoch),
+        "duty": s.nil_or(s.number(0, 1)),
     },
 )
 event = s.fields(

@@ -233,6 +233,9 @@ class Sample(_Record):
     started: float | None = _spec((*_NUMBER, _NIL), "REAL", default=None, optional=True)
     """When the agent that took it started (epoch s): `pause_s_total` and the joules count from
     then, so a client tells a restart by a new `started`, never by a counter that went down."""
+    duty: float | None = _spec((*_NUMBER, _NIL), "REAL", default=None, optional=True)
+    """While `state` is `pace`: the share of each slice a job runs (0 to 1, the pace tier's
+    controller, shared.cooling.pace); None otherwise."""
     seq: int | None = _spec(int, "INTEGER", default=None)
     """None until the agent's store numbers it; always a number on the wire."""
 

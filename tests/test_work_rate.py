@@ -194,3 +194,40 @@ def recorded_events(home: Path) -> list:
         return log.since()
     finally:
         log.close()
+
+
+@pytest.mark.slow
+def test_a_real_mlx_lm_lora_under_agent_run_shows_its_tok_s_to_the_agent(
+    agent_cli: str, fleet_home: Path, agents: AgentPool, tmp_path: Path
+) -> None:
+    """mlx_lm's own lora on a tiny model (tests.test_gang.write_lora_job), supervised by agent
+    run registered with agent serve: the agent's samples list the job's tok/s as mlx_lm
+    reported it."""
+    pytest.importorskip("mlx_lm", reason="the `lm` extra (mlx-lm) is not installed")
+    from tests.test_gang import write_lora_job
+
+    write_lora_job(tmp_path)
+    agent = agents.start("serve", home=fleet_home, options=["--poll-interval", "0.2"])
+    ctx = zmq.Context()
+    sock = subscriber(ctx, agent)
+    lora = [sys.executable, "-m", "mlx_lm", "lora", "--model", "model", "--train", "--data",
+            "data", "--iters", "3000", "--batch-size", "2", "--num-layers", "1",
+            "--steps-per-report", "20", "--steps-per-eval", "100000", "--val-batches", "1",
+            "--adapter-path", "adapters"]  # fmt: skip
+    run = subprocess.Popen(
+        [agent_cli, "run", "--", *lora],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        rated = receive(sock, lambda m: any(w["rate"] for w in job_works(m)), 180)
+        work = job_works(rated)[0]
+        assert work["unit"] == "tok/s" and work["rate"] > 0
+    finally:
+        sock.close()
+        ctx.term()
+        run.terminate()  # agent run forwards it to mlx_lm and ends
+        _, err = run.communicate(timeout=60)
+    events = [e.action for e in recorded_events(fleet_home)]
+    assert "summary" in events, err.decode()

@@ -6,7 +6,9 @@ the throttle ratio.
 Pure, so it is tested without a process or a clock: the supervisor feeds it readings, actions
 and report lines, each with its time (epoch s), and asks for the summary at the end.
 
-mlx_lm's reports, as mlx_lm/tuner/trainer.py prints them (read from the source):
+mlx_lm's reports, as mlx_lm/tuner/trainer.py prints them (read from the source: ml-explore/
+mlx-lm's trainer.py at 00e8dc24 and the 0.31.0 wheel for the first, the installed 0.32.2's
+trainer.py and cli_ui.py for the second; tests/fixtures/mlx_lm holds real output of each):
 - up to 0.31 (print(..., flush=True) on rank 0), and its forks (mlx-lm-lora, ...):
   `Iter {it}: Train loss {train_loss:.3f}, Learning Rate {learning_rate:.3e}, It/sec
   {it_sec:.3f}, Tokens/sec {tokens_sec:.3f}, Trained Tokens {trained_tokens}, Peak mem

@@ -6,6 +6,7 @@ coordinator with the hot start injected (MLX_FLEET_INJECT=hot-start)."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -84,6 +85,7 @@ def test_a_hot_machine_waits_until_it_cools() -> None:
         report = guard.end_cell()
     assert 0.4 < waited < 60
     assert HOT_START not in report.flags and report.soc_temp_start_c == 70.0
+    assert 0.4 < report.cool_wait_s <= waited  # the record's cool_wait_s (issue 42)
     first, last = waits[0], waits[-1]
     assert (first.celsius, first.target_c, first.done, first.limit_s) == (88.0, 75.0, False, 600)
     assert last.done and not last.hot and last.celsius == 70.0
@@ -203,6 +205,12 @@ def test_agent_bench_waits_for_a_replayed_curve_to_cool(tmp_path: Path) -> None:
     assert "cooled to 70.0 °C in " in result.stderr
     (cell,) = json.loads(result.stdout)["cells"]
     assert HOT_START not in cell["flags"] and cell["soc_temp_start_c"] == 70.0
+    assert cell["cool_wait_s"] >= 1.0  # the curve is above 75 °C for its first 3.4 s (issue 42)
+    table = run_cli(
+        "agent", "bench", "--config-small", "-p", "16", "-n", "0", "-r", "1", "-w", "0",
+        "--thermal-source", f"replay:{curve}", "--poll-interval", "0.2",
+    )  # fmt: skip
+    assert re.search(r"waited \d+ s to cool before 1 cell\b", table.stdout), table.stdout
 
 
 @pytest.mark.slow
@@ -245,3 +253,21 @@ def test_coordinator_benchmark_says_a_cell_started_hot() -> None:
     )
     (cell,) = json.loads(result.stdout)["cells"]
     assert HOT_START in cell["verdict_reasons"] and cell["verdict"] == "invalid"
+
+
+@pytest.mark.parametrize(
+    ("cells", "said"),
+    [
+        ([{"pause_s": 0.0, "cool_wait_s": 0.0}], None),
+        ([{"pause_s": 12.4}, {"pause_s": 21.7}, {"pause_s": 0.0}], "paused 34 s in 2 cells"),
+        ([{"cool_wait_s": 12.2}, {"cool_wait_s": 0.3}], "waited 12 s to cool before 1 cell"),
+        ([{"pause_s": 5.0, "cool_wait_s": 9.0}], "paused 5 s in 1 cell; waited 9 s to cool"),
+        ([{"status": "not run"}], None),
+    ],
+)
+def test_a_hosts_cooling_time_is_summed_for_the_report(cells: list[dict], said: str | None) -> None:
+    """Issue 42: the final table never said how long a host was paused or waited to cool."""
+    from shared.benchmark.results import cooling_line
+
+    line = cooling_line(cells)
+    assert (line is None) if said is None else (line is not None and line.startswith(said))

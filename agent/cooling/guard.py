@@ -21,6 +21,8 @@ class GuardReport:
     pressure_end: str | None = None
     """Thermal pressure levels, for sources that report one (with or without degrees)."""
     pause_s: float = 0.0
+    cool_wait_s: float = 0.0
+    """How long the cell waited, before it started, for the machine to cool (cool start)."""
     flags: list[str] = field(default_factory=list)
     thermal_source: str | None = None
     gpu_clock: dict[str, Any] | None = None

@@ -252,6 +252,7 @@ class ThermalGuard:
         self._in_cell = False
         self._hot = False
         self._hot_start = False
+        self._cool_wait_s = 0.0
         self._clock: dict[str, Any] | None = None
         self._polled = threading.Condition()
         monitor.add_listener(self._on_reading)
@@ -266,9 +267,11 @@ class ThermalGuard:
         would silently never fire. `injected_c` (MLX_FLEET_INJECT=hot-start) stands in for
         every reading of the wait, so the wait runs to its limit."""
         self.monitor.start()
+        waiting = time.monotonic()
         self._hot_start = (
             self.enabled and cool_start_s > 0 and self._cool_start(cool_start_s, injected_c)
         )
+        self._cool_wait_s = time.monotonic() - waiting if self.enabled and cool_start_s > 0 else 0.0
         self._start = self.monitor.reading
         self._pause_before = self.scheduler.total_pause_time
         self._pauses_before = len(self.scheduler.pauses)
@@ -321,6 +324,7 @@ class ThermalGuard:
             pressure_start=self._start.pressure if self._start else None,
             pressure_end=end.pressure if end else None,
             pause_s=paused_s,
+            cool_wait_s=self._cool_wait_s,
             flags=flags,
             thermal_source=self.monitor.source.name,
             gpu_clock=self._clock,

@@ -44,6 +44,7 @@ def cell_record(
     record["pressure_start"] = thermal.get("pressure_start")
     record["pressure_end"] = thermal.get("pressure_end")
     record["pause_s"] = thermal.get("pause_s", 0.0)
+    record["cool_wait_s"] = thermal.get("cool_wait_s", 0.0)
     record["flags"] = list(thermal.get("flags", []))
     record["thermal_source"] = thermal.get("thermal_source")
     if thermal.get("gpu_clock") and not (measured or {}).get("sustain"):
@@ -67,3 +68,22 @@ def not_run(cells: Iterable[Cell], reason: str) -> list[dict[str, Any]]:
 
 def failed_cells(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if r.get("status") != OK]
+
+
+def cooling_line(records: Iterable[dict[str, Any]]) -> str | None:
+    """One host's time lost to cooling over its cells, for the report's header (issue 42: the
+    final table never said how long a host was paused or waited to cool): `paused 34 s in 3
+    cells; waited 12 s to cool before 2 cells`; None when it lost none."""
+    cells = list(records)
+    paused = [r.get("pause_s") or 0.0 for r in cells if (r.get("pause_s") or 0.0) > 0]
+    waited = [r.get("cool_wait_s") or 0.0 for r in cells if (r.get("cool_wait_s") or 0.0) >= 1]
+    parts = []
+    if paused:
+        parts.append(f"paused {sum(paused):.0f} s in {len(paused)} cell{_s(paused)}")
+    if waited:
+        parts.append(f"waited {sum(waited):.0f} s to cool before {len(waited)} cell{_s(waited)}")
+    return "; ".join(parts) or None
+
+
+def _s(items: list[float]) -> str:
+    return "" if len(items) == 1 else "s"

@@ -21,7 +21,7 @@ from shared.benchmark.aggregate import ordered
 from shared.benchmark.energy import not_a_meter
 from shared.benchmark.matrix import hf_model_id, model_label, named_label
 from shared.benchmark.reboots import reboot_panics, rebooted_hosts
-from shared.benchmark.results import NOT_RUN, OK
+from shared.benchmark.results import NOT_RUN, OK, cooling_line
 from shared.benchmark.verdict import judge, verdict_text
 from shared.distributed.group import group_label
 from shared.reports.sustain import markdown_sustain, rich_sustain
@@ -315,10 +315,13 @@ def header_lines(report: dict[str, Any]) -> list[str]:
         elif host.get("host"):
             lines.append(f"{host['host']}: no machine information")
         lines.extend(f"  {model_line(info)}" for info in host.get("models", []))
-        cells = [r for r in report.get("cells", []) if r.get("host") == host.get("host")]
+        cells = [
+            r
+            for r in report.get("cells", [])
+            if host is report or r.get("host") == host.get("host")
+        ]
         energy = energy_line(host.get("energy"), cells)
-        if energy:
-            lines.append(f"  {energy}")
+        lines += [f"  {line}" for line in (energy, cooling_line(cells)) if line]
         if host.get("error"):
             lines.append(f"  FAILED: {host['error']}")
     for name in rebooted_hosts(report.get("cells", [])):  # boot times differ between cells

@@ -317,6 +317,7 @@ sustain = s.fields(
     },
 )
 MEASURED = {
+    "cool_wait_s": amount,
     "test_time": text,
     "tokens_per_sec": amount,
     "std_tokens_per_sec": maybe_amount,

@@ -175,7 +175,7 @@ def test_log_file_passes_through_to_serve(agent_cli: str, home: Path, tmp_path: 
         (
             ["--thermal-source", "bogus", "--dry-run"],
             "unknown thermal source 'bogus'; known: auto, none, smc, iohid, macmon, "
-            "powermetrics, linux, sim, replay:PATH",
+            "powermetrics, linux, sim, sim:plant[:PRESET][,k=v...], replay:PATH, capture:FILE",
         ),
         (["--thermal-source", "sim:tau=1"], "sim: bad parameter 'tau=1'"),
     ],

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,6 +52,9 @@ THROTTLED_SHARE = 0.4
 NO_THROTTLE_SHARE = 0.75
 """A load that has not throttled by this share of the run's time ends it: the hold needs the
 rest, and a Mac that does not throttle in that long has no onset to learn at this length."""
+SLICE_POLLS = 1.5
+"""In the hold, each run of the load lasts at most this many polls: a poll the machine makes
+late (a busy CPU) cannot leave it heating past the onset."""
 MIN_POLL_S = 0.05
 """The fastest poll (wall seconds), for a plant run faster than the wall clock."""
 READY_TIMEOUT_S = 120.0
@@ -142,6 +146,10 @@ class LoadChild:
         )
         self.running = True
         self.device: str | None = None
+        self._lock = threading.Lock()
+        self._ran_s = 0.0
+        self._on_since = time.monotonic()
+        self._slice: threading.Timer | None = None
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> str:
         """The device the load runs on, once its first matmul is done; NoLoad saying why not."""
@@ -171,16 +179,40 @@ class LoadChild:
         except (OSError, ValueError):  # struct.error is a ValueError
             return 0.0
 
-    def run(self, on: bool) -> None:
-        """Run or rest the load (no signal when it already is so)."""
-        if on != self.running and self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT if on else signal.SIGSTOP)
-        self.running = on
+    def run(self, on: bool, for_s: float | None = None) -> None:
+        """Run or rest the load (no signal when it already is so); `for_s`: run it for at most
+        that long (a slice: a late poll cannot leave it heating)."""
+        if self._slice is not None:
+            self._slice.cancel()
+            self._slice = None
+        self._switch(on)
+        if on and for_s is not None:
+            self._slice = threading.Timer(for_s, self._switch, (False,))
+            self._slice.daemon = True
+            self._slice.start()
+
+    def _switch(self, on: bool) -> None:
+        with self._lock:
+            if on != self.running and self.process.poll() is None:
+                self.process.send_signal(signal.SIGCONT if on else signal.SIGSTOP)
+            now = time.monotonic()
+            if self.running and not on:
+                self._ran_s += now - self._on_since
+            elif on and not self.running:
+                self._on_since = now
+            self.running = on
+
+    def ran_s(self) -> float:
+        """Seconds the load has run so far (since it started)."""
+        with self._lock:
+            return self._ran_s + (time.monotonic() - self._on_since if self.running else 0.0)
 
     def alive(self) -> bool:
         return self.process.poll() is None
 
     def close(self) -> None:
+        if self._slice is not None:
+            self._slice.cancel()
         if self.process.poll() is None:
             with contextlib.suppress(OSError):
                 self.process.send_signal(signal.SIGKILL)
@@ -269,6 +301,7 @@ class Calibration:
         load.run(False)
         start = time.monotonic()
         end = start + self.total_s
+        self._polled_at, self._ran = start, load.ran_s()
         last_work = load.work()
         self._poll(start, "idle", 0.0, last_work)
         for _ in range(IDLE_POLLS):
@@ -294,7 +327,7 @@ class Calibration:
         while time.monotonic() < end:
             reading = self.samples[-1].celsius
             on, recovered = hold_step(reading, point.onset_c, recovered)
-            load.run(on)
+            load.run(on, for_s=SLICE_POLLS * self.poll_s)
             last_work = self._next(start, "held" if recovered else "recovering", load, last_work)
         load.run(False)
         return self._point(source)
@@ -308,10 +341,14 @@ class Calibration:
         )
 
     def _next(self, start: float, phase: str, load: LoadChild, last_work: float) -> float:
-        """Wait out the poll, then take one; returns the load's work count at it."""
+        """Wait out the poll, then take one; returns the load's work count at it. The share
+        of the interval the load ran is measured (its slices may end between polls)."""
         due = start + len(self.samples) * self.poll_s
         time.sleep(max(0.0, due - time.monotonic()))
-        running = 1.0 if load.running else 0.0
+        now, ran = time.monotonic(), load.ran_s()
+        wall = now - self._polled_at
+        running = min(1.0, (ran - self._ran) / wall) if wall > 0 else 0.0
+        self._polled_at, self._ran = now, ran
         if not load.alive():
             raise NoLoad(f"the load {_how(load.process.returncode)} mid-run")
         work = load.work()

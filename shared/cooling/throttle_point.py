@@ -73,7 +73,8 @@ class CalibrationSample:
 @dataclass(frozen=True)
 class OperatingPoint:
     """Steady figures of one way of running the Mac: `work_rate` is work per second of wall
-    time (pauses included), `duty` the share of that time the load ran."""
+    time (pauses included), `duty` the share of that time the load ran (the GPU's active share
+    where the Mac reads one)."""
 
     work_rate: float
     duty: float
@@ -325,7 +326,7 @@ def steady_point(polls: Sequence[CalibrationSample], signal: str) -> OperatingPo
     clocks = [b.gpu_hz for _, b in steady if signal == "gpu clock" and b.running and b.gpu_hz]
     return OperatingPoint(
         work_rate=sum(b.work for _, b in steady) / seconds,
-        duty=min(1.0, sum(b.running * (b.time - a.time) for a, b in steady) / seconds),
+        duty=min(1.0, sum(_duty(b) * (b.time - a.time) for a, b in steady) / seconds),
         celsius=statistics.fmean(temps) if temps else None,
         clock_hz=statistics.fmean(clocks) if clocks else None,
         seconds=seconds,
@@ -371,6 +372,13 @@ def stale_note(onset_c: float, seen: Sequence[float]) -> str | None:
         return None
     median = statistics.median(below)
     return f"looks stale: throttling began at {median:.1f} °C ({len(below)} times since)"
+
+
+def _duty(sample: CalibrationSample) -> float:
+    """The share of its interval the work ran: the GPU's active share where the Mac reads it
+    (the time the load occupied the GPU, whatever the CPU side did), else the share the load
+    was let run."""
+    return sample.running if sample.gpu_active is None else sample.gpu_active
 
 
 def calibrated_thresholds(point: ThrottlePoint, stop_temp: float) -> dict[str, float]:

@@ -7,6 +7,7 @@ import json
 import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -50,4 +51,45 @@ def test_sigterm_after_the_first_cell_prints_and_saves_it(fleet_home: Path) -> N
     path = Path(saved.group(1))
     assert path.parent == fleet_home / "runs" and path.stat().st_mode & 0o777 == 0o600
     assert json.loads(path.read_text(encoding="utf-8"))["cells"] == report["cells"]
+    assert "Traceback" not in stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_sustained_cell_keeps_its_finished_windows(fleet_home: Path) -> None:
+    """Issue 42: Ctrl-C in a --sustain cell dropped every finished window. The cell is now kept,
+    failed `interrupted`, with the windows it finished; the run says it was interrupted."""
+    import psutil
+
+    process = subprocess.Popen(
+        [console_script("agent"), "bench", "--config-small", "-p", "16", "-n", "0", "-w", "0"]
+        + ["--sustain", "120s", "--sustain-window", "1s", "-o", "json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+    )
+    try:
+        assert process.stderr is not None
+        line = ""
+        while "building" not in line:
+            line = process.stderr.readline()
+            assert line, "agent bench ended before it built its model"
+        measured = psutil.Process(process.pid)
+        began = sum(measured.cpu_times()[:2])
+        deadline = time.monotonic() + 120
+        while sum(measured.cpu_times()[:2]) - began < 6.0:  # 3 s of wall at most 2 cores
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.1)
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 130, stderr
+    report = json.loads(stdout)
+    (cell,) = report["cells"]
+    assert report["interrupted"] is True and cell["status"] == "failed"
+    assert cell["error"].startswith("interrupted"), cell["error"]
+    windows = cell["sustain"]["windows"]
+    assert len(windows) >= 1 and all(w["iterations"] >= 0 for w in windows), windows
+    assert sum(w["tokens"] for w in windows) > 0
     assert "Traceback" not in stderr

@@ -336,7 +336,8 @@ def run_matrix(
     its record says why, and the run goes on.
 
     A guard's RunStopped ends the run after recording the cell it interrupted; a
-    KeyboardInterrupt propagates, and the records already yielded stay the caller's. On Metal
+    KeyboardInterrupt propagates, and the records already yielded stay the caller's (a
+    sustained cell's is yielded first, failed `interrupted` with the windows it finished). On Metal
     the run is wired as mlx-lm wires generation; every record says so (`wired_limit_bytes`).
 
     With an `energy` meter its idle baseline is measured first, then every cell's timed iterations
@@ -446,6 +447,10 @@ def _run_groups(
                 )
             except RunStopped as exc:
                 error, stopped = error_text(exc), exc
+            except KeyboardInterrupt as exc:
+                if watching.sustain is None:
+                    raise  # an ordinary cell's iterations are worth nothing cut short
+                error, stopped = INTERRUPTED_SUSTAIN, exc  # its finished windows are kept
             except Exception as exc:  # out of memory and the like fail one cell
                 error = error_text(exc)
             report = guard.end_cell()
@@ -468,6 +473,8 @@ def _run_groups(
         mx.clear_cache()
 
 
+INTERRUPTED_SUSTAIN = "interrupted: the windows finished before it are kept"
+"""A sustained cell cut by Ctrl-C or SIGTERM: issue 42's loss (every finished window dropped)."""
 REBOOT_INJECTED_S = 3600.0
 """How far an injected reboot (MLX_FLEET_INJECT=reboot) moves a cell's boot time on."""
 

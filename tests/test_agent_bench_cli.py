@@ -122,11 +122,17 @@ def test_other_formats(agent_cli: str, fmt: str, tmp_path: Path) -> None:
         assert all(r["host"] and r["host"] == r["hostname"] for r in rows)
         assert rows[0]["model_n_params"] == "4000000" and rows[0]["n_batch"] == "2048"
         assert float(rows[0]["avg_ts"]) > 0 and int(rows[0]["avg_ns"]) > 0
+        # issue 42: the settings the json records carry
+        assert rows[0]["mlx_lm_version"] and rows[0]["weights_digest"].startswith("config:")
+        assert "pause_temp=" in rows[0]["policy"] and rows[0]["os_name"]
+        assert {"power_mode", "power_source", "model_revision", "policy_origin"} <= set(rows[0])
     else:
         lines = [json.loads(line) for line in text.strip().splitlines()]
         assert [line["test"] for line in lines] == ["pp16", "tg2"]
         assert all(line["host"] and line["hostname"] for line in lines)
         assert all(len(line["samples_ns"]) == len(line["samples_ts"]) == 1 for line in lines)
+        assert all(line["mlx_lm_version"] and "power_source" in line for line in lines)
+        assert all(line["weights_digest"] and "stop_temp=" in line["policy"] for line in lines)
 
 
 @pytest.mark.slow

@@ -49,6 +49,33 @@ build, other weights, Low Power Mode or a battery, a wired limit). The host's na
 and its policy differ between hosts a lab means to compare, so they are shown, not enforced."""
 
 
+EXPORTED = (
+    "os_name",
+    "os_version",
+    "os_build",
+    "mlx_lm_version",
+    "model_revision",
+    "weights_digest",
+    "power_mode",
+    "power_source",
+    "policy",
+    "policy_origin",
+    "sleep_assertion",
+)
+"""The settings a cell's jsonl, csv and sql row carries beside its own columns (mlx_version,
+mlx_fleet_version and thermal_source are columns already): issue 42, the rows lacked what the
+json records carry."""
+
+
+def exported_settings(record: Mapping[str, Any]) -> dict[str, Any]:
+    """EXPORTED of the record's settings, each None when unknown; the policy as `k=v` text."""
+    settings = record.get("settings") or {}
+    row = {key: settings.get(key) for key in EXPORTED}
+    if row["policy"] is not None:
+        row["policy"] = setting_text(row["policy"])
+    return row
+
+
 def setting_text(value: Any) -> str:
     """A setting as one short line: a policy map as `k=v` pairs, None as `unknown`."""
     if value is None:

@@ -22,6 +22,7 @@ from shared.benchmark.energy import not_a_meter
 from shared.benchmark.matrix import hf_model_id, model_label, named_label
 from shared.benchmark.reboots import reboot_panics, rebooted_hosts
 from shared.benchmark.results import NOT_RUN, OK, cooling_line
+from shared.benchmark.settings import EXPORTED, exported_settings
 from shared.benchmark.verdict import judge, verdict_text
 from shared.distributed.group import group_label
 from shared.reports.sustain import markdown_sustain, rich_sustain
@@ -315,11 +316,8 @@ def header_lines(report: dict[str, Any]) -> list[str]:
         elif host.get("host"):
             lines.append(f"{host['host']}: no machine information")
         lines.extend(f"  {model_line(info)}" for info in host.get("models", []))
-        cells = [
-            r
-            for r in report.get("cells", [])
-            if host is report or r.get("host") == host.get("host")
-        ]
+        every = report.get("cells", [])
+        cells = [r for r in every if host is report or r.get("host") == host.get("host")]
         energy = energy_line(host.get("energy"), cells)
         lines += [f"  {line}" for line in (energy, cooling_line(cells)) if line]
         if host.get("error"):
@@ -468,6 +466,7 @@ ROW_FIELDS: list[tuple[str, str]] = [
     ("speedup_over", "TEXT"),
     ("speedup_separated", "INTEGER"),
     ("tokens_check", "TEXT"),
+    *((key, "TEXT") for key in EXPORTED),
     ("status", "TEXT"),
     ("verdict", "TEXT"),
     ("verdict_reasons", "TEXT"),
@@ -488,7 +487,7 @@ distributed_backend and sharding a distributed group's (empty for one host), spe
 over speedup_over's alone (speedup_separated: beyond the noise) and tokens_check its greedy
 tokens against a member's (shared.reports.group_cells); verdict `valid` or `invalid` and
 verdict_reasons why (shared.benchmark.verdict; comma-joined in csv and sql).
-An unknown is empty (csv) or NULL (sql), never a number."""
+Then its settings (EXPORTED). An unknown is empty (csv) or NULL (sql), never a number."""
 SQL_TABLE = "mlx_fleet_bench"
 
 
@@ -530,10 +529,8 @@ def bench_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
         host = record.get("host")
         verdict_of = judged(record)
         machine = machines.get(host) or machines.get(None) or {}
-        info = models.get(
-            (host if "hosts" in report else None, record["model"], record.get("bits"))
-        )
-        info = info or {}
+        key = (host if "hosts" in report else None, record["model"], record.get("bits"))
+        info = models.get(key) or {}
         on_gpu = machine.get("backend") == "gpu"
         sustain = record.get("sustain") or {}
         group = record.get("group") or {}
@@ -590,6 +587,7 @@ def bench_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                 "speedup_over": record.get("speedup_over"),
                 "speedup_separated": record.get("speedup_separated"),
                 "tokens_check": record.get("tokens_check"),
+                **exported_settings(record),
             }
         )
     return rows

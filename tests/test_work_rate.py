@@ -231,3 +231,23 @@ def test_a_real_mlx_lm_lora_under_agent_run_shows_its_tok_s_to_the_agent(
         _, err = run.communicate(timeout=60)
     events = [e.action for e in recorded_events(fleet_home)]
     assert "summary" in events, err.decode()
+
+
+def test_agent_runs_judge_drops_rates_across_a_pause_and_says_when_it_throttles(
+    tmp_path: Path,
+) -> None:
+    """JobSpeed, poll by poll: a rate read across a pause (the poll that finds the job paused,
+    and the one after) is no rate of work; the verdict's changes are the events."""
+    from agent.cooling.job_speed import JobSpeed
+
+    rates = iter([500.0, 400.0, 100.0, 100.0, 400.0, 400.0, 400.0, 400.0, 300.0, 300.0, 300.0,
+                  400.0])  # fmt: skip
+    speed = JobSpeed(tmp_path / "j.cooling.json", lambda: next(rates))
+    running = [True, True, False, True, True, True, True, True, True, True, True, True]
+    changes = [speed.poll(run) for run in running]
+    assert speed.watch.best_rate == 400.0  # 500 (the first poll) and the 100s were dropped
+    assert changes[:10] == [None] * 10
+    assert changes[10] == ("throttling", "300 tok/s of 400")
+    assert changes[11] == ("throttle_end", "no longer throttling: 400 tok/s of 400")
+    assert speed.work == {"rate": 400.0, "unit": "tok/s", "time": speed.rate_at,
+                          "throttling": False, "evidence": "400 tok/s of 400"}  # fmt: skip

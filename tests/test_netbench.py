@@ -150,3 +150,47 @@ def test_a_run_stalls_only_when_no_rank_moves() -> None:
     assert stalled([(9, 12.0), (7, 11.0), (7, 11.5)], 10.0) == 1
     assert stalled([None, (3, 50.0)], 10.0) == 1
     assert stalled([None, None], 10.0) is None  # agents that do not say: their bound alone
+
+
+@pytest.mark.parametrize(
+    ("elapsed", "progress", "age", "said"),
+    [
+        (100.0, 40, 1.0, None),  # within its bound
+        (300.0, 400, 2.0, None),  # past it, still moving: a slow link at work
+        (300.0, 400, 90.0, "ran past its bound of 188 s, with no progress for 90 s"),
+        (300.0, 0, 300.0, "ran past its bound of 188 s"),  # its peer never came
+        (90000.0, 9000, 1.0, "still progressing: its links are slower than the bound assumed"),
+    ],
+    ids=["within", "slow-link", "stalled", "never-started", "at-the-most"],
+)
+def test_past_its_bound_a_rank_runs_on_while_its_progress_moves(
+    elapsed: float, progress: int, age: float, said: str | None
+) -> None:
+    """Issue 42: at 20 Mbit/s a working run failed `ran past its bound` after 188 s; the
+    no-progress rule already catches a stuck one."""
+    from shared.distributed.netbench import past_bound
+    from shared.distributed.rank_shapes import MAX_BOUND_S
+
+    why = past_bound(2, elapsed, 188.0, progress, age, MAX_BOUND_S)
+    assert (why is None) if said is None else (why is not None and said in why), why
+    if said is not None:
+        assert why is not None and why.startswith("rank 2 ran past its bound of 188 s")
+
+
+def test_the_progress_line_names_the_slowest_ranks_step() -> None:
+    """Issue 42: five minutes of `A running, B running, C running (294 s)` looked hung."""
+    from coordinator.hosts.link import Target
+    from coordinator.runs.netbench import NetbenchPlan, RankWatch, progress_text
+
+    plan = NetbenchPlan((1024, 1 << 20), repetitions=5, warmup=1, port=7000, backend="ring")
+    watches = [RankWatch(Target(name, f"{name}:5555", None)) for name in ("A", "B", "C")]
+    assert progress_text(watches, plan, 3.2) == (
+        f"netbench {plan.job}: A starting, B starting, C starting (3 s)"
+    )
+    hosts = ["A", "B", "C"]
+    for watch, done in zip(watches, (40, 31, 35), strict=True):
+        watch.state, watch.progress = "running", done
+    line = progress_text(watches, plan, 294.0)
+    assert line.startswith(f"netbench {plan.job}: A running, B running, C running (294 s); ")
+    assert line.endswith(f"slowest B: {plan.step(31, hosts)}")
+    assert "repetition" in plan.step(31, hosts) or "barrier" in plan.step(31, hosts)

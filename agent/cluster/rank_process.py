@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.cluster.lifeline import LIFELINE
+from shared.distributed.netbench import past_bound
 from shared.distributed.rank_env import RankLaunch
+from shared.distributed.rank_shapes import MAX_BOUND_S
 
 RUNNING, OK, FAILED, STOPPED = "running", "ok", "failed", "stopped"
 REPORT_MAX_BYTES = 1024 * 1024
@@ -34,8 +36,8 @@ PROGRESS_MOST = 10**12
 
 class RankProcess:
     """start() once; poll() as often as the agent's loop wakes (it reads the rank's progress,
-    ends it at its bound and escalates an ending rank to SIGKILL); stop() to end it early;
-    settle() when the agent itself stops."""
+    ends it at its bound, or past it once its progress stops moving, and escalates an ending
+    rank to SIGKILL); stop() to end it early; settle() when the agent itself stops."""
 
     def __init__(
         self,
@@ -114,10 +116,13 @@ class RankProcess:
         self._read_progress()
         code = self._process.poll()
         if code is None:
-            if self.elapsed_s() > self.bound_s:
+            why = past_bound(
+                self.rank, self.elapsed_s(), self.bound_s, self.progress, self.progress_age_s(),
+                MAX_BOUND_S,
+            )  # fmt: skip
+            if why is not None:
                 self._end()
-                self.state = FAILED
-                self.error = f"rank {self.rank} ran past its bound of {self.bound_s:g} s"
+                self.state, self.error = FAILED, why
             return self.state
         self._finished(code)
         return self.state

@@ -28,6 +28,7 @@ from coordinator.runs.netbench import (
     NetbenchPlan,
     NetbenchRun,
     RankWatch,
+    progress_text,
     run_netbench,
     save_run,
 )
@@ -128,8 +129,8 @@ def netbench(
     started = time.monotonic()
 
     def progress(watches: list[RankWatch]) -> None:
-        states = ", ".join(f"{shown(w.target.name)} {w.state}" for w in watches)
-        err.print(f"netbench {plan.job}: {states} ({time.monotonic() - started:.0f} s)")
+        text = progress_text(watches, plan, time.monotonic() - started)
+        err.print(text, highlight=False, markup=False)
 
     try:
         with err.status(f"netbench over {len(targets)} hosts ({plan.backend} backend)…"):

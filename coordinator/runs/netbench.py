@@ -39,6 +39,7 @@ from shared.distributed.rank_env import (
 )
 from shared.distributed.rank_shapes import KIND_NETBENCH, MAX_BOUND_S
 from shared.io.transport import AgentClient, AgentError, HostError
+from shared.safe_text import shown
 
 POLL_S = 0.25
 BOUND_SLACK_S = 120.0
@@ -260,6 +261,20 @@ def first_failure(watches: list[RankWatch]) -> str | None:
     failed.sort(key=lambda watch: not watch.unreachable)
     lines = [f"{watch.target.name}: {watch.error}" for watch in failed]
     return lines[0] + (f" (then {'; '.join(lines[1:])})" if len(lines) > 1 else "")
+
+
+def progress_text(watches: list[RankWatch], plan: NetbenchPlan, elapsed_s: float) -> str:
+    """The line a long run prints every few seconds: each rank's state, then the step of the
+    slowest running rank (`send_recv C↔A at 1 MiB, repetition 5 of 5`), so a slow link reads
+    as working, not hung (issue 42: five minutes of `A running, B running, C running`)."""
+    states = ", ".join(f"{shown(w.target.name)} {w.state}" for w in watches)
+    line = f"netbench {plan.job}: {states} ({elapsed_s:.0f} s)"
+    moving = [w for w in watches if w.state == "running" and w.progress is not None]
+    if moving:
+        slowest = min(moving, key=lambda w: w.progress or 0)
+        step = plan.step(slowest.progress or 0, [w.target.name for w in watches])
+        line += f"; slowest {shown(slowest.target.name)}: {step}"
+    return line
 
 
 def no_progress(watches: list[RankWatch], plan: NetbenchPlan, host_timeout: float) -> str | None:

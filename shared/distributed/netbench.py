@@ -294,3 +294,29 @@ def report_of(found: Sequence[Measured]) -> dict[str, object]:
     ]
     links = link_bandwidths(found)
     return {"results": rows, "links_best_busbw_gbps": links, "slow_links": slow_links(links)}
+
+
+MOVING_WITHIN_S = 60.0
+"""Past its bound a rank runs on while its progress moved this recently (or within its bound,
+when that is shorter): a bound sized for links of 5 MB/s must not end a working run over a
+slower one (issue 42: a 20 Mbit/s link failed a working run after 188 s)."""
+
+
+def past_bound(
+    rank: int, elapsed_s: float, bound_s: float, progress: int, age_s: float, most_s: float
+) -> str | None:
+    """Why a rank that has run `elapsed_s` ends now, or None while it may run on: within its
+    bound; past it while its progress (`progress` units, the last `age_s` ago) still moves,
+    up to `most_s` (the protocol's MAX_BOUND_S)."""
+    if elapsed_s <= bound_s:
+        return None
+    moving = age_s <= min(MOVING_WITHIN_S, bound_s)
+    if moving and elapsed_s <= most_s:
+        return None
+    said = f"rank {rank} ran past its bound of {bound_s:g} s"
+    if moving:
+        return (
+            f"{said} and the most a rank may run ({most_s:g} s), still progressing: its links "
+            "are slower than the bound assumed"
+        )
+    return said if progress == 0 else f"{said}, with no progress for {age_s:.0f} s"

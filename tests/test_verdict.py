@@ -128,16 +128,22 @@ def test_bad_faults_get_one_line(text: str, message: str) -> None:
     assert "\n" not in str(caught.value)
 
 
-def test_a_cell_whose_iterations_slowed_down_was_measured_throttling() -> None:
-    """A slowdown injected into the timed iterations (a replayed throttle: the same work taking
-    25 % longer from the sixth on) makes the cell `throttled` by the throttle rule."""
+def test_a_cell_whose_iterations_slowed_down_is_slowed_not_throttled() -> None:
+    """A slowdown in the timed iterations (the same work taking 25 % longer from the sixth on)
+    makes the cell `slowed` by the throttle rule: a throttle and a load beside the cell both
+    give it, so without a clock saying so it is not called throttling."""
     steady = [0.100, 0.101, 0.0995, 0.1002, 0.1001]
     record = measured(steady + [0.125, 0.126, 0.125])
-    assert "throttled" in record["verdict_reasons"]
-    assert verdict.throttle_evidence(record) == "256 tok/s of 322"
-    # two slow iterations are not three in a row; within the margin is not throttling
-    assert "throttled" not in measured(steady + [0.125, 0.126, 0.1])["verdict_reasons"]
-    assert "throttled" not in measured(steady + [0.11, 0.11, 0.11])["verdict_reasons"]
+    assert "slowed" in record["verdict_reasons"] and "throttled" not in record["verdict_reasons"]
+    assert verdict.slowdown_evidence(record) == "256 tok/s of 322"
+    assert verdict.throttle_evidence(record) is None
+    # two slow iterations are not three in a row; within the margin is not a slowdown
+    assert "slowed" not in measured(steady + [0.125, 0.126, 0.1])["verdict_reasons"]
+    assert "slowed" not in measured(steady + [0.11, 0.11, 0.11])["verdict_reasons"]
+    # with the clock seen throttling as well, the cell is throttled (and only that)
+    low = {"sustained_hz": 1.4e9, "samples": [[1.4e9, 0.9]] + [[1.1e9, 0.95]] * 3}
+    both = measured(steady + [0.125, 0.126, 0.125], gpu_clock=low)
+    assert "throttled" in both["verdict_reasons"] and "slowed" not in both["verdict_reasons"]
 
 
 def test_a_cell_measured_under_a_low_gpu_clock_was_throttling() -> None:

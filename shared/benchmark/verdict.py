@@ -30,9 +30,15 @@ HOT_START = "hot-start"
 """The cell started above the reduce threshold (or pressure not Nominal) after the cool-start
 wait ran out."""
 THROTTLED = "throttled"
-"""The cell was measured while the Mac throttled (shared.cooling.throttle's rule): its timed
-iterations' rate fell below the cell's own early best, or the GPU clock the agent read during
-the cell below the sustained one, by the rule's margin for its number of polls."""
+"""The cell was measured while the Mac throttled (shared.cooling.throttle's rule): the GPU clock
+the agent read during the cell fell below the sustained one by the rule's margin for its number
+of polls."""
+SLOWED = "slowed"
+"""The cell's timed iterations slowed below the cell's own early best by the throttle rule's
+margin for its number of iterations, and no clock said the Mac throttled: a throttle the clock
+could not see (a Mac without its clock channel), or another load beside the cell. Either way
+its figures mix two speeds; which it was, the rate alone cannot tell, so it is not called
+throttling."""
 LOW_POWER = "low-power"
 ON_BATTERY = "on-battery"
 GPU_ERROR = "gpu-error"
@@ -47,6 +53,7 @@ REASONS = (
     HOT,
     HOT_START,
     THROTTLED,
+    SLOWED,
     LOW_POWER,
     ON_BATTERY,
     GPU_ERROR,
@@ -115,8 +122,11 @@ def reasons(record: Mapping[str, Any]) -> list[str]:
             found.add(NOISY)
         if (record.get("slept_s") or 0.0) > SLEPT_TOLERANCE_S:
             found.add(SLEPT)
-        if throttle_evidence(record) is not None:
+        clock, rate = throttle_evidence(record), slowdown_evidence(record)
+        if clock is not None:
             found.add(THROTTLED)
+        elif rate is not None:
+            found.add(SLOWED)
     found.update(flag for flag in record.get("flags") or () if flag in INVALIDATING_FLAGS)
     settings = record.get("settings") or {}
     if settings.get("power_mode") in LOW_POWER_MODES:
@@ -131,16 +141,13 @@ def _numbers(values: Any) -> list[Any]:
 
 
 def throttle_evidence(record: Mapping[str, Any]) -> str | None:
-    """Why the cell was measured throttling (`312 tok/s of 402`, `GPU 1.10 GHz of 1.40
-    sustained`, joined by `; ` when both say so), None when it was not or cannot be told.
-    Two series, each judged by the rule: the timed iterations' rates
-    (`samples_tokens_per_sec`) and the GPU clock the agent read during the cell (`gpu_clock`:
-    its `samples` as [hz, active share] and the sustained clock the agent knew then). A
-    sustained cell is left out: its throttling is what it measures (its windows' curve,
-    shared.benchmark.sustain)."""
+    """Why the cell was measured throttling (`GPU 1.10 GHz of 1.40 sustained`), None when it
+    was not or cannot be told: the GPU clock the agent read during the cell (`gpu_clock`: its
+    `samples` as [hz, active share] and the sustained clock the agent knew then), judged by
+    the rule. A sustained cell is left out: its throttling is what it measures (its windows'
+    curve, shared.benchmark.sustain)."""
     if record.get("sustain"):
         return None
-    rates = [ThrottlePoll(rate=rate) for rate in _numbers(record.get("samples_tokens_per_sec"))]
     clock = record.get("gpu_clock")
     clock = clock if isinstance(clock, Mapping) else {}
     clocks = [
@@ -149,13 +156,17 @@ def throttle_evidence(record: Mapping[str, Any]) -> str | None:
         if isinstance(pair, (list, tuple)) and len(pair) == 2
     ]
     sustained = clock.get("sustained_hz")
-    found = (
-        throttled_evidence(judge_throttle(rates)),
-        throttled_evidence(
-            judge_throttle(clocks, sustained if isinstance(sustained, (int, float)) else None)
-        ),
-    )
-    return "; ".join(text for text in found if text) or None
+    known = sustained if isinstance(sustained, (int, float)) else None
+    return throttled_evidence(judge_throttle(clocks, known))
+
+
+def slowdown_evidence(record: Mapping[str, Any]) -> str | None:
+    """How the cell's timed iterations slowed by the rule (`256 tok/s of 322`), None when they
+    did not: the rate signal alone, which a throttle and a competing load both give."""
+    if record.get("sustain"):
+        return None
+    rates = [ThrottlePoll(rate=rate) for rate in _numbers(record.get("samples_tokens_per_sec"))]
+    return throttled_evidence(judge_throttle(rates))
 
 
 def judge(record: dict[str, Any]) -> dict[str, Any]:

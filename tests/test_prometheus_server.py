@@ -169,9 +169,11 @@ def test_a_real_prometheus_scrapes_a_real_agent(prometheus: tuple[str, AgentProc
     groups = api(base, "rules")["groups"]
     assert [rule["name"] for group in groups for rule in group["rules"]] == [
         "MlxFleetHostDown",
+        "MlxFleetAgentUnscraped",
         "MlxFleetJobPaused",
         "MlxFleetJobStopped",
         "MlxFleetHot",
+        "MlxFleetThrottling",
     ]
     assert all(rule["health"] != "err" for group in groups for rule in group["rules"])
     hot = query_until(base, 'ALERTS{alertname="MlxFleetHot"}')  # 80 °C >= 75: pending at once

@@ -55,6 +55,8 @@ START_BELOW_C = 5.0
 """Each run starts the plant this far under the cap: a Mac warm, at its reduce threshold."""
 STOP_ABOVE_C = 5.0
 WATCH_S = 0.01
+HELD_THROTTLED = 0.05
+"""A policy holds the cap when the plant spent at most this share of its time throttled."""
 NEVER = ("--max-speed-temp", "140", "--pause-temp", "145", "--stop-temp", "150")
 """Thresholds the plant never reaches: its firmware holds the die near its limit."""
 CALIBRATED = (
@@ -209,6 +211,12 @@ def main() -> None:
             f"{spread(rounds.figures(name, 2), digits=1):>24} "
             f"{spread(rounds.figures(name, 3)):>22}"
         )
+    held = [name for name in policies if max(rounds.figures(name, 1)) <= HELD_THROTTLED]
+    print(
+        f"held under the cap (throttled <= {HELD_THROTTLED:.0%} in every round): "
+        f"{', '.join(held) or 'none of them'}; a stop is wall seconds, and a pause lasts whole "
+        f"polls ({opts.poll_interval:g} s here, 1 s at agent run's default on a Mac)"
+    )
     base = "pace" if pace is not None else "pause"
     print(
         f"{base}/optimum (clock never lowered): "

@@ -8,6 +8,7 @@ Needs Debian's `prometheus` package (prometheus and promtool; .ci/run installs i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -25,7 +26,8 @@ import zmq
 
 from shared.io.keys import own_keypair
 from shared.io.trust import trust
-from tests.fleet_support import AgentPool, AgentProcess, connect
+from tests.conftest import console_script, subprocess_env
+from tests.fleet_support import AgentPool, AgentProcess, connect, receive, subscriber
 from tests.test_run_cli import write_curve
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,7 +77,16 @@ def metrics_port(agent: AgentProcess) -> int:
 @pytest.fixture
 def prometheus(tmp_path: Path, agents: AgentPool) -> Iterator[tuple[str, AgentProcess]]:
     """(the API's base URL, the agent it scrapes every 0.5 s with the shipped alert rules)."""
-    curve = write_curve(tmp_path / "warm.csv", [(0, 80.0)])
+    with scraping(tmp_path, agents, 80.0) as served:
+        yield served
+
+
+@contextlib.contextmanager
+def scraping(
+    tmp_path: Path, agents: AgentPool, celsius: float
+) -> Iterator[tuple[str, AgentProcess]]:
+    """A real agent at a constant replayed `celsius`, and a real Prometheus scraping it."""
+    curve = write_curve(tmp_path / "warm.csv", [(0, celsius)])
     watts = tmp_path / "watts.csv"
     watts.write_text("seconds,watts\n0,12.5\n")
     agent = agents.start(
@@ -256,3 +267,72 @@ def test_a_benchmark_jobs_verdicts_answer_promql(prometheus: tuple[str, AgentPro
     assert api(base, "query", query=f"{speed} mlx_fleet_benchmark_valid == 1")["result"] == []
     invalid = api(base, "query", query=f"{speed} mlx_fleet_benchmark_valid == 0")["result"]
     assert len(invalid) == len(records)
+
+
+PAUSING = {"max_speed_temp": 75.0, "pause_temp": 85.0, "stop_temp": 95.0}
+RESUMING = {"max_speed_temp": 75.0, "pause_temp": 92.0, "stop_temp": 96.0}
+STOPPING = {"max_speed_temp": 70.0, "pause_temp": 80.0, "stop_temp": 88.0}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_prometheus_counts_each_paused_second_once(tmp_path: Path, agents: AgentPool) -> None:
+    """Issue 42's acceptance: a real Prometheus scraping an agent through 10 pause/resume
+    cycles of a supervised job and then a thermal stop: the paused total it reports equals the
+    agent's own (its last sample's pause_s_total) to within one poll (the 120 s pause once
+    counted twice). The Mac is a constant 90 °C; the policy, set over the protocol, moves the
+    pause threshold below and above it."""
+    with scraping(tmp_path, agents, 90.0) as (base, agent):
+        trust(own_keypair().public, "test", directory=agent.home / "keys" / "trusted")
+        context = zmq.Context()
+        try:
+            client = connect(context, agent)
+            client.request("policy.set", {"policy": RESUMING})
+            sub = subscriber(context, agent)
+            run = subprocess.Popen(
+                [console_script("agent"), "run", "--", "sleep", "120"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=subprocess_env(MLX_FLEET_HOME=str(agent.home)),
+            )
+            try:
+                receive(sub, lambda m: m.type == "telemetry.event" and m.body["action"] == "start")
+                for _ in range(10):
+                    client.request("policy.set", {"policy": PAUSING})
+                    receive(sub, lambda m: event(m, "pause"))
+                    client.request("policy.set", {"policy": RESUMING})
+                    receive(sub, lambda m: event(m, "resume"))
+                client.request("policy.set", {"policy": STOPPING})
+                receive(sub, lambda m: event(m, "stop"))
+                _, stderr = run.communicate(timeout=60)
+            finally:
+                run.kill()
+            assert run.returncode == 75, stderr  # a thermal stop (README, Exit codes)
+            last = receive(sub, lambda m: m.type == "telemetry.sample" and ended(m.body["jobs"]))
+            own = last.body["pause_s_total"]
+            client.close()
+        finally:
+            context.destroy(linger=0)
+        assert own > 0.5, own
+        deadline = time.monotonic() + 30
+        while True:  # until a scrape after the last pause
+            (series,) = query_until(base, 'mlx_fleet_pause_seconds_total{host="mac-test"}')
+            counted = float(series["value"][1])
+            if abs(counted - own) <= 0.2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.25)
+        assert counted == pytest.approx(own, abs=0.2), (counted, own)  # one poll: 0.2 s
+        pauses = query_until(base, 'mlx_fleet_policy_actions_total{action="pause"}')
+        assert float(pauses[0]["value"][1]) >= 10.0  # the stop's reading pauses first
+        stops = query_until(base, 'mlx_fleet_policy_actions_total{action="stop"}')
+        assert float(stops[0]["value"][1]) == 1.0
+
+
+def ended(jobs: list[dict[str, Any]]) -> bool:
+    """Every supervised job exited (one is listed 30 s after its exit, docs/protocol.md §10)."""
+    return all(job["state"] == "exited" for job in jobs)
+
+
+def event(message: Any, action: str) -> bool:
+    return message.type == "telemetry.event" and message.body["action"] == action

@@ -517,6 +517,17 @@ def test_strings_show(bench_of: Callable[[str], Stored], fmt: str, tty: bool) ->
 
 @pytest.mark.parametrize("tty", [False, True], ids=["pipe", "pty"])
 @pytest.mark.slow
+def test_strings_compare(bench_of: Callable[[str], Stored], tty: bool) -> None:
+    """`coordinator compare` of the stored run with itself: its model and test names are the
+    agent's (issue 42: `[/]` in one raised MarkupError, a traceback)."""
+    stored = bench_of("strings")
+    assert stored.run_id, stored.run.text[-2000:]
+    run = coordinator("compare", stored.run_id, stored.run_id, home=stored.home, tty=tty)
+    check(run, hostile_output(run))
+
+
+@pytest.mark.parametrize("tty", [False, True], ids=["pipe", "pty"])
+@pytest.mark.slow
 def test_strings_monitor(
     fake: Callable[[str], HostileAgent],
     monitored: Callable[[str], Monitored],

@@ -24,11 +24,14 @@ import statistics
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from rich.text import Text
+
 from shared.benchmark.matrix import model_label
 from shared.benchmark.results import OK
 from shared.benchmark.settings import COMPARED, SETTINGS, differing, setting_text
 from shared.benchmark.verdict import separated
 from shared.reports.benchmark import NA, Record, mean_std, per_joule
+from shared.safe_text import DETAIL_CAP, shown
 from shared.tables import TEXT, WHOLE, WORDS, FitTable
 
 COMPARE_FORMATS = ("table", "md", "csv", "json")
@@ -279,9 +282,10 @@ are matched by, the test, both tok/s, the speed-up and the note always stay."""
 
 def rich_comparison(rows: list[Record], name_a: str, name_b: str) -> FitTable:
     """Faster rows in green, slower in red; unmatched or failed tests dimmed."""
-    table = FitTable(title=f"A = {name_a}, B = {name_b}; speed-up = B/A tok/s", folds=COMPARE_FOLDS)
-    shown = columns(rows)
-    for name, _ in shown:
+    title = Text(shown(f"A = {name_a}, B = {name_b}; speed-up = B/A tok/s", DETAIL_CAP))
+    table = FitTable(title=title, folds=COMPARE_FOLDS)
+    kept = columns(rows)
+    for name, _ in kept:
         left = name not in ("batch", "n_batch") and not name.startswith(("tok/", "speed"))
         wrap = TEXT if name == "note" else WORDS if name == "hosts" else WHOLE
         table.add_column(name, justify="left" if left else "right", wrap=wrap)
@@ -290,7 +294,8 @@ def rich_comparison(rows: list[Record], name_a: str, name_b: str) -> FitTable:
         style = "dim" if ratio is None else "green" if ratio > 1 else "red" if ratio < 1 else None
         if ratio is not None and row.get("within_noise"):
             style = None  # within the noise: neither faster nor slower
-        table.add_row(*(render(row) for _, render in shown), style=style)
+        # an agent's words (a model, a test, a note quoting an error): Text, never markup
+        table.add_row(*(Text(shown(render(row), DETAIL_CAP)) for _, render in kept), style=style)
     return table
 
 

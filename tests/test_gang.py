@@ -457,7 +457,7 @@ def test_one_warm_mac_paces_every_rank_in_the_same_slices(
         lambda: all(r.steps() > s for r, s in zip(ranks, steps, strict=True)), 30,
         "paced ranks still stepping", ranks,
     )  # fmt: skip
-    set_policy(ctx, warm, {"pace_temp": None})
+    set_policy(ctx, warm, {**COOL, "pace_temp": None})
     wait_until(
         lambda: all("ended the pacing of all 2 ranks" in r.stderr() for r in ranks), 30,
         "pacing ended on both ranks", ranks,
@@ -467,6 +467,49 @@ def test_one_warm_mac_paces_every_rank_in_the_same_slices(
         assert rank.process.wait(timeout=180) == 0, rank.stderr()
         assert rank.progress.with_suffix(".done").read_text() == "ok"
     assert "(rank 0) at 70.0 °C" in ranks[1].stderr()
+
+
+@pytest.mark.slow
+def test_cooperative_ranks_pace_themselves_at_their_step_boundaries(
+    two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path, ctx: zmq.Context
+) -> None:
+    warm, _ = two_macs
+    start_ranks(two_macs, tmp_path, steps=100000, into=ranks, gate="step")
+    wait_until(lambda: all(r.steps() >= 10 for r in ranks), 90, "both ranks stepping", ranks)
+
+    jobs = [
+        psutil.Process(c.pid)
+        for r in ranks
+        for c in psutil.Process(r.process.pid).children(recursive=True)
+        if "ring_steps" in " ".join(c.cmdline())
+    ]
+
+    def busy() -> float:
+        """The ranks' CPU seconds per second over a window (a measurement, not a wait): what
+        heats a Mac; their step rate on this crowded machine moves with the contention."""
+        before, began = sum(sum(p.cpu_times()[:2]) for p in jobs), time.monotonic()
+        time.sleep(2.0)
+        return (sum(sum(p.cpu_times()[:2]) for p in jobs) - before) / (time.monotonic() - began)
+
+    full = busy()
+    set_policy(ctx, warm, PACED)
+    wait_until(
+        lambda: all("paced all 2 ranks" in r.stderr() for r in ranks), 30, "both ranks paced",
+        ranks,
+    )  # fmt: skip
+    time.sleep(3.0)  # the duty falls towards its floor at 70 °C over a 69 °C set point
+    steps = [r.steps() for r in ranks]
+    paced = busy()
+    assert paced < 0.6 * full, (paced, full)  # resting between steps
+    assert psutil.STATUS_STOPPED not in job_states(ranks[0]) | job_states(ranks[1])  # no signal
+    wait_until(
+        lambda: all(r.steps() > s for r, s in zip(ranks, steps, strict=True)), 30,
+        "paced ranks still stepping", ranks,
+    )  # fmt: skip
+    set_policy(ctx, warm, {**COOL, "pace_temp": None})
+    finish_soon(ranks, tmp_path)
+    for rank in ranks:
+        assert rank.process.wait(timeout=180) == 0, rank.stderr()
 
 
 @pytest.mark.slow

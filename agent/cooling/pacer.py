@@ -52,8 +52,9 @@ class Pacer:
         self._thread = threading.Thread(target=self._run, name="supervise-pace", daemon=True)
 
     @property
-    def duty(self) -> float | None:
-        return self._duty
+    def paced(self) -> bool:
+        """Whether the job is paced now, by signals or by itself."""
+        return self._duty is not None or self.told is not None
 
     def set(self, duty: float | None, slice_s: float) -> None:
         """Pace at `duty` from the next slice edge; None ends pacing, continuing the job if a
@@ -76,11 +77,11 @@ class Pacer:
             self.set(None, 0.0)
 
     def steer(self, duty: float | None, slice_s: float, signals: bool) -> bool:
-        """Pace at `duty` (with signals, unless the job paces itself at its step boundaries);
-        True when what the job is told (`told`) changed."""
+        """Pace at `duty` with signals, or leave it to the job (its step gate sleeps:
+        agent.cooling.step_gate), which is then told (`told`); True when that changed."""
         if signals:
             self.set(duty, slice_s)
-        pace = None if duty is None else (round(duty, 3), slice_s)
+        pace = None if duty is None or signals else (round(duty, 3), slice_s)
         changed, self.told = pace != self.told, pace
         return changed
 
@@ -128,8 +129,8 @@ class Pacer:
 class PaceFollower:
     """The pace side of `agent run`'s Supervisor (agent.cooling.supervise), a mixin like its
     gang side: after every poll its `pacer` duty-cycles the group at the rule's duty (or the
-    gang's), and a cooperative job, which paces itself at its step boundaries
-    (agent.cooling.step_gate), is told through the state file when the duty changes."""
+    gang's), or, for a cooperative rank of a gang, which paces itself at its step boundaries
+    as it parks there (agent.cooling.step_gate), the state file tells the duty."""
 
     pacer: Pacer
     group: CommandGroup
@@ -152,5 +153,6 @@ class PaceFollower:
         """Duty-cycle the job at `duty` (None: not paced), and tell a cooperative job when that
         changes (the state file)."""
         duty = None if self.group.terminating else duty
-        if self.pacer.steer(duty, slice_s, signals=not self.cooperative):
+        parks_itself = self.cooperative and self.gang is not None  # as for a pause
+        if self.pacer.steer(duty, slice_s, signals=not parks_itself):
             self._write_state(self.gate.state if self.gang is None else None, reading)

@@ -54,7 +54,7 @@ class RunOutputs:
     ) -> None:
         """The cooperative jobs' view, replaced atomically so a reader never sees half of it;
         `work`: the job's speed and throttle verdict (agent.cooling.job_speed), which the agent
-        reads for its samples; `pace` (duty, slice s) while the job is paced
+        reads for its samples; `pace` (duty, slice s) while the job paces itself
         (agent.cooling.step_gate reads it)."""
         data = {
             "job": self.job,

@@ -14,12 +14,17 @@ docs/monitoring.md "Distributed fine-tunes"). So a cooperative job parks itself 
         gate.report_work(tokens)       # optional: the step's tokens, for the job's tok/s
 
 Every rank asks `agent run`'s state file ($MLX_FLEET_COOLING_STATE) what the gang lives under,
-and the ranks agree with one CPU-stream `all_max` of a scalar, so all park at the same step even
-though each heard the verdict at its own moment. A parked rank synchronizes its GPU work, tells
+and the ranks agree with one CPU-stream `all_max` of two integers, so all park at the same step
+even though each heard the verdict at its own moment. A parked rank synchronizes its GPU work, tells
 `agent run` it is parked (the state file's sibling `.parked`: then a SIGSTOP is safe as well),
 and sleeps; every WAKE_EVERY_S the parked ranks agree again, so they leave together, once every
 rank's `agent run` allows it.
 At a stop it raises GangStopped at the same step on every rank.
+
+Under the pace tier the state file carries the duty (shared.cooling.pace) and the gate paces the
+loop itself, never stopped mid-step: after a step of w seconds it rests w·(1 − duty)/duty, the
+ranks agreeing in the same collective on the longest rest, so they rest alike and meet at the
+next step together. The slice is then the step: for steps well under a second.
 """
 
 from __future__ import annotations
@@ -78,6 +83,8 @@ class StepGate:
         self.mx: Any = mx
         self.pauses = 0
         self.work = WorkReport(self.state_file)
+        self._ran_from = time.monotonic()
+        """When the step now ending began: the pace tier's rest is a share of it."""
 
     @classmethod
     def wanted(cls) -> bool:
@@ -87,8 +94,12 @@ class StepGate:
     def check_before_step(self, step: int) -> None:
         if self.state_file is None:
             return
-        decision = self._agreed(self._local())
+        local, rest = self._local(), self._rest()
+        decision, rest = self._agreed(local, rest)
         if decision == RUN:
+            if rest > 0:  # paced: every rank rests as long, and they meet at the next step
+                time.sleep(rest)
+            self._ran_from = time.monotonic()
             return
         if decision == STOP:
             raise self._shutdown(step)
@@ -100,9 +111,10 @@ class StepGate:
         try:
             while decision == PAUSE:  # every rank asks again each time: they leave together
                 time.sleep(WAKE_EVERY_S)
-                decision = self._agreed(self._local())
+                decision, _ = self._agreed(self._local(), 0.0)
         finally:
             parked.unlink(missing_ok=True)
+            self._ran_from = time.monotonic()
         if decision == STOP:
             raise self._shutdown(step)
 
@@ -122,14 +134,27 @@ class StepGate:
             return RUN
         return _CODES.get(state, RUN)
 
-    def _agreed(self, local: int) -> int:
-        """The most severe decision of any rank: one CPU-stream collective of a scalar, which no
-        GPU command buffer waits on."""
+    def _rest(self) -> float:
+        """Under the pace tier (the state file's `duty`, written while the job paces itself):
+        the rest after the step just done that makes the loop run `duty` of its time."""
+        assert self.state_file is not None
+        try:
+            duty = json.loads(self.state_file.read_text(encoding="utf-8")).get("duty")
+        except (OSError, ValueError, AttributeError):
+            return 0.0
+        if not isinstance(duty, (int, float)) or not 0 < duty < 1:
+            return 0.0
+        return (time.monotonic() - self._ran_from) * (1 - duty) / duty
+
+    def _agreed(self, local: int, rest: float) -> tuple[int, float]:
+        """The most severe decision of any rank, and the longest rest: one CPU-stream
+        collective of two integers, which no GPU command buffer waits on."""
         if self.group.size() == 1:
-            return local
+            return local, rest
         mx = self.mx
-        agreed = mx.distributed.all_max(mx.array(local), group=self.group, stream=mx.cpu)
-        return int(agreed.item())
+        mine = mx.array([local, round(rest * 1000)])
+        agreed = mx.distributed.all_max(mine, group=self.group, stream=mx.cpu).tolist()
+        return int(agreed[0]), agreed[1] / 1000
 
     def _shutdown(self, step: int) -> GangStopped:
         assert self.state_file is not None

@@ -234,7 +234,7 @@ class Supervisor(GangFollower, PaceFollower):
             running = not (self.gang.enforced.paused or self.gang.enforced.stopped)
         else:
             running = self.gate.supervision.job is JobState.RUNNING
-        change = self.speed.poll(running and self.pacer.told is None and not self.group.terminating)
+        change = self.speed.poll(running and not self.pacer.paced and not self.group.terminating)
         if self.speed.work != before:
             self._write_state(*self._state_written)
         if change is not None:

@@ -40,6 +40,7 @@ COLUMNS = (
     ("max_speed_temp", "reduce ≥ °C"),
     ("pause_temp", "pause ≥ °C"),
     ("stop_temp", "stop ≥ °C"),
+    ("pace_temp", "pace < °C"),
     ("hysteresis", "hysteresis °C"),
     ("pause_duration", "pause step s"),
 )
@@ -55,11 +56,19 @@ def apply_to(client: AgentClient, row: HostRow, given: dict[str, float]) -> None
     row["result"] = APPLIED if given else SHOWN
 
 
+def _number(policy: dict[str, Any], key: str) -> str:
+    """A policy's number as shown; a pace cap the policy has not is `off` (its default: no
+    pace tier), another key it has not n/a (a peer's map without it)."""
+    if key in policy:
+        return f"{policy[key]:g}"
+    return "off" if key == "pace_temp" and policy else NA
+
+
 def policy_refused(exc: AgentError, row: HostRow) -> None:
     row.update(result=REFUSED, error=str(exc))
 
 
-POLICY_FOLDS = ("pause step s", "hysteresis °C", "reduce ≥ °C", "stop ≥ °C")
+POLICY_FOLDS = ("pause step s", "hysteresis °C", "pace < °C", "reduce ≥ °C", "stop ≥ °C")
 """The columns a narrow terminal drops, the first first (shared.tables); host, result, the
 pause threshold and why always stay."""
 
@@ -80,7 +89,7 @@ def policy_table(rows: list[dict[str, Any]]) -> FitTable:
         table.add_row(
             Text(shown(row["host"])),
             Text(row["result"], style=styles[row["result"]]),
-            *(f"{policy[key]:g}" if key in policy else NA for key, _ in COLUMNS),
+            *(_number(policy, key) for key, _ in COLUMNS),
             Text(shown(row["error"] or "")),
         )  # Text: an agent's words are never markup
         if row["policy"] is not None:

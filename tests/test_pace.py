@@ -4,11 +4,14 @@ rule (shared.cooling.policy.react) and the policy's pace parameters."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
 
+from agent.cooling.scheduler import CoolingScheduler
+from agent.thermal import ThermalMonitor
 from coordinator.telemetry.dashboard import UP, HostView, _state_cell
 from coordinator.telemetry.gang_rows import gang_rows
 from shared.cooling.gang import Enforced, MemberState, gang_reason, steer, verdict
@@ -273,3 +276,29 @@ def test_agent_temp_shows_the_pace_state_and_its_duty(tmp_path: Path) -> None:
     assert data["state"] == "pace" and data["duty"] == PACE_MIN_DUTY
     table = run_cli("agent", "temp", "--thermal-source", f"replay:{curve}", "--pace-temp", "80")
     assert "pace 20 %" in table.stdout and "paced under 80 °C" in table.stdout
+
+
+def test_a_loop_gated_by_the_scheduler_rests_the_duty_s_share_beside_one_that_is_not(
+    tmp_path: Path,
+) -> None:
+    curve = tmp_path / "warm.csv"
+    curve.write_text("seconds,celsius\n0,84\n1000,84\n")
+
+    def loop(policy: ThermalPolicy) -> tuple[float, float]:
+        """(busy seconds, wall seconds) of ten 10 ms steps gated by the seed's scheduler."""
+        with ThermalMonitor(0.02, source=f"replay:{curve}") as monitor:
+            scheduler = CoolingScheduler(monitor, policy)
+            monitor.start()
+            busy, began = 0.0, time.monotonic()
+            for step in range(10):
+                scheduler.check_before_step(step)
+                start = time.monotonic()
+                while time.monotonic() - start < 0.01:
+                    pass
+                busy += time.monotonic() - start
+            return busy, time.monotonic() - began
+
+    plain_busy, plain_wall = loop(ThermalPolicy(75.0, 85.0, 95.0, pause_duration=0.02))
+    paced_busy, paced_wall = loop(ThermalPolicy(75.0, 85.0, 95.0, 0.02, pace_temp=80.0))
+    assert plain_busy / plain_wall > 0.8  # the same loop, not paced: it runs all along
+    assert paced_busy / paced_wall < 0.5  # paced (84 °C over a 78 °C set point: the lowest duty)

@@ -7,6 +7,7 @@ stop.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.cooling.guard import Conditions, GuardReport, RunStopped
-from agent.cooling.step_gate import StepGate
+from agent.cooling.step_gate import STATE_FILE_ENV, StepGate
 from agent.thermal import ThermalMonitor, ThermalReading
 from shared.benchmark.verdict import HOT_START
 from shared.cooling.calibration import source_defaults
@@ -128,6 +129,8 @@ class CoolingScheduler:
         self._stopped_by: ThermalReading | None = None
         self._stop_reason: str | None = None
         self._total_pause_time = 0.0
+        self._ran_from: float | None = None
+        """When the step now ending began (the pace tier's rest is a share of it)."""
         self.gang: StepGate | None = None
         """A rank of a gang under `agent run`: the gang decides, at step boundaries all ranks
         agree on (agent.cooling.step_gate); pausing this rank alone would park its peers in a
@@ -185,10 +188,10 @@ class CoolingScheduler:
         )
 
     def check_before_step(self, step: int) -> None:
-        """Return at once unless paused or stopped; while paused, wait (waking at every poll,
-        and every pause_duration at most) until the rule resumes; at stop, raise
-        ThermalShutdownError. A stop reached during a pause raises too. A rank of a gang
-        follows the gang instead (StepGate)."""
+        """Return at once unless paused, paced or stopped; while paused, wait (waking at every
+        poll, and every pause_duration at most) until the rule resumes; while paced, rest the
+        duty's share (shared.cooling.pace); at stop, raise ThermalShutdownError. A stop reached
+        during a pause raises too. A rank of a gang follows the gang instead (StepGate)."""
         if self.gang is not None:
             started = time.monotonic()
             pauses = self.gang.pauses
@@ -199,17 +202,33 @@ class CoolingScheduler:
         with self._changed:
             if self.gate.supervision.job is JobState.STOPPING:
                 raise self._shutdown(step)
-            if self.gate.supervision.job is not JobState.PAUSED:
-                return
-            started_at, started = time.time(), time.monotonic()
-            try:
-                while self.gate.supervision.job is JobState.PAUSED:
-                    self._changed.wait(self.policy.pause_duration)
-                if self.gate.supervision.job is JobState.STOPPING:
-                    raise self._shutdown(step)
-            finally:
-                self._total_pause_time += time.monotonic() - started
-                self.pauses.append(PauseRecord(step, started_at, time.time(), self._peak))
+            if self.gate.supervision.job is JobState.PAUSED:
+                self._wait_out_pause(step)
+                rest = 0.0
+            else:
+                rest = self._rest()
+        time.sleep(rest)  # paced: the loop runs the duty's share of its time
+        self._ran_from = time.monotonic()
+
+    def _wait_out_pause(self, step: int) -> None:
+        """Wait (the lock held but while waiting) until the rule resumes; a stop raises."""
+        started_at, started = time.time(), time.monotonic()
+        try:
+            while self.gate.supervision.job is JobState.PAUSED:
+                self._changed.wait(self.policy.pause_duration)
+            if self.gate.supervision.job is JobState.STOPPING:
+                raise self._shutdown(step)
+        finally:
+            self._total_pause_time += time.monotonic() - started
+            self.pauses.append(PauseRecord(step, started_at, time.time(), self._peak))
+
+    def _rest(self) -> float:
+        """Under the pace tier, the rest after the step just done that makes the loop run the
+        duty's share of its time (none under `agent run`, which paces its command itself)."""
+        duty, ran_from = self.gate.supervision.duty, self._ran_from
+        if duty is None or ran_from is None or os.environ.get(STATE_FILE_ENV):
+            return 0.0
+        return (time.monotonic() - ran_from) * (1 - duty) / duty
 
     def should_reduce_batch(self) -> bool:
         """Whether the rule asks for a smaller batch now (max_speed_temp <= T < pause_temp

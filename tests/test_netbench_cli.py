@@ -289,3 +289,28 @@ def test_an_agent_killed_mid_run_fails_it_and_leaves_no_rank(agents: AgentPool) 
     while ranks_running(agents):
         assert time.monotonic() < gone, ranks_running(agents)
         time.sleep(0.1)
+
+
+def test_a_ranks_error_in_the_caption_is_never_markup() -> None:
+    """Issue 42: a rank's error (an agent's words) reached the caption as Rich markup: `[/]`
+    raised MarkupError, `[bold]` vanished."""
+    import io
+
+    from rich.console import Console
+
+    from coordinator.reports.netbench import netbench_table
+
+    said = "rank 1 ended with exit 1: [/] [bold red]LOUD [link=file:///etc/passwd]x"
+    report = {
+        "backend": "ring",
+        "title": "[reverse]MARKUP[/reverse] run",
+        "results": [],
+        "slow_links": {},
+        "links_best_busbw_gbps": {},
+        "error": said,
+    }
+    out = io.StringIO()
+    Console(file=out, width=200).print(netbench_table(report))
+    drawn = out.getvalue()  # the caption wraps at the table's width
+    assert "[/] [bold red]LOUD" in drawn and "[link=file:///etc/passwd]x" in drawn
+    assert "[reverse]MARKUP[/reverse] run" in drawn

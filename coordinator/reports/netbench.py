@@ -82,7 +82,7 @@ def netbench_table(report: dict[str, Any]) -> FitTable:
     """One row per operation, link and size; the slow links (or the failure) in the caption."""
     backend = report["backend"] or "no backend chosen"
     title = f"{shown(report.get('title') or 'mlx-fleet netbench')} ({backend})"
-    table = FitTable(title=title, folds=NETBENCH_FOLDS)
+    table = FitTable(title=Text(title), folds=NETBENCH_FOLDS)  # Text: never markup
     for name in COLUMNS:
         table.add_column(
             name, wrap=WHOLE, justify="left" if name in ("operation", "over") else "right"
@@ -90,7 +90,7 @@ def netbench_table(report: dict[str, Any]) -> FitTable:
     for row in report["results"]:
         red = flagged(report, row)
         table.add_row(*(Text(cell) for cell in cells(report, row)), style="red" if red else None)
-    table.caption = caption(report)
+    table.caption = Text(caption(report))  # a rank's error, in an agent's words
     return table
 
 
@@ -219,7 +219,7 @@ def compared_cells(row: dict[str, Any]) -> list[str]:
 def netbench_comparison_table(rows: list[dict[str, Any]], name_a: str, name_b: str) -> FitTable:
     """Faster rows in green, slower in red, within the noise plain; unmatched ones dimmed."""
     table = FitTable(
-        title=f"A = {shown(name_a)}, B = {shown(name_b)}; B/A = bus bandwidth B / A",
+        title=Text(f"A = {shown(name_a)}, B = {shown(name_b)}; B/A = bus bandwidth B / A"),
         folds=COMPARE_FOLDS,
     )
     for name in COMPARE_COLUMNS:

@@ -151,3 +151,14 @@ def test_the_watch_view_says_when_the_trend_will_come() -> None:
     console.print(render(data, [50.0, 51.8], trend_c_per_min([50.0, 51.8], 1.0)))
     shown = console.export_text()
     assert "— (after 5 readings)" in shown and "°C/min" not in shown
+
+
+def test_an_agents_names_in_the_sustained_tables_are_never_markup() -> None:
+    """Issue 42: a sustained cell's test, host and stop reason (an agent's words) were drawn
+    as Rich markup: `[/]` raised MarkupError."""
+    payload = "[/][bold red]X[link=file:///etc/passwd]y"
+    cell = record([window(0, 1000, 10.0), window(1, 900, 10.0)])
+    cell |= {"test": f"pp16{payload}", "name": f"small/f16 pp16{payload} b1", "host": payload}
+    cell["sustain"]["stopped"] = f"thermal stop{payload}"
+    table = " ".join(render_text({"cells": [cell]}, "table", width=400).split())
+    assert table.count("[/][bold red]X") >= 3, table  # the name, the host, the stop reason

@@ -6,9 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from rich.text import Text
+
 from shared.benchmark.energy import not_a_meter
 from shared.benchmark.matrix import model_label, named_label
 from shared.benchmark.sustain import STEADY_WINDOWS, steady_unknown
+from shared.safe_text import DETAIL_CAP, shown
 from shared.tables import TEXT, WHOLE, FitTable
 
 NA = "N/A"
@@ -106,26 +109,27 @@ def rich_sustain(records: list[Record]) -> list[FitTable]:
     runs = sustained(records)
     if not runs:
         return []
+    notes = [shown(note, DETAIL_CAP) for note in steady_notes(runs)]  # an agent's names
     summary = FitTable(
         title=f"sustained: {RULE}",
-        caption="\n".join(steady_notes(runs)) or None,
+        caption=Text("\n".join(notes)) if notes else None,  # Text: never markup
         folds=SUMMARY_FOLDS,
     )
     columns = summary_columns(runs)
     for name, _ in columns:
         summary.add_column(name, wrap=TEXT if name == "stopped" else WHOLE)
     for record in runs:
-        summary.add_row(*(render(record) for _, render in columns))
+        summary.add_row(*(Text(shown(render(record), DETAIL_CAP)) for _, render in columns))
     tables = [summary]
     for record in runs:
-        table = FitTable(
-            title=f"windows of {cell_title(record)}", title_justify="left", folds=WINDOW_FOLDS
-        )
+        title = Text(shown(f"windows of {cell_title(record)}"))
+        table = FitTable(title=title, title_justify="left", folds=WINDOW_FOLDS)
         for name, _ in WINDOW_COLUMNS:
             table.add_column(name, justify="left" if name in ("state", "pause") else "right")
         for window in record["sustain"]["windows"]:
             style = "dark_orange" if window["paused"] else None
-            table.add_row(*(render(window) for _, render in WINDOW_COLUMNS), style=style)
+            cells = (Text(shown(render(window))) for _, render in WINDOW_COLUMNS)
+            table.add_row(*cells, style=style)
         tables.append(table)
     return tables
 

@@ -369,7 +369,8 @@ def measure(
                 report["cells"].append(record)
                 done = len(report["cells"])
                 if not err.is_terminal:
-                    err.print(f"[{done}/{len(cells)}] {progress_line(record)}", highlight=False)
+                    line = f"[{done}/{len(cells)}] {progress_line(record)}"
+                    err.print(line, highlight=False, markup=False)
                 progress.update(task, advance=1)
     except KeyboardInterrupt:
         report["interrupted"] = True

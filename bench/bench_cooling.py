@@ -181,7 +181,7 @@ def main() -> None:
     pace = pace_flags()
     if pace is not None:
         policies["pace"] = pace
-    print(machine())
+    print(f"machine: {machine()}")
     print(
         f"plant {plant_spec(PLANT)} at plant time x{opts.speed:g} (simulated), cap {CAP_C:g} °C, "
         f"agent run --poll-interval {opts.poll_interval:g} s, {seconds:g} s runs"

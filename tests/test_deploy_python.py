@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,6 +80,16 @@ class FakeMac:
         lines = log.read_text().splitlines() if log.exists() else []
         return [line.replace(str(self.root), "") for line in lines]
 
+    def found(self) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+        """A real run (a dry run asks no host: issue 42) with a stand-in wheel: its output and
+        the host's row. The fake interpreter makes no venv, so a host whose Python was found
+        stops at `install package`, one with none at `find python`."""
+        wheel = self.root.parent / "mlx_fleet-9-py3-none-any.whl"
+        wheel.write_bytes(b"PK")
+        result = self.deploy("--wheel", str(wheel), "--format", "json", dry_run=False)
+        [row] = json.loads(result.stdout)
+        return result, row
+
     def deploy(self, *args: str, dry_run: bool = True) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [
@@ -112,22 +123,21 @@ def test_homebrew_312_is_chosen_and_the_command_line_tools_stub_never_runs(
 ) -> None:
     """The issue's case: only Apple's python3 (no Command Line Tools) and Homebrew's 3.12."""
     mac.python(HOMEBREW_312, NATIVE_312)
-    result = mac.deploy()
-    assert result.returncode == 0, result.stderr
-    assert result.stderr.strip() == f"mac1:5555: python {HOMEBREW_312} (3.12, arm64)"
-    assert f"# python: {HOMEBREW_312}\n" in result.stdout
-    steps = steps_of(result.stdout)
-    assert list(steps)[:3] == ["find python", "prepare", "copy wheel"]
-    assert f" mac1 '{HOMEBREW_312} -c " in steps["virtualenv"]
-    later = [command for name, command in steps.items() if name != "find python"]
-    assert not any(re.search(r"(^|[ '/])python3 ", command) for command in later)
-    assert mac.invoked() == [HOMEBREW_312]
-    assert "/usr/bin/python3" not in "".join(mac.invoked())
-    # The one command the dry run ran is the probe it shows.
-    [probe] = [json.loads(line) for line in (mac.root / "ssh.log").read_text().splitlines()]
+    result, row = mac.found()
+    assert row["python"] == HOMEBREW_312, result.stderr
+    assert f"mac1:5555: find python: {HOMEBREW_312} (3.12, arm64) ok" in result.stderr
+    assert mac.invoked() == [HOMEBREW_312, HOMEBREW_312]  # asked, then made the venv
+    # The first command the run ran is the probe a dry run shows; no later one asks python3.
+    logged = (mac.root / "ssh.log").read_text().splitlines()
+    probe, *later = [json.loads(line) for line in logged]
     assert probe == probe_command()
+    assert not any(re.search(r"(^|[ '/])python3 ", command) for command in later)
+    (mac.root / "ssh.log").unlink()
+    dry = mac.deploy()
+    assert dry.returncode == 0, dry.stderr
     login = "ssh -o BatchMode=yes -o ConnectTimeout=10 mac1 "
-    assert steps["find python"] == login + shlex.quote(probe).splitlines()[0]
+    assert steps_of(dry.stdout)["find python"] == login + shlex.quote(probe).splitlines()[0]
+    assert not (mac.root / "ssh.log").exists()  # a dry run touches no host
 
 
 @pytest.mark.slow
@@ -137,18 +147,16 @@ def test_no_usable_python_stops_the_host_with_one_line_naming_what_to_install(
     """A Rosetta (Intel) /usr/local python3 and a python.org 3.9: neither will do."""
     mac.python("/usr/local/bin/python3", ROSETTA_312)
     mac.python(FRAMEWORK.format("3.9"), "3.9 arm64 Darwin")
-    result = mac.deploy()
+    result, row = mac.found()
     assert result.returncode == 1  # a host failed (README, Exit codes)
-    assert result.stderr.strip().splitlines() == [
-        "mac1:5555: no usable Python on this host (>= 3.10, native arm64 on a Mac; found: "
+    assert (row["failed"], row["done"], row["python"]) == ("find python", [], None)
+    assert row["error"] == (
+        "no usable Python on this host (>= 3.10, native arm64 on a Mac; found: "
         f"{FRAMEWORK.format('3.9')} (3.9, arm64); /usr/local/bin/python3 (3.12, x86_64); "
         "/usr/bin/python3 (not run: no Command Line Tools)): install one: `brew install "
         "python@3.12` or python.org's macOS installer, or pass --remote-python"
-    ]
-    assert list(steps_of(result.stdout)) == ["find python"]
+    )
     assert "/usr/bin/python3" not in mac.invoked()
-    plans = json.loads(mac.deploy("--format", "json").stdout)
-    assert plans[0]["python"] is None and plans[0]["error"].startswith("no usable Python")
 
 
 @pytest.mark.slow
@@ -156,10 +164,9 @@ def test_search_order_homebrew_first_then_python_org_newest_first(mac: FakeMac) 
     for version in ("3.9", "3.11", "3.13"):
         mac.python(FRAMEWORK.format(version), f"{version} arm64 Darwin")
     mac.python("/usr/local/bin/python3", NATIVE_312)
-    result = mac.deploy()
-    assert f"python {FRAMEWORK.format('3.13')} (3.13, arm64)" in result.stderr
+    assert mac.found()[1]["python"] == FRAMEWORK.format("3.13")
     mac.python("/opt/homebrew/bin/python3.10", "3.10 arm64 Darwin")
-    assert "python /opt/homebrew/bin/python3.10 (3.10, arm64)" in mac.deploy().stderr
+    assert mac.found()[1]["python"] == "/opt/homebrew/bin/python3.10"
 
 
 @pytest.mark.parametrize(
@@ -181,8 +188,8 @@ def test_macports_pyenv_uv_and_conda_pythons_are_found(mac: FakeMac, path: str, 
     """Issue 42: a Mac whose only Python came from MacPorts, pyenv, uv or conda was told it
     had none. ($HOME is the fake Mac's root, so its paths show from `/`.)"""
     mac.python(path.replace("$HOME", ""), NATIVE_312)
-    result = mac.deploy()
-    assert f"mac1:5555: python {shown} (3.12, arm64)" in result.stderr, result.stderr
+    result, row = mac.found()
+    assert row["python"] == shown, result.stderr
 
 
 @pytest.mark.slow
@@ -190,9 +197,9 @@ def test_apple_python_runs_only_with_the_command_line_tools_and_is_still_too_old
     mac: FakeMac,
 ) -> None:
     mac.command_line_tools()
-    result = mac.deploy()
-    assert result.returncode == 1
-    assert "; found: /usr/bin/python3 (3.9, arm64)): install one" in result.stderr
+    result, row = mac.found()
+    assert result.returncode == 1 and row["failed"] == "find python"
+    assert "; found: /usr/bin/python3 (3.9, arm64)): install one" in row["error"]
     assert mac.invoked() == [
         "/usr/bin/python3",
         "/Library/Developer/CommandLineTools/usr/bin/python3",
@@ -205,9 +212,9 @@ def test_a_host_without_xcode_select_is_no_mac_and_its_usr_bin_python3_is_asked(
     """A Linux host (deploy installs a systemd unit there): no stub to avoid, no arm64 rule."""
     (mac.root / "usr" / "bin" / "xcode-select").unlink()
     mac.python("/usr/bin/python3", "3.11 x86_64 Linux")
-    result = mac.deploy()
-    assert result.returncode == 0, result.stderr
-    assert result.stderr.strip() == "mac1:5555: python /usr/bin/python3 (3.11, x86_64)"
+    result, row = mac.found()
+    assert row["python"] == "/usr/bin/python3", result.stderr
+    assert "mac1:5555: find python: /usr/bin/python3 (3.11, x86_64) ok" in result.stderr
 
 
 @pytest.mark.slow
@@ -238,28 +245,33 @@ def test_a_real_run_uses_the_python_it_found_or_fails_the_host_at_find_python(
 
 
 @pytest.mark.skipif(shutil.which("ssh") is None, reason="no ssh client")
-def test_an_unreachable_host_fails_its_dry_run_with_ssh_s_line(
+def test_an_unreachable_host_fails_at_find_python_with_ssh_s_line(
     coordinator_cli: str, tmp_path: Path, fleet_home: Path
 ) -> None:
-    """The real ssh to a port nothing listens on: the host's one line, exit 1, no plan."""
+    """The real ssh to a port nothing listens on: the host fails at `find python` with ssh's
+    line, exit 1; a dry run of it asks nothing and shows its plan (issue 42)."""
     own_keypair()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     config = tmp_path / "ssh_config"
     config.write_text(f"Host mac1\n  HostName 127.0.0.1\n  Port {port}\n")
-    result = subprocess.run(
-        [coordinator_cli, "deploy", "--hosts", "mac1", "--dry-run", "--ssh-config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=subprocess_env(),
-    )
+    wheel = tmp_path / "mlx_fleet-9-py3-none-any.whl"
+    wheel.write_bytes(b"PK")
+    deploy = [coordinator_cli, "deploy", "--hosts", "mac1", "--ssh-config", str(config)]
+    deploy += ["--wheel", str(wheel), "--format", "json"]
+    env = subprocess_env()
+    result = subprocess.run(deploy, capture_output=True, text=True, timeout=60, env=env)
     assert result.returncode == 1
-    assert result.stderr.strip().splitlines() == [
-        f"mac1:5555: ssh: connect to host 127.0.0.1 port {port}: Connection refused"
-    ]
-    assert list(steps_of(result.stdout)) == ["find python"]
+    [row] = json.loads(result.stdout)
+    assert (row["failed"], row["done"]) == ("find python", [])
+    assert f"ssh: connect to host 127.0.0.1 port {port}: Connection refused" in row["error"]
+    dry = subprocess.run(
+        [*deploy, "--dry-run"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert dry.returncode == 0, dry.stderr
+    [plan] = json.loads(dry.stdout)
+    assert [step["name"] for step in plan["steps"]] == ["find python"] and plan["after"]
 
 
 def test_an_explicit_remote_python_is_used_and_nothing_is_asked(mac: FakeMac) -> None:

@@ -21,7 +21,6 @@ from coordinator.hosts.deploy import (
     SshSettings,
     Step,
     deploy,
-    find_pythons,
     source_tree,
     wheel_command,
     wheel_name,
@@ -114,46 +113,44 @@ def results_table(results: list[dict[str, object]]) -> FitTable:
     return table
 
 
+AFTER_FIND_PYTHON = (
+    "the steps after `find python` run with the Python it finds: give --remote-python PATH "
+    "to see them"
+)
+"""What a dry run without --remote-python says in place of the steps it cannot know."""
+
+
 def dry_run_plans(entries: list[HostEntry], wheel: Path | None, rollout: Rollout, fmt: str) -> None:
     """Print each host's commands, as a script to paste (the wheel's build first, when
-    --wheel names none), or as JSON. Without --remote-python each host is asked which Pythons
-    it has (the one command a dry run runs, and it changes nothing); a host with none, or
-    that cannot be asked, shows only that question, gets one line on stderr, and exit 1."""
+    --wheel names none), or as JSON, touching no host (issue 42: a dry run asked each host for
+    its Pythons, and failed on a name that does not resolve). Without --remote-python each
+    host's plan is its `find python` question, and a line saying why the rest is not shown."""
     shown, build = dry_run_wheel(wheel)
-    asked = rollout.layout.python is None
-    choices = find_pythons(entries, rollout) if asked else [None] * len(entries)
+    python = rollout.layout.python
     plans: list[dict[str, object]] = []
-    for entry, choice in zip(entries, choices, strict=True):
-        steps: list[Step] = []
-        python, error = rollout.layout.python, None
-        if choice is not None:
-            steps, error = [choice.probe], choice.error
-            python = choice.python.path if choice.python else None
-            found = f"python {choice.python.describe()}" if choice.python else error
-            say(f"{entry.address}: {found}")
-        if python is not None:
-            steps += rollout.with_python(python).steps(entry, shown)
+    for entry in entries:
+        steps = rollout.steps(entry, shown) if python is not None else [rollout.probe_step(entry)]
         plans.append(
             {
                 "host": entry.address,
                 "python": python,
-                "error": error,
+                "after": None if python is not None else AFTER_FIND_PYTHON,
                 "steps": [{"name": step.name, "command": step.shell()} for step in steps],
             }
         )
     if fmt == "json":
         print(json.dumps(plans, indent=2))
-    else:  # a script to paste: every line a comment or a command
-        if build is not None:
-            print(f"# {build.name}\n{build.shell()}")
-        for plan in plans:
-            print(f"# {plan['host']}")
-            if plan["python"]:
-                print(f"# python: {plan['python']}")
-            for step in plan["steps"]:  # type: ignore[attr-defined]
-                print(f"# {step['name']}\n{step['command']}")
-    if any(plan["error"] for plan in plans):
-        raise typer.Exit(EXIT_PARTIAL)
+        return
+    if build is not None:  # a script to paste: every line a comment or a command
+        print(f"# {build.name}\n{build.shell()}")
+    for plan in plans:
+        print(f"# {plan['host']}")
+        if plan["python"]:
+            print(f"# python: {plan['python']}")
+        for step in plan["steps"]:  # type: ignore[attr-defined]
+            print(f"# {step['name']}\n{step['command']}")
+        if plan["after"]:
+            print(f"# {plan['after']}")
 
 
 def say(line: str) -> None:

@@ -15,7 +15,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from agent.cooling.process_group import CommandGroup
@@ -25,28 +24,18 @@ from shared.cooling.pace import ClockReference, clock_ratio, slice_phase
 from shared.cooling.policy import Action, CoolingGate, Decision, ThermalPolicy
 
 
-@dataclass
-class PaceCount:
-    """What the pacer did: slices it stopped the job in, their total and the longest stop (s)."""
-
-    stops: int = 0
-    stopped_s: float = 0.0
-    longest_stop_s: float = 0.0
-
-
 class Pacer:
     """One job's duty cycle: set() the duty (None: not paced, the job left running) once CMD
     runs; close() at the end."""
 
     def __init__(self, group: CommandGroup) -> None:
         self.group = group
-        self.count = PaceCount()
         self.told: tuple[float, float] | None = None
-        """(duty, slice s) the job is paced at, as its state file says; None: not paced."""
+        """(duty, slice s) a job that paces itself is told in its state file; None otherwise."""
         self._clock = ClockReference()
         self._duty: float | None = None
         self._slice_s = 0.2
-        self._stopped_at: float | None = None
+        self._stopped = False
         self._closed = False
         self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="supervise-pace", daemon=True)
@@ -96,7 +85,7 @@ class Pacer:
         with self._changed:
             self._closed = True
             self._duty = None
-            self._stopped_at = None  # whoever closes us ends or continues the group itself
+            self._stopped = False  # whoever closes us ends or continues the group itself
             self._changed.notify()
         if self._thread.is_alive():
             self._thread.join(timeout=2.0)
@@ -110,20 +99,15 @@ class Pacer:
                 running, until = slice_phase(time.time(), self._slice_s, self._duty)
                 if running:
                     self._run_job()
-                elif self._stopped_at is None and self.group.signal(signal.SIGSTOP):
-                    self._stopped_at = time.monotonic()
+                elif not self._stopped:
+                    self._stopped = self.group.signal(signal.SIGSTOP)
                 self._changed.wait(max(0.0, until - time.time()))
 
     def _run_job(self) -> None:
-        """SIGCONT the group if a slice stopped it; counts the stop (lock held)."""
-        if self._stopped_at is None:
-            return
-        self.group.signal(signal.SIGCONT)
-        stopped = time.monotonic() - self._stopped_at
-        self._stopped_at = None
-        self.count.stops += 1
-        self.count.stopped_s += stopped
-        self.count.longest_stop_s = max(self.count.longest_stop_s, stopped)
+        """SIGCONT the group if a slice stopped it (the lock held)."""
+        if self._stopped:
+            self.group.signal(signal.SIGCONT)
+            self._stopped = False
 
 
 class PaceFollower:

@@ -173,7 +173,7 @@ def test_monitor_refuses_a_format_it_cannot_print_in_a_real_process() -> None:
     bench = cli("agent", "bench", "--config-small", "-o", "yaml")
     assert bench.returncode == 2
     assert bench.stderr.strip().splitlines() == [
-        "error: unknown format 'yaml'; choose from table, md, csv, json, jsonl, sql"
+        "error: unknown format 'yaml'; choose from table, md, csv, json, jsonl, sql, llama-json"
     ]
 
 

@@ -55,6 +55,7 @@ from shared.exit_codes import EXIT_PARTIAL, EXIT_USAGE
 from shared.io.cli import check_output, data_home, err, show_report, usage_error
 from shared.io.files import write_private
 from shared.io.options import (
+    Label,
     MatrixOptions,
     Output,
     PolicyOptions,
@@ -83,6 +84,7 @@ def bench(
     sustained: SustainOptions,
     fmt: ReportFormat = "table",
     output: Output = None,
+    label: Label = None,
     no_cooling: NoCooling = False,
 ) -> None:
     """Benchmark prompt processing and generation over llama-bench's matrix, on this Mac.
@@ -136,7 +138,7 @@ def bench(
             if clock is not None:
                 clock.close()
         try:
-            show_report(report, fmt, output)
+            show_report(report, fmt, output, label)
         finally:
             saved = keep_run(report)  # after the table: a save that fails loses nothing shown
     if report["interrupted"]:

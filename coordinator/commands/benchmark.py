@@ -77,6 +77,7 @@ from shared.io.given import path_given
 from shared.io.keys import own_keypair
 from shared.io.options import (
     PLOT_EXTRA,
+    Label,
     MatrixOptions,
     Output,
     ReportFormat,
@@ -268,6 +269,7 @@ def benchmark(
     sustained: SustainOptions,
     fmt: ReportFormat = "table",
     output: Output = None,
+    label: Label = None,
     plot: SustainPlot = None,
     hosts: Hosts = None,
     hostfile: Hostfile = None,
@@ -333,7 +335,7 @@ def benchmark(
         report = store.load_report(result.run_id)
     if plot is not None:
         draw_sustain(report, plot)
-    finish(result, report, fmt, output, resumable=targets is not None)
+    finish(result, report, fmt, output, resumable=targets is not None, label=label)
 
 
 def groups_checked(
@@ -389,6 +391,7 @@ def resume(
     run: RunId,
     fmt: ReportFormat = "table",
     output: Output = None,
+    label: Label = None,
     connect_timeout: ConnectTimeout = 5.0,
     host_timeout: HostTimeout = DEFAULT_HOST_TIMEOUT_S,
     insecure: Insecure = False,
@@ -411,7 +414,7 @@ def resume(
             raise usage_error(f"run {stored.id}: no host's job started, nothing to resume")
         result = drive(names, lambda watch: resume_fleet(stored.id, store, settings, watch))
         report = store.load_report(result.run_id)
-    finish(result, report, fmt, output, resumable=True)
+    finish(result, report, fmt, output, resumable=True, label=label)
 
 
 def open_store() -> RunStore:
@@ -450,10 +453,15 @@ def resume_hint(result: FleetResult) -> str:
 
 
 def finish(
-    result: FleetResult, report: dict[str, Any], fmt: str, output: Any, resumable: bool
+    result: FleetResult,
+    report: dict[str, Any],
+    fmt: str,
+    output: Any,
+    resumable: bool,
+    label: str | None = None,
 ) -> None:
     """The report, where it is kept, how to finish it if it can be, and the exit code."""
-    show_report(report, fmt, output)
+    show_report(report, fmt, output, label)
     err.print(f"run {result.run_id} stored: `coordinator show {result.run_id}`", highlight=False)
     if resumable and result.resumable:
         err.print(resume_hint(result), highlight=False, markup=False)

@@ -39,7 +39,7 @@ from shared.distributed.rank_env import AUTO, BACKENDS, DEFAULT_STARTING_PORT, J
 from shared.distributed.rank_shapes import MAX_NETBENCH_REPETITIONS, MAX_NETBENCH_WARMUP
 from shared.exit_codes import EXIT_INTERRUPTED, EXIT_PARTIAL
 from shared.io.cli import check_output, err, print_rich, usage_error, write_text
-from shared.io.options import Output, ReportFormat, bounded_option
+from shared.io.options import LinkReportFormat, Output, bounded_option
 from shared.safe_text import shown
 
 NetbenchHosts = Annotated[
@@ -87,7 +87,7 @@ def netbench(
     warmup: NetWarmup = 1,
     port: RingPort = DEFAULT_STARTING_PORT,
     backend: Backend = AUTO,
-    fmt: ReportFormat = "table",
+    fmt: LinkReportFormat = "table",
     output: Output = None,
     connect_timeout: ConnectTimeout = 5.0,
     host_timeout: RankTimeout = DEFAULT_HOST_TIMEOUT_S,

@@ -41,6 +41,7 @@ from shared.io.cli import (
     write_text,
 )
 from shared.io.options import (
+    Label,
     Output,
     ReportFormat,
     RunId,
@@ -135,14 +136,18 @@ def runs_table(listed: list[dict[str, Any]]) -> FitTable:
     return table
 
 
-def show(run: RunId, fmt: ReportFormat = "table", output: Output = None) -> None:
+def show(
+    run: RunId, fmt: ReportFormat = "table", output: Output = None, label: Label = None
+) -> None:
     """A stored run's report, as `coordinator benchmark` printed it.
 
     A netbench run's as `coordinator netbench` printed it, in the same formats."""
     check_output(output)
     report = load_reports(run)[0]
     if report["kind"] != KIND_NETBENCH:
-        show_report(report, fmt, output)
+        show_report(report, fmt, output, label)
+    elif fmt == "llama-json":
+        raise usage_error(f"run {run} is a netbench run: a link has no llama-bench row")
     elif fmt == "table" and output is None:
         print_rich(netbench_table(report))
     else:

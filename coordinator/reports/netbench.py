@@ -13,7 +13,8 @@ from rich.text import Text
 
 from coordinator.reports.compare import speedup_text
 from shared.distributed.netbench import ALL_SUM, format_bytes
-from shared.reports.benchmark import NA, drawn_text, markdown_table, rows_csv, rows_sql, strict_json
+from shared.reports.benchmark import NA, drawn_text, markdown_table
+from shared.reports.rows import rows_csv, rows_sql, strict_json
 from shared.safe_text import shown
 from shared.stats import ci95_half_width
 from shared.tables import TEXT, WHOLE, FitTable

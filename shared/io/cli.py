@@ -21,6 +21,7 @@ from shared.benchmark.verdict import noisy_hint
 from shared.exit_codes import EXIT_PARTIAL, EXIT_USAGE
 from shared.io.paths import DataDirError, checked_data_dir
 from shared.reports.benchmark import render_text, rich_report
+from shared.reports.llama_bench import left_out_note
 
 err = Console(stderr=True, soft_wrap=True)  # log lines stay whole, never wrapped
 
@@ -88,16 +89,18 @@ def check_output(output: Path | None, flag: str = "--output") -> None:
         raise usage_error(f"{flag} {output}: folder {folder} is not writable")
 
 
-def show_report(report: dict[str, Any], fmt: str, output: Path | None) -> None:
+def show_report(
+    report: dict[str, Any], fmt: str, output: Path | None, label: str | None = None
+) -> None:
     """A benchmark report on stdout (a table sized to the terminal) or written to `output`,
-    then a hint on stderr for noisy cells."""
+    then notes on stderr: cells a llama-bench format leaves out, a hint for noisy cells."""
     if fmt == "table" and output is None:
         print_rich(rich_report(report))
     else:
-        write_text(render_text(report, fmt), output)
-    hint = noisy_hint(report.get("cells") or [])
-    if hint is not None:
-        err.print(hint, highlight=False, markup=False)
+        write_text(render_text(report, fmt, label=label), output)
+    for note in (left_out_note(report, fmt), noisy_hint(report.get("cells") or [])):
+        if note is not None:
+            err.print(note, highlight=False, markup=False)
 
 
 def write_text(text: str, output: Path | None) -> None:

@@ -66,6 +66,7 @@ from shared.io.given import (  # the option callbacks, where every command takes
     positive,
 )
 from shared.reports.benchmark import FORMATS
+from shared.reports.llama_bench import LabelError, check_label
 from shared.stats import MIN_AUTO_REPETITIONS
 
 TABLE_OR_JSON = ("table", "json")
@@ -354,8 +355,38 @@ def output_format(choices: tuple[str, ...], help: str | None = None) -> Any:
     ]
 
 
-ReportFormat = output_format(FORMATS, f"One of {', '.join(FORMATS)} (llama-bench's -o).")
+ReportFormat = output_format(
+    FORMATS,
+    f"One of {', '.join(FORMATS)} (llama-bench's -o; csv, jsonl, sql and llama-json hold "
+    "llama-bench's rows, which compare-llama-bench.py reads; llama-json is its JSON array).",
+)
 """A benchmark report's format (shared.reports.benchmark)."""
+LinkReportFormat = output_format(tuple(f for f in FORMATS if f != "llama-json"))
+"""A netbench report's format: a link has no llama-bench row."""
+
+
+def label_given(value: str | None) -> str | None:
+    """--label's check (shared.reports.llama_bench.check_label): one line, exit 2."""
+    if value is None:
+        return None
+    try:
+        return check_label(value)
+    except LabelError as exc:
+        raise usage_error(str(exc)) from None
+
+
+Label = Annotated[
+    str | None,
+    typer.Option(
+        "--label",
+        metavar="TEXT",
+        help="build_commit of the llama-bench rows (csv, jsonl, sql, llama-json): the name "
+        "compare-llama-bench.py's -b/-c take [default: each host's MLX version]; a macOS "
+        "build, a host, an mlx-fleet version. Runs compared need labels of one length.",
+        callback=label_given,
+    ),
+]
+"""What a run is called in llama-bench's rows (shared.reports.llama_bench)."""
 TableFormat = output_format(TABLE_OR_JSON, "table (for people) or json (for scripts).")
 """Every other command's: a Rich table for people, JSON for scripts (shared.io.cli.emit)."""
 Output = Annotated[

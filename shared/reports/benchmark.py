@@ -7,10 +7,7 @@ renders as "N/A", never as a number.
 
 from __future__ import annotations
 
-import csv
 import io
-import json
-import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -25,11 +22,29 @@ from shared.benchmark.results import NOT_RUN, OK, cooling_line
 from shared.benchmark.settings import EXPORTED, exported_settings
 from shared.benchmark.verdict import judge, verdict_text
 from shared.distributed.group import group_label
+from shared.reports.llama_bench import (
+    LLAMA_BENCH_FIELDS,
+    LLAMA_BENCH_TABLE,
+    default_label,
+    llama_fields,
+    llama_json_row,
+)
+from shared.reports.rows import (
+    SqlExpression,
+    create_sql,
+    exported,
+    insert_sql,
+    nanoseconds,
+    rows_csv,
+    strict_json,
+)
 from shared.reports.sustain import markdown_sustain, rich_sustain
-from shared.safe_text import DETAIL_CAP, EXPORT_CAP, shown
+from shared.safe_text import DETAIL_CAP, shown
 from shared.tables import NATURAL, TEXT, WHOLE, WORDS, FitTable
 
-FORMATS = ("table", "md", "csv", "json", "jsonl", "sql")
+FORMATS = ("table", "md", "csv", "json", "jsonl", "sql", "llama-json")
+ROW_FORMATS = ("csv", "jsonl", "sql", "llama-json")
+"""The formats that hold llama-bench's rows (shared.reports.llama_bench), which --label names."""
 NA = "N/A"
 
 Record = dict[str, Any]
@@ -474,9 +489,11 @@ ROW_FIELDS: list[tuple[str, str]] = [
     ("error", "TEXT"),
     ("samples_ns", "TEXT"),
 ]
-"""One cell as a flat row (csv, sql, jsonl), named as llama-bench names a column that means the
-same (llama.cpp tools/llama-bench/llama-bench.cpp, test::get_fields): model_filename (what
---model named), model_type (the model's label), model_size (weight bytes), model_n_params,
+"""One cell as a flat row (csv, jsonl, and sql's table mlx_fleet_bench), after llama-bench's
+columns (shared.reports.llama_bench) in csv and jsonl, and named as llama-bench names a column
+that means the same (llama.cpp tools/llama-bench/llama-bench.cpp, test::get_fields): model_filename
+(what --model named), model_type (the model's label, with its batch where it is not 1),
+model_size (weight bytes), model_n_params,
 n_batch (prompt tokens per forward pass: our --prefill-step-size), n_prompt, n_gen, n_depth,
 test_time (RFC 3339, UTC, when the cell began), avg_ns / stddev_ns (time of one timed
 iteration), avg_ts / stddev_ts (tokens/s: mean and sample deviation of the per-iteration rates),
@@ -487,21 +504,17 @@ distributed_backend and sharding a distributed group's (empty for one host), spe
 over speedup_over's alone (speedup_separated: beyond the noise) and tokens_check its greedy
 tokens against a member's (shared.reports.group_cells); verdict `valid` or `invalid` and
 verdict_reasons why (shared.benchmark.verdict; comma-joined in csv and sql).
-Then its settings (EXPORTED). An unknown is empty (csv) or NULL (sql), never a number."""
+Then its settings (EXPORTED). An unknown is empty (csv) or NULL (sql), never a number, but in
+llama-bench's key columns, which hold what llama-bench writes for "none"."""
 SQL_TABLE = "mlx_fleet_bench"
-
-
-def _nanoseconds(milliseconds: float | None) -> int | None:
-    if milliseconds is None or not math.isfinite(milliseconds):
-        return None
-    return round(milliseconds * 1e6)
-
-
-def exported(value: Any) -> Any:
-    """A text value as an export shows it: every control, zero-width and bidi character
-    escaped visibly and at most EXPORT_CAP characters (shared.safe_text), since a CSV or SQL dump
-    is read in a terminal too; any other value as it is."""
-    return shown(value, EXPORT_CAP) if isinstance(value, str) else value
+SQL_FIELDS = [("llama_bench_rowid", "INTEGER"), ("build_commit", "TEXT"), *ROW_FIELDS]
+"""The table of everything of ours, keyed to llama_bench's row by its rowid (NULL for a cell
+with no figure: it failed or did not run, and llama-bench writes no row for such a test)."""
+LINE_FIELDS = [
+    *(name for name, _ in LLAMA_BENCH_FIELDS),
+    *(name for name, _ in ROW_FIELDS if name not in dict(LLAMA_BENCH_FIELDS)),
+]
+"""A csv or jsonl line's columns: llama-bench's, then ours."""
 
 
 def _machines(report: dict[str, Any]) -> dict[Any, dict[str, Any]]:
@@ -521,8 +534,9 @@ def _models(report: dict[str, Any]) -> dict[tuple[Any, ...], dict[str, Any]]:
     }
 
 
-def bench_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every cell of the report as a ROW_FIELDS row, with its host's machine and its model."""
+def bench_rows(report: dict[str, Any], label: str | None = None) -> list[dict[str, Any]]:
+    """Every cell of the report as a row of llama-bench's columns and ROW_FIELDS, with its
+    host's machine and its model; build_commit is `label`, else the host's MLX version."""
     machines, models = _machines(report), _models(report)
     rows = []
     for record in ordered(report["cells"]):
@@ -531,148 +545,124 @@ def bench_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
         machine = machines.get(host) or machines.get(None) or {}
         key = (host if "hosts" in report else None, record["model"], record.get("bits"))
         info = models.get(key) or {}
-        on_gpu = machine.get("backend") == "gpu"
         sustain = record.get("sustain") or {}
         group = record.get("group") or {}
-        rows.append(
-            {
-                "host": host or machine.get("hostname"),
-                "hostname": machine.get("hostname"),
-                "cpu_info": machine.get("chip"),
-                "gpu_info": machine.get("device") if on_gpu else None,
-                "backends": None if not machine else "Metal" if on_gpu else "CPU",
-                "mlx_version": machine.get("mlx_version"),
-                "mlx_fleet_version": machine.get("mlx_fleet_version"),
-                "model_filename": record["model"],
-                "model_type": info.get("label") or record_model_label(record),
-                "model_size": info.get("weight_memory_bytes"),
-                "model_n_params": info.get("param_count"),
-                "bits": record.get("bits"),
-                "n_batch": record.get("prefill_step_size"),
-                "batch_size": record["batch_size"],
-                "n_prompt": record.get("n_prompt"),
-                "n_gen": record.get("n_gen"),
-                "n_depth": record.get("n_depth"),
-                "test": record["test"],
-                "test_time": record.get("test_time"),
-                "avg_ns": _nanoseconds(record.get("latency_ms")),
-                "stddev_ns": _nanoseconds(record.get("std_latency_ms")),
-                "avg_ts": record.get("tokens_per_sec"),
-                "stddev_ts": record.get("std_tokens_per_sec"),
-                "min_ns": _nanoseconds(record.get("min_latency_ms")),
-                "median_ns": _nanoseconds(record.get("median_latency_ms")),
-                "peak_memory_gb": record.get("peak_memory_gb"),
-                "active_memory_gb": record.get("active_memory_gb"),
-                "soc_temp_start_c": record.get("soc_temp_start_c"),
-                "soc_temp_end_c": record.get("soc_temp_end_c"),
-                "pressure_start": record.get("pressure_start"),
-                "pressure_end": record.get("pressure_end"),
-                "pause_s": record.get("pause_s"),
-                "thermal_source": record.get("thermal_source"),
-                "status": record.get("status"),
-                "verdict": verdict_of.get("verdict"),
-                "verdict_reasons": list(verdict_of.get("verdict_reasons") or []),
-                "flags": ";".join(
-                    ["fastest"] * bool(record.get("fastest")) + (record.get("flags") or [])
-                ),
-                "error": record.get("error"),
-                "samples_ns": [_nanoseconds(s) for s in record.get("samples_ms") or []],
-                **{key: record.get(key) for key in ENERGY_FIELDS},
-                "energy_rails": ";".join(record.get("energy_rails") or []) or None,
-                **{f"sustain_{key}": sustain.get(key) for key in SUSTAIN_SUMMARY},
-                "ranks": group.get("ranks"),
-                "distributed_backend": group.get("backend"),
-                "sharding": group.get("sharding"),
-                "speedup": record.get("speedup"),
-                "speedup_over": record.get("speedup_over"),
-                "speedup_separated": record.get("speedup_separated"),
-                "tokens_check": record.get("tokens_check"),
-                **exported_settings(record),
-            }
+        figures = {
+            "test_time": record.get("test_time") or "",
+            "avg_ns": nanoseconds(record.get("latency_ms")),
+            "stddev_ns": nanoseconds(record.get("std_latency_ms")),
+            "avg_ts": record.get("tokens_per_sec"),
+            "stddev_ts": record.get("std_tokens_per_sec"),
+        }
+        row = {
+            "host": host or machine.get("hostname"),
+            "hostname": machine.get("hostname"),
+            "mlx_version": machine.get("mlx_version"),
+            "mlx_fleet_version": machine.get("mlx_fleet_version"),
+            "bits": record.get("bits"),
+            "batch_size": record["batch_size"],
+            "test": record["test"],
+            "min_ns": nanoseconds(record.get("min_latency_ms")),
+            "median_ns": nanoseconds(record.get("median_latency_ms")),
+            "peak_memory_gb": record.get("peak_memory_gb"),
+            "active_memory_gb": record.get("active_memory_gb"),
+            "soc_temp_start_c": record.get("soc_temp_start_c"),
+            "soc_temp_end_c": record.get("soc_temp_end_c"),
+            "pressure_start": record.get("pressure_start"),
+            "pressure_end": record.get("pressure_end"),
+            "pause_s": record.get("pause_s"),
+            "thermal_source": record.get("thermal_source"),
+            "status": record.get("status"),
+            "verdict": verdict_of.get("verdict"),
+            "verdict_reasons": list(verdict_of.get("verdict_reasons") or []),
+            "flags": ";".join(
+                ["fastest"] * bool(record.get("fastest")) + (record.get("flags") or [])
+            ),
+            "error": record.get("error"),
+            "samples_ns": [nanoseconds(s) for s in record.get("samples_ms") or []],
+            **{key: record.get(key) for key in ENERGY_FIELDS},
+            "energy_rails": ";".join(record.get("energy_rails") or []) or None,
+            **{f"sustain_{key}": sustain.get(key) for key in SUSTAIN_SUMMARY},
+            "ranks": group.get("ranks"),
+            "distributed_backend": group.get("backend"),
+            "sharding": group.get("sharding"),
+            "speedup": record.get("speedup"),
+            "speedup_over": record.get("speedup_over"),
+            "speedup_separated": record.get("speedup_separated"),
+            "tokens_check": record.get("tokens_check"),
+            **exported_settings(record),
+        }
+        row |= llama_fields(
+            record,
+            machine,
+            info,
+            label=label or default_label(machine),
+            model_label=info.get("label") or record_model_label(record),
+            figures=figures,
         )
+        rows.append(row)
     return rows
 
 
-def flat_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+def measured(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows with a figure, as llama-bench writes them: a failed or unrun cell has none."""
+    return [row for row in rows if row["avg_ts"] is not None]
+
+
+def flat_rows(report: dict[str, Any], label: str | None = None) -> list[dict[str, Any]]:
     """bench_rows with their lists joined, as csv and sql hold them."""
-    rows = bench_rows(report)
+    rows = bench_rows(report, label)
     for row in rows:
         row["samples_ns"] = ";".join(map(str, row["samples_ns"]))
         row["verdict_reasons"] = ",".join(row["verdict_reasons"])
     return rows
 
 
-def rows_csv(fields: Sequence[str], rows: Iterable[dict[str, Any]]) -> str:
-    """Rows as CSV under a header of `fields`, each value exported()."""
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=list(fields))
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({key: exported(value) for key, value in row.items()})
-    return out.getvalue()
+def to_csv(report: dict[str, Any], label: str | None = None) -> str:
+    """llama-bench's csv (the cells with a figure), with our columns after its own."""
+    return rows_csv(LINE_FIELDS, measured(flat_rows(report, label)))
 
 
-def to_csv(report: dict[str, Any]) -> str:
-    return rows_csv([name for name, _ in ROW_FIELDS], flat_rows(report))
-
-
-def sql_literal(value: Any) -> str:
-    """A value as SQLite reads it: NULL, a number, or quoted text ('' doubling a quote)."""
-    if value is None:
-        return "NULL"
-    if isinstance(value, bool):
-        return str(int(value))
-    if isinstance(value, (int, float)):
-        return repr(value) if math.isfinite(value) else "NULL"
-    return "'" + exported(str(value)).replace("'", "''") + "'"
-
-
-def rows_sql(table: str, fields: Sequence[tuple[str, str]], rows: Iterable[dict[str, Any]]) -> str:
-    """CREATE TABLE IF NOT EXISTS `table` with `fields` (name, SQLite type), then one INSERT
-    per row."""
-    columns = ", ".join(f"{name} {kind}" for name, kind in fields)
-    lines = [f"CREATE TABLE IF NOT EXISTS {table} ({columns});"]
-    names = ", ".join(name for name, _ in fields)
-    for row in rows:
-        values = ", ".join(sql_literal(row[name]) for name, _ in fields)
-        lines.append(f"INSERT INTO {table} ({names}) VALUES ({values});")
+def to_sql(report: dict[str, Any], label: str | None = None) -> str:
+    """llama-bench's `-o sql` (CREATE TABLE IF NOT EXISTS llama_bench, one INSERT per cell with a
+    figure), each followed by its row of ours in mlx_fleet_bench, every cell there: so
+    `agent bench -o sql | sqlite3 llama-bench.sqlite` keeps adding runs to one database that
+    compare-llama-bench.py reads as it is."""
+    lines = [create_sql(LLAMA_BENCH_TABLE, LLAMA_BENCH_FIELDS), create_sql(SQL_TABLE, SQL_FIELDS)]
+    for row in flat_rows(report, label):
+        row["llama_bench_rowid"] = None
+        if row["avg_ts"] is not None:
+            lines.append(insert_sql(LLAMA_BENCH_TABLE, LLAMA_BENCH_FIELDS, row))
+            row["llama_bench_rowid"] = SqlExpression("last_insert_rowid()")
+        lines.append(insert_sql(SQL_TABLE, SQL_FIELDS, row))
     return "\n".join(lines) + "\n"
 
 
-def to_sql(report: dict[str, Any]) -> str:
-    """CREATE TABLE IF NOT EXISTS then one INSERT per cell, as llama-bench's `-o sql`, so
-    `agent bench -o sql | sqlite3 results.sqlite` keeps adding runs to one table."""
-    return rows_sql(SQL_TABLE, ROW_FIELDS, flat_rows(report))
-
-
-def strict_json(value: Any, **options: Any) -> str:
-    """RFC 8259 JSON: a non-finite number (only a run stored before agents' messages were
-    checked can hold one) is null, never NaN; non-ASCII is escaped, so no control, bidi or
-    zero-width character reaches a terminal raw."""
-    return json.dumps(_finite(value), allow_nan=False, default=str, **options)
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: _finite(entry) for key, entry in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(entry) for entry in value]
-    return value
-
-
-def to_json(report: dict[str, Any]) -> str:
+def to_json(report: dict[str, Any], label: str | None = None) -> str:
     return strict_json(report, indent=2) + "\n"
 
 
-def to_jsonl(report: dict[str, Any]) -> str:
-    """One line per cell: its row (ROW_FIELDS) with llama-bench's samples_ns and samples_ts."""
-    lines = []
-    for row, record in zip(bench_rows(report), ordered(report["cells"]), strict=True):
+def _with_rates(report: dict[str, Any], label: str | None) -> list[dict[str, Any]]:
+    """bench_rows (with a figure) with llama-bench's samples_ts: each iteration's tokens/s."""
+    rows = bench_rows(report, label)
+    for row, record in zip(rows, ordered(report["cells"]), strict=True):
         row["samples_ts"] = record.get("samples_tokens_per_sec") or []
-        lines.append(strict_json(row))
+    return measured(rows)
+
+
+def to_jsonl(report: dict[str, Any], label: str | None = None) -> str:
+    """llama-bench's jsonl (one line per cell with a figure), with our keys after its own."""
+    lines = [
+        strict_json({name: row[name] for name in [*LINE_FIELDS, "samples_ts"]})
+        for row in _with_rates(report, label)
+    ]
     return "\n".join(lines) + ("\n" if lines else "")
+
+
+def to_llama_json(report: dict[str, Any], label: str | None = None) -> str:
+    """llama-bench's `-o json`: one array of its rows, its keys only."""
+    rows = [llama_json_row(row) for row in _with_rates(report, label)]
+    return strict_json(rows, indent=2) + "\n"
 
 
 def drawn_text(renderable: Any, width: int) -> str:
@@ -684,15 +674,20 @@ def drawn_text(renderable: Any, width: int) -> str:
     return console.export_text()
 
 
-def render_text(report: dict[str, Any], fmt: str, width: int = 160) -> str:
-    """The report in any of FORMATS as text (the table: drawn_text)."""
+def render_text(
+    report: dict[str, Any], fmt: str, width: int = 160, label: str | None = None
+) -> str:
+    """The report in any of FORMATS as text (the table: drawn_text); `label` is build_commit in
+    the ROW_FORMATS (default: each host's MLX version)."""
     if fmt == "table":
         return drawn_text(rich_report(report), width)
+    if fmt == "md":
+        return to_markdown(report)
     renderers = {
-        "md": to_markdown,
         "csv": to_csv,
         "json": to_json,
         "jsonl": to_jsonl,
         "sql": to_sql,
+        "llama-json": to_llama_json,
     }
-    return renderers[fmt](report)
+    return renderers[fmt](report, label)

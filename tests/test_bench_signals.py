@@ -93,3 +93,49 @@ def test_ctrl_c_in_a_sustained_cell_keeps_its_finished_windows(fleet_home: Path)
     assert len(windows) >= 1 and all(w["iterations"] >= 0 for w in windows), windows
     assert sum(w["tokens"] for w in windows) > 0
     assert "Traceback" not in stderr
+
+
+@pytest.mark.slow
+def test_a_cancelled_sustained_job_keeps_its_finished_windows(tmp_path: Path) -> None:
+    """Issue 42 through the agent: bench.cancel (what `coordinator benchmark --sustain` sends
+    on Ctrl-C) SIGTERMs the job; its sustained cell is journaled, failed `interrupted`, with
+    the windows it finished, and job.get serves it."""
+    import psutil
+    import zmq
+
+    from shared.io.keys import own_keypair
+    from shared.io.trust import trust
+    from tests.fleet_support import AgentPool, connect
+
+    pool = AgentPool(tmp_path / "agents")
+    context = zmq.Context()
+    try:
+        agent = pool.start("sustained", options=["--poll-interval", "0.2"])
+        trust(own_keypair().public, "test", directory=agent.home / "keys" / "trusted")
+        client = connect(context, agent, timeout=60)
+        matrix = {"models": ["small"], "n_prompt": [16], "n_gen": [0], "warmup": 0}
+        sustain = {"duration_s": 120.0, "window_s": 1.0}
+        job = client.request("bench.start", {"matrix": matrix, "sustain": sustain})["job"]
+        daemon = psutil.Process(agent.process.pid)
+        deadline = time.monotonic() + 120
+        while not (children := daemon.children(recursive=True)):
+            assert time.monotonic() < deadline, "no job process"
+            time.sleep(0.1)
+        child = children[0]
+        began = sum(child.cpu_times()[:2])
+        while sum(child.cpu_times()[:2]) - began < 8.0:  # past the build, windows measured
+            assert time.monotonic() < deadline and child.is_running()
+            time.sleep(0.1)
+        client.request("bench.cancel", {"job": job})
+        while (page := client.request("job.get", {"job": job, "offset": 0}))["state"] == "running":
+            assert time.monotonic() < deadline, page
+            time.sleep(0.2)
+        client.close()
+    finally:
+        pool.kill_all()
+        context.destroy(linger=0)
+    assert page["state"] == "cancelled", page
+    (record,) = page["records"]
+    assert record["status"] == "failed" and record["error"].startswith("interrupted")
+    windows = record["sustain"]["windows"]
+    assert len(windows) >= 1 and sum(w["tokens"] for w in windows) > 0, windows

@@ -26,9 +26,10 @@ seconds of the wait (shared.cooling.cool_start), {"kind": "phase", "phase": map}
 building or the idle baseline starts (agent.profiling.runner.PhaseSink), {"kind": "pause", "pause":
 PauseView map} as a cooling pause starts, every PAUSE_REPORT_S of it and as it ends
 (shared.benchmark.status), and last {"kind": "done", "status": "ok" | "cancelled" | "failed",
-"error": text or nil}. SIGTERM cancels: the cell being measured is dropped and "done" says
-"cancelled". The child dies with the daemon: SIGKILL from the kernel on Linux (PR_SET_PDEATHSIG),
-and on any system as soon as its stdin reaches its end.
+"error": text or nil}. SIGTERM cancels: the cell being measured is dropped (a sustained cell
+is kept, failed `interrupted`, with the windows it finished) and "done" says "cancelled".
+The child dies with the daemon: SIGKILL from the kernel on Linux (PR_SET_PDEATHSIG), and on
+any system as soon as its stdin reaches its end.
 """
 
 from __future__ import annotations
@@ -74,9 +75,10 @@ PAUSE_REPORT_S = 5.0
 """How often a pause under way is reported: each report is progress to a coordinator."""
 
 
-class JobCancelled(BaseException):
-    """Raised in the job's main thread by SIGTERM. A BaseException, like KeyboardInterrupt, so
-    the runner's per-cell `except Exception` lets it end the whole job."""
+class JobCancelled(KeyboardInterrupt):
+    """Raised in the job's main thread by SIGTERM. A KeyboardInterrupt (a BaseException), so
+    the runner's per-cell `except Exception` lets it end the whole job, and a sustained cell
+    is yielded first with the windows it finished, as on Ctrl-C (agent.profiling.runner)."""
 
 
 def _cancel(signum: int, frame: object) -> None:

@@ -35,6 +35,24 @@ COMMANDS = [
         ),
     ),
     LazyCommand(
+        "health",
+        "coordinator.commands.health:health",
+        "Which Mac is sick: each host of a stored benchmark run against its family and its own "
+        "past, flagged out-of-family or degraded and cordoned (docs/performance.md, Fleet "
+        "health).",
+        examples=(
+            "coordinator health                      # the latest benchmark run",
+            "coordinator health r-20261203-1640 -o json",
+            "coordinator health --no-record          # judge, cordon nobody",
+        ),
+    ),
+    LazyCommand(
+        "uncordon",
+        "coordinator.commands.health:uncordon_command",
+        "Lift a host's conditions, so the next matrix and group run it again.",
+        examples=("coordinator uncordon mac3",),
+    ),
+    LazyCommand(
         "benchmark",
         "coordinator.commands.benchmark:benchmark",
         "Run one benchmark matrix on every host at once; one table, the fastest host marked.",

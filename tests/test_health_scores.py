@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from shared.benchmark import health
+from shared.benchmark import faults, health
 from shared.benchmark.health import DEGRADED, OUT_OF_FAMILY, Observation, score_run
 
 FAMILY = ("Apple M2 Max", 38, 64, "normal", "24A335", "0.29.1")
@@ -134,3 +134,11 @@ def test_only_valid_ok_cells_become_observations() -> None:
     assert health.observation("r", "t", "h", machine, {**valid, "ranks": [{}]}) is None
     noisy = {**valid, "ci95_tokens_per_sec": 30.0}
     assert health.observation("r", "t", "h", machine, noisy) is None
+
+
+def test_slow_is_injected_as_a_share_of_speed_in_either_spelling() -> None:
+    assert faults.parse("slow:0.6") == (faults.Fault("slow", "0.6", None),)
+    assert faults.parse("slow=0.6@2") == (faults.Fault("slow", "0.6", 2),)
+    for bad, said in (("slow:1.5", "out of range"), ("slow:fast", "not a number")):
+        with pytest.raises(ValueError, match=said):
+            faults.parse(bad)

@@ -242,11 +242,13 @@ def measure_cell(
     watch: CellWatch | None = None,
     sleep_s: float = 0.0,
     rank_group: RankGroup | None = None,
+    slow: float = 1.0,
 ) -> dict[str, Any]:
     """One cell, as its mode says: pp, tg, or pp+tg, each after its depth; `watch` hears each
     timed region (energy) and may plan the steps (a sustained run, whose duration and not the
     spec's precision ends it); `sleep_s` is an injected sleep inside the first timed window
-    (MLX_FLEET_INJECT=sleep); a rank of `rank_group` takes its group's choices."""
+    (MLX_FLEET_INJECT=sleep), `slow` the share of its speed it is held to (=slow); a rank of
+    `rank_group` takes its group's choices."""
     agree = rank_group.leader_says if rank_group is not None else None
     if watch is None:
         profiler = SpeedProfiler(
@@ -254,6 +256,7 @@ def measure_cell(
             injected_sleep_s=sleep_s,
             precision=spec.precision,
             agree=agree,
+            slow=slow,
         )
     else:
         profiler = SpeedProfiler(
@@ -263,6 +266,7 @@ def measure_cell(
             injected_sleep_s=sleep_s,
             precision=None if watch.sustain is not None else spec.precision,
             agree=agree,
+            slow=slow,
         )
     common = {
         "num_warmup": spec.warmup,
@@ -441,9 +445,10 @@ def _run_groups(
             watch = CellWatch(cell, spec.warmup, guard, watching.energy, watching.sustain)
             metrics, error, stopped = None, None, None
             sleep_s = float(injected.get("sleep") or 0.0)
+            slow = float(injected.get("slow") or 1.0)
             try:
                 metrics = measure_cell(
-                    loaded.model, cell, spec, guard, watch, sleep_s, watching.rank_group
+                    loaded.model, cell, spec, guard, watch, sleep_s, watching.rank_group, slow
                 )
             except RunStopped as exc:
                 error, stopped = error_text(exc), exc
@@ -458,6 +463,8 @@ def _run_groups(
             record = cell_record(cell, metrics, error, vars(report), watched)
             if sleep_s and record.get("sleep_clock"):
                 mark_injected(record, ["sleep"])
+            if slow < 1.0:
+                mark_injected(record, ["slow"])
             if hot_c is not None and spec.cool_start_s:
                 mark_injected(record, ["hot-start"])
             record["test_time"] = began

@@ -199,6 +199,7 @@ class SpeedProfiler:
         injected_sleep_s: float = 0.0,
         precision: float | None = None,
         agree: Callable[[bool], bool] | None = None,
+        slow: float = 1.0,
     ):
         self.before_iteration = before_iteration
         self.agree = agree
@@ -206,6 +207,8 @@ class SpeedProfiler:
         self.steps = steps
         self.clocks = system_clocks() if isinstance(clocks, str) else clocks
         self.injected_sleep_s = injected_sleep_s
+        self.slow = slow
+        """MLX_FLEET_INJECT=slow's F: each iteration sleeps until it took 1/F of its time."""
         self.precision = precision
         self.rewarm_gap_s = REWARM_GAP_S
         """A gap longer than this re-warms; math.inf turns re-warming off (a bench's baseline)."""
@@ -250,6 +253,8 @@ class SpeedProfiler:
             start = time.perf_counter()
             output = timed(cache)
             mx.eval(output)
+            if self.slow < 1.0:
+                time.sleep((time.perf_counter() - start) * (1.0 / self.slow - 1.0))
             elapsed = time.perf_counter() - start
             if counted and window is not None:
                 window.stop()

@@ -37,6 +37,7 @@ from coordinator.commands.hosts import (
     targets_or_known,
 )
 from coordinator.hosts.link import DEFAULT_HOST_TIMEOUT_S, Settings, Target
+from coordinator.runs.conditions import conditions, cordon_line
 from coordinator.runs.driver import (
     CELL,
     COOLING,
@@ -55,6 +56,7 @@ from coordinator.runs.driver import (
 from coordinator.runs.embedded import EmbeddedAgent, EmbeddedAgentError
 from coordinator.runs.fleet import FleetResult, resume_fleet, run_fleet
 from coordinator.runs.group_driver import GroupTarget
+from coordinator.runs.health import with_health
 from coordinator.runs.store import RunHost, RunStore, UnknownRunError
 from shared.benchmark.matrix import MatrixError, resolve_bits
 from shared.benchmark.results import failed_cells
@@ -103,6 +105,14 @@ Sharding = Annotated[
         callback=one_of(SHARDINGS, "sharding"),
         help="How a group splits each model: tensor (every layer's heads and MLP across the "
         "ranks, as mlx-lm's shard()) or pipeline (each rank a run of whole layers).",
+    ),
+]
+IncludeCordoned = Annotated[
+    bool,
+    typer.Option(
+        "--include-cordoned",
+        help="Run hosts that carry a condition (`coordinator health`) too; without it each "
+        "cordoned host, and each group with one, is skipped with one line.",
     ),
 ]
 SustainPlot = Annotated[
@@ -279,6 +289,7 @@ def benchmark(
     connect_timeout: ConnectTimeout = 5.0,
     host_timeout: HostTimeout = DEFAULT_HOST_TIMEOUT_S,
     insecure: Insecure = False,
+    include_cordoned: IncludeCordoned = False,
 ) -> None:
     """Run one benchmark matrix on every host at once; one table, the fastest host marked.
 
@@ -304,6 +315,8 @@ def benchmark(
     bits = [resolve_bits(m, b) for m in matrix_spec.models for b in matrix_spec.bits]
     sustain = plan.to_dict() if plan else None
     entries = targets_and_groups(hosts, hostfile)
+    if entries is not None and not include_cordoned:
+        entries = skip_cordoned(entries)
     targets = None
     if entries is not None:
         settings = settings_for(insecure, connect_timeout, host_timeout)
@@ -332,10 +345,30 @@ def benchmark(
                 lambda watch: run_fleet(targets, spec, store, settings, watch, sustain),
                 bits,
             )
-        report = store.load_report(result.run_id)
+        report = with_health(store, store.load_report(result.run_id))
     if plot is not None:
         draw_sustain(report, plot)
     finish(result, report, fmt, output, resumable=targets is not None, label=label)
+
+
+def skip_cordoned(entries: list[Any]) -> list[Any]:
+    """The hosts and groups named, less those with a cordoned host (one line each on stderr);
+    exit 2 when nothing is left."""
+    with open_store() as store:
+        cordons = conditions(store)
+    kept = []
+    for entry in entries:
+        members = entry if isinstance(entry, tuple) else (entry,)
+        held = [member.name for member in members if member.name in cordons]
+        if not held:
+            kept.append(entry)
+            continue
+        label = shown("+".join(member.name for member in members))
+        line = cordon_line(label, shown(held[0]), cordons[held[0]])
+        err.print(line, highlight=False, markup=False)
+    if not kept:
+        raise usage_error("every host named is cordoned: `coordinator health` says why")
+    return kept
 
 
 def groups_checked(
@@ -413,7 +446,7 @@ def resume(
         if not names:
             raise usage_error(f"run {stored.id}: no host's job started, nothing to resume")
         result = drive(names, lambda watch: resume_fleet(stored.id, store, settings, watch))
-        report = store.load_report(result.run_id)
+        report = with_health(store, store.load_report(result.run_id))
     finish(result, report, fmt, output, resumable=True, label=label)
 
 

@@ -27,6 +27,7 @@ from coordinator.reports.netbench import (
     netbench_table,
     netbench_text,
 )
+from coordinator.runs.health import with_health
 from coordinator.runs.store import RunStore, UnknownRunError
 from shared.bounds import MAX_RUNS_LIMIT
 from shared.distributed.rank_shapes import KIND_NETBENCH
@@ -78,7 +79,7 @@ def load_reports(*run_ids: str) -> list[dict[str, Any]]:
     data_home(write=False)  # a read-only data dir is still read
     try:
         with RunStore() as store:
-            return [store.load_report(run_id) for run_id in run_ids]
+            return [with_health(store, store.load_report(run_id)) for run_id in run_ids]
     except (UnknownRunError, StoreError) as exc:
         raise usage_error(str(exc)) from None
 

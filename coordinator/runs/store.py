@@ -77,6 +77,16 @@ ALTER TABLE runs ADD COLUMN error TEXT
     """
 ALTER TABLE run_hosts ADD COLUMN grouped TEXT
 """,
+    """
+CREATE TABLE conditions (
+    host   TEXT NOT NULL,
+    name   TEXT NOT NULL,
+    since  TEXT NOT NULL,
+    run_id TEXT,
+    detail TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (host, name)
+)
+""",
 )
 """The schema, version by version (shared.io.sqlite.open_store). Version 2 makes runs resumable:
 the coordinator process that drives a run (`owner`, HOSTNAME:PID), how each host is reached, its
@@ -84,7 +94,9 @@ job id once the agent named it, and each cell's index in its job (one row per in
 fetched twice is kept once). Version 3 keeps the one line a run failed with (a netbench run:
 its ranks fail together, so the line, not one host, says why). Version 4 keeps a distributed
 group's members and each one's job (`grouped`: JSON, coordinator.runs.group_driver.GroupTarget
-.stored), so a group's run resumes and cancels as a host's does."""
+.stored), so a group's run resumes and cancels as a host's does. Version 5 keeps each host's
+named conditions (coordinator.runs.conditions): a host with any is cordoned until `coordinator
+uncordon`."""
 
 
 class UnknownRunError(KeyError):
@@ -387,6 +399,12 @@ class RunStore:
                 run["hosts"] = self._host_names(run["id"])
                 runs.append(run)
         return runs
+
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        """The rows of one statement under the store's lock, committed (coordinator.runs.health
+        and .conditions read and write so)."""
+        with self._lock, self._conn:
+            return self._conn.execute(sql, params).fetchall()
 
     def _host_names(self, run_id: str) -> list[str]:
         rows = self._conn.execute(

@@ -13,6 +13,8 @@ position of a cell in its run's matrix (every cell when absent):
                          its whole --cool-start-limit and the cell runs flagged hot-start
   low-power              settings say Low Power Mode is on
   on-battery             settings say the Mac runs on battery
+  slow=F (or slow:F)     every timed iteration sleeps until it took 1/F of its time, so the
+                         cell runs at F (0 < F < 1) of its speed: a sick Mac for fleet health
 
 An injected fault is recorded in the cell's `injected` list and flagged `injected`, so nothing
 injected is ever shown as measured.
@@ -33,9 +35,10 @@ DEFAULTS: dict[str, str | None] = {
     "hot-start": "90",
     "low-power": None,
     "on-battery": None,
+    "slow": "0.5",
 }
 INJECTED_FLAG = "injected"
-NUMBERS = {"sleep": (0.0, 1e6), "hot-start": (0.0, 200.0)}
+NUMBERS = {"sleep": (0.0, 1e6), "hot-start": (0.0, 200.0), "slow": (0.0, 1.0)}
 """The faults whose value is a number, with the open range it must lie in."""
 
 
@@ -52,6 +55,8 @@ def parse(text: str) -> tuple[Fault, ...]:
     faults = []
     for item in filter(None, (part.strip() for part in text.split(","))):
         spec, _, where = item.partition("@")
+        if "=" not in spec:
+            spec = spec.replace(":", "=", 1)  # the issue's spelling, slow:0.6
         kind, has_value, value = spec.partition("=")
         kind = kind.strip()
         if kind not in DEFAULTS:

@@ -33,6 +33,7 @@ from shared.benchmark.verdict import VALID, judge
 
 OUT_OF_FAMILY = "out-of-family"
 DEGRADED = "degraded"
+FLAGS = (OUT_OF_FAMILY, DEGRADED)
 MIN_FAMILY = 3
 """Hosts a family needs before anyone in it is scored: with two, neither is the odd one."""
 K = 3.0
@@ -77,6 +78,8 @@ def family_of(machine: Mapping[str, Any] | None, settings: Mapping[str, Any] | N
 def family_label(family: Sequence[Any]) -> str:
     """`M2 Max 38-core 64 GB normal 24A335 mlx 0.29.1`, unknowns as `?`."""
     chip, cores, memory, mode, build, mlx = (("?" if v is None else v) for v in family)
+    if isinstance(memory, (int, float)):
+        memory = f"{memory:.0f}"
     return f"{chip} {cores}-core {memory} GB {mode} {build} mlx {mlx}"
 
 
@@ -97,9 +100,15 @@ def observation(
         return None
     if judge(dict(record))["verdict"] != VALID:
         return None
+    family = family_of(machine, record.get("settings"))
+    return Observation(run, started, host, family, cell_key(record), float(speed))
+
+
+def cell_key(record: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The cell's shape (SHAPE_FIELDS) and its weights digest: what two hosts must share for
+    their figures to be compared."""
     settings = record.get("settings") or {}
-    cell = tuple(record.get(key) for key in SHAPE_FIELDS) + (settings.get("weights_digest"),)
-    return Observation(run, started, host, family_of(machine, settings), cell, float(speed))
+    return tuple(record.get(key) for key in SHAPE_FIELDS) + (settings.get("weights_digest"),)
 
 
 def robust_spread(values: Sequence[float]) -> float:
@@ -265,3 +274,23 @@ def as_dict(score: HostScore) -> dict[str, Any]:
         "why": list(score.why),
         "state": None if score.relative is not None else NO_FAMILY,
     }
+
+
+def mark_health(cells: list[dict[str, Any]], scores: Mapping[str, HostScore]) -> list[dict]:
+    """Copies of a report's records with each scored cell's `relative_score` and
+    `individual_score` (nil when it has none: `no family`, no past) and its host's flags among
+    its `flags`, so every format shows them."""
+    found = {(cell.host, cell.cell): cell for host in scores.values() for cell in host.cells}
+    marked = []
+    for record in cells:
+        copy = dict(record)
+        host = scores.get(str(record.get("host")))
+        if host is not None and record.get("status") == OK:
+            cell = found.get((host.host, cell_key(record)))
+            if cell is not None:
+                copy["relative_score"] = cell.relative
+                copy["individual_score"] = cell.individual
+            stale = [flag for flag in record.get("flags") or () if flag not in FLAGS]
+            copy["flags"] = stale + list(host.flags)
+        marked.append(copy)
+    return marked

@@ -53,6 +53,16 @@ COMMANDS = [
         examples=("coordinator uncordon mac3",),
     ),
     LazyCommand(
+        "export",
+        "coordinator.commands.export:export",
+        "Stored runs as llama-bench's rows, for llama.cpp's compare-llama-bench.py.",
+        examples=(
+            "coordinator export r-20261203-1640 r-20261204-0910 --label old --label new",
+            "compare-llama-bench.py -i llama-bench.sqlite -b old -c new",
+            "coordinator export r-20261203-1640 -o jsonl --label macos-24A335 > run.jsonl",
+        ),
+    ),
+    LazyCommand(
         "benchmark",
         "coordinator.commands.benchmark:benchmark",
         "Run one benchmark matrix on every host at once; one table, the fastest host marked.",

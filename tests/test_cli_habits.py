@@ -144,6 +144,7 @@ FORMAT_ARGS = {
     ("show",): ["r-1"],
     ("compare",): ["r-1", "r-2"],
     ("resume",): ["r-1"],
+    ("export",): ["r-1"],
 }
 """Positional arguments a command needs before its options are read."""
 FORMAT_IDS = [" ".join((program, *path)) for program, path, _ in FORMATTED]

@@ -11,6 +11,7 @@ cannot be had (no registry), the tests skip, saying so. The script needs GitPyth
 from __future__ import annotations
 
 import fcntl
+import json
 import re
 import shutil
 import sqlite3
@@ -74,7 +75,7 @@ def compare(script: Path, cwd: Path, inputs: list[Path], baseline: str, other: s
     """The script's table, run as a llama.cpp user runs it (outside a git repository, so -b/-c
     name builds as they are). A file other than SQLite needs `-t llama-bench`: this version of
     the script guesses the tool from a database's tables only (`assert False` otherwise)."""
-    tool = [] if inputs[0].suffix == ".sqlite" else ["-t", "llama-bench"]
+    tool = [] if not inputs or inputs[0].suffix == ".sqlite" else ["-t", "llama-bench"]
     argv = [sys.executable, str(script), *tool, "-b", baseline, "-c", other]
     for path in inputs:
         argv += ["-i", str(path)]
@@ -102,6 +103,17 @@ def bench(agent_cli: str, fmt: str, label: str, *more: str) -> str:
     )
     assert done.returncode in (0, 1), done.stderr  # 1: a noisy cell on a busy machine is fine
     return done.stdout
+
+
+def coordinator(coordinator_cli: str, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [coordinator_cli, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=subprocess_env(COLUMNS="200"),
+    )
 
 
 def into_sqlite(database: Path, script: str) -> None:
@@ -170,3 +182,41 @@ def test_jsonl_csv_and_llama_json_inputs(
             files.append(tmp_path / f"{label}.{suffix}")
             files[-1].write_text(outputs[fmt])
         check_table(compare(compare_script, tmp_path, files, "run-a", "run-b"))
+
+
+@pytest.mark.slow
+def test_two_stored_fleet_runs_exported_into_one_database(
+    coordinator_cli: str, compare_script: Path, tmp_path: Path, fleet_home: Path
+) -> None:
+    """Two `coordinator benchmark` runs (each on the agent it starts), exported into
+    llama-bench.sqlite under two labels; the script, given no -i, finds that file itself."""
+    run_ids = []
+    for _ in range(2):
+        done = coordinator(coordinator_cli, tmp_path, "benchmark", *SMALL, "-o", "json")
+        assert done.returncode in (0, 1), done.stderr
+        run_ids.append(json.loads(done.stdout)["run_id"])
+    labels = ["--label", "before", "--label", "after-"]
+    done = coordinator(coordinator_cli, tmp_path, "export", *run_ids, *labels)
+    assert done.returncode == 0, done.stderr
+    database = tmp_path / "llama-bench.sqlite"
+    assert "added 2 runs to llama-bench.sqlite (labels: after-, before)" in done.stderr
+    text = compare(compare_script, tmp_path, [], "before", "after-")
+    check_table(text, expected_speedups(database, "before", "after-"))
+    with sqlite3.connect(database) as db:
+        kept = db.execute("SELECT COUNT(*), COUNT(llama_bench_rowid) FROM mlx_fleet_bench")
+        assert kept.fetchone() == (8, 8)
+
+    jsonl = coordinator(coordinator_cli, tmp_path, "export", *run_ids, *labels, "-o", "jsonl")
+    assert jsonl.returncode == 0, jsonl.stderr
+    (tmp_path / "runs.jsonl").write_text(jsonl.stdout)
+    text = compare(compare_script, tmp_path, [tmp_path / "runs.jsonl"], "before", "after-")
+    check_table(text, expected_speedups(database, "before", "after-"))
+
+    refused = coordinator(coordinator_cli, tmp_path, "export", run_ids[0], "--label", "b4")
+    assert refused.returncode == 2 and refused.stderr.startswith(
+        "error: labels 'b4' (2 characters) and 'before' (6) differ in length: "
+        "compare-llama-bench.py cuts every build_commit to the shortest"
+    ), refused.stderr
+    unknown = coordinator(coordinator_cli, tmp_path, "export", "r-1999")
+    assert unknown.returncode == 2
+    assert unknown.stderr.strip() == "error: unknown run 'r-1999'; `coordinator runs` lists them"

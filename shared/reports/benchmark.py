@@ -659,10 +659,14 @@ def to_jsonl(report: dict[str, Any], label: str | None = None) -> str:
     return "\n".join(lines) + ("\n" if lines else "")
 
 
+def llama_json_rows(report: dict[str, Any], label: str | None = None) -> list[dict[str, Any]]:
+    """The cells with a figure as llama-bench's `-o json` writes them, its keys only."""
+    return [llama_json_row(row) for row in _with_rates(report, label)]
+
+
 def to_llama_json(report: dict[str, Any], label: str | None = None) -> str:
-    """llama-bench's `-o json`: one array of its rows, its keys only."""
-    rows = [llama_json_row(row) for row in _with_rates(report, label)]
-    return strict_json(rows, indent=2) + "\n"
+    """llama-bench's `-o json`: one array of its rows."""
+    return strict_json(llama_json_rows(report, label), indent=2) + "\n"
 
 
 def drawn_text(renderable: Any, width: int) -> str:

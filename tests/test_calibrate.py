@@ -125,7 +125,11 @@ def test_on_the_plant_it_finds_the_presets_onset_and_duty_and_a_restart_keeps_it
     point = ThrottlePoint.from_dict(report["calibration"])
     assert abs(point.onset_c - AIR.limit_c) <= 1.0, point
     sustainable = unthrottled_optimum(AIR, AIR.limit_c)
-    assert point.duty_cycle is not None and abs(point.duty_cycle - sustainable) <= 0.05, point
+    assert point.duty_cycle is not None and abs(point.duty_cycle - sustainable) <= 0.05, (
+        point.held,
+        point.throttled,
+        done.stderr,
+    )
     assert point.simulated and point.signal == "gpu clock"
     assert point.throttled is not None and point.held is not None
     assert report["policy"]["pause_temp"] == round(point.onset_c, 1)

@@ -139,3 +139,11 @@ def test_the_thresholds_pause_at_the_onset_and_keep_the_source_stop() -> None:
         "stop_temp": 120.0,
     }
     assert calibrated_thresholds(point, 90.0)["stop_temp"] == onset + 5.0
+
+
+def test_a_hold_that_finds_its_clock_lowered_rests_until_it_recovers() -> None:
+    assert hold_step(103.0, 105.0, recovered=False) == (False, False)  # not cool enough yet
+    assert hold_step(100.0, 105.0, recovered=False) == (True, True)  # recovered: run
+    assert hold_step(104.5, 105.0, recovered=True) == (False, True)  # at the cap: rest
+    assert hold_step(103.0, 105.0, recovered=True, throttled=True) == (False, False)
+    assert hold_step(None, 105.0, recovered=True) == (False, True)  # no reading: rest

@@ -52,6 +52,12 @@ THROTTLED_SHARE = 0.4
 NO_THROTTLE_SHARE = 0.75
 """A load that has not throttled by this share of the run's time ends it: the hold needs the
 rest, and a Mac that does not throttle in that long has no onset to learn at this length."""
+HOLD_CLOCK_MARGIN = 0.03
+"""In the hold, a loaded poll whose clock reads this far under the sustained one has been
+lowered by the firmware (a late poll let the die cross the onset): rest until it recovers. Far
+tighter than the throttle rule's 10 %: one DVFS step down (4 % on the M2 GPU's top states)
+already takes 11 % off its power (f·V²), so a hold at it measures a duty 12 % too high, and
+the firmware's hysteresis keeps it there for as long as the hold stays near the onset."""
 SLICE_POLLS = 1.5
 """In the hold, each run of the load lasts at most this many polls: a poll the machine makes
 late (a busy CPU) cannot leave it heating past the onset."""
@@ -323,12 +329,20 @@ class Calibration:
                 throttled_at = time.monotonic()
         point = self._point(source)  # NoThrottle when it never did
         self._onset_c = point.onset_c
-        recovered = False
+        recovered = holding = False
         while time.monotonic() < end:
-            reading = self.samples[-1].celsius
-            on, recovered = hold_step(reading, point.onset_c, recovered)
+            last = self.samples[-1]
+            lowered = (
+                point.sustained_hz is not None
+                and last.running > 0.5
+                and last.gpu_hz is not None
+                and last.gpu_hz < (1 - HOLD_CLOCK_MARGIN) * point.sustained_hz
+            )
+            on, recovered = hold_step(last.celsius, point.onset_c, recovered, lowered)
+            holding = recovered and (holding or not on)  # from the first rest at the cap
             load.run(on, for_s=SLICE_POLLS * self.poll_s)
-            last_work = self._next(start, "held" if recovered else "recovering", load, last_work)
+            phase = "held" if holding else "recovering"  # warming back up is not the hold
+            last_work = self._next(start, phase, load, last_work)
         load.run(False)
         return self._point(source)
 

@@ -44,8 +44,8 @@ lowered clock would measure a duty the full clock cannot sustain."""
 
 PHASES = ("idle", "sustained", "recovering", "held")
 """A calibration's phases in order: idle from cold, flat out until the firmware throttles (and
-a while after, for its operating point), resting until the clock can recover, held below the
-onset (hold_step)."""
+a while after, for its operating point), recovering (resting until the clock can recover, then
+warming back to the cap), held below the onset (hold_step)."""
 
 SIGNALS = ("gpu clock", "work rate")
 """The speed signals, in the order one is picked: the first every loaded poll has."""
@@ -262,7 +262,7 @@ def find_throttle_point(
     if before.celsius is None or after.celsius is None:
         raise ValueError("no temperature reading at the throttle onset")
     onset_time = (before.time + after.time) / 2
-    tail = [samples[i] for i in sustained if samples[i].time >= onset_time]
+    tail = [(samples[i - 1], samples[i]) for i in sustained if samples[i].time >= onset_time]
     idle = [s.celsius for s in samples if s.phase == "idle" and s.celsius is not None]
     held = operating_point(samples, "held", signal)
     return ThrottlePoint(
@@ -308,17 +308,24 @@ def reference(before: Sequence[ThrottlePoll], signal: str) -> float:
 def operating_point(
     samples: Sequence[CalibrationSample], phase: str, signal: str
 ) -> OperatingPoint | None:
-    """The steady figures of one phase's polls; None when it has too few."""
-    return steady_point([s for s in samples if s.phase == phase], signal)
+    """The steady figures of one phase's polls (each with the interval before it, so a phase
+    broken by another, a hold that rested to let the clock recover, counts only its own
+    intervals); None when it has too few."""
+    pairs = [(samples[i - 1], samples[i]) for i in range(1, len(samples))]
+    return steady_point([(a, b) for a, b in pairs if b.phase == phase], signal)
 
 
-def steady_point(polls: Sequence[CalibrationSample], signal: str) -> OperatingPoint | None:
-    """Work per wall second, duty, mean °C and clock over the intervals in the last
-    (1 - SETTLE_SHARE) of the polls' time; None with fewer than POLLS intervals there."""
-    if len(polls) < 2:
+def steady_point(
+    intervals: Sequence[tuple[CalibrationSample, CalibrationSample]], signal: str
+) -> OperatingPoint | None:
+    """Work per wall second, duty, mean °C and clock over the intervals (each a poll and the
+    one before it) that end in the last (1 - SETTLE_SHARE) of their time; None with fewer than
+    POLLS there."""
+    if not intervals:
         return None
-    cut = polls[0].time + (polls[-1].time - polls[0].time) * SETTLE_SHARE
-    steady = [(a, b) for a, b in zip(polls, polls[1:], strict=False) if a.time >= cut]
+    first, last = intervals[0][0].time, intervals[-1][1].time
+    cut = first + (last - first) * SETTLE_SHARE
+    steady = [(a, b) for a, b in intervals if a.time >= cut]
     seconds = sum(b.time - a.time for a, b in steady)
     if len(steady) < POLLS or seconds <= 0:
         return None
@@ -333,10 +340,17 @@ def steady_point(polls: Sequence[CalibrationSample], signal: str) -> OperatingPo
     )
 
 
-def hold_step(celsius: float | None, onset_c: float, recovered: bool) -> tuple[bool, bool]:
+def hold_step(
+    celsius: float | None, onset_c: float, recovered: bool, throttled: bool = False
+) -> tuple[bool, bool]:
     """(run the load this poll, recovered) for the hold after the onset: rest until the reading
     falls RECOVER_BELOW_C under the onset, then run while it is under the cap (onset less
-    HOLD_BELOW_C). No reading: rest (nothing says it is safe to heat)."""
+    HOLD_BELOW_C). No reading: rest (nothing says it is safe to heat). `throttled` (the last
+    loaded poll read a lowered clock: a late poll let the die cross the onset) rests it until
+    it recovers again: a hold at a lowered clock would measure a duty the full clock cannot
+    sustain."""
+    if throttled:
+        return False, False
     if celsius is None:
         return False, recovered
     recovered = recovered or celsius <= onset_c - RECOVER_BELOW_C

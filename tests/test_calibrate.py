@@ -243,3 +243,15 @@ def test_coordinator_calibrate_is_refused_by_a_busy_host(agents: AgentPool) -> N
     finally:
         job.kill()
         job.communicate()
+
+
+@pytest.mark.slow
+def test_agent_run_without_a_daemon_enforces_the_calibration_made_with_its_source() -> None:
+    kept = earlier_calibration()
+    done = run_cli("agent", "run", "--thermal-source", PLANT, "--", sys.executable, "-c", "pass")
+    assert done.returncode == 0, done.stderr
+    onset = round(kept.onset_c, 1)
+    assert f"policy {onset - 5:g}/{onset:g}/" in done.stderr
+    assert f"({kept.origin()})" in done.stderr
+    other = run_cli("agent", "run", "--thermal-source", "sim", "--", sys.executable, "-c", "pass")
+    assert "(the seed's defaults)" in other.stderr  # made with another source: not this one's

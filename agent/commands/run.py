@@ -21,6 +21,7 @@ import typer
 from agent.awake.assertion import hold_awake
 from agent.commands.sensors import open_monitor
 from agent.cooling.accounting import SUMMARY_ACTION
+from agent.cooling.calibration_file import policy_defaults
 from agent.cooling.events import PREFIX, EventLog, format_line
 from agent.cooling.feed import register
 from agent.cooling.gang import GangRank, group_holder
@@ -180,7 +181,9 @@ def run_command(
             feed, forwarder = register(
                 thermal.thermal_source,
                 thermal.poll_interval,
-                limits.for_scale,
+                lambda source: limits.for_scale(
+                    source.scale, policy_defaults(source.scale, source.name)
+                ),
                 lambda: local_monitor(thermal),
             )
         except ValueError as exc:  # thresholds out of order with this source's defaults

@@ -56,9 +56,10 @@ def open_fallback(source: ThermalSource | str | None, poll_interval: float) -> T
         return NoneSource(f"fallback source: {exc}")
 
 
-PolicyFor = Callable[[str | None], PolicyInForce]
-"""The policy for a local source of a scale (PolicyOptions.for_scale; ValueError when it cannot
-be): the daemon's comes with its samples."""
+PolicyFor = Callable[[ThermalSource], PolicyInForce]
+"""The policy for a local source (its scale's defaults, or this Mac's calibration made with it,
+under the thresholds given: agent.commands.run; ValueError when it cannot be): the daemon's
+comes with its samples."""
 
 
 class DaemonFeed:
@@ -90,7 +91,7 @@ class DaemonFeed:
         if session is None:
             monitor = local or self._open_local()
             try:
-                self._policy = policy_for(monitor.source.scale)
+                self._policy = policy_for(monitor.source)
             except BaseException:  # thresholds out of order with this source's defaults
                 monitor.close()
                 raise
@@ -172,7 +173,7 @@ class DaemonFeed:
     def _fall_back(self, session: DaemonSession, why: str) -> Observation | None:
         session.close()
         monitor = self._open_local()
-        self._policy = self._local_policy(session, monitor.source.scale)
+        self._policy = self._local_policy(session, monitor.source)
         with self._lock:
             self._session = None
             if self._closed.is_set():
@@ -184,7 +185,7 @@ class DaemonFeed:
         note = f"{why}; supervising with {monitor.source.name} here, {self._policy}"
         return None if sample is None else replace(sample, note=note)
 
-    def _local_policy(self, session: DaemonSession, scale: str | None) -> PolicyInForce:
+    def _local_policy(self, session: DaemonSession, source: ThermalSource) -> PolicyInForce:
         """What a coordinator set on the daemon stays in force; defaults are this source's
         (a local sensor may read on another scale than the daemon's). Thresholds given to agent
         run out of order with them keep the daemon's numbers."""
@@ -192,7 +193,7 @@ class DaemonFeed:
         if daemon.origin.startswith(SET_BY_COORDINATOR):
             return daemon
         try:
-            return self._policy_for(scale)
+            return self._policy_for(source)
         except ValueError:
             return daemon
 

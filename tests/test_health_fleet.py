@@ -51,6 +51,9 @@ def test_a_slow_host_is_out_of_family_cordoned_skipped_and_uncordoned(
     assert hosts_flagged(report, "out-of-family") == {sick.address}
     sick_cells = [c for c in report["cells"] if c["host"] == sick.address]
     assert all("injected" in c["flags"] and c["injected"] == ["slow"] for c in sick_cells)
+    decoding = [c for c in report["cells"] if c["mode"] == "decode"]
+    assert decoding and all("fraction" in c["roofline"] for c in decoding)
+    assert all(m["kv_bytes_per_position"] > 0 for h in report["hosts"] for m in h["models"])
     scored = {h["host"]: h for h in report["health"]}
     # under 1 - 5 %, not 0.6: once its siblings finish, the held host has the core to itself
     assert scored[sick.address]["relative"] < 0.95

@@ -34,7 +34,7 @@ from agent.model import (
     build_model,
 )
 from agent.power.meter import EnergyMeter
-from agent.profiling.footprint import cell_footprint, model_shape, rank_share, refusal
+from agent.profiling.footprint import HALF, cell_footprint, model_shape, rank_share, refusal
 from agent.profiling.greedy import greedy_tokens
 from agent.profiling.hf_models import ModelNotFound, locate
 from agent.profiling.memory import MemoryProfiler
@@ -136,6 +136,9 @@ def load_benchmark_model(
         kind, revision = "mlx-lm", location.revision
         digest = weights_digest(location.path)
     info = MemoryProfiler().profile_model(model)
+    shape = model_shape(model)
+    if shape is not None:  # what one decode step reads of the cache per position (roofline)
+        info["kv_bytes_per_position"] = shape.layers * 2 * shape.kv_heads * shape.head_dim * HALF
     label = record_model_label(
         {"model": name, "bits": bits, "model_revision": revision}, label=label
     )

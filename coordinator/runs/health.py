@@ -10,6 +10,7 @@ from typing import Any
 from coordinator.runs.store import RunStore
 from shared.benchmark import health
 from shared.benchmark.health import HostScore, Observation
+from shared.benchmark.roofline import mark_roofline
 from shared.wire.agent_shapes import MACHINE_FIELDS, salvaged, salvaged_record
 
 HEALTH_RUNS = 200
@@ -58,13 +59,15 @@ def run_health(store: RunStore, run_id: str) -> dict[str, HostScore]:
 
 
 def with_health(store: RunStore, report: dict[str, Any]) -> dict[str, Any]:
-    """A benchmark run's report with its cells marked (shared.benchmark.health.mark_health) and
-    `health`: each scored host's scores, flags and why."""
+    """A benchmark run's report with its cells marked (shared.benchmark.health.mark_health,
+    shared.benchmark.roofline.mark_roofline) and `health`: each scored host's scores, flags and
+    why."""
     if report.get("kind", BENCHMARK) != BENCHMARK:
         return report
     scores = run_health(store, report["run_id"])
+    cells = mark_roofline(report)
     return {
         **report,
-        "cells": health.mark_health(report["cells"], scores),
+        "cells": health.mark_health(cells, scores),
         "health": [health.as_dict(score) for score in scores.values()],
     }

@@ -231,6 +231,7 @@ MODEL_FIELDS: dict[str, s.Check] = {
     "param_count": s.nil_or(count),
     "weight_memory_bytes": s.nil_or(count),
     "weight_memory_gb": maybe_amount,
+    "kv_bytes_per_position": s.nil_or(count),
     "num_arrays": s.nil_or(count),
     "kind": maybe_text,
     "model_type": maybe_text,

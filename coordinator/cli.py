@@ -63,6 +63,24 @@ COMMANDS = [
         ),
     ),
     LazyCommand(
+        "publish",
+        "coordinator.commands.publish:publish",
+        "A stored run as one signed, self-describing bundle and its Markdown.",
+        examples=(
+            "coordinator publish r-20261203-1640 --out results/",
+            "coordinator verify results/r-20261203-1640.bundle.json --key KEY",
+        ),
+    ),
+    LazyCommand(
+        "verify",
+        "coordinator.commands.publish:verify",
+        "Check a published bundle: its signature and every figure from its samples.",
+        examples=(
+            "coordinator verify r-20261203-1640.bundle.json",
+            "coordinator verify r-20261203-1640.bundle.json --key KEY -o json",
+        ),
+    ),
+    LazyCommand(
         "benchmark",
         "coordinator.commands.benchmark:benchmark",
         "Run one benchmark matrix on every host at once; one table, the fastest host marked.",

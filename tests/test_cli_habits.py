@@ -145,6 +145,7 @@ FORMAT_ARGS = {
     ("compare",): ["r-1", "r-2"],
     ("resume",): ["r-1"],
     ("export",): ["r-1"],
+    ("verify",): ["r-1.bundle.json"],
 }
 """Positional arguments a command needs before its options are read."""
 FORMAT_IDS = [" ".join((program, *path)) for program, path, _ in FORMATTED]

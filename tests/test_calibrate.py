@@ -19,7 +19,9 @@ from agent.cooling.calibration_file import calibration_path, load_calibration, s
 from shared.cooling.plant import PRESETS, unthrottled_optimum
 from shared.cooling.throttle_point import ThrottlePoint, find_throttle_point
 from tests.conftest import console_script, piped, run_cli, subprocess_env
+from tests.fakes.hostile_agent import HostileAgent
 from tests.fleet_support import AgentPool, cli, exchange_keys
+from tests.test_hostile_agent import check, coordinator, hostile_output
 from tests.test_throttle_point import run_model
 
 PLANT = "sim:plant:air,speed=120"
@@ -255,3 +257,30 @@ def test_agent_run_without_a_daemon_enforces_the_calibration_made_with_its_sourc
     assert f"({kept.origin()})" in done.stderr
     other = run_cli("agent", "run", "--thermal-source", "sim", "--", sys.executable, "-c", "pass")
     assert "(the seed's defaults)" in other.stderr  # made with another source: not this one's
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["reply-invalid", "reply-garbage", "strings", "reply-error"])
+def test_coordinator_calibrate_trusts_no_reply(mode: str, fleet_home: Path) -> None:
+    """A broken or hostile agent (tests/fakes/hostile_agent.py): an invalid calibrate.start.ok,
+    garbage, an error whose message is terminal escapes and markup. One line naming the host,
+    exit 1, nothing of it reaching the terminal raw."""
+    with HostileAgent(mode, name="mac3") as agent:
+        run = coordinator(
+            "calibrate",
+            "--hosts",
+            agent.address,
+            "--insecure",
+            "--connect-timeout",
+            "3",
+            "--minutes",
+            "1",
+            home=fleet_home,
+        )
+        asked = list(agent.requests)
+    problems = hostile_output(run)
+    assert "calibrate.start" in asked
+    assert run.returncode == 1, run.text
+    if mode == "reply-invalid":
+        assert "answered calibrate.start with an invalid reply" in run.text, run.text
+    check(run, problems)

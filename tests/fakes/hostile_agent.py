@@ -160,6 +160,8 @@ REQUESTS = {
     "policy.set",
     "job.event",
     "doctor",
+    "calibrate.start",
+    "calibrate.get",
 }
 BAD_INDEXES: tuple[Any, ...] = (2, 99, -1, "0", 0.5, True, 2**63, 7)
 """`cells-range`'s indexes for a 2-cell job: one past the end, far past, negative, a str, a

@@ -47,6 +47,16 @@ COMMANDS = [
         ),
     ),
     LazyCommand(
+        "canary",
+        "coordinator.commands.canary:canary_command",
+        "The speed delta after a rollout (after / before - 1) with a 95 % interval, over the "
+        "valid cells both sides ran.",
+        examples=(
+            "coordinator canary --runs r-20261203-1640 --split macos",
+            "coordinator canary --runs r-20261203-1640,r-20261204-0910 --split mlx -o json",
+        ),
+    ),
+    LazyCommand(
         "uncordon",
         "coordinator.commands.health:uncordon_command",
         "Lift a host's conditions, so the next matrix and group run it again.",

@@ -1,0 +1,82 @@
+"""`coordinator canary`: the speed delta across a rollout (macOS, MLX or mlx-lm), with its
+95 % interval, over stored runs (shared.benchmark.canary)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from coordinator.commands.runs import load_reports
+from shared.benchmark.canary import SPLITS, CanaryError, canary
+from shared.io.cli import emit, usage_error
+from shared.io.options import TableFormat
+from shared.safe_text import shown
+from shared.tables import WHOLE, FitTable
+
+CanaryRuns = Annotated[
+    str,
+    typer.Option(
+        "--runs",
+        help="Comma list of stored benchmark runs (ids or unique prefixes) whose cells are "
+        "split: one run with hosts on both sides of the rollout, or one run per side.",
+    ),
+]
+Split = Annotated[
+    str,
+    typer.Option(
+        "--split",
+        metavar="|".join(SPLITS).upper(),
+        help="The setting that splits the hosts: macos (os_build), mlx (mlx_version), "
+        "mlx-lm (mlx_lm_version).",
+    ),
+]
+Before = Annotated[
+    str | None,
+    typer.Option("--before", help="The old side's value (default: the lower version)."),
+]
+
+
+def canary_command(
+    runs: CanaryRuns, split: Split, before: Before = None, fmt: TableFormat = "table"
+) -> None:
+    """The speed delta after a rollout (after / before - 1) with a 95 % interval, over the
+    valid cells both sides ran.
+
+    Pin one cell (`coordinator benchmark -p 512 -n 128 -r auto` on every host) and split the
+    run by what differs: `~` marks a delta whose interval contains 0 (no change beyond the
+    noise). A side with one host has no interval (shown N/A)."""
+    if split not in SPLITS:
+        raise usage_error(f"--split {shown(split, 40)!r}: choose from {', '.join(SPLITS)}")
+    names = [name.strip() for name in runs.split(",") if name.strip()]
+    if not names:
+        raise usage_error("--runs is empty: name at least one stored run")
+    records = [cell for report in load_reports(*names) for cell in report.get("cells") or []]
+    try:
+        found = canary(records, split, before)
+    except CanaryError as exc:
+        raise usage_error(str(exc)) from None
+    emit(found.as_dict(), fmt, canary_table)
+
+
+def percent(value: float | None) -> str:
+    return "N/A" if value is None else f"{value * 100:+.1f} %"
+
+
+def canary_table(found: dict[str, Any]) -> FitTable:
+    title = f"mlx-fleet canary: {found['split']} {found['before']} → {found['after']}"
+    table = FitTable(title=shown(title))
+    for name in ("cells", "hosts before", "hosts after", "delta", "95 % interval"):
+        table.add_column(name, justify="right", wrap=WHOLE)
+    interval = found["ci95"]
+    delta = percent(found["delta"])
+    if interval is not None and interval[0] <= 0 <= interval[1]:
+        delta = "~" + delta
+    table.add_row(
+        str(len(found["cells"])),
+        str(found["hosts"]["before"]),
+        str(found["hosts"]["after"]),
+        delta,
+        "N/A" if interval is None else f"{percent(interval[0])} to {percent(interval[1])}",
+    )
+    return table

@@ -31,6 +31,7 @@ from shared.io.keys import own_keypair
 from shared.io.trust import peer_key, trust
 from tests.conftest import console_script, subprocess_env
 from tests.fleet_support import AgentPool, AgentProcess, cli, connect
+from tests.test_gang_netns import lab as netns_lab  # noqa: F401 - a fixture: namespaces
 
 ADDRESS = "127.0.0.2"
 HOT = {"max_speed_temp": 50.0, "pause_temp": 60.0, "stop_temp": 95.0, "hysteresis": 2.0}
@@ -220,3 +221,42 @@ def test_a_rank_whose_peer_is_untrusted_never_says_all(
     before = ranks[1].steps()
     wait_until(lambda: ranks[1].steps() > before + 5, 30, "the other rank running on", ranks)
     assert not ranks[1].stopped()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.xdist_group("netns")
+def test_ranks_set_up_by_hand_on_two_namespaces_pause_and_resume_together(
+    netns_lab: dict[str, str],  # noqa: F811 - the fixture imported above
+    agents: AgentPool,
+    ranks: list[Rank],
+    tmp_path: Path,
+) -> None:
+    """Issue 42's acceptance: two Macs in two network namespaces (tests/test_gang_netns.py's
+    lab, each agent trusting the others with `agent keys trust KEY --peer HOST:PORT`), two
+    ranks started by hand with `--rank-hosts HOST:PORT,HOST:PORT`: a pause on one Mac parks
+    both, a cool policy resumes both, and each says `paused all 2 ranks`."""
+    from tests.test_gang_netns import in_ns, push, start_lab
+
+    lab = netns_lab
+    started = start_lab(lab, agents, tmp_path)[:2]  # mac1 and mac2; mac3's agent idles
+    hosts = ",".join(agent.address for agent in started)
+    for rank, (mac, agent) in enumerate(zip(("mac1", "mac2"), started, strict=True)):
+        steps, log = tmp_path / f"steps-{rank}", tmp_path / f"rank-{rank}.stderr"
+        with open(log, "w") as stderr:
+            process = subprocess.Popen(
+                in_ns(lab[mac], console_script("agent"), "run", "--group", "byhand",
+                      "--ranks", "2", "--rank", str(rank), "--rank-hosts", hosts, "--",
+                      sys.executable, "-c", STEPS, str(steps)),
+                env=subprocess_env(MLX_FLEET_HOME=str(agent.home)), stderr=stderr,
+                stdout=subprocess.DEVNULL, text=True, start_new_session=True,
+            )  # fmt: skip
+        ranks.append(Rank(process, steps, log))
+    wait_until(lambda: all(r.steps() >= 10 for r in ranks), 120, "both ranks stepping", ranks)
+    push(lab, started[0], "mac1", HOT)
+    wait_until(lambda: all(r.stopped() for r in ranks), 60, "both ranks paused (T)", ranks)
+    push(lab, started[0], "mac1", COOL)
+    wait_until(lambda: not any(r.stopped() for r in ranks), 60, "both ranks resumed", ranks)
+    for rank in ranks:
+        assert "paused all 2 ranks: " in rank.stderr(), rank.stderr()
+        assert "not told" not in rank.stderr(), rank.stderr()

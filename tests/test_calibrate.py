@@ -140,6 +140,13 @@ def test_on_the_plant_it_finds_the_presets_onset_and_duty_and_a_restart_keeps_it
     assert f"({PRECISE_PLANT} · plant die, simulated)" in point.origin()
     assert "calibrate:" in done.stderr and "flat out" in done.stderr
     assert load_calibration() == point
+    polls = [
+        json.loads(line)
+        for line in (fleet_home / "calibration-polls.jsonl").read_text().splitlines()
+    ]
+    phases = [p["phase"] for p in polls]
+    assert phases[:2] == ["idle", "idle"] and {"sustained", "held"} <= set(phases)
+    assert all(p["gpu_hz"] for p in polls) and {"plant die"} == {p["sensor"] for p in polls}
     for _ in range(2):  # started, then started again: the stored policy survives
         agent = agents.start(home=fleet_home, thermal=PRECISE_PLANT)
         deadline = time.monotonic() + 30

@@ -4,6 +4,7 @@ shared.cooling.throttle_point reads it) and keep it as the Mac's calibrated poli
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -26,7 +27,12 @@ from agent.cooling.calibrate import (
 )
 from agent.cooling.calibration_file import policy_defaults, save_calibration
 from shared.cooling.calibration import SOURCE_POLICIES, PolicyInForce
-from shared.cooling.throttle_point import NoThrottle, OperatingPoint, ThrottlePoint
+from shared.cooling.throttle_point import (
+    CalibrationSample,
+    NoThrottle,
+    OperatingPoint,
+    ThrottlePoint,
+)
 from shared.exit_codes import EXIT_PARTIAL, EXIT_THERMAL_STOP, EXIT_USAGE
 from shared.io.cli import data_home, fail, usage_error
 from shared.io.files import replace_atomically
@@ -37,10 +43,12 @@ from shared.io.options import (
     ThermalOptions,
     with_options,
 )
+from shared.io.paths import data_dir
 from shared.io.signals import interrupted_exit_code, sigterm_as_interrupt
 from shared.safe_text import shown
 
 PREFIX = "calibrate:"
+POLLS_FILE = "calibration-polls.jsonl"
 PROGRESS_EVERY_S = 10.0
 FILE_EVERY_S = 1.0
 DEFAULT_MINUTES = 30.0
@@ -121,7 +129,10 @@ def _calibrate(
         run = Calibration(monitor, clocks, minutes, thermal.poll_interval, stop, shown)
         with sigterm_as_interrupt():
             try:
-                point = run.run(load)
+                try:
+                    point = run.run(load)
+                finally:
+                    keep_polls(run.samples)
             except KeyboardInterrupt:
                 _kept("interrupted", previous)
                 raise typer.Exit(interrupted_exit_code()) from None
@@ -149,6 +160,14 @@ def _calibrate(
         print(json.dumps(report))
     else:
         print("\n".join(report_lines(report)))
+
+
+def keep_polls(samples: list[CalibrationSample]) -> None:
+    """Every poll of the run, kept as JSON lines in calibration-polls.jsonl (the last run's,
+    stored or not): each sensor's reading against the clock and the work, for a second look."""
+    lines = [json.dumps(dataclasses.asdict(sample)) for sample in samples]
+    with contextlib.suppress(OSError):  # the record of a run, not the policy: best effort
+        replace_atomically(data_dir() / POLLS_FILE, "".join(f"{line}\n" for line in lines))
 
 
 def own_clocks(source: object) -> object | None:

@@ -516,6 +516,28 @@ def test_strings_show(bench_of: Callable[[str], Stored], fmt: str, tty: bool) ->
 
 
 @pytest.mark.parametrize("tty", [False, True], ids=["pipe", "pty"])
+def test_strings_policy(fake: Callable[[str], HostileAgent], fleet_home: Path, tty: bool) -> None:
+    """`coordinator policy` shows the agent's policy origin (an agent's words)."""
+    agent = fake("strings")
+    _, problems = against(
+        agent, "policy.get", "policy", "--hosts", agent.address, *LINKS, home=fleet_home, tty=tty
+    )
+    assert not problems, problems
+
+
+@pytest.mark.parametrize("command", ["resume", "cancel", "runs"])
+@pytest.mark.slow
+def test_strings_resume_cancel_and_runs(bench_of: Callable[[str], Stored], command: str) -> None:
+    """What a stored run of the hostile agent brings back: its hosts' errors and names."""
+    stored = bench_of("strings")
+    assert stored.run_id, stored.run.text[-2000:]
+    args = [command] if command == "runs" else [command, stored.run_id, *LINKS]
+    for tty in (False, True):
+        run = coordinator(*args, home=stored.home, tty=tty)
+        check(run, hostile_output(run))
+
+
+@pytest.mark.parametrize("tty", [False, True], ids=["pipe", "pty"])
 @pytest.mark.slow
 def test_strings_compare(bench_of: Callable[[str], Stored], tty: bool) -> None:
     """`coordinator compare` of the stored run with itself: its model and test names are the

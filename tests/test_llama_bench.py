@@ -8,6 +8,7 @@ import csv
 import io
 import json
 import sqlite3
+import subprocess
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from shared.reports.llama_bench import (
     label_lengths_problem,
     left_out_note,
 )
+from tests.conftest import console_script
 
 NAMES = [name for name, _ in LLAMA_BENCH_FIELDS]
 MAC = {
@@ -169,3 +171,17 @@ def test_labels_of_two_lengths_are_named() -> None:
         "compare-llama-bench.py cuts every build_commit to the shortest ('0.29.1'), so -b/-c "
         "could not name '0.29.1-mac1'; choose labels of one length"
     )
+
+
+@pytest.mark.parametrize(
+    "command", [["agent", "bench", "--config-small"], ["coordinator", "show", "r-1"]]
+)
+def test_a_bad_label_is_one_line_before_any_work(command: list[str]) -> None:
+    done = subprocess.run(
+        [console_script(command[0]), *command[1:], "-o", "sql", "--label", "it's"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith('error: --label "it\'s": a label is 1 to 64 characters')

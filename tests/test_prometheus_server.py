@@ -1,8 +1,9 @@
 """deploy/prometheus and deploy/grafana checked by Prometheus's own tools: `promtool check
-config`, `promtool check rules` and `promtool test rules` (tests/fixtures/prometheus); then a real
-Prometheus on loopback scrapes a real `agent serve --prometheus`, answers a PromQL query for its
-temperature, loads the alert rules, answers every query of the Grafana dashboard, and a
-benchmark job's cells with their verdicts.
+config`, `promtool check rules` and `promtool test rules` (deploy/prometheus/
+mlx-fleet-alerts.test.yml, shipped beside the rules); then a real Prometheus on loopback
+scrapes a real `agent serve --prometheus`, answers a PromQL query for its temperature, loads
+the alert rules, answers every query of the Grafana dashboard, and a benchmark job's cells
+with their verdicts.
 
 Needs Debian's `prometheus` package (prometheus and promtool; .ci/run installs it)."""
 
@@ -34,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 RULES = ROOT / "deploy" / "prometheus" / "mlx-fleet-alerts.yml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "mlx-fleet-dashboard.json"
-RULE_TESTS = Path(__file__).parent / "fixtures" / "prometheus" / "alerts_test.yml"
+RULE_TESTS = ROOT / "deploy" / "prometheus" / "mlx-fleet-alerts.test.yml"
 
 pytestmark = [
     pytest.mark.timeout(180),

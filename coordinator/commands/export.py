@@ -24,6 +24,7 @@ from shared.distributed.rank_shapes import KIND_NETBENCH
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import check_output, err, fail, usage_error, write_text
 from shared.io.options import Output, label_given, output_format
+from shared.reports.llama_bench import left_out_note
 
 DEFAULT_DATABASE = Path("llama-bench.sqlite")
 """Where compare-llama-bench.py looks first when given no -i."""
@@ -73,6 +74,9 @@ def export(
     text = export_text(labelled, fmt)
     if database is None:
         write_text(text, output)
+        for run, report in zip(runs, reports, strict=True):
+            if (note := left_out_note(report, fmt)) is not None:
+                err.print(f"run {run}: {note}", highlight=False, markup=False)
         return
     try:
         with closing(sqlite3.connect(database)) as db, db:

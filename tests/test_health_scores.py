@@ -142,3 +142,11 @@ def test_slow_is_injected_as_a_share_of_speed_in_either_spelling() -> None:
     for bad, said in (("slow:1.5", "out of range"), ("slow:fast", "not a number")):
         with pytest.raises(ValueError, match=said):
             faults.parse(bad)
+
+
+def test_a_band_needs_three_results_and_allows_the_floor_at_least() -> None:
+    assert health.band([100.0, 101.0]) is None
+    low, high = health.band([100.0, 100.0, 100.0])
+    assert (low, high) == pytest.approx((95.0, 105.0))  # a spread of 0: the 5 % floor
+    low, high = health.band([90.0, 100.0, 110.0, 100.0, 95.0])
+    assert low < 90.0 and high > 110.0

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from coordinator.commands.hosts import (
@@ -16,7 +18,7 @@ from coordinator.commands.hosts import (
     targets_or_known,
 )
 from shared.exit_codes import EXIT_PARTIAL
-from shared.io.cli import emit
+from shared.io.cli import data_home, emit, usage_error
 from shared.io.options import TableFormat
 from shared.io.transport import AgentClient, AgentError
 from shared.reports.doctor_verdict import doctor_view
@@ -41,19 +43,35 @@ def doctor_refused(exc: AgentError, row: HostRow) -> None:
     )
 
 
+Level = Annotated[
+    int,
+    typer.Option(
+        "--level",
+        help="1: each agent's doctor; 2: also a fixed small decode cell on every host, judged "
+        "against its family's earlier level-2 results, the SoC sensor under that load and the "
+        "bandwidth the decode implies (a minute or two).",
+    ),
+]
+
+
 def doctor_command(
     hosts: KnownHosts = None,
     hostfile: Hostfile = None,
     fmt: TableFormat = "table",
     connect_timeout: ConnectTimeout = 5.0,
     insecure: Insecure = False,
+    level: Level = 1,
 ) -> None:
     """Each agent's `agent doctor` (Python, MLX, a 1 s benchmark, every thermal source, ports,
     service, firewall...), as its service sees its Mac, in one table.
 
     Without --hosts or --hostfile: every host with a key from `coordinator keys add`. Each
     host's failed required checks come first, and each host ends with its verdict line.
-    Exit codes: 0 when every agent answered and can run, 1 otherwise, 2 bad usage."""
+    Exit codes: 0 when every agent answered and can run, 1 otherwise, 2 bad usage. --level 2
+    prints one table, a verdict per host, records a failing host's condition `doctor` (it is
+    cordoned) and lifts a passing host's conditions."""
+    if level not in (1, 2):
+        raise usage_error(f"--level {level}: choose 1 or 2 (level 3, the burn-in, is not built)")
     targets = targets_or_known(hosts, hostfile)
     settings = settings_for(insecure, connect_timeout)
     rows = ask_each(
@@ -63,6 +81,17 @@ def doctor_command(
         ask_doctor,
         doctor_refused,
     )
+    if level == 2:
+        from coordinator.commands.doctor_levels import level_two, level_two_table
+        from coordinator.runs.store import RunStore
+
+        data_home()
+        with RunStore() as store:
+            rows = level_two(rows, targets, settings, store)
+        emit(rows, fmt, level_two_table)
+        if any(row["verdict"] != "pass" for row in rows):
+            raise typer.Exit(EXIT_PARTIAL)
+        return
     emit(rows, fmt, lambda hosts: doctor_view(hosts, named=True))
     if not all(row["report"] and row["report"]["ok"] for row in rows):
         raise typer.Exit(EXIT_PARTIAL)

@@ -294,3 +294,14 @@ def mark_health(cells: list[dict[str, Any]], scores: Mapping[str, HostScore]) ->
             copy["flags"] = stale + list(host.flags)
         marked.append(copy)
     return marked
+
+
+def band(history: Sequence[float]) -> tuple[float, float] | None:
+    """The range a family's earlier figures on one cell allow (DCGM's diag with expected values
+    learned from the fleet): their median x (1 -+ max(K x robust spread, FLOOR)); None with
+    fewer than MIN_FAMILY figures."""
+    if len(history) < MIN_FAMILY:
+        return None
+    middle = statistics.median(history)
+    reach = threshold(robust_spread(history))
+    return middle * (1 - reach), middle * (1 + reach)

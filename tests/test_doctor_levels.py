@@ -1,0 +1,49 @@
+"""`coordinator doctor --level 2` on two real agents: one table, a verdict per host; the fixed
+decode cell's figures stored, so the family's band is learned from them; bad levels exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.fleet_support import AgentPool, cli, exchange_keys
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.mark.slow
+def test_level_2_on_two_agents_prints_one_table_with_a_verdict_per_host(
+    agents: AgentPool,
+) -> None:
+    pair = [agents.start("mac1", thermal="sim"), agents.start("mac2", thermal="sim")]
+    for agent in pair:
+        exchange_keys(agent)
+    names = ",".join(agent.address for agent in pair)
+    first = cli("coordinator", "doctor", "--level", "2", "--hosts", names, "-o", "json")
+    assert first.returncode in (0, 1), first.stderr
+    rows = json.loads(first.stdout)
+    assert [row["host"] for row in rows] == [agent.address for agent in pair]
+    for row in rows:
+        assert row["verdict"] in ("pass", "fail") and row["tokens_per_sec"] > 0
+        assert row["band"] is None and row["band_runs"] == 0  # the family's first level 2
+        assert row["sensor"].endswith("°C")  # the simulated source, labelled in the cell
+        assert (row["verdict"] == "fail") == bool(row["why"])
+    held = json.loads(cli("coordinator", "health", "--no-record", "-o", "json").stdout)
+    failed = {row["host"] for row in rows if row["verdict"] == "fail"}
+    assert {host for host, found in held["conditions"].items() if found} == failed
+
+    valid = sum(1 for row in rows if not any("decode cell is" in why for why in row["why"]))
+    result = cli("coordinator", "doctor", "--level", "2", "--hosts", names, timeout=240)
+    assert result.returncode in (0, 1), result.stderr
+    assert result.stdout.count("mlx-fleet doctor, level 2") == 1
+    for agent in pair:
+        line = next(line for line in result.stdout.splitlines() if agent.address in line)
+        assert " pass" in line or " fail" in line
+    assert f"no band yet ({valid} of 3" in result.stdout
+
+
+def test_a_level_past_2_is_one_line_exit_2() -> None:
+    result = cli("coordinator", "doctor", "--level", "4", "--hosts", "127.0.0.1:1")
+    assert result.returncode == 2
+    assert "--level 4: choose 1 or 2" in result.stderr

@@ -110,7 +110,7 @@ def _calibrate(
 ) -> None:
     monitor = open_monitor(thermal, EXIT_USAGE)
     source = monitor.source
-    clocks = own_clocks(source) or open_clock_source(source)
+    clocks = open_clock_source(source)
     load: LoadChild | None = None
     try:
         first = monitor.read()
@@ -148,7 +148,7 @@ def _calibrate(
     finally:
         if load is not None:
             load.close()
-        getattr(clocks, "close", lambda: None)()
+        clocks.close()
         monitor.close()
     try:
         save_calibration(point)
@@ -168,13 +168,6 @@ def keep_polls(samples: list[CalibrationSample]) -> None:
     lines = [json.dumps(dataclasses.asdict(sample)) for sample in samples]
     with contextlib.suppress(OSError):  # the record of a run, not the policy: best effort
         replace_atomically(data_dir() / POLLS_FILE, "".join(f"{line}\n" for line in lines))
-
-
-def own_clocks(source: object) -> object | None:
-    """The source's own clock when it carries one that reads (the plant's), which
-    open_clock_source takes only when it is a ClockSource."""
-    own = getattr(source, "clock_source", None)
-    return own if callable(getattr(own, "read", None)) else None
 
 
 def default_stop(scale: str | None) -> float | None:

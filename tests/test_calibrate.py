@@ -7,6 +7,7 @@ interrupted runs store nothing and keep the previous policy."""
 from __future__ import annotations
 
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -14,10 +15,13 @@ import time
 from pathlib import Path
 
 import pytest
+import zmq
 
 from agent.cooling.calibration_file import calibration_path, load_calibration, save_calibration
 from shared.cooling.plant import PRESETS, unthrottled_optimum
 from shared.cooling.throttle_point import ThrottlePoint, find_throttle_point
+from shared.io.keys import own_keypair
+from shared.io.transport import AgentClient, AgentError
 from tests.conftest import console_script, piped, run_cli, subprocess_env
 from tests.fakes.hostile_agent import HostileAgent
 from tests.fleet_support import AgentPool, cli, exchange_keys
@@ -233,6 +237,17 @@ def test_coordinator_calibrate_follows_each_host_and_its_policy_names_the_calibr
 def test_coordinator_calibrate_is_refused_by_a_busy_host(agents: AgentPool) -> None:
     agent = agents.start(thermal=PLANT)
     exchange_keys(agent)
+    ctx = zmq.Context()
+    client = AgentClient(ctx, agent.address, agent.key, own_keypair(), 5.0)
+    try:  # what no coordinator sends: refused by the agent itself, nothing started
+        client.connect()
+        for minutes in (0, -1, 1e9, math.nan):
+            with pytest.raises(AgentError, match="minutes must be above 0 and at most 600"):
+                client.request("calibrate.start", {"minutes": minutes})
+        assert client.request("calibrate.get")["state"] == "none"
+    finally:
+        client.close()
+        ctx.term()
     job = subprocess.Popen(  # beside the agent: its data directory
         [console_script("agent"), "run", "--", sys.executable, "-c", "input()"],
         stdin=subprocess.PIPE,

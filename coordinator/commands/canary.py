@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
+from rich.text import Text
 
 from coordinator.commands.runs import load_reports
 from shared.benchmark.canary import SPLITS, CanaryError, canary
@@ -65,7 +66,7 @@ def percent(value: float | None) -> str:
 
 def canary_table(found: dict[str, Any]) -> FitTable:
     title = f"mlx-fleet canary: {found['split']} {found['before']} → {found['after']}"
-    table = FitTable(title=shown(title))
+    table = FitTable(title=Text(shown(title)))
     for name in ("cells", "hosts before", "hosts after", "delta", "95 % interval"):
         table.add_column(name, justify="right", wrap=WHOLE)
     interval = found["ci95"]

@@ -9,6 +9,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from rich.text import Text
+
 from coordinator.hosts.link import Settings, Target
 from coordinator.runs.conditions import add_condition, uncordon
 from coordinator.runs.fleet import run_fleet
@@ -100,15 +102,15 @@ def level_two_table(rows: list[dict[str, Any]]) -> FitTable:
         speed = row["tokens_per_sec"]
         low_high = row["band"]
         table.add_row(
-            shown(row["host"]),
+            Text(shown(row["host"])),
             "ok" if row["report"] and row["report"]["ok"] else "failed",
             "N/A" if speed is None else f"{speed:.1f}",
             f"no band yet ({row.get('band_runs', 0)} of 3 results)"
             if low_high is None
             else f"{low_high[0]:.1f} to {low_high[1]:.1f}",
             "N/A" if row["bandwidth_gbs"] is None else f"{row['bandwidth_gbs']:.0f} GB/s",
-            shown(row["sensor"] or "N/A"),
-            row["verdict"] + (f": {shown('; '.join(row['why']))}" if row["why"] else ""),
+            Text(shown(row["sensor"] or "N/A")),
+            Text(row["verdict"] + (f": {shown('; '.join(row['why']))}" if row["why"] else "")),
             style="red" if row["verdict"] == FAIL else None,
         )
     return table

@@ -7,11 +7,19 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
+from rich.text import Text
 
-from coordinator.runs.conditions import conditions, known_host, record_health, uncordon
-from coordinator.runs.health import latest_run, run_health
+from coordinator.runs.conditions import (
+    add_condition,
+    conditions,
+    known_host,
+    record_health,
+    uncordon,
+)
+from coordinator.runs.health import latest_run, observations, run_health
 from coordinator.runs.store import RunStore, UnknownRunError
-from shared.benchmark.health import NO_FAMILY, as_dict
+from shared.benchmark.health import DRIFT, NO_FAMILY, PANICKED, as_dict, drifted, panicked
+from shared.clock import utc_now
 from shared.io.cli import data_home, emit, err, usage_error
 from shared.io.options import TableFormat
 from shared.io.sqlite import StoreError
@@ -48,8 +56,12 @@ def health(run: HealthRun = None, record: Record = True, fmt: TableFormat = "tab
             if run_id is None:
                 raise usage_error("no benchmark run stored yet: `coordinator benchmark` makes one")
             scores = run_health(store, run_id)
+            named = named_conditions(store, run_id)
             if record:
                 record_health(store, run_id, scores)
+                for host, found in named.items():
+                    for name, detail in found.items():
+                        add_condition(store, host, name, detail, run_id)
             cordons = conditions(store)
     except (UnknownRunError, StoreError) as exc:
         raise usage_error(str(exc)) from None
@@ -57,10 +69,23 @@ def health(run: HealthRun = None, record: Record = True, fmt: TableFormat = "tab
         "run_id": run_id,
         "hosts": [as_dict(score) for score in scores.values()],
         "conditions": cordons,
+        "found": named,
     }
     emit(report, fmt, health_table)
     if not scores and fmt == "table":
         err.print(f"run {run_id} has no valid cell to score", highlight=False, markup=False)
+
+
+def named_conditions(store: RunStore, run_id: str) -> dict[str, dict[str, str]]:
+    """The run's hosts that drift from their siblings' software or panicked in the last 24 h:
+    host -> {condition: why}."""
+    found: dict[str, dict[str, str]] = {}
+    for host, why in drifted(observations(store), run_id).items():
+        found.setdefault(host, {})[DRIFT] = why
+    cells = store.load_report(run_id)["cells"]
+    for host, why in panicked(cells, utc_now().timestamp()).items():
+        found.setdefault(host, {})[PANICKED] = why
+    return found
 
 
 HEALTH_FOLDS = ("family", "spread", "own spread", "runs")
@@ -81,20 +106,20 @@ def health_table(report: dict[str, Any]) -> FitTable:
             marks += f" [cordoned: {', '.join(held)}]"
         relative = ratio(host["relative"]) if host["relative"] is not None else NO_FAMILY
         table.add_row(
-            shown(host["host"]),
-            shown(host["family"]),
+            Text(shown(host["host"])),
+            Text(shown(host["family"])),
             relative,
             share(host["family_spread"]),
             ratio(host["individual"]),
             share(host["own_spread"]),
             str(host["history"]),
-            shown(marks.strip(", ")),
+            Text(shown(marks.strip(", "))),
             style="red" if host["flags"] else None,
         )
     for name, held in cordons.items():
         if name not in {host["host"] for host in report["hosts"]}:
             listed = ", ".join(item["name"] for item in held)
-            table.add_row(shown(name), "", "", "", "", "", "", f"[cordoned: {shown(listed)}]")
+            table.add_row(Text(shown(name)), "", "", "", "", "", "", Text(f"[cordoned: {listed}]"))
     return table
 
 

@@ -305,3 +305,51 @@ def band(history: Sequence[float]) -> tuple[float, float] | None:
     middle = statistics.median(history)
     reach = threshold(robust_spread(history))
     return middle * (1 - reach), middle * (1 + reach)
+
+
+DRIFT = "drift"
+PANICKED = "panicked"
+PANIC_WINDOW_S = 24 * 3600
+
+
+def drifted(observations: Iterable[Observation], run: str) -> dict[str, str]:
+    """Hosts of `run` whose macOS build or MLX version differs from what most of their
+    hardware siblings (same chip, GPU cores, memory; at least MIN_FAMILY of them) run, each
+    with why (config drift: exo#1599, mlx#3755)."""
+    software: dict[str, tuple] = {}
+    for item in observations:
+        if item.run == run:
+            software[item.host] = item.family
+    by_hardware: dict[tuple, list[str]] = {}
+    for host, family in software.items():
+        by_hardware.setdefault(family[:3], []).append(host)
+    found = {}
+    for hosts in by_hardware.values():
+        if len(hosts) < MIN_FAMILY:
+            continue
+        versions = [software[host][4:6] for host in hosts]
+        usual = max(set(versions), key=versions.count)
+        if versions.count(usual) * 2 <= len(versions):
+            continue  # no majority: nobody is the odd one
+        for host, version in zip(hosts, versions, strict=True):
+            if version != usual:
+                found[host] = (
+                    f"macOS {version[0]}, MLX {version[1]} where {versions.count(usual)} of its "
+                    f"{len(hosts)} siblings run macOS {usual[0]}, MLX {usual[1]}"
+                )
+    return found
+
+
+def panicked(records: Iterable[Mapping[str, Any]], now: float) -> dict[str, str]:
+    """Hosts whose cells carry a kernel panic report from the PANIC_WINDOW_S before `now`
+    (Unix seconds), each with its newest panic's first line."""
+    found: dict[str, tuple[float, str]] = {}
+    for record in records:
+        for panic in record.get("panics") or ():
+            when = panic.get("time") if isinstance(panic, Mapping) else None
+            if not isinstance(when, (int, float)) or now - when > PANIC_WINDOW_S:
+                continue
+            host = str(record.get("host"))
+            if host not in found or when > found[host][0]:
+                found[host] = (when, str(panic.get("panic_string") or panic.get("file")))
+    return {host: f"kernel panic in the last 24 h: {text}" for host, (_, text) in found.items()}

@@ -135,7 +135,8 @@ def calibrate(
     the onset, and keeps what it found as its calibrated policy (under any thresholds set with
     `coordinator policy`). Progress per host on stderr; at the end each host's onset, time to
     throttle, sustainable duty and both operating points. A host running a job refuses (busy).
-    Exit 1 when any host did not calibrate.
+    Ctrl-C stops following: each agent's calibration goes on and is kept (`coordinator policy`
+    then names it). Exit 1 when any host did not calibrate.
     """
     targets = targets_or_known(hosts, hostfile)
     settings = settings_for(insecure, connect_timeout)

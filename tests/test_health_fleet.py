@@ -65,6 +65,14 @@ def test_a_slow_host_is_out_of_family_cordoned_skipped_and_uncordoned(
     assert set(health["conditions"]) == {sick.address}
     assert health["conditions"][sick.address][0]["name"] == "out-of-family"
 
+    status = json.loads(cli("coordinator", "status", "--hosts", names, "-o", "json").stdout)
+    assert {row["host"]: row["conditions"] for row in status} == {
+        **{agent.address: [] for agent in healthy},
+        sick.address: ["out-of-family"],
+    }
+    shown = cli("coordinator", "status", "--hosts", names).stdout
+    assert f"{sick.address} (cordoned: out-of-family)" in shown
+
     skipped = cli("coordinator", "benchmark", "--hosts", names, *MATRIX, "-o", "json", timeout=400)
     assert skipped.returncode == 0, skipped.stderr
     lines = [line for line in skipped.stderr.splitlines() if "cordoned" in line]

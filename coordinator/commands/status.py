@@ -17,10 +17,13 @@ from coordinator.commands.hosts import (
     settings_for,
     targets_or_known,
 )
+from coordinator.runs.conditions import conditions
+from coordinator.runs.store import RunStore
 from shared.cooling.sources import read_from
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import data_home, emit
 from shared.io.options import TableFormat
+from shared.io.sqlite import StoreError
 from shared.io.transport import AgentClient
 from shared.reports.benchmark import NA, hardware_details, memory_text
 from shared.safe_text import shown
@@ -72,9 +75,10 @@ def status_table(rows: list[dict[str, Any]]) -> FitTable:
         if row["celsius"] is not None and row["simulated"]:
             celsius += " (simulated)"
         job = row["job"]
+        cordoned = row.get("conditions")
         table.add_row(
             *cells(
-                row["host"],
+                row["host"] + (f" (cordoned: {', '.join(cordoned)})" if cordoned else ""),
                 "yes",
                 row["agent"],
                 ", ".join(filter(None, [row["device"] or NA, row["hardware"]])),
@@ -93,6 +97,18 @@ def cells(*values: object) -> list[Text]:
     return [Text(shown(value)) for value in values]
 
 
+def with_conditions(rows: list[dict[str, Any]]) -> None:
+    """Each row's `conditions` from the run store (coordinator.runs.conditions): the names that
+    cordon the host, empty when none; nil when no store can be read."""
+    try:
+        with RunStore() as store:
+            held = conditions(store, [row["host"] for row in rows])
+    except StoreError:
+        held = None
+    for row in rows:
+        row["conditions"] = None if held is None else [c["name"] for c in held.get(row["host"], [])]
+
+
 def status(
     hosts: KnownHosts = None,
     hostfile: Hostfile = None,
@@ -108,6 +124,7 @@ def status(
     targets = targets_or_known(hosts, hostfile)
     settings = settings_for(insecure, connect_timeout)
     rows = ask_each(targets, settings, lambda target: {"reachable": False}, ask_status)
+    with_conditions(rows)
     emit(rows, fmt, status_table)
     if not all(row["reachable"] for row in rows):
         raise typer.Exit(EXIT_PARTIAL)

@@ -8,6 +8,7 @@ not the knowledge.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,6 +20,17 @@ from mlx.utils import tree_flatten
 DEFAULT_SEED = 0
 QUANT_GROUP_SIZE = 64
 SUPPORTED_BITS = (4, 8, 16)
+
+
+SIZES = (
+    "hidden_size",
+    "num_hidden_layers",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+)
+"""ModelArgs' whole-number sizes, each at least 1."""
 
 
 @dataclass
@@ -33,6 +45,28 @@ class ModelArgs:
     rms_norm_eps: float = 1e-5
     rope_theta: float = 500000.0
     tie_word_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        """Refuse a shape MLX would fail on later in its own words (issue 42: hidden_size=0
+        was a ZeroDivisionError, num_hidden_layers=-1 built a model of no layers)."""
+        for name in SIZES:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} must be a multiple of num_attention_heads "
+                f"{self.num_attention_heads}"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads {self.num_attention_heads} must be a multiple of "
+                f"num_key_value_heads {self.num_key_value_heads}"
+            )
+        for name in ("rms_norm_eps", "rope_theta"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number above 0, got {value!r}")
 
     @property
     def head_dim(self) -> int:

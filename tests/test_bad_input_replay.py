@@ -147,3 +147,23 @@ def test_the_python_api_refuses_bad_arguments_before_mlx(call: str, named: str) 
     }
     with pytest.raises(ValueError, match=re.escape(named)):
         calls[call]()
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"hidden_size": 0}, "hidden_size must be a whole number of at least 1, got 0"),
+        ({"num_hidden_layers": -1}, "num_hidden_layers must be a whole number of at least 1"),
+        ({"num_attention_heads": 3}, "must be a multiple of num_attention_heads 3"),
+        ({"num_key_value_heads": 3}, "must be a multiple of num_key_value_heads 3"),
+        ({"rope_theta": float("nan")}, "rope_theta must be a finite number above 0"),
+    ],
+)
+def test_a_model_shape_mlx_cannot_build_is_refused_by_name(change: dict, named: str) -> None:
+    """Issue 42: hidden_size=0 was a ZeroDivisionError, num_hidden_layers=-1 built nothing."""
+    import dataclasses
+
+    from agent.model import ModelArgs
+
+    with pytest.raises(ValueError, match=re.escape(named)):
+        dataclasses.replace(ModelArgs.small(), **change)

@@ -115,3 +115,38 @@ def test_metrics_of_every_host_parse_and_ctrl_c_ends_the_monitor(
     out, err = process.communicate(timeout=15)
     assert process.returncode == 130, err  # interrupted (README, Exit codes)
     assert "Traceback" not in err and hot.address in out
+
+
+def test_a_cordoned_hosts_conditions_are_exported_and_lifted(
+    fleet_home: Path, monitoring: list[subprocess.Popen[str]]
+) -> None:
+    """mlx_fleet_host_condition is read from the run store at each scrape (the alert
+    MlxFleetHostCordoned fires on it: deploy/prometheus)."""
+    from coordinator.runs.conditions import add_condition
+    from coordinator.runs.store import RunStore
+
+    with RunStore(fleet_home / "coordinator.sqlite") as store:
+        add_condition(store, "mac3", "out-of-family", "38.0 % below its family", None)
+        add_condition(store, "mac3", "drift", "macOS 25A1", None)
+    process = piped(
+        [console_script("coordinator"), "monitor", "--hosts", "127.0.0.1:1",
+         "--connect-timeout", "1", "--prometheus", "127.0.0.1:0"],
+    )  # fmt: skip
+    monitoring.append(process)
+    assert process.stderr is not None
+    url, deadline = None, time.monotonic() + 30
+    while url is None and time.monotonic() < deadline:
+        if select.select([process.stderr], [], [], 0.2)[0]:
+            match = ANNOUNCED.search(process.stderr.readline())
+            url = match.group(1) if match else None
+    assert url is not None
+    held = scrape(url)["mlx_fleet_host_condition"]
+    assert held == {
+        (("condition", "drift"), ("host", "mac3")): 1.0,
+        (("condition", "out-of-family"), ("host", "mac3")): 1.0,
+    }
+    lifted = subprocess.run(
+        [console_script("coordinator"), "uncordon", "mac3"], capture_output=True, text=True
+    )
+    assert lifted.returncode == 0, lifted.stderr
+    assert "mlx_fleet_host_condition" not in scrape(url)  # a family with no sample is not listed

@@ -42,10 +42,26 @@ DRAW_EVERY_S = 1.0
 default, and drawing a lab's table is the monitor's largest cost (docs/performance.md)."""
 
 
+def stored_conditions() -> dict[str, list[str]]:
+    """Each cordoned host's condition names from the run store, at each scrape; none when the
+    store cannot be read (the scrape goes on)."""
+    from coordinator.runs.conditions import conditions
+    from coordinator.runs.store import RunStore
+
+    try:
+        with RunStore() as store:
+            return {
+                host: [item["name"] for item in found] for host, found in conditions(store).items()
+            }
+    except StoreError:
+        return {}
+
+
 def start_exporter(metrics: TelemetryMetrics, address: str) -> MetricsServer:
     """/metrics at `address`, announced on stderr with the port actually bound."""
-    from shared.io.metrics import parse_address, serve_metrics
+    from shared.io.metrics import ConditionsCollector, parse_address, serve_metrics
 
+    metrics.registry.register(ConditionsCollector(stored_conditions))
     try:
         server = serve_metrics(metrics.registry, address)
     except ValueError as exc:

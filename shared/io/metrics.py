@@ -87,6 +87,7 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics import MetricWrapperBase
 
 from shared.benchmark.verdict import REASONS, VALID, VERDICTS, judge
@@ -546,6 +547,25 @@ class TelemetryMetrics(MetricFamilies):
         while len(state.cells) > BENCH_CELLS_MAX:
             for metric, extra in state.cells.popitem(last=False)[1]:
                 self._drop(state, metric, *extra)
+
+
+class ConditionsCollector:
+    """`mlx_fleet_host_condition{host, condition}` 1 for each condition the run store holds
+    (coordinator health, doctor --level 2), read by `read` at each scrape: host -> names."""
+
+    def __init__(self, read: Callable[[], Mapping[str, list[str]]]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterable[Any]:
+        family = GaugeMetricFamily(
+            "mlx_fleet_host_condition",
+            "1 for each named condition that cordons the host (docs/performance.md, Fleet health).",
+            labels=["host", "condition"],
+        )
+        for host, names in self.read().items():
+            for name in names:
+                family.add_metric([host, name], 1.0)
+        yield family
 
 
 def parse_address(text: str) -> tuple[str, int]:

@@ -186,6 +186,7 @@ def test_a_real_prometheus_scrapes_a_real_agent(prometheus: tuple[str, AgentProc
         "MlxFleetJobStopped",
         "MlxFleetHot",
         "MlxFleetThrottling",
+        "MlxFleetHostCordoned",
     ]
     assert all(rule["health"] != "err" for group in groups for rule in group["rules"])
     hot = query_until(base, 'ALERTS{alertname="MlxFleetHot"}')  # 80 °C >= 75: pending at once

@@ -12,7 +12,7 @@ import pytest
 
 from coordinator.runs.store import RunStore
 from shared.benchmark.canary import CanaryError, canary, version_order
-from tests.fleet_support import cli
+from tests.fleet_support import AgentPool, cli, exchange_keys
 
 MACHINE = {"chip": "Apple M2 Max", "gpu_cores": 38, "memory_gb": 64, "backend": "gpu"}
 CELLS = (("pp512", "prefill", 512, 0), ("tg128", "decode", 0, 128))
@@ -95,3 +95,21 @@ def test_no_change_has_an_interval_around_zero_and_one_host_a_side_has_none() ->
         canary(same, "macos", before="23A1")
     assert canary(same, "macos", before="24B83").after == "24A335"
     assert version_order("0.29.10") > version_order("0.29.9")
+
+
+@pytest.mark.slow
+def test_a_live_canary_runs_the_pinned_cell_and_refuses_a_split_with_one_side(
+    agents: AgentPool,
+) -> None:
+    """Two agents on one machine run one macOS build: the pinned cell runs and is stored, and
+    the split leaves one side: one line, exit 2."""
+    pair = [agents.start("mac1"), agents.start("mac2")]
+    for agent in pair:
+        exchange_keys(agent)
+    names = ",".join(agent.address for agent in pair)
+    result = cli("coordinator", "canary", "--hosts", names, "--split", "macos", timeout=240)
+    assert result.returncode == 2
+    assert "--split macos needs exactly two sides among valid cells" in result.stderr
+    (stored,) = json.loads(cli("coordinator", "runs", "-o", "json").stdout)
+    assert stored["hosts"] == [agent.address for agent in pair] and stored["ok"] == 2
+    assert cli("coordinator", "canary", "--split", "macos").returncode == 2

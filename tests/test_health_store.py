@@ -43,6 +43,14 @@ def test_health_names_the_slow_the_drifted_and_the_panicked_host(fleet_home: Pat
     assert "where 19 of its 20 siblings run macOS 24A335" in found["found"]["mac05"]["drift"]
     assert "watchdog" in found["found"]["mac11"]["panicked"]
 
+    compared = cli("coordinator", "compare", found["run_id"], found["run_id"])
+    assert compared.returncode == 0, compared.stderr
+    assert "A: mac07 is out-of-family: 2" in compared.stderr
+    assert "B: mac07 is out-of-family" in compared.stderr
+    shown = json.loads(cli("coordinator", "show", found["run_id"], "-o", "json").stdout)
+    slow = [c for c in shown["cells"] if c["host"] == "mac07"]
+    assert all("out-of-family" in c["flags"] and c["relative_score"] < 0.9 for c in slow)
+
     table = cli("coordinator", "health")
     assert "mac07" in table.stdout and "[cordoned: out-of-family]" in table.stdout
     assert "[cordoned: drift]" in table.stdout

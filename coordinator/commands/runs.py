@@ -51,6 +51,7 @@ from shared.io.options import (
     output_format,
 )
 from shared.io.sqlite import StoreError
+from shared.safe_text import shown
 from shared.tables import WHOLE, WORDS, FitTable
 
 CompareFormat = output_format(COMPARE_FORMATS)
@@ -225,3 +226,15 @@ def compare(
         print_rich(rich_comparison(rows, name_a, name_b))
     else:
         sys.stdout.write(comparison_text(rows, name_a, name_b, fmt))
+    health_lines(report_a, report_b)
+
+
+def health_lines(report_a: dict[str, Any], report_b: dict[str, Any]) -> None:
+    """Each side's hosts flagged by fleet health (shared.benchmark.health), one line each on
+    stderr: a speed-up measured on a sick Mac says more about the Mac."""
+    for side, report in (("A", report_a), ("B", report_b)):
+        for host in report.get("health") or []:
+            if host["flags"]:
+                flags, why = ", ".join(host["flags"]), "; ".join(host["why"])
+                line = f"{side}: {host['host']} is {flags}: {why}"
+                err.print(shown(line), highlight=False, markup=False)

@@ -79,6 +79,14 @@ def test_a_slow_host_is_out_of_family_cordoned_skipped_and_uncordoned(
     assert len(lines) == 1 and lines[0].startswith(f"skipping {sick.address}:")
     assert sick.address not in {c["host"] for c in json.loads(skipped.stdout)["cells"]}
 
+    alone = cli("coordinator", "benchmark", "--hosts", sick.address, *MATRIX[:5])
+    assert alone.returncode == 2 and "every host named is cordoned" in alone.stderr
+    forced = cli(
+        "coordinator", "benchmark", "--hosts", sick.address, *MATRIX[:5], "--include-cordoned"
+    )
+    assert forced.returncode == 0, forced.stderr
+    assert "skipping" not in forced.stderr
+
     lifted = cli("coordinator", "uncordon", sick.address)
     assert lifted.returncode == 0 and "lifted out-of-family" in lifted.stderr
     back = cli("coordinator", "benchmark", "--hosts", sick.address, *MATRIX[:5], "-o", "json")

@@ -73,3 +73,11 @@ def test_a_reports_decode_cells_carry_their_roofline_and_the_suspect_flag() -> N
     assert marked[0]["flags"] == [SUSPECT] and marked[0]["roofline"]["fraction"] > 1
     assert marked[1]["flags"] == [] and 0.25 < marked[1]["roofline"]["fraction"] < 1
     assert "roofline" not in marked[2]
+
+
+def test_one_macs_report_marks_its_cells_from_its_own_machine_and_models() -> None:
+    """`agent bench`'s report: `machine` and `models` at the top, cells named by hostname."""
+    cell = {**decode(269.0), "host": "mbp", "model": QWEN3_4B_4BIT["model"], "bits": None}
+    report = {"machine": M4_MAX, "models": [QWEN3_4B_4BIT], "cells": [cell]}
+    (marked,) = mark_roofline(report)
+    assert marked["flags"] == [SUSPECT] and marked["roofline"]["bandwidth_gbs"] == 546.0

@@ -37,6 +37,7 @@ from agent.profiling.runner import exit_beside_an_abandoned_build, run_matrix
 from agent.thermal import ThermalMonitor, ThermalReading
 from shared.benchmark.matrix import MatrixError, MatrixSpec, expand, resolve_bits
 from shared.benchmark.results import failed_cells, not_run
+from shared.benchmark.roofline import mark_roofline
 from shared.benchmark.status import (
     PauseView,
     activity_label,
@@ -382,6 +383,7 @@ def measure(
         report["cells"] += not_run(cells[len(report["cells"]) :], "thermal shutdown")
     for record in report["cells"]:  # every format names where a cell ran, as a fleet's does
         record["host"] = report["machine"]["hostname"]
+    report["cells"] = mark_roofline(report)  # decode cells against the chip's bandwidth
     report["finished_at"] = now_iso()
     report["wall_s"] = time.monotonic() - started
 

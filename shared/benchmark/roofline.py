@@ -144,9 +144,11 @@ def is_suspect(found: Mapping[str, Any] | None) -> bool:
 
 
 def mark_roofline(report: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Copies of a fleet report's cells, each decode cell with its `roofline` (its host's
-    machine, its model's info) and flagged `suspect` outside 0.25 to 1.0."""
-    hosts = report.get("hosts") or []
+    """Copies of a report's cells (a fleet's, or one Mac's: its `machine` and `models` at the
+    top), each decode cell with its `roofline` (its host's machine, its model's info) and
+    flagged `suspect` outside 0.25 to 1.0."""
+    alone = {"host": None, "machine": report.get("machine"), "models": report.get("models")}
+    hosts = report.get("hosts") or [alone]
     machines = {host.get("host"): host.get("machine") for host in hosts}
     models = {
         (host.get("host"), info.get("model"), info.get("bits")): info
@@ -155,7 +157,7 @@ def mark_roofline(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     }
     marked = []
     for record in report.get("cells") or []:
-        host = record.get("host")
+        host = record.get("host") if "hosts" in report else None
         found = roofline(
             record, machines.get(host), models.get((host, record.get("model"), record.get("bits")))
         )

@@ -81,3 +81,11 @@ def test_one_macs_report_marks_its_cells_from_its_own_machine_and_models() -> No
     report = {"machine": M4_MAX, "models": [QWEN3_4B_4BIT], "cells": [cell]}
     (marked,) = mark_roofline(report)
     assert marked["flags"] == [SUSPECT] and marked["roofline"]["bandwidth_gbs"] == 546.0
+
+
+def test_the_table_and_markdown_show_the_fraction_beside_the_flags() -> None:
+    from shared.reports.benchmark import flags
+
+    record = {"status": "ok", "flags": [SUSPECT], "roofline": {"fraction": 1.12}}
+    assert flags(record) == "suspect, roofline 112%"
+    assert flags({"status": "ok", "flags": [], "roofline": {"fraction": None}}) == ""

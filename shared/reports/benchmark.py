@@ -108,6 +108,8 @@ def flags(record: Record) -> str:
         marks.insert(0, "fastest")
     if record.get("tokens_check"):
         marks.append(f"tokens {record['tokens_check']}")
+    if (record.get("roofline") or {}).get("fraction") is not None:  # shared.benchmark.roofline
+        marks.append(f"roofline {record['roofline']['fraction']:.0%}")
     if record.get("status") == NOT_RUN:
         marks.append(f"not run: {record.get('error')}")
     elif record.get("invalid"):

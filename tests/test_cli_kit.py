@@ -62,7 +62,7 @@ def test_the_policy_options_unset_take_the_thermal_sources_defaults(name: str) -
     exposed = options_of(command(agent_app, name), PolicyOptions)
     assert {key: value[1] for key, value in exposed.items()} == dict.fromkeys(
         ("max_speed_temp", "pause_temp", "stop_temp", "hysteresis", "pace_temp", "pace_slice",
-         "pace_min_duty")
+         "pace_min_duty", "pace_at_onset")
     )  # fmt: skip
     smc = PolicyOptions().in_force("smc")
     assert str(smc) == "policy 95/114/120 °C (defaults for smc)"

@@ -376,5 +376,5 @@ def test_a_policy_events_detail_says_its_origin_and_a_peers_words_are_checked() 
     assert origin_in_detail("max_speed_temp=75 pause_temp=85") is None  # an older agent
     assert origin_in_detail("x (rm -rf /)") is None and origin_in_detail(7) is None
     assert origin_told("defaults for smc") == "defaults for smc"
-    for told in (None, 3, "", "a\x1b[31mred", "x" * 201):
+    for told in (None, 3, "", "a\x1b[31mred", "x" * 301):
         assert origin_told(told) is None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from shared.cooling.calibration import (
     SET_BY_COORDINATOR,
     PolicyInForce,
     calibrated_defaults,
+    merged_changes,
     policy_event_detail,
     with_given,
 )
@@ -139,7 +141,7 @@ class EnforcedPolicy:
         defaults = self._defaults
         note = self._calibrated and stale_note(self._calibrated.onset_c, self._seen)
         if note:
-            defaults = PolicyInForce(defaults.policy, f"{defaults.origin}; {note}")
+            defaults = replace(defaults, origin=f"{defaults.origin}; {note}")
         try:
             return with_given(self._scale, self._given, SET_BY_COORDINATOR, defaults)
         except ValueError as exc:
@@ -151,7 +153,7 @@ class EnforcedPolicy:
         """Validate, persist and apply; whether the policy in force changed. ValueError naming
         the problem leaves the old policy in force."""
         check_changes(changes)
-        given = {**self._given, **given_numbers(changes)}
+        given = merged_changes(self._given, given_numbers(changes))
         in_force = with_given(self._scale, given, SET_BY_COORDINATOR, self._defaults)
         if given != self._given:
             self.saved.save(given)  # enforced even when the disk refuses it

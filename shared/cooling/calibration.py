@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shared.cooling.pace import PACE_MIN_DUTY, PACE_SLICE_S, check_pace
-from shared.cooling.policy import ThermalPolicy, policy_text, updated_policy
+from shared.cooling.policy import PACE_AT_ONSET, ThermalPolicy, policy_text, updated_policy
 from shared.cooling.throttle_point import ThrottlePoint, calibrated_thresholds
 
 SEED_POLICY = ThermalPolicy()
@@ -38,6 +38,12 @@ SET_BY_COORDINATOR = "set by coordinator policy"
 SET_ON_COMMAND_LINE = "set on the command line"
 CALIBRATED_ON = "calibrated on this Mac"
 """How a calibrated policy's origin begins (ThrottlePoint.origin())."""
+NOT_PACED = "pace at onset: no calibration on this Mac (run agent calibrate)"
+"""What a policy asked to pace at the onset says on a Mac with no calibration made with the
+source it reads: not paced, and never silently."""
+PACE_BELOW_PAUSE_C = 2.0
+"""Pacing at the onset where an operator's pause_temp is at or below it: the cap sits this far
+under the pause, so the pace tier holds the Mac before a pause would stop the job."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,8 @@ class PolicyInForce:
 
     policy: ThermalPolicy
     origin: str
+    onset_c: float | None = None
+    """This Mac's calibrated onset, when the numbers stand on a calibration."""
 
     def __str__(self) -> str:
         p = self.policy
@@ -73,7 +81,8 @@ def calibrated_defaults(
     if calibrated is None or calibrated.source != source:
         return table
     thresholds = calibrated_thresholds(calibrated, table.policy.stop_temp)
-    return PolicyInForce(updated_policy(table.policy, thresholds), calibrated.origin())
+    policy = updated_policy(table.policy, thresholds)
+    return PolicyInForce(policy, calibrated.origin(), thresholds["pause_temp"])
 
 
 def with_given(
@@ -84,13 +93,53 @@ def with_given(
 ) -> PolicyInForce:
     """The defaults (`base`: calibrated_defaults(); the source's table without it) with what an
     operator set on top (`given` wins); ValueError naming the problem when the result is out of
-    order. Nothing given: the defaults, as they are."""
+    order. Nothing given: the defaults, as they are. PACE_AT_ONSET true: paced_at_onset()."""
     defaults = base or source_defaults(scale)
-    if not given:
-        return defaults
-    policy = updated_policy(defaults.policy, given)
-    unset = [key for key in ("max_speed_temp", "pause_temp", "stop_temp") if key not in given]
-    return PolicyInForce(policy, origin + (f", the rest {defaults.origin}" if unset else ""))
+    numbers = {key: value for key, value in given.items() if key != PACE_AT_ONSET}
+    in_force = defaults
+    if numbers:
+        policy = updated_policy(defaults.policy, numbers)
+        unset = [key for key in ("max_speed_temp", "pause_temp", "stop_temp") if key not in given]
+        told = origin + (f", the rest {defaults.origin}" if unset else "")
+        in_force = PolicyInForce(policy, told, defaults.onset_c)
+    return paced_at_onset(in_force, origin) if given.get(PACE_AT_ONSET) else in_force
+
+
+def paced_at_onset(in_force: PolicyInForce, origin: str) -> PolicyInForce:
+    """`in_force` paced under this Mac's calibrated onset (`origin` set that), or under
+    PACE_BELOW_PAUSE_C below a pause_temp at or below the onset (pacing holds below the pause);
+    the origin says which. Without a calibration the policy is as it was and its origin says
+    it is not paced (NOT_PACED)."""
+    onset = in_force.onset_c
+    if onset is None:
+        return replace(in_force, origin=f"{in_force.origin}; {NOT_PACED}")
+    pause = in_force.policy.pause_temp
+    if onset <= pause:
+        cap, why = onset, f"paced at its onset {onset:g} °C, {origin}"
+    else:
+        cap = pause - PACE_BELOW_PAUSE_C
+        why = (
+            f"paced at {cap:g} °C, {PACE_BELOW_PAUSE_C:g} °C under pause_temp (below its "
+            f"onset {onset:g} °C), {origin}"
+        )
+    policy = updated_policy(in_force.policy, {"pace_temp": cap})
+    return PolicyInForce(policy, f"{in_force.origin}; {why}", onset)
+
+
+def merged_changes(given: Mapping[str, object], changes: Mapping[str, object]) -> dict:
+    """`changes` over the settings `given` so far: a pace_temp (a number, or nil) and PACE_AT_ONSET
+    replace each other, and PACE_AT_ONSET false is dropped (not paced at the onset); ValueError
+    when one change asks for both a cap and the onset."""
+    if changes.get(PACE_AT_ONSET) and changes.get("pace_temp") is not None:
+        raise ValueError("give a pace cap or pace at the onset, not both")
+    merged = {**given, **changes}
+    if changes.get(PACE_AT_ONSET):
+        merged.pop("pace_temp", None)
+    elif "pace_temp" in changes:
+        merged.pop(PACE_AT_ONSET, None)
+    if merged.get(PACE_AT_ONSET) is False:
+        del merged[PACE_AT_ONSET]
+    return merged
 
 
 def check_given(given: dict[str, float]) -> None:
@@ -107,6 +156,8 @@ def check_given(given: dict[str, float]) -> None:
                 f"thresholds out of order: need {low_flag} < {high_flag} "
                 f"(max speed < pause < stop), got {shown}"
             )
+    if given.get(PACE_AT_ONSET) and given.get("pace_temp") is not None:
+        raise ValueError("give --pace-temp or --pace-at-onset, not both")
     if given.get("hysteresis", 0.0) < 0:
         raise ValueError(f"--hysteresis must be >= 0 °C, got {given['hysteresis']:g}")
     check_pace(
@@ -126,7 +177,7 @@ def policy_event_detail(in_force: PolicyInForce) -> str:
 def origin_told(origin: object) -> str | None:
     """An agent's `policy_origin` / `origin`, when it is one: text, one line, of a sane length;
     None otherwise (the agent did not say, or said something no display can take)."""
-    if not isinstance(origin, str) or not origin or len(origin) > 200 or not origin.isprintable():
+    if not isinstance(origin, str) or not origin or len(origin) > 300 or not origin.isprintable():
         return None
     return origin
 

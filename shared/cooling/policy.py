@@ -462,14 +462,24 @@ def policy_text(policy: ThermalPolicy) -> str:
     return " ".join(f"{key}={value:g}" for key, value in policy.to_dict().items())
 
 
+PACE_AT_ONSET = "pace_at_onset"
+"""A change's setting beside the numbers: true paces at this Mac's calibrated onset
+(shared.cooling.calibration.paced_at_onset), false no longer does."""
+
+
 def check_changes(changes: Mapping[str, Any]) -> None:
-    """ValueError naming a key ThermalPolicy has not, or a value that is not a finite number
-    (pace_temp may be None: no pace tier); the order of the thresholds depends on those not
-    given, and is checked with them."""
-    unknown = sorted(map(str, set(changes) - {f.name for f in fields(ThermalPolicy)}))
+    """ValueError naming a key ThermalPolicy has not (nor PACE_AT_ONSET), or a value that is not
+    a finite number (pace_temp may be None: no pace tier; PACE_AT_ONSET is a boolean); the order
+    of the thresholds depends on those not given, and is checked with them."""
+    known = {f.name for f in fields(ThermalPolicy)} | {PACE_AT_ONSET}
+    unknown = sorted(map(str, set(changes) - known))
     if unknown:
         raise ValueError(f"unknown ThermalPolicy keys: {', '.join(unknown)}")
     for key, value in changes.items():
+        if key == PACE_AT_ONSET:
+            if not isinstance(value, bool):
+                raise ValueError(f"{PACE_AT_ONSET} must be true or false, got {value!r}")
+            continue
         if key == "pace_temp" and value is None:
             continue  # nil: no pace tier
         if (
@@ -482,8 +492,11 @@ def check_changes(changes: Mapping[str, Any]) -> None:
 
 def given_numbers(changes: Mapping[str, Any]) -> dict[str, float | None]:
     """Changes check_changes() passed, as kept: each a float, a nil pace_temp kept (it turns a
-    pace tier off over one a calibration or an earlier change set)."""
-    return {key: None if value is None else float(value) for key, value in changes.items()}
+    pace tier off over one a calibration or an earlier change set), PACE_AT_ONSET a boolean."""
+    return {
+        key: value if value is None or key == PACE_AT_ONSET else float(value)
+        for key, value in changes.items()
+    }
 
 
 def updated_policy(current: ThermalPolicy, changes: Mapping[str, Any]) -> ThermalPolicy:

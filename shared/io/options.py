@@ -335,6 +335,15 @@ MaxSpeedGiven, PauseGiven = unset(MaxSpeedTemp), unset(PauseTemp)
 StopGiven, HysteresisGiven = unset(StopTemp), unset(Hysteresis)
 PaceTempGiven, PaceSliceGiven = unset(PaceTemp), unset(PaceSlice)
 PaceMinDutyGiven = unset(PaceMinDuty)
+PaceAtOnsetGiven = Annotated[
+    bool | None,
+    typer.Option(
+        "--pace-at-onset/--no-pace-at-onset",
+        help="Pace each Mac under its own calibrated throttle onset (agent calibrate), or under "
+        "pause-temp less 2 °C where that is lower; a Mac without a calibration is not paced and "
+        "says so. Not with --pace-temp; unset: as it is.",
+    ),
+]
 
 
 def output_format(choices: tuple[str, ...], help: str | None = None) -> Any:
@@ -592,6 +601,7 @@ class PolicyChanges:
     pace_temp: PaceTempGiven = None
     pace_slice: PaceSliceGiven = None
     pace_min_duty: PaceMinDutyGiven = None
+    pace_at_onset: PaceAtOnsetGiven = None
 
     def given(self) -> dict[str, float]:
         return {f.name: value for f in fields(self) if (value := getattr(self, f.name)) is not None}

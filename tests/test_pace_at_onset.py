@@ -2,13 +2,15 @@
 under its own calibrated throttle onset. The pure rule (the cap, the pause it must stay under,
 a Mac without a calibration), then real `agent serve` processes on the thermal plant: the
 setting pushed, its origin shown, kept across a restart; an uncalibrated one says it is not
-paced; bad input refused in one line."""
+paced; bad input refused in one line. And the clock a daemon's samples carry reaching the jobs
+it feeds (the pace tier's second input)."""
 
 from __future__ import annotations
 
 import json
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import pytest
 import zmq
 
 from agent.cooling.calibration_file import save_calibration
+from agent.cooling.session import connect_daemon, sample_clock
 from shared.cooling.calibration import (
     NOT_PACED,
     PACE_BELOW_PAUSE_C,
@@ -30,7 +33,7 @@ from shared.cooling.throttle_point import ThrottlePoint, find_throttle_point
 from shared.io.transport import AgentError
 from shared.wire import protocol as p
 from tests.conftest import run_cli
-from tests.fleet_support import AgentPool, connect, trusted_agent
+from tests.fleet_support import AgentPool, connect, receive, subscriber, trusted_agent
 from tests.test_throttle_point import run_model
 
 PLANT = "sim:plant:air,speed=120"
@@ -154,3 +157,26 @@ def test_a_cap_and_the_onset_together_are_one_line_exit_2() -> None:
     done = run_cli("coordinator", "policy", "--pace-at-onset", "--pace-temp", "80")
     assert done.returncode == 2
     assert done.stderr.strip() == "error: give --pace-temp or --pace-at-onset, not both"
+
+
+@pytest.mark.slow
+def test_a_job_under_the_daemon_gets_the_clock_its_samples_carry(
+    ctx: zmq.Context, agents: AgentPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Build 5's second input under `agent serve`: the feed of a job it supervises (the local
+    session, agent.cooling.session) hands on each sample's clocks, as a local plant's does."""
+    agent = trusted_agent(agents, thermal=PLANT, options=["--poll-interval", "0.1"])
+    sub = subscriber(ctx, agent)
+    monkeypatch.setenv("MLX_FLEET_HOME", str(agent.home))  # a process of the agent's user
+    session = connect_daemon(warn=False)
+    assert session is not None
+    try:
+        published = receive(sub, lambda m: m.type == "telemetry.sample").body
+        seen = session.next_sample(threading.Event())
+        assert seen is not None and seen.clock is not None
+        assert seen.clock.source == published["clock_source"] != "none"
+        assert seen.clock.simulated is True  # the plant's clocks, a model's: labelled so
+        assert sample_clock({**published, "clock_source": None}) is None  # an older agent
+    finally:
+        session.close()
+        sub.close()

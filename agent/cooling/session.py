@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import zmq
 
@@ -16,6 +18,7 @@ from agent.sensors.base import SourceInfo
 from agent.thermal.base import reading_from_wire
 from agent.thermal.monitor import StopFlag
 from shared.cooling.calibration import SET_BY_COORDINATOR
+from shared.cooling.clocks import ClockReading
 from shared.cooling.policy import ThermalPolicy
 from shared.io.keys import own_keypair
 from shared.io.transport import AgentClient, HostError
@@ -91,7 +94,10 @@ class DaemonSession:
                 if message.type == "telemetry.sample":
                     body = message.body
                     return Observation(
-                        reading_from_wire(body), self.policy, energy=sample_energy(body)
+                        reading_from_wire(body),
+                        self.policy,
+                        energy=sample_energy(body),
+                        clock=sample_clock(body),
                     )
                 if message.body["policy"] is not None:
                     self.policy = ThermalPolicy.from_dict(message.body["policy"])
@@ -110,6 +116,26 @@ class DaemonSession:
         self.sub.close(linger=0)
         self.client.close()
         self.ctx.term()
+
+
+def sample_clock(body: Mapping[str, Any]) -> ClockReading | None:
+    """The clocks a telemetry.sample carries (docs/protocol.md §10, validated on decoding), so
+    that a job under the daemon paces on temperature and clock like one reading its own
+    source; None from a daemon that reads no clock (`clock_source` nil or `none`, or an older
+    agent without the fields)."""
+    source = body.get("clock_source")
+    if source is None or source == "none":
+        return None
+    return ClockReading(
+        time=body["time"],
+        gpu_hz=body.get("gpu_hz"),
+        gpu_active=body.get("gpu_active"),
+        cpu_p_hz=body.get("cpu_p_hz"),
+        cpu_e_hz=body.get("cpu_e_hz"),
+        source=source,
+        simulated=bool(body.get("clock_simulated")),
+        note=body.get("clock_note"),
+    )
 
 
 def connect_daemon(timeout: float = CONNECT_TIMEOUT_S, warn: bool = True) -> DaemonSession | None:

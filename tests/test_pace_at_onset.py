@@ -33,7 +33,15 @@ from shared.cooling.throttle_point import ThrottlePoint, find_throttle_point
 from shared.io.transport import AgentError
 from shared.wire import protocol as p
 from tests.conftest import run_cli
-from tests.fleet_support import AgentPool, connect, receive, subscriber, trusted_agent
+from tests.fleet_support import (
+    AgentPool,
+    cli,
+    connect,
+    exchange_keys,
+    receive,
+    subscriber,
+    trusted_agent,
+)
 from tests.test_throttle_point import run_model
 
 PLANT = "sim:plant:air,speed=120"
@@ -180,3 +188,23 @@ def test_a_job_under_the_daemon_gets_the_clock_its_samples_carry(
     finally:
         session.close()
         sub.close()
+
+
+@pytest.mark.slow
+def test_coordinator_policy_sets_it_once_for_the_fleet(
+    agents: AgentPool, point: ThrottlePoint
+) -> None:
+    (agents.root / "mac1").mkdir(parents=True)
+    save_calibration(point, agents.root / "mac1" / "calibration.json")
+    calibrated, bare = agents.start("mac1", thermal=PLANT), agents.start("mac2", thermal=PLANT)
+    for agent in (calibrated, bare):
+        exchange_keys(agent)
+    hosts = f"{calibrated.address},{bare.address}"
+    done = cli("coordinator", "policy", "--hosts", hosts, "--pace-at-onset", "-o", "json")
+    assert done.returncode == 0, done.stderr
+    first, second = json.loads(done.stdout)
+    onset = round(point.onset_c, 1)
+    assert first["policy"]["pace_temp"] == onset and "paced at its onset" in first["origin"]
+    assert "pace_temp" not in second["policy"] and second["origin"].endswith(NOT_PACED)
+    table = cli("coordinator", "policy", "--hosts", hosts)  # shown, and said, in the table
+    assert f"{onset:g}" in table.stdout and "run agent calibrate" in table.stdout

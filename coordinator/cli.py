@@ -54,7 +54,7 @@ COMMANDS = [
         examples=(
             "coordinator canary --hosts mac1,mac2,mac3,mac4 --split macos   # runs tg128",
             "coordinator canary --runs r-20261203-1640 --split macos",
-            "coordinator canary --runs r-20261203-1640,r-20261204-0910 --split mlx -o json",
+            "coordinator canary --runs r-20261203-1640,r-20261204-0910 --split mlx",
         ),
     ),
     LazyCommand(

@@ -146,8 +146,9 @@ FORMAT_ARGS = {
     ("resume",): ["r-1"],
     ("export",): ["r-1"],
     ("verify",): ["r-1.bundle.json"],
+    ("canary",): ["--split", "macos"],
 }
-"""Positional arguments a command needs before its options are read."""
+"""Arguments a command needs before its options are read (positionals, a required option)."""
 FORMAT_IDS = [" ".join((program, *path)) for program, path, _ in FORMATTED]
 
 

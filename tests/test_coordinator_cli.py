@@ -80,8 +80,10 @@ def test_show_json_is_the_stored_report(coordinator_cli: str, two_runs: tuple[st
     first, _ = two_runs
     result = run_cli(coordinator_cli, "show", first, "--format", "json")
     assert result.returncode == 0, result.stderr
+    shown = json.loads(result.stdout)
+    assert shown.pop("health") == []  # judged as shown: two hosts are no family (issue 43)
     with RunStore() as store:
-        assert json.loads(result.stdout) == store.load_report(first)
+        assert shown == store.load_report(first)
 
 
 def test_show_table(coordinator_cli: str, two_runs: tuple[str, str]) -> None:

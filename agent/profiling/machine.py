@@ -22,7 +22,7 @@ from typing import Any
 import psutil
 
 from agent.profiling.device_probe import DeviceProbe, probe_device
-from agent.profiling.memory import to_gb
+from agent.profiling.units import to_gb
 
 GIB = 2**30
 """macOS shows memory in binary units: a 16 GB Mac has hw.memsize 17179869184 = 16 GiB."""

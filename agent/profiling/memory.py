@@ -8,7 +8,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-GB = 1e9
+from agent.profiling.units import to_gb
+
 """Decimal gigabytes, as the `*_gb` keys say and mlx-lm reports."""
 QUANTIZATION_ARRAYS = ("scales", "biases")
 
@@ -36,10 +37,6 @@ def logical_param_count(module: nn.Module, key: str, array: mx.array) -> int:
         if key == "weight":
             return array.size * 32 // bits
     return array.size
-
-
-def to_gb(num_bytes: float) -> float:
-    return num_bytes / GB
 
 
 class MemoryProfiler:

@@ -38,7 +38,8 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 
 from agent.awake.clocks import SleepClocks, SleepWindow, system_clocks
-from agent.profiling.memory import random_tokens, to_gb
+from agent.profiling.memory import random_tokens
+from agent.profiling.units import to_gb
 from shared.benchmark.matrix import DEFAULT_PREFILL_STEP
 from shared.bounds import (
     MAX_BATCH_SIZE,

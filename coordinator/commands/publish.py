@@ -52,9 +52,11 @@ EveryCell = Annotated[
 
 
 def publish(run: RunId, out: OutDir = Path("."), every: EveryCell = False) -> None:
-    """A stored run as one signed, self-describing bundle (RUN.bundle.json) and its Markdown
-    (RUN.md): every valid cell with its settings and samples, the hosts' facts, and an Ed25519
-    signature by this coordinator's key (made on first use, beside its CURVE key)."""
+    """A stored run as one signed, self-describing bundle and its Markdown.
+
+    RUN.bundle.json and RUN.md: every valid cell with its settings and samples, the hosts'
+    facts, and an Ed25519 signature by this coordinator's key (made on first use, beside its
+    CURVE key)."""
     if not out.is_dir():
         raise usage_error(f"--out {out}: no such folder")
     report = load_reports(run)[0]
@@ -82,8 +84,10 @@ def publish(run: RunId, out: OutDir = Path("."), every: EveryCell = False) -> No
 
 
 def verify(bundle: Bundle, key: SignerKey = None, fmt: TableFormat = "table") -> None:
-    """Check a published bundle: its signature (by --key if given) and every figure recomputed
-    from its samples; then its table. Exit 1 naming what does not verify."""
+    """Check a published bundle: its signature and every figure from its samples.
+
+    The signature by --key if given; every figure recomputed from its samples; then its
+    table. Exit 1 naming what does not verify."""
     try:
         read = read_bundle(bundle.read_text(encoding="utf-8"))
     except OSError as exc:

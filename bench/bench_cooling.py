@@ -3,35 +3,40 @@ The same fine-tune-like load under `agent run` on the fanless thermal plant (sim
 under each policy at the same cap, rounds interleaved:
 
 - none: no policy acts (thresholds above anything the plant reaches): the firmware throttles;
-- pause: the pause tier at the calibrated cap (pause at the onset, reduce 5 °C under it, as
-  `agent calibrate` sets it: shared.cooling.throttle_point.calibrated_thresholds);
-- pace: the pace tier at the same cap, when this checkout has it.
+- pause: the pause tier holding the same cap, as a lab would set it to prevent throttling
+  (pause_rule): it pauses one margin under the cap, the margin the pace tier's set point sits
+  under it (shared.cooling.pace: the die's rise over one poll at full speed, at least
+  PACE_MIN_MARGIN_C), and resumes one poll's rise under that, so a pause lasts a poll or two;
+  pausing at the onset itself would act only once the firmware throttled;
+- pace: the pace tier at the same cap (its own margin, learned from the readings).
 
 The load (bench/plant_load.py) computes without pause and credits work at the plant's clock
 factor, so a throttled clock does proportionally less; the plant is heated by its real duty cycle
 (agent/sensors/job_load.py), so a stopped load adds no heat. The cap is the plant's throttle
-onset, its firmware's limit (what `agent calibrate` finds on it). Each run starts the plant 5 °C
+onset, its firmware's limit (what `agent calibrate` finds on it). Each run starts the plant 2 °C
 under the cap (a Mac already warm), and is measured after its first third (the transient).
 
 Printed per policy: work per wall second (1.0 is the load at full clock, never stopped), the
 share of the plant's time throttled, the hottest die reading, the longest single stop of the
 load's process (its state T in /proc, looked at every 10 ms), and the plant's analytic best work
 rate under the cap with the clock never lowered (what stopping and continuing can reach at
-best) beside the best with the firmware's DVFS (what throttling reaches). The plant's time runs
-`--speed` times the wall's (labelled); stops are wall seconds, the job's own.
+best) beside the best with the firmware's DVFS (what throttling reaches).
 
-    python bench/bench_cooling.py [--seconds 60] [--speed 10] [--poll-interval 0.1]
-                                  [--repeats 3] [--quick]
+Time scale: the plant's time runs `--speed` times the wall's (labelled), and every setting is
+the Mac's scaled by it, so a stop lasts as long against the die as it would on a Mac: agent run
+polls every plant second (0.25 s x 4, a Mac's 1 s poll; the firmware also looks every plant
+second), and paces in slices of 0.2 plant seconds (0.05 s x 4, the default slice on a Mac).
+A stop is printed in plant seconds (what a Mac would see: issue 41's "no stop of 1 s") and in
+wall seconds (what was measured); a pause lasts whole polls.
 
-The plant's firmware looks every plant second; at the defaults `agent run` reads the plant every
-plant second too (0.1 s x 10), as it reads a real Mac at its 1 s poll: a faster plant would
-handicap every policy against the firmware.
+    python bench/bench_cooling.py [--seconds 60] [--speed 4] [--repeats 3] [--quick]
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -43,6 +48,7 @@ from pathlib import Path
 from support import BenchError, interleave, machine, parser, round_count, run, spread
 
 from agent.thermal.plant import PLANT_STATE_ENV, read_plant_state
+from shared.cooling.pace import PACE_MARGIN_C, PACE_MIN_MARGIN_C, PACE_SLICE_S
 from shared.cooling.plant import PRESETS, best_work_rate, plant_spec, unthrottled_optimum
 from shared.io.paths import HOME_ENV
 
@@ -51,22 +57,40 @@ PLANT = PRESETS["air"]
 CAP_C = PLANT.limit_c
 """The calibrated cap: the plant's throttle onset is its firmware's limit."""
 REDUCE_BELOW_C = 5.0
-START_BELOW_C = 5.0
-"""Each run starts the plant this far under the cap: a Mac warm, at its reduce threshold."""
+START_BELOW_C = 2.0
+"""Each run starts the plant this far under the cap: a Mac warm from its work, so the die
+reaches the cap within the warm-up (a third of the run) even in --quick."""
 STOP_ABOVE_C = 5.0
+MAC_POLL_S = 1.0
+"""agent run's poll on a Mac; the bench polls the plant every MAC_POLL_S plant seconds."""
 WATCH_S = 0.01
 HELD_THROTTLED = 0.05
 """A policy holds the cap when the plant spent at most this share of its time throttled."""
 NEVER = ("--max-speed-temp", "140", "--pause-temp", "145", "--stop-temp", "150")
 """Thresholds the plant never reaches: its firmware holds the die near its limit."""
-CALIBRATED = (
-    "--max-speed-temp",
-    f"{CAP_C - REDUCE_BELOW_C:g}",
-    "--pause-temp",
-    f"{CAP_C:g}",
-    "--stop-temp",
-    f"{CAP_C + STOP_ABOVE_C:g}",
-)
+
+
+def rise_per_poll(poll_s: float) -> float:
+    """°C the die rises over one poll (plant seconds) at full speed from the cap: the plant's
+    heating rate there times the poll (the exact RC step)."""
+    hottest = PLANT.steady_c(len(PLANT.states) - 1, 1.0)
+    return (hottest - CAP_C) * (1 - math.exp(-poll_s / PLANT.tau_s))
+
+
+def pause_rule(poll_s: float) -> tuple[float, float]:
+    """(pause_temp, hysteresis) that hold CAP_C with a poll of `poll_s` plant seconds: pause
+    the pace tier's margin under the cap (the rise per poll, within PACE_MIN_MARGIN_C and
+    PACE_MARGIN_C), so a reading just under pause_temp is not followed by one over the cap;
+    resume one poll's rise under pause_temp, so a pause outlasts a single poll's cooling."""
+    rise = rise_per_poll(poll_s)
+    return CAP_C - min(max(rise, PACE_MIN_MARGIN_C), PACE_MARGIN_C), rise
+
+
+def thresholds(pause_temp: float, *more: str) -> tuple[str, ...]:
+    return (
+        *("--max-speed-temp", f"{CAP_C - REDUCE_BELOW_C:g}", "--pause-temp", f"{pause_temp:g}"),
+        *("--stop-temp", f"{CAP_C + STOP_ABOVE_C:g}", *more),
+    )
 
 
 @dataclass(frozen=True)
@@ -98,7 +122,7 @@ def process_state(pid: int) -> str | None:
     return text.rsplit(")", 1)[1].split()[0]
 
 
-def measure(flags: tuple[str, ...], seconds: float, speed: float, poll: float) -> Outcome:
+def measure(flags: tuple[str, ...], seconds: float, speed: float) -> Outcome:
     """One run of the load under `agent run` with `flags`; its figures after the warm-up."""
     with tempfile.TemporaryDirectory(prefix="bench-cooling-") as folder:
         root = Path(folder)
@@ -108,7 +132,7 @@ def measure(flags: tuple[str, ...], seconds: float, speed: float, poll: float) -
         env = {**os.environ, HOME_ENV: str(root / "home"), PLANT_STATE_ENV: str(plant)}
         command = [
             *(sys.executable, "-m", "agent", "run", "--thermal-source", spec),
-            *("--poll-interval", str(poll), *flags, "--"),
+            *("--poll-interval", f"{MAC_POLL_S / speed:g}", *flags, "--"),
             *(sys.executable, str(LOAD), str(seconds), str(progress)),
         ]
         with open(root / "agent-run.log", "w+", encoding="utf-8") as log:
@@ -156,8 +180,9 @@ def watch(process: subprocess.Popen[bytes], progress: Path, plant: Path, seconds
     return Outcome((work1 - work0) / (t1 - t0), throttled, max_c, longest)
 
 
-def pace_flags() -> tuple[str, ...] | None:
-    """The pace tier's options at the cap, where this checkout's `agent run` has them."""
+def pace_flags(speed: float) -> tuple[str, ...] | None:
+    """The pace tier's options at the cap, its slice a Mac's in plant time, where this
+    checkout's `agent run` has them."""
     help_text = subprocess.run(
         [sys.executable, "-m", "agent", "run", "--help"],
         capture_output=True,
@@ -167,31 +192,43 @@ def pace_flags() -> tuple[str, ...] | None:
     ).stdout
     if "--pace-temp" not in help_text:
         return None
-    return (*CALIBRATED, "--pace-temp", f"{CAP_C:g}")
+    slice_flag = ("--pace-slice", f"{PACE_SLICE_S / speed:g}")
+    return thresholds(CAP_C, "--pace-temp", f"{CAP_C:g}", *slice_flag)
 
 
 def main() -> None:
     cli = parser(__doc__)
     cli.add_argument("--seconds", type=float, default=None, help="wall seconds per run")
-    cli.add_argument("--speed", type=float, default=10.0, help="plant seconds per wall second")
-    cli.add_argument("--poll-interval", type=float, default=0.1, help="agent run's poll, s")
+    cli.add_argument("--speed", type=float, default=4.0, help="plant seconds per wall second")
     opts = cli.parse_args()
     seconds = opts.seconds or (20.0 if opts.quick else 60.0)
-    policies: dict[str, tuple[str, ...]] = {"none": NEVER, "pause": CALIBRATED}
-    pace = pace_flags()
-    if pace is not None:
-        policies["pace"] = pace
+    if not 1 <= opts.speed <= PACE_SLICE_S / 0.05:
+        raise BenchError(
+            f"--speed must be 1 to {PACE_SLICE_S / 0.05:g} (a Mac's slice in plant time)"
+        )
+    pace = pace_flags(opts.speed)
+    if pace is None:
+        raise BenchError("this checkout's agent run has no pace tier (--pace-temp)")
+    pause_temp, hysteresis = pause_rule(MAC_POLL_S)
+    policies = {
+        "none": NEVER,
+        "pause": thresholds(pause_temp, "--hysteresis", f"{hysteresis:.3g}"),
+        "pace": pace,
+    }
     print(f"machine: {machine()}")
     print(
         f"plant {plant_spec(PLANT)} at plant time x{opts.speed:g} (simulated), cap {CAP_C:g} °C, "
-        f"agent run --poll-interval {opts.poll_interval:g} s, {seconds:g} s runs"
-        + ("" if pace else "; no pace tier in this checkout: none and pause only")
+        f"a poll every {MAC_POLL_S:g} plant s ({MAC_POLL_S / opts.speed:g} s), "
+        f"{seconds:g} s runs ({seconds * opts.speed:g} plant s)"
+    )
+    print(
+        f"pause tier: pause at {pause_temp:.2f} °C, resume under {pause_temp - hysteresis:.2f} °C "
+        f"(the die rises {rise_per_poll(MAC_POLL_S):.3f} °C a poll at full speed at the cap); "
+        f"pace tier: cap {CAP_C:g} °C, slices of {PACE_SLICE_S:g} plant s"
     )
     rounds = interleave(
         {
-            name: lambda flags=flags: measure(
-                flags, seconds, opts.speed, opts.poll_interval
-            ).figures()
+            name: lambda flags=flags: measure(flags, seconds, opts.speed).figures()
             for name, flags in policies.items()
         },
         round_count(opts, 3),
@@ -203,40 +240,36 @@ def main() -> None:
         f"(duty-cycled at the top clock), {throttled_best:.3f} with the firmware's DVFS "
         f"(clock {clock:.2f} of the top)"
     )
-    print(f"{'policy':<7} {'work/s':>20} {'throttled %':>22} {'max °C':>24} {'longest stop s':>22}")
+    print(f"{'policy':<7} {'work/s':>20} {'throttled %':>19} {'max °C':>22} {'longest stop':>24}")
     for name in policies:
+        stops = [s * opts.speed for s in rounds.figures(name, 3)]
         print(
             f"{name:<7} {spread(rounds.figures(name, 0), digits=3):>20} "
-            f"{spread(rounds.figures(name, 1), 100, 1):>22} "
-            f"{spread(rounds.figures(name, 2), digits=1):>24} "
-            f"{spread(rounds.figures(name, 3)):>22}"
+            f"{spread(rounds.figures(name, 1), 100, 1):>19} "
+            f"{spread(rounds.figures(name, 2), digits=2):>22} "
+            f"{spread(stops):>19} pl.s"
         )
     held = [name for name in policies if max(rounds.figures(name, 1)) <= HELD_THROTTLED]
     print(
         f"held under the cap (throttled <= {HELD_THROTTLED:.0%} in every round): "
-        f"{', '.join(held) or 'none of them'}; a stop is wall seconds, and a pause lasts whole "
-        f"polls ({opts.poll_interval:g} s here, 1 s at agent run's default on a Mac)"
+        f"{', '.join(held) or 'none of them'}; a stop in plant seconds (pl.s, as on a Mac) is "
+        f"the wall's x{opts.speed:g}: longest pause {max(rounds.figures('pause', 3)):.3f} s, "
+        f"pace {max(rounds.figures('pace', 3)):.3f} s of wall time"
     )
-    base = "pace" if pace is not None else "pause"
     print(
-        f"{base}/optimum (clock never lowered): "
-        f"{spread([w / unthrottled for w in rounds.figures(base, 0)], digits=3)}"
+        "pace/optimum (clock never lowered): "
+        f"{spread([w / unthrottled for w in rounds.figures('pace', 0)], digits=3)}, "
+        f"pause/optimum {spread([w / unthrottled for w in rounds.figures('pause', 0)], digits=3)}"
     )
-    stop = max(rounds.figures(base, 3))
-    if pace is None:
-        print(
-            "SUMMARY work pace/none unavailable (no pace tier), "
-            f"pause/none {spread(rounds.ratios('pause', 'none', 0), digits=3)}, "
-            f"throttled pause {spread(rounds.figures('pause', 1), 100, 1)} % "
-            f"none {spread(rounds.figures('none', 1), 100, 1)} %, longest stop {stop:.2f} s"
-        )
-        return
+    stop = max(rounds.figures("pace", 3)) * opts.speed
     print(
         f"SUMMARY work pace/none {spread(rounds.ratios('pace', 'none', 0), digits=3)}, "
         f"pace/pause {spread(rounds.ratios('pace', 'pause', 0), digits=3)}, "
         f"pace/optimum {spread([w / unthrottled for w in rounds.figures('pace', 0)], digits=3)}, "
         f"throttled pace {spread(rounds.figures('pace', 1), 100, 1)} % "
-        f"none {spread(rounds.figures('none', 1), 100, 1)} %, longest stop {stop:.2f} s"
+        f"pause {spread(rounds.figures('pause', 1), 100, 1)} % "
+        f"none {spread(rounds.figures('none', 1), 100, 1)} %, longest stop {stop:.2f} s "
+        "(plant seconds)"
     )
 
 

@@ -5,8 +5,8 @@ under each policy at the same cap, rounds interleaved:
 - none: no policy acts (thresholds above anything the plant reaches): the firmware throttles;
 - pause: the pause tier holding the same cap, as a lab would set it to prevent throttling
   (pause_rule): it pauses one margin under the cap, the margin the pace tier's set point sits
-  under it (shared.cooling.pace: the die's rise over one poll at full speed, at least
-  PACE_MIN_MARGIN_C), and resumes one poll's rise under that, so a pause lasts a poll or two;
+  under it (shared.cooling.pace: the die's rise over one poll at full speed plus
+  PACE_SPARE_C), and resumes one poll's rise under that, so a pause lasts a poll or two;
   pausing at the onset itself would act only once the firmware throttled;
 - pace: the pace tier at the same cap (its own margin, learned from the readings).
 
@@ -48,7 +48,7 @@ from pathlib import Path
 from support import BenchError, interleave, machine, parser, round_count, run, spread
 
 from agent.thermal.plant import PLANT_STATE_ENV, read_plant_state
-from shared.cooling.pace import PACE_MARGIN_C, PACE_MIN_MARGIN_C, PACE_SLICE_S
+from shared.cooling.pace import PACE_MARGIN_C, PACE_SLICE_S, PACE_SPARE_C
 from shared.cooling.plant import PRESETS, best_work_rate, plant_spec, unthrottled_optimum
 from shared.io.paths import HOME_ENV
 
@@ -79,11 +79,11 @@ def rise_per_poll(poll_s: float) -> float:
 
 def pause_rule(poll_s: float) -> tuple[float, float]:
     """(pause_temp, hysteresis) that hold CAP_C with a poll of `poll_s` plant seconds: pause
-    the pace tier's margin under the cap (the rise per poll, within PACE_MIN_MARGIN_C and
+    the pace tier's margin under the cap (the rise per poll plus PACE_SPARE_C, at most
     PACE_MARGIN_C), so a reading just under pause_temp is not followed by one over the cap;
     resume one poll's rise under pause_temp, so a pause outlasts a single poll's cooling."""
     rise = rise_per_poll(poll_s)
-    return CAP_C - min(max(rise, PACE_MIN_MARGIN_C), PACE_MARGIN_C), rise
+    return CAP_C - min(rise + PACE_SPARE_C, PACE_MARGIN_C), rise
 
 
 def thresholds(pause_temp: float, *more: str) -> tuple[str, ...]:

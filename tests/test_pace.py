@@ -21,7 +21,7 @@ from shared.cooling.pace import (
     PACE_HOLD_POLLS,
     PACE_MARGIN_C,
     PACE_MIN_DUTY,
-    PACE_MIN_MARGIN_C,
+    PACE_SPARE_C,
     PaceSettings,
     Pacing,
     advance,
@@ -306,7 +306,10 @@ def test_a_loop_gated_by_the_scheduler_rests_the_duty_s_share_beside_one_that_is
     assert paced_busy / paced_wall < 0.5  # paced (84 °C over a 78 °C set point: the lowest duty)
 
 
-@pytest.mark.parametrize(("rise", "margin"), [(0.05, PACE_MIN_MARGIN_C), (1.0, 1.0), (5.0, 2.0)])
+@pytest.mark.parametrize(
+    ("rise", "margin"),
+    [(0.05, 0.05 + PACE_SPARE_C), (1.0, 1.0 + PACE_SPARE_C), (5.0, PACE_MARGIN_C)],
+)
 def test_the_set_point_sits_one_poll_s_rise_at_full_speed_under_the_cap(
     rise: float, margin: float
 ) -> None:

@@ -6,14 +6,14 @@ Between reduce-batch and pause. A pause stops a job for as long as the Mac takes
 and stops it for the rest, so the heat it makes matches what the Mac sheds at the cap. The duty
 comes from a PI controller on the error between the set point and the temperature, counted in
 margins: the set point sits one margin under the cap, and the margin is what the die rose in
-one poll at full speed (learned from the readings, between PACE_MIN_MARGIN_C and PACE_MARGIN_C),
-so a die that heats a tenth of a degree a poll is held a tenth under the cap, and one that heats
-a degree a poll a degree under it, with the same loop behaviour. Anti-windup: the integral is
-clamped to what the duty can express and does not grow while the output is saturated the same
-way. The clock is a second input where a reading has one: a clock below the sustained one means
-the firmware throttles already, which the controller treats as heat above the set point. When
-even the minimum duty cannot hold the cap (PACE_HOLD_POLLS polls above it at the minimum) the
-rule pauses, until the set point is reached again.
+one poll at full speed (learned from the readings) plus a spare PACE_SPARE_C, at most
+PACE_MARGIN_C: a die that heats a tenth of a degree a poll is held 0.4 °C under the cap, one
+that heats a degree a poll 1.3 °C under it, with the same loop behaviour. Anti-windup: the
+integral is clamped to what the duty can express and does not grow while the output is saturated
+the same way. The clock is a second input where a reading has one: a clock below the sustained
+one means the firmware throttles already, which the controller treats as heat above the set
+point. When even the minimum duty cannot hold the cap (PACE_HOLD_POLLS polls above it at the
+minimum) the rule pauses, until the set point is reached again.
 
 Slices are aligned on the wall clock (slice k runs from k·slice_s, the job first, then the stop),
 so every rank of a gang that agrees on the duty stops and runs in the same slice with no
@@ -46,12 +46,12 @@ PACE_MARGIN_C = 2.0
 """The widest margin, and the margin before the die's rise per poll is known: the set point then
 sits 2 °C under the cap. A rise learned larger than this (a poll far longer than the die's
 reaction) still counts as this."""
-PACE_MIN_MARGIN_C = 0.3
-"""The narrowest margin, whatever the rise per poll: a job of several busy threads heats alike
-until its duty is under 1/threads, so the first polls over the set point do not cool it, and
-a reading resolves a tenth of a degree at best. Closed-loop against the fanless plant (one to
-three threads, 1 to 15 plant seconds a poll) the die stays under the cap with this floor
-(docs/thermal.md, The pace tier)."""
+PACE_SPARE_C = 0.3
+"""Added to the rise per poll in the margin. A job of several busy threads heats alike until its
+duty is under 1/threads, so its first poll over the set point need not cool it; and a reading
+resolves a tenth of a degree at best. Closed-loop against the fanless plant (one and two busy
+threads, 1 to 15 plant seconds a poll) the die then stays under the cap (docs/thermal.md, The
+pace tier); without it a two-thread job crossed it at 3-5 plant seconds a poll."""
 PACE_GAIN_P = 1.0
 """Duty per margin of error: at the cap (one margin over the set point) the proportional term
 alone takes the duty to its minimum, so the next poll's rise does not carry the die over it."""
@@ -130,11 +130,11 @@ class Pacing:
 
     @property
     def margin(self) -> float:
-        """How far under the cap the set point sits: the rise per poll at full speed, within
-        [PACE_MIN_MARGIN_C, PACE_MARGIN_C]; PACE_MARGIN_C until a rise is seen."""
+        """How far under the cap the set point sits: the rise per poll at full speed plus
+        PACE_SPARE_C, at most PACE_MARGIN_C (also the margin until a rise is seen)."""
         if self.rise is None:
             return PACE_MARGIN_C
-        return min(max(self.rise, PACE_MIN_MARGIN_C), PACE_MARGIN_C)
+        return min(self.rise + PACE_SPARE_C, PACE_MARGIN_C)
 
 
 def clock_error(clock_ratio: float | None) -> float | None:

@@ -13,7 +13,7 @@ under each policy at the same cap, rounds interleaved:
 The load (bench/plant_load.py) computes without pause and credits work at the plant's clock
 factor, so a throttled clock does proportionally less; the plant is heated by its real duty cycle
 (agent/sensors/job_load.py), so a stopped load adds no heat. The cap is the plant's throttle
-onset, its firmware's limit (what `agent calibrate` finds on it). Each run starts the plant 2 °C
+onset, its firmware's limit (what `agent calibrate` finds on it). Each run starts the plant 5 °C
 under the cap (a Mac already warm), and is measured after its first third (the transient).
 
 Printed per policy: work per wall second (1.0 is the load at full clock, never stopped), the
@@ -57,9 +57,10 @@ PLANT = PRESETS["air"]
 CAP_C = PLANT.limit_c
 """The calibrated cap: the plant's throttle onset is its firmware's limit."""
 REDUCE_BELOW_C = 5.0
-START_BELOW_C = 2.0
-"""Each run starts the plant this far under the cap: a Mac warm from its work, so the die
-reaches the cap within the warm-up (a third of the run) even in --quick."""
+START_BELOW_C = 5.0
+"""Each run starts the plant this far under the cap: a Mac warm, at its reduce threshold, and
+3 °C under the pace tier's first set point, so the pace tier sees the die's rise at full speed
+before it paces (shared.cooling.pace learns its margin from it)."""
 STOP_ABOVE_C = 5.0
 MAC_POLL_S = 1.0
 """agent run's poll on a Mac; the bench polls the plant every MAC_POLL_S plant seconds."""

@@ -4,11 +4,11 @@ under each policy at the same cap, rounds interleaved:
 
 - none: no policy acts (thresholds above anything the plant reaches): the firmware throttles;
 - pause: the pause tier holding the same cap, as a lab would set it to prevent throttling
-  (pause_rule): it pauses one margin under the cap, the margin the pace tier's set point sits
-  under it (shared.cooling.pace: the die's rise over one poll at full speed plus
-  PACE_SPARE_C), and resumes one poll's rise under that, so a pause lasts a poll or two;
-  pausing at the onset itself would act only once the firmware throttled;
-- pace: the pace tier at the same cap (its own margin, learned from the readings).
+  (pause_rule): it pauses one margin under the cap, the larger of the die's rise over one poll
+  at full speed and the pace tier's margin (shared.cooling.pace.PACE_MARGIN_C), so both aim at
+  the same set point, and resumes one poll's rise under that: a pause lasts a poll or more.
+  Pausing at the onset itself would act only once the firmware throttled;
+- pace: the pace tier at the same cap.
 
 The load (bench/plant_load.py) computes without pause and credits work at the plant's clock
 factor, so a throttled clock does proportionally less; the plant is heated by its real duty cycle
@@ -48,7 +48,7 @@ from pathlib import Path
 from support import BenchError, interleave, machine, parser, round_count, run, spread
 
 from agent.thermal.plant import PLANT_STATE_ENV, read_plant_state
-from shared.cooling.pace import PACE_MARGIN_C, PACE_SLICE_S, PACE_SPARE_C
+from shared.cooling.pace import PACE_MARGIN_C, PACE_SLICE_S
 from shared.cooling.plant import PRESETS, best_work_rate, plant_spec, unthrottled_optimum
 from shared.io.paths import HOME_ENV
 
@@ -58,9 +58,7 @@ CAP_C = PLANT.limit_c
 """The calibrated cap: the plant's throttle onset is its firmware's limit."""
 REDUCE_BELOW_C = 5.0
 START_BELOW_C = 5.0
-"""Each run starts the plant this far under the cap: a Mac warm, at its reduce threshold, and
-3 °C under the pace tier's first set point, so the pace tier sees the die's rise at full speed
-before it paces (shared.cooling.pace learns its margin from it)."""
+"""Each run starts the plant this far under the cap: a Mac warm, at its reduce threshold."""
 STOP_ABOVE_C = 5.0
 MAC_POLL_S = 1.0
 """agent run's poll on a Mac; the bench polls the plant every MAC_POLL_S plant seconds."""
@@ -80,11 +78,12 @@ def rise_per_poll(poll_s: float) -> float:
 
 def pause_rule(poll_s: float) -> tuple[float, float]:
     """(pause_temp, hysteresis) that hold CAP_C with a poll of `poll_s` plant seconds: pause
-    the pace tier's margin under the cap (the rise per poll plus PACE_SPARE_C, at most
-    PACE_MARGIN_C), so a reading just under pause_temp is not followed by one over the cap;
-    resume one poll's rise under pause_temp, so a pause outlasts a single poll's cooling."""
+    one margin under the cap, the larger of one poll's rise at full speed (so a reading just
+    under pause_temp is not followed by one over the cap) and the pace tier's margin
+    (PACE_MARGIN_C: both tiers then aim at the same set point); resume one poll's rise under
+    pause_temp, so a pause outlasts a single poll's cooling."""
     rise = rise_per_poll(poll_s)
-    return CAP_C - min(rise + PACE_SPARE_C, PACE_MARGIN_C), rise
+    return CAP_C - max(rise, PACE_MARGIN_C), rise
 
 
 def thresholds(pause_temp: float, *more: str) -> tuple[str, ...]:
@@ -105,14 +104,18 @@ class Outcome:
         return (self.work_rate, self.throttled, self.max_c, self.longest_stop_s)
 
 
-def snapshot(progress: Path, plant: Path) -> tuple[float, dict[str, float]] | None:
-    """(the load's work, the plant's state) now; None while either is not there yet."""
+def snapshot(progress: Path, plant: Path) -> tuple[float, float, dict[str, float]] | None:
+    """(the load's work, the load's clock when it wrote it, the plant's state) now; None while
+    either is not there yet. The load writes nothing while stopped: its work is taken at its
+    own clock, so a stop around a snapshot shifts the window without biasing the rate (a pause
+    lasts polls: its stale progress would otherwise count a stop's time without its work)."""
     state = read_plant_state(plant)
     try:
-        work = float(json.loads(progress.read_text())["work"])
+        data = json.loads(progress.read_text())
+        work, at = float(data["work"]), float(data["wall_s"])
     except (OSError, ValueError, KeyError):
         return None
-    return (work, state) if state else None  # type: ignore[return-value]
+    return (work, at, state) if state else None  # type: ignore[return-value]
 
 
 def process_state(pid: int) -> str | None:
@@ -171,14 +174,14 @@ def watch(process: subprocess.Popen[bytes], progress: Path, plant: Path, seconds
             if taken is not None:
                 first = first or (now, taken)
                 last = (now, taken)
-                max_c = max(max_c, float(taken[1]["celsius"]))
+                max_c = max(max_c, float(taken[2]["celsius"]))
         time.sleep(WATCH_S)
     if first is None or last is None or last[0] - first[0] < seconds / 4:
         raise BenchError("the load or the plant reported nothing to measure over")
-    (t0, (work0, plant0)), (t1, (work1, plant1)) = first, last
+    (_, (work0, at0, plant0)), (_, (work1, at1, plant1)) = first, last
     plant_s = plant1["plant_time_s"] - plant0["plant_time_s"]
     throttled = (plant1["throttled_s"] - plant0["throttled_s"]) / plant_s if plant_s else 0.0
-    return Outcome((work1 - work0) / (t1 - t0), throttled, max_c, longest)
+    return Outcome((work1 - work0) / (at1 - at0), throttled, max_c, longest)
 
 
 def pace_flags(speed: float) -> tuple[str, ...] | None:

@@ -4,16 +4,13 @@ and the slices it is applied in (docs/thermal.md, "The pace tier").
 Between reduce-batch and pause. A pause stops a job for as long as the Mac takes to cool
 (seconds); pacing instead lets it run `duty` of every slice of `slice_s` (well under a second)
 and stops it for the rest, so the heat it makes matches what the Mac sheds at the cap. The duty
-comes from a PI controller on the error between the set point and the temperature, counted in
-margins: the set point sits one margin under the cap, and the margin is what the die rose in
-one poll at full speed (learned from the readings) plus a spare PACE_SPARE_C, at most
-PACE_MARGIN_C: a die that heats a tenth of a degree a poll is held 0.4 °C under the cap, one
-that heats a degree a poll 1.3 °C under it, with the same loop behaviour. Anti-windup: the
-integral is clamped to what the duty can express and does not grow while the output is saturated
-the same way. The clock is a second input where a reading has one: a clock below the sustained
-one means the firmware throttles already, which the controller treats as heat above the set
-point. When even the minimum duty cannot hold the cap (PACE_HOLD_POLLS polls above it at the
-minimum) the rule pauses, until the set point is reached again.
+comes from a PI controller on the error between the set point (the cap less PACE_MARGIN_C) and
+the temperature, with anti-windup (the integral is clamped to what the duty can express and
+does not grow while the output is saturated the same way); the clock is a second input where a
+reading has one: a clock below the sustained one means the firmware throttles already, which
+the controller treats as heat above the set point. When even the minimum duty cannot hold the
+cap (PACE_HOLD_POLLS polls above it at the minimum) the rule pauses, until the set point is
+reached again.
 
 Slices are aligned on the wall clock (slice k runs from k·slice_s, the job first, then the stop),
 so every rank of a gang that agrees on the duty stops and runs in the same slice with no
@@ -43,21 +40,20 @@ pause does the same for the heat, and pacing that far down means the cap is clos
 MIN_DUTY_RANGE = (0.05, 0.9)
 
 PACE_MARGIN_C = 2.0
-"""The widest margin, and the margin before the die's rise per poll is known: the set point then
-sits 2 °C under the cap. A rise learned larger than this (a poll far longer than the die's
-reaction) still counts as this."""
-PACE_SPARE_C = 0.3
-"""Added to the rise per poll in the margin. A job of several busy threads heats alike until its
-duty is under 1/threads, so its first poll over the set point need not cool it; and a reading
-resolves a tenth of a degree at best. Closed-loop against the fanless plant (one and two busy
-threads, 1 to 15 plant seconds a poll) the die then stays under the cap (docs/thermal.md, The
-pace tier); without it a two-thread job crossed it at 3-5 plant seconds a poll."""
-PACE_GAIN_P = 1.0
-"""Duty per margin of error: at the cap (one margin over the set point) the proportional term
-alone takes the duty to its minimum, so the next poll's rise does not carry the die over it."""
-PACE_GAIN_I = 0.1
-"""Duty per margin·s of error. The die's time constant is minutes (the fanless plant's 860 s),
-so the integral finds the steady duty well inside it without oscillating."""
+"""The set point sits this far under the cap. A firmware that throttled at its limit restores
+the clock only once the die is back under the limit less its hysteresis (2 °C in the plant's
+model, shared.cooling.plant), so a cap at the throttle onset must be held below that, and the
+controller's overshoot on a step of load (under a degree at a 1 s poll) stays under the cap.
+On the fanless plant it costs 3 % of the work the cap itself would allow (docs/thermal.md)."""
+PACE_GAIN_P = 0.5
+"""Duty per °C of error: a degree over the set point halves the duty at once. Strong, because
+a job of several busy threads (MLX's CPU stream beside its main thread) heats alike until its
+duty is under 1/threads: the controller must get there within a degree or two."""
+PACE_GAIN_I = 0.05
+"""Duty per °C·s of error: a degree over the set point for 10 s cuts another half. The die's
+time constant is minutes (the fanless plant's is 860 s), so the integral finds the steady duty
+well inside it without oscillating: closed-loop runs against the plant settle at the set point
+with at most a degree of overshoot for up to 15 plant seconds a poll (docs/thermal.md)."""
 CLOCK_MARGIN = 0.03
 """A clock more than 3 % under the sustained one counts as throttling (DVFS steps on Apple
 GPUs are 5–10 % apart, so a smaller dip is averaging noise)."""
@@ -80,9 +76,9 @@ class PaceSettings:
     slice_s: float = PACE_SLICE_S
     min_duty: float = PACE_MIN_DUTY
 
-    def set_point(self, pacing: Pacing) -> float:
-        """The temperature the controller holds: the cap less `pacing`'s margin."""
-        return self.cap - pacing.margin
+    @property
+    def set_point(self) -> float:
+        return self.cap - PACE_MARGIN_C
 
 
 def check_pace(
@@ -113,28 +109,17 @@ def check_pace(
 class Pacing:
     """The controller's state: the duty now (1: full speed, not paced), its integral term,
     the time of the reading it last used, how many polls in a row the minimum duty has not
-    held the cap (`over`), whether that handed over to a pause (`holding`), the last reading
-    (°C) and the die's rise over one poll at full speed (°C, None until seen)."""
+    held the cap (`over`), and whether that handed over to a pause (`holding`)."""
 
     duty: float = 1.0
     integral: float = 0.0
     at: float | None = None
     over: int = 0
     holding: bool = False
-    celsius: float | None = None
-    rise: float | None = None
 
     @property
     def paced(self) -> bool:
         return self.duty < 1.0
-
-    @property
-    def margin(self) -> float:
-        """How far under the cap the set point sits: the rise per poll at full speed plus
-        PACE_SPARE_C, at most PACE_MARGIN_C (also the margin until a rise is seen)."""
-        if self.rise is None:
-            return PACE_MARGIN_C
-        return min(self.rise + PACE_SPARE_C, PACE_MARGIN_C)
 
 
 def clock_error(clock_ratio: float | None) -> float | None:
@@ -156,21 +141,17 @@ def advance(
     """The controller after one reading taken at `at` (s, any clock that only goes forward).
     While the job is paused the integral is frozen (the duty is not what runs then) and only
     the hand-over to and from the pause is tracked."""
-    rise = learned_rise(pacing, celsius, paused)
-    learned = replace(pacing, rise=rise, celsius=celsius)
-    set_point, margin = settings.set_point(learned), learned.margin
-    error = set_point - celsius
+    error = settings.set_point - celsius
     by_clock = clock_error(clock_ratio)
     if by_clock is not None:
         error = min(error, by_clock)
-    error /= margin
     dt = 0.0 if pacing.at is None else min(max(0.0, at - pacing.at), MAX_STEP_S)
     over = pacing.over + 1 if pacing.duty <= settings.min_duty and celsius > settings.cap else 0
     holding = pacing.holding or over >= PACE_HOLD_POLLS
-    if holding and celsius <= set_point:
+    if holding and celsius <= settings.set_point:
         holding, over = False, 0
     if paused:
-        return replace(learned, at=at, over=over, holding=holding)
+        return replace(pacing, at=at, over=over, holding=holding)
     proportional = PACE_GAIN_P * error
     integral = pacing.integral + PACE_GAIN_I * error * dt
     unclamped = 1.0 + proportional + integral
@@ -178,23 +159,7 @@ def advance(
         integral = pacing.integral  # saturated: integrating further would only wind up
     integral = min(0.0, max(settings.min_duty - 1.0, integral))
     duty = min(1.0, max(settings.min_duty, 1.0 + proportional + integral))
-    return Pacing(duty, integral, at, over, holding, celsius, rise)
-
-
-RISE_WEIGHT = 0.5
-"""The newest poll's share of the learned rise: the polls just before the set point (where the
-die heats slowest, nearest its steady state) soon outweigh the colder ones before them."""
-
-
-def learned_rise(pacing: Pacing, celsius: float, paused: bool) -> float | None:
-    """The die's rise over one poll at full speed, updated when the last poll ran unpaced
-    and the die rose."""
-    if paused or pacing.paced or pacing.holding or pacing.celsius is None:
-        return pacing.rise
-    step = celsius - pacing.celsius
-    if step <= 0:
-        return pacing.rise
-    return step if pacing.rise is None else RISE_WEIGHT * step + (1 - RISE_WEIGHT) * pacing.rise
+    return Pacing(duty, integral, at, over, holding)
 
 
 def slice_phase(now: float, slice_s: float, duty: float) -> tuple[bool, float]:

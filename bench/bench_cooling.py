@@ -22,14 +22,17 @@ load's process (its state T in /proc, looked at every 10 ms), and the plant's an
 rate under the cap with the clock never lowered (what stopping and continuing can reach at
 best) beside the best with the firmware's DVFS (what throttling reaches).
 
-Time scale: the plant's time runs `--speed` times the wall's (labelled), and every setting is
+Time scale: the plant's time runs `--speed` times the wall's (labelled), and the settings are
 the Mac's scaled by it, so a stop lasts as long against the die as it would on a Mac: agent run
-polls every plant second (0.25 s x 4, a Mac's 1 s poll; the firmware also looks every plant
-second), and paces in slices of 0.2 plant seconds (0.05 s x 4, the default slice on a Mac).
-A stop is printed in plant seconds (what a Mac would see: issue 41's "no stop of 1 s") and in
-wall seconds (what was measured); a pause lasts whole polls.
+polls every plant second (0.1 s x 10, a Mac's 1 s poll; the firmware also looks every plant
+second), and paces in slices of a Mac's 0.2 s in plant time where agent run allows it (at most
+x4: its shortest slice is 0.05 s; at x10 the slices are 0.5 plant s). A stop is printed in plant
+seconds (what a Mac would see: issue 41's "no stop of 1 s") and in wall seconds (what was
+measured); a pause lasts whole polls. The pace controller's integral counts wall seconds, so
+per plant second it acts `--speed` times slower than on a Mac; runs of 600 plant seconds (the
+defaults) leave it time to settle, x4 runs of 240 did not (docs/performance.md).
 
-    python bench/bench_cooling.py [--seconds 60] [--speed 4] [--repeats 3] [--quick]
+    python bench/bench_cooling.py [--seconds 60] [--speed 10] [--repeats 3] [--quick]
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from pathlib import Path
 from support import BenchError, interleave, machine, parser, round_count, run, spread
 
 from agent.thermal.plant import PLANT_STATE_ENV, read_plant_state
-from shared.cooling.pace import PACE_MARGIN_C, PACE_SLICE_S
+from shared.cooling.pace import PACE_MARGIN_C, PACE_SLICE_S, SLICE_RANGE_S
 from shared.cooling.plant import PRESETS, best_work_rate, plant_spec, unthrottled_optimum
 from shared.io.paths import HOME_ENV
 
@@ -184,6 +187,12 @@ def watch(process: subprocess.Popen[bytes], progress: Path, plant: Path, seconds
     return Outcome((work1 - work0) / (at1 - at0), throttled, max_c, longest)
 
 
+def pace_slice(speed: float) -> float:
+    """The pace slice in wall seconds: a Mac's default in plant time, or agent run's shortest
+    where the plant runs faster than that allows."""
+    return max(PACE_SLICE_S / speed, SLICE_RANGE_S[0])
+
+
 def pace_flags(speed: float) -> tuple[str, ...] | None:
     """The pace tier's options at the cap, its slice a Mac's in plant time, where this
     checkout's `agent run` has them."""
@@ -196,20 +205,18 @@ def pace_flags(speed: float) -> tuple[str, ...] | None:
     ).stdout
     if "--pace-temp" not in help_text:
         return None
-    slice_flag = ("--pace-slice", f"{PACE_SLICE_S / speed:g}")
+    slice_flag = ("--pace-slice", f"{pace_slice(speed):g}")
     return thresholds(CAP_C, "--pace-temp", f"{CAP_C:g}", *slice_flag)
 
 
 def main() -> None:
     cli = parser(__doc__)
     cli.add_argument("--seconds", type=float, default=None, help="wall seconds per run")
-    cli.add_argument("--speed", type=float, default=4.0, help="plant seconds per wall second")
+    cli.add_argument("--speed", type=float, default=10.0, help="plant seconds per wall second")
     opts = cli.parse_args()
     seconds = opts.seconds or (20.0 if opts.quick else 60.0)
-    if not 1 <= opts.speed <= PACE_SLICE_S / 0.05:
-        raise BenchError(
-            f"--speed must be 1 to {PACE_SLICE_S / 0.05:g} (a Mac's slice in plant time)"
-        )
+    if not 1 <= opts.speed <= 60:
+        raise BenchError(f"--speed must be 1 to 60 plant seconds a wall second, got {opts.speed:g}")
     pace = pace_flags(opts.speed)
     if pace is None:
         raise BenchError("this checkout's agent run has no pace tier (--pace-temp)")
@@ -228,7 +235,8 @@ def main() -> None:
     print(
         f"pause tier: pause at {pause_temp:.2f} °C, resume under {pause_temp - hysteresis:.2f} °C "
         f"(the die rises {rise_per_poll(MAC_POLL_S):.3f} °C a poll at full speed at the cap); "
-        f"pace tier: cap {CAP_C:g} °C, slices of {PACE_SLICE_S:g} plant s"
+        f"pace tier: cap {CAP_C:g} °C, slices of {pace_slice(opts.speed) * opts.speed:g} plant s "
+        f"({pace_slice(opts.speed):g} s; a Mac's are {PACE_SLICE_S:g} s)"
     )
     rounds = interleave(
         {

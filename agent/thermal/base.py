@@ -28,6 +28,10 @@ class ThermalReading:
     note: str | None = None
     """What a reader must know about this reading: that a part is not covered, or covered by
     another sensor (the smc source's GPU keys: agent.thermal.smc_die.GpuWatch)."""
+    die_time: float | None = None
+    """The die's own clock (s, only forward) where it runs apart from the wall's: a simulated
+    plant's time, `speed` times the wall's. The pace controller integrates in it, so a plant
+    run faster than a Mac is paced as the Mac would be (shared.cooling.policy). Not sent."""
 
     def to_dict(self) -> dict[str, Any]:
         return {

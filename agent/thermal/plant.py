@@ -18,6 +18,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 
 from agent.clocks.base import ClockSource
@@ -94,14 +95,19 @@ class PlantSource(ThermalSource):
         self._write_state()
 
     def read(self) -> ThermalReading | None:
+        demand = self._load()
+        # the wall interval ends where the demand's does, after the sampling (listing the job's
+        # processes takes milliseconds on a crowded machine): taken before it, a sampling slower
+        # than the last one gave a busy job's poll more demand than wall time, clipped to duty 1,
+        # and a job run at full speed for whole polls (a pause tier) did work the die never felt
         now = self._monotonic()
         wall = max(now - self._last, 0.0)
         self._last = now
-        demand = self._load()
         duty = min(demand / wall, 1.0) if wall > 0 else self.plant.duty
         self.plant.advance(wall * self.plant.params.speed, duty)
         self._write_state()
-        return self._reading(self.plant.celsius, sensor=SENSOR)
+        reading = self._reading(self.plant.celsius, sensor=SENSOR)
+        return replace(reading, die_time=self.plant.time_s)
 
     def heat_from(self, roots: Callable[[], Iterable[int]]) -> None:
         """Count the process trees rooted at `roots()` too (asked at every read): the agent

@@ -154,9 +154,12 @@ def advance(
         return replace(pacing, at=at, over=over, holding=holding)
     proportional = PACE_GAIN_P * error
     integral = pacing.integral + PACE_GAIN_I * error * dt
-    unclamped = 1.0 + proportional + integral
-    if (unclamped < settings.min_duty and error < 0) or (unclamped > 1.0 and error > 0):
-        integral = pacing.integral  # saturated: integrating further would only wind up
+    # anti-windup: the integral goes no further than what brings the duty to its bound (a
+    # whole poll's step may overshoot it: refusing the step would leave the error standing)
+    if error < 0:
+        integral = max(integral, min(pacing.integral, settings.min_duty - 1.0 - proportional))
+    elif error > 0:
+        integral = min(integral, max(pacing.integral, -proportional))
     integral = min(0.0, max(settings.min_duty - 1.0, integral))
     duty = min(1.0, max(settings.min_duty, 1.0 + proportional + integral))
     return Pacing(duty, integral, at, over, holding)

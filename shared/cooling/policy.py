@@ -389,6 +389,10 @@ class Reading(Protocol):
     @property
     def time(self) -> float: ...
 
+    @property
+    def die_time(self) -> float | None:
+        """The die's own clock where it runs apart from the wall's (a simulated plant's)."""
+
 
 class CoolingGate:
     """The rule applied poll after poll: one per supervised job, fed every poll (None when the
@@ -414,7 +418,8 @@ class CoolingGate:
 def _inputs(reading: Reading | None) -> tuple[float | None, str | None, float | None]:
     if reading is None:
         return None, None, None
-    return reading.celsius, reading.pressure, reading.time
+    at = reading.time if reading.die_time is None else reading.die_time
+    return reading.celsius, reading.pressure, at
 
 
 def supervision_state(supervision: Supervision) -> CoolingState:

@@ -28,9 +28,8 @@ polls every plant second (0.1 s x 10, a Mac's 1 s poll; the firmware also looks 
 second), and paces in slices of a Mac's 0.2 s in plant time where agent run allows it (at most
 x4: its shortest slice is 0.05 s; at x10 the slices are 0.5 plant s). A stop is printed in plant
 seconds (what a Mac would see: issue 41's "no stop of 1 s") and in wall seconds (what was
-measured); a pause lasts whole polls. The pace controller's integral counts wall seconds, so
-per plant second it acts `--speed` times slower than on a Mac; runs of 600 plant seconds (the
-defaults) leave it time to settle, x4 runs of 240 did not (docs/performance.md).
+measured); a pause lasts whole polls. The pace controller integrates in the plant's time (the
+reading's die_time), so it settles in as many plant seconds as on a Mac whatever `--speed`.
 
     python bench/bench_cooling.py [--seconds 60] [--speed 10] [--repeats 3] [--quick]
 """

@@ -11,11 +11,12 @@ import pytest
 from prometheus_client import generate_latest
 
 from agent.cooling.scheduler import CoolingScheduler
-from agent.thermal import ThermalMonitor
+from agent.thermal import ThermalMonitor, ThermalReading
 from coordinator.telemetry.dashboard import UP, HostView, _state_cell
 from coordinator.telemetry.gang_rows import gang_rows
 from shared.cooling.gang import Enforced, MemberState, gang_reason, steer, verdict
 from shared.cooling.pace import (
+    PACE_GAIN_I,
     PACE_GAIN_P,
     PACE_HOLD_POLLS,
     PACE_MARGIN_C,
@@ -27,6 +28,7 @@ from shared.cooling.pace import (
 )
 from shared.cooling.policy import (
     Action,
+    CoolingGate,
     CoolingState,
     JobState,
     Supervision,
@@ -77,6 +79,25 @@ def test_at_the_set_point_the_integral_holds_the_duty_it_found() -> None:
     held = run(found, [SETTINGS.set_point] * 30, start=30)
     assert held.duty == pytest.approx(1.0 + found.integral)
     assert held.integral == found.integral
+
+
+def test_a_polls_step_past_the_lowest_duty_stops_the_integral_there_instead_of_refusing_it():
+    # a coarse poll (5 s) near the lowest duty: the whole step would take the duty below it
+    near_floor = Pacing(duty=0.25, integral=-0.2, at=0.0)
+    stepped = advance(near_floor, SETTINGS, SETTINGS.set_point + 1.0, 5.0)
+    assert stepped.duty == pytest.approx(SETTINGS.min_duty)
+    assert stepped.integral == pytest.approx(SETTINGS.min_duty - 1.0 + PACE_GAIN_P * 1.0)
+
+
+def test_the_rule_integrates_in_the_dies_time_where_a_reading_has_one() -> None:
+    """A plant run ten times faster than a Mac: its readings 0.1 s apart on the wall are a
+    Mac's second apart for the die, and the integral counts that second."""
+    wall, die = CoolingGate(), CoolingGate()
+    for i in range(2):
+        wall.observe(POLICY, ThermalReading(WARM, "sim:plant", time=i * 0.1))
+        die.observe(POLICY, ThermalReading(WARM, "sim:plant", time=i * 0.1, die_time=float(i)))
+    assert die.supervision.pacing.integral == pytest.approx(-PACE_GAIN_I * 0.5 * 1.0)
+    assert wall.supervision.pacing.integral == pytest.approx(-PACE_GAIN_I * 0.5 * 0.1)
 
 
 def test_a_clock_below_the_sustained_one_cuts_the_duty_even_below_the_cap() -> None:

@@ -200,3 +200,30 @@ def test_agent_run_heats_its_own_plant_with_cmd_which_sees_the_plants_clock(
     # CMD spun for 3 s of the run: the plant did that work (its start and end aside)
     assert plant["work"] / plant["plant_time_s"] >= 0.6
     assert plant["celsius"] > PRESETS["air"].steady_c(7, 0.0) + 5
+
+
+def test_the_wall_interval_ends_where_the_demand_sampling_does(tmp_path: Path) -> None:
+    """Listing the job's processes takes a varying while on a crowded machine: a job busy all
+    along gives each poll as much demand as wall time, so it heats at duty 1 and no demand is
+    clipped away (a full-speed job would otherwise do work the die never felt)."""
+    clock = [0.0]
+    sampled_at = [0.0]
+    sampling_s = iter([0.001, 0.03, 0.002, 0.025, 0.001, 0.04] * 5)
+
+    def load() -> float:
+        clock[0] += next(sampling_s, 0.001)  # the demand is read at the sampling's end
+        demand, sampled_at[0] = clock[0] - sampled_at[0], clock[0]
+        return demand
+
+    params = PRESETS["air"].__class__(**{**PRESETS["air"].__dict__, "start_c": 40.0})
+    source = PlantSource(params, load=load, monotonic=lambda: clock[0], state_path=tmp_path / "p")
+    try:
+        began = source.plant.time_s
+        for _ in range(20):
+            clock[0] += 0.1  # the poll's sleep
+            reading = source.read()
+            assert source.plant.duty == pytest.approx(1.0)
+        assert source.plant.work == pytest.approx(source.plant.time_s - began)
+        assert reading is not None and reading.die_time == source.plant.time_s
+    finally:
+        source.close()

@@ -120,6 +120,7 @@ def test_a_running_job_refuses_it(agents: AgentPool, fleet_home: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("plant")  # beside the other closed loops on the plant, one at a time
 def test_on_the_plant_it_finds_the_presets_onset_and_duty_and_a_restart_keeps_it(
     agents: AgentPool, fleet_home: Path
 ) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import time
 import urllib.request
 from pathlib import Path
@@ -107,8 +108,10 @@ def test_a_sustained_run_on_two_hosts_at_once_with_its_plot(
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for mark in ("steady tok/s", "throttle", f"windows of {first.address}", "mean W"):
         assert mark in result.stdout, mark
-    run_id = result.stderr.split("run ", 1)[1].split()[0]
-    report = json.loads(cli("coordinator", "show", run_id, "--format", "json").stdout)
+    run_id = re.search(r"\brun (r-[\w-]+)", result.stderr).group(1)  # type: ignore[union-attr]
+    shown = cli("coordinator", "show", run_id, "--format", "json")
+    assert shown.returncode == 0, (run_id, shown.stderr)
+    report = json.loads(shown.stdout)
     assert {cell["host"] for cell in report["cells"]} == {first.address, second.address}
     for cell in report["cells"]:
         sustain = cell["sustain"]
@@ -275,6 +278,10 @@ def test_doctor_lists_every_power_source_with_its_reading(
     result = cli("agent", "doctor", "--format", "json", timeout=120)
     checks = {check["name"]: check for check in json.loads(result.stdout)["checks"]}
     rapl, auto = checks["power: rapl"], checks["power: auto"]
-    assert rapl["ok"] and "W (cpu 0.00" in rapl["detail"] and "resolution 0.001 s" in rapl["detail"]
+    assert (
+        rapl["ok"]
+        and "W over 0.5 s (cpu 0.00" in rapl["detail"]
+        and "resolution 0.001 s" in rapl["detail"]
+    )
     assert auto["ok"] and auto["detail"].endswith("-> rapl")
     assert not rapl["required"]

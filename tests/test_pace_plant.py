@@ -25,6 +25,10 @@ import pytest
 
 from tests.conftest import console_script, subprocess_env
 
+pytestmark = pytest.mark.xdist_group("plant")
+"""The closed loops on the thermal plant run one at a time on one worker: each drives a real
+busy load whose CPU share the others would take."""
+
 CAP = 105.0
 """The plant's throttle onset (its firmware's limit): what `agent calibrate` finds, the cap."""
 PLANT = "sim:plant:air,speed=20,start_c=98"

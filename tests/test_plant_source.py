@@ -23,6 +23,10 @@ from shared.cooling.plant import PRESETS
 from tests.conftest import console_script, subprocess_env
 from tests.fleet_support import AgentPool
 
+pytestmark = pytest.mark.xdist_group("plant")
+"""The closed loops on the thermal plant run one at a time on one worker: each drives a real
+busy load whose CPU share the others would take."""
+
 SPIN = "while True: pass"
 
 

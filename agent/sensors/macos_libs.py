@@ -48,11 +48,10 @@ def _missing(lib: ctypes.CDLL, name: str, source: str) -> SourceUnavailable:
     return SourceUnavailable(f"{source}: {said}" if source else said)
 
 
-def apple_silicon() -> bool:
-    """`hw.optional.arm64` is 1: Apple Silicon, even for a Python that Rosetta translates."""
-    libc = load(LIBSYSTEM, "sysctl")
-    sysctlbyname = bind(
-        libc,
+def _sysctlbyname() -> Any:
+    """libSystem's sysctlbyname(3), bound."""
+    return bind(
+        load(LIBSYSTEM, "sysctl"),
         "sysctlbyname",
         ctypes.c_int,
         ctypes.c_char_p,
@@ -61,6 +60,11 @@ def apple_silicon() -> bool:
         ctypes.c_void_p,
         ctypes.c_size_t,
     )
+
+
+def apple_silicon() -> bool:
+    """`hw.optional.arm64` is 1: Apple Silicon, even for a Python that Rosetta translates."""
+    sysctlbyname = _sysctlbyname()
     value, size = ctypes.c_int(0), ctypes.c_size_t(ctypes.sizeof(ctypes.c_int))
     found = sysctlbyname(b"hw.optional.arm64", ctypes.byref(value), ctypes.byref(size), None, 0)
     return found == 0 and value.value == 1
@@ -75,17 +79,7 @@ def bind_or_unavailable(
 
 def sysctl_text(name: str) -> str | None:
     """A string sysctl (`machdep.cpu.brand_string`: `Apple M4 Pro`); None when it has none."""
-    libc = load(LIBSYSTEM, "sysctl")
-    sysctlbyname = bind(
-        libc,
-        "sysctlbyname",
-        ctypes.c_int,
-        ctypes.c_char_p,
-        ctypes.c_void_p,
-        ctypes.POINTER(ctypes.c_size_t),
-        ctypes.c_void_p,
-        ctypes.c_size_t,
-    )
+    sysctlbyname = _sysctlbyname()
     size = ctypes.c_size_t(0)
     if sysctlbyname(name.encode(), None, ctypes.byref(size), None, 0) != 0 or not size.value:
         return None

@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields, replace
 
+from shared.cooling.spec_params import spec_numbers
+
 
 class PlantSpecError(ValueError):
     """A preset that does not exist, or a parameter out of range or not a number."""
@@ -193,20 +195,7 @@ def parse_plant_spec(spec: str) -> PlantParams:
     preset = head[1:].strip().lower() or DEFAULT_PRESET
     if preset not in PRESETS:
         raise PlantSpecError(f"plant: no preset {preset!r}; presets: {', '.join(sorted(PRESETS))}")
-    values: dict[str, float] = {}
-    for item in filter(None, (part.strip() for part in rest.split(","))):
-        key, sep, value = (piece.strip() for piece in item.partition("="))
-        if not sep or key not in TUNABLE:
-            raise PlantSpecError(
-                f"plant: bad parameter {item!r}; known: {', '.join(TUNABLE)} (as key=value)"
-            )
-        try:
-            number = float(value)
-        except ValueError:
-            raise PlantSpecError(f"plant: {key} must be a number, got {value!r}") from None
-        if not math.isfinite(number):
-            raise PlantSpecError(f"plant: {key} must be a finite number, got {value!r}")
-        values[key] = number
+    values = spec_numbers(rest, TUNABLE, "plant", PlantSpecError)
     return replace(PRESETS[preset], **values)
 
 

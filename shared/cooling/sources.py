@@ -6,10 +6,10 @@ share one definition.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields, replace
 
 from shared.cooling.plant import PlantParams, PlantSpecError, parse_plant_spec
+from shared.cooling.spec_params import spec_numbers
 
 
 class SourceSpecError(ValueError):
@@ -172,21 +172,8 @@ class SimParams:
 
 def parse_sim_params(spec: str) -> SimParams:
     """`ambient_c=30,tau_s=5` (the text after `sim:`) -> SimParams; empty gives the defaults."""
-    known = {f.name for f in fields(SimParams)}
-    values: dict[str, float] = {}
-    for item in filter(None, (part.strip() for part in spec.split(","))):
-        key, sep, value = (piece.strip() for piece in item.partition("="))
-        if not sep or key not in known:
-            raise SourceSpecError(
-                f"sim: bad parameter {item!r}; known: {', '.join(sorted(known))} (as key=value)"
-            )
-        try:
-            number = float(value)
-        except ValueError:
-            raise SourceSpecError(f"sim: {key} must be a number, got {value!r}") from None
-        if not math.isfinite(number):
-            raise SourceSpecError(f"sim: {key} must be a finite number, got {value!r}")
-        values[key] = number
+    known = sorted(f.name for f in fields(SimParams))
+    values = spec_numbers(spec, known, "sim", SourceSpecError)
     return replace(SimParams(), **values)
 
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -31,6 +31,7 @@ from shared.io.keys import own_keypair
 from shared.io.trust import peer_key, trust
 from tests.conftest import console_script, subprocess_env
 from tests.fleet_support import AgentPool, AgentProcess, cli, connect
+from tests.test_gang import Rank as GangRank
 from tests.test_gang_netns import lab as netns_lab  # noqa: F401 - a fixture: namespaces
 
 ADDRESS = "127.0.0.2"
@@ -79,18 +80,8 @@ def test_a_peer_is_found_by_host_and_port(tmp_path: Path) -> None:
 # --- two real agents, two ranks by hand -------------------------------------------------------
 
 
-@dataclass
-class Rank:
-    process: subprocess.Popen[str]
-    steps_file: Path
-    log: Path
-
-    def steps(self) -> int:
-        text = self.steps_file.read_text() if self.steps_file.exists() else ""
-        return int(text) if text.strip().isdigit() else 0
-
-    def stderr(self) -> str:
-        return self.log.read_text(errors="replace")
+class Rank(GangRank):
+    """A rank started by hand (test_gang's), and whether its job is stopped."""
 
     def stopped(self) -> bool:
         """The job's process (under agent run) is in state T."""
@@ -105,7 +96,7 @@ class Rank:
 @pytest.fixture
 def two_agents(agents: AgentPool, tmp_path: Path) -> tuple[AgentProcess, AgentProcess]:
     try:
-        socket_check = __import__("socket").socket()
+        socket_check = socket.socket()
         socket_check.bind((ADDRESS, 0))
         socket_check.close()
     except OSError:
@@ -137,7 +128,7 @@ def ranks(tmp_path: Path) -> Iterator[list[Rank]]:
     started: list[Rank] = []
     yield started
     for rank in started:
-        (rank.steps_file.parent / f"{rank.steps_file.name}.finish").touch()
+        (rank.progress.parent / f"{rank.progress.name}.finish").touch()
         if rank.process.poll() is None:
             os.killpg(rank.process.pid, signal.SIGTERM)
     for rank in started:

@@ -141,7 +141,9 @@ def test_the_same_load_under_pause_and_under_pace_side_by_side(tmp_path: Path) -
     pace, pause = report["pace"], report["pause"]
     # paced: many short stops, none near a second, seen in /proc as state T
     assert pace["stops"] >= 20 and pace["longest_stop_s"] < 0.5
-    assert pace["longest_stop_s"] < pause["longest_stop_s"]
+    # the pause tier stopped the job for longer, or never fired at all: the firmware held the die
+    # at its onset (a poll every 5 plant seconds can miss it above the cap) and throttled instead
+    assert pace["longest_stop_s"] < pause["longest_stop_s"] or pause["throttled_share"] > 0.1
     # held under the cap: the firmware never throttled, while the pause tier let it
     assert pace["max_c"] < CAP and pace["throttled_share"] == 0.0
     assert pause["max_c"] > pace["max_c"]

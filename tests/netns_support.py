@@ -34,6 +34,8 @@ class Lab:
     addresses: dict[str, str]
     hub_ends: dict[str, str]
     """Each host's veth end in the hub (on the bridge)."""
+    host_ends: dict[str, str]
+    """The other end of each host's veth, in its own namespace."""
 
     def cut(self, host: str) -> None:
         """Pull `host`'s cable: its hub end down."""
@@ -59,6 +61,7 @@ def lab(hosts: Sequence[str]) -> Iterator[Lab]:
     namespaces = {host: f"{tag}-{host}" for host in hosts}
     addresses = {host: SUBNET.format(index) for index, host in enumerate(hosts, start=1)}
     hub_ends = {host: f"{tag}h{index}" for index, host in enumerate(hosts, start=1)}
+    host_ends = {host: f"{tag}v{index}" for index, host in enumerate(hosts, start=1)}
     created: list[str] = []
     try:
         for name in (hub, *namespaces.values()):
@@ -72,8 +75,8 @@ def lab(hosts: Sequence[str]) -> Iterator[Lab]:
             ("-n", hub, "link", "set", "br0", "up"),
             ("-n", hub, "link", "set", "lo", "up"),
         ]
-        for index, host in enumerate(hosts, start=1):
-            inside = f"{tag}v{index}"
+        for host in hosts:
+            inside = host_ends[host]
             steps += [
                 ("link", "add", hub_ends[host], "netns", hub, "type", "veth", "peer", "name",
                  inside, "netns", namespaces[host]),
@@ -87,7 +90,7 @@ def lab(hosts: Sequence[str]) -> Iterator[Lab]:
             done = ip(*step)
             if done.returncode != 0:
                 pytest.skip(f"cannot wire the namespaces (ip {' '.join(step)}): {done.stderr}")
-        yield Lab(hub, namespaces, addresses, hub_ends)
+        yield Lab(hub, namespaces, addresses, hub_ends, host_ends)
     finally:
         for name in created:
             ip("netns", "del", name)

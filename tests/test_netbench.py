@@ -177,6 +177,27 @@ def test_past_its_bound_a_rank_runs_on_while_its_progress_moves(
         assert why is not None and why.startswith("rank 2 ran past its bound of 188 s")
 
 
+def test_past_its_bound_a_rank_a_coordinator_still_asks_about_runs_on() -> None:
+    """A rank off a slow link (or one 256 MiB repetition over 20 Mbit/s, 200 s) has no progress
+    of its own for minutes; its coordinator, still asking, fails the run if no rank moves."""
+    from shared.distributed.netbench import past_bound
+
+    quiet = (2, 300.0, 188.0, 400, 150.0, 86400.0)
+    assert past_bound(*quiet, watched_age_s=0.3) is None
+    assert past_bound(*quiet) == "rank 2 ran past its bound of 188 s, with no progress for 150 s"
+    gone = past_bound(*quiet, watched_age_s=90.0)  # its coordinator stopped asking
+    assert gone == "rank 2 ran past its bound of 188 s, with no progress for 150 s"
+
+
+def test_a_ranks_bound_leaves_the_ring_host_timeout_to_form() -> None:
+    from coordinator.runs.netbench import WORST_LINK_BYTES_S, NetbenchPlan
+
+    plan = NetbenchPlan((1024,), repetitions=1, warmup=0, port=7000, backend="ring")
+    moved = 1024 * 20 * 1 * (2 + 2 * 1)  # 20 operations a repetition, two ranks: one link
+    assert plan.bound_s(2, 10.0) == pytest.approx(10.0 + moved / WORST_LINK_BYTES_S)
+    assert plan.bound_s(2, 120.0) - plan.bound_s(2, 10.0) == pytest.approx(110.0)
+
+
 def test_the_progress_line_names_the_slowest_ranks_step() -> None:
     """Issue 42: five minutes of `A running, B running, C running (294 s)` looked hung."""
     from coordinator.hosts.link import Target

@@ -36,8 +36,9 @@ PROGRESS_MOST = 10**12
 
 class RankProcess:
     """start() once; poll() as often as the agent's loop wakes (it reads the rank's progress,
-    ends it at its bound, or past it once its progress stops moving, and escalates an ending
-    rank to SIGKILL); stop() to end it early; settle() when the agent itself stops."""
+    ends it at its bound, or past it once neither its progress moves nor a coordinator asks,
+    and escalates an ending rank to SIGKILL); stop() to end it early; settle() when the agent
+    itself stops."""
 
     def __init__(
         self,
@@ -59,6 +60,12 @@ class RankProcess:
         self._kill_at: float | None = None
         self.progress = 0
         self._progress_at = 0.0
+        self._asked_at: float | None = None
+
+    def asked(self) -> None:
+        """A coordinator asked about this rank (rank.get): past its bound it runs on while one
+        keeps asking, since that coordinator fails the run itself when no rank moves."""
+        self._asked_at = self.clock()
 
     @property
     def rank(self) -> int:
@@ -116,9 +123,10 @@ class RankProcess:
         self._read_progress()
         code = self._process.poll()
         if code is None:
+            watched = None if self._asked_at is None else self.clock() - self._asked_at
             why = past_bound(
                 self.rank, self.elapsed_s(), self.bound_s, self.progress, self.progress_age_s(),
-                MAX_BOUND_S,
+                MAX_BOUND_S, watched,
             )  # fmt: skip
             if why is not None:
                 self._end()

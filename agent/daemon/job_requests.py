@@ -88,6 +88,7 @@ class JobRequests:
         rank = self.ranks.get(request.body["job"])
         if rank is None:
             raise request.refuse(p.UNKNOWN_JOB, f"no rank of job {request.body['job']!r} here")
+        rank.asked()
         return Reply("rank.get.ok", rank_body(rank))
 
     @handles("rank.stop")

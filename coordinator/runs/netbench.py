@@ -42,10 +42,10 @@ from shared.io.transport import AgentClient, AgentError, HostError
 from shared.safe_text import shown
 
 POLL_S = 0.25
-BOUND_SLACK_S = 120.0
 WORST_LINK_BYTES_S = 5e6
-"""The slowest link a bound allows for (5 MB/s): a bound that ends a slow but working run
-would be a lie about the link."""
+"""The link speed a rank's bound is sized for (5 MB/s). Past its bound a rank runs on while
+it progresses or this coordinator asks about it (shared.distributed.netbench.past_bound), so
+a slower link is never failed by it; the bound ends ranks whose coordinator is gone."""
 
 
 class NetbenchFailed(Exception):
@@ -65,13 +65,15 @@ class NetbenchPlan:
     backend: str
     job: str = field(default_factory=lambda: f"n-{os.urandom(6).hex()}")
 
-    def bound_s(self, ranks: int) -> float:
+    def bound_s(self, ranks: int, slack_s: float) -> float:
         """How long a rank may run: every size's all_sum and ping-pongs at WORST_LINK_BYTES_S,
-        plus slack for starting MLX and forming the ring, at most the protocol's MAX_BOUND_S."""
+        plus `slack_s` (--host-timeout, the most the ring may take to form: a ring that has
+        not formed by then shows no progress, and the run fails), at least 1 s, at most the
+        protocol's MAX_BOUND_S."""
         links = 1 if ranks == 2 else ranks
         per_repetition = sum(size * ops_per_repetition(size) for size in self.sizes)
         moved = per_repetition * (self.repetitions + self.warmup) * (2 + 2 * links)
-        return min(MAX_BOUND_S, BOUND_SLACK_S + moved / WORST_LINK_BYTES_S)
+        return min(MAX_BOUND_S, max(1.0, slack_s + moved / WORST_LINK_BYTES_S))
 
     def spec(self) -> dict[str, Any]:
         return {"sizes": list(self.sizes), "repetitions": self.repetitions, "warmup": self.warmup}
@@ -188,7 +190,7 @@ def run_netbench(
             "backend": run.backend,
             "port": plan.port,
             "spec": plan.spec(),
-            "bound_s": plan.bound_s(len(members)),
+            "bound_s": plan.bound_s(len(members), settings.host_timeout),
         }
         for rank, asking in enumerate(watches):
             assert asking.client is not None

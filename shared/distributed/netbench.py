@@ -303,14 +303,24 @@ slower one (issue 42: a 20 Mbit/s link failed a working run after 188 s)."""
 
 
 def past_bound(
-    rank: int, elapsed_s: float, bound_s: float, progress: int, age_s: float, most_s: float
+    rank: int,
+    elapsed_s: float,
+    bound_s: float,
+    progress: int,
+    age_s: float,
+    most_s: float,
+    watched_age_s: float | None = None,
 ) -> str | None:
     """Why a rank that has run `elapsed_s` ends now, or None while it may run on: within its
-    bound; past it while its progress (`progress` units, the last `age_s` ago) still moves,
-    up to `most_s` (the protocol's MAX_BOUND_S)."""
+    bound; past it while its progress (`progress` units, the last `age_s` ago) still moves, or
+    while a coordinator still asks about it (`watched_age_s` since it last did: a watching
+    coordinator fails a run no rank moves in, and a rank off a slow link, or one repetition of
+    a large message over it, goes minutes without progress of its own), up to `most_s` (the
+    protocol's MAX_BOUND_S)."""
     if elapsed_s <= bound_s:
         return None
-    moving = age_s <= min(MOVING_WITHIN_S, bound_s)
+    within = min(MOVING_WITHIN_S, bound_s)
+    moving = age_s <= within or (watched_age_s is not None and watched_age_s <= within)
     if moving and elapsed_s <= most_s:
         return None
     said = f"rank {rank} ran past its bound of {bound_s:g} s"

@@ -27,6 +27,7 @@ from shared.cooling.throttle_point import CALIBRATION_STATES, calibrate_progress
 from shared.distributed.group import CHECK_PROMPT_LENGTH, MAX_CHECK_TOKENS, SHARDINGS
 from shared.distributed.rank_env import JACCL, RING
 from shared.distributed.rank_shapes import MAX_MEMBERS, RANK_GOT
+from shared.distributed.stragglers import RECORD_FIELDS as STRAGGLER_FIELDS
 
 MAX_HISTORY_ITEMS = 10_000
 """Samples, and events, in one history.get page (the `limit` an agent takes, §10)."""
@@ -436,7 +437,7 @@ rank_entry = s.fields(
         "verdict_reasons": s.nil_or(s.list_of(s.text(64, least=1), MAX_FLAGS)),
     },
 )
-GROUPED = {
+GROUPED = STRAGGLER_FIELDS | {
     "greedy_tokens": s.list_of(count, CHECK_PROMPT_LENGTH + MAX_CHECK_TOKENS),
     "rank": rank_of_record,
     "group": s.fields({"ranks": s.integer(2, MAX_MEMBERS), **_group_of}),
@@ -445,7 +446,7 @@ GROUPED = {
 }
 """A distributed cell's fields (§17): a rank's record says which rank it is and the greedy
 tokens its model decoded; the coordinator's record of the group's cell (shared.reports.group_cells)
-carries the group and every rank's figures."""
+carries the group and every rank's figures (`probe`, `stragglers`: distributed.stragglers)."""
 RECORD_FIELDS = COORDINATES | MEASURED | JUDGED | GROUPED | {"host": name}
 _record_shape = s.fields(COORDINATES, MEASURED | JUDGED | GROUPED | {"host": name})
 """A coordinator's stored records add `host` (the host as it names it)."""

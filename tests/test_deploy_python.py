@@ -23,12 +23,16 @@ from typing import Any
 import pytest
 
 from coordinator.hosts.deploy import (
+    PYTHON_CANDIDATES,
     PYTHON_QUESTION,
+    PYTHON_SOURCES,
     FoundPython,
     choose_python,
     no_python_message,
     parse_probe,
     probe_command,
+    skipped_pythons,
+    sources_not_found,
 )
 from shared.io.keys import own_keypair
 from tests.conftest import console_script, subprocess_env
@@ -331,3 +335,62 @@ def test_no_python_message_with_nothing_found() -> None:
     assert no_python_message([]).startswith(
         "no usable Python on this host (>= 3.10, native arm64 on a Mac; found: none)"
     )
+
+
+@pytest.mark.slow
+def test_the_probe_names_every_python_it_skipped_and_why(mac: FakeMac) -> None:
+    """Issue 42: deploy probes conda, uv, pyenv and MacPorts Pythons, or says which it skipped
+    and why. Homebrew's 3.12 is chosen; a Rosetta one, an old python.org one, a usable MacPorts
+    one after it, and Apple's stub without the Command Line Tools are named, each with why."""
+    mac.python(HOMEBREW_312, NATIVE_312)
+    mac.python("/usr/local/bin/python3", ROSETTA_312)
+    mac.python(FRAMEWORK.format("3.9"), "3.9 arm64 Darwin")
+    mac.python("/opt/local/bin/python3.12", NATIVE_312)
+    result, row = mac.found()
+    assert row["python"] == HOMEBREW_312, result.stderr
+    assert row["python_skipped"] == [
+        {"path": FRAMEWORK.format("3.9"), "source": "python.org",
+         "why": "Python 3.9, older than 3.10"},
+        {"path": "/usr/local/bin/python3", "source": "/usr/local (Intel Homebrew or python.org)",
+         "why": "x86_64 (Intel, or Rosetta): MLX needs a native arm64 Python"},
+        {"path": "/opt/local/bin/python3.12", "source": "MacPorts",
+         "why": "usable, but later in the search order"},
+        {"path": "/usr/bin/python3", "source": "system (Apple)",
+         "why": "not run: Apple's stub without the Command Line Tools opens their installer"},
+    ]  # fmt: skip
+    assert row["python_not_found"] == ["pyenv", "uv", "conda", "PATH"]
+    [line] = [line for line in result.stderr.splitlines() if "find python skipped" in line]
+    assert line.startswith(
+        f"mac1:5555: find python skipped: {FRAMEWORK.format('3.9')} (python.org: Python 3.9, "
+        "older than 3.10); /usr/local/bin/python3 ("
+    )
+    assert line.endswith("; none found from pyenv, uv, conda, PATH")
+    (mac.root / HOMEBREW_312.lstrip("/")).unlink()
+    (mac.root / "opt/local/bin/python3.12").unlink()
+    result, row = mac.found()  # none usable: the failed host says the same
+    assert row["failed"] == "find python" and len(row["python_skipped"]) == 3
+    assert row["python_not_found"] == ["Homebrew", "MacPorts", "pyenv", "uv", "conda", "PATH"]
+    assert "mac1:5555: find python skipped: " in result.stderr
+
+
+@pytest.mark.slow
+def test_an_explicit_remote_python_probes_nothing_and_skips_nothing(mac: FakeMac) -> None:
+    wheel = mac.root.parent / "mlx_fleet-9-py3-none-any.whl"
+    wheel.write_bytes(b"PK")
+    real = ("--wheel", str(wheel), "--format", "json", "--remote-python", HOMEBREW_312)
+    result = mac.deploy(*real, dry_run=False)
+    [row] = json.loads(result.stdout)
+    assert (row["python_skipped"], row["python_not_found"]) == (None, None)
+    assert "skipped" not in result.stderr
+
+
+def test_every_candidate_has_its_installer() -> None:
+    assert len(PYTHON_SOURCES) == len(PYTHON_CANDIDATES) + 2  # then python3 on PATH, Apple's
+    conda = [i for i, path in enumerate(PYTHON_CANDIDATES) if "conda" in path or "forge" in path]
+    assert {PYTHON_SOURCES[i] for i in conda} == {"conda"}
+    pythons = [FoundPython(9, "/uv/python3", "3.12 arm64 Darwin"),
+               FoundPython(8, "/pyenv/python3", "failed")]  # fmt: skip
+    assert skipped_pythons(pythons, pythons[0]) == [
+        {"path": "/pyenv/python3", "source": "pyenv", "why": "did not run"}
+    ]
+    assert "uv" not in sources_not_found(pythons) and "pyenv" not in sources_not_found(pythons)

@@ -21,6 +21,7 @@ from coordinator.hosts.deploy import (
     SshSettings,
     Step,
     deploy,
+    skipped_text,
     source_tree,
     wheel_command,
     wheel_name,
@@ -31,6 +32,7 @@ from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import emit, err, usage_error
 from shared.io.keys import existing_keypair, own_keypair
 from shared.io.options import TableFormat, ThermalSourceName
+from shared.safe_text import DETAIL_CAP, shown
 from shared.tables import TEXT, WHOLE, WORDS, FitTable
 
 
@@ -193,8 +195,9 @@ def deploy_command(
             help=f"The Python (>= {MIN_REMOTE_PYTHON}; on a Mac native arm64) that creates "
             "the remote virtual environment. Default: each host's first usable one of Homebrew's "
             "(/opt/homebrew/bin/python3.13 ... 3.10, python3), python.org's (newest first), "
-            "/usr/local/bin/python3, python3 on PATH, and Apple's /usr/bin/python3 only where "
-            "the Command Line Tools are installed (never their install dialog).",
+            "/usr/local/bin/python3, MacPorts', pyenv's, uv's, a conda base's, python3 on "
+            "PATH, and Apple's /usr/bin/python3 only where the Command Line Tools are "
+            "installed (never their install dialog); those passed over are named, with why.",
         ),
     ] = None,
     system: Annotated[
@@ -251,6 +254,10 @@ def deploy_command(
         )
     except DeployError as exc:
         raise usage_error(str(exc)) from None
+    for result in results:
+        if result.python_skipped or result.python_not_found:
+            skipped = skipped_text(result.python_skipped or [], result.python_not_found or [])
+            say(f"{result.host}: find python skipped: {shown(skipped, DETAIL_CAP)}")
     rows = [r.to_dict() for r in results]
     emit(rows, fmt, results_table)
     if not all(r.ok for r in results):

@@ -64,6 +64,19 @@ framework, /usr/local, MacPorts' /opt/local, pyenv's and uv's installs, a conda 
 on the PATH of a non-interactive ssh session (/usr/bin:/bin:/usr/sbin:/sbin), whose `python3`
 is Apple's 3.9 or the Command Line Tools stub. Each pattern is expanded by the host's /bin/sh
 (`$HOME` its login's), and a pattern that matches nothing asks nothing."""
+PYTHON_SOURCES = (
+    *(["Homebrew"] * 5),
+    "python.org",
+    "/usr/local (Intel Homebrew or python.org)",
+    "MacPorts",
+    "pyenv",
+    "uv",
+    *(["conda"] * len(CONDA_BASES)),
+    "PATH",
+    "system (Apple)",
+)
+"""Who installs each candidate, by rank (PYTHON_CANDIDATES', then python3 on PATH, then
+Apple's): what deploy names when it says which candidates it skipped and why."""
 APPLE_PYTHON = "/usr/bin/python3"
 """On a Mac, a stub when the Command Line Tools are absent: running it pops their install
 dialog on the screen of whoever is logged in, so it is tried last and only when they are
@@ -196,6 +209,11 @@ class HostResult:
     """Which service `agent install` chose, and why."""
     python: str | None = None
     """The Python that made the virtual environment (found, or --remote-python)."""
+    python_skipped: list[dict[str, str]] | None = None
+    """The Pythons the probe found and did not choose, each {path, source, why}; None when
+    nothing was probed (--remote-python, or the host could not be asked)."""
+    python_not_found: list[str] | None = None
+    """The installers (PYTHON_SOURCES) it found no Python from; None as python_skipped."""
 
     @property
     def ok(self) -> bool:
@@ -211,6 +229,8 @@ class HostResult:
             "agent_key": self.agent_key,
             "service": self.service,
             "python": self.python,
+            "python_skipped": self.python_skipped,
+            "python_not_found": self.python_not_found,
         }
 
 
@@ -275,6 +295,22 @@ class FoundPython:
             return False
         return self.machine == "arm64" or not self.answer.endswith(" Darwin")
 
+    @property
+    def source(self) -> str:
+        return PYTHON_SOURCES[self.rank] if 0 <= self.rank < len(PYTHON_SOURCES) else "unknown"
+
+    def why_not(self, minimum: str = MIN_REMOTE_PYTHON) -> str:
+        """Why this one was not chosen (skipped): it cannot run MLX, or one before it can."""
+        if self.answer == NOT_RUN:
+            return "not run: Apple's stub without the Command Line Tools opens their installer"
+        if self.version is None:
+            return "did not run"
+        if not self.usable(minimum):
+            if self.version < tuple(int(part) for part in minimum.split(".")):
+                return f"Python {self.version[0]}.{self.version[1]}, older than {minimum}"
+            return f"{self.machine} (Intel, or Rosetta): MLX needs a native arm64 Python"
+        return "usable, but later in the search order"
+
     def describe(self) -> str:
         if self.answer == NOT_RUN:
             return f"{self.path} (not run: no Command Line Tools)"
@@ -298,6 +334,31 @@ def choose_python(found: list[FoundPython], minimum: str = MIN_REMOTE_PYTHON) ->
     """The first usable candidate in search order, the newest within a rank."""
     usable = [python for python in found if python.usable(minimum)]
     return min(usable, key=lambda p: (p.rank, [-part for part in p.version or ()]), default=None)
+
+
+def skipped_pythons(
+    found: list[FoundPython], chosen: FoundPython | None, minimum: str = MIN_REMOTE_PYTHON
+) -> list[dict[str, str]]:
+    """Every candidate found but not chosen, each {path, source, why}, in search order."""
+    return [
+        {"path": python.path, "source": python.source, "why": python.why_not(minimum)}
+        for python in found
+        if python != chosen
+    ]
+
+
+def sources_not_found(found: list[FoundPython]) -> list[str]:
+    """The installers (PYTHON_SOURCES) none of whose places held a Python on the host."""
+    seen = {python.source for python in found}
+    return [source for source in dict.fromkeys(PYTHON_SOURCES) if source not in seen]
+
+
+def skipped_text(skipped: list[dict[str, str]], absent: list[str]) -> str:
+    """One line: what the probe skipped and why, and whom it found nothing from."""
+    parts = [f"{row['path']} ({row['source']}: {row['why']})" for row in skipped]
+    if absent:
+        parts.append(f"none found from {', '.join(absent)}")
+    return "; ".join(parts)
 
 
 def no_python_message(found: list[FoundPython], minimum: str = MIN_REMOTE_PYTHON) -> str:
@@ -415,6 +476,8 @@ class PythonChoice:
     probe: Step
     python: FoundPython | None = None
     error: str | None = None
+    found: tuple[FoundPython, ...] | None = None
+    """Every candidate the host answered for; None when it could not be asked."""
 
 
 def find_python(entry: HostEntry, rollout: Rollout) -> PythonChoice:
@@ -425,7 +488,8 @@ def find_python(entry: HostEntry, rollout: Rollout) -> PythonChoice:
         return PythonChoice(probe, error=outcome)
     found = parse_probe(outcome.stdout)
     chosen = choose_python(found)
-    return PythonChoice(probe, chosen, None if chosen else no_python_message(found))
+    error = None if chosen else no_python_message(found)
+    return PythonChoice(probe, chosen, error, tuple(found))
 
 
 def find_pythons(entries: list[HostEntry], rollout: Rollout) -> list[PythonChoice]:
@@ -463,10 +527,20 @@ def roll_out_host(
 ) -> HostResult:
     """One host's roll-out, first finding its Python when --remote-python was not given."""
     found: list[str] = []
+    skipped, absent = None, None
     if rollout.layout.python is None:
         choice = find_python(entry, rollout)
+        if choice.found is not None:
+            skipped = skipped_pythons(list(choice.found), choice.python)
+            absent = sources_not_found(list(choice.found))
         if choice.python is None:
-            return HostResult(entry.address, failed=choice.probe.name, error=choice.error)
+            return HostResult(
+                entry.address,
+                failed=choice.probe.name,
+                error=choice.error,
+                python_skipped=skipped,
+                python_not_found=absent,
+            )
         rollout = rollout.with_python(choice.python.path)
         found.append(choice.probe.name)
         if on_step is not None:
@@ -474,6 +548,7 @@ def roll_out_host(
     result = run_host(entry, rollout.steps(entry, wheel), on_step)
     result.done[:0] = found
     result.python = rollout.layout.python
+    result.python_skipped, result.python_not_found = skipped, absent
     return result
 
 

@@ -45,9 +45,8 @@ from coordinator.telemetry.host_link import (
 )
 from coordinator.telemetry.store import Row, TelemetryStore
 from shared.cooling.calibration import origin_in_detail, origin_told
-from shared.shapes import Invalid
 from shared.wire import protocol as p
-from shared.wire.agent_shapes import check_agent_body
+from shared.wire.agent_types import decode_agent_telemetry
 from shared.wire.telemetry import Cursor
 
 if TYPE_CHECKING:
@@ -96,13 +95,9 @@ class Arrivals:
         samples, events = self.live.setdefault(host, ([], []))
         for message_frames in frames:
             try:
-                message = p.decode_telemetry(message_frames)
-                check_agent_body(message.type, message.body)
+                message = decode_agent_telemetry(message_frames)
             except p.ProtocolError as exc:  # nothing to answer on a SUB: dropped, and said
                 self._refused(host, exc.message)
-                continue
-            except Invalid as exc:
-                self._refused(host, f"{message.type}: {exc}")
                 continue
             (samples if message.type == "telemetry.sample" else events).append(message.body)
 

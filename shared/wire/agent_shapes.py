@@ -19,64 +19,28 @@ from shared.benchmark.reboots import MAX_PANICS, PANIC_FILE_CAP, PANIC_TEXT_CAP
 from shared.benchmark.verdict import VERDICTS, judge
 from shared.bounds import MAX_CALIBRATE_MINUTES
 from shared.cooling.clocks import MAX_CLOCK_HZ
-from shared.cooling.gang import BACKENDS, MAX_GROUP_LENGTH, MAX_WORLD
-from shared.cooling.policy import CoolingState, ThermalPolicy
-from shared.cooling.throttle import MAX_EVIDENCE as MAX_WORK_EVIDENCE
-from shared.cooling.throttle import WORK_UNITS
 from shared.cooling.throttle_point import CALIBRATION_STATES, calibrate_progress, calibration
 from shared.distributed.group import CHECK_PROMPT_LENGTH, MAX_CHECK_TOKENS, SHARDINGS
 from shared.distributed.rank_env import JACCL, RING
 from shared.distributed.rank_shapes import MAX_MEMBERS, RANK_GOT
 from shared.distributed.stragglers import RECORD_FIELDS as STRAGGLER_FIELDS
+from shared.wire import agent_types, typed
+from shared.wire.agent_types import MAX_ID, MAX_TEXT, POLICY_STATES
 
 MAX_HISTORY_ITEMS = 10_000
 """Samples, and events, in one history.get page (the `limit` an agent takes, §10)."""
 MAX_JOBS_LISTED = 100
-MAX_SUPERVISED = 1024
-"""Jobs one sample lists: far more than a Mac runs, few enough to show."""
 MAX_CHECKS = 256
 MAX_FLAGS = 64
-MAX_ID = 64
 MAX_SOURCE = 256
 """A thermal source's name (`replay:PATH` names a path) or a sensor's."""
 JOB_STATES = ("running", "ok", "failed", "cancelled")
 DONE_STATES = ("ok", "failed", "cancelled")
 CELL_STATUSES = ("ok", "failed")
 """`not run` is the coordinator's word for a cell no record came for: never the agent's."""
-SUPERVISED_STATES = ("running", "paused", "stopped", "exited")
-RUN_ACTIONS = (
-    "start",
-    "pause",
-    "resume",
-    "reduce_batch",
-    "restore_batch",
-    "stop",
-    "kill",
-    "forward",
-    "cleanup",
-    "fallback",
-    "rejoin",
-    "gang",
-    "pace",
-    "pace_end",
-    "throttling",
-    "throttle_end",
-    "summary",
-    "exit",
-)
-"""The actions of a supervised job's events: what `job.event` may carry (§12)."""
-EVENT_ACTIONS = (*RUN_ACTIONS, "policy")
-"""A telemetry event's actions: a job's, and the agent's own `policy`."""
-POLICY_STATES = tuple(state.value for state in CoolingState)
-
 MAX_CELL_CLOCK_SAMPLES = 20_000
 """A cell's clock readings, one per poll (5.5 hours at 1 Hz); a job keeps no more (a sustained
 cell keeps none: its windows are its curve)."""
-MAX_EVIDENCE = 1024
-"""Characters of a sample's throttle evidence: a few figures per signal, a job's id with each."""
-MAX_TEXT = 16_384
-"""Characters of any string an agent sends: its longest honest ones are a command line (cut to
-16,384, docs/protocol.md §12) and a crashed job's last lines (at most 8,000)."""
 text = s.text(MAX_TEXT)
 name = s.text(MAX_TEXT, least=1)
 ident = s.text(MAX_ID, least=1)
@@ -97,22 +61,8 @@ rails = s.list_of(s.one_of(RAILS), len(RAILS))
 by_rail = s.map_of(real, len(RAILS) + 8)
 
 
-_policy_fields = s.fields(
-    {key: real for key in ThermalPolicy().to_dict()},
-    {"pace_temp": s.nil_or(real), "pace_slice": real, "pace_min_duty": real},
-)
-
-
 calibrate_minutes = s.number(0, MAX_CALIBRATE_MINUTES)
-
-
-def _policy(value: Any) -> None:
-    """Every ThermalPolicy key, each a finite number, and thresholds the agent could hold."""
-    _policy_fields(value)
-    try:
-        ThermalPolicy.from_dict(value)
-    except ValueError as exc:
-        raise s.Invalid("", f"is not a policy: {exc}") from None
+_policy = typed.shape(agent_types.Policy)
 
 
 MACHINE_FIELDS: dict[str, s.Check] = {
@@ -155,62 +105,9 @@ power = s.fields(
         "error": maybe_text,
     }
 )
-sample_power = s.fields(
-    {"source": text, "simulated": s.flag, "watts": by_rail, "joules": by_rail, "error": maybe_text}
-)
-gang_member = s.fields(
-    {
-        "rank": s.integer(0, MAX_WORLD - 1),
-        "host": s.text(MAX_ID, least=1),
-        "state": s.one_of(POLICY_STATES),
-        "applied": s.one_of(POLICY_STATES),
-        "celsius": celsius,
-        "source": s.text(MAX_SOURCE, least=1),
-        "sensor": s.nil_or(s.text(MAX_SOURCE)),
-        "time": epoch,
-        "job": s.text(MAX_ID),
-        "age_s": s.number(0, 86400.0 * 366),
-    },
-    {"duty": s.nil_or(s.number(0.0, 1.0)), "slice_s": s.nil_or(s.number(0.0, 1.0))},
-)
-"""One rank's report in a gang (docs/protocol.md §15): what its Mac asks for and why."""
-_gang_fields: dict[str, s.Check] = {
-    "group": s.text(MAX_GROUP_LENGTH, least=1),
-    "rank": s.integer(0, MAX_WORLD - 1),
-    "world": s.integer(2, MAX_WORLD),
-    "hosts": s.list_of(s.text(MAX_ID), MAX_WORLD),
-    "backend": s.one_of(BACKENDS),
-}
-gang_identity = s.fields(_gang_fields)
-gang_listed = s.fields(
-    _gang_fields | {"state": s.one_of(POLICY_STATES), "cause": s.nil_or(gang_member)},
-    {"duty": s.nil_or(s.number(0.0, 1.0))},
-)
-"""A supervised job's gang as the agent lists it: who it is, and the state all its ranks live
-under with the rank that causes it."""
-job_work = s.fields(
-    {
-        "rate": maybe_amount,
-        "unit": s.one_of(WORK_UNITS),
-        "time": s.nil_or(epoch),
-        "throttling": s.nil_or(s.flag),
-        "evidence": s.nil_or(s.text(MAX_WORK_EVIDENCE)),
-    }
-)
-"""A `run` job's speed as its `agent run` states it (docs/protocol.md §10, §12)."""
-gang_request = s.fields({"gang": gang_identity, "member": gang_member})
+gang_request = typed.shape(agent_types.GangRequest)
 """gang.state, which agents (and `agent run`) send each other: checked by the agent."""
-supervised = s.fields(
-    {
-        "job": name,
-        "pid": s.integer(0),
-        "command": text,
-        "state": s.one_of(SUPERVISED_STATES),
-        "kind": s.one_of(("bench", "run")),
-    },
-    {"gang": s.nil_or(gang_listed), "work": s.nil_or(job_work)},
-)
-supervised_jobs = s.list_of(supervised, MAX_SUPERVISED)
+supervised_jobs = typed.shape(agent_types.SupervisedJobs)
 storage = s.fields(
     {
         "ok": s.flag,
@@ -478,56 +375,8 @@ def record(value: Any) -> None:
         )
 
 
-hertz = s.nil_or(s.number(0, MAX_CLOCK_HZ))
-"""A clock: finite, 0 to MAX_CLOCK_HZ (a frequency beyond it is a decoding fault)."""
-sample = s.fields(
-    {
-        "host": name,
-        "seq": seq,
-        "time": epoch,
-        "celsius": celsius,
-        "pressure": maybe_text,
-        "source": text,
-        "simulated": s.flag,
-        "state": s.nil_or(s.one_of(POLICY_STATES)),
-        "trend_c_per_min": maybe_real,
-        "pause_s_total": amount,
-        "jobs": supervised_jobs,
-        "storage_error": maybe_text,
-        "power_w": maybe_real,
-        "energy_j": maybe_real,
-        "power": s.nil_or(sample_power),
-        "sensor": maybe_text,
-    },
-    {  # optional: an older agent's samples lack them (docs/protocol.md §10)
-        "throttling": s.nil_or(s.flag),
-        "throttle_evidence": s.nil_or(s.text(MAX_EVIDENCE)),
-        "gpu_hz": hertz,
-        "gpu_active": s.nil_or(s.number(0, 1)),
-        "cpu_p_hz": hertz,
-        "cpu_e_hz": hertz,
-        "clock_source": maybe_text,
-        "clock_simulated": s.nil_or(s.flag),
-        "clock_note": maybe_text,
-        "started": s.nil_or(epoch),
-        "duty": s.nil_or(s.number(0, 1)),
-    },
-)
-event = s.fields(
-    {
-        "host": name,
-        "seq": s.nil_or(seq),
-        "time": epoch,
-        "job": s.nil_or(name),
-        "pid": s.nil_or(s.integer(0)),
-        "action": s.one_of(EVENT_ACTIONS),
-        "source": text,
-        "simulated": s.flag,
-        "celsius": celsius,
-        "detail": maybe_text,
-        "policy": s.nil_or(_policy),
-    }
-)
+sample = typed.shape(agent_types.SampleBody)
+event = typed.shape(agent_types.EventBody)
 listed_job = s.fields(
     {
         "job": ident,
@@ -621,9 +470,7 @@ BODIES: dict[str, s.Check] = {
     "policy.get.ok": s.fields({"policy": _policy}, {"origin": maybe_text}),
     "policy.set.ok": s.fields({"policy": _policy}, {"origin": maybe_text}),
     "job.event.ok": s.fields({"job": ident}),
-    "gang.state.ok": s.fields(
-        {"group": s.text(MAX_GROUP_LENGTH, least=1), "members": s.list_of(gang_member, MAX_WORLD)}
-    ),
+    "gang.state.ok": typed.shape(agent_types.GangState),
     "doctor.ok": s.fields({"report": report}),
     "rank.start.ok": s.fields({"job": ident, "rank": s.integer(0, MAX_MEMBERS - 1)}),
     "rank.get.ok": RANK_GOT,

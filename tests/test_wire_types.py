@@ -1,0 +1,144 @@
+"""What an agent sends, decoded and checked by msgspec types (shared.wire.agent_types), refused in
+shared.shapes' words (shared.wire.typed): the hot path a monitor takes for telemetry, and the
+check every reply gets."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgpack
+import msgspec
+import pytest
+
+from shared.shapes import Invalid
+from shared.wire import protocol as p
+from shared.wire.agent_shapes import check_agent_body
+from shared.wire.agent_types import EventBody, SampleBody, decode_agent_telemetry
+from shared.wire.telemetry import Event, Sample
+from tests.test_agent_shapes import SAMPLE
+
+JOB = SAMPLE["jobs"][0]
+EVENT: dict[str, Any] = {
+    "host": "mac1",
+    "seq": 3,
+    "time": 1796185515.6,
+    "job": None,
+    "pid": None,
+    "action": "policy",
+    "source": "sim",
+    "simulated": True,
+    "celsius": None,
+    "detail": None,
+    "policy": {
+        "max_speed_temp": 75.0,
+        "pause_temp": 85.0,
+        "stop_temp": 95.0,
+        "pause_duration": 0.5,
+        "hysteresis": 0.0,
+    },
+}
+
+
+def frames(body: dict[str, Any], type_: str = "telemetry.sample", **envelope: Any) -> list[bytes]:
+    message = {"v": p.PROTOCOL_VERSION, "id": "ab12", "type": type_, "re": None, "body": body}
+    return [p.TOPICS[type_], msgpack.packb(message | envelope)]
+
+
+def test_a_sample_decodes_with_every_field_and_nested_optional_ones_left_out() -> None:
+    message = decode_agent_telemetry(frames(SAMPLE))
+    assert message.type == "telemetry.sample" and message.id == "ab12" and message.re is None
+    assert message.body == SAMPLE | {name: None for name in Sample.columns() if name not in SAMPLE}
+    assert message.body["jobs"] == [JOB], "a job's gang and work, left out, stay out"
+    event = decode_agent_telemetry(frames(EVENT, "telemetry.event"))
+    assert event.body == EVENT
+
+
+def test_the_types_know_every_field_the_records_have() -> None:
+    """A field added to shared.wire.telemetry's Sample or Event is added to its msgspec type
+    too, optional there when it is optional on the wire (docs/protocol.md §10)."""
+    for record, body in ((Sample, SampleBody), (Event, EventBody)):
+        schema = record.schema()
+        typed = {f.name: f.required for f in msgspec.structs.fields(body)}
+        assert set(typed) == set(schema), record.__name__
+        assert {name for name, required in typed.items() if not required} == {
+            name for name, (_, required) in schema.items() if not required
+        }, record.__name__
+
+
+BAD_SAMPLES = [
+    (SAMPLE | {"seq": 2**63}, "seq is 9223372036854775808, above 9223372036854775807"),
+    (SAMPLE | {"seq": 0}, "seq is 0, below 1"),
+    (SAMPLE | {"state": "melting"}, "state is 'melting', not one of ok, pace, pause,"),
+    (SAMPLE | {"celsius": math.nan}, "celsius is nan, not a finite number"),
+    (SAMPLE | {"power_w": -math.inf}, "power_w is -inf, not a finite number"),
+    (SAMPLE | {"jobs": [None]}, "jobs[0] is nil, not a map"),
+    (SAMPLE | {"jobs": [JOB | {"pid": 1.5}]}, "jobs[0].pid is a float, not an int"),
+    (SAMPLE | {"jobs": [JOB | {"gang": {"group": "g"}}]}, "jobs[0].gang.rank is missing"),
+    (SAMPLE | {"jobs": [JOB] * 1025}, "jobs has 1025 items, more than 1024"),
+    (SAMPLE | {"host": ""}, "host has 0 characters, fewer than 1"),
+    (SAMPLE | {"source": "x" * 16_385}, "source has 16385 characters, more than 16384"),
+    (SAMPLE | {"power": {"watts": {}}}, "power.source is missing"),
+    (
+        SAMPLE | {"power": SAMPLE["power"] | {"joules": {"gpu": 1.0, "cpu": math.nan}}},
+        "power.joules.cpu is nan, not a finite number",
+    ),
+    (SAMPLE | {"power": SAMPLE["power"] | {"extra": 1}}, "power has an unknown field 'extra'"),
+    (SAMPLE | {"duty": 1.5}, "duty is 1.5, above 1.0"),
+]
+
+
+@pytest.mark.parametrize(("body", "problem"), BAD_SAMPLES)
+def test_a_refusal_names_the_field_and_its_problem(body: dict[str, Any], problem: str) -> None:
+    """The same line on the hot path (bytes off a SUB) and for a map already decoded (a
+    history page's samples): the field's path, what it holds, what it should."""
+    with pytest.raises(p.ProtocolError) as refused:
+        decode_agent_telemetry(frames(body))
+    assert refused.value.code == p.BAD_BODY and refused.value.re == "ab12"
+    assert refused.value.message.startswith(f"telemetry.sample: {problem}")
+    with pytest.raises(Invalid) as checked:
+        check_agent_body("telemetry.sample", body)
+    assert str(checked.value).startswith(problem)
+
+
+def test_an_events_policy_is_checked_beyond_its_types() -> None:
+    backwards = EVENT | {"policy": EVENT["policy"] | {"pause_temp": 99.0}}
+    with pytest.raises(p.ProtocolError, match="policy is not a policy: .*order"):
+        decode_agent_telemetry(frames(backwards, "telemetry.event"))
+    paced = EVENT | {"policy": EVENT["policy"] | {"pace_temp": 80.0}}
+    assert decode_agent_telemetry(frames(paced, "telemetry.event")).body == paced
+    with pytest.raises(p.ProtocolError, match="policy.pace_slice is nil, not a number"):
+        decode_agent_telemetry(
+            frames(EVENT | {"policy": EVENT["policy"] | {"pace_slice": None}}, "telemetry.event")
+        )
+
+
+@pytest.mark.parametrize(
+    ("sent", "code", "problem"),
+    [
+        (frames(SAMPLE, v=3), p.BAD_VERSION, "protocol version 3 is not spoken here"),
+        (frames(SAMPLE, id=""), p.MALFORMED, "id must be a string of 1 to 64"),
+        (frames(SAMPLE, extra=1), p.MALFORMED, "bad envelope: unknown key(s) ['extra']"),
+        ([b"event", frames(SAMPLE)[1]], p.MALFORMED, "topic b'event' does not match"),
+        ([b"sample", b"\xc1"], p.MALFORMED, "not msgpack"),
+        (frames(SAMPLE)[1:], p.MALFORMED, "telemetry is two frames"),
+        (frames({**SAMPLE, "seq": "7"}), p.BAD_BODY, "field 'seq' has the wrong type (str)"),
+    ],
+)
+def test_an_envelope_problem_is_the_protocols(sent: list[bytes], code: str, problem: str) -> None:
+    """What p.decode_telemetry refuses is refused in its words, checked in its order
+    (docs/protocol.md §4)."""
+    with pytest.raises(p.ProtocolError) as refused:
+        decode_agent_telemetry(sent)
+    assert refused.value.code == code
+    assert problem in refused.value.message
+
+
+def test_a_key_sent_twice_is_its_last_value_checked() -> None:
+    """As msgpack reads such a map (the protocol's decode): the last value counts."""
+    body = msgpack.packb(SAMPLE)
+    assert body[:3] == b"\xde\x00\x10"  # a map of 16
+    twice = b"\xde\x00\x11" + body[3:] + msgpack.packb("seq") + msgpack.packb(8)
+    envelope = msgpack.packb({"v": p.PROTOCOL_VERSION, "id": "ab12", "type": "telemetry.sample"})
+    data = b"\x85" + envelope[1:] + msgpack.packb("re") + b"\xc0" + msgpack.packb("body") + twice
+    assert decode_agent_telemetry([b"sample", data]).body["seq"] == 8

@@ -20,6 +20,7 @@ from coordinator.hosts.hostfile import (
     parse_hosts_and_groups,
 )
 from shared.distributed.group import BenchGroup, group_label
+from shared.reports.benchmark import flags
 from shared.reports.group_cells import PEER_LOST, mark_groups, merge_ranks, tokens_check
 from shared.shapes import Invalid
 
@@ -237,3 +238,22 @@ def test_a_metal_error_on_any_rank_is_the_group_cells_verdict() -> None:
         "tensor",
     )
     assert merged["verdict_reasons"] == ["gpu-error"]
+
+
+def test_the_group_cell_names_its_straggler_and_carries_what_was_injected() -> None:
+    steady = {"compute_s": [0.01] * 3, "wait_s": [0.2] * 3, "links_s": {"a↔b": [0.0001] * 3}}
+    delayed = {**steady, "compute_s": [0.21] * 3, "wait_s": [0.001] * 3}
+    records = [
+        rank_record(0, probe=steady),
+        rank_record(1, probe=delayed, injected=["step-delay"], flags=["injected"]),
+    ]
+    merged = merge_ranks(records, ["a", "b"], [1, 1], "ring", "tensor", {"a↔b": 0.0001})
+    found = merged["stragglers"]
+    assert found["verdict"] == "compute" and found["host"] == "b", found["why"]
+    assert found["links"] == [{"link": "a↔b", "one_way_s": 0.0001, "netbench_s": 0.0001}]
+    assert "probe" not in merged and merged["injected"] == ["step-delay"]
+    assert "injected" in merged["flags"] and merged["verdict"] == "valid"
+    assert "straggler rank 1 (b): compute" in flags(merged)
+    records[1].pop("probe")  # an agent that predates the probe
+    older = merge_ranks(records, ["a", "b"], [1, 1], "ring", "tensor")["stragglers"]
+    assert older == {"verdict": "unavailable", "why": "rank 1 (b): no probe"}

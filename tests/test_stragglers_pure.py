@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from shared.benchmark import faults
 from shared.distributed import stragglers as st
 from shared.shapes import Invalid
 
@@ -149,3 +150,42 @@ def test_the_stored_shape_takes_every_verdict_and_refuses_others() -> None:
         st.STRAGGLERS(st.analyse(HOSTS, probes))
     with pytest.raises(Invalid):
         st.STRAGGLERS({"verdict": "sick", "why": ""})
+
+
+def test_a_rank_slow_at_one_busy_moment_is_not_named_and_an_injected_one_says_so() -> None:
+    quiet = probe([0.010, 0.010, 0.011], [0.03] * 3)
+    busy = probe([0.010, 0.030, 0.032], [0.0] * 3)  # its median is slow, its best is not
+    assert st.analyse(HOSTS, [quiet, busy, quiet])["verdict"] == st.NONE
+    slow = probe([0.030, 0.031, 0.032], [0.0] * 3)
+    found = st.analyse(HOSTS, [quiet, slow, quiet], injected=[[], ["step-delay"], []])
+    assert found["host"] == "b" and found["why"].endswith("(injected: step-delay)")
+
+
+def test_netbench_figures_are_read_at_the_probe_size_for_the_group_links_only() -> None:
+    def measured(where: str, size: int, seconds: list[float], operation: str = "send_recv") -> dict:
+        return {"operation": operation, "where": where, "size": size, "seconds": seconds}
+
+    stored = [
+        measured("a↔b", 1024, [0.00005]),
+        measured("a↔b", st.LINK_BYTES, [0.0001, 0.0003]),
+        measured("b↔c", 1024 * 1024, [0.002]),
+        measured("c↔d", st.LINK_BYTES, [0.5]),  # d is in no group here
+        measured("a+b+c", st.LINK_BYTES, [0.4], "all_sum"),
+        {"operation": "send_recv", "where": 7},
+    ]
+    assert st.netbench_one_way(stored, HOSTS) == {"a↔b": pytest.approx(0.0002), "b↔c": 0.002}
+
+
+def test_a_pipeline_rank_is_scored_but_never_named_for_its_unequal_share() -> None:
+    head = probe([0.06] * 3, [0.02] * 3)  # rank 0 holds the head: more work by design
+    found = st.analyse(HOSTS, [head] + [probe([0.01] * 3, [0.07] * 3)] * 2, equal_shares=False)
+    assert found["verdict"] == st.NONE and "unequal shares" in found["why"]
+    assert found["ranks"][0]["relative"] == pytest.approx(1 / 6)
+
+
+def test_the_step_delay_fault_parses_in_both_spellings_and_refuses_bad_values() -> None:
+    assert faults.parse("step-delay:0.2") == (faults.Fault("step-delay", "0.2", None),)
+    assert faults.parse("step-delay@3") == (faults.Fault("step-delay", "0.1", 3),)
+    for bad, said in (("step-delay=x", "not a number"), ("step-delay=0", "out of range")):
+        with pytest.raises(ValueError, match=said):
+            faults.parse(bad)

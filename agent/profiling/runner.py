@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from agent.model import (
     build_model,
 )
 from agent.power.meter import EnergyMeter
+from agent.profiling import straggler_probe
 from agent.profiling.footprint import HALF, cell_footprint, model_shape, rank_share, refusal
 from agent.profiling.greedy import greedy_tokens
 from agent.profiling.hf_models import ModelNotFound, locate
@@ -246,30 +248,34 @@ def measure_cell(
     sleep_s: float = 0.0,
     rank_group: RankGroup | None = None,
     slow: float = 1.0,
+    step_delay_s: float = 0.0,
 ) -> dict[str, Any]:
     """One cell, as its mode says: pp, tg, or pp+tg, each after its depth; `watch` hears each
     timed region (energy) and may plan the steps (a sustained run, whose duration and not the
     spec's precision ends it); `sleep_s` is an injected sleep inside the first timed window
-    (MLX_FLEET_INJECT=sleep), `slow` the share of its speed it is held to (=slow); a rank of
-    `rank_group` takes its group's choices."""
+    (MLX_FLEET_INJECT=sleep), `slow` the share of its speed it is held to (=slow),
+    `step_delay_s` a sleep at each iteration's start (=step-delay); a rank of `rank_group`
+    takes its group's choices and probes for stragglers after its timed iterations."""
     agree = rank_group.leader_says if rank_group is not None else None
+    injected = {"injected_sleep_s": sleep_s, "slow": slow, "step_delay_s": step_delay_s}
+    straggler = None if rank_group is None else partial(straggler_probe.probe, rank_group)
     if watch is None:
         profiler = SpeedProfiler(
             before_iteration=guard.before_iteration,
-            injected_sleep_s=sleep_s,
             precision=spec.precision,
             agree=agree,
-            slow=slow,
+            probe=straggler,
+            **injected,
         )
     else:
         profiler = SpeedProfiler(
             guard.before_iteration,
             timing=watch,
             steps=watch.steps,
-            injected_sleep_s=sleep_s,
             precision=None if watch.sustain is not None else spec.precision,
             agree=agree,
-            slow=slow,
+            probe=None if watch.sustain is not None else straggler,
+            **injected,
         )
     common = {
         "num_warmup": spec.warmup,
@@ -449,10 +455,12 @@ def _run_groups(
             metrics, error, stopped = None, None, None
             sleep_s = float(injected.get("sleep") or 0.0)
             slow = float(injected.get("slow") or 1.0)
+            delay_s = float(injected.get("step-delay") or 0.0)
             try:
                 metrics = measure_cell(
-                    loaded.model, cell, spec, guard, watch, sleep_s, watching.rank_group, slow
-                )
+                    loaded.model, cell, spec, guard, watch, sleep_s, watching.rank_group, slow,
+                    delay_s,
+                )  # fmt: skip
             except RunStopped as exc:
                 error, stopped = error_text(exc), exc
             except KeyboardInterrupt as exc:
@@ -468,6 +476,8 @@ def _run_groups(
                 mark_injected(record, ["sleep"])
             if slow < 1.0:
                 mark_injected(record, ["slow"])
+            if delay_s:
+                mark_injected(record, ["step-delay"])
             if hot_c is not None and spec.cool_start_s:
                 mark_injected(record, ["hot-start"])
             record["test_time"] = began

@@ -31,6 +31,7 @@ import copy
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal, Protocol
 
 import mlx.core as mx
@@ -54,6 +55,8 @@ from shared.bounds import (
 from shared.stats import precise_enough, summarize_latencies
 
 IterationGate = Callable[[int], None]
+Probe = Callable[[Callable[[], Callable[[], Any]]], dict[str, Any]]
+"""Run after the timed iterations with a maker of ready ones (agent.profiling.straggler_probe)."""
 StepPlan = Callable[[int, int], Iterable[int]]
 """(warm-up, iterations) -> the step numbers to run; by default all of them, once."""
 REWARM_GAP_S = 1.0
@@ -176,6 +179,8 @@ class Measurement:
     slept_s: float | None = None
     """Seconds the machine slept inside the timed windows; None without a clock pair."""
     sleep_clock: str | None = None
+    probe: dict[str, Any] | None = None
+    """What the Probe found (a group cell's straggler probe); None without one."""
 
 
 class SpeedProfiler:
@@ -189,7 +194,8 @@ class SpeedProfiler:
     iterations asked for being then the most; its record carries the `precision_target`.
     `agree` makes the choices a rank of a group would otherwise make alone (re-warm, stop
     early) the group's (agent.profiling.rank_group: rank 0's say), so every rank makes the same
-    collectives."""
+    collectives. `step_delay_s` (MLX_FLEET_INJECT=step-delay) is slept at each iteration's
+    start, inside its time; a `probe` runs after the timed iterations."""
 
     def __init__(
         self,
@@ -201,7 +207,10 @@ class SpeedProfiler:
         precision: float | None = None,
         agree: Callable[[bool], bool] | None = None,
         slow: float = 1.0,
+        step_delay_s: float = 0.0,
+        probe: Probe | None = None,
     ):
+        self.step_delay_s, self.probe = step_delay_s, probe
         self.before_iteration = before_iteration
         self.agree = agree
         self.timing = timing
@@ -252,8 +261,7 @@ class SpeedProfiler:
                     window.clocks = self.clocks.injecting(inject)  # this window's end only
                     inject = 0.0
             start = time.perf_counter()
-            output = timed(cache)
-            mx.eval(output)
+            output = self._step(timed, cache)
             if self.slow < 1.0:
                 time.sleep((time.perf_counter() - start) * (1.0 / self.slow - 1.0))
             elapsed = time.perf_counter() - start
@@ -275,6 +283,8 @@ class SpeedProfiler:
                 and self._agreed(self._precise(measurement, num_iterations))
             ):
                 break
+        if self.probe is not None:
+            measurement.probe = self.probe(lambda: partial(self._step, timed, depth.fresh(model)))
         if window is not None and self.clocks is not None:
             measurement.slept_s = window.slept_s
             measurement.sleep_clock = self.clocks.name
@@ -282,6 +292,14 @@ class SpeedProfiler:
         measurement.peak_bytes -= kept
         measurement.active_bytes -= kept
         return measurement
+
+    def _step(self, timed: Callable[[list[Any]], mx.array], cache: list[Any]) -> mx.array:
+        """One iteration's work, evaluated, after its injected delay."""
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
+        output = timed(cache)
+        mx.eval(output)
+        return output
 
     def _agreed(self, flag: bool) -> bool:
         """`flag` as the group decides it; this process's own when it runs alone."""
@@ -305,6 +323,8 @@ class SpeedProfiler:
         result["sleep_clock"] = measurement.sleep_clock
         if self.precision is not None:
             result["precision_target"] = self.precision
+        if measurement.probe is not None:
+            result["probe"] = measurement.probe
         return result
 
     def benchmark_tokens_per_sec(

@@ -73,6 +73,7 @@ from shared.benchmark.status import (
 from shared.cooling.cool_start import CoolWait, cool_wait_line
 from shared.distributed.group import SHARDINGS, TENSOR
 from shared.distributed.rank_env import AUTO, BACKENDS, DEFAULT_STARTING_PORT
+from shared.distributed.stragglers import straggler_line
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import check_output, data_home, emit, err, fail, show_report, usage_error
 from shared.io.given import path_given
@@ -219,6 +220,9 @@ class FleetProgress:
             self.done[host] += 1
             self.progress.advance(task)
             self._next_cell(host)
+            straggler = straggler_line(event.data["record"])
+            if straggler:  # named as the group runs, not only in the table after
+                self._say(host, shown(straggler, DETAIL_CAP))
         elif event.kind == UNREACHABLE:
             status.doing("unreachable, reconnecting", timed=False)
             if host not in self.unreachable:  # a line per loss, not per attempt

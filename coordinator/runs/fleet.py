@@ -38,6 +38,7 @@ from coordinator.runs.driver import (
     Observer,
 )
 from coordinator.runs.group_driver import GroupDriver, GroupTarget, Resumed
+from coordinator.runs.netbench import stored_link_seconds
 from coordinator.runs.store import RunStore
 from shared.io.transport import CANCEL_WAIT_S
 
@@ -136,8 +137,9 @@ def _drive(
         if isinstance(target, GroupTarget):
             resumed = job if isinstance(job, Resumed) else None
             after = [] if resumed else [ended[other] for other in _sharing(hosts, name)]
+            links = stored_link_seconds(store, [host.name for host in target.hosts])
             driver: Any = GroupDriver(
-                ctx, target, spec, settings, emit, stop, CHECK_TOKENS, after, resumed
+                ctx, target, spec, settings, emit, stop, CHECK_TOKENS, after, resumed, links
             )
         else:
             extra = {"check_tokens": CHECK_TOKENS} if target.address in members else None

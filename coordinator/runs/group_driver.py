@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -164,8 +164,11 @@ class GroupDriver:
         check_tokens: int,
         after: Sequence[threading.Event] = (),
         resumed: Resumed | None = None,
+        netbench: Mapping[str, float] | None = None,
     ) -> None:
         self.ctx, self.group, self.spec, self.settings = ctx, group, spec, settings
+        self.netbench = netbench
+        """netbench's stored one-way seconds per link, for the straggler verdict."""
         self.emit, self.stop = emit, stop
         self.check_tokens = check_tokens
         self.after = after
@@ -318,7 +321,9 @@ class GroupDriver:
             weights_of(self.members[name].models, records[rank])
             for rank, name in enumerate(self.names)
         ]
-        merged = merge_ranks(records, self.names, weights, self.group.backend, self.group.sharding)
+        merged = merge_ranks(
+            records, self.names, weights, self.group.backend, self.group.sharding, self.netbench
+        )
         self.merged.add(index)
         self._report(CELL, {"index": index, "record": merged})
 

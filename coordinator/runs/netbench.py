@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import os
 import socket
 import threading
@@ -38,6 +39,7 @@ from shared.distributed.rank_env import (
     jaccl_devices,
 )
 from shared.distributed.rank_shapes import KIND_NETBENCH, MAX_BOUND_S
+from shared.distributed.stragglers import netbench_one_way, same_link
 from shared.io.transport import AgentClient, AgentError, HostError
 from shared.safe_text import shown
 
@@ -324,3 +326,24 @@ def stop_all(watches: list[RankWatch], job: str, why: str) -> None:
         with contextlib.suppress(AgentError, HostError):  # unknown-job: none had started
             got = watch.client.request("rank.stop", {"job": job, "why": why}, timeout=5.0)
             watch.state, watch.error = got["state"], got["error"]
+
+
+NETBENCH_RUNS_READ = 20
+"""How many of the newest netbench runs a group's straggler verdict looks through."""
+
+
+def stored_link_seconds(store: RunStore, hosts: list[str]) -> dict[str, float]:
+    """Each link between two of `hosts` with the one-way seconds the newest netbench run that
+    measured it stored (shared.distributed.stragglers.netbench_one_way)."""
+    runs = store.query(
+        "SELECT id FROM runs WHERE kind = ? ORDER BY started DESC, rowid DESC LIMIT ?",
+        (KIND_NETBENCH, NETBENCH_RUNS_READ),
+    )
+    links: dict[str, float] = {}
+    for run in runs:
+        rows = store.query("SELECT record FROM cells WHERE run_id = ?", (run["id"],))
+        records = [json.loads(row["record"]) for row in rows]
+        found = netbench_one_way([r for r in records if isinstance(r, dict)], hosts)
+        known = {same_link(name) for name in links}
+        links.update({name: s for name, s in found.items() if same_link(name) not in known})
+    return links

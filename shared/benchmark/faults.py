@@ -15,6 +15,8 @@ position of a cell in its run's matrix (every cell when absent):
   on-battery             settings say the Mac runs on battery
   slow=F (or slow:F)     every timed iteration sleeps until it took 1/F of its time, so the
                          cell runs at F (0 < F < 1) of its speed: a sick Mac for fleet health
+  step-delay=SECONDS     every timed iteration (and a group cell's probe step) sleeps SECONDS
+  (or step-delay:S)      (0.1) before its work: one slow rank of a group, a straggler
 
 An injected fault is recorded in the cell's `injected` list and flagged `injected`, so nothing
 injected is ever shown as measured.
@@ -36,9 +38,15 @@ DEFAULTS: dict[str, str | None] = {
     "low-power": None,
     "on-battery": None,
     "slow": "0.5",
+    "step-delay": "0.1",
 }
 INJECTED_FLAG = "injected"
-NUMBERS = {"sleep": (0.0, 1e6), "hot-start": (0.0, 200.0), "slow": (0.0, 1.0)}
+NUMBERS = {
+    "sleep": (0.0, 1e6),
+    "hot-start": (0.0, 200.0),
+    "slow": (0.0, 1.0),
+    "step-delay": (0.0, 3600.0),
+}
 """The faults whose value is a number, with the open range it must lie in."""
 
 

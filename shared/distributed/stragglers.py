@@ -4,13 +4,15 @@ NVIDIA resiliency-ext's two straggler scores per rank, and a verdict. Pure.
 Each rank of a group cell reports its `probe` (agent.profiling.straggler_probe): per probe step
 the seconds it computed (its own work, the time it was not blocked in a collective) and the
 seconds it waited in collectives, and the one-way time of a small message over each of the
-ring's links. From them, per rank:
+ring's links (the fastest of its repetitions: a slow link is slow every time, a busy CPU
+only at times). From them, per rank:
 - relative score: the best rank's median compute ÷ this rank's (1.0 for the best rank);
 - individual score: this rank's best step's compute ÷ its median (1.0: no slower than its best).
 
 The verdict (docs/distributed.md, Stragglers):
-- `compute`: one rank's relative score is under RELATIVE_FLOOR and it computes at least
-  EXCESS_FLOOR_S a step more than the best rank, while the other ranks wait on it (their median
+- `compute`: one rank's relative score is under RELATIVE_FLOOR, even its fastest step is that
+  far behind the fastest rank's (slow every step, not at a busy moment), it computes at least
+  EXCESS_FLOOR_S a step more than the best rank, and the other ranks wait on it (their median
   wait is at least half that excess): a host outlier, named;
 - `link`: every rank waits in its collectives at least as long as one link is slow, and that
   link's one-way time is LINK_FACTOR times its sibling links' median (or, with no sibling: the
@@ -23,13 +25,16 @@ The verdict (docs/distributed.md, Stragglers):
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from shared import shapes as s
+from shared.distributed.netbench import SEND_RECV
 
 PROBE_STEPS = 3
 """Probe steps a rank runs after a group cell's timed iterations (the same on every rank)."""
+LINK_BYTES = 4096
+"""The link probe's message: netbench's 4K size, so its stored figure compares."""
 PROBE_MOST = 64
 MAX_LINKS = 64
 MAX_SECONDS = 86_400.0
@@ -40,8 +45,9 @@ EXCESS_FLOOR_S = 0.002
 """... when that is also at least 2 ms a step: below it, a tiny cell's scheduling noise."""
 LINK_FACTOR = 3.0
 """A link whose one-way time is 3x its siblings' median (or netbench's figure) is slow ..."""
-LINK_EXCESS_S = 0.001
-"""... and at least 1 ms slower: a loopback's microseconds tripled are no slow link."""
+LINK_EXCESS_S = 0.005
+"""... and at least 5 ms slower: a busy machine's scheduler delays a wake-up by a few ms (2-4 ms
+seen on loopback at load 6 on 2 cores), a link's hundreds of microseconds tripled are noise."""
 COMPUTE, LINK, BOTH, NONE, UNAVAILABLE = "compute", "link", "compute+link", "none", "unavailable"
 VERDICTS = (COMPUTE, LINK, BOTH, NONE, UNAVAILABLE)
 
@@ -82,6 +88,7 @@ STRAGGLERS = s.fields(
     },
 )
 """A group cell's `stragglers` as the coordinator stores it."""
+UNEQUAL = " (the ranks hold unequal shares: their compute is not compared)"
 RECORD_FIELDS = {"probe": PROBE, "stragglers": STRAGGLERS}
 
 
@@ -106,9 +113,14 @@ def analyse(
     hosts: Sequence[str],
     probes: Sequence[Mapping[str, Any] | None],
     netbench: Mapping[str, float] | None = None,
+    injected: Sequence[Sequence[str]] = (),
+    equal_shares: bool = True,
 ) -> dict[str, Any]:
     """The group's `stragglers` from each rank's probe (in rank order; None: the rank sent
-    none) and, where stored, netbench's one-way seconds per link name."""
+    none) and, where stored, netbench's one-way seconds per link name; `injected` each rank's
+    injected faults (MLX_FLEET_INJECT), said beside a rank named for them. Ranks that do not
+    hold equal shares of the work (a pipeline's: rank 0 holds the head, a stage waits for the
+    one before it by design) are scored but never named for their compute."""
     missing = [
         f"rank {rank} ({hosts[rank]}): {probe_problem(probe) if probe else 'no probe'}"
         for rank, probe in enumerate(probes)
@@ -120,6 +132,7 @@ def analyse(
     compute = [statistics.median(p["compute_s"]) for p in valid]
     waits = [statistics.median(p["wait_s"]) for p in valid]
     best = min(compute)
+    fastest = [min(p["compute_s"]) for p in valid]
     ranks = [
         {
             "rank": rank,
@@ -133,11 +146,16 @@ def analyse(
     ]
     links = _links(valid[0].get("links_s") or {}, netbench or {})
     found = [
-        finding for finding in (_compute(ranks), _slow_links(links, waits)) if finding is not None
+        finding
+        for finding in (
+            _compute(ranks, fastest, injected) if equal_shares else None,
+            _slow_links(links, waits),
+        )
+        if finding is not None
     ]
     result: dict[str, Any] = {"verdict": NONE, "rank": None, "host": None, "link": None}
     if not found:
-        result["why"] = "no rank or link stands out"
+        result["why"] = "no rank or link stands out" + ("" if equal_shares else UNEQUAL)
     else:
         for finding in found:
             result.update({k: v for k, v in finding.items() if k != "why"})
@@ -146,17 +164,37 @@ def analyse(
     return {**result, "ranks": ranks, "links": links}
 
 
+def netbench_one_way(records: Iterable[Mapping[str, Any]], hosts: Sequence[str]) -> dict:
+    """One stored netbench run's one-way seconds (the mean) per link between two of `hosts`, at
+    LINK_BYTES, else at the smallest size it measured (stored records: netbench's cells)."""
+    found: dict[str, tuple[tuple[bool, int], float]] = {}
+    for record in records:
+        where, size, seconds = record.get("where"), record.get("size"), record.get("seconds")
+        if record.get("operation") != SEND_RECV or not isinstance(where, str):
+            continue
+        if not same_link(where) <= set(hosts) or not isinstance(size, int) or not seconds:
+            continue
+        rank = (size != LINK_BYTES, size)
+        if where not in found or rank < found[where][0]:
+            found[where] = (rank, statistics.fmean(seconds))
+    return {where: seconds for where, (_, seconds) in found.items()}
+
+
 def _ratio(better: float, this: float) -> float:
     return 1.0 if this <= 0 else min(1.0, better / this)
 
 
-def _compute(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _compute(
+    ranks: list[dict[str, Any]], fastest: Sequence[float], injected: Sequence[Sequence[str]]
+) -> dict[str, Any] | None:
     slowest = min(ranks, key=lambda rank: (rank["relative"], -rank["rank"]))
     best = min(rank["compute_s"] for rank in ranks)
     excess = slowest["compute_s"] - best
     others = [rank["wait_s"] for rank in ranks if rank is not slowest]
     if slowest["relative"] >= RELATIVE_FLOOR or excess < EXCESS_FLOOR_S:
         return None
+    if fastest[slowest["rank"]] * RELATIVE_FLOOR < min(fastest):
+        return None  # slow at times, not every step: a busy moment, not the rank's compute
     if statistics.median(others) < excess / 2:
         return None
     return {
@@ -167,8 +205,14 @@ def _compute(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
             f"rank {slowest['rank']} ({slowest['host']}) computes {_ms(slowest['compute_s'])} a "
             f"step, {slowest['compute_s'] / best:.1f}x the best rank's {_ms(best)}; the others "
             f"wait {_ms(statistics.median(others))} a step on it"
+            + _injected(injected, slowest["rank"])
         ),
     }
+
+
+def _injected(injected: Sequence[Sequence[str]], rank: int) -> str:
+    kinds = injected[rank] if rank < len(injected) else []
+    return f" (injected: {', '.join(kinds)})" if kinds else ""
 
 
 def _links(measured: Mapping[str, Sequence[float]], netbench: Mapping[str, float]) -> list[dict]:
@@ -176,7 +220,7 @@ def _links(measured: Mapping[str, Sequence[float]], netbench: Mapping[str, float
     return [
         {
             "link": name,
-            "one_way_s": statistics.median(seconds),
+            "one_way_s": min(seconds),  # a slow link is slow every time, a busy CPU at times
             "netbench_s": stored.get(same_link(name)),
         }
         for name, seconds in measured.items()
@@ -238,3 +282,12 @@ def mark(record: Mapping[str, Any]) -> str | None:
     if found.get("link"):
         marks.append(f"slow link {found['link']}")
     return ", ".join(marks)
+
+
+def straggler_line(record: Mapping[str, Any]) -> str | None:
+    """The line a run prints as a group cell with a straggler lands: `pp32: straggler rank 2
+    (c): compute: rank 2 (c) computes ...`; None without one."""
+    found = mark(record)
+    if found is None:
+        return None
+    return f"{record.get('name')}: {found}: {record['stragglers'].get('why')}"

@@ -1,8 +1,7 @@
 """Render benchmark reports as a Rich table, Markdown, CSV, JSON or JSON lines.
 
-A report is plain data: `{"machine": ..., "models": [...], "cells": [records], ...}` from one
-agent, or the same per host from the coordinator (records then carry a `host`). Every unknown
-renders as "N/A", never as a number.
+A report is plain data (`{"machine": ..., "models": [...], "cells": [records]}`) from one agent,
+or the same per host from the coordinator (records carry a `host`); unknowns are "N/A", never 0.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from shared.benchmark.results import NOT_RUN, OK, cooling_line
 from shared.benchmark.settings import EXPORTED, exported_settings
 from shared.benchmark.verdict import judge, verdict_text
 from shared.distributed.group import group_label
+from shared.distributed.stragglers import mark as straggler_mark
 from shared.reports.llama_bench import (
     LLAMA_BENCH_FIELDS,
     LLAMA_BENCH_TABLE,
@@ -110,6 +110,7 @@ def flags(record: Record) -> str:
         marks.append(f"tokens {record['tokens_check']}")
     if (record.get("roofline") or {}).get("fraction") is not None:  # shared.benchmark.roofline
         marks.append(f"roofline {record['roofline']['fraction']:.0%}")
+    marks += [found for found in (straggler_mark(record),) if found]  # a group cell's
     if record.get("status") == NOT_RUN:
         marks.append(f"not run: {record.get('error')}")
     elif record.get("invalid"):

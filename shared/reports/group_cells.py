@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shared.benchmark.verdict import BATTERY_SOURCES, LOW_POWER_MODES, judge, separated
+from shared.distributed import stragglers
+from shared.distributed.group import TENSOR
 from shared.wire.agent_shapes import MEASURED
 
 Record = dict[str, Any]
@@ -52,11 +54,14 @@ def merge_ranks(
     weights: Sequence[int | None],
     backend: str,
     sharding: str,
+    netbench: Mapping[str, float] | None = None,
 ) -> Record:
     """The group's record of one cell from each rank's (in rank order), `weights` each rank's
-    weight bytes (its model info's), judged again from the merged fields."""
+    weight bytes (its model info's), judged again from the merged fields; a measured cell's
+    `stragglers` from the ranks' probes, `netbench` the stored one-way seconds per link."""
     lead = copy.deepcopy(dict(records[0]))
     lead.pop("rank", None)
+    lead.pop("probe", None)  # rank 0's: every rank's is in `stragglers`
     lead["group"] = {
         "members": list(hosts),
         "ranks": len(hosts),
@@ -89,6 +94,13 @@ def merge_ranks(
         lead["slept_s"] = most([r.get("slept_s") for r in records])
         lead["warmup_iterations"] = min((r.get("warmup_iterations") or 0) for r in records)
         lead.update(_energy(records, hosts))
+        probes = [r.get("probe") for r in records]
+        injected = [r.get("injected") or [] for r in records]
+        lead["stragglers"] = stragglers.analyse(
+            hosts, probes, netbench, injected, equal_shares=sharding == TENSOR
+        )
+        if any(injected):  # what any rank injected is the group's (labelled, never measured)
+            lead["injected"] = _union(injected)
     lead["settings"] = _worst_power(records)
     lead["greedy_tokens_agree"] = _tokens_agree(records)
     lead.pop("verdict", None)

@@ -1,0 +1,109 @@
+"""A group cell's straggler probe (shared.distributed.stragglers reads what it sends): after the
+cell's timed iterations, PROBE_STEPS more of the same iteration, untimed for the cell's figures,
+each split into the rank's own compute and its wait in collectives; then a small message's
+one-way time over each of the ring's links.
+
+MLX evaluates lazily, so one `mx.eval` of a forward pass runs the rank's work and the model's
+collectives (mlx.nn's sharded layers call `mx.distributed.all_sum`, our pipeline
+`send`/`recv_like`/`all_gather`) as one graph. During a probe step every collective the model
+asks for evaluates its inputs first (this rank's own work up to it) and then itself, timed:
+that time is the wait (a peer's lateness plus the transfer); the step's other seconds are the
+rank's compute. A rank that computes late is the one whose peers wait. The extra evaluation
+points are why the probe is not the timed iterations themselves: those stay as measured.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import mlx.core as mx
+
+from agent.cluster.netbench import Progress, barrier, gathered, ping_pong_seconds
+from agent.profiling.rank_group import RankGroup
+from shared.distributed.netbench import ELEMENT_BYTES, link_name, ring_edges
+from shared.distributed.stragglers import LINK_BYTES, PROBE_STEPS
+
+COLLECTIVES = (
+    "all_sum",
+    "all_gather",
+    "all_max",
+    "all_min",
+    "sum_scatter",
+    "send",
+    "recv",
+    "recv_like",
+)
+"""mx.distributed's operations that meet a peer (those this MLX has are timed)."""
+LINK_WARMUP, LINK_REPETITIONS, LINK_OPS = 1, 5, 2
+
+Step = Callable[[], Any]
+"""One iteration of the cell, its inputs ready: runs and evaluates it."""
+
+
+class CollectiveClock:
+    """Seconds spent in mx.distributed's collectives while `timing()` is entered."""
+
+    def __init__(self) -> None:
+        self.wait_s = 0.0
+
+    @contextmanager
+    def timing(self) -> Iterator[None]:
+        originals = {
+            name: getattr(mx.distributed, name)
+            for name in COLLECTIVES
+            if hasattr(mx.distributed, name)
+        }
+        try:
+            for name, original in originals.items():
+                setattr(mx.distributed, name, self._timed(original))
+            yield
+        finally:
+            for name, original in originals.items():
+                setattr(mx.distributed, name, original)
+
+    def _timed(self, original: Callable[..., mx.array]) -> Callable[..., mx.array]:
+        def collective(*args: Any, **kwargs: Any) -> mx.array:
+            mx.eval(*[value for value in args if isinstance(value, mx.array)])
+            start = time.perf_counter()
+            result = original(*args, **kwargs)
+            mx.eval(result)
+            self.wait_s += time.perf_counter() - start
+            return result
+
+        return collective
+
+
+def probe(rank_group: RankGroup, next_step: Callable[[], Step]) -> dict[str, Any]:
+    """PROBE_STEPS steps (`next_step` readies each, outside the clock), split, then the links:
+    the rank record's `probe` (docs/protocol.md §17). Every rank runs the same collectives."""
+    clock = CollectiveClock()
+    compute, wait = [], []
+    for _ in range(PROBE_STEPS):
+        step = next_step()
+        clock.wait_s = 0.0
+        with clock.timing():
+            start = time.perf_counter()
+            step()
+            elapsed = time.perf_counter() - start
+        wait.append(clock.wait_s)
+        compute.append(max(0.0, elapsed - clock.wait_s))
+    return {"compute_s": compute, "wait_s": wait, "links_s": link_seconds(rank_group)}
+
+
+def link_seconds(rank_group: RankGroup) -> dict[str, list[float]]:
+    """Each ring link's one-way seconds for a LINK_BYTES message (netbench's ping-pong, shortened),
+    on every rank."""
+    group, names = rank_group.group, rank_group.spec.names
+    message = mx.ones((LINK_BYTES // ELEMENT_BYTES,), dtype=mx.float32)
+    mx.eval(message)
+    links = {}
+    for edge in ring_edges(names):
+        barrier(group)
+        mine = ping_pong_seconds(
+            group, message, edge, LINK_WARMUP, LINK_REPETITIONS, LINK_OPS, Progress(None)
+        )
+        links[link_name(names, edge)] = gathered(group, mine, edge[0], LINK_REPETITIONS)
+    return links

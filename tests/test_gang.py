@@ -751,21 +751,13 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 def write_lora_job(directory: Path) -> None:
     """A tiny Llama (tests.test_model_dir's), a word-level tokenizer mlx-lm loads offline, and
     a few lines of data: enough for mlx_lm's lora to train on this CPU in seconds."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    from tests.test_model_dir import TINY_LLAMA, write_model
+    from tests.test_model_dir import TINY_LLAMA, write_model, write_tokenizer
 
     model, data = directory / "model", directory / "data"
     model.mkdir()
     data.mkdir()
     write_model(model, TINY_LLAMA)
-    vocab = {f"w{i}": i for i in range(TINY_LLAMA["vocab_size"])}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.save(str(model / "tokenizer.json"))
-    (model / "tokenizer_config.json").write_text(
-        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "w0"})
-    )
+    write_tokenizer(model, TINY_LLAMA["vocab_size"])
     for name, lines in (("train", 64), ("valid", 8)):
         text = "".join(
             json.dumps({"text": " ".join(f"w{(i * 7 + j) % 500 + 1}" for j in range(24))}) + "\n"

@@ -41,6 +41,22 @@ def write_model(directory: Path, config: dict) -> None:
     (directory / "config.json").write_text(json.dumps(config))
 
 
+def write_tokenizer(directory: Path, vocab_size: int, eos: int = 0) -> None:
+    """A word-level tokenizer mlx-lm loads offline (`w0` ... `w<vocab_size - 1>`, `w<eos>` the
+    end of text), so the directory trains with mlx_lm lora and serves through mlx_lm.server. An
+    `eos` of vocab_size is a word the model never generates (its logits stop below it): every
+    answer then runs to its max_tokens, as a serving benchmark needs."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"w{i}": i for i in range(max(vocab_size, eos + 1))}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": f"w{eos}"})
+    )
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("tiny-llama")

@@ -90,9 +90,11 @@ def reason(exc: BaseException) -> str:
     return shown(text)
 
 
-def served_models(url: ServeUrl, timeout_s: float = CHECK_TIMEOUT_S) -> list[str]:
+def served_models(url: ServeUrl, timeout_s: float = CHECK_TIMEOUT_S) -> list[str] | None:
     """The models the server lists (GET /v1/models); ServeUrlError when it does not answer or
-    does not answer as OpenAI's API does."""
+    does not answer as OpenAI's API does. None for a 200 with an empty body: mlx_lm.server's
+    answer when the Hugging Face cache it scans does not exist (its handle_models_request sends
+    the headers, then scan_cache_dir raises CacheNotFound), a server that streams all the same."""
     connection = url.connect(timeout_s)
     try:
         connection.request("GET", MODELS, headers={"Accept": "application/json"})
@@ -106,6 +108,8 @@ def served_models(url: ServeUrl, timeout_s: float = CHECK_TIMEOUT_S) -> list[str
         raise ServeUrlError(
             f"--serve-url {url}: not OpenAI-compatible: GET {MODELS} answered HTTP {reply.status}"
         )
+    if not body.strip():
+        return None
     try:
         return model_ids(body)
     except NotOpenAI as exc:

@@ -65,6 +65,13 @@ def test_a_compatible_server_passes_the_check() -> None:
         check_server(url, "fake-model")
 
 
+def test_mlx_lm_servers_empty_model_list_passes_the_check() -> None:
+    with FakeOpenAIServer(mode="empty-models") as fake:
+        url = ServeUrl.parse(fake.url)
+        assert served_models(url) is None
+        check_server(url, "fake-model")
+
+
 def test_connection_refused() -> None:
     url = ServeUrl.parse(f"http://127.0.0.1:{closed_port()}")
     with pytest.raises(ServeUrlError, match=r"^--serve-url http://127.0.0.1:\d+/v1/chat/"

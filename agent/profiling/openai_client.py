@@ -132,15 +132,18 @@ def stream_request(
     max_tokens: int,
     timeout_s: float,
     clock: Callable[[], float] = time.perf_counter,
+    arrived_s: float | None = None,
 ) -> RequestTiming:
     """One streamed request, timed at this end: sent (before connecting: the connection is part
     of what a user waits for, as in mlx-lm's benchmark), each token event as its chunk arrives.
+    `arrived_s` (on `clock`, not after now) is when an open loop's request arrived: its times
+    count from then, so a client that sends it late adds to its latency, never hides it.
     A request that fails is a RequestTiming with its error and what arrived before it: refused,
     an HTTP error, a reply that is not an event stream, a chunk not in OpenAI's format, or a
     stream that ended before `[DONE]`."""
     body = json.dumps(request_body(url.endpoint, model, prompt, max_tokens)).encode()
     headers = {"Content-Type": "application/json", "Accept": EVENT_STREAM}
-    start = clock()
+    start = clock() if arrived_s is None else arrived_s
     connection = url.connect(timeout_s)
     try:
         try:

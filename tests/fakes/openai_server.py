@@ -17,6 +17,9 @@ What it copies, and from where:
   answers one `application/json` completion (mode "json").
 - death mid-stream: the process killed while it streams: the socket closes after some chunks
   without `[DONE]` (mode "die-after-N").
+- `GET /v1/models` answering 200 with an empty body: mlx_lm.server with no Hugging Face cache
+  directory (its handle_models_request sends the headers, then scan_cache_dir raises
+  CacheNotFound); it streams all the same (mode "empty-models").
 - an error event mid-stream: vLLM's and OpenAI's `data: {"error": {...}}` (mode "error-event").
 - connection refused: no fake at all: a port nobody listens on (tests use a closed one).
 """
@@ -50,6 +53,9 @@ class FakeOpenAIServer:
         self.mode, self.ttft_s, self.gap_s = mode, ttft_s, gap_s
         self.late, self.late_ttft_s = late, late_ttft_s
         self.requests = 0
+        self.streaming = 0
+        self.most_streaming = 0
+        """Streams open at once now, and at most so far."""
         self._lock = threading.Lock()
         self._http = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._http.daemon_threads = True
@@ -70,6 +76,11 @@ class FakeOpenAIServer:
         self._http.shutdown()
         self._http.server_close()
         self._thread.join(timeout=10)
+
+    def opened(self, change: int) -> None:
+        with self._lock:
+            self.streaming += change
+            self.most_streaming = max(self.most_streaming, self.streaming)
 
     def next_ttft(self) -> float:
         with self._lock:
@@ -92,6 +103,8 @@ def _handler(fake: FakeOpenAIServer) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             if fake.mode == "not-found" or self.path not in ("/v1/models", "/health"):
                 self.reply(404, "application/json", b"Not Found")
+            elif fake.mode == "empty-models" and self.path == "/v1/models":
+                self.reply(200, "application/json", b"")
             elif self.path == "/health":
                 self.reply(200, "application/json", json.dumps({"status": "ok"}).encode())
             else:
@@ -110,7 +123,11 @@ def _handler(fake: FakeOpenAIServer) -> type[BaseHTTPRequestHandler]:
                 answer = {"object": "chat.completion", "choices": [{"index": 0, "text": "hi"}]}
                 self.reply(200, "application/json", json.dumps(answer).encode())
                 return
-            self.stream(body)
+            fake.opened(1)
+            try:
+                self.stream(body)
+            finally:
+                fake.opened(-1)
 
         def event(self, data: str) -> None:
             self.wfile.write(f"data: {data}\n\n".encode())

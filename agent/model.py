@@ -31,6 +31,10 @@ SIZES = (
     "vocab_size",
 )
 """ModelArgs' whole-number sizes, each at least 1."""
+MOST_PARAMETERS = 10**12
+"""The most parameters a built-in model may have: more than the largest Mac (512 GB) holds
+even at 4 bits, so a larger shape is a typo, refused before MLX allocates (issue 42: every size
+bounded). Llama 3.1 405B, the largest open dense model, has 4.05e11."""
 
 
 @dataclass
@@ -63,6 +67,11 @@ class ModelArgs:
                 f"num_attention_heads {self.num_attention_heads} must be a multiple of "
                 f"num_key_value_heads {self.num_key_value_heads}"
             )
+        if self.param_count > MOST_PARAMETERS:
+            raise ValueError(
+                f"this shape has {self.param_count:.3g} parameters, past the {MOST_PARAMETERS:.0e} "
+                "a built-in model may have (more than any Mac holds)"
+            )
         for name in ("rms_norm_eps", "rope_theta"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
@@ -71,6 +80,20 @@ class ModelArgs:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def param_count(self) -> int:
+        """The parameters Model(self) holds: embeddings (and an untied head), and per layer
+        attention (q and o square, k and v at the KV heads' width), the MLP's three
+        projections and two norms; then the final norm."""
+        hidden, kv = self.hidden_size, self.num_key_value_heads * self.head_dim
+        layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * self.intermediate_size
+        heads = 1 if self.tie_word_embeddings else 2
+        return (
+            heads * self.vocab_size * hidden
+            + self.num_hidden_layers * (layer + 2 * hidden)
+            + hidden
+        )
 
     @classmethod
     def small(cls) -> ModelArgs:
@@ -346,8 +369,13 @@ def build_model(
     `split` (Model.shard, LlamaModel.pipeline) runs after quantizing and before anything is
     evaluated: the weights are the same as unsplit (their random keys are drawn as the arrays
     are made), but a rank computes and holds only its share."""
-    if bits not in SUPPORTED_BITS:
-        raise ValueError(f"bits must be one of {SUPPORTED_BITS}, got {bits}")
+    if not isinstance(args, ModelArgs):
+        raise TypeError(
+            f"args must be a ModelArgs (ModelArgs.small(), ModelArgs.full()), got "
+            f"{type(args).__name__}"
+        )
+    if isinstance(bits, bool) or bits not in SUPPORTED_BITS:
+        raise ValueError(f"bits must be one of {SUPPORTED_BITS}, got {bits!r}")
     mx.random.seed(seed)
     model = Model(args)
     model.set_dtype(mx.float16)

@@ -5,7 +5,9 @@ tests/test_data_dir.py and tests/test_bounds.py replay them.)"""
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -147,6 +149,94 @@ def test_the_python_api_refuses_bad_arguments_before_mlx(call: str, named: str) 
     }
     with pytest.raises(ValueError, match=re.escape(named)):
         calls[call]()
+
+
+API_REFUSALS = {
+    "forward-seq-0": "seq_len must be at least 1, got 0",
+    "forward-seq-huge": "seq_len must be at most 1048576, got 1000000000",
+    "forward-batch-0": "batch_size must be at least 1, got 0",
+    "forward-seq-float": "seq_len must be a whole number, got 1.5",
+    "not-a-model": "model must be an MLX model (mlx.nn.Module, e.g. build_model's), got str",
+    "bench-no-model": "model must be an MLX model (mlx.nn.Module, e.g. build_model's), got None",
+    "build-no-args": "args must be a ModelArgs (ModelArgs.small(), ModelArgs.full()), got None",
+    "build-bits-str": "bits must be one of (4, 8, 16), got '4'",
+    "shape-huge": "parameters, past the 1e+12 a built-in model may have",
+    "suite-bits": "bits must be None or one of (4, 8, 16), got 3",
+    "suite-source": "unknown thermal source 'bogus'",
+    "suite-one-length": "seq_lengths must be a non-empty list of lengths, got 8",
+    "suite-length-0": "seq_len must be at least 1, got 0",
+    "suite-iterations-0": "num_iterations must be at least 1, got 0",
+    "precision-nan": "precision must be None or a number above 0 and below 1, got nan",
+    "precision-0": "precision must be None or a number above 0 and below 1, got 0.0",
+    "slow-0": "slow must be a number above 0 and at most 1, got 0.0",
+    "sleep-negative": "injected_sleep_s must be a number of seconds from 0 to 1e+06, got -1",
+    "poll-nan": "poll_interval must be a finite number",
+    "poll-huge": "poll_interval must be at most 1h",
+    "history-huge": "history_size must be at most 1000000, got 1000000000000",
+    "scheduler-no-monitor": "monitor must be a ThermalMonitor (or RemoteMonitor), got NoneType",
+    "scheduler-policy-str": "policy must be a ThermalPolicy or None, got str",
+}
+"""Issue 42's rest of the 13 Python API errors, each call's one line (api_calls)."""
+
+
+def api_calls() -> dict[str, Callable[[], object]]:
+    """API_REFUSALS' calls: before this round, MLX's reshape or randint errors, an
+    AttributeError or ZeroDivisionError of ours, a bad value accepted, or a size (a 10**9-token
+    forward pass, a 10**12-reading history, a 10**9-wide model) that ran until killed."""
+    import dataclasses
+
+    from agent.cooling.scheduler import CoolingScheduler
+    from agent.model import ModelArgs, build_model
+    from agent.profiling import BenchmarkSuite, MemoryProfiler, SpeedProfiler
+    from agent.thermal import ThermalMonitor
+
+    args = ModelArgs.small()
+    model = build_model(args, bits=16)
+    memory, speed = MemoryProfiler(), SpeedProfiler()
+    return {
+        "forward-seq-0": lambda: memory.profile_forward(model, seq_len=0),
+        "forward-seq-huge": lambda: memory.profile_forward(model, seq_len=10**9),
+        "forward-batch-0": lambda: memory.profile_forward(model, 8, batch_size=0),
+        "forward-seq-float": lambda: memory.profile_forward(model, seq_len=1.5),  # type: ignore[arg-type]
+        "not-a-model": lambda: memory.profile_model("llama"),  # type: ignore[arg-type]
+        "bench-no-model": lambda: speed.benchmark_tokens_per_sec(None, seq_len=8),  # type: ignore[arg-type]
+        "build-no-args": lambda: build_model(None),  # type: ignore[arg-type]
+        "build-bits-str": lambda: build_model(args, bits="4"),  # type: ignore[arg-type]
+        "shape-huge": lambda: dataclasses.replace(args, hidden_size=10**9),
+        "suite-bits": lambda: BenchmarkSuite(args, bits=3),
+        "suite-source": lambda: BenchmarkSuite(args, thermal_source="bogus"),
+        "suite-one-length": lambda: BenchmarkSuite(args).benchmark_sequence_lengths(8),  # type: ignore[arg-type]
+        "suite-length-0": lambda: BenchmarkSuite(args).benchmark_sequence_lengths([0]),
+        "suite-iterations-0": lambda: BenchmarkSuite(args).benchmark_sequence_lengths(
+            [8], num_iterations=0
+        ),
+        "precision-nan": lambda: SpeedProfiler(precision=math.nan),
+        "precision-0": lambda: SpeedProfiler(precision=0.0),
+        "slow-0": lambda: SpeedProfiler(slow=0.0),
+        "sleep-negative": lambda: SpeedProfiler(injected_sleep_s=-1),
+        "poll-nan": lambda: ThermalMonitor(poll_interval=math.nan, source="none"),
+        "poll-huge": lambda: ThermalMonitor(poll_interval=1e12, source="none"),
+        "history-huge": lambda: ThermalMonitor(history_size=10**12, source="none"),
+        "scheduler-no-monitor": lambda: CoolingScheduler(None),  # type: ignore[arg-type]
+        "scheduler-policy-str": lambda: CoolingScheduler(
+            ThermalMonitor(source="none"),
+            policy="cool",  # type: ignore[arg-type]
+        ),
+    }
+
+
+def test_every_python_api_entry_refuses_bad_arguments_with_its_own_line() -> None:
+    """One model built for the whole table; each call refused before MLX sees it, in one line
+    naming the argument, raised by our own check (never from inside MLX)."""
+    calls = api_calls()
+    assert set(calls) == set(API_REFUSALS)
+    for case, named in API_REFUSALS.items():
+        with pytest.raises((ValueError, TypeError)) as refused:
+            calls[case]()
+        message = str(refused.value)
+        assert named in message and "\n" not in message, (case, message)
+        raised_in = refused.traceback[-1].path
+        assert "mlx" not in raised_in.parts, (case, raised_in)
 
 
 @pytest.mark.parametrize(

@@ -119,6 +119,12 @@ class CoolingScheduler:
         policy: ThermalPolicy | None = None,
         on_action: ActionSink | None = None,
     ) -> None:
+        if not isinstance(monitor, ThermalMonitor):
+            raise TypeError(
+                f"monitor must be a ThermalMonitor (or RemoteMonitor), got {type(monitor).__name__}"
+            )
+        if policy is not None and not isinstance(policy, ThermalPolicy):
+            raise TypeError(f"policy must be a ThermalPolicy or None, got {type(policy).__name__}")
         self.monitor = monitor
         self._policy = policy
         self.on_action = on_action

@@ -8,6 +8,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from agent.profiling.arguments import check_cell, check_model
 from agent.profiling.units import to_gb
 
 """Decimal gigabytes, as the `*_gb` keys say and mlx-lm reports."""
@@ -44,6 +45,7 @@ class MemoryProfiler:
 
     def profile_model(self, model: nn.Module) -> dict[str, Any]:
         """Weight bytes and parameter count, read from array shapes: nothing is evaluated."""
+        check_model(model)
         weight_bytes = 0
         param_count = 0
         num_arrays = 0
@@ -65,6 +67,8 @@ class MemoryProfiler:
         self, model: nn.Module, seq_len: int, batch_size: int = 1
     ) -> dict[str, float]:
         """Peak and active memory of one evaluated forward pass over random tokens."""
+        check_model(model)
+        check_cell(seq_len=seq_len, batch_size=batch_size)
         weights = self.profile_model(model)["weight_memory_bytes"]
         tokens = random_tokens(model, batch_size, seq_len)
         mx.eval(tokens)

@@ -39,19 +39,10 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 
 from agent.awake.clocks import SleepClocks, SleepWindow, system_clocks
+from agent.profiling.arguments import check_cell, check_model, check_profiler
 from agent.profiling.memory import random_tokens
 from agent.profiling.units import to_gb
 from shared.benchmark.matrix import DEFAULT_PREFILL_STEP
-from shared.bounds import (
-    MAX_BATCH_SIZE,
-    MAX_CELL_TOKENS,
-    MAX_DECODE_TOKENS,
-    MAX_ITERATIONS,
-    MAX_SEQ_LEN,
-    MAX_WARMUP,
-    BoundError,
-    check_count,
-)
 from shared.stats import precise_enough, summarize_latencies
 
 IterationGate = Callable[[int], None]
@@ -210,6 +201,7 @@ class SpeedProfiler:
         step_delay_s: float = 0.0,
         probe: Probe | None = None,
     ):
+        check_profiler(precision, slow, injected_sleep_s)
         self.step_delay_s, self.probe = step_delay_s, probe
         self.before_iteration = before_iteration
         self.agree = agree
@@ -340,6 +332,7 @@ class SpeedProfiler:
     ) -> dict[str, Any]:
         """Prompt processing (pp<seq_len>): the prompt into a KV cache already holding `depth`
         tokens, in steps of `prefill_step_size` (see prefill)."""
+        check_model(model)
         check_cell(
             seq_len=seq_len, depth=depth, batch_size=batch_size, num_warmup=num_warmup,
             num_iterations=num_iterations, prefill_step_size=prefill_step_size,
@@ -371,6 +364,7 @@ class SpeedProfiler:
     ) -> dict[str, Any]:
         """pp<prompt_len>+tg<gen_tokens>: the prompt processed and `gen_tokens` generated,
         timed as one figure (llama-bench's -pg: t/s counts both), after `depth` tokens."""
+        check_model(model)
         check_cell(
             prompt_len=prompt_len, gen_tokens=gen_tokens, depth=depth, batch_size=batch_size,
             num_warmup=num_warmup, num_iterations=num_iterations,
@@ -403,6 +397,7 @@ class SpeedProfiler:
         """Decode `total_tokens` greedily, one at a time through the KV cache, after a context
         of `context_len` tokens (the depth, filled once; see the module's docstring) from the
         greedy token after it; at depth 0 from one random token, as llama-bench's tg."""
+        check_model(model)
         check_cell(
             total_tokens=total_tokens, context_len=context_len, batch_size=batch_size,
             num_warmup=num_warmup, num_iterations=num_iterations,
@@ -429,40 +424,6 @@ class SpeedProfiler:
         result.update(seq_len=context_len, batch_size=batch_size, decode_tokens=total_tokens)
         result.update(n_depth=context_len, prefill_step_size=prefill_step_size)
         return result
-
-
-CELL_BOUNDS = {
-    "seq_len": (1, MAX_SEQ_LEN),
-    "prompt_len": (1, MAX_SEQ_LEN),
-    "context_len": (0, MAX_SEQ_LEN),
-    "depth": (0, MAX_SEQ_LEN),
-    "gen_tokens": (1, MAX_DECODE_TOKENS),
-    "total_tokens": (1, MAX_DECODE_TOKENS),
-    "batch_size": (1, MAX_BATCH_SIZE),
-    "num_warmup": (0, MAX_WARMUP),
-    "num_iterations": (1, MAX_ITERATIONS),
-    "prefill_step_size": (1, MAX_SEQ_LEN),
-}
-"""Each argument of the Python API's benchmarks, bounded as a matrix's cell is (shared.bounds):
-refused with its own name before MLX sees it (a 0-token prompt was MLX's reshape error, 10**9
-tokens ran until killed)."""
-
-
-def check_cell(**arguments: int) -> None:
-    """ValueError naming the first argument out of its CELL_BOUNDS, or a cell whose tokens per
-    iteration (batch x every token it holds) pass MAX_CELL_TOKENS."""
-    for name, value in arguments.items():
-        least, most = CELL_BOUNDS[name]
-        check_count(name, value, least, most)
-    held = sum(value for name, value in arguments.items() if name in TOKEN_ARGUMENTS)
-    tokens = arguments.get("batch_size", 1) * held
-    if tokens > MAX_CELL_TOKENS:
-        raise BoundError(
-            f"batch_size x tokens is {tokens}, past the {MAX_CELL_TOKENS} tokens one cell may hold"
-        )
-
-
-TOKEN_ARGUMENTS = ("seq_len", "prompt_len", "context_len", "depth", "gen_tokens", "total_tokens")
 
 
 def _after_depth(

@@ -9,10 +9,12 @@ from rich.console import Console
 from rich.table import Table
 
 from agent.cooling.scheduler import ThermalGuard
-from agent.model import ModelArgs, build_model
+from agent.model import SUPPORTED_BITS, ModelArgs, build_model
+from agent.profiling.arguments import check_cell
 from agent.profiling.runner import run_matrix
 from agent.thermal import ThermalMonitor
 from shared.benchmark.matrix import BUILTIN_DEFAULT_BITS, DEFAULT_SEQ_LENGTHS, MatrixSpec
+from shared.cooling.sources import parse_source_name
 from shared.reports.benchmark import rich_table
 
 SEED_KEYS = (
@@ -60,6 +62,11 @@ class BenchmarkSuite:
     def __init__(
         self, config: ModelArgs | None = None, bits: int | None = None, thermal_source: str = "auto"
     ):
+        if config is not None and not isinstance(config, ModelArgs):
+            raise TypeError(f"config must be a ModelArgs or None, got {type(config).__name__}")
+        if bits is not None and (isinstance(bits, bool) or bits not in SUPPORTED_BITS):
+            raise ValueError(f"bits must be None or one of {SUPPORTED_BITS}, got {bits!r}")
+        parse_source_name(thermal_source)  # one line naming the known sources
         self.config = config or ModelArgs.full()
         self.bits = (
             bits
@@ -75,7 +82,14 @@ class BenchmarkSuite:
         num_warmup: int = 2,
         num_iterations: int = 5,
     ) -> BenchmarkResult:
-        model = build_model(self.config, bits=self.bits)
+        if not isinstance(seq_lengths, (list, tuple)) or not seq_lengths:
+            raise ValueError(
+                f"seq_lengths must be a non-empty list of lengths, got {seq_lengths!r}"
+            )
+        for length in seq_lengths:
+            check_cell(seq_len=length, batch_size=batch_size)
+        check_cell(num_warmup=num_warmup, num_iterations=num_iterations)
+        model = build_model(self.config, bits=self.bits)  # after the checks: it takes a while
         spec = MatrixSpec(
             n_prompt=tuple(seq_lengths),
             batch_sizes=(batch_size,),

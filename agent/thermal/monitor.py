@@ -13,6 +13,7 @@ from types import TracebackType
 from agent.sensors.base import Backoff
 from agent.thermal.base import CallableSource, NoneSource, ThermalReading, ThermalSource
 from agent.thermal.registry import open_source
+from shared.bounds import MAX_POLL_INTERVAL_S, check_count, check_seconds
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,11 @@ class StopFlag:
         self._unset.acquire(blocking=False)
 
 
+MOST_HISTORY = 1_000_000
+"""Readings a monitor keeps: eleven days at 1 Hz (issue 42: every size of the Python API
+bounded; 10**12 grew until the machine ran out)."""
+
+
 class ThermalMonitor:
     """Polls a thermal source on a daemon thread and keeps a rolling history.
 
@@ -73,10 +79,8 @@ class ThermalMonitor:
     def __init__(
         self, poll_interval: float = 1.0, history_size: int = 60, source: SourceLike = None
     ) -> None:
-        if not poll_interval > 0:
-            raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval}")
-        if history_size < 1:
-            raise ValueError(f"history_size must be >= 1, got {history_size}")
+        check_seconds("poll_interval", poll_interval, MAX_POLL_INTERVAL_S, above_least=True)
+        check_count("history_size", history_size, 1, MOST_HISTORY)
         self.poll_interval = poll_interval
         self.history_size = history_size
         self._owns_source = not isinstance(source, ThermalSource)

@@ -62,6 +62,7 @@ from shared.io.options import (
     PolicyOptions,
     PowerOptions,
     ReportFormat,
+    ServingOptions,
     SustainOptions,
     ThermalOptions,
     check_sustained_repetitions,
@@ -79,6 +80,7 @@ NoCooling = Annotated[
 @with_options
 def bench(
     matrix: MatrixOptions,
+    serving: ServingOptions,
     thermal: ThermalOptions,
     limits: PolicyOptions,
     power: PowerOptions,
@@ -99,7 +101,7 @@ def bench(
     cell's energy comes from --power-source (docs/energy.md); --sustain runs each cell for a
     duration, window by window."""
     check_output(output)
-    spec = local_spec(matrix)
+    spec = local_spec(matrix, serving)
     plan = sustained.plan()
     check_sustained_repetitions(spec, plan)
     data_home()  # a data dir the run cannot be saved in fails now, not after the matrix
@@ -245,13 +247,15 @@ def cool_wait_notice(monitor: ThermalMonitor) -> CoolWaitSink:
     return say
 
 
-def local_spec(matrix: MatrixOptions) -> MatrixSpec:
+def local_spec(matrix: MatrixOptions, serving: ServingOptions | None = None) -> MatrixSpec:
     """The matrix with its --model directories resolved and checked on this machine, and its
     Hugging Face ids fetched into the cache (or found there offline); exit 2 naming the
     problem."""
     try:
         models = [local_model(name) for name in matrix.model or []]
         spec = matrix.spec([name for name, _ in models])
+        if serving is not None:
+            spec = serving.apply(spec)
         for _, path in models:
             check_model_dir(path)
             check_bits_for_dir(path, spec.bits)

@@ -48,6 +48,7 @@ from agent.profiling.model_dir import (
     stored_bits,
 )
 from agent.profiling.rank_group import RankGroup
+from agent.profiling.serving import measure_serving
 from agent.profiling.settings import (
     config_digest,
     mark_injected,
@@ -62,6 +63,7 @@ from shared.benchmark import faults as injection
 from shared.benchmark.matrix import (
     DECODE,
     PREFILL,
+    SERVE,
     Cell,
     MatrixSpec,
     bits_label,
@@ -69,6 +71,7 @@ from shared.benchmark.matrix import (
     group_by_model,
 )
 from shared.benchmark.results import cell_record
+from shared.benchmark.serving import per_output_token
 from shared.benchmark.sustain import SustainPlan
 from shared.clock import now_iso
 from shared.reports.benchmark import record_model_label
@@ -249,13 +252,16 @@ def measure_cell(
     rank_group: RankGroup | None = None,
     slow: float = 1.0,
     step_delay_s: float = 0.0,
+    late: float = 0.0,
 ) -> dict[str, Any]:
-    """One cell, as its mode says: pp, tg, or pp+tg, each after its depth; `watch` hears each
-    timed region (energy) and may plan the steps (a sustained run, whose duration and not the
-    spec's precision ends it); `sleep_s` is an injected sleep inside the first timed window
-    (MLX_FLEET_INJECT=sleep), `slow` the share of its speed it is held to (=slow),
-    `step_delay_s` a sleep at each iteration's start (=step-delay); a rank of `rank_group`
-    takes its group's choices and probes for stragglers after its timed iterations."""
+    """One cell, as its mode says: pp, tg, or pp+tg, each after its depth, or a serving cell
+    (agent.profiling.serving); `watch` hears each timed region (energy) and may plan the
+    steps (a sustained run, whose duration and not the spec's precision ends it); `sleep_s` is
+    an injected sleep inside the first timed window (MLX_FLEET_INJECT=sleep), `slow` the share
+    of its speed it is held to (=slow), `step_delay_s` a sleep at each iteration's start
+    (=step-delay), `late` the share of a serving cell's requests held past its TTFT SLO
+    (=late); a rank of `rank_group` takes its group's choices and probes for stragglers after
+    its timed iterations."""
     agree = rank_group.leader_says if rank_group is not None else None
     injected = {"injected_sleep_s": sleep_s, "slow": slow, "step_delay_s": step_delay_s}
     straggler = None if rank_group is None else partial(straggler_probe.probe, rank_group)
@@ -283,6 +289,10 @@ def measure_cell(
         "batch_size": cell.batch_size,
         "prefill_step_size": spec.prefill_step_size,
     }
+    if cell.mode == SERVE:
+        if rank_group is not None:
+            raise ValueError("a serving cell runs on one Mac, not across a group")
+        return measure_serving(profiler, model, cell, spec, late_share=late)
     if cell.mode == PREFILL:
         return profiler.benchmark_tokens_per_sec(
             model, seq_len=cell.n_prompt, depth=cell.n_depth, **common
@@ -456,10 +466,11 @@ def _run_groups(
             sleep_s = float(injected.get("sleep") or 0.0)
             slow = float(injected.get("slow") or 1.0)
             delay_s = float(injected.get("step-delay") or 0.0)
+            late = float(injected.get("late") or 0.0) if cell.mode == SERVE else 0.0
             try:
                 metrics = measure_cell(
                     loaded.model, cell, spec, guard, watch, sleep_s, watching.rank_group, slow,
-                    delay_s,
+                    delay_s, late,
                 )  # fmt: skip
             except RunStopped as exc:
                 error, stopped = error_text(exc), exc
@@ -478,6 +489,10 @@ def _run_groups(
                 mark_injected(record, ["slow"])
             if delay_s:
                 mark_injected(record, ["step-delay"])
+            if late:
+                mark_injected(record, ["late"])
+            if cell.mode == SERVE:
+                per_output_token(record)
             if hot_c is not None and spec.cool_start_s:
                 mark_injected(record, ["hot-start"])
             record["test_time"] = began

@@ -215,7 +215,7 @@ class SpeedProfiler:
         self.rewarm_gap_s = REWARM_GAP_S
         """A gap longer than this re-warms; math.inf turns re-warming off (a bench's baseline)."""
 
-    def _measure(
+    def measure(
         self,
         model: nn.Module,
         depth: Depth,
@@ -305,7 +305,7 @@ class SpeedProfiler:
         rates = [1 / seconds for seconds in measurement.samples]
         return precise_enough(rates, self.precision, most)
 
-    def _result(self, measurement: Measurement, tokens: int) -> dict[str, Any]:
+    def result(self, measurement: Measurement, tokens: int) -> dict[str, Any]:
         result = summarize_latencies(measurement.samples, tokens)
         result["peak_memory_gb"] = to_gb(measurement.peak_bytes)
         result["active_memory_gb"] = to_gb(measurement.active_bytes)
@@ -338,14 +338,14 @@ class SpeedProfiler:
             num_iterations=num_iterations, prefill_step_size=prefill_step_size,
         )  # fmt: skip
         filled, prompt = _after_depth(model, batch_size, depth, seq_len, prefill_step_size)
-        measurement = self._measure(
+        measurement = self.measure(
             model,
             filled,
             lambda cache: prefill(model, cache, prompt, prefill_step_size),
             num_warmup,
             num_iterations,
         )
-        result = self._result(measurement, batch_size * seq_len)
+        result = self.result(measurement, batch_size * seq_len)
         result.update(seq_len=seq_len, batch_size=batch_size)
         result.update(n_depth=depth, prefill_step_size=prefill_step_size)
         return result
@@ -377,8 +377,8 @@ class SpeedProfiler:
                 model, cache, prefill(model, cache, prompt, prefill_step_size), gen_tokens
             )
 
-        measurement = self._measure(model, filled, timed, num_warmup, num_iterations)
-        result = self._result(measurement, batch_size * (prompt_len + gen_tokens))
+        measurement = self.measure(model, filled, timed, num_warmup, num_iterations)
+        result = self.result(measurement, batch_size * (prompt_len + gen_tokens))
         result.update(seq_len=prompt_len, batch_size=batch_size, decode_tokens=gen_tokens)
         result.update(n_depth=depth, prefill_step_size=prefill_step_size)
         return result
@@ -410,14 +410,14 @@ class SpeedProfiler:
         if first is None:
             first = random_tokens(model, batch_size, 1, seed=1)[:, 0]
             mx.eval(first)
-        measurement = self._measure(
+        measurement = self.measure(
             model,
             filled,
             lambda cache: decode(model, cache, first, total_tokens),
             num_warmup,
             num_iterations,
         )
-        result = self._result(measurement, batch_size * total_tokens)
+        result = self.result(measurement, batch_size * total_tokens)
         # Time between two tokens of one sequence (a step yields one token per sequence), so
         # with batch B: tokens_per_sec ~= B * 1000 / mean_per_token_ms.
         result["mean_per_token_ms"] = result["latency_ms"] / total_tokens

@@ -85,6 +85,7 @@ from shared.io.options import (
     Output,
     ReportFormat,
     RunId,
+    ServingOptions,
     SustainOptions,
     TableFormat,
     check_sustained_repetitions,
@@ -280,6 +281,7 @@ class FleetProgress:
 @with_options
 def benchmark(
     matrix: MatrixOptions,
+    serving: ServingOptions,
     sustained: SustainOptions,
     fmt: ReportFormat = "table",
     output: Output = None,
@@ -311,7 +313,7 @@ def benchmark(
     plan = sustained.plan()
     check_plot(plot, plan is not None)
     try:
-        matrix_spec = matrix.spec()
+        matrix_spec = serving.apply(matrix.spec())
     except MatrixError as exc:
         raise usage_error(str(exc)) from None
     check_sustained_repetitions(matrix_spec, plan)

@@ -17,6 +17,8 @@ position of a cell in its run's matrix (every cell when absent):
                          cell runs at F (0 < F < 1) of its speed: a sick Mac for fleet health
   step-delay=SECONDS     every timed iteration (and a group cell's probe step) sleeps SECONDS
   (or step-delay:S)      (0.1) before its work: one slow rank of a group, a straggler
+  late=SHARE             that share (0.3) of a serving cell's requests, drawn by its seed, is
+                         held 1.5 TTFT SLOs before the engine sees it: each misses the SLO
 
 An injected fault is recorded in the cell's `injected` list and flagged `injected`, so nothing
 injected is ever shown as measured.
@@ -39,6 +41,7 @@ DEFAULTS: dict[str, str | None] = {
     "on-battery": None,
     "slow": "0.5",
     "step-delay": "0.1",
+    "late": "0.3",
 }
 INJECTED_FLAG = "injected"
 NUMBERS = {
@@ -46,6 +49,7 @@ NUMBERS = {
     "hot-start": (0.0, 200.0),
     "slow": (0.0, 1.0),
     "step-delay": (0.0, 3600.0),
+    "late": (0.0, 1.0),
 }
 """The faults whose value is a number, with the open range it must lie in."""
 

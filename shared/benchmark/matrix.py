@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from shared.benchmark.serving import SERVE, ServingError, ServingSpec, load_tag, validate_serving
+
 # Limits per spec (docs/protocol.md §5, Limits), in shared.bounds with every other bound: what
 # one job may ask for. They keep a job, its bench.start.ok (every cell's name) and a job.get page
 # that echoes the spec within one message, and refuse a request before it can make the agent do
@@ -86,12 +88,14 @@ class MatrixSpec:
     delay_s: float = 0.0
     precision: float | None = None
     cool_start_s: float = 0.0
+    serving: ServingSpec | None = None
+    """The serving axis (shared.benchmark.serving): with it, every cell is a serving cell."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data; `precision` and `cool_start_s` only when set, so a spec without them
         still reaches an agent that predates them (one that refuses a field refuses only a job
         that uses it)."""
-        data = asdict(self)
+        data = asdict(self) | {"serving": self.serving}
         for key, value in data.items():
             if isinstance(value, tuple):
                 data[key] = [list(v) if isinstance(v, tuple) else v for v in value]
@@ -99,6 +103,10 @@ class MatrixSpec:
             del data["precision"]
         if not data["cool_start_s"]:
             del data["cool_start_s"]
+        if self.serving is None:
+            del data["serving"]
+        else:
+            data["serving"] = self.serving.to_dict()
         return data
 
     @classmethod
@@ -120,6 +128,11 @@ class MatrixSpec:
                 values[key] = value
         if "n_pg" in values:
             values["n_pg"] = tuple(_pair(i, pair) for i, pair in enumerate(values["n_pg"]))
+        if values.get("serving") is not None:
+            try:
+                values["serving"] = ServingSpec.from_dict(values["serving"])
+            except ServingError as exc:
+                raise MatrixError(str(exc)) from None
         spec = cls(**values)
         validate(spec)
         return spec
@@ -145,20 +158,35 @@ class Cell:
     label: str = field(default="", compare=False)
     """The model's label in the cell's name, unique within its matrix (model_names): expand()
     gives it; a cell made without one takes model_label() of its model alone."""
+    concurrency: int = 0
+    request_rate: float = 0.0
+    """A serving cell's load: clients of a closed loop, or requests/s of an open loop."""
+    workload: str = field(default="", compare=False)
+    """A serving test's lengths (`pp32+tg16`) where its matrix has several, else empty."""
 
     def __post_init__(self) -> None:
         if not self.label:
             object.__setattr__(self, "label", model_label(self.model, self.bits))
 
     @property
+    def serves(self) -> bool:
+        return bool(self.concurrency or self.request_rate)
+
+    @property
     def mode(self) -> str:
+        if self.serves:
+            return SERVE
         if not self.n_gen:
             return PREFILL
         return DECODE if not self.n_prompt else PREFILL_DECODE
 
     @property
     def test(self) -> str:
-        """llama-bench's test name: pp512, tg128, pp512+tg128, each ' @ d<D>' at a depth."""
+        """llama-bench's test name: pp512, tg128, pp512+tg128, each ' @ d<D>' at a depth; a
+        serving cell's `serve c4` or `serve r2.0`, with its lengths where they vary."""
+        if self.serves:
+            load = f"{SERVE} {load_tag(self.concurrency, self.request_rate)}"
+            return f"{load} {self.workload}" if self.workload else load
         parts = [f"pp{self.n_prompt}"] if self.n_prompt else []
         parts += [f"tg{self.n_gen}"] if self.n_gen else []
         depth = f" @ d{self.n_depth}" if self.n_depth else ""
@@ -176,13 +204,17 @@ class Cell:
 
     @property
     def name(self) -> str:
-        """A unique, readable key within a run."""
+        """A unique, readable key within a run (a serving cell's load is its batch)."""
+        if self.serves:
+            return f"{self.label} {self.test}"
         return f"{self.label} {self.test} b{self.batch_size}"
 
     def to_dict(self) -> dict[str, Any]:
         """The cell's coordinates as a record holds them (its label only within its name)."""
         data = asdict(self)
-        del data["label"]
+        del data["label"], data["workload"]
+        if not self.serves:
+            del data["concurrency"], data["request_rate"]
         return data | {"mode": self.mode, "test": self.test, "name": self.name}
 
 
@@ -193,7 +225,8 @@ def named_label(record: dict[str, Any]) -> str | None:
     name, test, batch = record.get("name"), record.get("test"), record.get("batch_size")
     if not isinstance(name, str) or test is None or batch is None:
         return None
-    label, sep, rest = name.rpartition(f" {test} b{batch}")
+    tail = f" {test}" if record.get("mode") == SERVE else f" {test} b{batch}"
+    label, sep, rest = name.rpartition(tail)
     return label if sep and not rest and label else None
 
 
@@ -338,6 +371,8 @@ def validate(spec: MatrixSpec) -> None:
         _check_count(f"n_pg[{i}][1]", "generation length", generated, 1, MAX_DECODE_TOKENS)
     for i, n in enumerate(spec.n_depth):
         _check_count(f"n_depth[{i}]", "depth", n, 0, MAX_SEQ_LEN)
+    if spec.serving is not None:
+        _check_serving(spec)
     if not _tests(spec):
         raise MatrixError(
             "n_prompt, n_gen, n_pg: nothing to measure; give a prompt length or a generation "
@@ -361,11 +396,12 @@ def validate(spec: MatrixSpec) -> None:
     _check_seconds("cool_start_s", spec.cool_start_s, MAX_COOL_START_S)
     depth = max(spec.n_depth)
     prompt, generated = max(_tests(spec), key=sum)
-    largest = max(spec.batch_sizes) * (depth + prompt + generated)
+    batch = max(spec.serving.concurrency or (1,)) if spec.serving else max(spec.batch_sizes)
+    largest = batch * (depth + prompt + generated)
     if largest > MAX_CELL_TOKENS:
         raise MatrixError(
             f"batch_sizes, n_depth, n_prompt, n_gen, n_pg: a cell would hold {largest} tokens "
-            f"(batch {max(spec.batch_sizes)} x (depth {depth} + prompt {prompt} + generated "
+            f"(batch {batch} x (depth {depth} + prompt {prompt} + generated "
             f"{generated})); the limit is {MAX_CELL_TOKENS} per cell"
         )
     cells = count_cells(spec)
@@ -374,6 +410,22 @@ def validate(spec: MatrixSpec) -> None:
             f"models, bits, batch_sizes, n_depth, n_prompt, n_gen, n_pg: the matrix has {cells} "
             f"cells; the limit is {MAX_CELLS} per job"
         )
+
+
+def _check_serving(spec: MatrixSpec) -> None:
+    """A serving axis (shared.benchmark.serving) and what its cells cannot take: pairs, depths
+    and batch sizes (a serving cell's batch is its load)."""
+    assert spec.serving is not None
+    try:
+        validate_serving(spec.serving)
+    except ServingError as exc:
+        raise MatrixError(str(exc)) from None
+    if spec.n_pg:
+        raise MatrixError("n_pg: serving cells take prompt and output lengths, not pairs")
+    if set(spec.n_depth) != {0}:
+        raise MatrixError("n_depth: a serving cell's requests start from an empty cache")
+    if set(spec.batch_sizes) != {1}:
+        raise MatrixError("batch_sizes: a serving cell's batch is its load, not a batch size")
 
 
 def _check_seconds(key: str, value: Any, most: float) -> None:
@@ -433,7 +485,11 @@ def _check_count(where: str, what: str, value: Any, least: int, most: int) -> No
 
 def _tests(spec: MatrixSpec) -> list[tuple[int, int]]:
     """(prompt, generated) of every test at one depth, in llama-bench's order: the pp tests,
-    the tg tests, the pairs; zeros skipped, duplicates once."""
+    the tg tests, the pairs; zeros skipped, duplicates once. A serving matrix's: every prompt
+    length with every output length (prompt 0 with a prompt file: its prompts are its own)."""
+    if spec.serving is not None:
+        prompts = [0] if spec.serving.prompts else [n for n in spec.n_prompt if n]
+        return _unique((p, g) for p in prompts for g in spec.n_gen if g)
     tests = [(n, 0) for n in spec.n_prompt if n]
     tests += [(0, n) for n in spec.n_gen if n]
     tests += [tuple(pair) for pair in spec.n_pg]
@@ -443,6 +499,8 @@ def _tests(spec: MatrixSpec) -> list[tuple[int, int]]:
 def count_cells(spec: MatrixSpec) -> int:
     """len(expand(spec)), without building the cells."""
     per_bits = len(set(spec.batch_sizes)) * len(set(spec.n_depth)) * len(_tests(spec))
+    if spec.serving is not None:
+        per_bits = len(_tests(spec)) * len(_loads(spec.serving))
     return sum(
         len({resolve_bits(model, b) for b in spec.bits}) * per_bits
         for model in dict.fromkeys(spec.models)
@@ -463,6 +521,8 @@ def expand(spec: MatrixSpec) -> list[Cell]:
     by depth, then llama-bench's test order (pp, tg, pp+tg)."""
     validate(spec)
     names = model_names(spec.models)
+    if spec.serving is not None:
+        return _serving_cells(spec, names)
     return [
         Cell(model, bits, prompt, generated, depth, batch, model_label(model, bits, names))
         for model in _unique(spec.models)
@@ -470,6 +530,43 @@ def expand(spec: MatrixSpec) -> list[Cell]:
         for batch in _unique(spec.batch_sizes)
         for depth in _unique(spec.n_depth)
         for prompt, generated in _tests(spec)
+    ]
+
+
+def _loads(serving: ServingSpec) -> list[tuple[int, float]]:
+    """(clients, rate) of each load point: the closed loops, then the open ones."""
+    return _unique(
+        [(c, 0.0) for c in serving.concurrency] + [(0, r) for r in serving.request_rates]
+    )
+
+
+def _serving_cells(spec: MatrixSpec, names: dict[str, str]) -> list[Cell]:
+    """A serving matrix's cells: per model and bits, per lengths, each load point."""
+    assert spec.serving is not None
+    lengths = _tests(spec)
+
+    def workload(prompt: int, generated: int) -> str:
+        if len(lengths) == 1:
+            return ""
+        return f"pp{prompt}+tg{generated}" if prompt else f"tg{generated}"
+
+    return [
+        Cell(
+            model,
+            bits,
+            prompt,
+            generated,
+            0,
+            1,
+            model_label(model, bits, names),
+            clients,
+            rate,
+            workload(prompt, generated),
+        )
+        for model in _unique(spec.models)
+        for bits in _unique(resolve_bits(model, b) for b in spec.bits)
+        for prompt, generated in lengths
+        for clients, rate in _loads(spec.serving)
     ]
 
 

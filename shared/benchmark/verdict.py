@@ -39,6 +39,9 @@ margin for its number of iterations, and no clock said the Mac throttled: a thro
 could not see (a Mac without its clock channel), or another load beside the cell. Either way
 its figures mix two speeds; which it was, the rate alone cannot tell, so it is not called
 throttling."""
+SATURATED = "saturated"
+"""A serving cell's open loop outran its engine (shared.benchmark.serving.saturated): its
+latencies are a growing queue's, not the offered rate's."""
 LOW_POWER = "low-power"
 ON_BATTERY = "on-battery"
 GPU_ERROR = "gpu-error"
@@ -54,6 +57,7 @@ REASONS = (
     HOT_START,
     THROTTLED,
     SLOWED,
+    SATURATED,
     LOW_POWER,
     ON_BATTERY,
     GPU_ERROR,
@@ -127,6 +131,8 @@ def reasons(record: Mapping[str, Any]) -> list[str]:
             found.add(THROTTLED)
         elif rate is not None:
             found.add(SLOWED)
+        if (record.get("serving") or {}).get("saturated"):
+            found.add(SATURATED)
     found.update(flag for flag in record.get("flags") or () if flag in INVALIDATING_FLAGS)
     settings = record.get("settings") or {}
     if settings.get("power_mode") in LOW_POWER_MODES:

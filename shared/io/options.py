@@ -65,6 +65,7 @@ from shared.io.given import (  # the option callbacks, where every command takes
     path_given,
     positive,
 )
+from shared.io.serving_options import ServingOptions
 from shared.reports.benchmark import FORMATS
 from shared.reports.llama_bench import LabelError, check_label
 from shared.stats import MIN_AUTO_REPETITIONS
@@ -538,6 +539,8 @@ def as_flags(message: str) -> str:
 def check_sustained_repetitions(spec: MatrixSpec, plan: SustainPlan | None) -> None:
     """Exit 2 for -r auto with --sustain: a sustained cell runs for its duration, not to a
     precision."""
+    if plan is not None and spec.serving is not None:
+        raise usage_error("--sustain and a serving test conflict: it runs its requests' passes")
     if plan is not None and spec.precision is not None:
         raise usage_error(
             f"-r {AUTO} and --sustain conflict: a sustained cell runs for its duration"
@@ -645,7 +648,10 @@ class PolicyOptions(PolicyChanges):
 # --- taking groups whole ------------------------------------------------------------------------
 
 F = TypeVar("F", bound=Callable[..., Any])
-GROUPS = (MatrixOptions, ThermalOptions, PolicyOptions, PolicyChanges, PowerOptions, SustainOptions)
+GROUPS = (
+    MatrixOptions, ServingOptions, ThermalOptions, PolicyOptions, PolicyChanges, PowerOptions,
+    SustainOptions,
+)  # fmt: skip
 
 
 def with_options(command: F) -> F:

@@ -38,6 +38,7 @@ from shared.reports.rows import (
     rows_csv,
     strict_json,
 )
+from shared.reports.serving import SERVING_FIELDS, markdown_serving, rich_serving, serving_row
 from shared.reports.sustain import markdown_sustain, rich_sustain
 from shared.safe_text import DETAIL_CAP, shown
 from shared.tables import NATURAL, TEXT, WHOLE, WORDS, FitTable
@@ -351,7 +352,8 @@ def rich_report(report: dict[str, Any]) -> Group:
     """The header lines (device, versions, models) above the table."""
     lines = [shown(line, DETAIL_CAP) for line in header_lines(report)]
     header = Text("\n".join(lines), style="dim")
-    return Group(header, rich_table(report), *rich_sustain(report["cells"]))
+    cells = report["cells"]
+    return Group(header, rich_table(report), *rich_sustain(cells), *rich_serving(cells))
 
 
 BENCH_FOLDS = (
@@ -393,7 +395,7 @@ def to_markdown(report: dict[str, Any]) -> str:
     lines += markdown_table(
         [name for name, _ in cols], ([render(r) for _, render in cols] for r in ordered(records))
     )
-    lines += markdown_sustain(records)
+    lines += markdown_sustain(records) + markdown_serving(records)
     return "\n".join(lines) + "\n"
 
 
@@ -484,6 +486,7 @@ ROW_FIELDS: list[tuple[str, str]] = [
     ("speedup_over", "TEXT"),
     ("speedup_separated", "INTEGER"),
     ("tokens_check", "TEXT"),
+    *SERVING_FIELDS,
     *((key, "TEXT") for key in EXPORTED),
     ("status", "TEXT"),
     ("verdict", "TEXT"),
@@ -593,6 +596,7 @@ def bench_rows(report: dict[str, Any], label: str | None = None) -> list[dict[st
             "speedup_over": record.get("speedup_over"),
             "speedup_separated": record.get("speedup_separated"),
             "tokens_check": record.get("tokens_check"),
+            **serving_row(record),
             **exported_settings(record),
         }
         row |= llama_fields(
@@ -690,11 +694,5 @@ def render_text(
         return drawn_text(rich_report(report), width)
     if fmt == "md":
         return to_markdown(report)
-    renderers = {
-        "csv": to_csv,
-        "json": to_json,
-        "jsonl": to_jsonl,
-        "sql": to_sql,
-        "llama-json": to_llama_json,
-    }
-    return renderers[fmt](report, label)
+    renderers = {"csv": to_csv, "json": to_json, "jsonl": to_jsonl, "sql": to_sql}
+    return {**renderers, "llama-json": to_llama_json}[fmt](report, label)

@@ -14,7 +14,7 @@ from typing import Any
 
 from shared import shapes as s
 from shared.benchmark.energy import RAILS
-from shared.benchmark.matrix import DECODE, MAX_CELLS, MAX_COOL_START_S, PREFILL, PREFILL_DECODE
+from shared.benchmark.matrix import MAX_CELLS, MAX_COOL_START_S
 from shared.benchmark.reboots import MAX_PANICS, PANIC_FILE_CAP, PANIC_TEXT_CAP
 from shared.benchmark.verdict import VERDICTS, judge
 from shared.bounds import MAX_CALIBRATE_MINUTES
@@ -26,6 +26,7 @@ from shared.distributed.rank_shapes import MAX_MEMBERS, RANK_GOT
 from shared.distributed.stragglers import RECORD_FIELDS as STRAGGLER_FIELDS
 from shared.wire import agent_types, typed
 from shared.wire.agent_types import MAX_ID, MAX_TEXT, POLICY_STATES
+from shared.wire.serving_shapes import MODES, SERVED, iteration_tokens
 
 MAX_HISTORY_ITEMS = 10_000
 """Samples, and events, in one history.get page (the `limit` an agent takes, §10)."""
@@ -264,7 +265,7 @@ COORDINATES = {
     "n_gen": count,
     "n_depth": count,
     "batch_size": s.integer(1),
-    "mode": s.one_of((PREFILL, DECODE, PREFILL_DECODE)),
+    "mode": s.one_of(MODES),
     "test": name,
     "name": name,
     "status": s.one_of(CELL_STATUSES),
@@ -344,8 +345,8 @@ GROUPED = STRAGGLER_FIELDS | {
 """A distributed cell's fields (§17): a rank's record says which rank it is and the greedy
 tokens its model decoded; the coordinator's record of the group's cell (shared.reports.group_cells)
 carries the group and every rank's figures (`probe`, `stragglers`: distributed.stragglers)."""
-RECORD_FIELDS = COORDINATES | MEASURED | JUDGED | GROUPED | {"host": name}
-_record_shape = s.fields(COORDINATES, MEASURED | JUDGED | GROUPED | {"host": name})
+RECORD_FIELDS = COORDINATES | MEASURED | JUDGED | GROUPED | SERVED | {"host": name}
+_record_shape = s.fields(COORDINATES, MEASURED | JUDGED | GROUPED | SERVED | {"host": name})
 """A coordinator's stored records add `host` (the host as it names it)."""
 SPEED_SLACK = 1e-6
 """Relative rounding a mean rate may sit above the best iteration's by."""
@@ -365,7 +366,7 @@ def record(value: Any) -> None:
     fastest = value["min_latency_ms"]
     if fastest < FASTEST_ITERATION_MS:
         raise s.Invalid("min_latency_ms", f"is {fastest:g}, below a microsecond")
-    tokens = (value["n_prompt"] + value["n_gen"]) * value["batch_size"]
+    tokens = iteration_tokens(value)
     best_rate = tokens / (fastest / 1000)
     if value["tokens_per_sec"] > best_rate * (1 + SPEED_SLACK):
         raise s.Invalid(

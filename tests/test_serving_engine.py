@@ -1,0 +1,94 @@
+"""Serving cells through mlx-lm's BatchGenerator in the job's own process (agent.profiling.serving),
+on the built-in tiny model with real MLX: the engine decodes what our model decodes, `agent bench`
+gives every figure in every format, and an injected late share shows in goodput (issue 46)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from agent.model import ModelArgs, build_model
+from agent.profiling.greedy import check_prompt, greedy_tokens
+from agent.profiling.runner import run_matrix
+from agent.profiling.serving import llama_twin
+from shared.benchmark import faults
+from shared.benchmark.matrix import MatrixSpec
+from shared.benchmark.serving import ServingSpec
+from shared.reports.benchmark import render_text
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_engine_decodes_what_our_model_decodes() -> None:
+    """BatchGenerator cannot take our KVCache (it merges mlx-lm's into a batch cache), so it
+    drives mlx-lm's llama holding our arrays: the same greedy tokens, two requests at once."""
+    from mlx_lm.generate import BatchGenerator
+
+    model = build_model(ModelArgs.small(), bits=16)
+    twin = llama_twin(model)
+    assert twin.model.embed_tokens.weight is model.model.embed_tokens.weight  # no copy
+    prompt = check_prompt(model.args.vocab_size)
+    generator = BatchGenerator(twin, completion_batch_size=2)
+    generator.insert([prompt, prompt[:5]], max_tokens=[8, 8])
+    decoded: dict[int, list[int]] = {0: [], 1: []}
+    while sum(map(len, decoded.values())) < 16:
+        for response in generator.next()[1]:
+            decoded[response.uid].append(response.token)
+    generator.close()
+    assert decoded[0] == greedy_tokens(model, 8)[-8:]  # after its predictions over the prompt
+
+
+def test_agent_bench_gives_every_serving_figure_in_every_format(tmp_path: Path) -> None:
+    result = run_cli(
+        "agent", "bench", "--config-small", "--concurrency", "1,4", "--request-rate", "2",
+        "-p", "32", "-n", "16", "--requests", "4", "-w", "1", "-r", "2",
+        "--thermal-source", "sim", "--power-source", "sim", "--idle-baseline", "0.5",
+        "-o", "json", timeout=300,
+    )  # fmt: skip
+    assert result.returncode in (0, 1), result.stderr
+    report = json.loads(result.stdout)
+    cells = report["cells"]
+    assert [c["test"] for c in cells] == ["serve c1", "serve c4", "serve r2.0"]
+    for cell in cells:
+        assert cell["status"] == "ok", cell["error"]
+        figures = cell["serving"]["figures"]
+        assert figures["completed"] == 8 and figures["output_tokens"] == 8 * 16
+        for key in ("ttft", "itl", "tpot", "e2e"):
+            assert 0 < figures[f"{key}_p50_ms"] <= figures[f"{key}_p99_ms"]
+        assert figures["goodput"] <= figures["request_rate"]
+        assert cell["tokens_per_sec"] > 0 and cell["energy_simulated"]
+        assert cell["joules_per_output_token_net"] is not None
+        assert cell["serving"]["engine"] == "mlx-lm BatchGenerator"
+    assert cells[2]["serving"]["saturated"] is not None
+    assert cells[0]["serving"]["saturated"] is None  # a closed loop cannot outrun its engine
+    table = render_text(report, "table", width=200)
+    assert "serving" in table and "serve r2.0" in table and "TTFT ms" in table
+    header = render_text(report, "csv").splitlines()[0]
+    assert all(f"serve_{k}_p99_ms" in header for k in ("ttft", "itl", "tpot", "e2e"))
+    assert "INSERT INTO mlx_fleet_bench" in render_text(report, "sql")
+
+
+def test_late_requests_cost_their_share_of_goodput(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLX_FLEET_INJECT=late=0.3 holds 30 % of the requests past the TTFT SLO: goodput is 0.7
+    of the request rate within the binomial sampling error of the share drawn."""
+    monkeypatch.setenv(faults.ENV, "late=0.3")
+    requests, share = 40, 0.3
+    serving = ServingSpec(  # SLOs a 4M-parameter model meets on a crowded CPU; held: 2.25 s
+        request_rates=(10.0,), requests=requests, slo_ttft_ms=1500.0, slo_tpot_ms=1000.0
+    )
+    spec = MatrixSpec(
+        n_prompt=(8,), n_gen=(4,), models=("small",), warmup=1, iterations=1, serving=serving
+    )
+    (record,) = run_matrix(spec)
+    assert record["status"] == "ok", record["error"]
+    assert "late" in record["injected"]
+    figures = record["serving"]["figures"]
+    late = record["serving"]["late_injected"]
+    assert figures["completed"] == requests and figures["good"] <= requests - late
+    error = 3 * math.sqrt(share * (1 - share) / requests)
+    assert figures["goodput"] / figures["request_rate"] == pytest.approx(1 - share, abs=error)
+    assert figures["request_rate"] == pytest.approx(10.0, rel=0.5)  # Poisson: 40 arrivals

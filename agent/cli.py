@@ -94,6 +94,16 @@ COMMANDS = [
         ),
     ),
     LazyCommand(
+        "models",
+        "agent.commands.models:models_app",
+        "The models this Mac holds: staged, downloaded, partly staged.",
+        examples=(
+            "agent models",
+            "agent models list --verify -o json",
+            "agent models remove mlx-community/Llama-3.2-1B-Instruct-4bit",
+        ),
+    ),
+    LazyCommand(
         "keys",
         "agent.commands.keys:keys_app",
         "This agent's CURVE key and the coordinator keys it trusts.",

@@ -132,6 +132,7 @@ USERS_OF_SENSORS = frozenset(
         "agent.profiling",
         "agent.doctor",
         "agent.daemon_address",
+        "agent.staging",
     }
 )
 AGENT_RULES: dict[str, frozenset[str]] = {
@@ -145,6 +146,7 @@ AGENT_RULES: dict[str, frozenset[str]] = {
     "daemon": frozenset({"agent.commands"}),
     "profiling": frozenset({"agent.commands", "agent.daemon", "agent.service"}),
     "cluster": frozenset({"agent.commands", "agent.daemon", "agent.service"}),
+    "staging": frozenset({"agent.commands", "agent.daemon", "agent.service", "agent.cooling"}),
 }
 """agent/'s rooms and what each may not import (a module or any of its submodules)."""
 TOP_LEVEL_LIMIT = 12

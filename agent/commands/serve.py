@@ -16,10 +16,12 @@ import typer
 from agent.daemon.endpoints import DEFAULT_BIND, PortHeld, ServeError
 from agent.daemon.loop import DEFAULT_RETENTION_DAYS, AgentDaemon, serve
 from agent.daemon_address import DaemonAddress, find_daemon, pid_alive
+from agent.staging.tasks import DEFAULT_BUSY_RATE
 from shared.bounds import MAX_PID
 from shared.io.cli import err, usage_error
 from shared.io.files import make_private
 from shared.io.options import (
+    ModelsDir,
     PowerOptions,
     RetentionDays,
     ThermalOptions,
@@ -118,6 +120,16 @@ def serve_command(
     retention_days: RetentionDays = DEFAULT_RETENTION_DAYS,
     prometheus: PrometheusAddress = None,
     name: AgentName = None,
+    models_dir: ModelsDir = None,
+    stage_busy_rate: Annotated[
+        float,
+        typer.Option(
+            "--stage-busy-rate",
+            metavar="MB/S",
+            help="Fetch a staged model at most this fast while a job runs here (a benchmark, "
+            "a rank, `agent run`, a calibration).",
+        ),
+    ] = DEFAULT_BUSY_RATE / 1e6,
     parent_pid: Annotated[
         int | None,
         typer.Option(
@@ -147,6 +159,10 @@ def serve_command(
         raise usage_error(f"--parent-pid must be a process id, 1 to {MAX_PID}, got {parent_pid}")
     if parent_pid is not None and not pid_alive(parent_pid):
         raise usage_error(f"--parent-pid {parent_pid}: no such process (it must be running)")
+    if not 0.01 <= stage_busy_rate <= 1e6:
+        raise usage_error(
+            f"--stage-busy-rate must be 0.01 to 1000000 MB/s, got {stage_busy_rate:g}"
+        )
     unusable = bind_problem(bind)
     if unusable is not None:
         raise usage_error(unusable)
@@ -174,6 +190,8 @@ def serve_command(
             parent_pid=parent_pid,
             power_source=power.power_source,
             idle_baseline=power.idle_baseline,
+            models_dir=models_dir,
+            stage_busy_rate=stage_busy_rate * 1e6,
         )
         serve(daemon)
     except PortHeld as exc:

@@ -19,6 +19,7 @@ import os
 import signal
 import sqlite3
 import time
+from pathlib import Path
 
 import zmq
 
@@ -35,10 +36,14 @@ from agent.power.meter import EnergyMeter
 from agent.power.registry import open_power_source
 from agent.profiling.device_probe import NO_DEVICE_FIX
 from agent.profiling.machine import machine_info, package_version
+from agent.staging.serving import ChunkServer
+from agent.staging.store import ModelStore
+from agent.staging.tasks import DEFAULT_BUSY_RATE, StageTasks
 from agent.thermal import SourceSpecError, SourceUnavailable, ThermalSource, open_source
 from agent.thermal.plant import PlantSource
 from shared.benchmark.energy import DEFAULT_BASELINE_S
 from shared.cooling.sources import DEFAULT_POLL_INTERVAL_S
+from shared.io.keys import own_keypair
 from shared.io.paths import DataDirError, checked_data_dir, data_dir
 from shared.io.sqlite import StoreError
 from shared.wire import protocol as p
@@ -72,6 +77,8 @@ class AgentDaemon:
         parent_pid: int | None = None,
         power_source: str = "auto",
         idle_baseline: float = DEFAULT_BASELINE_S,
+        models_dir: Path | None = None,
+        stage_busy_rate: float = DEFAULT_BUSY_RATE,
     ) -> None:
         """Raises ServeError for a bad --bind or a data directory it cannot use."""
         self.throttle = LogThrottle(log)
@@ -101,6 +108,11 @@ class AgentDaemon:
             )
         self.version = package_version("mlx-fleet") or "unknown"
         self.ranks = RankJobs(data_dir() / RANKS_DIR)
+        self._wake = WakePipe()
+        store = ModelStore(models_dir)
+        chunks = ChunkServer(store, self._wake.wake)
+        keypair = own_keypair() if secure else None
+        self.staging = StageTasks(store, chunks, keypair, lambda: runs_a_job(self), stage_busy_rate)
         self.requests = Requests(
             self.sockets,
             self.hub,
@@ -109,9 +121,9 @@ class AgentDaemon:
             self.version,
             lambda: self._stopping,
             self.ranks,
+            self.staging,
         )
         self._stopping = False
-        self._wake = WakePipe()
 
     @property
     def public_key(self) -> str | None:
@@ -208,6 +220,8 @@ class AgentDaemon:
             if ready.get(self.sockets.router):
                 self._answer_all()
             self.requests.send_finished()
+            for identity, message in self.staging.server.finished():
+                self.sockets.send(identity, message)
             if job is not None and job is self.jobs.running and ready.get(job.fd):
                 self.jobs.read(job)
             self.jobs.enforce_cancel()
@@ -284,6 +298,7 @@ class AgentDaemon:
         with contextlib.suppress(OSError):
             remove_state(os.getpid())
         self.requests.deferred.close()
+        self.staging.close()
         if self.requests.calibration is not None:
             self.requests.calibration.close()
         self.ranks.close()
@@ -291,6 +306,18 @@ class AgentDaemon:
         self.sockets.close()
         self.jobs.close()
         self._wake.close()
+
+
+def runs_a_job(daemon: AgentDaemon) -> bool:
+    """Whether a job runs here (a benchmark, a rank, an `agent run` job, a calibration): a
+    model is then staged under the rate cap. Asked from a transfer's thread."""
+    calibration = daemon.requests.calibration
+    return (
+        daemon.jobs.running is not None
+        or daemon.ranks.running is not None
+        or bool(daemon.hub.jobs.live_pgids())
+        or (calibration is not None and calibration.state == "running")
+    )
 
 
 def open_stores(

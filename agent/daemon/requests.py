@@ -3,7 +3,8 @@
 agent serves (a test holds it equal to shared.wire.protocol.REQUESTS). The handlers are kept by
 concern: the agent's own state here (hello, ping, info, history, policy, doctor), a
 coordinator's benchmark jobs and ranks in job_requests.py, the supervised `agent run` jobs and
-their gangs in run_requests.py, a calibration in calibration_requests.py; Requests, which
+their gangs in run_requests.py, a calibration in calibration_requests.py, staging models in
+stage_requests.py; Requests, which
 answers each message, is all of them.
 
 The daemon's parts a handler reads and changes are given at construction.
@@ -24,19 +25,21 @@ from agent.daemon.hub import TelemetryHub
 from agent.daemon.job_requests import JobRequests
 from agent.daemon.ranks import RankJobs
 from agent.daemon.run_requests import RunRequests
+from agent.daemon.stage_requests import StageRequests
 from agent.daemon.telemetry import (
     HISTORY_MAX_LIMIT,
     HISTORY_PAGE_BYTES,
     history_limit,
 )
 from agent.doctor.checks import report as doctor_report
+from agent.staging.tasks import StageTasks
 from shared.cooling.policy import policy_text
 from shared.wire import protocol as p
 
 __all__ = ["HANDLERS", "Reply", "Request", "Requests"]
 
 
-class Requests(JobRequests, RunRequests, CalibrationRequests):
+class Requests(JobRequests, RunRequests, CalibrationRequests, StageRequests):
     """The handlers, over the daemon's sockets, telemetry hub and benchmark jobs."""
 
     def __init__(
@@ -48,8 +51,12 @@ class Requests(JobRequests, RunRequests, CalibrationRequests):
         version: str,
         stopping: Callable[[], bool],
         ranks: RankJobs,
+        staging: StageTasks,
     ) -> None:
         self.sockets = sockets
+        self.staging = staging
+        self.chunks = staging.server
+        self.store = staging.store
         self.hub = hub
         self.jobs = jobs
         self.ranks = ranks

@@ -66,7 +66,11 @@ def offline() -> bool:
     return bool(constants.HF_HUB_OFFLINE)
 
 
-def resolve(model_id: ModelId, download: bool = True) -> ModelLocation:
+def resolve(
+    model_id: ModelId, download: bool = True, cache_dir: Path | None = None
+) -> ModelLocation:
+    """`model_id`'s snapshot in the Hugging Face cache (or `cache_dir`, a store of the same
+    layout: agent.staging.store), fetched first when `download`; ModelNotFound naming it."""
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -86,6 +90,7 @@ def resolve(model_id: ModelId, download: bool = True) -> ModelLocation:
             revision=model_id.revision,
             allow_patterns=ALLOW_PATTERNS,
             local_files_only=not download,
+            cache_dir=cache_dir,
         )
     except GatedRepoError:
         raise ModelNotFound(
@@ -102,7 +107,7 @@ def resolve(model_id: ModelId, download: bool = True) -> ModelLocation:
     except HFValidationError as exc:
         raise ModelNotFound(f"model {shown} is not a Hugging Face id: {exc}") from None
     except LocalEntryNotFoundError:
-        where = constants.HF_HUB_CACHE
+        where = cache_dir or constants.HF_HUB_CACHE
         if constants.HF_HUB_OFFLINE:
             raise ModelNotFound(
                 f"model {shown} is not in the Hugging Face cache {where} and HF_HUB_OFFLINE=1 "

@@ -319,6 +319,11 @@ class AgentClient:
             raise InvalidMessage(f"{message.type}: {exc}", self.agent_version) from None
         return message
 
+    def receive(self, timeout: float) -> p.Message | None:
+        """The next message within `timeout` seconds, checked as every one is, or None: for a
+        caller with several requests in flight (an agent fetching a model's chunks)."""
+        return self._receive() if self._replies.poll(timeout * 1000) else None
+
     def _reply_to(self, request: p.Message) -> p.Message | None:
         """The next message, when it answers `request`; InvalidMessage says which request an
         invalid one came while waiting for."""

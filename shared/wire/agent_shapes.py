@@ -24,6 +24,7 @@ from shared.distributed.group import CHECK_PROMPT_LENGTH, MAX_CHECK_TOKENS, SHAR
 from shared.distributed.rank_env import JACCL, RING
 from shared.distributed.rank_shapes import MAX_MEMBERS, RANK_GOT
 from shared.distributed.stragglers import RECORD_FIELDS as STRAGGLER_FIELDS
+from shared.staging.shapes import BODIES as STAGING_BODIES
 from shared.wire import agent_types, typed
 from shared.wire.agent_types import MAX_ID, MAX_TEXT, POLICY_STATES
 from shared.wire.serving_shapes import MODES, SERVED, iteration_tokens
@@ -486,7 +487,7 @@ BODIES: dict[str, s.Check] = {
     "error": s.fields({"code": text, "message": text}),
     "telemetry.sample": sample,
     "telemetry.event": event,
-}
+} | STAGING_BODIES
 """Every type an agent sends: replies, the job stream and telemetry (§5, §10)."""
 
 

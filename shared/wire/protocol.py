@@ -47,6 +47,13 @@ BAD_POLICY = "bad-policy"
 FORBIDDEN = "forbidden"
 INTERNAL = "internal"
 CANNOT_LISTEN = "cannot-listen"
+BAD_MODEL = "bad-model"
+BAD_STORE = "bad-store"
+NO_SPACE = "no-space"
+MISMATCH = "mismatch"
+NOT_HELD = "not-held"
+NOT_YET = "not-yet"
+UNTRUSTED_PEER = "untrusted-peer"
 
 # Job and host outcomes carried by bench.done and job.get.ok.
 JOB_RUNNING = "running"
@@ -83,6 +90,28 @@ RANK_STATE: dict[str, tuple[Types, bool]] = {
 }
 """rank.get.ok's and rank.stop.ok's body: a rank's state (shared.distributed.rank_shapes checks it
 whole)."""
+
+STAGE_TASK: dict[str, tuple[Types, bool]] = {
+    "model": (str, True),
+    "revision": ((str, NONE), True),
+    "role": (str, True),
+    "state": (str, True),
+    "digest": ((str, NONE), True),
+    "bytes": (int, True),
+    "total": ((int, NONE), True),
+    "resumed": (int, True),
+    "rate": ((*NUMBER, NONE), True),
+    "capped": (bool, True),
+    "source": ((str, NONE), True),
+    "served": (int, True),
+    "files": (int, True),
+    "files_done": (int, True),
+    "error": ((str, NONE), True),
+    "started": (NUMBER, True),
+    "finished": ((*NUMBER, NONE), True),
+}
+"""A staging task: the reply to stage.prepare, stage.fetch and stage.cancel (§19; the whole map
+is checked by shared.staging.shapes.TASK)."""
 
 # type -> {field: (accepted types, required)}; a missing optional field decodes as None.
 SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
@@ -132,6 +161,27 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
     "rank.stop": {"job": (str, True), "why": (str, False)},
     "calibrate.start": {"minutes": (NUMBER, True)},
     "calibrate.get": {},
+    "stage.prepare": {
+        "model": (str, True),
+        "download": (bool, False),
+        "path": (str, False),
+        "chunk_size": (int, False),
+    },
+    "stage.fetch": {
+        "model": (str, True),
+        "revision": (str, True),
+        "digest": (str, True),
+        "size": (int, True),
+        "source": (str, True),
+        "source_key": (str, False),
+        "restage": (bool, False),
+    },
+    "stage.status": {"model": (str, False)},
+    "stage.cancel": {"model": (str, True)},
+    "models.list": {"verify": (bool, False)},
+    "models.remove": {"model": (str, True), "partial": (bool, False)},
+    "stage.manifest": {"digest": (str, True), "offset": (int, False)},
+    "stage.chunk": {"digest": (str, True), "path": (str, True), "index": (int, True)},
     # replies and the job stream, agent -> coordinator
     "hello.ok": {
         "agent": (str, True),
@@ -214,6 +264,28 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
         "policy": (dict, True),
         "policy_origin": (str, True),
     },
+    "stage.prepare.ok": STAGE_TASK,
+    "stage.fetch.ok": STAGE_TASK,
+    "stage.cancel.ok": STAGE_TASK,
+    "stage.status.ok": {"tasks": (list, True)},
+    "models.list.ok": {"store": (str, True), "models": (list, True)},
+    "models.remove.ok": {"removed": (list, True)},
+    "stage.manifest.ok": {
+        "format": (int, True),
+        "model": (str, True),
+        "revision": (str, True),
+        "chunk_size": (int, True),
+        "files": (list, True),
+        "offset": (int, True),
+        "next": ((int, NONE), True),
+        "digest": (str, True),
+    },
+    "stage.chunk.ok": {
+        "digest": (str, True),
+        "path": (str, True),
+        "index": (int, True),
+        "data": (bytes, True),
+    },
     "error": {"code": (str, True), "message": (str, True)},
     # telemetry, published by the agent (never requests, never replies)
     "telemetry.sample": Sample.schema(),
@@ -240,13 +312,22 @@ REQUESTS = frozenset(
         "rank.stop",
         "calibrate.start",
         "calibrate.get",
+        "stage.prepare",
+        "stage.fetch",
+        "stage.status",
+        "stage.cancel",
+        "models.list",
+        "models.remove",
+        "stage.manifest",
+        "stage.chunk",
     }
 )
 ENVELOPE_KEYS = frozenset({"v", "id", "type", "re", "body"})
-PEER_REQUESTS = frozenset({"hello", "ping", "info", "gang.state"})
+PEER_REQUESTS = frozenset({"hello", "ping", "info", "gang.state", "stage.manifest", "stage.chunk"})
 """All a key trusted as a peer agent (`agent keys trust KEY --peer HOST`) may send: it is
 another Mac's agent key, which every process of that Mac's user holds, so it must not drive this
-agent (set its policy, run or cancel jobs); anything else from it is `forbidden`."""
+agent (set its policy, run or cancel jobs, stage or remove models), only exchange gang states
+and read a model's bytes (§19); anything else from it is `forbidden`."""
 OWN_KEY_ONLY = frozenset({"job.event"})
 """Requests an agent takes only from a peer holding its own key (docs/protocol.md §12); any
 other peer's is refused `forbidden` as soon as its type is read, before its body is."""

@@ -1,0 +1,159 @@
+"""The receiving side of staging (docs/protocol.md §19, What the agent does): every check a
+stage.fetch makes before any byte moves, then the transfer on the task's thread, resumed from
+what an earlier one verified, and the model placed. A base of agent.staging.tasks.StageTasks."""
+
+from __future__ import annotations
+
+import shutil
+from typing import Any
+
+from agent.staging.fetch import Pacer, Progress, Transfer, TransferFailed, connect, read_manifest
+from agent.staging.partial import PartialTransfer
+from agent.staging.store import StoreError
+from agent.staging.task import Task, TaskTable, asked_ref, parse_model
+from shared.io.keys import Keypair
+from shared.io.trust import peer_key, split_peer
+from shared.staging import shapes as st
+from shared.staging.manifest import COMMIT, HEX64, Manifest, first_difference
+from shared.wire import protocol as p
+
+
+class Receiving(TaskTable):
+    def fetch(self, body: dict[str, Any]) -> dict[str, Any]:
+        model_id = parse_model(body["model"])
+        repo, revision, digest = model_id.repo, body["revision"], body["digest"]
+        if not COMMIT.fullmatch(revision):
+            raise StoreError(p.BAD_MODEL, f"revision {revision!r} is not a 40-hex-digit commit")
+        asked_ref(model_id, revision)  # bad-model before anything else
+        if not HEX64.fullmatch(digest):
+            raise StoreError(p.BAD_BODY, f"stage.fetch: digest {digest!r} is not 64 hex digits")
+        if not 0 <= body["size"] <= p.MAX_WIRE_INT:
+            raise StoreError(p.BAD_BODY, f"stage.fetch: size must be 0 or more, got {body['size']}")
+        source, key = body["source"], body["source_key"]
+        host, port = split_peer(source)
+        if port is None:
+            raise StoreError(p.BAD_BODY, f"stage.fetch: source {source!r} is not HOST:PORT")
+        if key is None and self.keypair is not None:
+            trusted = peer_key(host, port=port)
+            if trusted is None:
+                raise StoreError(
+                    p.UNTRUSTED_PEER,
+                    f"the source {source} is not trusted here as a peer: run agent keys trust "
+                    f"KEY --peer {source} (KEY: its `agent keys show`)",
+                )
+            key = trusted.key
+        running = self.running(repo)
+        if running is not None:
+            if running.role == st.RECEIVER and running.digest == digest:
+                return self.view(running)
+            raise StoreError(p.BUSY, f"busy: {repo} is being staged here ({running.state})")
+        record = self.store.recorded(repo, revision)
+        if self.store.snapshot(repo, revision).is_dir() and record is not None:
+            if record.manifest.digest == digest:
+                return self._held_copy(repo, revision, record.manifest, body["restage"])
+            if not body["restage"]:
+                raise StoreError(
+                    p.MISMATCH,
+                    f"{repo}@{revision} is held here with digest {record.manifest.digest}, not "
+                    f"{digest}: stage it again with restage to replace it",
+                )
+        self.store.check_writable()
+        partial = PartialTransfer.saved_manifest(self.store.partial_dir(repo, revision))
+        held = 0
+        if partial is not None and partial.digest == digest:
+            held = PartialTransfer.verified_bytes(self.store.partial_dir(repo, revision), partial)
+        self.store.check_room(repo, max(0, body["size"] - held), body["size"])
+        task = Task(repo, st.RECEIVER, st.FETCHING)
+        task.revision, task.digest, task.total, task.source = revision, digest, body["size"], source
+        ref = asked_ref(model_id, revision)
+        self.start(task, lambda t: self._fetch(t, key, ref, bool(body["restage"])))
+        return self.view(task)
+
+    def _held_copy(
+        self, repo: str, revision: str, manifest: Manifest, restage: bool
+    ) -> dict[str, Any]:
+        """A copy held with the digest asked: ready at once when its files still match."""
+        _, problem = self.store.snapshot_manifest(repo, revision, manifest.chunk_size)
+        if problem is not None and not restage:
+            raise StoreError(
+                p.MISMATCH,
+                f"{repo}@{revision} held here differs from its manifest: {problem}; stage it "
+                "again with restage to replace it",
+            )
+        if problem is not None:
+            raise StoreError(p.MISMATCH, f"{repo}@{revision}: {problem}")
+        task = Task(repo, st.RECEIVER, st.READY)
+        task.ready(manifest)
+        self.tasks[repo] = task
+        self.server.add(manifest, self.store.snapshot(repo, revision))
+        return self.view(task)
+
+    def _fetch(self, task: Task, key: str | None, ref: str | None, restage: bool) -> None:
+        assert task.source is not None and task.digest is not None and task.revision is not None
+        if self.keypair is None and key is not None:
+            raise TransferFailed("this agent runs --insecure: it has no key to fetch with")
+        keypair = self.keypair or Keypair("", "")
+        with self.store.lock(task.repo):
+            client = connect(self._ctx, task.source, key, keypair)
+            try:
+                manifest = read_manifest(client, task.digest, task.cancelled)
+                if (manifest.model, manifest.revision) != (task.repo, task.revision):
+                    raise TransferFailed(
+                        f"source {task.source} serves {manifest.model}@{manifest.revision} "
+                        f"under that digest, not {task.repo}@{task.revision}"
+                    )
+                task.total, task.files = manifest.total, len(manifest.files)
+                if not self._replace_held(task, manifest, restage):
+                    return
+                self._transfer(task, client, manifest, ref)
+            finally:
+                client.close()
+
+    def _replace_held(self, task: Task, manifest: Manifest, restage: bool) -> bool:
+        """A snapshot of this revision held without a record (a download's): kept when its
+        bytes are the manifest's, refused (mismatch) or replaced (restage) when not."""
+        repo, revision = task.repo, manifest.revision
+        if not self.store.snapshot(repo, revision).is_dir():
+            return True
+        held, _ = self.store.snapshot_manifest(repo, revision, manifest.chunk_size, restage)
+        problem = first_difference(held, manifest)
+        if problem is None:
+            self.store.write_record(manifest, self.store.snapshot(repo, revision))
+            task.ready(manifest)
+            self.server.add(manifest, self.store.snapshot(repo, revision))
+            return False
+        if not restage:
+            task.end(
+                st.MISMATCH,
+                f"{repo}@{revision} held here differs: {problem}; stage it again with restage",
+            )
+            return False
+        return True
+
+    def _transfer(self, task: Task, client: Any, manifest: Manifest, ref: str | None) -> None:
+        folder = self.store.partial_dir(task.repo, manifest.revision)
+        partial = PartialTransfer.open(folder, manifest)
+        task.resumed = partial.held_bytes()
+        task.bytes = task.resumed
+        self.server.add(manifest, partial=partial)
+        progress = Progress(task.add, lambda: _count_file(task), lambda on: _cap(task, on))
+        pacer = Pacer(self.busy, self.busy_rate)
+        try:
+            Transfer(client, partial, pacer, progress, task.cancelled).run()
+            placed = self.store.place(manifest, partial.files, ref)
+        except BaseException:
+            partial.end(None)
+            raise
+        partial.end(placed)
+        shutil.rmtree(folder, ignore_errors=True)
+        self.server.add(manifest, placed)
+        task.ready(manifest)
+        task.resumed = min(task.resumed, manifest.total)
+
+
+def _count_file(task: Task) -> None:
+    task.files_done += 1
+
+
+def _cap(task: Task, on: bool) -> None:
+    task.capped = on

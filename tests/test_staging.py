@@ -26,7 +26,7 @@ from shared.staging.manifest import chunk_count
 from tests.conftest import console_script, subprocess_env
 from tests.fleet_support import AgentPool, AgentProcess, cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("staging")]
 CHUNK = 16 * 1024
 ORG = "test-org"
 
@@ -175,3 +175,151 @@ def test_a_model_is_staged_verified_and_found_offline(fleet: Fleet, staged: dict
     )
     again = fleet.ask(fleet.receiver, "stage.fetch", fleet.fetch_body(f"{ORG}/tiny", staged))
     assert again["state"] == "ready"  # held with that digest: nothing moves
+
+
+def source_served(fleet: Fleet, model: str) -> int:
+    return fleet.wait(fleet.source, model, lambda t: True)["served"]
+
+
+def test_a_flipped_byte_is_found_and_restaged_only_when_asked(fleet: Fleet) -> None:
+    model = f"{ORG}/flip"
+    ready = fleet.prepare(model, make_model(fleet.root / "flip", 200_000, 2))
+    fleet.ask(fleet.receiver, "stage.fetch", fleet.fetch_body(model, ready))
+    assert fleet.wait(fleet.receiver, model, lambda t: t["state"] != "fetching")["state"] == "ready"
+    weights = store(fleet.receiver, model) / "snapshots" / ready["revision"] / "model.safetensors"
+    with open(weights, "r+b") as handle:
+        handle.seek(100_000)
+        byte = handle.read(1)
+        handle.seek(100_000)
+        handle.write(bytes([byte[0] ^ 0x01]))
+    listed = fleet.ask(fleet.receiver, "models.list", {})["models"]
+    (held,) = [m for m in listed if m["model"] == model]
+    assert held["state"] == "mismatch"
+    assert held["error"].startswith("model.safetensors differs")
+    fleet.ask(fleet.receiver, "stage.fetch", fleet.fetch_body(model, ready))
+    task = fleet.wait(fleet.receiver, model, lambda t: t["state"] != "fetching")
+    assert task["state"] == "mismatch" and "model.safetensors differs" in task["error"]
+    fleet.ask(fleet.receiver, "stage.fetch", fleet.fetch_body(model, ready, restage=True))
+    task = fleet.wait(fleet.receiver, model, lambda t: t["state"] != "fetching")
+    assert task["state"] == "ready", task
+    assert weights.read_bytes() == (fleet.root / "flip" / "model.safetensors").read_bytes()
+
+
+def test_a_receiver_killed_mid_transfer_resumes_resending_at_most_a_chunk_per_file(
+    fleet: Fleet,
+) -> None:
+    """The receiver fetches under the rate cap (an `agent run` job runs on it), is SIGKILLed a
+    quarter of the way, and is started again: the source serves every chunk once, plus at most
+    the one in flight of each file."""
+    model = f"{ORG}/resumed"
+    folder = make_model(fleet.root / "resumed", 2_000_000, 3)
+    ready = fleet.prepare(model, folder)
+    receiver = fleet.start("resumer", peers=(fleet.source,), options=["--stage-busy-rate", "0.4"])
+    job = subprocess.Popen(
+        [console_script("agent"), "run", "--", "sleep", "120"],
+        env=subprocess_env(MLX_FLEET_HOME=str(receiver.home)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not fleet.ask(receiver, "info", {})["jobs"]:  # the job is the agent's to know
+            assert time.monotonic() < deadline and job.poll() is None, "agent run never ran"
+            time.sleep(0.1)
+        fleet.ask(receiver, "stage.fetch", fleet.fetch_body(model, ready))
+        task = fleet.wait(
+            receiver, model, lambda t: t["capped"] and t["bytes"] > 0.25 * ready["total"]
+        )
+        assert task["state"] == "fetching" and task["bytes"] < ready["total"]
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    receiver.kill()
+    listed = cli(
+        "agent", "models", "list", "-o", "json", "--models-dir", str(receiver.home / "store")
+    )
+    (partial,) = json.loads(listed.stdout)["models"]
+    assert partial["state"] == "partial" and 0 < partial["bytes"] < partial["size"]
+    again = fleet.pool.start(
+        "resumer-again", home=receiver.home, options=["--models-dir", str(receiver.home / "store")]
+    )
+    fleet.ask(again, "stage.fetch", fleet.fetch_body(model, ready))
+    task = fleet.wait(again, model, lambda t: t["state"] != "fetching")
+    assert task["state"] == "ready", task
+    assert task["resumed"] >= partial["bytes"] > 0
+    snapshot = store(again, model) / "snapshots" / ready["revision"]
+    for path in folder.iterdir():
+        assert (snapshot / path.name).read_bytes() == path.read_bytes()
+    chunks = sum(chunk_count(path.stat().st_size, CHUNK) for path in folder.iterdir())
+    served = source_served(fleet, model)
+    assert chunks <= served <= chunks + len(list(folder.iterdir()))
+
+
+def test_an_untrusted_peer_cannot_fetch(fleet: Fleet) -> None:
+    model = f"{ORG}/tiny-untrusted"
+    ready = fleet.prepare(model, make_model(fleet.root / "untrusted", 10_000, 4))
+    stranger = fleet.start("stranger")  # the source does not trust its key
+    fleet.ask(stranger, "stage.fetch", fleet.fetch_body(model, ready))
+    task = fleet.wait(stranger, model, lambda t: t["state"] != "fetching")
+    assert task["state"] == "failed"
+    assert "refused this agent's key" in task["error"], task
+    assert source_served(fleet, model) == 0
+    with pytest.raises(AgentError) as refused:  # nor does it trust the source as a peer
+        fleet.ask(stranger, "stage.fetch", fleet.fetch_body(model, ready, source_key=None))
+    assert refused.value.code == "untrusted-peer"
+
+
+def test_a_peer_key_may_read_a_model_but_not_drive_the_agent(fleet: Fleet) -> None:
+    """The receiver's own agent key (trusted by the source as a peer) asks the source."""
+    import zmq.auth
+
+    public, secret = zmq.auth.load_certificate(fleet.receiver.home / "keys" / "self.key_secret")
+    assert secret is not None
+    peer = Keypair(public.decode(), secret.decode())
+    with AgentClient(fleet.ctx, fleet.source.address, fleet.source.key, peer, 10.0) as client:
+        client.connect()
+        with pytest.raises(AgentError) as refused:
+            client.request("stage.prepare", {"model": f"{ORG}/x", "path": "/"})
+        assert refused.value.code == "forbidden"
+        with pytest.raises(AgentError) as unknown:
+            client.request("stage.manifest", {"digest": "0" * 64})
+        assert unknown.value.code == "not-held"
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs (this test runs as root)."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True
+    )
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {made.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_disk_too_small_and_an_offline_download_are_refused_before_anything_moves(
+    fleet: Fleet, staged: dict[str, Any], small_disk: Path
+) -> None:
+    agent = fleet.pool.start(
+        "small",
+        options=["--models-dir", str(small_disk / "store")],
+        wrapper=["env", "HF_HUB_OFFLINE=1"],
+    )
+    trust(fleet.keypair.public, "test", directory=agent.home / "keys" / "trusted")
+    with pytest.raises(AgentError) as refused:
+        fleet.ask(agent, "stage.fetch", fleet.fetch_body(f"{ORG}/tiny", staged))
+    assert refused.value.code == "no-space"
+    assert f"no room for {ORG}/tiny (0.00 GB" in str(refused.value) or "GB free on" in str(
+        refused.value
+    )
+    assert list(small_disk.iterdir()) == []  # nothing written
+    with pytest.raises(AgentError) as offline:
+        fleet.ask(agent, "stage.prepare", {"model": f"{ORG}/absent", "download": True})
+    assert offline.value.code == "bad-model"
+    assert "HF_HUB_OFFLINE=1" in str(offline.value)

@@ -49,14 +49,14 @@ class Receiving(TaskTable):
             raise StoreError(p.BUSY, f"busy: {repo} is being staged here ({running.state})")
         record = self.store.recorded(repo, revision)
         if self.store.snapshot(repo, revision).is_dir() and record is not None:
-            if record.manifest.digest == digest:
-                return self._held_copy(repo, revision, record.manifest, body["restage"])
-            if not body["restage"]:
+            if record.manifest.digest != digest and not body["restage"]:
                 raise StoreError(
                     p.MISMATCH,
                     f"{repo}@{revision} is held here with digest {record.manifest.digest}, not "
                     f"{digest}: stage it again with restage to replace it",
                 )
+            if record.manifest.digest == digest and self.store.unchanged(record, repo, revision):
+                return self._held_copy(repo, record.manifest)
         self.store.check_writable()
         partial = PartialTransfer.saved_manifest(self.store.partial_dir(repo, revision))
         held = 0
@@ -69,23 +69,13 @@ class Receiving(TaskTable):
         self.start(task, lambda t: self._fetch(t, key, ref, bool(body["restage"])))
         return self.view(task)
 
-    def _held_copy(
-        self, repo: str, revision: str, manifest: Manifest, restage: bool
-    ) -> dict[str, Any]:
-        """A copy held with the digest asked: ready at once when its files still match."""
-        _, problem = self.store.snapshot_manifest(repo, revision, manifest.chunk_size)
-        if problem is not None and not restage:
-            raise StoreError(
-                p.MISMATCH,
-                f"{repo}@{revision} held here differs from its manifest: {problem}; stage it "
-                "again with restage to replace it",
-            )
-        if problem is not None:
-            raise StoreError(p.MISMATCH, f"{repo}@{revision}: {problem}")
+    def _held_copy(self, repo: str, manifest: Manifest) -> dict[str, Any]:
+        """A copy held with the digest asked, its files as they were staged: ready at once (a
+        file that changed since is hashed again on the task's thread, _replace_held)."""
         task = Task(repo, st.RECEIVER, st.READY)
         task.ready(manifest)
         self.tasks[repo] = task
-        self.server.add(manifest, self.store.snapshot(repo, revision))
+        self.server.add(manifest, self.store.snapshot(repo, manifest.revision))
         return self.view(task)
 
     def _fetch(self, task: Task, key: str | None, ref: str | None, restage: bool) -> None:

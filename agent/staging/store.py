@@ -187,6 +187,18 @@ class ModelStore:
         os.replace(temporary, path)
         return Record(manifest, stats)
 
+    def unchanged(self, record: Record, repo: str, revision: str) -> bool:
+        """Whether the snapshot holds exactly the recorded files, each with its recorded size
+        and mtime: what can be known without reading them."""
+        folder = self.snapshot(repo, revision)
+        try:
+            files = files_under(folder)
+            return files == sorted(record.stats) and all(
+                record.stats[path] == stat_key(folder / path) for path in files
+            )
+        except OSError:
+            return False
+
     def snapshot_manifest(
         self,
         repo: str,
@@ -332,4 +344,5 @@ def at(revision: str | None) -> str:
 
 
 def gb(count: int) -> str:
-    return f"{count / 1e9:.2f} GB"
+    """Bytes for a person: GB, or MB below one."""
+    return f"{count / 1e9:.2f} GB" if count >= 1e9 else f"{count / 1e6:.1f} MB"

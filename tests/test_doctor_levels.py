@@ -29,6 +29,13 @@ def test_level_2_on_two_agents_prints_one_table_with_a_verdict_per_host(
         assert row["band"] is None and row["band_runs"] == 0  # the family's first level 2
         assert row["sensor"].endswith("°C")  # the simulated source, labelled in the cell
         assert (row["verdict"] == "fail") == bool(row["why"])
+        memory = row["memory"]
+        # the probe, on MLX's CPU device here: the CPU's path, no spec
+        assert memory["read"]["gbs"] > 0 and memory["read"]["repetitions"] == 5
+        assert memory["copy"]["gbs"] > 0 and memory["backend"] == "cpu"
+        assert memory["fraction"] is None and memory["spec_gbs"] is None
+        assert "CPU's memory path" in memory["path"] and "no fraction" in memory["why"]
+        assert row["memory_band"] is None and row["memory_band_runs"] == 0
     held = json.loads(cli("coordinator", "health", "--no-record", "-o", "json").stdout)
     failed = {row["host"] for row in rows if row["verdict"] == "fail"}
     assert {host for host, found in held["conditions"].items() if found} == failed
@@ -41,6 +48,7 @@ def test_level_2_on_two_agents_prints_one_table_with_a_verdict_per_host(
         line = next(line for line in result.stdout.splitlines() if agent.address in line)
         assert " pass" in line or " fail" in line
     assert f"no band yet ({valid} of 3" in result.stdout
+    assert "CPU path" in result.stdout and "no band yet (2 of 3)" in result.stdout
 
 
 def test_a_level_past_2_is_one_line_exit_2() -> None:

@@ -189,14 +189,18 @@ class Requests(JobRequests, RunRequests, CalibrationRequests, StageRequests):
     @handles("doctor")
     def doctor(self, request: Request) -> None:
         """This agent's `agent doctor` report, as its service sees the machine. It takes
-        seconds (a 1 s benchmark, every sensor), so it is deferred; the benchmark is skipped
-        while a job runs, which it would disturb."""
+        seconds (a 1 s benchmark, every sensor; `bandwidth`: the memory probe too), so it is
+        deferred; the benchmark and the probe are skipped while a job runs, which they would
+        disturb."""
         job = self.jobs.running
         skip = f"benchmark job {job.id} is running" if job else None
         ports = (self.sockets.command_port, self.sockets.telemetry_port)
+        memory = bool(request.body["bandwidth"])
         self.deferred.submit(
             request.identity,
             request.message.id,
             "doctor.ok",
-            lambda: {"report": doctor_report(ports, serving=True, skip_bench=skip)},
+            lambda: {
+                "report": doctor_report(ports, serving=True, skip_bench=skip, bandwidth=memory)
+            },
         )

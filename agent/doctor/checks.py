@@ -20,6 +20,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from agent.doctor.check import Check
 from agent.doctor.firewall import firewall_check
 from agent.doctor.mac_setup import (
@@ -36,6 +38,7 @@ from agent.profiling.device_probe import (
     probe_device,
 )
 from agent.profiling.machine import machine_info, package_version
+from shared.benchmark.bandwidth import probe_bytes
 from shared.cooling.sources import auto_order
 from shared.io.paths import DataDirError, check_folder, data_dir, unwritable
 from shared.wire import protocol as p
@@ -398,9 +401,15 @@ def report(
     ports: tuple[int, int] = (p.DEFAULT_PORT, p.DEFAULT_PORT + p.TELEMETRY_PORT_OFFSET),
     serving: bool = False,
     skip_bench: str | None = None,
+    bandwidth: bool = False,
 ) -> dict[str, Any]:
-    """Every check, in the order a first run meets them, with this machine's facts."""
-    probe = probe_device(None if skip_bench else BENCH_SECONDS)
+    """Every check, in the order a first run meets them, with this machine's facts; with
+    `bandwidth` also the memory probe's raw timings (level 2), skipped as the benchmark is."""
+    size, too_little = probe_bytes(psutil.virtual_memory().available)
+    measure = bandwidth and not skip_bench and size is not None
+    probe = probe_device(
+        None if skip_bench else BENCH_SECONDS, bandwidth_bytes=size if measure else None
+    )
     steps: list[Callable[[], Check | list[Check]]] = [
         python_check,
         lambda: mlx_checks(probe),
@@ -424,9 +433,13 @@ def report(
         found = step()
         checks.extend(found if isinstance(found, list) else [found])
     machine = machine_info(probe)
-    return {
+    found = {
         "host": socket.gethostname(),
         "ok": all(check.ok for check in checks if check.required),
         "checks": [asdict(check) for check in checks],
         "machine": machine,
     }
+    if bandwidth:
+        why = f"skipped: {skip_bench}" if skip_bench else too_little or probe.failure
+        found["bandwidth"] = probe.bandwidth or {"error": why or "not measured"}
+    return found

@@ -8,9 +8,10 @@ Objective-C NSRangeException aborted the process (SIGABRT) before Python could c
 the device here: an abort, a crash, a hang or an error of the child is a DeviceProbe that says
 what happened and the fix (docs/thermal.md, "Never abort, always say why").
 
-The child (`python -m agent.profiling.device_probe [--bench SECONDS]`) prints one JSON line
-{"facts": ...}, then with --bench one {"bench": ...} (doctor's matmul), or {"error": ...} for a
-Python exception; the parent keeps whatever came before the child died.
+The child (`python -m agent.profiling.device_probe [--bench SECONDS] [--bandwidth BYTES]`)
+prints one JSON line {"facts": ...}, then with --bench one {"bench": ...} (doctor's matmul), with
+--bandwidth one {"bandwidth": ...} (level 2's memory probe, shared.benchmark.bandwidth), or
+{"error": ...} for a Python exception; the parent keeps whatever came before the child died.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class DeviceProbe:
     bench: dict[str, float] | None = None
     failure: str | None = None
     fix: str | None = None
+    bandwidth: dict[str, Any] | None = None
+    """The memory probe's raw timings when asked (shared.benchmark.bandwidth.RAW)."""
 
 
 def version_tuple(text: str | None) -> tuple[int, ...] | None:
@@ -88,6 +91,7 @@ def read_probe(
     *,
     bench: bool,
     timeout_s: float = PROBE_TIMEOUT_S,
+    bandwidth: bool = False,
 ) -> DeviceProbe:
     """The child's exit status (None: killed after `timeout_s`) and output -> DeviceProbe."""
     told: dict[str, Any] = {}
@@ -100,9 +104,14 @@ def read_probe(
             told.update(found)
     facts = told.get("facts") if isinstance(told.get("facts"), dict) else None
     measured = told.get("bench") if isinstance(told.get("bench"), dict) else None
-    if facts is not None and (measured is not None or not bench) and returncode == 0:
-        return DeviceProbe(facts, measured)
-    doing = "measuring its matmul" if facts is not None else "asking MLX for its device"
+    memory = told.get("bandwidth") if isinstance(told.get("bandwidth"), dict) else None
+    missing = (bench and measured is None) or (bandwidth and memory is None)
+    if facts is not None and not missing and returncode == 0:
+        return DeviceProbe(facts, measured, bandwidth=memory)
+    if facts is None:
+        doing = "asking MLX for its device"
+    else:
+        doing = "measuring its matmul" if bench and measured is None else "timing memory reads"
     said = _said(stderr)
     if returncode is None:
         failure = f"the MLX device probe hung {doing}: no answer in {timeout_s:g} s"
@@ -118,12 +127,19 @@ def read_probe(
         failure = f"the MLX device probe exited {returncode} {doing}" + (
             f": {said}" if said else ""
         )
-    return DeviceProbe(facts, measured, failure, NO_DEVICE_FIX)
+    return DeviceProbe(facts, measured, failure, NO_DEVICE_FIX, memory)
 
 
-def probe_device(bench_s: float | None = None, timeout_s: float = PROBE_TIMEOUT_S) -> DeviceProbe:
-    """Run the child: the device's facts, and with `bench_s` doctor's matmul for that long."""
+def probe_device(
+    bench_s: float | None = None,
+    timeout_s: float = PROBE_TIMEOUT_S,
+    bandwidth_bytes: int | None = None,
+) -> DeviceProbe:
+    """Run the child: the device's facts, with `bench_s` doctor's matmul for that long, with
+    `bandwidth_bytes` the memory probe over an array that large."""
     command = [sys.executable, "-m", __name__, *(["--bench", str(bench_s)] if bench_s else [])]
+    command += ["--bandwidth", str(bandwidth_bytes)] if bandwidth_bytes else []
+    asked = {"bench": bench_s is not None, "bandwidth": bandwidth_bytes is not None}
     try:
         done = subprocess.run(
             command,
@@ -138,10 +154,10 @@ def probe_device(bench_s: float | None = None, timeout_s: float = PROBE_TIMEOUT_
             part.decode(errors="replace") if isinstance(part, bytes) else (part or "")
             for part in (exc.stdout, exc.stderr)
         )
-        return read_probe(None, out, err, bench=bench_s is not None, timeout_s=timeout_s)
+        return read_probe(None, out, err, timeout_s=timeout_s, **asked)
     except OSError as exc:
         return DeviceProbe(None, None, f"cannot start the MLX device probe: {exc}", None)
-    return read_probe(done.returncode, done.stdout, done.stderr, bench=bench_s is not None)
+    return read_probe(done.returncode, done.stdout, done.stderr, **asked)
 
 
 # --- the child --------------------------------------------------------------------------------
@@ -182,6 +198,30 @@ def matmul_speed(seconds: float, size: int = MATMUL_SIZE) -> dict[str, float]:
     return {"gflops": 2 * size**3 * runs / elapsed / 1e9, "error": error}
 
 
+def memory_bandwidth(size: int) -> dict[str, Any]:
+    """Each kernel of shared.benchmark.bandwidth (a sum, a scaled copy) over a float32 array
+    of `size` bytes on the default device: its WARMUP runs untimed, then each of its
+    REPETITIONS timed around mx.eval, which returns when the device has finished."""
+    import mlx.core as mx
+
+    from shared.benchmark.bandwidth import REPETITIONS, WARMUP
+
+    array = mx.ones((size // 4,), dtype=mx.float32)
+    mx.eval(array)
+    kernels = {"read": lambda: mx.sum(array), "copy": lambda: array * 2}
+    timed: dict[str, Any] = {"bytes": size, "backend": mx.default_device().type.name}
+    for name, kernel in kernels.items():
+        for _ in range(WARMUP):
+            mx.eval(kernel())
+        seconds = []
+        for _ in range(REPETITIONS):
+            started = time.perf_counter()
+            mx.eval(kernel())
+            seconds.append(time.perf_counter() - started)
+        timed[f"{name}_s"] = seconds
+    return timed
+
+
 def _emit(message: dict[str, Any]) -> None:
     print(json.dumps(message), flush=True)  # flushed: a later abort keeps what was said
 
@@ -189,11 +229,14 @@ def _emit(message: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="MLX's device, for the agent and doctor.")
     parser.add_argument("--bench", type=float, help="seconds of doctor's matmul")
+    parser.add_argument("--bandwidth", type=int, help="bytes of the memory probe's array")
     args = parser.parse_args(argv)
     try:
         _emit({"facts": device_facts()})
         if args.bench:
             _emit({"bench": matmul_speed(args.bench)})
+        if args.bandwidth:
+            _emit({"bandwidth": memory_bandwidth(args.bandwidth)})
     except Exception as exc:  # whatever MLX raises (a RuntimeError since 0.31.2), said
         _emit({"error": f"{type(exc).__name__}: {exc}"})
         return 1

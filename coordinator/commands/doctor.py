@@ -28,10 +28,24 @@ DOCTOR_TIMEOUT_S = 120.0
 """An agent's report takes seconds: a 1 s benchmark and a first reading of every sensor."""
 
 
-def ask_doctor(client: AgentClient, row: HostRow) -> None:
-    """One agent's report."""
+def ask_doctor(client: AgentClient, row: HostRow, bandwidth: bool = False) -> None:
+    """One agent's report; with `bandwidth` its memory probe too, where an agent that predates
+    the probe (it refuses the field) gives its report without it and the row says so."""
     row["reachable"] = True
-    row["report"] = client.request("doctor", timeout=DOCTOR_TIMEOUT_S)["report"]
+    if not bandwidth:
+        row["report"] = client.request("doctor", timeout=DOCTOR_TIMEOUT_S)["report"]
+        return
+    try:
+        row["report"] = client.request("doctor", {"bandwidth": True}, timeout=DOCTOR_TIMEOUT_S)[
+            "report"
+        ]
+    except AgentError as exc:
+        if exc.code != p.BAD_BODY:
+            raise
+        row["bandwidth_refused"] = (
+            "this agent predates the memory-bandwidth probe: upgrade it (coordinator deploy)"
+        )
+        ask_doctor(client, row)
 
 
 def doctor_refused(exc: AgentError, row: HostRow) -> None:
@@ -47,9 +61,9 @@ Level = Annotated[
     int,
     typer.Option(
         "--level",
-        help="1: each agent's doctor; 2: also a fixed small decode cell on every host, judged "
-        "against its family's earlier level-2 results, the SoC sensor under that load and the "
-        "bandwidth the decode implies (a minute or two).",
+        help="1: each agent's doctor; 2: also a memory-bandwidth probe and a fixed small decode "
+        "cell on every host, each judged against its family's earlier level-2 results, the SoC "
+        "sensor under that load and the bandwidth the decode implies (a minute or two).",
     ),
 ]
 
@@ -78,16 +92,17 @@ def doctor_command(
         targets,
         settings,
         lambda _: {"reachable": False, "error": None, "report": None},
-        ask_doctor,
+        lambda client, row: ask_doctor(client, row, bandwidth=level >= 2),
         doctor_refused,
     )
     if level == 2:
-        from coordinator.commands.doctor_levels import level_two, level_two_table
+        from coordinator.commands.doctor_levels import level_two, level_two_table, record_verdicts
         from coordinator.runs.store import RunStore
 
         data_home()
         with RunStore() as store:
-            rows = level_two(rows, targets, settings, store)
+            rows, result = level_two(rows, targets, settings, store)
+            record_verdicts(store, rows, result.run_id if result else None)
         emit(rows, fmt, level_two_table)
         if any(row["verdict"] != "pass" for row in rows):
             raise typer.Exit(EXIT_PARTIAL)

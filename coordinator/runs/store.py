@@ -87,6 +87,16 @@ CREATE TABLE conditions (
     PRIMARY KEY (host, name)
 )
 """,
+    """
+CREATE TABLE probes (
+    run_id TEXT NOT NULL REFERENCES runs (id),
+    host   TEXT NOT NULL,
+    name   TEXT NOT NULL,
+    family TEXT NOT NULL,
+    record TEXT NOT NULL,
+    PRIMARY KEY (run_id, host, name)
+)
+""",
 )
 """The schema, version by version (shared.io.sqlite.open_store). Version 2 makes runs resumable:
 the coordinator process that drives a run (`owner`, HOSTNAME:PID), how each host is reached, its
@@ -96,7 +106,9 @@ its ranks fail together, so the line, not one host, says why). Version 4 keeps a
 group's members and each one's job (`grouped`: JSON, coordinator.runs.group_driver.GroupTarget
 .stored), so a group's run resumes and cancels as a host's does. Version 5 keeps each host's
 named conditions (coordinator.runs.conditions): a host with any is cordoned until `coordinator
-uncordon`."""
+uncordon`. Version 6 keeps what `coordinator doctor --level 2` probes beside its decode cell
+(coordinator.runs.probes: the memory bandwidth), with the host's family, so a later level 2
+judges a host against its family's earlier figures."""
 
 
 class UnknownRunError(KeyError):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from shared import shapes as s
+from shared.benchmark.bandwidth import RAW as BANDWIDTH
 from shared.benchmark.energy import RAILS
 from shared.benchmark.matrix import MAX_CELLS, MAX_COOL_START_S
 from shared.benchmark.reboots import MAX_PANICS, PANIC_FILE_CAP, PANIC_TEXT_CAP
@@ -396,7 +397,7 @@ doctor_check = s.fields(
 )
 report = s.fields(
     {"host": text, "ok": s.flag, "checks": s.list_of(doctor_check, MAX_CHECKS)},
-    {"machine": s.nil_or(machine)},
+    {"machine": s.nil_or(machine), "bandwidth": s.nil_or(BANDWIDTH)},
     others=open_value,
 )
 

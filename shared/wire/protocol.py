@@ -145,7 +145,7 @@ SCHEMAS: dict[str, dict[str, tuple[Types, bool]]] = {
     "policy.get": {},
     "policy.set": {"policy": (dict, True)},
     "job.event": Event.job_schema(),
-    "doctor": {},
+    "doctor": {"bandwidth": ((bool, NONE), False)},
     "gang.state": {"gang": (dict, True), "member": (dict, True)},
     "rank.start": {
         "job": (str, True),

@@ -228,7 +228,7 @@ def test_the_file_is_in_wal_mode(store: RunStore) -> None:
 
 def test_the_file_is_versioned_by_its_migrations(store: RunStore) -> None:
     with sqlite3.connect(store.path) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 5
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 6
 
 
 def test_a_version_2_file_is_migrated_and_keeps_the_line_a_run_failed_with(

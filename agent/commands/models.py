@@ -3,6 +3,7 @@ whole, partly staged or differing from what was staged, and removing them."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -11,7 +12,8 @@ from rich.text import Text
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.app import HELP_OPTIONS, examples
 from shared.io.cli import emit, err, usage_error
-from shared.io.options import TABLE_OR_JSON, ModelsDir, output_format
+from shared.io.given import path_given
+from shared.io.options import TABLE_OR_JSON, output_format
 from shared.safe_text import shown
 from shared.staging.shapes import MISMATCH, PARTIAL
 from shared.tables import TEXT, FitTable
@@ -22,6 +24,17 @@ models_app = typer.Typer(
     context_settings=HELP_OPTIONS,
     help="The models this Mac holds: staged, downloaded, partly staged.",
 )
+ModelsDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--models-dir",
+        metavar="DIR",
+        help="The store staged models go to, in the Hugging Face cache's layout (a job finds "
+        "them with HF_HUB_CACHE=DIR) [default: the Hugging Face cache].",
+        parser=path_given("--models-dir"),
+    ),
+]
+"""Where an agent keeps staged models (agent.staging.store): `agent serve` and `agent models`."""
 ModelsFormat = output_format(TABLE_OR_JSON, "table (for people) or json (for scripts).")
 
 

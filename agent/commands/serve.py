@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from agent.commands.models import ModelsDir
 from agent.daemon.endpoints import DEFAULT_BIND, PortHeld, ServeError
 from agent.daemon.loop import DEFAULT_RETENTION_DAYS, AgentDaemon, serve
 from agent.daemon_address import DaemonAddress, find_daemon, pid_alive
@@ -21,7 +22,6 @@ from shared.bounds import MAX_PID
 from shared.io.cli import err, usage_error
 from shared.io.files import make_private
 from shared.io.options import (
-    ModelsDir,
     PowerOptions,
     RetentionDays,
     ThermalOptions,

@@ -403,17 +403,6 @@ Output = Annotated[
     Path | None,
     typer.Option("--output", help="Write the report to FILE.", parser=path_given("--output")),
 ]
-ModelsDir = Annotated[
-    Path | None,
-    typer.Option(
-        "--models-dir",
-        metavar="DIR",
-        help="The store staged models go to, in the Hugging Face cache's layout (a job finds "
-        "them with HF_HUB_CACHE=DIR) [default: the Hugging Face cache].",
-        parser=path_given("--models-dir"),
-    ),
-]
-"""Where an agent keeps staged models (agent.staging.store): `agent serve` and `agent models`."""
 RunId = Annotated[
     str, typer.Argument(help="A run id, or a unique prefix of one (`coordinator runs` lists them).")
 ]

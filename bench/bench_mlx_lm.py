@@ -100,8 +100,9 @@ def shape_list(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def write_model(directory: Path, config: dict) -> None:
-    """config.json, model.safetensors and a word-level tokenizer mlx-lm can load offline."""
+def write_model(directory: Path, config: dict, eos: int = 0) -> None:
+    """config.json, model.safetensors and a word-level tokenizer mlx-lm can load offline, `w<eos>`
+    its end of text (at the vocabulary's size, a word the model never generates)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.models import llama
@@ -114,12 +115,12 @@ def write_model(directory: Path, config: dict) -> None:
         str(directory / "model.safetensors"), dict(tree_flatten(model.parameters()))
     )
     (directory / "config.json").write_text(json.dumps(config))
-    vocab = {f"w{i}": i for i in range(config["vocab_size"])}
+    vocab = {f"w{i}": i for i in range(max(config["vocab_size"], eos + 1))}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(
-        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "w0"})
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": f"w{eos}"})
     )
 
 

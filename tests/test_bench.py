@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -21,9 +22,21 @@ NEEDS_MLX_LM = pytest.mark.skipif(
     importlib.util.find_spec("mlx_lm") is None,
     reason="the script compares with mlx-lm, which is not installed (the `lm` extra)",
 )
-MLX_LM_SCRIPTS = {"bench_mlx_lm", "bench_distributed"}
+NEEDS_SERVER_BENCHMARK = pytest.mark.skipif(
+    not os.path.isfile(os.environ.get("MLX_LM_SERVER_BENCHMARK", ""))
+    or importlib.util.find_spec("aiohttp") is None
+    or importlib.util.find_spec("mlx_lm") is None,
+    reason="the script runs mlx-lm's benchmarks/server_benchmark.py, which the mlx-lm package "
+    "does not ship: set MLX_LM_SERVER_BENCHMARK to its path and install aiohttp and tqdm",
+)
+SCRIPT_NEEDS = {
+    "bench_mlx_lm": NEEDS_MLX_LM,
+    "bench_distributed": NEEDS_MLX_LM,
+    "bench_serve_http": NEEDS_SERVER_BENCHMARK,
+}
+"""What a script compares with, where that may be missing here."""
 SCRIPTS = [
-    pytest.param(path, marks=NEEDS_MLX_LM) if path.stem in MLX_LM_SCRIPTS else path
+    pytest.param(path, marks=SCRIPT_NEEDS[path.stem]) if path.stem in SCRIPT_NEEDS else path
     for path in sorted((ROOT / "bench").glob("bench_*.py"))
 ]
 

@@ -98,8 +98,8 @@ def test_a_slow_rank_and_a_slow_link_are_both_named() -> None:
 
 def test_a_quiet_group_at_scheduling_noise_names_nobody() -> None:
     """1,000 seeded groups of three equal ranks at 20 % step-to-step noise on 10 ms steps,
-    links at loopback's 0.1 ms ± 30 %: a rank or link named in at most 1 % of them (1 of
-    1,000 at this seed: docs/distributed.md, Stragglers)."""
+    links at loopback's 0.1 ms ± 30 %: a rank or link named in at most 1 % of them (none at
+    this seed: docs/distributed.md, Stragglers)."""
     rng = random.Random(43)
     named = 0
     for _ in range(1000):

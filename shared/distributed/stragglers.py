@@ -38,6 +38,8 @@ LINK_BYTES = 4096
 PROBE_MOST = 64
 MAX_LINKS = 64
 MAX_SECONDS = 86_400.0
+MAX_TEXT = 65_536
+"""A verdict's `why` and `link` over a group of 64 ranks and links, with room to spare."""
 RELATIVE_FLOOR = 0.7
 """A rank computing more than 1/0.7 of the best rank's time a step is a compute straggler (0.7:
 nvidia-resiliency-ext's default `gpu_relative_perf_threshold`) ..."""
@@ -61,11 +63,11 @@ PROBE = s.fields(
 a peer sends."""
 _score = s.nil_or(s.number(0, 1))
 STRAGGLERS = s.fields(
-    {"verdict": s.one_of(VERDICTS), "why": s.text(2000)},
+    {"verdict": s.one_of(VERDICTS), "why": s.text(MAX_TEXT)},
     {
         "rank": s.nil_or(s.integer(0, 255)),
         "host": s.nil_or(s.text(64)),
-        "link": s.nil_or(s.text(2000)),
+        "link": s.nil_or(s.text(MAX_TEXT)),
         "ranks": s.list_of(
             s.fields(
                 {"rank": s.integer(0, 255), "host": s.text(64)},

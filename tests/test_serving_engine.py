@@ -19,6 +19,7 @@ from shared.benchmark.matrix import MatrixSpec
 from shared.benchmark.serving import ServingSpec
 from shared.reports.benchmark import render_text
 from tests.conftest import run_cli
+from tests.fleet_support import AgentPool, cli, exchange_keys
 
 pytestmark = pytest.mark.slow
 
@@ -92,3 +93,32 @@ def test_late_requests_cost_their_share_of_goodput(monkeypatch: pytest.MonkeyPat
     error = 3 * math.sqrt(share * (1 - share) / requests)
     assert figures["goodput"] / figures["request_rate"] == pytest.approx(1 - share, abs=error)
     assert figures["request_rate"] == pytest.approx(10.0, rel=0.5)  # Poisson: 40 arrivals
+
+
+@pytest.mark.timeout(180)
+def test_two_agents_serve_in_one_table_with_verdicts(agents: AgentPool) -> None:
+    """`coordinator benchmark --concurrency 1,4` over two real agents on loopback: both hosts'
+    serving cells in one table and one report, each record checked and judged again by the
+    coordinator, kept in its store and shown again by `coordinator show`."""
+    first, second = agents.start("mac1"), agents.start("mac2")
+    exchange_keys(first)
+    exchange_keys(second)
+    hosts = f"{first.address},{second.address}"
+    quick = ("--config-small", "-p", "16", "-n", "4", "--requests", "4", "-w", "1", "-r", "2")
+    result = cli(
+        "coordinator", "benchmark", "--hosts", hosts, "--concurrency", "1,4", *quick, "-o", "json",
+        timeout=170,
+    )  # fmt: skip
+    assert result.returncode in (0, 1), result.stderr
+    report = json.loads(result.stdout)
+    assert sorted(c["test"] for c in report["cells"]) == ["serve c1"] * 2 + ["serve c4"] * 2
+    for cell in report["cells"]:
+        assert cell["status"] == "ok" and cell["serving"]["figures"]["completed"] == 8
+        assert cell["verdict"] in ("valid", "invalid")
+    table = cli("coordinator", "show", report["run_id"]).stdout
+    assert "serving" in table and "TTFT ms" in table and "goodput" in table
+    for agent in (first, second):
+        rows = [line for line in table.splitlines() if agent.address in line and "serve c" in line]
+        assert sum("serve c1" in row for row in rows) == 2  # the main table's and the serving's
+        assert sum("serve c4" in row for row in rows) == 2
+        assert all("valid" in row for row in rows), table  # each row with its verdict

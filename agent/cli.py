@@ -98,7 +98,7 @@ COMMANDS = [
         "agent.commands.models:models_app",
         "The models this Mac holds: staged, downloaded, partly staged.",
         examples=(
-            "agent models",
+            "agent models list            # also what `agent models` alone prints",
             "agent models list --verify -o json",
             "agent models remove mlx-community/Llama-3.2-1B-Instruct-4bit",
         ),

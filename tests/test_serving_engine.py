@@ -13,13 +13,14 @@ import pytest
 from agent.model import ModelArgs, build_model
 from agent.profiling.greedy import check_prompt, greedy_tokens
 from agent.profiling.runner import run_matrix
-from agent.profiling.serving import llama_twin
+from agent.profiling.serving import llama_twin, prompt_tokenizer
 from shared.benchmark import faults
 from shared.benchmark.matrix import MatrixSpec
-from shared.benchmark.serving import ServingSpec
+from shared.benchmark.serving import Prompt, ServingSpec
 from shared.reports.benchmark import render_text
 from tests.conftest import run_cli
 from tests.fleet_support import AgentPool, cli, exchange_keys
+from tests.test_model_dir import TINY_LLAMA, write_model, write_tokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -122,3 +123,22 @@ def test_two_agents_serve_in_one_table_with_verdicts(agents: AgentPool) -> None:
         assert sum("serve c1" in row for row in rows) == 2  # the main table's and the serving's
         assert sum("serve c4" in row for row in rows) == 2
         assert all("valid" in row for row in rows), table  # each row with its verdict
+
+
+def test_a_prompt_file_serves_a_model_directory_through_its_tokenizer(tmp_path: Path) -> None:
+    """An mlx-lm directory's prompts become tokens by its own tokenizer (the built-in model's by
+    their UTF-8 bytes), and the engine serves it as loaded."""
+    write_model(tmp_path, TINY_LLAMA)
+    write_tokenizer(tmp_path, TINY_LLAMA["vocab_size"])
+    tokenize, said = prompt_tokenizer(str(tmp_path))
+    prompt = Prompt((("user", "w5 w6 w7"),))
+    assert (tokenize(prompt), said) == ([5, 6, 7], "the model's tokenizer")
+    assert prompt_tokenizer("small")[0](prompt) == list(b"w5 w6 w7")
+    serving = ServingSpec(concurrency=(2,), requests=4, prompts=(prompt,))
+    spec = MatrixSpec(n_gen=(4,), models=(str(tmp_path),), warmup=1, iterations=1, serving=serving)
+    (record,) = run_matrix(spec)
+    assert record["status"] == "ok", record["error"]
+    assert record["test"] == "serve c2"
+    assert record["serving"]["tokens_from"] == "the model's tokenizer"
+    assert record["serving"]["model_impl"] == "as loaded"
+    assert record["serving"]["figures"]["output_tokens"] == 4 * 4

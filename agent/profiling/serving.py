@@ -33,7 +33,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from agent.model import QUANT_GROUP_SIZE, Model
+from agent.model import BUILTIN_CONFIGS, QUANT_GROUP_SIZE, Model
+from agent.profiling.hf_models import locate
 from agent.profiling.speed import Depth, SpeedProfiler
 from shared.benchmark.matrix import Cell, MatrixSpec
 from shared.benchmark.serving import (
@@ -62,6 +63,29 @@ def utf8_tokens(prompt: Prompt) -> list[int]:
     """A prompt's UTF-8 bytes as its tokens: the built-in model has no tokenizer, and every
     byte (below 256) is in its vocabulary."""
     return list(prompt.text.encode("utf-8"))
+
+
+UTF8 = "utf-8 bytes (the built-in model has no tokenizer)"
+
+
+def prompt_tokenizer(name: str) -> tuple[Tokenize, str]:
+    """How a prompt file's prompts become model `name`'s tokens, and the words the record says
+    it in: a built-in model's UTF-8 bytes; an mlx-lm model's own tokenizer (mlx_lm.utils
+    .load_tokenizer, offline), through its chat template where it has one, as mlx_lm.server
+    turns a chat request's `messages` into tokens."""
+    if name in BUILTIN_CONFIGS:
+        return utf8_tokens, UTF8
+    from mlx_lm.utils import load_tokenizer
+
+    tokenizer = load_tokenizer(locate(name, download=False).path)
+    if getattr(tokenizer, "chat_template", None):
+
+        def chat(prompt: Prompt) -> list[int]:
+            messages = [{"role": role, "content": text} for role, text in prompt.messages]
+            return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+
+        return chat, "the model's chat template"
+    return (lambda prompt: list(tokenizer.encode(prompt.text))), "the model's tokenizer"
 
 
 def llama_twin(model: Model) -> nn.Module:
@@ -126,7 +150,7 @@ class ServingCell:
         model: nn.Module,
         cell: Cell,
         spec: MatrixSpec,
-        tokenize: Tokenize = utf8_tokens,
+        tokenize: tuple[Tokenize, str] = (utf8_tokens, UTF8),
         late_share: float = 0.0,
     ) -> None:
         from mlx_lm.generate import BatchGenerator
@@ -136,7 +160,7 @@ class ServingCell:
         self.cell = cell
         self.twinned = isinstance(model, Model)
         self.engine_model = llama_twin(model) if isinstance(model, Model) else model
-        self.tokenize = tokenize
+        self.tokenize, self.tokens_from = tokenize
         self.late_share = late_share
         batch = cell.concurrency or OPEN_LOOP_BATCH
         self.generator = BatchGenerator(
@@ -282,6 +306,7 @@ class ServingCell:
             "requests_per_pass": self.serving.requests,
             "duration_s": self.serving.duration_s,
             "prompts": "file" if self.serving.prompts else "synthetic",
+            "tokens_from": self.tokens_from if self.serving.prompts else "random tokens",
             "prompt_cache": "none: BatchGenerator keeps no cache across requests, so every "
             "request prefills its whole prompt",
             "saturated": any(self.saturated) if self.cell.request_rate else None,
@@ -315,10 +340,11 @@ def measure_serving(
     model: nn.Module,
     cell: Cell,
     spec: MatrixSpec,
-    tokenize: Tokenize = utf8_tokens,
     late_share: float = 0.0,
 ) -> dict[str, Any]:
     """A serving cell's record metrics, its passes run as `profiler`'s iterations."""
+    assert spec.serving is not None
+    tokenize = prompt_tokenizer(cell.model) if spec.serving.prompts else (utf8_tokens, UTF8)
     serving = ServingCell(model, cell, spec, tokenize, late_share)
     clock = PassClock(profiler.timing, spec.warmup)
     profiler.timing = clock

@@ -41,6 +41,7 @@ serving = s.fields(
         "requests_per_pass": s.integer(1, MAX_REQUESTS),
         "duration_s": s.nil_or(s.number(0, MAX_SERVE_S)),
         "prompts": s.one_of(("file", "synthetic")),
+        "tokens_from": s.text(256),
         "prompt_cache": s.text(1024),
         "saturated": s.nil_or(s.flag),
         "late_injected": s.integer(0, MOST_REQUESTS),

@@ -17,6 +17,8 @@ from rich.console import Console
 
 from agent.cli import app as agent_app
 from coordinator.cli import app as coordinator_app
+from coordinator.reports.compare import as_fleet_report, compare_reports
+from coordinator.reports.compare_serving import serving_comparison
 from shared import shapes
 from shared.benchmark.matrix import MatrixError, MatrixSpec, expand, named_label
 from shared.benchmark.serving import (
@@ -181,6 +183,9 @@ def test_an_engine_that_fell_behind_its_rate_is_saturated() -> None:
     assert not saturated(behind[:2])
 
 
+PLAIN = {"cells": [{"model": "small", "test": "pp16", "batch_size": 1, "status": "ok"}]}
+
+
 def served_record() -> dict:
     """A serving cell's record as an agent sends it, from two passes of two requests."""
     record = expand(serving_spec(request_rates=(2.0,)))[0].to_dict()
@@ -247,3 +252,21 @@ def test_every_figure_is_in_the_table_at_80_columns_csv_and_sql() -> None:
     assert columns["serve_joules_per_output_token_net"] == "0.25"
     assert "serve_e2e_p99_ms" in render_text(report, "sql")
     assert json.loads(render_text(report, "json"))["cells"][0]["serving"]["figures"]["good"] == 3
+
+
+def test_compare_sets_two_runs_serving_tails_and_goodput_side_by_side() -> None:
+    before, after = served_record(), served_record()
+    after["serving"]["figures"] |= {"ttft_p99_ms": 45.0, "goodput": 1.75}
+    reports = [
+        as_fleet_report({"machine": {"hostname": "mac1"}, "cells": [cell]}, name)
+        for cell, name in ((before, "a.json"), (after, "b.json"))
+    ]
+    (row,) = compare_reports(*reports)
+    assert row["a"]["serving"]["ttft_p99_ms"] == 90.0 and row["b"]["serving"]["goodput"] == 1.75
+    console = Console(width=120, file=io.StringIO(), record=True)
+    for table in serving_comparison([row]):
+        console.print(table)
+    drawn = console.export_text()
+    assert "serve r2.0" in drawn and "90" in drawn and "45" in drawn and "1.75" in drawn
+    plain = compare_reports(*(as_fleet_report(r, n) for r, n in [(PLAIN, "a"), (PLAIN, "b")]))
+    assert serving_comparison(plain) == []

@@ -20,6 +20,7 @@ from coordinator.reports.compare import (
     parse_by,
     rich_comparison,
 )
+from coordinator.reports.compare_serving import serving_comparison
 from coordinator.reports.netbench import (
     compare_netbench,
     netbench_comparison_table,
@@ -224,6 +225,8 @@ def compare(
         raise usage_error(f"settings differ: {differs}; --ignore-settings compares them anyway")
     if fmt == "table":
         print_rich(rich_comparison(rows, name_a, name_b))
+        for table in serving_comparison(rows):
+            print_rich(table)
     else:
         sys.stdout.write(comparison_text(rows, name_a, name_b, fmt))
     health_lines(report_a, report_b)

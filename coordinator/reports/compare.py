@@ -26,6 +26,7 @@ from typing import Any
 
 from rich.text import Text
 
+from coordinator.reports.compare_serving import with_serving
 from shared.benchmark.matrix import model_label
 from shared.benchmark.results import OK
 from shared.benchmark.settings import COMPARED, SETTINGS, differing, setting_text
@@ -125,6 +126,7 @@ def side(cells: list[Record] | None) -> dict[str, Any] | None:
     summary["tokens_per_joule"] = statistics.fmean(per_joule) if per_joule else None
     summary["metered"] = any(c.get("energy_source") for c in cells)
     summary["energy_simulated"] = any(c.get("energy_simulated") for c in good)
+    with_serving(summary, good)  # a serving cell's tails and goodput (compare_serving)
     return summary
 
 

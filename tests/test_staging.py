@@ -6,6 +6,7 @@ offline download are refused."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -205,6 +206,57 @@ def test_a_flipped_byte_is_found_and_restaged_only_when_asked(fleet: Fleet) -> N
     assert weights.read_bytes() == (fleet.root / "flip" / "model.safetensors").read_bytes()
 
 
+@contextlib.contextmanager
+def busy(fleet: Fleet, agent: AgentProcess) -> Iterator[None]:
+    """An `agent run` job on `agent` for the block: it stages under its rate cap meanwhile."""
+    job = subprocess.Popen(
+        [console_script("agent"), "run", "--", "sleep", "120"],
+        env=subprocess_env(MLX_FLEET_HOME=str(agent.home)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not fleet.ask(agent, "info", {})["jobs"]:  # the job is the agent's to know
+            assert time.monotonic() < deadline and job.poll() is None, "agent run never ran"
+            time.sleep(0.1)
+        yield
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+
+
+def test_a_host_still_fetching_serves_what_it_verified(fleet: Fleet) -> None:
+    """The tree's follower (shared/staging/tree.py): the receiver fetches from a seed that is
+    itself still fetching, chunk by chunk as the seed verifies them; the source sends one
+    copy."""
+    model = f"{ORG}/followed"
+    folder = make_model(fleet.root / "followed", 1_000_000, 5)
+    ready = fleet.prepare(model, folder)
+    seed = fleet.start("seed", peers=(fleet.source,), options=["--stage-busy-rate", "0.5"])
+    trust(fleet.receiver.key or "", "r", directory=seed.home / "keys" / "trusted", peer="x:1")
+    with busy(fleet, seed):
+        fleet.ask(seed, "stage.fetch", fleet.fetch_body(model, ready))
+        fleet.wait(seed, model, lambda t: t["bytes"] > 0)
+        from_seed = {"source": seed.address, "source_key": seed.key}
+        fleet.ask(fleet.receiver, "stage.fetch", fleet.fetch_body(model, ready, **from_seed))
+        followed = fleet.wait(fleet.receiver, model, lambda t: t["state"] != "fetching")
+        seeded = fleet.wait(seed, model, lambda t: t["state"] != "fetching")
+    assert (followed["state"], seeded["state"], followed["source"]) == (
+        "ready",
+        "ready",
+        seed.address,
+    )
+    assert followed["started"] < seeded["finished"]  # it followed: the seed had not finished
+    snapshot = store(fleet.receiver, model) / "snapshots" / ready["revision"]
+    for path in folder.iterdir():
+        assert (snapshot / path.name).read_bytes() == path.read_bytes()
+    chunks = sum(chunk_count(path.stat().st_size, CHUNK) for path in folder.iterdir())
+    assert source_served(fleet, model) == chunks  # one copy left the source
+    assert seeded["served"] == chunks  # and the seed passed each chunk on once
+
+
 def test_a_receiver_killed_mid_transfer_resumes_resending_at_most_a_chunk_per_file(
     fleet: Fleet,
 ) -> None:
@@ -215,26 +267,12 @@ def test_a_receiver_killed_mid_transfer_resumes_resending_at_most_a_chunk_per_fi
     folder = make_model(fleet.root / "resumed", 2_000_000, 3)
     ready = fleet.prepare(model, folder)
     receiver = fleet.start("resumer", peers=(fleet.source,), options=["--stage-busy-rate", "0.4"])
-    job = subprocess.Popen(
-        [console_script("agent"), "run", "--", "sleep", "120"],
-        env=subprocess_env(MLX_FLEET_HOME=str(receiver.home)),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while not fleet.ask(receiver, "info", {})["jobs"]:  # the job is the agent's to know
-            assert time.monotonic() < deadline and job.poll() is None, "agent run never ran"
-            time.sleep(0.1)
+    with busy(fleet, receiver):
         fleet.ask(receiver, "stage.fetch", fleet.fetch_body(model, ready))
         task = fleet.wait(
             receiver, model, lambda t: t["capped"] and t["bytes"] > 0.25 * ready["total"]
         )
         assert task["state"] == "fetching" and task["bytes"] < ready["total"]
-    finally:
-        os.killpg(job.pid, signal.SIGKILL)
-        job.wait()
     receiver.kill()
     listed = cli(
         "agent", "models", "list", "-o", "json", "--models-dir", str(receiver.home / "store")

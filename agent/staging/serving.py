@@ -53,6 +53,8 @@ class ChunkServer:
         self._pool = ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="stage-chunk")
         self._answers: queue.SimpleQueue[Answer] = queue.SimpleQueue()
         self._wake = wake
+        self._digests: dict[Path, tuple[int | None, str]] = {}
+        """A record's mtime and the digest it holds (find())."""
 
     def add(
         self, manifest: Manifest, root: Path | None = None, partial: PartialTransfer | None = None
@@ -88,18 +90,33 @@ class ChunkServer:
             entry = self._served.get(digest)
         if entry is not None:
             return entry
+        for record_path, (repo, revision) in self._records().items():
+            if self._digests.get(record_path, (None, ""))[1] == digest:
+                record = self.store.recorded(repo, revision)
+                if record is not None and record.manifest.digest == digest:
+                    return self.add(record.manifest, self.store.snapshot(repo, revision))
+        return None
+
+    def _records(self) -> dict[Path, tuple[str, str]]:
+        """Every record of a snapshot in the store, each read once per change (its mtime) into
+        `_digests`: a peer asking for digests this agent lacks costs a listing, not a read of
+        every manifest."""
+        found = {}
         for repo in self.store.repos():
             for revision in self.store.revisions(repo)[0]:
                 path = self.store.record_path(repo, revision)
                 try:
-                    recorded = json.loads(path.read_text(encoding="utf-8")).get("digest")
-                except (OSError, ValueError, AttributeError):
+                    mtime = path.stat().st_mtime_ns
+                except OSError:
                     continue
-                if recorded == digest:
-                    record = self.store.recorded(repo, revision)
-                    if record is not None:
-                        return self.add(record.manifest, self.store.snapshot(repo, revision))
-        return None
+                found[path] = (repo, revision)
+                if self._digests.get(path, (None, ""))[0] != mtime:
+                    try:
+                        digest = json.loads(path.read_text(encoding="utf-8")).get("digest")
+                    except (OSError, ValueError, AttributeError):
+                        digest = None
+                    self._digests[path] = (mtime, digest if isinstance(digest, str) else "")
+        return found
 
     def manifest_page(self, digest: str, offset: int | None) -> dict[str, Any]:
         """stage.manifest.ok's body; ProtocolError not-held or bad-body."""

@@ -69,16 +69,18 @@ def repo_folder(repo: str) -> str:
 
 def hash_files(folder: Path, chunk_size: int, progress: Progress | None = None) -> list[FileEntry]:
     """Every file under `folder` (symlinks followed: a download's snapshot is made of them),
-    hashed; the agent's own `.mlx-fleet` folders left out."""
+    hashed."""
     return [hash_file(folder, path, chunk_size, progress) for path in files_under(folder)]
 
 
 def files_under(folder: Path) -> list[str]:
+    """The files of a model folder, as manifest paths: hidden files and folders (`.git`,
+    huggingface_hub's `.cache`, the agent's `.mlx-fleet`) are no part of a model."""
     found = []
     for top, dirs, names in os.walk(folder, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(META))
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in names:
-            if not name.startswith(META) and os.path.isfile(os.path.join(top, name)):
+            if not name.startswith(".") and os.path.isfile(os.path.join(top, name)):
                 found.append(Path(top, name).relative_to(folder).as_posix())
     return sorted(found)
 

@@ -48,6 +48,7 @@ class Task:
         self.files_done = 0
         self.error: str | None = None
         self.started = time.time()
+        self.started_monotonic = time.monotonic()
         self.finished: float | None = None
         self.cancelled = threading.Event()
         self.thread: threading.Thread | None = None
@@ -67,16 +68,18 @@ class Task:
                 self._window.popleft()
 
     def rate(self) -> float | None:
+        """Bytes/s over the last RATE_WINDOW_S seconds; None when it moves nothing, or before
+        two seconds of it (a rate of a few chunks is noise)."""
         with self._lock:
-            if not self._window or self.state not in (st.FETCHING, st.HASHING, st.DOWNLOADING):
+            if self.state not in (st.FETCHING, st.HASHING, st.DOWNLOADING):
                 return None
             now = time.monotonic()
-            span = now - self._window[0][0]
-            if span < 2.0 and now - self.started_monotonic < 2.0:
+            elapsed = now - self.started_monotonic
+            if elapsed < 2.0:
                 return None
-            return sum(count for _, count in self._window) / max(span, RATE_WINDOW_S)
-
-    started_monotonic = 0.0
+            while self._window and self._window[0][0] < now - RATE_WINDOW_S:
+                self._window.popleft()
+            return sum(count for _, count in self._window) / min(elapsed, RATE_WINDOW_S)
 
     def end(self, state: str, error: str | None = None) -> None:
         self.state = state
@@ -165,7 +168,6 @@ class TaskTable:
         return task.to_dict(self.server.served(task.digest))
 
     def start(self, task: Task, work: Callable[[Task], None]) -> None:
-        task.started_monotonic = time.monotonic()
         self.tasks[task.repo] = task
 
         def run() -> None:

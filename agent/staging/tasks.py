@@ -10,12 +10,19 @@ from pathlib import Path
 from typing import Any
 
 from agent.profiling.hf_models import ModelNotFound, offline, resolve
+from agent.staging.fetch import Cancelled
 from agent.staging.receiving import Receiving
 from agent.staging.store import StoreError, hash_files
 from agent.staging.task import DEFAULT_BUSY_RATE, Task, parse_model
 from shared.benchmark.matrix import ModelId
 from shared.staging import shapes as st
-from shared.staging.manifest import DEFAULT_CHUNK_SIZE, ManifestError, build, check_chunk_size
+from shared.staging.manifest import (
+    COMMIT,
+    DEFAULT_CHUNK_SIZE,
+    ManifestError,
+    build,
+    check_chunk_size,
+)
 from shared.wire import protocol as p
 
 __all__ = ["DEFAULT_BUSY_RATE", "StageTasks", "parse_model"]
@@ -45,8 +52,10 @@ class StageTasks(Receiving):
                 raise StoreError(p.BAD_MODEL, f"{path} is not a directory on this agent")
         elif not download or offline():
             folder = self._held(model_id)  # bad-model at once when not held
+        asked = model_id.revision
+        revision = asked if path is not None and asked and COMMIT.fullmatch(asked) else None
         task = Task(model_id.repo, st.SOURCE, st.HASHING if folder else st.RESOLVING)
-        self.start(task, lambda t: self._prepare(t, model_id, folder, path, chunk_size))
+        self.start(task, lambda t: self._prepare(t, model_id, folder, path, chunk_size, revision))
         return self.view(task)
 
     def _held(self, model_id: ModelId) -> Path:
@@ -62,19 +71,26 @@ class StageTasks(Receiving):
         folder: Path | None,
         path: str | None,
         chunk_size: int,
+        revision: str | None = None,
     ) -> None:
         if folder is None:
             task.state = st.DOWNLOADING
             folder = resolve(model_id, download=True, cache_dir=self.store.root).path
         task.state = st.HASHING
+
+        def hashed(count: int) -> None:
+            if task.cancelled.is_set():
+                raise Cancelled()
+            task.add(count)
+
         if path is not None:
-            entries = hash_files(folder, chunk_size, task.add)
-            manifest = build(model_id.repo, None, chunk_size, entries)
+            entries = hash_files(folder, chunk_size, hashed)
+            manifest = build(model_id.repo, revision, chunk_size, entries)
         else:
             revision = folder.name
             task.revision = revision
             manifest, problem = self.store.snapshot_manifest(
-                model_id.repo, revision, chunk_size, progress=task.add
+                model_id.repo, revision, chunk_size, progress=hashed
             )
             if problem is not None:
                 task.end(

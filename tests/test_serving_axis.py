@@ -132,6 +132,10 @@ def probe_app() -> typer.Typer:
         (["--concurrency", "1", "-b", "4"], "--batch-sizes: a serving cell's batch is its load"),
         (["--concurrency", "1", "-d", "64"], "--n-depth: a serving cell's requests start"),
         (["--requests", "4"], "--requests applies to serving tests"),
+        (
+            ["--request-rate", "0.01"],
+            "--request-rate item 1: 16 requests at 0.01/s would take 1600 s a pass, past 600 s",
+        ),
     ],
 )
 def test_bad_serving_input_is_one_line_and_exit_2(options: list[str], line: str) -> None:
@@ -231,7 +235,7 @@ def test_a_saturated_cell_is_invalid_saturated() -> None:
 
 
 def test_every_figure_is_in_the_table_at_80_columns_csv_and_sql() -> None:
-    record = served_record() | {"host": "mac1"}
+    record = served_record() | {"host": "mac1", "pause_s": 3.2}
     report = {"machine": {"hostname": "mac1"}, "models": [], "cells": [record]}
     console = Console(width=80, file=io.StringIO(), record=True)
     for table in rich_serving([record]):
@@ -242,7 +246,7 @@ def test_every_figure_is_in_the_table_at_80_columns_csv_and_sql() -> None:
         assert figure in drawn, drawn
     assert "not shown at 80 columns: req/s, TPOT ms, e2e ms, J/tok" in drawn
     wide = render_text(report, "table", width=200)
-    for figure in ("2.00", "8/11", "170/260", "0.25"):
+    for figure in ("2.00", "8/11", "170/260", "0.25", "paused 3 s"):
         assert figure in wide, wide
     csv_text = render_text(report, "csv")
     header, row = csv_text.splitlines()[:2]

@@ -142,3 +142,17 @@ def test_a_prompt_file_serves_a_model_directory_through_its_tokenizer(tmp_path: 
     assert record["serving"]["tokens_from"] == "the model's tokenizer"
     assert record["serving"]["model_impl"] == "as loaded"
     assert record["serving"]["figures"]["output_tokens"] == 4 * 4
+
+
+def test_a_duration_ends_the_sending_not_the_requests_in_flight() -> None:
+    """--serve-duration: a closed loop of 2 clients sends for 0.4 s of a 1,000-request budget;
+    what was sent by then finishes, and no more is sent."""
+    serving = ServingSpec(concurrency=(2,), requests=1000, duration_s=0.4)
+    spec = MatrixSpec(
+        n_prompt=(8,), n_gen=(4,), models=("small",), warmup=0, iterations=1, serving=serving
+    )
+    (record,) = run_matrix(spec)
+    figures = record["serving"]["figures"]
+    assert record["status"] == "ok" and 2 <= figures["completed"] < 1000
+    assert figures["completed"] == figures["requests"]
+    assert figures["window_s"] >= 0.4 and record["serving"]["duration_s"] == 0.4

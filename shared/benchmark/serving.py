@@ -173,6 +173,13 @@ def validate_serving(spec: ServingSpec) -> None:
         raise ServingError(
             f"serving.requests: {spec.requests!r} is not a whole number from 1 to {MAX_REQUESTS}"
         )
+    for i, rate in enumerate(spec.request_rates):
+        if spec.duration_s is None and spec.requests / rate > MAX_SERVE_S:
+            raise ServingError(
+                f"serving.request_rates[{i}]: {spec.requests} requests at {rate:g}/s would take "
+                f"{spec.requests / rate:.0f} s a pass, past {MAX_SERVE_S:g} s; send fewer "
+                "requests or for a duration"
+            )
     if spec.duration_s is not None and (
         not _is_number(spec.duration_s) or not 0 < spec.duration_s <= MAX_SERVE_S
     ):

@@ -80,6 +80,17 @@ def _joules(record: Record) -> str:
     return NA if value is None else not_a_meter(f"{value:.3g}", record)
 
 
+def cooling_text(record: Record) -> str:
+    """What the cooling policy did around the cell: `paused 12 s`, `waited 30 s` (to start
+    cool), or nothing."""
+    parts = []
+    if (record.get("pause_s") or 0) > 0:
+        parts.append(f"paused {record['pause_s']:.0f} s")
+    if (record.get("cool_wait_s") or 0) >= 1:
+        parts.append(f"waited {record['cool_wait_s']:.0f} s")
+    return ", ".join(parts)
+
+
 def _goodput(record: Record) -> str:
     figures = (record.get("serving") or {}).get("figures") or {}
     good, rate = figures.get("goodput"), figures.get("request_rate")
@@ -99,10 +110,11 @@ COLUMNS: list[Column] = [
     ("e2e ms", _pair("e2e")),
     ("goodput", _goodput),
     ("J/tok", _joules),
+    ("cooling", lambda r: cooling_text(r)),
     ("verdict", lambda r: verdict_text(r)),
 ]
 HOST: Column = ("host", lambda r: str(r.get("host", "")))
-FOLDS = ("J/tok", "e2e ms", "TPOT ms", "req/s", "verdict", "host", "ITL ms")
+FOLDS = ("cooling", "J/tok", "e2e ms", "TPOT ms", "req/s", "verdict", "host", "ITL ms")
 """The columns a narrow terminal drops, the first first (shared.tables)."""
 NOTE = (
     "latencies p50/p99; goodput: requests/s within the SLO (TTFT {ttft:g} ms, TPOT {tpot:g} "
@@ -120,8 +132,8 @@ def rich_serving(records: list[Record]) -> list[FitTable]:
     caption = NOTE.format(ttft=figures.get("slo_ttft_ms", 0), tpot=figures.get("slo_tpot_ms", 0))
     table = FitTable(title="serving", caption=caption, folds=FOLDS)
     for name, _ in columns:
-        left = name in ("host", "model", "test", "verdict")
-        wrap = WORDS if name in ("verdict", "host") else WHOLE
+        left = name in ("host", "model", "test", "cooling", "verdict")
+        wrap = WORDS if name in ("verdict", "host", "cooling") else WHOLE
         table.add_column(name, justify="left" if left else "right", wrap=wrap)
     for record in ordered(cells):
         style = None if record.get("status") == "ok" else "red"

@@ -263,10 +263,12 @@ def start_ranks(
     into: list[Rank],
     gate: str = "",
     command: list[str] | None = None,
+    rank_env: dict[int, dict[str, str]] | None = None,
 ) -> None:
     """Rank R on macs[R] under `agent run`: the ring job, or `command`; `gate` (step,
-    scheduler, or any word for `command`): a cooperative job. Each rank's stdout goes to
-    tmp_path/rank-R.stdout. The ring job ends after `steps`, or once told (finish_soon)."""
+    scheduler, or any word for `command`): a cooperative job; `rank_env` more environment for
+    some ranks. Each rank's stdout goes to tmp_path/rank-R.stdout. The ring job ends after
+    `steps`, or once told (finish_soon)."""
     hostfile = tmp_path / "hosts.json"
     ring = [[f"{mac.address}:{free_port(mac.address)}"] for mac in macs]
     hostfile.write_text(json.dumps(ring))
@@ -278,7 +280,7 @@ def start_ranks(
             MLX_FLEET_HOME=str(mac.agent.home), MLX_RANK=str(rank), MLX_HOSTFILE=str(hostfile),
             STEPS=str(steps), PROGRESS_DIR=str(progress), GATE=gate,
             FINISH_FILE=str(tmp_path / "finish"),
-            **({"MLX_FLEET_COOPERATIVE": "1"} if gate else {}),
+            **({"MLX_FLEET_COOPERATIVE": "1"} if gate else {}), **(rank_env or {}).get(rank, {}),
         )  # fmt: skip
         job = command or [sys.executable, str(RING_JOB)]
         with open(log, "w") as stderr, open(tmp_path / f"rank-{rank}.stdout", "w") as stdout:
@@ -510,6 +512,26 @@ def test_cooperative_ranks_pace_themselves_at_their_step_boundaries(
     finish_soon(ranks, tmp_path)
     for rank in ranks:
         assert rank.process.wait(timeout=180) == 0, rank.stderr()
+
+
+@pytest.mark.slow
+def test_a_cooperative_rank_that_computes_late_is_named_by_every_rank(
+    two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path
+) -> None:
+    """Rank 1 sleeps 50 ms at each step (MLX_FLEET_INJECT=step-delay): each rank's `agent run`
+    names it, from the compute and wait figures the step gates share (docs/distributed.md)."""
+    delayed = {1: {"MLX_FLEET_INJECT": "step-delay:0.05"}}
+    start_ranks(two_macs, tmp_path, steps=100000, into=ranks, gate="step", rank_env=delayed)
+    wait_until(
+        lambda: all("straggler rank 1 (127.0.0.3): compute" in r.stderr() for r in ranks), 60,
+        "both ranks naming rank 1", ranks,
+    )  # fmt: skip
+    finish_soon(ranks, tmp_path)
+    for rank in ranks:
+        assert rank.process.wait(timeout=180) == 0, rank.stderr()
+        named = next(line for line in rank.stderr().splitlines() if "straggler rank 1" in line)
+        assert "rank 1 (127.0.0.3) computes" in named and "(injected: step-delay)" in named
+        assert "straggler rank 0" not in rank.stderr()
 
 
 @pytest.mark.slow

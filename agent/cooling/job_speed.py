@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agent.cooling.gang_stragglers import GangStragglers
 from agent.cooling.work_report import WorkFile
 from shared.cooling.throttle import ThrottlePoll, ThrottleVerdict, ThrottleWatch
 
@@ -38,6 +39,8 @@ class JobSpeed:
         self.rate: float | None = None
         self.rate_at: float | None = None
         self._ran_before = False
+        self.stragglers = GangStragglers(state_file)
+        """A cooperative gang's ranks compared, said on stderr (agent.cooling.gang_stragglers)."""
 
     @property
     def work(self) -> dict[str, Any]:
@@ -52,6 +55,7 @@ class JobSpeed:
     def poll(self, running: bool) -> tuple[str, str] | None:
         """Take this poll's rate (`running`: the job ran unpaused all along); returns the
         event (action, detail) when the verdict changed."""
+        self.stragglers.poll()
         reported, from_file = self.reported(), self.file.rate()
         if not (running and self._ran_before):
             self._ran_before = running
@@ -71,6 +75,7 @@ class JobSpeed:
 
     def close(self) -> None:
         self.file.remove()
+        self.stragglers.remove()
 
 
 def state_file(jobs_dir: Path, job: str) -> Path | None:

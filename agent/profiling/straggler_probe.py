@@ -3,77 +3,28 @@ cell's timed iterations, PROBE_STEPS more of the same iteration, untimed for the
 each split into the rank's own compute and its wait in collectives; then a small message's
 one-way time over each of the ring's links.
 
-MLX evaluates lazily, so one `mx.eval` of a forward pass runs the rank's work and the model's
-collectives (mlx.nn's sharded layers call `mx.distributed.all_sum`, our pipeline
-`send`/`recv_like`/`all_gather`) as one graph. During a probe step every collective the model
-asks for evaluates its inputs first (this rank's own work up to it) and then itself, timed:
-that time is the wait (a peer's lateness plus the transfer); the step's other seconds are the
-rank's compute. A rank that computes late is the one whose peers wait. The extra evaluation
-points are why the probe is not the timed iterations themselves: those stay as measured.
+Compute and wait are told apart by agent.cluster.collective_clock; its extra evaluation points
+are why the probe is not the timed iterations themselves: those stay as measured.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
 
+from agent.cluster.collective_clock import CollectiveClock
 from agent.cluster.netbench import Progress, barrier, gathered, ping_pong_seconds
 from agent.profiling.rank_group import RankGroup
 from shared.distributed.netbench import ELEMENT_BYTES, link_name, ring_edges
 from shared.distributed.stragglers import LINK_BYTES, PROBE_STEPS
 
-COLLECTIVES = (
-    "all_sum",
-    "all_gather",
-    "all_max",
-    "all_min",
-    "sum_scatter",
-    "send",
-    "recv",
-    "recv_like",
-)
-"""mx.distributed's operations that meet a peer (those this MLX has are timed)."""
 LINK_WARMUP, LINK_REPETITIONS, LINK_OPS = 1, 5, 2
 
 Step = Callable[[], Any]
 """One iteration of the cell, its inputs ready: runs and evaluates it."""
-
-
-class CollectiveClock:
-    """Seconds spent in mx.distributed's collectives while `timing()` is entered."""
-
-    def __init__(self) -> None:
-        self.wait_s = 0.0
-
-    @contextmanager
-    def timing(self) -> Iterator[None]:
-        originals = {
-            name: getattr(mx.distributed, name)
-            for name in COLLECTIVES
-            if hasattr(mx.distributed, name)
-        }
-        try:
-            for name, original in originals.items():
-                setattr(mx.distributed, name, self._timed(original))
-            yield
-        finally:
-            for name, original in originals.items():
-                setattr(mx.distributed, name, original)
-
-    def _timed(self, original: Callable[..., mx.array]) -> Callable[..., mx.array]:
-        def collective(*args: Any, **kwargs: Any) -> mx.array:
-            mx.eval(*[value for value in args if isinstance(value, mx.array)])
-            start = time.perf_counter()
-            result = original(*args, **kwargs)
-            mx.eval(result)
-            self.wait_s += time.perf_counter() - start
-            return result
-
-        return collective
 
 
 def probe(rank_group: RankGroup, next_step: Callable[[], Step]) -> dict[str, Any]:

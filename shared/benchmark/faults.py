@@ -15,8 +15,9 @@ position of a cell in its run's matrix (every cell when absent):
   on-battery             settings say the Mac runs on battery
   slow=F (or slow:F)     every timed iteration sleeps until it took 1/F of its time, so the
                          cell runs at F (0 < F < 1) of its speed: a sick Mac for fleet health
-  step-delay=SECONDS     every timed iteration (and a group cell's probe step) sleeps SECONDS
-  (or step-delay:S)      (0.1) before its work: one slow rank of a group, a straggler
+  step-delay=SECONDS     every timed iteration (and a group cell's probe step, and a
+  (or step-delay:S)      cooperative gang's step) sleeps SECONDS (0.1) before its work: one
+                         slow rank of a group, a straggler
   late=SHARE             that share (0.3) of a serving cell's requests, drawn by its seed, is
                          held 1.5 TTFT SLOs before the engine sees it: each misses the SLO
 

@@ -206,8 +206,8 @@ def _compute(
         "why": (
             f"rank {slowest['rank']} ({slowest['host']}) computes {_ms(slowest['compute_s'])} a "
             f"step, {slowest['compute_s'] / best:.1f}x the best rank's {_ms(best)}; the others "
-            f"wait {_ms(statistics.median(others))} a step on it"
-            + _injected(injected, slowest["rank"])
+            f"wait {_ms(statistics.median(others))} a step in collectives, it "
+            f"{_ms(slowest['wait_s'])}" + _injected(injected, slowest["rank"])
         ),
     }
 

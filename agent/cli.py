@@ -17,6 +17,7 @@ COMMANDS = [
             "agent bench --config-small -r auto --precision 2% -o md",
             "agent bench --config-small -o sql | sqlite3 results.db",
             "agent bench --config-small --sustain 20m --power-source auto",
+            "agent bench --config-small --concurrency 1,4 --request-rate 2 -p 32 -n 16",
         ),
         note=MATRIX_NAMES,
     ),

@@ -101,6 +101,7 @@ COMMANDS = [
             "coordinator benchmark --hostfile hosts.json -r auto -o json --output r.json",
             "coordinator benchmark --hosts mac1,mac2 --sustain 20m --plot out.png",
             "coordinator benchmark --hosts mac1,mac2,mac1+mac2 -p 512 -n 128   # a group",
+            "coordinator benchmark --hosts mac1,mac2 --concurrency 1,4,16 -p 512 -n 128",
         ),
         note=MATRIX_NAMES,
     ),

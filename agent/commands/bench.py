@@ -99,7 +99,9 @@ def bench(
     as mlx-lm does. Each iteration waits out a thermal pause (kept out of the latencies) and a
     stop ends the run; cells that paused or ran at or above --max-speed-temp are flagged. Each
     cell's energy comes from --power-source (docs/energy.md); --sustain runs each cell for a
-    duration, window by window."""
+    duration, window by window. --concurrency and --request-rate make every cell a serving test
+    through mlx-lm's batch engine: TTFT, ITL, TPOT and e2e percentiles, goodput within
+    --slo-ttft/--slo-tpot, joules per output token (docs/performance.md, Serving cells)."""
     check_output(output)
     spec = local_spec(matrix, serving)
     plan = sustained.plan()

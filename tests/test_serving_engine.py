@@ -8,6 +8,7 @@ import json
 import math
 from pathlib import Path
 
+import mlx.core as mx
 import pytest
 
 from agent.model import ModelArgs, build_model
@@ -42,6 +43,9 @@ def test_the_engine_decodes_what_our_model_decodes() -> None:
             decoded[response.uid].append(response.token)
     generator.close()
     assert decoded[0] == greedy_tokens(model, 8)[-8:]  # after its predictions over the prompt
+    quantized = build_model(ModelArgs.small(), bits=4)
+    tokens = mx.array([prompt[:6]])
+    assert mx.array_equal(llama_twin(quantized)(tokens), quantized(tokens))  # quantized alike
 
 
 def test_agent_bench_gives_every_serving_figure_in_every_format(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from agent.cooling.clock_throttle import follow_clock
 from agent.cooling.scheduler import ActionSink, CoolWaitSink, ThermalGuard, ThermalShutdownError
 from agent.power.meter import EnergyMeter
 from agent.profiling.hf_models import ModelNotFound, locate, names_a_repo
+from agent.profiling.http_serving import check_serve_url
 from agent.profiling.machine import machine_info
 from agent.profiling.model_dir import (
     ModelLoadError,
@@ -33,6 +34,7 @@ from agent.profiling.model_dir import (
     check_model_dir,
     require_mlx_lm,
 )
+from agent.profiling.openai_client import ServeUrlError
 from agent.profiling.runner import exit_beside_an_abandoned_build, run_matrix
 from agent.thermal import ThermalMonitor, ThermalReading
 from shared.benchmark.matrix import MatrixError, MatrixSpec, expand, resolve_bits
@@ -254,6 +256,12 @@ def local_spec(matrix: MatrixOptions, serving: ServingOptions | None = None) -> 
     Hugging Face ids fetched into the cache (or found there offline); exit 2 naming the
     problem."""
     try:
+        if serving is not None and serving.serve_url is not None:
+            # The server's model, named as the server knows it: nothing to find here.
+            spec = serving.apply(matrix.spec(list(matrix.model or [])))
+            assert spec.serving is not None
+            check_serve_url(spec.serving)  # before any cell: it answers, and streams
+            return spec
         models = [local_model(name) for name in matrix.model or []]
         spec = matrix.spec([name for name, _ in models])
         if serving is not None:
@@ -263,7 +271,7 @@ def local_spec(matrix: MatrixOptions, serving: ServingOptions | None = None) -> 
             check_bits_for_dir(path, spec.bits)
         if models:
             require_mlx_lm()
-    except (MatrixError, ModelLoadError, ModelNotFound) as exc:
+    except (MatrixError, ModelLoadError, ModelNotFound, ServeUrlError) as exc:
         raise usage_error(str(exc)) from None
     return spec
 

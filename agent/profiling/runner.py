@@ -39,6 +39,7 @@ from agent.profiling import straggler_probe
 from agent.profiling.footprint import HALF, cell_footprint, model_shape, rank_share, refusal
 from agent.profiling.greedy import greedy_tokens
 from agent.profiling.hf_models import ModelNotFound, locate
+from agent.profiling.http_serving import ServedModel, measure_over_http
 from agent.profiling.memory import MemoryProfiler
 from agent.profiling.model_dir import (
     ModelLoadError,
@@ -84,7 +85,8 @@ class GroupBroken(RuntimeError):
 
 @dataclass
 class LoadedModel:
-    model: nn.Module
+    model: nn.Module | ServedModel
+    """The model, or what a server is given of it for serving cells over HTTP."""
     info: dict[str, Any]
     digest: str | None = None
     """settings' weights_digest (agent.profiling.settings); None for an in-memory model."""
@@ -158,6 +160,34 @@ def load_benchmark_model(
         revision=revision,
     )
     return LoadedModel(model, info, digest)
+
+
+def served_model(name: str, bits: int | None, label: str, serve: str | None) -> LoadedModel:
+    """A model that serving cells reach over HTTP: not loaded here. For a server we start
+    (--serve) a directory or a Hugging Face id is found as ours are (fetched into the cache when
+    the network allows) and the server given its directory; for --serve-url it is a name."""
+    target, revision = name, None
+    if serve is not None and name not in BUILTIN_CONFIGS:
+        try:
+            location = locate(name)
+        except ModelNotFound as exc:
+            raise ModelLoadError(str(exc)) from None
+        target, revision = str(location.path), location.revision
+    label = record_model_label(
+        {"model": name, "bits": bits, "model_revision": revision}, label=label
+    )
+    info = {
+        "model": name,
+        "bits": bits,
+        "label": label,
+        "kind": "served",
+        "model_type": None,
+        "revision": revision,
+        "param_count": None,
+        "weight_memory_bytes": None,
+        "weight_memory_gb": None,
+    }
+    return LoadedModel(ServedModel(target), info)
 
 
 def build_builtin(args: ModelArgs, bits: int, rank_group: RankGroup | None) -> nn.Module:
@@ -243,7 +273,7 @@ def interruptible(work: Callable[[], Any]) -> Any:
 
 
 def measure_cell(
-    model: nn.Module,
+    model: nn.Module | ServedModel,
     cell: Cell,
     spec: MatrixSpec,
     guard: CellGuard,
@@ -292,6 +322,8 @@ def measure_cell(
     if cell.mode == SERVE:
         if rank_group is not None:
             raise ValueError("a serving cell runs on one Mac, not across a group")
+        if isinstance(model, ServedModel):
+            return measure_over_http(profiler, model, cell, spec, late)
         return measure_serving(profiler, model, cell, spec, late_share=late)
     if cell.mode == PREFILL:
         return profiler.benchmark_tokens_per_sec(
@@ -414,10 +446,15 @@ def _run_groups(
         if on_phase is not None and not (models and group.model in models):
             on_phase(build_phase(group.model, group.bits, group.label))
         loaded, failed = None, None
+        served = spec.serving is not None and spec.serving.over_http
         try:
             loaded = interruptible(
-                lambda group=group: load_benchmark_model(
-                    group.model, group.bits, models, group.label, watching.rank_group
+                lambda group=group, served=served: (
+                    served_model(group.model, group.bits, group.label, spec.serving.serve)
+                    if served
+                    else load_benchmark_model(
+                        group.model, group.bits, models, group.label, watching.rank_group
+                    )
                 )
             )
         except Exception as exc:  # any load failure fails its cells, not the run

@@ -136,7 +136,8 @@ class Stream:
 
 @dataclass(frozen=True)
 class Request:
-    tokens: list[int]
+    prompt: Any
+    """Token ids for the engine here; text or a chat's messages for a server over HTTP."""
     max_tokens: int
     late_s: float = 0.0
     """Held this long after its arrival before the engine sees it (an injected fault)."""
@@ -177,6 +178,10 @@ class ServingCell:
     def close(self) -> None:
         self.generator.close()
 
+    def depth(self) -> Depth:
+        """What each pass starts from: no cache (every request brings its own)."""
+        return Depth([], None)
+
     def requests(self, pass_index: int, count: int) -> list[Request]:
         """The pass's requests: the prompt file's in turn (as mlx-lm's benchmark cycles its
         prompts), or synthetic ones of n_prompt random tokens, each its own."""
@@ -187,14 +192,21 @@ class ServingCell:
         for i in range(count):
             if serving.prompts:
                 prompt = serving.prompts[i % len(serving.prompts)]
-                tokens, most = self.tokenize(prompt), prompt.max_tokens or cell.n_gen
+                payload, most = self.prompt_of(prompt), prompt.max_tokens or cell.n_gen
             else:
                 seed = serving.seed * 1_000_003 + pass_index * 10_007 + i
-                tokens = synthetic_prompt(cell.n_prompt, vocab_size(self.engine_model), seed)
-                most = cell.n_gen
+                payload, most = self.synthetic(seed), cell.n_gen
             late = hold if self.late_share and draw.random() < self.late_share else 0.0
-            made.append(Request(tokens, most, late))
+            made.append(Request(payload, most, late))
         return made
+
+    def prompt_of(self, prompt: Prompt) -> Any:
+        """A prompt file's prompt as the engine takes it: its tokens."""
+        return self.tokenize(prompt)
+
+    def synthetic(self, seed: int) -> Any:
+        """A synthetic prompt as the engine takes it: n_prompt random token ids."""
+        return synthetic_prompt(self.cell.n_prompt, vocab_size(self.engine_model), seed)
 
     def run_pass(self, timed: bool) -> None:
         """One pass: timed, the cell's requests at its load; untimed (warm-up), one request
@@ -231,7 +243,7 @@ class ServingCell:
 
         def arrive(index: int, at: float) -> None:
             request = requests[index]
-            streams.append(Stream(at, len(request.tokens)))
+            streams.append(Stream(at, len(request.prompt)))
             held.append((at + request.late_s, index))
 
         def may_send(now: float) -> bool:
@@ -247,7 +259,7 @@ class ServingCell:
             for due, index in [item for item in held if item[0] <= now]:
                 held.remove((due, index))
                 request = requests[index]
-                (uid,) = generator.insert([request.tokens], max_tokens=[request.max_tokens])
+                (uid,) = generator.insert([request.prompt], max_tokens=[request.max_tokens])
                 by_uid[uid] = streams[index]
                 in_flight += 1
             if not in_flight:
@@ -337,15 +349,18 @@ class PassClock:
 
 def measure_serving(
     profiler: SpeedProfiler,
-    model: nn.Module,
+    model: nn.Module | None,
     cell: Cell,
     spec: MatrixSpec,
     late_share: float = 0.0,
+    serving: ServingCell | None = None,
 ) -> dict[str, Any]:
-    """A serving cell's record metrics, its passes run as `profiler`'s iterations."""
+    """A serving cell's record metrics, its passes run as `profiler`'s iterations; `serving`
+    sends them elsewhere (agent.profiling.http_serving), else the engine here does."""
     assert spec.serving is not None
-    tokenize = prompt_tokenizer(cell.model) if spec.serving.prompts else (utf8_tokens, UTF8)
-    serving = ServingCell(model, cell, spec, tokenize, late_share)
+    if serving is None:
+        tokenize = prompt_tokenizer(cell.model) if spec.serving.prompts else (utf8_tokens, UTF8)
+        serving = ServingCell(model, cell, spec, tokenize, late_share)
     clock = PassClock(profiler.timing, spec.warmup)
     profiler.timing = clock
 
@@ -355,7 +370,7 @@ def measure_serving(
 
     try:
         measurement = profiler.measure(
-            model, Depth([], None), one_pass, spec.warmup, spec.iterations
+            model, serving.depth(), one_pass, spec.warmup, spec.iterations
         )
     finally:
         serving.close()

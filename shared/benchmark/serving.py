@@ -51,6 +51,12 @@ pass (by arrival) took more than this many times as long, end to end, as the fir
 queue grew through the pass, so what was measured is its length, not the offered rate's
 service. An engine that keeps up serves the first and the last requests alike."""
 ROLES = ("system", "user", "assistant")
+SERVERS = ("mlx_lm",)
+"""What --serve starts: mlx_lm.server (agent.profiling.mlx_lm_server)."""
+MAX_URL_CHARS = 2048
+SERVED_MODEL = "served"
+"""The model of --serve-url cells given no --model: whatever the server serves (the record's
+serving.model_impl names the one asked for)."""
 PERCENTILE_KEYS = tuple(
     f"{name}_{stat}{unit}"
     for name, unit in (
@@ -100,6 +106,16 @@ class ServingSpec:
     seed: int = 0
     slo_ttft_ms: float = SLO_PRESETS[DEFAULT_SLO].ttft_ms
     slo_tpot_ms: float = SLO_PRESETS[DEFAULT_SLO].tpot_ms
+    serve_url: str | None = None
+    """An OpenAI-compatible server the cells send to (as the agent reaches it), not the engine
+    in the job's process."""
+    serve: str | None = None
+    """A server the agent starts with each model and stops after: SERVERS' one, mlx_lm."""
+
+    @property
+    def over_http(self) -> bool:
+        """Whether the cells go to a server over HTTP (agent.profiling.http_serving)."""
+        return self.serve_url is not None or self.serve is not None
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -112,6 +128,9 @@ class ServingSpec:
         }
         if self.duration_s is not None:
             data["duration_s"] = self.duration_s
+        for key in ("serve_url", "serve"):
+            if getattr(self, key) is not None:
+                data[key] = getattr(self, key)
         if self.prompts:
             data["prompts"] = [prompt.to_dict() for prompt in self.prompts]
         return data
@@ -196,10 +215,27 @@ def validate_serving(spec: ServingSpec) -> None:
                 f"serving.{key}: {value!r} is not a number of ms above 0 and at most "
                 f"{MAX_SERVE_S * 1000:g}"
             )
+    validate_server(spec)
     if not isinstance(spec.prompts, tuple) or not all(isinstance(p, Prompt) for p in spec.prompts):
         raise ServingError("serving.prompts: not a list of prompts")
     if sum(len(c) for p in spec.prompts for _, c in p.messages) > MAX_PROMPT_FILE_CHARS:
         raise ServingError(f"serving.prompts: more than {MAX_PROMPT_FILE_CHARS} characters")
+
+
+def validate_server(spec: ServingSpec) -> None:
+    """The server fields: one of them at most, a server we know how to start, a URL of a
+    bounded length with nothing a terminal would act on (the agent parses it whole)."""
+    if spec.serve_url is not None and spec.serve is not None:
+        raise ServingError("serving.serve: give a server to start or a URL, not both")
+    if spec.serve is not None and spec.serve not in SERVERS:
+        raise ServingError(f"serving.serve: {spec.serve!r} is not one of {', '.join(SERVERS)}")
+    url = spec.serve_url
+    if url is None:
+        return
+    if not isinstance(url, str) or len(url) > MAX_URL_CHARS or not url.isprintable():
+        raise ServingError(f"serving.serve_url: not a URL of at most {MAX_URL_CHARS} characters")
+    if not url.startswith(("http://", "https://")) or " " in url:
+        raise ServingError(f"serving.serve_url: {url!r} is not an http:// or https:// URL")
 
 
 def prompt_from(item: Any, where: str) -> Prompt:

@@ -10,11 +10,19 @@ from typing import Annotated
 
 import typer
 
-from shared.benchmark.matrix import MatrixError, MatrixSpec, expand, parse_int_list
+from shared.benchmark.matrix import (
+    BUILTIN_DEFAULT_BITS,
+    MatrixError,
+    MatrixSpec,
+    expand,
+    parse_int_list,
+)
 from shared.benchmark.serving import (
     DEFAULT_REQUESTS,
     MAX_REQUESTS,
     MAX_SERVE_S,
+    SERVED_MODEL,
+    SERVERS,
     ServingError,
     ServingSpec,
     parse_prompt_file,
@@ -77,6 +85,25 @@ ServeSeed = Annotated[
     ),
 ]
 
+ServeUrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--serve-url",
+        help="Send the serving tests to this OpenAI-compatible server (http://HOST:PORT, as "
+        "the agent reaches it), streamed; its model is the server's.",
+        metavar="URL",
+    ),
+]
+Serve = Annotated[
+    str | None,
+    typer.Option(
+        "--serve",
+        help="Start this server with each --model for each serving test and stop it after: "
+        f"{', '.join(SERVERS)} (mlx_lm.server on a free local port).",
+        metavar="SERVER",
+    ),
+]
+
 SloTtft = Annotated[
     float,
     typer.Option(
@@ -102,6 +129,8 @@ FLAG_OF_FIELD = {
     "serving.requests": "--requests",
     "serving.duration_s": "--serve-duration",
     "serving.seed": "--serve-seed",
+    "serving.serve_url": "--serve-url",
+    "serving.serve": "--serve",
     "n_pg": "-pg",
     "n_depth": "--n-depth",
     "batch_sizes": "--batch-sizes",
@@ -121,6 +150,8 @@ class ServingOptions:
     serve_seed: ServeSeed = 0
     slo_ttft: SloTtft = SLO_PRESETS[DEFAULT_SLO].ttft_ms
     slo_tpot: SloTpot = SLO_PRESETS[DEFAULT_SLO].tpot_ms
+    serve_url: ServeUrlOption = None
+    serve: Serve = None
 
     @property
     def given(self) -> bool:
@@ -135,6 +166,8 @@ class ServingOptions:
                 ("--requests", self.requests),
                 ("--serve-duration", self.serve_duration),
                 ("--prompt-file", self.prompt_file),
+                ("--serve-url", self.serve_url),
+                ("--serve", self.serve),
             ):
                 if value is not None:
                     raise MatrixError(
@@ -158,15 +191,25 @@ class ServingOptions:
                 seed=self.serve_seed,
                 slo_ttft_ms=self.slo_ttft,
                 slo_tpot_ms=self.slo_tpot,
+                serve_url=self.serve_url,
+                serve=self.serve,
             )
         except (ServingError, SustainError) as exc:
-            raise MatrixError(str(exc)) from None
+            raise MatrixError(as_serving_flags(str(exc))) from None
 
     def apply(self, spec: MatrixSpec) -> MatrixSpec:
         """`spec` with the serving axis, checked whole; MatrixError naming the option."""
         serving = self.serving()
         if serving is None:
             return spec
+        if serving.serve_url is not None and all(m in BUILTIN_DEFAULT_BITS for m in spec.models):
+            # No --model: the server's own model, not a built-in config.
+            spec = dataclasses.replace(spec, models=(SERVED_MODEL,), bits=(None,))
+        if serving.serve is not None and any(m in BUILTIN_DEFAULT_BITS for m in spec.models):
+            raise MatrixError(
+                f"--serve {serving.serve} serves an mlx-lm model: give --model DIR or ORG/NAME "
+                "(a built-in config is not one it loads)"
+            )
         spec = dataclasses.replace(spec, serving=serving)
         try:
             expand(spec)

@@ -39,8 +39,8 @@ PROMPT_TOKENS = 7
 
 class FakeOpenAIServer:
     """Serve on a free port of 127.0.0.1 from a thread, as a context. `ttft_s` before the first
-    token, `gap_s` between tokens; the requests numbered in `late` (1-based, in arrival order)
-    wait `late_ttft_s` instead of `ttft_s`."""
+    token, `gap_s` between tokens; the streams numbered in `late` (1-based, in arrival order)
+    wait `late_ttft_s` instead of `ttft_s`, and those in `dying` die after 3 tokens."""
 
     def __init__(
         self,
@@ -49,9 +49,10 @@ class FakeOpenAIServer:
         gap_s: float = 0.0,
         late: frozenset[int] = frozenset(),
         late_ttft_s: float = 0.0,
+        dying: frozenset[int] = frozenset(),
     ) -> None:
         self.mode, self.ttft_s, self.gap_s = mode, ttft_s, gap_s
-        self.late, self.late_ttft_s = late, late_ttft_s
+        self.late, self.late_ttft_s, self.dying = late, late_ttft_s, dying
         self.requests = 0
         self.streaming = 0
         self.most_streaming = 0
@@ -82,11 +83,15 @@ class FakeOpenAIServer:
             self.streaming += change
             self.most_streaming = max(self.most_streaming, self.streaming)
 
-    def next_ttft(self) -> float:
+    def next_stream(self) -> tuple[float, int | None]:
+        """The next stream's TTFT, and the token it dies before (None: it lives)."""
         with self._lock:
             self.requests += 1
             number = self.requests
-        return self.late_ttft_s if number in self.late else self.ttft_s
+        die_after = int(self.mode.removeprefix("die-after-")) if "die" in self.mode else None
+        if number in self.dying:
+            die_after = 3
+        return (self.late_ttft_s if number in self.late else self.ttft_s), die_after
 
 
 def _handler(fake: FakeOpenAIServer) -> type[BaseHTTPRequestHandler]:
@@ -142,8 +147,8 @@ def _handler(fake: FakeOpenAIServer) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(b": keepalive 7/7\n\n")
             self.wfile.flush()
-            time.sleep(fake.next_ttft())
-            die_after = int(fake.mode.removeprefix("die-after-")) if "die" in fake.mode else None
+            ttft, die_after = fake.next_stream()
+            time.sleep(ttft)
             for index in range(tokens):
                 if index == die_after:
                     self.connection.shutdown(socket.SHUT_RDWR)

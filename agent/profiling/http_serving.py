@@ -1,0 +1,161 @@
+"""A serving cell against a server over HTTP instead of the engine in the job's process:
+`--serve-url URL` (a running OpenAI-compatible server, as this agent reaches it) or `--serve
+mlx_lm` (mlx_lm.server started with the cell's model for the cell and stopped after it, so a
+server that dies fails its one cell and the next cell starts a fresh one).
+
+The cell is agent.profiling.serving's: the same requests (a prompt file's conversations, or
+synthetic prompts), the same closed or open loop, passes, figures and record; only the sending
+differs (agent.profiling.http_load), each token timed at this client as its chunk arrives. The
+model lives in the server's process: no weights are loaded here, and this process's MLX memory
+says nothing of it, so the cell's memory figures are unknowns.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.nn as nn
+
+from agent.profiling.http_load import HttpRequest, send_load
+from agent.profiling.mlx_lm_server import MlxLmServer, ServerDied
+from agent.profiling.openai_client import ServeUrl, ServeUrlError, check_server, served_models
+from agent.profiling.serving import Request, ServingCell, measure_serving
+from agent.profiling.speed import Depth
+from shared.benchmark.matrix import Cell, MatrixSpec
+from shared.benchmark.openai_stream import DEFAULT_MODEL
+from shared.benchmark.serving import SERVED_MODEL, Prompt, ServingSpec
+from shared.benchmark.serving_figures import RequestTiming
+
+WORDS = (
+    "the", "of", "and", "to", "in", "is", "was", "for", "on", "are", "with", "as", "his", "they",
+    "be", "at", "one", "have", "this", "from", "or", "had", "by", "word", "but", "what", "some",
+    "we", "can", "out", "other", "were", "all", "there", "when", "up", "use", "your", "how",
+    "said", "an", "each", "she", "which", "do", "their", "time", "if", "will", "way", "about",
+    "many", "then", "them", "write", "would", "like", "so", "these", "her", "long", "make",
+    "thing", "see", "him", "two", "has", "look", "more", "day", "could", "go", "come", "did",
+    "number", "sound", "no", "most", "people", "my", "over", "know", "water", "than", "call",
+    "first", "who", "may", "down", "side", "been", "now", "find",
+)  # fmt: skip
+"""Common English words, most of them one token in the usual BPE vocabularies: a synthetic
+prompt over HTTP is -p of them (the server's tokenizer is not ours; its usage counts the
+tokens it made of them, and the record keeps that count)."""
+
+
+class RequestsFailed(RuntimeError):
+    """No request of a pass completed: the cell has no figure (the first error says why)."""
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What a served cell's group holds in place of a loaded model: the model as the server is
+    to be given it (a directory or a Hugging Face id) or as the server names it."""
+
+    name: str
+
+
+def synthetic_text(words: int, seed: int) -> str:
+    """`words` words of WORDS, drawn by `seed`: prompts that share no long prefix."""
+    draw = random.Random(seed)
+    return " ".join(draw.choice(WORDS) for _ in range(words))
+
+
+class NoCache(Depth):
+    """A pass over HTTP starts from nothing of this process's: the server keeps the caches."""
+
+    def __init__(self) -> None:
+        super().__init__([], None)
+
+    def fresh(self, model: nn.Module) -> list[Any]:
+        return []
+
+
+def request_model(url: ServeUrl) -> str:
+    """The `model` a request to `url` names: the server's only listed model, else
+    mlx_lm.server's `default_model` (what mlx-lm's own server benchmark sends)."""
+    ids = served_models(url)
+    return ids[0] if ids is not None and len(ids) == 1 else DEFAULT_MODEL
+
+
+def check_serve_url(serving: ServingSpec) -> None:
+    """Before any cell: a --serve-url that parses, answers and streams in OpenAI's format;
+    ServeUrlError, one line, otherwise."""
+    if serving.serve_url is not None:
+        url = ServeUrl.parse(serving.serve_url)
+        check_server(url, request_model(url))
+
+
+class HttpServingCell(ServingCell):
+    """agent.profiling.serving's cell with its requests sent to a server over HTTP."""
+
+    def __init__(self, served: ServedModel, cell: Cell, spec: MatrixSpec, late_share: float):
+        assert spec.serving is not None
+        self.serving = spec.serving
+        self.cell = cell
+        self.late_share = late_share
+        self.twinned = False
+        self.engine_model = None
+        self.tokens_from = "the server's tokenizer (the counts are its usage's)"
+        self.passes: list[list[RequestTiming]] = []
+        self.saturated: list[bool] = []
+        self.late = 0
+        self.server: MlxLmServer | None = None
+        if self.serving.serve_url is not None:
+            self.url = ServeUrl.parse(self.serving.serve_url)
+            named = served.name != SERVED_MODEL
+            self.model = served.name if named else request_model(self.url)
+        else:
+            self.server = MlxLmServer(served.name).__enter__()
+            self.url, self.model = self.server.url, DEFAULT_MODEL
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.__exit__(None, None, None)
+
+    def depth(self) -> Depth:
+        return NoCache()
+
+    def prompt_of(self, prompt: Prompt) -> Any:
+        return prompt.to_dict()["messages"]
+
+    def synthetic(self, seed: int) -> Any:
+        return synthetic_text(self.cell.n_prompt, seed)
+
+    def _serve(
+        self, requests: list[Request], clients: int, offsets: list[float] | None
+    ) -> list[RequestTiming]:
+        """The requests sent over HTTP; a started server found dead after them fails the
+        cell with the reason (ServerDied), whatever the requests say."""
+        load = [HttpRequest(r.prompt, r.max_tokens, r.late_s) for r in requests]
+        timings = send_load(self.url, self.model, load, clients, offsets, self.serving.duration_s)
+        if self.server is not None:
+            self.server.raise_if_dead()
+        if timings and all(t.error is not None for t in timings):
+            raise RequestsFailed(f"every request failed, the first with: {timings[0].error}")
+        return timings
+
+    def result(self, profiled: dict[str, Any]) -> dict[str, Any]:
+        result = super().result(profiled)
+        result.update(peak_memory_gb=None, active_memory_gb=None)
+        served = "mlx_lm.server, started for this cell" if self.server else str(self.url)
+        result["serving"].update(
+            engine=f"over HTTP: {served}",
+            model_impl=f"the server's, {self.model!r} asked for; its memory is the server "
+            "process's, not measured here",
+            prompt_cache="the server's own (mlx_lm.server keeps one across requests)",
+            tokens_from=self.tokens_from,
+        )
+        return result
+
+
+def measure_over_http(
+    profiler: Any, served: ServedModel, cell: Cell, spec: MatrixSpec, late_share: float
+) -> dict[str, Any]:
+    """A serving cell's record metrics over HTTP (agent.profiling.serving.measure_serving with
+    this module's cell); ServeUrlError or ServerDied fail the cell with the reason."""
+    try:
+        serving = HttpServingCell(served, cell, spec, late_share)
+    except ServeUrlError as exc:
+        raise ServerDied(str(exc)) from None
+    return measure_serving(profiler, None, cell, spec, serving=serving)

@@ -63,9 +63,10 @@ OWN_TTY_CODES = re.compile(rb"\x1b\[[0-9;?]*[mKABCDGhl]")
 """What the coordinator itself may send a terminal: SGR colours, cursor moves, line erase,
 cursor show/hide. Anything else (OSC 52/0/8, CSI 6n, CSI 2J...) came from an agent."""
 FORGED_ROW = re.compile(r"^\s*FAKE ROW")
-MARKUP_SHOWN = re.compile(r"[^\s│┃|](?<!\[reverse\])MARKUP")
+MARKUP_SHOWN = re.compile(r"[^\s│┃|](?<!\[reverse\])MARKUP(?!\[/rev)")
 """The payload's `[reverse]MARKUP[/reverse]` parsed as Rich markup: `MARKUP` left bare after
-the payload's text before it (a wrap that breaks a cell right before it leaves a border)."""
+the payload's text before it (a wrap that breaks a cell right before it leaves a border), its
+closing tag gone too (a wrap inside `[reverse]` leaves `e]MARKUP[/reverse]`: not parsed)."""
 """The agent's newline made a line of its own (a table wraps a cell inside its borders)."""
 NO_ANSWER = re.compile(
     r"did not answer|not answering|no reply|no answer|timed? ?out|unreachable", re.I
@@ -632,6 +633,109 @@ def test_strings_in_an_error_message(
             agent, expect, command, "--hosts", agent.address, *LINKS, home=fleet_home
         )
     check(run, problems)
+
+
+# --- 1a. the commands added in issues 41-45, the same payloads -------------------------------
+
+NETBENCH = ["netbench", "--sizes", "4K", "-r", "1", "-w", "0", *BENCH_LINKS]
+
+
+@pytest.mark.parametrize("tty", [False, True], ids=["pipe", "pty"])
+@pytest.mark.slow
+def test_strings_netbench(fake: Callable[[str], HostileAgent], tmp_path: Path, tty: bool) -> None:
+    """A rank's `error` (§16, shown to the user) and info.ok's strings: the run fails naming
+    the host, and its stored error replays through `show` and `runs` as plain text."""
+    agent, benign = fake("strings"), fake("benign")
+    hosts = f"{agent.address},{benign.address}"
+    run, problems = against(agent, "rank.get", *NETBENCH, "--hosts", hosts, home=tmp_path, tty=tty)
+    if run.returncode != 1 or not lines_naming(run, "error: ", agent.address, "ring broke"):
+        problems.append(
+            f"exit {run.returncode}, no error line naming the host: {run.text[-600:]!r}"
+        )
+    listed = json.loads(coordinator("runs", "-o", "json", home=tmp_path).stdout)
+    for args in (["show", listed[0]["id"]], ["runs"]):
+        replayed = coordinator(*args, home=tmp_path, tty=tty)
+        problems += [f"{args[0]}: {problem}" for problem in hostile_output(replayed)]
+    check(run, problems)
+
+
+STORED_COMMANDS = {
+    "health": ["health", "{run}", "--no-record"],
+    "health-json": ["health", "{run}", "--no-record", "-o", "json"],
+    "export-csv": ["export", "{run}", "--label", "x", "-o", "csv"],
+    "export-jsonl": ["export", "{run}", "--label", "x", "-o", "jsonl"],
+    "export-json": ["export", "{run}", "--label", "x", "-o", "json"],
+    "export-llama-json": ["export", "{run}", "--label", "x", "-o", "llama-json"],
+    "export-sqlite": ["export", "{run}", "--label", "x", "--output", "{tmp}/llama-bench.sqlite"],
+    "export-labels": ["export", "{run}", "-o", "csv"],
+}
+"""The commands of issues 43 and 45 that read a stored run (no agent asked): each shows what
+the hostile agent sent, its machine's strings (the health family and canary split keys
+among them) and its cells' names."""
+
+
+@pytest.mark.parametrize("command", list(STORED_COMMANDS))
+@pytest.mark.slow
+def test_strings_stored_run_commands(
+    bench_of: Callable[[str], Stored], tmp_path: Path, command: str
+) -> None:
+    stored = bench_of("strings")
+    assert stored.run_id, stored.run.text[-2000:]
+    args = [arg.format(run=stored.run_id, tmp=tmp_path) for arg in STORED_COMMANDS[command]]
+    for tty in (False, True):
+        run = coordinator(*args, home=stored.home, tty=tty)
+        problems = hostile_output(run)
+        if command == "export-labels":  # MLX versions as labels: the agent's, of two lengths
+            problems = [p for p in problems if not p.startswith("exit code 2 ")]
+            if run.returncode != 2 or "MARKUP" not in run.text:
+                problems.append(f"not the refusal naming both labels: {run.text[-600:]!r}")
+        elif run.returncode != 0:
+            problems.append(f"exit {run.returncode}: {run.text[-600:]!r}")
+        if args[-1] == "jsonl" and not tty:
+            try:
+                [strict_json(line) for line in run.stdout.splitlines()]
+            except ValueError as exc:
+                problems.append(f"-o jsonl is not strict JSON: {exc}")
+        elif "json" in args[-1] and not tty:
+            problems += not_strict_json(run, " ".join(args))
+        check(run, problems)
+
+
+@pytest.mark.parametrize("split", ["macos", "mlx"])
+@pytest.mark.slow
+def test_strings_canary(fake: Callable[[str], HostileAgent], tmp_path: Path, split: str) -> None:
+    """Two fakes, the hostile one's macOS and MLX versions carrying PAYLOAD: the two sides of
+    the split are the agents' own words. The hostile cells' names carry it too, so no cell ran
+    on both sides, and the one line saying so quotes both sides' values as plain text (their
+    raw ESC, C1, bidi and newline reached the terminal before this test)."""
+    stored = benchmark(tmp_path, fake("strings"), fake("benign").address)
+    assert stored.run_id, stored.run.text[-2000:]
+    for tty in (False, True):
+        args = ["canary", "--runs", stored.run_id, "--split", split]
+        run = coordinator(*args, home=tmp_path, tty=tty)
+        problems = [p for p in hostile_output(run) if not p.startswith("exit code 2 ")]
+        if run.returncode != 2 or "no cell ran on both sides" not in run.text:
+            problems.append(f"exit {run.returncode}, not the refusal: {run.text[-600:]!r}")
+        if "MARKUP" not in run.text:
+            problems.append(f"the hostile side's value not named: {run.text[-600:]!r}")
+        check(run, problems)
+
+
+@pytest.mark.slow
+def test_strings_publish_and_verify(bench_of: Callable[[str], Stored], tmp_path: Path) -> None:
+    """A signed bundle of the hostile run: publish's lines, and verify's table and JSON, which
+    recompute every figure from the agent's samples and show its hosts' facts."""
+    stored = bench_of("strings")
+    assert stored.run_id, stored.run.text[-2000:]
+    published = coordinator("publish", stored.run_id, "--out", str(tmp_path), home=stored.home)
+    check(published, hostile_output(published))
+    [bundle] = tmp_path.glob("*.bundle.json")
+    for fmt, tty in (("table", False), ("table", True), ("json", False)):
+        run = coordinator("verify", str(bundle), "-o", fmt, home=stored.home, tty=tty)
+        problems = hostile_output(run)
+        if fmt == "json":
+            problems += not_strict_json(run, "verify -o json")
+        check(run, problems)
 
 
 # --- 1b. a 4 MB string, just under the message limit ----------------------------------------

@@ -22,7 +22,7 @@ from shared.benchmark.canary import SPLITS, CanaryError, canary
 from shared.benchmark.matrix import MatrixSpec
 from shared.io.cli import data_home, emit, usage_error
 from shared.io.options import TableFormat
-from shared.safe_text import shown
+from shared.safe_text import DETAIL_CAP, shown
 from shared.tables import WHOLE, FitTable
 
 CanaryRuns = Annotated[
@@ -97,8 +97,8 @@ def canary_command(
     records = [cell for report in load_reports(*names) for cell in report.get("cells") or []]
     try:
         found = canary(records, split, before)
-    except CanaryError as exc:
-        raise usage_error(str(exc)) from None
+    except CanaryError as exc:  # it may quote the sides' values: an agent's words
+        raise usage_error(shown(str(exc), DETAIL_CAP)) from None
     emit(found.as_dict(), fmt, canary_table)
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from rich.text import Text
 
 from shared.benchmark.aggregate import ordered
 from shared.reports.benchmark import (
@@ -198,14 +199,15 @@ HEADERS = ["host", "model", "test", "batch", "tok/s", "n", "verdict", "settings"
 
 
 def bundle_table(bundle: dict[str, Any]) -> FitTable:
-    title = shown(f"mlx-fleet run {bundle.get('run_id')} (published)")
+    # a bundle is anyone's file, and its strings an agent's words: Text, never markup
+    title = Text(shown(f"mlx-fleet run {bundle.get('run_id')} (published)"))
     table = FitTable(title=title, folds=("settings", "n", "batch"))
     for name in HEADERS:
         right = name in ("batch", "tok/s", "n")
         wrap = WORDS if name == "settings" else WHOLE
         table.add_column(name, justify="right" if right else "left", wrap=wrap)
     for cell in bundle["cells"]:
-        table.add_row(*(shown(text, DETAIL_CAP) for text in _row(cell)))
+        table.add_row(*(Text(shown(text, DETAIL_CAP)) for text in _row(cell)))
     return table
 
 

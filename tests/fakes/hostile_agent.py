@@ -12,7 +12,8 @@ What it speaks (protocol.md section numbers):
 - §3/§4: [identity, envelope] in, [identity, envelope] out; an envelope is the msgpack map
   {v: 4, id, type, re, body}; a request it cannot read is answered `error` `malformed`.
 - §5: hello, ping, info, bench.start (bench.start.ok, then bench.progress, bench.cell per cell,
-  bench.done), bench.cancel, job.get, job.list, history.get, policy.get, policy.set, doctor.
+  bench.done), bench.cancel, job.get, job.list, history.get, policy.get, policy.set, doctor;
+  §16: rank.start, rank.get, rank.stop (a rank that never runs: `strings` fails it).
 - §10: telemetry.sample every `poll_interval` and a telemetry.event now and then, published as
   [topic, envelope] with topic b"sample" / b"event", `re` nil; kept for history.get.
 
@@ -162,6 +163,9 @@ REQUESTS = {
     "doctor",
     "calibrate.start",
     "calibrate.get",
+    "rank.start",
+    "rank.get",
+    "rank.stop",
 }
 BAD_INDEXES: tuple[Any, ...] = (2, 99, -1, "0", 0.5, True, 2**63, 7)
 """`cells-range`'s indexes for a 2-cell job: one past the end, far past, negative, a str, a
@@ -252,6 +256,10 @@ class FakeAgentCore:
     _dropped: bool
     _progressing: Job | None
     jobs: dict[str, Job]
+    ranks: dict[Any, Any]
+    """rank.start's job → its rank."""
+    stopped: dict[Any, str]
+    """rank.stop's job → its why."""
     samples: list[dict[str, Any]]
     events: list[dict[str, Any]]
     flood_sent: int
@@ -327,9 +335,44 @@ class Replies(FakeAgentCore):
             self._send(identity, "policy.get.ok", self._policy(), rid)
         elif type_ == "doctor":
             self._send(identity, "doctor.ok", {"report": self._doctor()}, rid)
+        elif type_ in ("rank.start", "rank.get", "rank.stop"):
+            self._rank(identity, type_, body, rid)
         else:  # policy.set, job.event: refused, with a message the user is shown verbatim
             message = self.text(f"{type_} is not served by this fake")
             self._send(identity, "error", {"code": "internal", "message": message}, rid)
+
+    def _rank(self, identity: bytes, type_: str, body: dict[str, Any], rid: str) -> None:
+        """§16: a rank of `coordinator netbench`. It never runs: `strings` fails it at the first
+        rank.get with an error carrying PAYLOAD (§16: `error`, a str, shown to the user), the
+        others report it running with no progress until rank.stop."""
+        job = body.get("job")
+        if type_ == "rank.start":
+            self.ranks[job] = body.get("rank")
+            self._send(identity, "rank.start.ok", {"job": job, "rank": body.get("rank")}, rid)
+            return
+        if job not in self.ranks:
+            message = f"no rank of job {job!r} here"
+            self._send(identity, "error", {"code": "unknown-job", "message": message}, rid)
+            return
+        if type_ == "rank.stop":
+            self.stopped[job] = body.get("why") or "stopped by its coordinator"
+        failed = self.mode == "strings"
+        state, error = "running", None
+        if job in self.stopped:
+            state, error = "stopped", self.stopped[job]
+        elif failed:
+            state, error = "failed", self.text("rank 1 ended with exit 1: ring broke")
+        reply = {
+            "job": job,
+            "rank": self.ranks[job],
+            "state": state,
+            "elapsed_s": 0.5,
+            "error": error,
+            "report": None,
+            "progress": 0,
+            "progress_age_s": 0.5,
+        }
+        self._send(identity, f"{type_}.ok", reply, rid)
 
     def _bad_reply(self, identity: bytes, type_: str, rid: str) -> None:
         if self.mode == "reply-garbage":
@@ -589,6 +632,10 @@ class BenchJobs(FakeAgentCore):
             "median_latency_ms": latency,
             "samples_ms": [latency],
             "samples_tokens_per_sec": [rate],
+            "ci95_tokens_per_sec": 0.0,
+            "warmup_iterations": 1,
+            "rewarm_iterations": 0,
+            "slept_s": 0.0,
             "peak_memory_gb": 0.05,
             "active_memory_gb": 0.04,
             "seq_len": cell["n_prompt"] if cell["n_prompt"] else cell["n_depth"],
@@ -607,11 +654,34 @@ class BenchJobs(FakeAgentCore):
             "energy_by_rail_j": None,
             "energy_short_windows": None,
             "energy_note": self.text("no power meter: none"),
+            "settings": self._settings(),
         }
         if cell["n_gen"]:
             record["decode_tokens"] = cell["n_gen"]
             record["mean_per_token_ms"] = latency / cell["n_gen"]
         return record
+
+    def _settings(self) -> dict[str, Any]:
+        """§5 Settings: every key, the versions and builds the agent's words (`coordinator
+        canary` splits hosts by them)."""
+        return {
+            "os_name": self.text("macOS"),
+            "os_version": self.text("14.5"),
+            "os_build": self.text("23F79"),
+            "mlx_version": self.text("0.21.0"),
+            "mlx_lm_version": None,
+            "mlx_fleet_version": self.text(VERSION),
+            "model_revision": None,
+            "weights_digest": self.text("config:0f"),
+            "power_mode": "normal",
+            "power_source": "ac",
+            "wired_limit_bytes": None,
+            "thermal_source": self.text("sim"),
+            "policy": POLICY,
+            "policy_origin": self.text("the seed's defaults"),
+            "sleep_assertion": None,
+            "agent": self.text(self.name),
+        }
 
     def _stream(self, job: Job, type_: str, body: dict[str, Any]) -> None:
         """§5: every job-stream message carries `re` = the bench.start id, to its identity."""
@@ -831,6 +901,8 @@ class HostileAgent(Replies, BenchJobs, Telemetry):
         self._progressing = None
         self.requests: list[str] = []
         self.jobs: dict[str, Job] = {}
+        self.ranks: dict[Any, Any] = {}
+        self.stopped: dict[Any, str] = {}
         self.samples: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.flood_sent = 0

@@ -864,6 +864,10 @@ def test_types_monitor(fake: Callable[[str], HostileAgent], fleet_home: Path, fm
     )
     if fmt == "json":
         problems += not_strict_json(run, "monitor --once --format json")
+        if not problems:  # issue 42: a refused message is counted, not only alerted
+            [host] = json.loads(run.stdout)["hosts"]
+            if not host["invalid_messages"] >= 1:
+                problems.append(f"invalid_messages {host['invalid_messages']}, not counted")
     check(run, problems)
 
 

@@ -237,6 +237,7 @@ def test_snapshot_for_scripts() -> None:
         "power_source": None,
         "power_simulated": None,
         "pause_s_total": 0.0,
+        "invalid_messages": 0,
         "jobs": [job("running")],
         "policy": POLICY,
         "policy_origin": "defaults for smc",

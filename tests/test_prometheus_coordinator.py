@@ -150,3 +150,22 @@ def test_a_cordoned_hosts_conditions_are_exported_and_lifted(
     )
     assert lifted.returncode == 0, lifted.stderr
     assert "mlx_fleet_host_condition" not in scrape(url)  # a family with no sample is not listed
+
+
+def test_refused_messages_are_counted_per_host_on_the_coordinators_exporter() -> None:
+    """Issue 42: a message the coordinator refuses is counted where it can be seen; the
+    counter is 0 from the host's first contact (increase() sees the first refusal) and exists
+    only where messages are refused (the coordinator's exporter, not an agent's)."""
+    from prometheus_client import generate_latest
+
+    from shared.io.metrics import TelemetryMetrics
+
+    coordinator, agent = TelemetryMetrics(instance=True), TelemetryMetrics()
+    for metrics in (coordinator, agent):
+        metrics.host_up("mac1", "10.0.0.1:5555" if metrics.instance else None)
+    series = 'mlx_fleet_invalid_messages_total{host="mac1",instance="10.0.0.1:5555"}'
+    assert f"{series} 0.0" in generate_latest(coordinator.registry).decode()
+    coordinator.observe_invalid("mac1", 3, "10.0.0.1:5555")
+    coordinator.observe_invalid("mac1", 1, "10.0.0.1:5555")
+    assert f"{series} 4.0" in generate_latest(coordinator.registry).decode()
+    assert "mlx_fleet_invalid_messages_total{" not in generate_latest(agent.registry).decode()

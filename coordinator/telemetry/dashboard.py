@@ -102,6 +102,9 @@ class HostView:
     silent: bool = False
     live: bool = False
     """A sample arrived live (not backfilled) since the host last connected."""
+    invalid_messages: int = 0
+    """Messages from it refused as invalid (dropped, never shown as readings) since the
+    monitor started."""
 
     @property
     def jobs(self) -> list[dict[str, Any]]:
@@ -182,8 +185,10 @@ class Dashboard:
             self._alert(now, name, CRITICAL, f"{status}: {error}")
         view.status, view.error = status, error
 
-    def invalid(self, name: str, text: str, now: float) -> None:
-        """The host sent messages that are not valid (dropped, never shown as readings)."""
+    def invalid(self, name: str, text: str, now: float, count: int = 1) -> None:
+        """The host sent `count` messages that are not valid (dropped, never shown as
+        readings): counted, and one alert."""
+        self.hosts[name].invalid_messages += count
         self._alert(now, name, WARNING, text)
 
     def sample(self, name: str, body: dict[str, Any], now: float, live: bool = True) -> None:
@@ -309,6 +314,7 @@ def host_snapshot(view: HostView, now: float) -> dict[str, Any]:
         "power_simulated": (sample.get("power") or {}).get("simulated"),
         **{key: sample.get(key) for key in CLOCK_COLUMNS},
         "pause_s_total": sample.get("pause_s_total"),
+        "invalid_messages": view.invalid_messages,
         "jobs": view.jobs,
         "policy": view.policy,
         "policy_origin": view.policy_origin,

@@ -232,7 +232,9 @@ class Monitor:
         for host, (count, problem) in arrivals.invalid.items():
             version = self._infos.get(host, {}).get("agent", "version unknown")
             what = f"{count} invalid messages, the last" if count > 1 else "an invalid message"
-            self.board.invalid(host, f"sent {what}: {problem} (agent {version})", now)
+            self.board.invalid(host, f"sent {what}: {problem} (agent {version})", now, count)
+            if self.metrics is not None:
+                self.metrics.observe_invalid(self.host_name(host), count, host)
         for report in arrivals.reports:
             if report.kind == CONNECTED:
                 self._connected(report.host, report.data, now)

@@ -37,6 +37,8 @@ HOST:PORT too). Metrics (docs/monitoring.md):
   total; a total that goes down otherwise adds nothing).
 - mlx_fleet_policy_actions_total{host,action}: counter of the actions the policy took on jobs
   (pause, resume, reduce_batch, restore_batch, stop), each at 0 from the host's start.
+- mlx_fleet_invalid_messages_total{host}: counter of the host's messages the coordinator
+  refused as invalid and dropped (docs/protocol.md §4); the coordinator's exporter only.
 - mlx_fleet_agent_up{host}: gauge, 1 while the host's telemetry arrives; 0 for a host that is
   down, whose other series are removed until it returns.
 - mlx_fleet_storage_ok{host}: gauge, 1 while the host's agent writes everything it keeps, 0
@@ -232,6 +234,12 @@ class MetricFamilies:
             [*base, "action"],
             registry=self.registry,
         )
+        self.invalid_messages = Counter(
+            "mlx_fleet_invalid_messages",
+            "Messages from the host this coordinator refused as invalid (dropped).",
+            base,
+            registry=self.registry,
+        )
         self.agent_up = gauge("mlx_fleet_agent_up", "1 while the host's telemetry arrives.")
         self.storage_ok = gauge(
             "mlx_fleet_storage_ok",
@@ -376,6 +384,8 @@ class TelemetryMetrics(MetricFamilies):
         counters = [(self.pause_seconds, ())] + [
             (self.policy_actions, (action,)) for action in POLICY_ACTIONS
         ]
+        if self.instance:  # the coordinator's exporter: it refuses, an agent is refused
+            counters.append((self.invalid_messages, ()))
         for counter, extra in counters:
             labels = self._labels(state, *extra)
             counter.labels(*labels)  # created at 0, or kept as it is
@@ -518,6 +528,13 @@ class TelemetryMetrics(MetricFamilies):
             if not state.up:
                 self.host_up(event["host"], instance)
             self.policy_actions.labels(*self._labels(state, event["action"])).inc()
+
+    def observe_invalid(self, host: str, count: int, instance: str | None = None) -> None:
+        """`count` messages from the host were refused as invalid (the coordinator's exporter)."""
+        state = self._host(host, instance)
+        labels = self._labels(state)
+        self.invalid_messages.labels(*labels).inc(count)
+        state.series.add((self.invalid_messages, labels))
 
     def observe_cell(
         self, host: str, record: Mapping[str, Any], instance: str | None = None

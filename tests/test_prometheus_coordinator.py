@@ -158,9 +158,9 @@ def test_refused_messages_are_counted_per_host_on_the_coordinators_exporter() ->
     only where messages are refused (the coordinator's exporter, not an agent's)."""
     from prometheus_client import generate_latest
 
-    from shared.io.metrics import TelemetryMetrics
+    from shared.io.metrics import FleetMetrics, TelemetryMetrics
 
-    coordinator, agent = TelemetryMetrics(instance=True), TelemetryMetrics()
+    coordinator, agent = FleetMetrics(), TelemetryMetrics()
     for metrics in (coordinator, agent):
         metrics.host_up("mac1", "10.0.0.1:5555" if metrics.instance else None)
     series = 'mlx_fleet_invalid_messages_total{host="mac1",instance="10.0.0.1:5555"}'

@@ -30,7 +30,7 @@ from shared.io.signals import interrupted_exit_code, sigterm_as_interrupt
 from shared.io.sqlite import StoreError
 
 if TYPE_CHECKING:
-    from shared.io.metrics import MetricsServer, TelemetryMetrics
+    from shared.io.metrics import FleetMetrics, MetricsServer
 
 MonitorFormat = output_format(
     TABLE_OR_JSON, "table (the dashboard) or json (a snapshot; a line a second without --once)."
@@ -57,7 +57,7 @@ def stored_conditions() -> dict[str, list[str]]:
         return {}
 
 
-def start_exporter(metrics: TelemetryMetrics, address: str) -> MetricsServer:
+def start_exporter(metrics: FleetMetrics, address: str) -> MetricsServer:
     """/metrics at `address`, announced on stderr with the port actually bound."""
     from shared.io.metrics import ConditionsCollector, parse_address, serve_metrics
 
@@ -112,9 +112,9 @@ def monitor(
     settings = settings_for(insecure, connect_timeout)
     metrics, server = None, None
     if prometheus is not None:
-        from shared.io.metrics import TelemetryMetrics  # prometheus_client only when asked
+        from shared.io.metrics import FleetMetrics  # prometheus_client only when asked
 
-        metrics = TelemetryMetrics(instance=True)
+        metrics = FleetMetrics()
         server = start_exporter(metrics, prometheus)
     try:
         with (

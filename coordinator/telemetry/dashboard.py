@@ -185,11 +185,12 @@ class Dashboard:
             self._alert(now, name, CRITICAL, f"{status}: {error}")
         view.status, view.error = status, error
 
-    def invalid(self, name: str, text: str, now: float, count: int = 1) -> None:
-        """The host sent `count` messages that are not valid (dropped, never shown as
-        readings): counted, and one alert."""
+    def invalid(self, name: str, problem: str, version: str, now: float, count: int = 1) -> None:
+        """The host (its agent `version`) sent `count` messages that are not valid, the last
+        with `problem` (dropped, never shown as readings): counted, and one alert."""
         self.hosts[name].invalid_messages += count
-        self._alert(now, name, WARNING, text)
+        what = f"{count} invalid messages, the last" if count > 1 else "an invalid message"
+        self._alert(now, name, WARNING, f"sent {what}: {problem} (agent {version})")
 
     def sample(self, name: str, body: dict[str, Any], now: float, live: bool = True) -> None:
         """A sample, live (just published) or backfilled (history.get); older ones only fill

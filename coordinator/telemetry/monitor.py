@@ -50,7 +50,7 @@ from shared.wire.agent_types import decode_agent_telemetry
 from shared.wire.telemetry import Cursor
 
 if TYPE_CHECKING:
-    from shared.io.metrics import TelemetryMetrics
+    from shared.io.metrics import FleetMetrics
 
 BACKFILL_FIRST_S = 3600.0
 """A host never recorded before is backfilled with its last hour (what the agent keeps in
@@ -115,7 +115,7 @@ class Monitor:
         targets: list[Target],
         settings: Settings,
         store: TelemetryStore,
-        metrics: TelemetryMetrics | None = None,
+        metrics: FleetMetrics | None = None,
         retention_s: float | None = None,
     ) -> None:
         self.store, self.metrics = store, metrics
@@ -231,8 +231,7 @@ class Monitor:
                     self.metrics.set_policy(self.host_name(host), policy, host, origin)
         for host, (count, problem) in arrivals.invalid.items():
             version = self._infos.get(host, {}).get("agent", "version unknown")
-            what = f"{count} invalid messages, the last" if count > 1 else "an invalid message"
-            self.board.invalid(host, f"sent {what}: {problem} (agent {version})", now, count)
+            self.board.invalid(host, problem, version, now, count)
             if self.metrics is not None:
                 self.metrics.observe_invalid(self.host_name(host), count, host)
         for report in arrivals.reports:

@@ -2,8 +2,8 @@
 exporters.
 
 `agent serve --prometheus HOST:PORT` feeds its own samples and events into a TelemetryMetrics;
-`coordinator monitor --prometheus HOST:PORT` feeds every host's into one made with
-`instance=True`. To reuse it:
+`coordinator monitor --prometheus HOST:PORT` feeds every host's into a FleetMetrics (one with
+`instance`, which also counts the messages it refused). To reuse it:
 
     metrics = TelemetryMetrics()                 # its own CollectorRegistry, never the global one
     server = serve_metrics(metrics.registry, "127.0.0.1:9101")   # server.port, server.close()
@@ -384,8 +384,6 @@ class TelemetryMetrics(MetricFamilies):
         counters = [(self.pause_seconds, ())] + [
             (self.policy_actions, (action,)) for action in POLICY_ACTIONS
         ]
-        if self.instance:  # the coordinator's exporter: it refuses, an agent is refused
-            counters.append((self.invalid_messages, ()))
         for counter, extra in counters:
             labels = self._labels(state, *extra)
             counter.labels(*labels)  # created at 0, or kept as it is
@@ -529,13 +527,6 @@ class TelemetryMetrics(MetricFamilies):
                 self.host_up(event["host"], instance)
             self.policy_actions.labels(*self._labels(state, event["action"])).inc()
 
-    def observe_invalid(self, host: str, count: int, instance: str | None = None) -> None:
-        """`count` messages from the host were refused as invalid (the coordinator's exporter)."""
-        state = self._host(host, instance)
-        labels = self._labels(state)
-        self.invalid_messages.labels(*labels).inc(count)
-        state.series.add((self.invalid_messages, labels))
-
     def observe_cell(
         self, host: str, record: Mapping[str, Any], instance: str | None = None
     ) -> None:
@@ -564,6 +555,29 @@ class TelemetryMetrics(MetricFamilies):
         while len(state.cells) > BENCH_CELLS_MAX:
             for metric, extra in state.cells.popitem(last=False)[1]:
                 self._drop(state, metric, *extra)
+
+
+class FleetMetrics(TelemetryMetrics):
+    """The coordinator's exporter: every host's series with its HOST:PORT (`instance`), and
+    the messages it refused from each (an agent's own exporter refuses none)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        super().__init__(registry, instance=True)
+
+    def host_up(self, host: str, instance: str | None = None, **facts: Any) -> None:
+        """As TelemetryMetrics.host_up, mlx_fleet_invalid_messages_total at 0 too."""
+        super().host_up(host, instance, **facts)
+        state = self._host(host, instance)
+        labels = self._labels(state)
+        self.invalid_messages.labels(*labels)  # created at 0, or kept as it is
+        state.series.add((self.invalid_messages, labels))
+
+    def observe_invalid(self, host: str, count: int, instance: str | None = None) -> None:
+        """`count` messages from the host were refused as invalid."""
+        state = self._host(host, instance)
+        labels = self._labels(state)
+        self.invalid_messages.labels(*labels).inc(count)
+        state.series.add((self.invalid_messages, labels))
 
 
 class ConditionsCollector:

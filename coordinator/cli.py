@@ -206,6 +206,23 @@ COMMANDS = [
         ),
     ),
     LazyCommand(
+        "stage",
+        "coordinator.commands.stage:stage",
+        "Copy a model to every host once, agent to agent as a tree (docs/staging.md).",
+        examples=(
+            "coordinator stage mlx-community/Llama-3.2-1B-4bit --hosts mac1,mac2,mac3",
+            "coordinator stage ~/models/my-llama --as lab/my-llama --hosts mac1,mac2",
+            "coordinator stage mlx-community/Qwen3-4B-4bit@main --hosts mac1,mac2 -o json",
+            "coordinator benchmark --model lab/my-llama --hosts mac1,mac2 --stage",
+        ),
+    ),
+    LazyCommand(
+        "models",
+        "coordinator.commands.stage:models",
+        "The models every host holds, one table: present, partial (%), missing or mismatch.",
+        examples=("coordinator models --hosts mac1,mac2", "coordinator models --verify -o json"),
+    ),
+    LazyCommand(
         "keys",
         "coordinator.commands.keys:keys_app",
         "This coordinator's CURVE key and the agents' keys it expects.",

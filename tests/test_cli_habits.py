@@ -147,6 +147,7 @@ FORMAT_ARGS = {
     ("export",): ["r-1"],
     ("verify",): ["r-1.bundle.json"],
     ("canary",): ["--split", "macos"],
+    ("stage",): ["org/model"],
 }
 """Arguments a command needs before its options are read (positionals, a required option)."""
 FORMAT_IDS = [" ".join((program, *path)) for program, path, _ in FORMATTED]
@@ -230,7 +231,7 @@ def test_completion_names_every_command_importing_none(program: str) -> None:
 
 
 def test_completion_of_a_prefix_a_group_and_an_option() -> None:
-    assert complete("coordinator", "coordinator st")[0] == ["status"]
+    assert complete("coordinator", "coordinator st")[0] == ["status", "stage"]
     assert complete("coordinator", "coordinator keys ")[0] == ["show", "add", "list", "remove"]
     offered, modules = complete("agent", "agent keys li")
     assert offered == ["list"] and "agent.commands.bench" not in modules

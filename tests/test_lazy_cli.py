@@ -93,4 +93,4 @@ def test_each_listed_summary_is_its_commands_docstring(
 def test_a_mistyped_command_is_answered_with_the_closest_ones() -> None:
     result = typer.testing.CliRunner().invoke(coordinator_app, ["statu"])
     assert result.exit_code == 2
-    assert "No such command 'statu'. Did you mean 'status'?" in result.output
+    assert "No such command 'statu'. Did you mean 'status', 'stage'?" in result.output

@@ -36,6 +36,7 @@ from coordinator.commands.hosts import (
     targets_and_groups,
     targets_or_known,
 )
+from coordinator.commands.stage import check_copies, stage_for_run
 from coordinator.hosts.link import DEFAULT_HOST_TIMEOUT_S, Settings, Target
 from coordinator.runs.conditions import conditions, cordon_line
 from coordinator.runs.driver import (
@@ -107,6 +108,14 @@ Sharding = Annotated[
         callback=one_of(SHARDINGS, "sharding"),
         help="How a group splits each model: tensor (every layer's heads and MLP across the "
         "ranks, as mlx-lm's shard()) or pipeline (each rank a run of whole layers).",
+    ),
+]
+StageFirst = Annotated[
+    bool,
+    typer.Option(
+        "--stage",
+        help="Stage each --model id (or directory here) to the hosts first, as `coordinator "
+        "stage` does, then run on the staged copies.",
     ),
 ]
 IncludeCordoned = Annotated[
@@ -296,6 +305,7 @@ def benchmark(
     host_timeout: HostTimeout = DEFAULT_HOST_TIMEOUT_S,
     insecure: Insecure = False,
     include_cordoned: IncludeCordoned = False,
+    stage_first: StageFirst = False,
 ) -> None:
     """Run one benchmark matrix on every host at once; one table, the fastest host marked.
 
@@ -308,6 +318,9 @@ def benchmark(
     `mac1+mac2` in --hosts is a group: each cell runs as one job across both, over MLX's own
     distributed backend (--backend, --sharding; the ring listens on --port and up), its row
     beside each host's with its speed-up over the fastest member alone (docs/distributed.md).
+
+    A --model id the hosts staged (`coordinator stage`, or --stage first) is read from their
+    copies; a host whose copy differs from the others' is refused before any job starts.
     """
     check_output(output)
     plan = sustained.plan()
@@ -324,8 +337,16 @@ def benchmark(
     if entries is not None and not include_cordoned:
         entries = skip_cordoned(entries)
     targets = None
+    if entries is None and stage_first:
+        raise usage_error("--stage copies the models to --hosts: name them")
     if entries is not None:
         settings = settings_for(insecure, connect_timeout, host_timeout)
+        members = list(
+            {t.name: t for e in entries for t in (e if isinstance(e, tuple) else (e,))}.values()
+        )
+        if stage_first:
+            stage_for_run(matrix_spec.models, members, settings)
+        check_copies(matrix_spec.models, members, settings)
         targets = groups_checked(
             entries, spec, settings, GroupPlan(backend, sharding, port, host_timeout), plan
         )

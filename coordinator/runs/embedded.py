@@ -33,10 +33,22 @@ class EmbeddedAgentError(RuntimeError):
 class EmbeddedAgent:
     """`with EmbeddedAgent(keypair) as agent:` -> agent.address and agent.server_key."""
 
-    def __init__(self, keypair: Keypair, thermal_source: str = "auto") -> None:
+    def __init__(
+        self,
+        keypair: Keypair,
+        thermal_source: str = "auto",
+        *,
+        bind: str = "127.0.0.1:0",
+        home: str = "embedded-agent",
+        peers: dict[str, str] | None = None,
+    ) -> None:
+        """`peers`: agent keys it serves staged models to (key → that agent's HOST:PORT), for a
+        stage's origin (coordinator.runs.staging_origin), which binds where they reach it."""
         self.keypair = keypair
         self.thermal_source = thermal_source
-        self.home = data_subdir("embedded-agent")
+        self.bind = bind
+        self.peers = peers or {}
+        self.home = data_subdir(home)
         self.log_path = self.home / "agent.log"
         self.process: subprocess.Popen[str] | None = None
         self.address = ""
@@ -51,8 +63,11 @@ class EmbeddedAgent:
 
     def start(self) -> None:
         trusted = private_dir(self.home / "keys" / "trusted")
-        (trusted / "coordinator.key").unlink(missing_ok=True)  # this coordinator's key may be new
+        for stale in trusted.glob("*.key"):  # this coordinator's key may be new, a peer gone
+            stale.unlink()
         trust(self.keypair.public, name="coordinator", directory=trusted)
+        for index, (key, address) in enumerate(self.peers.items()):
+            trust(key, name=f"peer-{index}", directory=trusted, peer=address)
         env = dict(os.environ, **{HOME_ENV: str(self.home)})
         log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.fchmod(log_fd, 0o600)  # one an earlier release made 0644
@@ -64,7 +79,7 @@ class EmbeddedAgent:
                     "agent",
                     "serve",
                     "--bind",
-                    "127.0.0.1:0",
+                    self.bind,
                     "--thermal-source",
                     self.thermal_source,
                     "--parent-pid",

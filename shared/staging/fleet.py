@@ -24,6 +24,24 @@ STATES_SHOWN = {
 }
 
 
+CHUNKS_AT_LEAST = 32
+"""A model is cut into at least this many chunks where the chunk size allows: the seed's
+follower ends one chunk after the seed, and a resumed transfer re-sends at most one per file."""
+SMALLEST_CHUNK = 256 * 1024
+LARGEST_CHUNK = 2 * 1024 * 1024
+"""The protocol's largest chunk (shared.staging.manifest.MAX_CHUNK_SIZE, §19)."""
+
+
+def chunk_size_for(total: int) -> int:
+    """The chunk size for a model of `total` bytes: the largest power of two that cuts it into
+    CHUNKS_AT_LEAST chunks, within SMALLEST_CHUNK and LARGEST_CHUNK (each chunk is a request
+    and its reply: smaller ones cost a round trip each)."""
+    size = SMALLEST_CHUNK
+    while size * 2 <= min(LARGEST_CHUNK, total // CHUNKS_AT_LEAST):
+        size *= 2
+    return size
+
+
 def byte_text(count: int | None) -> str:
     """Bytes in MB (10**6) or GB (10**9), as the rest of the fleet's tables count them."""
     if count is None:

@@ -35,10 +35,10 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("netns")]
 machine's namespace table and its /run/netns mount, and time links on a busy machine."""
 
 HOSTS = [f"h{index}" for index in range(1, 8)]
-RATE_BITS = 16_000_000
-"""2 MB/s a link: well under what two busy cores encrypt, hash and write for four copies at
+RATE_BITS = 12_000_000
+"""1.5 MB/s a link: well under what two busy cores encrypt, hash and write for four copies at
 once, so each copy runs at its link's rate, not the CPU's."""
-MODEL_MB = 8
+MODEL_MB = 6
 NAME = "lab/tiny-llama"
 WALL_SLACK = 1.3
 LINK_SHARE = 0.8
@@ -144,11 +144,12 @@ def test_one_copy_leaves_the_source_and_the_tree_takes_three_rounds(staged: Stag
 
 @pytest.mark.slow
 def test_each_copy_runs_near_its_link_s_rate(staged: Staged) -> None:
-    rate = RATE_BITS / 8
-    for row in staged.stage["hosts"]:
-        moved = row["bytes"] - row["resumed"]
-        assert moved == staged.size
-        assert moved / row["seconds"] >= LINK_SHARE * rate, row
+    shares = {
+        row["host"]: (row["bytes"] - row["resumed"]) / row["seconds"] / (RATE_BITS / 8)
+        for row in staged.stage["hosts"]
+    }
+    assert all(row["bytes"] - row["resumed"] == staged.size for row in staged.stage["hosts"])
+    assert min(shares.values()) >= LINK_SHARE, shares
 
 
 @pytest.mark.slow

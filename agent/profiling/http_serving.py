@@ -19,8 +19,8 @@ from typing import Any
 import mlx.nn as nn
 
 from agent.profiling.http_load import HttpRequest, send_load
-from agent.profiling.mlx_lm_server import MlxLmServer, ServerDied
-from agent.profiling.openai_client import ServeUrl, ServeUrlError, check_server, served_models
+from agent.profiling.mlx_lm_server import MlxLmServer
+from agent.profiling.openai_client import ServeUrl, check_server, served_models
 from agent.profiling.serving import Request, ServingCell, measure_serving
 from agent.profiling.speed import Depth
 from shared.benchmark.matrix import Cell, MatrixSpec
@@ -153,9 +153,8 @@ def measure_over_http(
     profiler: Any, served: ServedModel, cell: Cell, spec: MatrixSpec, late_share: float
 ) -> dict[str, Any]:
     """A serving cell's record metrics over HTTP (agent.profiling.serving.measure_serving with
-    this module's cell); ServeUrlError or ServerDied fail the cell with the reason."""
-    try:
-        serving = HttpServingCell(served, cell, spec, late_share)
-    except ServeUrlError as exc:
-        raise ServerDied(str(exc)) from None
+    this module's cell). A server that does not answer (ServeUrlError: through `coordinator
+    benchmark`, each agent finds it out at its first cell), will not start or dies (ServerDied),
+    or whose every request fails (RequestsFailed) fails the cell with the reason."""
+    serving = HttpServingCell(served, cell, spec, late_share)
     return measure_serving(profiler, None, cell, spec, serving=serving)

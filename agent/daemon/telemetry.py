@@ -22,8 +22,8 @@ from shared.cooling.clocks import ClockReading, sample_fields
 from shared.cooling.policy import CoolingState
 from shared.cooling.throttle import ThrottleVerdict, combined, job_work, work_verdict
 from shared.wire import protocol as p
-from shared.wire.agent_shapes import MAX_HISTORY_ITEMS
 from shared.wire.agent_types import RUN_ACTIONS as shared_run_actions
+from shared.wire.reply_types import MAX_HISTORY_ITEMS
 from shared.wire.telemetry import Event, Sample
 
 TREND_WINDOW = 5

@@ -13,12 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from shared import shapes as s
-from shared.benchmark.bandwidth import RAW as BANDWIDTH
 from shared.benchmark.energy import RAILS
-from shared.benchmark.matrix import MAX_CELLS, MAX_COOL_START_S
+from shared.benchmark.matrix import MAX_CELLS
 from shared.benchmark.reboots import MAX_PANICS, PANIC_FILE_CAP, PANIC_TEXT_CAP
 from shared.benchmark.verdict import VERDICTS, judge
-from shared.bounds import MAX_CALIBRATE_MINUTES
 from shared.cooling.clocks import MAX_CLOCK_HZ
 from shared.cooling.throttle_point import CALIBRATION_STATES, calibrate_progress, calibration
 from shared.distributed.group import CHECK_PROMPT_LENGTH, MAX_CHECK_TOKENS, SHARDINGS
@@ -27,18 +25,13 @@ from shared.distributed.rank_shapes import MAX_MEMBERS, RANK_GOT
 from shared.distributed.stragglers import RECORD_FIELDS as STRAGGLER_FIELDS
 from shared.staging.shapes import BODIES as STAGING_BODIES
 from shared.wire import agent_types, typed
+from shared.wire import reply_types as replies
 from shared.wire.agent_types import MAX_ID, MAX_TEXT, POLICY_STATES
 from shared.wire.serving_shapes import MODES, SERVED, iteration_tokens
 
-MAX_HISTORY_ITEMS = 10_000
-"""Samples, and events, in one history.get page (the `limit` an agent takes, §10)."""
-MAX_JOBS_LISTED = 100
-MAX_CHECKS = 256
 MAX_FLAGS = 64
 MAX_SOURCE = 256
 """A thermal source's name (`replay:PATH` names a path) or a sensor's."""
-JOB_STATES = ("running", "ok", "failed", "cancelled")
-DONE_STATES = ("ok", "failed", "cancelled")
 CELL_STATUSES = ("ok", "failed")
 """`not run` is the coordinator's word for a cell no record came for: never the agent's."""
 MAX_CELL_CLOCK_SAMPLES = 20_000
@@ -64,127 +57,6 @@ rails = s.list_of(s.one_of(RAILS), len(RAILS))
 by_rail = s.map_of(real, len(RAILS) + 8)
 
 
-calibrate_minutes = s.number(0, MAX_CALIBRATE_MINUTES)
-_policy = typed.shape(agent_types.Policy)
-
-
-MACHINE_FIELDS: dict[str, s.Check] = {
-    "hostname": maybe_text,
-    "chip": maybe_text,
-    "device": maybe_text,
-    "backend": maybe_text,
-    "hw_model": maybe_text,
-    "os": maybe_text,
-    "memory_gb": maybe_amount,
-    "memory_gib": maybe_amount,
-    "gpu_cores": s.nil_or(count),
-    "metal_working_set_bytes": s.nil_or(count),
-    "cpu_count": s.nil_or(count),
-}
-machine = s.fields({}, MACHINE_FIELDS, others=open_value)
-reading = s.fields(
-    {"celsius": celsius, "source": text, "time": epoch, "simulated": s.flag},
-    {
-        "sensor": maybe_text,
-        "pressure": maybe_text,
-        "sensors": s.nil_or(s.map_of(celsius)),
-        "note": maybe_text,
-    },
-)
-thermal = s.fields(
-    {"source": text, "simulated": s.flag, "reading": s.nil_or(reading), "error": maybe_text}
-)
-power_reading = s.fields(
-    {"source": text, "simulated": s.flag, "time": epoch, "watts": by_rail, "joules": by_rail},
-    {"total_w": maybe_real, "total_j": maybe_real},
-)
-power = s.fields(
-    {
-        "source": text,
-        "simulated": s.flag,
-        "rails": rails,
-        "resolution_s": maybe_amount,
-        "reading": s.nil_or(power_reading),
-        "error": maybe_text,
-    }
-)
-gang_request = typed.shape(agent_types.GangRequest)
-"""gang.state, which agents (and `agent run`) send each other: checked by the agent."""
-supervised_jobs = typed.shape(agent_types.SupervisedJobs)
-storage = s.fields(
-    {
-        "ok": s.flag,
-        "failing": s.list_of(
-            s.fields(
-                {"what": text, "path": text, "error": text, "since": epoch, "failures": count}
-            ),
-            64,
-        ),
-    }
-)
-running_job = s.fields(
-    {"id": ident, "done": count, "total": count}, {"started": s.either(maybe_text, epoch)}
-)
-MODEL_FIELDS: dict[str, s.Check] = {
-    "model": text,
-    "label": text,
-    "bits": s.nil_or(s.integer(1, 64)),
-    "param_count": s.nil_or(count),
-    "weight_memory_bytes": s.nil_or(count),
-    "weight_memory_gb": maybe_amount,
-    "kv_bytes_per_position": s.nil_or(count),
-    "num_arrays": s.nil_or(count),
-    "kind": maybe_text,
-    "model_type": maybe_text,
-    "revision": maybe_text,
-    "greedy_tokens": s.list_of(count, CHECK_PROMPT_LENGTH + MAX_CHECK_TOKENS),
-    "ranks": s.list_of(
-        s.fields(
-            {"host": name},
-            {"param_count": s.nil_or(count), "weight_memory_bytes": s.nil_or(count)},
-        ),
-        MAX_MEMBERS,
-    ),
-}
-"""A model's info (§5 bench.progress): `greedy_tokens` its correctness check; `ranks` (a
-coordinator's record of a group's model) what each rank holds of it."""
-cool_wait = s.fields(
-    {
-        "celsius": celsius,
-        "pressure": maybe_text,
-        "target_c": s.number(-273.15),
-        "waited_s": s.number(0, MAX_COOL_START_S * 2),
-        "limit_s": s.number(0, MAX_COOL_START_S),
-        "done": s.flag,
-        "hot": s.flag,
-        "injected": s.flag,
-    }
-)
-pause_view = s.fields(
-    {
-        "celsius": celsius,
-        "pressure": maybe_text,
-        "source": text,
-        "sensor": maybe_text,
-        "paused_s": s.number(0, 7 * 86_400),
-        "done": s.flag,
-    }
-)
-phase = s.fields(
-    {"kind": s.one_of(("build", "baseline"))},
-    {
-        "model": text,
-        "label": text,
-        "bits": s.nil_or(s.integer(1, 64)),
-        "param_count": s.nil_or(s.integer(0, 10**15)),
-        "seconds": s.number(0, 86_400),
-    },
-)
-model_info = s.fields(
-    {"model": text, "label": text},
-    {k: v for k, v in MODEL_FIELDS.items() if k not in ("model", "label")},
-    others=open_value,
-)
 window = s.fields(
     {
         "index": count,
@@ -378,79 +250,25 @@ def record(value: Any) -> None:
         )
 
 
-sample = typed.shape(agent_types.SampleBody)
-event = typed.shape(agent_types.EventBody)
-listed_job = s.fields(
-    {
-        "job": ident,
-        "request": s.nil_or(ident),
-        "state": s.one_of(JOB_STATES),
-        "total": s.integer(0, MAX_CELLS),
-        "done": s.integer(0, MAX_CELLS),
-        "error": maybe_text,
-        "started": text,
-        "finished": maybe_text,
-    }
-)
-doctor_check = s.fields(
-    {"name": text, "ok": s.flag, "detail": text, "fix": maybe_text}, {"required": s.flag}
-)
-report = s.fields(
-    {"host": text, "ok": s.flag, "checks": s.list_of(doctor_check, MAX_CHECKS)},
-    {"machine": s.nil_or(machine), "bandwidth": s.nil_or(BANDWIDTH)},
-    others=open_value,
-)
-
+MACHINE_FIELDS = typed.field_checks(replies.Machine)
+MODEL_FIELDS = typed.field_checks(replies.Model)
+model_info = typed.shape(replies.OpenModel)
+gang_request = typed.shape(agent_types.GangRequest)
+"""gang.state, which agents (and `agent run`) send each other: checked by the agent."""
 BODIES: dict[str, s.Check] = {
-    "hello.ok": s.fields(
-        {"agent": text, "protocol": s.integer(0), "hostname": text, "secure": s.flag}
-    ),
-    "ping.ok": s.fields({"job": s.nil_or(ident), "time": epoch}),
-    "info.ok": s.fields(
-        {
-            "agent": text,
-            "protocol": s.integer(0),
-            "name": name,
-            "machine": machine,
-            "thermal": thermal,
-            "power": power,
-            "job": s.nil_or(running_job),
-            "telemetry_port": s.integer(1, 65535),
-            "poll_interval": s.number(1e-3, 86_400),
-            "policy": _policy,
-            "jobs": supervised_jobs,
-            "history": name,
-            "storage": storage,
-        },
-        {"policy_origin": maybe_text},
-    ),
-    "bench.start.ok": s.fields({"job": ident, "cells": s.list_of(name, MAX_CELLS)}),
-    "bench.check.ok": s.fields(
-        {"cells": s.list_of(name, MAX_CELLS)}, {"models": s.map_of(maybe_text, MAX_CELLS)}
-    ),
-    "bench.progress": s.fields(
-        {"job": ident, "done": s.integer(0, MAX_CELLS), "total": s.integer(0, MAX_CELLS)},
-        {
-            "model": s.nil_or(model_info),
-            "cooling": s.nil_or(cool_wait),
-            "pause": s.nil_or(pause_view),
-            "phase": s.nil_or(phase),
-        },
-    ),
+    "hello.ok": typed.shape(replies.Hello),
+    "ping.ok": typed.shape(replies.Ping),
+    "info.ok": typed.shape(replies.Info),
+    "bench.start.ok": typed.shape(replies.Started),
+    "bench.check.ok": typed.shape(replies.Checked),
+    "bench.progress": typed.shape(replies.Progress),
     "bench.cell": s.fields({"job": ident, "index": s.integer(0, MAX_CELLS - 1), "record": record}),
-    "bench.done": s.fields(
-        {
-            "job": ident,
-            "status": s.one_of(DONE_STATES),
-            "error": maybe_text,
-            "cells": s.integer(0, MAX_CELLS),
-        }
-    ),
-    "bench.cancel.ok": s.fields({"job": ident}),
+    "bench.done": typed.shape(replies.Done),
+    "bench.cancel.ok": typed.shape(replies.JobNamed),
     "job.get.ok": s.fields(
         {
             "job": ident,
-            "state": s.one_of(JOB_STATES),
+            "state": s.one_of(replies.JOB_STATES),
             "error": maybe_text,
             "spec": s.map_of(open_value, 64),
             "models": s.list_of(model_info, MAX_CELLS),
@@ -461,33 +279,26 @@ BODIES: dict[str, s.Check] = {
             "finished": maybe_text,
         }
     ),
-    "job.list.ok": s.fields({"jobs": s.list_of(listed_job, MAX_JOBS_LISTED)}),
-    "history.get.ok": s.fields(
-        {
-            "history": name,
-            "samples": s.list_of(sample, MAX_HISTORY_ITEMS),
-            "events": s.list_of(event, MAX_HISTORY_ITEMS),
-            "truncated": s.flag,
-        }
-    ),
-    "policy.get.ok": s.fields({"policy": _policy}, {"origin": maybe_text}),
-    "policy.set.ok": s.fields({"policy": _policy}, {"origin": maybe_text}),
-    "job.event.ok": s.fields({"job": ident}),
+    "job.list.ok": typed.shape(replies.JobList),
+    "history.get.ok": typed.shape(replies.HistoryPage),
+    "policy.get.ok": typed.shape(replies.PolicyInForce),
+    "policy.set.ok": typed.shape(replies.PolicyInForce),
+    "job.event.ok": typed.shape(replies.JobNamed),
     "gang.state.ok": typed.shape(agent_types.GangState),
-    "doctor.ok": s.fields({"report": report}),
-    "rank.start.ok": s.fields({"job": ident, "rank": s.integer(0, MAX_MEMBERS - 1)}),
+    "doctor.ok": typed.shape(replies.Doctor),
+    "rank.start.ok": typed.shape(replies.RankStarted),
     "rank.get.ok": RANK_GOT,
     "rank.stop.ok": RANK_GOT,
-    "calibrate.start.ok": s.fields({"minutes": calibrate_minutes, "source": name}),
+    "calibrate.start.ok": typed.shape(replies.CalibrationStarted),
     "calibrate.get.ok": s.fields(
-        {"state": s.one_of(CALIBRATION_STATES), "minutes": s.nil_or(calibrate_minutes)}
+        {"state": s.one_of(CALIBRATION_STATES), "minutes": typed.shape(replies.Minutes | None)}
         | {"progress": s.nil_or(calibrate_progress), "calibration": s.nil_or(calibration)}
         | {key: maybe_text for key in ("source", "error", "origin")}
-        | {"policy": _policy, "policy_origin": text}
+        | {"policy": typed.shape(agent_types.Policy), "policy_origin": text}
     ),
-    "error": s.fields({"code": text, "message": text}),
-    "telemetry.sample": sample,
-    "telemetry.event": event,
+    "error": typed.shape(replies.Error),
+    "telemetry.sample": typed.shape(agent_types.SampleBody),
+    "telemetry.event": typed.shape(agent_types.EventBody),
 } | STAGING_BODIES
 """Every type an agent sends: replies, the job stream and telemetry (§5, §10)."""
 

@@ -85,11 +85,11 @@ PolicyState = Literal[POLICY_STATES]  # type: ignore[valid-type]
 ByRail = Annotated[dict[str, Real], Meta(max_length=len(RAILS) + 8)]
 
 
-class _Map(Struct, forbid_unknown_fields=True, omit_defaults=True):
+class WireMap(Struct, forbid_unknown_fields=True, omit_defaults=True):
     """A nested map: unknown keys refused, an optional key left out stays out."""
 
 
-class _Policy(_Map):
+class _Policy(WireMap):
     """Hand-written below from ThermalPolicy's keys (Policy)."""
 
     def __post_init__(self) -> None:
@@ -113,7 +113,7 @@ Policy = msgspec.defstruct(
 could hold (ThermalPolicy.from_dict in __post_init__)."""
 
 
-class SamplePower(_Map):
+class SamplePower(WireMap):
     source: Text
     simulated: bool
     watts: ByRail
@@ -121,7 +121,7 @@ class SamplePower(_Map):
     error: Text | None
 
 
-class GangMember(_Map):
+class GangMember(WireMap):
     """One rank's report in a gang (docs/protocol.md §15): what its Mac asks for and why."""
 
     rank: Rank
@@ -141,7 +141,7 @@ class GangMember(_Map):
 GroupName = Annotated[str, Meta(min_length=1, max_length=MAX_GROUP_LENGTH)]
 
 
-class GangIdentity(_Map):
+class GangIdentity(WireMap):
     group: GroupName
     rank: Rank
     world: Annotated[int, Meta(ge=2, le=MAX_WORLD)]
@@ -158,21 +158,21 @@ class GangListed(GangIdentity):
     duty: Share | None | UnsetType = UNSET
 
 
-class GangRequest(_Map):
+class GangRequest(WireMap):
     """gang.state, which agents (and `agent run`) send each other: checked by the agent."""
 
     gang: GangIdentity
     member: GangMember
 
 
-class GangState(_Map):
+class GangState(WireMap):
     """gang.state.ok: what the agent knows of each rank of a group."""
 
     group: GroupName
     members: Annotated[list[GangMember], Meta(max_length=MAX_WORLD)]
 
 
-class JobWork(_Map):
+class JobWork(WireMap):
     """A `run` job's speed as its `agent run` states it (docs/protocol.md §10, §12)."""
 
     rate: Amount | None
@@ -182,7 +182,7 @@ class JobWork(_Map):
     evidence: Annotated[str, Meta(max_length=MAX_WORK_EVIDENCE)] | None
 
 
-class SupervisedJob(_Map):
+class SupervisedJob(WireMap):
     job: Name
     pid: Count
     command: Text

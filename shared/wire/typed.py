@@ -2,20 +2,25 @@
 
 A wire shape written as a msgspec type (a Struct, or `list[...]`, `Annotated[float, Meta(...)]`,
 `Literal[...]`) is checked in one pass in C: msgspec.msgpack.Decoder(T) on the hot path (bytes
-to a checked value), check() on a value already decoded. What a type cannot say (a policy's
-thresholds in order, say) goes in the Struct's `__post_init__`, raising ValueError with the
-problem ("is not a policy: ..."). On a refusal, and only then, refusal() walks the value along
-the path msgspec names and says the problem as shared.shapes would, `jobs[0].state is 'melting',
-not one of ...`, so a valid message costs no string and a refused one gets a line naming its
+to a checked value), check() on a value already decoded. What a type cannot say goes beside it:
+a Struct's `__post_init__` raises ValueError with the problem (a policy's thresholds out of
+order: "is not a policy: ..."); after() adds a hand-written check to a field, and open_map()
+spells a map whose documented keys are typed and whose others may be any of a few kinds (a
+machine's facts): check() runs those once msgspec accepts the value (a Decoder alone does not:
+no hot-path type holds one). On a refusal, and only then, refusal() walks the value along the
+path msgspec names and says the problem as shared.shapes would, `jobs[0].state is 'melting',
+not one of ...`: a valid message costs no string, and a refused one gets a line naming its
 field (docs/protocol.md §4).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import types
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import msgspec
@@ -35,12 +40,89 @@ _NOUNS = {
 }
 
 
+MAX_OPEN_KEYS = 1024
+
+
+@dataclass(frozen=True)
+class _After:
+    check: s.Check
+
+
+def after(check: s.Check, type_: Any = Any) -> Any:
+    """A `type_` that `check` (a shared.shapes check) also passes, run once msgspec accepts the
+    whole value: what a type cannot say about one field, written by hand."""
+    return Annotated[type_, _After(check)]
+
+
+def open_map(known: type[msgspec.Struct], other: Any) -> Any:
+    """A map whose keys `known` names are checked as its fields and whose other keys (at most
+    MAX_OPEN_KEYS) hold an `other`: what a newer agent may add."""
+    names = frozenset(f.encode_name for f in msgspec.structs.fields(known))
+
+    def open_check(value: dict[str, Any]) -> None:
+        check({key: entry for key, entry in value.items() if key in names}, known)
+        others = {key: entry for key, entry in value.items() if key not in names}
+        if len(others) > MAX_OPEN_KEYS:
+            raise s.Invalid("", f"has {len(others)} unknown fields")
+        check(others, dict[str, other])
+
+    return after(open_check, dict[str, Any])
+
+
 def check(value: Any, type_: Any) -> None:
     """s.Invalid naming the first problem of `value` as a `type_`."""
     try:
         msgspec.convert(value, type_)
     except msgspec.ValidationError as exc:
         raise refusal(exc, value, type_) from None
+    for path, later in _checks_after(type_):
+        for keys, found in _reached(value, path, ()):
+            try:
+                later.check(found)
+            except s.Invalid as exc:
+                for key in reversed(keys):
+                    exc = exc.within(key)
+                raise exc from None
+
+
+Path = tuple[str | None, ...]
+"""Field names from a type to a map within it; None: every item of a list."""
+
+
+@functools.cache
+def _checks_after(type_: Any) -> tuple[tuple[Path, _After], ...]:
+    """Where fields checked after() sit in `type_` (not within one: its check sees to those)."""
+    found: list[tuple[Path, _After]] = []
+    if get_origin(type_) is Annotated:
+        later = [meta for meta in get_args(type_)[1:] if isinstance(meta, _After)]
+        if later:
+            return (((), later[0]),)
+        return _checks_after(get_args(type_)[0])
+    if get_origin(type_) in (Union, types.UnionType):
+        return tuple(spot for member in get_args(type_) for spot in _checks_after(member))
+    if get_origin(type_) is list:
+        return tuple(((None, *path), spec) for path, spec in _checks_after(get_args(type_)[0]))
+    if isinstance(type_, type) and issubclass(type_, msgspec.Struct):
+        for field in msgspec.structs.fields(type_):
+            found += [
+                ((field.encode_name, *path), spec) for path, spec in _checks_after(field.type)
+            ]
+    return tuple(found)
+
+
+def _reached(
+    value: Any, path: Path, keys: tuple[Any, ...]
+) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """(keys, value) of each value at `path` in a checked `value`; nil is none (a field that
+    may be nil is nil, or holds what its check is for)."""
+    if not path:
+        if value is not None:
+            yield keys, value
+    elif path[0] is None:
+        for index, item in enumerate(value if isinstance(value, list) else ()):
+            yield from _reached(item, path[1:], (*keys, index))
+    elif isinstance(value, dict) and path[0] in value:
+        yield from _reached(value[path[0]], path[1:], (*keys, path[0]))
 
 
 def shape(type_: Any) -> s.Check:
@@ -50,6 +132,12 @@ def shape(type_: Any) -> s.Check:
         check(value, type_)
 
     return checked
+
+
+def field_checks(type_: type[msgspec.Struct]) -> dict[str, s.Check]:
+    """Each of a Struct's fields as a check of its own (shared.wire.agent_shapes.salvaged: a
+    stored map's fields kept or dropped one by one)."""
+    return {f.encode_name: shape(f.type) for f in msgspec.structs.fields(type_)}
 
 
 def refusal(error: msgspec.ValidationError, value: Any, type_: Any) -> s.Invalid:
@@ -86,7 +174,8 @@ def _problem(what: str, value: Any, type_: Any) -> s.Invalid:
     if found := re.fullmatch(r"Object contains unknown field `(.+)`", what):
         return s.Invalid("", f"has an unknown field {found[1]!r}")
     if found := re.fullmatch(r"Expected `(.+?)`, got `.+`", what):
-        wanted = " or ".join(_NOUNS.get(word, word) for word in found[1].split(" | "))
+        nouns = [_NOUNS.get(word, word) for word in found[1].split(" | ")]
+        wanted = " or ".join(filter(None, (", ".join(nouns[:-1]), nouns[-1])))
         return s.Invalid("", f"is {s.kind_of(value)}, not {wanted}")
     if what.startswith("Invalid enum value"):
         allowed = ", ".join(sorted(map(str, _args(type_))))

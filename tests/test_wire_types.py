@@ -142,3 +142,58 @@ def test_a_key_sent_twice_is_its_last_value_checked() -> None:
     envelope = msgpack.packb({"v": p.PROTOCOL_VERSION, "id": "ab12", "type": "telemetry.sample"})
     data = b"\x85" + envelope[1:] + msgpack.packb("re") + b"\xc0" + msgpack.packb("body") + twice
     assert decode_agent_telemetry([b"sample", data]).body["seq"] == 8
+
+
+MACHINE = {"hostname": "mac1", "chip": "Apple M4", "memory_gb": 32.0, "cpu_count": 10}
+REPORT: dict[str, Any] = {
+    "host": "mac1",
+    "ok": True,
+    "checks": [{"name": "sensor", "ok": True, "detail": "TCMz", "fix": None}],
+    "machine": MACHINE | {"a_newer_fact": [1, 2]},
+    "uptime_s": 12.0,
+}
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ({"report": REPORT}, None),
+        ({"report": REPORT | {"machine": None}}, None),
+        (
+            {"report": REPORT | {"machine": MACHINE | {"cpu_count": -1}}},
+            "report.machine.cpu_count is -1, below 0",
+        ),
+        (
+            {"report": REPORT | {"machine": MACHINE | {"newer": {"deep": [1]}}}},
+            "report.machine.newer.deep is a list, not a bool, a number, a str or nil",
+        ),
+        ({"report": {k: v for k, v in REPORT.items() if k != "ok"}}, "report.ok is missing"),
+        ({"report": REPORT | {"checks": [{"name": "x"}]}}, "report.checks[0].ok is missing"),
+        (
+            {"report": REPORT | {f"k{i}": i for i in range(1025)}},
+            "report has 1026 unknown fields",
+        ),
+        ({"report": REPORT | {"bandwidth": {"error": "no GPU"}}}, None),
+        ({"report": REPORT | {"bandwidth": 5}}, "report.bandwidth is a int, not a map or nil"),
+    ],
+)
+def test_an_open_map_types_what_is_documented_and_takes_open_values(
+    body: dict[str, Any], problem: str | None
+) -> None:
+    """A doctor report: its documented keys typed (its machine's too), the others any scalar, or
+    a list or map of them (docs/protocol.md §4, What a coordinator accepts); its `bandwidth`
+    checked by hand after the types (shared.benchmark.bandwidth)."""
+    if problem is None:
+        check_agent_body("doctor.ok", body)
+        return
+    with pytest.raises(Invalid) as refused:
+        check_agent_body("doctor.ok", body)
+    assert str(refused.value) == problem
+
+
+def test_a_history_page_is_checked_sample_by_sample() -> None:
+    page = {"history": "h", "samples": [SAMPLE] * 3, "events": [EVENT], "truncated": False}
+    check_agent_body("history.get.ok", page)
+    page["samples"] = [SAMPLE, SAMPLE | {"jobs": [JOB | {"state": "sleeping"}]}]
+    with pytest.raises(Invalid, match=r"^samples\[1\]\.jobs\[0\]\.state is 'sleeping', not one"):
+        check_agent_body("history.get.ok", page)

@@ -1,11 +1,16 @@
 """What an agent may send, checked as strictly as the agent checks what it receives.
 
-shared.wire.protocol checks a body's top level (its fields and their types); these shapes check what
-lies inside (a cell record, a sample's power map, every page of history) against docs/protocol.md
-§5 and §10: types, required keys, enums, finite numbers, integers a store can hold, counts within
-the spec's limits. A coordinator checks every reply, stream message and telemetry message with
-check_agent_body before it shows or stores anything: a hostile or broken agent (docs/security.md)
-gets its message refused by name, never a crash and never a value nobody checked.
+shared.wire.protocol checks a body's top level (its fields and their types); BODIES checks the
+whole of it against docs/protocol.md §5 and §10: types, required keys, enums, finite numbers,
+integers a store can hold, counts within the spec's limits. A coordinator checks every reply,
+stream message and telemetry message with check_agent_body before it shows or stores anything:
+a hostile or broken agent (docs/security.md) gets its message refused by name, never a crash and
+never a value nobody checked.
+
+Most bodies are msgspec types (shared.wire.agent_types: telemetry; shared.wire.reply_types: the
+replies), checked in one pass in C; a cell record, a rank's state, a calibration and the
+staging replies are still shapes (shared.shapes) written by hand. A new message type is best a
+Struct, entered here as `typed.shape(TheStruct)`; a shape written by hand is entered as it is.
 """
 
 from __future__ import annotations

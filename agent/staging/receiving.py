@@ -19,6 +19,8 @@ from shared.wire import protocol as p
 
 
 class Receiving(TaskTable):
+    """stage.fetch: a receiver's task."""
+
     def fetch(self, body: dict[str, Any]) -> dict[str, Any]:
         model_id = parse_model(body["model"])
         repo, revision, digest = model_id.repo, body["revision"], body["digest"]
@@ -138,7 +140,6 @@ class Receiving(TaskTable):
         shutil.rmtree(folder, ignore_errors=True)
         self.server.add(manifest, placed)
         task.ready(manifest)
-        task.resumed = min(task.resumed, manifest.total)
 
 
 def _count_file(task: Task) -> None:

@@ -15,7 +15,8 @@ The verdict (docs/distributed.md, Stragglers):
   EXCESS_FLOOR_S a step more than the best rank, and the other ranks wait on it (their median
   wait is at least half that excess): a host outlier, named;
 - `link`: every rank waits in its collectives at least as long as one link is slow, and that
-  link's one-way time is LINK_FACTOR times its sibling links' median (or, with no sibling: the
+  link's one-way time is LINK_FACTOR times its sibling links' (the median of their faster
+  half, so a host whose cable slows two of three links is still seen; with no sibling: the
   one-way time netbench stored for it) and LINK_EXCESS_S above it: a link outlier, named, with
   netbench's stored figure for it where there is one;
 - both, `compute+link`; `none` when nothing stands out; `unavailable` (with why) when a rank
@@ -29,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from shared import shapes as s
-from shared.distributed.netbench import SEND_RECV
+from shared.distributed.netbench import SEND_RECV, link_name, ring_edges
 
 PROBE_STEPS = 3
 """Probe steps a rank runs after a group cell's timed iterations (the same on every rank)."""
@@ -123,11 +124,8 @@ def analyse(
     injected faults (MLX_FLEET_INJECT), said beside a rank named for them. Ranks that do not
     hold equal shares of the work (a pipeline's: rank 0 holds the head, a stage waits for the
     one before it by design) are scored but never named for their compute."""
-    missing = [
-        f"rank {rank} ({hosts[rank]}): {probe_problem(probe) if probe else 'no probe'}"
-        for rank, probe in enumerate(probes)
-        if probe is None or probe_problem(probe)
-    ]
+    problems = [probe_problem(probe) if probe else "no probe" for probe in probes]
+    missing = [f"rank {rank} ({hosts[rank]}): {why}" for rank, why in enumerate(problems) if why]
     if missing:
         return {"verdict": UNAVAILABLE, "why": "; ".join(missing)}
     valid = [p for p in probes if p is not None]
@@ -146,7 +144,9 @@ def analyse(
         }
         for rank in range(len(valid))
     ]
-    links = _links(valid[0].get("links_s") or {}, netbench or {})
+    ring = {link_name(hosts, edge) for edge in ring_edges(hosts)}  # a peer's others: ignored
+    measured = {k: v for k, v in (valid[0].get("links_s") or {}).items() if k in ring}
+    links = _links(measured, netbench or {})
     found = [
         finding
         for finding in (
@@ -233,8 +233,9 @@ def _links(measured: Mapping[str, Sequence[float]], netbench: Mapping[str, float
 def _slow_links(links: list[dict[str, Any]], waits: Sequence[float]) -> dict[str, Any] | None:
     slow = []
     for link in links:
-        siblings = [other["one_way_s"] for other in links if other is not link]
-        reference = statistics.median(siblings) if siblings else link["netbench_s"]
+        siblings = sorted(other["one_way_s"] for other in links if other is not link)
+        faster = siblings[: max(1, len(siblings) // 2)]  # a host's slow cable slows two links
+        reference = statistics.median(faster) if siblings else link["netbench_s"]
         if reference is None:
             continue
         excess = link["one_way_s"] - reference

@@ -175,6 +175,9 @@ API_REFUSALS = {
     "history-huge": "history_size must be at most 1000000, got 1000000000000",
     "scheduler-no-monitor": "monitor must be a ThermalMonitor (or RemoteMonitor), got NoneType",
     "scheduler-policy-str": "policy must be a ThermalPolicy or None, got str",
+    "policy-stop-huge": "stop_temp must be -50 to 200 °C, got 1e+09",
+    "policy-below-zero": "max_speed_temp must be -50 to 200 °C, got -600",
+    "policy-pause-step-huge": "pause_duration must be > 0 and at most 3600 seconds, got 1e+12",
 }
 """Issue 42's rest of the 13 Python API errors, each call's one line (api_calls)."""
 
@@ -189,6 +192,7 @@ def api_calls() -> dict[str, Callable[[], object]]:
     from agent.model import ModelArgs, build_model
     from agent.profiling import BenchmarkSuite, MemoryProfiler, SpeedProfiler
     from agent.thermal import ThermalMonitor
+    from shared.cooling.policy import ThermalPolicy
 
     args = ModelArgs.small()
     model = build_model(args, bits=16)
@@ -218,6 +222,9 @@ def api_calls() -> dict[str, Callable[[], object]]:
         "poll-huge": lambda: ThermalMonitor(poll_interval=1e12, source="none"),
         "history-huge": lambda: ThermalMonitor(history_size=10**12, source="none"),
         "scheduler-no-monitor": lambda: CoolingScheduler(None),  # type: ignore[arg-type]
+        "policy-stop-huge": lambda: ThermalPolicy(stop_temp=1e9),
+        "policy-below-zero": lambda: ThermalPolicy(-600, -550, -500),
+        "policy-pause-step-huge": lambda: ThermalPolicy(pause_duration=1e12),
         "scheduler-policy-str": lambda: CoolingScheduler(
             ThermalMonitor(source="none"),
             policy="cool",  # type: ignore[arg-type]

@@ -39,6 +39,11 @@ class CoolingState(str, Enum):
 
 
 _SEVERITY = {state: rank for rank, state in enumerate(CoolingState)}
+THRESHOLD_RANGE_C = (-50.0, 200.0)
+"""Where a threshold may lie: no Mac runs outside it, so one beyond it is a typo (10**9 never
+stops; issue 42: every number of the Python API bounded)."""
+MOST_PAUSE_DURATION_S = 3600.0
+"""A paused job reads the temperature again at least this often."""
 
 # Sources without degrees (powermetrics' thermal sampler on Apple Silicon, NSProcessInfo) only give
 # a level. powermetrics says Nominal/Moderate/Heavy/Trapping/Sleeping; NSProcessInfo says
@@ -84,14 +89,20 @@ class ThermalPolicy:
                 raise ValueError(f"{name} must be a number (°C), got {value!r}")
             if not math.isfinite(value):  # NaN is never "out of order": it compares false
                 raise ValueError(f"{name} must be a finite number (°C), got {value}")
+            if not THRESHOLD_RANGE_C[0] <= value <= THRESHOLD_RANGE_C[1]:
+                low, high = THRESHOLD_RANGE_C
+                raise ValueError(f"{name} must be {low:g} to {high:g} °C, got {value:g}")
         if not self.max_speed_temp < self.pause_temp < self.stop_temp:
             raise ValueError(
                 "thresholds out of order: need max_speed_temp < pause_temp < stop_temp, got "
                 f"max_speed_temp={self.max_speed_temp}, pause_temp={self.pause_temp}, "
                 f"stop_temp={self.stop_temp}"
             )
-        if not (math.isfinite(self.pause_duration) and self.pause_duration > 0):
-            raise ValueError(f"pause_duration must be > 0 seconds, got {self.pause_duration}")
+        if not (0 < self.pause_duration <= MOST_PAUSE_DURATION_S):  # NaN compares false
+            raise ValueError(
+                f"pause_duration must be > 0 and at most {MOST_PAUSE_DURATION_S:g} seconds, "
+                f"got {self.pause_duration:g}"
+            )
         if not (math.isfinite(self.hysteresis) and self.hysteresis >= 0):
             raise ValueError(f"hysteresis must be >= 0 °C, got {self.hysteresis}")
         if self.hysteresis >= self.pause_temp:

@@ -260,19 +260,25 @@ def test_a_host_still_fetching_serves_what_it_verified(fleet: Fleet) -> None:
 def test_a_receiver_killed_mid_transfer_resumes_resending_at_most_a_chunk_per_file(
     fleet: Fleet,
 ) -> None:
-    """The receiver fetches under the rate cap (an `agent run` job runs on it), is SIGKILLed a
-    quarter of the way, and is started again: the source serves every chunk once, plus at most
-    the one in flight of each file."""
+    """The receiver fetches under the rate cap (an `agent run` job runs on it), is cancelled,
+    fetches again, is SIGKILLed a quarter of the way, and is started again: the source serves
+    every chunk once, plus at most the one in flight of each file at each cut."""
     model = f"{ORG}/resumed"
     folder = make_model(fleet.root / "resumed", 2_000_000, 3)
     ready = fleet.prepare(model, folder)
     receiver = fleet.start("resumer", peers=(fleet.source,), options=["--stage-busy-rate", "0.4"])
     with busy(fleet, receiver):
         fleet.ask(receiver, "stage.fetch", fleet.fetch_body(model, ready))
+        fleet.wait(receiver, model, lambda t: t["bytes"] > 0.1 * ready["total"])
+        fleet.ask(receiver, "stage.cancel", {"model": model})
+        cancelled = fleet.wait(receiver, model, lambda t: t["state"] != "fetching")
+        assert cancelled["state"] == "cancelled" and cancelled["bytes"] < ready["total"]
+        fleet.ask(receiver, "stage.fetch", fleet.fetch_body(model, ready))  # resumed
         task = fleet.wait(
             receiver, model, lambda t: t["capped"] and t["bytes"] > 0.25 * ready["total"]
         )
         assert task["state"] == "fetching" and task["bytes"] < ready["total"]
+        assert task["resumed"] >= cancelled["bytes"]
     receiver.kill()
     listed = cli(
         "agent", "models", "list", "-o", "json", "--models-dir", str(receiver.home / "store")
@@ -291,7 +297,10 @@ def test_a_receiver_killed_mid_transfer_resumes_resending_at_most_a_chunk_per_fi
         assert (snapshot / path.name).read_bytes() == path.read_bytes()
     chunks = sum(chunk_count(path.stat().st_size, CHUNK) for path in folder.iterdir())
     served = source_served(fleet, model)
-    assert chunks <= served <= chunks + len(list(folder.iterdir()))
+    assert chunks <= served <= chunks + 2 * len(list(folder.iterdir()))  # a cancel and a kill
+    removed = fleet.ask(again, "models.remove", {"model": model})["removed"]
+    assert removed == [f"{model}@{ready['revision']}"]
+    assert fleet.ask(again, "models.list", {})["models"] == []
 
 
 def test_an_untrusted_peer_cannot_fetch(fleet: Fleet) -> None:
@@ -361,3 +370,30 @@ def test_a_disk_too_small_and_an_offline_download_are_refused_before_anything_mo
         fleet.ask(agent, "stage.prepare", {"model": f"{ORG}/absent", "download": True})
     assert offline.value.code == "bad-model"
     assert "HF_HUB_OFFLINE=1" in str(offline.value)
+
+
+def test_bad_input_is_refused_in_one_line(fleet: Fleet, staged: dict[str, Any]) -> None:
+    tiny = fleet.fetch_body(f"{ORG}/tiny", staged)
+    cases: list[tuple[str, dict[str, Any], str, str]] = [
+        ("stage.prepare", {"model": "no-org"}, "bad-model", "is not a Hugging Face id"),
+        ("stage.prepare", {"model": f"{ORG}/x", "path": "/nonexistent"}, "bad-model", "not a dir"),
+        ("stage.prepare", {"model": f"{ORG}/absent"}, "bad-model", "not in the Hugging Face cache"),
+        ("stage.prepare", {"model": f"{ORG}/x", "chunk_size": 10}, "bad-body", "chunk size"),
+        ("stage.fetch", tiny | {"revision": "main"}, "bad-model", "not a 40-hex-digit commit"),
+        ("stage.fetch", tiny | {"source": "nohost"}, "bad-body", "is not HOST:PORT"),
+        ("stage.fetch", tiny | {"digest": "x"}, "bad-body", "not 64 hex digits"),
+        ("stage.cancel", {"model": f"{ORG}/never"}, "not-held", "no staging"),
+        ("models.remove", {"model": f"{ORG}/never"}, "not-held", "nothing of"),
+        (
+            "stage.chunk",
+            {"digest": staged["digest"], "path": "x", "index": 0},
+            "bad-body",
+            "no file",
+        ),
+        ("stage.chunk", {"digest": "0" * 64, "path": "x", "index": 0}, "not-held", "no model"),
+    ]
+    for type_, body, code, words in cases:
+        with pytest.raises(AgentError) as refused:
+            fleet.ask(fleet.source, type_, body)
+        assert (refused.value.code, words in str(refused.value)) == (code, True), (type_, body)
+        assert "\n" not in str(refused.value)

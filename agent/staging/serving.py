@@ -25,6 +25,7 @@ from shared.wire import protocol as p
 log = logging.getLogger("agent.staging")
 FOLLOW_WAIT_S = 10.0
 READERS = 4
+MAX_PENDING = 8
 
 
 @dataclass
@@ -53,6 +54,8 @@ class ChunkServer:
         self._pool = ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="stage-chunk")
         self._answers: queue.SimpleQueue[Answer] = queue.SimpleQueue()
         self._wake = wake
+        self._pending: dict[bytes, int] = {}
+        """Chunks asked and not yet answered, by connection (submit())."""
         self._digests: dict[Path, tuple[int | None, str]] = {}
         """A record's mtime and the digest it holds (find())."""
 
@@ -152,7 +155,19 @@ class ChunkServer:
 
     def submit(self, identity: bytes, request: p.Message) -> None:
         """Read the chunk `request` (a stage.chunk) asks for on a worker; its reply (or error)
-        comes out of finished()."""
+        comes out of finished(). A connection with MAX_PENDING chunks not yet answered is
+        answered `busy` at once: a peer that asks without waiting cannot fill this agent's
+        memory with chunks (an honest one has one in flight per file)."""
+        with self._lock:
+            pending = self._pending.get(identity, 0)
+            if pending >= MAX_PENDING:
+                busy = (
+                    f"stage.chunk: {pending} chunks asked by this connection are not answered yet"
+                )
+                self._answers.put((identity, p.error(p.BUSY, busy, re=request.id)))
+                self._wake()
+                return
+            self._pending[identity] = pending + 1
         self._pool.submit(self._answer, identity, request)
 
     def _answer(self, identity: bytes, request: p.Message) -> None:
@@ -166,6 +181,10 @@ class ChunkServer:
         except Exception as exc:  # a bug answers one request, never kills a reader
             log.exception("serving a chunk")
             reply = p.error(p.INTERNAL, f"{type(exc).__name__}: {exc}", re=request.id)
+        with self._lock:
+            left = self._pending.pop(identity, 1) - 1
+            if left:
+                self._pending[identity] = left
         self._answers.put((identity, reply))
         self._wake()
 

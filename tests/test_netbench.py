@@ -187,6 +187,8 @@ def test_past_its_bound_a_rank_a_coordinator_still_asks_about_runs_on() -> None:
     assert past_bound(*quiet) == "rank 2 ran past its bound of 188 s, with no progress for 150 s"
     gone = past_bound(*quiet, watched_age_s=90.0)  # its coordinator stopped asking
     assert gone == "rank 2 ran past its bound of 188 s, with no progress for 150 s"
+    unformed = past_bound(2, 300.0, 188.0, 0, 300.0, 86400.0, watched_age_s=0.3)
+    assert unformed == "rank 2 ran past its bound of 188 s"  # its peer never came
 
 
 def test_a_ranks_bound_leaves_the_ring_host_timeout_to_form() -> None:

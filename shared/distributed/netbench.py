@@ -312,15 +312,17 @@ def past_bound(
     watched_age_s: float | None = None,
 ) -> str | None:
     """Why a rank that has run `elapsed_s` ends now, or None while it may run on: within its
-    bound; past it while its progress (`progress` units, the last `age_s` ago) still moves, or
-    while a coordinator still asks about it (`watched_age_s` since it last did: a watching
-    coordinator fails a run no rank moves in, and a rank off a slow link, or one repetition of
-    a large message over it, goes minutes without progress of its own), up to `most_s` (the
-    protocol's MAX_BOUND_S)."""
+    bound; past it while its progress (`progress` units, the last `age_s` ago) still moves, or,
+    once its ring formed (progress above 0), while a coordinator still asks about it
+    (`watched_age_s` since it last did: a watching coordinator fails a run no rank moves in, and
+    a rank off a slow link, or one repetition of a large message over it, goes minutes without
+    progress of its own), up to `most_s` (the protocol's MAX_BOUND_S). A ring that never formed
+    is no slow link: it ends at its bound, asked about or not."""
     if elapsed_s <= bound_s:
         return None
     within = min(MOVING_WITHIN_S, bound_s)
-    moving = age_s <= within or (watched_age_s is not None and watched_age_s <= within)
+    watched = progress > 0 and watched_age_s is not None and watched_age_s <= within
+    moving = age_s <= within or watched
     if moving and elapsed_s <= most_s:
         return None
     said = f"rank {rank} ran past its bound of {bound_s:g} s"

@@ -276,3 +276,13 @@ def test_compare_sets_two_runs_serving_tails_and_goodput_side_by_side() -> None:
     assert "serve r2.0" in drawn and "90" in drawn and "45" in drawn and "1.75" in drawn
     plain = compare_reports(*(as_fleet_report(r, n) for r, n in [(PLAIN, "a"), (PLAIN, "b")]))
     assert serving_comparison(plain) == []
+
+
+@pytest.mark.slow
+def test_a_group_is_refused_serving_cells_before_any_job() -> None:
+    result = run_cli(
+        "coordinator", "benchmark", "--hosts", "127.0.0.1:1,127.0.0.1:1+127.0.0.1:2",
+        "--config-small", "--concurrency", "2", "-p", "16", "-n", "4",
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip().endswith("a group's cells do not serve yet: list its hosts alone")

@@ -408,6 +408,8 @@ def groups_checked(
         return entries
     if sustain is not None:
         raise usage_error("--sustain: a group's cells do not run sustained; list its hosts alone")
+    if spec.get("serving") is not None:
+        raise usage_error("a group's cells do not serve yet: list its hosts alone")
     if plan.backend not in BACKENDS:
         raise usage_error(f"--backend {plan.backend!r}: choose from {', '.join(BACKENDS)}")
     largest = max(len(group) for group in groups)

@@ -1,12 +1,13 @@
 """`agent bench`'s serving cells over HTTP, end to end: `--serve mlx_lm` on a real mlx_lm.server
 with a tiny model directory (a server killed during a cell fails that cell with the reason, and
 the next cell starts a fresh one), and `--serve-url` against the fake OpenAI server
-(tests/fakes/openai_server.py): checked before any cell, and a stream dying mid-cell failing
-only its cell."""
+(tests/fakes/openai_server.py): checked before any cell, a stream dying mid-cell failing only
+its cell, and an injected late share of an open loop costing its share of goodput."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -16,6 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from agent.profiling.runner import run_matrix
+from shared.benchmark import faults
+from shared.benchmark.matrix import MatrixSpec
+from shared.benchmark.serving import SERVED_MODEL, ServingSpec
 from tests.conftest import console_script, run_cli, subprocess_env
 from tests.fakes.openai_server import FakeOpenAIServer
 
@@ -132,3 +137,28 @@ def test_a_serve_url_that_is_not_openai_compatible_is_refused_before_any_cell(
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: --serve-url {fake.url}/v1/chat/completions: {why}"
     assert fake.requests == 0  # no stream: refused before any cell
+
+
+def test_late_requests_over_http_cost_their_share_of_goodput(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MLX_FLEET_INJECT=late=0.3 holds 30 % of an open loop's requests at the client past the
+    TTFT SLO (1.5 x 500 ms) before sending them, their latency counted from their arrival:
+    goodput is 0.7 of the request rate within three binomial standard errors of the share."""
+    monkeypatch.setenv(faults.ENV, "late=0.3")
+    requests, share = 100, 0.3
+    with FakeOpenAIServer(ttft_s=0.005, gap_s=0.001) as fake:
+        serving = ServingSpec(
+            request_rates=(50.0,), requests=requests, slo_ttft_ms=500.0, serve_url=fake.url
+        )
+        spec = MatrixSpec(
+            n_prompt=(8,), n_gen=(4,), models=(SERVED_MODEL,), bits=(None,), warmup=1,
+            iterations=1, serving=serving,
+        )  # fmt: skip
+        (record,) = run_matrix(spec)
+    assert record["status"] == "ok", record["error"]
+    figures = record["serving"]["figures"]
+    late = record["serving"]["late_injected"]
+    assert figures["completed"] == requests and figures["good"] == requests - late
+    error = 3 * math.sqrt(share * (1 - share) / requests)
+    assert figures["goodput"] / figures["request_rate"] == pytest.approx(1 - share, abs=error)

@@ -199,11 +199,20 @@ def test_a_flipped_byte_is_found_and_restaged_only_when_asked(fleet: Fleet) -> N
     assert held["error"].startswith("model.safetensors differs")
     fleet.ask(fleet.receiver, "stage.fetch", fleet.fetch_body(model, ready))
     task = fleet.wait(fleet.receiver, model, lambda t: t["state"] != "fetching")
-    assert task["state"] == "mismatch" and "model.safetensors differs" in task["error"]
+    assert task["state"] == "failed" and task["error"].startswith(f"mismatch: {model}@")
+    assert "model.safetensors differs" in task["error"]
     fleet.ask(fleet.receiver, "stage.fetch", fleet.fetch_body(model, ready, restage=True))
     task = fleet.wait(fleet.receiver, model, lambda t: t["state"] != "fetching")
     assert task["state"] == "ready", task
     assert weights.read_bytes() == (fleet.root / "flip" / "model.safetensors").read_bytes()
+    body = {"model": model, "path": str(fleet.root / "flip"), "chunk_size": 2 * CHUNK}
+    fleet.ask(fleet.source, "stage.prepare", body)  # the same bytes at another chunk size
+    other = fleet.wait(fleet.source, model, lambda t: t["state"] != "hashing")
+    assert other["digest"] != ready["digest"] and other["revision"] == ready["revision"]
+    fleet.ask(fleet.receiver, "stage.fetch", fleet.fetch_body(model, other))
+    task = fleet.wait(fleet.receiver, model, lambda t: t["state"] != "fetching")
+    assert (task["state"], task["digest"]) == ("ready", other["digest"])
+    assert source_served(fleet, model) == 0  # hashed again there: no byte moved
 
 
 @contextlib.contextmanager

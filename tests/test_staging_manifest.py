@@ -77,6 +77,9 @@ def test_a_directory_without_a_commit_is_named_by_its_bytes() -> None:
     assert COMMIT.fullmatch(first.revision)
     assert build("org/dir", None, CHUNK, files).revision == first.revision
     assert build("org/dir", None, CHUNK, [hashed("a.json", b"[]")]).revision != first.revision
+    coarser = FileHasher(2 * CHUNK)
+    coarser.update(b"{}")
+    assert build("org/dir", None, 2 * CHUNK, [coarser.finish("a.json")]).revision == first.revision
 
 
 def broken(change: str) -> dict[str, Any]:

@@ -50,21 +50,20 @@ class Receiving(TaskTable):
                 return self.view(running)
             raise StoreError(p.BUSY, f"busy: {repo} is being staged here ({running.state})")
         record = self.store.recorded(repo, revision)
-        if self.store.snapshot(repo, revision).is_dir() and record is not None:
-            if record.manifest.digest != digest and not body["restage"]:
-                raise StoreError(
-                    p.MISMATCH,
-                    f"{repo}@{revision} is held here with digest {record.manifest.digest}, not "
-                    f"{digest}: stage it again with restage to replace it",
-                )
-            if record.manifest.digest == digest and self.store.unchanged(record, repo, revision):
-                return self._held_copy(repo, record.manifest)
+        if (
+            record is not None
+            and record.manifest.digest == digest
+            and self.store.unchanged(record, repo, revision)
+        ):
+            return self._held_copy(repo, record.manifest)
         self.store.check_writable()
         partial = PartialTransfer.saved_manifest(self.store.partial_dir(repo, revision))
-        held = 0
+        verified = 0
         if partial is not None and partial.digest == digest:
-            held = PartialTransfer.verified_bytes(self.store.partial_dir(repo, revision), partial)
-        self.store.check_room(repo, max(0, body["size"] - held), body["size"])
+            verified = PartialTransfer.verified_bytes(
+                self.store.partial_dir(repo, revision), partial
+            )
+        self.store.check_room(repo, max(0, body["size"] - verified), body["size"])
         task = Task(repo, st.RECEIVER, st.FETCHING)
         task.revision, task.digest, task.total, task.source = revision, digest, body["size"], source
         ref = asked_ref(model_id, revision)
@@ -102,8 +101,10 @@ class Receiving(TaskTable):
                 client.close()
 
     def _replace_held(self, task: Task, manifest: Manifest, restage: bool) -> bool:
-        """A snapshot of this revision held without a record (a download's): kept when its
-        bytes are the manifest's, refused (mismatch) or replaced (restage) when not."""
+        """A snapshot of this revision held already (a download's, or one staged or hashed at
+        another chunk size, or changed since): hashed at the manifest's chunk size, kept when
+        its bytes are the manifest's (no byte moves), failed naming the first file that differs
+        or, with `restage`, fetched again (True: fetch)."""
         repo, revision = task.repo, manifest.revision
         if not self.store.snapshot(repo, revision).is_dir():
             return True
@@ -116,8 +117,9 @@ class Receiving(TaskTable):
             return False
         if not restage:
             task.end(
-                st.MISMATCH,
-                f"{repo}@{revision} held here differs: {problem}; stage it again with restage",
+                st.FAILED,
+                f"mismatch: {repo}@{revision} held here differs: {problem}; stage it again "
+                "with restage to replace it",
             )
             return False
         return True

@@ -94,7 +94,8 @@ class StageTasks(Receiving):
             )
             if problem is not None:
                 task.end(
-                    st.MISMATCH, f"{model_id.repo}@{revision} differs from its record: {problem}"
+                    st.FAILED,
+                    f"mismatch: {model_id.repo}@{revision} differs from what was staged: {problem}",
                 )
                 return
         task.ready(manifest)

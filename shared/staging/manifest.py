@@ -109,8 +109,10 @@ def canonical_digest(value: Any) -> str:
 
 
 def content_revision(files: Iterable[FileEntry]) -> str:
-    """The revision of a directory that has no commit: named by its bytes, alike on every host."""
-    return canonical_digest([entry.to_dict() for entry in files])[:40]
+    """The revision of a directory that has no commit: named by its bytes (each file's path,
+    size and sha256, not its chunks), alike on every host and at every chunk size."""
+    named = [{"path": e.path, "size": e.size, "sha256": e.sha256} for e in files]
+    return canonical_digest(named)[:40]
 
 
 def chunk_count(size: int, chunk_size: int) -> int:

@@ -631,14 +631,14 @@ def to_csv(report: dict[str, Any], label: str | None = None) -> str:
 
 
 def to_sql(report: dict[str, Any], label: str | None = None) -> str:
-    """llama-bench's `-o sql` (CREATE TABLE IF NOT EXISTS llama_bench, one INSERT per cell with a
-    figure), each followed by its row of ours in mlx_fleet_bench, every cell there: so
-    `agent bench -o sql | sqlite3 llama-bench.sqlite` keeps adding runs to one database that
-    compare-llama-bench.py reads as it is."""
+    """llama-bench's `-o sql` (CREATE TABLE IF NOT EXISTS llama_bench, one INSERT per llama-bench
+    test with a figure: not a serving cell), each followed by its row of ours in mlx_fleet_bench,
+    every cell there: `agent bench -o sql | sqlite3 llama-bench.sqlite` adds runs to one database
+    that compare-llama-bench.py reads as it is."""
     lines = [create_sql(LLAMA_BENCH_TABLE, LLAMA_BENCH_FIELDS), create_sql(SQL_TABLE, SQL_FIELDS)]
     for row in flat_rows(report, label):
         row["llama_bench_rowid"] = None
-        if row["avg_ts"] is not None:
+        if row["avg_ts"] is not None and row["serve_loop"] is None:
             lines.append(insert_sql(LLAMA_BENCH_TABLE, LLAMA_BENCH_FIELDS, row))
             row["llama_bench_rowid"] = SqlExpression("last_insert_rowid()")
         lines.append(insert_sql(SQL_TABLE, SQL_FIELDS, row))
@@ -668,7 +668,7 @@ def to_jsonl(report: dict[str, Any], label: str | None = None) -> str:
 
 def llama_json_rows(report: dict[str, Any], label: str | None = None) -> list[dict[str, Any]]:
     """The cells with a figure as llama-bench's `-o json` writes them, its keys only."""
-    return [llama_json_row(row) for row in _with_rates(report, label)]
+    return [llama_json_row(row) for row in _with_rates(report, label) if row["serve_loop"] is None]
 
 
 def to_llama_json(report: dict[str, Any], label: str | None = None) -> str:

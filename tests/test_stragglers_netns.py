@@ -5,8 +5,9 @@ coordinator names rank 1 (B) and says compute, as the cell lands and in the tabl
 stored record. Then A's sends to C are slowed (`tc netem delay`, or an htb rate where the
 kernel has no netem): the coordinator names the link C↔A.
 
-A busy test machine can make a rank or a link look slow for a moment besides (docs/distributed.md
-says why), so each check asks that the injected fault be named, not that nothing else is.
+A busy test machine can make a rank or a link look slow besides (docs/distributed.md says why:
+at load 15 on this 2-core VM a second link, B↔C, read 5+ ms one way in two runs of two), so each
+check asks that the injected fault be named, and be the slowest, not that nothing else is.
 """
 
 from __future__ import annotations
@@ -105,6 +106,9 @@ def test_a_delayed_rank_is_named_compute_and_a_slowed_link_is_named(
     slowed = [cell for cell in report["cells"] if cell["host"] == group][1]  # B not delayed
     found = slowed["stragglers"]
     assert found["verdict"] in ("link", "compute+link"), (how, found["why"])
-    assert [same_link(link) for link in found["link"].split(", ")] == [same_link(f"{c}↔{a}")]
+    named = [same_link(link) for link in found["link"].split(", ")]
+    assert same_link(f"{c}↔{a}") in named, found["why"]
+    slowest = max(found["links"], key=lambda link: link["one_way_s"])
+    assert same_link(slowest["link"]) == same_link(f"{c}↔{a}"), found["links"]
     assert "netbench has no figure for it" in found["why"]
     assert f"slow link {found['link']}" in done.stdout

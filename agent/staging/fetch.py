@@ -88,14 +88,16 @@ class Pacer:
             self.allowed_at = max(self.allowed_at, time.monotonic()) + size / self.rate
 
 
-def connect(ctx: zmq.Context, source: str, key: str | None, keypair: Keypair) -> AgentClient:
+def connect(ctx: zmq.Context, source: str, key: str | None, keypair: Keypair | None) -> AgentClient:
+    """A DEALER to the source's command socket, greeted (CURVE with this agent's own keypair
+    when `key`, the source's server key, is given); TransferFailed saying why not."""
     client = AgentClient(ctx, source, key, keypair if key else None, CONNECT_TIMEOUT_S)
     try:
         client.connect()
     except HostError as exc:
         client.close()
         text = str(exc)
-        if "refused our key" in text:
+        if "refused our key" in text and keypair is not None:
             text = (
                 f"refused this agent's key: the source does not trust it; there run: agent keys "
                 f"trust '{keypair.public}' --peer THIS_HOST:PORT"

@@ -11,7 +11,6 @@ from agent.staging.fetch import Pacer, Progress, Transfer, TransferFailed, conne
 from agent.staging.partial import PartialTransfer
 from agent.staging.store import StoreError
 from agent.staging.task import Task, TaskTable, asked_ref, parse_model
-from shared.io.keys import Keypair
 from shared.io.trust import peer_key, split_peer
 from shared.staging import shapes as st
 from shared.staging.manifest import COMMIT, HEX64, Manifest, first_difference
@@ -83,9 +82,8 @@ class Receiving(TaskTable):
         assert task.source is not None and task.digest is not None and task.revision is not None
         if self.keypair is None and key is not None:
             raise TransferFailed("this agent runs --insecure: it has no key to fetch with")
-        keypair = self.keypair or Keypair("", "")
         with self.store.lock(task.repo):
-            client = connect(self._ctx, task.source, key, keypair)
+            client = connect(self._ctx, task.source, key, self.keypair)
             try:
                 manifest = read_manifest(client, task.digest, task.cancelled)
                 if (manifest.model, manifest.revision) != (task.repo, task.revision):

@@ -1,7 +1,6 @@
 """What an agent may send about staging (docs/protocol.md §19), checked to the last field as
 shared.wire.agent_shapes checks the rest: a stage task, a model it holds, a manifest page, a
-chunk. The task and model maps are built here too, so the agent cannot send what a coordinator
-would refuse."""
+chunk; and the states and limits the agent builds them with (agent.staging)."""
 
 from __future__ import annotations
 

@@ -133,6 +133,10 @@ def probe_app() -> typer.Typer:
         (["--concurrency", "1", "-d", "64"], "--n-depth: a serving cell's requests start"),
         (["--requests", "4"], "--requests applies to serving tests"),
         (
+            ["--concurrency", "1", "--requests", "10000", "-p", "1024"],
+            "a pass would send 10240000 prompt tokens (10000 requests of up to 1024)",
+        ),
+        (
             ["--request-rate", "0.01"],
             "--request-rate item 1: 16 requests at 0.01/s would take 1600 s a pass, past 600 s",
         ),

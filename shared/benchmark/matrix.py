@@ -426,6 +426,14 @@ def _check_serving(spec: MatrixSpec) -> None:
         raise MatrixError("n_depth: a serving cell's requests start from an empty cache")
     if set(spec.batch_sizes) != {1}:
         raise MatrixError("batch_sizes: a serving cell's batch is its load, not a batch size")
+    serving = spec.serving
+    longest = max((len(p.text.encode()) for p in serving.prompts), default=max(spec.n_prompt))
+    if serving.requests * longest > MAX_CELL_TOKENS:  # each pass's prompts are made up front
+        raise MatrixError(
+            f"serving.requests, n_prompt: a pass would send {serving.requests * longest} prompt "
+            f"tokens ({serving.requests} requests of up to {longest}); the limit is "
+            f"{MAX_CELL_TOKENS} a pass"
+        )
 
 
 def _check_seconds(key: str, value: Any, most: float) -> None:

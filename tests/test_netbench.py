@@ -191,13 +191,15 @@ def test_past_its_bound_a_rank_a_coordinator_still_asks_about_runs_on() -> None:
     assert unformed == "rank 2 ran past its bound of 188 s"  # its peer never came
 
 
-def test_a_ranks_bound_leaves_the_ring_host_timeout_to_form() -> None:
+def test_a_ranks_bound_leaves_the_ring_twice_the_host_timeout_to_form() -> None:
+    """The coordinator's no-progress rule (one host timeout) fails a ring that never forms
+    before any agent's bound does: its line names the host and the step."""
     from coordinator.runs.netbench import WORST_LINK_BYTES_S, NetbenchPlan
 
     plan = NetbenchPlan((1024,), repetitions=1, warmup=0, port=7000, backend="ring")
     moved = 1024 * 20 * 1 * (2 + 2 * 1)  # 20 operations a repetition, two ranks: one link
-    assert plan.bound_s(2, 10.0) == pytest.approx(10.0 + moved / WORST_LINK_BYTES_S)
-    assert plan.bound_s(2, 120.0) - plan.bound_s(2, 10.0) == pytest.approx(110.0)
+    assert plan.bound_s(2, 10.0) == pytest.approx(20.0 + moved / WORST_LINK_BYTES_S)
+    assert plan.bound_s(2, 120.0) - plan.bound_s(2, 10.0) == pytest.approx(220.0)
 
 
 def test_the_progress_line_names_the_slowest_ranks_step() -> None:

@@ -67,15 +67,15 @@ class NetbenchPlan:
     backend: str
     job: str = field(default_factory=lambda: f"n-{os.urandom(6).hex()}")
 
-    def bound_s(self, ranks: int, slack_s: float) -> float:
+    def bound_s(self, ranks: int, host_timeout: float) -> float:
         """How long a rank may run: every size's all_sum and ping-pongs at WORST_LINK_BYTES_S,
-        plus `slack_s` (--host-timeout, the most the ring may take to form: a ring that has
-        not formed by then shows no progress, and the run fails), at least 1 s, at most the
-        protocol's MAX_BOUND_S."""
+        plus twice `host_timeout` for the ring to form (a ring that has not formed within one
+        shows no progress, and this coordinator fails the run, naming the host, before any
+        agent ends its rank), at least 1 s, at most the protocol's MAX_BOUND_S."""
         links = 1 if ranks == 2 else ranks
         per_repetition = sum(size * ops_per_repetition(size) for size in self.sizes)
         moved = per_repetition * (self.repetitions + self.warmup) * (2 + 2 * links)
-        return min(MAX_BOUND_S, max(1.0, slack_s + moved / WORST_LINK_BYTES_S))
+        return min(MAX_BOUND_S, max(1.0, 2 * host_timeout + moved / WORST_LINK_BYTES_S))
 
     def spec(self) -> dict[str, Any]:
         return {"sizes": list(self.sizes), "repetitions": self.repetitions, "warmup": self.warmup}

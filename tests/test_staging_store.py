@@ -107,6 +107,9 @@ def test_a_placed_model_is_listed_checked_and_removed(tmp_path: Path) -> None:
     (store.snapshot("org/m", REV) / "w.bin").write_bytes(b"x" * 2000)
     (listed,) = held_models(store)
     assert listed["state"] == "mismatch" and listed["error"].startswith("w.bin differs")
+    with store.lock("org/m"), pytest.raises(StoreError) as staging:  # a transfer holds it
+        store.remove("org/m", None, partial_only=False)
+    assert staging.value.code == "busy"
     assert store.remove("org/m", "main", partial_only=False) == [f"org/m@{REV}"]
     assert held_models(store) == []
     with pytest.raises(StoreError) as nothing:

@@ -67,6 +67,8 @@ def models_list(
     `partial` (a transfer not finished, with the share held) or `mismatch` (a file differs
     from what was staged: the first is named). Exit 1 when any is a mismatch."""
     store = open_store(models_dir)
+    if store.root.exists() and not store.root.is_dir():
+        raise usage_error(f"the models directory {store.root} is a file")
     try:
         from agent.staging.listing import held_models
 

@@ -35,8 +35,6 @@ from shared.wire.agent_types import MAX_ID, MAX_TEXT, POLICY_STATES
 from shared.wire.serving_shapes import MODES, SERVED, iteration_tokens
 
 MAX_FLAGS = 64
-MAX_SOURCE = 256
-"""A thermal source's name (`replay:PATH` names a path) or a sensor's."""
 CELL_STATUSES = ("ok", "failed")
 """`not run` is the coordinator's word for a cell no record came for: never the agent's."""
 MAX_CELL_CLOCK_SAMPLES = 20_000
@@ -47,7 +45,6 @@ name = s.text(MAX_TEXT, least=1)
 ident = s.text(MAX_ID, least=1)
 maybe_text = s.nil_or(text)
 count = s.integer(0)
-seq = s.integer(1)
 real = s.number()
 maybe_real = s.nil_or(real)
 amount = s.number(0)

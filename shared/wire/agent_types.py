@@ -35,6 +35,8 @@ MAX_TEXT = 16_384
 """Characters of any string an agent sends: its longest honest ones are a command line (cut to
 16,384, docs/protocol.md §12) and a crashed job's last lines (at most 8,000)."""
 MAX_ID = 64
+MAX_SOURCE = 256
+"""A thermal source's name (`replay:PATH` names a path) or a sensor's."""
 MAX_SUPERVISED = 1024
 """Jobs one sample lists: far more than a Mac runs, few enough to show."""
 MAX_EVIDENCE = 1024
@@ -129,8 +131,8 @@ class GangMember(WireMap):
     state: PolicyState
     applied: PolicyState
     celsius: Celsius | None
-    source: Annotated[str, Meta(min_length=1, max_length=256)]
-    sensor: Annotated[str, Meta(max_length=256)] | None
+    source: Annotated[str, Meta(min_length=1, max_length=MAX_SOURCE)]
+    sensor: Annotated[str, Meta(max_length=MAX_SOURCE)] | None
     time: Epoch
     job: Annotated[str, Meta(max_length=MAX_ID)]
     age_s: Annotated[float, Meta(ge=0, le=86400.0 * 366)]

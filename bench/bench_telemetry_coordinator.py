@@ -10,8 +10,11 @@ the machine as little as it can. Against the same publishers, one after the othe
      validating each envelope, writing each batch to the telemetry SQLite in one transaction and
      updating the dashboard model; a HostLink thread per host for its requests), counting the
      samples newly recorded.
-Printed as samples/s and the ratio ours / raw (1.00 = records all a bare SUB receives). The
-rounds interleave the two sides; figures are median (min–max) over the rounds. The default
+Printed as samples/s and the ratio ours / raw (1.00 = records all a bare SUB receives), and
+the receiving process's CPU time per sample (all its threads, ZeroMQ's CURVE I/O included):
+what a sample costs the coordinator whatever else the machine runs, where the rates follow the
+machine's load. The rounds interleave the two sides; figures are median (min–max) over the
+rounds. The default
 offers 50,000 samples/s (8 x 6250); a lower --rate shows where the monitor still keeps up.
 An agent publishes one sample a second by default, so N samples/s is N agents' worth.
 
@@ -172,8 +175,9 @@ def publisher(ready: mp.Queue[Any], name: str, rate: float) -> None:
         time.sleep(BURST_S)
 
 
-def raw_rate(pubs: list[tuple[str, str]], seconds: float) -> float:
-    """Samples/s a bare CURVE SUB loop receives from every publisher's PUB address."""
+def raw_rate(pubs: list[tuple[str, str]], seconds: float) -> tuple[float, float]:
+    """Samples/s a bare CURVE SUB loop receives from every publisher's PUB address, and the CPU
+    seconds per sample it took."""
     ctx = zmq.Context()
     public, secret = zmq.curve_keypair()
     poller = zmq.Poller()
@@ -185,11 +189,13 @@ def raw_rate(pubs: list[tuple[str, str]], seconds: float) -> float:
         sub.connect(f"tcp://{address}")
         poller.register(sub, zmq.POLLIN)
     _receive(poller, WARMUP_S)  # past the slow joiner and what queued meanwhile
-    began = time.monotonic()
+    began, cpu = time.monotonic(), time.process_time()
     received = _receive(poller, seconds)
-    elapsed = time.monotonic() - began
+    elapsed, cpu = time.monotonic() - began, time.process_time() - cpu
     ctx.destroy(linger=0)
-    return received / elapsed
+    if not received:
+        raise BenchError("the bare SUB loop received nothing in a round")
+    return received / elapsed, cpu / received
 
 
 def _receive(poller: zmq.Poller, seconds: float) -> int:
@@ -205,8 +211,11 @@ def _receive(poller: zmq.Poller, seconds: float) -> int:
     return received
 
 
-def ours_rate(agents: list[tuple[str, str]], seconds: float, home: Path) -> tuple[float, int]:
-    """Samples/s the monitor records (new rows in its store), and the rows stored in all."""
+def ours_rate(
+    agents: list[tuple[str, str]], seconds: float, home: Path
+) -> tuple[float, float, int]:
+    """Samples/s the monitor records (new rows in its store), the CPU seconds per sample, and
+    the rows stored in all."""
     targets = [Target(address, address, key) for address, key in agents]
     with (
         TelemetryStore(home / "telemetry.sqlite") as store,
@@ -217,11 +226,12 @@ def ours_rate(agents: list[tuple[str, str]], seconds: float, home: Path) -> tupl
         warm = time.monotonic()
         while time.monotonic() - warm < WARMUP_S:  # as for raw: only the steady state counts
             running.step(0.05)
-        start, began = running.recorded, time.monotonic()
+        start, began, cpu = running.recorded, time.monotonic(), time.process_time()
         while time.monotonic() - began < seconds:
             running.step(0.05)
-        rate = (running.recorded - start) / (time.monotonic() - began)
-        return rate, running.recorded
+        recorded = running.recorded - start
+        elapsed, cpu = time.monotonic() - began, time.process_time() - cpu
+        return recorded / elapsed, cpu / max(recorded, 1), running.recorded
 
 
 def main() -> None:
@@ -247,10 +257,10 @@ def main() -> None:
         pubs = telemetry_addresses(agents)
         stored: list[int] = []
 
-        def ours() -> float:
-            rate, count = ours_rate(agents, opts.seconds, Path(home) / f"round{len(stored)}")
+        def ours() -> tuple[float, float]:
+            rate, cpu, count = ours_rate(agents, opts.seconds, Path(home) / f"round{len(stored)}")
             stored.append(count)
-            return rate
+            return rate, cpu
 
         rounds = interleave({"raw": lambda: raw_rate(pubs, opts.seconds), "ours": ours}, repeats)
         for process in processes:
@@ -264,11 +274,16 @@ def main() -> None:
         f"telemetry recorded from {opts.agents} publishers at {opts.rate:g} samples/s each "
         f"({offered:g}/s offered, {opts.seconds:g} s a side a round)"
     )
-    print(f"   {'':52} {'samples/s':>22} {'× raw':>20}")
-    print(f"   {'bare pyzmq SUB loop, receive only':52} {spread(rounds.values['raw'], 1, 0):>22}")
+    print(f"   {'':52} {'samples/s':>22} {'× raw':>20} {'CPU µs/sample':>20}")
+    raw, ours = rounds.figures("raw", 0), rounds.figures("ours", 0)
     print(
-        f"   {'coordinator monitor: decode, SQLite, dashboard':52} "
-        f"{spread(rounds.values['ours'], 1, 0):>22} {spread(rounds.ratios('ours', 'raw')):>20}"
+        f"   {'bare pyzmq SUB loop, receive only':52} {spread(raw, 1, 0):>22} {'':>20} "
+        f"{spread(rounds.figures('raw', 1), 1e6, 1):>20}"
+    )
+    print(
+        f"   {'coordinator monitor: decode, SQLite, dashboard':52} {spread(ours, 1, 0):>22} "
+        f"{spread(rounds.ratios('ours', 'raw', 0)):>20} "
+        f"{spread(rounds.figures('ours', 1), 1e6, 1):>20}"
     )
 
 

@@ -258,6 +258,8 @@ def test_a_host_still_fetching_serves_what_it_verified(fleet: Fleet) -> None:
         seed.address,
     )
     assert followed["started"] < seeded["finished"]  # it followed: the seed had not finished
+    capped_s = 0.9 * ready["total"] / 0.5e6  # a job ran on the seed: 0.5 MB/s at most
+    assert seeded["finished"] - seeded["started"] >= capped_s
     snapshot = store(fleet.receiver, model) / "snapshots" / ready["revision"]
     for path in folder.iterdir():
         assert (snapshot / path.name).read_bytes() == path.read_bytes()

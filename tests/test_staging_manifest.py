@@ -139,7 +139,18 @@ def test_a_manifest_must_be_the_one_asked_for() -> None:
 
 @pytest.mark.parametrize(
     "path",
-    ["/etc/passwd", "a//b", "a/./b", "a\\b", "a\nb", "", "x" * 513, ".mlx-fleet/r.json", "a/"],
+    [
+        "/etc/passwd",
+        "a//b",
+        "a/./b",
+        "a\\b",
+        "a\nb",
+        "",
+        "x" * 513,
+        ".mlx-fleet/r.json",
+        "a/",
+        ".git/x",
+    ],
 )
 def test_paths_that_could_leave_the_folder_are_refused(path: str) -> None:
     with pytest.raises(ManifestError):
@@ -147,7 +158,7 @@ def test_paths_that_could_leave_the_folder_are_refused(path: str) -> None:
 
 
 def test_plain_paths_pass() -> None:
-    for path in ("config.json", "sub/dir/tokenizer.model", ".gitattributes", "a..b"):
+    for path in ("config.json", "sub/dir/tokenizer.model", "a..b", "a/b.c"):
         check_path(path)
 
 

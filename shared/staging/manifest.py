@@ -128,7 +128,8 @@ def check_chunk_size(chunk_size: int) -> None:
 
 def check_path(path: str) -> None:
     """A file's path inside a model: relative, '/'-separated, no way out of the model's folder
-    and nothing the agent keeps for itself (a peer's path is joined onto a folder here)."""
+    and nothing hidden (the agent's own folder among them; a peer's path is joined onto a
+    folder here)."""
     if not 1 <= len(path) <= MAX_PATH:
         raise ManifestError(f"a path is 1 to {MAX_PATH} characters, got {len(path)}")
     if path.startswith("/") or "\\" in path or _CONTROL.search(path):
@@ -136,8 +137,11 @@ def check_path(path: str) -> None:
     parts = path.split("/")
     if any(part in ("", ".", "..") for part in parts):
         raise ManifestError(f"path {path!r} has an empty, '.' or '..' part")
-    if any(part.startswith(RESERVED_PREFIX) for part in parts):
-        raise ManifestError(f"path {path!r} names {RESERVED_PREFIX}, the agent's own folder")
+    if any(part.startswith(".") for part in parts):
+        raise ManifestError(
+            f"path {path!r} is hidden: hidden files and folders ({RESERVED_PREFIX}, the agent's "
+            "own, .git, .cache) are no part of a model"
+        )
 
 
 def check_model(model: str) -> None:

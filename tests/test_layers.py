@@ -2,8 +2,9 @@
 shared/, and shared/'s pure modules touch no socket, database, thread, process or signal. Inside
 agent/, each room imports only the rooms below it: the sensors (sensors/, clocks/, thermal/, power/)
 no room that uses them, service/ nothing of the agent's but itself, cooling/ neither the daemon, the
-service nor a command, staging/ none of those nor cooling/, and only agent/cli.py the commands, which alone speak Typer. Inside
-coordinator/, hosts/ imports no other room, runs/ and telemetry/ never each other, reports/ no run.
+service nor a command, staging/ none of those nor cooling/, and only agent/cli.py the commands,
+which alone speak Typer. Inside coordinator/, hosts/ imports no other room, runs/ and telemetry/
+never each other, reports/ no run.
 Inside shared/, the kit at the top imports no room, cooling/ no other concept room, benchmark/
 and distributed/ never each other, wire/ no report, staging/ none of benchmark/, distributed/,
 cooling/ or reports/. No package has an import circle, and no class

@@ -83,23 +83,29 @@ def models_list(
 
 
 def models_table(data: dict[str, Any]) -> FitTable:
-    table = FitTable(title=f"models in {data['store']}", folds=("digest", "refs"))
+    """A row per revision held; the error column only when a model has one, and the digest,
+    the refs and the revision fold away in that order on a narrow terminal."""
+    from agent.staging.store import gb
+
+    table = FitTable(title=f"models in {data['store']}", folds=("digest", "refs", "revision"))
+    errors = any(model["error"] for model in data["models"])
     for header in ("model", "revision", "refs", "state", "size", "digest"):
         table.add_column(header, justify="right" if header == "size" else "left")
-    table.add_column("error", wrap=TEXT)
+    if errors:
+        table.add_column("error", wrap=TEXT)
     for model in data["models"]:
         state = model["state"]
         if state == PARTIAL and model["size"]:
             state = f"partial {100 * model['bytes'] / model['size']:.0f} %"
-        table.add_row(
+        row = [
             Text(shown(model["model"])),
             model["revision"][:12],
             Text(shown(", ".join(model["refs"]) or "-")),
             state,
-            f"{model['size'] / 1e9:.2f} GB",
+            gb(model["size"]),
             (model["digest"] or "not hashed")[:12],
-            Text(shown(model["error"] or "")),
-        )
+        ]
+        table.add_row(*row, *([Text(shown(model["error"] or ""))] if errors else []))
     return table
 
 

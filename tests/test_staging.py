@@ -381,6 +381,15 @@ def test_a_disk_too_small_and_an_offline_download_are_refused_before_anything_mo
         fleet.ask(agent, "stage.prepare", {"model": f"{ORG}/absent", "download": True})
     assert offline.value.code == "bad-model"
     assert "HF_HUB_OFFLINE=1" in str(offline.value)
+    # Room for a 1-byte model and the margin, not for the 3 MB the manifest then says: the
+    # transfer is refused once the manifest arrives, before any chunk moves.
+    remount = ["mount", "-o", "remount,size=257m", str(small_disk)]
+    subprocess.run(remount, check=True, capture_output=True)
+    trust(agent.key or "", "small", directory=fleet.source.home / "keys" / "trusted", peer="x:1")
+    fleet.ask(agent, "stage.fetch", fleet.fetch_body(f"{ORG}/tiny", staged, size=1))
+    task = fleet.wait(agent, f"{ORG}/tiny", lambda t: t["state"] != "fetching")
+    assert task["state"] == "failed" and task["error"].startswith(f"no room for {ORG}/tiny (3.0 MB")
+    assert task["bytes"] == 0
 
 
 def test_bad_input_is_refused_in_one_line(fleet: Fleet, staged: dict[str, Any]) -> None:

@@ -56,18 +56,22 @@ class Receiving(TaskTable):
         ):
             return self._held_copy(repo, record.manifest)
         self.store.check_writable()
-        partial = PartialTransfer.saved_manifest(self.store.partial_dir(repo, revision))
-        verified = 0
-        if partial is not None and partial.digest == digest:
-            verified = PartialTransfer.verified_bytes(
-                self.store.partial_dir(repo, revision), partial
-            )
-        self.store.check_room(repo, max(0, body["size"] - verified), body["size"])
+        self._check_room(repo, revision, digest, body["size"])
         task = Task(repo, st.RECEIVER, st.FETCHING)
         task.revision, task.digest, task.total, task.source = revision, digest, body["size"], source
         ref = asked_ref(model_id, revision)
         self.start(task, lambda t: self._fetch(t, key, ref, bool(body["restage"])))
         return self.view(task)
+
+    def _check_room(self, repo: str, revision: str, digest: str, size: int) -> None:
+        """StoreError(no-space) unless the store holds `size` bytes, less what a partial
+        transfer of this digest verified already, plus the margin."""
+        folder = self.store.partial_dir(repo, revision)
+        partial = PartialTransfer.saved_manifest(folder)
+        verified = 0
+        if partial is not None and partial.digest == digest:
+            verified = PartialTransfer.verified_bytes(folder, partial)
+        self.store.check_room(repo, max(0, size - verified), size)
 
     def _held_copy(self, repo: str, manifest: Manifest) -> dict[str, Any]:
         """A copy held with the digest asked, its files as they were staged: ready at once (a
@@ -91,6 +95,8 @@ class Receiving(TaskTable):
                         f"source {task.source} serves {manifest.model}@{manifest.revision} "
                         f"under that digest, not {task.repo}@{task.revision}"
                     )
+                if manifest.total != task.total:  # the size asked was not the manifest's
+                    self._check_room(task.repo, task.revision, task.digest, manifest.total)
                 task.total, task.files = manifest.total, len(manifest.files)
                 if not self._replace_held(task, manifest, restage):
                     return

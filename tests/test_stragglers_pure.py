@@ -133,6 +133,7 @@ def test_a_tiny_cell_slower_by_microseconds_is_not_a_straggler() -> None:
         ({"compute_s": [0.1], "wait_s": [0.1], "extra": 1}, "unknown field 'extra'"),
         ({"compute_s": [0.1], "wait_s": [0.1], "links_s": {"a↔b": ["x"]}}, "links_s"),
         ("probe", "not a map"),
+        ({"compute_s": [], "wait_s": [], "untimed": 4}, "4 of its collectives ran inside a comp"),
     ],
 )
 def test_a_malformed_probe_makes_the_verdict_unavailable_saying_why(bad: object, said: str) -> None:

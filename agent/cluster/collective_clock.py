@@ -33,11 +33,17 @@ COLLECTIVES = (
 
 
 class CollectiveClock:
-    """`wait_s`: seconds spent in collectives while installed (reset it at will);
-    `originals`: the untimed operations, for a caller's own collectives that are no wait."""
+    """`wait_s`: seconds spent in collectives while installed; `untimed`: collectives it could
+    not time (reset both at will); `originals`: the untimed operations, for a caller's own
+    collectives that are no wait.
+
+    A collective inside a function MLX transforms (mx.compile, as mlx_lm's trainer compiles its
+    step; vmap, grad) cannot be evaluated there: it runs untimed, counted in `untimed`, and a
+    step with any such collective has no figure (its wait is inside another evaluation)."""
 
     def __init__(self) -> None:
         self.wait_s = 0.0
+        self.untimed = 0
         self.originals: dict[str, Callable[..., Any]] = {}
 
     def install(self) -> None:
@@ -63,7 +69,11 @@ class CollectiveClock:
 
     def _timed(self, original: Callable[..., mx.array]) -> Callable[..., mx.array]:
         def collective(*args: Any, **kwargs: Any) -> mx.array:
-            mx.eval(*[value for value in args if isinstance(value, mx.array)])
+            try:
+                mx.eval(*[value for value in args if isinstance(value, mx.array)])
+            except ValueError:  # inside mx.compile and the like: "Attempting to eval an array
+                self.untimed += 1  # during function transformations ... is not allowed"
+                return original(*args, **kwargs)
             start = time.perf_counter()
             result = original(*args, **kwargs)
             mx.eval(result)

@@ -175,7 +175,7 @@ class StepGate:
         """A step starts now: its clock, and the injected delay inside it (its own compute)."""
         self._ran_from = time.monotonic()
         if self.clock is not None:
-            self.clock.wait_s = 0.0
+            self.clock.wait_s, self.clock.untimed = 0.0, 0
             self._timed = True
         if self.delay_s:
             time.sleep(self.delay_s)
@@ -185,6 +185,8 @@ class StepGate:
         if self.clock is None or not self._timed:
             return None
         self._timed = False
+        if self.clock.untimed:  # a compiled step's collectives: its wait cannot be told apart
+            return None
         wait = self.clock.wait_s
         compute = max(0.0, time.monotonic() - self._ran_from - wait)
         return (

@@ -41,7 +41,10 @@ def probe(rank_group: RankGroup, next_step: Callable[[], Step]) -> dict[str, Any
             elapsed = time.perf_counter() - start
         wait.append(clock.wait_s)
         compute.append(max(0.0, elapsed - clock.wait_s))
-    return {"compute_s": compute, "wait_s": wait, "links_s": link_seconds(rank_group)}
+    links = link_seconds(rank_group)
+    if clock.untimed:  # collectives inside a compiled function: the split is not known
+        return {"compute_s": [], "wait_s": [], "untimed": clock.untimed, "links_s": links}
+    return {"compute_s": compute, "wait_s": wait, "links_s": links}
 
 
 def link_seconds(rank_group: RankGroup) -> dict[str, list[float]]:

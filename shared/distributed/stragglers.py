@@ -58,7 +58,10 @@ _seconds = s.number(0, MAX_SECONDS)
 _steps = s.list_of(_seconds, PROBE_MOST)
 PROBE = s.fields(
     {"compute_s": _steps, "wait_s": _steps},
-    {"links_s": s.map_of(s.list_of(_seconds, PROBE_MOST), MAX_LINKS)},
+    {
+        "links_s": s.map_of(s.list_of(_seconds, PROBE_MOST), MAX_LINKS),
+        "untimed": s.integer(0, 2**31),
+    },
 )
 """A rank record's `probe` (docs/protocol.md §17): what its agent measured, checked as any field
 a peer sends."""
@@ -102,6 +105,11 @@ def probe_problem(probe: Any) -> str | None:
         PROBE(probe)
     except s.Invalid as exc:
         return f"probe{exc}" if str(exc).startswith(".") else f"probe {exc}"
+    if probe.get("untimed"):
+        return (
+            f"{probe['untimed']} of its collectives ran inside a compiled function, where "
+            "nothing can be timed: its compute and wait are not told apart"
+        )
     if not probe["compute_s"] or len(probe["compute_s"]) != len(probe["wait_s"]):
         return "probe has no step, or not one wait per compute figure"
     return None

@@ -29,7 +29,7 @@ from shared.cooling.policy import (
     decide,
     pressure_state,
 )
-from shared.wire.agent_shapes import MAX_CELL_CLOCK_SAMPLES
+from shared.wire.record_types import MAX_CELL_CLOCK_SAMPLES
 
 __all__ = [
     "CoolingScheduler",

@@ -17,7 +17,7 @@ from typing import Any
 from shared.benchmark.verdict import BATTERY_SOURCES, LOW_POWER_MODES, judge, separated
 from shared.distributed import stragglers
 from shared.distributed.group import TENSOR
-from shared.wire.agent_shapes import MEASURED
+from shared.wire.record_types import MEASURED
 
 Record = dict[str, Any]
 

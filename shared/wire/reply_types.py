@@ -12,9 +12,11 @@ from typing import Annotated, Any, Literal
 
 from msgspec import UNSET, Meta, UnsetType
 
+from shared import shapes as s
 from shared.benchmark.bandwidth import RAW as BANDWIDTH
 from shared.benchmark.energy import RAILS
 from shared.bounds import MAX_CALIBRATE_MINUTES, MAX_CELLS, MAX_COOL_START_S
+from shared.cooling.throttle_point import CALIBRATION_STATES, calibrate_progress, calibration
 from shared.distributed.group import CHECK_PROMPT_LENGTH, MAX_CHECK_TOKENS
 from shared.distributed.rank_shapes import MAX_MEMBERS
 from shared.wire.agent_types import (
@@ -316,6 +318,21 @@ class RankStarted(WireMap):
 class CalibrationStarted(WireMap):
     minutes: Minutes
     source: Name
+
+
+class CalibrationState(WireMap):
+    """calibrate.get.ok: a calibration's progress and result (shared.cooling.throttle_point
+    checks those by hand)."""
+
+    state: Literal[CALIBRATION_STATES]  # type: ignore[valid-type]
+    minutes: Minutes | None
+    progress: after(s.nil_or(calibrate_progress))  # type: ignore[valid-type]
+    calibration: after(s.nil_or(calibration))  # type: ignore[valid-type]
+    source: Text | None
+    error: Text | None
+    origin: Text | None
+    policy: Policy  # type: ignore[valid-type]
+    policy_origin: Text
 
 
 class Error(WireMap):

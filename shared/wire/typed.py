@@ -19,7 +19,7 @@ import functools
 import math
 import re
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -46,12 +46,35 @@ MAX_OPEN_KEYS = 1024
 @dataclass(frozen=True)
 class _After:
     check: s.Check
+    takes_nil: bool
+    """Whether nil reaches the check: only where the type is Any (a check written whole by hand);
+    elsewhere nil is the type's to allow (`| None`) and is never of the type checked after."""
 
 
 def after(check: s.Check, type_: Any = Any) -> Any:
     """A `type_` that `check` (a shared.shapes check) also passes, run once msgspec accepts the
-    whole value: what a type cannot say about one field, written by hand."""
-    return Annotated[type_, _After(check)]
+    whole value: what a type cannot say about a field, or a field whose check is still written
+    by hand (type_ Any)."""
+    return Annotated[type_, _After(check, type_ is Any)]
+
+
+def struct(
+    name: str, required: Mapping[str, Any], optional: Mapping[str, Any], module: str
+) -> type[msgspec.Struct]:
+    """A Struct of these fields (unknown ones refused; an optional one left out stays out),
+    each a type, or a shared.shapes check in its place (run after()): a map whose fields
+    several modules declare, some still by hand."""
+
+    def typed(spec: Any) -> Any:
+        return after(spec) if isinstance(spec, types.FunctionType) else spec
+
+    fields = [(key, typed(spec)) for key, spec in required.items()]
+    fields += [
+        (key, typed(spec) | msgspec.UnsetType, msgspec.UNSET) for key, spec in optional.items()
+    ]
+    return msgspec.defstruct(
+        name, fields, module=module, forbid_unknown_fields=True, omit_defaults=True
+    )
 
 
 def open_map(known: type[msgspec.Struct], other: Any) -> Any:
@@ -76,7 +99,7 @@ def check(value: Any, type_: Any) -> None:
     except msgspec.ValidationError as exc:
         raise refusal(exc, value, type_) from None
     for path, later in _checks_after(type_):
-        for keys, found in _reached(value, path, ()):
+        for keys, found in _reached(value, path, (), later.takes_nil):
             try:
                 later.check(found)
             except s.Invalid as exc:
@@ -91,13 +114,11 @@ Path = tuple[str | None, ...]
 
 @functools.cache
 def _checks_after(type_: Any) -> tuple[tuple[Path, _After], ...]:
-    """Where fields checked after() sit in `type_` (not within one: its check sees to those)."""
+    """Where fields checked after() sit in `type_`, those within one before it."""
     found: list[tuple[Path, _After]] = []
     if get_origin(type_) is Annotated:
-        later = [meta for meta in get_args(type_)[1:] if isinstance(meta, _After)]
-        if later:
-            return (((), later[0]),)
-        return _checks_after(get_args(type_)[0])
+        later = [((), meta) for meta in get_args(type_)[1:] if isinstance(meta, _After)]
+        return (*_checks_after(get_args(type_)[0]), *later[:1])  # within first, then the whole
     if get_origin(type_) in (Union, types.UnionType):
         return tuple(spot for member in get_args(type_) for spot in _checks_after(member))
     if get_origin(type_) is list:
@@ -111,18 +132,18 @@ def _checks_after(type_: Any) -> tuple[tuple[Path, _After], ...]:
 
 
 def _reached(
-    value: Any, path: Path, keys: tuple[Any, ...]
+    value: Any, path: Path, keys: tuple[Any, ...], nil: bool
 ) -> Iterator[tuple[tuple[Any, ...], Any]]:
-    """(keys, value) of each value at `path` in a checked `value`; nil is none (a field that
-    may be nil is nil, or holds what its check is for)."""
+    """(keys, value) of each value at `path` in a checked `value` (`nil`: nil ones too); a
+    field left out is none."""
     if not path:
-        if value is not None:
+        if value is not None or nil:
             yield keys, value
     elif path[0] is None:
         for index, item in enumerate(value if isinstance(value, list) else ()):
-            yield from _reached(item, path[1:], (*keys, index))
+            yield from _reached(item, path[1:], (*keys, index), nil)
     elif isinstance(value, dict) and path[0] in value:
-        yield from _reached(value[path[0]], path[1:], (*keys, path[0]))
+        yield from _reached(value[path[0]], path[1:], (*keys, path[0]), nil)
 
 
 def shape(type_: Any) -> s.Check:

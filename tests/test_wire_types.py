@@ -13,10 +13,10 @@ import pytest
 
 from shared.shapes import Invalid
 from shared.wire import protocol as p
-from shared.wire.agent_shapes import check_agent_body
+from shared.wire.agent_shapes import check_agent_body, salvaged_record
 from shared.wire.agent_types import EventBody, SampleBody, decode_agent_telemetry
 from shared.wire.telemetry import Event, Sample
-from tests.test_agent_shapes import SAMPLE
+from tests.test_agent_shapes import RECORD, SAMPLE, cell
 
 JOB = SAMPLE["jobs"][0]
 EVENT: dict[str, Any] = {
@@ -197,3 +197,41 @@ def test_a_history_page_is_checked_sample_by_sample() -> None:
     page["samples"] = [SAMPLE, SAMPLE | {"jobs": [JOB | {"state": "sleeping"}]}]
     with pytest.raises(Invalid, match=r"^samples\[1\]\.jobs\[0\]\.state is 'sleeping', not one"):
         check_agent_body("history.get.ok", page)
+
+
+@pytest.mark.parametrize(
+    ("changes", "problem"),
+    [
+        ({"sustain": {"duration_s": 1.0}}, "record.sustain.window_s is missing"),
+        ({"panics": [{"file": ""}]}, "record.panics[0].file has 0 characters, fewer than 1"),
+        ({"gpu_clock": {"sustained_hz": 2e10, "samples": []}}, "record.gpu_clock.sustained_hz"),
+        ({"probe": None}, "record.probe is nil, not a map"),
+        ({"probe": {"compute_s": [0.01]}}, "record.probe.wait_s is missing"),
+        ({"settings": {"a": [1]}}, "record.settings.a is a list, not a bool, a number"),
+        ({"tokens_per_sec": 1e308}, "record.tokens_per_sec is 1e+308, faster than its fastest"),
+        ({"status": "failed", "tokens_per_sec": 1e308}, None),
+    ],
+)
+def test_a_records_fields_typed_and_by_hand_are_named_alike(
+    changes: dict[str, Any], problem: str | None
+) -> None:
+    """A record's own fields are types; the stragglers' `probe` is still a shape written by
+    hand (shared.distributed.stragglers), run after them; both name the field the same way,
+    and a measured record's figures must agree (a failed one's need not)."""
+    body = cell(**changes)
+    if problem is None:
+        check_agent_body("bench.cell", body)
+        return
+    with pytest.raises(Invalid) as refused:
+        check_agent_body("bench.cell", body)
+    assert str(refused.value).startswith(problem)
+
+
+def test_a_stored_record_keeps_each_field_its_type_accepts() -> None:
+    kept = salvaged_record(RECORD | {"host": "mac1", "bits": "sixteen", "flags": [""]})
+    assert kept["bits"] is None and kept["flags"] is None and kept["status"] == "failed"
+    assert kept["invalid"] == [
+        "bits is a str, not an int or nil",
+        "flags[0] has 0 characters, fewer than 1",
+    ]
+    assert kept["tokens_per_sec"] == RECORD["tokens_per_sec"]

@@ -25,7 +25,7 @@ from shared.benchmark.openai_stream import (
     request_body,
 )
 from shared.benchmark.serving_figures import Slo, serving_figures
-from tests.fakes.openai_server import PROMPT_TOKENS, FakeOpenAIServer
+from tests.fakes.openai_server import CACHED_TOKENS, PROMPT_TOKENS, FakeOpenAIServer
 
 TIMEOUT_S = 30.0
 
@@ -43,6 +43,7 @@ def test_a_stream_is_timed_token_by_token() -> None:
     assert timing.error is None
     assert timing.completed
     assert (timing.prompt_tokens, timing.output_tokens) == (PROMPT_TOKENS, 6)
+    assert timing.cached_tokens == CACHED_TOKENS
     assert len(timing.later_token_s) == 5
     assert timing.ttft_s is not None and timing.ttft_s >= 0.05
     assert timing.e2e_s is not None and timing.e2e_s >= 0.05 + 5 * 0.02  # the server's sleeps
@@ -167,8 +168,12 @@ def test_chunks_say_their_text_finish_and_usage() -> None:
     assert reasoning.is_token
     last = parse_chunk('{"choices": [{"delta": {"role": "assistant"}, "finish_reason": "length"}]}')
     assert not last.is_token and last.finish_reason == "length"
-    usage = parse_chunk('{"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 9}}')
+    usage = parse_chunk(
+        '{"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 9, '
+        '"prompt_tokens_details": {"cached_tokens": 2}}}'
+    )
     assert (usage.prompt_tokens, usage.output_tokens, usage.is_token) == (3, 9, False)
+    assert usage.cached_tokens == 2
     assert parse_chunk('{"choices": [{"text": "x"}]}').is_token
 
 

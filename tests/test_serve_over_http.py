@@ -120,6 +120,10 @@ def test_serve_url_cells_stream_from_the_server_and_a_death_fails_only_its_cell(
     assert second["status"] == "ok", second["error"]
     assert second["serving"]["model_impl"].startswith("the server's, 'fake-model' asked for")
     assert second["serving"]["figures"]["completed"] == 6
+    assert second["serving"]["prompt_cache"] == (
+        "the server's own: 12 of 42 prompt tokens of 6 requests found in it (its usage's "
+        "cached_tokens)"
+    )
 
 
 @pytest.mark.parametrize(

@@ -143,10 +143,23 @@ class HttpServingCell(ServingCell):
             engine=f"over HTTP: {served}",
             model_impl=f"the server's, {self.model!r} asked for; its memory is the server "
             "process's, not measured here",
-            prompt_cache="the server's own (mlx_lm.server keeps one across requests)",
+            prompt_cache=prompt_cache_state([t for timings in self.passes for t in timings]),
             tokens_from=self.tokens_from,
         )
         return result
+
+
+def prompt_cache_state(timings: list[RequestTiming]) -> str:
+    """What the server's prompt cache held for the timed requests, as its usage said."""
+    told = [t for t in timings if t.cached_tokens is not None and t.prompt_tokens is not None]
+    if not told:
+        return "the server's own; it did not say what it found cached (no cached_tokens)"
+    cached = sum(t.cached_tokens or 0 for t in told)
+    prompts = sum(t.prompt_tokens or 0 for t in told)
+    return (
+        f"the server's own: {cached} of {prompts} prompt tokens of {len(told)} requests found "
+        "in it (its usage's cached_tokens)"
+    )
 
 
 def measure_over_http(

@@ -170,7 +170,7 @@ def _read_stream(
     """The events of a 200 event-stream reply, each token event timed as it is read."""
     reader = EventReader()
     times: list[float] = []
-    prompt_tokens = output_tokens = None
+    prompt_tokens = output_tokens = cached_tokens = None
     error = None
     try:
         while True:
@@ -188,6 +188,8 @@ def _read_stream(
                     prompt_tokens = chunk.prompt_tokens
                 if chunk.output_tokens is not None:
                     output_tokens = chunk.output_tokens
+                if chunk.cached_tokens is not None:
+                    cached_tokens = chunk.cached_tokens
             if not line:
                 error = f"the stream ended before {DONE} after {len(times)} token events"
                 break
@@ -204,4 +206,5 @@ def _read_stream(
         prompt_tokens=prompt_tokens,
         output_tokens=output_tokens,
         error=error,
+        cached_tokens=cached_tokens,
     )

@@ -94,6 +94,9 @@ class Chunk:
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     output_tokens: int | None = None
+    cached_tokens: int | None = None
+    """Of the prompt's tokens, those the server found in its prompt cache (usage's
+    prompt_tokens_details.cached_tokens, as OpenAI and mlx_lm.server send it)."""
 
     @property
     def is_token(self) -> bool:
@@ -116,10 +119,13 @@ def parse_chunk(data: str) -> Chunk:
     if not isinstance(choices, list):
         raise NotOpenAI("a chunk has no choices list")
     usage = chunk.get("usage")
-    prompt_tokens = output_tokens = None
+    prompt_tokens = output_tokens = cached_tokens = None
     if isinstance(usage, dict):
         prompt_tokens = _count(usage, "prompt_tokens")
         output_tokens = _count(usage, "completion_tokens")
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict):
+            cached_tokens = _count(details, "cached_tokens")
     elif usage is not None:
         raise NotOpenAI("a chunk's usage is not an object")
     text_chars, finish_reason = 0, None
@@ -132,7 +138,7 @@ def parse_chunk(data: str) -> Chunk:
             if not isinstance(reason, str):
                 raise NotOpenAI("a chunk's finish_reason is not a string")
             finish_reason = reason
-    return Chunk(text_chars, finish_reason, prompt_tokens, output_tokens)
+    return Chunk(text_chars, finish_reason, prompt_tokens, output_tokens, cached_tokens)
 
 
 def _choice_chars(choice: dict[str, Any]) -> int:

@@ -57,7 +57,8 @@ class Distribution:
 class RequestTiming:
     """One request as its client saw it: when it was sent, when its first token arrived, when
     each later token arrived, how many prompt and output tokens the server counted (None when it
-    did not say), and the error that ended it (None when it completed).
+    did not say), the error that ended it (None when it completed), and how many of its prompt's
+    tokens the server found cached.
 
     A streamed chunk is a token event: on mlx_lm.server each chunk carries one token's text,
     unless its detokenizer held text back (then one chunk carries several). `output_tokens`
@@ -69,6 +70,8 @@ class RequestTiming:
     prompt_tokens: int | None = None
     output_tokens: int | None = None
     error: str | None = None
+    cached_tokens: int | None = None
+    """Of the prompt's tokens, those the server said it found in its prompt cache."""
 
     def __post_init__(self) -> None:
         if self.first_token_s is None and self.later_token_s:
@@ -79,7 +82,7 @@ class RequestTiming:
         times.extend(self.later_token_s)
         if any(b < a for a, b in zip(times, times[1:], strict=False)):
             raise ValueError("token times go backwards (or come before the request)")
-        for name in ("prompt_tokens", "output_tokens"):
+        for name in ("prompt_tokens", "output_tokens", "cached_tokens"):
             count = getattr(self, name)
             if count is not None and count < 0:
                 raise ValueError(f"{name} {count} is negative")

@@ -9,8 +9,9 @@ What it copies, and from where:
   token (`choices[0].delta.content` for chat, `choices[0].text` for completions) with
   `finish_reason` null, a last chunk with the finish reason, the usage chunk when
   `stream_options.include_usage` is asked for (`choices: []`, `usage.prompt_tokens`,
-  `usage.completion_tokens`), then `data: [DONE]`; a `: keepalive` comment before the first
-  token, as its prefill progress callback writes.
+  `usage.completion_tokens`, `usage.prompt_tokens_details.cached_tokens`), then
+  `data: [DONE]`; a `: keepalive` comment before the first token, as its prefill progress
+  callback writes.
 - `404`: mlx_lm.server's answer to a POST on a path it does not serve (`Not Found`, no JSON); a
   server that serves no /v1 API at all answers the same to `GET /v1/models` (mode "not-found").
 - a reply that is not an event stream: an OpenAI-style server that ignores `stream: true` and
@@ -34,7 +35,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 PROMPT_TOKENS = 7
-"""What the fake says each prompt was, in its usage chunk."""
+CACHED_TOKENS = 2
+"""What the fake says each prompt was, and found cached, in its usage chunk."""
 
 
 class FakeOpenAIServer:
@@ -161,7 +163,11 @@ def _handler(fake: FakeOpenAIServer) -> type[BaseHTTPRequestHandler]:
                 self.event(json.dumps(chunk(chat, f"w{index} ", None)))
             self.event(json.dumps(chunk(chat, "", "length")))
             if (body.get("stream_options") or {}).get("include_usage"):
-                usage = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": tokens}
+                usage = {
+                    "prompt_tokens": PROMPT_TOKENS,
+                    "completion_tokens": tokens,
+                    "prompt_tokens_details": {"cached_tokens": CACHED_TOKENS},
+                }
                 self.event(json.dumps({"object": "chat.completion", "choices": [], "usage": usage}))
             self.event("[DONE]")
 

@@ -189,10 +189,7 @@ class StepGate:
             return None
         wait = self.clock.wait_s
         compute = max(0.0, time.monotonic() - self._ran_from - wait)
-        return (
-            min(round(compute * 1e6), MOST_MICROSECONDS),
-            min(round(wait * 1e6), MOST_MICROSECONDS),
-        )
+        return _microseconds(compute), _microseconds(wait)
 
     def _agreed(
         self, local: int, rest: float, figures: tuple[int, int] | None = None

@@ -13,7 +13,10 @@ import pytest
 from tests.netns_support import Lab, ip
 
 MIB = 1024 * 1024
-TBF_LATENCY = "400ms"
+TBF_LATENCY = "50ms"
+"""The most a packet may wait in a link's queue: a switch port's few milliseconds more than a
+modem's seconds, so a host that sends and receives at once (the seed) gets its requests and
+ACKs out behind its own upload without waiting out a bufferbloated queue."""
 
 
 def interface(made: Lab, host: str) -> str:

@@ -7,7 +7,7 @@ its link's rate. Then every host benchmarks the staged id with HF_HUB_OFFLINE=1,
 models` shows it present everywhere, and a byte flipped on one host has the next matrix refuse
 that host, naming it and the file.
 
-The model here is MODEL_MB (a few seconds a copy at RATE_BITS, so the suite pays about 20 s for
+The model here is MODEL_MB (seven seconds a copy at RATE_BITS, so the suite pays about 25 s for
 the stage); bench/bench_staging.py stages the issue's 200 MB one against scp over the same link.
 Needs root, `ip` and `tc`; skipped with the reason where the namespaces cannot be made.
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -38,7 +39,7 @@ HOSTS = [f"h{index}" for index in range(1, 8)]
 RATE_BITS = 12_000_000
 """1.5 MB/s a link: well under what two busy cores encrypt, hash and write for four copies at
 once, so each copy runs at its link's rate, not the CPU's."""
-MODEL_MB = 6
+MODEL_MB = 10
 NAME = "lab/tiny-llama"
 WALL_SLACK = 1.3
 LINK_SHARE = 0.8
@@ -51,6 +52,8 @@ class Staged:
     """The lab after one stage: what it measured and how to run more commands there."""
 
     made: Lab
+    pool: AgentPool
+    root: Path
     agents: dict[str, AgentProcess]
     hostfile: Path
     home: Path
@@ -60,28 +63,60 @@ class Staged:
     wall_s: float
     source_sent: int
 
-    def coordinator(self, *args: str, timeout: float = WAIT_S) -> subprocess.CompletedProcess[str]:
-        """`coordinator ARGS --hostfile` in the source's namespace, with its own data dir."""
+    def command(self, *args: str, hosts: tuple[str, ...] = ()) -> list[str]:
+        """`coordinator ARGS --hostfile` in the source's namespace: every host, or `hosts`."""
+        return ["ip", "netns", "exec", self.made.namespaces["src"], console_script("coordinator"),
+                *args, "--hostfile", str(self.hostfile_of(hosts))]  # fmt: skip
+
+    def hostfile_of(self, hosts: tuple[str, ...]) -> Path:
+        """A hostfile naming `hosts` (every host when empty), with their keys."""
+        if not hosts:
+            return self.hostfile
+        path = self.root / f"hosts-{'-'.join(hosts)}.json"
+        path.write_text(json.dumps({"hosts": [entry(self.agents[h]) for h in hosts]}))
+        return path
+
+    @property
+    def env(self) -> dict[str, str]:
+        return subprocess_env(MLX_FLEET_HOME=str(self.home), COLUMNS="250")
+
+    def coordinator(
+        self, *args: str, hosts: tuple[str, ...] = ()
+    ) -> subprocess.CompletedProcess[str]:
+        """The command run to its end, with the coordinator's own data dir."""
         return subprocess.run(
-            ["ip", "netns", "exec", self.made.namespaces["src"], console_script("coordinator"),
-             *args, "--hostfile", str(self.hostfile)],
-            capture_output=True, text=True, timeout=timeout,
-            env=subprocess_env(MLX_FLEET_HOME=str(self.home), COLUMNS="250"),
+            self.command(*args, hosts=hosts),
+            capture_output=True, text=True, timeout=WAIT_S, env=self.env,
         )  # fmt: skip
+
+    def restart(self, host: str) -> None:
+        """`host`'s agent started again where it was (its port, data dir and store)."""
+        old = self.agents[host]
+        self.agents[host] = start_agent(self.made, self.pool, self.root, host, old.port, old.home)
+
+
+def entry(agent: AgentProcess) -> dict:
+    """The agent as a hostfile names it."""
+    return {"host": agent.address.rsplit(":", 1)[0], "port": agent.port, "key": agent.key}
+
+
+def start_agent(
+    made: Lab, pool: AgentPool, root: Path, host: str, port: int = 0, home: Path | None = None
+) -> AgentProcess:
+    """`host`'s agent in its namespace, its own Hugging Face cache (its store) read offline."""
+    return pool.start(
+        host,
+        netns=made.namespaces[host],
+        bind_host=made.addresses[host],
+        port=port,
+        home=home,
+        wrapper=["env", f"HF_HOME={root / host / 'hf'}", "HF_HUB_OFFLINE=1"],
+    )
 
 
 def start_hosts(made: Lab, pool: AgentPool, root: Path) -> dict[str, AgentProcess]:
-    """An agent in each host's namespace, its own Hugging Face cache (its store) read offline,
-    each trusting every other as a peer."""
-    started = {}
-    for host in HOSTS:
-        cache = root / host / "hf"
-        started[host] = pool.start(
-            host,
-            netns=made.namespaces[host],
-            bind_host=made.addresses[host],
-            wrapper=["env", f"HF_HOME={cache}", "HF_HUB_OFFLINE=1"],
-        )
+    """An agent in each host's namespace, each trusting every other as a peer."""
+    started = {host: start_agent(made, pool, root, host) for host in HOSTS}
     for host, agent in started.items():
         for other, peer in started.items():
             if other != host:
@@ -110,13 +145,8 @@ def staged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Staged]:
             for agent in agents.values():
                 trust(key, "test", agent.home / "keys" / "trusted")
             hostfile = root / "hosts.json"
-            hostfile.write_text(
-                json.dumps(
-                    {"hosts": [{"host": a.address.rsplit(":", 1)[0], "port": a.port,
-                                "key": a.key} for a in agents.values()]}
-                )
-            )  # fmt: skip
-            lab_run = Staged(made, agents, hostfile, home, model, size, {}, 0.0, 0)
+            hostfile.write_text(json.dumps({"hosts": [entry(a) for a in agents.values()]}))
+            lab_run = Staged(made, pool, root, agents, hostfile, home, model, size, {}, 0.0, 0)
             before = sent_bytes(made, "src")
             began = time.monotonic()
             done = lab_run.coordinator("stage", str(model), "--as", NAME, "-o", "json")
@@ -173,7 +203,7 @@ def test_every_host_benchmarks_the_staged_copy_offline(staged: Staged) -> None:
 @pytest.mark.slow
 def test_a_flipped_byte_has_the_next_matrix_refuse_that_host(staged: Staged) -> None:
     host = staged.agents["h3"]
-    (weights,) = (staged.home.parent / "h3" / "hf").rglob("snapshots/*/model.safetensors")
+    (weights,) = (staged.root / "h3" / "hf").rglob("snapshots/*/model.safetensors")
     with open(weights, "r+b") as file:
         file.seek(staged.size // 3)
         byte = file.read(1)
@@ -184,3 +214,82 @@ def test_a_flipped_byte_has_the_next_matrix_refuse_that_host(staged: Staged) -> 
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith(f"error: --model {host.address}: its copy of {NAME} differs: ")
     assert "model.safetensors" in line
+
+
+def verified_chunks(staged: Staged, host: str) -> int:
+    """Chunks `host` has verified of a transfer under way (its partial folder's records)."""
+    found = (staged.root / host / "hf").rglob(".mlx-fleet/partial-*/records/*")
+    return sum(len(path.read_text().split()) for path in found if path.is_file())
+
+
+@pytest.mark.slow
+def test_a_lost_seed_is_routed_around_and_staging_again_resumes_it(staged: Staged) -> None:
+    """The seed's agent killed mid-copy: the origin sends to another seed, every other host
+    is staged, the stage ends 1 naming the lost one; its agent back, the same command resumes
+    it (the chunks it verified kept) and finds every other host holding the model."""
+    again, hosts = "lab/lost-seed", ("h1", "h2", "h3", "h4")
+    running = subprocess.Popen(
+        staged.command("stage", str(staged.model), "--as", again, "--host-timeout", "2",
+                       "-o", "json", hosts=hosts),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=staged.env,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while verified_chunks(staged, "h1") < 3:
+            assert running.poll() is None, running.communicate()
+            assert time.monotonic() < deadline, "h1 never began its copy"
+            time.sleep(0.1)
+        staged.agents["h1"].kill()
+        out, err = running.communicate(timeout=WAIT_S)
+    finally:
+        running.kill()
+    assert running.returncode == 1, err
+    rows = {row["host"]: row for row in json.loads(out)["hosts"]}
+    lost = staged.agents["h1"].address
+    assert rows[lost]["state"] == "lost", rows[lost]
+    assert {row["state"] for host, row in rows.items() if host != lost} == {"staged"}
+    assert all(row["source"] != lost for host, row in rows.items() if host != lost)
+    assert f"{lost}: unreachable" in err
+    kept = verified_chunks(staged, "h1")
+    assert kept >= 3
+    staged.restart("h1")
+    resumed = staged.coordinator(
+        "stage", str(staged.model), "--as", again, "-o", "json", hosts=hosts
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    rows = {row["host"]: row for row in json.loads(resumed.stdout)["hosts"]}
+    assert rows[lost]["state"] == "staged" and rows[lost]["resumed"] > 0, rows[lost]
+    assert {row["state"] for host, row in rows.items() if host != lost} == {"held"}
+
+
+@pytest.mark.slow
+def test_ctrl_c_cancels_every_fetch_and_staging_again_resumes(staged: Staged) -> None:
+    """Ctrl-C mid-copy: the command ends 130 saying how to resume, each fetch under way is
+    cancelled with what it verified kept; the same command again resumes it there."""
+    again, hosts = "lab/interrupted", ("h5", "h6")
+    running = subprocess.Popen(
+        staged.command("stage", str(staged.model), "--as", again, "-o", "json", hosts=hosts),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=staged.env,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while verified_chunks(staged, "h6") < 3:
+            assert running.poll() is None, running.communicate()
+            assert time.monotonic() < deadline, "h6 never began its copy"
+            time.sleep(0.1)
+        running.send_signal(signal.SIGINT)
+        out, err = running.communicate(timeout=60)
+    finally:
+        running.kill()
+    assert running.returncode == 130, err
+    assert "run the same command again to resume" in err
+    rows = {row["host"]: row for row in json.loads(out)["hosts"]}
+    assert "cancelled" in {row["state"] for row in rows.values()}
+    assert verified_chunks(staged, "h6") >= 3
+    resumed = staged.coordinator(
+        "stage", str(staged.model), "--as", again, "-o", "json", hosts=hosts
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    rows = {row["host"]: row for row in json.loads(resumed.stdout)["hosts"]}
+    assert rows[staged.agents["h6"].address]["resumed"] > 0
+    assert {row["state"] for row in rows.values()} <= {"staged", "held"}

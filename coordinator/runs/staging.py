@@ -35,6 +35,9 @@ MAX_ATTEMPTS = 3
 LIST_TIMEOUT_S = 600.0
 """models.list hashes again a file whose size or mtime changed: a large model takes minutes."""
 CANCEL_WAIT_S = 3.0
+RETRY_S = 1.0
+"""After a receiver answered with an earlier fetch that still runs, how long before ours is
+asked again (its cancel takes effect meanwhile)."""
 POLL_S = 0.25
 """How often each host is asked how its task goes: a finished host serves the next within it."""
 BAD_INPUT = frozenset({"bad-model", "bad-store", "no-space", "bad-body"})
@@ -188,9 +191,10 @@ class StageSetup:
         """Receiver → a copy asked whose reply has not come yet."""
         self.fan_out_s: float | None = None
         """Seconds from the first copy asked to the last one's end: the tree's own time."""
-        self.followers: list[Copy] = []
-        """Copies that follow their seed, not asked until the seed has verified a chunk (so
-        it has checked the manifest it then serves)."""
+        self.pending: list[tuple[Copy, float]] = []
+        """Copies planned but not asked yet, each with the time it may be asked (_ask_due)."""
+        self.unreachable: set[str] = set()
+        """Hosts not answering now (not lost yet): no copy is asked from them."""
         try:
             Tree.start(ORIGIN, [target.name for target in hosts])
         except TreeError as exc:
@@ -380,22 +384,30 @@ class StageRun(StageSetup):
                 else:
                     started.append(copy)
             tree = tree.begin(started)
-            for copy in started:
-                if copy.follows:
-                    self.followers.append(copy)  # asked once its seed holds a chunk
-                else:
-                    self._ask_fetch(copy)
+            self.pending += [(copy, 0.0) for copy in started]
             self.tree = tree
-            report = self._next()
+            report = self._next(POLL_S / 2)
             if report is not None:
                 tree = self._heard(tree, report)
-            for copy in list(self.followers):
-                if copy not in tree.running:
-                    self.followers.remove(copy)
-                elif self.rows[copy.sender].bytes > 0 or self.rows[copy.sender].state == STAGED:
-                    self.followers.remove(copy)
-                    self._ask_fetch(copy)
+            self._ask_due(tree)
         self.fan_out_s = time.monotonic() - began
+
+    def _ask_due(self, tree: Tree) -> None:
+        """Ask each pending copy whose time has come: one still planned, whose sender answers
+        (an unreachable one is waited for, or lost and re-planned), and, for a follower, whose
+        seed has verified a chunk (so it has checked the manifest it then serves)."""
+        now = time.monotonic()
+        for copy, due in list(self.pending):
+            sender = self.rows.get(copy.sender)
+            if copy not in tree.running:
+                self.pending.remove((copy, due))
+            elif (
+                now >= due
+                and copy.sender not in self.unreachable
+                and (not copy.follows or (sender is not None and sender.bytes > 0))
+            ):
+                self.pending.remove((copy, due))
+                self._ask_fetch(copy)
 
     def _ask_fetch(self, copy: Copy) -> None:
         row = self.rows[copy.receiver]
@@ -405,20 +417,32 @@ class StageRun(StageSetup):
         self.asked[copy.receiver] = copy
         self.workers[copy.receiver].ask("stage.fetch", self._fetch_body(copy), tag=copy)
 
+    def _still_fetching(self, copy: Copy, task: dict[str, Any]) -> bool:
+        """The receiver answered our fetch with an earlier one that still runs (from another
+        sender): it is cancelled and ours asked again in a moment, no attempt counted."""
+        if task["source"] == self._fetch_body(copy)["source"] or task["state"] != "fetching":
+            return False
+        self.workers[copy.receiver].ask("stage.cancel", {"model": self.name})
+        self.rows[copy.receiver].attempts -= 1
+        self.pending.append((copy, time.monotonic() + RETRY_S))
+        return True
+
     def _heard(self, tree: Tree, report: HostReport) -> Tree:
         host = report.host
         if host not in self.rows:
             return tree
         if report.kind == UNREACHABLE:
+            self.unreachable.add(host)
             self._line(host, f"unreachable ({report.error}); reconnecting")
             return tree
         if report.kind == RECONNECTED:
+            self.unreachable.discard(host)
             self._line(host, "reconnected")
             return tree
         if report.kind == LOST:
             self._lose(host, report.error)
             for copy in tree.running:
-                if copy.sender == host and copy not in self.followers:
+                if copy.sender == host and copy.receiver in {**self.asked, **self.fetching}:
                     # its receivers take another source
                     self.workers[copy.receiver].ask("stage.cancel", {"model": self.name})
                     self.fetching.pop(copy.receiver, None)
@@ -431,13 +455,16 @@ class StageRun(StageSetup):
             if report.code in REFUSALS:  # the host's own: refused before any byte moved
                 row = self.rows[host]
                 row.state, row.error, row.code = REFUSED_HOST, report.error, report.code
-                self._line(host, report.error or "refused")
+                if report.code not in BAD_INPUT:  # bad input is said once, at the end
+                    self._line(host, report.error or "refused")
                 return tree.fail(host)
             return self._failed_attempt(tree, report.tag, report.error or "refused")
         if report.kind != REPLY or report.body is None:
             return tree
         if isinstance(report.tag, Copy) and self.asked.get(host) == report.tag:
             del self.asked[host]
+            if self._still_fetching(report.tag, report.body):
+                return tree
             self.fetching[host] = report.tag
             self.workers[host].poll = ("stage.status", {"model": self.name})
         copy = self.fetching.get(host)
@@ -462,9 +489,14 @@ class StageRun(StageSetup):
         return tree
 
     def _failed_attempt(self, tree: Tree, copy: Copy, error: str) -> Tree:
+        """A fetch that failed is tried again from whichever sender the tree names, at most
+        MAX_ATTEMPTS times; one whose sender has stopped answering is not counted (the sender
+        is waited for, or lost and its receivers re-planned)."""
         row = self.rows[copy.receiver]
         row.error = f"from {copy.sender}: {error}"
         self._line(copy.receiver, row.error)
+        if copy.sender in self.unreachable:
+            row.attempts -= 1
         if row.attempts >= MAX_ATTEMPTS:
             row.state = FAILED
             return tree.fail(copy.receiver)

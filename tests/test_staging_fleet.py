@@ -78,7 +78,8 @@ def test_a_flipped_byte_refuses_its_host_naming_the_file() -> None:
         "c": None,
     }
     assert differing_copy("org/m", held) == (
-        "b: its copy of org/m differs: model.safetensors: sha256 differs from the manifest"
+        "b: its copy of org/m is not what was staged: model.safetensors: sha256 differs from the "
+        "manifest"
     )
 
 

@@ -212,8 +212,10 @@ def test_a_flipped_byte_has_the_next_matrix_refuse_that_host(staged: Staged) -> 
     done = staged.coordinator("benchmark", "--model", NAME, "-p", "8", "-n", "2", "-r", "1")
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.strip().splitlines()
-    assert line.startswith(f"error: --model {host.address}: its copy of {NAME} differs: ")
-    assert "model.safetensors" in line
+    assert line.startswith(
+        f"error: --model {host.address}: its copy of {NAME} is not what was staged: "
+        "model.safetensors differs (sha256 "
+    ), line
 
 
 def verified_chunks(staged: Staged, host: str) -> int:

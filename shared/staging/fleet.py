@@ -128,7 +128,8 @@ def differing_copy(model: str, held: Mapping[str, Mapping[str, Any] | None]) -> 
     holds none (a host that fetches the model itself is no difference)."""
     for host, copy in held.items():
         if copy is not None and copy["state"] == MISMATCH:
-            return f"{host}: its copy of {model} differs: {copy['error'] or 'a file changed'}"
+            why = copy["error"] or "a file changed"
+            return f"{host}: its copy of {model} is not what was staged: {why}"
     digests = {host: copy["digest"] for host, copy in held.items() if copy and copy["digest"]}
     if len(set(digests.values())) < 2:
         return None

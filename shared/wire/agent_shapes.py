@@ -11,13 +11,15 @@ The bodies are msgspec types (shared.wire.agent_types: telemetry; shared.wire.re
 replies; shared.wire.record_types: a cell record), checked in one pass in C; what a type cannot
 say is checked by hand beside it (shared.wire.typed: after(), open_map(), a Struct's
 __post_init__). A rank's state and the staging replies are still shapes (shared.shapes) written
-by hand. A new message type is best a Struct, entered here as `typed.shape(TheStruct)`; a shape
-written by hand is entered as it is.
+by hand. A new message type is best a Struct, entered in TYPES; a shape written by hand goes in
+BODIES as it is.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from msgspec import Struct
 
 from shared import shapes as s
 from shared.benchmark.verdict import judge
@@ -34,33 +36,40 @@ MODEL_FIELDS = typed.field_checks(replies.Model)
 record = typed.shape(records.CheckedRecord)
 gang_request = typed.shape(agent_types.GangRequest)
 """gang.state, which agents (and `agent run`) send each other: checked by the agent."""
-BODIES: dict[str, s.Check] = {
-    "hello.ok": typed.shape(replies.Hello),
-    "ping.ok": typed.shape(replies.Ping),
-    "info.ok": typed.shape(replies.Info),
-    "bench.start.ok": typed.shape(replies.Started),
-    "bench.check.ok": typed.shape(replies.Checked),
-    "bench.progress": typed.shape(replies.Progress),
-    "bench.cell": typed.shape(records.Cell),
-    "bench.done": typed.shape(replies.Done),
-    "bench.cancel.ok": typed.shape(replies.JobNamed),
-    "job.get.ok": typed.shape(records.JobPage),
-    "job.list.ok": typed.shape(replies.JobList),
-    "history.get.ok": typed.shape(replies.HistoryPage),
-    "policy.get.ok": typed.shape(replies.PolicyInForce),
-    "policy.set.ok": typed.shape(replies.PolicyInForce),
-    "job.event.ok": typed.shape(replies.JobNamed),
-    "gang.state.ok": typed.shape(agent_types.GangState),
-    "doctor.ok": typed.shape(replies.Doctor),
-    "rank.start.ok": typed.shape(replies.RankStarted),
-    "rank.get.ok": RANK_GOT,
-    "rank.stop.ok": RANK_GOT,
-    "calibrate.start.ok": typed.shape(replies.CalibrationStarted),
-    "calibrate.get.ok": typed.shape(replies.CalibrationState),
-    "error": typed.shape(replies.Error),
-    "telemetry.sample": typed.shape(agent_types.SampleBody),
-    "telemetry.event": typed.shape(agent_types.EventBody),
-} | STAGING_BODIES
+TYPES: dict[str, type[Struct]] = {
+    "hello.ok": replies.Hello,
+    "ping.ok": replies.Ping,
+    "info.ok": replies.Info,
+    "bench.start.ok": replies.Started,
+    "bench.check.ok": replies.Checked,
+    "bench.progress": replies.Progress,
+    "bench.cell": records.Cell,
+    "bench.done": replies.Done,
+    "bench.cancel.ok": replies.JobNamed,
+    "job.get.ok": records.JobPage,
+    "job.list.ok": replies.JobList,
+    "history.get.ok": replies.HistoryPage,
+    "policy.get.ok": replies.PolicyInForce,
+    "policy.set.ok": replies.PolicyInForce,
+    "job.event.ok": replies.JobNamed,
+    "gang.state.ok": agent_types.GangState,
+    "doctor.ok": replies.Doctor,
+    "rank.start.ok": replies.RankStarted,
+    "calibrate.start.ok": replies.CalibrationStarted,
+    "calibrate.get.ok": replies.CalibrationState,
+    "error": replies.Error,
+    "telemetry.sample": agent_types.SampleBody,
+    "telemetry.event": agent_types.EventBody,
+}
+"""The bodies spelt as msgspec types: a new message type is best one, entered here."""
+BODIES: dict[str, s.Check] = (
+    {type_: typed.shape(body) for type_, body in TYPES.items()}
+    | {
+        "rank.get.ok": RANK_GOT,
+        "rank.stop.ok": RANK_GOT,
+    }
+    | STAGING_BODIES
+)
 """Every type an agent sends: replies, the job stream and telemetry (§5, §10)."""
 
 

@@ -155,6 +155,8 @@ COMMANDS = [
         examples=(
             "coordinator doctor --hosts mac1,mac2",
             "coordinator doctor --hostfile hosts.json -o json",
+            "coordinator doctor --level 2 --hosts mac1,mac2",
+            "coordinator doctor --level 3 --duration 5m --hosts mac1,mac2,mac3",
         ),
     ),
     LazyCommand(

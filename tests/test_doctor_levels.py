@@ -20,12 +20,14 @@ def test_level_2_on_two_agents_prints_one_table_with_a_verdict_per_host(
     for agent in pair:
         exchange_keys(agent)
     names = ",".join(agent.address for agent in pair)
-    first = cli("coordinator", "doctor", "--level", "2", "--hosts", names, "-o", "json")
+    first = cli(
+        "coordinator", "doctor", "--level", "2", "--hosts", names, "-o", "json", timeout=240
+    )
     assert first.returncode in (0, 1), first.stderr
     rows = json.loads(first.stdout)
     assert [row["host"] for row in rows] == [agent.address for agent in pair]
     for row in rows:
-        assert row["verdict"] in ("pass", "fail") and row["tokens_per_sec"] > 0
+        assert row["verdict"] in ("pass", "fail") and row["tokens_per_sec"], row["why"]
         assert row["band"] is None and row["band_runs"] == 0  # the family's first level 2
         assert row["sensor"].endswith("°C")  # the simulated source, labelled in the cell
         assert (row["verdict"] == "fail") == bool(row["why"])

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -13,13 +13,17 @@ from coordinator.commands.hosts import (
     HostRow,
     Insecure,
     KnownHosts,
+    RingPort,
     ask_each,
     settings_for,
     targets_or_known,
 )
+from shared.benchmark.sustain import SustainError, SustainPlan, parse_duration
+from shared.distributed.rank_env import DEFAULT_STARTING_PORT
 from shared.exit_codes import EXIT_PARTIAL
-from shared.io.cli import data_home, emit, usage_error
+from shared.io.cli import data_home, emit, err, usage_error
 from shared.io.options import TableFormat
+from shared.io.signals import interrupted_exit_code
 from shared.io.transport import AgentClient, AgentError
 from shared.reports.doctor_verdict import doctor_view
 from shared.wire import protocol as p
@@ -63,7 +67,20 @@ Level = Annotated[
         "--level",
         help="1: each agent's doctor; 2: also a memory-bandwidth probe and a fixed small decode "
         "cell on every host, each judged against its family's earlier level-2 results, the SoC "
-        "sensor under that load and the bandwidth the decode implies (a minute or two).",
+        "sensor under that load and the bandwidth the decode implies (a minute or two); 3 (a "
+        "burn-in, ~15 min): also that cell sustained to steady state on every host at once "
+        "(--duration) and netbench over every link among the hosts, one pair at a time.",
+    ),
+]
+
+
+Duration = Annotated[
+    str | None,
+    typer.Option(
+        "--duration",
+        metavar="DURATION",
+        help="Level 3 only: how long the sustained run lasts (30s, 5m, 1h; default 15m). "
+        "Level 2 and the links take minutes more.",
     ),
 ]
 
@@ -75,6 +92,8 @@ def doctor_command(
     connect_timeout: ConnectTimeout = 5.0,
     insecure: Insecure = False,
     level: Level = 1,
+    duration: Duration = None,
+    port: RingPort = DEFAULT_STARTING_PORT,
 ) -> None:
     """Each agent's `agent doctor` (Python, MLX, a 1 s benchmark, every thermal source, ports,
     service, firewall...), as its service sees its Mac, in one table.
@@ -82,10 +101,12 @@ def doctor_command(
     Without --hosts or --hostfile: every host with a key from `coordinator keys add`. Each
     host's failed required checks come first, and each host ends with its verdict line.
     Exit codes: 0 when every agent answered and can run, 1 otherwise, 2 bad usage. --level 2
-    prints one table, a verdict per host, records a failing host's condition `doctor` (it is
-    cordoned) and lifts a passing host's conditions."""
-    if level not in (1, 2):
-        raise usage_error(f"--level {level}: choose 1 or 2 (level 3, the burn-in, is not built)")
+    and 3 print one table, a verdict per host, record a failing host's condition `doctor` (it
+    is cordoned) and lift a passing host's conditions; 130 for a level 3 interrupted (the
+    table holds what was measured; no condition changes)."""
+    if level not in (1, 2, 3):
+        raise usage_error(f"--level {level}: choose 1, 2 or 3")
+    plan = burn_in(level, duration)
     targets = targets_or_known(hosts, hostfile)
     settings = settings_for(insecure, connect_timeout)
     rows = ask_each(
@@ -107,6 +128,52 @@ def doctor_command(
         if any(row["verdict"] != "pass" for row in rows):
             raise typer.Exit(EXIT_PARTIAL)
         return
+    if plan is not None:
+        burn_in_verdicts(rows, targets, settings, plan, port, fmt)
+        return
     emit(rows, fmt, lambda hosts: doctor_view(hosts, named=True))
     if not all(row["report"] and row["report"]["ok"] for row in rows):
+        raise typer.Exit(EXIT_PARTIAL)
+
+
+def burn_in(level: int, duration: str | None) -> SustainPlan | None:
+    """Level 3's sustained plan (None below level 3); exit 2 for a --duration that is not a
+    positive duration within bounds, or one given below level 3."""
+    if level < 3:
+        if duration is not None:
+            raise usage_error(f"--duration is level 3's (the burn-in); this is level {level}")
+        return None
+    from shared.reports.burn_in import DEFAULT_DURATION_S, burn_in_plan
+
+    try:
+        seconds = DEFAULT_DURATION_S if duration is None else parse_duration(duration, "--duration")
+        return burn_in_plan(seconds)
+    except SustainError as exc:
+        raise usage_error(str(exc)) from None
+
+
+def burn_in_verdicts(
+    rows: list[HostRow],
+    targets: list[Any],
+    settings: Any,
+    plan: SustainPlan,
+    port: int,
+    fmt: str,
+) -> None:
+    """Level 3 over the level-1 rows: the table, the conditions (none changed when
+    interrupted) and the exit code."""
+    from coordinator.commands.doctor_burn_in import level_three, level_three_table
+    from coordinator.commands.doctor_levels import record_verdicts
+    from coordinator.runs.store import RunStore
+
+    data_home()
+    with RunStore() as store:
+        rows, stopped, run_id = level_three(rows, targets, settings, store, plan, port)
+        if not stopped:
+            record_verdicts(store, rows, run_id)
+    emit(rows, fmt, level_three_table)
+    if stopped:
+        err.print("interrupted: the table holds what was measured; no condition was changed")
+        raise typer.Exit(interrupted_exit_code())
+    if any(row["verdict"] != "pass" for row in rows):
         raise typer.Exit(EXIT_PARTIAL)

@@ -18,7 +18,7 @@ from coordinator.runs.conditions import add_condition, uncordon
 from coordinator.runs.driver import Observer
 from coordinator.runs.fleet import FleetResult, run_fleet
 from coordinator.runs.health import observations, with_health
-from coordinator.runs.probes import BANDWIDTH, add_probe, read_history
+from coordinator.runs.probes import BANDWIDTH, add_probe, figure_history
 from coordinator.runs.store import RunStore
 from shared.benchmark.bandwidth import CPU, figures, judge, unmeasured
 from shared.benchmark.health import band, cell_key, family_of
@@ -125,7 +125,7 @@ def judge_memory(
         found = unmeasured(why)
     else:
         found = figures(raw, machine)
-    history = read_history(store, family, run_id)
+    history = figure_history(store, BANDWIDTH, family, run_id)
     row["memory"] = found
     row["memory_band"], below = judge(found["read"]["gbs"], history)
     row["memory_band_runs"] = len(history)
@@ -135,7 +135,7 @@ def judge_memory(
     elif below:
         row["why"].append(below)
     if run_id is not None and found["read"]["gbs"] is not None:
-        add_probe(store, run_id, row["host"], BANDWIDTH, family, found)
+        add_probe(store, run_id, row["host"], BANDWIDTH, family, found["read"]["gbs"], found)
 
 
 def sensor_moved(cell: dict[str, Any]) -> str:

@@ -1,7 +1,7 @@
-"""What `coordinator doctor --level 2` measures beside its decode cell (the memory-bandwidth
-probe, shared.benchmark.bandwidth), kept in the run store with the host's family
-(shared.benchmark.health.family_of) under the level-2 run, so that each later level 2 judges a
-host against the band its family's earlier figures set."""
+"""What `coordinator doctor` measures beside its benchmark runs (level 2's memory-bandwidth
+probe, shared.benchmark.bandwidth; level 3's steady-state tok/s), kept in the run store with
+the host's family (shared.benchmark.health.family_of) under the run it belongs to, so that each
+later level judges a host against the band its family's earlier figures set."""
 
 from __future__ import annotations
 
@@ -13,27 +13,35 @@ from typing import Any
 from coordinator.runs.store import RunStore
 
 BANDWIDTH = "bandwidth"
+STEADY = "steady"
 HISTORY_RUNS = 200
-"""The latest probes of a name read for a band: a family's recent past."""
+"""The latest probes of a name and family read for a band: the family's recent past."""
 
 
 def add_probe(
-    store: RunStore, run_id: str, host: str, name: str, family: Sequence[Any], record: Any
+    store: RunStore,
+    run_id: str,
+    host: str,
+    name: str,
+    family: Sequence[Any],
+    figure: float,
+    record: Any,
 ) -> None:
+    """Keep the probe's `figure` (what bands are made of) with its whole `record`."""
     store.query(
         "INSERT OR REPLACE INTO probes (run_id, host, name, family, record) VALUES (?, ?, ?, ?, ?)",
-        (run_id, host, name, json.dumps(list(family)), json.dumps(record)),
+        (run_id, host, name, json.dumps(list(family)), json.dumps({"figure": figure, **record})),
     )
 
 
-def read_history(
-    store: RunStore, family: Sequence[Any], other_than: str | None, name: str = BANDWIDTH
+def figure_history(
+    store: RunStore, name: str, family: Sequence[Any], other_than: str | None
 ) -> list[float]:
-    """The read GB/s of the family's earlier bandwidth probes (the HISTORY_RUNS latest of the
-    name, any run but `other_than`); a stored figure that is not a positive finite number is
-    left out (the store is read as untrusted as the agent that wrote it)."""
+    """The figures of the family's earlier probes of `name` (the HISTORY_RUNS latest, of any
+    run but `other_than`); one that is not a positive finite number is left out (the store is
+    read as untrusted as the agent that wrote it)."""
     rows = store.query(
-        "SELECT p.run_id, p.record FROM probes p JOIN runs r ON r.id = p.run_id "
+        "SELECT p.record FROM probes p JOIN runs r ON r.id = p.run_id "
         "WHERE p.name = ? AND p.family = ? AND p.run_id IS NOT ? "
         "ORDER BY r.started DESC, r.rowid DESC LIMIT ?",
         (name, json.dumps(list(family)), other_than, HISTORY_RUNS),
@@ -41,9 +49,8 @@ def read_history(
     found = []
     for row in rows:
         record = json.loads(row["record"])
-        read = record.get("read") if isinstance(record, dict) else None
-        gbs = read.get("gbs") if isinstance(read, dict) else None
-        number = isinstance(gbs, (int, float)) and not isinstance(gbs, bool)
-        if number and math.isfinite(gbs) and gbs > 0:
-            found.append(float(gbs))
+        figure = record.get("figure") if isinstance(record, dict) else None
+        number = isinstance(figure, (int, float)) and not isinstance(figure, bool)
+        if number and math.isfinite(figure) and figure > 0:
+            found.append(float(figure))
     return found

@@ -92,8 +92,9 @@ def observation(
 ) -> Observation | None:
     """The cell as an observation, None unless it is ok, valid (judged again from its own
     fields: a stored verdict is not trusted) and has a positive tok/s. A group's cell (it has
-    `ranks`) is a straggler's matter, not a host's."""
-    if record.get("status") != OK or record.get("ranks"):
+    `ranks`) is a straggler's matter, not a host's; a sustained cell (`sustain`) measures
+    minutes of load, throttling included, not the burst its shape's other cells measure."""
+    if record.get("status") != OK or record.get("ranks") or record.get("sustain"):
         return None
     speed = record.get("tokens_per_sec")
     if not isinstance(speed, (int, float)) or isinstance(speed, bool) or not speed > 0:

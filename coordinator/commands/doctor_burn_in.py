@@ -169,9 +169,9 @@ def judge_burn_in(
     run_id = report.get("run_id")
     history = figure_history(store, STEADY, family, run_id)
     missing = INTERRUPTED if stopped else "the sustained run did not run"
-    if not row["reachable"]:
-        missing = "the sustained run did not run: unreachable"
     row["sustained"], why = judge_sustained(cell, history, missing)
+    if not row["reachable"]:
+        why = []  # its level 2 says it is unreachable
     row["links"], link_why = judge_links(host, links)
     if stopped and row["reachable"] and not any(link["error"] is None for link in row["links"]):
         link_why.append(f"links {INTERRUPTED}")

@@ -11,6 +11,7 @@ from shared.benchmark.sustain import SustainError
 from shared.reports.burn_in import Link, burn_in_plan, every_link, judge_links, judge_sustained
 from tests.fleet_support import AgentPool, cli, exchange_keys
 from tests.ring_support import free_port_run
+from tests.test_doctor_levels import COOL_SIM
 from tests.test_tables_fit import check_fit
 
 
@@ -116,7 +117,7 @@ def test_bad_input_is_one_line_exit_2(args: list[str], said: str) -> None:
 def test_level_3_on_two_agents_prints_one_table_with_a_verdict_per_host(
     agents: AgentPool,
 ) -> None:
-    pair = [agents.start("mac1", thermal="sim"), agents.start("mac2", thermal="sim")]
+    pair = [agents.start("mac1", thermal=COOL_SIM), agents.start("mac2", thermal=COOL_SIM)]
     for agent in pair:
         exchange_keys(agent)
     names = ",".join(agent.address for agent in pair)

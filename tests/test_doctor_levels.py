@@ -1,5 +1,6 @@
 """`coordinator doctor --level 2` on two real agents: one table, a verdict per host; the fixed
-decode cell's figures stored, so the family's band is learned from them; bad levels exit 2."""
+decode cell's figures stored, so the family's band is learned from them (bad levels:
+tests/test_doctor_burn_in.py)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ import pytest
 from tests.fleet_support import AgentPool, cli, exchange_keys
 
 pytestmark = pytest.mark.timeout(300)
+COOL_SIM = "sim:max_w=10"
+"""The simulated sensor follows this whole machine's CPU load: capped at 50 °C, so that other
+tests' load cannot heat the decode cell into a cooling pause (this test is not about cooling)."""
 
 
 @pytest.mark.slow
 def test_level_2_on_two_agents_prints_one_table_with_a_verdict_per_host(
     agents: AgentPool,
 ) -> None:
-    pair = [agents.start("mac1", thermal="sim"), agents.start("mac2", thermal="sim")]
+    pair = [agents.start("mac1", thermal=COOL_SIM), agents.start("mac2", thermal=COOL_SIM)]
     for agent in pair:
         exchange_keys(agent)
     names = ",".join(agent.address for agent in pair)
@@ -52,8 +56,3 @@ def test_level_2_on_two_agents_prints_one_table_with_a_verdict_per_host(
     assert f"no band yet ({valid} of 3" in result.stdout
     assert "CPU path" in result.stdout and "no band yet (2 of 3)" in result.stdout
 
-
-def test_a_level_past_2_is_one_line_exit_2() -> None:
-    result = cli("coordinator", "doctor", "--level", "4", "--hosts", "127.0.0.1:1")
-    assert result.returncode == 2
-    assert "--level 4: choose 1 or 2" in result.stderr

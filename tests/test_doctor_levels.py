@@ -55,4 +55,3 @@ def test_level_2_on_two_agents_prints_one_table_with_a_verdict_per_host(
         assert " pass" in line or " fail" in line
     assert f"no band yet ({valid} of 3" in result.stdout
     assert "CPU path" in result.stdout and "no band yet (2 of 3)" in result.stdout
-

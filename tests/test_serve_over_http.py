@@ -23,6 +23,7 @@ from shared.benchmark.matrix import MatrixSpec
 from shared.benchmark.serving import SERVED_MODEL, ServingSpec
 from tests.conftest import console_script, run_cli, subprocess_env
 from tests.fakes.openai_server import FakeOpenAIServer
+from tests.fleet_support import AgentPool, cli, exchange_keys
 
 pytestmark = pytest.mark.slow
 QUIET = ("--thermal-source", "sim", "--power-source", "none", "--idle-baseline", "0")
@@ -166,3 +167,22 @@ def test_late_requests_over_http_cost_their_share_of_goodput(
     assert figures["completed"] == requests and figures["good"] == requests - late
     error = 3 * math.sqrt(share * (1 - share) / requests)
     assert figures["goodput"] / figures["request_rate"] == pytest.approx(1 - share, abs=error)
+
+
+@pytest.mark.timeout(180)
+def test_coordinator_benchmark_serves_through_an_agent_to_its_url(agents: AgentPool) -> None:
+    """The serving spec's serve_url travels to a real agent on loopback, whose job sends the
+    cell to the URL; the record, memory unknown, passes the coordinator's checks."""
+    agent = agents.start("mac1")
+    exchange_keys(agent)
+    with FakeOpenAIServer(ttft_s=0.01, gap_s=0.002) as fake:
+        result = cli(
+            "coordinator", "benchmark", "--hosts", agent.address, "--serve-url", fake.url,
+            "--concurrency", "2", *SMALL_LOAD, timeout=170,
+        )  # fmt: skip
+    assert result.returncode in (0, 1), result.stderr
+    (cell,) = json.loads(result.stdout)["cells"]
+    assert cell["status"] == "ok", cell["error"]
+    assert cell["serving"]["engine"] == f"over HTTP: {fake.url}/v1/chat/completions"
+    assert cell["serving"]["figures"]["completed"] == 6
+    assert cell["peak_memory_gb"] is None

@@ -198,6 +198,7 @@ def test_a_history_page_is_checked_sample_by_sample() -> None:
         ({"settings": {"a": [1]}}, "record.settings.a is a list, not a bool, a number"),
         ({"tokens_per_sec": 1e308}, "record.tokens_per_sec is 1e+308, faster than its fastest"),
         ({"status": "failed", "tokens_per_sec": 1e308}, None),
+        ({"peak_memory_gb": None, "active_memory_gb": None}, None),  # a cell served over HTTP
     ],
 )
 def test_a_records_fields_typed_and_by_hand_are_named_alike(

@@ -162,8 +162,8 @@ MEASURED: dict[str, Any] = {
     "samples_ms": Amounts | None,
     "samples_tokens_per_sec": Amounts | None,
     "mean_per_token_ms": Amount | None,
-    "peak_memory_gb": Amount,
-    "active_memory_gb": Amount,
+    "peak_memory_gb": Amount | None,  # None: a serving cell over HTTP (the server's memory)
+    "active_memory_gb": Amount | None,
     "seq_len": Count,
     "decode_tokens": Count,
     "prefill_step_size": Count,

@@ -157,6 +157,8 @@ def check_matrix(matrix: dict[str, Any]) -> MatrixSpec:
             "model directory on the agent, or a Hugging Face id ORG/NAME)"
         )
     spec = MatrixSpec.from_dict(matrix)
+    if spec.serving is not None and spec.serving.serve_url is not None:
+        return spec  # the server's model, named as the server knows it: nothing on this disk
     directories = [(i, m) for i, m in enumerate(spec.models) if m not in BUILTIN_CONFIGS]
     if directories:
         require_mlx_lm()

@@ -66,11 +66,32 @@ def offline() -> bool:
     return bool(constants.HF_HUB_OFFLINE)
 
 
+def staged(model_id: ModelId, cache_dir: Path | None = None) -> ModelLocation | None:
+    """The copy `coordinator stage` placed for `model_id` in the cache (docs/staging.md): the
+    revision its ref names (`main` without one), with the record it was staged from; None
+    when there is none. It is used as staged, without asking the Hub: its bytes were verified
+    as it was placed, and its id may name no repository there (`--as lab/NAME`)."""
+    from agent.staging.store import ModelStore
+    from shared.staging.manifest import COMMIT
+
+    store = ModelStore(cache_dir)
+    asked = model_id.revision or "main"
+    revision = asked if COMMIT.fullmatch(asked) else store.refs(model_id.repo).get(asked)
+    if revision is None or not store.record_path(model_id.repo, revision).is_file():
+        return None
+    snapshot = store.snapshot(model_id.repo, revision)
+    return ModelLocation(snapshot, revision) if snapshot.is_dir() else None
+
+
 def resolve(
     model_id: ModelId, download: bool = True, cache_dir: Path | None = None
 ) -> ModelLocation:
     """`model_id`'s snapshot in the Hugging Face cache (or `cache_dir`, a store of the same
-    layout: agent.staging.store), fetched first when `download`; ModelNotFound naming it."""
+    layout: agent.staging.store): a staged copy as it is, else fetched first when `download`;
+    ModelNotFound naming it."""
+    held = staged(model_id, cache_dir)
+    if held is not None:
+        return held
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,

@@ -18,6 +18,8 @@ COMMANDS = [
             "agent bench --config-small -o sql | sqlite3 results.db",
             "agent bench --config-small --sustain 20m --power-source auto",
             "agent bench --config-small --concurrency 1,4 --request-rate 2 -p 32 -n 16",
+            "agent bench --serve mlx_lm --model ~/models/qwen --concurrency 1,4",
+            "agent bench --serve-url http://127.0.0.1:8080 --concurrency 1,4,16",
         ),
         note=MATRIX_NAMES,
     ),

@@ -71,7 +71,8 @@ PromptFile = Annotated[
     typer.Option(
         "--prompt-file",
         help='JSONL, a request per line: {"prompt": "..."} or mlx-lm server_benchmark\'s '
-        '{"messages": [...]}, "max_tokens" optional (else -n); else -p random tokens.',
+        '{"messages": [...]}, "max_tokens" optional (else -n); else -p random tokens (over '
+        "HTTP, -p words).",
         parser=path_given("--prompt-file"),
         metavar="FILE",
     ),

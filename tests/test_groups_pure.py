@@ -21,7 +21,13 @@ from coordinator.hosts.hostfile import (
 )
 from shared.distributed.group import BenchGroup, group_label
 from shared.reports.benchmark import flags
-from shared.reports.group_cells import PEER_LOST, mark_groups, merge_ranks, tokens_check
+from shared.reports.group_cells import (
+    PEER_LOST,
+    SERVER_PEER_FAILED,
+    mark_groups,
+    merge_ranks,
+    tokens_check,
+)
 from shared.shapes import Invalid
 
 
@@ -198,6 +204,39 @@ def test_the_cause_is_named_before_the_ranks_that_lost_their_peer() -> None:
     )
     assert merged["status"] == "failed"
     assert merged["error"].startswith("rank 1 (b): the job process died (SIGKILL) (then rank 0")
+
+
+def test_a_serving_cells_joules_per_output_token_are_every_ranks_summed() -> None:
+    """Rank 0 counted 40 output tokens; the group's joules are both Macs'."""
+    served = {"serving": {"loop": "closed", "passes": 1, "figures": {"output_tokens": 40}}}
+    energy = {"power_w": 10.0, "energy_source": "ioreport"}
+    merged = merge_ranks(
+        [
+            rank_record(0, energy_j=4.0, energy_net_j=2.0, **energy, **served),
+            rank_record(1, energy_j=6.0, energy_net_j=3.0, **energy, **served),
+        ],
+        ["a", "b"],
+        [None, None],
+        "ring",
+        "tensor",
+    )
+    assert merged["joules_per_token"] == pytest.approx(10.0 / 40)
+    assert merged["joules_per_output_token_net"] == pytest.approx(5.0 / 40)
+
+
+def test_a_rank_whose_server_followed_anothers_failure_is_named_after_it() -> None:
+    stopped = f"GroupServingFailed: {SERVER_PEER_FAILED} rank 1 (b)"
+    merged = merge_ranks(
+        [
+            rank_record(0, status="failed", error=stopped),
+            rank_record(1, status="failed", error="GroupServingFailed: mlx_lm.server exited"),
+        ],
+        ["a", "b"],
+        [None, None],
+        "ring",
+        "tensor",
+    )
+    assert merged["error"].startswith("rank 1 (b): GroupServingFailed: mlx_lm.server exited")
 
 
 def test_speedup_and_tokens_against_the_members_alone() -> None:

@@ -21,6 +21,7 @@ from shared.distributed.rank_env import (
     listens_on,
     ports_used,
     rank_launch,
+    ring_hostfile_at,
 )
 from tests.ring_support import run_ranks
 
@@ -43,6 +44,18 @@ def test_the_ring_hostfile_counts_ports_up_by_rank_and_address() -> None:
     assert ports_used(members, 40000) == range(40000, 40003)
     assert listens_on(members, 0, RING, 40000) == [("10.0.0.1", 40000), ("10.0.1.1", 40001)]
     assert listens_on(members, 1, RING, 40000) == [("10.0.0.2", 40002)]
+
+
+def test_a_ring_hostfile_at_the_ports_each_rank_chose() -> None:
+    members = [Member("mac1", ("10.0.0.1", "fe80::1")), Member("mac2", ("10.0.0.2",))]
+    assert ring_hostfile_at(members, [[5001, 6002], [7003]]) == [
+        ["10.0.0.1:5001", "[fe80::1]:6002"],
+        ["10.0.0.2:7003"],
+    ]
+    with pytest.raises(RankEnvError, match="mac2: ports \\[0\\] for 1 IPs"):
+        ring_hostfile_at(members, [[5001, 6002], [0]])
+    with pytest.raises(RankEnvError, match="mac2: the ring backend needs its IP address"):
+        ring_hostfile_at([members[0], Member("mac2", ())], [[5001, 6002], []])
 
 
 @pytest.mark.slow

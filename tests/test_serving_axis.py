@@ -285,10 +285,11 @@ def test_compare_sets_two_runs_serving_tails_and_goodput_side_by_side() -> None:
 
 
 @pytest.mark.slow
-def test_a_group_is_refused_serving_cells_before_any_job() -> None:
+def test_a_group_is_refused_the_in_process_engine_before_any_job() -> None:
     result = run_cli(
         "coordinator", "benchmark", "--hosts", "127.0.0.1:1,127.0.0.1:1+127.0.0.1:2",
         "--config-small", "--concurrency", "2", "-p", "16", "-n", "4",
     )  # fmt: skip
     assert result.returncode == 2
-    assert result.stderr.strip().endswith("a group's cells do not serve yet: list its hosts alone")
+    line = "a group serves through --serve mlx_lm only: the in-process engine does not run across"
+    assert result.stderr.strip().endswith(f"{line} ranks")

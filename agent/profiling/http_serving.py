@@ -89,7 +89,16 @@ def check_serve_url(serving: ServingSpec) -> None:
 class HttpServingCell(ServingCell):
     """agent.profiling.serving's cell with its requests sent to a server over HTTP."""
 
-    def __init__(self, served: ServedModel, cell: Cell, spec: MatrixSpec, late_share: float):
+    def __init__(
+        self,
+        served: ServedModel,
+        cell: Cell,
+        spec: MatrixSpec,
+        late_share: float,
+        server: MlxLmServer | None = None,
+    ):
+        """`server`: a started server the caller owns (a group's rank 0,
+        agent.profiling.group_serving); without one, --serve starts its own for the cell."""
         assert spec.serving is not None
         self.serving = spec.serving
         self.cell = cell
@@ -100,8 +109,11 @@ class HttpServingCell(ServingCell):
         self.passes: list[list[RequestTiming]] = []
         self.saturated: list[bool] = []
         self.late = 0
-        self.server: MlxLmServer | None = None
-        if self.serving.serve_url is not None:
+        self.server: MlxLmServer | None = server
+        self.owned = server is None
+        if server is not None:
+            self.url, self.model = server.url, DEFAULT_MODEL
+        elif self.serving.serve_url is not None:
             self.url = ServeUrl.parse(self.serving.serve_url)
             named = served.name != SERVED_MODEL
             self.model = served.name if named else request_model(self.url)
@@ -110,7 +122,7 @@ class HttpServingCell(ServingCell):
             self.url, self.model = self.server.url, DEFAULT_MODEL
 
     def close(self) -> None:
-        if self.server is not None:
+        if self.server is not None and self.owned:
             self.server.__exit__(None, None, None)
 
     def depth(self) -> Depth:

@@ -57,16 +57,41 @@ def free_port() -> int:
 
 class MlxLmServer:
     """One mlx_lm.server process serving `model` (a directory or a Hugging Face id, as
-    mlx_lm.server's --model takes it), as a context: entered, it answers; left, it is gone."""
+    mlx_lm.server's --model takes it), as a context: entered, it answers; left, it is gone.
 
-    def __init__(self, model: str, ready_timeout_s: float = READY_TIMEOUT_S) -> None:
+    One rank of a distributed server (agent.profiling.group_serving) is started with `env` (its
+    whole environment, its ring's included) and `options` (--pipeline); a rank past 0 never
+    answers HTTP (mlx_lm.server's `run`: it follows rank 0's requests through the ring), so
+    entering it waits for nothing."""
+
+    def __init__(
+        self,
+        model: str,
+        ready_timeout_s: float = READY_TIMEOUT_S,
+        env: dict[str, str] | None = None,
+        options: tuple[str, ...] = (),
+        answers: bool = True,
+    ) -> None:
         self.model, self.ready_timeout_s = model, ready_timeout_s
+        self.env, self.options, self.answers = env, options, answers
         self.port = free_port()
         self.url = ServeUrl("http", "127.0.0.1", self.port)
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - closed with the server
         self._process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> MlxLmServer:
+        self.start()
+        try:
+            if self.answers:
+                self._wait_ready()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def start(self) -> None:
+        """The process started, not waited for (a group's ranks wait together,
+        agent.profiling.group_serving); __exit__ stops it."""
         command = [
             sys.executable,
             "-m",
@@ -79,16 +104,11 @@ class MlxLmServer:
             "127.0.0.1",
             "--port",
             str(self.port),
+            *self.options,
         ]
         self._process = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT
+            command, stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT, env=self.env
         )
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
 
     @property
     def pid(self) -> int | None:
@@ -99,24 +119,30 @@ class MlxLmServer:
         deadline passes."""
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
-            self.raise_if_dead()
-            health = self._health()
-            if health == UNHEALTHY:
-                raise ServerDied(
-                    f"mlx_lm.server cannot generate (GET /health answered {UNHEALTHY}: its "
-                    f"generation thread ended){self._last_lines(skip=HEALTH_LOG)}"
-                )
-            if health == 200:
-                try:
-                    check_server(self.url, DEFAULT_MODEL, timeout_s=self.ready_timeout_s)
-                    return
-                except ServeUrlError as exc:
-                    self.raise_if_dead()
-                    raise ServerDied(f"mlx_lm.server answers, but {exc}") from None
+            if self.ready():
+                return
             time.sleep(POLL_S)
-        raise ServerDied(
-            f"mlx_lm.server did not answer within {self.ready_timeout_s:g} s{self._last_lines()}"
-        )
+        raise ServerDied(self.not_ready())
+
+    def ready(self) -> bool:
+        """One look: True once /health answers 200 and a one-token answer streams, False while
+        nothing answers; ServerDied when it never will (gone, or its generation ended)."""
+        self.raise_if_dead()
+        health = self._health()
+        if health == UNHEALTHY:
+            raise ServerDied(self.failure() or "mlx_lm.server cannot generate")
+        if health != 200:
+            return False
+        try:
+            check_server(self.url, DEFAULT_MODEL, timeout_s=self.ready_timeout_s)
+        except ServeUrlError as exc:
+            self.raise_if_dead()
+            raise ServerDied(f"mlx_lm.server answers, but {exc}") from None
+        return True
+
+    def not_ready(self) -> str:
+        """Why a server past its ready_timeout_s failed."""
+        return f"mlx_lm.server did not answer within {self.ready_timeout_s:g} s{self._last_lines()}"
 
     def _health(self) -> int | None:
         """GET /health's status, None while nothing answers."""
@@ -136,6 +162,17 @@ class MlxLmServer:
         code = self._process.returncode
         how = f"signal {-code}" if code < 0 else f"status {code}"
         return f"mlx_lm.server exited with {how}{self._last_lines()}"
+
+    def failure(self) -> str | None:
+        """Why the server cannot serve now (gone, or its generation thread ended: a rank of a
+        distributed server whose peer went away), or None."""
+        why = self.death()
+        if why is None and self.answers and self._health() == UNHEALTHY:
+            why = (
+                f"mlx_lm.server cannot generate (GET /health answered {UNHEALTHY}: its "
+                f"generation thread ended){self._last_lines(skip=HEALTH_LOG)}"
+            )
+        return why
 
     def raise_if_dead(self) -> None:
         why = self.death()

@@ -45,6 +45,13 @@ class RankGroup:
         """Rank 0's `flag`, on every rank."""
         return self._sum(int(flag) if self.rank == 0 else 0) > 0
 
+    def leader_counts(self, counts: list[int]) -> list[int]:
+        """Rank 0's `counts`, on every rank (each rank gives as many)."""
+        mine = counts if self.rank == 0 else [0] * len(counts)
+        summed = mx.distributed.all_sum(mx.array(mine, dtype=mx.int64), group=self.group)
+        mx.eval(summed)
+        return [int(value) for value in summed.tolist()]
+
     def which_say(self, flag: bool) -> list[int]:
         """The ranks where `flag` holds, on every rank."""
         mine = mx.zeros((self.size,), dtype=mx.int32)

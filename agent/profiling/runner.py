@@ -38,6 +38,7 @@ from agent.power.meter import EnergyMeter
 from agent.profiling import straggler_probe
 from agent.profiling.footprint import HALF, cell_footprint, model_shape, rank_share, refusal
 from agent.profiling.greedy import greedy_tokens
+from agent.profiling.group_serving import GroupServingFailed, measure_group_serving
 from agent.profiling.hf_models import ModelNotFound, locate
 from agent.profiling.http_serving import ServedModel, measure_over_http
 from agent.profiling.memory import MemoryProfiler
@@ -321,7 +322,9 @@ def measure_cell(
     }
     if cell.mode == SERVE:
         if rank_group is not None:
-            raise ValueError("a serving cell runs on one Mac, not across a group")
+            if not isinstance(model, ServedModel) or spec.serving.serve is None:
+                raise ValueError("a group's serving cell runs through --serve mlx_lm only")
+            return measure_group_serving(profiler, model, cell, spec, late, rank_group)
         if isinstance(model, ServedModel):
             return measure_over_http(profiler, model, cell, spec, late)
         return measure_serving(profiler, model, cell, spec, late_share=late)
@@ -467,7 +470,7 @@ def _run_groups(
             if loaded is None and watching.rank_group is not None:
                 raise GroupBroken(f"{failed}: this rank cannot go on with its group")
             continue
-        if watching.check_tokens:
+        if watching.check_tokens and not served:  # a served model is not held here
             loaded.info["greedy_tokens"] = greedy_tokens(loaded.model, watching.check_tokens)
         if on_model is not None:
             on_model(loaded.info)
@@ -499,7 +502,7 @@ def _run_groups(
             guard.begin_cell(spec.cool_start_s, hot_c)  # may wait for the machine to cool
             began = now_iso()
             watch = CellWatch(cell, spec.warmup, guard, watching.energy, watching.sustain)
-            metrics, error, stopped = None, None, None
+            metrics, error, stopped, together = None, None, None, False
             sleep_s = float(injected.get("sleep") or 0.0)
             slow = float(injected.get("slow") or 1.0)
             delay_s = float(injected.get("step-delay") or 0.0)
@@ -517,6 +520,7 @@ def _run_groups(
                 error, stopped = INTERRUPTED_SUSTAIN, exc  # its finished windows are kept
             except Exception as exc:  # out of memory and the like fail one cell
                 error = error_text(exc)
+                together = isinstance(exc, GroupServingFailed)  # every rank, in step
             report = guard.end_cell()
             watched = watch.fields(error if stopped is not None else None)
             record = cell_record(cell, metrics, error, vars(report), watched)
@@ -538,7 +542,7 @@ def _run_groups(
             yield watching.settle(record, i, loaded)
             if stopped is not None:
                 raise stopped
-            if error is not None and watching.rank_group is not None:
+            if error is not None and watching.rank_group is not None and not together:
                 raise GroupBroken(f"cell {cell.name} failed on this rank: {error}")
         del loaded
         gc.collect()

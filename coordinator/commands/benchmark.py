@@ -408,8 +408,14 @@ def groups_checked(
         return entries
     if sustain is not None:
         raise usage_error("--sustain: a group's cells do not run sustained; list its hosts alone")
-    if spec.get("serving") is not None:
-        raise usage_error("a group's cells do not serve yet: list its hosts alone")
+    serving = spec.get("serving")
+    if serving is not None and serving.get("serve_url") is not None:
+        raise usage_error("--serve-url is one server, not a group's: give --serve mlx_lm")
+    if serving is not None and serving.get("serve") is None:
+        raise usage_error(
+            "a group serves through --serve mlx_lm only: the in-process engine does not "
+            "run across ranks"
+        )
     if plan.backend not in BACKENDS:
         raise usage_error(f"--backend {plan.backend!r}: choose from {', '.join(BACKENDS)}")
     largest = max(len(group) for group in groups)

@@ -57,11 +57,29 @@ def ring_hostfile(members: Sequence[Member], starting_port: int) -> list[list[st
             raise RankEnvError(f"{member.name}: the ring backend needs its IP address")
         addresses = []
         for ip in member.ips:
-            addresses.append(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}")
+            addresses.append(address(ip, port))
             port += 1
         ranks.append(addresses)
     if port - 1 > 65535:
         raise RankEnvError(f"ports {starting_port}…{port - 1} run past 65535")
+    return ranks
+
+
+def address(ip: str, port: int) -> str:
+    """A hostfile's "ip:port", an IPv6 address bracketed."""
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+def ring_hostfile_at(members: Sequence[Member], ports: Sequence[Sequence[int]]) -> list[list[str]]:
+    """A ring hostfile whose ports each rank chose itself (`ports`: rank by rank, one per
+    address, as the ranks shared them), not counted up from one starting port."""
+    ranks = []
+    for member, chosen in zip(members, ports, strict=True):
+        if not member.ips:
+            raise RankEnvError(f"{member.name}: the ring backend needs its IP address")
+        if len(chosen) != len(member.ips) or not all(0 < port <= 65535 for port in chosen):
+            raise RankEnvError(f"{member.name}: ports {list(chosen)} for {len(member.ips)} IPs")
+        ranks.append([address(ip, port) for ip, port in zip(member.ips, chosen, strict=True)])
     return ranks
 
 

@@ -14,6 +14,7 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from shared.benchmark.serving import per_output_token
 from shared.benchmark.verdict import BATTERY_SOURCES, LOW_POWER_MODES, judge, separated
 from shared.distributed import stragglers
 from shared.distributed.group import TENSOR
@@ -27,6 +28,10 @@ mlx/distributed/ring/ring.cpp): an effect, not the cause, when another rank fail
 
 CANCELLED = "cancelled"
 """How a member's job that was cancelled (its peer failed first) ends."""
+
+SERVER_PEER_FAILED = "its server rank stopped with its group's server on"
+"""How a rank's record of a group's serving cell says another rank's server failed first
+(agent.profiling.group_serving): an effect, its own server being fine."""
 
 RANK_FIELDS = (
     "status",
@@ -101,6 +106,8 @@ def merge_ranks(
         )
         if any(injected):  # what any rank injected is the group's (labelled, never measured)
             lead["injected"] = _union(injected)
+        if lead.get("serving") is not None:  # joules per output token, every rank's summed
+            per_output_token(lead)
     lead["settings"] = _worst_power(records)
     lead["greedy_tokens_agree"] = _tokens_agree(records)
     lead.pop("verdict", None)
@@ -127,7 +134,7 @@ def cause_first(failures: Sequence[tuple[str, str]]) -> str:
 
 
 def is_effect(error: str) -> bool:
-    return PEER_LOST in error or error.startswith(CANCELLED)
+    return PEER_LOST in error or SERVER_PEER_FAILED in error or error.startswith(CANCELLED)
 
 
 def most(values: Sequence[float | None]) -> float | None:

@@ -19,6 +19,7 @@ from tests.fleet_support import AgentPool, AgentProcess
 from tests.staging_support import write_model_dir
 
 pytestmark = pytest.mark.timeout(300)
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 @dataclass
@@ -133,3 +134,30 @@ def test_hosts_whose_store_cannot_take_it_are_refused_the_others_staged(fleet: F
         address["file"]: "missing",
         address["readonly"]: "missing",
     }
+
+
+@pytest.mark.slow
+def test_benchmark_stage_copies_an_id_from_this_machine_s_cache_then_runs(fleet: Fleet) -> None:
+    """`--stage`: an id this coordinator's Hugging Face cache holds is staged to the host, then
+    the matrix runs on the staged copy (the agent offline, its cache empty before)."""
+    repo = "test-org/cached"
+    snapshot = fleet.root / "coordinator-hf" / "hub" / f"models--{repo.replace('/', '--')}"
+    write_model_dir(snapshot / "snapshots" / COMMIT, 1)
+    (snapshot / "refs").mkdir()
+    (snapshot / "refs" / "main").write_text(COMMIT)
+    done = subprocess.run(
+        [console_script("coordinator"), "benchmark", "--model", repo, "--stage", "--hostfile",
+         str(fleet.hostfile("ok")), "-p", "8", "-n", "2", "-r", "1", "-w", "0", "-o", "json"],
+        capture_output=True, text=True, timeout=240,
+        env=subprocess_env(MLX_FLEET_HOME=str(fleet.home), COLUMNS="250", HF_HUB_OFFLINE="1",
+                           HF_HOME=str(fleet.root / "coordinator-hf")),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "mlx-fleet stage test-org/cached" in done.stderr  # the stage's table, then the run
+    cells = json.loads(done.stdout)["cells"]
+    assert cells and all(cell["status"] == "ok" and cell["model"] == repo for cell in cells)
+    refused = fleet.coordinator(
+        "benchmark", "--model", str(fleet.model), "--stage", "--hostfile", str(fleet.hostfile("ok"))
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.strip().startswith("error: --stage stages Hugging Face ids")

@@ -345,12 +345,18 @@ def check_copies(models: list[str], targets: list[Target], settings: Settings) -
 
 
 def stage_for_run(models: list[str], targets: list[Target], settings: Settings) -> None:
-    """`coordinator benchmark --stage`: each --model id (or directory here) staged to the run's
-    hosts first, with the stage's progress and table on stderr; a stage that leaves a host
-    without it ends the command there (its exit code)."""
-    staged = [m for m in dict.fromkeys(models) if hf_model_id(m) or Path(m).expanduser().is_dir()]
+    """`coordinator benchmark --stage`: each --model id staged to the run's hosts first (from
+    this machine's cache, else downloaded by the first host), with the stage's progress and
+    table on stderr; a stage that leaves a host without it ends the command there (its exit
+    code). A directory is named by the id it is staged under: `coordinator stage DIR --as ID`."""
+    staged = hub_models(models)
+    if any(m.startswith(("/", ".", "~")) or Path(m).expanduser().is_dir() for m in models):
+        raise usage_error(
+            "--stage stages Hugging Face ids ORG/NAME[@REV]: stage a directory with "
+            "`coordinator stage DIR --as ORG/NAME`, then run --model ORG/NAME"
+        )
     if not staged:
-        raise usage_error("--stage: no --model is a Hugging Face id or a directory here")
+        raise usage_error("--stage: no --model is a Hugging Face id ORG/NAME[@REV]")
     for model in staged:
         try:
             resolved = resolve_model(model, None)

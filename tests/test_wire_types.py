@@ -238,3 +238,17 @@ def test_each_types_fields_are_the_ones_the_protocol_lists() -> None:
         assert set(fields) == set(schema), type_
         optional = {name for name, (_, required) in schema.items() if not required}
         assert {name for name, required in fields.items() if not required} == optional, type_
+
+
+def test_a_number_keeps_its_kind_and_an_int_its_64_bits() -> None:
+    """docs/protocol.md §4: numbers finite, integers within 64 bits, whatever the field."""
+    body = decode_agent_telemetry(frames(SAMPLE | {"pause_s_total": 3, "power_w": 4.5})).body
+    assert type(body["pause_s_total"]) is int and body["power_w"] == 4.5
+    with pytest.raises(p.ProtocolError, match=r"time is 9223372036854775808, above 92233"):
+        decode_agent_telemetry(frames(SAMPLE | {"time": 2**63}))
+    with pytest.raises(p.ProtocolError, match="power.watts.gpu is a bool, not a number$"):
+        decode_agent_telemetry(
+            frames(SAMPLE | {"power": SAMPLE["power"] | {"watts": {"gpu": True}}})
+        )
+    with pytest.raises(Invalid, match="^power_w is a bool, not a number or nil$"):
+        check_agent_body("telemetry.sample", SAMPLE | {"power_w": True})

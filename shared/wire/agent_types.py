@@ -15,8 +15,9 @@ protocol says for every map but the few open ones (a machine's facts, a doctor r
 
 from __future__ import annotations
 
+import math
 import sys
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
@@ -27,7 +28,7 @@ from shared.cooling.gang import BACKENDS, MAX_GROUP_LENGTH, MAX_WORLD
 from shared.cooling.policy import PACE_DEFAULTS, CoolingState, ThermalPolicy
 from shared.cooling.throttle import MAX_EVIDENCE as MAX_WORK_EVIDENCE
 from shared.cooling.throttle import WORK_UNITS
-from shared.shapes import INT64_MAX, Invalid
+from shared.shapes import INT64_MAX, INT64_MIN, Invalid
 from shared.wire import protocol as p
 from shared.wire import typed
 
@@ -68,20 +69,29 @@ EVENT_ACTIONS = (*RUN_ACTIONS, "policy")
 """A telemetry event's actions: a job's, and the agent's own `policy`."""
 
 _LARGEST = sys.float_info.max
+
+
+def number(least: float = -_LARGEST, most: float = _LARGEST) -> Any:
+    """A finite int or float within [least, most], ints within 64 bits (never a bool), each kept
+    as it came: the bounds refuse ±inf, and nan fails every bound."""
+    whole = Meta(ge=max(math.ceil(least), INT64_MIN), le=min(math.floor(most), INT64_MAX))
+    return Annotated[int, whole] | Annotated[float, Meta(ge=least, le=most)]
+
+
 Text = Annotated[str, Meta(max_length=MAX_TEXT)]
 Name = Annotated[str, Meta(min_length=1, max_length=MAX_TEXT)]
 Ident = Annotated[str, Meta(min_length=1, max_length=MAX_ID)]
 Count = Annotated[int, Meta(ge=0, le=INT64_MAX)]
 Seq = Annotated[int, Meta(ge=1, le=INT64_MAX)]
-Real = Annotated[float, Meta(ge=-_LARGEST, le=_LARGEST)]
-"""A finite number (an int is taken as one): the bounds refuse inf, and nan fails every bound."""
-Amount = Annotated[float, Meta(ge=0, le=_LARGEST)]
+Real = number()
+Amount = number(0)
 """A measured quantity that cannot be negative: seconds, bytes, watts, joules, tok/s."""
 Epoch = Amount
-Celsius = Annotated[float, Meta(ge=-273.15, le=_LARGEST)]
-Share = Annotated[float, Meta(ge=0, le=1)]
-Hertz = Annotated[float, Meta(ge=0, le=MAX_CLOCK_HZ)]
+Celsius = number(-273.15)
+Share = number(0, 1)
+Hertz = number(0, MAX_CLOCK_HZ)
 """A clock: finite, 0 to MAX_CLOCK_HZ (a frequency beyond it is a decoding fault)."""
+HeardAgo = number(0, 86400.0 * 366)
 Rank = Annotated[int, Meta(ge=0, le=MAX_WORLD - 1)]
 PolicyState = Literal[POLICY_STATES]  # type: ignore[valid-type]
 ByRail = Annotated[dict[str, Real], Meta(max_length=len(RAILS) + 8)]
@@ -135,7 +145,7 @@ class GangMember(WireMap):
     sensor: Annotated[str, Meta(max_length=MAX_SOURCE)] | None
     time: Epoch
     job: Annotated[str, Meta(max_length=MAX_ID)]
-    age_s: Annotated[float, Meta(ge=0, le=86400.0 * 366)]
+    age_s: HeardAgo
     duty: Share | None | UnsetType = UNSET
     slice_s: Share | None | UnsetType = UNSET
 

@@ -34,8 +34,10 @@ from shared.wire.agent_types import (
     Name,
     PolicyState,
     Real,
+    Share,
     Text,
     WireMap,
+    number,
 )
 from shared.wire.reply_types import JOB_STATES, Bits, OpenModel, OpenValue, Scalar
 from shared.wire.serving_shapes import MODES, SERVED, iteration_tokens
@@ -56,7 +58,7 @@ Flags = Annotated[
 ]
 Amounts = Annotated[list[Amount], Meta(max_length=100_000)]
 Status = Literal[CELL_STATUSES]  # type: ignore[valid-type]
-Clock = Annotated[float, Meta(ge=0, le=MAX_CLOCK_HZ)]
+Clock = number(0, MAX_CLOCK_HZ)
 MemberRank = Annotated[int, Meta(ge=0, le=MAX_MEMBERS - 1)]
 Members = Annotated[list[Name], Meta(max_length=MAX_MEMBERS)]
 Backend = Literal[RING, JACCL]  # type: ignore[valid-type]
@@ -186,7 +188,7 @@ MEASURED: dict[str, Any] = {
     "ci95_tokens_per_sec": Amount | None,
     "warmup_iterations": Count,
     "rewarm_iterations": Count,
-    "precision_target": Annotated[float, Meta(ge=0, le=1)] | None,
+    "precision_target": Share | None,
     "slept_s": Amount | None,
     "sleep_clock": Text | None,
 }

@@ -34,6 +34,7 @@ from shared.wire.agent_types import (
     SupervisedJobs,
     Text,
     WireMap,
+    number,
 )
 from shared.wire.typed import after, open_map
 
@@ -54,7 +55,12 @@ OpenValue = (
 CellCount = Annotated[int, Meta(ge=0, le=MAX_CELLS)]
 Bits = Annotated[int, Meta(ge=1, le=64)]
 CellNames = Annotated[list[Name], Meta(max_length=MAX_CELLS)]
-Minutes = Annotated[float, Meta(ge=0, le=MAX_CALIBRATE_MINUTES)]
+Minutes = number(0, MAX_CALIBRATE_MINUTES)
+PollInterval = number(1e-3, 86_400)
+CoolWaited = number(0, MAX_COOL_START_S * 2)
+CoolLimit = number(0, MAX_COOL_START_S)
+PausedFor = number(0, 7 * 86_400)
+PhaseSeconds = number(0, 86_400)
 
 
 class Machine(WireMap):
@@ -185,7 +191,7 @@ class Info(WireMap):
     power: Power
     job: RunningJob | None
     telemetry_port: Annotated[int, Meta(ge=1, le=65535)]
-    poll_interval: Annotated[float, Meta(ge=1e-3, le=86_400)]
+    poll_interval: PollInterval
     policy: Policy  # type: ignore[valid-type]
     jobs: SupervisedJobs
     history: Name
@@ -207,8 +213,8 @@ class CoolWait(WireMap):
     celsius: Celsius | None
     pressure: Text | None
     target_c: Celsius
-    waited_s: Annotated[float, Meta(ge=0, le=MAX_COOL_START_S * 2)]
-    limit_s: Annotated[float, Meta(ge=0, le=MAX_COOL_START_S)]
+    waited_s: CoolWaited
+    limit_s: CoolLimit
     done: bool
     hot: bool
     injected: bool
@@ -219,7 +225,7 @@ class PauseView(WireMap):
     pressure: Text | None
     source: Text
     sensor: Text | None
-    paused_s: Annotated[float, Meta(ge=0, le=7 * 86_400)]
+    paused_s: PausedFor
     done: bool
 
 
@@ -229,7 +235,7 @@ class Phase(WireMap):
     label: Text | UnsetType = UNSET
     bits: Bits | None | UnsetType = UNSET
     param_count: Annotated[int, Meta(ge=0, le=10**15)] | None | UnsetType = UNSET
-    seconds: Annotated[float, Meta(ge=0, le=86_400)] | UnsetType = UNSET
+    seconds: PhaseSeconds | UnsetType = UNSET
 
 
 class Progress(WireMap):

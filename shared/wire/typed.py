@@ -195,7 +195,8 @@ def _problem(what: str, value: Any, type_: Any) -> s.Invalid:
     if found := re.fullmatch(r"Object contains unknown field `(.+)`", what):
         return s.Invalid("", f"has an unknown field {found[1]!r}")
     if found := re.fullmatch(r"Expected `(.+?)`, got `.+`", what):
-        nouns = [_NOUNS.get(word, word) for word in found[1].split(" | ")]
+        words = found[1].replace("int | float", "float").split(" | ")  # number() is both
+        nouns = [_NOUNS.get(word, word) for word in words]
         wanted = " or ".join(filter(None, (", ".join(nouns[:-1]), nouns[-1])))
         return s.Invalid("", f"is {s.kind_of(value)}, not {wanted}")
     if what.startswith("Invalid enum value"):

@@ -79,7 +79,7 @@ class GangIdentity:
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any]) -> GangIdentity:
-        """From a body shared.wire.agent_shapes.gang_identity already checked; GangSpecError when it
+        """From a body shared.wire.agent_types.GangIdentity checked; GangSpecError when it
         is not a gang (a rank outside its world, hosts that do not match it)."""
         hosts = tuple(body["hosts"])
         return cls(body["group"], body["rank"], body["world"], hosts, body["backend"])
@@ -237,7 +237,7 @@ class MemberState:
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any], now: float) -> MemberState:
-        """From a body shared.wire.agent_shapes.gang_member already checked, heard `age_s` before
+        """From a body shared.wire.agent_types.GangMember checked, heard `age_s` before
         `now`."""
         return cls(
             rank=body["rank"],

@@ -9,7 +9,7 @@ attribute with a default, so an older agent that lacks it is still valid. At the
 a sample or event the default is None (every body the coordinator keeps has every field, nil
 where the agent did not say); inside a nested map it is UNSET (absent stays absent, and nil is
 accepted only where the type says `| None`). A new message type gets a Struct and an entry in
-shared.wire.agent_shapes.BODIES. Unknown fields are refused (`forbid_unknown_fields`), as the
+shared.wire.agent_shapes.TYPES. Unknown fields are refused (`forbid_unknown_fields`), as the
 protocol says for every map but the few open ones (a machine's facts, a doctor report).
 """
 

@@ -1,5 +1,5 @@
 """An agent's replies and job-stream messages as msgspec types (docs/protocol.md §5, §10-§15),
-checked by shared.wire.typed.check: shared.wire.agent_shapes.BODIES maps each type to its body.
+checked by shared.wire.typed.check: shared.wire.agent_shapes.TYPES maps each type to its body.
 
 Extending: as shared.wire.agent_types says (a field added with a default, UNSET inside a nested
 map, None at a body's top level, where shared.wire.protocol fills an omitted optional field

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, Progress, TaskID
+from rich.progress import BarColumn, Progress, TaskID, TextColumn
 from rich.text import Text
 
 from coordinator.commands.hosts import (
@@ -104,7 +104,8 @@ class StageProgress:
     stderr is not a terminal, a line as each host starts, fails and finishes instead."""
 
     def __init__(self, hosts: list[str]) -> None:
-        self.progress = Progress(BarColumn(), "{task.description}", console=err, transient=True)
+        description = TextColumn("{task.description}", markup=False)  # agents' words in it
+        self.progress = Progress(BarColumn(), description, console=err, transient=True)
         self.tasks: dict[str, TaskID] = {
             host: self.progress.add_task(shown(host), total=None) for host in hosts
         }

@@ -15,7 +15,7 @@ from typing import Any
 import zmq
 
 from coordinator.hosts.link import Settings, Target, connect
-from shared.io.transport import AgentClient, AgentError, HostError
+from shared.io.transport import AgentClient, AgentError, HostError, InvalidMessage
 
 REPLY, REFUSED, UNREACHABLE, RECONNECTED, LOST = (
     "reply",
@@ -26,6 +26,9 @@ REPLY, REFUSED, UNREACHABLE, RECONNECTED, LOST = (
 )
 Request = tuple[str, dict[str, Any], Any, float | None]
 """A request's type, body, the asker's tag and its reply's timeout (None: the connect timeout)."""
+INVALID_REPLY = "invalid-reply"
+"""A REFUSED report's `code` for a reply that failed its checks (no agent sends this code): the
+host answered, so it is not reconnected and asked again, which would never end."""
 RETRY_S = 1.0
 """Between reconnection attempts of an unreachable host."""
 
@@ -33,8 +36,8 @@ RETRY_S = 1.0
 @dataclass(frozen=True)
 class HostReport:
     """What a host's worker heard: `kind` REPLY (`body` the reply's), REFUSED (`error`, with
-    the agent's `code`), UNREACHABLE / RECONNECTED / LOST (`error` why); `request` is the type
-    asked, `tag` what the asker attached to it."""
+    the agent's `code` or INVALID_REPLY), UNREACHABLE / RECONNECTED / LOST (`error` why);
+    `request` is the type asked, `tag` what the asker attached to it."""
 
     host: str
     kind: str
@@ -124,5 +127,8 @@ class HostWorker(threading.Thread):
             reply = client.request(type_, body, timeout=timeout or self.settings.connect_timeout)
         except AgentError as exc:
             self._report(REFUSED, request=type_, error=str(exc), code=exc.code, tag=tag)
+            return
+        except InvalidMessage as exc:
+            self._report(REFUSED, request=type_, error=str(exc), code=INVALID_REPLY, tag=tag)
             return
         self._report(REPLY, request=type_, body=reply, tag=tag)

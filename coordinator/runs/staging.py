@@ -18,6 +18,7 @@ import zmq
 
 from coordinator.hosts.link import Settings, Target
 from coordinator.runs.host_worker import (
+    INVALID_REPLY,
     LOST,
     RECONNECTED,
     REFUSED,
@@ -449,6 +450,13 @@ class StageRun(StageSetup):
                     self.asked.pop(copy.receiver, None)
             self.fetching.pop(host, None)
             self.asked.pop(host, None)
+            return tree.fail(host)
+        if report.kind == REFUSED and report.code == INVALID_REPLY:
+            # a reply that failed its checks: the host is failed once, not asked again
+            self.asked.pop(host, None)
+            self.fetching.pop(host, None)
+            self.workers[host].poll = None
+            self._fail(host, report.error or INVALID_REPLY)
             return tree.fail(host)
         if report.kind == REFUSED and isinstance(report.tag, Copy):
             self.asked.pop(host, None)

@@ -166,12 +166,24 @@ REQUESTS = {
     "rank.start",
     "rank.get",
     "rank.stop",
+    "stage.prepare",
+    "stage.fetch",
+    "stage.status",
+    "stage.cancel",
+    "models.list",
+    "models.remove",
 }
 BAD_INDEXES: tuple[Any, ...] = (2, 99, -1, "0", 0.5, True, 2**63, 7)
 """`cells-range`'s indexes for a 2-cell job: one past the end, far past, negative, a str, a
 float, a bool (msgpack's true, which Python's int check lets through), beyond int64."""
 BAD_INDEX_LATENCIES = (22.2, 99.9, 66.6, 33.3, 55.5, 11.1, 88.8, 77.7)
 """Each bad index's record is whole and consistent; its latency (ms) marks it in a table."""
+STAGED_REVISION = "0123456789abcdef0123456789abcdef01234567"
+STAGED_DIGEST = "ab" * 32
+STAGED_SIZE = 5_000_000
+"""§19: the model every fake stages (a 40-hex-digit commit, a 64-hex-digit digest, 5 MB)."""
+SERVE_REQUESTS = 4
+"""Requests of a serving cell's one timed pass (§5 The serving axis: `requests`)."""
 POLICY = {
     "max_speed_temp": 75.0,
     "pause_temp": 85.0,
@@ -196,14 +208,11 @@ def plan_cells(matrix: dict[str, Any]) -> list[dict[str, Any]]:
     prompts = [p for p in matrix.get("n_prompt") or [512] if p > 0]
     gens = [g for g in matrix.get("n_gen") or [128] if g > 0]
     pairs = [tuple(pair) for pair in matrix.get("n_pg") or []]
+    if matrix.get("serving"):
+        return serving_cells(matrix, prompts, gens)
     for model in matrix.get("models") or ["small"]:
         for bits in matrix.get("bits") or [None]:
-            resolved = bits if bits is not None else {"small": 16, "full": 4}.get(model)
-            label = (
-                model
-                if resolved is None
-                else f"{model}/{'f16' if resolved == 16 else f'q{resolved}'}"
-            )
+            resolved, label = labelled(model, bits)
             for batch in matrix.get("batch_sizes") or [1]:
                 for depth in matrix.get("n_depth") or [0]:
                     tests = [("prefill", p, 0, f"pp{p}") for p in prompts]
@@ -224,6 +233,43 @@ def plan_cells(matrix: dict[str, Any]) -> list[dict[str, Any]]:
                                 "name": f"{label} {at} b{batch}",
                             }
                         )
+    return cells
+
+
+def labelled(model: str, bits: int | None) -> tuple[int | None, str]:
+    """§5: a model's bits as the job resolves them, and its label `<name>/<bits>`."""
+    resolved = bits if bits is not None else {"small": 16, "full": 4}.get(model)
+    if resolved is None:
+        return None, model
+    return resolved, f"{model}/{'f16' if resolved == 16 else f'q{resolved}'}"
+
+
+def serving_cells(
+    matrix: dict[str, Any], prompts: list[int], gens: list[int]
+) -> list[dict[str, Any]]:
+    """§5 The serving axis: per model and bits, per length (each prompt with each generation
+    length), per load point, closed loops first, named `<label> serve c<N>` (`r<R>` for a
+    rate), with ` pp<P>+tg<G>` after the load where the lengths vary."""
+    serving = matrix["serving"]
+    loads = [(int(c), 0.0) for c in serving.get("concurrency") or []]
+    loads += [(0, float(r)) for r in serving.get("request_rates") or []]
+    lengths = [(p, g) for p in prompts for g in gens]
+    cells = []
+    for model in matrix.get("models") or ["small"]:
+        for bits in matrix.get("bits") or [None]:
+            resolved, label = labelled(model, bits)
+            for n_prompt, n_gen in lengths:
+                for clients, rate in loads:
+                    test = f"serve c{clients}" if clients else f"serve r{rate}"
+                    if len(lengths) > 1:
+                        test += f" pp{n_prompt}+tg{n_gen}"
+                    cell = {"model": model, "bits": resolved, "n_prompt": n_prompt}
+                    cells.append(
+                        cell
+                        | {"n_gen": n_gen, "n_depth": 0, "batch_size": 1, "mode": "serve"}
+                        | {"test": test, "name": f"{label} {test}"}
+                        | {"concurrency": clients, "request_rate": rate}
+                    )
     return cells
 
 
@@ -252,6 +298,7 @@ class FakeAgentCore:
     poll_interval: float
     flood_s: float
     bad_index: tuple[type, Any] | None
+    plain_cells: bool
     requests: list[str]
     _dropped: bool
     _progressing: Job | None
@@ -277,6 +324,11 @@ class FakeAgentCore:
     def text(self, value: str) -> str:
         """A string field as this mode sends it."""
         return value + PAYLOAD if self.mode == "strings" else value
+
+    def cell_text(self, value: str) -> str:
+        """A cell's model, test, name or weights digest: plain with `plain_cells`, so the cells
+        of two hosts match (a comparison across them) while every other string is hostile."""
+        return value if self.plain_cells else self.text(value)
 
     def big(self, value: str) -> str:
         """A string field that `huge` fills up to the message size limit."""
@@ -334,9 +386,14 @@ class Replies(FakeAgentCore):
         elif type_ == "policy.get":
             self._send(identity, "policy.get.ok", self._policy(), rid)
         elif type_ == "doctor":
-            self._send(identity, "doctor.ok", {"report": self._doctor()}, rid)
+            report = self._doctor()
+            if body.get("bandwidth"):  # §14: `coordinator doctor --level 2` asks for the probe
+                report["bandwidth"] = self._bandwidth()
+            self._send(identity, "doctor.ok", {"report": report}, rid)
         elif type_ in ("rank.start", "rank.get", "rank.stop"):
             self._rank(identity, type_, body, rid)
+        elif type_.startswith(("stage.", "models.")):
+            self._stage(identity, type_, body, rid)
         else:  # policy.set, job.event: refused, with a message the user is shown verbatim
             message = self.text(f"{type_} is not served by this fake")
             self._send(identity, "error", {"code": "internal", "message": message}, rid)
@@ -483,6 +540,14 @@ class Replies(FakeAgentCore):
             policy["stop_temp"] = math.inf
         return {"policy": policy, "origin": self.text("the seed's defaults")}
 
+    def _bandwidth(self) -> dict[str, Any]:
+        """§14 `bandwidth`: a probe's timings, or (`strings`) the {`error`} of one that could
+        not run, PAYLOAD in it."""
+        if self.mode == "strings":
+            return {"error": self.text("MLX failed: out of memory")}
+        return {"bytes": 64 * 1024 * 1024, "backend": "gpu", "read_s": [0.001] * 3,
+                "copy_s": [0.002] * 3}  # fmt: skip
+
     def _doctor(self) -> dict[str, Any]:
         checks = []
         for name in ("python", "mlx", "metal", "benchmark", "thermal: sim", "data dir"):
@@ -532,7 +597,7 @@ class BenchJobs(FakeAgentCore):
             cells = cells[:2]
         job = Job(new_id(), rid, identity, matrix, cells)
         self.jobs[job.id] = job
-        names = [self.text(cell["name"]) for cell in cells]
+        names = [self.cell_text(cell["name"]) for cell in cells]
         if self.mode == "start-unanswered":  # the job runs, its reply and stream are lost
             job.records = [self._record(job, index) for index in range(len(cells))]
             job.state, job.finished = "ok", now_rfc3339()
@@ -600,13 +665,15 @@ class BenchJobs(FakeAgentCore):
     def _record(self, job: Job, index: int, latency: float | None = None) -> dict[str, Any]:
         cell = job.cells[index]
         failed = self.mode in ("strings", "huge") and index == len(job.cells) - 1
-        tokens = (cell["n_prompt"] + cell["n_gen"]) * cell["batch_size"]
+        serves = cell["mode"] == "serve"
+        tokens = SERVE_REQUESTS * cell["n_gen"] if serves else cell["n_prompt"] + cell["n_gen"]
+        tokens *= cell["batch_size"]
         latency = 10.0 + index if latency is None else latency
         coordinates = {
             **cell,
-            "model": self.text(cell["model"]),
-            "test": self.text(cell["test"]),
-            "name": self.text(cell["name"]),
+            "model": self.cell_text(cell["model"]),
+            "test": self.cell_text(cell["test"]),
+            "name": self.cell_text(cell["name"]),
             "status": "failed" if failed else "ok",
             "error": self.big("the job process died (killed by SIGSEGV)") if failed else None,
             "soc_temp_start_c": None,
@@ -659,7 +726,47 @@ class BenchJobs(FakeAgentCore):
         if cell["n_gen"]:
             record["decode_tokens"] = cell["n_gen"]
             record["mean_per_token_ms"] = latency / cell["n_gen"]
+        if serves:
+            record["serving"] = self._serving(cell, tokens, latency)
+            record["joules_per_output_token_net"] = None
         return record
+
+    def _serving(self, cell: dict[str, Any], tokens: int, latency: float) -> dict[str, Any]:
+        """§5 Cell records, `serving`: one timed pass of SERVE_REQUESTS requests, its strings
+        (engine, model_impl, tokens_from, prompt_cache) the agent's words."""
+        window = latency / 1000
+        figures: dict[str, Any] = {
+            "requests": SERVE_REQUESTS,
+            "completed": SERVE_REQUESTS,
+            "failed": 0,
+            "good": SERVE_REQUESTS,
+            "output_tokens": tokens,
+            "slo_ttft_ms": 2000.0,
+            "slo_tpot_ms": 100.0,
+            "window_s": window,
+            "output_tok_s": tokens / window,
+            "request_rate": SERVE_REQUESTS / window,
+            "goodput": SERVE_REQUESTS / window,
+        }
+        for name in ("ttft", "itl", "tpot", "e2e"):
+            for stat in ("mean", "p50", "p95", "p99"):
+                figures[f"{name}_{stat}_ms"] = latency / 4
+        for stat in ("mean", "p50", "p95", "p99"):
+            figures[f"request_tok_s_{stat}"] = tokens / window / SERVE_REQUESTS
+        return {
+            "loop": "closed" if cell["concurrency"] else "open",
+            "passes": 1,
+            "engine": self.text("mlx-lm BatchGenerator"),
+            "model_impl": self.text("mlx_lm.models.llama"),
+            "requests_per_pass": SERVE_REQUESTS,
+            "duration_s": None,
+            "prompts": "synthetic",
+            "tokens_from": self.text("random"),
+            "prompt_cache": self.text("none"),
+            "saturated": None if cell["concurrency"] else False,
+            "late_injected": 0,
+            "figures": figures,
+        }
 
     def _settings(self) -> dict[str, Any]:
         """§5 Settings: every key, the versions and builds the agent's words (`coordinator
@@ -672,7 +779,7 @@ class BenchJobs(FakeAgentCore):
             "mlx_lm_version": None,
             "mlx_fleet_version": self.text(VERSION),
             "model_revision": None,
-            "weights_digest": self.text("config:0f"),
+            "weights_digest": self.cell_text("config:0f"),
             "power_mode": "normal",
             "power_source": "ac",
             "wired_limit_bytes": None,
@@ -747,6 +854,136 @@ class BenchJobs(FakeAgentCore):
             "param_count": 4_000_000,
             "weight_memory_gb": self.number(0.008, math.nan),
         }
+
+
+class Staging(FakeAgentCore):
+    """§19 as a coordinator sees it (no byte moves: the coordinator only asks and polls, the
+    agents move the bytes): stage.prepare holds or downloads the model at once (a `ready`
+    source task), stage.fetch is `fetching` until the next stage.status, then `ready`;
+    stage.status, stage.cancel, models.list (every model it made ready) and models.remove.
+    `strings` puts PAYLOAD in every str the §19 tables leave free (a task's `source` and
+    `error`, another task's `model`, the store, a held model's name, revision, refs and error)
+    and fails each model's first fetch (`error`: PAYLOAD); `revision` and `digest` of the
+    asked model stay the hex digits §19 gives them, its `model` the name asked (stage.status
+    is asked by it). `types` breaks every task: `bytes` -1 (§19: an int of bytes held)."""
+
+    stage_tasks: dict[str, dict[str, Any]]
+    """Model name → its latest task (§19: one per model and agent)."""
+    _fetches: dict[str, int]
+
+    def _stage(self, identity: bytes, type_: str, body: dict[str, Any], rid: str) -> None:
+        model = body.get("model")
+        name = model.split("@")[0] if isinstance(model, str) else None
+        if type_ == "models.list":
+            self._send(identity, "models.list.ok", self._models(), rid)
+        elif type_ == "stage.status":
+            tasks = [self._advance(task) for task in self.stage_tasks.values()]
+            if self.mode == "strings":  # a task of another model: only the asked one counts
+                tasks.append(self._task(self.text("org/other"), "receiver", "failed"))
+            self._send(identity, "stage.status.ok", {"tasks": tasks}, rid)
+        elif name is None or (type_ != "stage.prepare" and name not in self.stage_tasks):
+            if type_ in ("stage.cancel", "models.remove"):
+                message = self.text(f"nothing of {model!r} here")
+                self._send(identity, "error", {"code": "not-held", "message": message}, rid)
+            elif type_ == "stage.fetch" and name is not None:
+                self._fetch(identity, name, body, rid)
+            else:
+                message = self.text(f"model {model!r} is not ORG/NAME[@REV]")
+                self._send(identity, "error", {"code": "bad-model", "message": message}, rid)
+        elif type_ == "stage.prepare":
+            self.stage_tasks[name] = self._task(name, "source", "ready")
+            self._send(identity, "stage.prepare.ok", self.stage_tasks[name], rid)
+        elif type_ == "stage.fetch":
+            self._fetch(identity, name, body, rid)
+        elif type_ == "stage.cancel":
+            task = self.stage_tasks[name]
+            if task["state"] == "fetching":
+                task.update(state="cancelled", finished=time.time())
+            self._send(identity, "stage.cancel.ok", task, rid)
+        else:  # models.remove
+            del self.stage_tasks[name]
+            removed = [self.text(f"{name}@{STAGED_REVISION}")]
+            self._send(identity, "models.remove.ok", {"removed": removed}, rid)
+
+    def _fetch(self, identity: bytes, name: str, body: dict[str, Any], rid: str) -> None:
+        self._fetches[name] = self._fetches.get(name, 0) + 1
+        task = self._task(name, "receiver", "fetching", source=body.get("source"))
+        task["failing"] = self.mode == "strings" and self._fetches[name] == 1
+        self.stage_tasks[name] = task
+        self._send(identity, "stage.fetch.ok", self._shown_task(task), rid)
+
+    def _advance(self, task: dict[str, Any]) -> dict[str, Any]:
+        """A fetching task polled: failed (the first fetch in `strings`) or ready."""
+        if task["state"] == "fetching":
+            if task.pop("failing"):
+                task.update(state="failed", error=self.text("chunk 7 failed its hash 3 times"))
+            else:
+                task.update(state="ready", bytes=STAGED_SIZE, files_done=task["files"])
+            task["finished"] = time.time()
+        return self._shown_task(task)
+
+    def _shown_task(self, task: dict[str, Any]) -> dict[str, Any]:
+        shown = {key: value for key, value in task.items() if key != "failing"}
+        if self.mode == "types":
+            shown["bytes"] = -1
+        return shown
+
+    def _task(self, name: str, role: str, state: str, source: str | None = None) -> dict[str, Any]:
+        """§19 A task, of a model of STAGED_SIZE bytes in 3 files."""
+        ready = state == "ready"
+        return {
+            "model": name,
+            "revision": STAGED_REVISION,
+            "role": role,
+            "state": state,
+            "digest": STAGED_DIGEST,
+            "bytes": STAGED_SIZE if ready else STAGED_SIZE // 2,
+            "total": STAGED_SIZE,
+            "resumed": 0 if ready else STAGED_SIZE // 4,
+            "rate": 1e6,
+            "capped": state == "fetching",
+            "source": self.text(source or "10.0.0.9:5555") if role == "receiver" else None,
+            "served": 0,
+            "files": 3,
+            "files_done": 3 if ready else 1,
+            "error": self.text("rank 1 has the lock") if state == "failed" else None,
+            "started": time.time() - 1,
+            "finished": time.time() if ready else None,
+        }
+
+    def _models(self) -> dict[str, Any]:
+        """models.list.ok: every model made ready here, and in `strings` a mismatched one whose
+        every str is PAYLOAD (its revision's first 7 digits are what a table shows)."""
+        held = [
+            {
+                "model": name,
+                "revision": STAGED_REVISION,
+                "refs": ["main"],
+                "state": "present",
+                "digest": STAGED_DIGEST,
+                "size": STAGED_SIZE,
+                "bytes": STAGED_SIZE,
+                "files": 3,
+                "error": None,
+            }
+            for name, task in self.stage_tasks.items()
+            if task["state"] == "ready"
+        ]
+        if self.mode == "strings":
+            held.append(
+                {
+                    "model": self.text("org/held"),
+                    "revision": PAYLOAD + STAGED_REVISION,
+                    "refs": [self.text("main")],
+                    "state": "mismatch",
+                    "digest": STAGED_DIGEST,
+                    "size": STAGED_SIZE,
+                    "bytes": STAGED_SIZE,
+                    "files": 3,
+                    "error": self.text("config.json differs (sha256 00ff)"),
+                }
+            )
+        return {"store": self.text("/Users/lab/.cache/huggingface/hub"), "models": held}
 
 
 class Telemetry(FakeAgentCore):
@@ -869,7 +1106,7 @@ class Telemetry(FakeAgentCore):
                 self.flood_sent += 1
 
 
-class HostileAgent(Replies, BenchJobs, Telemetry):
+class HostileAgent(Replies, BenchJobs, Staging, Telemetry):
     """One fake agent on a thread of its own (start()/stop(), or a `with` block). Everything it
     was asked is in `requests`, so a test can tell what the coordinator did after a bad reply.
 
@@ -887,8 +1124,10 @@ class HostileAgent(Replies, BenchJobs, Telemetry):
         poll_interval: float = 0.25,
         flood_s: float = 10.0,
         bad_index: Any = None,
+        plain_cells: bool = False,
     ) -> None:
-        """`bad_index`: `cells-range` sends that one of BAD_INDEXES alone (None: all)."""
+        """`bad_index`: `cells-range` sends that one of BAD_INDEXES alone (None: all);
+        `plain_cells`: the cells' model, test and name are sent plain (cell_text)."""
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; one of {', '.join(MODES)}")
         self.mode = mode
@@ -897,11 +1136,14 @@ class HostileAgent(Replies, BenchJobs, Telemetry):
         self.poll_interval = poll_interval
         self.flood_s = flood_s
         self.bad_index = None if bad_index is None else (type(bad_index), bad_index)
+        self.plain_cells = plain_cells
         self._dropped = False
         self._progressing = None
         self.requests: list[str] = []
         self.jobs: dict[str, Job] = {}
         self.ranks: dict[Any, Any] = {}
+        self.stage_tasks = {}
+        self._fetches = {}
         self.stopped: dict[Any, str] = {}
         self.samples: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []

@@ -1,0 +1,215 @@
+"""Issue 42's hostile-agent tests for what this round added (tests/test_hostile_agent.py holds
+the rest, and the helpers these share): `coordinator stage` and `coordinator models` against a
+fake that answers docs/protocol.md §19 with PAYLOAD in every free string (tests/fakes/
+hostile_agent.py, Staging); serving cells (§5) through benchmark, show and compare; a canary
+whose cells match on both sides while every other string is hostile; `doctor --level 2`'s
+bandwidth probe. Through pipes and a pty, as the rest: no markup, control or forged row
+reaches the terminal, and a reply of the wrong shape is one line naming the host, the other
+host kept."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests import test_hostile_agent
+from tests.fakes.hostile_agent import HostileAgent
+from tests.test_hostile_agent import (
+    BENCH,
+    BENCH_LINKS,
+    LINKS,
+    Run,
+    Stored,
+    against,
+    benchmark,
+    check,
+    coordinator,
+    hostile_output,
+    lines_naming,
+    not_strict_json,
+)
+
+pytestmark = pytest.mark.timeout(180)
+fake = test_hostile_agent.fake
+"""The fixture fake(mode): one fake agent per mode, this module's own."""
+
+FORMATS = [("table", False), ("table", True), ("json", False)]
+FORMAT_IDS = ["pipe", "pty", "json"]
+
+
+def formatted(run: Run, fmt: str) -> list[str]:
+    return not_strict_json(run, " ".join(run.args)) if fmt == "json" else []
+
+
+def outside_tables(run: Run, *needles: str) -> list[str]:
+    """The lines naming every needle that are no table row (a report's own lines)."""
+    return [line for line in lines_naming(run, *needles) if line[:1] not in "│┃"]
+
+
+# --- 1. coordinator stage and models (§19) ------------------------------------------------
+
+
+@pytest.mark.parametrize("origin", ["hostile", "benign"])
+@pytest.mark.parametrize(("fmt", "tty"), FORMATS, ids=FORMAT_IDS)
+@pytest.mark.slow
+def test_strings_stage(
+    fake: Callable[[str], HostileAgent], tmp_path: Path, origin: str, fmt: str, tty: bool
+) -> None:
+    """The hostile host as the origin (its stage.prepare.ok, models.list.ok) or as a receiver
+    (its fetch's `source`, the first fetch failed with PAYLOAD in `error`, another model's task
+    in stage.status): the stage ends staged on both, every agent string plain."""
+    hostile, benign = fake("strings"), fake("benign")
+    hosts = [hostile.address, benign.address]
+    if origin == "benign":
+        hosts.reverse()
+    model = f"org/{origin}-{fmt}-{'pty' if tty else 'pipe'}"  # a model neither fake holds
+    expect = "stage.prepare" if origin == "hostile" else "stage.status"
+    args = ["stage", model, "--hosts", ",".join(hosts), *BENCH_LINKS, "-o", fmt]
+    run, problems = against(hostile, expect, *args, home=tmp_path, tty=tty)
+    problems += formatted(run, fmt)
+    if run.returncode != 0:
+        problems.append(f"exit {run.returncode}: {run.text[-800:]!r}")
+    if origin == "benign" and not outside_tables(run, hostile.address, "chunk 7 failed"):
+        problems.append(f"the failed first fetch is not named: {run.text[-800:]!r}")
+    check(run, problems)
+
+
+@pytest.mark.parametrize(("fmt", "tty"), FORMATS, ids=FORMAT_IDS)
+def test_strings_models(
+    fake: Callable[[str], HostileAgent], fleet_home: Path, fmt: str, tty: bool
+) -> None:
+    """models.list.ok's store, a held model's name, revision, refs and error."""
+    hostile, benign = fake("strings"), fake("benign")
+    hosts = f"{hostile.address},{benign.address}"
+    args = ["models", "--hosts", hosts, *LINKS, "-o", fmt]
+    run, problems = against(hostile, "models.list", *args, home=fleet_home, tty=tty)
+    problems += formatted(run, fmt)
+    if run.returncode != 0 or "mismatch" not in run.text:
+        problems.append(f"exit {run.returncode}, no mismatched copy: {run.text[-800:]!r}")
+    check(run, problems)
+
+
+@pytest.mark.slow
+def test_types_stage_fails_the_host_once(
+    fake: Callable[[str], HostileAgent], fleet_home: Path
+) -> None:
+    """A receiver's stage.fetch.ok with `bytes` -1: one line naming the host and the field,
+    that host failed (never reconnected and asked again: before, for ever), the origin held,
+    exit 1."""
+    hostile, benign = fake("types"), fake("benign")
+    hosts = f"{benign.address},{hostile.address}"
+    run, problems = against(
+        hostile, "stage.fetch", "stage", "org/typed", "--hosts", hosts, *BENCH_LINKS,
+        home=fleet_home,
+    )  # fmt: skip
+    named = outside_tables(run, hostile.address, "bytes")
+    if len(named) != 1:
+        problems.append(f"{len(named)} lines name {hostile.address} and bytes: {named}")
+    if hostile.requests.count("stage.fetch") != 1:
+        problems.append(f"stage.fetch asked {hostile.requests.count('stage.fetch')} times")
+    if run.returncode != 1 or not lines_naming(run, benign.address, "held"):
+        problems.append(f"exit {run.returncode}, the origin not held: {run.text[-800:]!r}")
+    check(run, problems)
+
+
+def test_invalid_models_names_the_host_and_field(
+    fake: Callable[[str], HostileAgent], fleet_home: Path
+) -> None:
+    """models.list.ok with an empty body (`reply-invalid`): the host's line (the caption)
+    names the missing field, exit 1, the benign host's column kept."""
+    hostile, benign = fake("reply-invalid"), fake("benign")
+    hosts = f"{hostile.address},{benign.address}"
+    run, problems = against(hostile, "models.list", "models", "--hosts", hosts, *LINKS,
+                            home=fleet_home)  # fmt: skip
+    said = " ".join(run.text.split())  # the table's caption wraps at the table's width
+    if run.returncode != 1 or not re.search(rf"{hostile.address}: [^│]*'?store\b", said):
+        problems.append(f"exit {run.returncode}, no line naming the field: {run.text[-800:]!r}")
+    if not lines_naming(run, benign.address):
+        problems.append("the benign host's column is gone")
+    check(run, problems)
+
+
+# --- 2. serving cells (§5) ----------------------------------------------------------------
+
+SERVE = [*BENCH, "--concurrency", "1,2"]
+
+
+@pytest.fixture(scope="module")
+def served(fake: Callable[[str], HostileAgent], tmp_path_factory: pytest.TempPathFactory) -> Stored:
+    """A serving run of the hostile fake beside the benign one: its records' `serving`
+    strings (engine, model_impl, tokens_from, prompt_cache) carry PAYLOAD."""
+    home = tmp_path_factory.mktemp("served")
+    hostile = fake("strings")
+    since = len(hostile.requests)
+    hosts = f"{hostile.address},{fake('benign').address}"
+    run = coordinator("benchmark", "--hosts", hosts, *BENCH_LINKS, *SERVE, home=home)
+    listed = coordinator("runs", "-o", "json", home=home)
+    run_id = json.loads(listed.stdout)[0]["id"] if listed.returncode == 0 else None
+    return Stored(home, run, hostile.address, "", run_id, hostile.requests[since:])
+
+
+@pytest.mark.slow
+def test_strings_serving_benchmark(served: Stored) -> None:
+    problems = hostile_output(served.run) + served.unasked("bench.start")
+    if "serving" not in served.run.text:
+        problems.append(f"no serving table: {served.run.text[-800:]!r}")
+    check(served.run, problems)
+
+
+@pytest.mark.parametrize(("fmt", "tty"), [*FORMATS, ("csv", False), ("md", False)])
+@pytest.mark.slow
+def test_strings_serving_show(served: Stored, fmt: str, tty: bool) -> None:
+    shown = served.show(fmt, tty=tty)
+    problems = hostile_output(shown) + formatted(shown, fmt)
+    if fmt == "json" and not any(cell.get("serving") for cell in served.cells()):
+        problems.append("no serving record stored")
+    check(shown, problems)
+
+
+@pytest.mark.parametrize("tty", [False, True], ids=["pipe", "pty"])
+@pytest.mark.slow
+def test_strings_serving_compare(served: Stored, tty: bool) -> None:
+    assert served.run_id, served.run.text[-2000:]
+    run = coordinator("compare", served.run_id, served.run_id, home=served.home, tty=tty)
+    check(run, hostile_output(run))
+
+
+# --- 3. canary: cells on both sides, every other string hostile ---------------------------
+
+
+@pytest.mark.slow
+def test_strings_canary_table(fake: Callable[[str], HostileAgent], tmp_path: Path) -> None:
+    """The hostile host's cells named plainly (so pp16 ran on both sides of the split) while
+    its macOS build, MLX version and every other string carry PAYLOAD: the table is drawn,
+    its side values plain text."""
+    with HostileAgent("strings", name="mac3", plain_cells=True) as hostile:
+        stored = benchmark(tmp_path, hostile, fake("benign").address)
+    assert stored.run_id, stored.run.text[-2000:]
+    for split in ("macos", "mlx"):
+        for tty in (False, True):
+            args = ["canary", "--runs", stored.run_id, "--split", split]
+            run = coordinator(*args, home=tmp_path, tty=tty)
+            problems = hostile_output(run)
+            if "no cell ran on both sides" in run.text or "MARKUP" not in run.text:
+                problems.append(f"no table naming the hostile side: {run.text[-800:]!r}")
+            check(run, problems)
+
+
+# --- 4. doctor --level 2 (§14 bandwidth) ---------------------------------------------------
+
+
+@pytest.mark.parametrize(("fmt", "tty"), FORMATS, ids=FORMAT_IDS)
+@pytest.mark.slow
+def test_strings_doctor_level_2(
+    fake: Callable[[str], HostileAgent], fleet_home: Path, fmt: str, tty: bool
+) -> None:
+    """The bandwidth probe's `error` and level 1's strings, beside the decode cell's."""
+    hostile, benign = fake("strings"), fake("benign")
+    hosts = f"{hostile.address},{benign.address}"
+    args = ["doctor", "--level", "2", "--hosts", hosts, *LINKS, "-o", fmt]
+    run, problems = against(hostile, "bench.start", *args, home=fleet_home, tty=tty)
+    check(run, problems + formatted(run, fmt))

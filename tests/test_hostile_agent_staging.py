@@ -61,7 +61,9 @@ def test_strings_stage(
 ) -> None:
     """The hostile host as the origin (its stage.prepare.ok, models.list.ok) or as a receiver
     (its fetch's `source`, the first fetch failed with PAYLOAD in `error`, another model's task
-    in stage.status): the stage ends staged on both, every agent string plain."""
+    in stage.status; its tasks name another source than asked, so its fetch is cancelled and
+    asked again, a bounded number of times: before, for ever): the stage ends staged on
+    both, every agent string plain."""
     hostile, benign = fake("strings"), fake("benign")
     hosts = [hostile.address, benign.address]
     if origin == "benign":

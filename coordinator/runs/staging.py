@@ -196,6 +196,8 @@ class StageSetup:
         """Copies planned but not asked yet, each with the time it may be asked (_ask_due)."""
         self.unreachable: set[str] = set()
         """Hosts not answering now (not lost yet): no copy is asked from them."""
+        self.cancels: dict[str, int] = {}
+        """Receiver → earlier fetches of its cancelled (_still_fetching)."""
         try:
             Tree.start(ORIGIN, [target.name for target in hosts])
         except TreeError as exc:
@@ -420,8 +422,13 @@ class StageRun(StageSetup):
 
     def _still_fetching(self, copy: Copy, task: dict[str, Any]) -> bool:
         """The receiver answered our fetch with an earlier one that still runs (from another
-        sender): it is cancelled and ours asked again in a moment, no attempt counted."""
+        sender): it is cancelled and ours asked again in a moment, no attempt counted. After
+        MAX_ATTEMPTS such answers that fetch is followed as ours (an agent that names another
+        source whatever it is asked would be asked for ever; its digest is still checked)."""
         if task["source"] == self._fetch_body(copy)["source"] or task["state"] != "fetching":
+            return False
+        self.cancels[copy.receiver] = self.cancels.get(copy.receiver, 0) + 1
+        if self.cancels[copy.receiver] > MAX_ATTEMPTS:
             return False
         self.workers[copy.receiver].ask("stage.cancel", {"model": self.name})
         self.rows[copy.receiver].attempts -= 1

@@ -13,7 +13,10 @@ What it speaks (protocol.md section numbers):
   {v: 4, id, type, re, body}; a request it cannot read is answered `error` `malformed`.
 - §5: hello, ping, info, bench.start (bench.start.ok, then bench.progress, bench.cell per cell,
   bench.done), bench.cancel, job.get, job.list, history.get, policy.get, policy.set, doctor;
-  §16: rank.start, rank.get, rank.stop (a rank that never runs: `strings` fails it).
+  §16: rank.start, rank.get, rank.stop (a rank that never runs: `strings` fails it);
+  §19: stage.prepare, stage.fetch, stage.status, stage.cancel, models.list, models.remove
+  (Staging: tasks and listings only, no byte moves); §5's serving cells (`serving` in the
+  matrix) and §14's bandwidth probe (`bandwidth` in doctor's body).
 - §10: telemetry.sample every `poll_interval` and a telemetry.event now and then, published as
   [topic, envelope] with topic b"sample" / b"event", `re` nil; kept for history.get.
 
@@ -93,7 +96,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -271,6 +274,46 @@ def serving_cells(
                         | {"concurrency": clients, "request_rate": rate}
                     )
     return cells
+
+
+def serving_record(
+    text: Callable[[str], str], cell: dict[str, Any], tokens: int, latency: float
+) -> dict[str, Any]:
+    """§5 Cell records, `serving`: one timed pass of SERVE_REQUESTS requests, its strings
+    (engine, model_impl, tokens_from, prompt_cache) the agent's words."""
+    window = latency / 1000
+    figures: dict[str, Any] = {
+        "requests": SERVE_REQUESTS,
+        "completed": SERVE_REQUESTS,
+        "failed": 0,
+        "good": SERVE_REQUESTS,
+        "output_tokens": tokens,
+        "slo_ttft_ms": 2000.0,
+        "slo_tpot_ms": 100.0,
+        "window_s": window,
+        "output_tok_s": tokens / window,
+        "request_rate": SERVE_REQUESTS / window,
+        "goodput": SERVE_REQUESTS / window,
+    }
+    for name in ("ttft", "itl", "tpot", "e2e"):
+        for stat in ("mean", "p50", "p95", "p99"):
+            figures[f"{name}_{stat}_ms"] = latency / 4
+    for stat in ("mean", "p50", "p95", "p99"):
+        figures[f"request_tok_s_{stat}"] = tokens / window / SERVE_REQUESTS
+    return {
+        "loop": "closed" if cell["concurrency"] else "open",
+        "passes": 1,
+        "engine": text("mlx-lm BatchGenerator"),
+        "model_impl": text("mlx_lm.models.llama"),
+        "requests_per_pass": SERVE_REQUESTS,
+        "duration_s": None,
+        "prompts": "synthetic",
+        "tokens_from": text("random"),
+        "prompt_cache": text("none"),
+        "saturated": None if cell["concurrency"] else False,
+        "late_injected": 0,
+        "figures": figures,
+    }
 
 
 @dataclass
@@ -727,46 +770,9 @@ class BenchJobs(FakeAgentCore):
             record["decode_tokens"] = cell["n_gen"]
             record["mean_per_token_ms"] = latency / cell["n_gen"]
         if serves:
-            record["serving"] = self._serving(cell, tokens, latency)
+            record["serving"] = serving_record(self.text, cell, tokens, latency)
             record["joules_per_output_token_net"] = None
         return record
-
-    def _serving(self, cell: dict[str, Any], tokens: int, latency: float) -> dict[str, Any]:
-        """§5 Cell records, `serving`: one timed pass of SERVE_REQUESTS requests, its strings
-        (engine, model_impl, tokens_from, prompt_cache) the agent's words."""
-        window = latency / 1000
-        figures: dict[str, Any] = {
-            "requests": SERVE_REQUESTS,
-            "completed": SERVE_REQUESTS,
-            "failed": 0,
-            "good": SERVE_REQUESTS,
-            "output_tokens": tokens,
-            "slo_ttft_ms": 2000.0,
-            "slo_tpot_ms": 100.0,
-            "window_s": window,
-            "output_tok_s": tokens / window,
-            "request_rate": SERVE_REQUESTS / window,
-            "goodput": SERVE_REQUESTS / window,
-        }
-        for name in ("ttft", "itl", "tpot", "e2e"):
-            for stat in ("mean", "p50", "p95", "p99"):
-                figures[f"{name}_{stat}_ms"] = latency / 4
-        for stat in ("mean", "p50", "p95", "p99"):
-            figures[f"request_tok_s_{stat}"] = tokens / window / SERVE_REQUESTS
-        return {
-            "loop": "closed" if cell["concurrency"] else "open",
-            "passes": 1,
-            "engine": self.text("mlx-lm BatchGenerator"),
-            "model_impl": self.text("mlx_lm.models.llama"),
-            "requests_per_pass": SERVE_REQUESTS,
-            "duration_s": None,
-            "prompts": "synthetic",
-            "tokens_from": self.text("random"),
-            "prompt_cache": self.text("none"),
-            "saturated": None if cell["concurrency"] else False,
-            "late_injected": 0,
-            "figures": figures,
-        }
 
     def _settings(self) -> dict[str, Any]:
         """§5 Settings: every key, the versions and builds the agent's words (`coordinator
@@ -859,7 +865,8 @@ class BenchJobs(FakeAgentCore):
 class Staging(FakeAgentCore):
     """§19 as a coordinator sees it (no byte moves: the coordinator only asks and polls, the
     agents move the bytes): stage.prepare holds or downloads the model at once (a `ready`
-    source task), stage.fetch is `fetching` until the next stage.status, then `ready`;
+    source task), stage.fetch is `fetching` until the next stage.status, then `ready`
+    (its `source` the one asked, in `strings` with PAYLOAD: another fetch, to a coordinator);
     stage.status, stage.cancel, models.list (every model it made ready) and models.remove.
     `strings` puts PAYLOAD in every str the §19 tables leave free (a task's `source` and
     `error`, another task's `model`, the store, a held model's name, revision, refs and error)
@@ -870,6 +877,7 @@ class Staging(FakeAgentCore):
     stage_tasks: dict[str, dict[str, Any]]
     """Model name → its latest task (§19: one per model and agent)."""
     _fetches: dict[str, int]
+    """Model name → its fetches polled (`strings` fails the first)."""
 
     def _stage(self, identity: bytes, type_: str, body: dict[str, Any], rid: str) -> None:
         model = body.get("model")
@@ -899,23 +907,22 @@ class Staging(FakeAgentCore):
             task = self.stage_tasks[name]
             if task["state"] == "fetching":
                 task.update(state="cancelled", finished=time.time())
-            self._send(identity, "stage.cancel.ok", task, rid)
+            self._send(identity, "stage.cancel.ok", self._shown_task(task), rid)
         else:  # models.remove
             del self.stage_tasks[name]
             removed = [self.text(f"{name}@{STAGED_REVISION}")]
             self._send(identity, "models.remove.ok", {"removed": removed}, rid)
 
     def _fetch(self, identity: bytes, name: str, body: dict[str, Any], rid: str) -> None:
-        self._fetches[name] = self._fetches.get(name, 0) + 1
         task = self._task(name, "receiver", "fetching", source=body.get("source"))
-        task["failing"] = self.mode == "strings" and self._fetches[name] == 1
         self.stage_tasks[name] = task
         self._send(identity, "stage.fetch.ok", self._shown_task(task), rid)
 
     def _advance(self, task: dict[str, Any]) -> dict[str, Any]:
-        """A fetching task polled: failed (the first fetch in `strings`) or ready."""
+        """A fetching task polled: failed (the first one polled in `strings`) or ready."""
         if task["state"] == "fetching":
-            if task.pop("failing"):
+            self._fetches[task["model"]] = self._fetches.get(task["model"], 0) + 1
+            if self.mode == "strings" and self._fetches[task["model"]] == 1:
                 task.update(state="failed", error=self.text("chunk 7 failed its hash 3 times"))
             else:
                 task.update(state="ready", bytes=STAGED_SIZE, files_done=task["files"])
@@ -923,7 +930,7 @@ class Staging(FakeAgentCore):
         return self._shown_task(task)
 
     def _shown_task(self, task: dict[str, Any]) -> dict[str, Any]:
-        shown = {key: value for key, value in task.items() if key != "failing"}
+        shown = dict(task)
         if self.mode == "types":
             shown["bytes"] = -1
         return shown

@@ -100,7 +100,8 @@ def test_a_server_killed_during_a_cell_fails_it_and_the_next_cell_serves(
     assert figures["completed"] == 6 and figures["output_tokens"] == 6 * 8
     for key in ("ttft_p99_ms", "itl_p50_ms", "tpot_p95_ms", "e2e_mean_ms", "goodput"):
         assert isinstance(figures[key], float), key
-    assert second["peak_memory_gb"] is None  # the model is in the server's process
+    assert second["peak_memory_gb"] > 0  # the server's own MLX peak, reported as it stopped
+    assert second["active_memory_gb"] is None
 
 
 def test_serve_url_cells_stream_from_the_server_and_a_death_fails_only_its_cell() -> None:

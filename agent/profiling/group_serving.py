@@ -11,8 +11,9 @@ iterations in lockstep: after each pass, rank 0's requests done, the ranks agree
 rank's server failed (one small all_sum); if one did, every rank fails the cell at the same
 point, naming the rank whose server failed first, and the group goes on with its next cell.
 
-No job process here holds the model, so no rank's memory is measured (its server's process
-holds its share); each rank's energy is its own Mac's over the same passes. A following rank's
+No job process here holds the model: each rank's peak memory is its server's, which reports its
+MLX peak as it stops (agent.profiling.mlx_lm_server); each rank's energy is its own Mac's over
+the same passes. A following rank's
 record carries rank 0's request counts, shared after each pass: its own meter's joules and
 those counts make its part of the group's energy per token.
 """
@@ -35,6 +36,7 @@ from agent.profiling.mlx_lm_server import MlxLmServer, ServerDied
 from agent.profiling.rank_group import RankGroup
 from agent.profiling.serving import ServingCell, measure_serving
 from agent.profiling.speed import Depth
+from agent.profiling.units import to_gb
 from shared.benchmark.matrix import Cell, MatrixSpec
 from shared.benchmark.serving_figures import Slo, serving_figures
 from shared.distributed.group import PIPELINE
@@ -170,14 +172,17 @@ class RankServingCell(ServingCell):
         return [getattr(made, name) for name in COUNTS]
 
     def close(self) -> None:
+        """The passes done: this rank's server stopped, so it reports its peak memory."""
         if self.sender is not None:
             self.sender.close()
+        self.server.__exit__(None, None, None)
 
     def result(self, profiled: dict[str, Any]) -> dict[str, Any]:
         if self.sender is not None:
             result = self.sender.result(profiled)
             result["serving"]["engine"] = f"over HTTP: {ENGINE}"
             return result
+        peak = self.server.peak_memory_bytes
         seconds = [ms / 1000 for ms in profiled["samples_ms"]]
         tokens = [counts[COUNTS.index("output_tokens")] for counts in self.counted]
         rates = [made / s for made, s in zip(tokens, seconds, strict=True) if s > 0]
@@ -187,7 +192,7 @@ class RankServingCell(ServingCell):
             std_tokens_per_sec=rate["std"],
             ci95_tokens_per_sec=ci95_half_width(rates) if rates else None,
             samples_tokens_per_sec=rates,
-            peak_memory_gb=None,
+            peak_memory_gb=None if peak is None else to_gb(peak),
             active_memory_gb=None,
         )
         figures = {name: sum(c[i] for c in self.counted) for i, name in enumerate(COUNTS)}

@@ -7,7 +7,9 @@ The cell is agent.profiling.serving's: the same requests (a prompt file's conver
 synthetic prompts), the same closed or open loop, passes, figures and record; only the sending
 differs (agent.profiling.http_load), each token timed at this client as its chunk arrives. The
 model lives in the server's process: no weights are loaded here, and this process's MLX memory
-says nothing of it, so the cell's memory figures are unknowns.
+says nothing of it. A server started here reports its MLX peak memory as it stops (over its
+life: the cell's, its model's load included), which is the cell's peak memory; a --serve-url
+server's memory, and any server's active memory, are unknowns.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from agent.profiling.mlx_lm_server import MlxLmServer
 from agent.profiling.openai_client import ServeUrl, check_server, served_models
 from agent.profiling.serving import Request, ServingCell, measure_serving
 from agent.profiling.speed import Depth
+from agent.profiling.units import to_gb
 from shared.benchmark.matrix import Cell, MatrixSpec
 from shared.benchmark.openai_stream import DEFAULT_MODEL
 from shared.benchmark.serving import SERVED_MODEL, Prompt, ServingSpec
@@ -149,16 +152,25 @@ class HttpServingCell(ServingCell):
 
     def result(self, profiled: dict[str, Any]) -> dict[str, Any]:
         result = super().result(profiled)
-        result.update(peak_memory_gb=None, active_memory_gb=None)
+        peak = None if self.server is None else self.server.peak_memory_bytes
+        result.update(peak_memory_gb=None if peak is None else to_gb(peak), active_memory_gb=None)
         served = "mlx_lm.server, started for this cell" if self.server else str(self.url)
         result["serving"].update(
             engine=f"over HTTP: {served}",
-            model_impl=f"the server's, {self.model!r} asked for; its memory is the server "
-            "process's, not measured here",
+            model_impl=f"the server's, {self.model!r} asked for; {self._memory_said()}",
             prompt_cache=prompt_cache_state([t for timings in self.passes for t in timings]),
             tokens_from=self.tokens_from,
         )
         return result
+
+    def _memory_said(self) -> str:
+        if self.server is None:
+            return "its memory is the server process's, not measured here"
+        if self.server.peak_memory_bytes is None:
+            return "its memory: the server did not report its peak (killed, or dead before)"
+        return (
+            "peak memory: the server process's MLX peak over its life (its model's load included)"
+        )
 
 
 def prompt_cache_state(timings: list[RequestTiming]) -> str:

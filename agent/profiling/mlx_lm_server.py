@@ -1,5 +1,6 @@
 """`--serve mlx_lm`: mlx_lm.server started with the cell's model on a free port of 127.0.0.1,
-waited for until it streams an answer, watched while the cells run, and stopped after.
+waited for until it streams an answer, watched while the cells run, and stopped after, when it
+reports its MLX peak memory.
 
 The server never outlives the process that started it: it runs under this module's `main` (a
 lifeline: on Linux the kernel's PR_SET_PDEATHSIG, everywhere the end of its stdin, which only its
@@ -21,6 +22,7 @@ import tempfile
 import threading
 import time
 from collections import deque
+from pathlib import Path
 
 from agent.profiling.openai_client import ServeUrl, ServeUrlError, check_server
 from shared.benchmark.openai_stream import DEFAULT_MODEL
@@ -75,6 +77,11 @@ class MlxLmServer:
         self.model, self.ready_timeout_s = model, ready_timeout_s
         self.env, self.options, self.answers = env, options, answers
         self.port = free_port()
+        descriptor, self._peak_file = tempfile.mkstemp(prefix="mlx-fleet-server-peak-")
+        os.close(descriptor)
+        self.peak_memory_bytes: int | None = None
+        """Its MLX peak memory over its life, as it reported it when stopped (None before, or
+        when it could not: killed, or dead before)."""
         self.url = ServeUrl("http", "127.0.0.1", self.port)
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - closed with the server
         self._process: subprocess.Popen[bytes] | None = None
@@ -98,6 +105,8 @@ class MlxLmServer:
             __name__,
             "--parent",
             str(os.getpid()),
+            "--peak-file",
+            self._peak_file,
             "--model",
             self.model,
             "--host",
@@ -208,6 +217,10 @@ class MlxLmServer:
         if process is not None and process.stdin is not None:
             process.stdin.close()
         self._log.close()
+        with contextlib.suppress(OSError):
+            reported = Path(self._peak_file).read_text(encoding="ascii").strip()
+            self.peak_memory_bytes = int(reported) if reported.isdigit() else None
+            os.unlink(self._peak_file)
 
 
 def follow_parent(parent: int) -> None:
@@ -226,11 +239,31 @@ def follow_parent(parent: int) -> None:
     threading.Thread(target=watch, daemon=True, name="lifeline").start()
 
 
+def report_peak_on_stop(path: str) -> None:
+    """On SIGTERM (MlxLmServer's stop), write this process's MLX peak memory (bytes, over its
+    life: the model's load, every request) to `path`, then exit at once, as SIGTERM's default
+    would. A handler runs only between bytecodes of the main thread (mlx_lm.server's HTTP loop on
+    rank 0, its join of the generation thread elsewhere); one held off longer is killed after
+    STOP_TIMEOUT_S, and reports nothing."""
+
+    def stop(signum: int, frame: object) -> None:
+        import mlx.core as mx
+
+        try:
+            Path(path).write_text(str(mx.get_peak_memory()), encoding="ascii")
+        finally:
+            os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--parent", type=int, required=True)
+    parser.add_argument("--peak-file", required=True)
     args, rest = parser.parse_known_args()
     follow_parent(args.parent)
+    report_peak_on_stop(args.peak_file)
     sys.argv = ["mlx_lm.server", *rest]
     from mlx_lm.server import main as serve
 

@@ -16,8 +16,16 @@ from pathlib import Path
 
 import pytest
 
+from shared.shapes import Invalid
+from shared.staging.shapes import BODIES
 from tests import test_hostile_agent
-from tests.fakes.hostile_agent import HostileAgent
+from tests.fakes.hostile_agent import (
+    PAYLOAD,
+    STAGED_DIGEST,
+    STAGED_REVISION,
+    STAGED_SIZE,
+    HostileAgent,
+)
 from tests.test_hostile_agent import (
     BENCH,
     BENCH_LINKS,
@@ -133,6 +141,38 @@ def test_invalid_models_names_the_host_and_field(
     if not lines_naming(run, benign.address):
         problems.append("the benign host's column is gone")
     check(run, problems)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("revision", "0123456789ABCDEF0123456789abcdef01234567"), ("digest", PAYLOAD[:64])],
+)
+def test_a_task_names_its_model_in_hex_digits(field: str, value: str) -> None:
+    """§19: a commit is 40 and a digest 64 lowercase hex digits; a coordinator shows their
+    first digits, so a task with anything else there is refused, naming the field (before,
+    any 40 or 64 characters passed, PAYLOAD's escapes among them)."""
+    task = {
+        "model": "org/name",
+        "revision": STAGED_REVISION,
+        "role": "receiver",
+        "state": "fetching",
+        "digest": STAGED_DIGEST,
+        "bytes": 0,
+        "total": STAGED_SIZE,
+        "resumed": 0,
+        "rate": None,
+        "capped": False,
+        "source": "10.0.0.2:5555",
+        "served": 0,
+        "files": 1,
+        "files_done": 0,
+        "error": None,
+        "started": 1.0,
+        "finished": None,
+    }
+    BODIES["stage.status.ok"]({"tasks": [task]})
+    with pytest.raises(Invalid, match=rf"{field}.* is not \d+ lowercase hex digits"):
+        BODIES["stage.status.ok"]({"tasks": [task | {field: value}]})
 
 
 # --- 2. serving cells (§5) ----------------------------------------------------------------

@@ -131,7 +131,8 @@ class StageProgress:
                 total=task["total"],
             )
             if task["state"] == "ready":
-                self._say(f"{line}: {byte_text(task['total'])}, digest {task['digest'][:12]}")
+                digest = shown(task["digest"][:12])
+                self._say(f"{line}: {byte_text(task['total'])}, digest {digest}")
             return
         source = shown(task.get("source") or "?")
         line = (
@@ -173,7 +174,7 @@ def stage_table(result: dict[str, Any]) -> FitTable:
             Text(shown(row["error"] or "", DETAIL_CAP)),
         )
     size = "?" if result["size"] is None else byte_text(result["size"])
-    digest = (result["digest"] or "?")[:16]
+    digest = shown((result["digest"] or "?")[:16])
     table.caption = Text(
         f"{size}, digest {digest}, from {shown(result['origin'])}, {result['seconds']:.1f} s"
     )

@@ -4,10 +4,19 @@ chunk; and the states and limits the agent builds them with (agent.staging)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from shared import shapes as s
-from shared.staging.manifest import FILE, FORMAT, MAX_CHUNK_SIZE, MAX_FILES, MIN_CHUNK_SIZE
+from shared.staging.manifest import (
+    COMMIT,
+    FILE,
+    FORMAT,
+    HEX64,
+    MAX_CHUNK_SIZE,
+    MAX_FILES,
+    MIN_CHUNK_SIZE,
+)
 
 MAX_TEXT = 16_384
 SOURCE = "source"
@@ -28,8 +37,25 @@ _text = s.text(MAX_TEXT)
 _name = s.text(MAX_TEXT, least=1)
 _maybe_text = s.nil_or(_text)
 _count = s.integer(0)
-_digest = s.nil_or(s.text(64, least=64))
-_revision = s.nil_or(s.text(40, least=40))
+
+
+def _hex(digits: re.Pattern[str], what: str) -> s.Check:
+    """A str of lowercase hex digits (§19: a commit's 40, a SHA-256's 64): a coordinator shows
+    parts of them, so nothing else may pass."""
+
+    def check(value: Any) -> None:
+        if type(value) is not str:
+            raise s.Invalid("", f"is {s.kind_of(value)}, not a str")
+        if not digits.fullmatch(value):
+            raise s.Invalid("", f"is not {what}")
+
+    return check
+
+
+_sha256 = _hex(HEX64, "64 lowercase hex digits")
+_commit = _hex(COMMIT, "40 lowercase hex digits")
+_digest = s.nil_or(_sha256)
+_revision = s.nil_or(_commit)
 
 TASK = s.fields(
     {
@@ -88,17 +114,17 @@ BODIES: dict[str, s.Check] = {
         {
             "format": s.integer(FORMAT, FORMAT),
             "model": _name,
-            "revision": s.text(40, least=40),
+            "revision": _commit,
             "chunk_size": s.integer(MIN_CHUNK_SIZE, MAX_CHUNK_SIZE),
             "files": s.list_of(FILE, MAX_FILES),
             "offset": s.integer(0, MAX_FILES),
             "next": s.nil_or(s.integer(1, MAX_FILES)),
-            "digest": s.text(64, least=64),
+            "digest": _sha256,
         }
     ),
     "stage.chunk.ok": s.fields(
         {
-            "digest": s.text(64, least=64),
+            "digest": _sha256,
             "path": _name,
             "index": _count,
             "data": _bin(MAX_CHUNK_SIZE),

@@ -1,8 +1,9 @@
 """A group's serving cells end to end: two real agents on loopback as the ranks of a ring, each
 starting its rank of one distributed mlx_lm.server (agent.profiling.group_serving) on a tiny
 mlx-lm model directory, rank 0's agent sending the load; `coordinator benchmark --hosts A+B
---serve mlx_lm` prints the group's serving cells, every member named; rank 1's server killed
-as one cell starts fails that cell naming rank 1, and the next cell serves."""
+--serve mlx_lm` prints the group's serving cells (closed and open loops), every member named,
+each rank's peak memory its server's; rank 1's server killed as one cell starts fails that cell
+naming rank 1 first, and the next cell serves."""
 
 from __future__ import annotations
 
@@ -74,7 +75,8 @@ def test_a_group_serves_through_mlx_lm_servers_distributed_mode(
     try:
         ran = coordinator(
             "--hosts", group, "--model", str(served_model), "--serve", "mlx_lm",
-            "--concurrency", "1,2,4", "-p", "32", "-n", "8", "--requests", "4", "-r", "1",
+            "--concurrency", "1,2,4", "--request-rate", "8", "-p", "32", "-n", "8",
+            "--requests", "4", "-r", "1", "--host-timeout", "30",
             "-w", "0", "-o", "json",
         )  # fmt: skip
     finally:
@@ -83,13 +85,14 @@ def test_a_group_serves_through_mlx_lm_servers_distributed_mode(
     assert killed, ran.stderr
     assert ran.returncode == 1, ran.stderr  # one cell failed, the others measured
     cells = [cell for cell in json.loads(ran.stdout)["cells"] if cell["host"] == group]
-    assert [cell["name"].split()[-1] for cell in cells] == ["c1", "c2", "c4"]
-    first, second, third = cells
+    assert [cell["name"].split()[-1] for cell in cells] == ["c1", "c2", "c4", "r8.0"]
+    first, second, third, open_loop = cells
     assert second["status"] == "failed"
     assert second["error"].startswith(f"rank 1 ({b.address}): "), second["error"]
     assert "mlx_lm.server exited with signal 9" in second["error"]
     assert f"rank 0 ({a.address}): " in second["error"]  # the effect, after the cause
-    for cell in (first, third):
+    assert open_loop["serving"]["loop"] == "open"
+    for cell in (first, third, open_loop):
         assert cell["status"] == "ok", cell.get("error")
         assert cell["group"]["members"] == [a.address, b.address]
         assert [rank["host"] for rank in cell["ranks"]] == [a.address, b.address]

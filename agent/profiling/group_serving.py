@@ -95,16 +95,21 @@ def server_env(rank_group: RankGroup, folder: Path) -> dict[str, str]:
     return env
 
 
-def agree(rank_group: RankGroup, why: str | None) -> None:
-    """Every rank says whether its server failed (`why`); if any did, every rank raises, each
-    with its own reason or the first failing rank's name."""
+def agree(rank_group: RankGroup, server: MlxLmServer, why: str | None) -> None:
+    """Every rank says whether its server failed (`why`); if any did, every rank raises. A rank
+    whose server's process is gone is a cause; another rank's failure (its requests failing, its
+    server unhealthy: mlx_lm.server's generation ends when a peer's goes) is then said to follow
+    from the first such rank's, as is a rank with nothing wrong, so the group's error names the
+    cause first (shared.reports.group_cells.cause_first)."""
     failing = rank_group.which_say(why is not None)
     if not failing:
         return
-    if why is None:
-        first = failing[0]
-        name = rank_group.spec.names[first]
-        why = f"{SERVER_PEER_FAILED} rank {first} ({name})"
+    gone = server.death() is not None
+    dead = rank_group.which_say(gone)  # every rank asks, failing being the same on every rank
+    if why is None or (dead and not gone):
+        first = (dead or failing)[0]
+        said = f"{SERVER_PEER_FAILED} rank {first} ({rank_group.spec.names[first]})"
+        why = said if why is None else f"{said}; here: {why}"
     raise GroupServingFailed(why)
 
 
@@ -123,7 +128,7 @@ def wait_ready(rank_group: RankGroup, server: MlxLmServer) -> None:
                 why = str(exc)
             if not ready and why is None and time.monotonic() > deadline:
                 why = server.not_ready()
-        agree(rank_group, why)
+        agree(rank_group, server, why)
         if rank_group.leader_says(ready):
             return
         time.sleep(READY_POLL_S)
@@ -159,7 +164,7 @@ class RankServingCell(ServingCell):
                 self.sender.run_pass(timed)
             except (ServerDied, RequestsFailed) as exc:
                 why = str(exc)
-        agree(self.rank_group, why or self.server.failure())
+        agree(self.rank_group, self.server, why or self.server.failure())
         if timed:
             self.counted.append(self.rank_group.leader_counts(self._counts()))
 

@@ -20,6 +20,7 @@ from shared.shapes import Invalid
 from shared.staging.shapes import BODIES
 from tests import test_hostile_agent
 from tests.fakes.hostile_agent import (
+    HELD_MODEL,
     PAYLOAD,
     STAGED_DIGEST,
     STAGED_REVISION,
@@ -100,6 +101,26 @@ def test_strings_models(
     problems += formatted(run, fmt)
     if run.returncode != 0 or "mismatch" not in run.text:
         problems.append(f"exit {run.returncode}, no mismatched copy: {run.text[-800:]!r}")
+    check(run, problems)
+
+
+@pytest.mark.parametrize("tty", [False, True], ids=["pipe", "pty"])
+@pytest.mark.slow
+def test_strings_benchmark_refuses_a_mismatched_copy(
+    fake: Callable[[str], HostileAgent], fleet_home: Path, tty: bool
+) -> None:
+    """`benchmark --model ORG/NAME` asks every host models.list first: the hostile host's copy
+    is mismatched, so the run is refused in one line quoting its `error` as plain text."""
+    hostile, benign = fake("strings"), fake("benign")
+    hosts = f"{hostile.address},{benign.address}"
+    args = ["benchmark", "--hosts", hosts, *BENCH_LINKS, *BENCH, "--model", HELD_MODEL]
+    since = len(hostile.requests)
+    run, problems = against(hostile, "models.list", *args, home=fleet_home, tty=tty)
+    problems = [p for p in problems if not p.startswith("exit code 2 ")]
+    if run.returncode != 2 or not lines_naming(run, hostile.address, "differs", "MARKUP"):
+        problems.append(f"exit {run.returncode}, not the refusal: {run.text[-800:]!r}")
+    if "bench.start" in hostile.requests[since:]:
+        problems.append("a job was started")
     check(run, problems)
 
 

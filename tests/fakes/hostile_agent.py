@@ -185,6 +185,8 @@ STAGED_REVISION = "0123456789abcdef0123456789abcdef01234567"
 STAGED_DIGEST = "ab" * 32
 STAGED_SIZE = 5_000_000
 """§19: the model every fake stages (a 40-hex-digit commit, a 64-hex-digit digest, 5 MB)."""
+HELD_MODEL = "org/held"
+"""The model `strings` holds, mismatched (a benchmark's --model of it is refused, §19)."""
 SERVE_REQUESTS = 4
 """Requests of a serving cell's one timed pass (§5 The serving axis: `requests`)."""
 POLICY = {
@@ -959,8 +961,9 @@ class Staging(FakeAgentCore):
         }
 
     def _models(self) -> dict[str, Any]:
-        """models.list.ok: every model made ready here, and in `strings` a mismatched one whose
-        every str is PAYLOAD (its revision's first 7 digits are what a table shows)."""
+        """models.list.ok: every model made ready here, and in `strings` HELD_MODEL mismatched
+        (its `error` and refs PAYLOAD) and a model whose name and revision are PAYLOAD (the
+        revision's first 7 characters are what a table shows)."""
         held = [
             {
                 "model": name,
@@ -977,19 +980,19 @@ class Staging(FakeAgentCore):
             if task["state"] == "ready"
         ]
         if self.mode == "strings":
-            held.append(
-                {
-                    "model": self.text("org/held"),
-                    "revision": PAYLOAD + STAGED_REVISION,
-                    "refs": [self.text("main")],
-                    "state": "mismatch",
-                    "digest": STAGED_DIGEST,
-                    "size": STAGED_SIZE,
-                    "bytes": STAGED_SIZE,
-                    "files": 3,
-                    "error": self.text("config.json differs (sha256 00ff)"),
-                }
-            )
+            mismatched = {
+                "model": HELD_MODEL,
+                "revision": STAGED_REVISION,
+                "refs": [self.text("main")],
+                "state": "mismatch",
+                "digest": STAGED_DIGEST,
+                "size": STAGED_SIZE,
+                "bytes": STAGED_SIZE,
+                "files": 3,
+                "error": self.text("config.json differs (sha256 00ff)"),
+            }
+            named = {"model": self.text(HELD_MODEL), "revision": PAYLOAD + STAGED_REVISION}
+            held += [mismatched, mismatched | named | {"state": "present", "error": None}]
         return {"store": self.text("/Users/lab/.cache/huggingface/hub"), "models": held}
 
 

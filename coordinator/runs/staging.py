@@ -192,6 +192,8 @@ class StageSetup:
         """Receiver → a copy asked whose reply has not come yet."""
         self.fan_out_s: float | None = None
         """Seconds from the first copy asked to the last one's end: the tree's own time."""
+        self.stash: list[HostReport] = []
+        """What the hosts said while the origin prepared the model, for _holders."""
         self.pending: list[tuple[Copy, float]] = []
         """Copies planned but not asked yet, each with the time it may be asked (_ask_due)."""
         self.unreachable: set[str] = set()
@@ -231,8 +233,11 @@ class StageSetup:
         asked = True
         while True:
             report = self._next()
-            if report is None or report.host != origin:
-                continue  # nobody else is asked anything yet
+            if report is None:
+                continue
+            if report.host != origin or report.request == "models.list":
+                self.stash.append(report)  # what the hosts hold: _holders reads it
+                continue
             if report.kind == REFUSED:
                 raise StageRefused([f"{origin}: {report.error}"])
             if report.kind == LOST:
@@ -265,13 +270,10 @@ class StageSetup:
     def _holders(self) -> set[str]:
         """Hosts holding this digest whole (a stage run again resumes from them); a host holding
         another copy of the revision is `mismatch` (left alone unless restage)."""
-        for name, worker in self.workers.items():
-            if name in self.rows:
-                worker.ask("models.list", {}, tag="list", timeout=LIST_TIMEOUT_S)
         waiting = set(self.rows)
         holders: set[str] = set()
         while waiting:
-            report = self._next()
+            report = self.stash.pop(0) if self.stash else self._next()
             if report is None or report.host not in waiting:
                 continue
             if report.kind in (UNREACHABLE, LOST):
@@ -349,6 +351,8 @@ class StageRun(StageSetup):
                 )
                 self.workers[target.name] = worker
                 worker.start()
+            for name in self.rows:  # asked while the origin prepares the model
+                self.workers[name].ask("models.list", {}, tag="list", timeout=LIST_TIMEOUT_S)
             self._prepare()
             self._fan_out(self._holders())
         except KeyboardInterrupt:

@@ -281,7 +281,12 @@ class StageSetup:
                 waiting.discard(report.host)
                 continue
             if report.kind == REFUSED:
-                self._fail(report.host, report.error or "models.list refused")
+                self._fail(
+                    report.host,
+                    "its agent predates staging (no models.list): update it"
+                    if report.code == "unknown-type"
+                    else report.error or "models.list refused",
+                )
                 waiting.discard(report.host)
                 continue
             if report.kind != REPLY or report.request != "models.list":

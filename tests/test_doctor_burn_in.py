@@ -1,14 +1,19 @@
 """`coordinator doctor --level 3`, the burn-in: its plan, links and judging (pure,
 shared.reports.burn_in), its table at 80 columns, bad input in one line, and a real run on two
-agents on loopback with a very short --duration: one table with a verdict per host."""
+agents on loopback with a very short --duration: one table with a verdict per host; Ctrl-C in
+its sustained run keeps what was measured and changes no condition."""
 
 from __future__ import annotations
+
+import json
+import signal
 
 import pytest
 
 from coordinator.commands.doctor_burn_in import level_three_table
 from shared.benchmark.sustain import SustainError
 from shared.reports.burn_in import Link, burn_in_plan, every_link, judge_links, judge_sustained
+from tests.conftest import console_script, piped
 from tests.fleet_support import AgentPool, cli, exchange_keys
 from tests.ring_support import free_port_run
 from tests.test_doctor_levels import COOL_SIM
@@ -133,3 +138,26 @@ def test_level_3_on_two_agents_prints_one_table_with_a_verdict_per_host(
     assert f"to {pair[1].address}: " in result.stdout and f"to {pair[0].address}: " in result.stdout
     assert "sustained run of 8 s on 2 hosts" in result.stderr
     assert f"link 1 of 1: netbench {pair[0].address}↔{pair[1].address}" in result.stderr
+
+    # Ctrl-C during the sustained run: the table of what was measured, no condition changed
+    held = conditions()
+    long = [console_script("coordinator"), "doctor", *args[:2], "--duration", "10m", *args[4:]]
+    coordinator = piped(long)
+    assert coordinator.stderr is not None
+    sustained = False
+    for line in coordinator.stderr:  # the test's timeout bounds the wait
+        sustained = sustained or "sustained run of 600 s" in line
+        if sustained and "building small" in line:
+            break  # a sustained job has begun
+    coordinator.send_signal(signal.SIGINT)
+    out, err = coordinator.communicate(timeout=120)
+    assert coordinator.returncode == 130, err
+    assert "interrupted: the table holds what was measured; no condition was changed" in err
+    assert out.count("mlx-fleet doctor, level 3 (burn-in)") == 1 and "interrupted: not run" in out
+    assert conditions() == held
+
+
+def conditions() -> dict:
+    return json.loads(cli("coordinator", "health", "--no-record", "-o", "json").stdout)[
+        "conditions"
+    ]

@@ -20,7 +20,8 @@ from coordinator.commands.doctor_levels import (
     FAIL,
     LEVEL_2_SPEC,
     PASS,
-    level_two,
+    decode_run,
+    judged,
     level_two_table,
 )
 from coordinator.commands.netbench import progress_every
@@ -69,50 +70,48 @@ def level_three(
 ) -> tuple[list[dict[str, Any]], bool, str | None]:
     """The level-1 `rows` judged at level 3; whether it was interrupted; the sustained run's
     id (None: it did not run), the run a failing host's condition names."""
-    stopped = False
     reachable = [t for t, row in zip(targets, rows, strict=True) if row["reachable"]]
     names = [target.name for target in reachable]
     say(f"level 2 on {len(rows)} hosts: the memory probe, then a decode cell on each")
-    rows, level2 = level_two_driven(rows, targets, settings, store, names)
-    stopped = level2 is not None and level2.interrupted
+    level2, stopped = interruptible(
+        lambda: (
+            drive(names, lambda watch: decode_run(reachable, settings, store, watch))
+            if reachable
+            else None
+        )
+    )
+    rows = judged(rows, level2, store)
     sustained: FleetResult | None = None
     if reachable and not stopped:
         say(f"sustained run of {plan.duration_s:g} s on {len(reachable)} hosts at once")
         spec = replace(LEVEL_2_SPEC, precision=None).to_dict()
-        sustained = drive(
-            names,
-            lambda watch: run_fleet(reachable, spec, store, settings, watch, plan.to_dict()),
+        sustained, stopped = interruptible(
+            lambda: drive(
+                names,
+                lambda watch: run_fleet(reachable, spec, store, settings, watch, plan.to_dict()),
+            )
         )
-        stopped = sustained.interrupted
     report = with_health(store, store.load_report(sustained.run_id)) if sustained else {"cells": []}
     links: list[Link] = []
     if not stopped:
-        stopped = measure_links(reachable, settings, store, port, links)
+        interrupted, stopped = interruptible(
+            lambda: measure_links(reachable, settings, store, port, links)
+        )
+        stopped = stopped or bool(interrupted)
     for row in rows:
         judge_burn_in(row, report, links, store, stopped)
     return rows, stopped, sustained.run_id if sustained else None
 
 
-def level_two_driven(
-    rows: list[dict[str, Any]],
-    targets: list[Target],
-    settings: Settings,
-    store: RunStore,
-    names: list[str],
-) -> tuple[list[dict[str, Any]], FleetResult | None]:
-    """Level 2 with a progress bar per host (none when no host answered)."""
-    if not names:
-        return level_two(rows, targets, settings, store)
-    judged: list[tuple[list[dict[str, Any]], FleetResult | None]] = []
-
-    def run(watch: Any) -> FleetResult:
-        judged.append(level_two(rows, targets, settings, store, watch))
-        result = judged[-1][1]
-        assert result is not None  # some host was reachable
-        return result
-
-    drive(names, run)
-    return judged[-1]
+def interruptible(step: Any) -> tuple[Any, bool]:
+    """`step()`'s result and whether Ctrl-C (or SIGTERM) cut it short: a fleet run says so
+    itself (`interrupted`); one caught before its run began or after it ended raises here."""
+    try:
+        with sigterm_as_interrupt():
+            found = step()
+    except KeyboardInterrupt:
+        return None, True
+    return found, bool(getattr(found, "interrupted", False))
 
 
 def measure_links(
@@ -131,8 +130,7 @@ def measure_links(
         links.append(link)
         stop = threading.Event()
         try:
-            with sigterm_as_interrupt():
-                run_netbench(run, settings, stop, progress_every(saying(plan)))
+            run_netbench(run, settings, stop, progress_every(saying(plan)))
             best = link_bandwidths(run.found)
             link.busbw_gbps = max(best.values()) if best else None
             link.error = None if best else "no send/recv figure came back"

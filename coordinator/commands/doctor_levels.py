@@ -41,21 +41,33 @@ def level_two(
     targets: list[Target],
     settings: Settings,
     store: RunStore,
-    observer: Observer | None = None,
 ) -> tuple[list[dict[str, Any]], FleetResult | None]:
     """The level-1 `rows` (each agent's doctor with its bandwidth probe) with each host's
     level-2 figures and verdict, and the decode run (None: no host was reachable); the probes
     are stored under it for later bands. Conditions are not touched (record_verdicts)."""
     reachable = [t for t, row in zip(targets, rows, strict=True) if row["reachable"]]
+    result = decode_run(reachable, settings, store) if reachable else None
+    return judged(rows, result, store), result
+
+
+def decode_run(
+    reachable: list[Target], settings: Settings, store: RunStore, observer: Observer | None = None
+) -> FleetResult:
+    """The fixed decode cell on every reachable host at once, stored as a benchmark run."""
+    return run_fleet(reachable, LEVEL_2_SPEC.to_dict(), store, settings, observer)
+
+
+def judged(
+    rows: list[dict[str, Any]], result: FleetResult | None, store: RunStore
+) -> list[dict[str, Any]]:
+    """Each row judged at level 2 from the decode run (None: it did not run)."""
     report: dict[str, Any] = {"cells": [], "hosts": []}
-    result = None
-    if reachable:
-        result = run_fleet(reachable, LEVEL_2_SPEC.to_dict(), store, settings, observer)
+    if result is not None:
         report = with_health(store, store.load_report(result.run_id))
     seen = observations(store)
     for row in rows:
         judge_host(row, report, seen, store)
-    return rows, result
+    return rows
 
 
 def record_verdicts(store: RunStore, rows: list[dict[str, Any]], run_id: str | None) -> None:

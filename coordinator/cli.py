@@ -102,6 +102,7 @@ COMMANDS = [
             "coordinator benchmark --hosts mac1,mac2 --sustain 20m --plot out.png",
             "coordinator benchmark --hosts mac1,mac2,mac1+mac2 -p 512 -n 128   # a group",
             "coordinator benchmark --hosts mac1,mac2 --concurrency 1,4,16 -p 512 -n 128",
+            "coordinator benchmark --hosts a+b --serve mlx_lm --model M --concurrency 4",
         ),
         note=MATRIX_NAMES,
     ),

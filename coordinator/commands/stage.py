@@ -168,7 +168,7 @@ def stage_table(result: dict[str, Any]) -> FitTable:
             byte_text(row["bytes"]),
             byte_text(row["resumed"]) if row["resumed"] else "",
             "" if row["seconds"] is None else f"{row['seconds']:.1f}",
-            rate_text(row["bytes"] / row["seconds"] if row["seconds"] else None)
+            rate_text((row["bytes"] - row["resumed"]) / row["seconds"] if row["seconds"] else None)
             if row["state"] == STAGED
             else "",
             Text(shown(row["error"] or "", DETAIL_CAP)),

@@ -11,7 +11,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -95,10 +95,9 @@ class HostRow:
     error: str | None = None
     code: str | None = None
     """The agent's error code of a refusal."""
-    started: float | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {key: value for key, value in self.__dict__.items() if key != "started"}
+        return dict(self.__dict__)
 
 
 @dataclass
@@ -425,7 +424,6 @@ class StageRun(StageSetup):
         row = self.rows[copy.receiver]
         row.attempts += 1
         row.source = copy.sender
-        row.started = row.started or time.monotonic()
         self.asked[copy.receiver] = copy
         self.workers[copy.receiver].ask("stage.fetch", self._fetch_body(copy), tag=copy)
 
@@ -502,7 +500,7 @@ class StageRun(StageSetup):
             del self.fetching[host]
             self.workers[host].poll = None
             row.state = STAGED
-            row.seconds = (task["finished"] or time.time()) - task["started"]
+            row.seconds = (task["finished"] or time.time()) - task["started"]  # the agent's
             row.error = None
             self.watch(StageEvent("done", host, task))
             return tree.finish(copy)

@@ -40,6 +40,7 @@ from tests.test_hostile_agent import (
     hostile_output,
     lines_naming,
     not_strict_json,
+    table_rows,
 )
 
 pytestmark = pytest.mark.timeout(180)
@@ -144,6 +145,26 @@ def test_types_stage_fails_the_host_once(
         problems.append(f"stage.fetch asked {hostile.requests.count('stage.fetch')} times")
     if run.returncode != 1 or not lines_naming(run, benign.address, "held"):
         problems.append(f"exit {run.returncode}, the origin not held: {run.text[-800:]!r}")
+    check(run, problems)
+
+
+@pytest.mark.slow
+def test_a_fetch_the_agent_forgot_ends(
+    fake: Callable[[str], HostileAgent], fleet_home: Path
+) -> None:
+    """A receiver whose stage.status holds no task after its stage.fetch.ok (restarted): each
+    attempt fails naming it, the host fails after its attempts (before: polled for ever),
+    the origin held, exit 1."""
+    hostile, benign = fake("stage-forgets"), fake("benign")
+    hosts = f"{benign.address},{hostile.address}"
+    run, problems = against(
+        hostile, "stage.status", "stage", "org/forgot", "--hosts", hosts, *BENCH_LINKS,
+        home=fleet_home,
+    )  # fmt: skip
+    if not outside_tables(run, hostile.address, "is gone"):
+        problems.append(f"no line says the fetch is gone: {run.text[-800:]!r}")
+    if run.returncode != 1 or not table_rows(run, hostile.address, "failed"):
+        problems.append(f"exit {run.returncode}, the host not failed: {run.text[-800:]!r}")
     check(run, problems)
 
 

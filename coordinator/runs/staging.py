@@ -250,6 +250,8 @@ class StageSetup:
                 asked = False
                 worker.poll = ("stage.status", {"model": self.name})
             task = model_task(report.body or {}, self.name)
+            if task is None and report.request == "stage.status":  # lost: no poll brings it back
+                raise StageRefused([f"{origin}: its task of {self.name} is gone (restarted?)"])
             if task is None:
                 continue
             self.watch(StageEvent("prepare", origin, task))
@@ -491,8 +493,17 @@ class StageRun(StageSetup):
             self.workers[host].poll = ("stage.status", {"model": self.name})
         copy = self.fetching.get(host)
         task = model_task(report.body, self.name)
-        if copy is None or task is None or task["digest"] != self.task["digest"]:
+        if copy is None:
             return tree
+        if task is None or task["digest"] != self.task["digest"]:
+            if report.request != "stage.status":
+                return tree
+            # polled, and no task of ours: one the agent lost (it restarted), which no poll
+            # brings back; asked again, the fetch resumes from what it verified
+            del self.fetching[host]
+            self.workers[host].poll = None
+            gone = f"its fetch of {self.name} is gone (the agent restarted?)"
+            return self._failed_attempt(tree, copy, gone)
         row = self.rows[host]
         row.bytes, row.resumed, row.rate = task["bytes"], task["resumed"], task["rate"]
         self.watch(StageEvent("fetch", host, task))

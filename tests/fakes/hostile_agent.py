@@ -74,6 +74,8 @@ Modes, each with the line of protocol.md it breaks or the real failure it models
 - `reply-garbage`: a frame that is not msgpack (0xC1 is never used by msgpack; §4 step 2).
 - `reply-error`: every request after hello refused with `error` `internal` whose message
   carries PAYLOAD: §5 says an error's message is "for a human; shown to the user verbatim".
+- `stage-forgets`: every stage.status answered with no task, as by an agent restarted since
+  its stage.fetch.ok (§19: a task is kept "until the agent stops"; launchd restarts it).
 - `flood`: from the first request on, for `flood_s` seconds, publishes samples as fast as it
   can (every one valid, numbered on, kept for history.get), answering requests between bursts:
   a runaway agent (a poll interval of 0, a replay loop) or a malicious one. The real failure it
@@ -148,6 +150,7 @@ MODES = (
     "reply-invalid",
     "reply-garbage",
     "reply-error",
+    "stage-forgets",
     "flood",
     "junk",
 )
@@ -887,6 +890,8 @@ class Staging(FakeAgentCore):
         if type_ == "models.list":
             self._send(identity, "models.list.ok", self._models(), rid)
         elif type_ == "stage.status":
+            if self.mode == "stage-forgets":  # restarted since: §19 keeps tasks until a stop
+                self.stage_tasks.clear()
             tasks = [self._advance(task) for task in self.stage_tasks.values()]
             if self.mode == "strings":  # a task of another model: only the asked one counts
                 tasks.append(self._task(self.text("org/other"), "receiver", "failed"))

@@ -58,17 +58,23 @@ def mount_tmpfs(where: Path, options: str) -> None:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     """Agents `ok` (its Hugging Face cache), `small` (a 16 MiB tmpfs store), `file` (a store
-    that is a file) and `readonly` (a read-only tmpfs), peers of each other."""
+    that is a file), `readonly` (a read-only tmpfs) and `dir` (a models directory of its own),
+    peers of each other."""
     root = tmp_path_factory.mktemp("stage-cli")
     mounts = [root / "small", root / "readonly"]
     mount_tmpfs(mounts[0], "size=16m")
     mount_tmpfs(mounts[1], "ro,size=1m")
     (root / "a-file").write_text("not a folder")
-    stores = {"small": mounts[0], "file": root / "a-file", "readonly": mounts[1]}
+    stores = {
+        "small": mounts[0],
+        "file": root / "a-file",
+        "readonly": mounts[1],
+        "dir": root / "models",
+    }
     pool = AgentPool(root / "agents")
     try:
         agents = {}
-        for name in ("ok", "small", "file", "readonly"):
+        for name in ("ok", "small", "file", "readonly", "dir"):
             options = ["--models-dir", str(stores[name])] if name in stores else []
             agents[name] = pool.start(
                 name,
@@ -161,3 +167,20 @@ def test_benchmark_stage_copies_an_id_from_this_machine_s_cache_then_runs(fleet:
     )
     assert refused.returncode == 2
     assert refused.stderr.strip().startswith("error: --stage stages Hugging Face ids")
+
+
+@pytest.mark.slow
+def test_an_agent_s_models_directory_is_where_its_jobs_load_from(fleet: Fleet) -> None:
+    """`agent serve --models-dir DIR`: the model is staged there, and a matrix naming its id
+    runs on that copy (the agent offline, its Hugging Face cache empty)."""
+    hosts = str(fleet.hostfile("dir"))
+    staged = fleet.coordinator("stage", str(fleet.model), "--as", "lab/in-dir", "--hostfile", hosts)
+    assert staged.returncode == 0, staged.stderr
+    assert list((fleet.root / "models").glob("models--lab--in-dir/snapshots/*/config.json"))
+    done = fleet.coordinator(
+        "benchmark", "--model", "lab/in-dir", "--hostfile", hosts, "-p", "8", "-n", "2", "-r",
+        "1", "-w", "0", "-o", "json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    cells = json.loads(done.stdout)["cells"]
+    assert cells and all(cell["status"] == "ok" for cell in cells), cells

@@ -29,8 +29,8 @@ ModelsDir = Annotated[
     typer.Option(
         "--models-dir",
         metavar="DIR",
-        help="The store staged models go to, in the Hugging Face cache's layout (a job finds "
-        "them with HF_HUB_CACHE=DIR) [default: the Hugging Face cache].",
+        help="The store staged models go to, in the Hugging Face cache's layout (`agent "
+        "serve` gives its jobs HF_HUB_CACHE=DIR) [default: the Hugging Face cache].",
         parser=path_given("--models-dir"),
     ),
 ]

@@ -167,6 +167,8 @@ def serve_command(
     if unusable is not None:
         raise usage_error(unusable)
     os.umask(0o077)  # every file the daemon and its jobs make is this user's alone
+    if models_dir is not None:  # its jobs, and its own checks, load staged models from there
+        os.environ["HF_HUB_CACHE"] = str(models_dir.expanduser().absolute())
     try:
         configure_logging(log_file)
     except OSError as exc:

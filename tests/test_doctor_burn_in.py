@@ -161,3 +161,13 @@ def conditions() -> dict:
     return json.loads(cli("coordinator", "health", "--no-record", "-o", "json").stdout)[
         "conditions"
     ]
+
+
+def test_a_step_that_did_not_run_on_a_host_says_the_line_its_run_failed_with() -> None:
+    from coordinator.commands.doctor_levels import not_run
+
+    report = {"hosts": [{"host": "a", "error": "refused: sustain window_s 0.1 s is too short"}]}
+    assert not_run(report, "a", "the sustained run") == (
+        "the sustained run did not run: refused: sustain window_s 0.1 s is too short"
+    )
+    assert not_run(report, "b", "the decode cell") == "the decode cell did not run"

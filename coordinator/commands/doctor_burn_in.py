@@ -23,6 +23,7 @@ from coordinator.commands.doctor_levels import (
     decode_run,
     judged,
     level_two_table,
+    not_run,
 )
 from coordinator.commands.netbench import progress_every
 from coordinator.hosts.link import Settings, Target
@@ -166,7 +167,7 @@ def judge_burn_in(
     family = family_of(machine, (cell or {}).get("settings"))
     run_id = report.get("run_id")
     history = figure_history(store, STEADY, family, run_id)
-    missing = INTERRUPTED if stopped else "the sustained run did not run"
+    missing = INTERRUPTED if stopped else not_run(report, host, "the sustained run")
     row["sustained"], why = judge_sustained(cell, history, missing)
     if not row["reachable"]:
         why = []  # its level 2 says it is unreachable

@@ -92,7 +92,7 @@ def judge_host(row: dict[str, Any], report: dict[str, Any], seen: list, store: R
     )
     judge_memory(row, machine, family, store, report.get("run_id"))
     if cell is None:
-        row["why"].append("the decode cell did not run")
+        row["why"].append(not_run(report, host, "the decode cell"))
     else:
         row["tokens_per_sec"] = cell.get("tokens_per_sec")
         if cell.get("verdict") != VALID:
@@ -148,6 +148,13 @@ def judge_memory(
         row["why"].append(below)
     if run_id is not None and found["read"]["gbs"] is not None:
         add_probe(store, run_id, row["host"], BANDWIDTH, family, found["read"]["gbs"], found)
+
+
+def not_run(report: dict[str, Any], host: str, what: str) -> str:
+    """`the decode cell did not run`, with the line its host's run failed with when it has one
+    (a job refused, the host gone)."""
+    error = next((h.get("error") for h in report.get("hosts") or [] if h["host"] == host), None)
+    return f"{what} did not run" + (f": {error}" if error else "")
 
 
 def sensor_moved(cell: dict[str, Any]) -> str:

@@ -273,14 +273,13 @@ def test_strings_canary_table(fake: Callable[[str], HostileAgent], tmp_path: Pat
     with HostileAgent("strings", name="mac3", plain_cells=True) as hostile:
         stored = benchmark(tmp_path, hostile, fake("benign").address)
     assert stored.run_id, stored.run.text[-2000:]
-    for split in ("macos", "mlx"):
-        for tty in (False, True):
-            args = ["canary", "--runs", stored.run_id, "--split", split]
-            run = coordinator(*args, home=tmp_path, tty=tty)
-            problems = hostile_output(run)
-            if "no cell ran on both sides" in run.text or "MARKUP" not in run.text:
-                problems.append(f"no table naming the hostile side: {run.text[-800:]!r}")
-            check(run, problems)
+    for split, fmt, tty in [*(("macos", *case) for case in FORMATS), ("mlx", "table", False)]:
+        args = ["canary", "--runs", stored.run_id, "--split", split, "-o", fmt]
+        run = coordinator(*args, home=tmp_path, tty=tty)
+        problems = hostile_output(run) + formatted(run, fmt)
+        if "no cell ran on both sides" in run.text or "MARKUP" not in run.text:
+            problems.append(f"no table naming the hostile side: {run.text[-800:]!r}")
+        check(run, problems)
 
 
 # --- 4. doctor --level 2 (§14 bandwidth) ---------------------------------------------------

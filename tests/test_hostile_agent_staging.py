@@ -1,11 +1,11 @@
 """Issue 42's hostile-agent tests for what this round added (tests/test_hostile_agent.py holds
 the rest, and the helpers these share): `coordinator stage` and `coordinator models` against a
 fake that answers docs/protocol.md §19 with PAYLOAD in every free string (tests/fakes/
-hostile_agent.py, Staging); serving cells (§5) through benchmark, show and compare; a canary
-whose cells match on both sides while every other string is hostile; `doctor --level 2`'s
-bandwidth probe. Through pipes and a pty, as the rest: no markup, control or forged row
-reaches the terminal, and a reply of the wrong shape is one line naming the host, the other
-host kept."""
+hostile_agent.py, Staging); serving cells (§5) through benchmark, show, export and compare; a
+canary whose cells match on both sides while every other string is hostile; `doctor --level
+2`'s bandwidth probe and level 3's burn-in. Through pipes and a pty, as the rest: no markup,
+control or forged row reaches the terminal, and a reply of the wrong shape is one line naming
+the host, the other host kept."""
 
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ from tests.test_hostile_agent import (
     hostile_output,
     lines_naming,
     not_strict_json,
+    strict_json,
     table_rows,
 )
 
@@ -254,6 +255,28 @@ def test_strings_serving_show(served: Stored, fmt: str, tty: bool) -> None:
     check(shown, problems)
 
 
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+@pytest.mark.slow
+def test_strings_serving_export(served: Stored, fmt: str) -> None:
+    """The flat formats' serving columns (serve_engine: the agent's words)."""
+    assert served.run_id, served.run.text[-2000:]
+    run = coordinator("export", served.run_id, "--label", "x", "-o", fmt, home=served.home)
+    problems = hostile_output(run)
+    if fmt == "jsonl":
+        problems += [p for line in run.stdout.splitlines() for p in not_strict_line(line)]
+    if "serve_engine" not in run.text:
+        problems.append(f"no serving column: {run.text[:400]!r}")
+    check(run, problems)
+
+
+def not_strict_line(line: bytes) -> list[str]:
+    try:
+        strict_json(line)
+    except ValueError as exc:
+        return [f"-o jsonl is not strict JSON: {exc}"]
+    return []
+
+
 @pytest.mark.parametrize("tty", [False, True], ids=["pipe", "pty"])
 @pytest.mark.slow
 def test_strings_serving_compare(served: Stored, tty: bool) -> None:
@@ -282,17 +305,23 @@ def test_strings_canary_table(fake: Callable[[str], HostileAgent], tmp_path: Pat
         check(run, problems)
 
 
-# --- 4. doctor --level 2 (§14 bandwidth) ---------------------------------------------------
+# --- 4. doctor --level 2 and 3 (§14 bandwidth) ---------------------------------------------
 
 
-@pytest.mark.parametrize(("fmt", "tty"), FORMATS, ids=FORMAT_IDS)
+@pytest.mark.parametrize(
+    ("level", "fmt", "tty"),
+    [*(("2", *case) for case in FORMATS), ("3", "table", False), ("3", "table", True)],
+)
 @pytest.mark.slow
-def test_strings_doctor_level_2(
-    fake: Callable[[str], HostileAgent], fleet_home: Path, fmt: str, tty: bool
+def test_strings_doctor_levels(
+    fake: Callable[[str], HostileAgent], fleet_home: Path, level: str, fmt: str, tty: bool
 ) -> None:
-    """The bandwidth probe's `error` and level 1's strings, beside the decode cell's."""
+    """The bandwidth probe's `error` and level 1's strings beside the decode cell's; level 3
+    adds the sustained cell's and netbench's (the hostile rank's `error`)."""
     hostile, benign = fake("strings"), fake("benign")
     hosts = f"{hostile.address},{benign.address}"
-    args = ["doctor", "--level", "2", "--hosts", hosts, *LINKS, "-o", fmt]
-    run, problems = against(hostile, "bench.start", *args, home=fleet_home, tty=tty)
+    args = ["doctor", "--level", level, "--hosts", hosts, *LINKS, "-o", fmt]
+    args += ["--duration", "30s"] if level == "3" else []
+    expect = "rank.get" if level == "3" else "bench.start"
+    run, problems = against(hostile, expect, *args, home=fleet_home, tty=tty)
     check(run, problems + formatted(run, fmt))

@@ -3,7 +3,7 @@ the rest, and the helpers these share): `coordinator stage` and `coordinator mod
 fake that answers docs/protocol.md §19 with PAYLOAD in every free string (tests/fakes/
 hostile_agent.py, Staging); serving cells (§5) through benchmark, show, export and compare; a
 canary whose cells match on both sides while every other string is hostile; `doctor --level
-2`'s bandwidth probe and level 3's burn-in. Through pipes and a pty, as the rest: no markup,
+2`'s bandwidth probe and level 3's burn-in; `coordinator calibrate` (§18). Through pipes and a pty, as the rest: no markup,
 control or forged row reaches the terminal, and a reply of the wrong shape is one line naming
 the host, the other host kept."""
 
@@ -324,4 +324,22 @@ def test_strings_doctor_levels(
     args += ["--duration", "30s"] if level == "3" else []
     expect = "rank.get" if level == "3" else "bench.start"
     run, problems = against(hostile, expect, *args, home=fleet_home, tty=tty)
+    check(run, problems + formatted(run, fmt))
+
+
+# --- 5. coordinator calibrate (§18) ------------------------------------------------------
+
+
+@pytest.mark.parametrize(("fmt", "tty"), FORMATS[1:], ids=FORMAT_IDS[1:])  # 2 s a poll
+@pytest.mark.slow
+def test_strings_calibrate(
+    fake: Callable[[str], HostileAgent], fleet_home: Path, fmt: str, tty: bool
+) -> None:
+    """calibrate.start.ok's source; calibrate.get.ok's progress sensor, error, origin and policy
+    origin: the host's calibration failed, named, exit 1."""
+    hostile = fake("strings")
+    args = ["calibrate", "--hosts", hostile.address, "--minutes", "1", *LINKS, "-o", fmt]
+    run, problems = against(hostile, "calibrate.get", *args, home=fleet_home, tty=tty)
+    if run.returncode != 1 or "no onset found" not in run.text:
+        problems.append(f"exit {run.returncode}, the failure not named: {run.text[-800:]!r}")
     check(run, problems + formatted(run, fmt))

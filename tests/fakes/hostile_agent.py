@@ -442,6 +442,8 @@ class Replies(FakeAgentCore):
             self._rank(identity, type_, body, rid)
         elif type_.startswith(("stage.", "models.")):
             self._stage(identity, type_, body, rid)
+        elif type_ in ("calibrate.start", "calibrate.get") and self.mode == "strings":
+            self._calibrate(identity, type_, body, rid)
         else:  # policy.set, job.event: refused, with a message the user is shown verbatim
             message = self.text(f"{type_} is not served by this fake")
             self._send(identity, "error", {"code": "internal", "message": message}, rid)
@@ -587,6 +589,37 @@ class Replies(FakeAgentCore):
             policy["pause_temp"] = math.nan
             policy["stop_temp"] = math.inf
         return {"policy": policy, "origin": self.text("the seed's defaults")}
+
+    def _calibrate(self, identity: bytes, type_: str, body: dict[str, Any], rid: str) -> None:
+        """§18 in `strings`: a calibration that starts, then has failed (no onset found), its
+        source, progress sensor, error, origin and policy origin PAYLOAD (the other modes
+        refuse both requests, `internal`)."""
+        if type_ == "calibrate.start":
+            self.calibrating = body.get("minutes")
+            reply = {"minutes": self.calibrating, "source": self.text("sim")}
+            self._send(identity, "calibrate.start.ok", reply, rid)
+            return
+        progress = {
+            "phase": "sustained",
+            "elapsed_s": 30.0,
+            "total_s": 60.0,
+            "celsius": 71.5,
+            "onset_c": None,
+            "gpu_hz": None,
+            "sensor": self.text("TCMz"),
+        }
+        reply = {
+            "state": "none" if self.calibrating is None else "failed",
+            "minutes": self.calibrating,
+            "source": None if self.calibrating is None else self.text("sim"),
+            "progress": None if self.calibrating is None else progress,
+            "error": self.text("no onset found in 1 min: the GPU clock never dropped"),
+            "calibration": None,
+            "origin": self.text("defaults for sim"),
+            "policy": self._policy()["policy"],
+            "policy_origin": self.text("the seed's defaults"),
+        }
+        self._send(identity, "calibrate.get.ok", reply, rid)
 
     def _bandwidth(self) -> dict[str, Any]:
         """§14 `bandwidth`: a probe's timings, or (`strings`) the {`error`} of one that could
@@ -882,6 +915,8 @@ class Staging(FakeAgentCore):
     stage_tasks: dict[str, dict[str, Any]]
     """Model name → its latest task (§19: one per model and agent)."""
     _fetches: dict[str, int]
+    calibrating: float | None
+    """calibrate.start's minutes (None: none started)."""
     """Model name → its fetches polled (`strings` fails the first)."""
 
     def _stage(self, identity: bytes, type_: str, body: dict[str, Any], rid: str) -> None:
@@ -1158,6 +1193,7 @@ class HostileAgent(Replies, BenchJobs, Staging, Telemetry):
         self.jobs: dict[str, Job] = {}
         self.ranks: dict[Any, Any] = {}
         self.stage_tasks = {}
+        self.calibrating = None
         self._fetches = {}
         self.stopped: dict[Any, str] = {}
         self.samples: list[dict[str, Any]] = []

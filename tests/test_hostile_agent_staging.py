@@ -3,9 +3,9 @@ the rest, and the helpers these share): `coordinator stage` and `coordinator mod
 fake that answers docs/protocol.md §19 with PAYLOAD in every free string (tests/fakes/
 hostile_agent.py, Staging); serving cells (§5) through benchmark, show, export and compare; a
 canary whose cells match on both sides while every other string is hostile; `doctor --level
-2`'s bandwidth probe and level 3's burn-in; `coordinator calibrate` (§18). Through pipes and a pty, as the rest: no markup,
-control or forged row reaches the terminal, and a reply of the wrong shape is one line naming
-the host, the other host kept."""
+2`'s bandwidth probe and level 3's burn-in; `coordinator calibrate` (§18). Through pipes and
+a pty, as the rest: no markup, control or forged row reaches the terminal, and a reply of the
+wrong shape is one line naming the host, the other host kept."""
 
 from __future__ import annotations
 

@@ -104,7 +104,9 @@ def agree(rank_group: RankGroup, server: MlxLmServer, why: str | None) -> None:
     failing = rank_group.which_say(why is not None)
     if not failing:
         return
-    gone = server.death() is not None
+    death = server.death()
+    gone = death is not None
+    why = why or death  # gone since it said
     dead = rank_group.which_say(gone)  # every rank asks, failing being the same on every rank
     if why is None or (dead and not gone):
         first = (dead or failing)[0]

@@ -1,7 +1,7 @@
 """`coordinator doctor --level 3`, the burn-in: its plan, links and judging (pure,
 shared.reports.burn_in), its table at 80 columns, bad input in one line, and a real run on two
 agents on loopback with a very short --duration: one table with a verdict per host; Ctrl-C in
-its sustained run keeps what was measured and changes no condition."""
+its sustained run keeps what was measured (-o json) and changes no condition."""
 
 from __future__ import annotations
 
@@ -142,6 +142,7 @@ def test_level_3_on_two_agents_prints_one_table_with_a_verdict_per_host(
     # Ctrl-C during the sustained run: the table of what was measured, no condition changed
     held = conditions()
     long = [console_script("coordinator"), "doctor", *args[:2], "--duration", "10m", *args[4:]]
+    long += ["-o", "json"]
     coordinator = piped(long)
     assert coordinator.stderr is not None
     sustained = False
@@ -153,7 +154,13 @@ def test_level_3_on_two_agents_prints_one_table_with_a_verdict_per_host(
     out, err = coordinator.communicate(timeout=120)
     assert coordinator.returncode == 130, err
     assert "interrupted: the table holds what was measured; no condition was changed" in err
-    assert out.count("mlx-fleet doctor, level 3 (burn-in)") == 1 and "interrupted: not run" in out
+    rows = json.loads(out)
+    assert [row["host"] for row in rows] == [agent.address for agent in pair]
+    for row in rows:  # level 2's figures kept, the rest said not run
+        assert row["verdict"] == "fail" and row["memory"]["read"]["gbs"] > 0
+        assert "links interrupted: not run" in row["why"]  # the job cut: failed, or none came
+        assert any(why.startswith(("the sustained run is", "interrupted")) for why in row["why"])
+        assert row["sustained"]["steady_tokens_per_sec"] is None and row["links"] == []
     assert conditions() == held
 
 

@@ -1,11 +1,13 @@
 """The memory-bandwidth probe's pure parts (shared.benchmark.bandwidth): the array's size from
 free memory, the figures from raw seconds, what they are a fraction of on each platform, an
-agent's bad report refused, and a figure judged against its family's band; and the child's
-real timings on this machine's MLX (its CPU device: the CPU's memory path, no fraction)."""
+agent's bad report refused, and a figure judged against its family's band, made of the stored
+probes (coordinator.runs.probes); and the child's real timings on this machine's MLX (its CPU
+device: the CPU's memory path, no fraction)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +140,26 @@ def test_the_childs_real_timings_read_as_the_cpus_memory_path_here() -> None:
     if timed["backend"] == "cpu":
         assert found["fraction"] is None and "CPU" in found["path"]
     assert found["read"]["gbs"] > 0 and found["copy"]["gbs"] > 0
+
+
+def test_stored_probes_make_their_familys_band_and_a_bad_stored_one_is_left_out(
+    tmp_path: Path,
+) -> None:
+    from coordinator.runs.probes import BANDWIDTH, STEADY, add_probe, figure_history
+    from coordinator.runs.store import RunStore
+
+    family = ("Apple M4 Max", 40, 64.0, "normal", "24G84", "0.31.2")
+    with RunStore(tmp_path / "runs.db") as store:
+        runs = [store.create_run({}, ["a", "b"]) for _ in range(3)]
+        for run, gbs in zip(runs, (410.0, 420.0, 415.0), strict=True):
+            add_probe(store, run, "a", BANDWIDTH, family, gbs, {"read": {"gbs": gbs}})
+        add_probe(store, runs[0], "b", BANDWIDTH, (*family[:5], "0.30.0"), 100.0, {})
+        add_probe(store, runs[1], "b", STEADY, family, 40.0, {})
+        store.query(
+            "INSERT INTO probes VALUES (?, 'c', ?, ?, ?)",
+            (runs[2], BANDWIDTH, json.dumps(list(family)), json.dumps({"figure": "fast"})),
+        )
+        history = figure_history(store, BANDWIDTH, family, other_than=runs[2])
+        assert sorted(history) == [410.0, 420.0]  # its own run, another family, a bad one: out
+        assert sorted(figure_history(store, BANDWIDTH, family, None)) == [410.0, 415.0, 420.0]
+        assert judge(300.0, figure_history(store, BANDWIDTH, family, None))[1] is not None

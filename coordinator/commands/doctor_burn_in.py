@@ -42,6 +42,7 @@ from coordinator.runs.probes import STEADY, add_probe, figure_history
 from coordinator.runs.store import RunStore
 from shared.benchmark.health import family_of
 from shared.benchmark.sustain import SustainPlan
+from shared.benchmark.verdict import VALID
 from shared.distributed.netbench import link_bandwidths
 from shared.distributed.rank_env import AUTO
 from shared.io.cli import err
@@ -159,8 +160,9 @@ def judge_burn_in(
     store: RunStore,
     stopped: bool,
 ) -> None:
-    """The row's level-2 verdict extended with its sustained run and its links; a steady
-    figure is kept under the run for later bands."""
+    """The row's level-2 verdict extended with its sustained run and its links; a valid
+    cell's steady figure is kept under the run for later bands (one below its band too, as
+    the decode band keeps every valid cell: the band's robust spread is not widened by it)."""
     host = row["host"]
     cell = next((c for c in report["cells"] if c.get("host") == host), None)
     machine = next((h["machine"] for h in report.get("hosts") or [] if h["host"] == host), None)
@@ -177,7 +179,7 @@ def judge_burn_in(
     row["why"] += why + link_why
     row["verdict"] = FAIL if row["why"] else PASS
     steady = row["sustained"]["steady_tokens_per_sec"]
-    if run_id is not None and steady is not None and not why:
+    if run_id is not None and steady is not None and (cell or {}).get("verdict") == VALID:
         add_probe(store, run_id, host, STEADY, family, steady, row["sustained"])
 
 

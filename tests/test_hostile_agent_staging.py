@@ -334,6 +334,27 @@ def test_strings_doctor_levels(
     check(run, problems + formatted(run, fmt))
 
 
+@pytest.mark.parametrize("tty", [False, True], ids=["pipe", "pty"])
+@pytest.mark.slow
+def test_strings_group_refused_for_its_mlx(
+    fake: Callable[[str], HostileAgent], fleet_home: Path, tty: bool
+) -> None:
+    """A group of the hostile host and the benign one (§17): the members' MLX versions (the
+    hostile one's PAYLOAD) differ, so the run is refused in one line quoting both as plain text
+    before any job (the fake serves no group: its straggler fields are not reached here)."""
+    hostile, benign = fake("strings"), fake("benign")
+    group = f"{hostile.address}+{benign.address}"
+    since = len(hostile.requests)
+    args = ["benchmark", "--hosts", group, *BENCH_LINKS, *BENCH]
+    run, problems = against(hostile, "info", *args, home=fleet_home, tty=tty)
+    problems = [p for p in problems if not p.startswith("exit code 2 ")]
+    if run.returncode != 2 or not lines_naming(run, group, "different MLX", "MARKUP"):
+        problems.append(f"exit {run.returncode}, not the refusal: {run.text[-800:]!r}")
+    if "bench.start" in hostile.requests[since:]:
+        problems.append("a job was started")
+    check(run, problems)
+
+
 # --- 5. coordinator calibrate (§18) ------------------------------------------------------
 
 

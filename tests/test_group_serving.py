@@ -88,7 +88,8 @@ def kill_rank_1(killed: list[int], done: threading.Event) -> None:
 def test_a_group_serves_through_mlx_lm_servers_distributed_mode(
     agents: AgentPool, served_model: Path
 ) -> None:
-    a, b = agents.start("a", insecure=True), agents.start("b", insecure=True)
+    metered = ["--power-source", "sim", "--idle-baseline", "0"]  # a modelled meter, labelled
+    a, b = (agents.start(name, insecure=True, options=metered) for name in "ab")
     group = f"{a.address}+{b.address}"
     killed: list[int] = []
     done = threading.Event()
@@ -129,6 +130,10 @@ def test_a_group_serves_through_mlx_lm_servers_distributed_mode(
         for key in ("ttft_p99_ms", "itl_p50_ms", "tpot_p95_ms", "goodput"):
             assert isinstance(figures[key], float), key
         assert cell["tokens_per_sec"] > 0 and all(r["tokens_per_sec"] for r in cell["ranks"])
+        joules = [rank["energy_j"] for rank in cell["ranks"]]  # each Mac's over the passes
+        assert all(j > 0 for j in joules) and cell["energy_j"] == pytest.approx(sum(joules))
+        assert cell["joules_per_token"] == pytest.approx(sum(joules) / (4 * 8))
+        assert cell["energy_simulated"] is True
         peaks = [rank["peak_memory_gb"] for rank in cell["ranks"]]  # each server's own
         assert all(peak > 0 for peak in peaks) and cell["peak_memory_gb"] == max(peaks)
     wait_for_no_rank({"a": a, "b": b}, within=30)

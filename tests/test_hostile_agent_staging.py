@@ -3,9 +3,10 @@ the rest, and the helpers these share): `coordinator stage` and `coordinator mod
 fake that answers docs/protocol.md §19 with PAYLOAD in every free string (tests/fakes/
 hostile_agent.py, Staging); serving cells (§5) through benchmark, show, export and compare; a
 canary whose cells match on both sides while every other string is hostile; `doctor --level
-2`'s bandwidth probe and level 3's burn-in; `coordinator calibrate` (§18). Through pipes and
-a pty, as the rest: no markup, control or forged row reaches the terminal, and a reply of the
-wrong shape is one line naming the host, the other host kept."""
+2`'s bandwidth probe and level 3's burn-in; a group cell and its straggler (§17);
+`coordinator calibrate` (§18). Through pipes and a pty, as the rest: no markup, control or
+forged row reaches the terminal, and a reply of the wrong shape is one line naming the host,
+the other host kept."""
 
 from __future__ import annotations
 
@@ -341,7 +342,7 @@ def test_strings_group_refused_for_its_mlx(
 ) -> None:
     """A group of the hostile host and the benign one (§17): the members' MLX versions (the
     hostile one's PAYLOAD) differ, so the run is refused in one line quoting both as plain text
-    before any job (the fake serves no group: its straggler fields are not reached here)."""
+    before any job."""
     hostile, benign = fake("strings"), fake("benign")
     group = f"{hostile.address}+{benign.address}"
     since = len(hostile.requests)
@@ -353,6 +354,29 @@ def test_strings_group_refused_for_its_mlx(
     if "bench.start" in hostile.requests[since:]:
         problems.append("a job was started")
     check(run, problems)
+
+
+@pytest.mark.slow
+def test_strings_group_cell_and_its_straggler(tmp_path: Path) -> None:
+    """Two hostile members (the same MLX version: the same PAYLOAD) whose cells are named
+    plainly, so the group runs (§17): rank 1's probe makes it a compute straggler and its
+    `injected` fault is PAYLOAD, quoted in the straggler line, the flags and the ranks'
+    errors; through a pipe and a pty, and `show` of the run."""
+    with (
+        HostileAgent("strings", name="mac3", plain_cells=True) as first,
+        HostileAgent("strings", name="mac4", plain_cells=True) as second,
+    ):
+        group = f"{first.address}+{second.address}"
+        for tty in (False, True):
+            args = ["benchmark", "--hosts", group, *BENCH_LINKS, *BENCH]
+            run, problems = against(first, "bench.start", *args, home=tmp_path, tty=tty)
+            if not lines_naming(run, "straggler rank 1", "injected"):
+                problems.append(f"no straggler line: {run.text[-800:]!r}")
+            check(run, problems)
+    [stored] = json.loads(coordinator("runs", "-o", "json", home=tmp_path).stdout)[:1]
+    for tty in (False, True):
+        shown = coordinator("show", stored["id"], home=tmp_path, tty=tty)
+        check(shown, hostile_output(shown))
 
 
 # --- 5. coordinator calibrate (§18) ------------------------------------------------------

@@ -16,7 +16,9 @@ What it speaks (protocol.md section numbers):
   §16: rank.start, rank.get, rank.stop (a rank that never runs: `strings` fails it);
   §19: stage.prepare, stage.fetch, stage.status, stage.cancel, models.list, models.remove
   (Staging: tasks and listings only, no byte moves); §5's serving cells (`serving` in the
-  matrix) and §14's bandwidth probe (`bandwidth` in doctor's body).
+  matrix), §14's bandwidth probe (`bandwidth` in doctor's body), §17's bench.check and a
+  group's rank records (`rank`, `greedy_tokens`, `probe`: rank 1 a compute straggler), §18's
+  calibrate.start and calibrate.get (`strings` only; the other modes refuse them).
 - §10: telemetry.sample every `poll_interval` and a telemetry.event now and then, published as
   [topic, envelope] with topic b"sample" / b"event", `re` nil; kept for history.get.
 
@@ -159,6 +161,7 @@ REQUESTS = {
     "ping",
     "info",
     "bench.start",
+    "bench.check",
     "bench.cancel",
     "job.get",
     "job.list",
@@ -333,6 +336,8 @@ class Job:
     state: str = "running"
     started: str = field(default_factory=now_rfc3339)
     finished: str | None = None
+    group: dict[str, Any] | None = None
+    """bench.start's `group` (§17): this job is one rank of it."""
 
 
 class FakeAgentCore:
@@ -423,6 +428,10 @@ class Replies(FakeAgentCore):
             self._send(identity, "info.ok", self._info(), rid)
         elif type_ == "bench.start":
             self._bench(identity, body, rid)
+        elif type_ == "bench.check":  # §17: the cells it would run, each model's weights named
+            cells = [self.cell_text(cell["name"]) for cell in plan_cells(body.get("matrix") or {})]
+            models = {model: self.cell_text("config:0f") for model in body["matrix"]["models"]}
+            self._send(identity, "bench.check.ok", {"cells": cells, "models": models}, rid)
         elif type_ == "bench.cancel":
             self._cancel(identity, body, rid)
         elif type_ == "job.get":
@@ -676,7 +685,7 @@ class BenchJobs(FakeAgentCore):
         cells = plan_cells(matrix)
         if self.mode.startswith("cells-"):
             cells = cells[:2]
-        job = Job(new_id(), rid, identity, matrix, cells)
+        job = Job(new_id(), rid, identity, matrix, cells, group=body.get("group"))
         self.jobs[job.id] = job
         names = [self.cell_text(cell["name"]) for cell in cells]
         if self.mode == "start-unanswered":  # the job runs, its reply and stream are lost
@@ -766,6 +775,8 @@ class BenchJobs(FakeAgentCore):
             "flags": ["simulated"],
             "thermal_source": self.text("sim"),
         }
+        if job.group is not None:  # §17: every record of a rank says which
+            coordinates["rank"] = self._rank_fields(job.group)["rank"]
         if failed:
             return coordinates
         rate = tokens / (latency / 1000)
@@ -807,10 +818,28 @@ class BenchJobs(FakeAgentCore):
         if cell["n_gen"]:
             record["decode_tokens"] = cell["n_gen"]
             record["mean_per_token_ms"] = latency / cell["n_gen"]
+        if job.group is not None:
+            record |= self._rank_fields(job.group)
         if serves:
             record["serving"] = serving_record(self.text, cell, tokens, latency)
             record["joules_per_output_token_net"] = None
         return record
+
+    def _rank_fields(self, group: dict[str, Any]) -> dict[str, Any]:
+        """§17 A rank's record: which rank, the greedy tokens, its straggler probe (rank 1
+        computes 3x as long: a compute straggler), and (`strings`) a fault it says it injected,
+        PAYLOAD (64 characters at most: record_types.Flags)."""
+        rank, members = group["rank"], [member["name"] for member in group["members"]]
+        compute = 0.03 if rank == 1 else 0.01
+        fields = {
+            "rank": {"rank": rank, "host": self.cell_text(members[rank])[:64], "members": members}
+            | {"backend": group["backend"], "sharding": group["sharding"]},
+            "greedy_tokens": [1, 2, 3],
+            "probe": {"compute_s": [compute] * 3, "wait_s": [0.04 - compute] * 3},
+        }
+        if self.mode == "strings":
+            fields["injected"] = [PAYLOAD[:64]]
+        return fields
 
     def _settings(self) -> dict[str, Any]:
         """§5 Settings: every key, the versions and builds the agent's words (`coordinator

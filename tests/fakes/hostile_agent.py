@@ -663,7 +663,50 @@ class Replies(FakeAgentCore):
         }
 
 
-class BenchJobs(FakeAgentCore):
+class RecordFields(FakeAgentCore):
+    """What a cell record carries beside its figures: a group rank's fields (§17) and the
+    settings (§5), each string as the mode sends it."""
+
+    def _rank_fields(self, group: dict[str, Any]) -> dict[str, Any]:
+        """§17 A rank's record: which rank, the greedy tokens, its straggler probe (rank 1
+        computes 3x as long: a compute straggler), and (`strings`) a fault it says it injected,
+        PAYLOAD (64 characters at most: record_types.Flags)."""
+        rank, members = group["rank"], [member["name"] for member in group["members"]]
+        compute = 0.03 if rank == 1 else 0.01
+        fields = {
+            "rank": {"rank": rank, "host": self.cell_text(members[rank])[:64], "members": members}
+            | {"backend": group["backend"], "sharding": group["sharding"]},
+            "greedy_tokens": [1, 2, 3],
+            "probe": {"compute_s": [compute] * 3, "wait_s": [0.04 - compute] * 3},
+        }
+        if self.mode == "strings":
+            fields["injected"] = [PAYLOAD[:64]]
+        return fields
+
+    def _settings(self) -> dict[str, Any]:
+        """§5 Settings: every key, the versions and builds the agent's words (`coordinator
+        canary` splits hosts by them)."""
+        return {
+            "os_name": self.text("macOS"),
+            "os_version": self.text("14.5"),
+            "os_build": self.text("23F79"),
+            "mlx_version": self.text("0.21.0"),
+            "mlx_lm_version": None,
+            "mlx_fleet_version": self.text(VERSION),
+            "model_revision": None,
+            "weights_digest": self.cell_text("config:0f"),
+            "power_mode": "normal",
+            "power_source": "ac",
+            "wired_limit_bytes": None,
+            "thermal_source": self.text("sim"),
+            "policy": POLICY,
+            "policy_origin": self.text("the seed's defaults"),
+            "sleep_assertion": None,
+            "agent": self.text(self.name),
+        }
+
+
+class BenchJobs(RecordFields):
     """A benchmark job: bench.start and its stream, job.get, job.list and bench.cancel. Where
     `cell-types`, `cells-range`, `cells-dup` and `cells-malformed` break the stream, `types`
     the job listings, and `strings`/`huge` fail its last cell."""
@@ -824,44 +867,6 @@ class BenchJobs(FakeAgentCore):
             record["serving"] = serving_record(self.text, cell, tokens, latency)
             record["joules_per_output_token_net"] = None
         return record
-
-    def _rank_fields(self, group: dict[str, Any]) -> dict[str, Any]:
-        """§17 A rank's record: which rank, the greedy tokens, its straggler probe (rank 1
-        computes 3x as long: a compute straggler), and (`strings`) a fault it says it injected,
-        PAYLOAD (64 characters at most: record_types.Flags)."""
-        rank, members = group["rank"], [member["name"] for member in group["members"]]
-        compute = 0.03 if rank == 1 else 0.01
-        fields = {
-            "rank": {"rank": rank, "host": self.cell_text(members[rank])[:64], "members": members}
-            | {"backend": group["backend"], "sharding": group["sharding"]},
-            "greedy_tokens": [1, 2, 3],
-            "probe": {"compute_s": [compute] * 3, "wait_s": [0.04 - compute] * 3},
-        }
-        if self.mode == "strings":
-            fields["injected"] = [PAYLOAD[:64]]
-        return fields
-
-    def _settings(self) -> dict[str, Any]:
-        """§5 Settings: every key, the versions and builds the agent's words (`coordinator
-        canary` splits hosts by them)."""
-        return {
-            "os_name": self.text("macOS"),
-            "os_version": self.text("14.5"),
-            "os_build": self.text("23F79"),
-            "mlx_version": self.text("0.21.0"),
-            "mlx_lm_version": None,
-            "mlx_fleet_version": self.text(VERSION),
-            "model_revision": None,
-            "weights_digest": self.cell_text("config:0f"),
-            "power_mode": "normal",
-            "power_source": "ac",
-            "wired_limit_bytes": None,
-            "thermal_source": self.text("sim"),
-            "policy": POLICY,
-            "policy_origin": self.text("the seed's defaults"),
-            "sleep_assertion": None,
-            "agent": self.text(self.name),
-        }
 
     def _stream(self, job: Job, type_: str, body: dict[str, Any]) -> None:
         """§5: every job-stream message carries `re` = the bench.start id, to its identity."""

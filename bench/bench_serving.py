@@ -35,7 +35,7 @@ def bare_loop(cell: ServingCell, clients: int, count: int) -> float:
     start = time.perf_counter()
     sent, done, tokens = 0, 0, 0
     for request in requests[:clients]:
-        generator.insert([request.tokens], max_tokens=[request.max_tokens])
+        generator.insert([request.prompt], max_tokens=[request.max_tokens])
         sent += 1
     while done < len(requests):
         for response in generator.next()[1]:
@@ -44,7 +44,7 @@ def bare_loop(cell: ServingCell, clients: int, count: int) -> float:
                 done += 1
                 if sent < len(requests):
                     request = requests[sent]
-                    generator.insert([request.tokens], max_tokens=[request.max_tokens])
+                    generator.insert([request.prompt], max_tokens=[request.max_tokens])
                     sent += 1
     return tokens / (time.perf_counter() - start)
 

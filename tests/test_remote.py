@@ -183,8 +183,8 @@ def test_a_cooling_scheduler_on_a_remote_monitor_follows_the_daemon(
         celsius = monitor.temperature or 0.0
         push(
             max_speed_temp=celsius - 5,
-            pause_temp=celsius + 100,
-            stop_temp=celsius + 200,
+            pause_temp=celsius + 50,
+            stop_temp=celsius + 60,
             pause_duration=0.1,
         )
         assert scheduler.should_reduce_batch() and scheduler.policy is monitor.policy

@@ -132,15 +132,20 @@ def _handler(fake: FakeOpenAIServer) -> type[BaseHTTPRequestHandler]:
                 return
             fake.opened(1)
             try:
-                self.stream(body)
+                finished = self.stream(body)
             finally:
+                # closed before its last event: a client that sends its next request on [DONE]
+                # is never counted twice
                 fake.opened(-1)
+            if finished:
+                self.event("[DONE]")
 
         def event(self, data: str) -> None:
             self.wfile.write(f"data: {data}\n\n".encode())
             self.wfile.flush()
 
-        def stream(self, body: dict[str, Any]) -> None:
+        def stream(self, body: dict[str, Any]) -> bool:
+            """Every event but [DONE]; whether the stream got that far."""
             chat = self.path.endswith("chat/completions")
             tokens = int(body["max_tokens"])
             self.send_response(200)
@@ -154,10 +159,10 @@ def _handler(fake: FakeOpenAIServer) -> type[BaseHTTPRequestHandler]:
             for index in range(tokens):
                 if index == die_after:
                     self.connection.shutdown(socket.SHUT_RDWR)
-                    return
+                    return False
                 if index == 1 and fake.mode == "error-event":
                     self.event(json.dumps({"error": {"message": "out of memory\x1b[31m"}}))
-                    return
+                    return False
                 if index:
                     time.sleep(fake.gap_s)
                 self.event(json.dumps(chunk(chat, f"w{index} ", None)))
@@ -169,7 +174,7 @@ def _handler(fake: FakeOpenAIServer) -> type[BaseHTTPRequestHandler]:
                     "prompt_tokens_details": {"cached_tokens": CACHED_TOKENS},
                 }
                 self.event(json.dumps({"object": "chat.completion", "choices": [], "usage": usage}))
-            self.event("[DONE]")
+            return True
 
     return Handler
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -54,6 +55,14 @@ class Watched:
     def longest_stop_s(self) -> float:
         return max((end - start for start, end in self.stops), default=0.0)
 
+    def assert_sliced(self) -> None:
+        """Paced: many stops, most shorter than one 0.2 s slice, none of a pause's length. The
+        longest is allowed what a loaded 2-core suite stretches a slice to (CI saw 0.99 and 1.48
+        s); on a quiet machine it is 0.31 plant s (bench_cooling, docs/performance.md)."""
+        lengths = sorted(end - start for start, end in self.stops)
+        assert len(lengths) >= 20, lengths
+        assert lengths[len(lengths) // 2] < 0.25 and lengths[-1] < 2.0, lengths
+
 
 def proc_state(pid: int) -> str | None:
     """The one-letter state in /proc/PID/stat (after the command name's closing parenthesis)."""
@@ -65,6 +74,10 @@ def proc_state(pid: int) -> str | None:
 
 
 def watch(pid: int, plant_state: Path, seen: Watched, done: threading.Event) -> None:
+    # as far ahead as the job it watches: a starved watcher would read a stop as long as its
+    # own wait for a core (Linux's nice is per thread)
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), -15)
     stopped_at: float | None = None
     next_plant = 0.0
     while not done.is_set():
@@ -142,8 +155,8 @@ def test_the_same_load_under_pause_and_under_pace_side_by_side(tmp_path: Path) -
     }
     print(json.dumps(report, indent=1))
     pace, pause = report["pace"], report["pause"]
-    # paced: many short stops, none near a second, seen in /proc as state T
-    assert pace["stops"] >= 20 and pace["longest_stop_s"] < 0.5
+    # paced: many short stops, none of a pause's length, seen in /proc as state T
+    paced.assert_sliced()
     # the pause tier stopped the job for longer, or never fired at all: the firmware held the die
     # at its onset (a poll every 5 plant seconds can miss it above the cap) and throttled instead
     assert pace["longest_stop_s"] < pause["longest_stop_s"] or pause["throttled_share"] > 0.1
@@ -175,7 +188,7 @@ def test_a_real_mlx_lm_lora_fine_tune_is_paced_never_throttles_and_finishes(
     )
     events = (tmp_path / "lora.stderr").read_text()
     assert "pace at " in events, events
-    assert len(run.stops) >= 20 and run.longest_stop_s < 0.5  # its stop/continue slices
+    run.assert_sliced()  # its stop/continue slices
     assert run.plant["throttled_s"] == 0.0 and run.max_celsius < CAP  # never throttled
     assert (tmp_path / "adapters" / "adapters.safetensors").exists()  # and it finished
     reports = re.sub(r"\x1b\[[0-9;]*m", "", (tmp_path / "lora.stdout").read_text())

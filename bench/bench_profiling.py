@@ -25,13 +25,13 @@ import statistics
 import time
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 from support import interleave, machine, parser, round_count, run, spread
 
-from agent.model import BUILTIN_CONFIGS, ModelArgs, build_model
+from agent.model import BUILTIN_CONFIGS, build_model
 from agent.profiling import SpeedProfiler
 from agent.profiling.memory import random_tokens
 from agent.profiling.runner import run_matrix
+from agent.profiling.serving import llama_twin
 from agent.profiling.speed import new_cache
 from shared.benchmark.matrix import MatrixSpec, count_cells
 
@@ -83,27 +83,12 @@ def bare_decode_s_per_token(
     return statistics.median(samples) / tokens
 
 
-def mlx_lm_twin(ours, args: ModelArgs):
+def mlx_lm_twin(ours):
     """mlx-lm's llama with our dimensions, holding our very weights; None without mlx-lm."""
     try:
-        from mlx_lm.models import llama
+        twin = llama_twin(ours)
     except ImportError:
         return None
-    twin = llama.Model(
-        llama.ModelArgs(
-            model_type="llama",
-            hidden_size=args.hidden_size,
-            num_hidden_layers=args.num_hidden_layers,
-            intermediate_size=args.intermediate_size,
-            num_attention_heads=args.num_attention_heads,
-            rms_norm_eps=args.rms_norm_eps,
-            vocab_size=args.vocab_size,
-            num_key_value_heads=args.num_key_value_heads,
-            rope_theta=args.rope_theta,
-            tie_word_embeddings=args.tie_word_embeddings,
-        )
-    )
-    twin.load_weights(list(tree_flatten(ours.parameters())))
     mx.eval(twin.parameters())
     return twin
 
@@ -153,7 +138,7 @@ def main() -> None:
         "decode ours": lambda: ours_decode(model),
         "decode bare": lambda: bare_decode_s_per_token(model, tokens, g, w, i),
     }
-    twin = mlx_lm_twin(model, config) if opts.bits == 16 else None
+    twin = mlx_lm_twin(model) if opts.bits == 16 else None
     if twin is not None:
         sides["decode mlx-lm"] = lambda: ours_decode(twin)
     # -r 5 as agent bench's default, tg64, but -w 0: then every iteration is timed

@@ -11,20 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.benchmark.matrix import ModelId, hf_model_id
-
-ALLOW_PATTERNS = [
-    "*.json",
-    "model*.safetensors",
-    "*.py",
-    "tokenizer.model",
-    "*.tiktoken",
-    "tiktoken.model",
-    "*.txt",
-    "*.jsonl",
-    "*.jinja",
-]
-"""mlx-lm's DEFAULT_ALLOW_PATTERNS (mlx_lm/utils.py, 0.32): what a model needs, nothing more."""
+from shared.benchmark.matrix import MODEL_FILE_PATTERNS, ModelId, hf_model_id
 
 
 class ModelNotFound(Exception):
@@ -109,7 +96,7 @@ def resolve(
         folder = snapshot_download(
             model_id.repo,
             revision=model_id.revision,
-            allow_patterns=ALLOW_PATTERNS,
+            allow_patterns=MODEL_FILE_PATTERNS,
             local_files_only=not download,
             cache_dir=cache_dir,
         )

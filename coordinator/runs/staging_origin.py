@@ -16,26 +16,13 @@ from pathlib import Path
 from coordinator.hosts.link import Settings, Target
 from coordinator.runs.embedded import EmbeddedAgent, EmbeddedAgentError
 from coordinator.runs.staging import Origin, StageRefused
-from shared.benchmark.matrix import hf_model_id
+from shared.benchmark.matrix import MODEL_FILE_PATTERNS, hf_model_id
 from shared.staging.fleet import chunk_size_for
 
 LOCAL_ORG = "local"
 """The organisation a directory is staged under when --as names none: `local/FOLDER`."""
 ORIGIN_HOME = "stage-origin"
 ORIGIN_BIND = "0.0.0.0:0"
-ALLOW_PATTERNS = [
-    "*.json",
-    "model*.safetensors",
-    "*.py",
-    "tokenizer.model",
-    "*.tiktoken",
-    "tiktoken.model",
-    "*.txt",
-    "*.jsonl",
-    "*.jinja",
-]
-"""mlx-lm's DEFAULT_ALLOW_PATTERNS (mlx_lm/utils.py, 0.32), as the agent downloads a model
-(agent/profiling/hf_models.py): the coordinator's cache is read for the same files."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +77,7 @@ def cached_snapshot(repo: str, revision: str | None) -> Path | None:
         return None
     try:
         folder = snapshot_download(
-            repo, revision=revision, allow_patterns=ALLOW_PATTERNS, local_files_only=True
+            repo, revision=revision, allow_patterns=MODEL_FILE_PATTERNS, local_files_only=True
         )
     except (LocalEntryNotFoundError, HFValidationError, OSError):
         return None

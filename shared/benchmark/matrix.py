@@ -239,6 +239,19 @@ def bits_label(bits: int | None) -> str:
 HF_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<revision>[\w./-]+))?$")
 """ORG/NAME[@REVISION]: a Hugging Face repository id as mlx-lm takes it, with the revision
 (a branch, a tag or a commit) after an @."""
+MODEL_FILE_PATTERNS = [
+    "*.json",
+    "model*.safetensors",
+    "*.py",
+    "tokenizer.model",
+    "*.tiktoken",
+    "tiktoken.model",
+    "*.txt",
+    "*.jsonl",
+    "*.jinja",
+]
+"""The files of a Hugging Face model that mlx-lm needs, nothing more: its DEFAULT_ALLOW_PATTERNS
+(mlx_lm/utils.py, 0.32). The agent downloads these; the coordinator reads its own cache for them."""
 
 
 @dataclass(frozen=True)

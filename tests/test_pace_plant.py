@@ -100,16 +100,18 @@ def watch(pid: int, plant_state: Path, seen: Watched, done: threading.Event) -> 
         time.sleep(0.002)
 
 
-def command_pid(run: subprocess.Popen[str]) -> int:
-    """CMD's pid: the child of `agent run` that is not its guardian."""
+def command_pid(run: subprocess.Popen[str], command: list[str]) -> int:
+    """CMD's pid: the child of `agent run` whose command line is CMD's. Matched whole, not as
+    "not the guardian": a child just forked still shows `agent run`'s command line until it
+    execs, and CI once watched the guardian that way (0 stops seen of a paced run)."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         for child in psutil.Process(run.pid).children():
             with contextlib.suppress(psutil.NoSuchProcess):
-                if "guardian.py" not in " ".join(child.cmdline()):
+                if child.cmdline() == command:
                     return child.pid
         time.sleep(0.01)
-    pytest.fail("agent run started no command within 60 s")
+    pytest.fail(f"agent run started no {command[:3]} within 60 s")
 
 
 def supervised(tmp_path: Path, name: str, policy: list[str], command: list[str]) -> Watched:
@@ -122,7 +124,7 @@ def supervised(tmp_path: Path, name: str, policy: list[str], command: list[str])
          "--poll-interval", "0.25", *policy, "--", *command],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
     )  # fmt: skip
-    pid = command_pid(run)
+    pid = command_pid(run, command)
     seen, done = Watched(), threading.Event()
     watcher = threading.Thread(target=watch, args=(pid, plant_state, seen, done), daemon=True)
     watcher.start()

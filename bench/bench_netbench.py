@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -62,17 +63,21 @@ if group.rank() == 0:
 """
 
 
-def free_run(host: str, count: int) -> int:
-    """The first of `count` consecutive free ports on `host`."""
-    for base in range(41000, 60000, 7):
+def free_run(count: int) -> int:
+    """The first of `count` consecutive ports free on every address now: a random base, as a
+    fixed one is what a second run beside this one would pick too (the ranks listen on
+    consecutive ports, one address each, as mlx.launch counts them)."""
+    for _ in range(200):
+        base = random.randint(20000, 32000 - count)  # under Linux's ephemeral range
         try:
-            for port in range(base, base + count):
-                with socket.socket() as sock:
-                    sock.bind((host, port))
+            for host in ADDRESSES:
+                for port in range(base, base + count):
+                    with socket.socket() as sock:
+                        sock.bind((host, port))
             return base
         except OSError:
             continue
-    raise BenchError(f"no {count} consecutive free ports on {host}")
+    raise BenchError(f"no {count} consecutive free ports on {', '.join(ADDRESSES)}")
 
 
 def agent_with_key_added(stack: ExitStack, home: Path, address: str) -> str:
@@ -88,13 +93,16 @@ def agent_with_key_added(stack: ExitStack, home: Path, address: str) -> str:
 
 
 def netbench_side(hosts: list[str], sizes: list[int], reps: int) -> tuple[float, ...]:
-    port = free_run(ADDRESSES[0], 1)
     sizes_text = ",".join(str(size) for size in sizes)
-    result = subprocess.run(
-        [str(BIN / "coordinator"), "netbench", "--hosts", ",".join(hosts), "--sizes", sizes_text,
-         "-r", str(reps), "-w", "1", "--port", str(port), "-o", "json"],
-        capture_output=True, text=True, check=False, timeout=900,
-    )  # fmt: skip
+    for _ in range(3):  # a port found free can be taken before the ranks bind it: another one
+        result = subprocess.run(
+            [str(BIN / "coordinator"), "netbench", "--hosts", ",".join(hosts), "--sizes",
+             sizes_text, "-r", str(reps), "-w", "1", "--port", str(free_run(len(hosts))),
+             "-o", "json"],
+            capture_output=True, text=True, check=False, timeout=900,
+        )  # fmt: skip
+        if "is in use on this machine" not in result.stderr:
+            break
     if result.returncode != 0:
         raise BenchError(f"coordinator netbench: {result.stderr.strip()[-400:]}")
     rows = json.loads(result.stdout)["results"]
@@ -105,7 +113,7 @@ def netbench_side(hosts: list[str], sizes: list[int], reps: int) -> tuple[float,
 def bare_side(tmp: Path, sizes: list[int], reps: int) -> tuple[float, ...]:
     counts = [reps * ops_per_repetition(size) for size in sizes]  # as many as netbench times
     members = [Member(name, (address,)) for name, address in zip("ab", ADDRESSES, strict=True)]
-    base = free_run(ADDRESSES[0], 2)
+    base = free_run(2)
     ranks = []
     for rank in range(2):
         launch = rank_launch(members, rank, RING, base)

@@ -9,16 +9,21 @@ The signal fires when the *thread* that started the child ends, so children star
 threads are left as they are (such a thread may end long before its child should); agents
 started with `agents.start` also get `--parent-pid` (any OS). A child's own children are its
 business: an agent's jobs and ranks die with it by their own lifeline.
+
+MLX ring ranks started by the suite wait for their peers without spinning a core
+(tests/native/ring_wait.c, preloaded into every process the tests start).
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -71,6 +76,43 @@ class TiedPopen(subprocess.Popen):
 
 
 subprocess.Popen = TiedPopen  # type: ignore[misc]  # subprocess.run and asyncio's too
+
+
+RING_WAIT_SOURCE = Path(__file__).parent / "native" / "ring_wait.c"
+
+
+def ring_wait_preload() -> str | None:
+    """tests/native/ring_wait.c built (once per source, shared by runs) for LD_PRELOAD: MLX's
+    ring ranks the tests start wait for their peers in ppoll instead of a busy loop, which on
+    a 2-core machine took the cores the ranks they waited for needed (the file says how).
+    None, said once, where no C compiler builds it: the suite is then slower, never wrong."""
+    source = RING_WAIT_SOURCE.read_bytes()
+    built = (
+        Path(tempfile.gettempdir())
+        / f"mlx-fleet-ring-wait-{hashlib.sha256(source).hexdigest()[:12]}.so"
+    )
+    if built.exists():
+        return str(built)
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None or not sys.platform.startswith("linux"):
+        return None
+    scratch = built.with_suffix(f".{os.getpid()}.tmp")
+    made = subprocess.run(
+        [compiler, "-O2", "-shared", "-fPIC", "-o", str(scratch), str(RING_WAIT_SOURCE), "-ldl"],
+        capture_output=True,
+        text=True,
+    )
+    if made.returncode != 0:
+        print(f"tests/native/ring_wait.c not built, ring ranks spin: {made.stderr.strip()}")
+        return None
+    os.replace(scratch, built)
+    return str(built)
+
+
+if "mlx-fleet-ring-wait-" not in os.environ.get("LD_PRELOAD", ""):  # the xdist workers inherit it
+    preload = ring_wait_preload()
+    if preload is not None:
+        os.environ["LD_PRELOAD"] = " ".join(filter(None, [os.environ.get("LD_PRELOAD"), preload]))
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

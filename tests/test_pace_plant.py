@@ -5,7 +5,7 @@ same cap, side by side; and a real mlx_lm lora fine-tune paced to its end.
 What is measured comes from outside the supervisor: the job's process state read from /proc
 (`T` while stopped) every couple of milliseconds, and the plant's own state file (its die, its
 clock, the work done). The plant runs 20 times faster than a Mac (`speed=20`, labelled in its
-name) from 98 °C, so a fanless Air's minutes of heat pass in seconds.
+name; 10 for the fine-tune) from 98 °C, so a fanless Air's minutes of heat pass in seconds.
 """
 
 from __future__ import annotations
@@ -33,6 +33,11 @@ busy load whose CPU share the others would take."""
 CAP = 105.0
 """The plant's throttle onset (its firmware's limit): what `agent calibrate` finds, the cap."""
 PLANT = "sim:plant:air,speed=20,start_c=98"
+LORA_PLANT = "sim:plant:air,speed=10,start_c=98"
+"""A real fine-tune's plant runs half as fast: a wall second the machine stalls the pacer
+(a crowded 2-core suite stretched one slice to 1.5 s) is 10 plant seconds, within the 15 the
+controller is documented to hold the cap through (shared.cooling.pace.PACE_GAIN_I); at 20 it
+was 30, and CI saw the die cross the cap. It still reaches the cap in under ten wall seconds."""
 THRESHOLDS = ["--max-speed-temp", "95", "--stop-temp", "115", "--hysteresis", "2"]
 PAUSE_TIER = [*THRESHOLDS, "--pause-temp", f"{CAP:g}"]
 PACE_TIER = [*PAUSE_TIER, "--pace-temp", f"{CAP:g}"]
@@ -114,13 +119,15 @@ def command_pid(run: subprocess.Popen[str], command: list[str]) -> int:
     pytest.fail(f"agent run started no {command[:3]} within 60 s")
 
 
-def supervised(tmp_path: Path, name: str, policy: list[str], command: list[str]) -> Watched:
+def supervised(
+    tmp_path: Path, name: str, policy: list[str], command: list[str], plant: str = PLANT
+) -> Watched:
     """`command` under `agent run` on the plant; what the watcher saw and the plant's final
     state."""
     plant_state = tmp_path / f"{name}.plant.json"
     env = subprocess_env(MLX_FLEET_PLANT_STATE=str(plant_state))
     run = subprocess.Popen(
-        [*AHEAD, console_script("agent"), "run", "--thermal-source", PLANT,
+        [*AHEAD, console_script("agent"), "run", "--thermal-source", plant,
          "--poll-interval", "0.25", *policy, "--", *command],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
     )  # fmt: skip
@@ -184,7 +191,7 @@ def test_a_real_mlx_lm_lora_fine_tune_is_paced_never_throttles_and_finishes(
             "data", "--iters", "1500", "--batch-size", "2", "--num-layers", "1",
             "--steps-per-report", "100", "--steps-per-eval", "100000", "--val-batches", "1",
             "--adapter-path", "adapters"]  # fmt: skip
-    run = supervised(tmp_path, "lora", PACE_TIER, lora)
+    run = supervised(tmp_path, "lora", PACE_TIER, lora, LORA_PLANT)
     print(
         f"{len(run.stops)} stops, longest {run.longest_stop_s:.3f} s, max {run.max_celsius:.2f} °C"
     )

@@ -241,6 +241,10 @@ class Monitor:
                 self._lost(report.host)
                 status = INVALID if report.kind == REFUSED else UNREACHABLE
                 self.board.unreachable(report.host, report.data, now, status)
+                if report.kind == REFUSED:  # a reply that is not valid is an invalid message
+                    self.board.hosts[report.host].invalid_messages += 1
+                    if self.metrics is not None:
+                        self.metrics.observe_invalid(self.host_name(report.host), 1, report.host)
             elif report.kind == PAGE:
                 page: Page = report.data
                 paged += [(report.host, body) for body in page.samples]

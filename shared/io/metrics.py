@@ -37,8 +37,9 @@ HOST:PORT too). Metrics (docs/monitoring.md):
   total; a total that goes down otherwise adds nothing).
 - mlx_fleet_policy_actions_total{host,action}: counter of the actions the policy took on jobs
   (pause, resume, reduce_batch, restore_batch, stop), each at 0 from the host's start.
-- mlx_fleet_invalid_messages_total{host}: counter of the host's messages the coordinator
-  refused as invalid and dropped (docs/protocol.md §4); the coordinator's exporter only.
+- mlx_fleet_invalid_messages_total{host}: counter of the host's messages (telemetry and
+  replies) the coordinator refused as invalid and dropped (docs/protocol.md §4); the
+  coordinator's exporter only.
 - mlx_fleet_agent_up{host}: gauge, 1 while the host's telemetry arrives; 0 for a host that is
   down, whose other series are removed until it returns.
 - mlx_fleet_storage_ok{host}: gauge, 1 while the host's agent writes everything it keeps, 0

@@ -89,7 +89,7 @@ def group_cell(
     command = [str(BIN / "coordinator"), "benchmark", "--hosts", "+".join(hosts)]
     command += ["--model", str(model), *matrix, "-r", str(trials), "-w", "1"]
     command += ["--sharding", sharding, "--backend", "ring", "--no-cool-start", "-o", "json"]
-    command += ["--port", str(free_run(ADDRESSES[0], len(hosts)))]
+    command += ["--port", str(free_run(len(hosts)))]
     report = json.loads(run_session(command, dict(os.environ)))
     cells = [cell for cell in report["cells"] if "+" in cell.get("host", "")]
     if len(cells) != 1:
@@ -110,7 +110,7 @@ def ours(hosts: list[str], model: Path, p: int, g: int, trials: int, sharding: s
 def theirs(hostfile: Path, model: Path, p: int, g: int, trials: int, sharding: str) -> tuple:
     """One round of mlx-lm's side: its benchmark on two ring ranks started by mlx.launch."""
     command = [str(BIN / "mlx.launch"), "--backend", "ring", "--hostfile", str(hostfile)]
-    command += ["--starting-port", str(free_run(ADDRESSES[0], 2)), "--python", sys.executable]
+    command += ["--starting-port", str(free_run(2)), "--python", sys.executable]
     command += ["--", *benchmark_args(model, p, g, trials)]
     if sharding == "pipeline":
         command.append("--pipeline")
@@ -123,7 +123,7 @@ def by_hand(root: Path, model: Path, p: int, g: int, trials: int, sharding: str)
     I/O thread per rank selects on the rank's stdin pipe, always writable, so it never sleeps:
     up to a core spent beside the ranks, which on a machine with few cores slows them."""
     members = [Member(name, (address,)) for name, address in zip("ab", ADDRESSES, strict=True)]
-    port = free_run(ADDRESSES[0], 2)
+    port = free_run(2)
     command = [sys.executable, *benchmark_args(model, p, g, trials)]
     if sharding == "pipeline":
         command.append("--pipeline")

@@ -11,7 +11,8 @@ started with `agents.start` also get `--parent-pid` (any OS). A child's own chil
 business: an agent's jobs and ranks die with it by their own lifeline.
 
 MLX ring ranks started by the suite wait for their peers without spinning a core
-(tests/native/ring_wait.c, preloaded into every process the tests start).
+(tests/native/ring_wait.c, preloaded into every process the tests start), and those processes
+keep their compiled modules (PYCACHE) where the environment would have them compile every time.
 """
 
 from __future__ import annotations
@@ -76,6 +77,17 @@ class TiedPopen(subprocess.Popen):
 
 
 subprocess.Popen = TiedPopen  # type: ignore[misc]  # subprocess.run and asyncio's too
+
+
+PYCACHE = Path(tempfile.gettempdir()) / f"mlx-fleet-pycache-{os.getuid()}"
+"""Where the processes the suite starts keep their compiled modules when this environment says
+PYTHONDONTWRITEBYTECODE (this machine's does): the suite starts thousands of agents, CLIs,
+jobs and ranks, and each compiled some two hundred of our modules from source at start, a
+third of its import time. Outside the source tree, so the tree stays as the setting wants it."""
+
+if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX"):
+    del os.environ["PYTHONDONTWRITEBYTECODE"]
+    os.environ["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
 
 
 RING_WAIT_SOURCE = Path(__file__).parent / "native" / "ring_wait.c"

@@ -357,7 +357,7 @@ def test_one_hot_mac_pauses_and_resumes_every_rank(
     two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path, ctx: zmq.Context
 ) -> None:
     hot, cool = two_macs
-    start_ranks(two_macs, tmp_path, steps=3000, into=ranks)
+    start_ranks(two_macs, tmp_path, steps=100000, into=ranks)
     wait_until(lambda: all(r.steps() >= 10 for r in ranks), 90, "both ranks stepping", ranks)
     set_policy(ctx, hot, HOT)
     wait_until(
@@ -435,7 +435,7 @@ def test_one_warm_mac_paces_every_rank_in_the_same_slices(
     two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path, ctx: zmq.Context
 ) -> None:
     warm, cool = two_macs
-    start_ranks(two_macs, tmp_path, steps=3000, into=ranks)
+    start_ranks(two_macs, tmp_path, steps=100000, into=ranks)
     wait_until(lambda: all(r.steps() >= 10 for r in ranks), 90, "both ranks stepping", ranks)
     set_policy(ctx, warm, PACED)
     wait_until(
@@ -557,7 +557,7 @@ def test_with_a_peer_agent_down_the_hot_mac_protects_itself_and_the_gang_comes_b
     ctx: zmq.Context,
 ) -> None:  # fmt: skip
     hot, cool = two_macs
-    start_ranks(two_macs, tmp_path, steps=3000, into=ranks)
+    start_ranks(two_macs, tmp_path, steps=100000, into=ranks)
     wait_until(lambda: all(r.steps() >= 10 for r in ranks), 90, "both ranks stepping", ranks)
     port = cool.agent.port
     cool.agent.kill()
@@ -708,7 +708,7 @@ def test_cooperative_ranks_park_at_the_same_step_boundary(
     gate: str, two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path, ctx: zmq.Context
 ) -> None:
     hot, cool = two_macs
-    start_ranks(two_macs, tmp_path, steps=3000, into=ranks, gate=gate)
+    start_ranks(two_macs, tmp_path, steps=100000, into=ranks, gate=gate)
     wait_until(lambda: all(r.steps() >= 10 for r in ranks), 90, "both ranks stepping", ranks)
     set_policy(ctx, cool, HOT)
     wait_until(lambda: len(parked_steps(two_macs)) == 2, 30, "both ranks parked", ranks)
@@ -844,7 +844,7 @@ def test_two_ranks_may_share_a_mac(
 ) -> None:
     """`mlx.launch -n 2` on one host: both ranks under one agent, one gang."""
     mac = start_mac(agents, tmp_path, "127.0.0.2")
-    start_ranks((mac, mac), tmp_path, steps=3000, into=ranks)
+    start_ranks((mac, mac), tmp_path, steps=100000, into=ranks)
     wait_until(lambda: all(r.steps() >= 10 for r in ranks), 90, "both ranks stepping", ranks)
     set_policy(ctx, mac, HOT)
     wait_until(

@@ -143,7 +143,7 @@ def _console() -> Console:
 
 def show_once(running: Monitor, fmt: str) -> bool:
     """Wait until every host is heard live, silent or unreachable; print; True if all are up."""
-    while not running.settled():
+    while not running.board.settled():
         running.step(REFRESH_S)
     now = time.time()
     width = _console().width

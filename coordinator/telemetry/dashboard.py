@@ -179,11 +179,12 @@ class Dashboard:
 
     def unreachable(self, name: str, error: str, now: float, status: str = UNREACHABLE) -> None:
         """The host's session ended: UNREACHABLE (no answer), or INVALID (it answered with a
-        message that is not valid)."""
+        message that is not valid, counted as every invalid message is)."""
         view = self.hosts[name]
         if view.status != status:
             self._alert(now, name, CRITICAL, f"{status}: {error}")
         view.status, view.error = status, error
+        view.invalid_messages += status == INVALID
 
     def invalid(self, name: str, problem: str, version: str, now: float, count: int = 1) -> None:
         """The host (its agent `version`) sent `count` messages that are not valid, the last
@@ -248,6 +249,10 @@ class Dashboard:
         at = f" at {_celsius(body['celsius'])}" if body["celsius"] is not None else ""
         detail = f": {body['detail']}" if body["detail"] else ""
         self._alert(body["time"], name, level, f"{verb} job {body['job']}{pid}{at}{detail}")
+
+    def settled(self) -> bool:
+        """Every host unreachable, silent, or heard live: what `monitor --once` waits for."""
+        return all(view.status in DOWN or view.silent or view.live for view in self.hosts.values())
 
     def tick(self, now: float) -> None:
         """Declare silent every connected host whose samples stopped arriving."""

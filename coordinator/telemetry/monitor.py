@@ -23,7 +23,6 @@ import zmq
 from coordinator.hosts.link import Settings, Target
 from coordinator.telemetry.cursor_tracker import CursorTracker
 from coordinator.telemetry.dashboard import (
-    DOWN,
     INVALID,
     SPARK_WINDOW_S,
     UNREACHABLE,
@@ -241,10 +240,8 @@ class Monitor:
                 self._lost(report.host)
                 status = INVALID if report.kind == REFUSED else UNREACHABLE
                 self.board.unreachable(report.host, report.data, now, status)
-                if report.kind == REFUSED:  # a reply that is not valid is an invalid message
-                    self.board.hosts[report.host].invalid_messages += 1
-                    if self.metrics is not None:
-                        self.metrics.observe_invalid(self.host_name(report.host), 1, report.host)
+                if report.kind == REFUSED and self.metrics is not None:  # an invalid message
+                    self.metrics.observe_invalid(self.host_name(report.host), 1, report.host)
             elif report.kind == PAGE:
                 page: Page = report.data
                 paged += [(report.host, body) for body in page.samples]
@@ -354,9 +351,3 @@ class Monitor:
             if view.sample is not None and self._exported.get(name) != view.sample["time"]:
                 self.metrics.observe_sample({**view.sample, "host": host}, name)
                 self._exported[name] = view.sample["time"]
-
-    def settled(self) -> bool:
-        """Every host unreachable, silent, or heard live: what --once waits for."""
-        return all(
-            view.status in DOWN or view.silent or view.live for view in self.board.hosts.values()
-        )

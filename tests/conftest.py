@@ -158,6 +158,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """On an xdist worker with --dist loadgroup: every test marked xdist_group carries its group
+    in its node id, as the scheduler reads it; where it does not (pytest 9.2 with pytest-xdist
+    3.8, pytest-dev/pytest-xdist#1386) the groups would silently not hold and the netns, plant
+    and staging tests meant to run one at a time would run side by side, so the run stops."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    lost = [
+        item.nodeid
+        for item in session.items
+        if item.get_closest_marker("xdist_group") and "@" not in item.nodeid
+    ]
+    if lost:
+        said = (
+            f"{len(lost)} tests lost their xdist_group (first: {lost[0]}): this pytest and "
+            "pytest-xdist do not hold groups together (pytest-dev/pytest-xdist#1386); "
+            "install the versions pyproject.toml's dev extra names"
+        )
+        print(said, file=sys.__stderr__)  # a worker's exception reaches the run as a crash
+        raise pytest.UsageError(said)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     began = time.monotonic()

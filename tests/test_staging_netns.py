@@ -42,7 +42,10 @@ once, so each copy runs at its link's rate, not the CPU's."""
 MODEL_MB = 10
 NAME = "lab/tiny-llama"
 WALL_SLACK = 1.3
-LINK_SHARE = 0.8
+LINK_SHARE = 0.7
+"""Each copy's share of its link's rate, at least: 0.94 on a quiet machine (bench_staging,
+docs/performance.md, which measures it); a loaded 2-core suite saw 0.775. Below this a copy
+is not using its link (a star copy, or one held by the CPU)."""
 COPY_SHARE = 1.1
 WAIT_S = 300.0
 

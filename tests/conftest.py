@@ -97,7 +97,8 @@ def ring_wait_preload() -> str | None:
     """tests/native/ring_wait.c built (once per source, shared by runs) for LD_PRELOAD: MLX's
     ring ranks the tests start wait for their peers in ppoll instead of a busy loop, which on
     a 2-core machine took the cores the ranks they waited for needed (the file says how).
-    None, said once, where no C compiler builds it: the suite is then slower, never wrong."""
+    None where no C compiler builds it, said by the run's first process (the xdist workers
+    find it the same way): the suite is then slower, never wrong."""
     source = RING_WAIT_SOURCE.read_bytes()
     built = (
         Path(tempfile.gettempdir())
@@ -107,6 +108,8 @@ def ring_wait_preload() -> str | None:
         return str(built)
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None or not sys.platform.startswith("linux"):
+        if "PYTEST_XDIST_WORKER" not in os.environ:
+            print("no C compiler for tests/native/ring_wait.c: MLX ring ranks spin while waiting")
         return None
     scratch = built.with_suffix(f".{os.getpid()}.tmp")
     made = subprocess.run(
@@ -115,7 +118,8 @@ def ring_wait_preload() -> str | None:
         text=True,
     )
     if made.returncode != 0:
-        print(f"tests/native/ring_wait.c not built, ring ranks spin: {made.stderr.strip()}")
+        if "PYTEST_XDIST_WORKER" not in os.environ:
+            print(f"tests/native/ring_wait.c not built, ring ranks spin: {made.stderr.strip()}")
         return None
     os.replace(scratch, built)
     return str(built)

@@ -5,7 +5,7 @@ sockets non-blocking and calls recv(2)/send(2) in a loop until the peer's bytes 
 waiting for another burns a whole core for as long as it waits. On a Mac each rank has its
 machine to itself and that buys latency; on a 2-core test machine running several test workers
 the waiting rank takes the core the rank it waits for needs (measured: 3.0 CPU-s for a 3 s wait;
-a sixth of the whole suite's CPU went to it).
+about an eighth of the whole suite's CPU went to it, perf record over one run).
 
 Preloaded into the processes tests start (tests/conftest.py), this waits in ppoll(2) for the
 socket to become ready, at most WAIT_NS, whenever a call *from libmlx* finds it not ready: the
@@ -25,14 +25,17 @@ static int called_from_mlx(const void *caller) {
   /* MLX calls from a couple of places: their answers are kept (dladdr walks the link maps) */
   static const void *seen[8];
   static int answer[8];
-  for (int i = 0; i < 8 && seen[i]; i++)
-    if (seen[i] == caller) return answer[i];
+  for (int i = 0; i < 8; i++) {
+    const void *known = __atomic_load_n(&seen[i], __ATOMIC_ACQUIRE);
+    if (!known) break;
+    if (known == caller) return answer[i];
+  }
   Dl_info info;
   int mlx = dladdr(caller, &info) && info.dli_fname && strstr(info.dli_fname, "libmlx");
   for (int i = 0; i < 8; i++)
     if (!seen[i]) {
-      answer[i] = mlx;
-      seen[i] = caller; /* a race between threads only repeats a lookup */
+      answer[i] = mlx; /* published before its caller: a reader never sees one without it */
+      __atomic_store_n(&seen[i], caller, __ATOMIC_RELEASE); /* a race only repeats a lookup */
       break;
     }
   return mlx;

@@ -2,10 +2,10 @@
 (tests.netns_support: each its own namespace and address, one bridge), every uplink shaped with
 `tc tbf` to RATE_BITS, a generated mlx-lm model directory on the source, the coordinator in the
 source's namespace. The copies fan out as a tree: exactly one copy leaves the source (its
-interface's byte counter), the stage takes about ⌈log₂8⌉ copies' time, and each copy runs near
-its link's rate. Then every host benchmarks the staged id with HF_HUB_OFFLINE=1, `coordinator
-models` shows it present everywhere, and a byte flipped on one host has the next matrix refuse
-that host, naming it and the file.
+interface's byte counter), the stage takes about ⌈log₂8⌉ copies' time (as the copies took), and
+each copy runs near its link's rate. Then every host benchmarks the staged id with
+HF_HUB_OFFLINE=1, `coordinator models` shows it present everywhere, and a byte flipped on one
+host has the next matrix refuse that host, naming it and the file.
 
 The model here is MODEL_MB (seven seconds a copy at RATE_BITS, so the suite pays about 25 s for
 the stage); bench/bench_staging.py stages the issue's 200 MB one against scp over the same link.
@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import signal
+import statistics
 import subprocess
 import time
 from collections.abc import Iterator
@@ -42,6 +43,9 @@ once, so each copy runs at its link's rate, not the CPU's."""
 MODEL_MB = 10
 NAME = "lab/tiny-llama"
 WALL_SLACK = 1.3
+"""The stage's fan-out in copies' time, measured by the copies themselves (their median), so a
+loaded machine that slows every copy (LINK_SHARE) does not read as a deeper tree: a chain of
+seven is 7 copies, the tree 3."""
 LINK_SHARE = 0.7
 """Each copy's share of its link's rate, at least: 0.94 on a quiet machine (bench_staging,
 docs/performance.md, which measures it); a loaded 2-core suite saw 0.775. Below this a copy
@@ -170,7 +174,7 @@ def test_one_copy_leaves_the_source_and_the_tree_takes_three_rounds(staged: Stag
     sources = [row["source"] for row in report["hosts"]]
     assert sources.count("origin") == 1
     assert staged.source_sent <= COPY_SHARE * staged.size, (staged.source_sent, staged.size)
-    copy_s = staged.size * 8 / RATE_BITS
+    copy_s = statistics.median(row["seconds"] for row in report["hosts"])
     rounds = math.ceil(math.log2(len(HOSTS) + 1))
     assert report["fan_out_s"] <= WALL_SLACK * rounds * copy_s, (report["fan_out_s"], copy_s)
 

@@ -17,11 +17,23 @@ ROOT = Path(__file__).resolve().parents[1]
 DEADLINE_S = 300.0
 
 
+def ephemeral_floor() -> int:
+    """The lowest port the kernel hands a bind to port 0 (ip_local_port_range; 32768 where it
+    cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port_run(count: int, attempts: int = 200) -> int:
     """The first of `count` consecutive loopback ports that are free now (a ring's ranks
-    listen on consecutive ports, as mlx.launch counts them)."""
+    listen on consecutive ports, as mlx.launch counts them), below the ephemeral range, where
+    every agent the suite starts binds port 0: a port of the run handed to another process
+    after this check is the likely cause of a group serving run whose rank 1 saw "Socket 4 was
+    closed by the peer" ten times, then hung (test_group_serving, a loaded full run)."""
     for _ in range(attempts):
-        base = random.randint(20000, 60000 - count)
+        base = random.randint(10000, min(ephemeral_floor(), 60000) - count)
         sockets = []
         try:
             for port in range(base, base + count):

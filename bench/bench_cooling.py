@@ -213,7 +213,7 @@ def main() -> None:
     cli.add_argument("--seconds", type=float, default=None, help="wall seconds per run")
     cli.add_argument("--speed", type=float, default=10.0, help="plant seconds per wall second")
     opts = cli.parse_args()
-    seconds = opts.seconds or (20.0 if opts.quick else 60.0)
+    seconds = opts.seconds or (6.0 if opts.quick else 60.0)
     if not 1 <= opts.speed <= 60:
         raise BenchError(f"--speed must be 1 to 60 plant seconds a wall second, got {opts.speed:g}")
     pace = pace_flags(opts.speed)

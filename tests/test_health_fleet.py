@@ -19,6 +19,9 @@ MATRIX = [
 ]
 """Three cells (pp128, pp256, tg8), each repeated until its 95 % interval is within 10 %, at
 most 8 times."""
+ONE_CELL = ("--config-small", "-p", "128", "-n", "0", "-w", "0", "-r", "1")
+"""The runs after the judged one test who is skipped, not how fast: one cell, no warm-up, one
+repetition."""
 
 
 def first(index: int) -> list[str]:
@@ -73,23 +76,23 @@ def test_a_slow_host_is_out_of_family_cordoned_skipped_and_uncordoned(
     shown = cli("coordinator", "status", "--hosts", names).stdout
     assert f"{sick.address} (cordoned: out-of-family)" in shown
 
-    skipped = cli("coordinator", "benchmark", "--hosts", names, *MATRIX, "-o", "json", timeout=400)
+    skipped = cli("coordinator", "benchmark", "--hosts", names, *ONE_CELL, "-o", "json")
     assert skipped.returncode == 0, skipped.stderr
     lines = [line for line in skipped.stderr.splitlines() if "cordoned" in line]
     assert len(lines) == 1 and lines[0].startswith(f"skipping {sick.address}:")
     assert sick.address not in {c["host"] for c in json.loads(skipped.stdout)["cells"]}
 
-    alone = cli("coordinator", "benchmark", "--hosts", sick.address, *MATRIX[:5])
+    alone = cli("coordinator", "benchmark", "--hosts", sick.address, *ONE_CELL)
     assert alone.returncode == 2 and "every host named is cordoned" in alone.stderr
     forced = cli(
-        "coordinator", "benchmark", "--hosts", sick.address, *MATRIX[:5], "--include-cordoned"
+        "coordinator", "benchmark", "--hosts", sick.address, *ONE_CELL, "--include-cordoned"
     )
     assert forced.returncode == 0, forced.stderr
     assert "skipping" not in forced.stderr
 
     lifted = cli("coordinator", "uncordon", sick.address)
     assert lifted.returncode == 0 and "lifted out-of-family" in lifted.stderr
-    back = cli("coordinator", "benchmark", "--hosts", sick.address, *MATRIX[:5], "-o", "json")
+    back = cli("coordinator", "benchmark", "--hosts", sick.address, *ONE_CELL, "-o", "json")
     assert back.returncode == 0, back.stderr
     assert "cordoned" not in back.stderr
 

@@ -55,7 +55,7 @@ from shared.cooling.calibration import PolicyInForce
 from shared.cooling.cool_start import CoolWait, cool_wait_line
 from shared.cooling.policy import Action
 from shared.exit_codes import EXIT_PARTIAL, EXIT_USAGE
-from shared.io.cli import check_output, data_home, err, show_report, usage_error
+from shared.io.cli import check_output, data_home, err, usage_error
 from shared.io.files import write_private
 from shared.io.options import (
     Label,
@@ -71,6 +71,7 @@ from shared.io.options import (
     with_options,
 )
 from shared.io.paths import data_subdir
+from shared.io.report_output import show_report
 from shared.io.signals import interrupted_exit_code, sigterm_as_interrupt
 from shared.reports.benchmark import progress_line
 

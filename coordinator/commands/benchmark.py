@@ -76,7 +76,7 @@ from shared.distributed.group import SHARDINGS, TENSOR
 from shared.distributed.rank_env import AUTO, BACKENDS, DEFAULT_STARTING_PORT
 from shared.distributed.stragglers import straggler_line
 from shared.exit_codes import EXIT_PARTIAL
-from shared.io.cli import check_output, data_home, emit, err, fail, show_report, usage_error
+from shared.io.cli import check_output, data_home, emit, err, fail, usage_error
 from shared.io.given import path_given
 from shared.io.keys import own_keypair
 from shared.io.options import (
@@ -93,6 +93,7 @@ from shared.io.options import (
     one_of,
     with_options,
 )
+from shared.io.report_output import show_report
 from shared.io.signals import interrupted_exit_code, sigterm_as_interrupt
 from shared.io.sqlite import StoreError
 from shared.io.transport import AgentClient, AgentError

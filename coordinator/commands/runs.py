@@ -38,7 +38,6 @@ from shared.io.cli import (
     emit,
     err,
     print_rich,
-    show_report,
     usage_error,
     write_text,
 )
@@ -51,6 +50,7 @@ from shared.io.options import (
     count,
     output_format,
 )
+from shared.io.report_output import show_report
 from shared.io.sqlite import StoreError
 from shared.safe_text import shown
 from shared.tables import WHOLE, WORDS, FitTable

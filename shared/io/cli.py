@@ -1,5 +1,5 @@
-"""The command-line shell both `agent` and `coordinator` are built with: the app factory, one
-way to fail, and one way to print a table, JSON or a benchmark report.
+"""The command-line shell both `agent` and `coordinator` are built with: one way to fail, and
+one way to print a table or JSON (a benchmark report: shared.io.report_output).
 
 The options themselves are declared once in shared.io.options; exit codes in shared.exit_codes.
 """
@@ -17,11 +17,8 @@ import typer
 from rich.console import Console, RenderableType
 from rich.text import Text
 
-from shared.benchmark.verdict import noisy_hint
 from shared.exit_codes import EXIT_PARTIAL, EXIT_USAGE
 from shared.io.paths import DataDirError, checked_data_dir
-from shared.reports.benchmark import render_text, rich_report
-from shared.reports.llama_bench import left_out_note
 
 err = Console(stderr=True, soft_wrap=True)  # log lines stay whole, never wrapped
 
@@ -87,20 +84,6 @@ def check_output(output: Path | None, flag: str = "--output") -> None:
         raise usage_error(f"{flag} {output} is a folder, not a file")
     if not os.access(folder, os.W_OK):
         raise usage_error(f"{flag} {output}: folder {folder} is not writable")
-
-
-def show_report(
-    report: dict[str, Any], fmt: str, output: Path | None, label: str | None = None
-) -> None:
-    """A benchmark report on stdout (a table sized to the terminal) or written to `output`,
-    then notes on stderr: cells a llama-bench format leaves out, a hint for noisy cells."""
-    if fmt == "table" and output is None:
-        print_rich(rich_report(report))
-    else:
-        write_text(render_text(report, fmt, label=label), output)
-    for note in (left_out_note(report, fmt), noisy_hint(report.get("cells") or [])):
-        if note is not None:
-            err.print(note, highlight=False, markup=False)
 
 
 def write_text(text: str, output: Path | None) -> None:

@@ -37,7 +37,16 @@ from pathlib import Path
 from typing import Any
 
 import zmq
-from support import BenchError, interleave, machine, parser, round_count, run, spread
+from support import (
+    BenchError,
+    interleave,
+    machine,
+    no_power_source,
+    parser,
+    round_count,
+    run,
+    spread,
+)
 
 from coordinator.hosts.link import Settings, Target
 from coordinator.telemetry.dashboard import UP
@@ -112,14 +121,7 @@ def publisher(ready: mp.Queue[Any], name: str, rate: float) -> None:
                 "name": name,
                 "machine": {"hostname": name},
                 "thermal": {"source": "bench", "simulated": True, "reading": None, "error": None},
-                "power": {
-                    "source": "none",
-                    "simulated": False,
-                    "rails": [],
-                    "resolution_s": None,
-                    "reading": None,
-                    "error": "a bench publisher has no power source",
-                },
+                "power": no_power_source("a bench publisher has no power source"),
                 "job": None,
                 "telemetry_port": telemetry_port,
                 "poll_interval": 1.0,

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
-from support import BenchError, interleave, machine, parser, round_count, run, spread
+from support import BenchError, high_water, interleave, machine, parser, round_count, run, spread
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE = ROOT / "tests" / "fakes" / "hostile_agent.py"
@@ -84,17 +84,6 @@ class Fake:
             out, _ = self.process.communicate()
         match = SENT.search(out or "")
         return int(match.group(1)) if match else 0
-
-
-def high_water(pid: int) -> int:
-    """VmHWM of `pid` in bytes; 0 where /proc has none."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return 0
 
 
 def monitor_peak(mode: str, seconds: float, stop_timeout: float, side: Side) -> float:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
+from support import no_power_source
 
 from shared.benchmark.matrix import Cell, MatrixSpec, expand
 from shared.benchmark.results import cell_record
@@ -89,14 +90,7 @@ def _info(name: str) -> dict[str, Any]:
         "name": name,
         "machine": {"hostname": name, "device": "replay (protocol-level agent)"},
         "thermal": {"source": "none", "simulated": False, "reading": None, "error": None},
-        "power": {
-            "source": "none",
-            "simulated": False,
-            "rails": [],
-            "resolution_s": None,
-            "reading": None,
-            "error": "a replay agent has no power source",
-        },
+        "power": no_power_source("a replay agent has no power source"),
         "job": None,
         "telemetry_port": 1,  # no PUB here: `coordinator benchmark` never subscribes
         "poll_interval": 1.0,

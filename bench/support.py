@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import zmq
 
@@ -171,7 +172,7 @@ def child_usage(
     )
     peak = 0
     while process.poll() is None:
-        peak = max(peak, _high_water(process.pid))
+        peak = max(peak, high_water(process.pid))
         time.sleep(0.01)
     elapsed = time.perf_counter() - began
     if process.returncode != 0:
@@ -182,7 +183,7 @@ def child_usage(
     return elapsed, peak or None
 
 
-def _high_water(pid: int) -> int:
+def high_water(pid: int) -> int:
     """VmHWM of `pid` in bytes (0 once it has gone, or where /proc has none)."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -191,6 +192,19 @@ def _high_water(pid: int) -> int:
     except (OSError, ValueError):
         pass
     return 0
+
+
+def no_power_source(why: str) -> dict[str, Any]:
+    """info.ok's `power` for a stand-in agent that has no meter (docs/protocol.md): source
+    `none`, no rails, no reading, and `why` as its error."""
+    return {
+        "source": "none",
+        "simulated": False,
+        "rails": [],
+        "resolution_s": None,
+        "reading": None,
+        "error": why,
+    }
 
 
 def subscribe(

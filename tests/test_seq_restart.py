@@ -11,7 +11,6 @@ import logging
 import os
 import signal
 import sqlite3
-import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import closing
@@ -35,8 +34,8 @@ from shared.io.transport import AgentClient
 from shared.io.trust import trust
 from shared.wire import protocol as p
 from shared.wire.telemetry import Event, Sample
+from tests.disk_support import fill, mounted_tmpfs
 from tests.fleet_support import AgentPool, AgentProcess, connect, subscriber
-from tests.test_storage import fill
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -248,17 +247,8 @@ def stored_rows(path: Path, kind: str) -> dict[int, dict[str, Any]]:
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs, mounted for the test (root only), unmounted after."""
-    mount = tmp_path / "small-disk"
-    mount.mkdir()
-    made = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-    )
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {made.stderr.strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    with mounted_tmpfs(tmp_path / "small-disk", "size=4m,mode=0700") as mount:
+        yield mount
 
 
 def test_a_sample_no_number_can_be_set_aside_for_is_published_once_one_can(

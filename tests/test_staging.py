@@ -25,6 +25,7 @@ from shared.io.transport import AgentClient, AgentError
 from shared.io.trust import trust
 from shared.staging.manifest import chunk_count
 from tests.conftest import console_script, subprocess_env
+from tests.disk_support import mounted_tmpfs
 from tests.fleet_support import AgentPool, AgentProcess, cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("staging")]
@@ -348,17 +349,8 @@ def test_a_peer_key_may_read_a_model_but_not_drive_the_agent(fleet: Fleet) -> No
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs (this test runs as root)."""
-    mount = tmp_path / "small"
-    mount.mkdir()
-    made = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True
-    )
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {made.stderr.decode().strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "small", "size=1m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_disk_too_small_and_an_offline_download_are_refused_before_anything_moves(

@@ -4,7 +4,6 @@ keeps across a kill, and removal."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from agent.staging.listing import held_models
 from agent.staging.partial import PartialTransfer, read_record
 from agent.staging.store import ModelStore, StoreError, hash_files
 from shared.staging.manifest import MIN_CHUNK_SIZE, build, chunk_hash
+from tests.disk_support import mounted_tmpfs
 
 CHUNK = MIN_CHUNK_SIZE
 REV = "0123456789abcdef0123456789abcdef01234567"
@@ -37,17 +37,8 @@ def test_a_store_that_is_a_file_is_refused(tmp_path: Path) -> None:
 
 @pytest.fixture
 def read_only(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / "ro"
-    mount.mkdir()
-    made = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mount)], capture_output=True
-    )
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {made.stderr.decode().strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "ro", "ro,size=1m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_store_on_a_read_only_file_system_is_refused(read_only: Path) -> None:

@@ -4,7 +4,6 @@ start (agent/daemon/storage.py, docs/reliability.md)."""
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -25,6 +24,7 @@ from agent.daemon.storage import JOURNAL, StorageHealth
 from agent.daemon.throttle import LogThrottle
 from shared.io.keys import own_keypair
 from shared.io.trust import trust
+from tests.disk_support import fill, mounted_tmpfs
 from tests.fleet_support import AgentPool, connect, receive, subscriber
 from tests.test_prometheus_agent import scrape
 
@@ -36,30 +36,8 @@ QUICK = {"models": ["small"], "n_prompt": [16], "n_gen": [4], "warmup": 0, "iter
 @pytest.fixture
 def tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs, mounted for the test (root only), unmounted after."""
-    mount = tmp_path / "small-disk"
-    mount.mkdir()
-    made = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-    )
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {made.stderr.strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def fill(disk: Path) -> Path:
-    """Write a file until the disk refuses more; returns it."""
-    filler = disk / "filler"
-    with open(filler, "wb") as handle:
-        try:
-            while True:
-                handle.write(b"\0" * 65536)
-                handle.flush()
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC, exc
-    return filler
+    with mounted_tmpfs(tmp_path / "small-disk", "size=4m,mode=0700") as mount:
+        yield mount
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = 90) -> None:

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from agent.cooling.events import EventLog
 from agent.cooling.output_tee import OutputTee, environment
 from shared.cooling.job_account import (
     MAX_LINE,
@@ -36,6 +35,7 @@ from shared.cooling.job_account import (
 )
 from shared.wire.telemetry import Event
 from tests.fleet_support import AgentPool
+from tests.test_run_cli import events as recorded
 
 
 def train_line(it: int, tokens_per_s: float, loss: float = 2.345, trained: int = 5101) -> str:
@@ -432,14 +432,6 @@ def run_agent(
         out, err = agent.communicate()
         raise AssertionError(f"agent run still running after {timeout:g} s:\n{err!r}") from None
     return agent.returncode, out, err.decode()
-
-
-def recorded(home: Path) -> list[Event]:
-    log = EventLog(home / "agent-events.sqlite")
-    try:
-        return log.since()
-    finally:
-        log.close()
 
 
 def summary_of(home: Path) -> tuple[dict[str, object], list[Event]]:

@@ -10,7 +10,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,7 +36,14 @@ from tests.fleet_support import (
     trusted_agent,
 )
 from tests.test_monitor import monitor_once
-from tests.test_run_cli import HEARTBEAT, events, group_members, state, wait_for_pid, write_curve
+from tests.test_run_cli import (
+    events,
+    group_members,
+    heartbeat_args,
+    state,
+    wait_for_pid,
+    write_curve,
+)
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -75,20 +81,7 @@ def test_agent_run_uses_the_daemons_readings_and_policy_and_goes_on_alone_when_i
     own = write_curve(tmp_path / "hot.csv", [(0, 90.0), (1.0, 97.0)])
     pidfile, beats = tmp_path / "pid", tmp_path / "beats"
     run = subprocess.Popen(
-        [
-            agent_cli,
-            "run",
-            "--thermal-source",
-            own,
-            "--poll-interval",
-            "0.1",
-            "--",
-            sys.executable,
-            "-c",
-            HEARTBEAT,
-            str(pidfile),
-            str(beats),
-        ],
+        [agent_cli, "run", *heartbeat_args(own, pidfile, beats)],
         stderr=subprocess.PIPE,
         text=True,
         env=subprocess_env(MLX_FLEET_HOME=str(agent.home)),

@@ -45,6 +45,15 @@ with open(sys.argv[2], "a", buffering=1) as beats:
 """
 
 
+def heartbeat_args(source: str, pidfile: Path, beats: Path) -> list[str]:
+    """`agent run`'s arguments for the HEARTBEAT job (its pid to `pidfile`, its beats to
+    `beats`) under thermal source `source`, read every POLL_S."""
+    return [
+        "--thermal-source", source, "--poll-interval", str(POLL_S),
+        "--", sys.executable, "-c", HEARTBEAT, str(pidfile), str(beats),
+    ]  # fmt: skip
+
+
 def write_curve(path: Path, rows: Sequence[tuple[float, float]]) -> str:
     path.write_text("seconds,celsius\n" + "".join(f"{t},{c}\n" for t, c in rows))
     return f"replay:{path}"
@@ -174,18 +183,7 @@ def test_pause_resume_and_stop_follow_a_replayed_curve_within_the_poll_interval(
         tmp_path / "curve.csv", [(0, 60.0), (pause_at, 86.0), (resume_at, 70.0), (stop_at, 96.0)]
     )
     pidfile, beats = tmp_path / "pid", tmp_path / "beats"
-    agent = agent_run(
-        "--thermal-source",
-        source,
-        "--poll-interval",
-        str(POLL_S),
-        "--",
-        sys.executable,
-        "-c",
-        HEARTBEAT,
-        str(pidfile),
-        str(beats),
-    )
+    agent = agent_run(*heartbeat_args(source, pidfile, beats))
     pid = wait_for_pid(pidfile, agent)
     samples = watch(pid)
     code, stderr = finish(agent)
@@ -242,19 +240,7 @@ def test_enforces_the_policy_with_nothing_reachable(
     reachable at all, not even loopback."""
     source = write_curve(tmp_path / "curve.csv", [(0, 60.0), (0.8, 90.0), (1.2, 97.0)])
     pidfile, beats = tmp_path / "pid", tmp_path / "beats"
-    agent = agent_run(
-        "--thermal-source",
-        source,
-        "--poll-interval",
-        str(POLL_S),
-        "--",
-        sys.executable,
-        "-c",
-        HEARTBEAT,
-        str(pidfile),
-        str(beats),
-        prefix=unshare_net(),
-    )
+    agent = agent_run(*heartbeat_args(source, pidfile, beats), prefix=unshare_net())
     pid = wait_for_pid(pidfile, agent)
     samples = watch(pid)
     code, stderr = finish(agent)

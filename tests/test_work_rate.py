@@ -20,6 +20,7 @@ from shared.cooling.job_account import TrainReport, parse_report
 from shared.cooling.throttle import ThrottlePoll, judge
 from shared.wire import protocol as p
 from tests.fleet_support import AgentPool, receive, subscriber
+from tests.test_run_cli import events as recorded_events
 
 FIXTURES = Path(__file__).parent / "fixtures" / "mlx_lm"
 
@@ -184,16 +185,6 @@ def job_works(message: p.Message) -> list[dict]:
     if message.type != "telemetry.sample":
         return []
     return [job["work"] for job in message.body["jobs"] if job.get("work")]
-
-
-def recorded_events(home: Path) -> list:
-    from agent.cooling.events import EventLog
-
-    log = EventLog(home / "agent-events.sqlite")
-    try:
-        return log.since()
-    finally:
-        log.close()
 
 
 @pytest.mark.slow

@@ -28,7 +28,6 @@ extra (pip install -e '.[lm]').
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -39,13 +38,21 @@ from collections.abc import Sequence
 from contextlib import ExitStack, suppress
 from pathlib import Path
 
-from bench_mlx_lm import LLAMA_16M, QUICK_SHAPES, averages, benchmark_args, chip, write_model
+from bench_mlx_lm import (
+    LLAMA_16M,
+    QUICK_SHAPES,
+    averages,
+    benchmark_args,
+    chip,
+    parse_workload,
+    workload_options,
+    write_model,
+)
 from bench_netbench import ADDRESSES, agent_with_key_added, free_run
 from support import (
     BenchError,
     interleave,
     machine,
-    parser,
     require_loopback,
     round_count,
     run,
@@ -165,24 +172,15 @@ def launch_hostfile(path: Path) -> None:
 
 
 def main() -> None:
-    args = parser(__doc__.splitlines()[0])
-    args.add_argument("--model", type=Path, help="an mlx-lm model directory (with tokenizer)")
-    args.add_argument("-p", "--prompt-tokens", type=int, default=128)
-    args.add_argument("-g", "--generation-tokens", type=int, default=32)
-    args.add_argument("--trials", type=int, default=3, help="timed runs per side per round")
+    args = workload_options(__doc__.splitlines()[0], 128, 32, "side")
     args.add_argument(
         "--sharding",
         choices=SHARDINGS,
         default="tensor",
         help="pipeline needs a --model whose mlx-lm class has model.pipeline() (llama has none)",
     )
-    opts = args.parse_args()
-    if importlib.util.find_spec("mlx_lm") is None:
-        raise BenchError("mlx-lm is not installed: pip install -e '.[lm]'")
-    config = LLAMA_16M
-    if opts.quick:
-        config = QUICK_SHAPES["16m"]
-        opts.prompt_tokens, opts.generation_tokens, opts.trials = 16, 4, 1
+    opts = parse_workload(args)
+    config = QUICK_SHAPES["16m"] if opts.quick else LLAMA_16M
     repeats = round_count(opts, default=3)
     p, g, trials, sharding = opts.prompt_tokens, opts.generation_tokens, opts.trials, opts.sharding
     require_loopback(ADDRESSES)

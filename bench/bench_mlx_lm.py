@@ -178,12 +178,32 @@ def chip() -> str:
     )
 
 
-def main() -> None:
-    args = parser(__doc__.splitlines()[0])
+def workload_options(
+    doc: str, prompt_tokens: int, generation_tokens: int, timed_per: str
+) -> argparse.ArgumentParser:
+    """The options of a bench against mlx-lm: a model directory and pp<P>, tg<G> @ d<P>, each
+    timed --trials times per `timed_per` in a round."""
+    args = parser(doc)
     args.add_argument("--model", type=Path, help="an mlx-lm model directory (with tokenizer)")
-    args.add_argument("-p", "--prompt-tokens", type=int, default=512)
-    args.add_argument("-g", "--generation-tokens", type=int, default=128)
-    args.add_argument("--trials", type=int, default=3, help="timed runs per tool per round")
+    args.add_argument("-p", "--prompt-tokens", type=int, default=prompt_tokens)
+    args.add_argument("-g", "--generation-tokens", type=int, default=generation_tokens)
+    args.add_argument("--trials", type=int, default=3, help=f"timed runs per {timed_per} per round")
+    return args
+
+
+def parse_workload(args: argparse.ArgumentParser) -> argparse.Namespace:
+    """workload_options()' options, parsed once mlx-lm is there to compare with; --quick
+    shrinks the workload to seconds."""
+    opts = args.parse_args()
+    if importlib.util.find_spec("mlx_lm") is None:
+        raise BenchError("mlx-lm is not installed: pip install -e '.[lm]'")
+    if opts.quick:
+        opts.prompt_tokens, opts.generation_tokens, opts.trials = 16, 4, 1
+    return opts
+
+
+def main() -> None:
+    args = workload_options(__doc__.splitlines()[0], 512, 128, "tool")
     args.add_argument(
         "--shape",
         type=shape_list,
@@ -191,13 +211,10 @@ def main() -> None:
         help=f"the models written without --model, comma-separated: {', '.join(SHAPES)} "
         f"(default {DEFAULT_SHAPES})",
     )
-    opts = args.parse_args()
-    if importlib.util.find_spec("mlx_lm") is None:
-        raise BenchError("mlx-lm is not installed: pip install -e '.[lm]'")
+    opts = parse_workload(args)
     configs = {name: SHAPES[name] for name in opts.shape}
     if opts.quick:
         configs = {name: QUICK_SHAPES.get(name, QUICK_LLAMA) for name in opts.shape}
-        opts.prompt_tokens, opts.generation_tokens, opts.trials = 16, 4, 1
     repeats = round_count(opts)
     p, g = opts.prompt_tokens, opts.generation_tokens
     print(f"machine: {machine()}")

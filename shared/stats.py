@@ -45,6 +45,18 @@ def ci95_half_width(samples: Sequence[float]) -> float | None:
     return t975(len(samples) - 1) * statistics.stdev(samples) / math.sqrt(len(samples))
 
 
+def rate_fields(rates: Sequence[float]) -> dict[str, object]:
+    """A record's tokens_per_sec, its std, its 95 % half-width and its samples from per-pass
+    rates (a serving cell's: output tokens over each pass's window); None where none came."""
+    rate = spread(rates) if rates else {"mean": None, "std": None}
+    return {
+        "tokens_per_sec": rate["mean"],
+        "std_tokens_per_sec": rate["std"],
+        "ci95_tokens_per_sec": ci95_half_width(rates) if rates else None,
+        "samples_tokens_per_sec": rates,
+    }
+
+
 MIN_AUTO_REPETITIONS = 3
 """Timed iterations `-r auto` always runs: two give an interval too wide to trust (t = 12.7)."""
 

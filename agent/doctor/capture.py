@@ -161,7 +161,7 @@ def clock_tables() -> dict[str, Any]:
 def _lines_of(stack: ExitStack, name: str, argv: list[str]) -> Reader:
     """A tool's lines as it prints them, those of each poll interval together; the first poll
     holds its first line, as a live source waits for its first sample."""
-    from agent.sensors.process import end_process
+    from shared.io.processes import end_process
 
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stack.callback(end_process, process)

@@ -42,7 +42,7 @@ from shared.benchmark.serving_figures import Slo, serving_figures
 from shared.distributed.group import PIPELINE
 from shared.distributed.rank_env import RankEnvError, RankLaunch, ring_hostfile_at
 from shared.reports.group_cells import SERVER_PEER_FAILED
-from shared.stats import ci95_half_width, spread
+from shared.stats import rate_fields
 
 JACCL_VARIABLES = ("MLX_IBV_DEVICES", "MLX_JACCL_COORDINATOR")
 """The job's own JACCL environment, left out of its server's: the servers' ring is a ring."""
@@ -193,12 +193,8 @@ class RankServingCell(ServingCell):
         seconds = [ms / 1000 for ms in profiled["samples_ms"]]
         tokens = [counts[COUNTS.index("output_tokens")] for counts in self.counted]
         rates = [made / s for made, s in zip(tokens, seconds, strict=True) if s > 0]
-        rate = spread(rates) if rates else {"mean": None, "std": None}
         profiled.update(
-            tokens_per_sec=rate["mean"],
-            std_tokens_per_sec=rate["std"],
-            ci95_tokens_per_sec=ci95_half_width(rates) if rates else None,
-            samples_tokens_per_sec=rates,
+            rate_fields(rates),
             peak_memory_gb=None if peak is None else to_gb(peak),
             active_memory_gb=None,
         )

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from agent.profiling.openai_client import ServeUrl, ServeUrlError, check_server
 from shared.benchmark.openai_stream import DEFAULT_MODEL
+from shared.io.processes import end_process
 from shared.safe_text import shown
 
 READY_TIMEOUT_S = 600.0
@@ -207,15 +208,10 @@ class MlxLmServer:
 
     def __exit__(self, *exc: object) -> None:
         process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        if process is not None and process.stdin is not None:
-            process.stdin.close()
+        if process is not None:
+            end_process(process, STOP_TIMEOUT_S)
+            if process.stdin is not None:
+                process.stdin.close()
         self._log.close()
         with contextlib.suppress(OSError):
             reported = Path(self._peak_file).read_text(encoding="ascii").strip()

@@ -45,7 +45,7 @@ from shared.benchmark.serving import (
     synthetic_prompt,
 )
 from shared.benchmark.serving_figures import RequestTiming, Slo, serving_figures
-from shared.stats import ci95_half_width, spread
+from shared.stats import rate_fields
 
 ENGINE = "mlx-lm BatchGenerator"
 OPEN_LOOP_BATCH = 32
@@ -301,13 +301,7 @@ class ServingCell:
         ):
             figures[key] = figures[count] / window if window > 0 else None
         figures["window_s"] = window or None
-        rate = spread(rates) if rates else {"mean": None, "std": None}
-        profiled.update(
-            tokens_per_sec=rate["mean"],
-            std_tokens_per_sec=rate["std"],
-            ci95_tokens_per_sec=ci95_half_width(rates) if rates else None,
-            samples_tokens_per_sec=rates,
-        )
+        profiled.update(rate_fields(rates))
         profiled["serving"] = {
             "engine": ENGINE,
             "model_impl": "mlx-lm llama holding the built-in model's arrays"

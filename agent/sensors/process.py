@@ -19,6 +19,7 @@ from collections import deque
 from typing import Generic, Protocol, TypeVar
 
 from agent.sensors.base import Backoff, SourceUnavailable
+from shared.io.processes import end_process
 
 
 class Timed(Protocol):
@@ -192,18 +193,6 @@ class ToolStream(Generic[R]):
         proc, self._proc = self._proc, None
         if proc is not None:
             end_process(proc)
-
-
-def end_process(proc: subprocess.Popen[str], grace_s: float = 2.0) -> None:
-    """SIGTERM, then SIGKILL after `grace_s`; nothing for a process already gone."""
-    if proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def stale_after(interval_s: float) -> float:

@@ -19,6 +19,7 @@ import time
 
 from shared.io.keys import Keypair
 from shared.io.paths import HOME_ENV, data_subdir, private_dir
+from shared.io.processes import end_process
 from shared.io.trust import trust
 
 READY = re.compile(r"listening on tcp://(\S+) curve-key=(\S+)")
@@ -116,13 +117,7 @@ class EmbeddedAgent:
         process, self.process = self.process, None
         if process is None:
             return
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        end_process(process, STOP_TIMEOUT_S)
         if process.stdout is not None:
             process.stdout.close()
 

@@ -10,29 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-SETTINGS = (
-    "os_name",
-    "os_version",
-    "os_build",
-    "mlx_version",
-    "mlx_lm_version",
-    "mlx_fleet_version",
-    "model_revision",
-    "weights_digest",
-    "power_mode",
-    "power_source",
-    "wired_limit_bytes",
-    "thermal_source",
-    "policy",
-    "policy_origin",
-    "sleep_assertion",
-    "agent",
-)
-"""Every key of a record's `settings` (each may be None: unknown, said so).
-
-power_mode: `normal`, `low` (macOS Low Power Mode) or `high`; power_source: `ac` or `battery`;
-policy: the thresholds the cooling policy held; sleep_assertion: what kept the machine awake, or
-why nothing could."""
 COMPARED = (
     "os_build",
     "mlx_version",
@@ -47,6 +24,21 @@ COMPARED = (
 """The settings two compared cells must share: each changes speed on its own (an OS or MLX
 build, other weights, Low Power Mode or a battery, a wired limit). The host's name, its sensor
 and its policy differ between hosts a lab means to compare, so they are shown, not enforced."""
+SETTINGS = (
+    "os_name",
+    "os_version",
+    *COMPARED,
+    "thermal_source",
+    "policy",
+    "policy_origin",
+    "sleep_assertion",
+    "agent",
+)
+"""Every key of a record's `settings` (each may be None: unknown, said so).
+
+power_mode: `normal`, `low` (macOS Low Power Mode) or `high`; power_source: `ac` or `battery`;
+policy: the thresholds the cooling policy held; sleep_assertion: what kept the machine awake, or
+why nothing could."""
 
 
 EXPORTED = (

@@ -21,7 +21,16 @@ import math
 import statistics
 import time
 
-from support import BenchError, interleave, machine, parser, round_count, run, spread
+from support import (
+    BenchError,
+    interleave,
+    machine,
+    model_options,
+    parser,
+    round_count,
+    run,
+    spread,
+)
 
 from agent.model import BUILTIN_CONFIGS, build_model
 from agent.profiling import SpeedProfiler
@@ -52,12 +61,8 @@ def decode_side(model, tokens: int, warmup: int, iterations: int, gap_s: float, 
 
 def main() -> None:
     args = parser(__doc__.splitlines()[0])
-    args.add_argument("--config", choices=list(BUILTIN_CONFIGS), default="small")
-    args.add_argument("--bits", type=int, default=16)
-    args.add_argument("--decode-tokens", type=int, default=32)
+    model_options(args, iterations=3)
     args.add_argument("--gap-s", type=float, default=2.0)
-    args.add_argument("--warmup", type=int, default=2)
-    args.add_argument("--iterations", type=int, default=3)
     opts = args.parse_args()
     if opts.quick:
         opts.decode_tokens, opts.warmup, opts.iterations = 4, 1, 1

@@ -25,7 +25,7 @@ import statistics
 import time
 
 import mlx.core as mx
-from support import interleave, machine, parser, round_count, run, spread
+from support import interleave, machine, model_options, parser, round_count, run, spread
 
 from agent.model import BUILTIN_CONFIGS, build_model
 from agent.profiling import SpeedProfiler
@@ -107,12 +107,8 @@ def matrix_overhead(config: str, bits: int, spec: MatrixSpec) -> float:
 
 def main() -> None:
     args = parser(__doc__.splitlines()[0])
-    args.add_argument("--config", choices=list(BUILTIN_CONFIGS), default="small")
-    args.add_argument("--bits", type=int, default=16)
+    model_options(args, iterations=5)
     args.add_argument("--seq-len", type=int, default=128)
-    args.add_argument("--decode-tokens", type=int, default=32)
-    args.add_argument("--warmup", type=int, default=2)
-    args.add_argument("--iterations", type=int, default=5)
     opts = args.parse_args()
     if opts.quick:
         opts.seq_len, opts.decode_tokens, opts.warmup, opts.iterations = 16, 4, 1, 1

@@ -104,6 +104,19 @@ def parser(doc: str | None) -> argparse.ArgumentParser:
     return result
 
 
+def model_options(args: argparse.ArgumentParser, iterations: int) -> None:
+    """Options for a built-in model (agent.model's --config, at --bits) decoding
+    --decode-tokens, timed as agent bench times: --warmup untimed iterations, then
+    --iterations timed ones."""
+    from agent.model import BUILTIN_CONFIGS  # MLX: imported only by the scripts that build one
+
+    args.add_argument("--config", choices=list(BUILTIN_CONFIGS), default="small")
+    args.add_argument("--bits", type=int, default=16)
+    args.add_argument("--decode-tokens", type=int, default=32)
+    args.add_argument("--warmup", type=int, default=2)
+    args.add_argument("--iterations", type=int, default=iterations)
+
+
 def round_count(opts: argparse.Namespace, default: int = 5) -> int:
     """How many rounds to run: --repeats when given, one for --quick, else `default`."""
     return opts.repeats or (1 if opts.quick else default)

@@ -25,7 +25,7 @@ from support import (
     BenchError,
     interleave,
     machine,
-    model_options,
+    parse_model_options,
     parser,
     round_count,
     run,
@@ -61,11 +61,8 @@ def decode_side(model, tokens: int, warmup: int, iterations: int, gap_s: float, 
 
 def main() -> None:
     args = parser(__doc__.splitlines()[0])
-    model_options(args, iterations=3)
     args.add_argument("--gap-s", type=float, default=2.0)
-    opts = args.parse_args()
-    if opts.quick:
-        opts.decode_tokens, opts.warmup, opts.iterations = 4, 1, 1
+    opts = parse_model_options(args, iterations=3)
     repeats = round_count(opts, default=3)
     model = build_model(BUILTIN_CONFIGS[opts.config](), bits=opts.bits)
     g, w, i = opts.decode_tokens, opts.warmup, opts.iterations

@@ -25,7 +25,7 @@ import statistics
 import time
 
 import mlx.core as mx
-from support import interleave, machine, model_options, parser, round_count, run, spread
+from support import interleave, machine, parse_model_options, parser, round_count, run, spread
 
 from agent.model import BUILTIN_CONFIGS, build_model
 from agent.profiling import SpeedProfiler
@@ -107,11 +107,10 @@ def matrix_overhead(config: str, bits: int, spec: MatrixSpec) -> float:
 
 def main() -> None:
     args = parser(__doc__.splitlines()[0])
-    model_options(args, iterations=5)
     args.add_argument("--seq-len", type=int, default=128)
-    opts = args.parse_args()
+    opts = parse_model_options(args, iterations=5)
     if opts.quick:
-        opts.seq_len, opts.decode_tokens, opts.warmup, opts.iterations = 16, 4, 1, 1
+        opts.seq_len = 16
     repeats = round_count(opts)
     config = BUILTIN_CONFIGS[opts.config]()
     model = build_model(config, bits=opts.bits)

@@ -104,10 +104,10 @@ def parser(doc: str | None) -> argparse.ArgumentParser:
     return result
 
 
-def model_options(args: argparse.ArgumentParser, iterations: int) -> None:
-    """Options for a built-in model (agent.model's --config, at --bits) decoding
-    --decode-tokens, timed as agent bench times: --warmup untimed iterations, then
-    --iterations timed ones."""
+def parse_model_options(args: argparse.ArgumentParser, iterations: int) -> argparse.Namespace:
+    """`args` parsed with options for a built-in model (agent.model's --config, at --bits)
+    decoding --decode-tokens, timed as agent bench times: --warmup untimed iterations, then
+    --iterations timed ones; --quick shrinks them to seconds (tg4, -w 1 -r 1)."""
     from agent.model import BUILTIN_CONFIGS  # MLX: imported only by the scripts that build one
 
     args.add_argument("--config", choices=list(BUILTIN_CONFIGS), default="small")
@@ -115,6 +115,10 @@ def model_options(args: argparse.ArgumentParser, iterations: int) -> None:
     args.add_argument("--decode-tokens", type=int, default=32)
     args.add_argument("--warmup", type=int, default=2)
     args.add_argument("--iterations", type=int, default=iterations)
+    opts = args.parse_args()
+    if opts.quick:
+        opts.decode_tokens, opts.warmup, opts.iterations = 4, 1, 1
+    return opts
 
 
 def round_count(opts: argparse.Namespace, default: int = 5) -> int:

@@ -19,6 +19,15 @@ from tests.conftest import piped, subprocess_env
 QUICK = ["--config-small", "-p", "16", "-n", "2", "-r", "1", "-w", "0"]
 
 
+def small_bench(*args: str, prompts: str = "8", passes: str = "1") -> list[str]:
+    """`agent bench`'s arguments for the small config: PASSES timed passes of each prompt
+    length in PROMPTS, no warm-up, no decode; ARGS after."""
+    return [
+        "bench", "--config-small", "-s", prompts, "-i", passes, "-w", "0",
+        "--decode-tokens", "0", *args,
+    ]  # fmt: skip
+
+
 def run_agent(agent_cli: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
         [agent_cli, *args],
@@ -198,21 +207,7 @@ def test_bad_input_exits_2_with_one_line(agent_cli: str, args: list[str], messag
 
 def test_ctrl_c_prints_the_cells_finished_so_far(agent_cli: str) -> None:
     process = piped(
-        [
-            agent_cli,
-            "bench",
-            "--config-small",
-            "-s",
-            "8,4096",
-            "-i",
-            "1",
-            "-w",
-            "0",
-            "--decode-tokens",
-            "0",
-            "--format",
-            "json",
-        ],
+        [agent_cli, *small_bench("--format", "json", prompts="8,4096")],
     )
     assert process.stderr is not None
     first = ""
@@ -270,24 +265,11 @@ def test_module_runs_without_the_console_script() -> None:
 def thermal_bench(agent_cli: str, curve: Path, *extra: str) -> subprocess.CompletedProcess:
     return run_agent(
         agent_cli,
-        "bench",
-        "--config-small",
-        "-s",
-        "8,16",
-        "-i",
-        "2",
-        "-w",
-        "0",
-        "--decode-tokens",
-        "0",
-        "--thermal-source",
-        f"replay:{curve}",
-        "--poll-interval",
-        "0.05",
-        "--format",
-        "json",
-        *extra,
-    )
+        *small_bench(
+            "--thermal-source", f"replay:{curve}", "--poll-interval", "0.05", "--format", "json",
+            *extra, prompts="8,16", passes="2",
+        ),
+    )  # fmt: skip
 
 
 @pytest.mark.slow
@@ -341,22 +323,7 @@ def test_no_cooling_only_observes(agent_cli: str, tmp_path: Path) -> None:
     assert (
         "97.0 (replay:"
         in subprocess.run(
-            [
-                agent_cli,
-                "bench",
-                "--config-small",
-                "-s",
-                "8",
-                "-i",
-                "1",
-                "-w",
-                "0",
-                "--decode-tokens",
-                "0",
-                "--thermal-source",
-                f"replay:{curve}",
-                "--no-cooling",
-            ],
+            [agent_cli, *small_bench("--thermal-source", f"replay:{curve}", "--no-cooling")],
             capture_output=True,
             text=True,
             timeout=300,

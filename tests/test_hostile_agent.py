@@ -740,11 +740,18 @@ def test_strings_publish_and_verify(bench_of: Callable[[str], Stored], tmp_path:
 # --- 1b. a 4 MB string, just under the message limit ----------------------------------------
 
 
-def test_huge_status(fake: Callable[[str], HostileAgent], fleet_home: Path) -> None:
-    """info.ok's machine.device is 4 MB."""
-    agent = fake("huge-info")
+@pytest.mark.parametrize(
+    ("mode", "expect", "command"),
+    [("huge-info", "info", "status"), ("huge", "doctor", "doctor")],
+    ids=["status", "doctor"],
+)
+def test_huge_status_and_doctor(
+    fake: Callable[[str], HostileAgent], fleet_home: Path, mode: str, expect: str, command: str
+) -> None:
+    """status: info.ok's machine.device is 4 MB; doctor: the first check's detail is 4 MB."""
+    agent = fake(mode)
     run, problems = against(
-        agent, "info", "status", "--hosts", agent.address, *LINKS, home=fleet_home
+        agent, expect, command, "--hosts", agent.address, *LINKS, home=fleet_home
     )
     check(run, problems)
 
@@ -778,27 +785,22 @@ def test_huge_history(monitored: Callable[[str], Monitored]) -> None:
     check(run, hostile_output(run) + seen.unasked("history.get"))
 
 
-def test_huge_doctor(fake: Callable[[str], HostileAgent], fleet_home: Path) -> None:
-    """The first check's detail is 4 MB."""
-    agent = fake("huge")
-    run, problems = against(
-        agent, "doctor", "doctor", "--hosts", agent.address, *LINKS, home=fleet_home
-    )
-    check(run, problems)
-
-
 # --- 2. ill-typed fields --------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("fmt", ["table", "json"])
-def test_types_status(fake: Callable[[str], HostileAgent], fleet_home: Path, fmt: str) -> None:
-    """NaN, inf and 1e308 in the machine's numbers, cpu_levels an int, a NaN reading."""
+@pytest.mark.parametrize(("expect", "command"), [("info", "status"), ("doctor", "doctor")])
+def test_types_status_and_doctor(
+    fake: Callable[[str], HostileAgent], fleet_home: Path, expect: str, command: str, fmt: str
+) -> None:
+    """status: NaN, inf and 1e308 in the machine's numbers, cpu_levels an int, a NaN reading;
+    doctor: doctor.ok with `ok` a str, a detail an int, `required` nil."""
     agent = fake("types")
     run, problems = against(
-        agent, "info", "status", "--hosts", agent.address, *LINKS, "-o", fmt, home=fleet_home
+        agent, expect, command, "--hosts", agent.address, *LINKS, "-o", fmt, home=fleet_home
     )
     if fmt == "json":
-        problems += not_strict_json(run, "status -o json")
+        problems += not_strict_json(run, f"{command} -o json")
     check(run, problems)
 
 
@@ -878,18 +880,6 @@ def test_types_history(monitored: Callable[[str], Monitored], fmt: str) -> None:
     problems = hostile_output(run) + seen.unasked("history.get")
     if fmt == "json":
         problems += not_strict_json(run, "history -o json")
-    check(run, problems)
-
-
-@pytest.mark.parametrize("fmt", ["table", "json"])
-def test_types_doctor(fake: Callable[[str], HostileAgent], fleet_home: Path, fmt: str) -> None:
-    """doctor.ok with `ok` a str, a detail an int, `required` nil."""
-    agent = fake("types")
-    run, problems = against(
-        agent, "doctor", "doctor", "--hosts", agent.address, *LINKS, "-o", fmt, home=fleet_home
-    )
-    if fmt == "json":
-        problems += not_strict_json(run, "doctor -o json")
     check(run, problems)
 
 

@@ -74,27 +74,22 @@ def bench(agent_cli: str, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+ONE_PASS = ("-s", "8", "-i", "1", "-w", "0")
+"""One timed pass of an 8-token prompt, no warm-up: the quickest measured cell."""
+
+
+def bench_report(agent_cli: str, *args: str) -> dict:
+    """The JSON report of `agent bench ARGS` of ONE_PASS, which must succeed."""
+    result = bench(agent_cli, *args, *ONE_PASS, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
 @pytest.mark.slow
 def test_a_model_directory_is_benchmarked(agent_cli: str, model_dir: Path) -> None:
-    result = bench(
-        agent_cli,
-        "--model",
-        str(model_dir),
-        "-s",
-        "8",
-        "-i",
-        "1",
-        "-w",
-        "0",
-        "--decode-tokens",
-        "2",
-        "--bits",
-        "16,8",
-        "--format",
-        "json",
+    report = bench_report(
+        agent_cli, "--model", str(model_dir), "--decode-tokens", "2", "--bits", "16,8"
     )
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
     hidden, vocab, inter = 64, 512, 128
     layer = 2 * hidden * hidden + 2 * hidden * 32 + 3 * hidden * inter + 2 * hidden
     expected = vocab * hidden + 2 * layer + hidden
@@ -107,25 +102,10 @@ def test_a_model_directory_is_benchmarked(agent_cli: str, model_dir: Path) -> No
 
 @pytest.mark.slow
 def test_stored_weights_are_used_without_bits(agent_cli: str, model_dir: Path) -> None:
-    result = bench(
-        agent_cli,
-        "--model",
-        str(model_dir),
-        "-s",
-        "8",
-        "-i",
-        "1",
-        "-w",
-        "0",
-        "--decode-tokens",
-        "0",
-        "--format",
-        "json",
-    )
-    assert result.returncode == 0, result.stderr
-    cell = json.loads(result.stdout)["cells"][0]
+    report = bench_report(agent_cli, "--model", str(model_dir), "--decode-tokens", "0")
+    cell = report["cells"][0]
     assert cell["bits"] is None and cell["name"] == f"{model_dir.name}/stored pp8 b1"
-    assert json.loads(result.stdout)["models"][0]["label"] == f"{model_dir.name}/stored (f16)"
+    assert report["models"][0]["label"] == f"{model_dir.name}/stored (f16)"
 
 
 @pytest.mark.slow
@@ -137,13 +117,11 @@ def test_same_named_directories_are_told_apart(
     first, second = tmp_path / "a" / "mlx", tmp_path / "b" / "mlx"
     for copy in (first, second):
         shutil.copytree(model_dir, copy)
-    args = ["--model", str(first), "--model", str(second), "-s", "8", "-i", "1", "-w", "0"]
-    result = bench(agent_cli, *args, "--decode-tokens", "0", "--format", "json")
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
+    args = ["--model", str(first), "--model", str(second), "--decode-tokens", "0"]
+    report = bench_report(agent_cli, *args)
     assert [c["name"] for c in report["cells"]] == ["a/mlx/stored pp8 b1", "b/mlx/stored pp8 b1"]
     assert [m["label"] for m in report["models"]] == ["a/mlx/stored (f16)", "b/mlx/stored (f16)"]
-    table = bench(agent_cli, *args, "--decode-tokens", "0", "--format", "md")
+    table = bench(agent_cli, *args, *ONE_PASS, "--format", "md")
     assert table.returncode == 0, table.stderr
     assert "| a/mlx/stored |" in table.stdout and "| b/mlx/stored |" in table.stdout
 

@@ -24,17 +24,16 @@ from coordinator.commands.group_check import GroupPlan, GroupRefused, prepare
 from coordinator.commands.hosts import (
     Backend,
     ConnectTimeout,
+    FleetOptions,
     Hostfile,
     HostRow,
     Hosts,
     HostTimeout,
     Insecure,
-    KnownHosts,
     RingPort,
     ask_each,
     settings_for,
     targets_and_groups,
-    targets_or_known,
 )
 from coordinator.commands.stage import check_copies, stage_for_run
 from coordinator.hosts.link import DEFAULT_HOST_TIMEOUT_S, Settings, Target
@@ -545,27 +544,26 @@ def finish(
 CANCELLED, NOT_RUNNING, UNREACHABLE_HOST, NO_JOB = "cancelled", "not running", "unreachable", "none"
 
 
+@with_options
 def cancel(
+    fleet: FleetOptions,
     run: Annotated[
         str | None,
         typer.Argument(help="A run id or unique prefix: cancel its hosts' jobs."),
     ] = None,
-    hosts: KnownHosts = None,
-    hostfile: Hostfile = None,
     fmt: TableFormat = "table",
-    connect_timeout: ConnectTimeout = 5.0,
-    insecure: Insecure = False,
 ) -> None:
     """Cancel benchmark jobs: those of RUN on each of its hosts, or whatever job runs on
     --hosts. Each host is reported cancelled, not running (the job had ended), none (no job
     ran) or unreachable. The cells finished so far stay in the agents' journals.
 
     Exit 0 when every host answered, 1 otherwise."""
-    if run is not None and (hosts is not None or hostfile is not None):
+    named = fleet.hosts is not None or fleet.hostfile is not None
+    if run is not None and named:
         raise usage_error("give a run id or --hosts / --hostfile to cancel, not both")
-    if run is None and hosts is None and hostfile is None:
+    if run is None and not named:
         raise usage_error("give a run id, or --hosts / --hostfile, to cancel")
-    settings = settings_for(insecure, connect_timeout)
+    settings = fleet.settings()
     if run is not None:
         with open_store() as store:
             try:
@@ -576,7 +574,7 @@ def cancel(
         if not jobs:
             raise usage_error(f"run {stored.id}: no host's job started, nothing to cancel")
     else:
-        jobs = [(target, None) for target in targets_or_known(hosts, hostfile)]
+        jobs = [(target, None) for target in fleet.targets()]
     job_of = {target.name: job for target, job in jobs}
     rows = ask_each(
         [target for target, _ in jobs],

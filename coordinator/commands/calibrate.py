@@ -10,16 +10,7 @@ from typing import Any
 import typer
 from rich.text import Text
 
-from coordinator.commands.hosts import (
-    ConnectTimeout,
-    Hostfile,
-    HostRow,
-    Insecure,
-    KnownHosts,
-    ask_each,
-    settings_for,
-    targets_or_known,
-)
+from coordinator.commands.hosts import FleetOptions, HostRow
 from coordinator.telemetry.dashboard import NA
 from shared.cooling.throttle_point import ThrottlePoint
 from shared.exit_codes import EXIT_PARTIAL
@@ -122,12 +113,7 @@ def calibration_table(rows: list[dict[str, Any]]) -> FitTable:
 
 @with_options
 def calibrate(
-    hosts: KnownHosts = None,
-    hostfile: Hostfile = None,
-    minutes: CalibrateMinutes = 30.0,
-    fmt: TableFormat = "table",
-    connect_timeout: ConnectTimeout = 5.0,
-    insecure: Insecure = False,
+    fleet: FleetOptions, minutes: CalibrateMinutes = 30.0, fmt: TableFormat = "table"
 ) -> None:
     """Have every host learn where it throttles (`agent calibrate` on each, at once).
 
@@ -138,11 +124,7 @@ def calibrate(
     Ctrl-C stops following: each agent's calibration goes on and is kept (`coordinator policy`
     then names it). Exit 1 when any host did not calibrate.
     """
-    targets = targets_or_known(hosts, hostfile)
-    settings = settings_for(insecure, connect_timeout)
-    rows = ask_each(
-        targets,
-        settings,
+    rows = fleet.ask_each(
         lambda _: {"result": UNREACHABLE, "calibration": None, "policy_origin": None},
         lambda client, row: run_on(client, row, minutes),
         refused,

@@ -7,22 +7,12 @@ from typing import Annotated, Any
 
 import typer
 
-from coordinator.commands.hosts import (
-    ConnectTimeout,
-    Hostfile,
-    HostRow,
-    Insecure,
-    KnownHosts,
-    RingPort,
-    ask_each,
-    settings_for,
-    targets_or_known,
-)
+from coordinator.commands.hosts import FleetOptions, HostRow, RingPort, ask_each
 from shared.benchmark.sustain import SustainError, SustainPlan, parse_duration
 from shared.distributed.rank_env import DEFAULT_STARTING_PORT
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import data_home, emit, err, usage_error
-from shared.io.options import TableFormat
+from shared.io.options import TableFormat, with_options
 from shared.io.signals import interrupted_exit_code
 from shared.io.transport import AgentClient, AgentError
 from shared.reports.doctor_verdict import doctor_view
@@ -85,12 +75,10 @@ Duration = Annotated[
 ]
 
 
+@with_options
 def doctor_command(
-    hosts: KnownHosts = None,
-    hostfile: Hostfile = None,
+    fleet: FleetOptions,
     fmt: TableFormat = "table",
-    connect_timeout: ConnectTimeout = 5.0,
-    insecure: Insecure = False,
     level: Level = 1,
     duration: Duration = None,
     port: RingPort = DEFAULT_STARTING_PORT,
@@ -107,8 +95,8 @@ def doctor_command(
     if level not in (1, 2, 3):
         raise usage_error(f"--level {level}: choose 1, 2 or 3")
     plan = burn_in(level, duration)
-    targets = targets_or_known(hosts, hostfile)
-    settings = settings_for(insecure, connect_timeout)
+    targets = fleet.targets()
+    settings = fleet.settings()
     rows = ask_each(
         targets,
         settings,

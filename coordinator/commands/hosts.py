@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -27,7 +28,7 @@ from shared.bounds import MAX_CONNECT_TIMEOUT_S, MAX_HOST_TIMEOUT_S, duration_te
 from shared.distributed.rank_env import BACKENDS
 from shared.io.cli import err, usage_error
 from shared.io.keys import own_keypair
-from shared.io.options import at_least_zero, bounded_option
+from shared.io.options import at_least_zero, bounded_option, option_group
 from shared.io.transport import AgentClient, AgentError, HostError
 
 Hosts = Annotated[
@@ -251,3 +252,30 @@ def ask_each(
         return row
 
     return on_every_host(targets, one)
+
+
+@option_group
+@dataclass(frozen=True)
+class FleetOptions:
+    """The hosts a command asks (--hosts or --hostfile, else every host with a key from
+    `coordinator keys add`) and how it reaches them: declared once for every such command."""
+
+    hosts: KnownHosts = None
+    hostfile: Hostfile = None
+    connect_timeout: ConnectTimeout = 5.0
+    insecure: Insecure = False
+
+    def targets(self) -> list[Target]:
+        return targets_or_known(self.hosts, self.hostfile)
+
+    def settings(self, host_timeout: float = DEFAULT_HOST_TIMEOUT_S) -> Settings:
+        return settings_for(self.insecure, self.connect_timeout, host_timeout)
+
+    def ask_each(
+        self,
+        start: Callable[[Target], HostRow],
+        ask: Callable[[AgentClient, HostRow], None],
+        refused: Callable[[AgentError, HostRow], None] = report_refusal,
+    ) -> list[HostRow]:
+        """ask_each() over these hosts with these settings."""
+        return ask_each(self.targets(), self.settings(), start, ask, refused)

@@ -14,16 +14,7 @@ from typing import Any
 import typer
 from rich.text import Text
 
-from coordinator.commands.hosts import (
-    ConnectTimeout,
-    Hostfile,
-    HostRow,
-    Insecure,
-    KnownHosts,
-    ask_each,
-    settings_for,
-    targets_or_known,
-)
+from coordinator.commands.hosts import FleetOptions, HostRow
 from coordinator.telemetry.dashboard import NA
 from coordinator.telemetry.store import TelemetryStore
 from shared.cooling.calibration import check_given, origin_told
@@ -104,14 +95,7 @@ def policy_table(rows: list[dict[str, Any]]) -> FitTable:
 
 
 @with_options
-def policy(
-    changes: PolicyChanges,
-    hosts: KnownHosts = None,
-    hostfile: Hostfile = None,
-    fmt: TableFormat = "table",
-    connect_timeout: ConnectTimeout = 5.0,
-    insecure: Insecure = False,
-) -> None:
+def policy(changes: PolicyChanges, fleet: FleetOptions, fmt: TableFormat = "table") -> None:
     """Show each host's cooling policy, or push thresholds to every host.
 
     With thresholds, each agent validates, persists and applies them at once (to its own
@@ -124,11 +108,7 @@ def policy(
         check_given(given)
     except ValueError as exc:
         raise usage_error(str(exc)) from None
-    targets = targets_or_known(hosts, hostfile)
-    settings = settings_for(insecure, connect_timeout)
-    rows = ask_each(
-        targets,
-        settings,
+    rows = fleet.ask_each(
         lambda _: {"result": UNREACHABLE, "policy": None, "origin": None},
         lambda client, row: apply_to(client, row, given),
         policy_refused,

@@ -10,17 +10,7 @@ import typer
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 from rich.text import Text
 
-from coordinator.commands.hosts import (
-    ConnectTimeout,
-    Hostfile,
-    HostRow,
-    Insecure,
-    KnownHosts,
-    ask_each,
-    settings_for,
-    targets_from,
-    targets_or_known,
-)
+from coordinator.commands.hosts import FleetOptions, HostRow, ask_each
 from coordinator.hosts.link import Settings, Target
 from coordinator.runs.staging import (
     HELD,
@@ -185,15 +175,12 @@ def stage_table(result: dict[str, Any]) -> FitTable:
 @with_options
 def stage(
     model: ModelArgument,
-    hosts: KnownHosts = None,
-    hostfile: Hostfile = None,
+    fleet: FleetOptions,
     staged_as: StagedAs = None,
     source_host: FromHost = None,
     restage: Restage = False,
     fmt: TableFormat = "table",
-    connect_timeout: ConnectTimeout = 5.0,
     host_timeout: StageHostTimeout = DEFAULT_STAGE_HOST_TIMEOUT_S,
-    insecure: Insecure = False,
 ) -> None:
     """Copy a model to every host once, agent to agent as a tree (docs/staging.md).
 
@@ -205,14 +192,12 @@ def stage(
     what arrived verified: running the same command again resumes it. Exit 0 when every host
     holds it, 1 when one does not, 2 for bad input (nothing moved).
     """
-    targets = targets_from(hosts, hostfile)
-    if targets is None:
-        targets = targets_or_known(None, None)
+    targets = fleet.targets()
     try:
         Tree.start(ORIGIN, [target.name for target in targets])
     except TreeError as exc:
         raise usage_error(str(exc)) from None
-    settings = settings_for(insecure, connect_timeout, host_timeout)
+    settings = fleet.settings(host_timeout)
     try:
         resolved = resolve_model(model, staged_as, from_cache=source_host is None)
         progress = StageProgress([t.name for t in targets])
@@ -284,26 +269,14 @@ def list_on(client: AgentClient, row: HostRow, verify: bool) -> None:
 
 
 @with_options
-def models(
-    hosts: KnownHosts = None,
-    hostfile: Hostfile = None,
-    verify: Verify = False,
-    fmt: TableFormat = "table",
-    connect_timeout: ConnectTimeout = 5.0,
-    insecure: Insecure = False,
-) -> None:
+def models(fleet: FleetOptions, verify: Verify = False, fmt: TableFormat = "table") -> None:
     """The models every host holds, one table: present, partial (%), missing or mismatch.
 
     Model down, host across: `partial (N %)` is a transfer not finished (the next stage resumes
     it), `mismatch` a copy whose file differs from the manifest it was staged from. Exit 1 when
     a host could not be asked."""
-    targets = targets_or_known(hosts, hostfile)
-    settings = settings_for(insecure, connect_timeout)
-    rows = ask_each(
-        targets,
-        settings,
-        lambda _: {"store": None, "models": []},
-        lambda client, row: list_on(client, row, verify),
+    rows = fleet.ask_each(
+        lambda _: {"store": None, "models": []}, lambda client, row: list_on(client, row, verify)
     )
     data = {"hosts": rows, "models": models_matrix(rows)}
     emit(data, fmt, models_table)

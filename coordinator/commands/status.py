@@ -7,22 +7,13 @@ from typing import Any
 import typer
 from rich.text import Text
 
-from coordinator.commands.hosts import (
-    ConnectTimeout,
-    Hostfile,
-    HostRow,
-    Insecure,
-    KnownHosts,
-    ask_each,
-    settings_for,
-    targets_or_known,
-)
+from coordinator.commands.hosts import FleetOptions, HostRow
 from coordinator.runs.conditions import conditions
 from coordinator.runs.store import RunStore
 from shared.cooling.sources import read_from
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import data_home, emit
-from shared.io.options import TableFormat
+from shared.io.options import TableFormat, with_options
 from shared.io.sqlite import StoreError
 from shared.io.transport import AgentClient
 from shared.reports.benchmark import NA, hardware_details, memory_text
@@ -109,21 +100,14 @@ def with_conditions(rows: list[dict[str, Any]]) -> None:
         row["conditions"] = None if held is None else [c["name"] for c in held.get(row["host"], [])]
 
 
-def status(
-    hosts: KnownHosts = None,
-    hostfile: Hostfile = None,
-    fmt: TableFormat = "table",
-    connect_timeout: ConnectTimeout = 5.0,
-    insecure: Insecure = False,
-) -> None:
+@with_options
+def status(fleet: FleetOptions, fmt: TableFormat = "table") -> None:
     """Each agent: reachable or not, version, device, memory, temperature, running job.
 
     Without --hosts or --hostfile: every host with a key from `coordinator keys add`.
     """
     data_home()  # this coordinator's keys and known hosts live there
-    targets = targets_or_known(hosts, hostfile)
-    settings = settings_for(insecure, connect_timeout)
-    rows = ask_each(targets, settings, lambda target: {"reachable": False}, ask_status)
+    rows = fleet.ask_each(lambda target: {"reachable": False}, ask_status)
     with_conditions(rows)
     emit(rows, fmt, status_table)
     if not all(row["reachable"] for row in rows):

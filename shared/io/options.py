@@ -648,10 +648,16 @@ class PolicyOptions(PolicyChanges):
 # --- taking groups whole ------------------------------------------------------------------------
 
 F = TypeVar("F", bound=Callable[..., Any])
-GROUPS = (
+GROUPS = {
     MatrixOptions, ServingOptions, ThermalOptions, PolicyOptions, PolicyChanges, PowerOptions,
     SustainOptions,
-)  # fmt: skip
+}  # fmt: skip
+
+
+def option_group(group: F) -> F:
+    """Let with_options take `group` whole: a group one side declares (the coordinator's hosts)."""
+    GROUPS.add(group)
+    return group
 
 
 def with_options(command: F) -> F:

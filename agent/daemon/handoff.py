@@ -12,23 +12,20 @@ from queue import SimpleQueue
 from agent.daemon.telemetry import PowerPoll
 from agent.daemon.wake import WakePipe
 from agent.thermal import ThermalReading, ThermalSource
+from agent.thermal.base import OverSource
 
 Taken = tuple[float, ThermalReading | None, PowerPoll | None]
 """One poll's time, reading and power."""
 
 
-class TappedSource(ThermalSource):
+class TappedSource(OverSource):
     """A source that hands every read's outcome (None too) to `on_read`: how the one monitor's
     thread tells the daemon about each reading as it is taken."""
 
     def __init__(
         self, inner: ThermalSource, on_read: Callable[[ThermalReading | None], None]
     ) -> None:
-        super().__init__()
-        self.inner = inner
-        self.name = inner.name
-        self.simulated = inner.simulated
-        self.scale = inner.scale
+        super().__init__(inner)
         self.last_error = inner.last_error
         self._on_read = on_read
 

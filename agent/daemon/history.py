@@ -154,12 +154,7 @@ class TelemetryHistory:
         order, this one last, and the earlier ones wait in `late` for the hub to publish."""
         if self._unnumbered or self._next_seq > self._reserved:
             return self._add_unreserved(sample)
-        sample = sample.numbered(self._next_seq)
-        self._next_seq += 1
-        self._recent.append(sample)
-        if len(self._unwritten) == self._unwritten.maxlen:
-            self._dropping("samples", MEMORY_SAMPLES)
-        self._unwritten.append(sample)
+        sample = self._number(sample)
         if len(self._unwritten) >= WRITE_EVERY:
             self._write_samples(renew=self._reserved - self._next_seq < RENEW_BELOW)
         return sample
@@ -187,17 +182,19 @@ class TelemetryHistory:
     def _number_waiting(self) -> list[Sample]:
         """Number the unnumbered samples, oldest first (the mark was just moved RESERVED_SEQS
         past the last number given, more than memory holds)."""
-        numbered = []
-        for waiting in self._unnumbered:
-            sample = waiting.numbered(self._next_seq)
-            self._next_seq += 1
-            self._recent.append(sample)
-            if len(self._unwritten) == self._unwritten.maxlen:
-                self._dropping("samples", MEMORY_SAMPLES)
-            self._unwritten.append(sample)
-            numbered.append(sample)
+        numbered = [self._number(waiting) for waiting in self._unnumbered]
         self._unnumbered.clear()
         return numbered
+
+    def _number(self, sample: Sample) -> Sample:
+        """The sample with the next number, kept in memory and waiting for the next write."""
+        sample = sample.numbered(self._next_seq)
+        self._next_seq += 1
+        self._recent.append(sample)
+        if len(self._unwritten) == self._unwritten.maxlen:
+            self._dropping("samples", MEMORY_SAMPLES)
+        self._unwritten.append(sample)
+        return sample
 
     def add_event(self, event: Event) -> Event:
         """Record an event; returns it numbered, or unnumbered when the disk refused it (it is

@@ -26,9 +26,15 @@ class JobRequests:
     hub: TelemetryHub
     stopping: Callable[[], bool]
 
-    def refuse_while_calibrating(self, request: Request) -> None:
-        """`busy` while this Mac calibrates (agent.daemon.calibration_requests): a job beside
-        the calibration's load would heat the Mac the calibration measures."""
+    def refuse_while_busy(self, request: Request, other: str | None) -> None:
+        """`busy` while the agent stops, while `other` runs (the job of the other kind: a rank
+        for a benchmark, a benchmark for a rank; None: none), or while this Mac calibrates
+        (agent.daemon.calibration_requests): a job beside the calibration's load would heat the
+        Mac the calibration measures."""
+        if self.stopping():
+            raise request.refuse(p.BUSY, "busy: the agent is stopping")
+        if other is not None:
+            raise request.refuse(p.BUSY, f"busy: {other} is running")
         calibration = getattr(self, "calibration", None)
         if calibration is not None and calibration.state == "running":
             raise request.refuse(
@@ -39,12 +45,10 @@ class JobRequests:
     def bench_start(self, request: Request) -> Reply:
         """Every refusal (busy, bad-matrix, too-large) comes before the job process starts: an
         error reply never leaves a job behind."""
-        if self.stopping():
-            raise request.refuse(p.BUSY, "busy: the agent is stopping")
         rank = self.ranks.running
-        if rank is not None:
-            raise request.refuse(p.BUSY, f"busy: rank {rank.rank} of job {rank.job} is running")
-        self.refuse_while_calibrating(request)
+        self.refuse_while_busy(
+            request, None if rank is None else f"rank {rank.rank} of job {rank.job}"
+        )
         plan = self.jobs.plan(request.message)
         progress = {"job": plan.id, "done": 0, "total": len(plan.cells)}
         reply = Reply(
@@ -71,12 +75,8 @@ class JobRequests:
     @handles("rank.start")
     def rank_start(self, request: Request) -> Reply:
         """A rank never runs beside a benchmark job: each would measure the other."""
-        if self.stopping():
-            raise request.refuse(p.BUSY, "busy: the agent is stopping")
         job = self.jobs.running
-        if job is not None:
-            raise request.refuse(p.BUSY, f"busy: benchmark job {job.id} is running")
-        self.refuse_while_calibrating(request)
+        self.refuse_while_busy(request, None if job is None else f"benchmark job {job.id}")
         try:
             rank = self.ranks.start(request.body)
         except RankRefused as exc:

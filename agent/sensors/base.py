@@ -5,16 +5,12 @@ backoff, and the label every sample carries."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
-from types import TracebackType
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from typing_extensions import Self
-
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass(frozen=True)
@@ -29,7 +25,22 @@ class SourceUnavailable(RuntimeError):
     """A source cannot work on this machine (wrong OS, tool missing, no sensors)."""
 
 
-class Source(ABC):
+class ClosedOnExit:
+    """`with` hands the object itself and closes it on the way out, whatever ended the block:
+    the one __enter__/__exit__ for a source and for the monitor that polls one."""
+
+    def close(self) -> None:
+        """What closing it does: each class says."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Source(ClosedOnExit, ABC):
     """Something read in a loop that must never take the loop down: a thermal source, a power
     meter. A hiccup is a None reading with the reason in `last_error`, never an exception."""
 
@@ -45,17 +56,6 @@ class Source(ABC):
 
     def close(self) -> None:  # noqa: B027 - a hook: most sources hold nothing to release
         """Release processes and handles; safe to call twice."""
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _fail(self, reason: str) -> None:
         """Record why there is no reading; returns None so `return self._fail(...)` reads well."""

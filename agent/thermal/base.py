@@ -86,6 +86,18 @@ class ThermalSource(Source):
         )
 
 
+class OverSource(ThermalSource):
+    """A source over another (`inner`): it reads through it, under its name, its simulated mark
+    and its scale, so nothing downstream can tell the two apart by their labels."""
+
+    def __init__(self, inner: ThermalSource) -> None:
+        super().__init__()
+        self.inner = inner
+        self.name = inner.name
+        self.simulated = inner.simulated
+        self.scale = inner.scale
+
+
 class NoneSource(ThermalSource):
     """No sensor: every read is None, with the reason nothing else worked."""
 

@@ -8,9 +8,8 @@ import operator
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from types import TracebackType
 
-from agent.sensors.base import Backoff
+from agent.sensors.base import Backoff, ClosedOnExit
 from agent.thermal.base import CallableSource, NoneSource, ThermalReading, ThermalSource
 from agent.thermal.registry import open_source
 from shared.bounds import MAX_POLL_INTERVAL_S, check_count, check_seconds
@@ -67,7 +66,7 @@ MOST_HISTORY = 1_000_000
 bounded; 10**12 grew until the machine ran out)."""
 
 
-class ThermalMonitor:
+class ThermalMonitor(ClosedOnExit):
     """Polls a thermal source on a daemon thread and keeps a rolling history.
 
     `source` is a ThermalSource (the caller keeps ownership), a source name such as "auto" or
@@ -142,17 +141,6 @@ class ThermalMonitor:
         self.stop()
         if self._owns_source:
             self.source.close()
-
-    def __enter__(self) -> ThermalMonitor:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     @property
     def running(self) -> bool:

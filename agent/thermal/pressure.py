@@ -16,7 +16,7 @@ from ctypes import POINTER, c_char_p, c_int, c_uint32, c_uint64
 
 from agent.sensors.base import SourceUnavailable
 from agent.sensors.macos_libs import LIBSYSTEM, bind, load
-from agent.thermal.base import ThermalReading, ThermalSource
+from agent.thermal.base import OverSource, ThermalReading, ThermalSource
 
 NOTIFY_NAME = b"com.apple.system.thermalpressurelevel"
 LEVELS = ("Nominal", "Moderate", "Heavy", "Trapping", "Sleeping")
@@ -65,7 +65,7 @@ class PressureReader:
             self._token = None
 
 
-class WithPressure(ThermalSource):
+class WithPressure(OverSource):
     """A source whose readings also carry the pressure level (when they have none of their
     own): same name, same readings otherwise."""
 
@@ -75,11 +75,7 @@ class WithPressure(ThermalSource):
         read_pressure: Callable[[], str | None],
         close_pressure: Callable[[], None] = lambda: None,
     ) -> None:
-        super().__init__()
-        self.inner = inner
-        self.name = inner.name
-        self.simulated = inner.simulated
-        self.scale = inner.scale
+        super().__init__(inner)
         self.pushed = inner.pushed
         self._read_pressure = read_pressure
         self._close_pressure = close_pressure

@@ -261,6 +261,17 @@ def piped(argv: list[str], **options: Any) -> subprocess.Popen[str]:
     )
 
 
+def alive(pid: int) -> bool:
+    """Whether process `pid` still runs. A zombie still answers kill(0): it is gone all the
+    same once its state (/proc/PID/stat) says Z."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
+
+
 SERVICE_MANAGER_FAKE = Path(__file__).parent / "fakes" / "service_manager.py"
 """launchctl and systemctl, faked (tests/test_service*.py)."""
 

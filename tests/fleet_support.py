@@ -17,7 +17,7 @@ from pathlib import Path
 import zmq
 
 from coordinator.hosts.keys import add_host_key
-from shared.io.keys import own_keypair
+from shared.io.keys import Keypair, own_keypair
 from shared.io.transport import AgentClient
 from shared.io.trust import trust
 from shared.wire import protocol as p
@@ -208,6 +208,20 @@ def trusted_agent(
     agent = agents.start(name, thermal=thermal, options=options)
     trust(own_keypair().public, "test", directory=agent.home / "keys" / "trusted")
     return agent
+
+
+def raw_dealer(ctx: zmq.Context, agent: AgentProcess, keypair: Keypair | None = None) -> zmq.Socket:
+    """A bare CURVE DEALER on `agent`'s command socket, holding `keypair` (the test's own by
+    default), for envelopes AgentClient would never send."""
+    keypair = keypair or own_keypair()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.maxmsgsize = p.MAX_MESSAGE_SIZE
+    sock.curve_secretkey = keypair.secret.encode()
+    sock.curve_publickey = keypair.public.encode()
+    sock.curve_serverkey = (agent.key or "").encode()
+    sock.connect(f"tcp://{agent.address}")
+    return sock
 
 
 def connect(ctx: zmq.Context, agent: AgentProcess, timeout: float = 5.0) -> AgentClient:

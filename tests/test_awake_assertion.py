@@ -19,6 +19,7 @@ from agent.awake.assertion import (
     held,
     hold_awake,
 )
+from tests.conftest import alive
 
 # Verbatim from IOKit's IOPMLib.h (IOPMAssertionCreateWithName, IOPMAssertionRelease) and
 # CoreFoundation's CFString.h / CFBase.h.
@@ -125,16 +126,6 @@ def wait_for(condition, deadline_s: float = 8.0) -> bool:  # type: ignore[no-unt
             return True
         time.sleep(0.02)
     return condition()
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie is gone for our purposes; Popen.wait reaps it, so this is only a race guard
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(") ")[-1].startswith("Z"))
 
 
 def test_systemd_inhibit_held_inside_and_released_after(systemd: Path) -> None:

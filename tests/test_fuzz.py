@@ -13,9 +13,8 @@ import msgpack
 import pytest
 import zmq
 
-from shared.io.keys import own_keypair
 from shared.wire import protocol as p
-from tests.fleet_support import AgentPool, AgentProcess, trusted_agent
+from tests.fleet_support import AgentPool, AgentProcess, raw_dealer, trusted_agent
 from tests.test_protocol import VALID_BODIES
 
 pytestmark = pytest.mark.timeout(300)
@@ -238,18 +237,6 @@ CLASSES: list[Callable[[random.Random], Case]] = [
 ]
 
 
-def dealer(ctx: zmq.Context, agent: AgentProcess) -> zmq.Socket:
-    keypair = own_keypair()
-    sock = ctx.socket(zmq.DEALER)
-    sock.linger = 0
-    sock.maxmsgsize = p.MAX_MESSAGE_SIZE
-    sock.curve_secretkey = keypair.secret.encode()
-    sock.curve_publickey = keypair.public.encode()
-    sock.curve_serverkey = (agent.key or "").encode()
-    sock.connect(f"tcp://{agent.address}")
-    return sock
-
-
 def jobs_journaled(agent: AgentProcess) -> int:
     with sqlite3.connect(f"file:{agent.home / 'agent-jobs.sqlite'}?mode=ro", uri=True) as conn:
         return conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
@@ -262,7 +249,7 @@ def test_thousands_of_malformed_messages_each_get_their_error(
     rng = random.Random(SEED)
     cases = [CLASSES[i % len(CLASSES)](rng) for i in range(MESSAGES)]
     agent = trusted_agent(agents)
-    sock = dealer(ctx, agent)
+    sock = raw_dealer(ctx, agent)
     for start in range(0, len(cases), WINDOW):
         window = cases[start : start + WINDOW]
         for frames, _, _ in window:

@@ -30,12 +30,9 @@ SERVER = "agent.profiling.mlx_lm_server"
 @pytest.fixture(scope="module")
 def served_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("mlx_lm", reason="the `lm` extra (mlx-lm) is not installed")
-    from tests.test_model_dir import TINY_LLAMA, write_model, write_tokenizer
+    from tests.test_model_dir import write_served_model
 
-    directory = tmp_path_factory.mktemp("group-served-llama")
-    write_model(directory, TINY_LLAMA)
-    write_tokenizer(directory, TINY_LLAMA["vocab_size"], eos=TINY_LLAMA["vocab_size"])
-    return directory
+    return write_served_model(tmp_path_factory.mktemp("group-served-llama"))
 
 
 def rank_servers(rank: str) -> dict[int, list[str]]:

@@ -16,7 +16,7 @@ import pytest
 from agent.profiling.mlx_lm_server import MlxLmServer, ServerDied
 from agent.profiling.openai_client import stream_request
 from shared.benchmark.openai_stream import DEFAULT_MODEL
-from tests.conftest import subprocess_env
+from tests.conftest import alive, subprocess_env
 
 pytest.importorskip("mlx_lm", reason="the `lm` extra (mlx-lm) is not installed")
 
@@ -26,22 +26,9 @@ DEADLINE_S = 120.0
 
 @pytest.fixture(scope="module")
 def served_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.test_model_dir import TINY_LLAMA, write_model, write_tokenizer
+    from tests.test_model_dir import write_served_model
 
-    directory = tmp_path_factory.mktemp("served-llama")
-    write_model(directory, TINY_LLAMA)
-    write_tokenizer(directory, TINY_LLAMA["vocab_size"], eos=TINY_LLAMA["vocab_size"])
-    return directory
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0): it is gone all the same once its state says Z.
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
+    return write_served_model(tmp_path_factory.mktemp("served-llama"))
 
 
 def wait_until(condition, what: str) -> None:

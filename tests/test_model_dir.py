@@ -57,6 +57,14 @@ def write_tokenizer(directory: Path, vocab_size: int, eos: int = 0) -> None:
     )
 
 
+def write_served_model(directory: Path) -> Path:
+    """TINY_LLAMA with a tokenizer whose end of text it never generates (write_tokenizer), so
+    that every answer it serves runs to its max_tokens; returns `directory`."""
+    write_model(directory, TINY_LLAMA)
+    write_tokenizer(directory, TINY_LLAMA["vocab_size"], eos=TINY_LLAMA["vocab_size"])
+    return directory
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("tiny-llama")

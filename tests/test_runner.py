@@ -12,6 +12,7 @@ from agent.power.meter import EnergyMeter
 from agent.power.rapl import RaplSource
 from agent.profiling import BenchmarkSuite
 from agent.profiling.runner import run_matrix
+from agent.profiling.suite import SEED_KEYS
 from shared.benchmark.matrix import MatrixSpec
 from tests.power_support import powercap_zone
 
@@ -49,15 +50,7 @@ def test_every_cell_yields_a_record_with_the_seed_keys() -> None:
     assert len(models) == 1 and models[0]["label"] == "small/f16"
     for record in records:
         assert record["status"] == "ok"
-        for key in (
-            "seq_len",
-            "tokens_per_sec",
-            "latency_ms",
-            "peak_memory_gb",
-            "active_memory_gb",
-            "soc_temp_c",
-            "samples_ms",
-        ):
+        for key in (*SEED_KEYS, "samples_ms"):
             assert key in record
         assert record["soc_temp_c"] is None
         # No Metal here: nothing was wired, and the record says so (on Metal: the recommended

@@ -35,7 +35,7 @@ from shared.io.trust import trust
 from shared.wire import protocol as p
 from shared.wire.telemetry import Event, Sample
 from tests.disk_support import fill, mounted_tmpfs
-from tests.fleet_support import AgentPool, AgentProcess, connect, subscriber
+from tests.fleet_support import AgentPool, AgentProcess, connect, raw_dealer, subscriber
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -128,14 +128,7 @@ def job_event(action: str, job: str, **fields: Any) -> dict[str, Any]:
 
 def own_socket(ctx: zmq.Context, agent: AgentProcess) -> zmq.Socket:
     """A DEALER holding the agent's own key, as `agent run`'s: the one job.event is taken from."""
-    keypair = own_keypair(agent.home / "keys")
-    sock = ctx.socket(zmq.DEALER)
-    sock.linger = 0
-    sock.curve_secretkey = keypair.secret.encode()
-    sock.curve_publickey = keypair.public.encode()
-    sock.curve_serverkey = (agent.key or "").encode()
-    sock.connect(f"tcp://{agent.address}")
-    return sock
+    return raw_dealer(ctx, agent, own_keypair(agent.home / "keys"))
 
 
 def send_job_event(sock: zmq.Socket, body: dict[str, Any]) -> None:

@@ -19,7 +19,7 @@ from shared.io.keys import new_keypair, own_keypair
 from shared.io.transport import AgentClient, AgentError, HostError
 from shared.io.trust import trust
 from shared.wire import protocol as p
-from tests.fleet_support import AgentPool, AgentProcess, connect, trusted_agent
+from tests.fleet_support import AgentPool, connect, raw_dealer, trusted_agent
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -166,17 +166,6 @@ def test_the_agent_rejects_a_bad_matrix_with_its_reason(
     client.close()
 
 
-def raw_socket(ctx: zmq.Context, agent: AgentProcess) -> zmq.Socket:
-    keypair = own_keypair()
-    sock = ctx.socket(zmq.DEALER)
-    sock.linger = 0
-    sock.curve_secretkey = keypair.secret.encode()
-    sock.curve_publickey = keypair.public.encode()
-    sock.curve_serverkey = (agent.key or "").encode()
-    sock.connect(f"tcp://{agent.address}")
-    return sock
-
-
 def envelope(**overrides: Any) -> bytes:
     return msgpack.packb(
         {"v": p.PROTOCOL_VERSION, "id": "m1", "type": "ping", "re": None, "body": {}} | overrides
@@ -198,7 +187,7 @@ def envelope(**overrides: Any) -> bytes:
 def test_malformed_messages_get_error_replies(
     ctx: zmq.Context, agents: AgentPool, frames: list[bytes], code: str, re: str | None
 ) -> None:
-    sock = raw_socket(ctx, trusted_agent(agents))
+    sock = raw_dealer(ctx, trusted_agent(agents))
     sock.send_multipart(frames)
     assert sock.poll(5000), "no reply"
     reply = p.decode(sock.recv())

@@ -9,7 +9,6 @@ the rest and leaves every condition as it was: the table says what was not run."
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import replace
 from typing import Any
 
@@ -25,7 +24,7 @@ from coordinator.commands.doctor_levels import (
     level_two_table,
     not_run,
 )
-from coordinator.commands.netbench import progress_every
+from coordinator.commands.netbench import progress_lines
 from coordinator.hosts.link import Settings, Target
 from coordinator.runs.fleet import FleetResult, run_fleet
 from coordinator.runs.health import with_health
@@ -34,7 +33,6 @@ from coordinator.runs.netbench import (
     NetbenchPlan,
     NetbenchRun,
     RankWatch,
-    progress_text,
     run_netbench,
     save_run,
 )
@@ -132,7 +130,7 @@ def measure_links(
         links.append(link)
         stop = threading.Event()
         try:
-            run_netbench(run, settings, stop, progress_every(saying(plan)))
+            run_netbench(run, settings, stop, progress_lines(plan))
             best = link_bandwidths(run.found)
             link.busbw_gbps = max(best.values()) if best else None
             link.error = None if best else "no send/recv figure came back"
@@ -145,12 +143,6 @@ def measure_links(
             return True
         link.run_id = save_run(store, run)
     return False
-
-
-def saying(plan: NetbenchPlan) -> Any:
-    """A pair's progress line, as `coordinator netbench` prints it."""
-    started = time.monotonic()
-    return lambda watches: say(progress_text(watches, plan, time.monotonic() - started))
 
 
 def judge_burn_in(

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated
 
 import typer
 from rich.text import Text
@@ -126,15 +127,9 @@ def netbench(
     run = NetbenchRun(plan, [RankWatch(target) for target in targets])
     settings = settings_for(insecure, connect_timeout, host_timeout)
     stop = threading.Event()
-    started = time.monotonic()
-
-    def progress(watches: list[RankWatch]) -> None:
-        text = progress_text(watches, plan, time.monotonic() - started)
-        err.print(text, highlight=False, markup=False)
-
     try:
         with err.status(f"netbench over {len(targets)} hosts ({plan.backend} backend)…"):
-            run_netbench(run, settings, stop, progress_every(progress))
+            run_netbench(run, settings, stop, progress_lines(plan))
         report = store.load_report(stored(store, run))
     except KeyboardInterrupt:
         stop.set()
@@ -162,13 +157,15 @@ def stored(store: RunStore, run: NetbenchRun) -> str:
     return run_id
 
 
-def progress_every(say: Any, every_s: float = 10.0) -> Any:
-    """`say`, at most once per `every_s`: a long run shows it is alive without flooding."""
-    last = [0.0]
+def progress_lines(plan: NetbenchPlan, every_s: float = 10.0) -> Callable[[list[RankWatch]], None]:
+    """The ranks' progress line (time counted from now) on stderr, at most once per `every_s`: a
+    long run shows it is alive without flooding. `coordinator netbench` and doctor's links."""
+    started, last = time.monotonic(), [0.0]
 
     def maybe(watches: list[RankWatch]) -> None:
         if time.monotonic() - last[0] >= every_s:
             last[0] = time.monotonic()
-            say(watches)
+            text = progress_text(watches, plan, time.monotonic() - started)
+            err.print(text, highlight=False, markup=False)
 
     return maybe

@@ -93,17 +93,33 @@ def duration_text(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
+class NotFinite(ValueError):
+    """No finite number; the message is what was wanted (`a number`, `a finite number`), for
+    the caller's own sentence around it."""
+
+
+def finite_float(value: str | float) -> float:
+    """Text or a number as a finite float: NotFinite("a number") for text that is none,
+    NotFinite("a finite number") for nan, inf or an int past a float's range."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise NotFinite("a number") from None
+    except OverflowError:
+        raise NotFinite("a finite number") from None
+    if not math.isfinite(number):
+        raise NotFinite("a finite number")
+    return number
+
+
 def finite(name: str, value: Any) -> float:
     """`value` as a float, or BoundError: `NAME must be a finite number, got nan`."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise BoundError(f"{name} must be a number, got {value!r}")
     try:
-        number = float(value)
-    except OverflowError:
-        raise BoundError(f"{name} must be a finite number, got {value}") from None
-    if not math.isfinite(number):
-        raise BoundError(f"{name} must be a finite number, got {value}")
-    return number
+        return finite_float(value)
+    except NotFinite as exc:
+        raise BoundError(f"{name} must be {exc}, got {value}") from None
 
 
 def check_seconds(

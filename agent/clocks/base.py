@@ -7,7 +7,7 @@ import time
 from abc import abstractmethod
 
 from agent.clocks.decode import Clocks, plausible_hz
-from agent.sensors.base import Source
+from agent.sensors.base import NoSource, Source
 from shared.cooling.clocks import ClockReading
 
 
@@ -41,14 +41,5 @@ class ClockSource(Source):
         )  # fmt: skip
 
 
-class NoClockSource(ClockSource):
+class NoClockSource(NoSource, ClockSource):
     """No clock: every read is None, with the reason."""
-
-    name = "none"
-
-    def __init__(self, reason: str) -> None:
-        super().__init__()
-        self.last_error = reason
-
-    def read(self) -> ClockReading | None:
-        return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import msgpack
 
@@ -25,6 +25,8 @@ from shared.wire import protocol as p
 from shared.wire.agent_types import RUN_ACTIONS as shared_run_actions
 from shared.wire.reply_types import MAX_HISTORY_ITEMS
 from shared.wire.telemetry import Event, Sample
+
+R = TypeVar("R")
 
 TREND_WINDOW = 5
 """Temperatures in the trend (the seed's is_rising window), as `agent temp --watch` and the
@@ -70,12 +72,17 @@ def trend_c_per_min(temperatures: list[float], poll_interval: float) -> float | 
 
 
 @dataclass(frozen=True)
-class PowerPoll:
-    """What the power source gave at a poll: its reading, or why there is none."""
+class Poll(Generic[R]):
+    """What a source gave at a poll: its reading, or why there is none."""
 
     source: SourceInfo
-    reading: PowerReading | None
+    reading: R | None
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class PowerPoll(Poll[PowerReading]):
+    """What the power source gave at a poll."""
 
     def fields(self) -> dict[str, Any]:
         """A sample's power_w, energy_j and power (shared.wire.telemetry.Sample)."""
@@ -94,12 +101,8 @@ class PowerPoll:
 
 
 @dataclass(frozen=True)
-class ClockPoll:
-    """What the clock source gave at a poll: its reading, or why there is none."""
-
-    source: SourceInfo
-    reading: ClockReading | None
-    error: str | None = None
+class ClockPoll(Poll[ClockReading]):
+    """What the clock source gave at a poll."""
 
     def fields(self) -> dict[str, Any]:
         """A sample's clock fields (shared.wire.telemetry.Sample, CLOCK_COLUMNS)."""

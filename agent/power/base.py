@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.sensors.base import Source
+from agent.sensors.base import NoSource, Source
 from shared.benchmark.energy import MeterInfo, whole
 
 _wall_clock, _monotonic = time.time, time.monotonic
@@ -85,17 +85,11 @@ class PowerSource(Source):
         )
 
 
-class NoPowerSource(PowerSource):
+class NoPowerSource(NoSource, PowerSource):
     """No meter: every read is None, with the reason nothing else worked."""
 
-    name = "none"
-
     def __init__(self, reason: str = "no power source selected") -> None:
-        super().__init__()
-        self.last_error = reason
-
-    def read(self) -> PowerReading | None:
-        return None
+        super().__init__(reason)
 
 
 class Integrator:

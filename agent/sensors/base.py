@@ -62,6 +62,20 @@ class Source(ClosedOnExit, ABC):
         self.last_error = reason
 
 
+class NoSource(Source):
+    """No source of its kind (mixed in before the kind): every read is None, with the reason
+    nothing else worked in `last_error`."""
+
+    name = "none"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__()
+        self.last_error = reason
+
+    def read(self) -> None:
+        return None
+
+
 S = TypeVar("S", bound=Source)
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.sensors.base import Source
+from agent.sensors.base import NoSource, Source
 
 
 @dataclass(frozen=True)
@@ -98,17 +98,11 @@ class OverSource(ThermalSource):
         self.scale = inner.scale
 
 
-class NoneSource(ThermalSource):
+class NoneSource(NoSource, ThermalSource):
     """No sensor: every read is None, with the reason nothing else worked."""
 
-    name = "none"
-
     def __init__(self, reason: str = "no thermal source selected") -> None:
-        super().__init__()
-        self.last_error = reason
-
-    def read(self) -> ThermalReading | None:
-        return None
+        super().__init__(reason)
 
 
 class CallableSource(ThermalSource):

@@ -30,7 +30,13 @@ from shared.benchmark.serving_figures import (
     SLO_PRESETS,
     RequestTiming,
 )
-from shared.bounds import MAX_BATCH_SIZE, MAX_DECODE_TOKENS, MAX_ITERATION_S
+from shared.bounds import (
+    MAX_BATCH_SIZE,
+    MAX_DECODE_TOKENS,
+    MAX_ITERATION_S,
+    NotFinite,
+    finite_float,
+)
 
 SERVE = "serve"
 DEFAULT_REQUESTS = 16
@@ -303,11 +309,9 @@ def parse_rates(text: str) -> tuple[float, ...]:
     rates = []
     for item in items:
         try:
-            rate = float(item)
-        except ValueError:
-            raise ServingError(f"--request-rate: {item!r} is not a number") from None
-        if not math.isfinite(rate):
-            raise ServingError(f"--request-rate: {item!r} is not a finite number")
+            rate = finite_float(item)
+        except NotFinite as exc:
+            raise ServingError(f"--request-rate: {item!r} is not {exc}") from None
         if rate <= 0:
             raise ServingError(f"--request-rate: {item} must be above 0 (requests per second)")
         rates.append(rate)

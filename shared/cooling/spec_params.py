@@ -3,8 +3,9 @@ read one way for every simulated source."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection
+
+from shared.bounds import NotFinite, finite_float
 
 
 def spec_numbers(
@@ -20,10 +21,7 @@ def spec_numbers(
                 f"{label}: bad parameter {item!r}; known: {', '.join(known)} (as key=value)"
             )
         try:
-            number = float(value)
-        except ValueError:
-            raise error(f"{label}: {key} must be a number, got {value!r}") from None
-        if not math.isfinite(number):
-            raise error(f"{label}: {key} must be a finite number, got {value!r}")
-        values[key] = number
+            values[key] = finite_float(value)
+        except NotFinite as exc:
+            raise error(f"{label}: {key} must be {exc}, got {value!r}") from None
     return values

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -105,24 +105,22 @@ Serve = Annotated[
     ),
 ]
 
-SloTtft = Annotated[
-    float,
-    typer.Option(
-        "--slo-ttft",
-        help="Goodput's time-to-first-token limit, ms: MLPerf's conversational Llama-3.1-8B "
-        f"constraint by default (interactive: {SLO_PRESETS['interactive'].ttft_ms:g}).",
-        callback=positive("--slo-ttft", "ms", MAX_SERVE_S * 1000),
-    ),
-]
-SloTpot = Annotated[
-    float,
-    typer.Option(
-        "--slo-tpot",
-        help="Goodput's time-per-output-token limit, ms: MLPerf's conversational constraint by "
-        f"default (interactive: {SLO_PRESETS['interactive'].tpot_ms:g}).",
-        callback=positive("--slo-tpot", "ms", MAX_SERVE_S * 1000),
-    ),
-]
+
+def slo_limit(flag: str, limit: str, interactive_ms: float) -> Any:
+    """One of goodput's two limits (ms), MLPerf's conversational one by default."""
+    return Annotated[
+        float,
+        typer.Option(
+            flag,
+            help=f"Goodput's {limit} limit, ms: MLPerf's conversational Llama-3.1-8B "
+            f"constraint by default (interactive: {interactive_ms:g}).",
+            callback=positive(flag, "ms", MAX_SERVE_S * 1000),
+        ),
+    ]
+
+
+SloTtft = slo_limit("--slo-ttft", "time-to-first-token", SLO_PRESETS["interactive"].ttft_ms)
+SloTpot = slo_limit("--slo-tpot", "time-per-output-token", SLO_PRESETS["interactive"].tpot_ms)
 
 FLAG_OF_FIELD = {
     "serving.concurrency": "--concurrency",

@@ -12,22 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import console_script
-from tests.fleet_support import subprocess_env
+from tests.conftest import console_script, piped
 
 pytestmark = pytest.mark.timeout(300)
 
 
+def small_bench(*args: str) -> subprocess.Popen[str]:
+    """`agent bench -o json` of the small config, no decode, no warm-up, ARGS added: piped."""
+    argv = [console_script("agent"), "bench", "--config-small", "-n", "0", "-w", "0", *args]
+    return piped([*argv, "-o", "json"])
+
+
 @pytest.mark.slow
 def test_sigterm_after_the_first_cell_prints_and_saves_it(fleet_home: Path) -> None:
-    process = subprocess.Popen(
-        [console_script("agent"), "bench", "--config-small", "-p", "16,4096,8192", "-n", "0"]
-        + ["-r", "3", "-w", "0", "-o", "json"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=subprocess_env(),
-    )
+    process = small_bench("-p", "16,4096,8192", "-r", "3")
     try:
         assert process.stderr is not None
         seen = []
@@ -60,14 +58,7 @@ def test_ctrl_c_in_a_sustained_cell_keeps_its_finished_windows(fleet_home: Path)
     failed `interrupted`, with the windows it finished; the run says it was interrupted."""
     import psutil
 
-    process = subprocess.Popen(
-        [console_script("agent"), "bench", "--config-small", "-p", "16", "-n", "0", "-w", "0"]
-        + ["--sustain", "120s", "--sustain-window", "1s", "-o", "json"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=subprocess_env(),
-    )
+    process = small_bench("-p", "16", "--sustain", "120s", "--sustain-window", "1s")
     try:
         assert process.stderr is not None
         line = ""

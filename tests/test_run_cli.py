@@ -45,13 +45,17 @@ with open(sys.argv[2], "a", buffering=1) as beats:
 """
 
 
+def run_args(source: str, *command: str, grace: str = "") -> list[str]:
+    """`agent run`'s arguments: `command` under thermal source `source`, read every POLL_S,
+    with `--grace` where one is given."""
+    graced = ["--grace", grace] if grace else []
+    return ["--thermal-source", source, "--poll-interval", str(POLL_S), *graced, "--", *command]
+
+
 def heartbeat_args(source: str, pidfile: Path, beats: Path) -> list[str]:
     """`agent run`'s arguments for the HEARTBEAT job (its pid to `pidfile`, its beats to
-    `beats`) under thermal source `source`, read every POLL_S."""
-    return [
-        "--thermal-source", source, "--poll-interval", str(POLL_S),
-        "--", sys.executable, "-c", HEARTBEAT, str(pidfile), str(beats),
-    ]  # fmt: skip
+    `beats`) under thermal source `source`."""
+    return run_args(source, sys.executable, "-c", HEARTBEAT, str(pidfile), str(beats))
 
 
 def write_curve(path: Path, rows: Sequence[tuple[float, float]]) -> str:
@@ -319,18 +323,7 @@ def test_a_job_that_ignores_sigterm_is_killed_after_the_grace(
     source = write_curve(tmp_path / "curve.csv", [(0, 60.0), (0.5, 99.0)])
     pidfile = tmp_path / "pid"
     script = f"trap '' TERM; sleep 30 & echo $$ > {pidfile}.tmp; mv {pidfile}.tmp {pidfile}; wait"
-    agent = agent_run(
-        "--thermal-source",
-        source,
-        "--poll-interval",
-        str(POLL_S),
-        "--grace",
-        "0.5",
-        "--",
-        "sh",
-        "-c",
-        script,
-    )
+    agent = agent_run(*run_args(source, "sh", "-c", script, grace="0.5"))
     pid = wait_for_pid(pidfile, agent)
     code, stderr = finish(agent)
     assert code == EXIT_THERMAL_STOP, stderr
@@ -370,18 +363,7 @@ def test_a_signal_to_agent_run_ends_the_paused_group_too(
     source = write_curve(tmp_path / "curve.csv", [(0, 60.0), (0.5, 90.0)])
     pidfile = tmp_path / "pid"
     script = f"sleep 30 & echo $$ > {pidfile}.tmp; mv {pidfile}.tmp {pidfile}; wait"
-    agent = agent_run(
-        "--thermal-source",
-        source,
-        "--poll-interval",
-        str(POLL_S),
-        "--grace",
-        "1",
-        "--",
-        "sh",
-        "-c",
-        script,
-    )
+    agent = agent_run(*run_args(source, "sh", "-c", script, grace="1"))
     pid = wait_for_pid(pidfile, agent)
     deadline = time.monotonic() + 60
     while state(pid) != psutil.STATUS_STOPPED:

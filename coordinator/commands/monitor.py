@@ -12,20 +12,13 @@ import typer
 from rich.console import Console
 from rich.live import Live
 
-from coordinator.commands.hosts import (
-    ConnectTimeout,
-    Hostfile,
-    Insecure,
-    KnownHosts,
-    settings_for,
-    targets_or_known,
-)
+from coordinator.commands.hosts import FleetOptions
 from coordinator.telemetry.dashboard import UP, render, snapshot
 from coordinator.telemetry.monitor import Monitor
 from coordinator.telemetry.store import TelemetryStore
 from shared.exit_codes import EXIT_PARTIAL
 from shared.io.cli import PIPE_WIDTH, emit, err, usage_error
-from shared.io.options import TABLE_OR_JSON, RetentionDays, output_format
+from shared.io.options import TABLE_OR_JSON, RetentionDays, output_format, with_options
 from shared.io.signals import interrupted_exit_code, sigterm_as_interrupt
 from shared.io.sqlite import StoreError
 
@@ -76,9 +69,9 @@ def start_exporter(metrics: FleetMetrics, address: str) -> MetricsServer:
     return server
 
 
+@with_options
 def monitor(
-    hosts: KnownHosts = None,
-    hostfile: Hostfile = None,
+    fleet: FleetOptions,
     once: Annotated[
         bool,
         typer.Option(
@@ -96,8 +89,6 @@ def monitor(
             "(port 0 picks a free one).",
         ),
     ] = None,
-    connect_timeout: ConnectTimeout = 5.0,
-    insecure: Insecure = False,
     retention_days: RetentionDays = 30.0,
 ) -> None:
     """Live thermal dashboard of every agent; everything heard is recorded.
@@ -108,8 +99,7 @@ def monitor(
     pauses or stops a job, goes silent or becomes unreachable. Hosts are reconnected and their
     gaps backfilled by themselves. `coordinator history` reads what was recorded. Ctrl-C ends it.
     """
-    targets = targets_or_known(hosts, hostfile)
-    settings = settings_for(insecure, connect_timeout)
+    targets, settings = fleet.targets(), fleet.settings()
     metrics, server = None, None
     if prometheus is not None:
         from shared.io.metrics import FleetMetrics  # prometheus_client only when asked

@@ -44,6 +44,7 @@ from shared.cooling.throttle_point import (
 )
 from shared.io.keys import own_keypair
 from shared.io.paths import data_dir
+from shared.io.signals import signal_name
 from shared.io.transport import AgentClient, HostError
 
 IDLE_POLLS = 5
@@ -244,12 +245,7 @@ def _json(line: str) -> dict:
 
 
 def _how(code: int) -> str:
-    if code < 0:
-        try:
-            return f"died of {signal.Signals(-code).name}"
-        except ValueError:
-            return f"died of signal {-code}"
-    return f"exited {code}"
+    return f"died of {signal_name(-code)}" if code < 0 else f"exited {code}"
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,13 @@ import argparse
 import json
 import platform
 import re
-import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from typing import Any
+
+from shared.io.signals import signal_name
 
 PROBE_TIMEOUT_S = 60.0
 """How long a probe may take: the import and the device's first use (a cold Mac's Metal
@@ -116,10 +117,7 @@ def read_probe(
     if returncode is None:
         failure = f"the MLX device probe hung {doing}: no answer in {timeout_s:g} s"
     elif returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
+        name = signal_name(-returncode)
         failure = f"the MLX device probe died of {name} {doing}" + (f": {said}" if said else "")
     elif isinstance(told.get("error"), str):
         failure = f"MLX failed {doing}: {told['error'][:300]}"

@@ -19,6 +19,7 @@ from typing import Any
 import msgpack
 
 from shared.benchmark import gpu_errors
+from shared.io.signals import signal_name
 
 TAIL_LINES = 5
 TAIL_CHARS = 8000
@@ -182,9 +183,4 @@ def quote(text: str) -> list[str]:
 
 
 def exit_text(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
+    return f"killed by {signal_name(-code)}" if code < 0 else f"exit code {code}"

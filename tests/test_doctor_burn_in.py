@@ -14,9 +14,9 @@ from coordinator.commands.doctor_burn_in import level_three_table
 from shared.benchmark.sustain import SustainError
 from shared.reports.burn_in import Link, burn_in_plan, every_link, judge_links, judge_sustained
 from tests.conftest import console_script, piped
-from tests.fleet_support import AgentPool, cli, exchange_keys
+from tests.fleet_support import AgentPool, cli
 from tests.ring_support import free_port_run
-from tests.test_doctor_levels import COOL_SIM
+from tests.test_doctor_levels import cool_pair
 from tests.test_tables_fit import check_fit
 
 
@@ -122,10 +122,7 @@ def test_bad_input_is_one_line_exit_2(args: list[str], said: str) -> None:
 def test_level_3_on_two_agents_prints_one_table_with_a_verdict_per_host(
     agents: AgentPool,
 ) -> None:
-    pair = [agents.start("mac1", thermal=COOL_SIM), agents.start("mac2", thermal=COOL_SIM)]
-    for agent in pair:
-        exchange_keys(agent)
-    names = ",".join(agent.address for agent in pair)
+    pair, names = cool_pair(agents)
     port = str(free_port_run(2))
     args = ("--level", "3", "--duration", "8s", "--port", port, "--hosts", names)
     result = cli("coordinator", "doctor", *args, timeout=540)

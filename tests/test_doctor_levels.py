@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.fleet_support import AgentPool, cli, exchange_keys
+from tests.fleet_support import AgentPool, AgentProcess, cli, exchange_keys
 
 pytestmark = pytest.mark.timeout(300)
 COOL_SIM = "sim:max_w=10"
@@ -16,14 +16,19 @@ COOL_SIM = "sim:max_w=10"
 tests' load cannot heat the decode cell into a cooling pause (this test is not about cooling)."""
 
 
+def cool_pair(agents: AgentPool) -> tuple[list[AgentProcess], str]:
+    """Agents mac1 and mac2 on COOL_SIM, each trusting the coordinator: they and their --hosts."""
+    pair = [agents.start("mac1", thermal=COOL_SIM), agents.start("mac2", thermal=COOL_SIM)]
+    for agent in pair:
+        exchange_keys(agent)
+    return pair, ",".join(agent.address for agent in pair)
+
+
 @pytest.mark.slow
 def test_level_2_on_two_agents_prints_one_table_with_a_verdict_per_host(
     agents: AgentPool,
 ) -> None:
-    pair = [agents.start("mac1", thermal=COOL_SIM), agents.start("mac2", thermal=COOL_SIM)]
-    for agent in pair:
-        exchange_keys(agent)
-    names = ",".join(agent.address for agent in pair)
+    pair, names = cool_pair(agents)
     first = cli(
         "coordinator", "doctor", "--level", "2", "--hosts", names, "-o", "json", timeout=240
     )

@@ -10,6 +10,7 @@ import csv
 import io
 import json
 import sqlite3
+import subprocess
 
 import psutil
 import pytest
@@ -31,24 +32,18 @@ def started(agents: AgentPool, count: int) -> list[str]:
     return names
 
 
+def small_netbench(port: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`coordinator netbench ARGS` of SMALL, its ring on `port`: it must succeed."""
+    result = cli("coordinator", "netbench", *args, *SMALL, "--port", port, timeout=600)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
 @pytest.mark.slow
 def test_three_hosts_give_every_link_and_the_ring(agents: AgentPool) -> None:
     hosts = started(agents, 3)
     port = str(free_port_run(3))
-    result = cli(
-        "coordinator",
-        "netbench",
-        "--hosts",
-        ",".join(hosts),
-        *SMALL,
-        "--port",
-        port,
-        "-o",
-        "json",
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
+    report = json.loads(small_netbench(port, "--hosts", ",".join(hosts), "-o", "json").stdout)
     assert report["hosts"] == hosts and report["backend"] == "ring"
     where = {(row["operation"], row["where"]) for row in report["results"]}
     ring = "+".join(hosts)
@@ -58,17 +53,7 @@ def test_three_hosts_give_every_link_and_the_ring(agents: AgentPool) -> None:
         assert row["busbw_gbps"] > 0 and len(row["seconds"]) == 2
     assert set(report["links_best_busbw_gbps"]) == links
 
-    table = cli(
-        "coordinator",
-        "netbench",
-        "--hosts",
-        ",".join(hosts[:2]),
-        *SMALL,
-        "--port",
-        port,
-        timeout=600,
-    )
-    assert table.returncode == 0, table.stderr
+    table = small_netbench(port, "--hosts", ",".join(hosts[:2]))
     assert "busbw GB/s" in table.stdout and "one link: no sibling" in table.stdout
 
 
@@ -100,11 +85,7 @@ def test_runs_are_stored_shown_and_compared_like_benchmark_runs(agents: AgentPoo
     port = str(free_port_run(2))
     made = []
     for _ in range(2):
-        result = cli(
-            "coordinator", "netbench", "--hosts", ",".join(hosts), *SMALL, "--port", port,
-            "-o", "json", timeout=600,
-        )  # fmt: skip
-        assert result.returncode == 0, result.stderr
+        result = small_netbench(port, "--hosts", ",".join(hosts), "-o", "json")
         made.append(json.loads(result.stdout))
         assert f"run {made[-1]['run_id']} stored" in result.stderr
     a, b = made
@@ -235,19 +216,7 @@ def test_jaccl_on_hosts_that_lack_it_is_refused_before_any_rank(
 def test_auto_runs_the_ring_where_jaccl_cannot(tmp_path, agents: AgentPool) -> None:
     hostfile, addresses = jaccl_hostfile(tmp_path, agents)
     port = str(free_port_run(2))
-    result = cli(
-        "coordinator",
-        "netbench",
-        "--hostfile",
-        hostfile,
-        *SMALL,
-        "--port",
-        port,
-        "-o",
-        "json",
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr
+    result = small_netbench(port, "--hostfile", hostfile, "-o", "json")
     assert json.loads(result.stdout)["backend"] == "ring"
 
 

@@ -14,7 +14,7 @@ from agent.power.rapl import RaplSource
 from agent.power.smc import SMCPowerSource
 from agent.power.streams import MacmonPowerSource, PowermetricsPowerSource
 from agent.power.synthetic import PowerReplaySource, PowerSimSource
-from agent.sensors.base import SourceUnavailable, first_reading
+from agent.sensors.base import SourceUnavailable, auto_pick
 from shared.cooling.sources import (
     SourceSpecError,
     UnknownSourceError,
@@ -62,13 +62,12 @@ def _open(name: str, interval_s: float) -> PowerSource:
 def _open_auto(interval_s: float) -> PowerSource:
     """The first source in power_auto_order that opens and gives a reading; `none` with every
     reason."""
-    source, reasons = first_reading(
-        power_auto_order(platform.system()), lambda candidate: _open(candidate, interval_s)
+    return auto_pick(
+        power_auto_order(platform.system()),
+        lambda candidate: _open(candidate, interval_s),
+        NoPowerSource,
+        "power meter",
     )
-    if source is not None:
-        return source
-    detail = "; ".join(reasons) or f"no power meter known for {platform.system()}"
-    return NoPowerSource(f"no power meter found: {detail}")
 
 
 def meter_or_reason(name: str, baseline_s: float, interval_s: float, why: str) -> EnergyMeter:

@@ -4,6 +4,7 @@ backoff, and the label every sample carries."""
 
 from __future__ import annotations
 
+import platform
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -79,11 +80,11 @@ class NoSource(Source):
 S = TypeVar("S", bound=Source)
 
 
-def first_reading(
-    candidates: Iterable[str], open_one: Callable[[str], S]
-) -> tuple[S | None, list[str]]:
-    """The first candidate that opens and gives a reading (what `auto` picks), and why each one
-    before it did not; (None, every reason) when none does."""
+def auto_pick(
+    candidates: Iterable[str], open_one: Callable[[str], S], none: Callable[[str], S], what: str
+) -> S:
+    """The first candidate that opens and gives a reading (what `auto` picks); when none does,
+    `none` of every reason (`no WHAT found: ...`)."""
     reasons: list[str] = []
     for candidate in candidates:
         try:
@@ -92,10 +93,11 @@ def first_reading(
             reasons.append(str(exc))
             continue
         if source.read() is not None:
-            return source, reasons
+            return source
         reasons.append(source.last_error or f"{candidate}: no reading")
         source.close()
-    return None, reasons
+    detail = "; ".join(reasons) or f"no {what} known for {platform.system()}"
+    return none(f"no {what} found: {detail}")
 
 
 class Backoff:

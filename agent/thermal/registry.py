@@ -9,7 +9,7 @@ from __future__ import annotations
 import platform
 from collections.abc import Callable
 
-from agent.sensors.base import SourceUnavailable, first_reading
+from agent.sensors.base import SourceUnavailable, auto_pick
 from agent.thermal.base import NoneSource, ThermalSource
 from agent.thermal.capture import CaptureSource
 from agent.thermal.iohid import IOHIDSource
@@ -66,10 +66,9 @@ def _open_sim(argument: str) -> ThermalSource:
 
 def _open_auto(interval_s: float) -> ThermalSource:
     """The first source in auto_order that opens and gives a reading; `none` with every reason."""
-    source, reasons = first_reading(
-        auto_order(platform.system()), lambda candidate: _open(candidate, interval_s)
+    return auto_pick(
+        auto_order(platform.system()),
+        lambda candidate: _open(candidate, interval_s),
+        NoneSource,
+        "thermal sensor",
     )
-    if source is not None:
-        return source
-    detail = "; ".join(reasons) or f"no source known for {platform.system()}"
-    return NoneSource(f"no thermal sensor found: {detail}")

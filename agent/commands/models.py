@@ -10,7 +10,7 @@ import typer
 from rich.text import Text
 
 from shared.exit_codes import EXIT_PARTIAL
-from shared.io.app import HELP_OPTIONS, examples
+from shared.io.app import command_group, examples
 from shared.io.cli import emit, err, usage_error
 from shared.io.given import path_given
 from shared.io.options import TABLE_OR_JSON, output_format
@@ -18,12 +18,7 @@ from shared.safe_text import shown
 from shared.staging.shapes import MISMATCH, PARTIAL
 from shared.tables import TEXT, FitTable
 
-models_app = typer.Typer(
-    add_completion=False,
-    rich_markup_mode=None,
-    context_settings=HELP_OPTIONS,
-    help="The models this Mac holds: staged, downloaded, partly staged.",
-)
+models_app = command_group("The models this Mac holds: staged, downloaded, partly staged.")
 ModelsDir = Annotated[
     Path | None,
     typer.Option(

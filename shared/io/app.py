@@ -73,6 +73,18 @@ HELP_OPTIONS: dict[str, Any] = {"help_option_names": ["-h", "--help"]}
 context inherits its parent's)."""
 
 
+def command_group(summary: str, **settings: Any) -> typer.Typer:
+    """A group of commands as every one of ours is made: `summary` as its --help, plain text
+    (no Rich markup), `-h` too (HELP_OPTIONS), no shell completion unless `settings` (Typer's
+    own) asks."""
+    return typer.Typer(
+        help=summary,
+        rich_markup_mode=None,
+        context_settings=HELP_OPTIONS,
+        **{"add_completion": False, **settings},
+    )
+
+
 KEY_LENGTH = 40
 """Characters of a CURVE public key in Z85."""
 
@@ -207,13 +219,11 @@ def fleet_app(
     `shown` examples and the exit codes, --version, -h, Typer's shell completion
     (--install-completion, --show-completion), and usage errors on one line."""
     group = type(f"{program.title()}Group", (LazyGroup,), {"lazy": {c.name: c for c in commands}})
-    app = typer.Typer(
+    app = command_group(
+        summary,
         cls=group,
-        help=summary,
         no_args_is_help=True,
         add_completion=True,
-        rich_markup_mode=None,
-        context_settings=HELP_OPTIONS,
         epilog=f"{examples(*shown)}\n\n{SUMMARY}" if shown else SUMMARY,
     )
 

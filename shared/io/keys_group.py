@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import typer
 
-from shared.io.app import HELP_OPTIONS, examples
+from shared.io.app import command_group, examples
 from shared.io.cli import data_home
 
 
@@ -14,13 +14,7 @@ def keys_group(summary: str, show_help: str, show_examples: tuple[str, ...]) -> 
     """`agent keys` and `coordinator keys`: the group, the data dir checked once before any of
     its commands, and `show`, this side's public key alone; each side adds the commands on the
     keys it keeps (an agent's trusted coordinators, a coordinator's known agents)."""
-    group = typer.Typer(
-        no_args_is_help=True,
-        add_completion=False,
-        rich_markup_mode=None,
-        context_settings=HELP_OPTIONS,
-        help=summary,
-    )
+    group = command_group(summary, no_args_is_help=True)
 
     @group.callback()
     def keys_entry() -> None:

@@ -5,7 +5,7 @@ may send with them, so the coordinator can trust nothing it did not check."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -36,6 +36,12 @@ class Invalid(ValueError):
         else:
             path = f"{key}{self.path}" if self.path.startswith("[") else _at(str(key), self.path)
         return Invalid(path, self.problem)
+
+
+def unknown_keys(data: Mapping[Any, Any], known: Iterable[str]) -> list[str]:
+    """The keys of `data` that are not `known`, as text and sorted (a peer's key may be
+    anything): what a record's from_dict refuses, naming them all."""
+    return sorted(map(str, set(data) - set(known)))
 
 
 def kind_of(value: Any) -> str:

@@ -32,6 +32,7 @@ from shared.bounds import (
     MAX_SEQ_LEN,
     MAX_WARMUP,
 )
+from shared.shapes import unknown_keys
 from shared.stats import MIN_AUTO_REPETITIONS
 
 DEFAULT_MAX_REPETITIONS = 50
@@ -114,9 +115,7 @@ class MatrixSpec:
         """Build and validate a spec from plain data (e.g. a decoded message body)."""
         if not isinstance(data, dict):
             raise MatrixError("a matrix must be a mapping")
-        known = {f for f in cls.__dataclass_fields__}
-        unknown = sorted(map(str, set(data) - known))  # a key may be anything on the wire
-        if unknown:
+        if unknown := unknown_keys(data, cls.__dataclass_fields__):
             raise MatrixError(f"unknown matrix field(s): {', '.join(unknown)}")
         values: dict[str, Any] = {}
         for key, value in data.items():

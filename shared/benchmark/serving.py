@@ -37,6 +37,7 @@ from shared.bounds import (
     NotFinite,
     finite_float,
 )
+from shared.shapes import unknown_keys
 
 SERVE = "serve"
 DEFAULT_REQUESTS = 16
@@ -146,9 +147,7 @@ class ServingSpec:
         """Build and validate a spec from plain data (a peer's: nothing trusted)."""
         if not isinstance(data, dict):
             raise ServingError("serving: not a mapping")
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(map(str, set(data) - known))
-        if unknown:
+        if unknown := unknown_keys(data, cls.__dataclass_fields__):
             raise ServingError(f"serving: unknown field(s): {', '.join(unknown)}")
         values = dict(data)
         for key in ("concurrency", "request_rates"):

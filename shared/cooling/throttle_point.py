@@ -162,9 +162,7 @@ class ThrottlePoint:
         """ValueError naming the first field that is missing or not what to_dict() writes."""
         if not isinstance(data, Mapping):
             raise ValueError("not a map")
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(map(str, set(data) - known))
-        if unknown:
+        if unknown := s.unknown_keys(data, cls.__dataclass_fields__):
             raise ValueError(f"unknown fields: {', '.join(unknown)}")
         onsets = data.get("sensor_onsets")
         if not isinstance(onsets, Mapping) or not all(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import socket
 import subprocess
 from collections.abc import Sequence
@@ -47,6 +48,20 @@ def free_port_run(count: int, attempts: int = 200) -> int:
             for sock in sockets:
                 sock.close()
     raise RuntimeError(f"no run of {count} free loopback ports found")
+
+
+def end_sessions(processes: Sequence[subprocess.Popen[str]]) -> None:
+    """SIGTERM the process group of each process (started in a session of its own) still
+    running, then wait for each: a group still there after 15 s gets SIGKILL."""
+    for process in processes:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
 
 
 def run_ranks(

@@ -13,14 +13,12 @@ on a curve's timing.
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +45,7 @@ from shared.cooling.policy import Action, CoolingState
 from shared.io.transport import AgentClient, AgentError
 from tests.conftest import console_script, subprocess_env
 from tests.fleet_support import AgentPool, AgentProcess, cli, connect, trusted_agent
+from tests.ring_support import end_sessions
 
 RING_JOB = Path(__file__).parent / "jobs" / "ring_steps.py"
 HOT = {"max_speed_temp": 50.0, "pause_temp": 60.0, "stop_temp": 95.0, "hysteresis": 2.0}
@@ -245,15 +244,7 @@ class Rank:
 def ranks(tmp_path: Path) -> Iterator[list[Rank]]:
     started: list[Rank] = []
     yield started
-    for rank in started:
-        if rank.process.poll() is None:
-            os.killpg(rank.process.pid, signal.SIGTERM)
-    for rank in started:
-        try:
-            rank.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(rank.process.pid, signal.SIGKILL)
-            rank.process.wait(timeout=10)
+    end_sessions([rank.process for rank in started])
 
 
 def start_ranks(
@@ -291,6 +282,15 @@ def start_ranks(
         into.append(Rank(process, progress / f"rank-{rank}", log))
 
 
+def start_stepping(
+    macs: tuple[Mac, Mac], tmp_path: Path, ranks: list[Rank], gate: str = ""
+) -> None:
+    """start_ranks with STEPS that outlast any test (finish_soon ends them), waited for until
+    every rank has stepped 10 steps."""
+    start_ranks(macs, tmp_path, steps=100000, into=ranks, gate=gate)
+    wait_until(lambda: all(r.steps() >= 10 for r in ranks), 90, "both ranks stepping", ranks)
+
+
 def finish_soon(ranks: list[Rank], tmp_path: Path, more: int = 20) -> None:
     """Once every rank has stepped `more` steps past where it stands, tell the ring job to end
     (its FINISH_FILE): what the test waited for has been seen, the rest of STEPS (long enough
@@ -301,6 +301,25 @@ def finish_soon(ranks: list[Rank], tmp_path: Path, more: int = 20) -> None:
         90, "every rank stepping on", ranks,
     )  # fmt: skip
     (tmp_path / "finish").touch()
+
+
+def finish_cleanly(ranks: list[Rank], tmp_path: Path) -> None:
+    """finish_soon; then every rank's agent run ends 0 and its ring job wrote `ok` (every step
+    summed right)."""
+    finish_soon(ranks, tmp_path)
+    for rank in ranks:
+        assert rank.process.wait(timeout=180) == 0, rank.stderr()
+        assert rank.progress.with_suffix(".done").read_text() == "ok"
+
+
+def ring_jobs(ranks: list[Rank]) -> list[psutil.Process]:
+    """The ring job's processes under the ranks' agent runs."""
+    return [
+        child
+        for rank in ranks
+        for child in psutil.Process(rank.process.pid).children(recursive=True)
+        if "ring_steps" in " ".join(child.cmdline())
+    ]
 
 
 def job_processes(ranks: list[Rank]) -> list[psutil.Process]:
@@ -331,7 +350,9 @@ def job_states(rank: Rank) -> set[str]:
     return found
 
 
-def wait_until(condition, timeout: float, what: str, ranks: list[Rank]) -> None:  # type: ignore[no-untyped-def]
+def wait_until(
+    condition: Callable[[], bool], timeout: float, what: str, ranks: Sequence[Rank]
+) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -357,8 +378,7 @@ def test_one_hot_mac_pauses_and_resumes_every_rank(
     two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path, ctx: zmq.Context
 ) -> None:
     hot, cool = two_macs
-    start_ranks(two_macs, tmp_path, steps=100000, into=ranks)
-    wait_until(lambda: all(r.steps() >= 10 for r in ranks), 90, "both ranks stepping", ranks)
+    start_stepping(two_macs, tmp_path, ranks)
     set_policy(ctx, hot, HOT)
     wait_until(
         lambda: all(job_states(r) == {psutil.STATUS_STOPPED} for r in ranks),
@@ -371,12 +391,7 @@ def test_one_hot_mac_pauses_and_resumes_every_rank(
     hosts = f"{hot.agent.address},{cool.agent.address}"
     table = cli("coordinator", "monitor", "--hosts", hosts, "--once")
     assert "distributed jobs" in table.stdout and "2/2 ranks" in table.stdout, table.stdout
-    parked = [
-        psutil.Process(c.pid)
-        for r in ranks
-        for c in psutil.Process(r.process.pid).children(recursive=True)
-        if "ring_steps" in " ".join(c.cmdline())
-    ]  # noqa: E501
+    parked = ring_jobs(ranks)
     cpu = [p.cpu_times() for p in parked]
     steps = [r.steps() for r in ranks]
     time.sleep(1.0)  # a window to measure that nothing runs, not a wait for a condition
@@ -387,10 +402,7 @@ def test_one_hot_mac_pauses_and_resumes_every_rank(
         lambda: all(job_states(r) and psutil.STATUS_STOPPED not in job_states(r) for r in ranks),
         30, "every rank resumed", ranks,
     )  # fmt: skip
-    finish_soon(ranks, tmp_path)
-    for rank in ranks:
-        assert rank.process.wait(timeout=180) == 0, rank.stderr()
-        assert rank.progress.with_suffix(".done").read_text() == "ok"
+    finish_cleanly(ranks, tmp_path)
     assert "paused all 2 ranks: " in ranks[1].stderr()
     assert "(rank 0) at 70.0 °C" in ranks[1].stderr()
     assert "resumed all 2 ranks" in ranks[0].stderr()
@@ -435,19 +447,13 @@ def test_one_warm_mac_paces_every_rank_in_the_same_slices(
     two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path, ctx: zmq.Context
 ) -> None:
     warm, cool = two_macs
-    start_ranks(two_macs, tmp_path, steps=100000, into=ranks)
-    wait_until(lambda: all(r.steps() >= 10 for r in ranks), 90, "both ranks stepping", ranks)
+    start_stepping(two_macs, tmp_path, ranks)
     set_policy(ctx, warm, PACED)
     wait_until(
         lambda: all("paced all 2 ranks" in r.stderr() for r in ranks), 30, "both ranks paced",
         ranks,
     )  # fmt: skip
-    pids = [
-        c.pid
-        for r in ranks
-        for c in psutil.Process(r.process.pid).children(recursive=True)
-        if "ring_steps" in " ".join(c.cmdline())
-    ]
+    pids = [job.pid for job in ring_jobs(ranks)]
     assert len(pids) == 2
     first, second = stops_seen(pids, 4.0)
     # five slices a second, each stopping both ranks: well under a second apart from the other
@@ -464,10 +470,7 @@ def test_one_warm_mac_paces_every_rank_in_the_same_slices(
         lambda: all("ended the pacing of all 2 ranks" in r.stderr() for r in ranks), 30,
         "pacing ended on both ranks", ranks,
     )  # fmt: skip
-    finish_soon(ranks, tmp_path)
-    for rank in ranks:
-        assert rank.process.wait(timeout=180) == 0, rank.stderr()
-        assert rank.progress.with_suffix(".done").read_text() == "ok"
+    finish_cleanly(ranks, tmp_path)
     assert "(rank 0) at 70.0 °C" in ranks[1].stderr()
 
 
@@ -476,15 +479,9 @@ def test_cooperative_ranks_pace_themselves_at_their_step_boundaries(
     two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path, ctx: zmq.Context
 ) -> None:
     warm, _ = two_macs
-    start_ranks(two_macs, tmp_path, steps=100000, into=ranks, gate="step")
-    wait_until(lambda: all(r.steps() >= 10 for r in ranks), 90, "both ranks stepping", ranks)
+    start_stepping(two_macs, tmp_path, ranks, gate="step")
 
-    jobs = [
-        psutil.Process(c.pid)
-        for r in ranks
-        for c in psutil.Process(r.process.pid).children(recursive=True)
-        if "ring_steps" in " ".join(c.cmdline())
-    ]
+    jobs = ring_jobs(ranks)
 
     def busy() -> float:
         """The ranks' CPU seconds per second over a window (a measurement, not a wait): what
@@ -510,9 +507,7 @@ def test_cooperative_ranks_pace_themselves_at_their_step_boundaries(
         "paced ranks still stepping", ranks,
     )  # fmt: skip
     set_policy(ctx, warm, {**COOL, "pace_temp": None})
-    finish_soon(ranks, tmp_path)
-    for rank in ranks:
-        assert rank.process.wait(timeout=180) == 0, rank.stderr()
+    finish_cleanly(ranks, tmp_path)
 
 
 @pytest.mark.slow
@@ -540,8 +535,7 @@ def test_a_stop_on_one_mac_ends_every_rank_with_75(
     two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path, ctx: zmq.Context
 ) -> None:
     hot, cool = two_macs
-    start_ranks(two_macs, tmp_path, steps=100000, into=ranks)
-    wait_until(lambda: all(r.steps() >= 10 for r in ranks), 90, "both ranks stepping", ranks)
+    start_stepping(two_macs, tmp_path, ranks)
     jobs = job_processes(ranks)
     set_policy(ctx, cool, BURNING)
     for rank in ranks:
@@ -558,8 +552,7 @@ def test_with_a_peer_agent_down_the_hot_mac_protects_itself_and_the_gang_comes_b
     ctx: zmq.Context,
 ) -> None:  # fmt: skip
     hot, cool = two_macs
-    start_ranks(two_macs, tmp_path, steps=100000, into=ranks)
-    wait_until(lambda: all(r.steps() >= 10 for r in ranks), 90, "both ranks stepping", ranks)
+    start_stepping(two_macs, tmp_path, ranks)
     port = cool.agent.port
     cool.agent.kill()
     set_policy(ctx, hot, HOT)
@@ -580,10 +573,7 @@ def test_with_a_peer_agent_down_the_hot_mac_protects_itself_and_the_gang_comes_b
         lambda: "127.0.0.3 answers again" in ranks[0].stderr(), 30, "the gang told again", ranks
     )
     set_policy(ctx, hot, COOL)
-    finish_soon(ranks, tmp_path)
-    for rank in ranks:
-        assert rank.process.wait(timeout=180) == 0, rank.stderr()
-        assert rank.progress.with_suffix(".done").read_text() == "ok"
+    finish_cleanly(ranks, tmp_path)
 
 
 # --- bad input --------------------------------------------------------------------------------
@@ -617,8 +607,7 @@ def test_a_peer_cannot_report_into_a_group_no_rank_here_runs(
 def test_a_peer_cannot_speak_for_the_local_rank(
     two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path, ctx: zmq.Context
 ) -> None:
-    start_ranks(two_macs, tmp_path, steps=100000, into=ranks)
-    wait_until(lambda: all(r.steps() >= 10 for r in ranks), 90, "both ranks stepping", ranks)
+    start_stepping(two_macs, tmp_path, ranks)
     wait_until(lambda: listed_gangs(ctx, two_macs[0]), 60, "rank 0's gang listed", ranks)
     group = json.loads((tmp_path / "hosts.json").read_text())
     identity = from_environment(
@@ -676,8 +665,7 @@ def listed_gangs(ctx: zmq.Context, mac: Mac) -> list[dict[str, object]]:
 def test_two_jobs_cannot_be_one_rank(
     two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path, ctx: zmq.Context
 ) -> None:
-    start_ranks(two_macs, tmp_path, steps=100000, into=ranks)
-    wait_until(lambda: all(r.steps() >= 10 for r in ranks), 90, "both ranks stepping", ranks)
+    start_stepping(two_macs, tmp_path, ranks)
     # Rank 0 holds its group once its agent run reported (after its first sample).
     wait_until(lambda: listed_gangs(ctx, two_macs[0]), 60, "rank 0's gang listed", ranks)
     done = subprocess.run(
@@ -709,23 +697,18 @@ def test_cooperative_ranks_park_at_the_same_step_boundary(
     gate: str, two_macs: tuple[Mac, Mac], ranks: list[Rank], tmp_path: Path, ctx: zmq.Context
 ) -> None:
     hot, cool = two_macs
-    start_ranks(two_macs, tmp_path, steps=100000, into=ranks, gate=gate)
-    wait_until(lambda: all(r.steps() >= 10 for r in ranks), 90, "both ranks stepping", ranks)
+    start_stepping(two_macs, tmp_path, ranks, gate=gate)
     set_policy(ctx, cool, HOT)
     wait_until(lambda: len(parked_steps(two_macs)) == 2, 30, "both ranks parked", ranks)
     first, second = parked_steps(two_macs)
     assert first == second  # the same step on every rank: no collective in flight
-    parked = [c for r in ranks for c in psutil.Process(r.process.pid).children(recursive=True)
-              if "ring_steps" in " ".join(c.cmdline())]  # fmt: skip
+    parked = ring_jobs(ranks)
     assert {p.status() for p in parked} <= {psutil.STATUS_SLEEPING}  # parked, not SIGSTOPped
     cpu = [sum(p.cpu_times()[:2]) for p in parked]
     time.sleep(1.0)  # a window to measure that nothing spins, not a wait for a condition
     assert all(sum(p.cpu_times()[:2]) - before < 0.2 for p, before in zip(parked, cpu, strict=True))
     set_policy(ctx, cool, COOL)
-    finish_soon(ranks, tmp_path)
-    for rank in ranks:
-        assert rank.process.wait(timeout=180) == 0, rank.stderr()
-        assert rank.progress.with_suffix(".done").read_text() == "ok"
+    finish_cleanly(ranks, tmp_path)
     assert "paused with SIGSTOP" not in ranks[0].stderr() + ranks[1].stderr()
 
 
@@ -845,17 +828,14 @@ def test_two_ranks_may_share_a_mac(
 ) -> None:
     """`mlx.launch -n 2` on one host: both ranks under one agent, one gang."""
     mac = start_mac(agents, tmp_path, "127.0.0.2")
-    start_ranks((mac, mac), tmp_path, steps=100000, into=ranks)
-    wait_until(lambda: all(r.steps() >= 10 for r in ranks), 90, "both ranks stepping", ranks)
+    start_stepping((mac, mac), tmp_path, ranks)
     set_policy(ctx, mac, HOT)
     wait_until(
         lambda: all(job_states(r) == {psutil.STATUS_STOPPED} for r in ranks),
         30, "both ranks stopped (T)", ranks,
     )  # fmt: skip
     set_policy(ctx, mac, COOL)
-    finish_soon(ranks, tmp_path)
-    for rank in ranks:
-        assert rank.process.wait(timeout=180) == 0, rank.stderr()
+    finish_cleanly(ranks, tmp_path)
     assert "is already" not in ranks[0].stderr() + ranks[1].stderr()
 
 
@@ -865,8 +845,7 @@ def test_a_cooperative_gang_stop_ends_every_rank_at_a_step_boundary(
 ) -> None:
     """The job ends itself (GangStopped at one step on every rank), not SIGTERMed mid-step."""
     hot, cool = two_macs
-    start_ranks(two_macs, tmp_path, steps=100000, into=ranks, gate="step")
-    wait_until(lambda: all(r.steps() >= 10 for r in ranks), 90, "both ranks stepping", ranks)
+    start_stepping(two_macs, tmp_path, ranks, gate="step")
     set_policy(ctx, cool, BURNING)
     for rank in ranks:
         assert rank.process.wait(timeout=90) == 75, rank.stderr()

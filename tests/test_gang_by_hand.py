@@ -12,13 +12,10 @@ not tell, never "all".
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -31,7 +28,9 @@ from shared.io.keys import own_keypair
 from shared.io.trust import peer_key, trust
 from tests.conftest import console_script, subprocess_env
 from tests.fleet_support import AgentPool, AgentProcess, cli, connect
+from tests.ring_support import end_sessions
 from tests.test_gang import Rank as GangRank
+from tests.test_gang import wait_until
 from tests.test_gang_netns import lab as netns_lab  # noqa: F401 - a fixture: namespaces
 
 ADDRESS = "127.0.0.2"
@@ -129,14 +128,7 @@ def ranks(tmp_path: Path) -> Iterator[list[Rank]]:
     yield started
     for rank in started:
         (rank.progress.parent / f"{rank.progress.name}.finish").touch()
-        if rank.process.poll() is None:
-            os.killpg(rank.process.pid, signal.SIGTERM)
-    for rank in started:
-        try:
-            rank.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(rank.process.pid, signal.SIGKILL)
-            rank.process.wait(timeout=10)
+    end_sessions([rank.process for rank in started])
 
 
 def start_ranks(pair: tuple[AgentProcess, AgentProcess], tmp_path: Path, into: list[Rank]) -> None:
@@ -153,15 +145,6 @@ def start_ranks(pair: tuple[AgentProcess, AgentProcess], tmp_path: Path, into: l
                 start_new_session=True, cwd=tmp_path,
             )  # fmt: skip
         into.append(Rank(process, steps, log))
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str, ranks: list[Rank]) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            logs = "\n".join(f"--- rank {i}\n{r.stderr()}" for i, r in enumerate(ranks))
-            raise AssertionError(f"{what} within {timeout:g} s\n{logs}")
-        time.sleep(0.05)
 
 
 def set_policy(ctx: zmq.Context, agent: AgentProcess, policy: dict[str, float]) -> None:

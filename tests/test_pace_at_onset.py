@@ -11,7 +11,6 @@ import json
 import signal
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -52,13 +51,6 @@ AT_ONSET = {"pace_at_onset": True}
 def point() -> ThrottlePoint:
     """A calibration made on the plant source the agents here read (2026-12-05)."""
     return find_throttle_point(run_model(), PLANT, True, 1796428800.0)
-
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
 
 def test_a_calibrated_mac_is_paced_at_its_onset(point: ThrottlePoint) -> None:

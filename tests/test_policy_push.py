@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,13 +19,6 @@ from tests.fleet_support import AgentPool, connect, receive, subscriber, trusted
 DEFAULT = ThermalPolicy().to_dict()
 SEED = source_defaults(None).origin  # the agents here read sim: no Mac calibrates it
 PUSHED = f"{SET_BY_COORDINATOR}, the rest {SEED}"
-
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
 
 @pytest.mark.parametrize(

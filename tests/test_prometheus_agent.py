@@ -11,7 +11,6 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +28,6 @@ from tests.fleet_support import AgentPool, connect, receive, subscriber, trusted
 from tests.test_run_cli import write_curve
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
 
 def parse(text: str) -> Samples:

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -46,13 +46,6 @@ from tests.test_run_cli import (
 )
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
 
 def wait_until(condition: Callable[[], object], timeout: float = 10.0, what: str = "") -> None:

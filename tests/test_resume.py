@@ -8,7 +8,6 @@ import json
 import signal
 import subprocess
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 import zmq
@@ -125,10 +124,3 @@ def test_the_job_list_finds_a_job_by_the_request_that_started_it(
     with pytest.raises(AgentError, match="limit must be 1 to 100, got 0"):
         client.request("job.list", {"limit": 0})
     client.close()
-
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)

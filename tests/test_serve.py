@@ -7,7 +7,6 @@ import re
 import signal
 import socket
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import msgpack
@@ -38,13 +37,6 @@ LONG_MATRIX = {
     "warmup": 0,
     "iterations": 3,
 }
-
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
 
 def run_job(client: AgentClient, matrix: dict[str, Any]) -> list[p.Message]:

@@ -13,7 +13,7 @@ import signal
 import socket
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -64,13 +64,6 @@ from tests.test_run_cli import write_curve
 POLICY = ThermalPolicy()
 EVERYTHING = {"samples_after": 0, "events_after": 0}
 """A history.get body asking for all the agent keeps."""
-
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
 
 # --- the pure core ----------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from agent.daemon.telemetry import PowerPoll
 from agent.daemon.wake import WakePipe
 from agent.thermal import ThermalReading, ThermalSource
 from agent.thermal.base import OverSource
+from shared.io.queues import drained
 
 Taken = tuple[float, ThermalReading | None, PowerPoll | None]
 """One poll's time, reading and power."""
@@ -70,10 +71,7 @@ class ReadingHandoff:
     def take(self) -> list[Taken]:
         """Every poll handed over since the last take, oldest first (the loop's thread is the
         queue's only reader)."""
-        taken = []
-        while not self._readings.empty():
-            taken.append(self._readings.get_nowait())
-        return taken
+        return drained(self._readings)
 
     def close(self) -> None:
         self.pipe.close()

@@ -24,6 +24,7 @@ from agent.sensors.base import SourceUnavailable
 from agent.sensors.capture import Poll, header_line, poll_line
 from agent.sensors.smc import SMCError
 from agent.sensors.sysfs import LiveSysfs
+from shared.io.queues import drained
 
 CAPTURE_TOOL_INTERVAL_S = 1.0
 """The tools' sample interval while capturing: one sample per poll."""
@@ -178,10 +179,7 @@ def _lines_of(stack: ExitStack, name: str, argv: list[str]) -> Reader:
 
     def read() -> list[str]:
         taken, first[:] = first[:], []
-        with suppress(Empty):
-            while True:
-                taken.append(lines.get_nowait())
-        return taken
+        return taken + drained(lines)
 
     return read
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from agent.staging.partial import PartialTransfer
 from agent.staging.store import ModelStore
+from shared.io.queues import drained
 from shared.staging.manifest import FORMAT, Manifest, ManifestError
 from shared.staging.shapes import MANIFEST_PAGE_BYTES
 from shared.wire import protocol as p
@@ -224,12 +225,7 @@ class ChunkServer:
 
     def finished(self) -> list[Answer]:
         """Every reply ready, once; the loop sends them."""
-        answers = []
-        while True:
-            try:
-                answers.append(self._answers.get_nowait())
-            except queue.Empty:
-                return answers
+        return drained(self._answers)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

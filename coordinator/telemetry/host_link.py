@@ -19,6 +19,7 @@ import zmq
 from coordinator.hosts.link import Settings, Target, connect
 from coordinator.telemetry.cursor_tracker import past
 from coordinator.telemetry.dashboard import silent_after
+from shared.io.queues import drained
 from shared.io.transport import AgentClient, HostError, InvalidMessage, agent_socket
 from shared.wire.telemetry import Cursor
 
@@ -100,12 +101,7 @@ class Reports:
         with contextlib.suppress(BlockingIOError):
             while os.read(self.readable, 4096):
                 pass
-        taken = []
-        while True:
-            try:
-                taken.append(self.queue.get_nowait())
-            except queue.Empty:
-                return taken
+        return drained(self.queue)
 
     def close(self) -> None:
         os.close(self.readable)

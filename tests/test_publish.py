@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import json
 import statistics
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +13,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from coordinator.reports.bundle import bundle_problems, make_bundle
-from tests.conftest import subprocess_env
-
-
-def coordinator(coordinator_cli: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [coordinator_cli, *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=subprocess_env(COLUMNS="200"),
-    )
+from tests.conftest import run_cli
 
 
 def edited(path: Path, change: Any) -> Path:
@@ -50,16 +39,14 @@ def flip_a_byte(bundle: dict[str, Any]) -> None:
 
 
 @pytest.mark.slow
-def test_publish_then_verify_and_every_edit_is_named(
-    coordinator_cli: str, tmp_path: Path, fleet_home: Path
-) -> None:
-    run = coordinator(
-        coordinator_cli, "benchmark", "--config-small", "-p", "16", "-n", "4", "-r", "3",
+def test_publish_then_verify_and_every_edit_is_named(tmp_path: Path, fleet_home: Path) -> None:
+    run = run_cli(
+        "coordinator", "benchmark", "--config-small", "-p", "16", "-n", "4", "-r", "3",
         "-w", "0", "-o", "json",
     )  # fmt: skip
     assert run.returncode in (0, 1), run.stderr  # 1: a noisy cell on a busy machine
     run_id = json.loads(run.stdout)["run_id"]
-    published = coordinator(coordinator_cli, "publish", run_id, "--out", str(tmp_path), "--all")
+    published = run_cli("coordinator", "publish", run_id, "--out", str(tmp_path), "--all")
     assert published.returncode == 0, published.stderr
     key = published.stderr.strip().rsplit("signed by ", 1)[1]
     path = tmp_path / f"{run_id}.bundle.json"
@@ -74,7 +61,7 @@ def test_publish_then_verify_and_every_edit_is_named(
     markdown = (tmp_path / f"{run_id}.md").read_text()
     assert f"coordinator verify {path.name} --key {key}" in markdown and "| pp16 |" in markdown
 
-    ok = coordinator(coordinator_cli, "verify", str(path), "--key", key)
+    ok = run_cli("coordinator", "verify", str(path), "--key", key)
     assert ok.returncode == 0, ok.stderr
     assert "pp16" in ok.stdout and "tg4" in ok.stdout
     assert f"verifies: 2 cells recomputed from their samples; signed by {key}" in ok.stderr
@@ -97,15 +84,15 @@ def test_publish_then_verify_and_every_edit_is_named(
         "a byte of the signature": (flip_a_byte, ["the signature does not match"]),
     }  # fmt: skip
     for what, (change, reasons) in cases.items():
-        done = coordinator(coordinator_cli, "verify", str(edited(path, change)))
+        done = run_cli("coordinator", "verify", str(edited(path, change)))
         assert done.returncode == 1, (what, done.stderr)
         assert done.stderr.startswith("error: does not verify: "), (what, done.stderr)
         assert all(reason in done.stderr for reason in reasons), (what, done.stderr)
-    stranger = coordinator(coordinator_cli, "verify", str(path), "--key", other)
+    stranger = run_cli("coordinator", "verify", str(path), "--key", other)
     assert stranger.returncode == 1 and f"not by {other}" in stranger.stderr
     (tmp_path / "notes.json").write_text("{}")
     for bad, message in ((tmp_path / "notes.json", "not an mlx-fleet bundle"), (tmp_path, "")):
-        done = coordinator(coordinator_cli, "verify", str(bad))
+        done = run_cli("coordinator", "verify", str(bad))
         assert done.returncode == 2 and message in done.stderr, done.stderr
 
 

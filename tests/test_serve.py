@@ -7,6 +7,7 @@ import re
 import signal
 import socket
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import msgpack
@@ -18,7 +19,7 @@ from shared.io.keys import new_keypair, own_keypair
 from shared.io.transport import AgentClient, AgentError, HostError
 from shared.io.trust import trust
 from shared.wire import protocol as p
-from tests.fleet_support import AgentPool, connect, raw_dealer, trusted_agent
+from tests.fleet_support import AgentPool, AgentProcess, connect, raw_dealer, trusted_agent
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -41,6 +42,17 @@ LONG_MATRIX = {
 
 def run_job(client: AgentClient, matrix: dict[str, Any]) -> list[p.Message]:
     return list(client.stream(client.send("bench.start", {"matrix": matrix})))
+
+
+def start_job(
+    ctx: zmq.Context, agents: AgentPool, matrix: dict[str, Any]
+) -> tuple[AgentProcess, AgentClient, Iterator[p.Message], str]:
+    """A trusted agent given `matrix`: the agent, the client that started the job, the job's
+    stream past bench.start.ok, and the job's id."""
+    agent = trusted_agent(agents)
+    client = connect(ctx, agent)
+    stream = client.stream(client.send("bench.start", {"matrix": matrix}))
+    return agent, client, stream, next(stream).body["job"]
 
 
 def test_hello_ping_info(ctx: zmq.Context, agents: AgentPool) -> None:
@@ -193,10 +205,7 @@ def test_malformed_messages_get_error_replies(
 def test_sigterm_stops_the_job_keeps_its_cells_and_exits_0(
     ctx: zmq.Context, agents: AgentPool
 ) -> None:
-    agent = trusted_agent(agents)
-    client = connect(ctx, agent)
-    stream = client.stream(client.send("bench.start", {"matrix": LONG_MATRIX}))
-    job_id = next(stream).body["job"]
+    agent, client, stream, job_id = start_job(ctx, agents, LONG_MATRIX)
     first = next(m for m in stream if m.type == "bench.cell")
     agent.process.send_signal(signal.SIGTERM)
     sent = time.monotonic()
@@ -225,10 +234,7 @@ def test_sigterm_when_idle_exits_at_once(agents: AgentPool) -> None:
 def test_a_killed_job_process_fails_its_cell_and_a_new_one_runs_the_rest(
     ctx: zmq.Context, agents: AgentPool
 ) -> None:
-    agent = trusted_agent(agents)
-    client = connect(ctx, agent)
-    stream = client.stream(client.send("bench.start", {"matrix": LONG_MATRIX}))
-    job_id = next(stream).body["job"]
+    agent, client, stream, job_id = start_job(ctx, agents, LONG_MATRIX)
     next(m for m in stream if m.type == "bench.cell")
     (child,) = psutil.Process(agent.process.pid).children()
     child.send_signal(signal.SIGKILL)
@@ -255,10 +261,7 @@ def test_a_job_process_killed_before_it_wrote_anything_says_so(
 ) -> None:
     """The error keeps its one form when there are no last lines to quote: `it wrote nothing`,
     and the log it names is there (kept, empty)."""
-    agent = trusted_agent(agents)
-    client = connect(ctx, agent)
-    stream = client.stream(client.send("bench.start", {"matrix": QUICK_MATRIX}))
-    job_id = next(stream).body["job"]
+    agent, client, stream, job_id = start_job(ctx, agents, QUICK_MATRIX)
     deadline = time.monotonic() + 30
     while not (children := psutil.Process(agent.process.pid).children()):
         assert time.monotonic() < deadline, "no job process"

@@ -16,6 +16,7 @@ from zmq.auth.thread import ThreadAuthenticator
 
 from agent.daemon.throttle import LogThrottle
 from agent.daemon.zap import OwnOrTrustedKeys, TrustedKeys
+from shared.io.address import split_host_port
 from shared.io.keys import own_keypair
 from shared.io.trust import trusted_dir
 from shared.wire import protocol as p
@@ -89,15 +90,14 @@ class PortHeld(ServeError):
 
 def endpoint_for(bind: str) -> tuple[str, bool]:
     """'HOST:PORT' -> ('tcp://HOST:PORT', is_ipv6); port 0 asks for an ephemeral port."""
-    host, sep, port_text = bind.strip().rpartition(":")
-    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+    found = split_host_port(bind)
+    if found is None:
         raise ServeError(
             f"bad --bind {bind!r}: expected HOST:PORT, e.g. 0.0.0.0:{p.DEFAULT_PORT}"
             " or 127.0.0.1:0 for any free port"
         )
-    ipv6 = host.startswith("[")
-    port = "*" if int(port_text) == 0 else port_text
-    return f"tcp://{host}:{port}", ipv6
+    host, port = found
+    return f"tcp://{host}:{port or '*'}", host.startswith("[")
 
 
 def telemetry_endpoint(endpoint: str, port: int | None) -> str:

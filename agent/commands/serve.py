@@ -19,7 +19,7 @@ from agent.daemon.loop import DEFAULT_RETENTION_DAYS, AgentDaemon, serve
 from agent.daemon_address import DaemonAddress, find_daemon, pid_alive
 from agent.staging.tasks import DEFAULT_BUSY_RATE
 from shared.bounds import MAX_PID
-from shared.io.address import split_host_port
+from shared.io.address import host_port
 from shared.io.cli import err, usage_error
 from shared.io.files import make_private
 from shared.io.options import (
@@ -219,10 +219,11 @@ def bind_problem(bind: str) -> str | None:
     """Why --bind's HOST cannot be bound, when DNS has no address for it and it is no network
     interface of this machine (ZeroMQ binds `eth0:5555` too): ZeroMQ would say only `No such
     device`. None when it may be bound (a malformed HOST:PORT is endpoint_for's to refuse)."""
-    found = split_host_port(bind)
-    if found is None:
+    try:
+        host, port = host_port(bind, "--bind", "")
+    except ValueError:
         return None
-    host, port = found[0].strip("[]"), found[1]
+    host = host.strip("[]")
     if not host or host in WILDCARDS:
         return None
     try:

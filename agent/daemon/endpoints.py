@@ -16,7 +16,7 @@ from zmq.auth.thread import ThreadAuthenticator
 
 from agent.daemon.throttle import LogThrottle
 from agent.daemon.zap import OwnOrTrustedKeys, TrustedKeys
-from shared.io.address import split_host_port
+from shared.io.address import host_port
 from shared.io.keys import own_keypair
 from shared.io.trust import trusted_dir
 from shared.wire import protocol as p
@@ -90,13 +90,11 @@ class PortHeld(ServeError):
 
 def endpoint_for(bind: str) -> tuple[str, bool]:
     """'HOST:PORT' -> ('tcp://HOST:PORT', is_ipv6); port 0 asks for an ephemeral port."""
-    found = split_host_port(bind)
-    if found is None:
-        raise ServeError(
-            f"bad --bind {bind!r}: expected HOST:PORT, e.g. 0.0.0.0:{p.DEFAULT_PORT}"
-            " or 127.0.0.1:0 for any free port"
-        )
-    host, port = found
+    example = f"0.0.0.0:{p.DEFAULT_PORT} or 127.0.0.1:0 for any free port"
+    try:
+        host, port = host_port(bind, "--bind", example)
+    except ValueError as exc:
+        raise ServeError(str(exc)) from None
     return f"tcp://{host}:{port or '*'}", host.startswith("[")
 
 

@@ -96,7 +96,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from shared.benchmark.verdict import REASONS, VALID, VERDICTS, judge
 from shared.cooling.clocks import clock_label
 from shared.cooling.policy import CoolingState
-from shared.io.address import split_host_port
+from shared.io.address import host_port
 from shared.safe_text import shown
 
 STATE_VALUES: dict[str, float] = {"ok": 0, "reduce_batch": 1, "pace": 1.5, "pause": 2, "stop": 3}
@@ -603,13 +603,8 @@ class ConditionsCollector:
 
 def parse_address(text: str) -> tuple[str, int]:
     """'HOST:PORT' (IPv6 in brackets) -> (host, port); ValueError naming the expected form."""
-    found = split_host_port(text)
-    if found is None:
-        raise ValueError(
-            f"bad address {text!r}: expected HOST:PORT, e.g. 127.0.0.1:9101 "
-            "(port 0 picks a free one)"
-        )
-    return found[0].strip("[]"), found[1]
+    host, port = host_port(text, "address", "127.0.0.1:9101 (port 0 picks a free one)")
+    return host.strip("[]"), port
 
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):

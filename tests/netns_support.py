@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -24,6 +24,29 @@ HUB_ADDRESS = SUBNET.format(254)
 
 def ip(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+
+
+@contextmanager
+def wired_namespaces(names: Iterable[str], steps: Sequence[tuple[str, ...]]) -> Iterator[None]:
+    """Network namespaces `names`, made and then wired by `ip STEP` for each of `steps`;
+    deleted afterwards. The test skips, saying why, where one cannot be made or wired."""
+    if shutil.which("ip") is None:
+        pytest.skip("the `ip` command (iproute2) is not installed")
+    created: list[str] = []
+    try:
+        for name in names:
+            made = ip("netns", "add", name)
+            if made.returncode != 0:
+                pytest.skip(f"cannot create a network namespace: {made.stderr.strip()}")
+            created.append(name)
+        for step in steps:
+            done = ip(*step)
+            if done.returncode != 0:
+                pytest.skip(f"cannot wire the namespaces (ip {' '.join(step)}): {done.stderr}")
+        yield
+    finally:
+        for name in created:
+            ip("netns", "del", name)
 
 
 @dataclass(frozen=True)
@@ -84,43 +107,28 @@ class Lab:
 def lab(hosts: Sequence[str]) -> Iterator[Lab]:
     """Hosts `hosts` (short names), each at SUBNET.1, .2, … in its own namespace, all on one
     bridge in the hub (HUB_ADDRESS)."""
-    if shutil.which("ip") is None:
-        pytest.skip("the `ip` command (iproute2) is not installed")
     tag = f"mlxg{os.getpid() % 100000}"
     hub = f"{tag}-hub"
     namespaces = {host: f"{tag}-{host}" for host in hosts}
     addresses = {host: SUBNET.format(index) for index, host in enumerate(hosts, start=1)}
     hub_ends = {host: f"{tag}h{index}" for index, host in enumerate(hosts, start=1)}
     host_ends = {host: f"{tag}v{index}" for index, host in enumerate(hosts, start=1)}
-    created: list[str] = []
-    try:
-        for name in (hub, *namespaces.values()):
-            made = ip("netns", "add", name)
-            if made.returncode != 0:
-                pytest.skip(f"cannot create a network namespace: {made.stderr.strip()}")
-            created.append(name)
-        steps: list[tuple[str, ...]] = [
-            ("-n", hub, "link", "add", "br0", "type", "bridge"),
-            ("-n", hub, "addr", "add", f"{HUB_ADDRESS}/24", "dev", "br0"),
-            ("-n", hub, "link", "set", "br0", "up"),
-            ("-n", hub, "link", "set", "lo", "up"),
-        ]
-        for host in hosts:
-            inside = host_ends[host]
-            steps += [
-                ("link", "add", hub_ends[host], "netns", hub, "type", "veth", "peer", "name",
-                 inside, "netns", namespaces[host]),
-                ("-n", hub, "link", "set", hub_ends[host], "master", "br0"),
-                ("-n", hub, "link", "set", hub_ends[host], "up"),
-                ("-n", namespaces[host], "addr", "add", f"{addresses[host]}/24", "dev", inside),
-                ("-n", namespaces[host], "link", "set", inside, "up"),
-                ("-n", namespaces[host], "link", "set", "lo", "up"),
-            ]  # fmt: skip
-        for step in steps:
-            done = ip(*step)
-            if done.returncode != 0:
-                pytest.skip(f"cannot wire the namespaces (ip {' '.join(step)}): {done.stderr}")
+    steps: list[tuple[str, ...]] = [
+        ("-n", hub, "link", "add", "br0", "type", "bridge"),
+        ("-n", hub, "addr", "add", f"{HUB_ADDRESS}/24", "dev", "br0"),
+        ("-n", hub, "link", "set", "br0", "up"),
+        ("-n", hub, "link", "set", "lo", "up"),
+    ]
+    for host in hosts:
+        inside = host_ends[host]
+        steps += [
+            ("link", "add", hub_ends[host], "netns", hub, "type", "veth", "peer", "name",
+             inside, "netns", namespaces[host]),
+            ("-n", hub, "link", "set", hub_ends[host], "master", "br0"),
+            ("-n", hub, "link", "set", hub_ends[host], "up"),
+            ("-n", namespaces[host], "addr", "add", f"{addresses[host]}/24", "dev", inside),
+            ("-n", namespaces[host], "link", "set", inside, "up"),
+            ("-n", namespaces[host], "link", "set", "lo", "up"),
+        ]  # fmt: skip
+    with wired_namespaces((hub, *namespaces.values()), steps):
         yield Lab(hub, namespaces, addresses, hub_ends, host_ends)
-    finally:
-        for name in created:
-            ip("netns", "del", name)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import pytest
 from coordinator.hosts.keys import add_host_key
 from tests.conftest import console_script, subprocess_env
 from tests.fleet_support import AgentPool, AgentProcess, cli
+from tests.netns_support import wired_namespaces
 from tests.test_gang import (
     BURNING,
     COOL,
@@ -37,7 +37,6 @@ from tests.test_gang import (
     job_states,
     wait_until,
 )
-from tests.test_netns import ip
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("netns")]
 """One xdist worker runs the netns tests one after another (`--dist loadgroup`): they share the
@@ -50,39 +49,24 @@ ADDRESS = "10.254.74.{}"
 @pytest.fixture
 def lab() -> Iterator[dict[str, str]]:
     """{mac: namespace}, each wired to the switch namespace's bridge; deleted afterwards."""
-    if shutil.which("ip") is None:
-        pytest.skip("the `ip` command (iproute2) is not installed")
     tag = f"mg{os.getpid()}"
     names = {mac: f"{tag}-{mac}" for mac in MACS}
     switch = f"{tag}-sw"
-    created: list[str] = []
-    try:
-        for name in [switch, *names.values()]:
-            made = ip("netns", "add", name)
-            if made.returncode != 0:
-                pytest.skip(f"cannot create a network namespace: {made.stderr.strip()}")
-            created.append(name)
-        steps = [("-n", switch, "link", "add", "br0", "type", "bridge"),
-                 ("-n", switch, "link", "set", "br0", "up")]  # fmt: skip
-        for index, name in enumerate(names.values(), start=1):
-            here, there = f"{tag}{index}a", f"{tag}{index}b"
-            steps += [
-                ("link", "add", here, "netns", name, "type", "veth", "peer", "name", there,
-                 "netns", switch),
-                ("-n", switch, "link", "set", there, "master", "br0"),
-                ("-n", switch, "link", "set", there, "up"),
-                ("-n", name, "addr", "add", f"{ADDRESS.format(index)}/24", "dev", here),
-                ("-n", name, "link", "set", here, "up"),
-                ("-n", name, "link", "set", "lo", "up"),
-            ]  # fmt: skip
-        for step in steps:
-            done = ip(*step)
-            if done.returncode != 0:
-                pytest.skip(f"cannot wire the lab (ip {' '.join(step)}): {done.stderr.strip()}")
+    steps = [("-n", switch, "link", "add", "br0", "type", "bridge"),
+             ("-n", switch, "link", "set", "br0", "up")]  # fmt: skip
+    for index, name in enumerate(names.values(), start=1):
+        here, there = f"{tag}{index}a", f"{tag}{index}b"
+        steps += [
+            ("link", "add", here, "netns", name, "type", "veth", "peer", "name", there,
+             "netns", switch),
+            ("-n", switch, "link", "set", there, "master", "br0"),
+            ("-n", switch, "link", "set", there, "up"),
+            ("-n", name, "addr", "add", f"{ADDRESS.format(index)}/24", "dev", here),
+            ("-n", name, "link", "set", here, "up"),
+            ("-n", name, "link", "set", "lo", "up"),
+        ]  # fmt: skip
+    with wired_namespaces([switch, *names.values()], steps):
         yield names
-    finally:
-        for name in created:
-            ip("netns", "del", name)
 
 
 def in_ns(namespace: str, *command: str) -> list[str]:

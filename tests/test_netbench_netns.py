@@ -26,8 +26,8 @@ import pytest
 from shared.distributed.netbench import progress_step
 from tests.conftest import console_script, subprocess_env
 from tests.fleet_support import AgentPool, AgentProcess, cli, exchange_keys
+from tests.netns_support import ip, wired_namespaces
 from tests.test_netbench_cli import ranks_running
-from tests.test_netns import ip
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("netns")]
 """One xdist worker runs the netns tests one after another (`--dist loadgroup`): they share the
@@ -60,37 +60,24 @@ def wired() -> Iterator[dict[str, str]]:
         if shutil.which(tool) is None:
             pytest.skip(f"the `{tool}` command (iproute2) is not installed")
     names = {host: f"mlxnb{os.getpid()}-{host}" for host in "abc"}
-    created: list[str] = []
-    try:
-        for name in names.values():
-            made = ip("netns", "add", name)
-            if made.returncode != 0:
-                pytest.skip(f"cannot create a network namespace: {made.stderr.strip()}")
-            created.append(name)
-        steps: list[tuple[str, ...]] = []
-        for (first, second), subnet in LINKS.items():
-            one, two = veth((first, second), first), veth((first, second), second)
-            steps.append(
-                ("link", "add", one, "netns", names[first], "type", "veth", "peer", "name", two,
-                 "netns", names[second])
-            )  # fmt: skip
-            for index, (host, dev) in enumerate(((first, one), (second, two)), start=1):
-                steps += [
-                    ("-n", names[host], "addr", "add", subnet.format(index), "dev", dev),
-                    ("-n", names[host], "link", "set", dev, "up"),
-                ]
-        steps += [("-n", name, "link", "set", "lo", "up") for name in names.values()]
+    steps: list[tuple[str, ...]] = []
+    for (first, second), subnet in LINKS.items():
+        one, two = veth((first, second), first), veth((first, second), second)
         steps.append(
-            ("-n", names["a"], "route", "add", f"{RING_ADDRESS['c']}/32", "via", "10.254.83.1")
-        )
-        for step in steps:
-            done = ip(*step)
-            if done.returncode != 0:
-                pytest.skip(f"cannot wire the namespaces (ip {' '.join(step)}): {done.stderr}")
+            ("link", "add", one, "netns", names[first], "type", "veth", "peer", "name", two,
+             "netns", names[second])
+        )  # fmt: skip
+        for index, (host, dev) in enumerate(((first, one), (second, two)), start=1):
+            steps += [
+                ("-n", names[host], "addr", "add", subnet.format(index), "dev", dev),
+                ("-n", names[host], "link", "set", dev, "up"),
+            ]
+    steps += [("-n", name, "link", "set", "lo", "up") for name in names.values()]
+    steps.append(
+        ("-n", names["a"], "route", "add", f"{RING_ADDRESS['c']}/32", "via", "10.254.83.1")
+    )
+    with wired_namespaces(names.values(), steps):
         yield names
-    finally:
-        for name in created:
-            ip("netns", "del", name)
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ import pytest
 
 from tests.conftest import console_script, piped, subprocess_env
 from tests.fleet_support import LONG, QUICK, AgentPool, exchange_keys
+from tests.netns_support import ip, wired_namespaces
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("netns")]
 """One xdist worker runs the netns tests one after another (`--dist loadgroup`): they share the
@@ -28,58 +28,25 @@ ADDRESSES = {"mac1": "10.254.73.1", "mac2": "10.254.73.2"}
 VETHS = {"mac1": f"mf{os.getpid()}a", "mac2": f"mf{os.getpid()}b"}
 
 
-def ip(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
-
-
 @pytest.fixture
 def namespaces() -> Iterator[dict[str, str]]:
     """{"mac1": namespace name, "mac2": ...}, wired and up; deleted afterwards."""
-    if shutil.which("ip") is None:
-        pytest.skip("the `ip` command (iproute2) is not installed")
     tag = f"mlxf{os.getpid()}"
     names = {role: f"{tag}-{role}" for role in ADDRESSES}
     veths = VETHS
-    created: list[str] = []
-    try:
-        for name in names.values():
-            made = ip("netns", "add", name)
-            if made.returncode != 0:
-                pytest.skip(f"cannot create a network namespace: {made.stderr.strip()}")
-            created.append(name)
-        steps = [
-            (
-                "link",
-                "add",
-                veths["mac1"],
-                "netns",
-                names["mac1"],
-                "type",
-                "veth",
-                "peer",
-                "name",
-                veths["mac2"],
-                "netns",
-                names["mac2"],
-            )
+    steps = [
+        ("link", "add", veths["mac1"], "netns", names["mac1"], "type", "veth", "peer", "name",
+         veths["mac2"], "netns", names["mac2"])
+    ]  # fmt: skip
+    for index, role in enumerate(ADDRESSES, start=1):
+        ns = ("-n", names[role])
+        steps += [
+            (*ns, "addr", "add", SUBNET.format(index), "dev", veths[role]),
+            (*ns, "link", "set", veths[role], "up"),
+            (*ns, "link", "set", "lo", "up"),
         ]
-        for index, role in enumerate(ADDRESSES, start=1):
-            ns = ("-n", names[role])
-            steps += [
-                (*ns, "addr", "add", SUBNET.format(index), "dev", veths[role]),
-                (*ns, "link", "set", veths[role], "up"),
-                (*ns, "link", "set", "lo", "up"),
-            ]
-        for step in steps:
-            done = ip(*step)
-            if done.returncode != 0:
-                pytest.skip(
-                    f"cannot wire the namespaces (ip {' '.join(step)}): {done.stderr.strip()}"
-                )
+    with wired_namespaces(names.values(), steps):
         yield names
-    finally:
-        for name in created:
-            ip("netns", "del", name)
 
 
 @pytest.mark.slow

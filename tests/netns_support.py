@@ -26,6 +26,11 @@ def ip(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
 
 
+def in_ns(namespace: str, *command: str) -> list[str]:
+    """`command`'s argv run inside network namespace `namespace`."""
+    return ["ip", "netns", "exec", namespace, *command]
+
+
 @contextmanager
 def wired_namespaces(names: Iterable[str], steps: Sequence[tuple[str, ...]]) -> Iterator[None]:
     """Network namespaces `names`, made and then wired by `ip STEP` for each of `steps`;
@@ -97,10 +102,10 @@ class Lab:
 
     def run(self, argv: Sequence[str], **options: object) -> subprocess.CompletedProcess[str]:
         """`argv` in the hub's namespace (the coordinator's)."""
-        return subprocess.run(["ip", "netns", "exec", self.hub, *argv], **options)  # type: ignore[call-overload]
+        return subprocess.run(in_ns(self.hub, *argv), **options)  # type: ignore[call-overload]
 
     def popen(self, argv: Sequence[str], **options: object) -> subprocess.Popen[str]:
-        return subprocess.Popen(["ip", "netns", "exec", self.hub, *argv], **options)  # type: ignore[call-overload]
+        return subprocess.Popen(in_ns(self.hub, *argv), **options)  # type: ignore[call-overload]
 
 
 @contextmanager

@@ -210,7 +210,8 @@ def test_ranks_set_up_by_hand_on_two_namespaces_pause_and_resume_together(
     lab, each agent trusting the others with `agent keys trust KEY --peer HOST:PORT`), two
     ranks started by hand with `--rank-hosts HOST:PORT,HOST:PORT`: a pause on one Mac parks
     both, a cool policy resumes both, and each says `paused all 2 ranks`."""
-    from tests.test_gang_netns import in_ns, push, start_lab
+    from tests.netns_support import in_ns
+    from tests.test_gang_netns import push, start_lab
 
     lab = netns_lab
     started = start_lab(lab, agents, tmp_path)[:2]  # mac1 and mac2; mac3's agent idles

@@ -25,7 +25,7 @@ import pytest
 from coordinator.hosts.keys import add_host_key
 from tests.conftest import console_script, subprocess_env
 from tests.fleet_support import AgentPool, AgentProcess, cli
-from tests.netns_support import wired_namespaces
+from tests.netns_support import in_ns, wired_namespaces
 from tests.test_gang import (
     BURNING,
     COOL,
@@ -67,10 +67,6 @@ def lab() -> Iterator[dict[str, str]]:
         ]  # fmt: skip
     with wired_namespaces([switch, *names.values()], steps):
         yield names
-
-
-def in_ns(namespace: str, *command: str) -> list[str]:
-    return ["ip", "netns", "exec", namespace, *command]
 
 
 def start_lab(lab: dict[str, str], agents: AgentPool, tmp_path: Path) -> list[AgentProcess]:

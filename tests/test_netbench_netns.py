@@ -26,7 +26,7 @@ import pytest
 from shared.distributed.netbench import progress_step
 from tests.conftest import console_script, subprocess_env
 from tests.fleet_support import AgentPool, AgentProcess, cli, exchange_keys
-from tests.netns_support import ip, wired_namespaces
+from tests.netns_support import in_ns, ip, wired_namespaces
 from tests.test_netbench_cli import ranks_running
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("netns")]
@@ -112,8 +112,8 @@ def test_the_rate_limited_link_and_only_it_is_flagged(
 ) -> None:
     hosts = [agent.address for agent in ring_agents(triangle, agents)]
     result = subprocess.run(
-        ["ip", "netns", "exec", triangle["a"], console_script("coordinator"), "netbench",
-         "--hosts", ",".join(hosts), "--sizes", "64K,1M", "-r", "3", "-o", "json"],
+        in_ns(triangle["a"], console_script("coordinator"), "netbench",
+              "--hosts", ",".join(hosts), "--sizes", "64K,1M", "-r", "3", "-o", "json"),
         capture_output=True, text=True, timeout=500, env=subprocess_env(),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -154,9 +154,9 @@ def test_a_link_cut_mid_run_fails_it_within_the_host_timeout(
     started = ring_agents(wired, agents)
     hosts = [agent.address for agent in started]
     run = subprocess.Popen(
-        ["ip", "netns", "exec", wired["a"], console_script("coordinator"), "netbench",
-         "--hosts", ",".join(hosts), "--sizes", "1M", "-r", str(REPETITIONS), "-w", "1",
-         "--host-timeout", str(CUT_TIMEOUT_S)],
+        in_ns(wired["a"], console_script("coordinator"), "netbench",
+              "--hosts", ",".join(hosts), "--sizes", "1M", "-r", str(REPETITIONS), "-w", "1",
+              "--host-timeout", str(CUT_TIMEOUT_S)),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env(),
     )  # fmt: skip
     cut = f"send_recv {hosts[1]}↔{hosts[2]}"

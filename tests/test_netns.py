@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import console_script, piped, subprocess_env
 from tests.fleet_support import LONG, QUICK, AgentPool, exchange_keys
-from tests.netns_support import ip, wired_namespaces
+from tests.netns_support import in_ns, ip, wired_namespaces
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("netns")]
 """One xdist worker runs the netns tests one after another (`--dist loadgroup`): they share the
@@ -49,6 +49,11 @@ def namespaces() -> Iterator[dict[str, str]]:
         yield names
 
 
+def in_mac1(namespaces: dict[str, str], *args: str) -> list[str]:
+    """`coordinator ARGS --format json` in mac1's namespace, where the coordinator runs."""
+    return in_ns(namespaces["mac1"], console_script("coordinator"), *args, "--format", "json")
+
+
 @pytest.mark.slow
 def test_benchmark_across_two_namespaces(namespaces: dict[str, str], agents: AgentPool) -> None:
     started = {
@@ -59,19 +64,7 @@ def test_benchmark_across_two_namespaces(namespaces: dict[str, str], agents: Age
         exchange_keys(agent)
     hosts = ",".join(agent.address for agent in started.values())
     result = subprocess.run(
-        [
-            "ip",
-            "netns",
-            "exec",
-            namespaces["mac1"],
-            console_script("coordinator"),
-            "benchmark",
-            "--hosts",
-            hosts,
-            *QUICK,
-            "--format",
-            "json",
-        ],
+        in_mac1(namespaces, "benchmark", "--hosts", hosts, *QUICK),
         capture_output=True,
         text=True,
         timeout=120,
@@ -95,21 +88,7 @@ def test_a_link_cut_for_15_s_mid_run_loses_no_cell(
     host unreachable, reconnects when the link is back and fetches every cell it missed."""
     agent = agents.start("mac2", netns=namespaces["mac2"], bind_host=ADDRESSES["mac2"])
     exchange_keys(agent)
-    coordinator = piped(
-        [
-            "ip",
-            "netns",
-            "exec",
-            namespaces["mac1"],
-            console_script("coordinator"),
-            "benchmark",
-            "--hosts",
-            agent.address,
-            *LONG,
-            "--format",
-            "json",
-        ],
-    )
+    coordinator = piped(in_mac1(namespaces, "benchmark", "--hosts", agent.address, *LONG))
     veth = VETHS["mac1"]
     try:
         agent.wait_for_cells(1)

@@ -202,10 +202,15 @@ def exchange_keys(agent: AgentProcess) -> None:
 
 
 def trusted_agent(
-    agents: AgentPool, name: str = "agent", *, thermal: str = "none", options: Sequence[str] = ()
+    agents: AgentPool,
+    name: str = "agent",
+    *,
+    thermal: str = "none",
+    options: Sequence[str] = (),
+    wrapper: Sequence[str] = (),
 ) -> AgentProcess:
     """An agent that trusts this test's coordinator key (the test's MLX_FLEET_HOME keypair)."""
-    agent = agents.start(name, thermal=thermal, options=options)
+    agent = agents.start(name, thermal=thermal, options=options, wrapper=wrapper)
     trust(own_keypair().public, "test", directory=agent.home / "keys" / "trusted")
     return agent
 

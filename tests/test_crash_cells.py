@@ -21,9 +21,8 @@ from agent.model import ModelArgs, build_model
 from agent.profiling.footprint import cell_footprint, model_shape, refusal
 from agent.profiling.runner import machine_memory, run_matrix
 from shared.benchmark.matrix import Cell, MatrixSpec, expand
-from shared.io.keys import own_keypair
-from shared.io.trust import trust
 from tests.fleet_support import AgentPool, connect, trusted_agent
+from tests.test_gpu_errors import middle_cell_fails_alone
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -50,24 +49,12 @@ def test_a_cell_that_kills_its_job_process_fails_alone(ctx: zmq.Context, agents:
         pytest.skip("needs prlimit(1) (util-linux) to give the agent a memory limit")
     if small_shape_footprint(CRASHING) > machine_memory():
         pytest.skip("this machine is too small: the agent would refuse the crashing cell")
-    agent = agents.start(wrapper=["prlimit", f"--data={DATA_LIMIT}"])
-    trust(own_keypair().public, "test", directory=agent.home / "keys" / "trusted")
-    client = connect(ctx, agent)
-    matrix = {
-        "models": ["small"],
-        "n_prompt": [16, CRASHING.n_prompt, 32],
-        "batch_sizes": [CRASHING.batch_size],
-        "n_gen": [0],
-        "prefill_step_size": CRASHING_STEP,
-        "warmup": 0,
-        "iterations": 1,
-    }
-    stream = list(client.stream(client.send("bench.start", {"matrix": matrix})))
-    cells = [m.body["record"] for m in stream if m.type == "bench.cell"]
-    assert [c["test"] for c in cells] == ["pp16", "pp8192", "pp32"]
-    assert cells[0]["status"] == "ok" and cells[2]["status"] == "ok"
+    client, stream, cells = middle_cell_fails_alone(
+        ctx, agents, ["prlimit", f"--data={DATA_LIMIT}"], [16, CRASHING.n_prompt, 32],
+        batch_sizes=[CRASHING.batch_size], prefill_step_size=CRASHING_STEP,
+    )  # fmt: skip
+    assert cells[1]["test"] == "pp8192"
     crashed = cells[1]
-    assert crashed["status"] == "failed"
     job = stream[0].body["job"]
     form = (
         r"the job process died \(killed by SIG[A-Z]+\) while measuring this cell: "
@@ -76,7 +63,6 @@ def test_a_cell_that_kills_its_job_process_fails_alone(ctx: zmq.Context, agents:
     found = re.fullmatch(form, crashed["error"])
     assert found, crashed["error"]
     assert Path(found[1]).is_file()
-    assert stream[-1].body["status"] == "ok" and stream[-1].body["cells"] == 3
     models = [m for m in stream if m.type == "bench.progress" and m.body["model"]]
     assert len(models) == 1  # built again in the new process, announced once
     assert client.request("ping")["job"] is None

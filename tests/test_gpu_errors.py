@@ -6,15 +6,16 @@ process, the abort injected with MLX_FLEET_INJECT)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zmq
 
 from shared.benchmark import gpu_errors
 from shared.benchmark.faults import GPU_ERROR_KINDS
-from shared.io.keys import own_keypair
-from shared.io.trust import trust
-from tests.fleet_support import AgentPool, connect
+from shared.io.transport import AgentClient
+from shared.wire import protocol as p
+from tests.fleet_support import AgentPool, connect, trusted_agent
 
 FIXTURE = Path(__file__).parent / "fixtures" / "gpu_errors.txt"
 
@@ -49,28 +50,31 @@ def test_the_cells_error_is_cut() -> None:
     assert len(error) <= len("gpu-error: Timeout: ") + gpu_errors.ERROR_CHARS
 
 
+def middle_cell_fails_alone(
+    ctx: zmq.Context, agents: AgentPool, wrapper: list[str], prompts: list[int], **matrix: Any
+) -> tuple[AgentClient, list[p.Message], list[dict[str, Any]]]:
+    """A trusted agent started under `wrapper` runs three prefill cells of `prompts` (one pass,
+    no warm-up; `matrix` more keys): the first and last are measured, the middle one fails,
+    and the job ends ok with all three. The client, the job's stream and its cells."""
+    client = connect(ctx, trusted_agent(agents, wrapper=wrapper))
+    matrix |= {"models": ["small"], "n_prompt": prompts, "n_gen": [0], "warmup": 0, "iterations": 1}
+    stream = list(client.stream(client.send("bench.start", {"matrix": matrix})))
+    cells = [m.body["record"] for m in stream if m.type == "bench.cell"]
+    assert [c["test"] for c in cells] == [f"pp{n}" for n in prompts]
+    assert cells[0]["status"] == "ok" and cells[2]["status"] == "ok"
+    assert cells[1]["status"] == "failed"
+    assert stream[-1].body["status"] == "ok" and stream[-1].body["cells"] == 3
+    return client, stream, cells
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.slow
 def test_a_gpu_error_fails_its_cell_alone(ctx: zmq.Context, agents: AgentPool) -> None:
-    agent = agents.start(wrapper=["env", "MLX_FLEET_INJECT=gpu-error@2"])
-    trust(own_keypair().public, "test", directory=agent.home / "keys" / "trusted")
-    client = connect(ctx, agent)
-    matrix = {
-        "models": ["small"],
-        "n_prompt": [16, 24, 32],
-        "n_gen": [0],
-        "warmup": 0,
-        "iterations": 1,
-    }
-    stream = list(client.stream(client.send("bench.start", {"matrix": matrix})))
-    cells = [m.body["record"] for m in stream if m.type == "bench.cell"]
-    assert [c["test"] for c in cells] == ["pp16", "pp24", "pp32"]
-    assert cells[0]["status"] == "ok" and cells[2]["status"] == "ok"
+    injected = ["env", "MLX_FLEET_INJECT=gpu-error@2"]
+    client, _, cells = middle_cell_fails_alone(ctx, agents, injected, [16, 24, 32])
     crashed = cells[1]
-    assert crashed["status"] == "failed"
     assert crashed["error"] == f"gpu-error: Timeout: {gpu_errors.LINES['Timeout']}"
     assert crashed["verdict_reasons"] == ["gpu-error"]
     assert crashed["injected"] == ["gpu-error"] and "injected" in crashed["flags"]
     assert "gpu-error" not in (cells[0].get("injected") or [])
-    assert stream[-1].body["status"] == "ok" and stream[-1].body["cells"] == 3
     client.close()

@@ -27,15 +27,11 @@ from coordinator.telemetry.stats import (
     threshold_in_force,
 )
 from coordinator.telemetry.store import TelemetryStore
+from shared.cooling.policy import ThermalPolicy
 from shared.wire.telemetry import Cursor, Sample
 
-POLICY = {
-    "max_speed_temp": 75.0,
-    "pause_temp": 85.0,
-    "stop_temp": 95.0,
-    "pause_duration": 0.5,
-    "hysteresis": 0.0,
-}
+POLICY = ThermalPolicy().to_dict()
+"""The seed's defaults, as an agent reports them: pause at 85 °C, stop at 95 °C."""
 
 
 def sample(

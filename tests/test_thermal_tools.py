@@ -125,14 +125,21 @@ def test_garbage_from_macmon_reads_none_with_the_reason_and_the_monitor_goes_on(
     source.close()
 
 
-def test_missing_tool_is_unavailable_with_a_hint(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("where", "name", "hint"),
+    [
+        ("PATH", "macmon", "brew install macmon"),
+        ("PATH", "powermetrics", "powermetrics not found"),
+        ("MLX_FLEET_SYSFS_ROOT", "linux", "no thermal zone or hwmon"),
+    ],
+)
+def test_a_source_with_no_tool_or_sensor_is_unavailable_with_a_hint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, name: str, hint: str
 ) -> None:
-    monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(SourceUnavailable, match="brew install macmon"):
-        open_source("macmon")
-    with pytest.raises(SourceUnavailable, match="powermetrics not found"):
-        open_source("powermetrics")
+    """`where` (PATH for a tool, the sysfs root for sensors) names an empty folder."""
+    monkeypatch.setenv(where, str(tmp_path))
+    with pytest.raises(SourceUnavailable, match=hint):
+        open_source(name)
 
 
 # --- powermetrics -------------------------------------------------------------------------------
@@ -175,26 +182,22 @@ def test_powermetrics_on_intel_gives_die_degrees(tool_log: Path) -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("machine", "samplers"),
+    [("arm64", ["thermal"]), ("x86_64", ["smc", "thermal"])],
+    ids=["apple-silicon", "rosetta"],
+)
 def test_powermetrics_on_apple_silicon_gives_the_pressure_level(
-    tool_log: Path, monkeypatch: pytest.MonkeyPatch
+    tool_log: Path, monkeypatch: pytest.MonkeyPatch, machine: str, samplers: list[str]
 ) -> None:
+    """An x86 Python under Rosetta on Apple Silicon believes it is on Intel: it asks for the
+    smc sampler, is refused, and falls back to thermal."""
     monkeypatch.setenv("FAKE_POWERMETRICS_MODEL", "apple")
-    with PowermetricsSource(use_sudo=False, machine="arm64", **FAST) as source:
+    with PowermetricsSource(use_sudo=False, machine=machine, **FAST) as source:
         reading = source.read()
     assert reading is not None
     assert (reading.celsius, reading.pressure, dict(reading.sensors)) == (None, "Nominal", {})
-    assert [start[2:4] for start in starts(tool_log)] == [["--samplers", "thermal"]]
-
-
-def test_powermetrics_falls_back_to_thermal_when_smc_is_refused(
-    tool_log: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An x86 Python under Rosetta on Apple Silicon believes it is on Intel."""
-    monkeypatch.setenv("FAKE_POWERMETRICS_MODEL", "apple")
-    with PowermetricsSource(use_sudo=False, machine="x86_64", **FAST) as source:
-        reading = source.read()
-    assert reading is not None and reading.pressure == "Nominal"
-    assert [start[3] for start in starts(tool_log)] == ["smc", "thermal"]
+    assert [start[2:4] for start in starts(tool_log)] == [["--samplers", s] for s in samplers]
 
 
 def test_powermetrics_runs_through_sudo_n_when_not_root(tool_log: Path) -> None:
@@ -246,14 +249,6 @@ def test_linux_reads_the_tree_named_by_the_environment(sysfs: Path) -> None:
         (sysfs / "class/hwmon/hwmon0/temp1_input").write_text("88000\n")
         hotter = source.read()
         assert hotter is not None and hotter.celsius == 88.0
-
-
-def test_linux_without_sensors_is_unavailable(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("MLX_FLEET_SYSFS_ROOT", str(tmp_path))
-    with pytest.raises(SourceUnavailable, match="no thermal zone or hwmon"):
-        open_source("linux")
 
 
 @pytest.mark.skipif(platform.system() != "Linux", reason="auto's Linux order")

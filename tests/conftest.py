@@ -261,6 +261,15 @@ def piped(argv: list[str], **options: Any) -> subprocess.Popen[str]:
     )
 
 
+def interrupt(process: subprocess.Popen[str], signum: int, timeout: float) -> tuple[str, str]:
+    """Send `signum` to `process` and wait for its end: its stdout and stderr. It must exit as
+    an interrupted command does, 128 + the signal's number (README, Exit codes)."""
+    process.send_signal(signum)
+    stdout, stderr = process.communicate(timeout=timeout)
+    assert process.returncode == 128 + signum, stderr
+    return stdout, stderr
+
+
 def alive(pid: int) -> bool:
     """Whether process `pid` still runs. A zombie still answers kill(0): it is gone all the
     same once its state (/proc/PID/stat) says Z."""

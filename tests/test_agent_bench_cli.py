@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import piped, subprocess_env
+from tests.conftest import interrupt, piped, subprocess_env
 
 QUICK = ["--config-small", "-p", "16", "-n", "2", "-r", "1", "-w", "0"]
 
@@ -215,9 +215,7 @@ def test_ctrl_c_prints_the_cells_finished_so_far(agent_cli: str) -> None:
         first = process.stderr.readline()
         assert first, "agent bench ended before its first cell"
     assert "[1/2]" in first and "pp8" in first, first
-    process.send_signal(signal.SIGINT)
-    stdout, stderr = process.communicate(timeout=300)
-    assert process.returncode == 130, stderr
+    stdout, stderr = interrupt(process, signal.SIGINT, 300)
     report = json.loads(stdout)
     assert report["interrupted"] is True
     assert [(c["test"], c["status"]) for c in report["cells"]] == [

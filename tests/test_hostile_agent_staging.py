@@ -130,6 +130,17 @@ def test_strings_benchmark_refuses_a_mismatched_copy(
     check(run, problems)
 
 
+def stage_to_hostile(
+    fake: Callable[[str], HostileAgent], mode: str, expect: str, model: str, home: Path
+) -> tuple[HostileAgent, HostileAgent, Run, list[str]]:
+    """`stage MODEL` from a benign origin to a receiver in `mode` (which must be asked
+    `expect`): the receiver, the origin, the run and its problems."""
+    hostile, benign = fake(mode), fake("benign")
+    hosts = f"{benign.address},{hostile.address}"
+    args = ["stage", model, "--hosts", hosts, *BENCH_LINKS]
+    return hostile, benign, *against(hostile, expect, *args, home=home)
+
+
 @pytest.mark.slow
 def test_types_stage_fails_the_host_once(
     fake: Callable[[str], HostileAgent], fleet_home: Path
@@ -137,12 +148,9 @@ def test_types_stage_fails_the_host_once(
     """A receiver's stage.fetch.ok with `bytes` -1: one line naming the host and the field,
     that host failed (never reconnected and asked again: before, for ever), the origin held,
     exit 1."""
-    hostile, benign = fake("types"), fake("benign")
-    hosts = f"{benign.address},{hostile.address}"
-    run, problems = against(
-        hostile, "stage.fetch", "stage", "org/typed", "--hosts", hosts, *BENCH_LINKS,
-        home=fleet_home,
-    )  # fmt: skip
+    hostile, benign, run, problems = stage_to_hostile(
+        fake, "types", "stage.fetch", "org/typed", fleet_home
+    )
     named = outside_tables(run, hostile.address, "bytes")
     if len(named) != 1:
         problems.append(f"{len(named)} lines name {hostile.address} and bytes: {named}")
@@ -160,12 +168,9 @@ def test_a_fetch_the_agent_forgot_ends(
     """A receiver whose stage.status holds no task after its stage.fetch.ok (restarted): each
     attempt fails naming it, the host fails after its attempts (before: polled for ever),
     the origin held, exit 1."""
-    hostile, benign = fake("stage-forgets"), fake("benign")
-    hosts = f"{benign.address},{hostile.address}"
-    run, problems = against(
-        hostile, "stage.status", "stage", "org/forgot", "--hosts", hosts, *BENCH_LINKS,
-        home=fleet_home,
-    )  # fmt: skip
+    hostile, _, run, problems = stage_to_hostile(
+        fake, "stage-forgets", "stage.status", "org/forgot", fleet_home
+    )
     if not outside_tables(run, hostile.address, "is gone"):
         problems.append(f"no line says the fetch is gone: {run.text[-800:]!r}")
     if run.returncode != 1 or not table_rows(run, hostile.address, "failed"):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import itertools
 import os
 import shutil
 import signal
@@ -268,6 +269,15 @@ def interrupt(process: subprocess.Popen[str], signum: int, timeout: float) -> tu
     stdout, stderr = process.communicate(timeout=timeout)
     assert process.returncode == 128 + signum, stderr
     return stdout, stderr
+
+
+def documented_names(doc: str, header: str) -> set[str]:
+    """The names in the first column of the table in docs/DOC whose header row starts with
+    `header` (each name in backticks)."""
+    lines = (Path(__file__).parents[1] / "docs" / doc).read_text(encoding="utf-8").splitlines()
+    start = next(index for index, line in enumerate(lines) if line.startswith(header))
+    rows = itertools.takewhile(lambda line: line.startswith("|"), lines[start + 2 :])
+    return {row.split("|")[1].strip().strip("`") for row in rows}
 
 
 def alive(pid: int) -> bool:

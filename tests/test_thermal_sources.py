@@ -21,22 +21,16 @@ from agent.thermal import (
 from agent.thermal.base import CallableSource, NoneSource
 from agent.thermal.synthetic import ReplaySource, SimSource, sim_step
 from shared.cooling.sources import SimParams, parse_sim_params
+from tests.conftest import documented_names
 
 
 def test_known_sources_are_the_documented_names() -> None:
-    assert KNOWN_SOURCES == (
-        "auto",
-        "none",
-        "smc",
-        "iohid",
-        "macmon",
-        "powermetrics",
-        "linux",
-        "sim",
-        "sim:plant[:PRESET][,k=v...]",
-        "replay:PATH",
-        "capture:FILE",
-    )
+    """docs/thermal.md's table of sources, where `sim[:k=v,...]` is `sim` and its optional
+    parameters; `auto` (the default) comes first."""
+    table = documented_names("thermal.md", "| Name |")
+    documented = {name.removesuffix("[:k=v,...]") for name in table}
+    assert set(KNOWN_SOURCES) == documented and len(KNOWN_SOURCES) == len(documented)
+    assert KNOWN_SOURCES[:2] == ("auto", "none")
 
 
 @pytest.mark.parametrize("name", ["nvidia", "macmon:fast", "", "auto:x"])

@@ -249,6 +249,16 @@ def run_cli(
     )
 
 
+def refusal(program: str, *args: str) -> str:
+    """`program ARGS` (one of our console scripts) refused as bad input: exit 2, nothing on
+    stdout and one `error: ` line on stderr, which is returned."""
+    result = run_cli(program, *args)
+    assert result.returncode == 2 and result.stdout == "", result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
 def piped(argv: list[str], **options: Any) -> subprocess.Popen[str]:
     """`argv` started with its output piped as text, in the test's environment: a command a
     test reads while it runs or signals before it ends (`options` more of Popen's)."""

@@ -4,19 +4,10 @@ is not there, conflicting configs, a name DNS cannot resolve."""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
 from shared.io.transport import resolve_error
-from tests.conftest import run_cli
-
-
-def one_line(result: subprocess.CompletedProcess[str]) -> str:
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: "), lines[0]
-    return lines[0]
+from tests.conftest import refusal, run_cli
 
 
 @pytest.mark.parametrize(
@@ -40,9 +31,7 @@ def one_line(result: subprocess.CompletedProcess[str]) -> str:
     ],
 )
 def test_every_usage_error_is_one_line_naming_the_option(command: list[str], needle: str) -> None:
-    result = run_cli(*command)
-    assert result.returncode == 2 and result.stdout == ""
-    assert needle in one_line(result)
+    assert needle in refusal(*command)
 
 
 def test_a_bare_command_still_shows_its_help() -> None:
@@ -61,21 +50,17 @@ def test_a_bare_command_still_shows_its_help() -> None:
     ],
 )
 def test_an_empty_hosts_is_refused_not_a_local_run(command: list[str]) -> None:
-    result = run_cli(*command)
-    assert result.returncode == 2 and result.stdout == ""
-    assert "--hosts is empty" in one_line(result)
+    assert "--hosts is empty" in refusal(*command)
 
 
 def test_a_plot_into_a_missing_folder_is_refused_before_anything_runs() -> None:
-    result = run_cli("coordinator", "history", "--plot", "/missing/dir/x.png")
-    assert result.returncode == 2
-    assert "--plot /missing/dir/x.png: folder /missing/dir does not exist" in one_line(result)
+    line = refusal("coordinator", "history", "--plot", "/missing/dir/x.png")
+    assert "--plot /missing/dir/x.png: folder /missing/dir does not exist" in line
 
 
 def test_conflicting_configs_are_refused_by_the_coordinator_too() -> None:
-    result = run_cli("coordinator", "benchmark", "--config-small", "--config", "full")
-    assert result.returncode == 2
-    assert "--config-small and --config full conflict" in one_line(result)
+    line = refusal("coordinator", "benchmark", "--config-small", "--config", "full")
+    assert "--config-small and --config full conflict" in line
 
 
 @pytest.mark.parametrize(
@@ -105,9 +90,7 @@ def test_a_matrix_beyond_a_limit_is_one_line_naming_the_field(
     """The CLI tells the matrix's words (each names the wire field first: docs/protocol.md §5,
     The matrix) by the option that sets the field (shared.io.options.as_flags), the item
     counted from 1, then the value and the limit in words."""
-    result = run_cli(*command)
-    assert result.returncode == 2 and result.stdout == ""
-    assert one_line(result) == f"error: {line}"
+    assert refusal(*command) == f"error: {line}"
 
 
 @pytest.mark.slow

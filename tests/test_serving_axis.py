@@ -35,7 +35,7 @@ from shared.io.options import MatrixOptions, ServingOptions, with_options
 from shared.reports.benchmark import render_text
 from shared.reports.serving import rich_serving
 from shared.wire.agent_shapes import record as check_record
-from tests.conftest import run_cli
+from tests.conftest import refusal, run_cli
 from tests.test_cli_kit import command, options_of
 
 
@@ -156,11 +156,8 @@ def test_bench_and_benchmark_take_the_same_serving_axis() -> None:
 
 @pytest.mark.slow
 def test_agent_bench_refuses_bad_serving_input_before_any_cell() -> None:
-    result = run_cli("agent", "bench", "--config-small", "--request-rate", "-1")
-    assert result.returncode == 2 and result.stdout == ""
-    assert (
-        result.stderr.strip() == "error: --request-rate: -1 must be above 0 (requests per second)"
-    )
+    line = refusal("agent", "bench", "--config-small", "--request-rate", "-1")
+    assert line == "error: --request-rate: -1 must be above 0 (requests per second)"
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.cooling.guard import CellGuard
+from agent.cooling.guard import CellGuard, GuardReport
 from agent.cooling.scheduler import CoolingScheduler, ThermalGuard, ThermalShutdownError
 from agent.thermal import ThermalMonitor, ThermalReading, ThermalSource
 from shared.cooling.policy import (
@@ -158,6 +158,20 @@ def run_cell(guard: ThermalGuard, iterations: int) -> None:
         time.sleep(POLL)
 
 
+def guarded_cells(
+    source: str, *iterations: int, enabled: bool = True
+) -> tuple[ThermalGuard, list[GuardReport]]:
+    """A ThermalGuard under FAST_POLICY, its monitor reading `source`, through one cell of each
+    count of `iterations`: the guard and each cell's report."""
+    with ThermalMonitor(POLL, source=source) as monitor:
+        guard = ThermalGuard(monitor, FAST_POLICY, enabled=enabled)
+        reports = []
+        for count in iterations:
+            run_cell(guard, count)
+            reports.append(guard.end_cell())
+    return guard, reports
+
+
 def test_thermal_guard_is_a_cell_guard() -> None:
     with ThermalMonitor(source="none") as monitor:
         guard: CellGuard = ThermalGuard(monitor, FAST_POLICY)
@@ -169,10 +183,7 @@ def test_thermal_guard_is_a_cell_guard() -> None:
 
 def test_cool_cell_reports_temperatures_and_the_simulated_source(tmp_path: Path) -> None:
     source = replay(tmp_path, "0,60\n0.1,64\n")
-    with ThermalMonitor(POLL, source=source) as monitor:
-        guard = ThermalGuard(monitor, FAST_POLICY)
-        run_cell(guard, 15)
-        report = guard.end_cell()
+    _, (report,) = guarded_cells(source, 15)
     assert (report.soc_temp_start_c, report.soc_temp_end_c) == (60.0, 64.0)
     assert report.pause_s == 0.0
     assert report.flags == ["simulated"]
@@ -180,13 +191,7 @@ def test_cool_cell_reports_temperatures_and_the_simulated_source(tmp_path: Path)
 
 
 def test_hot_cell_that_paused_is_flagged_and_pause_time_stays_in_its_cell(tmp_path: Path) -> None:
-    source = replay(tmp_path, "0,80\n0.2,88\n0.5,70\n")
-    with ThermalMonitor(POLL, source=source) as monitor:
-        guard = ThermalGuard(monitor, FAST_POLICY)
-        run_cell(guard, 30)
-        first = guard.end_cell()
-        run_cell(guard, 3)
-        second = guard.end_cell()
+    guard, (first, second) = guarded_cells(replay(tmp_path, "0,80\n0.2,88\n0.5,70\n"), 30, 3)
     assert first.soc_temp_start_c == 80.0 and first.soc_temp_end_c == 70.0
     assert first.flags == ["paused", "hot", "simulated"]
     assert first.pause_s > 0
@@ -207,11 +212,7 @@ def test_a_spike_between_iterations_still_marks_the_cell_hot(tmp_path: Path) -> 
 
 
 def test_disabled_guard_only_observes(tmp_path: Path) -> None:
-    source = replay(tmp_path, "0,90\n0.1,97\n")
-    with ThermalMonitor(POLL, source=source) as monitor:
-        guard = ThermalGuard(monitor, FAST_POLICY, enabled=False)
-        run_cell(guard, 15)
-        report = guard.end_cell()
+    _, (report,) = guarded_cells(replay(tmp_path, "0,90\n0.1,97\n"), 15, enabled=False)
     assert report.pause_s == 0.0
     assert report.flags == ["hot", "simulated"]
     assert (report.soc_temp_start_c, report.soc_temp_end_c) == (90.0, 97.0)

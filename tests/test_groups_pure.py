@@ -137,6 +137,12 @@ def rank_record(rank: int, **fields: object) -> dict[str, object]:
     return record
 
 
+def merged_pair(first: dict[str, object], second: dict[str, object]) -> dict[str, object]:
+    """merge_ranks of rank 0 on host a and rank 1 on host b (ring, tensor sharding), neither
+    rank's weight bytes known."""
+    return merge_ranks([first, second], ["a", "b"], [None, None], "ring", "tensor")
+
+
 def test_the_group_cell_is_rank_zeros_timing_with_every_rank_kept() -> None:
     merged = merge_ranks(
         [rank_record(0, tokens_per_sec=180.0), rank_record(1, tokens_per_sec=179.0)],
@@ -161,15 +167,9 @@ def test_the_group_cell_is_rank_zeros_timing_with_every_rank_kept() -> None:
 
 
 def test_what_invalidates_any_rank_invalidates_the_group() -> None:
-    merged = merge_ranks(
-        [
-            rank_record(0),
-            rank_record(1, flags=["paused"], pause_s=3.0, settings={"power_source": "battery"}),
-        ],
-        ["a", "b"],
-        [None, None],
-        "ring",
-        "tensor",
+    merged = merged_pair(
+        rank_record(0),
+        rank_record(1, flags=["paused"], pause_s=3.0, settings={"power_source": "battery"}),
     )
     assert merged["verdict"] == "invalid"
     assert {"paused", "on-battery"} <= set(merged["verdict_reasons"])
@@ -177,30 +177,18 @@ def test_what_invalidates_any_rank_invalidates_the_group() -> None:
 
 def test_energy_is_every_ranks_mac_summed() -> None:
     energy = {"energy_net_j": 1.0, "power_w": 10.0, "energy_source": "ioreport"}
-    merged = merge_ranks(
-        [
-            rank_record(0, energy_j=4.0, tokens_per_joule=25.0, **energy),
-            rank_record(1, energy_j=6.0, tokens_per_joule=10.0, **energy),
-        ],
-        ["a", "b"],
-        [None, None],
-        "ring",
-        "tensor",
+    merged = merged_pair(
+        rank_record(0, energy_j=4.0, tokens_per_joule=25.0, **energy),
+        rank_record(1, energy_j=6.0, tokens_per_joule=10.0, **energy),
     )
     assert merged["energy_j"] == 10.0 and merged["power_w"] == 20.0
     assert merged["tokens_per_joule"] == pytest.approx(100 / 10.0)  # rank 0's tokens, all joules
 
 
 def test_the_cause_is_named_before_the_ranks_that_lost_their_peer() -> None:
-    merged = merge_ranks(
-        [
-            rank_record(0, status="failed", error=f"RuntimeError: [ring] {PEER_LOST}"),
-            rank_record(1, status="failed", error="the job process died (SIGKILL)"),
-        ],
-        ["a", "b"],
-        [None, None],
-        "ring",
-        "tensor",
+    merged = merged_pair(
+        rank_record(0, status="failed", error=f"RuntimeError: [ring] {PEER_LOST}"),
+        rank_record(1, status="failed", error="the job process died (SIGKILL)"),
     )
     assert merged["status"] == "failed"
     assert merged["error"].startswith("rank 1 (b): the job process died (SIGKILL) (then rank 0")
@@ -210,15 +198,9 @@ def test_a_serving_cells_joules_per_output_token_are_every_ranks_summed() -> Non
     """Rank 0 counted 40 output tokens; the group's joules are both Macs'."""
     served = {"serving": {"loop": "closed", "passes": 1, "figures": {"output_tokens": 40}}}
     energy = {"power_w": 10.0, "energy_source": "ioreport"}
-    merged = merge_ranks(
-        [
-            rank_record(0, energy_j=4.0, energy_net_j=2.0, **energy, **served),
-            rank_record(1, energy_j=6.0, energy_net_j=3.0, **energy, **served),
-        ],
-        ["a", "b"],
-        [None, None],
-        "ring",
-        "tensor",
+    merged = merged_pair(
+        rank_record(0, energy_j=4.0, energy_net_j=2.0, **energy, **served),
+        rank_record(1, energy_j=6.0, energy_net_j=3.0, **energy, **served),
     )
     assert merged["joules_per_token"] == pytest.approx(10.0 / 40)
     assert merged["joules_per_output_token_net"] == pytest.approx(5.0 / 40)
@@ -226,15 +208,9 @@ def test_a_serving_cells_joules_per_output_token_are_every_ranks_summed() -> Non
 
 def test_a_rank_whose_server_followed_anothers_failure_is_named_after_it() -> None:
     stopped = f"GroupServingFailed: {SERVER_PEER_FAILED} rank 1 (b)"
-    merged = merge_ranks(
-        [
-            rank_record(0, status="failed", error=stopped),
-            rank_record(1, status="failed", error="GroupServingFailed: mlx_lm.server exited"),
-        ],
-        ["a", "b"],
-        [None, None],
-        "ring",
-        "tensor",
+    merged = merged_pair(
+        rank_record(0, status="failed", error=stopped),
+        rank_record(1, status="failed", error="GroupServingFailed: mlx_lm.server exited"),
     )
     assert merged["error"].startswith("rank 1 (b): GroupServingFailed: mlx_lm.server exited")
 
@@ -266,15 +242,9 @@ def test_a_rank_is_ended_by_its_agent_only_when_it_and_its_coordinator_are_both_
 
 
 def test_a_metal_error_on_any_rank_is_the_group_cells_verdict() -> None:
-    merged = merge_ranks(
-        [
-            rank_record(0, status="failed", error=f"RuntimeError: [ring] {PEER_LOST}"),
-            rank_record(1, status="failed", error="gpu-error: timeout: Command buffer timed out"),
-        ],
-        ["a", "b"],
-        [None, None],
-        "ring",
-        "tensor",
+    merged = merged_pair(
+        rank_record(0, status="failed", error=f"RuntimeError: [ring] {PEER_LOST}"),
+        rank_record(1, status="failed", error="gpu-error: timeout: Command buffer timed out"),
     )
     assert merged["verdict_reasons"] == ["gpu-error"]
 

@@ -232,6 +232,15 @@ def verified_chunks(staged: Staged, host: str) -> int:
     return sum(len(path.read_text().split()) for path in found if path.is_file())
 
 
+def wait_for_copy(staged: Staged, running: subprocess.Popen[str], host: str) -> None:
+    """Until `host` has verified 3 chunks of the stage `running` (which must not end first)."""
+    deadline = time.monotonic() + WAIT_S
+    while verified_chunks(staged, host) < 3:
+        assert running.poll() is None, running.communicate()
+        assert time.monotonic() < deadline, f"{host} never began its copy"
+        time.sleep(0.1)
+
+
 @pytest.mark.slow
 def test_a_lost_seed_is_routed_around_and_staging_again_resumes_it(staged: Staged) -> None:
     """The seed's agent killed mid-copy: the origin sends to another seed, every other host
@@ -244,11 +253,7 @@ def test_a_lost_seed_is_routed_around_and_staging_again_resumes_it(staged: Stage
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=staged.env,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + WAIT_S
-        while verified_chunks(staged, "h1") < 3:
-            assert running.poll() is None, running.communicate()
-            assert time.monotonic() < deadline, "h1 never began its copy"
-            time.sleep(0.1)
+        wait_for_copy(staged, running, "h1")
         staged.agents["h1"].kill()
         out, err = running.communicate(timeout=WAIT_S)
     finally:
@@ -282,11 +287,7 @@ def test_ctrl_c_cancels_every_fetch_and_staging_again_resumes(staged: Staged) ->
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=staged.env,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + WAIT_S
-        while verified_chunks(staged, "h6") < 3:
-            assert running.poll() is None, running.communicate()
-            assert time.monotonic() < deadline, "h6 never began its copy"
-            time.sleep(0.1)
+        wait_for_copy(staged, running, "h6")
         running.send_signal(signal.SIGINT)
         out, err = running.communicate(timeout=60)
     finally:

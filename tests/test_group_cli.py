@@ -16,12 +16,18 @@ from coordinator.hosts.link import Target
 from coordinator.runs.group_driver import GroupTarget
 from shared.distributed.rank_env import Member
 from tests.fleet_support import AgentPool, AgentProcess
-from tests.group_support import insecure_benchmark as coordinator
-from tests.group_support import wait_for_no_rank
+from tests.group_support import insecure_benchmark, wait_for_no_rank
 from tests.ring_support import free_port_run
 from tests.test_model_shard import TINY, write_model_dir
 
 QUICK = ["--config-small", "-p", "16", "-n", "4", "-r", "1", "-w", "0"]
+
+
+def coordinator(*args: str) -> subprocess.CompletedProcess[str]:
+    """`coordinator benchmark --insecure` that waits up to 30 s for each member's first reply
+    (a later --connect-timeout in `args` wins): every member here is up, and on a loaded full run
+    one took past the default 5 s, so a refusal read as a failed host (exit 1)."""
+    return insecure_benchmark("--connect-timeout", "30", *args)
 
 
 def refused(done: subprocess.CompletedProcess[str]) -> str:

@@ -195,7 +195,8 @@ def cli(
 def exchange_keys(agent: AgentProcess) -> None:
     """Trust this test's coordinator on `agent` and record the agent's key: what `agent keys
     trust` and `coordinator keys add` do, through the functions they call (tests/test_keys.py
-    runs the commands themselves; four command lines per agent cost a suite 40 CPU-seconds)."""
+    runs the commands themselves; four command lines per agent were the suite's CPU, not
+    what it tests)."""
     assert agent.key, f"{agent.address} serves without CURVE: no key to exchange"
     trust(own_keypair().public, "test", directory=agent.home / "keys" / "trusted")
     add_host_key(agent.address, agent.key)
